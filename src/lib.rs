@@ -1,0 +1,43 @@
+//! lockd: named locks with leases, FIFO waiters and fencing tokens, over a line protocol.
+//!
+//! # Map
+//! - [`locks`]: the lock table, a pure state machine (`std` only: no I/O, no tokio, no clock).
+//! - [`proto`]: requests and replies as text (pure); `proto.md` is its public contract.
+//! - [`connection`]: bounded line framing over a TCP stream.
+//! - [`shared`]: the table behind a mutex, the expiry timer, waiter hand-off and watch events.
+//! - [`session`]: one client connection: read, parse, dispatch, reply.
+//! - [`server`]: accept loop, connection limit, graceful shutdown; [`server::Config`].
+//! - [`client`]: an async client for `lockctl` and the tests.
+//!
+//! # Dependency rule
+//! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
+//! nothing. `shared` -> `locks`; `session` -> `shared`, `proto`, `connection`; `server` ->
+//! `session`, `shared`; `client` -> `proto`, `connection`. The table and the protocol never see
+//! a socket, and `lockctl` never reaches `server`, `shared` or `session`.
+
+use std::time::Duration;
+
+pub mod client;
+pub mod connection;
+pub mod locks;
+pub mod proto;
+pub mod server;
+pub mod session;
+pub mod shared;
+
+/// Address lockd listens on unless told otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:5001";
+/// Lease length of a LOCK without `ttl=`.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Longest lease a client may ask for.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Most names held at once.
+pub const DEFAULT_MAX_LOCKS: usize = 1_000_000;
+/// Most client connections at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Longest request line, in bytes, line ending included.
+pub const DEFAULT_MAX_LINE: usize = 1024;
+/// Events a watcher may fall behind before it is disconnected.
+pub const DEFAULT_WATCH_BUFFER: usize = 1024;
+/// How long shutdown waits for connections to finish before it closes them.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

@@ -1,0 +1,151 @@
+//! lockd: the lock server.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::builder::TypedValueParser as _;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use lockd::locks::Limits;
+use lockd::server::{self, Config};
+
+/// A small, fast lock server: named locks with leases, FIFO waiters and fencing tokens over a
+/// line protocol (see proto.md). Try it with `nc 127.0.0.1 5001` and type HELP.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "LOCKD_LISTEN", default_value = lockd::DEFAULT_LISTEN)]
+    listen: String,
+
+    /// Lease length of a LOCK without ttl= (e.g. 30s, 5m).
+    #[arg(long, env = "LOCKD_DEFAULT_TTL", default_value = "30s", value_parser = duration)]
+    default_ttl: Duration,
+
+    /// Longest lease a LOCK or RENEW may ask for; longer is refused with ERR BADARG.
+    #[arg(long, env = "LOCKD_MAX_TTL", default_value = "24h", value_parser = duration)]
+    max_ttl: Duration,
+
+    /// Most client connections at once; more get ERR LIMIT and are closed.
+    #[arg(long, env = "LOCKD_MAX_CONNECTIONS", default_value_t = lockd::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    max_connections: usize,
+
+    /// Longest request line in bytes; a longer one gets ERR TOOLONG and the connection is closed.
+    #[arg(long, env = "LOCKD_MAX_LINE", default_value_t = lockd::DEFAULT_MAX_LINE,
+          value_parser = clap::value_parser!(u32).range(64..=1_048_576).map(|v| v as usize))]
+    max_line: usize,
+
+    /// Most locks held at once; a LOCK of a new name past it gets ERR LIMIT.
+    #[arg(long, env = "LOCKD_MAX_LOCKS", default_value_t = lockd::DEFAULT_MAX_LOCKS,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    max_locks: usize,
+
+    /// Events a watcher may fall behind before it gets ERR LAGGED and is disconnected.
+    #[arg(long, env = "LOCKD_WATCH_BUFFER", default_value_t = lockd::DEFAULT_WATCH_BUFFER,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576).map(|v| v as usize))]
+    watch_buffer: usize,
+
+    /// How long shutdown (SIGINT/SIGTERM) lets connections finish before closing them.
+    #[arg(long, env = "LOCKD_SHUTDOWN_GRACE", default_value = "5s", value_parser = duration)]
+    shutdown_grace: Duration,
+
+    /// More logging: -v logs every grant, release and expiry; -vv and -vvv more still.
+    /// RUST_LOG, when set, takes precedence.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    lockd::proto::parse_duration("duration", s).map_err(|e| e.message)
+}
+
+impl Args {
+    fn config(&self) -> Result<Config, String> {
+        if self.default_ttl.is_zero() || self.max_ttl.is_zero() {
+            return Err("--default-ttl and --max-ttl must be more than 0".into());
+        }
+        if self.default_ttl > self.max_ttl {
+            return Err("--default-ttl must not exceed --max-ttl".into());
+        }
+        Ok(Config {
+            limits: Limits {
+                default_ttl: self.default_ttl,
+                max_ttl: self.max_ttl,
+                max_locks: self.max_locks,
+            },
+            max_connections: self.max_connections,
+            max_line: self.max_line,
+            watch_buffer: self.watch_buffer,
+            shutdown_grace: self.shutdown_grace,
+        })
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,lockd::server=info",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// Cancels `token` on the first SIGINT or SIGTERM.
+async fn cancel_on_signal(token: CancellationToken) {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    tracing::info!("signal received");
+    token.cancel();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.verbose);
+    let config = match args.config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lockd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match TcpListener::bind(&args.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("lockd: cannot listen on {}: {e}", args.listen);
+            return ExitCode::from(1);
+        }
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    match server::run(config, listener, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lockd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,630 @@
+//! The wire protocol: requests parsed into a typed enum, replies formatted from one.
+//!
+//! Pure text in, text out: no I/O and no tokio, so the server, `lockctl` and the tests share one
+//! definition of every line. `proto.md` is the public contract this module implements; every
+//! reply and error code there is produced here and nowhere else.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::locks::{Event, LockStatus, Token};
+
+/// Longest name or id, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// The error codes of `ERR <code> <message>`, as proto.md lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// Malformed request: empty line, missing or extra words, unknown option.
+    Syntax,
+    /// No such command.
+    Unknown,
+    /// A word has a bad value: name, id, duration, ttl, token.
+    BadArg,
+    /// The line is not valid UTF-8.
+    Encoding,
+    /// The line is longer than the server allows; the connection is closed.
+    TooLong,
+    /// A LOCK's `wait=` ran out (or `wait=0` found the lock held).
+    Timeout,
+    /// The token is not the current holder's live lease.
+    NotHeld,
+    /// The id holds the lock with a session lease on another open connection.
+    Conflict,
+    /// A newer LOCK with the same id took this waiting LOCK's place.
+    Replaced,
+    /// A server limit was reached (connections, locks); see the message.
+    Limit,
+    /// A watcher fell too far behind; the connection is closed.
+    Lagged,
+    /// The server is shutting down; the connection is closed.
+    Shutdown,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 12] = [
+        ErrorCode::Syntax,
+        ErrorCode::Unknown,
+        ErrorCode::BadArg,
+        ErrorCode::Encoding,
+        ErrorCode::TooLong,
+        ErrorCode::Timeout,
+        ErrorCode::NotHeld,
+        ErrorCode::Conflict,
+        ErrorCode::Replaced,
+        ErrorCode::Limit,
+        ErrorCode::Lagged,
+        ErrorCode::Shutdown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Syntax => "SYNTAX",
+            ErrorCode::Unknown => "UNKNOWN",
+            ErrorCode::BadArg => "BADARG",
+            ErrorCode::Encoding => "ENCODING",
+            ErrorCode::TooLong => "TOOLONG",
+            ErrorCode::Timeout => "TIMEOUT",
+            ErrorCode::NotHeld => "NOTHELD",
+            ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::Replaced => "REPLACED",
+            ErrorCode::Limit => "LIMIT",
+            ErrorCode::Lagged => "LAGGED",
+            ErrorCode::Shutdown => "SHUTDOWN",
+        }
+    }
+
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An `ERR` reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProtoError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ProtoError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ProtoError {
+            code,
+            message: one_line(message.into()),
+        }
+    }
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ERR {} {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+/// One request line, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Lock {
+        name: String,
+        id: String,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+        session: bool,
+    },
+    Unlock {
+        name: String,
+        token: Token,
+    },
+    Renew {
+        name: String,
+        token: Token,
+        ttl: Option<Duration>,
+    },
+    Check {
+        name: String,
+        token: Token,
+    },
+    Status {
+        name: Option<String>,
+    },
+    Watch {
+        name: Option<String>,
+    },
+    Ping,
+    Help,
+    Quit,
+}
+
+/// The HELP reply's text: one line, so it is also a valid reply.
+pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] [session] | \
+UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
+STATUS [<name>] | WATCH [<name>] | PING | HELP | QUIT; durations: 250ms 30s 5m or plain seconds; \
+see proto.md";
+
+const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] [session]";
+const USAGE_UNLOCK: &str = "usage: UNLOCK <name> <token>";
+const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>]";
+const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
+const USAGE_STATUS: &str = "usage: STATUS [<name>]";
+const USAGE_WATCH: &str = "usage: WATCH [<name>]";
+
+/// Parses one request line (without its line ending).
+pub fn parse(line: &str) -> Result<Request, ProtoError> {
+    let mut words = line.split([' ', '\t']).filter(|w| !w.is_empty());
+    let Some(command) = words.next() else {
+        return Err(ProtoError::new(
+            ErrorCode::Syntax,
+            "empty request; try HELP",
+        ));
+    };
+    let args: Vec<&str> = words.collect();
+    let cmd = command.to_ascii_uppercase();
+    match cmd.as_str() {
+        "LOCK" => parse_lock(&args),
+        "UNLOCK" => {
+            let [name, token] = exact(&args, USAGE_UNLOCK)?;
+            Ok(Request::Unlock {
+                name: valid_name("name", name)?,
+                token: parse_token(token)?,
+            })
+        }
+        "RENEW" => {
+            if args.len() < 2 {
+                return Err(syntax(USAGE_RENEW));
+            }
+            let opts = Options::parse(&args[2..], &["ttl"], USAGE_RENEW)?;
+            Ok(Request::Renew {
+                name: valid_name("name", args[0])?,
+                token: parse_token(args[1])?,
+                ttl: opts.ttl,
+            })
+        }
+        "CHECK" => {
+            let [name, token] = exact(&args, USAGE_CHECK)?;
+            Ok(Request::Check {
+                name: valid_name("name", name)?,
+                token: parse_token(token)?,
+            })
+        }
+        "STATUS" => Ok(Request::Status {
+            name: optional_name(&args, USAGE_STATUS)?,
+        }),
+        "WATCH" => Ok(Request::Watch {
+            name: optional_name(&args, USAGE_WATCH)?,
+        }),
+        "PING" | "HELP" | "QUIT" => {
+            if !args.is_empty() {
+                return Err(syntax(format!("usage: {cmd}")));
+            }
+            Ok(match cmd.as_str() {
+                "PING" => Request::Ping,
+                "HELP" => Request::Help,
+                _ => Request::Quit,
+            })
+        }
+        _ => Err(ProtoError::new(
+            ErrorCode::Unknown,
+            format!("unknown command {}; try HELP", quote(command)),
+        )),
+    }
+}
+
+fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
+    if args.len() < 2 {
+        return Err(syntax(USAGE_LOCK));
+    }
+    let opts = Options::parse(&args[2..], &["ttl", "wait", "session"], USAGE_LOCK)?;
+    Ok(Request::Lock {
+        name: valid_name("name", args[0])?,
+        id: valid_name("id", args[1])?,
+        ttl: opts.ttl,
+        wait: opts.wait,
+        session: opts.session,
+    })
+}
+
+#[derive(Default)]
+struct Options {
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+    session: bool,
+}
+
+impl Options {
+    fn parse(words: &[&str], allowed: &[&str], usage: &str) -> Result<Options, ProtoError> {
+        let mut opts = Options::default();
+        let mut seen: Vec<String> = Vec::new();
+        for word in words {
+            let (key, value) = match word.split_once('=') {
+                Some((k, v)) => (k.to_ascii_lowercase(), Some(v)),
+                None => (word.to_ascii_lowercase(), None),
+            };
+            if !allowed.contains(&key.as_str()) {
+                return Err(syntax(format!("unknown option {}; {usage}", quote(word))));
+            }
+            if seen.contains(&key) {
+                return Err(syntax(format!("option {key} given twice; {usage}")));
+            }
+            match (key.as_str(), value) {
+                ("session", None) => opts.session = true,
+                ("session", Some(_)) => {
+                    return Err(syntax(format!("session takes no value; {usage}")))
+                }
+                (_, None) => return Err(syntax(format!("{key} needs a value, as {key}=30s"))),
+                ("ttl", Some(v)) => opts.ttl = Some(parse_duration("ttl", v)?),
+                (_, Some(v)) => opts.wait = Some(parse_duration("wait", v)?),
+            }
+            seen.push(key);
+        }
+        Ok(opts)
+    }
+}
+
+fn exact<'a, const N: usize>(args: &[&'a str], usage: &str) -> Result<[&'a str; N], ProtoError> {
+    <[&str; N]>::try_from(args).map_err(|_| syntax(usage))
+}
+
+fn optional_name(args: &[&str], usage: &str) -> Result<Option<String>, ProtoError> {
+    match args {
+        [] => Ok(None),
+        [name] => Ok(Some(valid_name("name", name)?)),
+        _ => Err(syntax(usage)),
+    }
+}
+
+fn syntax(message: impl Into<String>) -> ProtoError {
+    ProtoError::new(ErrorCode::Syntax, message)
+}
+
+fn bad_arg(message: impl Into<String>) -> ProtoError {
+    ProtoError::new(ErrorCode::BadArg, message)
+}
+
+/// Checks a lock name or client id: 1 to 255 bytes, no whitespace or control characters, so
+/// it always fits in one word of one line.
+pub fn validate_name(what: &str, value: &str) -> Result<(), ProtoError> {
+    if value.is_empty() {
+        return Err(bad_arg(format!("{what} is empty")));
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(bad_arg(format!(
+            "{what} is {} bytes; at most {MAX_NAME_LEN}",
+            value.len()
+        )));
+    }
+    if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad_arg(format!(
+            "{what} {} has whitespace or control characters",
+            quote(value)
+        )));
+    }
+    Ok(())
+}
+
+fn valid_name(what: &str, value: &str) -> Result<String, ProtoError> {
+    validate_name(what, value)?;
+    Ok(value.to_owned())
+}
+
+/// A fencing token: a positive decimal integer.
+pub fn parse_token(word: &str) -> Result<Token, ProtoError> {
+    match word.parse::<Token>() {
+        Ok(t) if t > 0 && word.bytes().all(|b| b.is_ascii_digit()) => Ok(t),
+        _ => Err(bad_arg(format!(
+            "token {} is not a positive integer",
+            quote(word)
+        ))),
+    }
+}
+
+/// Longest duration the protocol accepts anywhere (limits are narrower).
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A duration: humantime (`250ms`, `30s`, `5m`, `1h 30m` written `1h30m`) or plain seconds
+/// (`30`, `1.5`).
+pub fn parse_duration(what: &str, word: &str) -> Result<Duration, ProtoError> {
+    let bad = || {
+        bad_arg(format!(
+            "{what}={} is not a duration (as 250ms, 30s, 5m or plain seconds)",
+            quote(word)
+        ))
+    };
+    let plain = !word.is_empty() && word.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let d = if plain {
+        let secs: f64 = word.parse().map_err(|_| bad())?;
+        Duration::try_from_secs_f64(secs).map_err(|_| bad())?
+    } else {
+        humantime::parse_duration(word).map_err(|_| bad())?
+    };
+    if d > MAX_DURATION {
+        return Err(bad_arg(format!("{what}={} is too long", quote(word))));
+    }
+    Ok(d)
+}
+
+/// Debug-quotes client text for an error message, cut short, so a reply stays one line.
+fn quote(text: &str) -> String {
+    const MAX: usize = 40;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{:?}...", &text[..cut]),
+        None => format!("{text:?}"),
+    }
+}
+
+/// Keeps a message on one line whatever it contains.
+fn one_line(message: String) -> String {
+    if message.contains(['\n', '\r']) {
+        message.replace(['\n', '\r'], " ")
+    } else {
+        message
+    }
+}
+
+impl fmt::Display for Request {
+    /// The request as a wire line (without the newline), as `lockctl` sends it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Request::Lock {
+                name,
+                id,
+                ttl,
+                wait,
+                session,
+            } => {
+                write!(f, "LOCK {name} {id}")?;
+                if let Some(ttl) = ttl {
+                    write!(f, " ttl={}ms", ttl.as_millis().max(1))?;
+                }
+                if let Some(wait) = wait {
+                    write!(f, " wait={}ms", wait.as_millis())?;
+                }
+                if *session {
+                    f.write_str(" session")?;
+                }
+                Ok(())
+            }
+            Request::Unlock { name, token } => write!(f, "UNLOCK {name} {token}"),
+            Request::Renew { name, token, ttl } => {
+                write!(f, "RENEW {name} {token}")?;
+                if let Some(ttl) = ttl {
+                    write!(f, " ttl={}ms", ttl.as_millis().max(1))?;
+                }
+                Ok(())
+            }
+            Request::Check { name, token } => write!(f, "CHECK {name} {token}"),
+            Request::Status { name: None } => f.write_str("STATUS"),
+            Request::Status { name: Some(n) } => write!(f, "STATUS {n}"),
+            Request::Watch { name: None } => f.write_str("WATCH"),
+            Request::Watch { name: Some(n) } => write!(f, "WATCH {n}"),
+            Request::Ping => f.write_str("PING"),
+            Request::Help => f.write_str("HELP"),
+            Request::Quit => f.write_str("QUIT"),
+        }
+    }
+}
+
+impl Request {
+    /// Checks the names and ids a request carries, so formatting it can never produce a
+    /// second line or a word split.
+    pub fn validate(&self) -> Result<(), ProtoError> {
+        match self {
+            Request::Lock { name, id, .. } => {
+                validate_name("name", name)?;
+                validate_name("id", id)
+            }
+            Request::Unlock { name, .. }
+            | Request::Renew { name, .. }
+            | Request::Check { name, .. }
+            | Request::Status { name: Some(name) }
+            | Request::Watch { name: Some(name) } => validate_name("name", name),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One reply line, as the server sends it.
+#[derive(Clone, Debug)]
+pub enum Reply<'a> {
+    /// `OK <token>`: LOCK granted.
+    Token(Token),
+    /// `OK`: UNLOCK, RENEW, CHECK.
+    Done,
+    /// `OK ttl_ms=<ms>`: RENEW and CHECK say how long the lease has left.
+    Lease(Duration),
+    /// `OK PONG`.
+    Pong,
+    /// `OK <help>`.
+    Help,
+    /// `OK bye`.
+    Bye,
+    /// `OK watching <name|*>`.
+    Watching(Option<&'a str>),
+    /// `OK <name> free` or `OK <name> held ...`.
+    Status(&'a str, Option<&'a LockStatus>),
+    /// `INFO <name> held ...`: one line of a STATUS of all locks.
+    Info(&'a LockStatus),
+    /// `OK <count>`: ends a STATUS of all locks.
+    Count(usize),
+    /// `EVENT <kind> <name> <id> <token> <unix-ms>`.
+    Event(&'a Event, u64),
+    /// `ERR <code> <message>`.
+    Error(&'a ProtoError),
+}
+
+impl fmt::Display for Reply<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reply::Token(t) => write!(f, "OK {t}"),
+            Reply::Done => f.write_str("OK"),
+            Reply::Lease(left) => write!(f, "OK ttl_ms={}", left.as_millis()),
+            Reply::Pong => f.write_str("OK PONG"),
+            Reply::Help => write!(f, "OK {HELP}"),
+            Reply::Bye => f.write_str("OK bye"),
+            Reply::Watching(name) => write!(f, "OK watching {}", name.unwrap_or("*")),
+            Reply::Status(name, None) => write!(f, "OK {name} free"),
+            Reply::Status(_, Some(s)) => write!(f, "OK {}", HeldStatus(s)),
+            Reply::Info(s) => write!(f, "INFO {}", HeldStatus(s)),
+            Reply::Count(n) => write!(f, "OK {n}"),
+            Reply::Event(e, unix_ms) => write!(
+                f,
+                "EVENT {} {} {} {} {unix_ms}",
+                e.kind.as_str(),
+                e.name,
+                e.id,
+                e.token
+            ),
+            Reply::Error(e) => e.fmt(f),
+        }
+    }
+}
+
+struct HeldStatus<'a>(&'a LockStatus);
+
+impl fmt::Display for HeldStatus<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        write!(
+            f,
+            "{} held id={} token={} ttl_ms={} session={} waiters={}",
+            s.name,
+            s.holder,
+            s.token,
+            s.remaining.as_millis(),
+            u8::from(s.session),
+            s.waiters
+        )
+    }
+}
+
+/// A reply line as a client sees it: `OK <rest>`, `ERR <code> <message>`, or another line
+/// (`INFO`, `EVENT`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplyLine<'a> {
+    Ok(&'a str),
+    Err(ProtoError),
+    Other(&'a str),
+}
+
+/// Splits a reply line for a client.
+pub fn parse_reply(line: &str) -> ReplyLine<'_> {
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    if line == "OK" {
+        return ReplyLine::Ok("");
+    }
+    if let Some(rest) = line.strip_prefix("OK ") {
+        return ReplyLine::Ok(rest);
+    }
+    if let Some(rest) = line.strip_prefix("ERR ") {
+        let (code, message) = rest.split_once(' ').unwrap_or((rest, ""));
+        let code = ErrorCode::parse(code).unwrap_or(ErrorCode::Unknown);
+        return ReplyLine::Err(ProtoError::new(code, message));
+    }
+    ReplyLine::Other(line)
+}
+
+/// Reads `key=value` out of a STATUS line's words.
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split(' ')
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_with_options() {
+        let r = parse("lock build me ttl=5s WAIT=250ms session").unwrap();
+        assert_eq!(
+            r,
+            Request::Lock {
+                name: "build".into(),
+                id: "me".into(),
+                ttl: Some(Duration::from_secs(5)),
+                wait: Some(Duration::from_millis(250)),
+                session: true,
+            }
+        );
+        assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");
+        assert_eq!(parse(&r.to_string()).unwrap(), r);
+    }
+
+    #[test]
+    fn plain_seconds() {
+        assert_eq!(
+            parse_duration("ttl", "30").unwrap(),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            parse_duration("ttl", "1.5").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert!(parse_duration("ttl", "-1").is_err());
+        assert!(parse_duration("ttl", "1e9999").is_err());
+        assert!(parse_duration("ttl", "99999999999999999999999").is_err());
+        assert!(parse_duration("ttl", "").is_err());
+        assert!(parse_duration("ttl", ".").is_err());
+    }
+
+    #[test]
+    fn errors_have_codes() {
+        let code = |l: &str| parse(l).unwrap_err().code;
+        assert_eq!(code(""), ErrorCode::Syntax);
+        assert_eq!(code("   "), ErrorCode::Syntax);
+        assert_eq!(code("FROB x"), ErrorCode::Unknown);
+        assert_eq!(code("LOCK a"), ErrorCode::Syntax);
+        assert_eq!(code("LOCK a b ttl"), ErrorCode::Syntax);
+        assert_eq!(code("LOCK a b ttl=1s ttl=2s"), ErrorCode::Syntax);
+        assert_eq!(code("LOCK a b color=red"), ErrorCode::Syntax);
+        assert_eq!(code("LOCK a b ttl=soon"), ErrorCode::BadArg);
+        assert_eq!(code("UNLOCK a"), ErrorCode::Syntax);
+        assert_eq!(code("UNLOCK a 1 2"), ErrorCode::Syntax);
+        assert_eq!(code("UNLOCK a x"), ErrorCode::BadArg);
+        assert_eq!(code("UNLOCK a 0"), ErrorCode::BadArg);
+        assert_eq!(code("UNLOCK a +5"), ErrorCode::BadArg);
+        assert_eq!(code("UNLOCK a 99999999999999999999999"), ErrorCode::BadArg);
+        assert_eq!(code("PING now"), ErrorCode::Syntax);
+        assert_eq!(code("STATUS a b"), ErrorCode::Syntax);
+        assert_eq!(code("LOCK a\u{7} b"), ErrorCode::BadArg);
+        assert_eq!(
+            code(&format!("LOCK {} b", "n".repeat(256))),
+            ErrorCode::BadArg
+        );
+        assert!(parse(&format!("LOCK {} b", "n".repeat(255))).is_ok());
+    }
+
+    #[test]
+    fn error_messages_stay_on_one_line() {
+        let e = ProtoError::new(ErrorCode::Syntax, "a\nb\rc");
+        assert_eq!(e.to_string(), "ERR SYNTAX a b c");
+        let e = parse("X\u{1b}[2J").unwrap_err();
+        assert!(!e.to_string().contains('\u{1b}'));
+    }
+
+    #[test]
+    fn reply_lines() {
+        assert_eq!(parse_reply("OK 12"), ReplyLine::Ok("12"));
+        assert_eq!(parse_reply("OK"), ReplyLine::Ok(""));
+        assert_eq!(
+            parse_reply("ERR TIMEOUT waited 1s"),
+            ReplyLine::Err(ProtoError::new(ErrorCode::Timeout, "waited 1s"))
+        );
+        assert_eq!(parse_reply("EVENT x"), ReplyLine::Other("EVENT x"));
+        assert_eq!(field("a held id=me token=7", "token"), Some("7"));
+    }
+
+    #[test]
+    fn error_codes_round_trip() {
+        for c in ErrorCode::ALL {
+            assert_eq!(ErrorCode::parse(c.as_str()), Some(c));
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Accepts connections and runs a session for each, within the connection limit; shuts down
+//! gracefully when told to.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::connection::Connection;
+use crate::locks::Limits;
+use crate::proto::{ErrorCode, ProtoError, Reply};
+use crate::session::Session;
+use crate::shared::{self, Shared};
+
+/// Connections over the limit that are told why at the same time.
+const REFUSING_AT_ONCE: usize = 64;
+
+/// Everything the server needs to know; `main` fills it from flags, tests from `Default`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Lease and lock-count limits the table enforces.
+    pub limits: Limits,
+    /// Most client connections at once; more are answered `ERR LIMIT` and closed.
+    pub max_connections: usize,
+    /// Longest request line in bytes; longer ones are answered `ERR TOOLONG` and closed.
+    pub max_line: usize,
+    /// Events a watcher may fall behind before `ERR LAGGED`.
+    pub watch_buffer: usize,
+    /// How long shutdown lets connections finish before it drops them.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            limits: Limits::default(),
+            max_connections: crate::DEFAULT_MAX_CONNECTIONS,
+            max_line: crate::DEFAULT_MAX_LINE,
+            watch_buffer: crate::DEFAULT_WATCH_BUFFER,
+            shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// Serves `listener` until `shutdown` is cancelled, then lets connections finish for up to
+/// `shutdown_grace`.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let shared = Shared::new(
+        config.limits.clone(),
+        shared::first_token(),
+        config.watch_buffer,
+    );
+    serve(config, shared, listener, shutdown).await
+}
+
+/// Like [`run`], on a table the caller made (and may share with other listeners).
+pub async fn serve(
+    config: Config,
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let tracker = TaskTracker::new();
+    tracker.spawn(Arc::clone(&shared).run_timer(shutdown.clone()));
+    let permits = Arc::new(Semaphore::new(config.max_connections));
+    // Refusals are answered by a few tasks at most; past that, a flood is just closed.
+    let refusals = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
+    let mut backoff = Duration::from_millis(5);
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "listening");
+    }
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    backoff = Duration::from_millis(5);
+                    stream
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, don't spin.
+                    tracing::warn!(error = %e, "accept failed; retrying in {backoff:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        match Arc::clone(&permits).try_acquire_owned() {
+            Ok(permit) => {
+                let conn = Connection::new(stream, config.max_line);
+                let session =
+                    Session::new(Arc::clone(&shared), conn, config.max_line, shutdown.clone());
+                tracker.spawn(async move {
+                    session.run().await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tracing::warn!(
+                    max = config.max_connections,
+                    "connection limit reached; refusing a connection"
+                );
+                if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
+                    let max = config.max_connections;
+                    tracker.spawn(async move {
+                        refuse(stream, max).await;
+                        drop(permit);
+                    });
+                }
+            }
+        }
+    }
+    drop(listener);
+    tracker.close();
+    tracing::info!("shutting down");
+    if tokio::time::timeout(config.shutdown_grace, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace period; closing them");
+    }
+    Ok(())
+}
+
+/// Tells a connection over the limit why it is closed, without waiting on it for long.
+async fn refuse(mut stream: TcpStream, max: usize) {
+    let e = ProtoError::new(
+        ErrorCode::Limit,
+        format!("too many connections (max {max}); try again later"),
+    );
+    let line = format!("{}\n", Reply::Error(&e));
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(line.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+}

@@ -1,0 +1,357 @@
+//! One client connection: read a line, parse it, run it against the shared table, reply.
+//!
+//! Requests on a connection are answered in order, one at a time; a waiting LOCK holds the
+//! connection until it is answered (later lines stay buffered, up to a bound). While it waits,
+//! the session keeps reading so it notices the client going away. End of input is a
+//! half-close, not a departure: the client still gets every reply it asked for, a pending LOCK
+//! included, unless that LOCK is a `session` one, whose lease would end with the connection.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use crate::connection::{Connection, Frame};
+use crate::locks::{ConnId, LockRequest, TableError, Token, WaitEnd, WaiterId};
+use crate::proto::{self, ErrorCode, ProtoError, Reply, Request};
+use crate::shared::{LockStart, Shared, WaitResult};
+
+/// Session leases a connection may track before it prunes the ended ones.
+const SESSION_LEASES_PRUNE_AT: usize = 256;
+
+/// Whether to keep reading requests.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+/// One connection's state.
+pub struct Session {
+    shared: Arc<Shared>,
+    conn: Connection,
+    id: ConnId,
+    shutdown: CancellationToken,
+    max_line: usize,
+    /// Session leases granted on this connection, by name: ended when it closes.
+    leases: HashMap<String, Token>,
+}
+
+impl Session {
+    pub fn new(
+        shared: Arc<Shared>,
+        conn: Connection,
+        max_line: usize,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let id = shared.connection_id();
+        Session {
+            shared,
+            conn,
+            id,
+            shutdown,
+            max_line,
+            leases: HashMap::new(),
+        }
+    }
+
+    /// Serves the connection until the client leaves, asks to, or the server shuts down.
+    pub async fn run(mut self) {
+        if let Err(e) = self.serve().await {
+            tracing::debug!(conn = self.id, error = %e, "connection ended");
+        }
+        let _ = self.conn.close().await;
+    }
+
+    async fn serve(&mut self) -> io::Result<()> {
+        loop {
+            if !self.conn.has_frame() {
+                self.conn.flush().await?;
+            }
+            let frame = tokio::select! {
+                frame = self.conn.read_frame() => frame?,
+                _ = self.shutdown.cancelled() => return Ok(()),
+            };
+            let flow = match frame {
+                Frame::Eof => return Ok(()),
+                Frame::TooLong => {
+                    let e = ProtoError::new(
+                        ErrorCode::TooLong,
+                        format!("line longer than {} bytes; closing", self.max_line),
+                    );
+                    self.conn.queue(Reply::Error(&e)).await?;
+                    Flow::Close
+                }
+                Frame::BadUtf8 => {
+                    let e = ProtoError::new(ErrorCode::Encoding, "line is not valid UTF-8");
+                    self.conn.queue(Reply::Error(&e)).await?;
+                    Flow::Continue
+                }
+                Frame::Line(line) => match proto::parse(&line) {
+                    Ok(request) => self.dispatch(request).await?,
+                    Err(e) => {
+                        self.conn.queue(Reply::Error(&e)).await?;
+                        Flow::Continue
+                    }
+                },
+            };
+            if flow == Flow::Close {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn dispatch(&mut self, request: Request) -> io::Result<Flow> {
+        let shared = Arc::clone(&self.shared);
+        match request {
+            Request::Lock {
+                name,
+                id,
+                ttl,
+                wait,
+                session,
+            } => {
+                let req = LockRequest {
+                    name,
+                    id,
+                    ttl,
+                    wait,
+                    session,
+                    conn: self.id,
+                };
+                return self.lock(req).await;
+            }
+            Request::Unlock { name, token } => {
+                let result = shared.unlock(&name, token);
+                if result.is_ok() {
+                    self.leases.remove(&name);
+                }
+                self.reply(&name, result.map(|()| Reply::Done)).await?;
+            }
+            Request::Renew { name, token, ttl } => {
+                let result = shared.renew(&name, token, ttl).map(Reply::Lease);
+                self.reply(&name, result).await?;
+            }
+            Request::Check { name, token } => {
+                let result = shared.check(&name, token).map(Reply::Lease);
+                self.reply(&name, result).await?;
+            }
+            Request::Status { name: Some(name) } => {
+                let status = shared.status(&name);
+                self.conn
+                    .queue(Reply::Status(&name, status.as_ref()))
+                    .await?;
+            }
+            Request::Status { name: None } => {
+                let all = shared.status_all();
+                for status in &all {
+                    self.conn.queue(Reply::Info(status)).await?;
+                }
+                self.conn.queue(Reply::Count(all.len())).await?;
+            }
+            Request::Watch { name } => return self.watch(name).await,
+            Request::Ping => self.conn.queue(Reply::Pong).await?,
+            Request::Help => self.conn.queue(Reply::Help).await?,
+            Request::Quit => {
+                self.conn.queue(Reply::Bye).await?;
+                return Ok(Flow::Close);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn reply(&mut self, name: &str, result: Result<Reply<'_>, TableError>) -> io::Result<()> {
+        match result {
+            Ok(reply) => self.conn.queue(reply).await,
+            Err(e) => self.conn.queue(Reply::Error(&table_error(name, &e))).await,
+        }
+    }
+
+    async fn lock(&mut self, req: LockRequest) -> io::Result<Flow> {
+        let (name, session, wait) = (req.name.clone(), req.session, req.wait);
+        match self.shared.lock(req) {
+            Err(e) => {
+                self.conn
+                    .queue(Reply::Error(&table_error(&name, &e)))
+                    .await?;
+                Ok(Flow::Continue)
+            }
+            Ok(LockStart::Granted { token }) => {
+                self.granted(name, session, token).await?;
+                Ok(Flow::Continue)
+            }
+            Ok(LockStart::Waiting { waiter, rx }) => {
+                let pending = Pending {
+                    shared: Arc::clone(&self.shared),
+                    name,
+                    waiter,
+                    rx: Some(rx),
+                };
+                self.wait_for_grant(pending, session, wait).await
+            }
+        }
+    }
+
+    async fn granted(&mut self, name: String, session: bool, token: Token) -> io::Result<()> {
+        if session {
+            if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
+                self.shared.retain_live(&mut self.leases);
+            }
+            self.leases.insert(name.clone(), token);
+        }
+        if let Err(e) = self.conn.send(Reply::Token(token)).await {
+            // The client can't have learned the token: give the lock to the next in line.
+            let _ = self.shared.unlock(&name, token);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Waits for a queued LOCK's turn while watching the connection and the server.
+    async fn wait_for_grant(
+        &mut self,
+        mut pending: Pending,
+        session: bool,
+        wait: Option<Duration>,
+    ) -> io::Result<Flow> {
+        self.conn.flush().await?;
+        loop {
+            // Keep reading to notice a close, but don't buffer without bound.
+            let can_read = !self.conn.is_eof() && self.conn.buffered() <= 2 * self.max_line;
+            tokio::select! {
+                result = pending.recv() => {
+                    let name = std::mem::take(&mut pending.name);
+                    return match result {
+                        WaitResult::Granted { token, .. } => {
+                            self.granted(name, session, token).await?;
+                            Ok(Flow::Continue)
+                        }
+                        WaitResult::Ended(WaitEnd::TimedOut) => {
+                            let waited = wait.unwrap_or_default();
+                            let e = ProtoError::new(ErrorCode::Timeout, format!(
+                                "{name} still held after waiting {}",
+                                humantime::format_duration(waited)
+                            ));
+                            self.conn.queue(Reply::Error(&e)).await?;
+                            Ok(Flow::Continue)
+                        }
+                        WaitResult::Ended(WaitEnd::Replaced) => {
+                            let e = ProtoError::new(
+                                ErrorCode::Replaced,
+                                format!("a newer LOCK {name} with the same id took this one's place"),
+                            );
+                            self.conn.queue(Reply::Error(&e)).await?;
+                            Ok(Flow::Continue)
+                        }
+                    };
+                }
+                read = self.conn.fill(), if can_read => {
+                    read?;
+                    if self.conn.is_eof() && session {
+                        tracing::debug!(conn = self.id, "session waiter closed; leaving the queue");
+                        return Ok(Flow::Close);
+                    }
+                }
+                _ = self.shutdown.cancelled() => {
+                    let e = ProtoError::new(ErrorCode::Shutdown, "server is shutting down");
+                    self.conn.queue(Reply::Error(&e)).await?;
+                    return Ok(Flow::Close);
+                }
+            }
+        }
+    }
+
+    /// Streams events until the client or the server ends it.
+    async fn watch(&mut self, name: Option<String>) -> io::Result<Flow> {
+        let mut events = self.shared.subscribe();
+        self.conn.send(Reply::Watching(name.as_deref())).await?;
+        loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Ok(p) => {
+                        if name.as_deref().is_none_or(|n| n == &*p.event.name) {
+                            self.conn.send(Reply::Event(&p.event, p.unix_ms)).await?;
+                        }
+                    }
+                    Err(RecvError::Lagged(missed)) => {
+                        let e = ProtoError::new(ErrorCode::Lagged, format!(
+                            "watcher fell {missed} events behind; closing"
+                        ));
+                        self.conn.queue(Reply::Error(&e)).await?;
+                        return Ok(Flow::Close);
+                    }
+                    Err(RecvError::Closed) => return Ok(Flow::Close),
+                },
+                frame = self.conn.read_frame(), if !self.conn.is_eof() => {
+                    // A watch connection only streams; QUIT (or a bad line) ends it.
+                    match frame? {
+                        Frame::Eof => {}
+                        Frame::Line(line) if line.trim().eq_ignore_ascii_case("quit") => {
+                            self.conn.queue(Reply::Bye).await?;
+                            return Ok(Flow::Close);
+                        }
+                        Frame::TooLong => return Ok(Flow::Close),
+                        Frame::Line(_) | Frame::BadUtf8 => {}
+                    }
+                }
+                _ = self.shutdown.cancelled() => {
+                    let e = ProtoError::new(ErrorCode::Shutdown, "server is shutting down");
+                    self.conn.queue(Reply::Error(&e)).await?;
+                    return Ok(Flow::Close);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.shared.drop_sessions(self.id, &self.leases);
+    }
+}
+
+/// A queued LOCK. Dropping it (the connection went, the task was cancelled) takes the waiter
+/// out of the queue, or releases the grant its client never saw.
+struct Pending {
+    shared: Arc<Shared>,
+    name: String,
+    waiter: WaiterId,
+    rx: Option<oneshot::Receiver<WaitResult>>,
+}
+
+impl Pending {
+    /// Cancel-safe: the receiver stays in place until a value arrives.
+    async fn recv(&mut self) -> WaitResult {
+        let result = match self.rx.as_mut() {
+            Some(rx) => rx.await,
+            None => std::future::pending().await,
+        };
+        self.rx = None;
+        // The sender is only dropped unused when the server is going away.
+        result.unwrap_or(WaitResult::Ended(WaitEnd::TimedOut))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            self.shared.abandon_wait(&self.name, self.waiter, rx);
+        }
+    }
+}
+
+/// The ERR reply for a refused table operation.
+fn table_error(name: &str, e: &TableError) -> ProtoError {
+    let code = match e {
+        TableError::BadTtl { .. } => ErrorCode::BadArg,
+        TableError::WouldBlock { .. } => ErrorCode::Timeout,
+        TableError::NotHeld => ErrorCode::NotHeld,
+        TableError::Conflict => ErrorCode::Conflict,
+        TableError::TooManyLocks { .. } => ErrorCode::Limit,
+    };
+    ProtoError::new(code, format!("{name}: {e}"))
+}

@@ -1,0 +1,320 @@
+//! The shell around the lock table: one mutex, one expiry timer, waiter hand-off, events.
+//!
+//! The table is behind a `std::sync::Mutex` because every operation on it is short and
+//! synchronous: no method here awaits, so the guard can never be held across an `.await`.
+//! Effects the table returns are carried out under the same guard (a waiter's oneshot is
+//! filled while the table still says it was granted, so a hand-off can't race a disconnect);
+//! logging and broadcasting happen after it is dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{broadcast, oneshot, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::locks::{
+    ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
+    TableError, Token, WaitEnd, WaiterId,
+};
+
+/// How a queued LOCK ends.
+#[derive(Debug)]
+pub enum WaitResult {
+    Granted { token: Token, deadline: Instant },
+    Ended(WaitEnd),
+}
+
+/// What a LOCK did at once.
+#[derive(Debug)]
+pub enum LockStart {
+    Granted {
+        token: Token,
+    },
+    /// Queued: `rx` receives the outcome. Give it back through [`Shared::abandon_wait`] if the
+    /// connection goes first.
+    Waiting {
+        waiter: WaiterId,
+        rx: oneshot::Receiver<WaitResult>,
+    },
+}
+
+/// An event as watchers see it: what happened and when (wall clock, for people).
+#[derive(Debug)]
+pub struct Published {
+    pub event: Event,
+    pub unix_ms: u64,
+}
+
+struct Inner {
+    table: Locks,
+    waiting: HashMap<WaiterId, oneshot::Sender<WaitResult>>,
+    /// The deadline the timer task sleeps until, so others wake it only when it must.
+    armed: Option<Instant>,
+    scratch: Vec<Effect>,
+}
+
+/// The lock table as every connection shares it.
+pub struct Shared {
+    inner: Mutex<Inner>,
+    timer: Notify,
+    events: broadcast::Sender<Arc<Published>>,
+    next_conn: AtomicU64,
+}
+
+/// The current time as the table counts it. Tokio's clock, so paused-time tests drive leases.
+pub fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Where tokens start: wall-clock microseconds, so a restarted server continues above the
+/// tokens it granted before (as long as it granted fewer than a million a second on average
+/// and the clock did not step back).
+pub fn first_token() -> Token {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as Token)
+        .unwrap_or(1)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Shared {
+    /// A table with these limits; watchers may fall `watch_buffer` events behind.
+    pub fn new(limits: Limits, first_token: Token, watch_buffer: usize) -> Arc<Self> {
+        let (events, _) = broadcast::channel(watch_buffer.max(1));
+        Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                table: Locks::new(limits, first_token),
+                waiting: HashMap::new(),
+                armed: None,
+                scratch: Vec::new(),
+            }),
+            timer: Notify::new(),
+            events,
+            next_conn: AtomicU64::new(1),
+        })
+    }
+
+    /// A number for a new connection.
+    pub fn connection_id(&self) -> ConnId {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.guard().table.limits().clone()
+    }
+
+    fn guard(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the guard can't leave the table half-changed in a way a
+        // second panic would fix; keep serving rather than poisoning every connection.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// LOCK.
+    pub fn lock(&self, req: LockRequest) -> Result<LockStart, TableError> {
+        let mut g = self.guard();
+        let start = match g.table.lock(now(), req)? {
+            LockOutcome::Granted { token, .. } => LockStart::Granted { token },
+            LockOutcome::Queued { waiter } => {
+                let (tx, rx) = oneshot::channel();
+                g.waiting.insert(waiter, tx);
+                LockStart::Waiting { waiter, rx }
+            }
+        };
+        self.settle(g);
+        Ok(start)
+    }
+
+    /// UNLOCK.
+    pub fn unlock(&self, name: &str, token: Token) -> Result<(), TableError> {
+        let mut g = self.guard();
+        let result = g.table.unlock(now(), name, token);
+        self.settle(g);
+        result
+    }
+
+    /// RENEW; returns the lease's time left.
+    pub fn renew(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+    ) -> Result<Duration, TableError> {
+        let mut g = self.guard();
+        let at = now();
+        let result = g.table.renew(at, name, token, ttl);
+        self.settle(g);
+        result.map(|deadline| deadline.saturating_duration_since(at))
+    }
+
+    /// CHECK; returns the lease's time left.
+    pub fn check(&self, name: &str, token: Token) -> Result<Duration, TableError> {
+        let mut g = self.guard();
+        let at = now();
+        let result = g.table.check(at, name, token);
+        self.settle(g);
+        result.map(|deadline| deadline.saturating_duration_since(at))
+    }
+
+    pub fn status(&self, name: &str) -> Option<LockStatus> {
+        let mut g = self.guard();
+        let status = g.table.status(now(), name);
+        self.settle(g);
+        status
+    }
+
+    pub fn status_all(&self) -> Vec<LockStatus> {
+        let mut g = self.guard();
+        let all = g.table.status_all(now());
+        self.settle(g);
+        all
+    }
+
+    /// A waiting connection is going away. If it was granted in the meantime (the grant sits
+    /// unread in `rx`), its client never learned the token, so the lock is released at once.
+    pub fn abandon_wait(
+        &self,
+        name: &str,
+        waiter: WaiterId,
+        mut rx: oneshot::Receiver<WaitResult>,
+    ) {
+        let mut g = self.guard();
+        let at = now();
+        if !g.table.cancel_wait(at, waiter) {
+            if let Ok(WaitResult::Granted { token, .. }) = rx.try_recv() {
+                let _ = g.table.unlock(at, name, token);
+            }
+        }
+        g.waiting.remove(&waiter);
+        self.settle(g);
+    }
+
+    /// Ends the session leases a closing connection still holds.
+    pub fn drop_sessions(&self, conn: ConnId, leases: &HashMap<String, Token>) {
+        if leases.is_empty() {
+            return;
+        }
+        let mut g = self.guard();
+        let at = now();
+        for (name, token) in leases {
+            g.table.drop_session(at, name, *token, conn);
+        }
+        self.settle(g);
+    }
+
+    /// Keeps only the session leases that are still live, so a long-lived connection's list
+    /// stays as small as what it holds.
+    pub fn retain_live(&self, leases: &mut HashMap<String, Token>) {
+        let mut g = self.guard();
+        let at = now();
+        leases.retain(|name, token| g.table.check(at, name, *token).is_ok());
+        self.settle(g);
+    }
+
+    /// Events from now on; a receiver more than `watch_buffer` behind gets `Lagged`.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
+        self.events.subscribe()
+    }
+
+    /// Carries out the table's effects, then releases the guard, logs, publishes, and wakes
+    /// the timer if the next deadline moved earlier.
+    fn settle(&self, mut g: MutexGuard<'_, Inner>) {
+        let mut effects = std::mem::take(&mut g.scratch);
+        let mut events = Vec::new();
+        loop {
+            g.table.drain_effects_into(&mut effects);
+            if effects.is_empty() {
+                break;
+            }
+            for effect in effects.drain(..) {
+                match effect {
+                    Effect::Granted {
+                        waiter,
+                        name,
+                        token,
+                        deadline,
+                    } => {
+                        let delivered = g.waiting.remove(&waiter).is_some_and(|tx| {
+                            tx.send(WaitResult::Granted { token, deadline }).is_ok()
+                        });
+                        if !delivered {
+                            // The waiter is gone: hand the lock straight on. The table queues
+                            // the release and the next grant; the outer loop carries them out.
+                            let _ = g.table.unlock(now(), &name, token);
+                        }
+                    }
+                    Effect::WaitEnded { waiter, why } => {
+                        if let Some(tx) = g.waiting.remove(&waiter) {
+                            let _ = tx.send(WaitResult::Ended(why));
+                        }
+                    }
+                    Effect::Event(event) => events.push(event),
+                }
+            }
+        }
+        g.scratch = effects;
+        let next = g.table.next_deadline();
+        let wake = match (next, g.armed) {
+            (Some(next), Some(armed)) => next < armed,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        drop(g);
+        if wake {
+            self.timer.notify_one();
+        }
+        if !events.is_empty() {
+            let unix_ms = unix_ms();
+            for event in events {
+                log_event(&event);
+                // No receivers is fine: nobody watches.
+                let _ = self.events.send(Arc::new(Published { event, unix_ms }));
+            }
+        }
+    }
+
+    /// Ends leases and waits as their deadlines pass, sleeping until the soonest one: a timer,
+    /// not a sweep. Runs until `shutdown`.
+    pub async fn run_timer(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let next = {
+                let mut g = self.guard();
+                g.table.expire(now());
+                let next = g.table.next_deadline();
+                g.armed = next;
+                self.settle(g);
+                next
+            };
+            let sleep = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = sleep => {}
+                _ = self.timer.notified() => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+fn log_event(e: &Event) {
+    let (name, id, token) = (&*e.name, &*e.id, e.token);
+    match e.kind {
+        EventKind::Acquired => tracing::info!(name, id, token, "granted"),
+        EventKind::Released => tracing::info!(name, id, token, "released"),
+        EventKind::Expired => tracing::info!(name, id, token, "lease expired"),
+        EventKind::Dropped => tracing::info!(name, id, token, "session closed, released"),
+    }
+}
