@@ -8,6 +8,7 @@
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
 //! - [`server`]: accept loop, connection limit, graceful shutdown; [`server::Config`].
 //! - [`client`]: an async client for `lockctl` and the tests.
+//! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 pub mod client;
 pub mod connection;
+pub mod docgen;
 pub mod locks;
 pub mod proto;
 pub mod server;

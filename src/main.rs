@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -57,6 +57,14 @@ struct Args {
     /// RUST_LOG, when set, takes precedence.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+
+    /// Print shell completions for SHELL (bash, zsh, fish, ...) and exit.
+    #[arg(long, value_name = "SHELL")]
+    completions: Option<clap_complete::Shell>,
+
+    /// Print the man page (roff) and exit.
+    #[arg(long)]
+    man: bool,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -124,6 +132,19 @@ async fn cancel_on_signal(token: CancellationToken) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(shell) = args.completions {
+        lockd::docgen::completions(Args::command(), shell, &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
+    if args.man {
+        return match lockd::docgen::man(Args::command(), &mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lockd: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     init_logging(args.verbose);
     let config = match args.config() {
         Ok(c) => c,

@@ -172,10 +172,13 @@ impl Shared {
         status
     }
 
+    /// Every held lock, sorted by name (sorted after the guard is dropped: a large table
+    /// shouldn't stall everyone for the sort).
     pub fn status_all(&self) -> Vec<LockStatus> {
         let mut g = self.guard();
-        let all = g.table.status_all(now());
+        let mut all = g.table.status_all(now());
         self.settle(g);
+        all.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         all
     }
 
