@@ -39,6 +39,11 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(64..=1_048_576).map(|v| v as usize))]
     max_line: usize,
 
+    /// Longest lock name or client id in bytes; longer ones get ERR BADARG.
+    #[arg(long, env = "LOCKD_MAX_NAME", default_value_t = lockd::proto::MAX_NAME_LEN,
+          value_parser = clap::value_parser!(u32).range(1..=255).map(|v| v as usize))]
+    max_name: usize,
+
     /// Most locks held at once; a LOCK of a new name past it gets ERR LIMIT.
     #[arg(long, env = "LOCKD_MAX_LOCKS", default_value_t = lockd::DEFAULT_MAX_LOCKS,
           value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
@@ -87,6 +92,7 @@ impl Args {
             },
             max_connections: self.max_connections,
             max_line: self.max_line,
+            max_name: self.max_name,
             watch_buffer: self.watch_buffer,
             shutdown_grace: self.shutdown_grace,
         })

@@ -430,6 +430,32 @@ impl Request {
     }
 }
 
+impl Request {
+    /// Refuses names and ids longer than `max` bytes: a server may set a limit below
+    /// [`MAX_NAME_LEN`].
+    pub fn check_name_len(&self, max: usize) -> Result<(), ProtoError> {
+        let words: [(&str, Option<&str>); 2] = match self {
+            Request::Lock { name, id, .. } => [("name", Some(name)), ("id", Some(id))],
+            Request::Unlock { name, .. }
+            | Request::Renew { name, .. }
+            | Request::Check { name, .. } => [("name", Some(name)), ("id", None)],
+            Request::Status { name } | Request::Watch { name } => {
+                [("name", name.as_deref()), ("id", None)]
+            }
+            Request::Ping | Request::Help | Request::Quit => [("name", None), ("id", None)],
+        };
+        for (what, value) in words {
+            if let Some(v) = value.filter(|v| v.len() > max) {
+                return Err(bad_arg(format!(
+                    "{what} is {} bytes; this server allows at most {max}",
+                    v.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One reply line, as the server sends it.
 #[derive(Clone, Debug)]
 pub enum Reply<'a> {
@@ -619,6 +645,16 @@ mod tests {
         );
         assert_eq!(parse_reply("EVENT x"), ReplyLine::Other("EVENT x"));
         assert_eq!(field("a held id=me token=7", "token"), Some("7"));
+    }
+
+    #[test]
+    fn server_name_limit() {
+        let r = parse("LOCK abcd ef").unwrap();
+        assert!(r.check_name_len(4).is_ok());
+        assert_eq!(r.check_name_len(3).unwrap_err().code, ErrorCode::BadArg);
+        let r = parse("LOCK ab cdef").unwrap();
+        assert_eq!(r.check_name_len(3).unwrap_err().code, ErrorCode::BadArg);
+        assert!(parse("PING").unwrap().check_name_len(1).is_ok());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 use crate::connection::Connection;
 use crate::locks::Limits;
 use crate::proto::{ErrorCode, ProtoError, Reply};
-use crate::session::Session;
+use crate::session::{Session, SessionLimits};
 use crate::shared::{self, Shared};
 
 /// Connections over the limit that are told why at the same time.
@@ -29,6 +29,8 @@ pub struct Config {
     pub max_connections: usize,
     /// Longest request line in bytes; longer ones are answered `ERR TOOLONG` and closed.
     pub max_line: usize,
+    /// Longest name or id in bytes (at most 255); longer ones are answered `ERR BADARG`.
+    pub max_name: usize,
     /// Events a watcher may fall behind before `ERR LAGGED`.
     pub watch_buffer: usize,
     /// How long shutdown lets connections finish before it drops them.
@@ -41,8 +43,18 @@ impl Default for Config {
             limits: Limits::default(),
             max_connections: crate::DEFAULT_MAX_CONNECTIONS,
             max_line: crate::DEFAULT_MAX_LINE,
+            max_name: crate::proto::MAX_NAME_LEN,
             watch_buffer: crate::DEFAULT_WATCH_BUFFER,
             shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+impl Config {
+    fn session_limits(&self) -> SessionLimits {
+        SessionLimits {
+            max_line: self.max_line,
+            max_name: self.max_name.min(crate::proto::MAX_NAME_LEN),
         }
     }
 }
@@ -102,8 +114,12 @@ pub async fn serve(
         match Arc::clone(&permits).try_acquire_owned() {
             Ok(permit) => {
                 let conn = Connection::new(stream, config.max_line);
-                let session =
-                    Session::new(Arc::clone(&shared), conn, config.max_line, shutdown.clone());
+                let session = Session::new(
+                    Arc::clone(&shared),
+                    conn,
+                    config.session_limits(),
+                    shutdown.clone(),
+                );
                 tracker.spawn(async move {
                     session.run().await;
                     drop(permit);

@@ -30,13 +30,22 @@ enum Flow {
     Close,
 }
 
+/// Per-connection limits, from the server's flags.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionLimits {
+    /// Longest request line, in bytes.
+    pub max_line: usize,
+    /// Longest name or id, in bytes (at most [`proto::MAX_NAME_LEN`]).
+    pub max_name: usize,
+}
+
 /// One connection's state.
 pub struct Session {
     shared: Arc<Shared>,
     conn: Connection,
     id: ConnId,
     shutdown: CancellationToken,
-    max_line: usize,
+    limits: SessionLimits,
     /// Session leases granted on this connection, by name: ended when it closes.
     leases: HashMap<String, Token>,
 }
@@ -45,7 +54,7 @@ impl Session {
     pub fn new(
         shared: Arc<Shared>,
         conn: Connection,
-        max_line: usize,
+        limits: SessionLimits,
         shutdown: CancellationToken,
     ) -> Self {
         let id = shared.connection_id();
@@ -54,7 +63,7 @@ impl Session {
             conn,
             id,
             shutdown,
-            max_line,
+            limits,
             leases: HashMap::new(),
         }
     }
@@ -81,7 +90,7 @@ impl Session {
                 Frame::TooLong => {
                     let e = ProtoError::new(
                         ErrorCode::TooLong,
-                        format!("line longer than {} bytes; closing", self.max_line),
+                        format!("line longer than {} bytes; closing", self.limits.max_line),
                     );
                     self.conn.queue(Reply::Error(&e)).await?;
                     Flow::Close
@@ -91,7 +100,9 @@ impl Session {
                     self.conn.queue(Reply::Error(&e)).await?;
                     Flow::Continue
                 }
-                Frame::Line(line) => match proto::parse(&line) {
+                Frame::Line(line) => match proto::parse(&line)
+                    .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
+                {
                     Ok(request) => self.dispatch(request).await?,
                     Err(e) => {
                         self.conn.queue(Reply::Error(&e)).await?;
@@ -221,7 +232,7 @@ impl Session {
         self.conn.flush().await?;
         loop {
             // Keep reading to notice a close, but don't buffer without bound.
-            let can_read = !self.conn.is_eof() && self.conn.buffered() <= 2 * self.max_line;
+            let can_read = !self.conn.is_eof() && self.conn.buffered() <= 2 * self.limits.max_line;
             tokio::select! {
                 result = pending.recv() => {
                     let name = std::mem::take(&mut pending.name);
