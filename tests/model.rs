@@ -34,6 +34,7 @@ const IDS: [&str; 4] = ["p", "q", "r", "s"];
 enum TtlPick {
     Default,
     Zero,
+    /// Folded into 1..=max_ttl.
     Ms(u64),
     Max,
     OverMax,
@@ -67,6 +68,9 @@ enum ConnPick {
 
 #[derive(Clone, Debug)]
 enum WaiterPick {
+    /// One still waiting, if any.
+    Live(usize),
+    /// Any issued so far (often granted or gone).
     Seen(usize),
     Raw(WaiterId),
 }
@@ -157,7 +161,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(name, tok, ttl)| Op::Renew { name, tok, ttl }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Check { name, tok }),
         2 => prop_oneof![
-            4 => (0usize..64).prop_map(WaiterPick::Seen),
+            4 => (0usize..64).prop_map(WaiterPick::Live),
+            3 => (0usize..64).prop_map(WaiterPick::Seen),
             1 => (0u64..10).prop_map(WaiterPick::Raw),
         ].prop_map(Op::CancelWait),
         2 => (name.clone(), tok_pick(), prop_oneof![
@@ -176,7 +181,8 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn limits() -> impl Strategy<Value = (MLimits, Token)> {
-    (20u64..=100, 1usize..=4, 0u64..1000).prop_flat_map(|(max_ttl, max_locks, first)| {
+    let max_locks = prop_oneof![1 => 1usize..=2, 3 => Just(NAMES.len())];
+    (20u64..=100, max_locks, 0u64..1000).prop_flat_map(|(max_ttl, max_locks, first)| {
         (1u64..=max_ttl).prop_map(move |default_ttl| {
             (
                 MLimits {
@@ -231,7 +237,7 @@ impl Harness {
         match p {
             TtlPick::Default => None,
             TtlPick::Zero => Some(0),
-            TtlPick::Ms(ms) => Some(*ms),
+            TtlPick::Ms(ms) => Some(1 + ms % self.model.limits.max_ttl),
             TtlPick::Max => Some(self.model.limits.max_ttl),
             TtlPick::OverMax => Some(self.model.limits.max_ttl + 1),
         }
@@ -364,11 +370,18 @@ impl Harness {
                 self.effects(Call::Other)?;
             }
             Op::CancelWait(p) => {
+                let live: Vec<WaiterId> = self
+                    .model
+                    .entries
+                    .values()
+                    .flat_map(|e| e.queue.iter().map(|w| w.waiter))
+                    .collect();
                 let waiter = match p {
+                    WaiterPick::Live(i) if !live.is_empty() => live[i % live.len()],
                     WaiterPick::Seen(i) if !self.waiters.is_empty() => {
                         self.waiters[i % self.waiters.len()]
                     }
-                    WaiterPick::Seen(i) => *i as WaiterId,
+                    WaiterPick::Live(i) | WaiterPick::Seen(i) => *i as WaiterId,
                     WaiterPick::Raw(w) => *w,
                 };
                 let got = self.table.cancel_wait(at, waiter);
@@ -480,8 +493,12 @@ fn run(limits: MLimits, first_token: Token, ops: &[Op]) -> Result<(), TestCaseEr
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 512,
+        // PROPTEST_CASES may ask for more.
+        cases: ProptestConfig::default().cases.max(512),
         max_shrink_iters: 20_000,
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct(
+            "tests/model/proptest-regressions.txt"
+        ))),
         ..ProptestConfig::default()
     })]
 

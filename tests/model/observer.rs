@@ -148,14 +148,14 @@ impl Observer {
                         None => q.push(*waiter),
                     }
                 }
-                Some(LockOutcome::Granted { token, .. }) => {
-                    if self.holders.get(name) != Some(token) {
-                        return Err(format!(
-                            "LOCK {name} answered token {token}, not the holder"
-                        ));
-                    }
+                Some(LockOutcome::Granted { token, .. })
+                    if self.holders.get(name) != Some(token) =>
+                {
+                    return Err(format!(
+                        "LOCK {name} answered token {token}, not the holder"
+                    ));
                 }
-                None => {}
+                Some(LockOutcome::Granted { .. }) | None => {}
             },
             Call::CancelWait { waiter, removed } => {
                 let live = self.live(waiter).map(|(n, p)| (n.to_string(), p));
