@@ -1,0 +1,760 @@
+//! Model test of the pure lock table (`lockd::locks::Locks`).
+//!
+//! Random histories of LOCK / UNLOCK / RENEW / CHECK / cancelled waits / closed sessions /
+//! passing time are run against the table and against a small reference model
+//! (`model/reference.rs`) in lockstep, with exact time (a base instant plus whole
+//! milliseconds, often landing exactly on a deadline). Every return value and every effect
+//! must be equal, and after every step the documented invariants are checked again from the
+//! outside (`model/observer.rs`): one holder per name, tokens that only grow, FIFO grants, no
+//! grant to a waiter that left, `next_deadline()` and STATUS in agreement.
+//!
+//! The plain tests at the end pin the tricky rules of proto.md one by one.
+
+#[path = "model/observer.rs"]
+mod observer;
+#[path = "model/reference.rs"]
+mod reference;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockd::locks::{
+    ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, Locks, TableError, Token,
+    WaitEnd, WaiterId,
+};
+use proptest::prelude::*;
+
+use observer::{Call, Observer};
+use reference::{MLimits, MLock, Model};
+
+const NAMES: [&str; 3] = ["a", "b", "c"];
+const IDS: [&str; 4] = ["p", "q", "r", "s"];
+
+#[derive(Clone, Debug)]
+enum TtlPick {
+    Default,
+    Zero,
+    /// Folded into 1..=max_ttl.
+    Ms(u64),
+    Max,
+    OverMax,
+}
+
+#[derive(Clone, Debug)]
+enum WaitPick {
+    Forever,
+    Zero,
+    Ms(u64),
+}
+
+/// A token chosen against the state at the time of the step, so that most are meaningful.
+#[derive(Clone, Debug)]
+enum TokPick {
+    /// The name's live token (or a stale one if the name is free).
+    Holder,
+    /// Off by one from the live token.
+    Near(bool),
+    /// One granted earlier (often no longer live).
+    Seen(usize),
+    Raw(u64),
+}
+
+#[derive(Clone, Debug)]
+enum ConnPick {
+    /// The connection the name's session lease is bound to, if any.
+    Holder,
+    Conn(ConnId),
+}
+
+#[derive(Clone, Debug)]
+enum WaiterPick {
+    /// One still waiting, if any.
+    Live(usize),
+    /// Any issued so far (often granted or gone).
+    Seen(usize),
+    Raw(WaiterId),
+}
+
+#[derive(Clone, Debug)]
+enum Advance {
+    By(u64),
+    /// Exactly onto the soonest pending deadline.
+    ToNext,
+    /// One millisecond before it.
+    JustBefore,
+    /// Past every lease the limits allow.
+    Far,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Lock {
+        name: usize,
+        id: usize,
+        ttl: TtlPick,
+        wait: WaitPick,
+        session: bool,
+        conn: ConnId,
+    },
+    Unlock {
+        name: usize,
+        tok: TokPick,
+    },
+    Renew {
+        name: usize,
+        tok: TokPick,
+        ttl: Option<TtlPick>,
+    },
+    Check {
+        name: usize,
+        tok: TokPick,
+    },
+    CancelWait(WaiterPick),
+    DropSession {
+        name: usize,
+        tok: TokPick,
+        conn: ConnPick,
+    },
+    Status {
+        name: usize,
+    },
+    Advance(Advance),
+    Expire,
+}
+
+fn ttl_pick() -> impl Strategy<Value = TtlPick> {
+    prop_oneof![
+        3 => Just(TtlPick::Default),
+        1 => Just(TtlPick::Zero),
+        6 => (1u64..=60).prop_map(TtlPick::Ms),
+        1 => Just(TtlPick::Max),
+        1 => Just(TtlPick::OverMax),
+    ]
+}
+
+fn wait_pick() -> impl Strategy<Value = WaitPick> {
+    prop_oneof![
+        3 => Just(WaitPick::Forever),
+        2 => Just(WaitPick::Zero),
+        5 => (1u64..=60).prop_map(WaitPick::Ms),
+    ]
+}
+
+fn tok_pick() -> impl Strategy<Value = TokPick> {
+    prop_oneof![
+        6 => Just(TokPick::Holder),
+        1 => any::<bool>().prop_map(TokPick::Near),
+        2 => (0usize..64).prop_map(TokPick::Seen),
+        1 => (0u64..8).prop_map(TokPick::Raw),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let name = 0..NAMES.len();
+    prop_oneof![
+        10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), any::<bool>(), 1u64..=3)
+            .prop_map(|(name, id, ttl, wait, session, conn)| Op::Lock {
+                name, id, ttl, wait, session, conn
+            }),
+        3 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Unlock { name, tok }),
+        2 => (name.clone(), tok_pick(), proptest::option::of(ttl_pick()))
+            .prop_map(|(name, tok, ttl)| Op::Renew { name, tok, ttl }),
+        1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Check { name, tok }),
+        2 => prop_oneof![
+            4 => (0usize..64).prop_map(WaiterPick::Live),
+            3 => (0usize..64).prop_map(WaiterPick::Seen),
+            1 => (0u64..10).prop_map(WaiterPick::Raw),
+        ].prop_map(Op::CancelWait),
+        2 => (name.clone(), tok_pick(), prop_oneof![
+            3 => Just(ConnPick::Holder),
+            1 => (1u64..=3).prop_map(ConnPick::Conn),
+        ]).prop_map(|(name, tok, conn)| Op::DropSession { name, tok, conn }),
+        1 => name.prop_map(|name| Op::Status { name }),
+        8 => prop_oneof![
+            4 => (0u64..=25).prop_map(Advance::By),
+            3 => Just(Advance::ToNext),
+            1 => Just(Advance::JustBefore),
+            1 => Just(Advance::Far),
+        ].prop_map(Op::Advance),
+        1 => Just(Op::Expire),
+    ]
+}
+
+fn limits() -> impl Strategy<Value = (MLimits, Token)> {
+    let max_locks = prop_oneof![1 => 1usize..=2, 3 => Just(NAMES.len())];
+    (20u64..=100, max_locks, 0u64..1000).prop_flat_map(|(max_ttl, max_locks, first)| {
+        (1u64..=max_ttl).prop_map(move |default_ttl| {
+            (
+                MLimits {
+                    default_ttl,
+                    max_ttl,
+                    max_locks,
+                },
+                first,
+            )
+        })
+    })
+}
+
+/// The table and the model side by side, plus what the picks need to resolve.
+struct Harness {
+    table: Locks,
+    model: Model,
+    observer: Observer,
+    now: u64,
+    tokens: Vec<Token>,
+    waiters: Vec<WaiterId>,
+    log: Vec<String>,
+}
+
+impl Harness {
+    fn new(limits: MLimits, first_token: Token) -> Self {
+        let base = Instant::now();
+        let table = Locks::new(
+            Limits {
+                default_ttl: Duration::from_millis(limits.default_ttl),
+                max_ttl: Duration::from_millis(limits.max_ttl),
+                max_locks: limits.max_locks,
+            },
+            first_token,
+        );
+        Harness {
+            table,
+            model: Model::new(base, limits, first_token),
+            observer: Observer::default(),
+            now: 0,
+            tokens: Vec::new(),
+            waiters: Vec::new(),
+            log: Vec::new(),
+        }
+    }
+
+    fn at(&self) -> Instant {
+        self.model.at(self.now)
+    }
+
+    fn ttl(&self, p: &TtlPick) -> Option<u64> {
+        match p {
+            TtlPick::Default => None,
+            TtlPick::Zero => Some(0),
+            TtlPick::Ms(ms) => Some(1 + ms % self.model.limits.max_ttl),
+            TtlPick::Max => Some(self.model.limits.max_ttl),
+            TtlPick::OverMax => Some(self.model.limits.max_ttl + 1),
+        }
+    }
+
+    fn token(&self, name: &str, p: &TokPick) -> Token {
+        let live = self.model.entries.get(name).map(|e| e.holder.token);
+        let last = self.tokens.last().copied().unwrap_or(1);
+        match p {
+            TokPick::Holder => live.unwrap_or(last),
+            TokPick::Near(up) => {
+                let t = live.unwrap_or(last);
+                if *up {
+                    t + 1
+                } else {
+                    t.saturating_sub(1)
+                }
+            }
+            TokPick::Seen(i) if !self.tokens.is_empty() => self.tokens[i % self.tokens.len()],
+            TokPick::Seen(_) => last,
+            TokPick::Raw(t) => *t,
+        }
+    }
+
+    fn note_tokens(&mut self, effects: &[Effect]) {
+        for e in effects {
+            if let Effect::Event(Event {
+                kind: EventKind::Acquired,
+                token,
+                ..
+            }) = e
+            {
+                self.tokens.push(*token);
+            }
+        }
+    }
+
+    /// Compares the effects of one step, then lets the observer judge them.
+    fn effects(&mut self, call: Call<'_>) -> Result<(), String> {
+        let got = self.table.take_effects();
+        let want = self.model.take_effects();
+        if got != want {
+            return Err(format!("effects differ:\n table {got:?}\n model {want:?}"));
+        }
+        self.note_tokens(&got);
+        self.observer.observe(call, &got)
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), String> {
+        self.log.push(format!("t={} {op:?}", self.now));
+        let now = self.now;
+        let at = self.at();
+        let mut called = true;
+        match op {
+            Op::Lock {
+                name,
+                id,
+                ttl,
+                wait,
+                session,
+                conn,
+            } => {
+                let ttl = self.ttl(ttl);
+                let wait = match wait {
+                    WaitPick::Forever => None,
+                    WaitPick::Zero => Some(0),
+                    WaitPick::Ms(ms) => Some(*ms),
+                };
+                let got = self.table.lock(
+                    at,
+                    LockRequest {
+                        name: NAMES[*name].into(),
+                        id: IDS[*id].into(),
+                        ttl: ttl.map(Duration::from_millis),
+                        wait: wait.map(Duration::from_millis),
+                        session: *session,
+                        conn: *conn,
+                    },
+                );
+                let want = self.model.lock(
+                    now,
+                    MLock {
+                        name: NAMES[*name].into(),
+                        id: IDS[*id].into(),
+                        ttl,
+                        wait,
+                        session: *session,
+                        conn: *conn,
+                    },
+                );
+                if got != want {
+                    return Err(format!("lock: table {got:?}, model {want:?}"));
+                }
+                if let Ok(LockOutcome::Queued { waiter }) = &got {
+                    self.waiters.push(*waiter);
+                }
+                self.effects(Call::Lock {
+                    name: NAMES[*name],
+                    outcome: got.as_ref().ok(),
+                })?;
+            }
+            Op::Unlock { name, tok } => {
+                let token = self.token(NAMES[*name], tok);
+                let got = self.table.unlock(at, NAMES[*name], token);
+                let want = self.model.unlock(now, NAMES[*name], token);
+                if got != want {
+                    return Err(format!("unlock {token}: table {got:?}, model {want:?}"));
+                }
+                self.effects(Call::Other)?;
+            }
+            Op::Renew { name, tok, ttl } => {
+                let token = self.token(NAMES[*name], tok);
+                let ttl = ttl.as_ref().and_then(|p| self.ttl(p));
+                let got = self
+                    .table
+                    .renew(at, NAMES[*name], token, ttl.map(Duration::from_millis));
+                let want = self.model.renew(now, NAMES[*name], token, ttl);
+                if got != want {
+                    return Err(format!("renew {token}: table {got:?}, model {want:?}"));
+                }
+                self.effects(Call::Other)?;
+            }
+            Op::Check { name, tok } => {
+                let token = self.token(NAMES[*name], tok);
+                let got = self.table.check(at, NAMES[*name], token);
+                let want = self.model.check(now, NAMES[*name], token);
+                if got != want {
+                    return Err(format!("check {token}: table {got:?}, model {want:?}"));
+                }
+                self.effects(Call::Other)?;
+            }
+            Op::CancelWait(p) => {
+                let live: Vec<WaiterId> = self
+                    .model
+                    .entries
+                    .values()
+                    .flat_map(|e| e.queue.iter().map(|w| w.waiter))
+                    .collect();
+                let waiter = match p {
+                    WaiterPick::Live(i) if !live.is_empty() => live[i % live.len()],
+                    WaiterPick::Seen(i) if !self.waiters.is_empty() => {
+                        self.waiters[i % self.waiters.len()]
+                    }
+                    WaiterPick::Live(i) | WaiterPick::Seen(i) => *i as WaiterId,
+                    WaiterPick::Raw(w) => *w,
+                };
+                let got = self.table.cancel_wait(at, waiter);
+                let want = self.model.cancel_wait(now, waiter);
+                if got != want {
+                    return Err(format!("cancel_wait {waiter}: table {got}, model {want}"));
+                }
+                self.effects(Call::CancelWait {
+                    waiter,
+                    removed: got,
+                })?;
+            }
+            Op::DropSession { name, tok, conn } => {
+                let token = self.token(NAMES[*name], tok);
+                let conn = match conn {
+                    ConnPick::Holder => self
+                        .model
+                        .entries
+                        .get(NAMES[*name])
+                        .and_then(|e| e.holder.session)
+                        .unwrap_or(1),
+                    ConnPick::Conn(c) => *c,
+                };
+                self.table.drop_session(at, NAMES[*name], token, conn);
+                self.model.drop_session(now, NAMES[*name], token, conn);
+                self.effects(Call::Other)?;
+            }
+            Op::Status { name } => {
+                let got = self.table.status(at, NAMES[*name]);
+                let want = self.model.status(now, NAMES[*name]);
+                if got != want {
+                    return Err(format!("status: table {got:?}, model {want:?}"));
+                }
+                self.effects(Call::Other)?;
+            }
+            Op::Expire => {
+                self.table.expire(at);
+                self.model.process(now);
+                self.effects(Call::Other)?;
+            }
+            Op::Advance(a) => {
+                called = false;
+                let soonest = self.model.soonest();
+                self.now = match (a, soonest) {
+                    (Advance::By(ms), _) => now + ms,
+                    (Advance::ToNext, Some(s)) => s.max(now),
+                    (Advance::JustBefore, Some(s)) => s.saturating_sub(1).max(now),
+                    (Advance::ToNext | Advance::JustBefore, None) => now + 1,
+                    (Advance::Far, _) => now + 2 * self.model.limits.max_ttl + 61,
+                };
+            }
+        }
+        self.invariants(called)
+    }
+
+    /// After every step: the same next deadline; after a call, nothing is left due and
+    /// STATUS (which must itself change nothing) agrees with the model and the observer.
+    fn invariants(&mut self, called: bool) -> Result<(), String> {
+        let want = self.model.soonest().map(|ms| self.model.at(ms));
+        let got = self.table.next_deadline();
+        if got != want {
+            return Err(format!(
+                "next_deadline: table {got:?}, model {want:?} (base {:?})",
+                self.model.base
+            ));
+        }
+        if self.table.len() != self.model.entries.len() {
+            return Err(format!(
+                "len: table {}, model {}",
+                self.table.len(),
+                self.model.entries.len()
+            ));
+        }
+        if !called {
+            return Ok(());
+        }
+        if let Some(s) = self.model.soonest() {
+            if s <= self.now {
+                return Err(format!("deadline {s} still pending at {}", self.now));
+            }
+        }
+        let got = self.table.status_all(self.at());
+        let want = self.model.status_all(self.now);
+        if got != want {
+            return Err(format!("status_all: table {got:?}, model {want:?}"));
+        }
+        let stray = self.table.take_effects();
+        if !stray.is_empty() {
+            return Err(format!(
+                "status_all at the same instant had effects {stray:?}"
+            ));
+        }
+        self.observer.check_status(&got)
+    }
+}
+
+fn run(limits: MLimits, first_token: Token, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut h = Harness::new(limits, first_token);
+    for op in ops {
+        if let Err(e) = h.step(op) {
+            return Err(TestCaseError::fail(format!(
+                "{e}\nlimits {limits:?}, first token {first_token}\nhistory:\n{}",
+                h.log.join("\n")
+            )));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        // PROPTEST_CASES may ask for more.
+        cases: ProptestConfig::default().cases.max(512),
+        max_shrink_iters: 20_000,
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::Direct(
+            "tests/model/proptest-regressions.txt"
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn table_matches_model((limits, first) in limits(), ops in prop::collection::vec(op(), 1..200)) {
+        run(limits, first, &ops)?;
+    }
+}
+
+// ---- The tricky rules, one example each ----
+
+fn table() -> (Locks, Instant) {
+    let limits = Limits {
+        default_ttl: Duration::from_secs(30),
+        max_ttl: Duration::from_secs(60),
+        max_locks: 100,
+    };
+    (Locks::new(limits, 100), Instant::now())
+}
+
+fn req(
+    name: &str,
+    id: &str,
+    ttl_ms: u64,
+    wait: Option<u64>,
+    session: bool,
+    conn: ConnId,
+) -> LockRequest {
+    LockRequest {
+        name: name.into(),
+        id: id.into(),
+        ttl: Some(Duration::from_millis(ttl_ms)),
+        wait: wait.map(Duration::from_millis),
+        session,
+        conn,
+    }
+}
+
+fn ms(base: Instant, ms: u64) -> Instant {
+    base + Duration::from_millis(ms)
+}
+
+fn granted(out: Result<LockOutcome, TableError>) -> (Token, Instant) {
+    match out {
+        Ok(LockOutcome::Granted { token, deadline }) => (token, deadline),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn queued(out: Result<LockOutcome, TableError>) -> WaiterId {
+    match out {
+        Ok(LockOutcome::Queued { waiter }) => waiter,
+        other => panic!("expected to queue, got {other:?}"),
+    }
+}
+
+fn ev(kind: EventKind, name: &str, id: &str, token: Token) -> Effect {
+    Effect::Event(Event {
+        kind,
+        name: Arc::from(name),
+        id: Arc::from(id),
+        token,
+    })
+}
+
+#[test]
+fn same_id_relock_keeps_token_and_restarts_lease() {
+    let (mut t, base) = table();
+    let (token, d1) = granted(t.lock(base, req("x", "p", 1000, None, false, 1)));
+    assert_eq!(d1, ms(base, 1000));
+    // From another connection (a retry after a lost reply), with a new ttl.
+    let (again, d2) = granted(t.lock(ms(base, 500), req("x", "p", 2000, Some(0), false, 2)));
+    assert_eq!(again, token);
+    assert_eq!(d2, ms(base, 2500));
+    assert_eq!(t.next_deadline(), Some(ms(base, 2500)));
+    assert_eq!(t.check(ms(base, 1500), "x", token), Ok(ms(base, 2500)));
+    // No second Acquired event, no second token.
+    assert_eq!(
+        t.take_effects(),
+        vec![ev(EventKind::Acquired, "x", "p", token)]
+    );
+    assert_eq!(t.next_token(), token + 1);
+    // RENEW without ttl uses the ttl of the last LOCK.
+    assert_eq!(
+        t.renew(ms(base, 2000), "x", token, None),
+        Ok(ms(base, 4000))
+    );
+}
+
+#[test]
+fn session_lease_on_another_connection_conflicts() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 1000, None, true, 1)));
+    assert_eq!(
+        t.lock(ms(base, 1), req("x", "p", 1000, None, false, 2)),
+        Err(TableError::Conflict)
+    );
+    // The refused request changed nothing.
+    let s = t.status(ms(base, 1), "x").expect("held");
+    assert!(s.session);
+    assert_eq!(s.remaining, Duration::from_millis(999));
+    // The same connection may repeat it, and drop the session binding by doing so.
+    let (again, _) = granted(t.lock(ms(base, 2), req("x", "p", 1000, None, false, 1)));
+    assert_eq!(again, token);
+    assert!(!t.status(ms(base, 2), "x").expect("held").session);
+    // Now the lease belongs to the id: another connection may repeat it too.
+    let (again, _) = granted(t.lock(ms(base, 3), req("x", "p", 1000, None, true, 2)));
+    assert_eq!(again, token);
+    // Closing connection 1 no longer ends it; closing connection 2 does.
+    t.drop_session(ms(base, 4), "x", token, 1);
+    assert!(t.status(ms(base, 4), "x").is_some());
+    t.drop_session(ms(base, 5), "x", token, 2);
+    assert_eq!(t.status(ms(base, 5), "x"), None);
+    let effects = t.take_effects();
+    assert_eq!(
+        effects.last(),
+        Some(&ev(EventKind::Dropped, "x", "p", token))
+    );
+}
+
+#[test]
+fn replaced_waiter_keeps_its_place() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "a", 1000, None, false, 1)));
+    let b1 = queued(t.lock(base, req("x", "b", 1000, Some(100), false, 2)));
+    let c = queued(t.lock(base, req("x", "c", 1000, None, false, 3)));
+    t.take_effects();
+    // b again, from another connection and without a wait bound.
+    let b2 = queued(t.lock(ms(base, 10), req("x", "b", 700, None, false, 4)));
+    assert_eq!(
+        t.take_effects(),
+        vec![Effect::WaitEnded {
+            waiter: b1,
+            why: WaitEnd::Replaced
+        }]
+    );
+    assert_eq!(t.status(ms(base, 10), "x").expect("held").waiters, 2);
+    // The old wait bound went with the old request.
+    assert_eq!(t.next_deadline(), Some(ms(base, 1000)));
+    assert!(!t.cancel_wait(ms(base, 10), b1));
+    assert_eq!(t.unlock(ms(base, 20), "x", token), Ok(()));
+    assert_eq!(
+        t.take_effects(),
+        vec![
+            ev(EventKind::Released, "x", "a", token),
+            Effect::Granted {
+                waiter: b2,
+                name: Arc::from("x"),
+                token: token + 1,
+                deadline: ms(base, 720),
+            },
+            ev(EventKind::Acquired, "x", "b", token + 1),
+        ]
+    );
+    assert!(t.cancel_wait(ms(base, 20), c));
+    assert_eq!(t.status(ms(base, 20), "x").expect("held").waiters, 0);
+}
+
+#[test]
+fn wait_zero_would_block_and_changes_nothing() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 1000, Some(0), false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 1000, None, false, 2)));
+    t.take_effects();
+    assert_eq!(
+        t.lock(ms(base, 1), req("x", "q", 1000, Some(0), false, 3)),
+        Err(TableError::WouldBlock {
+            holder: Arc::from("p")
+        })
+    );
+    // q's earlier request still waits (wait=0 did not replace it).
+    assert!(t.take_effects().is_empty());
+    assert_eq!(t.status(ms(base, 1), "x").expect("held").waiters, 1);
+    assert_eq!(t.unlock(ms(base, 2), "x", token), Ok(()));
+    assert!(t
+        .take_effects()
+        .iter()
+        .any(|e| matches!(e, Effect::Granted { waiter, .. } if *waiter == q)));
+}
+
+#[test]
+fn expiry_hands_over_with_lease_from_processing_time() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 10, None, false, 1)));
+    let q = queued(t.lock(ms(base, 1), req("x", "q", 50, Some(100), true, 7)));
+    t.take_effects();
+    assert_eq!(t.next_deadline(), Some(ms(base, 10)));
+    // Nobody looks until 25ms: the new lease runs from 25ms, not from 10ms.
+    t.expire(ms(base, 25));
+    assert_eq!(
+        t.take_effects(),
+        vec![
+            ev(EventKind::Expired, "x", "p", token),
+            Effect::Granted {
+                waiter: q,
+                name: Arc::from("x"),
+                token: token + 1,
+                deadline: ms(base, 75),
+            },
+            ev(EventKind::Acquired, "x", "q", token + 1),
+        ]
+    );
+    // Its wait bound (101ms) is gone with the wait.
+    assert_eq!(t.next_deadline(), Some(ms(base, 75)));
+    let s = t.status(ms(base, 25), "x").expect("held");
+    assert!(s.session);
+    assert_eq!(s.remaining, Duration::from_millis(50));
+    // A live lease is live strictly before its deadline.
+    assert!(t.check(ms(base, 74), "x", token + 1).is_ok());
+    assert_eq!(
+        t.check(ms(base, 75), "x", token + 1),
+        Err(TableError::NotHeld)
+    );
+}
+
+#[test]
+fn wait_ending_with_the_lease_gives_up_first() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 10, None, false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 50, Some(10), false, 2)));
+    let r = queued(t.lock(base, req("x", "r", 50, None, false, 3)));
+    t.take_effects();
+    // At exactly 10ms q's wait and p's lease both end: q gives up, r is granted.
+    assert_eq!(t.check(ms(base, 10), "x", token), Err(TableError::NotHeld));
+    assert_eq!(
+        t.take_effects(),
+        vec![
+            Effect::WaitEnded {
+                waiter: q,
+                why: WaitEnd::TimedOut
+            },
+            ev(EventKind::Expired, "x", "p", token),
+            Effect::Granted {
+                waiter: r,
+                name: Arc::from("x"),
+                token: token + 1,
+                deadline: ms(base, 60),
+            },
+            ev(EventKind::Acquired, "x", "r", token + 1),
+        ]
+    );
+}
+
+#[test]
+fn cancelled_waiter_is_never_granted() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 10, None, false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 50, None, true, 2)));
+    assert!(t.cancel_wait(ms(base, 5), q));
+    assert!(!t.cancel_wait(ms(base, 5), q));
+    t.take_effects();
+    assert_eq!(t.unlock(ms(base, 6), "x", token), Ok(()));
+    assert_eq!(
+        t.take_effects(),
+        vec![ev(EventKind::Released, "x", "p", token)]
+    );
+    assert!(t.is_empty());
+    assert_eq!(t.next_deadline(), None);
+}
