@@ -463,8 +463,11 @@ impl Harness {
                 return Err(format!("deadline {s} still pending at {}", self.now));
             }
         }
-        let got = self.table.status_all(self.at());
-        let want = self.model.status_all(self.now);
+        // The table lists in no particular order; the server sorts by name.
+        let mut got = self.table.status_all(self.at());
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut want = self.model.status_all(self.now);
+        want.sort_by(|a, b| a.name.cmp(&b.name));
         if got != want {
             return Err(format!("status_all: table {got:?}, model {want:?}"));
         }
