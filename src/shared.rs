@@ -277,10 +277,13 @@ impl Shared {
         }
         if !events.is_empty() {
             let unix_ms = unix_ms();
+            let watched = self.events.receiver_count() > 0;
             for event in events {
                 log_event(&event);
-                // No receivers is fine: nobody watches.
-                let _ = self.events.send(Arc::new(Published { event, unix_ms }));
+                if watched {
+                    // A watcher that left between the count and the send is fine.
+                    let _ = self.events.send(Arc::new(Published { event, unix_ms }));
+                }
             }
         }
     }
