@@ -2,9 +2,9 @@
 
 mod common;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use common::{config, field, start_server, status_shape, token, wait_status, wait_waiters, Raw};
+use common::{
+    assert_event, config, field, start_server, status_shape, token, wait_status, wait_waiters, Raw,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn free_lock_is_granted_at_once() {
@@ -204,34 +204,6 @@ async fn reset_waiter_is_skipped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_lease_ends_when_its_connection_closes() {
-    let server = start_server(config()).await;
-    let mut admin = server.raw().await;
-    let mut watcher = server.raw().await;
-    assert_eq!(watcher.req("WATCH s").await, "OK watching s");
-
-    let mut a = server.raw().await;
-    let ta = a.lock("s a session").await;
-    let status = admin.req("STATUS s").await;
-    assert_eq!(
-        status_shape(&status),
-        format!("OK s held id=a token={ta} ttl_ms=* session=1 waiters=0")
-    );
-    let mut b = server.raw().await;
-    b.send("LOCK s b").await;
-    wait_waiters(&mut admin, "s", 1).await;
-
-    drop(a);
-    let tb = token(&b.line().await);
-    assert!(tb > ta);
-
-    assert_event(&watcher.line().await, "acquired", "s", "a", ta);
-    assert_event(&watcher.line().await, "dropped", "s", "a", ta);
-    assert_event(&watcher.line().await, "acquired", "s", "b", tb);
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_option_times_out_while_held() {
     let server = start_server(config()).await;
     let mut holder = server.raw().await;
@@ -253,27 +225,6 @@ async fn wait_option_times_out_while_held() {
     assert_eq!(holder.req(&format!("UNLOCK t {th}")).await, "OK");
     assert_eq!(c.req("STATUS t").await, "OK t free");
     server.shutdown().await;
-}
-
-/// Checks one `EVENT <kind> <name> <id> <token> <unix-ms>` line; returns its unix-ms.
-fn assert_event(line: &str, kind: &str, name: &str, id: &str, token: u64) -> u64 {
-    let prefix = format!("EVENT {kind} {name} {id} {token} ");
-    let ms = line
-        .strip_prefix(&prefix)
-        .unwrap_or_else(|| panic!("{line:?} should start with {prefix:?}"));
-    let ms: u64 = ms
-        .parse()
-        .unwrap_or_else(|_| panic!("unix-ms of {line:?} is not a number"));
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    // Wall clock, for people: only check that it is today's, not how exact.
-    assert!(
-        ms.abs_diff(now) < 3_600_000,
-        "unix-ms {ms} is far from {now}"
-    );
-    ms
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,71 +332,6 @@ async fn ping_help_quit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holder_locking_again_gets_the_same_token_and_a_new_lease() {
-    let server = start_server(config()).await;
-    let mut c = server.raw().await;
-    let t = c.lock("i a ttl=5s").await;
-    assert_eq!(c.req("LOCK i a ttl=1m").await, format!("OK {t}"));
-    let status = c.req("STATUS i").await;
-    let left: u64 = field(&status, "ttl_ms")
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    assert!(left > 5_000, "lease restarted with ttl=1m: {status}");
-    // From another connection too (a retry after a lost reply), and it may add `session`.
-    let mut other = server.raw().await;
-    assert_eq!(other.req("LOCK i a session").await, format!("OK {t}"));
-    assert_eq!(
-        status_shape(&c.req("STATUS i").await),
-        format!("OK i held id=a token={t} ttl_ms=* session=1 waiters=0")
-    );
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_id_on_another_connection_conflicts_with_a_session_lease() {
-    let server = start_server(config()).await;
-    let mut a = server.raw().await;
-    let t = a.lock("c a session").await;
-    let before = status_shape(&a.req("STATUS c").await);
-    let mut b = server.raw().await;
-    b.send("LOCK c a").await;
-    b.expect_prefix("ERR CONFLICT ").await;
-    b.send("LOCK c a session").await;
-    b.expect_prefix("ERR CONFLICT ").await;
-    assert_eq!(status_shape(&b.req("STATUS c").await), before);
-    // On its own connection the holder may retry.
-    assert_eq!(a.req("LOCK c a session").await, format!("OK {t}"));
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_id_is_replaced_by_a_newer_lock() {
-    let server = start_server(config()).await;
-    let mut admin = server.raw().await;
-    let mut holder = server.raw().await;
-    let th = holder.lock("r h").await;
-    let mut old = server.raw().await;
-    old.send("LOCK r w").await;
-    wait_waiters(&mut admin, "r", 1).await;
-    let mut new = server.raw().await;
-    new.send("LOCK r w ttl=1m").await;
-    old.expect_prefix("ERR REPLACED ").await;
-    // The newer request took the old one's place: still one waiter.
-    let status = admin.req("STATUS r").await;
-    assert_eq!(field(&status, "waiters").as_deref(), Some("1"), "{status}");
-
-    assert_eq!(holder.req(&format!("UNLOCK r {th}")).await, "OK");
-    let tw = token(&new.line().await);
-    assert_eq!(
-        status_shape(&admin.req("STATUS r").await),
-        format!("OK r held id=w token={tw} ttl_ms=* session=0 waiters=0")
-    );
-    // The old connection stays open and got nothing more than its ERR.
-    assert_eq!(old.req("PING").await, "OK PONG");
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_closed_waiter_still_gets_its_grant() {
     let server = start_server(config()).await;
     let mut admin = server.raw().await;
@@ -538,4 +424,129 @@ async fn shutdown_tells_waiters_and_watchers() {
     // Nothing listens any more.
     let refused = tokio::net::TcpStream::connect(admin.stream().peer_addr().unwrap()).await;
     assert!(refused.is_err(), "listener still open after shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_overs_are_seen_as_end_then_grant() {
+    let server = start_server(config()).await;
+    let mut admin = server.raw().await;
+    let mut watcher = server.raw().await;
+    assert_eq!(watcher.req("WATCH").await, "OK watching *");
+    let mut a = server.raw().await;
+    let ta = a.lock("h a").await;
+    let mut b = server.raw().await;
+    b.send("LOCK h b ttl=200ms").await;
+    wait_waiters(&mut admin, "h", 1).await;
+    let mut c = server.raw().await;
+    c.send("LOCK h c").await;
+    wait_waiters(&mut admin, "h", 2).await;
+
+    assert_eq!(a.req(&format!("UNLOCK h {ta}")).await, "OK");
+    let tb = token(&b.line().await);
+    // b never unlocks: its lease runs out and c is next.
+    let tc = token(&c.line().await);
+    assert!(ta < tb && tb < tc);
+    for (kind, id, t) in [
+        ("acquired", "a", ta),
+        ("released", "a", ta),
+        ("acquired", "b", tb),
+        ("expired", "b", tb),
+        ("acquired", "c", tc),
+    ] {
+        assert_event(&watcher.line().await, kind, "h", id, t);
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_connection_ignores_requests_but_quit() {
+    let server = start_server(config()).await;
+    let mut watcher = server.raw().await;
+    assert_eq!(watcher.req("WATCH").await, "OK watching *");
+    watcher
+        .send_raw(b"PING\nSTATUS\nLOCK y w\nBOGUS\n\xff\n\n")
+        .await;
+    let mut c = server.raw().await;
+    let t = c.lock("y a").await;
+    // The first line after the ignored ones is the event; nobody locked y as w.
+    assert_event(&watcher.line().await, "acquired", "y", "a", t);
+    assert_eq!(
+        status_shape(&c.req("STATUS y").await),
+        format!("OK y held id=a token={t} ttl_ms=* session=0 waiters=0")
+    );
+    assert_eq!(watcher.req("quit").await, "OK bye");
+    watcher.expect_eof().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_long_line_on_a_watch_connection_closes_it() {
+    let mut cfg = config();
+    cfg.max_line = 64;
+    let server = start_server(cfg).await;
+    let mut watcher = server.raw().await;
+    assert_eq!(watcher.req("WATCH").await, "OK watching *");
+    watcher.send(&"x".repeat(100)).await;
+    // proto.md: TOOLONG closes the connection. (Whether a watcher is told `ERR TOOLONG`
+    // first is not checked: the watch stream ignores requests.)
+    match watcher.try_line().await {
+        Ok(None) | Err(_) => {}
+        Ok(Some(line)) => {
+            assert!(line.starts_with("ERR TOOLONG "), "{line:?}");
+            watcher.expect_closed().await;
+        }
+    }
+    assert_eq!(server.raw().await.req("PING").await, "OK PONG");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_lock_holds_up_a_long_pipeline() {
+    let server = start_server(config()).await;
+    let mut admin = server.raw().await;
+    let mut holder = server.raw().await;
+    let th = holder.lock("p h").await;
+    let mut c = server.raw().await;
+    // Far more than the server buffers while a LOCK waits: the rest waits in the socket.
+    let pings = 4000;
+    let mut batch = b"LOCK p c\n".to_vec();
+    for _ in 0..pings {
+        batch.extend_from_slice(b"PING\n");
+    }
+    c.send_raw(&batch).await;
+    wait_waiters(&mut admin, "p", 1).await;
+    assert_eq!(holder.req(&format!("UNLOCK p {th}")).await, "OK");
+    token(&c.line().await);
+    for _ in 0..pings {
+        c.expect("OK PONG").await;
+    }
+    assert_eq!(c.req("PING").await, "OK PONG");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_that_cannot_be_delivered_passes_to_the_next_waiter() {
+    let server = start_server(config()).await;
+    let mut admin = server.raw().await;
+    let mut holder = server.raw().await;
+    let th = holder.lock("u h").await;
+    // This waiter fills the server's input buffer, so the server stops reading from it and
+    // only learns that it is gone when the grant can't be written.
+    let mut gone = server.raw().await;
+    let mut batch = b"LOCK u gone\n".to_vec();
+    batch.extend_from_slice(&b"PING\n".repeat(4000));
+    gone.send_raw(&batch).await;
+    wait_waiters(&mut admin, "u", 1).await;
+    let mut next = server.raw().await;
+    next.send("LOCK u next").await;
+    wait_waiters(&mut admin, "u", 2).await;
+    gone.reset();
+
+    assert_eq!(holder.req(&format!("UNLOCK u {th}")).await, "OK");
+    let tn = token(&next.line().await);
+    assert_eq!(
+        status_shape(&admin.req("STATUS u").await),
+        format!("OK u held id=next token={tn} ttl_ms=* session=0 waiters=0")
+    );
+    server.shutdown().await;
 }

@@ -8,7 +8,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockd::server::{self, Config};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -253,4 +253,25 @@ pub async fn wait_waiters(conn: &mut Raw, name: &str, n: usize) -> String {
         field(l, "waiters").as_deref() == Some(&*want)
     })
     .await
+}
+
+/// Checks one `EVENT <kind> <name> <id> <token> <unix-ms>` line; returns its unix-ms.
+pub fn assert_event(line: &str, kind: &str, name: &str, id: &str, token: u64) -> u64 {
+    let prefix = format!("EVENT {kind} {name} {id} {token} ");
+    let ms = line
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{line:?} should start with {prefix:?}"));
+    let ms: u64 = ms
+        .parse()
+        .unwrap_or_else(|_| panic!("unix-ms of {line:?} is not a number"));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // Wall clock, for people: only check that it is today's, not how exact.
+    assert!(
+        ms.abs_diff(now) < 3_600_000,
+        "unix-ms {ms} is far from {now}"
+    );
+    ms
 }
