@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{config, start_server, GUARD};
+use common::{config, start_server, wait_status, Raw, GUARD};
 use lockd::client::Client;
 use tokio::sync::Mutex;
 
@@ -56,8 +56,19 @@ async fn holders_never_overlap_and_tokens_increase() {
             .expect("a client failed");
     }
 
-    let mut log = log.lock().await.clone();
+    let log = log.lock().await.clone();
     assert_eq!(log.len(), CLIENTS * ROUNDS);
+    assert_exclusive(log);
+    let mut c = Client::connect(&addr).await.expect("connect");
+    assert_eq!(
+        c.status(Some("shared")).await.expect("status"),
+        ["shared free"]
+    );
+    server.shutdown().await;
+}
+
+/// Asserts the intervals never overlap and tokens increase in grant order.
+fn assert_exclusive(mut log: Vec<Held>) {
     log.sort_by_key(|h| h.start);
     for pair in log.windows(2) {
         let (a, b) = (pair[0], pair[1]);
@@ -67,10 +78,61 @@ async fn holders_never_overlap_and_tokens_increase() {
             "tokens must strictly increase in grant order: {a:?} then {b:?}"
         );
     }
-    let mut c = Client::connect(&addr).await.expect("connect");
-    assert_eq!(
-        c.status(Some("shared")).await.expect("status"),
-        ["shared free"]
-    );
+}
+
+/// Same, with waiters and holders vanishing (reset connections, session leases) among the
+/// clients: the lock is never lost and never shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vanishing_clients_neither_lose_nor_share_the_lock() {
+    const CLIENTS: usize = 16;
+    const ROUNDS: usize = 12;
+    let server = start_server(config()).await;
+    let addr = server.addr.to_string();
+    let log = Arc::new(Mutex::new(Vec::new()));
+
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let (addr, log, sock) = (addr.clone(), Arc::clone(&log), server.addr);
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(&addr).await.expect("connect");
+            let id = format!("client-{i}");
+            for round in 0..ROUNDS {
+                if (i + round) % 4 == 0 {
+                    // A ghost: asks, then dies with a reset, granted or not.
+                    let mut ghost = Raw::connect(sock).await;
+                    ghost.send(&format!("LOCK shared ghost-{i} session")).await;
+                    for _ in 0..(i % 3) {
+                        tokio::task::yield_now().await;
+                    }
+                    ghost.reset();
+                    continue;
+                }
+                let session = (i + round) % 2 == 1;
+                let token = c
+                    .lock("shared", &id, Some(Duration::from_secs(60)), None, session)
+                    .await
+                    .unwrap_or_else(|e| panic!("{id} round {round}: LOCK: {e}"));
+                let start = Instant::now();
+                tokio::task::yield_now().await;
+                let end = Instant::now();
+                log.lock().await.push(Held { token, start, end });
+                c.unlock("shared", token)
+                    .await
+                    .unwrap_or_else(|e| panic!("{id} round {round}: UNLOCK: {e}"));
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(GUARD * 6, task)
+            .await
+            .expect("a client hung: the lock was lost")
+            .expect("a client failed");
+    }
+    let log = log.lock().await.clone();
+    assert_eq!(log.len(), CLIENTS * ROUNDS - CLIENTS * ROUNDS / 4);
+    assert_exclusive(log);
+    // A ghost granted just before its reset loses its session lease with the connection.
+    let mut admin = Raw::connect(server.addr).await;
+    wait_status(&mut admin, "shared", |l| l == "OK shared free").await;
     server.shutdown().await;
 }
