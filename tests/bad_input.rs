@@ -5,18 +5,29 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, start_server, status_shape, token, Raw, TestServer, GUARD};
+use common::{config, field, start_server, status_shape, token, Raw, TestServer, GUARD};
 use lockd::server::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-/// A server with one lock `keep` held, and the exact `STATUS` (all) it answers then.
+/// A server with one lock `keep` held (by the returned connection, lease long enough for
+/// any test), and the exact `STATUS` (all) it answers then.
 async fn server_with_a_lock(config: Config) -> (TestServer, Raw, Vec<String>) {
     let server = start_server(config).await;
     let mut c = server.raw().await;
     c.lock("keep keeper ttl=1m").await;
     let table = status_all(&mut c).await;
     (server, c, table)
+}
+
+/// The token of the single held lock in a `STATUS` (all) answer.
+fn only_token(table: &[String]) -> u64 {
+    match table {
+        [info, ok] if ok == "OK 1" => field(info, "token")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no token in {info:?}")),
+        _ => panic!("expected one held lock: {table:?}"),
+    }
 }
 
 /// `STATUS` without a name, `ttl_ms` blanked.
@@ -123,7 +134,7 @@ async fn bad_durations_and_ttls() {
     let mut cfg = config();
     cfg.limits.max_ttl = Duration::from_secs(60);
     let (server, mut keeper, table) = server_with_a_lock(cfg).await;
-    let t = token(&keeper.req("LOCK keep keeper ttl=1m").await);
+    let t = only_token(&table);
 
     let renew_zero = format!("RENEW keep {t} ttl=0");
     let renew_long = format!("RENEW keep {t} ttl=61s");
