@@ -86,6 +86,7 @@ pub async fn serve(
     let permits = Arc::new(Semaphore::new(config.max_connections));
     // Refusals are answered by a few tasks at most; past that, a flood is just closed.
     let refusals = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
+    let force = CancellationToken::new();
     let mut backoff = Duration::from_millis(5);
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "listening");
@@ -120,8 +121,14 @@ pub async fn serve(
                     config.session_limits(),
                     shutdown.clone(),
                 );
+                let force = force.clone();
                 tracker.spawn(async move {
-                    session.run().await;
+                    // Past the shutdown grace, the session is dropped wherever it is, even
+                    // in a write to a client that never reads.
+                    tokio::select! {
+                        _ = session.run() => {}
+                        _ = force.cancelled() => {}
+                    }
                     drop(permit);
                 });
             }
@@ -148,6 +155,8 @@ pub async fn serve(
         .is_err()
     {
         tracing::warn!("connections still open after the shutdown grace period; closing them");
+        force.cancel();
+        tracker.wait().await;
     }
     Ok(())
 }

@@ -88,11 +88,7 @@ impl Session {
             let flow = match frame {
                 Frame::Eof => return Ok(()),
                 Frame::TooLong => {
-                    let e = ProtoError::new(
-                        ErrorCode::TooLong,
-                        format!("line longer than {} bytes; closing", self.limits.max_line),
-                    );
-                    self.conn.queue(Reply::Error(&e)).await?;
+                    self.conn.queue(Reply::Error(&self.too_long())).await?;
                     Flow::Close
                 }
                 Frame::BadUtf8 => {
@@ -114,6 +110,13 @@ impl Session {
                 return Ok(());
             }
         }
+    }
+
+    fn too_long(&self) -> ProtoError {
+        ProtoError::new(
+            ErrorCode::TooLong,
+            format!("line longer than {} bytes; closing", self.limits.max_line),
+        )
     }
 
     async fn dispatch(&mut self, request: Request) -> io::Result<Flow> {
@@ -305,7 +308,10 @@ impl Session {
                             self.conn.queue(Reply::Bye).await?;
                             return Ok(Flow::Close);
                         }
-                        Frame::TooLong => return Ok(Flow::Close),
+                        Frame::TooLong => {
+                            self.conn.queue(Reply::Error(&self.too_long())).await?;
+                            return Ok(Flow::Close);
+                        }
                         Frame::Line(_) | Frame::BadUtf8 => {}
                     }
                 }
