@@ -143,8 +143,9 @@ pub struct Compat {
 }
 
 impl Compat {
-    /// Checks the settings and both ports (a port in use fails here, not at the first grant)
-    /// and subscribes to the table's events. Nothing is served until [`Compat::run`].
+    /// Checks the settings and both ports (a port in use fails here, not at the first grant),
+    /// subscribes to the table's events and opens the port that matches the lock's state.
+    /// Connections queue there until [`Compat::run`] serves them.
     pub async fn start(config: CompatConfig, shared: Arc<Shared>) -> io::Result<Compat> {
         config
             .validate(shared.limits().max_ttl)
@@ -162,7 +163,7 @@ impl Compat {
         // Subscribed before the first look at the table, so no change is missed.
         let events = shared.subscribe();
         let (requests_tx, requests) = mpsc::channel(QUEUE);
-        Ok(Compat {
+        let mut compat = Compat {
             lock_port: port::Port::new(Kind::Lock, addrs),
             unlock_port: port::Port::new(Kind::Unlock, unlock_addrs),
             conn: shared.connection_id(),
@@ -175,19 +176,23 @@ impl Compat {
             rebind_at: None,
             permits: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             tracker: TaskTracker::new(),
-        })
+        };
+        tracing::info!(
+            name = compat.config.name,
+            lock = ?compat.lock_port.addrs(),
+            unlock = ?compat.unlock_port.addrs(),
+            timeout = %humantime::format_duration(compat.config.unlock_timeout),
+            "compat mode"
+        );
+        // The ports match the table before the server accepts anything: a client that got an
+        // answer on the line protocol finds the compat ports up too.
+        compat.sync_ports();
+        Ok(compat)
     }
 
     /// Serves both ports until `shutdown`, then closes them and waits for the connections
     /// being read (each ends within the read timeout, or at once on shutdown).
     pub async fn run(mut self, shutdown: CancellationToken) {
-        tracing::info!(
-            name = self.config.name,
-            lock = ?self.lock_port.addrs(),
-            unlock = ?self.unlock_port.addrs(),
-            timeout = %humantime::format_duration(self.config.unlock_timeout),
-            "compat mode"
-        );
         let ctx = ConnCtx {
             shared: Arc::clone(&self.shared),
             name: self.config.name.as_str().into(),
