@@ -13,8 +13,9 @@
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
 //! nothing. `shared` -> `locks`; `session` -> `shared`, `proto`, `connection`; `server` ->
-//! `session`, `shared`, `compat`; `compat` -> `shared`, `proto`; `client` -> `proto`, `connection`. The table and the protocol never see
-//! a socket, and `lockctl` never reaches `server`, `shared` or `session`.
+//! `session`, `shared`, `compat`; `compat` -> `shared`, `proto`; `client` -> `proto`,
+//! `connection`. The table and the protocol never see a socket, and `lockctl` never reaches
+//! `server`, `shared` or `session`.
 
 use std::time::Duration;
 

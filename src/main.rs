@@ -136,7 +136,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let listen = (args.listen.as_deref()).unwrap_or(args.compat.default_listen());
+    let listen = args
+        .listen
+        .as_deref()
+        .unwrap_or(args.compat.default_listen());
     let listener = match TcpListener::bind(listen).await {
         Ok(l) => l,
         Err(e) => {

@@ -252,7 +252,8 @@ impl Compat {
             Ok(opened) => {
                 self.rebind_at = None;
                 if opened {
-                    tracing::info!(addr = ?open.addrs(), "listening for {} request", open.kind.with_article());
+                    let addr = open.addrs();
+                    tracing::info!(?addr, "listening for {} request", open.kind.with_article());
                 }
             }
             Err(e) => {
