@@ -9,16 +9,19 @@
 //! - [`server`]: accept loop, connection limit, graceful shutdown; [`server::Config`].
 //! - [`client`]: an async client for `lockctl` and the tests.
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
+//! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
 //! nothing. `shared` -> `locks`; `session` -> `shared`, `proto`, `connection`; `server` ->
-//! `session`, `shared`; `client` -> `proto`, `connection`. The table and the protocol never see
-//! a socket, and `lockctl` never reaches `server`, `shared` or `session`.
+//! `session`, `shared`, `compat`; `compat` -> `shared`, `proto`; `client` -> `proto`,
+//! `connection`. The table and the protocol never see a socket, and `lockctl` never reaches
+//! `server`, `shared` or `session`.
 
 use std::time::Duration;
 
 pub mod client;
+pub mod compat;
 pub mod connection;
 pub mod docgen;
 pub mod locks;

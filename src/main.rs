@@ -17,9 +17,9 @@ use lockd::server::{self, Config};
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
-    /// Address to listen on.
-    #[arg(long, env = "LOCKD_LISTEN", default_value = lockd::DEFAULT_LISTEN)]
-    listen: String,
+    /// Address to listen on [default: 127.0.0.1:5001; with --compat, 127.0.0.1:5003].
+    #[arg(long, env = "LOCKD_LISTEN")]
+    listen: Option<String>,
 
     /// Lease length of a LOCK without ttl= (e.g. 30s, 5m).
     #[arg(long, env = "LOCKD_DEFAULT_TTL", default_value = "30s", value_parser = duration)]
@@ -70,6 +70,8 @@ struct Args {
     /// Print the man page (roff) and exit.
     #[arg(long)]
     man: bool,
+    #[command(flatten)]
+    compat: lockd::compat::CompatArgs,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -95,13 +97,14 @@ impl Args {
             max_name: self.max_name,
             watch_buffer: self.watch_buffer,
             shutdown_grace: self.shutdown_grace,
+            compat: self.compat.config(self.max_ttl)?,
         })
     }
 }
 
 fn init_logging(verbose: u8) {
     let default = match verbose {
-        0 => "warn,lockd::server=info",
+        0 => "warn,lockd::server=info,lockd::compat=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -159,10 +162,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let listener = match TcpListener::bind(&args.listen).await {
+    let listen = args
+        .listen
+        .as_deref()
+        .unwrap_or(args.compat.default_listen());
+    let listener = match TcpListener::bind(listen).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("lockd: cannot listen on {}: {e}", args.listen);
+            eprintln!("lockd: cannot listen on {listen}: {e}");
             return ExitCode::from(1);
         }
     };

@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
 use crate::locks::Limits;
 use crate::proto::{ErrorCode, ProtoError, Reply};
@@ -35,6 +36,8 @@ pub struct Config {
     pub watch_buffer: usize,
     /// How long shutdown lets connections finish before it drops them.
     pub shutdown_grace: Duration,
+    /// The old two-port protocol, served alongside on the same table (`--compat`).
+    pub compat: Option<CompatConfig>,
 }
 
 impl Default for Config {
@@ -46,6 +49,7 @@ impl Default for Config {
             max_name: crate::proto::MAX_NAME_LEN,
             watch_buffer: crate::DEFAULT_WATCH_BUFFER,
             shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
+            compat: None,
         }
     }
 }
@@ -81,8 +85,15 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
+    let compat = match &config.compat {
+        Some(c) => Some(Compat::start(c.clone(), Arc::clone(&shared)).await?),
+        None => None,
+    };
     let tracker = TaskTracker::new();
     tracker.spawn(Arc::clone(&shared).run_timer(shutdown.clone()));
+    if let Some(compat) = compat {
+        tracker.spawn(compat.run(shutdown.clone()));
+    }
     let permits = Arc::new(Semaphore::new(config.max_connections));
     // Refusals are answered by a few tasks at most; past that, a flood is just closed.
     let refusals = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
