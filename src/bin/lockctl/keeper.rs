@@ -121,6 +121,29 @@ impl Link {
         }
     }
 
+    /// Waits until `at`, or less if the connection ends first: nothing is owed to lockctl
+    /// between requests, so a line, an end or an error all mean this connection is done. With a
+    /// session lease the server lets the lock go when it sees the close, so the sooner lockctl
+    /// renews (and learns it lost the lease), the sooner the command is stopped.
+    async fn idle_until(&mut self, at: Instant) {
+        let Some(client) = self.client.as_mut() else {
+            return sleep_until(at).await;
+        };
+        tokio::select! {
+            _ = sleep_until(at) => {}
+            r = client.read_line() => {
+                if self.server.verbose {
+                    let why = match r {
+                        Ok(line) => format!("unexpected {line:?}"),
+                        Err(e) => e.to_string(),
+                    };
+                    eprintln!("lockctl: connection to lockd at {} ended ({why}); reconnecting", self.server.addr);
+                }
+                self.client = None;
+            }
+        }
+    }
+
     /// One RENEW, on a new connection if need be; returns when it was sent and the lease left.
     async fn renew(
         &mut self,
@@ -275,12 +298,20 @@ impl State {
                 _ = &mut stop => Step::Stop,
                 _ = sleep_until(term_at), if !lost => Step::DeadlineNear,
                 r = async {
-                    sleep_until(self.next_renew).await;
+                    self.link.idle_until(self.next_renew).await;
                     self.link.renew(&self.lease, attempt_limit).await
                 }, if !lost => Step::Renewed(r),
             };
             let lost_now = match step {
-                Step::Stop => return self.link.release(&self.lease).await,
+                Step::Stop => {
+                    // One budget for the whole release: an unreachable server must not keep
+                    // lockctl from reporting the command's end for long.
+                    let budget = self.link.server.connect_timeout;
+                    return match timeout(budget, self.link.release(&self.lease)).await {
+                        Ok(r) => r,
+                        Err(_) => Released::Failed("no reply to UNLOCK".into()),
+                    };
+                }
                 Step::DeadlineNear => {
                     let why = match &last_error {
                         Some(e) => format!("could not renew the lease before it ends: {e}"),
