@@ -1,0 +1,68 @@
+//! Exit codes and the one-line failures that lead to them.
+
+use lockd::client::ClientError;
+
+/// Usage errors and requests the server refused.
+pub const USAGE: u8 = 2;
+/// The server cannot be reached, or the connection was lost for good.
+pub const UNREACHABLE: u8 = 3;
+/// The lease was lost (or a token given to release/renew is not the live lease).
+pub const LOST: u8 = 4;
+/// The command exists but could not be started (as the shell's 126).
+pub const CANNOT_EXEC: u8 = 126;
+/// The command was not found (as the shell's 127).
+pub const NOT_FOUND: u8 = 127;
+
+/// Why lockctl stops early: an exit code and, unless the code speaks for itself (a conflict,
+/// as with flock), one line for stderr.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: Option<String>,
+}
+
+impl Failure {
+    pub fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: Some(message.into()),
+        }
+    }
+
+    /// Exits with `code` and says nothing (flock is silent when the lock is taken).
+    pub fn silent(code: u8) -> Failure {
+        Failure {
+            code,
+            message: None,
+        }
+    }
+
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure::new(USAGE, message)
+    }
+
+    /// A failed request: connection trouble is exit 3, a refusal exit 2 with the server's text.
+    pub fn request(what: &str, addr: &str, e: ClientError) -> Failure {
+        match e {
+            ClientError::Refused(e) => {
+                Failure::usage(format!("{what}: lockd refused: {} {}", e.code, e.message))
+            }
+            ClientError::Unexpected(line) => Failure::usage(format!(
+                "{what}: unexpected reply from lockd at {addr}: {line:?}"
+            )),
+            ClientError::Io(e) => Failure::new(
+                UNREACHABLE,
+                format!("{what}: connection to lockd at {addr} failed: {e}"),
+            ),
+            ClientError::Closed => Failure::new(
+                UNREACHABLE,
+                format!("{what}: lockd at {addr} closed the connection"),
+            ),
+        }
+    }
+}
+
+/// The shell's convention for a child killed by a signal.
+pub fn signal_code(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(u8::MAX)
+}

@@ -1,0 +1,363 @@
+//! Keeps a lease alive while the command runs: renews it every third of its ttl, reconnects
+//! when the connection drops, and says when the lease is lost, early enough that the command
+//! can be stopped before the server could grant the lock to anyone else.
+//!
+//! The deadline lockctl works to is `time the last successful RENEW was sent + ttl`: the server
+//! extended the lease at some moment after that send, so its own deadline is never earlier.
+
+use std::time::Duration;
+
+use lockd::client::{Client, ClientError};
+use lockd::locks::Token;
+use lockd::proto::ErrorCode;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout, Instant};
+
+use crate::net::Server;
+
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// The lock being held.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub name: String,
+    pub token: Token,
+    pub ttl: Duration,
+}
+
+/// How the time of one lease is split up.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    ttl: Duration,
+    /// Between two renewals.
+    interval: Duration,
+    /// Kept free before the deadline, for clock-rate differences and scheduling delays.
+    margin: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub grace: Duration,
+}
+
+impl Timing {
+    /// `kill_grace` is capped at a quarter of the ttl: SIGTERM must not come before lockctl
+    /// has had a fair chance to renew, and SIGKILL must still land before the deadline.
+    pub fn new(ttl: Duration, kill_grace: Duration) -> Timing {
+        Timing {
+            ttl,
+            interval: ttl / 3,
+            margin: (ttl / 10).clamp(Duration::from_millis(20), Duration::from_secs(2)),
+            grace: kill_grace.min(ttl / 4),
+        }
+    }
+
+    /// Whether a grant that took `waited` leaves too little of the lease to start on.
+    pub fn needs_early_renew(&self, waited: Duration) -> bool {
+        waited > self.ttl / 10
+    }
+
+    /// When the lease must count as lost and SIGTERM go out.
+    fn term_at(&self, deadline: Instant) -> Instant {
+        deadline
+            .checked_sub(self.margin + self.grace)
+            .unwrap_or(deadline)
+    }
+
+    /// When SIGKILL must go out, if the command is still running.
+    fn kill_at(&self, deadline: Instant) -> Instant {
+        deadline.checked_sub(self.margin).unwrap_or(deadline)
+    }
+
+    fn max_retry(&self) -> Duration {
+        (self.ttl / 10).clamp(FIRST_RETRY, Duration::from_secs(2))
+    }
+}
+
+/// The lease is lost (or about to be): stop the command by `kill_at`.
+#[derive(Debug)]
+pub struct Lost {
+    pub why: String,
+    pub kill_at: Instant,
+}
+
+/// How the final UNLOCK went.
+#[derive(Debug)]
+pub enum Released {
+    Done,
+    /// The lease had already ended.
+    NotHeld(String),
+    Failed(String),
+}
+
+/// A connection that is re-opened when it fails. A request cut short drops the connection, so
+/// a late reply can never be taken for the answer to a later request.
+pub struct Link {
+    server: Server,
+    client: Option<Client>,
+}
+
+enum RenewError {
+    NotHeld(String),
+    Failed(String),
+}
+
+impl Link {
+    pub fn new(server: Server, client: Client) -> Link {
+        Link {
+            server,
+            client: Some(client),
+        }
+    }
+
+    async fn client(&mut self, limit: Duration) -> Result<Client, String> {
+        match self.client.take() {
+            Some(c) => Ok(c),
+            None => {
+                let c = self.server.connect_once(limit).await?;
+                if self.server.verbose {
+                    eprintln!("lockctl: reconnected to lockd at {}", self.server.addr);
+                }
+                Ok(c)
+            }
+        }
+    }
+
+    /// Waits until `at`, or less if the connection ends first: nothing is owed to lockctl
+    /// between requests, so a line, an end or an error all mean this connection is done. With a
+    /// session lease the server lets the lock go when it sees the close, so the sooner lockctl
+    /// renews (and learns it lost the lease), the sooner the command is stopped.
+    async fn idle_until(&mut self, at: Instant) {
+        let Some(client) = self.client.as_mut() else {
+            return sleep_until(at).await;
+        };
+        tokio::select! {
+            _ = sleep_until(at) => {}
+            r = client.read_line() => {
+                if self.server.verbose {
+                    let why = match r {
+                        Ok(line) => format!("unexpected {line:?}"),
+                        Err(e) => e.to_string(),
+                    };
+                    eprintln!("lockctl: connection to lockd at {} ended ({why}); reconnecting", self.server.addr);
+                }
+                self.client = None;
+            }
+        }
+    }
+
+    /// One RENEW, on a new connection if need be; returns when it was sent and the lease left.
+    async fn renew(
+        &mut self,
+        lease: &Lease,
+        limit: Duration,
+    ) -> Result<(Instant, Duration), RenewError> {
+        let mut client = self
+            .client(limit.min(self.server.connect_timeout))
+            .await
+            .map_err(RenewError::Failed)?;
+        let sent = Instant::now();
+        match timeout(
+            limit,
+            client.renew(&lease.name, lease.token, Some(lease.ttl)),
+        )
+        .await
+        {
+            Err(_) => Err(RenewError::Failed("no reply to RENEW".into())),
+            Ok(Ok(left)) => {
+                self.client = Some(client);
+                Ok((sent, left))
+            }
+            Ok(Err(ClientError::Refused(e))) => {
+                let text = format!("{} {}", e.code, e.message);
+                if e.code == ErrorCode::NotHeld {
+                    self.client = Some(client);
+                    return Err(RenewError::NotHeld(text));
+                }
+                if !closes_connection(e.code) {
+                    self.client = Some(client);
+                }
+                Err(RenewError::Failed(text))
+            }
+            Ok(Err(e)) => Err(RenewError::Failed(e.to_string())),
+        }
+    }
+
+    /// UNLOCK, on a new connection if the old one fails.
+    pub async fn release(&mut self, lease: &Lease) -> Released {
+        let limit = self.server.connect_timeout;
+        let mut last = String::new();
+        for _ in 0..2 {
+            let mut client = match self.client(limit).await {
+                Ok(c) => c,
+                Err(e) => return Released::Failed(e),
+            };
+            match timeout(limit, client.unlock(&lease.name, lease.token)).await {
+                Ok(Ok(())) => return Released::Done,
+                Ok(Err(ClientError::Refused(e))) if e.code == ErrorCode::NotHeld => {
+                    return Released::NotHeld(format!("{} {}", e.code, e.message))
+                }
+                Ok(Err(ClientError::Refused(e))) => {
+                    return Released::Failed(format!("lockd refused: {} {}", e.code, e.message))
+                }
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "no reply to UNLOCK".into(),
+            }
+        }
+        Released::Failed(last)
+    }
+}
+
+/// Errors after which the server closes the connection.
+fn closes_connection(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::TooLong | ErrorCode::Lagged | ErrorCode::Shutdown | ErrorCode::Limit
+    )
+}
+
+/// The handle of a running keeper.
+pub struct Keeper {
+    lost: mpsc::Receiver<Lost>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Released>,
+}
+
+impl Keeper {
+    /// Starts renewing. `deadline` is the lease's end as far as lockctl can be sure of it.
+    pub fn spawn(
+        link: Link,
+        lease: Lease,
+        timing: Timing,
+        deadline: Instant,
+        next_renew: Instant,
+    ) -> Keeper {
+        let (lost_tx, lost) = mpsc::channel(1);
+        let (stop, stop_rx) = oneshot::channel();
+        let state = State {
+            link,
+            lease,
+            timing,
+            deadline,
+            next_renew,
+        };
+        Keeper {
+            lost,
+            stop: Some(stop),
+            task: tokio::spawn(state.keep(lost_tx, stop_rx)),
+        }
+    }
+
+    /// Resolves when the lease is lost; never again after that. Cancel-safe.
+    pub async fn lost(&mut self) -> Lost {
+        match self.lost.recv().await {
+            Some(lost) => lost,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops renewing and releases the lock.
+    pub async fn release(mut self) -> Released {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => Released::Failed(format!("lease keeper failed: {e}")),
+        }
+    }
+}
+
+struct State {
+    link: Link,
+    lease: Lease,
+    timing: Timing,
+    deadline: Instant,
+    next_renew: Instant,
+}
+
+enum Step {
+    Stop,
+    DeadlineNear,
+    Renewed(Result<(Instant, Duration), RenewError>),
+}
+
+impl State {
+    async fn keep(
+        mut self,
+        lost_tx: mpsc::Sender<Lost>,
+        mut stop: oneshot::Receiver<()>,
+    ) -> Released {
+        let verbose = self.link.server.verbose;
+        let mut lost = false;
+        let mut last_error: Option<String> = None;
+        let mut retry = FIRST_RETRY;
+        loop {
+            let term_at = self.timing.term_at(self.deadline);
+            let attempt_limit = self.timing.interval.max(Duration::from_millis(100));
+            let step = tokio::select! {
+                biased;
+                _ = &mut stop => Step::Stop,
+                _ = sleep_until(term_at), if !lost => Step::DeadlineNear,
+                r = async {
+                    self.link.idle_until(self.next_renew).await;
+                    self.link.renew(&self.lease, attempt_limit).await
+                }, if !lost => Step::Renewed(r),
+            };
+            let lost_now = match step {
+                Step::Stop => {
+                    // One budget for the whole release: an unreachable server must not keep
+                    // lockctl from reporting the command's end for long.
+                    let budget = self.link.server.connect_timeout;
+                    return match timeout(budget, self.link.release(&self.lease)).await {
+                        Ok(r) => r,
+                        Err(_) => Released::Failed("no reply to UNLOCK".into()),
+                    };
+                }
+                Step::DeadlineNear => {
+                    let why = match &last_error {
+                        Some(e) => format!("could not renew the lease before it ends: {e}"),
+                        None => "could not renew the lease before it ends".into(),
+                    };
+                    Some(Lost {
+                        why,
+                        kill_at: self.timing.kill_at(self.deadline),
+                    })
+                }
+                Step::Renewed(Ok((sent, left))) => {
+                    self.deadline = sent + left.min(self.lease.ttl);
+                    self.next_renew = sent + self.timing.interval;
+                    retry = FIRST_RETRY;
+                    if verbose && last_error.take().is_some() {
+                        eprintln!("lockctl: renewed {} again", self.lease.name);
+                    }
+                    None
+                }
+                Step::Renewed(Err(RenewError::NotHeld(e))) => Some(Lost {
+                    why: format!("the server no longer holds it for this token ({e})"),
+                    kill_at: Instant::now() + self.timing.grace,
+                }),
+                Step::Renewed(Err(RenewError::Failed(e))) => {
+                    if verbose {
+                        let left = self.deadline.saturating_duration_since(Instant::now());
+                        eprintln!(
+                            "lockctl: renewing {} failed: {e}; retrying ({} of lease left)",
+                            self.lease.name,
+                            humantime::format_duration(round_ms(left))
+                        );
+                    }
+                    last_error = Some(e);
+                    self.next_renew = Instant::now() + retry;
+                    retry = (retry * 2).min(self.timing.max_retry());
+                    None
+                }
+            };
+            if let Some(l) = lost_now {
+                lost = true;
+                let _ = lost_tx.send(l).await;
+            }
+        }
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

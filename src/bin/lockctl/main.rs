@@ -1,0 +1,117 @@
+//! lockctl: the lockd client, flock(1) across machines.
+//!
+//! - [`cli`]: flags and `--help`, with every exit code.
+//! - [`run`]: `lockctl run`, with [`child`] (the command, its process group, signals) and
+//!   [`keeper`] (renewals, reconnection, the lease deadline).
+//! - [`ops`], [`status`], [`watch`]: the other commands; [`net`] reaches the server.
+//!
+//! It speaks the protocol through `lockd::client` and `lockd::proto` only.
+
+mod child;
+mod cli;
+mod fail;
+mod keeper;
+mod net;
+mod ops;
+mod out;
+mod run;
+mod status;
+mod watch;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use cli::{Cli, Command};
+use fail::{Failure, USAGE};
+use net::Server;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // One thread: the command is spawned from the main thread, which PR_SET_PDEATHSIG ties its
+    // life to (a worker thread that exits would kill the command).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockctl: cannot start: {e}");
+            return ExitCode::from(USAGE);
+        }
+    };
+    let code = match runtime.block_on(dispatch(&cli)) {
+        Ok(code) => code,
+        Err(Failure { code, message }) => {
+            if let Some(m) = message {
+                eprintln!("lockctl: {m}");
+            }
+            code
+        }
+    };
+    ExitCode::from(code)
+}
+
+async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
+    let server = Server {
+        addr: cli.server.clone(),
+        connect_timeout: cli.connect_timeout,
+        verbose: cli.verbose,
+    };
+    let id = match &cli.id {
+        Some(id) => id.clone(),
+        None => default_id(),
+    };
+    lockd::proto::validate_name("--id", &id).map_err(|e| Failure::usage(e.message))?;
+    if let Some(name) = lock_name(&cli.command) {
+        lockd::proto::validate_name("lock name", name).map_err(|e| Failure::usage(e.message))?;
+    }
+    match &cli.command {
+        Command::Run(args) => run::run(&server, &id, args).await,
+        Command::Acquire(args) => ops::acquire(&server, &id, args).await,
+        Command::Release(args) => ops::release(&server, args).await,
+        Command::Renew(args) => ops::renew(&server, args).await,
+        Command::Status(args) => status::status(&server, args).await,
+        Command::Watch(args) => watch::watch(&server, args).await,
+    }
+}
+
+fn lock_name(command: &Command) -> Option<&str> {
+    match command {
+        Command::Run(a) => Some(&a.name),
+        Command::Acquire(a) => Some(&a.name),
+        Command::Release(a) => Some(&a.name),
+        Command::Renew(a) => Some(&a.lock.name),
+        Command::Status(a) => a.name.as_deref(),
+        Command::Watch(a) => a.name.as_deref(),
+    }
+}
+
+/// `<hostname>:<pid>`: unique per process, and says where the holder runs.
+fn default_id() -> String {
+    format!("{}:{}", hostname(), std::process::id())
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at most that much.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let from_libc = (r == 0)
+        .then(|| {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            String::from_utf8_lossy(&buf[..end]).into_owned()
+        })
+        .filter(|h| usable(h));
+    from_libc
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| usable(h))
+        })
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn usable(host: &str) -> bool {
+    !host.is_empty() && host.len() < 200 && lockd::proto::validate_name("host", host).is_ok()
+}

@@ -1,0 +1,64 @@
+//! Reaching the server: a bounded retry with backoff at start, single attempts later.
+
+use std::time::Duration;
+
+use lockd::client::{Client, ClientError};
+use tokio::time::{sleep, timeout, Instant};
+
+use crate::fail::{Failure, UNREACHABLE};
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Where the server is and how patient to be with it.
+#[derive(Clone, Debug)]
+pub struct Server {
+    pub addr: String,
+    pub connect_timeout: Duration,
+    pub verbose: bool,
+}
+
+impl Server {
+    /// Connects, retrying with backoff for up to `connect_timeout` (a server being restarted, a
+    /// network blip at boot), then gives up with exit code 3 naming the address.
+    pub async fn connect(&self) -> Result<Client, Failure> {
+        let give_up = Instant::now() + self.connect_timeout;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            let error = match self.connect_once(left).await {
+                Ok(client) => return Ok(client),
+                Err(e) => e,
+            };
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Failure::new(
+                    UNREACHABLE,
+                    format!(
+                        "cannot reach lockd at {}: {error} (tried for {})",
+                        self.addr,
+                        humantime::format_duration(self.connect_timeout)
+                    ),
+                ));
+            }
+            if self.verbose {
+                eprintln!(
+                    "lockctl: cannot reach lockd at {}: {error}; retrying",
+                    self.addr
+                );
+            }
+            sleep(backoff.min(left)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// One connection attempt, bounded by `limit`.
+    pub async fn connect_once(&self, limit: Duration) -> Result<Client, String> {
+        match timeout(limit, Client::connect(&self.addr)).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(ClientError::Io(e))) => Err(e.to_string()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("connection attempt timed out".into()),
+        }
+    }
+}
