@@ -6,9 +6,12 @@ use std::io::{self, Write};
 use clap_complete::Shell;
 
 /// Writes completions for `shell` of the command `cmd`.
-pub fn completions(mut cmd: clap::Command, shell: Shell, out: &mut dyn Write) {
+pub fn completions(mut cmd: clap::Command, shell: Shell, out: &mut dyn Write) -> io::Result<()> {
     let name = cmd.get_name().to_owned();
-    clap_complete::generate(shell, &mut cmd, name, out);
+    // Generated in memory first: clap_complete panics on a failed write (a closed pipe).
+    let mut text = Vec::new();
+    clap_complete::generate(shell, &mut cmd, name, &mut text);
+    out.write_all(&text)
 }
 
 /// Writes the man page (roff) of the command `cmd`.

@@ -141,12 +141,13 @@ async fn cancel_on_signal(token: CancellationToken) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(shell) = args.completions {
-        lockd::docgen::completions(Args::command(), shell, &mut std::io::stdout());
-        return ExitCode::SUCCESS;
-    }
-    if args.man {
-        return match lockd::docgen::man(Args::command(), &mut std::io::stdout()) {
+    if args.completions.is_some() || args.man {
+        let mut out = std::io::stdout();
+        let written = match args.completions {
+            Some(shell) => lockd::docgen::completions(Args::command(), shell, &mut out),
+            None => lockd::docgen::man(Args::command(), &mut out),
+        };
+        return match written {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("lockd: {e}");

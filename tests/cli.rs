@@ -70,6 +70,24 @@ fn completions_and_man_page_generate() {
 }
 
 #[test]
+fn lockctl_completions_and_man_page_generate() {
+    let lockctl = env!("CARGO_BIN_EXE_lockctl");
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(lockctl)
+            .args(["completions", shell])
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("nonblock"), "{shell} completions: {text}");
+    }
+    let out = Command::new(lockctl).arg("man").output().expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(".TH lockctl"), "{text}");
+}
+
+#[test]
 fn bad_flags_exit_with_a_message() {
     let out = Command::new(LOCKD)
         .args(["--default-ttl", "2h", "--max-ttl", "1h"])

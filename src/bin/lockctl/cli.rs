@@ -69,6 +69,13 @@ pub enum Command {
     /// Print lock events (acquired, released, expired, dropped) as they happen, until interrupted.
     #[command(after_help = EXIT_CODES)]
     Watch(WatchArgs),
+    /// Print shell completions for SHELL (bash, zsh, fish, ...).
+    Completions {
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `lockctl man > /usr/local/share/man/man1/lockctl.1`.
+    Man,
 }
 
 /// How long to wait for the lock: flock's -w and -n.

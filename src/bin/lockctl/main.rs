@@ -20,7 +20,7 @@ mod watch;
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 
 use cli::{Cli, Command};
 use fail::{Failure, USAGE};
@@ -53,6 +53,19 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
+    match &cli.command {
+        Command::Completions { shell } => {
+            return lockd::docgen::completions(Cli::command(), *shell, &mut std::io::stdout())
+                .map(|()| 0)
+                .map_err(|e| Failure::usage(e.to_string()));
+        }
+        Command::Man => {
+            return lockd::docgen::man(Cli::command(), &mut std::io::stdout())
+                .map(|()| 0)
+                .map_err(|e| Failure::usage(e.to_string()));
+        }
+        _ => {}
+    }
     let server = Server {
         addr: cli.server.clone(),
         connect_timeout: cli.connect_timeout,
@@ -73,6 +86,7 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Renew(args) => ops::renew(&server, args).await,
         Command::Status(args) => status::status(&server, args).await,
         Command::Watch(args) => watch::watch(&server, args).await,
+        Command::Completions { .. } | Command::Man => Ok(0),
     }
 }
 
@@ -84,6 +98,7 @@ fn lock_name(command: &Command) -> Option<&str> {
         Command::Renew(a) => Some(&a.lock.name),
         Command::Status(a) => a.name.as_deref(),
         Command::Watch(a) => a.name.as_deref(),
+        Command::Completions { .. } | Command::Man => None,
     }
 }
 
