@@ -306,8 +306,10 @@ lockd__ms_to_s() {
 # once with `try`), runs CMD while a background job renews the lease every third of its ttl,
 # then releases it. If the lease is lost (renewal refused, or the server unreachable for a
 # whole ttl) CMD gets SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later) and lockd_run returns 5.
-# Otherwise it returns CMD's status. CMD keeps this shell's stdin, stdout and stderr, and gets
-# LOCKD_NAME and LOCKD_TOKEN in its environment (pass the token on to what you protect).
+# The signal goes to CMD's process only: a CMD that starts children of its own should pass
+# it on to them (or `exec` its last command). Otherwise lockd_run returns CMD's status.
+# CMD keeps this shell's stdin, stdout and stderr, and gets LOCKD_NAME and LOCKD_TOKEN in its
+# environment (pass the token on to what you protect).
 lockd_run() {
     LOCKD_ERROR=
     local name=${1:-}
