@@ -326,3 +326,58 @@ fn run_stops_the_command_when_the_lease_is_lost() {
     assert!(out.stderr.contains("lost"), "{}", out.stderr);
     assert_eq!(out.code(), Some(0));
 }
+
+#[test]
+fn under_set_e_a_plain_run_exits_with_the_command_code_or_5() {
+    let lockd = Lockd::start();
+    // `set -e` is on (see `bash`): a failing lockd_run ends the script with its code.
+    let out = run(
+        &lockd,
+        "lockd_run plain -- bash -c 'exit 3'; echo not-reached",
+    );
+    assert_eq!(out.code(), Some(3), "{}", out.stderr);
+    assert!(!out.stdout.contains("not-reached"));
+    assert_eq!(lockd.request("STATUS plain"), "OK plain free");
+
+    let child = bash(
+        &lockd,
+        "lockd_run plain ttl=1s -- bash -c 'exec sleep 30'; echo not-reached",
+    );
+    let deadline = Instant::now() + GUARD;
+    let token = loop {
+        if let Some(token) = lockd.holder_token("plain") {
+            break token;
+        }
+        assert!(Instant::now() < deadline, "the lock was never taken");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(lockd.request(&format!("UNLOCK plain {token}")), "OK");
+    let out = finish(child, "");
+    assert_eq!(out.code(), Some(5), "{}", out.stderr);
+    assert!(!out.stdout.contains("not-reached"));
+}
+
+#[test]
+fn sigterm_to_the_script_stops_the_command_and_releases_the_lock() {
+    let lockd = Lockd::start();
+    let child = bash(
+        &lockd,
+        "lockd_run term ttl=30s -- bash -c 'exec sleep 30'; echo not-reached",
+    );
+    let deadline = Instant::now() + GUARD;
+    while lockd.holder_token("term").is_none() {
+        assert!(Instant::now() < deadline, "the lock was never taken");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let out = finish(child, "");
+    // Like a script without the library: ended by the signal, no exit code.
+    assert_eq!(out.code(), None, "{:?}: {}", out.status, out.stderr);
+    assert!(!out.stdout.contains("not-reached"));
+    assert_eq!(lockd.request("STATUS term"), "OK term free");
+}

@@ -261,7 +261,9 @@ lockd__renewer() {
     local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 renew_rc
     local last_ok=$SECONDS why=''
     lockd__nap_pid='' lockd__lost=''
-    trap '[[ -n $lockd__nap_pid ]] && kill "$lockd__nap_pid" 2>/dev/null; [[ -n $lockd__lost ]] && exit 5; exit 0' TERM
+    trap 'if [[ -n $lockd__nap_pid ]]; then kill "$lockd__nap_pid" 2>/dev/null || true; fi
+          if [[ -n $lockd__lost ]]; then exit 5; fi
+          exit 0' TERM
     while :; do
         lockd__nap "$(lockd__ms_to_s $((ttl_ms / 3)))"
         renew_rc=0
@@ -283,13 +285,13 @@ lockd__renewer() {
             lockd__lost=1
             printf 'lockd: lease on %s lost (%s); stopping the command (pid %s)\n' \
                 "$name" "$why" "$cmd_pid" >&2
-            kill -TERM "$cmd_pid" 2>/dev/null
+            kill -TERM "$cmd_pid" 2>/dev/null || true
             local waited=0 grace=${LOCKD_KILL_AFTER:-10}
             while kill -0 "$cmd_pid" 2>/dev/null && ((waited < grace * 10)); do
                 lockd__nap 0.1
                 waited=$((waited + 1))
             done
-            kill -KILL "$cmd_pid" 2>/dev/null
+            kill -KILL "$cmd_pid" 2>/dev/null || true
             exit 5
         fi
     done
@@ -363,13 +365,13 @@ lockd_run() {
         if [[ -n $stopping && -z $forwarded ]]; then
             # A trapped signal woke us: pass it on once, then wait for the command to end.
             forwarded=1
-            kill "-$stopping" "$cmd_pid" 2>/dev/null
+            kill "-$stopping" "$cmd_pid" 2>/dev/null || true
             continue
         fi
         kill -0 "$cmd_pid" 2>/dev/null || break
     done
     local renew_rc=0
-    kill -TERM "$renew_pid" 2>/dev/null
+    kill -TERM "$renew_pid" 2>/dev/null || true
     wait "$renew_pid" 2>/dev/null || renew_rc=$?
     trap - INT TERM HUP
     eval "$saved_traps"
