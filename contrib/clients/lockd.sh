@@ -87,7 +87,7 @@ lockd__roundtrip() {
         lockd__fail 3 "cannot connect to $addr"
         return
     fi
-    if ! printf '%s\n' "$line" >&"$fd" 2>/dev/null; then
+    if ! { printf '%s\n' "$line" >&"$fd"; } 2>/dev/null; then
         exec {fd}>&-
         lockd__fail 3 "cannot send to $addr"
         return
@@ -128,7 +128,7 @@ lockd__refused() {
 lockd__options() {
     local allowed=$1 opt
     shift
-    lockd__ttl= lockd__wait= lockd__try=
+    lockd__ttl='' lockd__wait='' lockd__try=''
     for opt in "$@"; do
         case $opt in
             ttl=*) [[ $allowed == *ttl* ]] && lockd__ttl=${opt#ttl=} && continue ;;
@@ -159,7 +159,7 @@ lockd_request() {
 # lockd_lock NAME [ttl=DUR] [wait=DUR]: waits for the lock (forever without wait=), then prints
 # its fencing token on stdout and sets LOCKD_TOKEN. Returns 1 if wait= ran out.
 lockd_lock() {
-    LOCKD_ERROR= LOCKD_TOKEN=
+    LOCKD_ERROR='' LOCKD_TOKEN=''
     local name=${1:-} id=${LOCKD_ID:-${HOSTNAME:-localhost}:$$} line
     if (($# < 1)); then
         lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR]"
