@@ -369,9 +369,10 @@ fn sigterm_to_the_script_stops_the_command_and_releases_the_lock() {
         assert!(Instant::now() < deadline, "the lock was never taken");
         thread::sleep(Duration::from_millis(20));
     }
-    let pid = child.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
+    // bash's own kill: no procps needed.
+    let killed = Command::new("bash")
+        .arg("-c")
+        .arg(format!("kill -TERM {}", child.id()))
         .status()
         .expect("kill");
     assert!(killed.success());
