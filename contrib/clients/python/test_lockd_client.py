@@ -1,0 +1,230 @@
+"""Tests of lockd_client against a real lockd at $LOCKD_ADDR (skipped when it is not set).
+
+    LOCKD_ADDR=127.0.0.1:5001 python3 -m unittest -v test_lockd_client
+
+Every test uses lock names of its own, so a shared server and reruns do not disturb them.
+Waits are bounded by generous deadlines that only guard against hanging; no test depends on
+how fast anything happens.
+"""
+
+import os
+import threading
+import time
+import unittest
+import uuid
+
+import lockd_client
+from lockd_client import (BadArg, Client, ConnectionLost, LeaseLost, LockStatus, NotHeld,
+                          Timeout, lock)
+
+ADDR = os.environ.get("LOCKD_ADDR")
+GUARD = 20.0  # seconds: only a failure guard
+
+
+def fresh(prefix):
+    return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
+
+
+def eventually(predicate, what):
+    deadline = time.monotonic() + GUARD
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("not within %ss: %s" % (GUARD, what))
+
+
+@unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.a = Client(ADDR, id=fresh("alice"))
+        self.b = Client(ADDR, id=fresh("bob"))
+
+    def tearDown(self):
+        self.a.close()
+        self.b.close()
+
+    def test_ping(self):
+        self.assertTrue(self.a.ping())
+
+    def test_lock_unlock_and_tokens_grow(self):
+        name = fresh("basic")
+        t1 = self.a.lock(name, ttl=30)
+        self.a.unlock(name, t1)
+        t2 = self.b.lock(name, ttl="30s")
+        self.assertGreater(t2, t1)
+        self.b.unlock(name, t2)
+
+    def test_try_lock_conflict_raises_timeout_with_code(self):
+        name = fresh("try")
+        token = self.a.lock(name, ttl=30)
+        with self.assertRaises(Timeout) as cm:
+            self.b.lock(name, wait=0)
+        self.assertEqual(cm.exception.code, "TIMEOUT")
+        self.assertIsNone(self.b.try_lock(name))
+        self.a.unlock(name, token)
+        self.assertIsNotNone(self.b.try_lock(name))
+
+    def test_same_id_again_gets_same_token(self):
+        name = fresh("again")
+        t1 = self.a.lock(name)
+        self.assertEqual(self.a.lock(name), t1)
+        self.a.unlock(name, t1)
+
+    def test_unlock_with_a_stale_token_raises_notheld(self):
+        name = fresh("stale")
+        token = self.a.lock(name)
+        self.a.unlock(name, token)
+        with self.assertRaises(NotHeld) as cm:
+            self.a.unlock(name, token)
+        self.assertEqual(cm.exception.code, "NOTHELD")
+        with self.assertRaises(NotHeld):
+            self.a.renew(name, token)
+        with self.assertRaises(NotHeld):
+            self.a.check(name, token)
+
+    def test_renew_and_check_report_ttl(self):
+        name = fresh("renew")
+        token = self.a.lock(name, ttl=5)
+        self.assertEqual(self.a.renew(name, token, ttl=60), 60000)
+        left = self.a.check(name, token)
+        self.assertGreater(left, 5000)
+        self.assertLessEqual(left, 60000)
+        self.a.unlock(name, token)
+
+    def test_bad_arguments(self):
+        name = fresh("bad")
+        with self.assertRaises(BadArg) as cm:
+            self.a.lock(name, ttl=0)
+        self.assertEqual(cm.exception.code, "BADARG")
+        with self.assertRaises(ValueError):
+            self.a.lock("two words")
+        with self.assertRaises(ValueError):
+            self.a.lock("line\nbreak")
+        # The connection is still usable after a refusal.
+        self.assertTrue(self.a.ping())
+
+    def test_status_one_and_all(self):
+        name = fresh("status")
+        self.assertIsNone(self.a.status(name))
+        token = self.a.lock(name, ttl=30)
+        st = self.a.status(name)
+        self.assertIsInstance(st, LockStatus)
+        self.assertEqual((st.name, st.id, st.token, st.session, st.waiters),
+                         (name, self.a.id, token, False, 0))
+        self.assertIn(st, self.b.status())
+        self.a.unlock(name, token)
+        self.assertIsNone(self.a.status(name))
+
+    def test_waiter_is_granted_when_the_holder_unlocks(self):
+        name = fresh("fifo")
+        token = self.a.lock(name)
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(self.b.lock(name, wait=GUARD)))
+        waiter.start()
+        eventually(lambda: (self.a.status(name) or LockStatus(0, 0, 0, 0, 0, 0)).waiters == 1,
+                   "bob waits")
+        self.a.unlock(name, token)
+        waiter.join(GUARD)
+        self.assertEqual(len(got), 1)
+        self.assertGreater(got[0], token)
+        self.b.unlock(name, got[0])
+
+    def test_session_lease_ends_with_the_connection(self):
+        name = fresh("session")
+        self.a.lock(name, session=True)
+        self.a.close()
+        eventually(lambda: self.b.status(name) is None, "the session lease is dropped")
+
+    def test_unreachable_server_raises_connection_lost(self):
+        with Client("127.0.0.1:1", timeout=2) as c:
+            with self.assertRaises(ConnectionLost):
+                c.ping()
+
+    def test_bad_server_address(self):
+        with self.assertRaises(ValueError):
+            Client("no-port-here")
+
+
+@unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
+class LeaseTest(unittest.TestCase):
+    def setUp(self):
+        self.other = Client(ADDR, id=fresh("other"))
+
+    def tearDown(self):
+        self.other.close()
+
+    def test_with_lock_holds_releases_and_yields_the_token(self):
+        name = fresh("with")
+        with lock(name, server=ADDR, ttl=30) as token:
+            st = self.other.status(name)
+            self.assertEqual(st.token, token)
+            self.assertIsNone(self.other.try_lock(name))
+        self.assertIsNone(self.other.status(name))
+
+    def test_lease_outlives_its_ttl_by_renewal(self):
+        name = fresh("renewed")
+        lease = lock(name, server=ADDR, ttl=1)
+        with lease as token:
+            # Stay well past the 1 s ttl: only renewals keep the lock.
+            time.sleep(2.5)
+            self.other.check(name, token)
+            lease.check()
+            self.assertFalse(lease.lost)
+        self.assertIsNone(self.other.status(name))
+
+    def test_lost_lease_is_seen_by_check_and_raised_at_exit(self):
+        name = fresh("lost")
+        called = threading.Event()
+        lease = lock(name, server=ADDR, ttl=1, on_lost=lambda _lease: called.set())
+        with self.assertRaises(LeaseLost) as cm:
+            with lease as token:
+                # Another process takes the lease away (as an expiry would).
+                self.other.unlock(name, token)
+                eventually(lambda: lease.lost, "the renewal thread notices")
+                with self.assertRaises(LeaseLost):
+                    lease.check()
+        self.assertTrue(called.is_set())
+        self.assertEqual(cm.exception.token, token)
+        self.assertIn("NOTHELD", cm.exception.reason)
+
+    def test_body_exception_is_not_masked(self):
+        name = fresh("body")
+        with self.assertRaises(KeyError):
+            with lock(name, server=ADDR, ttl=30):
+                raise KeyError("from the body")
+        self.assertIsNone(self.other.status(name))
+
+    def test_wait_zero_on_a_held_lock_raises_timeout(self):
+        name = fresh("busy")
+        token = self.other.lock(name, ttl=30)
+        with self.assertRaises(lockd_client.Timeout):
+            with lock(name, server=ADDR, wait=0):
+                self.fail("the body must not run")
+        self.other.unlock(name, token)
+
+    def test_two_leases_exclude_each_other(self):
+        name = fresh("exclusive")
+        inside = []
+        overlaps = []
+
+        def worker():
+            for _ in range(5):
+                with lock(name, server=ADDR, ttl=5, wait=GUARD, id=fresh("w")):
+                    inside.append(1)
+                    if len(inside) > 1:
+                        overlaps.append(1)
+                    time.sleep(0.01)
+                    inside.pop()
+
+        threads = [threading.Thread(target=worker) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(GUARD * 2)
+        self.assertFalse(any(t.is_alive() for t in threads))
+        self.assertEqual(overlaps, [])
+
+
+if __name__ == "__main__":
+    unittest.main()
