@@ -102,6 +102,42 @@ impl Args {
     }
 }
 
+/// Raises the open-files limit towards what `--max-connections` needs (each connection is a
+/// file descriptor), as far as the hard limit allows, and warns if that is not enough.
+#[cfg(unix)]
+fn raise_fd_limit(max_connections: usize) {
+    // Connections, plus listeners, the data files and some slack.
+    let want = max_connections as u64 + 64;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    if (lim.rlim_cur as u64) < want {
+        let raised = libc::rlimit {
+            rlim_cur: want.min(lim.rlim_max as u64) as libc::rlim_t,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    if (lim.rlim_cur as u64) < want {
+        tracing::warn!(
+            open_files = lim.rlim_cur as u64,
+            max_connections,
+            "the open-files limit is below --max-connections; connections past it will fail to be accepted"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_fd_limit(_max_connections: usize) {}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn,lockd::server=info,lockd::compat=info",
@@ -167,6 +203,7 @@ async fn main() -> ExitCode {
         .listen
         .as_deref()
         .unwrap_or(args.compat.default_listen());
+    raise_fd_limit(config.max_connections);
     let listener = match TcpListener::bind(listen).await {
         Ok(l) => l,
         Err(e) => {
