@@ -107,7 +107,7 @@ impl Args {
 #[cfg(unix)]
 fn raise_fd_limit(max_connections: usize) {
     // Connections, plus listeners, the data files and some slack.
-    let want = max_connections as u64 + 64;
+    let want = max_connections.saturating_add(64) as libc::rlim_t;
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -116,9 +116,9 @@ fn raise_fd_limit(max_connections: usize) {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return;
     }
-    if (lim.rlim_cur as u64) < want {
+    if lim.rlim_cur < want {
         let raised = libc::rlimit {
-            rlim_cur: want.min(lim.rlim_max as u64) as libc::rlim_t,
+            rlim_cur: want.min(lim.rlim_max),
             rlim_max: lim.rlim_max,
         };
         // SAFETY: as above.
@@ -126,9 +126,9 @@ fn raise_fd_limit(max_connections: usize) {
             lim = raised;
         }
     }
-    if (lim.rlim_cur as u64) < want {
+    if lim.rlim_cur < want {
         tracing::warn!(
-            open_files = lim.rlim_cur as u64,
+            open_files = lim.rlim_cur,
             max_connections,
             "the open-files limit is below --max-connections; connections past it will fail to be accepted"
         );
