@@ -388,3 +388,100 @@ fn read_log(path: &Path, state: &mut State) -> io::Result<u64> {
     }
     Ok(count)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let path = std::env::temp_dir().join(format!(
+                "lockd-files-{name}-{}-{}",
+                std::process::id(),
+                unix_ms()
+            ));
+            let _ = fs::remove_dir_all(&path);
+            Dir(path)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn grant(name: &str, token: u64, deadline_ms: u64) -> Record {
+        Record::Grant(Lease {
+            name: name.into(),
+            id: "me".into(),
+            token,
+            ttl_ms: 60_000,
+            deadline_ms,
+        })
+    }
+
+    #[test]
+    fn compaction_keeps_live_leases_and_the_token_high_water_mark() {
+        let dir = Dir::new("compact");
+        let later = unix_ms() + 3_600_000;
+        let mut data = DataDir::open(&dir.0).unwrap();
+        data.append(&mut vec![grant("kept", 1, later)]).unwrap();
+        let mut token = 1;
+        while data.generation == 0 {
+            let mut batch = Vec::new();
+            for _ in 0..4096 {
+                token += 1;
+                batch.push(grant("churn", token, later));
+                batch.push(Record::Release {
+                    name: "churn".into(),
+                    token,
+                });
+            }
+            data.append(&mut batch).unwrap();
+            assert!(token < 1_000_000, "never compacted");
+        }
+        // One more change after the switch goes to the new log.
+        data.append(&mut vec![Record::Renew {
+            name: "kept".into(),
+            token: 1,
+            ttl_ms: 5,
+            deadline_ms: later + 1,
+        }])
+        .unwrap();
+        drop(data);
+
+        let names: Vec<String> = fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.contains(&"leases.1.log".to_string()), "{names:?}");
+        assert!(!names.contains(&"leases.0.log".to_string()), "{names:?}");
+
+        let data = DataDir::open(&dir.0).unwrap();
+        assert_eq!(data.state().high_token, token);
+        assert_eq!(data.state().leases.len(), 1);
+        let kept = &data.state().leases["kept"];
+        assert_eq!((kept.token, kept.deadline_ms), (1, later + 1));
+    }
+
+    #[test]
+    fn a_newer_log_with_records_is_refused() {
+        let dir = Dir::new("newer");
+        let mut data = DataDir::open(&dir.0).unwrap();
+        data.append(&mut vec![grant("a", 1, unix_ms() + 60_000)])
+            .unwrap();
+        drop(data);
+        fs::copy(dir.0.join("leases.0.log"), dir.0.join("leases.3.log")).unwrap();
+        let e = DataDir::open(&dir.0)
+            .err()
+            .expect("opened with a stray newer log");
+        assert!(e.to_string().contains("leases.3.log"), "{e}");
+        // An empty newer log is what a compaction that stopped half-way leaves: removed.
+        fs::write(dir.0.join("leases.3.log"), b"").unwrap();
+        let data = DataDir::open(&dir.0).unwrap();
+        assert_eq!(data.state().leases.len(), 1);
+    }
+}
