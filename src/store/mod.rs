@@ -108,15 +108,6 @@ impl Recovered {
             })
             .collect()
     }
-
-    /// How many leases it holds (some may have ended since).
-    pub fn len(&self) -> usize {
-        self.leases.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.leases.is_empty()
-    }
 }
 
 /// An open data directory and its writer thread.
@@ -196,7 +187,9 @@ impl Journal {
     /// table's order.
     pub fn append(&self, changes: &mut Vec<Change>, now: Instant) -> Seq {
         let wall = unix_ms();
-        let until = |deadline: Instant| wall.saturating_add(ceil_ms(deadline - now));
+        let until = |deadline: Instant| {
+            wall.saturating_add(ceil_ms(deadline.saturating_duration_since(now)))
+        };
         let mut q = self.0.queue();
         let was_empty = q.records.is_empty();
         for change in changes.drain(..) {
