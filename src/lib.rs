@@ -7,16 +7,18 @@
 //! - [`shared`]: the table behind a mutex, the expiry timer, waiter hand-off and watch events.
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
 //! - [`server`]: accept loop, connection limit, graceful shutdown; [`server::Config`].
+//! - [`store`]: durable state for `--data-dir`: a log with snapshots and a group-commit writer.
 //! - [`client`]: an async client for `lockctl` and the tests.
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
-//! nothing. `shared` -> `locks`; `session` -> `shared`, `proto`, `connection`; `server` ->
-//! `session`, `shared`, `compat`; `compat` -> `shared`, `proto`; `client` -> `proto`,
-//! `connection`. The table and the protocol never see a socket, and `lockctl` never reaches
-//! `server`, `shared` or `session`.
+//! nothing. `store` -> `locks` (its change and lease types); `shared` -> `locks`, `store`;
+//! `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `proto`; `server` ->
+//! `session`, `shared`, `compat`, `store`; `client` -> `proto`, `connection`. The table and the
+//! protocol never see a socket or a file, and `lockctl` never reaches `server`, `shared`,
+//! `session` or `store`.
 
 use std::time::Duration;
 
@@ -29,6 +31,7 @@ pub mod proto;
 pub mod server;
 pub mod session;
 pub mod shared;
+pub mod store;
 
 /// Address lockd listens on unless told otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5001";

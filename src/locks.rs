@@ -157,6 +157,42 @@ pub enum Effect {
     Event(Event),
 }
 
+/// A change to a lease, for a durable store to record in the order the table made it.
+///
+/// Only produced after [`Locks::journal_changes`]. Expiries produce none: the deadline is in
+/// the `Grant` or `Renew` that set it, so a store can tell on its own when a lease has ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `id` holds `name` with `token` until `deadline` (a new grant, or a repeat LOCK by the
+    /// holder that restarted the lease).
+    Grant {
+        name: Arc<str>,
+        id: Arc<str>,
+        token: Token,
+        ttl: Duration,
+        deadline: Instant,
+    },
+    /// The lease `token` of `name` now ends at `deadline`.
+    Renew {
+        name: Arc<str>,
+        token: Token,
+        ttl: Duration,
+        deadline: Instant,
+    },
+    /// The lease `token` of `name` ended before its deadline (UNLOCK, or its session closed).
+    Release { name: Arc<str>, token: Token },
+}
+
+/// A lease read back from a durable store after a restart.
+#[derive(Clone, Debug)]
+pub struct RestoredLease {
+    pub name: String,
+    pub id: String,
+    pub token: Token,
+    pub ttl: Duration,
+    pub deadline: Instant,
+}
+
 /// A snapshot of one lock, for STATUS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockStatus {
@@ -215,6 +251,9 @@ pub struct Locks {
     next_waiter: WaiterId,
     next_ticket: u64,
     effects: Vec<Effect>,
+    /// Whether to record [`Change`]s; off for a table that lives only in memory.
+    journal: bool,
+    changes: Vec<Change>,
 }
 
 impl Locks {
@@ -229,7 +268,51 @@ impl Locks {
             next_waiter: 1,
             next_ticket: 1,
             effects: Vec::new(),
+            journal: false,
+            changes: Vec::new(),
         }
+    }
+
+    /// From now on, record every [`Change`] for [`Locks::drain_changes_into`].
+    pub fn journal_changes(&mut self) {
+        self.journal = true;
+    }
+
+    /// Appends the recorded changes to `out`, oldest first.
+    pub fn drain_changes_into(&mut self, out: &mut Vec<Change>) {
+        out.append(&mut self.changes);
+    }
+
+    /// Puts back a lease a previous run granted, as a plain (non-session) lease: its
+    /// connection did not survive the restart. Does nothing if it already ended by `now` or
+    /// the name is taken. Later tokens are above its token.
+    pub fn restore(&mut self, now: Instant, lease: RestoredLease) {
+        self.raise_next_token(lease.token.saturating_add(1));
+        if lease.deadline <= now || self.entries.contains_key(lease.name.as_str()) {
+            return;
+        }
+        let name: Arc<str> = lease.name.into();
+        let holder = Holder {
+            id: lease.id.into(),
+            token: lease.token,
+            ttl: lease.ttl.min(self.limits.max_ttl),
+            deadline: lease.deadline,
+            session: None,
+        };
+        self.timers
+            .insert((lease.deadline, Timer::Lease(lease.token, Arc::clone(&name))));
+        self.entries.insert(
+            name,
+            Entry {
+                holder,
+                queue: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// Makes every later token at least `token`: tokens never go backwards across a restart.
+    pub fn raise_next_token(&mut self, token: Token) {
+        self.next_token = self.next_token.max(token);
     }
 
     pub fn limits(&self) -> &Limits {
@@ -295,6 +378,8 @@ impl Locks {
             effects,
             next_waiter,
             next_ticket,
+            journal,
+            changes,
             ..
         } = self;
         let Some(entry) = entries.get_mut(&name) else {
@@ -309,12 +394,21 @@ impl Locks {
             if matches!(holder.session, Some(c) if c != req.conn) {
                 return Err(TableError::Conflict);
             }
-            let key = Timer::Lease(holder.token, name);
+            let key = Timer::Lease(holder.token, Arc::clone(&name));
             timers.remove(&(holder.deadline, key.clone()));
             holder.ttl = ttl;
             holder.deadline = deadline;
             holder.session = req.session.then_some(req.conn);
             timers.insert((deadline, key));
+            if *journal {
+                changes.push(Change::Grant {
+                    name: Arc::clone(&name),
+                    id: Arc::clone(&holder.id),
+                    token: holder.token,
+                    ttl,
+                    deadline,
+                });
+            }
             return Ok(LockOutcome::Granted {
                 token: holder.token,
                 deadline,
@@ -414,11 +508,19 @@ impl Locks {
         let deadline = now.checked_add(ttl).ok_or(TableError::BadTtl {
             max: self.limits.max_ttl,
         })?;
-        let key = Timer::Lease(token, name);
+        let key = Timer::Lease(token, Arc::clone(&name));
         self.timers.remove(&(holder.deadline, key.clone()));
         holder.ttl = ttl;
         holder.deadline = deadline;
         self.timers.insert((deadline, key));
+        if self.journal {
+            self.changes.push(Change::Renew {
+                name,
+                token,
+                ttl,
+                deadline,
+            });
+        }
         Ok(deadline)
     }
 
@@ -506,6 +608,15 @@ impl Locks {
         let token = self.next_token;
         self.next_token += 1;
         holder.token = token;
+        if self.journal {
+            self.changes.push(Change::Grant {
+                name: Arc::clone(&name),
+                id: Arc::clone(&holder.id),
+                token,
+                ttl: holder.ttl,
+                deadline: holder.deadline,
+            });
+        }
         self.timers
             .insert((holder.deadline, Timer::Lease(token, Arc::clone(&name))));
         self.effects.push(Effect::Event(Event {
@@ -540,6 +651,12 @@ impl Locks {
         };
         self.timers
             .remove(&(deadline, Timer::Lease(token, Arc::clone(&name))));
+        if self.journal {
+            self.changes.push(Change::Release {
+                name: Arc::clone(&name),
+                token,
+            });
+        }
         self.release_and_hand_over(now, &name, kind);
         Ok(())
     }

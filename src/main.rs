@@ -1,5 +1,6 @@
 //! lockd: the lock server.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -58,6 +59,12 @@ struct Args {
     #[arg(long, env = "LOCKD_SHUTDOWN_GRACE", default_value = "5s", value_parser = duration)]
     shutdown_grace: Duration,
 
+    /// Keep locks durably in this directory (created if missing): a grant, renew or release is
+    /// on disk before its OK, and a restart restores every lease that has not ended.
+    /// Without it, locks live in memory only and a restart forgets every holder.
+    #[arg(long, env = "LOCKD_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+
     /// More logging: -v logs every grant, release and expiry; -vv and -vvv more still.
     /// RUST_LOG, when set, takes precedence.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -98,6 +105,7 @@ impl Args {
             watch_buffer: self.watch_buffer,
             shutdown_grace: self.shutdown_grace,
             compat: self.compat.config(self.max_ttl)?,
+            data_dir: self.data_dir.clone(),
         })
     }
 }

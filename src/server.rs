@@ -2,6 +2,7 @@
 //! gracefully when told to.
 
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use crate::locks::Limits;
 use crate::proto::{ErrorCode, ProtoError, Reply};
 use crate::session::{Session, SessionLimits};
 use crate::shared::{self, Shared};
+use crate::store::Store;
 
 /// Connections over the limit that are told why at the same time.
 const REFUSING_AT_ONCE: usize = 64;
@@ -38,6 +40,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The old two-port protocol, served alongside on the same table (`--compat`).
     pub compat: Option<CompatConfig>,
+    /// Where state is kept durably (`--data-dir`); `None` keeps it in memory only.
+    pub data_dir: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -50,6 +54,7 @@ impl Default for Config {
             watch_buffer: crate::DEFAULT_WATCH_BUFFER,
             shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
             compat: None,
+            data_dir: None,
         }
     }
 }
@@ -64,18 +69,63 @@ impl Config {
 }
 
 /// Serves `listener` until `shutdown` is cancelled, then lets connections finish for up to
-/// `shutdown_grace`.
+/// `shutdown_grace`. With a `data_dir`, first recovers its state (an error, naming the file,
+/// if it is damaged or in use).
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
+    if let Some(dir) = config.data_dir.clone() {
+        return run_durable(config, &dir, listener, shutdown).await;
+    }
     let shared = Shared::new(
         config.limits.clone(),
         shared::first_token(),
         config.watch_buffer,
     );
     serve(config, shared, listener, shutdown).await
+}
+
+/// [`run`] with a data directory. A failed write stops the server (fail-stop) and is returned
+/// as its error once connections are closed.
+async fn run_durable(
+    config: Config,
+    dir: &Path,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let (mut store, recovered) = {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Store::open(&dir))
+            .await
+            .map_err(io::Error::other)??
+    };
+    let shared = Shared::new_durable(
+        config.limits.clone(),
+        shared::first_token(),
+        config.watch_buffer,
+        store.journal(),
+        &recovered,
+    );
+    tracing::info!(dir = %dir.display(), leases = shared.status_all().len(), "state restored");
+    let stop = shutdown.child_token();
+    let monitor = {
+        let (journal, stop) = (store.journal(), stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = journal.failed() => stop.cancel(),
+                _ = stop.cancelled() => {}
+            }
+        })
+    };
+    let served = serve(config, shared, listener, stop.clone()).await;
+    stop.cancel();
+    let _ = monitor.await;
+    let closed = tokio::task::spawn_blocking(move || store.close())
+        .await
+        .map_err(io::Error::other)?;
+    served.and(closed)
 }
 
 /// Like [`run`], on a table the caller made (and may share with other listeners).

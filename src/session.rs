@@ -143,11 +143,17 @@ impl Session {
                 let result = shared.unlock(&name, token);
                 if result.is_ok() {
                     self.leases.remove(&name);
+                    if !self.durable().await? {
+                        return Ok(Flow::Close);
+                    }
                 }
                 self.reply(&name, result.map(|()| Reply::Done)).await?;
             }
             Request::Renew { name, token, ttl } => {
                 let result = shared.renew(&name, token, ttl).map(Reply::Lease);
+                if result.is_ok() && !self.durable().await? {
+                    return Ok(Flow::Close);
+                }
                 self.reply(&name, result).await?;
             }
             Request::Check { name, token } => {
@@ -194,10 +200,7 @@ impl Session {
                     .await?;
                 Ok(Flow::Continue)
             }
-            Ok(LockStart::Granted { token }) => {
-                self.granted(name, session, token).await?;
-                Ok(Flow::Continue)
-            }
+            Ok(LockStart::Granted { token }) => self.granted(name, session, token).await,
             Ok(LockStart::Waiting { waiter, rx }) => {
                 let pending = Pending {
                     shared: Arc::clone(&self.shared),
@@ -210,19 +213,40 @@ impl Session {
         }
     }
 
-    async fn granted(&mut self, name: String, session: bool, token: Token) -> io::Result<()> {
+    /// Waits until the changes made so far are on disk (at once without a data directory).
+    /// Before an `OK` that reports a change; false (after an `ERR SHUTDOWN` reply) if they
+    /// never will be, because the store failed and the server is stopping.
+    async fn durable(&mut self) -> io::Result<bool> {
+        let Some(wait) = self.shared.durable() else {
+            return Ok(true);
+        };
+        if wait.await.is_ok() {
+            return Ok(true);
+        }
+        let e = ProtoError::new(
+            ErrorCode::Shutdown,
+            "server is shutting down: the change could not be made durable",
+        );
+        self.conn.queue(Reply::Error(&e)).await?;
+        Ok(false)
+    }
+
+    async fn granted(&mut self, name: String, session: bool, token: Token) -> io::Result<Flow> {
         if session {
             if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
                 self.shared.retain_live(&mut self.leases);
             }
             self.leases.insert(name.clone(), token);
         }
+        if !self.durable().await? {
+            return Ok(Flow::Close);
+        }
         if let Err(e) = self.conn.send(Reply::Token(token)).await {
             // The client can't have learned the token: give the lock to the next in line.
             let _ = self.shared.unlock(&name, token);
             return Err(e);
         }
-        Ok(())
+        Ok(Flow::Continue)
     }
 
     /// Waits for a queued LOCK's turn while watching the connection and the server.
@@ -241,8 +265,7 @@ impl Session {
                     let name = std::mem::take(&mut pending.name);
                     return match result {
                         WaitResult::Granted { token, .. } => {
-                            self.granted(name, session, token).await?;
-                            Ok(Flow::Continue)
+                            self.granted(name, session, token).await
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();

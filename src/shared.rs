@@ -5,8 +5,13 @@
 //! Effects the table returns are carried out under the same guard (a waiter's oneshot is
 //! filled while the table still says it was granted, so a hand-off can't race a disconnect);
 //! logging and broadcasting happen after it is dropped.
+//!
+//! With a data directory, the table's changes are queued to the [`Journal`] under the same
+//! guard (so the log's order is the table's order), and a session calls [`Shared::durable`]
+//! before the `OK` that reports a change.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -15,9 +20,10 @@ use tokio::sync::{broadcast, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::locks::{
-    ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
+    Change, ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
     TableError, Token, WaitEnd, WaiterId,
 };
+use crate::store::{Journal, Recovered, Stopped};
 
 /// How a queued LOCK ends.
 #[derive(Debug)]
@@ -53,6 +59,7 @@ struct Inner {
     /// The deadline the timer task sleeps until, so others wake it only when it must.
     armed: Option<Instant>,
     scratch: Vec<Effect>,
+    changes: Vec<Change>,
 }
 
 /// The lock table as every connection shares it.
@@ -61,6 +68,8 @@ pub struct Shared {
     timer: Notify,
     events: broadcast::Sender<Arc<Published>>,
     next_conn: AtomicU64,
+    /// Where changes go to be made durable; `None` keeps everything in memory.
+    journal: Option<Journal>,
 }
 
 /// The current time as the table counts it. Tokio's clock, so paused-time tests drive leases.
@@ -88,18 +97,62 @@ fn unix_ms() -> u64 {
 impl Shared {
     /// A table with these limits; watchers may fall `watch_buffer` events behind.
     pub fn new(limits: Limits, first_token: Token, watch_buffer: usize) -> Arc<Self> {
+        Self::build(Locks::new(limits, first_token), watch_buffer, None)
+    }
+
+    /// Like [`Shared::new`], on the state a data directory held, recording every change to
+    /// `journal`. Restored leases are plain (non-session) leases: their connections are gone.
+    pub fn new_durable(
+        limits: Limits,
+        first_token: Token,
+        watch_buffer: usize,
+        journal: Journal,
+        recovered: &Recovered,
+    ) -> Arc<Self> {
+        let mut table = Locks::new(limits, first_token);
+        table.raise_next_token(recovered.next_token);
+        let at = now();
+        for lease in recovered.leases(at) {
+            table.restore(at, lease);
+        }
+        table.journal_changes();
+        Self::build(table, watch_buffer, Some(journal))
+    }
+
+    fn build(table: Locks, watch_buffer: usize, journal: Option<Journal>) -> Arc<Self> {
         let (events, _) = broadcast::channel(watch_buffer.max(1));
         Arc::new(Shared {
             inner: Mutex::new(Inner {
-                table: Locks::new(limits, first_token),
+                table,
                 waiting: HashMap::new(),
                 armed: None,
                 scratch: Vec::new(),
+                changes: Vec::new(),
             }),
             timer: Notify::new(),
             events,
             next_conn: AtomicU64::new(1),
+            journal,
         })
+    }
+
+    /// Waits until every change made so far is on disk: call it after a change and before
+    /// the `OK` that reports it. `None` when there is nothing to wait for (no data directory),
+    /// so the in-memory path pays one branch. `Err` means it never will be: the server is
+    /// stopping.
+    pub fn durable(&self) -> Option<impl Future<Output = Result<(), Stopped>> + '_> {
+        let journal = self.journal.as_ref()?;
+        Some(journal.durable(journal.appended()))
+    }
+
+    /// Queues the table's changes for the disk, in the table's order.
+    fn record(&self, g: &mut Inner) {
+        if let Some(journal) = &self.journal {
+            g.table.drain_changes_into(&mut g.changes);
+            if !g.changes.is_empty() {
+                journal.append(&mut g.changes, now());
+            }
+        }
     }
 
     /// A number for a new connection.
@@ -234,6 +287,8 @@ impl Shared {
         let mut effects = std::mem::take(&mut g.scratch);
         let mut events = Vec::new();
         loop {
+            // Before the effects: a waiter is told of its grant only once the grant is queued.
+            self.record(&mut g);
             g.table.drain_effects_into(&mut effects);
             if effects.is_empty() {
                 break;

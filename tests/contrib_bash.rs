@@ -298,25 +298,36 @@ fn run_propagates_the_exit_code_stdin_and_token_and_releases() {
 #[test]
 fn run_stops_the_command_when_the_lease_is_lost() {
     let lockd = Lockd::start();
+    let mark =
+        std::env::temp_dir().join(format!("lockd-contrib-bash-started-{}", std::process::id()));
+    let _ = std::fs::remove_file(&mark);
     let child = bash(
         &lockd,
-        r#"
+        &format!(
+            r#"
         # A well-behaved command passes SIGTERM on to its own children.
         rc=0; lockd_run doomed ttl=1s -- bash -c \
-            'trap "kill \$child; exit 143" TERM; echo started; sleep 30 & child=$!; wait $child; echo finished' \
+            'trap "kill \$child; exit 143" TERM; echo started; touch {mark}; sleep 30 & child=$!; wait $child; echo finished' \
             || rc=$?
         echo "rc=$rc"
         "#,
+            mark = mark.display()
+        ),
     );
-    // Take the lease away once the command runs, as an expiry or an operator would.
+    // Take the lease away once the command runs (its trap is set), as an expiry or an
+    // operator would.
     let deadline = Instant::now() + GUARD;
     let token = loop {
-        if let Some(token) = lockd.holder_token("doomed") {
+        if let Some(token) = lockd.holder_token("doomed").filter(|_| mark.exists()) {
             break token;
         }
-        assert!(Instant::now() < deadline, "the lock was never taken");
+        assert!(
+            Instant::now() < deadline,
+            "the command never started under the lock"
+        );
         thread::sleep(Duration::from_millis(20));
     };
+    let _ = std::fs::remove_file(&mark);
     assert_eq!(lockd.request(&format!("UNLOCK doomed {token}")), "OK");
     let out = finish(child, "");
     assert_ok(&out);

@@ -337,22 +337,30 @@ lockd_run() {
         return
     fi
     [[ -n $lockd__try ]] && lockd__wait=0
-    local rc=0
-    lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} ${lockd__wait:+"wait=$lockd__wait"} \
-        >/dev/null || return
-    local token=$LOCKD_TOKEN
-    # A first renewal right away tells us the lease length in ms, whatever form ttl= took.
-    lockd_renew "$name" "$token" >/dev/null || rc=$?
-    if ((rc != 0)); then
-        [[ $rc == 1 ]] && rc=5
-        return "$rc"
-    fi
-    local ttl_ms=${LOCKD_REPLY#OK ttl_ms=}
+    # Signals are caught from before the LOCK is sent, so that one arriving between the grant
+    # and the start of CMD still releases the lock rather than leaving it held for a whole ttl.
     local saved_traps stopping='' forwarded=''
     saved_traps=$(trap -p INT TERM HUP)
     trap 'stopping=INT' INT
     trap 'stopping=TERM' TERM
     trap 'stopping=HUP' HUP
+    local rc=0 token=''
+    lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} ${lockd__wait:+"wait=$lockd__wait"} \
+        >/dev/null || rc=$?
+    if ((rc == 0)); then
+        token=$LOCKD_TOKEN
+        # A first renewal right away tells us the lease length in ms, whatever form ttl= took.
+        lockd_renew "$name" "$token" >/dev/null || rc=$?
+        [[ $rc == 1 ]] && rc=5
+    fi
+    if ((rc != 0)) || [[ -n $stopping ]]; then
+        if [[ -n $token ]]; then lockd_unlock "$name" "$token" >/dev/null 2>&1 || true; fi
+        trap - INT TERM HUP
+        eval "$saved_traps"
+        if [[ -n $stopping ]]; then kill "-$stopping" "$BASHPID"; fi
+        return "$rc"
+    fi
+    local ttl_ms=${LOCKD_REPLY#OK ttl_ms=}
     # Explicit <&0: a background job of a non-interactive shell would otherwise get /dev/null.
     LOCKD_NAME=$name LOCKD_TOKEN=$token "$@" <&0 &
     local cmd_pid=$!

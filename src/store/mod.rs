@@ -1,0 +1,318 @@
+//! Durable lock state for `--data-dir`: a log of lease changes with snapshots, and one writer
+//! thread that makes them durable in groups.
+//!
+//! Changes are appended under the table's mutex (so the log's order is the table's order)
+//! to an in-memory queue, each with a sequence number. The writer takes everything queued,
+//! writes it as one frame, fdatasyncs, and publishes the highest durable sequence number;
+//! a session replies `OK` only once its change's number is durable. Many concurrent changes
+//! share one flush (group commit).
+//!
+//! If a write fails the store stops for good (fail-stop): nothing queued after the failure is
+//! ever reported durable, so no `OK` is sent for it, and the server shuts down. A server
+//! that can't record its grants must not go on granting.
+//!
+//! - [`format`]: records, frames, snapshot, CRC-32.
+//! - [`files`]: the directory: lock, recovery, append, compaction.
+
+mod files;
+mod format;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::locks::{Change, RestoredLease, Token};
+use files::{unix_ms, DataDir};
+use format::{Lease, Record};
+
+/// The number of a queued change; 0 is before the first.
+pub type Seq = u64;
+
+/// The store stopped (a write failed, or the server is closing) before a change was durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Progress {
+    /// Every change up to this number is on disk.
+    durable: Seq,
+    /// No more changes will become durable.
+    stopped: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    records: Vec<Record>,
+    /// The number of the last change queued.
+    seq: Seq,
+    /// Flush what is queued, then end.
+    closing: bool,
+    /// Accept no more changes: they would never be written.
+    stopped: bool,
+}
+
+struct Inner {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    progress: watch::Sender<Progress>,
+    /// The same as `queue.seq`, readable without the lock.
+    appended: AtomicU64,
+    /// Why the writer stopped, if it failed.
+    failure: Mutex<Option<String>>,
+}
+
+impl Inner {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stop(&self) {
+        self.queue().stopped = true;
+        self.progress.send_modify(|p| p.stopped = true);
+    }
+}
+
+/// The handle the lock table's shell appends changes through.
+#[derive(Clone)]
+pub struct Journal(Arc<Inner>);
+
+/// What a data directory held when it was opened.
+#[derive(Debug)]
+pub struct Recovered {
+    leases: Vec<Lease>,
+    /// Above every token ever recorded.
+    pub next_token: Token,
+}
+
+impl Recovered {
+    /// The leases that have not ended, as the table restores them: each keeps its wall-clock
+    /// deadline, turned into an `Instant` on the table's clock (`now`).
+    pub fn leases(&self, now: Instant) -> Vec<RestoredLease> {
+        let now_ms = unix_ms();
+        self.leases
+            .iter()
+            .filter(|l| l.deadline_ms > now_ms)
+            .filter_map(|l| {
+                Some(RestoredLease {
+                    name: l.name.clone(),
+                    id: l.id.clone(),
+                    token: l.token,
+                    ttl: Duration::from_millis(l.ttl_ms.max(1)),
+                    deadline: now.checked_add(Duration::from_millis(l.deadline_ms - now_ms))?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// An open data directory and its writer thread.
+pub struct Store {
+    inner: Arc<Inner>,
+    writer: Option<JoinHandle<()>>,
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Locks and recovers `dir` and starts the writer. Blocking: call it before serving (or
+    /// from `spawn_blocking`). Errors name the file at fault.
+    pub fn open(dir: &Path) -> io::Result<(Store, Recovered)> {
+        let data = DataDir::open(dir)?;
+        let recovered = Recovered {
+            leases: data.state().leases.values().cloned().collect(),
+            next_token: data.state().high_token.saturating_add(1),
+        };
+        let (progress, _) = watch::channel(Progress::default());
+        let inner = Arc::new(Inner {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            progress,
+            appended: AtomicU64::new(0),
+            failure: Mutex::new(None),
+        });
+        let writer = {
+            let inner = Arc::clone(&inner);
+            std::thread::Builder::new()
+                .name("lockd-store".into())
+                .spawn(move || write_loop(&inner, data))?
+        };
+        Ok((
+            Store {
+                inner,
+                writer: Some(writer),
+                dir: dir.to_path_buf(),
+            },
+            recovered,
+        ))
+    }
+
+    pub fn journal(&self) -> Journal {
+        Journal(Arc::clone(&self.inner))
+    }
+
+    /// Writes what is queued, stops the writer and releases the directory. Returns the
+    /// writer's error if it failed.
+    pub fn close(&mut self) -> io::Result<()> {
+        if let Some(writer) = self.writer.take() {
+            self.inner.queue().closing = true;
+            self.inner.wake.notify_one();
+            if writer.join().is_err() {
+                tracing::error!("the store's writer thread panicked");
+            }
+            self.inner.stop();
+        }
+        match &*self.inner.failure.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(why) => Err(io::Error::other(format!(
+                "stopped because {} could not be written: {why}",
+                self.dir.display()
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+impl Journal {
+    /// Queues `changes` (leaving the vector empty), made at `now` on the table's clock; returns
+    /// the number of the last one. Call it under the table's lock, so the queue keeps the
+    /// table's order.
+    pub fn append(&self, changes: &mut Vec<Change>, now: Instant) -> Seq {
+        let wall = unix_ms();
+        let until = |deadline: Instant| {
+            wall.saturating_add(ceil_ms(deadline.saturating_duration_since(now)))
+        };
+        let mut q = self.0.queue();
+        let was_empty = q.records.is_empty();
+        for change in changes.drain(..) {
+            q.seq += 1;
+            if q.stopped {
+                continue;
+            }
+            let record = match change {
+                Change::Grant {
+                    name,
+                    id,
+                    token,
+                    ttl,
+                    deadline,
+                } => Record::Grant(Lease {
+                    name: name.to_string(),
+                    id: id.to_string(),
+                    token,
+                    ttl_ms: ceil_ms(ttl),
+                    deadline_ms: until(deadline),
+                }),
+                Change::Renew {
+                    name,
+                    token,
+                    ttl,
+                    deadline,
+                } => Record::Renew {
+                    name: name.to_string(),
+                    token,
+                    ttl_ms: ceil_ms(ttl),
+                    deadline_ms: until(deadline),
+                },
+                Change::Release { name, token } => Record::Release {
+                    name: name.to_string(),
+                    token,
+                },
+            };
+            q.records.push(record);
+        }
+        let seq = q.seq;
+        self.0.appended.store(seq, Ordering::Release);
+        drop(q);
+        // The writer only sleeps on an empty queue.
+        if was_empty {
+            self.0.wake.notify_one();
+        }
+        seq
+    }
+
+    /// The number of the last change queued.
+    pub fn appended(&self) -> Seq {
+        self.0.appended.load(Ordering::Acquire)
+    }
+
+    /// Waits until every change up to `seq` is on disk.
+    pub async fn durable(&self, seq: Seq) -> Result<(), Stopped> {
+        let mut rx = self.0.progress.subscribe();
+        let durable = match rx.wait_for(|p| p.durable >= seq || p.stopped).await {
+            Ok(p) => p.durable >= seq,
+            Err(_) => false,
+        };
+        if durable {
+            Ok(())
+        } else {
+            Err(Stopped)
+        }
+    }
+
+    /// Resolves once a write has failed: the server must stop.
+    pub async fn failed(&self) {
+        let mut rx = self.0.progress.subscribe();
+        let _ = rx.wait_for(|p| p.stopped).await;
+        let failed = self
+            .0
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if !failed {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Milliseconds, rounded up: a stored lease never ends before the one granted.
+fn ceil_ms(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    let ms = if d.subsec_nanos() % 1_000_000 != 0 {
+        ms + 1
+    } else {
+        ms
+    };
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// The writer: take everything queued, write it in one go, sync, publish; until closed or a
+/// write fails.
+fn write_loop(inner: &Inner, mut data: DataDir) {
+    let mut batch = Vec::new();
+    loop {
+        let upto = {
+            let mut q = inner.queue();
+            while q.records.is_empty() && !q.closing {
+                q = inner.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            if q.records.is_empty() {
+                return;
+            }
+            std::mem::swap(&mut q.records, &mut batch);
+            q.seq
+        };
+        if let Err(e) = data.append(&mut batch) {
+            tracing::error!(
+                file = %data.log_path().display(),
+                error = %e,
+                "cannot write the lock log; stopping: no more grants without durability"
+            );
+            *inner.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+            inner.stop();
+            return;
+        }
+        inner
+            .progress
+            .send_modify(|p| p.durable = p.durable.max(upto));
+    }
+}
