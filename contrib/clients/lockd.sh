@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # lockd.sh: a bash client library for lockd (see proto.md). Needs bash 4.1+ and nothing else:
 # it talks TCP through bash's own /dev/tcp, so no netcat.
 #
