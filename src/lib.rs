@@ -15,10 +15,10 @@
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
 //! nothing. `store` -> `locks` (its change and lease types); `shared` -> `locks`, `store`;
-//! `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `proto`; `server` ->
-//! `session`, `shared`, `compat`, `store`; `client` -> `proto`, `connection`. The table and the
-//! protocol never see a socket or a file, and `lockctl` never reaches `server`, `shared`,
-//! `session` or `store`.
+//! `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `locks`; `server` ->
+//! `session`, `shared`, `compat`, `store`; `client` -> `proto`, `connection`, `locks` (the
+//! token type). The table and the protocol never see a socket or a file, and `lockctl` never
+//! reaches `server`, `shared`, `session` or `store`.
 
 use std::time::Duration;
 

@@ -79,7 +79,17 @@ async fn handle(stream: &mut TcpStream, peer: SocketAddr, kind: Kind, ctx: &Conn
     {
         return;
     }
-    match answer.await {
+    let answer = answer.await;
+    // With --data-dir, the change is on disk before the client hears of it, as on the line
+    // protocol; if it never will be (the store failed), the client hears nothing.
+    if matches!(answer, Ok(Answer::Locked(_) | Answer::Unlocked)) {
+        if let Some(durable) = ctx.shared.durable() {
+            if durable.await.is_err() {
+                return;
+            }
+        }
+    }
+    match answer {
         Ok(Answer::Locked(token)) => {
             if write_reply(stream, b"oklocked\n", ctx.read_timeout)
                 .await

@@ -163,6 +163,10 @@ impl Compat {
         // Subscribed before the first look at the table, so no change is missed.
         let events = shared.subscribe();
         let (requests_tx, requests) = mpsc::channel(QUEUE);
+        // A lease held before anyone could connect was restored from --data-dir. Which
+        // protocol took it is not recorded, so it is taken to be an old client's: an
+        // `unlock:` can release it, and its holder is not stuck until the timeout.
+        let restored = shared.status(&config.name).map(|s| s.token);
         let mut compat = Compat {
             lock_port: port::Port::new(Kind::Lock, addrs),
             unlock_port: port::Port::new(Kind::Unlock, unlock_addrs),
@@ -172,7 +176,7 @@ impl Compat {
             events,
             requests_tx,
             requests,
-            granted: None,
+            granted: restored,
             rebind_at: None,
             permits: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             tracker: TaskTracker::new(),
