@@ -3,83 +3,17 @@
 //! Each test starts its own server (in-process, 127.0.0.1:0) and runs bash scripts that source
 //! the library as a user would. Time limits here only guard against hangs.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+#[path = "support/blocking.rs"]
+mod blocking;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
+use blocking::{Lockd, Output};
 
 const GUARD: Duration = Duration::from_secs(60);
-
-/// A lockd serving on 127.0.0.1:0 from its own runtime, stopped on drop.
-struct Lockd {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    runtime: Option<tokio::runtime::Runtime>,
-}
-
-impl Lockd {
-    fn start() -> Lockd {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let shutdown = CancellationToken::new();
-        let config = lockd::server::Config::default();
-        runtime.spawn(lockd::server::run(config, listener, shutdown.clone()));
-        Lockd {
-            addr,
-            shutdown,
-            runtime: Some(runtime),
-        }
-    }
-
-    /// One request on a fresh connection; the first reply line.
-    fn request(&self, line: &str) -> String {
-        let mut stream = TcpStream::connect(self.addr).expect("connect");
-        stream.set_read_timeout(Some(GUARD)).expect("timeout");
-        writeln!(stream, "{line}").expect("send");
-        let mut reply = String::new();
-        BufReader::new(stream).read_line(&mut reply).expect("reply");
-        reply.trim_end().to_string()
-    }
-
-    /// The holder's token of `name`, from STATUS.
-    fn holder_token(&self, name: &str) -> Option<u64> {
-        let reply = self.request(&format!("STATUS {name}"));
-        let token = reply.split(' ').find_map(|w| w.strip_prefix("token="))?;
-        token.parse().ok()
-    }
-}
-
-impl Drop for Lockd {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(5));
-        }
-    }
-}
-
-struct Output {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Output {
-    fn code(&self) -> Option<i32> {
-        self.status.code()
-    }
-}
 
 /// Runs `script` with bash (the library sourced first, `set -euo pipefail` on), LOCKD_ADDR
 /// pointing at `lockd`, and `stdin` fed in.
@@ -98,48 +32,8 @@ fn bash(lockd: &Lockd, script: &str) -> Child {
         .expect("bash must be installed")
 }
 
-/// Waits for `child` (feeding it `stdin`), killing it and failing if it outlives GUARD.
-fn finish(mut child: Child, stdin: &str) -> Output {
-    if let Some(mut input) = child.stdin.take() {
-        let _ = input.write_all(stdin.as_bytes());
-    }
-    let read = |pipe: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let out = read(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = read(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + GUARD;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("bash still running after {GUARD:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: out.join().expect("stdout"),
-        stderr: err.join().expect("stderr"),
-    }
+fn finish(child: Child, stdin: &str) -> Output {
+    blocking::finish(child, stdin, GUARD)
 }
 
 fn run(lockd: &Lockd, script: &str) -> Output {

@@ -2,54 +2,16 @@
 //! finds their logs clean; hand-made logs with an overlap, a token regression or bad lines
 //! make it fail with the documented exit codes.
 
-use std::io::Read;
-use std::net::SocketAddr;
+#[path = "support/blocking.rs"]
+mod blocking;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
+use blocking::Lockd;
 
 const GUARD: Duration = Duration::from_secs(120);
-
-/// A lockd serving on 127.0.0.1:0 from its own runtime, stopped on drop.
-struct Lockd {
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-    runtime: Option<tokio::runtime::Runtime>,
-}
-
-impl Lockd {
-    fn start() -> Lockd {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let shutdown = CancellationToken::new();
-        let config = lockd::server::Config::default();
-        runtime.spawn(lockd::server::run(config, listener, shutdown.clone()));
-        Lockd {
-            addr,
-            shutdown,
-            runtime: Some(runtime),
-        }
-    }
-}
-
-impl Drop for Lockd {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_secs(5));
-        }
-    }
-}
 
 /// A scratch directory of this test, removed on drop.
 struct Scratch(PathBuf);
@@ -92,44 +54,9 @@ fn tool(name: &str) -> Command {
 }
 
 /// Waits for `child` (failing if it outlives GUARD); its status, stdout and stderr.
-fn finish(mut child: Child) -> (ExitStatus, String, String) {
-    let pipe = |p: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut p) = p {
-                let _ = p.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let out = pipe(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = pipe(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + GUARD;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("still running after {GUARD:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status,
-        out.join().expect("stdout"),
-        err.join().expect("stderr"),
-    )
+fn finish(child: Child) -> (ExitStatus, String, String) {
+    let out = blocking::finish(child, "", GUARD);
+    (out.status, out.stdout, out.stderr)
 }
 
 fn check(logs: &[&Path]) -> (Option<i32>, String, String) {
