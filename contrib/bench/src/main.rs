@@ -113,6 +113,8 @@ struct Plan {
     expiring: usize,
     /// The retry sleep of Redis clients in the many-connection runs.
     scale_retry: Duration,
+    /// Longest a drain of the waiters may take before it is extrapolated.
+    drain_cap: Duration,
 }
 
 impl Plan {
@@ -128,17 +130,19 @@ impl Plan {
                 held: 100_000,
                 expiring: 1000,
                 scale_retry: ms(100),
+                drain_cap: ms(10_000),
             }
         } else {
             Plan {
-                warm: ms(1000),
-                floor: ms(3000),
-                run: ms(6000),
+                warm: ms(500),
+                floor: ms(2000),
+                run: ms(5000),
                 clients: 64,
                 waiters: 10_000,
                 held: 1_000_000,
                 expiring: 10_000,
                 scale_retry: ms(100),
+                drain_cap: ms(30_000),
             }
         }
     }
@@ -210,7 +214,10 @@ async fn run(args: Args) -> io::Result<()> {
                     }
                 }
             }
-            "waiters" => scale::waiters(t, plan.waiters, pid, plan.scale_retry, &out).await?,
+            "waiters" => {
+                let (n, retry, cap) = (plan.waiters, plan.scale_retry, plan.drain_cap);
+                scale::waiters(t, n, pid, retry, cap, &out).await?
+            }
             "held" => scale::held(t, plan.held, pid, &out).await?,
             "expiry" => {
                 // Where the leases' ends fall: spread over most of one second by default;

@@ -273,6 +273,13 @@ const ROWS: &[Def] = &[
         None,
     ),
     def(
+        "wait.drain_rate",
+        "4 scale: waiters granted/s while draining",
+        Rate,
+        Higher,
+        None,
+    ),
+    def(
         "wait.violations",
         "4 scale: mutual-exclusion violations while draining",
         Count,
@@ -332,6 +339,19 @@ const ROWS: &[Def] = &[
 
 /// Redis settings a contended row compares against: the retry sleeps, in ms.
 const RETRIES: [u64; 3] = [1, 10, 100];
+
+/// Marks a value the run extrapolated rather than measured to the end.
+fn estimated(map: &HashMap<(String, String), f64>, key: &str, who: &str) -> &'static str {
+    let flag = (
+        format!("{}_estimated", key.trim_end_matches("_s")),
+        who.to_string(),
+    );
+    if map.get(&flag).is_some_and(|&v| v > 0.0) {
+        " (est.)"
+    } else {
+        ""
+    }
+}
 
 fn show(unit: Unit, v: f64) -> String {
     match unit {
@@ -448,7 +468,7 @@ pub fn render(rows: &str, _quick: bool) -> String {
         } else {
             redis
                 .iter()
-                .map(|(p, v)| format!("{p}{}", show(d.unit, *v)))
+                .map(|(p, v)| format!("{p}{}{}", show(d.unit, *v), estimated(&map, d.key, "redis")))
                 .collect::<Vec<_>>()
                 .join("<br>")
         };
@@ -464,8 +484,9 @@ pub fn render(rows: &str, _quick: bool) -> String {
             };
             let target = d.goal.map(|g| verdict(g, lockd, ratio)).unwrap_or_default();
             out.push_str(&format!(
-                "| {label} | {} | {redis_cell} | {} | {target} |\n",
+                "| {label} | {}{} | {redis_cell} | {} | {target} |\n",
                 show(d.unit, lockd),
+                estimated(&map, d.key, who),
                 ratio
                     .map(|r| format!("{r:.2}×"))
                     .unwrap_or_else(|| "–".into()),
