@@ -12,7 +12,7 @@
 //!   replaced, cancelled) is never granted;
 //! - a lease is live iff `now < deadline`; every public call first processes what is due.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -204,12 +204,58 @@ pub struct LockStatus {
     pub waiters: usize,
 }
 
+/// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
+/// that passed one. 8 bytes instead of an `Instant`'s 16, and exact: an `Instant` at or after
+/// the epoch converts back to itself. Earlier instants (callers pass monotonic times, so only a
+/// caller's bug makes one) count as the epoch itself.
+#[derive(Clone, Copy, Debug, Default)]
+struct Clock {
+    epoch: Option<Instant>,
+}
+
+impl Clock {
+    fn start(&mut self, now: Instant) {
+        self.epoch.get_or_insert(now);
+    }
+
+    /// `at` as ticks; `None` if it lies beyond what 64 bits of nanoseconds reach (584 years).
+    fn ticks(self, at: Instant) -> Option<u64> {
+        let Some(epoch) = self.epoch else {
+            return Some(0);
+        };
+        match at.checked_duration_since(epoch) {
+            Some(since) => u64::try_from(since.as_nanos()).ok(),
+            None => Some(0),
+        }
+    }
+
+    /// The instant of `ticks`; `None` only before the first `now` (no ticks exist yet).
+    fn instant(self, ticks: u64) -> Option<Instant> {
+        self.epoch?.checked_add(Duration::from_nanos(ticks))
+    }
+
+    /// `now + ttl`, as an instant and as ticks; `None` if it can't be represented.
+    fn after(self, now: Instant, ttl: Duration) -> Option<(Instant, u64)> {
+        let at = now.checked_add(ttl)?;
+        Some((at, self.ticks(at)?))
+    }
+}
+
+/// A duration in nanoseconds, saturating (durations the table stores are bounded by a deadline
+/// that fits in ticks, so they fit too).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 #[derive(Debug)]
 struct Holder {
+    /// Interned: shared by every lock and waiter of this id.
     id: Arc<str>,
     token: Token,
-    ttl: Duration,
-    deadline: Instant,
+    /// Lease length in nanoseconds (a RENEW without ttl reuses it).
+    ttl: u64,
+    /// In [`Clock`] ticks.
+    deadline: u64,
     session: Option<ConnId>,
 }
 
@@ -220,33 +266,55 @@ struct Waiter {
     ttl: Duration,
     session: bool,
     conn: ConnId,
-    deadline: Option<Instant>,
+    /// When its wait ends, in [`Clock`] ticks; `None` waits without bound.
+    deadline: Option<u64>,
 }
 
+/// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
+type Queue = BTreeMap<u64, Waiter>;
+
+/// One held name: 80 bytes in the slab.
 #[derive(Debug)]
 struct Entry {
+    /// The same allocation as the index's key.
+    name: Arc<str>,
     holder: Holder,
-    /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
-    queue: BTreeMap<u64, Waiter>,
+    /// `None` when nobody waits, which is most of the time: 8 bytes instead of 24.
+    queue: Option<Box<Queue>>,
 }
 
-/// What a timer is for. `Wait` sorts before `Lease`, so a waiter whose patience ends at the
-/// same instant as the lease it waits for gives up rather than being granted.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// What a timer is for; the `u32` is the slot of the lease's entry. `Wait` sorts before
+/// `Lease`, so a waiter whose patience ends at the same instant as the lease it waits for
+/// gives up rather than being granted. Slots are reused, so a lease timer counts only while
+/// the slot's holder still has its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     Wait(WaiterId),
-    Lease(Token, Arc<str>),
+    Lease(Token, u32),
 }
+
+/// Slab capacity above which an emptied table hands its memory back (below it, keeping the
+/// capacity spares a lock that comes and goes every allocation).
+const KEEP_CAPACITY: usize = 4096;
 
 /// The lock table.
 #[derive(Debug)]
 pub struct Locks {
     limits: Limits,
-    entries: HashMap<Arc<str>, Entry>,
-    /// Every lease deadline and wait deadline, soonest first: expiry never scans.
-    timers: BTreeSet<(Instant, Timer)>,
-    /// Where each waiter stands: its name and ticket.
-    waiters: HashMap<WaiterId, (Arc<str>, u64)>,
+    clock: Clock,
+    /// Held name -> slot in `slab`.
+    index: HashMap<Arc<str>, u32>,
+    /// The entries; `None` marks a free slot, listed in `free`.
+    slab: Vec<Option<Entry>>,
+    free: Vec<u32>,
+    /// One `Arc` per distinct holder or waiter id; see [`Locks::intern`].
+    ids: HashSet<Arc<str>>,
+    /// Interns and releases since the last sweep of `ids`: what pays for the next one.
+    id_ops: usize,
+    /// Every lease deadline and wait deadline in ticks, soonest first: expiry never scans.
+    timers: BTreeSet<(u64, Timer)>,
+    /// Where each waiter stands: its entry's slot and its ticket.
+    waiters: HashMap<WaiterId, (u32, u64)>,
     next_token: Token,
     next_waiter: WaiterId,
     next_ticket: u64,
@@ -261,7 +329,12 @@ impl Locks {
     pub fn new(limits: Limits, first_token: Token) -> Self {
         Locks {
             limits,
-            entries: HashMap::new(),
+            clock: Clock::default(),
+            index: HashMap::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            ids: HashSet::new(),
+            id_ops: 0,
             timers: BTreeSet::new(),
             waiters: HashMap::new(),
             next_token: first_token.max(1),
@@ -288,26 +361,23 @@ impl Locks {
     /// the name is taken. Later tokens are above its token.
     pub fn restore(&mut self, now: Instant, lease: RestoredLease) {
         self.raise_next_token(lease.token.saturating_add(1));
-        if lease.deadline <= now || self.entries.contains_key(lease.name.as_str()) {
+        self.clock.start(now);
+        if lease.deadline <= now || self.index.contains_key(lease.name.as_str()) {
             return;
         }
-        let name: Arc<str> = lease.name.into();
         let holder = Holder {
-            id: lease.id.into(),
+            id: self.intern(&lease.id),
             token: lease.token,
-            ttl: lease.ttl.min(self.limits.max_ttl),
-            deadline: lease.deadline,
+            ttl: nanos(lease.ttl.min(self.limits.max_ttl)),
+            // Past 584 years from now: as good as never.
+            deadline: self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
             session: None,
         };
-        self.timers
-            .insert((lease.deadline, Timer::Lease(lease.token, Arc::clone(&name))));
-        self.entries.insert(
-            name,
-            Entry {
-                holder,
-                queue: BTreeMap::new(),
-            },
-        );
+        let deadline = holder.deadline;
+        if let Some(slot) = self.add_entry(lease.name.into(), holder) {
+            self.timers
+                .insert((deadline, Timer::Lease(lease.token, slot)));
+        }
     }
 
     /// Makes every later token at least `token`: tokens never go backwards across a restart.
@@ -336,53 +406,46 @@ impl Locks {
 
     /// When the next lease or wait ends, if any: the caller's timer sleeps until then.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.timers.first().map(|(at, _)| *at)
+        let (at, _) = self.timers.first()?;
+        self.clock.instant(*at)
     }
 
     /// How many names are held.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
     /// LOCK: grant now, queue, or refuse.
     pub fn lock(&mut self, now: Instant, req: LockRequest) -> Result<LockOutcome, TableError> {
         self.expire(now);
         let ttl = self.check_ttl(req.ttl)?;
-        let deadline = now.checked_add(ttl).ok_or(TableError::BadTtl {
+        let bad_ttl = TableError::BadTtl {
             max: self.limits.max_ttl,
-        })?;
-        let Some(name) = self.name_arc(&req.name) else {
-            if self.entries.len() >= self.limits.max_locks {
-                return Err(TableError::TooManyLocks {
-                    max: self.limits.max_locks,
-                });
+        };
+        let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(bad_ttl)?;
+        let Some(&slot) = self.index.get(req.name.as_str()) else {
+            let too_many = TableError::TooManyLocks {
+                max: self.limits.max_locks,
+            };
+            if self.index.len() >= self.limits.max_locks {
+                return Err(too_many);
             }
             let holder = Holder {
-                id: req.id.into(),
+                id: self.intern(&req.id),
                 token: 0,
-                ttl,
-                deadline,
+                ttl: nanos(ttl),
+                deadline: deadline_ticks,
                 session: req.session.then_some(req.conn),
             };
-            let token = self.install(req.name.into(), holder, BTreeMap::new());
+            let slot = self.add_entry(req.name.into(), holder).ok_or(too_many)?;
+            let token = self.start_lease(slot, deadline);
             return Ok(LockOutcome::Granted { token, deadline });
         };
-        let Locks {
-            entries,
-            timers,
-            waiters,
-            effects,
-            next_waiter,
-            next_ticket,
-            journal,
-            changes,
-            ..
-        } = self;
-        let Some(entry) = entries.get_mut(&name) else {
+        let Some(entry) = entry_mut(&mut self.slab, slot) else {
             return Err(TableError::NotHeld);
         };
 
@@ -394,15 +457,15 @@ impl Locks {
             if matches!(holder.session, Some(c) if c != req.conn) {
                 return Err(TableError::Conflict);
             }
-            let key = Timer::Lease(holder.token, Arc::clone(&name));
-            timers.remove(&(holder.deadline, key.clone()));
-            holder.ttl = ttl;
-            holder.deadline = deadline;
+            let timer = Timer::Lease(holder.token, slot);
+            self.timers.remove(&(holder.deadline, timer));
+            holder.ttl = nanos(ttl);
+            holder.deadline = deadline_ticks;
             holder.session = req.session.then_some(req.conn);
-            timers.insert((deadline, key));
-            if *journal {
-                changes.push(Change::Grant {
-                    name: Arc::clone(&name),
+            self.timers.insert((deadline_ticks, timer));
+            if self.journal {
+                self.changes.push(Change::Grant {
+                    name: Arc::clone(&entry.name),
                     id: Arc::clone(&holder.id),
                     token: holder.token,
                     ttl,
@@ -422,40 +485,48 @@ impl Locks {
                     holder: Arc::clone(&entry.holder.id),
                 })
             }
-            Some(w) => now.checked_add(w),
+            // Past 584 years from now: as good as without bound.
+            Some(w) => self.clock.after(now, w).map(|(_, ticks)| ticks),
         };
 
         // A LOCK by an id that already waits takes over that place; the older request fails.
-        let replaced = entry
-            .queue
-            .iter()
-            .find(|(_, w)| *w.id == *req.id)
-            .map(|(ticket, w)| (*ticket, w.waiter, w.deadline));
+        let replaced = entry.queue.as_deref().and_then(|queue| {
+            queue
+                .iter()
+                .find(|(_, w)| *w.id == *req.id)
+                .map(|(ticket, w)| (*ticket, w.waiter, w.deadline))
+        });
         let ticket = match replaced {
             Some((ticket, old, old_deadline)) => {
-                entry.queue.remove(&ticket);
-                waiters.remove(&old);
-                if let Some(at) = old_deadline {
-                    timers.remove(&(at, Timer::Wait(old)));
+                if let Some(queue) = entry.queue.as_deref_mut() {
+                    queue.remove(&ticket);
                 }
-                effects.push(Effect::WaitEnded {
+                self.waiters.remove(&old);
+                if let Some(at) = old_deadline {
+                    self.timers.remove(&(at, Timer::Wait(old)));
+                }
+                self.effects.push(Effect::WaitEnded {
                     waiter: old,
                     why: WaitEnd::Replaced,
                 });
                 ticket
             }
             None => {
-                *next_ticket += 1;
-                *next_ticket - 1
+                self.next_ticket += 1;
+                self.next_ticket - 1
             }
         };
-        let waiter = *next_waiter;
-        *next_waiter += 1;
-        entry.queue.insert(
+        let waiter = self.next_waiter;
+        self.next_waiter += 1;
+        let id = self.intern(&req.id);
+        let Some(entry) = entry_mut(&mut self.slab, slot) else {
+            return Err(TableError::NotHeld);
+        };
+        entry.queue.get_or_insert_with(Box::default).insert(
             ticket,
             Waiter {
                 waiter,
-                id: req.id.into(),
+                id,
                 ttl,
                 session: req.session,
                 conn: req.conn,
@@ -463,9 +534,9 @@ impl Locks {
             },
         );
         if let Some(at) = wait_deadline {
-            timers.insert((at, Timer::Wait(waiter)));
+            self.timers.insert((at, Timer::Wait(waiter)));
         }
-        waiters.insert(waiter, (name, ticket));
+        self.waiters.insert(waiter, (slot, ticket));
         Ok(LockOutcome::Queued { waiter })
     }
 
@@ -495,27 +566,24 @@ impl Locks {
             Some(_) => Some(self.check_ttl(ttl)?),
             None => None,
         };
-        let name = self.name_arc(name).ok_or(TableError::NotHeld)?;
-        let Some(holder) = self
-            .entries
-            .get_mut(&name)
-            .map(|e| &mut e.holder)
-            .filter(|h| h.token == token)
+        let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
+        let Some(entry) = entry_mut(&mut self.slab, slot).filter(|e| e.holder.token == token)
         else {
             return Err(TableError::NotHeld);
         };
-        let ttl = ttl.unwrap_or(holder.ttl);
-        let deadline = now.checked_add(ttl).ok_or(TableError::BadTtl {
+        let holder = &mut entry.holder;
+        let ttl = ttl.unwrap_or(Duration::from_nanos(holder.ttl));
+        let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(TableError::BadTtl {
             max: self.limits.max_ttl,
         })?;
-        let key = Timer::Lease(token, Arc::clone(&name));
-        self.timers.remove(&(holder.deadline, key.clone()));
-        holder.ttl = ttl;
-        holder.deadline = deadline;
-        self.timers.insert((deadline, key));
+        let timer = Timer::Lease(token, slot);
+        self.timers.remove(&(holder.deadline, timer));
+        holder.ttl = nanos(ttl);
+        holder.deadline = deadline_ticks;
+        self.timers.insert((deadline_ticks, timer));
         if self.journal {
             self.changes.push(Change::Renew {
-                name,
+                name: Arc::clone(&entry.name),
                 token,
                 ttl,
                 deadline,
@@ -527,10 +595,9 @@ impl Locks {
     /// CHECK: the deadline of `token`'s lease on `name`, if it is live.
     pub fn check(&mut self, now: Instant, name: &str, token: Token) -> Result<Instant, TableError> {
         self.expire(now);
-        self.entries
-            .get(name)
+        self.entry(name)
             .filter(|e| e.holder.token == token)
-            .map(|e| e.holder.deadline)
+            .and_then(|e| self.clock.instant(e.holder.deadline))
             .ok_or(TableError::NotHeld)
     }
 
@@ -544,23 +611,26 @@ impl Locks {
     /// STATUS of one name; `None` when it is free.
     pub fn status(&mut self, now: Instant, name: &str) -> Option<LockStatus> {
         self.expire(now);
-        let (name, entry) = self.entries.get_key_value(name)?;
-        Some(status_of(now, name, entry))
+        let entry = self.entry(name)?;
+        Some(status_of(self.clock, now, entry))
     }
 
     /// STATUS of every held name, in no particular order.
     pub fn status_all(&mut self, now: Instant) -> Vec<LockStatus> {
         self.expire(now);
-        self.entries
+        self.slab
             .iter()
-            .map(|(name, entry)| status_of(now, name, entry))
+            .flatten()
+            .map(|entry| status_of(self.clock, now, entry))
             .collect()
     }
 
     /// Ends every lease and wait whose deadline is at or before `now`, in deadline order.
     pub fn expire(&mut self, now: Instant) {
+        self.clock.start(now);
+        let now_ticks = self.clock.ticks(now).unwrap_or(u64::MAX);
         while let Some((at, _)) = self.timers.first() {
-            if *at > now {
+            if *at > now_ticks {
                 break;
             }
             let Some((_, timer)) = self.timers.pop_first() else {
@@ -575,13 +645,14 @@ impl Locks {
                         });
                     }
                 }
-                Timer::Lease(token, name) => {
+                Timer::Lease(token, slot) => {
                     let live = self
-                        .entries
-                        .get(&name)
+                        .slab
+                        .get(slot as usize)
+                        .and_then(Option::as_ref)
                         .is_some_and(|e| e.holder.token == token);
                     if live {
-                        self.release_and_hand_over(now, &name, EventKind::Expired);
+                        self.release_and_hand_over(now, slot, EventKind::Expired);
                     }
                 }
             }
@@ -598,34 +669,92 @@ impl Locks {
         Ok(ttl)
     }
 
-    /// Puts a new holder in place with the next token; returns the token.
-    fn install(
-        &mut self,
-        name: Arc<str>,
-        mut holder: Holder,
-        queue: BTreeMap<u64, Waiter>,
-    ) -> Token {
+    fn entry(&self, name: &str) -> Option<&Entry> {
+        let slot = *self.index.get(name)?;
+        self.slab.get(slot as usize)?.as_ref()
+    }
+
+    /// Puts a new entry for `name` in a free slot (its lease timer is the caller's); `None`
+    /// when all 2^32 slots are taken.
+    fn add_entry(&mut self, name: Arc<str>, holder: Holder) -> Option<u32> {
+        let entry = Entry {
+            name: Arc::clone(&name),
+            holder,
+            queue: None,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slab[slot as usize] = Some(entry);
+                slot
+            }
+            None => {
+                let slot = u32::try_from(self.slab.len()).ok()?;
+                if self.slab.len() == self.slab.capacity() {
+                    // Grow by half, not double: the slab's spare capacity is memory per lock.
+                    self.slab.reserve_exact((self.slab.len() / 2).max(16));
+                }
+                self.slab.push(Some(entry));
+                slot
+            }
+        };
+        self.index.insert(name, slot);
+        Some(slot)
+    }
+
+    /// Takes the entry out of `slot` and frees the slot.
+    fn remove_entry(&mut self, slot: u32) -> Option<Entry> {
+        let entry = self.slab.get_mut(slot as usize)?.take()?;
+        self.index.remove(&entry.name);
+        self.free.push(slot);
+        if self.index.is_empty() {
+            self.on_empty();
+        }
+        self.sweep_ids_if_due();
+        Some(entry)
+    }
+
+    /// Nothing is held (so nobody waits and no timer points into the slab): start the slab
+    /// over, and after a large table hand its memory back.
+    fn on_empty(&mut self) {
+        self.slab.clear();
+        self.free.clear();
+        if self.slab.capacity() > KEEP_CAPACITY {
+            self.slab = Vec::new();
+            self.free = Vec::new();
+            self.index = HashMap::new();
+            self.ids.retain(|id| Arc::strong_count(id) > 1);
+            self.ids.shrink_to_fit();
+            self.id_ops = 0;
+        }
+    }
+
+    /// Gives the holder in `slot` the next token and starts its lease (timer, journal,
+    /// Acquired event); returns the token.
+    fn start_lease(&mut self, slot: u32, deadline: Instant) -> Token {
         let token = self.next_token;
+        let Some(entry) = entry_mut(&mut self.slab, slot) else {
+            return token;
+        };
         self.next_token += 1;
+        let holder = &mut entry.holder;
         holder.token = token;
         if self.journal {
             self.changes.push(Change::Grant {
-                name: Arc::clone(&name),
+                name: Arc::clone(&entry.name),
                 id: Arc::clone(&holder.id),
                 token,
-                ttl: holder.ttl,
-                deadline: holder.deadline,
+                ttl: Duration::from_nanos(holder.ttl),
+                deadline,
             });
         }
         self.timers
-            .insert((holder.deadline, Timer::Lease(token, Arc::clone(&name))));
+            .insert((holder.deadline, Timer::Lease(token, slot)));
         self.effects.push(Effect::Event(Event {
             kind: EventKind::Acquired,
-            name: Arc::clone(&name),
+            name: Arc::clone(&entry.name),
             id: Arc::clone(&holder.id),
             token,
         }));
-        self.entries.insert(name, Entry { holder, queue });
         token
     }
 
@@ -637,93 +766,146 @@ impl Locks {
         kind: EventKind,
         only_conn: Option<ConnId>,
     ) -> Result<(), TableError> {
+        let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
         let entry = self
-            .entries
-            .get(name)
+            .slab
+            .get(slot as usize)
+            .and_then(Option::as_ref)
             .filter(|e| e.holder.token == token)
             .ok_or(TableError::NotHeld)?;
         if only_conn.is_some() && entry.holder.session != only_conn {
             return Err(TableError::NotHeld);
         }
-        let deadline = entry.holder.deadline;
-        let Some(name) = self.name_arc(name) else {
-            return Err(TableError::NotHeld);
-        };
         self.timers
-            .remove(&(deadline, Timer::Lease(token, Arc::clone(&name))));
+            .remove(&(entry.holder.deadline, Timer::Lease(token, slot)));
         if self.journal {
             self.changes.push(Change::Release {
-                name: Arc::clone(&name),
+                name: Arc::clone(&entry.name),
                 token,
             });
         }
-        self.release_and_hand_over(now, &name, kind);
+        self.release_and_hand_over(now, slot, kind);
         Ok(())
     }
 
-    /// Removes the holder of `name` (its timer is already gone) and grants the head of the
-    /// queue, if any: one effect for one waiter, no scan.
-    fn release_and_hand_over(&mut self, now: Instant, name: &Arc<str>, kind: EventKind) {
-        let Some(Entry { holder, mut queue }) = self.entries.remove(name) else {
+    /// Removes the holder in `slot` (its timer is already gone) and grants the head of the
+    /// queue, if any, in the same slot: one effect for one waiter, no scan.
+    fn release_and_hand_over(&mut self, now: Instant, slot: u32, kind: EventKind) {
+        let Some(entry) = entry_mut(&mut self.slab, slot) else {
             return;
         };
+        let next = pop_first_waiter(&mut entry.queue);
+        let Some(next) = next else {
+            if let Some(Entry { name, holder, .. }) = self.remove_entry(slot) {
+                self.effects.push(Effect::Event(Event {
+                    kind,
+                    name,
+                    id: holder.id,
+                    token: holder.token,
+                }));
+            }
+            return;
+        };
+        // A ttl accepted at enqueue time fits, short of a deadline 584 years out.
+        let (deadline, deadline_ticks) = self
+            .clock
+            .after(now, next.ttl)
+            .unwrap_or((now, self.clock.ticks(now).unwrap_or(u64::MAX)));
+        let new_holder = Holder {
+            id: next.id,
+            token: 0,
+            ttl: nanos(next.ttl),
+            deadline: deadline_ticks,
+            session: next.session.then_some(next.conn),
+        };
+        let old = std::mem::replace(&mut entry.holder, new_holder);
+        let name = Arc::clone(&entry.name);
         self.effects.push(Effect::Event(Event {
             kind,
-            name: Arc::clone(name),
-            id: holder.id,
-            token: holder.token,
+            name: Arc::clone(&name),
+            id: old.id,
+            token: old.token,
         }));
-        let Some((_, next)) = queue.pop_first() else {
-            return;
-        };
         self.waiters.remove(&next.waiter);
         if let Some(at) = next.deadline {
             self.timers.remove(&(at, Timer::Wait(next.waiter)));
         }
-        // A ttl accepted at enqueue time always fits: it was checked against the same maximum.
-        let deadline = now.checked_add(next.ttl).unwrap_or(now);
-        let holder = Holder {
-            id: next.id,
-            token: 0,
-            ttl: next.ttl,
-            deadline,
-            session: next.session.then_some(next.conn),
-        };
-        let token = self.install(Arc::clone(name), holder, queue);
+        let token = self.start_lease(slot, deadline);
         // The grant goes before the Acquired event, so a watcher never sees a holder whose
         // client has not been told.
         let acquired = self.effects.pop();
         self.effects.push(Effect::Granted {
             waiter: next.waiter,
-            name: Arc::clone(name),
+            name,
             token,
             deadline,
         });
         self.effects.extend(acquired);
-    }
-
-    /// The table's own `Arc` for a held name, so timers and events share one allocation.
-    fn name_arc(&self, name: &str) -> Option<Arc<str>> {
-        self.entries.get_key_value(name).map(|(k, _)| Arc::clone(k))
+        self.sweep_ids_if_due();
     }
 
     fn remove_waiter(&mut self, waiter: WaiterId) -> Option<Waiter> {
-        let (name, ticket) = self.waiters.remove(&waiter)?;
-        let w = self.entries.get_mut(&name)?.queue.remove(&ticket)?;
+        let (slot, ticket) = self.waiters.remove(&waiter)?;
+        let entry = entry_mut(&mut self.slab, slot)?;
+        let w = entry.queue.as_deref_mut()?.remove(&ticket)?;
+        if entry.queue.as_ref().is_some_and(|q| q.is_empty()) {
+            entry.queue = None;
+        }
         if let Some(at) = w.deadline {
             self.timers.remove(&(at, Timer::Wait(waiter)));
         }
+        self.sweep_ids_if_due();
         Some(w)
+    }
+
+    /// The table's one `Arc` for `id`: a client that holds many locks, or takes a lock again
+    /// and again, costs one allocation rather than one per LOCK.
+    fn intern(&mut self, id: &str) -> Arc<str> {
+        if let Some(shared) = self.ids.get(id) {
+            return Arc::clone(shared);
+        }
+        self.sweep_ids_if_due();
+        let shared: Arc<str> = id.into();
+        self.ids.insert(Arc::clone(&shared));
+        shared
+    }
+
+    /// Drops the interned ids nobody uses any more (only the set holds them). A sweep runs
+    /// once the set is over twice the holders and waiters (plus some slack) and at least half
+    /// its size in interns and releases happened since the last one, so its cost is spread
+    /// over them and the set stays within about twice what is in use.
+    fn sweep_ids_if_due(&mut self) {
+        self.id_ops += 1;
+        let in_use = self.index.len() + self.waiters.len();
+        if self.ids.len() <= 2 * in_use + 1024 || self.id_ops < self.ids.len() / 2 {
+            return;
+        }
+        self.ids.retain(|id| Arc::strong_count(id) > 1);
+        self.id_ops = 0;
     }
 }
 
-fn status_of(now: Instant, name: &Arc<str>, entry: &Entry) -> LockStatus {
+fn entry_mut(slab: &mut [Option<Entry>], slot: u32) -> Option<&mut Entry> {
+    slab.get_mut(slot as usize)?.as_mut()
+}
+
+/// The head of the queue, leaving `None` behind when it was the last.
+fn pop_first_waiter(queue: &mut Option<Box<Queue>>) -> Option<Waiter> {
+    let (_, first) = queue.as_deref_mut()?.pop_first()?;
+    if queue.as_ref().is_some_and(|q| q.is_empty()) {
+        *queue = None;
+    }
+    Some(first)
+}
+
+fn status_of(clock: Clock, now: Instant, entry: &Entry) -> LockStatus {
+    let deadline = clock.instant(entry.holder.deadline).unwrap_or(now);
     LockStatus {
-        name: Arc::clone(name),
+        name: Arc::clone(&entry.name),
         holder: Arc::clone(&entry.holder.id),
         token: entry.holder.token,
-        remaining: entry.holder.deadline.saturating_duration_since(now),
+        remaining: deadline.saturating_duration_since(now),
         session: entry.holder.session.is_some(),
-        waiters: entry.queue.len(),
+        waiters: entry.queue.as_ref().map_or(0, |q| q.len()),
     }
 }
