@@ -293,9 +293,75 @@ enum Timer {
     Lease(Token, u32),
 }
 
-/// Slab capacity above which an emptied table hands its memory back (below it, keeping the
-/// capacity spares a lock that comes and goes every allocation).
-const KEEP_CAPACITY: usize = 4096;
+/// Slots per slab chunk: 320 KiB of entries. Past the first chunk the slab grows a chunk at a
+/// time, so its spare capacity stays under one chunk instead of up to the whole table.
+const SLAB_CHUNK: usize = 4096;
+
+/// The entries, addressed by a `u32` slot; freed slots are reused.
+#[derive(Debug, Default)]
+struct Slab {
+    /// Full chunks of [`SLAB_CHUNK`] slots, then the one being filled. The first grows like
+    /// any `Vec` (a small table stays small); the later ones are allocated whole.
+    chunks: Vec<Vec<Option<Entry>>>,
+    /// Slots whose entry was removed.
+    free: Vec<u32>,
+}
+
+impl Slab {
+    fn get(&self, slot: u32) -> Option<&Entry> {
+        let slot = slot as usize;
+        self.chunks
+            .get(slot / SLAB_CHUNK)?
+            .get(slot % SLAB_CHUNK)?
+            .as_ref()
+    }
+
+    fn get_mut(&mut self, slot: u32) -> Option<&mut Entry> {
+        self.place(slot)?.as_mut()
+    }
+
+    fn place(&mut self, slot: u32) -> Option<&mut Option<Entry>> {
+        let slot = slot as usize;
+        self.chunks
+            .get_mut(slot / SLAB_CHUNK)?
+            .get_mut(slot % SLAB_CHUNK)
+    }
+
+    /// Stores `entry` in a free slot; `None` when all 2^32 slots are taken.
+    fn insert(&mut self, entry: Entry) -> Option<u32> {
+        if let Some(slot) = self.free.pop() {
+            if let Some(place) = self.place(slot) {
+                *place = Some(entry);
+                return Some(slot);
+            }
+        }
+        let used = match self.chunks.last() {
+            Some(last) => (self.chunks.len() - 1) * SLAB_CHUNK + last.len(),
+            None => 0,
+        };
+        let slot = u32::try_from(used).ok()?;
+        match self.chunks.last_mut() {
+            Some(last) if last.len() < SLAB_CHUNK => last.push(Some(entry)),
+            Some(_) => {
+                let mut chunk = Vec::with_capacity(SLAB_CHUNK);
+                chunk.push(Some(entry));
+                self.chunks.push(chunk);
+            }
+            None => self.chunks.push(vec![Some(entry)]),
+        }
+        Some(slot)
+    }
+
+    fn remove(&mut self, slot: u32) -> Option<Entry> {
+        let entry = self.place(slot)?.take()?;
+        self.free.push(slot);
+        Some(entry)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Entry> {
+        self.chunks.iter().flatten().flatten()
+    }
+}
 
 /// The lock table.
 #[derive(Debug)]
@@ -304,9 +370,7 @@ pub struct Locks {
     clock: Clock,
     /// Held name -> slot in `slab`.
     index: HashMap<Arc<str>, u32>,
-    /// The entries; `None` marks a free slot, listed in `free`.
-    slab: Vec<Option<Entry>>,
-    free: Vec<u32>,
+    slab: Slab,
     /// One `Arc` per distinct holder or waiter id; see [`Locks::intern`].
     ids: HashSet<Arc<str>>,
     /// Interns and releases since the last sweep of `ids`: what pays for the next one.
@@ -331,8 +395,7 @@ impl Locks {
             limits,
             clock: Clock::default(),
             index: HashMap::new(),
-            slab: Vec::new(),
-            free: Vec::new(),
+            slab: Slab::default(),
             ids: HashSet::new(),
             id_ops: 0,
             timers: BTreeSet::new(),
@@ -445,7 +508,7 @@ impl Locks {
             let token = self.start_lease(slot, deadline);
             return Ok(LockOutcome::Granted { token, deadline });
         };
-        let Some(entry) = entry_mut(&mut self.slab, slot) else {
+        let Some(entry) = self.slab.get_mut(slot) else {
             return Err(TableError::NotHeld);
         };
 
@@ -519,7 +582,7 @@ impl Locks {
         let waiter = self.next_waiter;
         self.next_waiter += 1;
         let id = self.intern(&req.id);
-        let Some(entry) = entry_mut(&mut self.slab, slot) else {
+        let Some(entry) = self.slab.get_mut(slot) else {
             return Err(TableError::NotHeld);
         };
         entry.queue.get_or_insert_with(Box::default).insert(
@@ -567,8 +630,7 @@ impl Locks {
             None => None,
         };
         let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
-        let Some(entry) = entry_mut(&mut self.slab, slot).filter(|e| e.holder.token == token)
-        else {
+        let Some(entry) = self.slab.get_mut(slot).filter(|e| e.holder.token == token) else {
             return Err(TableError::NotHeld);
         };
         let holder = &mut entry.holder;
@@ -620,7 +682,6 @@ impl Locks {
         self.expire(now);
         self.slab
             .iter()
-            .flatten()
             .map(|entry| status_of(self.clock, now, entry))
             .collect()
     }
@@ -646,11 +707,7 @@ impl Locks {
                     }
                 }
                 Timer::Lease(token, slot) => {
-                    let live = self
-                        .slab
-                        .get(slot as usize)
-                        .and_then(Option::as_ref)
-                        .is_some_and(|e| e.holder.token == token);
+                    let live = self.slab.get(slot).is_some_and(|e| e.holder.token == token);
                     if live {
                         self.release_and_hand_over(now, slot, EventKind::Expired);
                     }
@@ -671,7 +728,7 @@ impl Locks {
 
     fn entry(&self, name: &str) -> Option<&Entry> {
         let slot = *self.index.get(name)?;
-        self.slab.get(slot as usize)?.as_ref()
+        self.slab.get(slot)
     }
 
     /// Puts a new entry for `name` in a free slot (its lease timer is the caller's); `None`
@@ -682,30 +739,15 @@ impl Locks {
             holder,
             queue: None,
         };
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.slab[slot as usize] = Some(entry);
-                slot
-            }
-            None => {
-                let slot = u32::try_from(self.slab.len()).ok()?;
-                if self.slab.len() == self.slab.capacity() {
-                    // Grow by half, not double: the slab's spare capacity is memory per lock.
-                    self.slab.reserve_exact((self.slab.len() / 2).max(16));
-                }
-                self.slab.push(Some(entry));
-                slot
-            }
-        };
+        let slot = self.slab.insert(entry)?;
         self.index.insert(name, slot);
         Some(slot)
     }
 
     /// Takes the entry out of `slot` and frees the slot.
     fn remove_entry(&mut self, slot: u32) -> Option<Entry> {
-        let entry = self.slab.get_mut(slot as usize)?.take()?;
+        let entry = self.slab.remove(slot)?;
         self.index.remove(&entry.name);
-        self.free.push(slot);
         if self.index.is_empty() {
             self.on_empty();
         }
@@ -716,11 +758,11 @@ impl Locks {
     /// Nothing is held (so nobody waits and no timer points into the slab): start the slab
     /// over, and after a large table hand its memory back.
     fn on_empty(&mut self) {
-        self.slab.clear();
-        self.free.clear();
-        if self.slab.capacity() > KEEP_CAPACITY {
-            self.slab = Vec::new();
-            self.free = Vec::new();
+        self.slab.free.clear();
+        if let [first] = self.slab.chunks.as_mut_slice() {
+            first.clear();
+        } else {
+            self.slab = Slab::default();
             self.index = HashMap::new();
             self.ids.retain(|id| Arc::strong_count(id) > 1);
             self.ids.shrink_to_fit();
@@ -732,7 +774,7 @@ impl Locks {
     /// Acquired event); returns the token.
     fn start_lease(&mut self, slot: u32, deadline: Instant) -> Token {
         let token = self.next_token;
-        let Some(entry) = entry_mut(&mut self.slab, slot) else {
+        let Some(entry) = self.slab.get_mut(slot) else {
             return token;
         };
         self.next_token += 1;
@@ -769,8 +811,7 @@ impl Locks {
         let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
         let entry = self
             .slab
-            .get(slot as usize)
-            .and_then(Option::as_ref)
+            .get(slot)
             .filter(|e| e.holder.token == token)
             .ok_or(TableError::NotHeld)?;
         if only_conn.is_some() && entry.holder.session != only_conn {
@@ -791,7 +832,7 @@ impl Locks {
     /// Removes the holder in `slot` (its timer is already gone) and grants the head of the
     /// queue, if any, in the same slot: one effect for one waiter, no scan.
     fn release_and_hand_over(&mut self, now: Instant, slot: u32, kind: EventKind) {
-        let Some(entry) = entry_mut(&mut self.slab, slot) else {
+        let Some(entry) = self.slab.get_mut(slot) else {
             return;
         };
         let next = pop_first_waiter(&mut entry.queue);
@@ -846,7 +887,7 @@ impl Locks {
 
     fn remove_waiter(&mut self, waiter: WaiterId) -> Option<Waiter> {
         let (slot, ticket) = self.waiters.remove(&waiter)?;
-        let entry = entry_mut(&mut self.slab, slot)?;
+        let entry = self.slab.get_mut(slot)?;
         let w = entry.queue.as_deref_mut()?.remove(&ticket)?;
         if entry.queue.as_ref().is_some_and(|q| q.is_empty()) {
             entry.queue = None;
@@ -883,10 +924,6 @@ impl Locks {
         self.ids.retain(|id| Arc::strong_count(id) > 1);
         self.id_ops = 0;
     }
-}
-
-fn entry_mut(slab: &mut [Option<Entry>], slot: u32) -> Option<&mut Entry> {
-    slab.get_mut(slot as usize)?.as_mut()
 }
 
 /// The head of the queue, leaving `None` behind when it was the last.
