@@ -11,6 +11,25 @@
 //! - waiters are granted in the order they queued (by ticket), and a waiter that left (timed out,
 //!   replaced, cancelled) is never granted;
 //! - a lease is live iff `now < deadline`; every public call first processes what is due.
+//!
+//! # Layout: memory per held lock
+//! A server may hold a million locks, so the table is laid out to cost under 256 bytes of heap
+//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 195 B at 200,000
+//! locks and 215 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
+//! - the entries live in a `Slab` of 80-byte slots, grown 4096 slots at a time and reused
+//!   once freed; a `HashMap<Arc<str>, u32>` (24-byte buckets) maps a name to its slot. A hash
+//!   map of whole entries would pay its spare buckets (up to half the table) at entry size.
+//! - the name is one `Arc<str>`, shared by the index key, the entry and every event;
+//! - holder and waiter ids are interned: one `Arc<str>` per distinct id, whatever number of
+//!   locks it holds or how often it locks again (`Locks::intern`);
+//! - deadlines and ttls are `u64` nanoseconds (`Clock` ticks) since the first `now` the
+//!   table was given, exact both ways, so every `Instant` the API returns is the one it would
+//!   have computed;
+//! - timers are `(ticks, Timer)` pairs of 24 bytes that name a slot, not a name; a waiter is
+//!   known by its slot and ticket; a lock nobody waits for has no queue allocated.
+//!
+//! When the table empties after having been large, it hands its slab, index and unused ids
+//! back to the allocator.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
@@ -282,6 +301,10 @@ struct Entry {
     /// `None` when nobody waits, which is most of the time: 8 bytes instead of 24.
     queue: Option<Box<Queue>>,
 }
+
+// The layout above is what keeps a held lock under 256 bytes: growing these is a choice.
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 80);
+const _: () = assert!(std::mem::size_of::<(u64, Timer)>() <= 24);
 
 /// What a timer is for; the `u32` is the slot of the lease's entry. `Wait` sorts before
 /// `Lease`, so a waiter whose patience ends at the same instant as the lease it waits for
