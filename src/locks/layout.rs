@@ -1,0 +1,171 @@
+//! The table's storage, laid out for memory per held lock (see the module map in
+//! `locks/mod.rs`): a slab of compact entries, 24-byte timers, and ticks instead of `Instant`s.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::types::{ConnId, Token, WaiterId};
+
+/// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
+/// that passed one. 8 bytes instead of an `Instant`'s 16, and exact: an `Instant` at or after
+/// the epoch converts back to itself. Earlier instants (callers pass monotonic times, so only a
+/// caller's bug makes one) count as the epoch itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Clock {
+    pub(super) epoch: Option<Instant>,
+}
+
+impl Clock {
+    pub(super) fn start(&mut self, now: Instant) {
+        self.epoch.get_or_insert(now);
+    }
+
+    /// `at` as ticks; `None` if it lies beyond what 64 bits of nanoseconds reach (584 years).
+    pub(super) fn ticks(self, at: Instant) -> Option<u64> {
+        let Some(epoch) = self.epoch else {
+            return Some(0);
+        };
+        match at.checked_duration_since(epoch) {
+            Some(since) => u64::try_from(since.as_nanos()).ok(),
+            None => Some(0),
+        }
+    }
+
+    /// The instant of `ticks`; `None` only before the first `now` (no ticks exist yet).
+    pub(super) fn instant(self, ticks: u64) -> Option<Instant> {
+        self.epoch?.checked_add(Duration::from_nanos(ticks))
+    }
+
+    /// `now + ttl`, as an instant and as ticks; `None` if it can't be represented.
+    pub(super) fn after(self, now: Instant, ttl: Duration) -> Option<(Instant, u64)> {
+        let at = now.checked_add(ttl)?;
+        Some((at, self.ticks(at)?))
+    }
+}
+
+/// A duration in nanoseconds, saturating (durations the table stores are bounded by a deadline
+/// that fits in ticks, so they fit too).
+pub(super) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[derive(Debug)]
+pub(super) struct Holder {
+    /// Interned: shared by every lock and waiter of this id.
+    pub(super) id: Arc<str>,
+    pub(super) token: Token,
+    /// Lease length in nanoseconds (a RENEW without ttl reuses it).
+    pub(super) ttl: u64,
+    /// In [`Clock`] ticks.
+    pub(super) deadline: u64,
+    pub(super) session: Option<ConnId>,
+}
+
+#[derive(Debug)]
+pub(super) struct Waiter {
+    pub(super) waiter: WaiterId,
+    pub(super) id: Arc<str>,
+    pub(super) ttl: Duration,
+    pub(super) session: bool,
+    pub(super) conn: ConnId,
+    /// When its wait ends, in [`Clock`] ticks; `None` waits without bound.
+    pub(super) deadline: Option<u64>,
+}
+
+/// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
+pub(super) type Queue = BTreeMap<u64, Waiter>;
+
+/// One held name: 80 bytes in the slab.
+#[derive(Debug)]
+pub(super) struct Entry {
+    /// The same allocation as the index's key.
+    pub(super) name: Arc<str>,
+    pub(super) holder: Holder,
+    /// `None` when nobody waits, which is most of the time: 8 bytes instead of 24.
+    pub(super) queue: Option<Box<Queue>>,
+}
+
+// The layout above is what keeps a held lock under 256 bytes: growing these is a choice.
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 80);
+const _: () = assert!(std::mem::size_of::<(u64, Timer)>() <= 24);
+
+/// What a timer is for; the `u32` is the slot of the lease's entry. `Wait` sorts before
+/// `Lease`, so a waiter whose patience ends at the same instant as the lease it waits for
+/// gives up rather than being granted. Slots are reused, so a lease timer counts only while
+/// the slot's holder still has its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Timer {
+    Wait(WaiterId),
+    Lease(Token, u32),
+}
+
+/// Slots per slab chunk: 320 KiB of entries. Past the first chunk the slab grows a chunk at a
+/// time, so its spare capacity stays under one chunk instead of up to the whole table.
+const SLAB_CHUNK: usize = 4096;
+
+/// The entries, addressed by a `u32` slot; freed slots are reused.
+#[derive(Debug, Default)]
+pub(super) struct Slab {
+    /// Full chunks of [`SLAB_CHUNK`] slots, then the one being filled. The first grows like
+    /// any `Vec` (a small table stays small); the later ones are allocated whole.
+    pub(super) chunks: Vec<Vec<Option<Entry>>>,
+    /// Slots whose entry was removed.
+    pub(super) free: Vec<u32>,
+}
+
+impl Slab {
+    pub(super) fn get(&self, slot: u32) -> Option<&Entry> {
+        let slot = slot as usize;
+        self.chunks
+            .get(slot / SLAB_CHUNK)?
+            .get(slot % SLAB_CHUNK)?
+            .as_ref()
+    }
+
+    pub(super) fn get_mut(&mut self, slot: u32) -> Option<&mut Entry> {
+        self.place(slot)?.as_mut()
+    }
+
+    pub(super) fn place(&mut self, slot: u32) -> Option<&mut Option<Entry>> {
+        let slot = slot as usize;
+        self.chunks
+            .get_mut(slot / SLAB_CHUNK)?
+            .get_mut(slot % SLAB_CHUNK)
+    }
+
+    /// Stores `entry` in a free slot; `None` when all 2^32 slots are taken.
+    pub(super) fn insert(&mut self, entry: Entry) -> Option<u32> {
+        if let Some(slot) = self.free.pop() {
+            if let Some(place) = self.place(slot) {
+                *place = Some(entry);
+                return Some(slot);
+            }
+        }
+        let used = match self.chunks.last() {
+            Some(last) => (self.chunks.len() - 1) * SLAB_CHUNK + last.len(),
+            None => 0,
+        };
+        let slot = u32::try_from(used).ok()?;
+        match self.chunks.last_mut() {
+            Some(last) if last.len() < SLAB_CHUNK => last.push(Some(entry)),
+            Some(_) => {
+                let mut chunk = Vec::with_capacity(SLAB_CHUNK);
+                chunk.push(Some(entry));
+                self.chunks.push(chunk);
+            }
+            None => self.chunks.push(vec![Some(entry)]),
+        }
+        Some(slot)
+    }
+
+    pub(super) fn remove(&mut self, slot: u32) -> Option<Entry> {
+        let entry = self.place(slot)?.take()?;
+        self.free.push(slot);
+        Some(entry)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Entry> {
+        self.chunks.iter().flatten().flatten()
+    }
+}

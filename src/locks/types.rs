@@ -1,0 +1,192 @@
+//! The table's value types: what goes in, what comes out, and its limits.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A fencing token: grows with every grant, for every name.
+pub type Token = u64;
+/// The server's number for one client connection.
+pub type ConnId = u64;
+/// The table's number for one waiting LOCK request.
+pub type WaiterId = u64;
+
+/// Limits the table enforces; the server fills them from its flags.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Lease length when a LOCK names no ttl.
+    pub default_ttl: Duration,
+    /// Longest lease a LOCK or RENEW may ask for.
+    pub max_ttl: Duration,
+    /// Most names that may be held at once (memory bound).
+    pub max_locks: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            default_ttl: crate::DEFAULT_TTL,
+            max_ttl: crate::DEFAULT_MAX_TTL,
+            max_locks: crate::DEFAULT_MAX_LOCKS,
+        }
+    }
+}
+
+/// One LOCK request, as the table needs it.
+#[derive(Clone, Debug)]
+pub struct LockRequest {
+    pub name: String,
+    pub id: String,
+    pub ttl: Option<Duration>,
+    /// `None` waits without bound; `Some(ZERO)` tries once.
+    pub wait: Option<Duration>,
+    /// The lease ends when `conn` closes.
+    pub session: bool,
+    pub conn: ConnId,
+}
+
+/// What a LOCK did at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockOutcome {
+    /// Granted now (also a repeat LOCK by the holder's own id, with the same token).
+    Granted { token: Token, deadline: Instant },
+    /// Queued: the answer comes later as [`Effect::Granted`] or [`Effect::WaitEnded`].
+    Queued { waiter: WaiterId },
+}
+
+/// Why a request changed nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableError {
+    /// ttl is zero or above the maximum.
+    BadTtl { max: Duration },
+    /// `wait=0` and the lock is held by someone else.
+    WouldBlock { holder: Arc<str> },
+    /// The token is not the live lease of that name.
+    NotHeld,
+    /// The id holds the name through a session lease bound to another open connection.
+    Conflict,
+    /// `max_locks` names are already held.
+    TooManyLocks { max: usize },
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableError::BadTtl { max } => write!(
+                f,
+                "ttl must be more than 0 and at most {}",
+                humantime::format_duration(*max)
+            ),
+            TableError::WouldBlock { holder } => write!(f, "held by {holder}"),
+            TableError::NotHeld => f.write_str("token is not the current holder's live lease"),
+            TableError::Conflict => {
+                f.write_str("this id holds the lock with a session lease on another connection")
+            }
+            TableError::TooManyLocks { max } => write!(f, "too many locks held (max {max})"),
+        }
+    }
+}
+
+/// Why a waiter stopped waiting without a grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    /// Its `wait=` ran out.
+    TimedOut,
+    /// A newer LOCK with the same id took its place in the queue.
+    Replaced,
+}
+
+/// What happened to a lock, for watchers and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Acquired,
+    Released,
+    Expired,
+    /// A session lease ended because its connection closed.
+    Dropped,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Acquired => "acquired",
+            EventKind::Released => "released",
+            EventKind::Expired => "expired",
+            EventKind::Dropped => "dropped",
+        }
+    }
+}
+
+/// A change of holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub kind: EventKind,
+    pub name: Arc<str>,
+    pub id: Arc<str>,
+    pub token: Token,
+}
+
+/// Work for the caller, in the order it must happen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Wake this waiter with its grant.
+    Granted {
+        waiter: WaiterId,
+        name: Arc<str>,
+        token: Token,
+        deadline: Instant,
+    },
+    /// Fail this waiter.
+    WaitEnded {
+        waiter: WaiterId,
+        why: WaitEnd,
+    },
+    Event(Event),
+}
+
+/// A change to a lease, for a durable store to record in the order the table made it.
+///
+/// Only produced after [`Locks::journal_changes`]. Expiries produce none: the deadline is in
+/// the `Grant` or `Renew` that set it, so a store can tell on its own when a lease has ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `id` holds `name` with `token` until `deadline` (a new grant, or a repeat LOCK by the
+    /// holder that restarted the lease).
+    Grant {
+        name: Arc<str>,
+        id: Arc<str>,
+        token: Token,
+        ttl: Duration,
+        deadline: Instant,
+    },
+    /// The lease `token` of `name` now ends at `deadline`.
+    Renew {
+        name: Arc<str>,
+        token: Token,
+        ttl: Duration,
+        deadline: Instant,
+    },
+    /// The lease `token` of `name` ended before its deadline (UNLOCK, or its session closed).
+    Release { name: Arc<str>, token: Token },
+}
+
+/// A lease read back from a durable store after a restart.
+#[derive(Clone, Debug)]
+pub struct RestoredLease {
+    pub name: String,
+    pub id: String,
+    pub token: Token,
+    pub ttl: Duration,
+    pub deadline: Instant,
+}
+
+/// A snapshot of one lock, for STATUS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockStatus {
+    pub name: Arc<str>,
+    pub holder: Arc<str>,
+    pub token: Token,
+    pub remaining: Duration,
+    pub session: bool,
+    pub waiters: usize,
+}
