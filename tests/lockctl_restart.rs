@@ -34,7 +34,7 @@ async fn lockctl_run_keeps_its_command_across_a_durable_restart() {
     let dir = TempDir::new("lockctl-restart");
     let port = free_port();
     let lockd = Lockd::start(&dir, port).await;
-    let done = dir.0.join("done");
+    let (started, done) = (dir.0.join("started"), dir.0.join("done"));
     // The command runs well past the restart and past several lease lengths.
     let child = Command::new(LOCKCTL)
         .args([
@@ -48,12 +48,23 @@ async fn lockctl_run_keeps_its_command_across_a_durable_restart() {
             "sh",
             "-c",
         ])
-        .arg(format!("sleep 4; touch {}", done.display()))
+        .arg(format!(
+            "touch {}; sleep 4; touch {}",
+            started.display(),
+            done.display()
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn lockctl");
+    // Once the command runs, lockctl has its OK, so the grant is on disk. (The table shows
+    // the holder a moment earlier: a crash then may lose the grant, and lockctl asks again.)
+    let begun = Instant::now();
+    while !started.exists() {
+        assert!(begun.elapsed() < PATIENCE, "the command never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = held(&lockd, "nightly").await;
 
     // A crash, and a new lockd on the same data dir and port a moment later.
