@@ -350,7 +350,12 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.shared.drop_sessions(self.id, &self.leases);
+        // A connection closed by the server's own shutdown is not its client leaving: the
+        // session leases stay (with --data-dir they come back as plain leases after the
+        // restart, so a holder such as `lockctl run` renews and carries on).
+        if !self.shutdown.is_cancelled() {
+            self.shared.drop_sessions(self.id, &self.leases);
+        }
     }
 }
 

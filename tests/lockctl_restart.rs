@@ -29,9 +29,26 @@ async fn held(lockd: &Lockd, name: &str) -> String {
     }
 }
 
+#[derive(Clone, Copy)]
+enum Restart {
+    /// SIGKILL: the server gets no chance to do anything.
+    Crash,
+    /// SIGTERM: a graceful shutdown (an upgrade), which closes every connection itself.
+    Graceful,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lockctl_run_keeps_its_command_across_a_durable_restart() {
-    let dir = TempDir::new("lockctl-restart");
+async fn lockctl_run_keeps_its_command_across_a_crash() {
+    rides_through(Restart::Crash, "lockctl-crash").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockctl_run_keeps_its_command_across_a_graceful_restart() {
+    rides_through(Restart::Graceful, "lockctl-graceful").await;
+}
+
+async fn rides_through(restart: Restart, test: &str) {
+    let dir = TempDir::new(test);
     let port = free_port();
     let lockd = Lockd::start(&dir, port).await;
     let (started, done) = (dir.0.join("started"), dir.0.join("done"));
@@ -67,8 +84,14 @@ async fn lockctl_run_keeps_its_command_across_a_durable_restart() {
     }
     let before = held(&lockd, "nightly").await;
 
-    // A crash, and a new lockd on the same data dir and port a moment later.
-    lockd.crash();
+    // The server goes, and a new lockd on the same data dir and port comes a moment later.
+    match restart {
+        Restart::Crash => lockd.crash(),
+        Restart::Graceful => {
+            let status = lockd.stop();
+            assert!(status.success(), "{status}");
+        }
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let lockd = Lockd::start(&dir, port).await;
     let after = held(&lockd, "nightly").await;
