@@ -46,6 +46,8 @@ impl Program {
 pub struct Child {
     inner: tokio::process::Child,
     pgid: libc::pid_t,
+    /// The command's group was given the terminal (lockctl had it): take it back at the end.
+    terminal: bool,
 }
 
 impl Child {
@@ -56,10 +58,11 @@ impl Child {
         };
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let parent = std::process::id();
+        let terminal = owns_terminal();
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe system calls; it allocates nothing.
         unsafe {
-            cmd.pre_exec(move || in_child(parent));
+            cmd.pre_exec(move || in_child(parent, terminal));
         }
         let inner = cmd.spawn().map_err(|e| {
             let code = if e.kind() == io::ErrorKind::NotFound {
@@ -74,7 +77,11 @@ impl Child {
             .id()
             .and_then(|pid| libc::pid_t::try_from(pid).ok())
             .unwrap_or(0);
-        Ok(Child { inner, pgid })
+        Ok(Child {
+            inner,
+            pgid,
+            terminal,
+        })
     }
 
     /// Waits for the command itself (the group leader) to exit. Cancel-safe.
@@ -103,12 +110,44 @@ impl Child {
     }
 }
 
-/// Runs in the forked child: own process group, and die with lockctl.
-fn in_child(parent: u32) -> io::Result<()> {
+impl Drop for Child {
+    fn drop(&mut self) {
+        if self.terminal {
+            // SAFETY: plain system calls on our own terminal and process group.
+            unsafe { give_terminal_to(libc::getpgrp()) };
+        }
+    }
+}
+
+/// Whether lockctl runs in the foreground of a terminal on its stdin, as when a person typed
+/// the command: then the command gets the terminal, so that it can read from it (a prompt, an
+/// editor) and Ctrl-C reaches it. A group of its own that is not the terminal's foreground
+/// group would be stopped by the first read.
+fn owns_terminal() -> bool {
+    // SAFETY: plain system calls on stdin.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// Makes `pgid` the terminal's foreground group. A process that is not in the foreground is
+/// sent SIGTTOU for this, so it is ignored meanwhile. Async-signal-safe.
+unsafe fn give_terminal_to(pgid: libc::pid_t) {
+    let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+    libc::tcsetpgrp(0, pgid);
+    libc::signal(libc::SIGTTOU, old);
+}
+
+/// Runs in the forked child: own process group (in the terminal's foreground if lockctl was),
+/// and die with lockctl.
+fn in_child(parent: u32, terminal: bool) -> io::Result<()> {
     // SAFETY: async-signal-safe system calls only.
     unsafe {
         if libc::setpgid(0, 0) != 0 {
             return Err(io::Error::last_os_error());
+        }
+        if terminal {
+            give_terminal_to(libc::getpgrp());
+            // Ctrl-Z would stop the command while lockctl keeps its lock: not offered.
+            libc::signal(libc::SIGTSTP, libc::SIG_IGN);
         }
         #[cfg(target_os = "linux")]
         {
