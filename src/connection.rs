@@ -156,10 +156,4 @@ impl Connection {
         self.flush().await?;
         self.stream.shutdown().await
     }
-
-    /// Discards bytes already read (used once a connection stops taking requests).
-    pub fn discard_input(&mut self) {
-        let n = self.input.len();
-        self.input.advance(n);
-    }
 }
