@@ -7,7 +7,7 @@
 use std::fmt::{self, Write as _};
 use std::io;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
