@@ -5,34 +5,34 @@
 mod blocking;
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use blocking::Lockd;
 
 const GUARD: Duration = Duration::from_secs(30);
 
-/// Runs `lockctl <args>` in a pseudo-terminal as its foreground job, typing `input`.
-fn at_terminal(lockd: &Lockd, args: &str, input: &str) -> blocking::Output {
+/// Starts `lockctl <args>` in a pseudo-terminal as its foreground job; what is written to the
+/// child's stdin is typed at that terminal.
+fn at_terminal(lockd: &Lockd, args: &str) -> std::process::Child {
     let lockctl = env!("CARGO_BIN_EXE_lockctl");
     let line = format!("{lockctl} -s {} {args}", lockd.addr);
-    let child = Command::new("script")
+    Command::new("script")
         .args(["-qec", &line, "/dev/null"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("script(1) must be installed (util-linux; CI installs bsdutils)");
-    blocking::finish(child, input, GUARD)
+        .expect("script(1) must be installed (util-linux; CI installs bsdutils)")
 }
 
 #[test]
 fn the_command_reads_from_the_terminal() {
     let lockd = Lockd::start();
-    let out = at_terminal(
+    let child = at_terminal(
         &lockd,
         "run prompt -- sh -c 'printf \"proceed? \"; read answer; echo \"got=$answer\"'",
-        "yes\n",
     );
+    let out = blocking::finish(child, "yes\n", GUARD);
     assert!(
         out.status.success(),
         "{:?}: {}{}",
@@ -47,12 +47,25 @@ fn the_command_reads_from_the_terminal() {
 #[test]
 fn ctrl_c_at_the_terminal_stops_the_command_and_releases() {
     let lockd = Lockd::start();
+    let ready = std::env::temp_dir().join(format!("lockd-tty-ready-{}", std::process::id()));
+    let _ = std::fs::remove_file(&ready);
     // The command says it is ready, then waits for a line; Ctrl-C comes instead.
-    let out = at_terminal(
+    let child = at_terminal(
         &lockd,
-        "run interrupted -- sh -c 'echo ready; read line; echo not-reached'",
-        "\u{3}",
+        &format!(
+            "run interrupted -- sh -c 'touch {}; read line; echo not-reached'",
+            ready.display()
+        ),
     );
+    let start = Instant::now();
+    while !ready.exists() {
+        assert!(start.elapsed() < GUARD, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(&ready);
+    let out = blocking::finish(child, "\u{3}", GUARD);
     assert!(!out.stdout.contains("not-reached"), "{}", out.stdout);
+    // 128 + SIGINT: the command was interrupted, and lockctl says so.
+    assert_eq!(out.code(), Some(130), "{}{}", out.stdout, out.stderr);
     assert_eq!(lockd.request("STATUS interrupted"), "OK interrupted free");
 }
