@@ -34,18 +34,7 @@ async fn holders_never_overlap_and_tokens_increase() {
             let mut c = Client::connect(&addr).await.expect("connect");
             let id = format!("client-{i}");
             for round in 0..ROUNDS {
-                let token = c
-                    .lock("shared", &id, Some(Duration::from_secs(60)), None, false)
-                    .await
-                    .unwrap_or_else(|e| panic!("{id} round {round}: LOCK: {e}"));
-                let start = Instant::now();
-                // Hold it across a scheduling point, so overlaps would have room to show.
-                tokio::task::yield_now().await;
-                let end = Instant::now();
-                log.lock().await.push(Held { token, start, end });
-                c.unlock("shared", token)
-                    .await
-                    .unwrap_or_else(|e| panic!("{id} round {round}: UNLOCK: {e}"));
+                critical_section(&mut c, &id, round, false, &log).await;
             }
         }));
     }
@@ -68,6 +57,28 @@ async fn holders_never_overlap_and_tokens_increase() {
 }
 
 /// Asserts the intervals never overlap and tokens increase in grant order.
+/// LOCK "shared", hold it across a scheduling point (so overlaps would have room to show),
+/// record the interval, UNLOCK.
+async fn critical_section(
+    c: &mut Client,
+    id: &str,
+    round: usize,
+    session: bool,
+    log: &Mutex<Vec<Held>>,
+) {
+    let token = c
+        .lock("shared", id, Some(Duration::from_secs(60)), None, session)
+        .await
+        .unwrap_or_else(|e| panic!("{id} round {round}: LOCK: {e}"));
+    let start = Instant::now();
+    tokio::task::yield_now().await;
+    let end = Instant::now();
+    log.lock().await.push(Held { token, start, end });
+    c.unlock("shared", token)
+        .await
+        .unwrap_or_else(|e| panic!("{id} round {round}: UNLOCK: {e}"));
+}
+
 fn assert_exclusive(mut log: Vec<Held>) {
     log.sort_by_key(|h| h.start);
     for pair in log.windows(2) {
@@ -108,17 +119,7 @@ async fn vanishing_clients_neither_lose_nor_share_the_lock() {
                     continue;
                 }
                 let session = (i + round) % 2 == 1;
-                let token = c
-                    .lock("shared", &id, Some(Duration::from_secs(60)), None, session)
-                    .await
-                    .unwrap_or_else(|e| panic!("{id} round {round}: LOCK: {e}"));
-                let start = Instant::now();
-                tokio::task::yield_now().await;
-                let end = Instant::now();
-                log.lock().await.push(Held { token, start, end });
-                c.unlock("shared", token)
-                    .await
-                    .unwrap_or_else(|e| panic!("{id} round {round}: UNLOCK: {e}"));
+                critical_section(&mut c, &id, round, session, &log).await;
             }
         }));
     }
