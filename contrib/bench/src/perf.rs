@@ -142,12 +142,7 @@ pub async fn floor(
         Ok(lat)
     })
     .await?;
-    let mut all: Vec<u64> = per.into_iter().flatten().collect();
-    let rps = all.len() as f64 / dur.as_secs_f64();
-    let (p50, p99, _) = stats::summary_us(&mut all);
-    out.row(&format!("{key}.rps"), rps);
-    out.row(&format!("{key}.p50_us"), p50);
-    out.row(&format!("{key}.p99_us"), p99);
+    rate_and_latency(out, key, "rps", per, dur, false);
     Ok(())
 }
 
@@ -205,14 +200,31 @@ pub async fn uncontended(
         Ok(lat)
     })
     .await?;
+    rate_and_latency(out, key, "cps", per, dur, true);
+    Ok(())
+}
+
+/// Rows for one run of request latencies (ns) from every client: the rate over `dur` as
+/// `{key}.{rate}`, and p50/p99 (and the max, if asked) in µs.
+fn rate_and_latency(
+    out: &Out,
+    key: &str,
+    rate: &str,
+    per: Vec<Vec<u64>>,
+    dur: Duration,
+    max: bool,
+) {
     let mut all: Vec<u64> = per.into_iter().flatten().collect();
-    let cps = all.len() as f64 / dur.as_secs_f64();
-    let (p50, p99, max) = stats::summary_us(&mut all);
-    out.row(&format!("{key}.cps"), cps);
+    out.row(
+        &format!("{key}.{rate}"),
+        all.len() as f64 / dur.as_secs_f64(),
+    );
+    let (p50, p99, worst) = stats::summary_us(&mut all);
     out.row(&format!("{key}.p50_us"), p50);
     out.row(&format!("{key}.p99_us"), p99);
-    out.row(&format!("{key}.max_us"), max);
-    Ok(())
+    if max {
+        out.row(&format!("{key}.max_us"), worst);
+    }
 }
 
 /// One client's record of a contended run.
