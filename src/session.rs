@@ -6,7 +6,7 @@
 //! half-close, not a departure: the client still gets every reply it asked for, a pending LOCK
 //! included, unless that LOCK is a `session` one, whose lease would end with the connection.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +18,13 @@ use tokio_util::sync::CancellationToken;
 use crate::connection::{Connection, Frame};
 use crate::locks::{ConnId, LockRequest, TableError, Token, WaitEnd, WaiterId};
 use crate::proto::{self, ErrorCode, ProtoError, Reply, Request};
-use crate::shared::{LockStart, Shared, WaitResult};
+use crate::shared::{LockStart, Published, Shared, WaitResult};
 
 /// Session leases a connection may track before it prunes the ended ones.
 const SESSION_LEASES_PRUNE_AT: usize = 256;
+/// Bytes of events a watch connection formats ahead of what its client has taken; events
+/// past that wait as events (and count towards `--watch-buffer`).
+const WATCH_OUTPUT: usize = 16 * 1024;
 
 /// Whether to keep reading requests.
 #[derive(Debug, PartialEq, Eq)]
@@ -37,6 +40,8 @@ pub struct SessionLimits {
     pub max_line: usize,
     /// Longest name or id, in bytes (at most [`proto::MAX_NAME_LEN`]).
     pub max_name: usize,
+    /// Events a watcher may fall behind before it is disconnected.
+    pub watch_buffer: usize,
 }
 
 /// One connection's state.
@@ -69,11 +74,24 @@ impl Session {
     }
 
     /// Serves the connection until the client leaves, asks to, or the server shuts down.
+    ///
+    /// When the server ends the connection itself (QUIT, an over-long line, a lagging
+    /// watcher, shutdown), the close is orderly: every reply is sent, then a FIN, then what
+    /// the client still sends is read and discarded for a moment, so the close does not turn
+    /// into a reset that destroys replies the client has not read yet. A connection that
+    /// failed (reset, or a client that stopped reading for the write timeout) is just dropped.
     pub async fn run(mut self) {
-        if let Err(e) = self.serve().await {
+        let closed = match self.serve().await {
+            Ok(()) => self.conn.close_write().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = closed {
             tracing::debug!(conn = self.id, error = %e, "connection ended");
+            return;
         }
-        let _ = self.conn.close().await;
+        // The client was told everything: its session leases end now, not after the drain.
+        self.release_sessions();
+        self.conn.drain().await;
     }
 
     async fn serve(&mut self) -> io::Result<()> {
@@ -166,13 +184,7 @@ impl Session {
                     .queue(Reply::Status(&name, status.as_ref()))
                     .await?;
             }
-            Request::Status { name: None } => {
-                let all = shared.status_all();
-                for status in &all {
-                    self.conn.queue(Reply::Info(status)).await?;
-                }
-                self.conn.queue(Reply::Count(all.len())).await?;
-            }
+            Request::Status { name: None } => return self.status_all().await,
             Request::Watch { name } => return self.watch(name).await,
             Request::Ping => self.conn.queue(Reply::Pong).await?,
             Request::Help => self.conn.queue(Reply::Help).await?,
@@ -302,60 +314,103 @@ impl Session {
         }
     }
 
+    /// STATUS of every lock: streamed from a snapshot shared with other STATUS requests, a
+    /// [`WRITE_CHUNK`](crate::connection::WRITE_CHUNK) at a time, so a client that does not
+    /// read holds a reference to the snapshot and a bounded buffer, never a copy of its own.
+    async fn status_all(&mut self) -> io::Result<Flow> {
+        let shared = Arc::clone(&self.shared);
+        let view = tokio::select! {
+            view = shared.status_snapshot() => view,
+            _ = self.shutdown.cancelled() => {
+                let e = ProtoError::new(ErrorCode::Shutdown, "server is shutting down");
+                self.conn.queue(Reply::Error(&e)).await?;
+                return Ok(Flow::Close);
+            }
+        };
+        for status in view.iter() {
+            self.conn.queue(Reply::Info(&status)).await?;
+        }
+        self.conn.queue(Reply::Count(view.len())).await?;
+        Ok(Flow::Continue)
+    }
+
     /// Streams events until the client or the server ends it.
+    ///
+    /// Events are taken from the broadcast as they come, whether or not the client reads, so
+    /// falling behind is noticed while a write is stuck: more than `--watch-buffer` events not
+    /// yet handed to the connection is `ERR LAGGED` and the end of the connection. Meanwhile
+    /// at most [`WATCH_OUTPUT`] bytes are formatted ahead, and the write timeout applies.
     async fn watch(&mut self, name: Option<String>) -> io::Result<Flow> {
         let mut events = self.shared.subscribe();
-        self.conn.send(Reply::Watching(name.as_deref())).await?;
+        self.conn.push(Reply::Watching(name.as_deref()));
+        let mut behind: VecDeque<Arc<Published>> = VecDeque::new();
         loop {
-            tokio::select! {
+            while self.conn.unsent() < WATCH_OUTPUT {
+                let Some(p) = behind.pop_front() else { break };
+                self.conn.push(Reply::Event(&p.event, p.unix_ms));
+            }
+            let lag = tokio::select! {
                 event = events.recv() => match event {
                     Ok(p) => {
                         if name.as_deref().is_none_or(|n| n == &*p.event.name) {
-                            self.conn.send(Reply::Event(&p.event, p.unix_ms)).await?;
+                            behind.push_back(p);
                         }
+                        (behind.len() > self.limits.watch_buffer).then_some(behind.len() as u64)
                     }
-                    Err(RecvError::Lagged(missed)) => {
-                        let e = ProtoError::new(ErrorCode::Lagged, format!(
-                            "watcher fell {missed} events behind; closing"
-                        ));
-                        self.conn.queue(Reply::Error(&e)).await?;
-                        return Ok(Flow::Close);
-                    }
+                    Err(RecvError::Lagged(missed)) => Some(behind.len() as u64 + missed),
                     Err(RecvError::Closed) => return Ok(Flow::Close),
                 },
-                frame = self.conn.read_frame(), if !self.conn.is_eof() => {
+                pumped = self.conn.pump(true) => {
+                    pumped?;
                     // A watch connection only streams; QUIT (or a bad line) ends it.
-                    match frame? {
-                        Frame::Eof => {}
-                        Frame::Line(line) if line.trim().eq_ignore_ascii_case("quit") => {
-                            self.conn.queue(Reply::Bye).await?;
-                            return Ok(Flow::Close);
+                    while let Some(frame) = self.conn.next_frame() {
+                        match frame {
+                            Frame::Eof => break,
+                            Frame::Line(line) if line.trim().eq_ignore_ascii_case("quit") => {
+                                self.conn.push(Reply::Bye);
+                                return Ok(Flow::Close);
+                            }
+                            Frame::TooLong => {
+                                self.conn.push(Reply::Error(&self.too_long()));
+                                return Ok(Flow::Close);
+                            }
+                            Frame::Line(_) | Frame::BadUtf8 => {}
                         }
-                        Frame::TooLong => {
-                            self.conn.queue(Reply::Error(&self.too_long())).await?;
-                            return Ok(Flow::Close);
-                        }
-                        Frame::Line(_) | Frame::BadUtf8 => {}
                     }
+                    None
                 }
                 _ = self.shutdown.cancelled() => {
                     let e = ProtoError::new(ErrorCode::Shutdown, "server is shutting down");
-                    self.conn.queue(Reply::Error(&e)).await?;
+                    self.conn.push(Reply::Error(&e));
                     return Ok(Flow::Close);
                 }
+            };
+            if let Some(behind) = lag {
+                let e = ProtoError::new(
+                    ErrorCode::Lagged,
+                    format!("watcher fell {behind} events behind; closing"),
+                );
+                self.conn.push(Reply::Error(&e));
+                return Ok(Flow::Close);
             }
         }
+    }
+
+    /// Ends the session leases this connection still holds: its client is gone. Not when
+    /// the server itself is shutting down: the session leases stay (with --data-dir they
+    /// come back as plain leases after the restart, so a holder such as `lockctl run` renews
+    /// and carries on).
+    fn release_sessions(&mut self) {
+        if !self.shutdown.is_cancelled() {
+            self.shared.drop_sessions(self.id, &self.leases);
+        }
+        self.leases.clear();
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // A connection closed by the server's own shutdown is not its client leaving: the
-        // session leases stay (with --data-dir they come back as plain leases after the
-        // restart, so a holder such as `lockctl run` renews and carries on).
-        if !self.shutdown.is_cancelled() {
-            self.shared.drop_sessions(self.id, &self.leases);
-        }
+        self.release_sessions();
     }
 }
 

@@ -140,6 +140,11 @@ impl Locks {
         std::mem::take(&mut self.effects)
     }
 
+    /// Whether effects are queued: after [`Locks::expire`], whether it changed anything.
+    pub fn has_effects(&self) -> bool {
+        !self.effects.is_empty()
+    }
+
     /// Appends the queued effects to `out`, keeping this table's buffer for reuse.
     pub fn drain_effects_into(&mut self, out: &mut Vec<Effect>) {
         out.append(&mut self.effects);
@@ -396,7 +401,7 @@ impl Locks {
 
     fn check_ttl(&self, ttl: Option<Duration>) -> Result<Duration, TableError> {
         let ttl = ttl.unwrap_or(self.limits.default_ttl);
-        if ttl.is_zero() || ttl > self.limits.max_ttl {
+        if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
             return Err(TableError::BadTtl {
                 max: self.limits.max_ttl,
             });

@@ -57,7 +57,7 @@ pub enum LockOutcome {
 /// Why a request changed nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TableError {
-    /// ttl is zero or above the maximum.
+    /// ttl is under [`crate::MIN_TTL`] or above the maximum.
     BadTtl { max: Duration },
     /// `wait=0` and the lock is held by someone else.
     WouldBlock { holder: Arc<str> },
@@ -74,7 +74,8 @@ impl fmt::Display for TableError {
         match self {
             TableError::BadTtl { max } => write!(
                 f,
-                "ttl must be more than 0 and at most {}",
+                "ttl must be at least {} and at most {}",
+                humantime::format_duration(crate::MIN_TTL),
                 humantime::format_duration(*max)
             ),
             TableError::WouldBlock { holder } => write!(f, "held by {holder}"),
