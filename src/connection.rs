@@ -22,7 +22,7 @@ use tokio::time::Instant;
 const READ_CHUNK: usize = 512;
 /// Replies are written out once this much is queued, so a long STATUS streams; also the
 /// amount a peer must take within each write timeout.
-pub const WRITE_CHUNK: usize = 64 * 1024;
+pub const WRITE_CHUNK: usize = 16 * 1024;
 /// At close, how long input the peer still sends is read and discarded (see
 /// [`Connection::close`]).
 const CLOSE_DRAIN_TIME: Duration = Duration::from_secs(1);
@@ -260,6 +260,20 @@ impl Connection {
             match tokio::time::timeout_at(deadline, self.stream.read(&mut sink)).await {
                 Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
                 Ok(Ok(n)) => left = left.saturating_sub(n),
+            }
+        }
+    }
+
+    /// Like [`Connection::drain`] without waiting: discards only the input that has already
+    /// arrived, for a close that must not wait (the server is stopping).
+    pub fn drain_arrived(&mut self) {
+        self.input.clear();
+        let mut left = CLOSE_DRAIN_BYTES;
+        let mut sink = [0u8; 4096];
+        while left > 0 {
+            match self.stream.try_read(&mut sink) {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
             }
         }
     }

@@ -55,7 +55,7 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..=1_048_576).map(|v| v as usize))]
     watch_buffer: usize,
 
-    /// How long a client may leave replies unread before it is disconnected: each 64 KiB
+    /// How long a client may leave replies unread before it is disconnected: each 16 KiB
     /// of a reply, event stream or STATUS answer must be taken within it.
     #[arg(long, env = "LOCKD_WRITE_TIMEOUT", default_value = "30s", value_parser = duration)]
     write_timeout: Duration,

@@ -40,7 +40,7 @@ pub struct Config {
     pub max_name: usize,
     /// Events a watcher may fall behind before `ERR LAGGED`.
     pub watch_buffer: usize,
-    /// How long a client may leave each 64 KiB of replies unread before it is disconnected.
+    /// How long a client may leave each 16 KiB of replies unread before it is disconnected.
     pub write_timeout: Duration,
     /// Most copies of the table that STATUS answers being sent may hold at once.
     pub status_copies: usize,
@@ -270,10 +270,7 @@ async fn refuse(mut stream: TcpStream, max: usize, drains: &Arc<Semaphore>, trac
                 drop(permit);
             });
         }
-        None => {
-            let mut sink = [0u8; 1024];
-            while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
-        }
+        None => Connection::new(stream, 0).drain_arrived(),
     }
 }
 

@@ -15,16 +15,13 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::{Connection, Frame};
+use crate::connection::{Connection, Frame, WRITE_CHUNK};
 use crate::locks::{ConnId, LockRequest, TableError, Token, WaitEnd, WaiterId};
 use crate::proto::{self, ErrorCode, ProtoError, Reply, Request};
 use crate::shared::{LockStart, Published, Shared, WaitResult};
 
 /// Session leases a connection may track before it prunes the ended ones.
 const SESSION_LEASES_PRUNE_AT: usize = 256;
-/// Bytes of events a watch connection formats ahead of what its client has taken; events
-/// past that wait as events (and count towards `--watch-buffer`).
-const WATCH_OUTPUT: usize = 16 * 1024;
 
 /// Whether to keep reading requests.
 #[derive(Debug, PartialEq, Eq)]
@@ -91,7 +88,12 @@ impl Session {
         }
         // The client was told everything: its session leases end now, not after the drain.
         self.release_sessions();
-        self.conn.drain().await;
+        if self.shutdown.is_cancelled() {
+            // Stopping: don't keep the server up for clients that leave their side open.
+            self.conn.drain_arrived();
+        } else {
+            self.conn.drain().await;
+        }
     }
 
     async fn serve(&mut self) -> io::Result<()> {
@@ -315,7 +317,7 @@ impl Session {
     }
 
     /// STATUS of every lock: streamed from a snapshot shared with other STATUS requests, a
-    /// [`WRITE_CHUNK`](crate::connection::WRITE_CHUNK) at a time, so a client that does not
+    /// [`WRITE_CHUNK`] at a time, so a client that does not
     /// read holds a reference to the snapshot and a bounded buffer, never a copy of its own.
     async fn status_all(&mut self) -> io::Result<Flow> {
         let shared = Arc::clone(&self.shared);
@@ -339,13 +341,13 @@ impl Session {
     /// Events are taken from the broadcast as they come, whether or not the client reads, so
     /// falling behind is noticed while a write is stuck: more than `--watch-buffer` events not
     /// yet handed to the connection is `ERR LAGGED` and the end of the connection. Meanwhile
-    /// at most [`WATCH_OUTPUT`] bytes are formatted ahead, and the write timeout applies.
+    /// at most a [`WRITE_CHUNK`] is formatted ahead, and the write timeout applies.
     async fn watch(&mut self, name: Option<String>) -> io::Result<Flow> {
         let mut events = self.shared.subscribe();
         self.conn.push(Reply::Watching(name.as_deref()));
         let mut behind: VecDeque<Arc<Published>> = VecDeque::new();
         loop {
-            while self.conn.unsent() < WATCH_OUTPUT {
+            while self.conn.unsent() < WRITE_CHUNK {
                 let Some(p) = behind.pop_front() else { break };
                 self.conn.push(Reply::Event(&p.event, p.unix_ms));
             }
