@@ -317,8 +317,8 @@ impl Session {
     }
 
     /// STATUS of every lock: streamed from a snapshot shared with other STATUS requests, a
-    /// [`WRITE_CHUNK`] at a time, so a client that does not
-    /// read holds a reference to the snapshot and a bounded buffer, never a copy of its own.
+    /// [`WRITE_CHUNK`] at a time, so a client that does not read holds a reference to the
+    /// snapshot and a bounded buffer, never a copy of its own.
     async fn status_all(&mut self) -> io::Result<Flow> {
         let shared = Arc::clone(&self.shared);
         let view = tokio::select! {
