@@ -56,6 +56,18 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..=1_048_576).map(|v| v as usize))]
     watch_buffer: usize,
 
+    /// How long a client may leave replies unread before it is disconnected: each 16 KiB
+    /// of a reply, event stream or STATUS answer must be taken within it.
+    #[arg(long, env = "LOCKD_WRITE_TIMEOUT", default_value = "30s", value_parser = duration)]
+    write_timeout: Duration,
+
+    /// Most copies of the lock table that STATUS answers being sent may hold at once (every
+    /// STATUS made while the table does not change shares one); a STATUS that needs another
+    /// waits until one is done.
+    #[arg(long, env = "LOCKD_STATUS_COPIES", default_value_t = lockd::DEFAULT_STATUS_COPIES,
+          value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
+    status_copies: usize,
+
     /// How long shutdown (SIGINT/SIGTERM) lets connections finish before closing them.
     #[arg(long, env = "LOCKD_SHUTDOWN_GRACE", default_value = "5s", value_parser = duration)]
     shutdown_grace: Duration,
@@ -122,8 +134,14 @@ fn duration(s: &str) -> Result<Duration, String> {
 
 impl Args {
     fn config(&self) -> Result<Config, String> {
-        if self.default_ttl.is_zero() || self.max_ttl.is_zero() {
-            return Err("--default-ttl and --max-ttl must be more than 0".into());
+        if self.default_ttl < lockd::MIN_TTL || self.max_ttl < lockd::MIN_TTL {
+            return Err(format!(
+                "--default-ttl and --max-ttl must be at least {}",
+                humantime::format_duration(lockd::MIN_TTL)
+            ));
+        }
+        if self.write_timeout.is_zero() {
+            return Err("--write-timeout must be more than 0".into());
         }
         if self.default_ttl > self.max_ttl {
             return Err("--default-ttl must not exceed --max-ttl".into());
@@ -147,6 +165,8 @@ impl Args {
             max_line: self.max_line,
             max_name: self.max_name,
             watch_buffer: self.watch_buffer,
+            write_timeout: self.write_timeout,
+            status_copies: self.status_copies,
             shutdown_grace: self.shutdown_grace,
             half_close_probe: self.half_close_probe,
             compat: self.compat.config(self.max_ttl)?,

@@ -143,6 +143,11 @@ impl Locks {
         std::mem::take(&mut self.effects)
     }
 
+    /// Whether effects are queued: after [`Locks::expire`], whether it changed anything.
+    pub fn has_effects(&self) -> bool {
+        !self.effects.is_empty()
+    }
+
     /// Appends the queued effects to `out`, keeping this table's buffer for reuse.
     pub fn drain_effects_into(&mut self, out: &mut Vec<Effect>) {
         out.append(&mut self.effects);
@@ -420,6 +425,23 @@ impl Locks {
         Some(status_of(self.clock, now, entry))
     }
 
+    /// The first `max` waiters of `name`, in the order they will be granted.
+    pub fn queue(&mut self, now: Instant, name: &str, max: usize) -> Vec<WaiterStatus> {
+        self.expire(now);
+        let Some(queue) = self.entry(name).and_then(|e| e.queue.as_deref()) else {
+            return Vec::new();
+        };
+        queue
+            .values()
+            .take(max)
+            .map(|w| WaiterStatus {
+                id: Arc::clone(&w.id),
+                waited: self.clock.held(now, w.queued),
+                session: w.session.is_some(),
+            })
+            .collect()
+    }
+
     /// STATUS of every held name, in no particular order.
     pub fn status_all(&mut self, now: Instant) -> Vec<LockStatus> {
         self.expire(now);
@@ -465,7 +487,7 @@ impl Locks {
 
     fn check_ttl(&self, ttl: Option<Duration>) -> Result<Duration, TableError> {
         let ttl = ttl.unwrap_or(self.limits.default_ttl);
-        if ttl.is_zero() || ttl > self.limits.max_ttl {
+        if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
             return Err(TableError::BadTtl {
                 max: self.limits.max_ttl,
             });

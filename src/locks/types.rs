@@ -68,7 +68,7 @@ pub enum LockOutcome {
 /// Why a request changed nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TableError {
-    /// ttl is zero or above the maximum.
+    /// ttl is under [`crate::MIN_TTL`] or above the maximum.
     BadTtl { max: Duration },
     /// A session lease's grace is above the maximum ttl.
     BadGrace { max: Duration },
@@ -87,7 +87,8 @@ impl fmt::Display for TableError {
         match self {
             TableError::BadTtl { max } => write!(
                 f,
-                "ttl must be more than 0 and at most {}",
+                "ttl must be at least {} and at most {}",
+                humantime::format_duration(crate::MIN_TTL),
                 humantime::format_duration(*max)
             ),
             TableError::BadGrace { max } => write!(
@@ -204,6 +205,16 @@ pub struct RestoredLease {
     pub token: Token,
     pub ttl: Duration,
     pub deadline: Instant,
+}
+
+/// One waiter of a lock, in queue order, for `STATUS <name> detail`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaiterStatus {
+    pub id: Arc<str>,
+    /// How long it has waited so far.
+    pub waited: Duration,
+    /// It asked for a session lease.
+    pub session: bool,
 }
 
 /// A snapshot of one lock, for STATUS.
