@@ -38,8 +38,15 @@ pub struct ManPage<'a> {
 pub fn man(cmd: clap::Command, page: &ManPage, out: &mut dyn Write) -> io::Result<()> {
     let mut cmd = cmd.disable_help_subcommand(true);
     cmd.build();
-    let version = cmd.get_version().unwrap_or_default().to_owned();
-    let source = format!("{} {version}", cmd.get_name());
+    // A subcommand has no version of its own: it is the package's, as the binaries' is.
+    let version = cmd
+        .get_version()
+        .unwrap_or(env!("CARGO_PKG_VERSION"))
+        .to_owned();
+    // The program, also on a subcommand's page ("lockctl run" is lockctl's).
+    let program = cmd.get_bin_name().unwrap_or(cmd.get_name());
+    let program = program.split(' ').next().unwrap_or(program);
+    let source = format!("{program} {version}");
     // Clap's after-help is a plain-text rendering of what the sections below say in roff, and
     // its VERSION section would come before them: both are left out.
     let mut cmd = cmd
