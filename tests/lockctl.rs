@@ -551,31 +551,6 @@ async fn a_command_without_double_dash_is_pointed_to_it() {
     assert!(!std::path::Path::new(ran).exists());
 }
 
-/// Reads stderr lines until one contains `needle`; returns it.
-async fn line_with(
-    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
-    needle: &str,
-) -> String {
-    let mut seen = String::new();
-    loop {
-        match timeout(GUARD, lines.next_line()).await {
-            Ok(Ok(Some(line))) if line.contains(needle) => return line,
-            Ok(Ok(Some(line))) => {
-                seen.push_str(&line);
-                seen.push('\n');
-            }
-            other => panic!("no line with {needle:?} ({other:?}); saw:\n{seen}"),
-        }
-    }
-}
-
-fn stderr_lines(
-    child: &mut Child,
-) -> tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>> {
-    use tokio::io::AsyncBufReadExt as _;
-    tokio::io::BufReader::new(child.stderr.take().unwrap()).lines()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_verbose_says_who_it_waits_behind_its_token_each_renewal_and_the_release() {
     let d = lockd().await;

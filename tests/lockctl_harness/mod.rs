@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockd::client::Client;
 use lockd::server::{self, Config};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -165,6 +165,28 @@ pub fn now_ms() -> u128 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis()
+}
+
+/// What lockctl writes to stderr, line by line.
+pub type StderrLines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>;
+
+/// Reads stderr lines until one contains `needle`; returns it.
+pub async fn line_with(lines: &mut StderrLines, needle: &str) -> String {
+    let mut seen = String::new();
+    loop {
+        match timeout(GUARD, lines.next_line()).await {
+            Ok(Ok(Some(line))) if line.contains(needle) => return line,
+            Ok(Ok(Some(line))) => {
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            other => panic!("no line with {needle:?} ({other:?}); saw:\n{seen}"),
+        }
+    }
+}
+
+pub fn stderr_lines(child: &mut Child) -> StderrLines {
+    tokio::io::BufReader::new(child.stderr.take().unwrap()).lines()
 }
 
 /// Forwards connections to lockd, until told to break the network between the two.
