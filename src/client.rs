@@ -8,7 +8,7 @@ use tokio::net::TcpStream;
 
 use crate::connection::{Connection, Frame};
 use crate::locks::Token;
-use crate::proto::{self, ErrorCode, ProtoError, ReplyLine, Request};
+use crate::proto::{self, ErrorCode, ProtoError, ReplyLine, Request, Tie};
 
 /// Longest reply line a client accepts.
 const MAX_REPLY: usize = 64 * 1024;
@@ -63,27 +63,6 @@ impl From<ProtoError> for ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
-/// How a LOCK's wait and lease are tied to the connection that asks (proto.md, LOCK).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tie {
-    /// Neither: a client that goes away while waiting can still be granted the lock.
-    Plain,
-    /// `detach`: the wait ends with the connection; the lease, once granted, outlives it.
-    Detach,
-    /// `session` (a zero grace) or `session=<grace>`: the wait ends with the connection, and
-    /// the lease `grace` after it unless its token is renewed within the grace.
-    Session(Duration),
-}
-
-/// The options of a LOCK.
-#[derive(Clone, Copy, Debug)]
-pub struct LockOptions {
-    pub ttl: Option<Duration>,
-    /// `None` waits as long as it takes.
-    pub wait: Option<Duration>,
-    pub tie: Tie,
-}
-
 /// One connection to lockd.
 pub struct Client {
     conn: Connection,
@@ -132,7 +111,7 @@ impl Client {
         id: &str,
         ttl: Option<Duration>,
         wait: Option<Duration>,
-        session: bool,
+        tie: Tie,
     ) -> Result<Token> {
         let reply = self
             .request(&Request::Lock {
@@ -140,35 +119,9 @@ impl Client {
                 id: id.into(),
                 ttl,
                 wait,
-                session,
+                tie,
             })
             .await?;
-        reply
-            .parse()
-            .map_err(|_| ClientError::Unexpected(format!("OK {reply}")))
-    }
-
-    /// LOCK with any of its options; returns the fencing token.
-    pub async fn lock_with(&mut self, name: &str, id: &str, opts: &LockOptions) -> Result<Token> {
-        proto::validate_name("name", name)?;
-        proto::validate_name("id", id)?;
-        let mut line = format!("LOCK {name} {id}");
-        if let Some(ttl) = opts.ttl {
-            line.push_str(&format!(" ttl={}ms", ttl.as_millis().max(1)));
-        }
-        if let Some(wait) = opts.wait {
-            line.push_str(&format!(" wait={}ms", wait.as_millis()));
-        }
-        match opts.tie {
-            Tie::Plain => {}
-            Tie::Detach => line.push_str(" detach"),
-            Tie::Session(grace) if grace.is_zero() => line.push_str(" session"),
-            Tie::Session(grace) => {
-                line.push_str(&format!(" session={}ms", grace.as_millis().max(1)))
-            }
-        }
-        self.conn.send(line).await?;
-        let reply = self.read_ok().await?;
         reply
             .parse()
             .map_err(|_| ClientError::Unexpected(format!("OK {reply}")))

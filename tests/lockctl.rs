@@ -5,6 +5,7 @@ mod lockctl_harness;
 
 use std::time::Duration;
 
+use lockd::proto::Tie;
 use tokio::io::AsyncReadExt as _;
 use tokio::net::TcpListener;
 use tokio::process::Child;
@@ -75,7 +76,7 @@ async fn nonblock_gives_the_conflict_code_and_runs_nothing() {
     let ran = dir.join("ran");
     let mut holder = d.client().await;
     holder
-        .lock("busy", "other", None, None, false)
+        .lock("busy", "other", None, None, Tie::Plain)
         .await
         .unwrap();
     let touch = format!("touch {}", ran.display());
@@ -97,7 +98,7 @@ async fn wait_gives_up_after_its_time() {
     let ran = dir.join("ran");
     let mut holder = d.client().await;
     holder
-        .lock("busy", "other", None, None, false)
+        .lock("busy", "other", None, None, Tie::Plain)
         .await
         .unwrap();
     let touch = format!("touch {}", ran.display());
@@ -318,7 +319,13 @@ async fn status_prints_a_table_and_json() {
     let d = lockd().await;
     let mut c = d.client().await;
     let token = c
-        .lock("db", "h\"x", Some(Duration::from_secs(60)), None, false)
+        .lock(
+            "db",
+            "h\"x",
+            Some(Duration::from_secs(60)),
+            None,
+            Tie::Plain,
+        )
         .await
         .unwrap();
     let out = output(d.lockctl(&["status", "--json"])).await;
@@ -363,7 +370,7 @@ async fn watch_prints_events_until_interrupted() {
     let give_up = Instant::now() + GUARD;
     while seen.lines().count() < 2 {
         assert!(Instant::now() < give_up, "no events: {seen:?}");
-        let token = c.lock("w", "me", None, None, false).await.unwrap();
+        let token = c.lock("w", "me", None, None, Tie::Plain).await.unwrap();
         c.unlock("w", token).await.unwrap();
         let mut buf = [0u8; 1024];
         if let Ok(Ok(n)) = timeout(Duration::from_millis(200), stdout.read(&mut buf)).await {
@@ -555,7 +562,10 @@ async fn a_command_without_double_dash_is_pointed_to_it() {
 async fn run_verbose_says_who_it_waits_behind_its_token_each_renewal_and_the_release() {
     let d = lockd().await;
     let mut first = d.client().await;
-    let t1 = first.lock("v", "first", None, None, false).await.unwrap();
+    let t1 = first
+        .lock("v", "first", None, None, Tie::Plain)
+        .await
+        .unwrap();
     let dir = scratch("verbose");
     let go = dir.join("go");
     let script = format!("while [ ! -e {} ]; do sleep 0.05; done", go.display());
@@ -588,7 +598,10 @@ async fn run_verbose_says_who_it_waits_behind_its_token_each_renewal_and_the_rel
 async fn acquire_renew_release_verbose() {
     let d = lockd().await;
     let mut first = d.client().await;
-    let t1 = first.lock("av", "first", None, None, false).await.unwrap();
+    let t1 = first
+        .lock("av", "first", None, None, Tie::Plain)
+        .await
+        .unwrap();
     let mut child = spawn(d.lockctl(&["-v", "acquire", "av", "--ttl", "1m"]));
     let mut err = stderr_lines(&mut child);
     let waiting = line_with(&mut err, "waiting for av").await;
@@ -662,7 +675,7 @@ async fn watch_json_prints_one_object_per_event() {
     let give_up = Instant::now() + GUARD;
     while !seen.contains(r#""event":"released""#) {
         assert!(Instant::now() < give_up, "no events: {seen:?}");
-        let token = c.lock(name, "me", None, None, false).await.unwrap();
+        let token = c.lock(name, "me", None, None, Tie::Plain).await.unwrap();
         c.unlock(name, token).await.unwrap();
         let mut buf = [0u8; 4096];
         if let Ok(Ok(n)) = timeout(Duration::from_millis(200), stdout.read(&mut buf)).await {

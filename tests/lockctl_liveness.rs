@@ -9,6 +9,7 @@ mod lockctl_harness;
 use std::time::Duration;
 
 use lockd::client::Client;
+use lockd::proto::Tie;
 use tokio::time::{sleep, timeout, Instant};
 
 use lockctl_harness::*;
@@ -34,14 +35,18 @@ async fn acquire_killed_while_waiting_never_gets_the_lock() {
     for sig in [libc::SIGTERM, libc::SIGKILL] {
         let mut holder = d.client().await;
         let t = holder
-            .lock("ci", "holder", None, None, false)
+            .lock("ci", "holder", None, None, Tie::Plain)
             .await
             .unwrap();
         let mut cancelled = spawn(d.lockctl(&["acquire", "ci", "--ttl", "30m", "--id", "gone"]));
         wait_waiters(&d, "ci", 1).await;
         signal(&cancelled, sig);
         let _ = timeout(GUARD, cancelled.wait()).await.unwrap();
+        // It leaves the queue at once. (Waiting for that keeps the test to what lockctl does:
+        // a release at the very moment of the kill is the server's race to win.)
+        wait_waiters(&d, "ci", 0).await;
         let next = spawn(d.lockctl(&["acquire", "ci", "--ttl", "30m", "--id", "next"]));
+        wait_waiters(&d, "ci", 1).await;
         holder.unlock("ci", t).await.unwrap();
         // Were the lock the killed job's, `next` would wait 30 minutes.
         let out = finish(next).await;

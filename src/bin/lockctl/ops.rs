@@ -1,7 +1,7 @@
 //! The one-request commands: acquire, release, renew.
 
-use lockd::client::{ClientError, LockOptions, Tie};
-use lockd::proto::ErrorCode;
+use lockd::client::ClientError;
+use lockd::proto::{ErrorCode, Tie};
 
 use crate::cli::{AcquireArgs, RenewArgs, TokenArgs};
 use crate::fail::{Failure, LOST};
@@ -16,16 +16,12 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
         return Err(Failure::usage("--ttl must be more than 0"));
     }
     let mut client = server.connect().await?;
-    let opts = LockOptions {
-        ttl: args.ttl,
-        wait: args.wait.server_wait(),
-        tie: Tie::Detach,
-    };
+    let wait = args.wait.server_wait();
     let reply = say_if_waiting(
         server,
         &args.name,
         id,
-        client.lock_with(&args.name, id, &opts),
+        client.lock(&args.name, id, args.ttl, wait, Tie::Detach),
     )
     .await;
     match reply {

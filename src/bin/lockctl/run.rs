@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use lockd::client::{Client, ClientError, LockOptions, Tie};
+use lockd::client::{Client, ClientError};
 use lockd::locks::Token;
-use lockd::proto::ErrorCode;
+use lockd::proto::{ErrorCode, Tie};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::child::{exit_code, Child, Program, Signals};
@@ -165,20 +165,17 @@ async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
     let started = Instant::now();
     let mut client = server.connect().await?;
     loop {
-        let opts = LockOptions {
-            ttl: Some(ask.ttl),
-            wait: ask
-                .wait
-                .server_wait()
-                .map(|w| w.saturating_sub(started.elapsed())),
-            tie: Tie::Session(ask.session_grace),
-        };
+        let wait = ask
+            .wait
+            .server_wait()
+            .map(|w| w.saturating_sub(started.elapsed()));
+        let tie = Tie::Session(ask.session_grace);
         let sent = Instant::now();
         let reply = say_if_waiting(
             server,
             ask.name,
             ask.id,
-            client.lock_with(ask.name, ask.id, &opts),
+            client.lock(ask.name, ask.id, Some(ask.ttl), wait, tie),
         )
         .await;
         match reply {
