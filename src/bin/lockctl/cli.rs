@@ -129,16 +129,17 @@ pub struct Cli {
     pub verbose: bool,
 
     /// Print shell completions for SHELL (bash, zsh, fish, ...) and exit.
-    #[arg(long, value_name = "SHELL")]
+    #[arg(long, value_name = "SHELL", group = "docs")]
     pub completions: Option<clap_complete::Shell>,
 
     /// Print a man page (roff) and exit: lockctl(1), or with COMMAND that command's page, as
     /// `lockctl --man run` for lockctl-run(1).
-    #[arg(long, value_name = "COMMAND", num_args = 0..=1, default_missing_value = "lockctl")]
+    #[arg(long, value_name = "COMMAND", num_args = 0..=1, default_missing_value = "lockctl",
+          group = "docs")]
     pub man: Option<String>,
 
     /// Write every man page (lockctl.1 and lockctl-<command>.1) into DIR and exit.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", group = "docs")]
     pub man_dir: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
