@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use lockd::http::Endpoint;
 use lockd::locks::Limits;
 use lockd::server::{self, Config};
 
@@ -71,6 +72,25 @@ struct Args {
     #[arg(long, env = "LOCKD_DATA_DIR")]
     data_dir: Option<PathBuf>,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (the process is up)
+    /// and /readyz (ready to grant: state recovered, data directory writable). Off by default.
+    #[arg(long, env = "LOCKD_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<String>,
+
+    /// Lock names that get series of their own in /metrics (lockd_lock_holders,
+    /// lockd_lock_waiters, lockd_lock_held_seconds), comma-separated; at most 100.
+    #[arg(
+        long,
+        env = "LOCKD_METRICS_NAMES",
+        value_delimiter = ',',
+        value_name = "NAMES"
+    )]
+    metrics_names: Vec<String>,
+
+    /// Log format on stderr: text (for people) or json (one object per line, for machines).
+    #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     /// More logging: -v logs every grant, release and expiry; -vv and -vvv more still.
     /// RUST_LOG, when set, takes precedence.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -110,7 +130,10 @@ const MAN_PAGE: lockd::docgen::ManPage = lockd::docgen::ManPage {
     )],
     exit_status: &[
         ("0", "shut down cleanly (SIGINT or SIGTERM)"),
-        ("1", "cannot listen on the address, or the server failed"),
+        (
+            "1",
+            "cannot listen on an address (--listen, --metrics-listen), or the server failed",
+        ),
         ("2", "usage error: a bad flag or flag value"),
     ],
     see_also: &["lockctl(1)"],
@@ -133,6 +156,15 @@ fn docs(args: &Args) -> Option<std::io::Result<()>> {
     )
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Most names `--metrics-names` may list: each adds series to every scrape.
+const MAX_METRICS_NAMES: usize = 100;
+
 fn duration(s: &str) -> Result<Duration, String> {
     lockd::proto::parse_duration("duration", s).map_err(|e| e.message)
 }
@@ -144,6 +176,15 @@ impl Args {
         }
         if self.default_ttl > self.max_ttl {
             return Err("--default-ttl must not exceed --max-ttl".into());
+        }
+        if self.metrics_names.len() > MAX_METRICS_NAMES {
+            return Err(format!(
+                "--metrics-names lists {} names; at most {MAX_METRICS_NAMES}",
+                self.metrics_names.len()
+            ));
+        }
+        for name in &self.metrics_names {
+            lockd::proto::validate_name("--metrics-names entry", name).map_err(|e| e.message)?;
         }
         Ok(Config {
             limits: Limits {
@@ -159,6 +200,7 @@ impl Args {
             half_close_probe: self.half_close_probe,
             compat: self.compat.config(self.max_ttl)?,
             data_dir: self.data_dir.clone(),
+            endpoint: None,
         })
     }
 }
@@ -199,7 +241,7 @@ fn raise_fd_limit(max_connections: usize) {
 #[cfg(not(unix))]
 fn raise_fd_limit(_max_connections: usize) {}
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, format: LogFormat) {
     let default = match verbose {
         0 => "warn,lockd::server=info,lockd::compat=info",
         1 => "info",
@@ -207,11 +249,16 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // Fields at the top level of each object, so `jq .name` finds them.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 }
 
 /// Cancels `token` on the first SIGINT or SIGTERM.
@@ -247,8 +294,8 @@ async fn main() -> ExitCode {
             }
         };
     }
-    init_logging(args.verbose);
-    let config = match args.config() {
+    init_logging(args.verbose, args.log_format);
+    let mut config = match args.config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockd: {e}");
@@ -268,6 +315,26 @@ async fn main() -> ExitCode {
         }
     };
     let shutdown = CancellationToken::new();
+    if let Some(addr) = &args.metrics_listen {
+        let metrics_listener = match TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("lockd: cannot listen for metrics on {addr}: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        if let Ok(addr) = metrics_listener.local_addr() {
+            tracing::info!(%addr, "serving metrics");
+        }
+        let endpoint = Endpoint::new(args.metrics_names.clone());
+        config.endpoint = Some(endpoint.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = endpoint.run(metrics_listener, stop).await {
+                tracing::error!(error = %e, "the metrics endpoint failed");
+            }
+        });
+    }
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     match server::run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,7 +14,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
+use crate::http::Endpoint;
 use crate::locks::Limits;
+use crate::metrics::{Metrics, Protocol};
 use crate::proto::{ErrorCode, ProtoError, Reply};
 use crate::session::{Session, SessionLimits};
 use crate::shared::{self, Shared};
@@ -44,6 +46,8 @@ pub struct Config {
     pub compat: Option<CompatConfig>,
     /// Where state is kept durably (`--data-dir`); `None` keeps it in memory only.
     pub data_dir: Option<PathBuf>,
+    /// The operators' HTTP endpoint, told when the server is ready and when it stops.
+    pub endpoint: Option<Endpoint>,
 }
 
 impl Default for Config {
@@ -58,6 +62,7 @@ impl Default for Config {
             half_close_probe: crate::DEFAULT_HALF_CLOSE_PROBE,
             compat: None,
             data_dir: None,
+            endpoint: None,
         }
     }
 }
@@ -87,6 +92,7 @@ pub async fn run(
         config.limits.clone(),
         shared::first_token(),
         config.watch_buffer,
+        Arc::new(Metrics::new()),
     );
     serve(config, shared, listener, shutdown).await
 }
@@ -99,9 +105,10 @@ async fn run_durable(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
+    let metrics = Arc::new(Metrics::new());
     let (mut store, recovered) = {
-        let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || Store::open(&dir))
+        let (dir, metrics) = (dir.to_path_buf(), Arc::clone(&metrics));
+        tokio::task::spawn_blocking(move || Store::open(&dir, metrics))
             .await
             .map_err(io::Error::other)??
     };
@@ -111,6 +118,7 @@ async fn run_durable(
         config.watch_buffer,
         store.journal(),
         &recovered,
+        metrics,
     );
     tracing::info!(dir = %dir.display(), leases = shared.status_all().len(), "state restored");
     let stop = shutdown.child_token();
@@ -156,6 +164,9 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "listening");
     }
+    if let Some(endpoint) = &config.endpoint {
+        endpoint.serving(&shared);
+    }
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -187,6 +198,7 @@ pub async fn serve(
                     shutdown.clone(),
                 );
                 let force = force.clone();
+                let counted = shared.metrics().connection(Protocol::Line);
                 tracker.spawn(async move {
                     // Past the shutdown grace, the session is dropped wherever it is, even
                     // in a write to a client that never reads.
@@ -194,10 +206,11 @@ pub async fn serve(
                         _ = session.run() => {}
                         _ = force.cancelled() => {}
                     }
-                    drop(permit);
+                    drop((permit, counted));
                 });
             }
             Err(_) => {
+                shared.metrics().refused(ErrorCode::Limit);
                 tracing::warn!(
                     max = config.max_connections,
                     "connection limit reached; refusing a connection"
@@ -213,6 +226,9 @@ pub async fn serve(
         }
     }
     drop(listener);
+    if let Some(endpoint) = &config.endpoint {
+        endpoint.stopping();
+    }
     tracker.close();
     tracing::info!("shutting down");
     if tokio::time::timeout(config.shutdown_grace, tracker.wait())

@@ -23,6 +23,7 @@ use crate::locks::{
     Change, ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
     TableError, Token, WaitEnd, WaiterId,
 };
+use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Stopped};
 
 /// How a queued LOCK ends.
@@ -80,6 +81,7 @@ pub struct Shared {
     next_conn: AtomicU64,
     /// Where changes go to be made durable; `None` keeps everything in memory.
     journal: Option<Journal>,
+    metrics: Arc<Metrics>,
 }
 
 /// The current time as the table counts it. Tokio's clock, so paused-time tests drive leases.
@@ -106,8 +108,13 @@ fn unix_ms() -> u64 {
 
 impl Shared {
     /// A table with these limits; watchers may fall `watch_buffer` events behind.
-    pub fn new(limits: Limits, first_token: Token, watch_buffer: usize) -> Arc<Self> {
-        Self::build(Locks::new(limits, first_token), watch_buffer, None)
+    pub fn new(
+        limits: Limits,
+        first_token: Token,
+        watch_buffer: usize,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Self::build(Locks::new(limits, first_token), watch_buffer, None, metrics)
     }
 
     /// Like [`Shared::new`], on the state a data directory held, recording every change to
@@ -118,6 +125,7 @@ impl Shared {
         watch_buffer: usize,
         journal: Journal,
         recovered: &Recovered,
+        metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let mut table = Locks::new(limits, first_token);
         table.raise_next_token(recovered.next_token);
@@ -126,10 +134,15 @@ impl Shared {
             table.restore(at, lease);
         }
         table.journal_changes();
-        Self::build(table, watch_buffer, Some(journal))
+        Self::build(table, watch_buffer, Some(journal), metrics)
     }
 
-    fn build(table: Locks, watch_buffer: usize, journal: Option<Journal>) -> Arc<Self> {
+    fn build(
+        table: Locks,
+        watch_buffer: usize,
+        journal: Option<Journal>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         let (events, _) = broadcast::channel(watch_buffer.max(1));
         Arc::new(Shared {
             inner: Mutex::new(Inner {
@@ -143,7 +156,23 @@ impl Shared {
             events,
             next_conn: AtomicU64::new(1),
             journal,
+            metrics,
         })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Ready to grant: with a data directory, its writer has not failed.
+    pub fn ready(&self) -> bool {
+        self.journal.as_ref().is_none_or(|j| !j.is_failed())
+    }
+
+    /// Held locks and queued waiters, for the metrics scrape.
+    pub fn counts(&self) -> (usize, usize) {
+        let g = self.guard();
+        (g.table.len(), g.waiting.len())
     }
 
     /// Waits until every change made so far is on disk: call it after a change and before
@@ -367,6 +396,7 @@ impl Shared {
         }
         for event in &events {
             log_event(event);
+            self.metrics.lease_event(event);
         }
     }
 
@@ -399,10 +429,22 @@ impl Shared {
 
 fn log_event(e: &Event) {
     let (name, id, token) = (&*e.name, &*e.id, e.token);
+    let held_ms = e.held.as_millis() as u64;
     match e.kind {
-        EventKind::Acquired => tracing::info!(name, id, token, "granted"),
-        EventKind::Released => tracing::info!(name, id, token, "released"),
-        EventKind::Expired => tracing::info!(name, id, token, "lease expired"),
-        EventKind::Dropped => tracing::info!(name, id, token, "session closed, released"),
+        EventKind::Acquired => match e.waited {
+            Some(waited) => {
+                let waited_ms = waited.as_millis() as u64;
+                tracing::info!(name, id, token, waited_ms, "granted")
+            }
+            None => tracing::info!(name, id, token, waited_ms = 0u64, "granted"),
+        },
+        EventKind::Released => tracing::info!(name, id, token, held_ms, "released"),
+        EventKind::Expired => tracing::info!(name, id, token, held_ms, "lease expired"),
+        EventKind::Dropped => {
+            tracing::info!(name, id, token, held_ms, "session closed, released")
+        }
+        EventKind::Revoked => {
+            tracing::info!(name, id, token, "grant taken back: the waiter was gone")
+        }
     }
 }

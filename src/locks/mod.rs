@@ -14,9 +14,9 @@
 //!
 //! # Layout: memory per held lock
 //! A server may hold a million locks, so the table is laid out to cost under 256 bytes of heap
-//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 195 B at 200,000
-//! locks and 215 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
-//! - the entries live in a `Slab` of 80-byte slots, grown 4096 slots at a time and reused
+//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 202 B at 200,000
+//! locks and 222 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
+//! - the entries live in a `Slab` of 88-byte slots, grown 4096 slots at a time and reused
 //!   once freed; a `HashMap<Arc<str>, u32>` (24-byte buckets) maps a name to its slot. A hash
 //!   map of whole entries would pay its spare buckets (up to half the table) at entry size.
 //! - the name is one `Arc<str>`, shared by the index key, the entry and every event;
@@ -112,6 +112,7 @@ impl Locks {
             ttl: nanos(lease.ttl.min(self.limits.max_ttl)),
             // Past 584 years from now: as good as never.
             deadline: self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
+            granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
             bond: Bond::Plain,
@@ -187,13 +188,14 @@ impl Locks {
                 token: 0,
                 ttl: nanos(ttl),
                 deadline: deadline_ticks,
+                granted: self.clock.ticks(now).unwrap_or(0),
                 conn: 0,
                 grace_ms: 0,
                 bond: Bond::Plain,
             };
             holder.bind(req.session, req.conn);
             let slot = self.add_entry(req.name.into(), holder).ok_or(too_many)?;
-            let token = self.start_lease(slot, deadline);
+            let token = self.start_lease(slot, deadline, None);
             return Ok(LockOutcome::Granted { token, deadline });
         };
         let Some(entry) = self.slab.get_mut(slot) else {
@@ -283,6 +285,7 @@ impl Locks {
                 session: req.session,
                 conn: req.conn,
                 deadline: wait_deadline,
+                queued: self.clock.ticks(now).unwrap_or(0),
             },
         );
         if let Some(at) = wait_deadline {
@@ -346,7 +349,7 @@ impl Locks {
     /// is granted. `NotHeld` if `token` is not the live lease.
     pub fn revoke(&mut self, now: Instant, name: &str, token: Token) -> Result<(), TableError> {
         self.expire(now);
-        self.end_lease(now, name, token, EventKind::Dropped, None)
+        self.end_lease(now, name, token, EventKind::Revoked, None)
     }
 
     /// RENEW on connection `conn`: a new deadline `ttl` (or the lease's own ttl) from now. A
@@ -524,8 +527,8 @@ impl Locks {
     }
 
     /// Gives the holder in `slot` the next token and starts its lease (timer, journal,
-    /// Acquired event); returns the token.
-    fn start_lease(&mut self, slot: u32, deadline: Instant) -> Token {
+    /// Acquired event, which says how long it `waited` in the queue); returns the token.
+    fn start_lease(&mut self, slot: u32, deadline: Instant, waited: Option<Duration>) -> Token {
         let token = self.next_token;
         let Some(entry) = self.slab.get_mut(slot) else {
             return token;
@@ -549,6 +552,8 @@ impl Locks {
             name: Arc::clone(&entry.name),
             id: Arc::clone(&holder.id),
             token,
+            held: Duration::ZERO,
+            waited,
         }));
         token
     }
@@ -591,11 +596,14 @@ impl Locks {
         let next = pop_first_waiter(&mut entry.queue);
         let Some(next) = next else {
             if let Some(Entry { name, holder, .. }) = self.remove_entry(slot) {
+                let held = self.clock.held(now, holder.granted);
                 self.effects.push(Effect::Event(Event {
                     kind,
                     name,
                     id: holder.id,
                     token: holder.token,
+                    held,
+                    waited: None,
                 }));
             }
             return;
@@ -610,6 +618,7 @@ impl Locks {
             token: 0,
             ttl: nanos(next.ttl),
             deadline: deadline_ticks,
+            granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
             bond: Bond::Plain,
@@ -622,12 +631,15 @@ impl Locks {
             name: Arc::clone(&name),
             id: old.id,
             token: old.token,
+            held: self.clock.held(now, old.granted),
+            waited: None,
         }));
         self.waiters.remove(&next.waiter);
         if let Some(at) = next.deadline {
             self.timers.remove(&(at, Timer::Wait(next.waiter)));
         }
-        let token = self.start_lease(slot, deadline);
+        let waited = self.clock.held(now, next.queued);
+        let token = self.start_lease(slot, deadline, Some(waited));
         // The grant goes before the Acquired event, so a watcher never sees a holder whose
         // client has not been told.
         let acquired = self.effects.pop();
@@ -698,6 +710,7 @@ fn status_of(clock: Clock, now: Instant, entry: &Entry) -> LockStatus {
         holder: Arc::clone(&entry.holder.id),
         token: entry.holder.token,
         remaining: deadline.saturating_duration_since(now),
+        held: clock.held(now, entry.holder.granted),
         session: entry.holder.bond != Bond::Plain,
         waiters: entry.queue.as_ref().map_or(0, |q| q.len()),
     }

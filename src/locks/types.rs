@@ -120,8 +120,11 @@ pub enum EventKind {
     Acquired,
     Released,
     Expired,
-    /// A session lease ended because its connection closed.
+    /// A session lease ended because its connection closed (at once, or after its grace).
     Dropped,
+    /// A grant was taken back: its waiter was gone before it could read it. Shown to
+    /// clients as `dropped` too; told apart for metrics and logs.
+    Revoked,
 }
 
 impl EventKind {
@@ -130,7 +133,7 @@ impl EventKind {
             EventKind::Acquired => "acquired",
             EventKind::Released => "released",
             EventKind::Expired => "expired",
-            EventKind::Dropped => "dropped",
+            EventKind::Dropped | EventKind::Revoked => "dropped",
         }
     }
 }
@@ -142,6 +145,11 @@ pub struct Event {
     pub name: Arc<str>,
     pub id: Arc<str>,
     pub token: Token,
+    /// How long the lease had been held when it ended (zero for `Acquired`).
+    pub held: Duration,
+    /// For `Acquired` after waiting in the queue: how long the request waited. `None` for a
+    /// grant made at once, and for the other kinds.
+    pub waited: Option<Duration>,
 }
 
 /// Work for the caller, in the order it must happen.
@@ -205,6 +213,8 @@ pub struct LockStatus {
     pub holder: Arc<str>,
     pub token: Token,
     pub remaining: Duration,
+    /// How long the holder has held it (since its grant, or since a restart restored it).
+    pub held: Duration,
     pub session: bool,
     pub waiters: usize,
 }
