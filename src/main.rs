@@ -109,14 +109,63 @@ struct Args {
     verbose: u8,
 
     /// Print shell completions for SHELL (bash, zsh, fish, ...) and exit.
-    #[arg(long, value_name = "SHELL")]
+    #[arg(long, value_name = "SHELL", group = "docs")]
     completions: Option<clap_complete::Shell>,
 
     /// Print the man page (roff) and exit.
-    #[arg(long)]
+    #[arg(long, group = "docs")]
     man: bool,
+
+    /// Write the man page (lockd.1) into DIR and exit.
+    #[arg(long, value_name = "DIR", group = "docs")]
+    man_dir: Option<PathBuf>,
     #[command(flatten)]
     compat: lockd::compat::CompatArgs,
+}
+
+/// What lockd's man page says beyond its flags.
+const MAN_PAGE: lockd::docgen::ManPage = lockd::docgen::ManPage {
+    summary: Some("the lock server: named leases, FIFO waiters and fencing tokens over TCP"),
+    description: Some(
+        "lockd serves named locks on one TCP port, over a line protocol (see proto.md) that \
+         `nc` can speak: try `nc 127.0.0.1 5001` and type HELP. A lock is held with a lease \
+         (a holder that dies loses it when its ttl ends), waiters are served first come, \
+         first served, and every grant carries a fencing token larger than every earlier \
+         one. Without --data-dir, locks live in memory and a restart forgets every holder; \
+         with it, every grant, renewal and release is on disk before its OK. lockctl(1) is \
+         the client. Every flag can also be set by an environment variable (see \
+         ENVIRONMENT).",
+    ),
+    environment: &[(
+        "RUST_LOG",
+        "Log filter (as lockd=debug); when set, it takes precedence over -v.",
+    )],
+    exit_status: &[
+        ("0", "shut down cleanly (SIGINT or SIGTERM)"),
+        (
+            "1",
+            "cannot listen on an address (--listen, --metrics-listen), or the server failed",
+        ),
+        ("2", "usage error: a bad flag or flag value"),
+    ],
+    see_also: &["lockctl(1)"],
+};
+
+/// --completions, --man and --man-dir; `None` when none was asked for.
+fn docs(args: &Args) -> Option<std::io::Result<()>> {
+    let mut out = std::io::stdout();
+    if let Some(shell) = args.completions {
+        return Some(lockd::docgen::completions(Args::command(), shell, &mut out));
+    }
+    if args.man {
+        return Some(lockd::docgen::man(Args::command(), &MAN_PAGE, &mut out));
+    }
+    let dir = args.man_dir.as_ref()?;
+    let mut page = Vec::new();
+    Some(
+        lockd::docgen::man(Args::command(), &MAN_PAGE, &mut page)
+            .and_then(|()| std::fs::write(dir.join("lockd.1"), page)),
+    )
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -256,12 +305,7 @@ async fn cancel_on_signal(token: CancellationToken) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if args.completions.is_some() || args.man {
-        let mut out = std::io::stdout();
-        let written = match args.completions {
-            Some(shell) => lockd::docgen::completions(Args::command(), shell, &mut out),
-            None => lockd::docgen::man(Args::command(), &mut out),
-        };
+    if let Some(written) = docs(&args) {
         return match written {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
