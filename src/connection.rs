@@ -142,6 +142,23 @@ impl Connection {
         Ok(())
     }
 
+    /// Takes in what has already arrived, without waiting: so a close (or reset) that came
+    /// in the same instant as something else is not missed. Bounded like [`Connection::fill`]:
+    /// reads at most one chunk.
+    pub fn fill_arrived(&mut self) -> io::Result<()> {
+        if self.eof {
+            return Ok(());
+        }
+        self.input.reserve(READ_CHUNK);
+        match self.stream.try_read_buf(&mut self.input) {
+            Ok(0) => self.eof = true,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
     /// Reads (if `read` and the peer has not closed its side) and writes queued output at
     /// the same time, until one of them has made progress: a streaming session keeps
     /// watching its input, and the write timeout runs, while the peer is not reading.

@@ -306,6 +306,19 @@ impl Session {
         Ok(Flow::Continue)
     }
 
+    /// A grant whose client left the queue (closed a tied wait, or reset) in the instant it
+    /// was made: it was never delivered, so it is taken back and the next waiter granted.
+    fn pending_grant_gone(&mut self, name: &str, token: Token) {
+        if self.shared.revoke(name, token) {
+            tracing::info!(
+                name,
+                token,
+                conn = self.number,
+                "grant undelivered: the waiter had left; taken back"
+            );
+        }
+    }
+
     /// Watches a grant just written to a client that had half-closed while it waited.
     ///
     /// TCP can't tell a client that half-closed on purpose and still reads
@@ -358,6 +371,15 @@ impl Session {
                     let name = std::mem::take(&mut pending.name);
                     return match result {
                         WaitResult::Granted { token, .. } => {
+                            // The grant and the client's close may have come in the same
+                            // instant, and this select! may have picked the grant first:
+                            // look at what has arrived before deciding who holds the lock.
+                            let arrived = self.conn.fill_arrived();
+                            if arrived.is_err() || (self.conn.is_eof() && tie.wait_ends_on_close()) {
+                                self.pending_grant_gone(&name, token);
+                                arrived?;
+                                return Ok(Flow::Close);
+                            }
                             let probe = self.conn.is_eof();
                             self.granted(name, tie, token, probe).await
                         }

@@ -216,3 +216,24 @@ async fn bad_session_and_detach_options_are_refused() {
     assert_eq!(c.req("STATUS x").await, "OK x free");
     server.shutdown().await;
 }
+
+/// A waiter that closes in the same instant its grant is made (the close not yet read when
+/// the grant wakes its session) still never keeps the lock: tied waits are taken back, and a
+/// plain waiter's grant is watched for the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_closing_as_it_is_granted_never_keeps_the_lock() {
+    let server = start_server(config()).await;
+    let mut admin = server.raw().await;
+    let mut holder = server.raw().await;
+    for round in 0..60 {
+        let tie = ["detach", "", "session=5s"][round % 3];
+        let t = holder.lock(&format!("r holder-{round} ttl=1m")).await;
+        let mut w = server.raw().await;
+        w.send(&format!("LOCK r w-{round} ttl=30m {tie}")).await;
+        wait_waiters(&mut admin, "r", 1).await;
+        drop(w);
+        assert_eq!(holder.req(&format!("UNLOCK r {t}")).await, "OK");
+        wait_status(&mut admin, "r", |l| l == "OK r free").await;
+    }
+    server.shutdown().await;
+}
