@@ -46,7 +46,8 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..=255).map(|v| v as usize))]
     max_name: usize,
 
-    /// Most locks held at once; a LOCK of a new name past it gets ERR LIMIT.
+    /// Most leases held at once (each holder of a shared lock or semaphore counts one); a LOCK
+    /// granted at once past it gets ERR LIMIT.
     #[arg(long, env = "LOCKD_MAX_LOCKS", default_value_t = lockd::DEFAULT_MAX_LOCKS,
           value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
     max_locks: usize,

@@ -191,6 +191,7 @@ async fn status_detail_shows_the_holder_and_the_queue_in_order() {
     assert!(words.next().unwrap().starts_with("held_ms="));
     assert!(words.next().unwrap().starts_with("ttl_ms="));
     assert_eq!(words.next(), Some("session=0"));
+    assert_eq!(words.next(), Some("mode=exclusive"));
     let mut waited = Vec::new();
     for (i, session) in [0, 1, 0].iter().enumerate() {
         let line = admin.line().await;
@@ -199,7 +200,7 @@ async fn status_detail_shows_the_holder_and_the_queue_in_order() {
             .strip_prefix(&prefix)
             .unwrap_or_else(|| panic!("{line:?} should start {prefix:?}"));
         let (ms, s) = rest.split_once(' ').unwrap();
-        assert_eq!(s, format!("session={session}"));
+        assert_eq!(s, format!("session={session} mode=exclusive"));
         waited.push(ms.parse::<u64>().unwrap());
     }
     // The first in line has waited longest.

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::locks::{ConnId, Event, EventKind, LockRequest, Token};
+use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token};
 use crate::metrics::Protocol;
 use crate::shared::{LockStart, Published, Shared};
 
@@ -340,6 +340,7 @@ impl Compat {
             ttl: Some(self.config.unlock_timeout),
             wait: Some(Duration::ZERO),
             session: None,
+            mode: Mode::Exclusive,
             conn: self.conn,
         };
         match self.shared.lock(req) {
