@@ -6,8 +6,10 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -43,14 +45,14 @@ impl Lockd {
 
     /// One request on a fresh connection; the first reply line.
     pub fn request(&self, line: &str) -> String {
-        let mut stream = TcpStream::connect(self.addr).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .expect("timeout");
-        writeln!(stream, "{line}").expect("send");
-        let mut reply = String::new();
-        BufReader::new(stream).read_line(&mut reply).expect("reply");
-        reply.trim_end().to_string()
+        request_at(self.addr, line)
+    }
+
+    /// A request that waits (a LOCK of a held lock), sent from a thread of its own on a fresh
+    /// connection; joining the thread gives the reply.
+    pub fn request_in_background(&self, line: &str) -> thread::JoinHandle<String> {
+        let (addr, line) = (self.addr, line.to_string());
+        thread::spawn(move || request_at(addr, &line))
     }
 
     /// The holder's token of `name`, from STATUS.
@@ -58,6 +60,133 @@ impl Lockd {
         let reply = self.request(&format!("STATUS {name}"));
         lockd::proto::field(&reply, "token")?.parse().ok()
     }
+
+    /// The holder's id of `name`, from STATUS.
+    pub fn holder_id(&self, name: &str) -> Option<String> {
+        let reply = self.request(&format!("STATUS {name}"));
+        lockd::proto::field(&reply, "id").map(str::to_string)
+    }
+
+    /// How many wait for `name` (0 while it is free), from STATUS.
+    pub fn waiters(&self, name: &str) -> u64 {
+        let reply = self.request(&format!("STATUS {name}"));
+        lockd::proto::field(&reply, "waiters")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// One request to `addr` on a fresh connection; the first reply line.
+fn request_at(addr: SocketAddr, line: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    writeln!(stream, "{line}").expect("send");
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply).expect("reply");
+    reply.trim_end().to_string()
+}
+
+/// Polls `check` until it holds; fails the test with `what` if it does not within `guard`.
+pub fn eventually(guard: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + guard;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {guard:?}: {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` to `child`'s process alone (not to its children).
+pub fn signal(child: &Child, signal: i32) {
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) only sends a signal; the child is ours and not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid}");
+}
+
+/// A TCP proxy on 127.0.0.1:0 in front of `target`, whose connections a test can cut (as a
+/// firewall's reset or a restart would) and whose new connections it can refuse.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    /// Both sockets of every connection still open.
+    open: Arc<Mutex<Vec<(TcpStream, TcpStream)>>>,
+    accepted: Arc<AtomicUsize>,
+    refusing: Arc<AtomicBool>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub fn start(target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let proxy = Proxy {
+            addr,
+            open: Arc::default(),
+            accepted: Arc::default(),
+            refusing: Arc::default(),
+            stopped: Arc::default(),
+        };
+        let (open, accepted) = (proxy.open.clone(), proxy.accepted.clone());
+        let (refusing, stopped) = (proxy.refusing.clone(), proxy.stopped.clone());
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if refusing.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = TcpStream::connect(target) else {
+                    continue;
+                };
+                accepted.fetch_add(1, Ordering::SeqCst);
+                pipe(&client, &server);
+                pipe(&server, &client);
+                if let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) {
+                    open.lock().expect("proxy list").push((c, s));
+                }
+            }
+        });
+        proxy
+    }
+
+    /// Closes every open connection on both sides: each end sees its peer close.
+    pub fn cut(&self) {
+        for (client, server) in self.open.lock().expect("proxy list").drain(..) {
+            let _ = client.shutdown(Shutdown::Both);
+            let _ = server.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// From now on (or no longer), new connections are closed at once.
+    pub fn refuse(&self, refusing: bool) {
+        self.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// How many connections it has passed on so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.cut();
+        let _ = TcpStream::connect(self.addr); // wakes the accept loop to see `stopped`
+    }
+}
+
+/// Copies `from` to `to` in a thread until either ends, then shuts `to`'s sending side.
+fn pipe(from: &TcpStream, to: &TcpStream) {
+    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+        return;
+    };
+    thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(Shutdown::Write);
+    });
 }
 
 impl Drop for Lockd {
