@@ -8,7 +8,7 @@ use tokio::net::TcpStream;
 
 use crate::connection::{Connection, Frame};
 use crate::locks::Token;
-use crate::proto::{self, ErrorCode, ProtoError, ReplyLine, Request};
+use crate::proto::{self, ErrorCode, ProtoError, ReplyLine, Request, Tie};
 
 /// Longest reply line a client accepts.
 const MAX_REPLY: usize = 64 * 1024;
@@ -111,7 +111,7 @@ impl Client {
         id: &str,
         ttl: Option<Duration>,
         wait: Option<Duration>,
-        session: bool,
+        tie: Tie,
     ) -> Result<Token> {
         let reply = self
             .request(&Request::Lock {
@@ -119,7 +119,7 @@ impl Client {
                 id: id.into(),
                 ttl,
                 wait,
-                session,
+                tie,
             })
             .await?;
         reply

@@ -55,6 +55,15 @@ impl Connection {
         &self.stream
     }
 
+    /// Whether the peer reset the connection: it closed its socket with data unread, or
+    /// data (a reply) reached a socket it no longer has. A reset that arrives after the
+    /// peer's FIN shows in neither reads (they keep returning end of input) nor the error
+    /// queue of every platform, so the connection's state is asked too: a reset one has no
+    /// peer any more.
+    pub fn peer_reset(&self) -> bool {
+        matches!(self.stream.take_error(), Ok(Some(_))) || self.stream.peer_addr().is_err()
+    }
+
     /// Whether the peer has closed its sending side (it may still read).
     pub fn is_eof(&self) -> bool {
         self.eof

@@ -47,5 +47,7 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_MAX_LINE: usize = 1024;
 /// Events a watcher may fall behind before it is disconnected.
 pub const DEFAULT_WATCH_BUFFER: usize = 1024;
+/// How long a grant to a waiter that half-closed is watched for a reset (its client gone).
+pub const DEFAULT_HALF_CLOSE_PROBE: Duration = Duration::from_millis(500);
 /// How long shutdown waits for connections to finish before it closes them.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);

@@ -59,6 +59,12 @@ struct Args {
     #[arg(long, env = "LOCKD_SHUTDOWN_GRACE", default_value = "5s", value_parser = duration)]
     shutdown_grace: Duration,
 
+    /// How long a grant to a waiter that had half-closed is watched for a reset (its client
+    /// was gone); a reset takes the grant back and grants the next waiter. Must exceed the
+    /// network's round trip; 0 turns the check off.
+    #[arg(long, env = "LOCKD_HALF_CLOSE_PROBE", default_value = "500ms", value_parser = duration)]
+    half_close_probe: Duration,
+
     /// Keep locks durably in this directory (created if missing): a grant, renew or release is
     /// on disk before its OK, and a restart restores every lease that has not ended.
     /// Without it, locks live in memory only and a restart forgets every holder.
@@ -104,6 +110,7 @@ impl Args {
             max_name: self.max_name,
             watch_buffer: self.watch_buffer,
             shutdown_grace: self.shutdown_grace,
+            half_close_probe: self.half_close_probe,
             compat: self.compat.config(self.max_ttl)?,
             data_dir: self.data_dir.clone(),
         })

@@ -109,6 +109,35 @@ impl fmt::Display for ProtoError {
 
 impl std::error::Error for ProtoError {}
 
+/// How a LOCK is tied to the connection that sent it: its `session` or `detach` option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tie {
+    /// Neither option: the lease outlives the connection, and a waiter whose client only
+    /// half-closes stays in the queue (it may still read its grant).
+    #[default]
+    Plain,
+    /// `detach`: the wait ends when the client closes its side; the lease is plain.
+    Detach,
+    /// `session` (zero grace) or `session=<grace>`: the wait ends when the client closes its
+    /// side, and the lease ends `grace` after the connection closes unless it is renewed.
+    Session(Duration),
+}
+
+impl Tie {
+    /// Whether a waiting LOCK leaves the queue once its client closes its sending side.
+    pub fn wait_ends_on_close(self) -> bool {
+        self != Tie::Plain
+    }
+
+    /// The grace of the session lease to ask the table for; `None` for a plain lease.
+    pub fn session(self) -> Option<Duration> {
+        match self {
+            Tie::Session(grace) => Some(grace),
+            Tie::Plain | Tie::Detach => None,
+        }
+    }
+}
+
 /// One request line, parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -117,7 +146,7 @@ pub enum Request {
         id: String,
         ttl: Option<Duration>,
         wait: Option<Duration>,
-        session: bool,
+        tie: Tie,
     },
     Unlock {
         name: String,
@@ -144,12 +173,14 @@ pub enum Request {
 }
 
 /// The HELP reply's text: one line, so it is also a valid reply.
-pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] [session] | \
+pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
+[session[=<grace>] | detach] | \
 UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
 STATUS [<name>] | WATCH [<name>] | PING | HELP | QUIT; durations: 250ms 30s 5m or plain seconds; \
 see proto.md";
 
-const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] [session]";
+const USAGE_LOCK: &str =
+    "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] [session[=<grace>] | detach]";
 const USAGE_UNLOCK: &str = "usage: UNLOCK <name> <token>";
 const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>]";
 const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
@@ -221,13 +252,17 @@ fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
     if args.len() < 2 {
         return Err(syntax(USAGE_LOCK));
     }
-    let opts = Options::parse(&args[2..], &["ttl", "wait", "session"], USAGE_LOCK)?;
+    let opts = Options::parse(
+        &args[2..],
+        &["ttl", "wait", "session", "detach"],
+        USAGE_LOCK,
+    )?;
     Ok(Request::Lock {
         name: valid_name("name", args[0])?,
         id: valid_name("id", args[1])?,
         ttl: opts.ttl,
         wait: opts.wait,
-        session: opts.session,
+        tie: opts.tie,
     })
 }
 
@@ -235,7 +270,7 @@ fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
 struct Options {
     ttl: Option<Duration>,
     wait: Option<Duration>,
-    session: bool,
+    tie: Tie,
 }
 
 impl Options {
@@ -253,10 +288,17 @@ impl Options {
             if seen.contains(&key) {
                 return Err(syntax(format!("option {key} given twice; {usage}")));
             }
+            if matches!(key.as_str(), "session" | "detach") && opts.tie != Tie::Plain {
+                return Err(syntax(format!(
+                    "session and detach exclude each other; {usage}"
+                )));
+            }
             match (key.as_str(), value) {
-                ("session", None) => opts.session = true,
-                ("session", Some(_)) => {
-                    return Err(syntax(format!("session takes no value; {usage}")))
+                ("session", None) => opts.tie = Tie::Session(Duration::ZERO),
+                ("session", Some(v)) => opts.tie = Tie::Session(parse_duration("session", v)?),
+                ("detach", None) => opts.tie = Tie::Detach,
+                ("detach", Some(_)) => {
+                    return Err(syntax(format!("detach takes no value; {usage}")))
                 }
                 (_, None) => return Err(syntax(format!("{key} needs a value, as {key}=30s"))),
                 ("ttl", Some(v)) => opts.ttl = Some(parse_duration("ttl", v)?),
@@ -377,7 +419,7 @@ impl fmt::Display for Request {
                 id,
                 ttl,
                 wait,
-                session,
+                tie,
             } => {
                 write!(f, "LOCK {name} {id}")?;
                 if let Some(ttl) = ttl {
@@ -386,10 +428,12 @@ impl fmt::Display for Request {
                 if let Some(wait) = wait {
                     write!(f, " wait={}ms", wait.as_millis())?;
                 }
-                if *session {
-                    f.write_str(" session")?;
+                match tie {
+                    Tie::Plain => Ok(()),
+                    Tie::Detach => f.write_str(" detach"),
+                    Tie::Session(grace) if grace.is_zero() => f.write_str(" session"),
+                    Tie::Session(grace) => write!(f, " session={}ms", grace.as_millis().max(1)),
                 }
-                Ok(())
             }
             Request::Unlock { name, token } => write!(f, "UNLOCK {name} {token}"),
             Request::Renew { name, token, ttl } => {
@@ -576,11 +620,38 @@ mod tests {
                 id: "me".into(),
                 ttl: Some(Duration::from_secs(5)),
                 wait: Some(Duration::from_millis(250)),
-                session: true,
+                tie: Tie::Session(Duration::ZERO),
             }
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");
         assert_eq!(parse(&r.to_string()).unwrap(), r);
+    }
+
+    #[test]
+    fn lock_ties() {
+        let tie = |line: &str| match parse(line) {
+            Ok(Request::Lock { tie, .. }) => Ok(tie),
+            Ok(other) => panic!("not a LOCK: {other:?}"),
+            Err(e) => Err(e.code),
+        };
+        assert_eq!(tie("LOCK a b"), Ok(Tie::Plain));
+        assert_eq!(tie("LOCK a b DETACH"), Ok(Tie::Detach));
+        assert_eq!(
+            tie("LOCK a b session=10s"),
+            Ok(Tie::Session(Duration::from_secs(10)))
+        );
+        assert_eq!(tie("LOCK a b session detach"), Err(ErrorCode::Syntax));
+        assert_eq!(tie("LOCK a b detach session=1s"), Err(ErrorCode::Syntax));
+        assert_eq!(tie("LOCK a b detach=1"), Err(ErrorCode::Syntax));
+        assert_eq!(tie("LOCK a b session=soon"), Err(ErrorCode::BadArg));
+        for line in [
+            "LOCK a b detach",
+            "LOCK a b session=1500ms",
+            "LOCK a b session",
+        ] {
+            let r = parse(line).unwrap();
+            assert_eq!(parse(&r.to_string()).unwrap(), r, "{line}");
+        }
     }
 
     #[test]

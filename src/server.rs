@@ -38,6 +38,8 @@ pub struct Config {
     pub watch_buffer: usize,
     /// How long shutdown lets connections finish before it drops them.
     pub shutdown_grace: Duration,
+    /// How long a grant to a waiter that half-closed is watched for a reset.
+    pub half_close_probe: Duration,
     /// The old two-port protocol, served alongside on the same table (`--compat`).
     pub compat: Option<CompatConfig>,
     /// Where state is kept durably (`--data-dir`); `None` keeps it in memory only.
@@ -53,6 +55,7 @@ impl Default for Config {
             max_name: crate::proto::MAX_NAME_LEN,
             watch_buffer: crate::DEFAULT_WATCH_BUFFER,
             shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
+            half_close_probe: crate::DEFAULT_HALF_CLOSE_PROBE,
             compat: None,
             data_dir: None,
         }
@@ -64,6 +67,7 @@ impl Config {
         SessionLimits {
             max_line: self.max_line,
             max_name: self.max_name.min(crate::proto::MAX_NAME_LEN),
+            half_close_probe: self.half_close_probe,
         }
     }
 }

@@ -4,12 +4,14 @@
 //! connection until it is answered (later lines stay buffered, up to a bound). While it waits,
 //! the session keeps reading so it notices the client going away. End of input is a
 //! half-close, not a departure: the client still gets every reply it asked for, a pending LOCK
-//! included, unless that LOCK is a `session` one, whose lease would end with the connection.
+//! included, unless that LOCK is tied to the connection (`session` or `detach`). A plain LOCK
+//! granted after its client half-closed is watched for a short while: a dead client answers
+//! the grant with a reset, and the grant is taken back (see [`Session::confirm_delivery`]).
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::oneshot;
@@ -17,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connection::{Connection, Frame};
 use crate::locks::{ConnId, LockRequest, TableError, Token, WaitEnd, WaiterId};
-use crate::proto::{self, ErrorCode, ProtoError, Reply, Request};
+use crate::proto::{self, ErrorCode, ProtoError, Reply, Request, Tie};
 use crate::shared::{LockStart, Shared, WaitResult};
 
 /// Session leases a connection may track before it prunes the ended ones.
@@ -37,13 +39,19 @@ pub struct SessionLimits {
     pub max_line: usize,
     /// Longest name or id, in bytes (at most [`proto::MAX_NAME_LEN`]).
     pub max_name: usize,
+    /// How long a grant to a client that half-closed while it waited is watched for a reset.
+    pub half_close_probe: Duration,
 }
+
+/// How often [`Session::confirm_delivery`] looks at the socket while it watches.
+const PROBE_POLL: Duration = Duration::from_millis(10);
 
 /// One connection's state.
 pub struct Session {
     shared: Arc<Shared>,
     conn: Connection,
-    id: ConnId,
+    /// This connection's number, to which its session leases are bound.
+    number: ConnId,
     shutdown: CancellationToken,
     limits: SessionLimits,
     /// Session leases granted on this connection, by name: ended when it closes.
@@ -57,11 +65,11 @@ impl Session {
         limits: SessionLimits,
         shutdown: CancellationToken,
     ) -> Self {
-        let id = shared.connection_id();
+        let number = shared.connection_id();
         Session {
             shared,
             conn,
-            id,
+            number,
             shutdown,
             limits,
             leases: HashMap::new(),
@@ -71,7 +79,7 @@ impl Session {
     /// Serves the connection until the client leaves, asks to, or the server shuts down.
     pub async fn run(mut self) {
         if let Err(e) = self.serve().await {
-            tracing::debug!(conn = self.id, error = %e, "connection ended");
+            tracing::debug!(conn = self.number, error = %e, "connection ended");
         }
         let _ = self.conn.close().await;
     }
@@ -127,17 +135,17 @@ impl Session {
                 id,
                 ttl,
                 wait,
-                session,
+                tie,
             } => {
                 let req = LockRequest {
                     name,
                     id,
                     ttl,
                     wait,
-                    session,
-                    conn: self.id,
+                    session: tie.session(),
+                    conn: self.number,
                 };
-                return self.lock(req).await;
+                return self.lock(req, tie).await;
             }
             Request::Unlock { name, token } => {
                 let result = shared.unlock(&name, token);
@@ -150,11 +158,17 @@ impl Session {
                 self.reply(&name, result.map(|()| Reply::Done)).await?;
             }
             Request::Renew { name, token, ttl } => {
-                let result = shared.renew(&name, token, ttl).map(Reply::Lease);
-                if result.is_ok() && !self.durable().await? {
-                    return Ok(Flow::Close);
+                let result = shared.renew(&name, token, ttl, self.number);
+                if let Ok(renewed) = &result {
+                    if renewed.bound {
+                        self.track_session_lease(&name, token);
+                    }
+                    if !self.durable().await? {
+                        return Ok(Flow::Close);
+                    }
                 }
-                self.reply(&name, result).await?;
+                self.reply(&name, result.map(|r| Reply::Lease(r.left)))
+                    .await?;
             }
             Request::Check { name, token } => {
                 let result = shared.check(&name, token).map(Reply::Lease);
@@ -191,8 +205,8 @@ impl Session {
         }
     }
 
-    async fn lock(&mut self, req: LockRequest) -> io::Result<Flow> {
-        let (name, session, wait) = (req.name.clone(), req.session, req.wait);
+    async fn lock(&mut self, req: LockRequest, tie: Tie) -> io::Result<Flow> {
+        let (name, wait) = (req.name.clone(), req.wait);
         match self.shared.lock(req) {
             Err(e) => {
                 self.conn
@@ -200,7 +214,7 @@ impl Session {
                     .await?;
                 Ok(Flow::Continue)
             }
-            Ok(LockStart::Granted { token }) => self.granted(name, session, token).await,
+            Ok(LockStart::Granted { token }) => self.granted(name, tie, token, false).await,
             Ok(LockStart::Waiting { waiter, rx }) => {
                 let pending = Pending {
                     shared: Arc::clone(&self.shared),
@@ -208,7 +222,7 @@ impl Session {
                     waiter,
                     rx: Some(rx),
                 };
-                self.wait_for_grant(pending, session, wait).await
+                self.wait_for_grant(pending, tie, wait).await
             }
         }
     }
@@ -231,29 +245,82 @@ impl Session {
         Ok(false)
     }
 
-    async fn granted(&mut self, name: String, session: bool, token: Token) -> io::Result<Flow> {
-        if session {
-            if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
-                self.shared.retain_live(&mut self.leases);
-            }
-            self.leases.insert(name.clone(), token);
+    /// Remembers a session lease bound to this connection, to end it when the connection
+    /// closes.
+    fn track_session_lease(&mut self, name: &str, token: Token) {
+        if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
+            self.shared.retain_live(&mut self.leases);
+        }
+        self.leases.insert(name.to_owned(), token);
+    }
+
+    /// Sends a grant. `probe`: the client had closed its sending side while it waited, so
+    /// it may be gone; see [`Session::confirm_delivery`].
+    async fn granted(
+        &mut self,
+        name: String,
+        tie: Tie,
+        token: Token,
+        probe: bool,
+    ) -> io::Result<Flow> {
+        if tie.session().is_some() {
+            self.track_session_lease(&name, token);
         }
         if !self.durable().await? {
             return Ok(Flow::Close);
         }
         if let Err(e) = self.conn.send(Reply::Token(token)).await {
             // The client can't have learned the token: give the lock to the next in line.
-            let _ = self.shared.unlock(&name, token);
+            self.shared.revoke(&name, token);
             return Err(e);
         }
+        if probe && !self.limits.half_close_probe.is_zero() {
+            self.confirm_delivery(&name, token).await;
+        }
         Ok(Flow::Continue)
+    }
+
+    /// Watches a grant just written to a client that had half-closed while it waited.
+    ///
+    /// TCP can't tell a client that half-closed on purpose and still reads
+    /// (`printf 'LOCK x me' | nc -N`) from one whose process was killed while it waited: both
+    /// only sent FIN. They differ once data arrives: a socket nobody holds any more answers
+    /// with a reset. So the grant is written, and for `half_close_probe` the socket is checked
+    /// for that reset; on one, the grant is taken back (event `dropped`) and the next waiter
+    /// is granted, instead of the lock sitting with nobody for a whole ttl. Silence means the
+    /// client is alive and keeps its lease. Polling, rather than awaiting readiness, because
+    /// the read side has already ended and is always ready; this runs only for the rare grant
+    /// to a half-closed waiter, so a few cheap syscalls per grant are nothing.
+    async fn confirm_delivery(&mut self, name: &str, token: Token) {
+        let until = Instant::now() + self.limits.half_close_probe;
+        loop {
+            if self.conn.peer_reset() {
+                if self.shared.revoke(name, token) {
+                    tracing::info!(
+                        name,
+                        token,
+                        conn = self.number,
+                        "grant unread: the waiter was gone; taken back"
+                    );
+                }
+                return;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(left.min(PROBE_POLL)) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
     }
 
     /// Waits for a queued LOCK's turn while watching the connection and the server.
     async fn wait_for_grant(
         &mut self,
         mut pending: Pending,
-        session: bool,
+        tie: Tie,
         wait: Option<Duration>,
     ) -> io::Result<Flow> {
         self.conn.flush().await?;
@@ -265,7 +332,8 @@ impl Session {
                     let name = std::mem::take(&mut pending.name);
                     return match result {
                         WaitResult::Granted { token, .. } => {
-                            self.granted(name, session, token).await
+                            let probe = self.conn.is_eof();
+                            self.granted(name, tie, token, probe).await
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
@@ -288,8 +356,8 @@ impl Session {
                 }
                 read = self.conn.fill(), if can_read => {
                     read?;
-                    if self.conn.is_eof() && session {
-                        tracing::debug!(conn = self.id, "session waiter closed; leaving the queue");
+                    if self.conn.is_eof() && tie.wait_ends_on_close() {
+                        tracing::debug!(conn = self.number, "waiter closed; leaving the queue");
                         return Ok(Flow::Close);
                     }
                 }
@@ -354,7 +422,7 @@ impl Drop for Session {
         // session leases stay (with --data-dir they come back as plain leases after the
         // restart, so a holder such as `lockctl run` renews and carries on).
         if !self.shutdown.is_cancelled() {
-            self.shared.drop_sessions(self.id, &self.leases);
+            self.shared.drop_sessions(self.number, &self.leases);
         }
     }
 }
@@ -392,7 +460,7 @@ impl Drop for Pending {
 /// The ERR reply for a refused table operation.
 fn table_error(name: &str, e: &TableError) -> ProtoError {
     let code = match e {
-        TableError::BadTtl { .. } => ErrorCode::BadArg,
+        TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
         TableError::WouldBlock { .. } => ErrorCode::Timeout,
         TableError::NotHeld => ErrorCode::NotHeld,
         TableError::Conflict => ErrorCode::Conflict,

@@ -32,6 +32,16 @@ pub enum WaitResult {
     Ended(WaitEnd),
 }
 
+/// What a RENEW did.
+#[derive(Debug)]
+pub struct Renewed {
+    /// The lease's time left.
+    pub left: Duration,
+    /// A session lease in its grace is now bound to the renewing connection, which must end
+    /// it (or start its grace again) when it closes.
+    pub bound: bool,
+}
+
 /// What a LOCK did at once.
 #[derive(Debug)]
 pub enum LockStart {
@@ -195,18 +205,31 @@ impl Shared {
         result
     }
 
-    /// RENEW; returns the lease's time left.
+    /// RENEW on connection `conn`.
     pub fn renew(
         &self,
         name: &str,
         token: Token,
         ttl: Option<Duration>,
-    ) -> Result<Duration, TableError> {
+        conn: ConnId,
+    ) -> Result<Renewed, TableError> {
         let mut g = self.guard();
         let at = now();
-        let result = g.table.renew(at, name, token, ttl);
+        let result = g.table.renew(at, name, token, ttl, conn);
         self.settle(g);
-        result.map(|deadline| deadline.saturating_duration_since(at))
+        result.map(|r| Renewed {
+            left: r.deadline.saturating_duration_since(at),
+            bound: r.bound,
+        })
+    }
+
+    /// Takes back a grant whose client is gone before it could read it (event `dropped`);
+    /// the next waiter is granted. False if `token` was no longer the live lease.
+    pub fn revoke(&self, name: &str, token: Token) -> bool {
+        let mut g = self.guard();
+        let revoked = g.table.revoke(now(), name, token).is_ok();
+        self.settle(g);
+        revoked
     }
 
     /// CHECK; returns the lease's time left.
@@ -247,7 +270,7 @@ impl Shared {
         let at = now();
         if !g.table.cancel_wait(at, waiter) {
             if let Ok(WaitResult::Granted { token, .. }) = rx.try_recv() {
-                let _ = g.table.unlock(at, name, token);
+                let _ = g.table.revoke(at, name, token);
             }
         }
         g.waiting.remove(&waiter);
@@ -281,8 +304,8 @@ impl Shared {
         self.events.subscribe()
     }
 
-    /// Carries out the table's effects, then releases the guard, logs, publishes, and wakes
-    /// the timer if the next deadline moved earlier.
+    /// Carries out the table's effects and publishes their events, then releases the guard,
+    /// logs, and wakes the timer if the next deadline moved earlier.
     fn settle(&self, mut g: MutexGuard<'_, Inner>) {
         let mut effects = std::mem::take(&mut g.scratch);
         let mut events = Vec::new();
@@ -307,7 +330,7 @@ impl Shared {
                         if !delivered {
                             // The waiter is gone: hand the lock straight on. The table queues
                             // the release and the next grant; the outer loop carries them out.
-                            let _ = g.table.unlock(now(), &name, token);
+                            let _ = g.table.revoke(now(), &name, token);
                         }
                     }
                     Effect::WaitEnded { waiter, why } => {
@@ -326,20 +349,24 @@ impl Shared {
             (Some(_), None) => true,
             (None, _) => false,
         };
+        // Published under the guard: two settles racing to publish after it is dropped
+        // could show watchers one lock's events out of order. A send never blocks.
+        if !events.is_empty() && self.events.receiver_count() > 0 {
+            let unix_ms = unix_ms();
+            for event in &events {
+                // A watcher that left between the count and the send is fine.
+                let _ = self.events.send(Arc::new(Published {
+                    event: event.clone(),
+                    unix_ms,
+                }));
+            }
+        }
         drop(g);
         if wake {
             self.timer.notify_one();
         }
-        if !events.is_empty() {
-            let unix_ms = unix_ms();
-            let watched = self.events.receiver_count() > 0;
-            for event in events {
-                log_event(&event);
-                if watched {
-                    // A watcher that left between the count and the send is fine.
-                    let _ = self.events.send(Arc::new(Published { event, unix_ms }));
-                }
-            }
+        for event in &events {
+            log_event(event);
         }
     }
 

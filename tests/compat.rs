@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use lockd::client::Client;
 use lockd::compat::CompatConfig;
+use lockd::proto::Tie;
 use lockd::server::{self, Config};
 
 /// Failure guard for anything that should happen at once.
@@ -303,7 +304,13 @@ async fn a_line_protocol_holder_keeps_the_lock_port_closed_until_it_unlocks() {
     let s = start().await;
     let mut c = client(&s.line).await;
     let token = c
-        .lock(NAME, "new-1", Some(Duration::from_secs(30)), None, false)
+        .lock(
+            NAME,
+            "new-1",
+            Some(Duration::from_secs(30)),
+            None,
+            Tie::Plain,
+        )
         .await
         .unwrap();
     eventually("the lock port closes", || refused(s.lock)).await;
@@ -329,7 +336,7 @@ async fn a_line_protocol_holder_keeps_the_lock_port_closed_until_it_unlocks() {
     // And the other way round: a line-protocol LOCK waits for the old client's turn.
     let mut probe = client(&s.line).await;
     let err = probe
-        .lock(NAME, "new-2", None, Some(Duration::ZERO), false)
+        .lock(NAME, "new-2", None, Some(Duration::ZERO), Tie::Plain)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("TIMEOUT"), "{err}");
@@ -347,7 +354,7 @@ async fn a_fifo_waiter_wins_the_next_turn() {
     let line = s.line.clone();
     let waiter = tokio::spawn(async move {
         let mut c = client(&line).await;
-        let token = c.lock(NAME, "new-1", None, None, false).await.unwrap();
+        let token = c.lock(NAME, "new-1", None, None, Tie::Plain).await.unwrap();
         (c, token)
     });
     eventually("the line client waits", || async {

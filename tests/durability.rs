@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use harness::{free_port, Lockd, Rng, TempDir, PATIENCE};
 use lockd::client::{Client, ClientError};
-use lockd::proto::ErrorCode;
+use lockd::proto::{ErrorCode, Tie};
 
 const MINUTE: Option<Duration> = Some(Duration::from_secs(60));
 
@@ -38,12 +38,18 @@ async fn a_restart_keeps_live_holders_and_their_tokens() {
         let lockd = Lockd::start(&dir, port).await;
         let mut holder = lockd.client().await;
         let token = holder
-            .lock("job", "holder", MINUTE, None, false)
+            .lock("job", "holder", MINUTE, None, Tie::Plain)
             .await
             .unwrap();
         let mut session_holder = lockd.client().await;
         let session_token = session_holder
-            .lock("sess", "sess-holder", MINUTE, None, true)
+            .lock(
+                "sess",
+                "sess-holder",
+                MINUTE,
+                None,
+                Tie::Session(Duration::ZERO),
+            )
             .await
             .unwrap();
         lockd.crash();
@@ -67,7 +73,7 @@ async fn a_restart_keeps_live_holders_and_their_tokens() {
         // A second client queues behind the restored holder and is not granted.
         let mut other = lockd.client().await;
         let waiting =
-            tokio::spawn(async move { other.lock("job", "other", MINUTE, None, false).await });
+            tokio::spawn(async move { other.lock("job", "other", MINUTE, None, Tie::Plain).await });
         let queued_at = Instant::now();
         while !status(&mut c, "job").await.contains("waiters=1") {
             assert!(
@@ -187,7 +193,13 @@ async fn worker(
             Duration::from_secs(2)
         };
         match c
-            .lock(name, &id, Some(Duration::from_secs(30)), Some(wait), false)
+            .lock(
+                name,
+                &id,
+                Some(Duration::from_secs(30)),
+                Some(wait),
+                Tie::Plain,
+            )
             .await
         {
             Ok(token) => {
@@ -298,7 +310,7 @@ async fn a_torn_last_record_is_dropped_with_a_warning() {
         let a = lockd
             .client()
             .await
-            .lock("a", "me", MINUTE, None, false)
+            .lock("a", "me", MINUTE, None, Tie::Plain)
             .await
             .unwrap();
         lockd.crash();
@@ -318,7 +330,7 @@ async fn a_torn_last_record_is_dropped_with_a_warning() {
         );
         let mut c = lockd.client().await;
         assert!(status(&mut c, "a").await.contains(&format!("token={a} ")));
-        let b = c.lock("b", "me", MINUTE, None, false).await.unwrap();
+        let b = c.lock("b", "me", MINUTE, None, Tie::Plain).await.unwrap();
         assert!(b > a);
         lockd.crash();
 
@@ -341,8 +353,8 @@ async fn damage_before_good_records_stops_the_start_naming_the_file() {
         let port = free_port();
         let lockd = Lockd::start(&dir, port).await;
         let mut c = lockd.client().await;
-        c.lock("a", "me", MINUTE, None, false).await.unwrap();
-        c.lock("b", "me", MINUTE, None, false).await.unwrap();
+        c.lock("a", "me", MINUTE, None, Tie::Plain).await.unwrap();
+        c.lock("b", "me", MINUTE, None, Tie::Plain).await.unwrap();
         lockd.crash();
 
         let log = dir.log_file();
@@ -423,14 +435,14 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
         let lockd = Lockd::start(&dir, port).await;
         let mut c = lockd.client().await;
         assert_eq!(status(&mut c, "old").await, "old free");
-        let t1 = c.lock("a", "me", MINUTE, None, false).await.unwrap();
+        let t1 = c.lock("a", "me", MINUTE, None, Tie::Plain).await.unwrap();
         assert!(t1 > high, "{t1} <= {high}");
         c.unlock("a", t1).await.unwrap();
         assert!(lockd.stop().success(), "graceful stop");
 
         let lockd = Lockd::start(&dir, port).await;
         let mut c = lockd.client().await;
-        let t2 = c.lock("a", "me", MINUTE, None, false).await.unwrap();
+        let t2 = c.lock("a", "me", MINUTE, None, Tie::Plain).await.unwrap();
         assert!(t2 > t1, "{t2} <= {t1}");
         c.unlock("a", t2).await.unwrap();
         lockd.crash();
@@ -439,7 +451,7 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
         let t3 = lockd
             .client()
             .await
-            .lock("b", "me", MINUTE, None, false)
+            .lock("b", "me", MINUTE, None, Tie::Plain)
             .await
             .unwrap();
         assert!(t3 > t2, "{t3} <= {t2}");

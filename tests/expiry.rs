@@ -22,7 +22,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         id: id.into(),
         ttl: Some(Duration::from_secs(ttl)),
         wait: wait.map(Duration::from_secs),
-        session: false,
+        session: None,
         conn: 1,
     }
 }
@@ -74,7 +74,7 @@ async fn renewed_lease_outlives_its_first_deadline() {
     let token = granted(shared.lock(req("job", "a", 10, None)).expect("lock"));
     let mut rx = waiting(shared.lock(req("job", "b", 10, None)).expect("lock"));
     tokio::time::sleep(Duration::from_secs(8)).await;
-    shared.renew("job", token, None).expect("renew");
+    shared.renew("job", token, None, 0).expect("renew");
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(
         rx.try_recv().is_err(),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockd::client::Client;
+use lockd::proto::Tie;
 use lockd::server::{self, Config};
 use tokio::io::AsyncReadExt as _;
 use tokio::net::{TcpListener, TcpStream};
@@ -215,7 +216,7 @@ async fn nonblock_gives_the_conflict_code_and_runs_nothing() {
     let ran = dir.join("ran");
     let mut holder = d.client().await;
     holder
-        .lock("busy", "other", None, None, false)
+        .lock("busy", "other", None, None, Tie::Plain)
         .await
         .unwrap();
     let touch = format!("touch {}", ran.display());
@@ -237,7 +238,7 @@ async fn wait_gives_up_after_its_time() {
     let ran = dir.join("ran");
     let mut holder = d.client().await;
     holder
-        .lock("busy", "other", None, None, false)
+        .lock("busy", "other", None, None, Tie::Plain)
         .await
         .unwrap();
     let touch = format!("touch {}", ran.display());
@@ -517,7 +518,13 @@ async fn status_prints_a_table_and_json() {
     let d = lockd().await;
     let mut c = d.client().await;
     let token = c
-        .lock("db", "h\"x", Some(Duration::from_secs(60)), None, false)
+        .lock(
+            "db",
+            "h\"x",
+            Some(Duration::from_secs(60)),
+            None,
+            Tie::Plain,
+        )
         .await
         .unwrap();
     let out = output(d.lockctl(&["status", "--json"])).await;
@@ -562,7 +569,7 @@ async fn watch_prints_events_until_interrupted() {
     let give_up = Instant::now() + GUARD;
     while seen.lines().count() < 2 {
         assert!(Instant::now() < give_up, "no events: {seen:?}");
-        let token = c.lock("w", "me", None, None, false).await.unwrap();
+        let token = c.lock("w", "me", None, None, Tie::Plain).await.unwrap();
         c.unlock("w", token).await.unwrap();
         let mut buf = [0u8; 1024];
         if let Ok(Ok(n)) = timeout(Duration::from_millis(200), stdout.read(&mut buf)).await {

@@ -91,7 +91,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 id: id(i),
                 ttl: Some(Duration::from_secs(3600)),
                 wait: Some(Duration::ZERO),
-                session: false,
+                session: None,
                 conn: 1,
             },
         );

@@ -59,6 +59,17 @@ enum TokPick {
     Raw(u64),
 }
 
+/// A LOCK's session option: none (a plain lease), or a session lease with a grace.
+#[derive(Clone, Debug)]
+enum SessionPick {
+    Plain,
+    /// Grace zero: today's `session`.
+    Zero,
+    /// Folded into 1..=max_ttl.
+    Ms(u64),
+    OverMax,
+}
+
 #[derive(Clone, Debug)]
 enum ConnPick {
     /// The connection the name's session lease is bound to, if any.
@@ -93,7 +104,7 @@ enum Op {
         id: usize,
         ttl: TtlPick,
         wait: WaitPick,
-        session: bool,
+        session: SessionPick,
         conn: ConnId,
     },
     Unlock {
@@ -104,6 +115,11 @@ enum Op {
         name: usize,
         tok: TokPick,
         ttl: Option<TtlPick>,
+        conn: ConnId,
+    },
+    Revoke {
+        name: usize,
+        tok: TokPick,
     },
     Check {
         name: usize,
@@ -140,6 +156,15 @@ fn wait_pick() -> impl Strategy<Value = WaitPick> {
     ]
 }
 
+fn session_pick() -> impl Strategy<Value = SessionPick> {
+    prop_oneof![
+        4 => Just(SessionPick::Plain),
+        2 => Just(SessionPick::Zero),
+        3 => (1u64..=60).prop_map(SessionPick::Ms),
+        1 => Just(SessionPick::OverMax),
+    ]
+}
+
 fn tok_pick() -> impl Strategy<Value = TokPick> {
     prop_oneof![
         6 => Just(TokPick::Holder),
@@ -152,13 +177,14 @@ fn tok_pick() -> impl Strategy<Value = TokPick> {
 fn op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
-        10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), any::<bool>(), 1u64..=3)
+        10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3)
             .prop_map(|(name, id, ttl, wait, session, conn)| Op::Lock {
                 name, id, ttl, wait, session, conn
             }),
         3 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Unlock { name, tok }),
-        2 => (name.clone(), tok_pick(), proptest::option::of(ttl_pick()))
-            .prop_map(|(name, tok, ttl)| Op::Renew { name, tok, ttl }),
+        2 => (name.clone(), tok_pick(), proptest::option::of(ttl_pick()), 1u64..=3)
+            .prop_map(|(name, tok, ttl, conn)| Op::Renew { name, tok, ttl, conn }),
+        1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Revoke { name, tok }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Check { name, tok }),
         2 => prop_oneof![
             4 => (0usize..64).prop_map(WaiterPick::Live),
@@ -301,6 +327,13 @@ impl Harness {
                 conn,
             } => {
                 let ttl = self.ttl(ttl);
+                let max_ttl = self.model.limits.max_ttl;
+                let session = match session {
+                    SessionPick::Plain => None,
+                    SessionPick::Zero => Some(0),
+                    SessionPick::Ms(ms) => Some(1 + ms % max_ttl),
+                    SessionPick::OverMax => Some(max_ttl + 1),
+                };
                 let wait = match wait {
                     WaitPick::Forever => None,
                     WaitPick::Zero => Some(0),
@@ -313,7 +346,7 @@ impl Harness {
                         id: IDS[*id].into(),
                         ttl: ttl.map(Duration::from_millis),
                         wait: wait.map(Duration::from_millis),
-                        session: *session,
+                        session: session.map(Duration::from_millis),
                         conn: *conn,
                     },
                 );
@@ -324,7 +357,7 @@ impl Harness {
                         id: IDS[*id].into(),
                         ttl,
                         wait,
-                        session: *session,
+                        session,
                         conn: *conn,
                     },
                 );
@@ -348,15 +381,33 @@ impl Harness {
                 }
                 self.effects(Call::Other)?;
             }
-            Op::Renew { name, tok, ttl } => {
+            Op::Renew {
+                name,
+                tok,
+                ttl,
+                conn,
+            } => {
                 let token = self.token(NAMES[*name], tok);
                 let ttl = ttl.as_ref().and_then(|p| self.ttl(p));
-                let got = self
-                    .table
-                    .renew(at, NAMES[*name], token, ttl.map(Duration::from_millis));
-                let want = self.model.renew(now, NAMES[*name], token, ttl);
+                let got = self.table.renew(
+                    at,
+                    NAMES[*name],
+                    token,
+                    ttl.map(Duration::from_millis),
+                    *conn,
+                );
+                let want = self.model.renew(now, NAMES[*name], token, ttl, *conn);
                 if got != want {
                     return Err(format!("renew {token}: table {got:?}, model {want:?}"));
+                }
+                self.effects(Call::Other)?;
+            }
+            Op::Revoke { name, tok } => {
+                let token = self.token(NAMES[*name], tok);
+                let got = self.table.revoke(at, NAMES[*name], token);
+                let want = self.model.revoke(now, NAMES[*name], token);
+                if got != want {
+                    return Err(format!("revoke {token}: table {got:?}, model {want:?}"));
                 }
                 self.effects(Call::Other)?;
             }
@@ -401,7 +452,7 @@ impl Harness {
                         .model
                         .entries
                         .get(NAMES[*name])
-                        .and_then(|e| e.holder.session)
+                        .and_then(|e| e.holder.session?.conn)
                         .unwrap_or(1),
                     ConnPick::Conn(c) => *c,
                 };
@@ -535,7 +586,7 @@ fn req(
         id: id.into(),
         ttl: Some(Duration::from_millis(ttl_ms)),
         wait: wait.map(Duration::from_millis),
-        session,
+        session: session.then_some(Duration::ZERO),
         conn,
     }
 }
@@ -586,7 +637,8 @@ fn same_id_relock_keeps_token_and_restarts_lease() {
     assert_eq!(t.next_token(), token + 1);
     // RENEW without ttl uses the ttl of the last LOCK.
     assert_eq!(
-        t.renew(ms(base, 2000), "x", token, None),
+        t.renew(ms(base, 2000), "x", token, None, 1)
+            .map(|r| r.deadline),
         Ok(ms(base, 4000))
     );
 }

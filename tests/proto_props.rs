@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockd::proto::{self, Reply, Request};
+use lockd::proto::{self, Reply, Request, Tie};
 use proptest::prelude::*;
 
 /// Words a client may send, valid or not: names, numbers, options, junk and control characters.
@@ -12,6 +12,8 @@ fn word() -> impl Strategy<Value = String> {
         "[a-zA-Z0-9:._-]{1,12}",
         "(ttl|wait|TTL|Wait)=[0-9a-z.]{0,6}",
         Just("session".to_string()),
+        "session=[0-9a-z.]{0,6}",
+        Just("detach".to_string()),
         "[0-9]{1,25}",
         any::<String>(),
         "\\PC{0,300}",
@@ -57,14 +59,19 @@ fn request() -> impl Strategy<Value = Request> {
             name(),
             prop::option::of(duration()),
             prop::option::of(prop_oneof![Just(Duration::ZERO), duration()]),
-            any::<bool>()
+            prop_oneof![
+                Just(Tie::Plain),
+                Just(Tie::Detach),
+                Just(Tie::Session(Duration::ZERO)),
+                duration().prop_map(Tie::Session),
+            ]
         )
-            .prop_map(|(name, id, ttl, wait, session)| Request::Lock {
+            .prop_map(|(name, id, ttl, wait, tie)| Request::Lock {
                 name,
                 id,
                 ttl,
                 wait,
-                session
+                tie
             }),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
         (name(), 1u64..u64::MAX, prop::option::of(duration()))

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::{config, start_server, wait_status, Raw, GUARD};
 use lockd::client::Client;
+use lockd::proto::Tie;
 use tokio::sync::Mutex;
 
 const CLIENTS: usize = 32;
@@ -34,7 +35,7 @@ async fn holders_never_overlap_and_tokens_increase() {
             let mut c = Client::connect(&addr).await.expect("connect");
             let id = format!("client-{i}");
             for round in 0..ROUNDS {
-                critical_section(&mut c, &id, round, false, &log).await;
+                critical_section(&mut c, &id, round, Tie::Plain, &log).await;
             }
         }));
     }
@@ -63,11 +64,11 @@ async fn critical_section(
     c: &mut Client,
     id: &str,
     round: usize,
-    session: bool,
+    tie: Tie,
     log: &Mutex<Vec<Held>>,
 ) {
     let token = c
-        .lock("shared", id, Some(Duration::from_secs(60)), None, session)
+        .lock("shared", id, Some(Duration::from_secs(60)), None, tie)
         .await
         .unwrap_or_else(|e| panic!("{id} round {round}: LOCK: {e}"));
     let start = Instant::now();
@@ -118,8 +119,12 @@ async fn vanishing_clients_neither_lose_nor_share_the_lock() {
                     ghost.reset();
                     continue;
                 }
-                let session = (i + round) % 2 == 1;
-                critical_section(&mut c, &id, round, session, &log).await;
+                let tie = match (i + round) % 4 {
+                    1 => Tie::Session(Duration::ZERO),
+                    2 => Tie::Detach,
+                    _ => Tie::Session(Duration::from_secs(1)),
+                };
+                critical_section(&mut c, &id, round, tie, &log).await;
             }
         }));
     }

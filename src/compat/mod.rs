@@ -337,7 +337,7 @@ impl Compat {
             id: id.to_owned(),
             ttl: Some(self.config.unlock_timeout),
             wait: Some(Duration::ZERO),
-            session: false,
+            session: None,
             conn: self.conn,
         };
         match self.shared.lock(req) {

@@ -59,7 +59,49 @@ pub(super) struct Holder {
     pub(super) ttl: u64,
     /// In [`Clock`] ticks.
     pub(super) deadline: u64,
-    pub(super) session: Option<ConnId>,
+    /// The connection a session lease is bound to; 0 when it is bound to none (see `bond`).
+    /// Packed with `grace_ms` and `bond` rather than an enum with a payload, which would
+    /// push the slot past 80 bytes.
+    pub(super) conn: ConnId,
+    /// A session lease's grace in milliseconds (saturating: 49 days at most).
+    pub(super) grace_ms: u32,
+    pub(super) bond: Bond,
+}
+
+/// How a holder's lease is tied to a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Bond {
+    /// A plain lease: only UNLOCK or its deadline ends it.
+    Plain,
+    /// A session lease bound to the open connection `conn`.
+    Open,
+    /// A session lease whose connection closed, in its grace: it ends at its deadline unless
+    /// a RENEW binds it to another connection. `cut`: the grace moved the deadline earlier,
+    /// so its end is reported as `dropped` rather than `expired`.
+    Orphan { cut: bool },
+}
+
+impl Holder {
+    /// The connection a lease is bound to right now, if any.
+    pub(super) fn open_conn(&self) -> Option<ConnId> {
+        (self.bond == Bond::Open).then_some(self.conn)
+    }
+
+    /// Binds the lease as a LOCK asked: a session lease to `conn` with `grace`, or plain.
+    pub(super) fn bind(&mut self, session: Option<Duration>, conn: ConnId) {
+        match session {
+            Some(grace) => {
+                self.bond = Bond::Open;
+                self.conn = conn;
+                self.grace_ms = u32::try_from(grace.as_millis()).unwrap_or(u32::MAX);
+            }
+            None => {
+                self.bond = Bond::Plain;
+                self.conn = 0;
+                self.grace_ms = 0;
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -67,7 +109,8 @@ pub(super) struct Waiter {
     pub(super) waiter: WaiterId,
     pub(super) id: Arc<str>,
     pub(super) ttl: Duration,
-    pub(super) session: bool,
+    /// The grace of the session lease it asked for; `None` for a plain lease.
+    pub(super) session: Option<Duration>,
     pub(super) conn: ConnId,
     /// When its wait ends, in [`Clock`] ticks; `None` waits without bound.
     pub(super) deadline: Option<u64>,

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 mod layout;
 mod types;
 
-use layout::{nanos, Clock, Entry, Holder, Queue, Slab, Timer, Waiter};
+use layout::{nanos, Bond, Clock, Entry, Holder, Queue, Slab, Timer, Waiter};
 pub use types::*;
 
 /// The lock table.
@@ -112,7 +112,9 @@ impl Locks {
             ttl: nanos(lease.ttl.min(self.limits.max_ttl)),
             // Past 584 years from now: as good as never.
             deadline: self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
-            session: None,
+            conn: 0,
+            grace_ms: 0,
+            bond: Bond::Plain,
         };
         let deadline = holder.deadline;
         if let Some(slot) = self.add_entry(lease.name.into(), holder) {
@@ -164,6 +166,11 @@ impl Locks {
     pub fn lock(&mut self, now: Instant, req: LockRequest) -> Result<LockOutcome, TableError> {
         self.expire(now);
         let ttl = self.check_ttl(req.ttl)?;
+        if req.session.is_some_and(|grace| grace > self.limits.max_ttl) {
+            return Err(TableError::BadGrace {
+                max: self.limits.max_ttl,
+            });
+        }
         let bad_ttl = TableError::BadTtl {
             max: self.limits.max_ttl,
         };
@@ -175,13 +182,16 @@ impl Locks {
             if self.index.len() >= self.limits.max_locks {
                 return Err(too_many);
             }
-            let holder = Holder {
+            let mut holder = Holder {
                 id: self.intern(&req.id),
                 token: 0,
                 ttl: nanos(ttl),
                 deadline: deadline_ticks,
-                session: req.session.then_some(req.conn),
+                conn: 0,
+                grace_ms: 0,
+                bond: Bond::Plain,
             };
+            holder.bind(req.session, req.conn);
             let slot = self.add_entry(req.name.into(), holder).ok_or(too_many)?;
             let token = self.start_lease(slot, deadline);
             return Ok(LockOutcome::Granted { token, deadline });
@@ -193,16 +203,17 @@ impl Locks {
         if *entry.holder.id == *req.id {
             // A repeat by the holder (typically a retry after a lost reply): same grant, new
             // lease. Two processes can't share it through one id while the first one's session
-            // connection is open: that is refused.
+            // connection is open: that is refused. A session lease in its grace has no open
+            // connection, so its holder coming back takes it up again.
             let holder = &mut entry.holder;
-            if matches!(holder.session, Some(c) if c != req.conn) {
+            if matches!(holder.open_conn(), Some(c) if c != req.conn) {
                 return Err(TableError::Conflict);
             }
             let timer = Timer::Lease(holder.token, slot);
             self.timers.remove(&(holder.deadline, timer));
             holder.ttl = nanos(ttl);
             holder.deadline = deadline_ticks;
-            holder.session = req.session.then_some(req.conn);
+            holder.bind(req.session, req.conn);
             self.timers.insert((deadline_ticks, timer));
             if self.journal {
                 self.changes.push(Change::Grant {
@@ -287,21 +298,67 @@ impl Locks {
         self.end_lease(now, name, token, EventKind::Released, None)
     }
 
-    /// Ends a session lease because connection `conn` closed; a no-op if the lease already
-    /// ended or changed hands.
+    /// Connection `conn`, to which the session lease `token` is bound, closed. Without a
+    /// grace the lease ends now (event `dropped`); with one, it ends `grace` from now (or at
+    /// its own deadline, if sooner) unless a RENEW binds it to another connection first. A
+    /// no-op if the lease already ended, changed hands or is bound elsewhere.
     pub fn drop_session(&mut self, now: Instant, name: &str, token: Token, conn: ConnId) {
         self.expire(now);
-        let _ = self.end_lease(now, name, token, EventKind::Dropped, Some(conn));
+        let Some(slot) = self.live_slot(name, token) else {
+            return;
+        };
+        let Some(entry) = self.slab.get_mut(slot) else {
+            return;
+        };
+        let holder = &mut entry.holder;
+        if holder.open_conn() != Some(conn) {
+            return;
+        }
+        if holder.grace_ms == 0 {
+            let _ = self.end_lease(now, name, token, EventKind::Dropped, Some(conn));
+            return;
+        }
+        let grace = Duration::from_millis(u64::from(holder.grace_ms));
+        let cut = self
+            .clock
+            .after(now, grace)
+            .filter(|(_, ticks)| *ticks < holder.deadline);
+        holder.bond = Bond::Orphan { cut: cut.is_some() };
+        holder.conn = 0;
+        if let Some((deadline, ticks)) = cut {
+            let timer = Timer::Lease(token, slot);
+            self.timers.remove(&(holder.deadline, timer));
+            holder.deadline = ticks;
+            self.timers.insert((ticks, timer));
+            if self.journal {
+                self.changes.push(Change::Renew {
+                    name: Arc::clone(&entry.name),
+                    token,
+                    ttl: Duration::from_nanos(holder.ttl),
+                    deadline,
+                });
+            }
+        }
     }
 
-    /// RENEW: a new deadline `ttl` (or the lease's own ttl) from now.
+    /// Takes back a grant whose client is known to be gone (its connection was reset before
+    /// it could read the token): the lease ends now with event `dropped` and the next waiter
+    /// is granted. `NotHeld` if `token` is not the live lease.
+    pub fn revoke(&mut self, now: Instant, name: &str, token: Token) -> Result<(), TableError> {
+        self.expire(now);
+        self.end_lease(now, name, token, EventKind::Dropped, None)
+    }
+
+    /// RENEW on connection `conn`: a new deadline `ttl` (or the lease's own ttl) from now. A
+    /// session lease in its grace is bound to `conn` from now on.
     pub fn renew(
         &mut self,
         now: Instant,
         name: &str,
         token: Token,
         ttl: Option<Duration>,
-    ) -> Result<Instant, TableError> {
+        conn: ConnId,
+    ) -> Result<Renewal, TableError> {
         self.expire(now);
         let ttl = match ttl {
             Some(_) => Some(self.check_ttl(ttl)?),
@@ -321,6 +378,11 @@ impl Locks {
         holder.ttl = nanos(ttl);
         holder.deadline = deadline_ticks;
         self.timers.insert((deadline_ticks, timer));
+        let bound = matches!(holder.bond, Bond::Orphan { .. });
+        if bound {
+            holder.bond = Bond::Open;
+            holder.conn = conn;
+        }
         if self.journal {
             self.changes.push(Change::Renew {
                 name: Arc::clone(&entry.name),
@@ -329,7 +391,7 @@ impl Locks {
                 deadline,
             });
         }
-        Ok(deadline)
+        Ok(Renewal { deadline, bound })
     }
 
     /// CHECK: the deadline of `token`'s lease on `name`, if it is live.
@@ -385,9 +447,13 @@ impl Locks {
                     }
                 }
                 Timer::Lease(token, slot) => {
-                    let live = self.slab.get(slot).is_some_and(|e| e.holder.token == token);
-                    if live {
-                        self.release_and_hand_over(now, slot, EventKind::Expired);
+                    let ended = self.slab.get(slot).filter(|e| e.holder.token == token);
+                    if let Some(entry) = ended {
+                        let kind = match entry.holder.bond {
+                            Bond::Orphan { cut: true } => EventKind::Dropped,
+                            _ => EventKind::Expired,
+                        };
+                        self.release_and_hand_over(now, slot, kind);
                     }
                 }
             }
@@ -402,6 +468,15 @@ impl Locks {
             });
         }
         Ok(ttl)
+    }
+
+    /// The slot of `name` if `token` is its live lease.
+    fn live_slot(&self, name: &str, token: Token) -> Option<u32> {
+        let slot = *self.index.get(name)?;
+        self.slab
+            .get(slot)
+            .is_some_and(|e| e.holder.token == token)
+            .then_some(slot)
     }
 
     fn entry(&self, name: &str) -> Option<&Entry> {
@@ -492,7 +567,7 @@ impl Locks {
             .get(slot)
             .filter(|e| e.holder.token == token)
             .ok_or(TableError::NotHeld)?;
-        if only_conn.is_some() && entry.holder.session != only_conn {
+        if only_conn.is_some() && entry.holder.open_conn() != only_conn {
             return Err(TableError::NotHeld);
         }
         self.timers
@@ -530,13 +605,16 @@ impl Locks {
             .clock
             .after(now, next.ttl)
             .unwrap_or((now, self.clock.ticks(now).unwrap_or(u64::MAX)));
-        let new_holder = Holder {
+        let mut new_holder = Holder {
             id: next.id,
             token: 0,
             ttl: nanos(next.ttl),
             deadline: deadline_ticks,
-            session: next.session.then_some(next.conn),
+            conn: 0,
+            grace_ms: 0,
+            bond: Bond::Plain,
         };
+        new_holder.bind(next.session, next.conn);
         let old = std::mem::replace(&mut entry.holder, new_holder);
         let name = Arc::clone(&entry.name);
         self.effects.push(Effect::Event(Event {
@@ -620,7 +698,7 @@ fn status_of(clock: Clock, now: Instant, entry: &Entry) -> LockStatus {
         holder: Arc::clone(&entry.holder.id),
         token: entry.holder.token,
         remaining: deadline.saturating_duration_since(now),
-        session: entry.holder.session.is_some(),
+        session: entry.holder.bond != Bond::Plain,
         waiters: entry.queue.as_ref().map_or(0, |q| q.len()),
     }
 }

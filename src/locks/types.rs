@@ -40,9 +40,20 @@ pub struct LockRequest {
     pub ttl: Option<Duration>,
     /// `None` waits without bound; `Some(ZERO)` tries once.
     pub wait: Option<Duration>,
-    /// The lease ends when `conn` closes.
-    pub session: bool,
+    /// `Some(grace)`: a session lease, ending `grace` after `conn` closes (at once for zero)
+    /// unless a RENEW binds it to another connection first. `None`: a plain lease.
+    pub session: Option<Duration>,
     pub conn: ConnId,
+}
+
+/// What a RENEW did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewal {
+    /// The lease's new deadline.
+    pub deadline: Instant,
+    /// The lease was a session lease in its grace (its connection had closed), and is now
+    /// bound to the renewing connection: that connection's close starts a new grace.
+    pub bound: bool,
 }
 
 /// What a LOCK did at once.
@@ -59,6 +70,8 @@ pub enum LockOutcome {
 pub enum TableError {
     /// ttl is zero or above the maximum.
     BadTtl { max: Duration },
+    /// A session lease's grace is above the maximum ttl.
+    BadGrace { max: Duration },
     /// `wait=0` and the lock is held by someone else.
     WouldBlock { holder: Arc<str> },
     /// The token is not the live lease of that name.
@@ -75,6 +88,11 @@ impl fmt::Display for TableError {
             TableError::BadTtl { max } => write!(
                 f,
                 "ttl must be more than 0 and at most {}",
+                humantime::format_duration(*max)
+            ),
+            TableError::BadGrace { max } => write!(
+                f,
+                "session grace must be at most {}",
                 humantime::format_duration(*max)
             ),
             TableError::WouldBlock { holder } => write!(f, "held by {holder}"),

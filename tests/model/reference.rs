@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockd::locks::{
-    ConnId, Effect, Event, EventKind, LockOutcome, LockStatus, TableError, Token, WaitEnd, WaiterId,
+    ConnId, Effect, Event, EventKind, LockOutcome, LockStatus, Renewal, TableError, Token, WaitEnd,
+    WaiterId,
 };
 
 /// Limits in milliseconds, mirroring `lockd::locks::Limits`.
@@ -26,7 +27,27 @@ pub struct MHolder {
     pub token: Token,
     pub ttl: u64,
     pub deadline: u64,
-    pub session: Option<ConnId>,
+    pub session: Option<MSession>,
+}
+
+/// A session lease's binding.
+#[derive(Clone, Copy, Debug)]
+pub struct MSession {
+    pub grace: u64,
+    /// The open connection it is bound to; `None` once that closed (in its grace).
+    pub conn: Option<ConnId>,
+    /// The grace moved the deadline earlier: its end is `dropped`, not `expired`.
+    pub cut: bool,
+}
+
+impl MSession {
+    fn bound(grace: Option<u64>, conn: ConnId) -> Option<MSession> {
+        grace.map(|grace| MSession {
+            grace,
+            conn: Some(conn),
+            cut: false,
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -34,7 +55,8 @@ pub struct MWaiter {
     pub waiter: WaiterId,
     pub id: String,
     pub ttl: u64,
-    pub session: bool,
+    /// The session grace asked for; `None` for a plain lease.
+    pub session: Option<u64>,
     pub conn: ConnId,
     pub deadline: Option<u64>,
 }
@@ -53,7 +75,7 @@ pub struct MLock {
     pub id: String,
     pub ttl: Option<u64>,
     pub wait: Option<u64>,
-    pub session: bool,
+    pub session: Option<u64>,
     pub conn: ConnId,
 }
 
@@ -126,13 +148,18 @@ impl Model {
                     });
                 }
                 Due::Lease(token) => {
-                    let name = self
+                    let (name, cut) = self
                         .entries
                         .iter()
                         .find(|(_, e)| e.holder.token == token)
-                        .map(|(n, _)| n.clone())
+                        .map(|(n, e)| (n.clone(), e.holder.session.is_some_and(|s| s.cut)))
                         .expect("a pending lease has an entry");
-                    self.release(now, &name, EventKind::Expired);
+                    let kind = if cut {
+                        EventKind::Dropped
+                    } else {
+                        EventKind::Expired
+                    };
+                    self.release(now, &name, kind);
                 }
             }
         }
@@ -185,7 +212,7 @@ impl Model {
             token,
             ttl: next.ttl,
             deadline,
-            session: next.session.then_some(next.conn),
+            session: MSession::bound(next.session, next.conn),
         };
         self.entries.insert(name.to_string(), entry);
     }
@@ -207,6 +234,11 @@ impl Model {
     pub fn lock(&mut self, now: u64, req: MLock) -> Result<LockOutcome, TableError> {
         self.process(now);
         let ttl = self.valid_ttl(req.ttl)?;
+        if req.session.is_some_and(|g| g > self.limits.max_ttl) {
+            return Err(TableError::BadGrace {
+                max: Duration::from_millis(self.limits.max_ttl),
+            });
+        }
         let deadline = now + ttl;
         if !self.entries.contains_key(&req.name) {
             if self.entries.len() >= self.limits.max_locks {
@@ -224,7 +256,7 @@ impl Model {
                         token,
                         ttl,
                         deadline,
-                        session: req.session.then_some(req.conn),
+                        session: MSession::bound(req.session, req.conn),
                     },
                     queue: Vec::new(),
                 },
@@ -237,14 +269,14 @@ impl Model {
         let at_deadline = self.at(deadline);
         let entry = self.entries.get_mut(&req.name).expect("checked above");
         if entry.holder.id == req.id {
-            if let Some(c) = entry.holder.session {
+            if let Some(c) = entry.holder.session.and_then(|s| s.conn) {
                 if c != req.conn {
                     return Err(TableError::Conflict);
                 }
             }
             entry.holder.ttl = ttl;
             entry.holder.deadline = deadline;
-            entry.holder.session = req.session.then_some(req.conn);
+            entry.holder.session = MSession::bound(req.session, req.conn);
             return Ok(LockOutcome::Granted {
                 token: entry.holder.token,
                 deadline: at_deadline,
@@ -292,10 +324,34 @@ impl Model {
 
     pub fn drop_session(&mut self, now: u64, name: &str, token: Token, conn: ConnId) {
         self.process(now);
-        if let Some(e) = self.entries.get(name) {
-            if e.holder.token == token && e.holder.session == Some(conn) {
+        let Some(e) = self.entries.get_mut(name) else {
+            return;
+        };
+        let Some(s) = e.holder.session.as_mut() else {
+            return;
+        };
+        if e.holder.token != token || s.conn != Some(conn) {
+            return;
+        }
+        if s.grace == 0 {
+            self.release(now, name, EventKind::Dropped);
+            return;
+        }
+        s.conn = None;
+        s.cut = now + s.grace < e.holder.deadline;
+        if s.cut {
+            e.holder.deadline = now + s.grace;
+        }
+    }
+
+    pub fn revoke(&mut self, now: u64, name: &str, token: Token) -> Result<(), TableError> {
+        self.process(now);
+        match self.entries.get(name) {
+            Some(e) if e.holder.token == token => {
                 self.release(now, name, EventKind::Dropped);
+                Ok(())
             }
+            _ => Err(TableError::NotHeld),
         }
     }
 
@@ -305,7 +361,8 @@ impl Model {
         name: &str,
         token: Token,
         ttl: Option<u64>,
-    ) -> Result<Instant, TableError> {
+        conn: ConnId,
+    ) -> Result<Renewal, TableError> {
         self.process(now);
         if ttl.is_some() {
             self.valid_ttl(ttl)?;
@@ -316,7 +373,16 @@ impl Model {
                 let ttl = ttl.unwrap_or(e.holder.ttl);
                 e.holder.ttl = ttl;
                 e.holder.deadline = now + ttl;
-                Ok(base + Duration::from_millis(now + ttl))
+                let mut bound = false;
+                if let Some(s) = e.holder.session.as_mut().filter(|s| s.conn.is_none()) {
+                    s.conn = Some(conn);
+                    s.cut = false;
+                    bound = true;
+                }
+                Ok(Renewal {
+                    deadline: base + Duration::from_millis(now + ttl),
+                    bound,
+                })
             }
             _ => Err(TableError::NotHeld),
         }

@@ -1,7 +1,7 @@
 //! The one-request commands: acquire, release, renew.
 
 use lockd::client::ClientError;
-use lockd::proto::ErrorCode;
+use lockd::proto::{ErrorCode, Tie};
 
 use crate::cli::{AcquireArgs, RenewArgs, TokenArgs};
 use crate::fail::{Failure, LOST};
@@ -15,7 +15,10 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
     }
     let mut client = server.connect().await?;
     let wait = args.wait.server_wait();
-    match client.lock(&args.name, id, args.ttl, wait, false).await {
+    match client
+        .lock(&args.name, id, args.ttl, wait, Tie::Plain)
+        .await
+    {
         Ok(token) => {
             if server.verbose {
                 eprintln!("lockctl: acquired {} token {token}", args.name);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use lockd::client::{Client, ClientError};
 use lockd::locks::Token;
-use lockd::proto::ErrorCode;
+use lockd::proto::{ErrorCode, Tie};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::child::{exit_code, Child, Program, Signals};
@@ -136,7 +136,10 @@ async fn lock(
             .server_wait()
             .map(|w| w.saturating_sub(started.elapsed()));
         let sent = Instant::now();
-        match client.lock(name, id, Some(ttl), wait_left, true).await {
+        match client
+            .lock(name, id, Some(ttl), wait_left, Tie::Session(Duration::ZERO))
+            .await
+        {
             Ok(token) => {
                 return Ok(Granted {
                     client,
