@@ -9,10 +9,12 @@ mod blocking;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::thread;
 use std::time::Duration;
 
-use blocking::{eventually, signal, Lockd, Output, Proxy};
+use blocking::{
+    assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
+    signal, Lockd, Output, Proxy,
+};
 
 const GUARD: Duration = Duration::from_secs(60);
 
@@ -41,14 +43,8 @@ fn bash_at(addr: &str, script: &str, own_group: bool) -> Child {
     command.spawn().expect("bash must be installed")
 }
 
-/// Waits until `name` is held, and returns the holder's token.
 fn held(lockd: &Lockd, name: &str) -> u64 {
-    let mut token = None;
-    eventually(GUARD, &format!("{name} is taken"), || {
-        token = lockd.holder_token(name);
-        token.is_some()
-    });
-    token.expect("token")
+    lockd.wait_held(name, GUARD)
 }
 
 fn finish(child: Child, stdin: &str) -> Output {
@@ -307,28 +303,10 @@ fn a_script_killed_while_waiting_never_gets_the_lock() {
         ("lockd_run queue ttl=10m -- echo ran", libc::SIGTERM),
     ];
     for (script, sig) in cases {
-        let lockd = Lockd::start();
-        let holder = lockd.request("LOCK queue holder ttl=10m");
-        let mut waiter = bash(&lockd, script);
-        eventually(GUARD, "the script waits", || lockd.waiters("queue") == 1);
-        let next = lockd.request_in_background("LOCK queue next ttl=10m");
-        eventually(GUARD, "the next one waits behind it", || {
-            lockd.waiters("queue") == 2
+        eprintln!("{script}");
+        assert_killed_waiter_never_gets_the_lock(&Lockd::start(), sig, GUARD, |lockd| {
+            bash(lockd, script)
         });
-        signal(&waiter, sig);
-        let _ = waiter.wait();
-        eventually(GUARD, "the killed script leaves the queue", || {
-            lockd.waiters("queue") == 1
-        });
-        let token = holder.strip_prefix("OK ").expect("holder's token");
-        assert_eq!(lockd.request(&format!("UNLOCK queue {token}")), "OK");
-        let granted = next.join().expect("next waiter");
-        assert!(granted.starts_with("OK "), "{script}: {granted}");
-        assert_eq!(
-            lockd.holder_id("queue").as_deref(),
-            Some("next"),
-            "{script}"
-        );
     }
 }
 
@@ -338,20 +316,12 @@ fn a_script_killed_while_waiting_never_gets_the_lock() {
 fn run_rides_out_a_dropped_connection_within_its_grace() {
     let lockd = Lockd::start();
     let proxy = Proxy::start(lockd.addr);
-    let grace = Duration::from_secs(3);
     let child = bash_at(
         &proxy.addr.to_string(),
         r#"lockd_run rides ttl=1m session=3s -- bash -c 'read -r line; echo "got $line"'"#,
         false,
     );
-    let token = held(&lockd, "rides");
-    assert!(lockd.request("STATUS rides").contains(" session=1 "));
-    proxy.cut();
-    eventually(GUARD, "the renewer reconnects", || proxy.accepted() >= 2);
-    // Past the grace of the dropped connection, the lease is still the script's.
-    thread::sleep(grace + Duration::from_secs(1));
-    let checked = lockd.request(&format!("CHECK rides {token}"));
-    assert!(checked.starts_with("OK ttl_ms="), "{checked}");
+    assert_rides_out_a_cut(&lockd, &proxy, "rides", Duration::from_secs(3), GUARD);
     let out = finish(child, "go\n");
     assert_ok(&out);
     assert!(out.stdout.contains("got go"), "{}", out.stdout);
@@ -369,13 +339,7 @@ fn run_loses_the_lease_when_its_connection_stays_down_past_the_grace() {
         "lockd_run cut ttl=10m session=2s -- bash -c 'exec sleep 60'; echo not-reached",
         false,
     );
-    held(&lockd, "cut");
-    proxy.refuse(true);
-    proxy.cut();
-    // The grace (2 s), not the ttl (10 min), ends it.
-    eventually(GUARD, "the server ends the lease", || {
-        lockd.request("STATUS cut") == "OK cut free"
-    });
+    cut_for_good(&lockd, &proxy, "cut", GUARD);
     let out = finish(child, "");
     assert_eq!(out.code(), Some(4), "{}", out.stderr);
     assert!(out.stderr.contains("lost"), "{}", out.stderr);

@@ -7,10 +7,12 @@ mod blocking;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::thread;
 use std::time::Duration;
 
-use blocking::{eventually, signal, Lockd, Proxy};
+use blocking::{
+    assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
+    signal, Lockd, Proxy,
+};
 
 /// Only a guard against a hang; the suite takes a few seconds.
 const GUARD: Duration = Duration::from_secs(120);
@@ -80,24 +82,10 @@ fn a_client_killed_while_waiting_never_gets_the_lock() {
         ),
     ];
     for (code, sig) in cases {
-        let lockd = Lockd::start();
-        let held = lockd.request("LOCK queue holder ttl=10m");
-        let mut waiter = script(&lockd.addr.to_string(), code);
-        eventually(GUARD, "the client waits", || lockd.waiters("queue") == 1);
-        let next = lockd.request_in_background("LOCK queue next ttl=10m");
-        eventually(GUARD, "the next one waits behind it", || {
-            lockd.waiters("queue") == 2
+        eprintln!("{code}");
+        assert_killed_waiter_never_gets_the_lock(&Lockd::start(), sig, GUARD, |lockd| {
+            script(&lockd.addr.to_string(), code)
         });
-        signal(&waiter, sig);
-        let _ = waiter.wait();
-        eventually(GUARD, "the killed client leaves the queue", || {
-            lockd.waiters("queue") == 1
-        });
-        let token = held.strip_prefix("OK ").expect("holder's token");
-        assert_eq!(lockd.request(&format!("UNLOCK queue {token}")), "OK");
-        let granted = next.join().expect("next waiter");
-        assert!(granted.starts_with("OK "), "{granted}");
-        assert_eq!(lockd.holder_id("queue").as_deref(), Some("next"), "{code}");
     }
 }
 
@@ -107,26 +95,13 @@ fn a_client_killed_while_waiting_never_gets_the_lock() {
 fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
     let lockd = Lockd::start();
     let proxy = Proxy::start(lockd.addr);
-    let grace = Duration::from_secs(3);
     let child = script(
         &proxy.addr.to_string(),
         "lease = lockd_client.lock('rides', server=ADDR, ttl=60, session=3)\n\
          with lease as token:\n    sys.stdin.readline()\n    lease.check()\n\
          print('released', flush=True)",
     );
-    let mut token = None;
-    eventually(GUARD, "the lease is taken", || {
-        token = lockd.holder_token("rides");
-        token.is_some()
-    });
-    let token = token.expect("token");
-    assert!(lockd.request("STATUS rides").contains(" session=1 "));
-    proxy.cut();
-    eventually(GUARD, "the client reconnects", || proxy.accepted() >= 2);
-    // Past the grace of the dropped connection, the lease is still the client's.
-    thread::sleep(grace + Duration::from_secs(1));
-    let checked = lockd.request(&format!("CHECK rides {token}"));
-    assert!(checked.starts_with("OK ttl_ms="), "{checked}");
+    assert_rides_out_a_cut(&lockd, &proxy, "rides", Duration::from_secs(3), GUARD);
     let out = blocking::finish(child, "\n", GUARD);
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout.contains("released"), "{}", out.stdout);
@@ -146,15 +121,7 @@ fn a_lease_is_lost_when_its_connection_stays_down_past_the_grace() {
          while not lease.lost and time.monotonic() < deadline:\n            time.sleep(0.05)\n\
          except lockd_client.LockdError as e:\n    print(e, file=sys.stderr)\n    sys.exit(e.exit_code)",
     );
-    eventually(GUARD, "the lease is taken", || {
-        lockd.holder_token("cut").is_some()
-    });
-    proxy.refuse(true);
-    proxy.cut();
-    // The grace (2 s), not the ttl (10 min), ends it.
-    eventually(GUARD, "the server ends the lease", || {
-        lockd.request("STATUS cut") == "OK cut free"
-    });
+    cut_for_good(&lockd, &proxy, "cut", GUARD);
     let out = blocking::finish(child, "", GUARD);
     assert_eq!(out.code(), Some(4), "{}", out.stderr);
     assert!(out.stderr.contains("lost"), "{}", out.stderr);
@@ -169,9 +136,7 @@ fn a_killed_holder_frees_the_lock_within_the_grace() {
         &lockd.addr.to_string(),
         "with lockd_client.lock('killed', server=ADDR, ttl=600, session=2):\n    time.sleep(600)",
     );
-    eventually(GUARD, "the lease is taken", || {
-        lockd.holder_token("killed").is_some()
-    });
+    lockd.wait_held("killed", GUARD);
     signal(&child, libc::SIGKILL);
     let _ = child.wait();
     eventually(GUARD, "the lock is free after the grace", || {

@@ -148,7 +148,9 @@ lockd__exchange() {
     local line=$1 patience=${2:-${LOCKD_IO_TIMEOUT:-10}} reply='' chunk rc=0
     local addr=${LOCKD_ADDR:-127.0.0.1:5001}
     LOCKD_REPLY=
-    if ! { printf '%s\n' "$line" >&"$lockd__fd"; } 2>/dev/null; then
+    # Written from a subshell: a write to a connection the server has reset raises SIGPIPE,
+    # which must end that subshell (a failed send), not the caller's shell.
+    if ! (printf '%s\n' "$line" >&"$lockd__fd") 2>/dev/null; then
         lockd__fail 3 "cannot send to $addr"
         return
     fi
@@ -538,7 +540,10 @@ lockd_run() {
         "$@"
     ) <&0 {lockd__fd}>&- &
     local cmd_pid=$!
-    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$BASHPID" &
+    # The words of a background command are expanded in its own process: take this shell's
+    # pid first.
+    local owner=$BASHPID
+    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" &
     local renew_pid=$!
     # The renewer owns the connection now; this shell releases on a connection of its own.
     lockd__disconnect
@@ -561,6 +566,11 @@ lockd_run() {
     eval "$saved_traps"
     if ((renew_rc == 4)); then
         lockd__fail 4 "lease on $name lost while the command ran; it was stopped"
+        return
+    fi
+    # 143: our TERM came before the renewer had set its trap (a command that ended at once).
+    if ((renew_rc != 0 && renew_rc != 143)); then
+        lockd__fail 4 "the renewal job of $name ended (status $renew_rc) while the command ran; the lease may have lapsed"
         return
     fi
     lockd_unlock "$name" "$token" >/dev/null || true

@@ -61,6 +61,16 @@ impl Lockd {
         lockd::proto::field(&reply, "token")?.parse().ok()
     }
 
+    /// Waits until `name` is held, and returns the holder's token.
+    pub fn wait_held(&self, name: &str, guard: Duration) -> u64 {
+        let mut token = None;
+        eventually(guard, &format!("{name} is taken"), || {
+            token = self.holder_token(name);
+            token.is_some()
+        });
+        token.expect("token")
+    }
+
     /// The holder's id of `name`, from STATUS.
     pub fn holder_id(&self, name: &str) -> Option<String> {
         let reply = self.request(&format!("STATUS {name}"));
@@ -86,6 +96,69 @@ fn request_at(addr: SocketAddr, line: &str) -> String {
     let mut reply = String::new();
     BufReader::new(stream).read_line(&mut reply).expect("reply");
     reply.trim_end().to_string()
+}
+
+/// Checks that a client killed while it waits never gets the lock. The lock `queue` is held;
+/// `start` starts a process that waits for it, which gets `signal` once a second waiter
+/// (`next`) queues behind it. It must leave the queue, and when the holder releases, `next`
+/// must be granted: the lock never goes to the dead one (which would keep it for its ttl).
+pub fn assert_killed_waiter_never_gets_the_lock(
+    lockd: &Lockd,
+    signal_to_send: i32,
+    guard: Duration,
+    start: impl FnOnce(&Lockd) -> Child,
+) {
+    let holder = lockd.request("LOCK queue holder ttl=10m");
+    let token = holder.strip_prefix("OK ").expect("the holder's token");
+    let mut waiter = start(lockd);
+    eventually(guard, "the client waits", || lockd.waiters("queue") == 1);
+    let next = lockd.request_in_background("LOCK queue next ttl=10m");
+    eventually(guard, "the next one waits behind it", || {
+        lockd.waiters("queue") == 2
+    });
+    signal(&waiter, signal_to_send);
+    let _ = waiter.wait();
+    eventually(guard, "the killed client leaves the queue", || {
+        lockd.waiters("queue") == 1
+    });
+    assert_eq!(lockd.request(&format!("UNLOCK queue {token}")), "OK");
+    let granted = next.join().expect("next waiter");
+    assert!(granted.starts_with("OK "), "{granted}");
+    assert_eq!(lockd.holder_id("queue").as_deref(), Some("next"));
+}
+
+/// Checks that a client holding `name` with a session lease of `grace`, through `proxy`,
+/// rides out a cut of its connection: it reconnects, and past the grace the lease is still
+/// its own.
+pub fn assert_rides_out_a_cut(
+    lockd: &Lockd,
+    proxy: &Proxy,
+    name: &str,
+    grace: Duration,
+    guard: Duration,
+) {
+    let token = lockd.wait_held(name, guard);
+    assert!(lockd
+        .request(&format!("STATUS {name}"))
+        .contains(" session=1 "));
+    let before = proxy.accepted();
+    proxy.cut();
+    eventually(guard, "the client reconnects", || proxy.accepted() > before);
+    // Waits out the grace of the dropped connection: only a renewal kept the lease.
+    thread::sleep(grace + Duration::from_secs(1));
+    let checked = lockd.request(&format!("CHECK {name} {token}"));
+    assert!(checked.starts_with("OK ttl_ms="), "{checked}");
+}
+
+/// Cuts the connection of a client holding `name` through `proxy` and lets it reconnect no
+/// more; the server must end the lease (by its grace: the test's ttl is far longer).
+pub fn cut_for_good(lockd: &Lockd, proxy: &Proxy, name: &str, guard: Duration) {
+    lockd.wait_held(name, guard);
+    proxy.refuse(true);
+    proxy.cut();
+    eventually(guard, "the server ends the lease", || {
+        lockd.request(&format!("STATUS {name}")) == format!("OK {name} free")
+    });
 }
 
 /// Polls `check` until it holds; fails the test with `what` if it does not within `guard`.
@@ -140,12 +213,13 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(target) else {
                     continue;
                 };
-                accepted.fetch_add(1, Ordering::SeqCst);
-                pipe(&client, &server);
-                pipe(&server, &client);
+                // Listed before any byte passes, so a cut after a reply covers its connection.
                 if let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) {
                     open.lock().expect("proxy list").push((c, s));
                 }
+                accepted.fetch_add(1, Ordering::SeqCst);
+                pipe(&client, &server);
+                pipe(&server, &client);
             }
         });
         proxy

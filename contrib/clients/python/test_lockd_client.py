@@ -44,7 +44,7 @@ class ServerTest(unittest.TestCase):
         self.addCleanup(self._release_leftovers)
 
     def name(self, prefix):
-        name = self.name(prefix)
+        name = fresh(prefix)
         self._names.append(name)
         return name
 
