@@ -404,10 +404,11 @@ lockd__release() {
 
 # The renewal loop of lockd_run, run as a background subshell that owns the session
 # connection (lockd__fd). It renews every third of the time the lease surely outlives a
-# dropped connection (the grace, or the ttl if shorter; the ttl for session=0). When the lease may be gone (RENEW
-# refused, or no RENEW got through for that long) it stops the command and exits 4. When
-# lockd_run's own shell (OWNER) is gone, killed, it stops the command and releases the lock.
-# A TERM from lockd_run ends it with 0, or with 4 if it had already found the lease lost.
+# dropped connection (the grace, or the ttl if shorter; the ttl for session=0). When the
+# lease may be gone (RENEW refused, or no RENEW got through for that long) it stops the
+# command and exits 4. When lockd_run's own shell (OWNER) is gone, killed, it stops the
+# command and releases the lock. A TERM from lockd_run ends it with 0, or with 4 if it had
+# already found the lease lost.
 lockd__renewer() {
     local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 grace_ms=$5 owner=$6
     local last_ok=$SECONDS why='' hold_ms every_ms rc
@@ -430,8 +431,8 @@ lockd__renewer() {
             exit 0
         fi
         rc=0
-        # A reply slower than a third of the hold counts as a failure, so a silent server
-        # cannot keep this loop in read until the lease is gone.
+        # A reply slower than the time between renewals (plus a second) counts as a failure,
+        # so a silent server cannot keep this loop in read until the lease is gone.
         lockd__renew_session "$name" "$token" "$(lockd__ms_to_s $((every_ms / 3 + 1000)))" \
             >/dev/null 2>&1 || rc=$?
         case $rc in
@@ -466,7 +467,8 @@ lockd__renewer() {
 # token on to what you protect).
 lockd_run() {
     LOCKD_ERROR=
-    local name=${1:-} usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]"
+    local name=${1:-}
+    local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]"
     if (($# < 1)); then
         lockd__fail 2 "$usage"
         return
@@ -570,7 +572,7 @@ lockd_run() {
     fi
     # 143: our TERM came before the renewer had set its trap (a command that ended at once).
     if ((renew_rc != 0 && renew_rc != 143)); then
-        lockd__fail 4 "the renewal job of $name ended (status $renew_rc) while the command ran; the lease may have lapsed"
+        lockd__fail 4 "lease on $name may have lapsed: its renewal job ended (status $renew_rc)"
         return
     fi
     lockd_unlock "$name" "$token" >/dev/null || true
