@@ -3,18 +3,31 @@
 //! Hand-rolled rather than `LinesCodec` because lockd must answer two kinds of bad line
 //! differently: invalid UTF-8 gets an `ERR` and the connection goes on, an over-long line gets
 //! an `ERR` and the connection ends, and in neither case may memory grow with the bytes sent.
+//!
+//! Writes are bounded in time as well as in memory: with a write timeout, a peer that stops
+//! taking what is written (a full receive window) makes the write fail instead of pinning the
+//! connection forever. And the server's own close is graceful ([`Connection::close`]), so the
+//! replies sent before it are not lost to a reset.
 
 use std::fmt::{self, Write as _};
 use std::io;
+use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 512;
-/// Replies are written out once this much is queued, so a long STATUS streams.
-const WRITE_CHUNK: usize = 64 * 1024;
+/// Replies are written out once this much is queued, so a long STATUS streams; also the
+/// amount a peer must take within each write timeout.
+pub const WRITE_CHUNK: usize = 16 * 1024;
+/// At close, how long input the peer still sends is read and discarded (see
+/// [`Connection::close`]).
+const CLOSE_DRAIN_TIME: Duration = Duration::from_secs(1);
+/// At close, how many bytes of input are read and discarded at most.
+const CLOSE_DRAIN_BYTES: usize = 256 * 1024;
 
 /// What the peer sent next.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,9 +47,16 @@ pub enum Frame {
 pub struct Connection {
     stream: TcpStream,
     input: BytesMut,
-    output: String,
+    output: BytesMut,
     max_line: usize,
     eof: bool,
+    /// How long the peer may take to accept the next [`WRITE_CHUNK`] of output (or all of
+    /// it, if less is queued); `None` waits as long as it takes.
+    write_timeout: Option<Duration>,
+    /// When the output queued now must have moved on by; `None` while nothing is queued.
+    stall_deadline: Option<Instant>,
+    /// Bytes written since `stall_deadline` was set.
+    written: usize,
 }
 
 impl Connection {
@@ -45,10 +65,20 @@ impl Connection {
         Connection {
             stream,
             input: BytesMut::new(),
-            output: String::new(),
+            output: BytesMut::new(),
             max_line,
             eof: false,
+            write_timeout: None,
+            stall_deadline: None,
+            written: 0,
         }
+    }
+
+    /// Fails a write with [`io::ErrorKind::TimedOut`] when the peer has not taken the next
+    /// [`WRITE_CHUNK`] of output (or all of it, if less is queued) within `timeout`.
+    pub fn with_write_timeout(mut self, timeout: Duration) -> Self {
+        self.write_timeout = Some(timeout);
+        self
     }
 
     pub fn stream(&self) -> &TcpStream {
@@ -74,6 +104,11 @@ impl Connection {
         self.input.len()
     }
 
+    /// Bytes queued and not yet written.
+    pub fn unsent(&self) -> usize {
+        self.output.len()
+    }
+
     /// Whether a whole frame can be had without reading.
     pub fn has_frame(&self) -> bool {
         self.eof || self.input.contains(&b'\n') || self.input.len() > self.max_line + 1
@@ -89,6 +124,11 @@ impl Connection {
         }
     }
 
+    /// The next frame if one is already buffered.
+    pub fn next_frame(&mut self) -> Option<Frame> {
+        self.take_frame()
+    }
+
     /// Reads what the peer has sent into the buffer without framing it, so a server busy
     /// with a waiting request still notices a close. Cancel-safe.
     pub async fn fill(&mut self) -> io::Result<()> {
@@ -98,6 +138,31 @@ impl Connection {
         self.input.reserve(READ_CHUNK);
         if self.stream.read_buf(&mut self.input).await? == 0 {
             self.eof = true;
+        }
+        Ok(())
+    }
+
+    /// Reads (if `read` and the peer has not closed its side) and writes queued output at
+    /// the same time, until one of them has made progress: a streaming session keeps
+    /// watching its input, and the write timeout runs, while the peer is not reading.
+    /// Cancel-safe. Never returns while there is nothing to do.
+    pub async fn pump(&mut self, read: bool) -> io::Result<()> {
+        let read = read && !self.eof;
+        let write = !self.output.is_empty();
+        if read {
+            self.input.reserve(READ_CHUNK);
+        }
+        let deadline = self.stall_deadline;
+        let (mut rd, mut wr) = self.stream.split();
+        let done = tokio::select! {
+            n = rd.read_buf(&mut self.input), if read => Pumped::Read(n?),
+            n = write_by(deadline, wr.write(&self.output)), if write => Pumped::Wrote(n?),
+            else => std::future::pending().await,
+        };
+        match done {
+            Pumped::Read(0) => self.eof = true,
+            Pumped::Read(_) => {}
+            Pumped::Wrote(n) => self.advance(n),
         }
         Ok(())
     }
@@ -131,27 +196,51 @@ impl Connection {
         })
     }
 
-    /// Queues one line (a newline is added); [`Connection::flush`] sends it.
-    pub async fn queue(&mut self, line: impl fmt::Display) -> io::Result<()> {
-        // Writing to a String can't fail.
+    /// Queues one line (a newline is added) without writing anything.
+    pub fn push(&mut self, line: impl fmt::Display) {
+        // Writing to a BytesMut can't fail.
         let _ = writeln!(self.output, "{line}");
+        if self.stall_deadline.is_none() {
+            self.stall_deadline = self.write_timeout.map(|t| Instant::now() + t);
+        }
+    }
+
+    /// Queues one line (a newline is added); [`Connection::flush`] sends it. Writes out what
+    /// is queued once it reaches [`WRITE_CHUNK`], so the buffer stays bounded.
+    pub async fn queue(&mut self, line: impl fmt::Display) -> io::Result<()> {
+        self.push(line);
         if self.output.len() >= WRITE_CHUNK {
             self.flush().await?;
         }
         Ok(())
     }
 
-    /// Sends what is queued. Not cancel-safe: call it in a `select!` arm's body.
+    /// Sends what is queued; fails with [`io::ErrorKind::TimedOut`] if the peer stops taking
+    /// it for the write timeout. Cancel-safe (what was written stays written), though a
+    /// caller that gives up on it usually gives up on the connection.
     pub async fn flush(&mut self) -> io::Result<()> {
-        if self.output.is_empty() {
-            return Ok(());
+        while !self.output.is_empty() {
+            let n = write_by(self.stall_deadline, self.stream.write(&self.output)).await?;
+            self.advance(n);
         }
-        let result = self.stream.write_all(self.output.as_bytes()).await;
-        self.output.clear();
         if self.output.capacity() > WRITE_CHUNK * 2 {
-            self.output.shrink_to(WRITE_CHUNK);
+            self.output = BytesMut::new();
         }
-        result
+        Ok(())
+    }
+
+    /// `n` queued bytes were written: the stall deadline moves on once a whole
+    /// [`WRITE_CHUNK`] was taken, and ends when nothing is left.
+    fn advance(&mut self, n: usize) {
+        self.output.advance(n);
+        self.written += n;
+        if self.output.is_empty() {
+            self.stall_deadline = None;
+            self.written = 0;
+        } else if self.written >= WRITE_CHUNK {
+            self.stall_deadline = self.write_timeout.map(|t| Instant::now() + t);
+            self.written = 0;
+        }
     }
 
     /// Queues one line and sends everything queued.
@@ -160,9 +249,71 @@ impl Connection {
         self.flush().await
     }
 
-    /// Sends what is queued and closes our sending side.
-    pub async fn close(&mut self) -> io::Result<()> {
+    /// Sends what is queued and closes our sending side (a FIN: the peer reads every reply,
+    /// then end of input).
+    pub async fn close_write(&mut self) -> io::Result<()> {
         self.flush().await?;
         self.stream.shutdown().await
+    }
+
+    /// Waits, for a short bounded time and number of bytes, for the peer to close its side,
+    /// discarding what it still sends. Closing a socket whose input has not all been read
+    /// makes the kernel send a reset, and a reset can destroy replies the peer has not read
+    /// yet; after this, the close is an orderly one unless the peer keeps sending.
+    pub async fn drain(&mut self) {
+        self.input.clear();
+        let deadline = Instant::now() + CLOSE_DRAIN_TIME;
+        let mut left = CLOSE_DRAIN_BYTES;
+        let mut sink = [0u8; 4096];
+        while !self.eof && left > 0 {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut sink)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(n)) => left = left.saturating_sub(n),
+            }
+        }
+    }
+
+    /// Like [`Connection::drain`] without waiting: discards only the input that has already
+    /// arrived, for a close that must not wait (the server is stopping).
+    pub fn drain_arrived(&mut self) {
+        self.input.clear();
+        let mut left = CLOSE_DRAIN_BYTES;
+        let mut sink = [0u8; 4096];
+        while left > 0 {
+            match self.stream.try_read(&mut sink) {
+                Ok(n) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
+            }
+        }
+    }
+
+    /// An orderly close: [`Connection::close_write`], then [`Connection::drain`].
+    pub async fn close(&mut self) -> io::Result<()> {
+        self.close_write().await?;
+        self.drain().await;
+        Ok(())
+    }
+}
+
+/// What [`Connection::pump`] did.
+enum Pumped {
+    Read(usize),
+    Wrote(usize),
+}
+
+/// One write that must make progress by `deadline` (if any).
+async fn write_by(
+    deadline: Option<Instant>,
+    write: impl std::future::Future<Output = io::Result<usize>>,
+) -> io::Result<usize> {
+    let Some(deadline) = deadline else {
+        return write.await;
+    };
+    match tokio::time::timeout_at(deadline, write).await {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the peer stopped reading: write timed out",
+        )),
     }
 }

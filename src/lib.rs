@@ -26,7 +26,9 @@ pub mod client;
 pub mod compat;
 pub mod connection;
 pub mod docgen;
+pub mod http;
 pub mod locks;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod session;
@@ -51,3 +53,10 @@ pub const DEFAULT_WATCH_BUFFER: usize = 1024;
 pub const DEFAULT_HALF_CLOSE_PROBE: Duration = Duration::from_millis(500);
 /// How long shutdown waits for connections to finish before it closes them.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Shortest lease a LOCK or RENEW may ask for: a lease that has ended before its `OK` is sent
+/// would be granted to nobody.
+pub const MIN_TTL: Duration = Duration::from_millis(1);
+/// How long a client may leave a reply unread (each 16 KiB of it) before it is disconnected.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most copies of the lock table that STATUS answers being sent may hold at once.
+pub const DEFAULT_STATUS_COPIES: usize = 4;

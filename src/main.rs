@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use lockd::http::Endpoint;
 use lockd::locks::Limits;
 use lockd::server::{self, Config};
 
@@ -55,6 +56,18 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..=1_048_576).map(|v| v as usize))]
     watch_buffer: usize,
 
+    /// How long a client may leave replies unread before it is disconnected: each 16 KiB
+    /// of a reply, event stream or STATUS answer must be taken within it.
+    #[arg(long, env = "LOCKD_WRITE_TIMEOUT", default_value = "30s", value_parser = duration)]
+    write_timeout: Duration,
+
+    /// Most copies of the lock table that STATUS answers being sent may hold at once (every
+    /// STATUS made while the table does not change shares one); a STATUS that needs another
+    /// waits until one is done.
+    #[arg(long, env = "LOCKD_STATUS_COPIES", default_value_t = lockd::DEFAULT_STATUS_COPIES,
+          value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
+    status_copies: usize,
+
     /// How long shutdown (SIGINT/SIGTERM) lets connections finish before closing them.
     #[arg(long, env = "LOCKD_SHUTDOWN_GRACE", default_value = "5s", value_parser = duration)]
     shutdown_grace: Duration,
@@ -71,21 +84,98 @@ struct Args {
     #[arg(long, env = "LOCKD_DATA_DIR")]
     data_dir: Option<PathBuf>,
 
+    /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (the process is up)
+    /// and /readyz (ready to grant: state recovered, data directory writable). Off by default.
+    #[arg(long, env = "LOCKD_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<String>,
+
+    /// Lock names that get series of their own in /metrics (lockd_lock_holders,
+    /// lockd_lock_waiters, lockd_lock_held_seconds), comma-separated; at most 100.
+    #[arg(
+        long,
+        env = "LOCKD_METRICS_NAMES",
+        value_delimiter = ',',
+        value_name = "NAMES"
+    )]
+    metrics_names: Vec<String>,
+
+    /// Log format on stderr: text (for people) or json (one object per line, for machines).
+    #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     /// More logging: -v logs every grant, release and expiry; -vv and -vvv more still.
     /// RUST_LOG, when set, takes precedence.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
 
     /// Print shell completions for SHELL (bash, zsh, fish, ...) and exit.
-    #[arg(long, value_name = "SHELL")]
+    #[arg(long, value_name = "SHELL", group = "docs")]
     completions: Option<clap_complete::Shell>,
 
     /// Print the man page (roff) and exit.
-    #[arg(long)]
+    #[arg(long, group = "docs")]
     man: bool,
+
+    /// Write the man page (lockd.1) into DIR and exit.
+    #[arg(long, value_name = "DIR", group = "docs")]
+    man_dir: Option<PathBuf>,
     #[command(flatten)]
     compat: lockd::compat::CompatArgs,
 }
+
+/// What lockd's man page says beyond its flags.
+const MAN_PAGE: lockd::docgen::ManPage = lockd::docgen::ManPage {
+    summary: Some("the lock server: named leases, FIFO waiters and fencing tokens over TCP"),
+    description: Some(
+        "lockd serves named locks on one TCP port, over a line protocol (see proto.md) that \
+         `nc` can speak: try `nc 127.0.0.1 5001` and type HELP. A lock is held with a lease \
+         (a holder that dies loses it when its ttl ends), waiters are served first come, \
+         first served, and every grant carries a fencing token larger than every earlier \
+         one. Without --data-dir, locks live in memory and a restart forgets every holder; \
+         with it, every grant, renewal and release is on disk before its OK. lockctl(1) is \
+         the client. Every flag can also be set by an environment variable (see \
+         ENVIRONMENT).",
+    ),
+    environment: &[(
+        "RUST_LOG",
+        "Log filter (as lockd=debug); when set, it takes precedence over -v.",
+    )],
+    exit_status: &[
+        ("0", "shut down cleanly (SIGINT or SIGTERM)"),
+        (
+            "1",
+            "cannot listen on an address (--listen, --metrics-listen), or the server failed",
+        ),
+        ("2", "usage error: a bad flag or flag value"),
+    ],
+    see_also: &["lockctl(1)"],
+};
+
+/// --completions, --man and --man-dir; `None` when none was asked for.
+fn docs(args: &Args) -> Option<std::io::Result<()>> {
+    let mut out = std::io::stdout();
+    if let Some(shell) = args.completions {
+        return Some(lockd::docgen::completions(Args::command(), shell, &mut out));
+    }
+    if args.man {
+        return Some(lockd::docgen::man(Args::command(), &MAN_PAGE, &mut out));
+    }
+    let dir = args.man_dir.as_ref()?;
+    let mut page = Vec::new();
+    Some(
+        lockd::docgen::man(Args::command(), &MAN_PAGE, &mut page)
+            .and_then(|()| std::fs::write(dir.join("lockd.1"), page)),
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Most names `--metrics-names` may list: each adds series to every scrape.
+const MAX_METRICS_NAMES: usize = 100;
 
 fn duration(s: &str) -> Result<Duration, String> {
     lockd::proto::parse_duration("duration", s).map_err(|e| e.message)
@@ -93,11 +183,26 @@ fn duration(s: &str) -> Result<Duration, String> {
 
 impl Args {
     fn config(&self) -> Result<Config, String> {
-        if self.default_ttl.is_zero() || self.max_ttl.is_zero() {
-            return Err("--default-ttl and --max-ttl must be more than 0".into());
+        if self.default_ttl < lockd::MIN_TTL || self.max_ttl < lockd::MIN_TTL {
+            return Err(format!(
+                "--default-ttl and --max-ttl must be at least {}",
+                humantime::format_duration(lockd::MIN_TTL)
+            ));
+        }
+        if self.write_timeout.is_zero() {
+            return Err("--write-timeout must be more than 0".into());
         }
         if self.default_ttl > self.max_ttl {
             return Err("--default-ttl must not exceed --max-ttl".into());
+        }
+        if self.metrics_names.len() > MAX_METRICS_NAMES {
+            return Err(format!(
+                "--metrics-names lists {} names; at most {MAX_METRICS_NAMES}",
+                self.metrics_names.len()
+            ));
+        }
+        for name in &self.metrics_names {
+            lockd::proto::validate_name("--metrics-names entry", name).map_err(|e| e.message)?;
         }
         Ok(Config {
             limits: Limits {
@@ -109,10 +214,13 @@ impl Args {
             max_line: self.max_line,
             max_name: self.max_name,
             watch_buffer: self.watch_buffer,
+            write_timeout: self.write_timeout,
+            status_copies: self.status_copies,
             shutdown_grace: self.shutdown_grace,
             half_close_probe: self.half_close_probe,
             compat: self.compat.config(self.max_ttl)?,
             data_dir: self.data_dir.clone(),
+            endpoint: None,
         })
     }
 }
@@ -153,7 +261,7 @@ fn raise_fd_limit(max_connections: usize) {
 #[cfg(not(unix))]
 fn raise_fd_limit(_max_connections: usize) {}
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, format: LogFormat) {
     let default = match verbose {
         0 => "warn,lockd::server=info,lockd::compat=info",
         1 => "info",
@@ -161,11 +269,16 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // Fields at the top level of each object, so `jq .name` finds them.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 }
 
 /// Cancels `token` on the first SIGINT or SIGTERM.
@@ -192,12 +305,7 @@ async fn cancel_on_signal(token: CancellationToken) {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if args.completions.is_some() || args.man {
-        let mut out = std::io::stdout();
-        let written = match args.completions {
-            Some(shell) => lockd::docgen::completions(Args::command(), shell, &mut out),
-            None => lockd::docgen::man(Args::command(), &mut out),
-        };
+    if let Some(written) = docs(&args) {
         return match written {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -206,8 +314,8 @@ async fn main() -> ExitCode {
             }
         };
     }
-    init_logging(args.verbose);
-    let config = match args.config() {
+    init_logging(args.verbose, args.log_format);
+    let mut config = match args.config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockd: {e}");
@@ -227,6 +335,26 @@ async fn main() -> ExitCode {
         }
     };
     let shutdown = CancellationToken::new();
+    if let Some(addr) = &args.metrics_listen {
+        let metrics_listener = match TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("lockd: cannot listen for metrics on {addr}: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        if let Ok(addr) = metrics_listener.local_addr() {
+            tracing::info!(%addr, "serving metrics");
+        }
+        let endpoint = Endpoint::new(args.metrics_names.clone());
+        config.endpoint = Some(endpoint.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = endpoint.run(metrics_listener, stop).await {
+                tracing::error!(error = %e, "the metrics endpoint failed");
+            }
+        });
+    }
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     match server::run(config, listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,10 +7,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::locks::{Event, LockStatus, Token};
+use crate::locks::{Event, LockStatus, TableError, Token, WaiterStatus};
 
 /// Longest name or id, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
+
+/// Most `WAITER` lines one `STATUS <name> detail` lists (the `OK` line counts them all).
+pub const DETAIL_WAITERS: usize = 1000;
 
 /// The error codes of `ERR <code> <message>`, as proto.md lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -92,12 +95,84 @@ pub struct ProtoError {
     pub message: String,
 }
 
+/// Every refusal the server sends is made here, so its code and wording live in one place.
 impl ProtoError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ProtoError {
             code,
             message: one_line(message.into()),
         }
+    }
+
+    /// A line over `--max-line`; the connection is closed.
+    pub fn too_long(max_line: usize) -> Self {
+        Self::new(
+            ErrorCode::TooLong,
+            format!("line longer than {max_line} bytes; closing"),
+        )
+    }
+
+    pub fn bad_utf8() -> Self {
+        Self::new(ErrorCode::Encoding, "line is not valid UTF-8")
+    }
+
+    /// The lock table refused an operation on `name`.
+    pub fn table(name: &str, e: &TableError) -> Self {
+        let code = match e {
+            TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
+            TableError::WouldBlock { .. } => ErrorCode::Timeout,
+            TableError::NotHeld => ErrorCode::NotHeld,
+            TableError::Conflict => ErrorCode::Conflict,
+            TableError::TooManyLocks { .. } => ErrorCode::Limit,
+        };
+        Self::new(code, format!("{name}: {e}"))
+    }
+
+    /// A LOCK's `wait=` ran out.
+    pub fn wait_over(name: &str, waited: Duration) -> Self {
+        Self::new(
+            ErrorCode::Timeout,
+            format!(
+                "{name} still held after waiting {}",
+                humantime::format_duration(waited)
+            ),
+        )
+    }
+
+    /// A waiting LOCK was taken over by a newer one with the same id.
+    pub fn replaced(name: &str) -> Self {
+        Self::new(
+            ErrorCode::Replaced,
+            format!("a newer LOCK {name} with the same id took this one's place"),
+        )
+    }
+
+    pub fn shutdown() -> Self {
+        Self::new(ErrorCode::Shutdown, "server is shutting down")
+    }
+
+    /// A change was made but can never be made durable: the store failed.
+    pub fn not_durable() -> Self {
+        Self::new(
+            ErrorCode::Shutdown,
+            "server is shutting down: the change could not be made durable",
+        )
+    }
+
+    /// A watcher fell `behind` events behind; it is disconnected.
+    pub fn lagged(behind: u64) -> Self {
+        Self::new(
+            ErrorCode::Lagged,
+            format!("watcher fell {behind} events behind; closing"),
+        )
+    }
+
+    /// A connection over `--max-connections`.
+    pub fn too_many_connections(max: usize) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!("too many connections (max {max}); try again later"),
+        )
     }
 }
 
@@ -164,6 +239,10 @@ pub enum Request {
     Status {
         name: Option<String>,
     },
+    /// `STATUS <name> detail`: the holder and the queue, "why am I waiting".
+    StatusDetail {
+        name: String,
+    },
     Watch {
         name: Option<String>,
     },
@@ -184,7 +263,7 @@ const USAGE_LOCK: &str =
 const USAGE_UNLOCK: &str = "usage: UNLOCK <name> <token>";
 const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>]";
 const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
-const USAGE_STATUS: &str = "usage: STATUS [<name>]";
+const USAGE_STATUS: &str = "usage: STATUS [<name> [detail]]";
 const USAGE_WATCH: &str = "usage: WATCH [<name>]";
 
 /// Parses one request line (without its line ending).
@@ -225,9 +304,14 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
                 token: parse_token(token)?,
             })
         }
-        "STATUS" => Ok(Request::Status {
-            name: optional_name(&args, USAGE_STATUS)?,
-        }),
+        "STATUS" => match args[..] {
+            [name, detail] if detail.eq_ignore_ascii_case("detail") => Ok(Request::StatusDetail {
+                name: valid_name("name", name)?,
+            }),
+            _ => Ok(Request::Status {
+                name: optional_name(&args, USAGE_STATUS)?,
+            }),
+        },
         "WATCH" => Ok(Request::Watch {
             name: optional_name(&args, USAGE_WATCH)?,
         }),
@@ -446,6 +530,7 @@ impl fmt::Display for Request {
             Request::Check { name, token } => write!(f, "CHECK {name} {token}"),
             Request::Status { name: None } => f.write_str("STATUS"),
             Request::Status { name: Some(n) } => write!(f, "STATUS {n}"),
+            Request::StatusDetail { name } => write!(f, "STATUS {name} detail"),
             Request::Watch { name: None } => f.write_str("WATCH"),
             Request::Watch { name: Some(n) } => write!(f, "WATCH {n}"),
             Request::Ping => f.write_str("PING"),
@@ -468,6 +553,7 @@ impl Request {
             | Request::Renew { name, .. }
             | Request::Check { name, .. }
             | Request::Status { name: Some(name) }
+            | Request::StatusDetail { name }
             | Request::Watch { name: Some(name) } => validate_name("name", name),
             _ => Ok(()),
         }
@@ -482,7 +568,8 @@ impl Request {
             Request::Lock { name, id, .. } => [("name", Some(name)), ("id", Some(id))],
             Request::Unlock { name, .. }
             | Request::Renew { name, .. }
-            | Request::Check { name, .. } => [("name", Some(name)), ("id", None)],
+            | Request::Check { name, .. }
+            | Request::StatusDetail { name } => [("name", Some(name)), ("id", None)],
             Request::Status { name } | Request::Watch { name } => {
                 [("name", name.as_deref()), ("id", None)]
             }
@@ -523,6 +610,10 @@ pub enum Reply<'a> {
     Info(&'a LockStatus),
     /// `OK <count>`: ends a STATUS of all locks.
     Count(usize),
+    /// `HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=..`: STATUS detail.
+    Holder(&'a LockStatus),
+    /// `WAITER <name> <position> id=.. waited_ms=.. session=..`: STATUS detail, queue order.
+    Waiter(&'a str, usize, &'a WaiterStatus),
     /// `EVENT <kind> <name> <id> <token> <unix-ms>`.
     Event(&'a Event, u64),
     /// `ERR <code> <message>`.
@@ -543,6 +634,23 @@ impl fmt::Display for Reply<'_> {
             Reply::Status(_, Some(s)) => write!(f, "OK {}", HeldStatus(s)),
             Reply::Info(s) => write!(f, "INFO {}", HeldStatus(s)),
             Reply::Count(n) => write!(f, "OK {n}"),
+            Reply::Holder(s) => write!(
+                f,
+                "HOLDER {} id={} token={} held_ms={} ttl_ms={} session={}",
+                s.name,
+                s.holder,
+                s.token,
+                s.held.as_millis(),
+                s.remaining.as_millis(),
+                u8::from(s.session)
+            ),
+            Reply::Waiter(name, position, w) => write!(
+                f,
+                "WAITER {name} {position} id={} waited_ms={} session={}",
+                w.id,
+                w.waited.as_millis(),
+                u8::from(w.session)
+            ),
             Reply::Event(e, unix_ms) => write!(
                 f,
                 "EVENT {} {} {} {} {unix_ms}",

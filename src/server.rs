@@ -9,19 +9,25 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
+use crate::http::Endpoint;
 use crate::locks::Limits;
+use crate::metrics::{Metrics, Protocol};
 use crate::proto::{ErrorCode, ProtoError, Reply};
 use crate::session::{Session, SessionLimits};
 use crate::shared::{self, Shared};
 use crate::store::Store;
 
-/// Connections over the limit that are told why at the same time.
-const REFUSING_AT_ONCE: usize = 64;
+/// Refused connections whose input is drained (or whose refusal is written slowly) at once;
+/// past that, a refused connection is told and closed at once, without waiting for it.
+const REFUSALS_AT_ONCE: usize = 64;
+/// Refusals are logged at most once per this long, with a count of the others.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Everything the server needs to know; `main` fills it from flags, tests from `Default`.
 #[derive(Clone, Debug)]
@@ -36,6 +42,10 @@ pub struct Config {
     pub max_name: usize,
     /// Events a watcher may fall behind before `ERR LAGGED`.
     pub watch_buffer: usize,
+    /// How long a client may leave each 16 KiB of replies unread before it is disconnected.
+    pub write_timeout: Duration,
+    /// Most copies of the table that STATUS answers being sent may hold at once.
+    pub status_copies: usize,
     /// How long shutdown lets connections finish before it drops them.
     pub shutdown_grace: Duration,
     /// How long a grant to a waiter that half-closed is watched for a reset.
@@ -44,6 +54,8 @@ pub struct Config {
     pub compat: Option<CompatConfig>,
     /// Where state is kept durably (`--data-dir`); `None` keeps it in memory only.
     pub data_dir: Option<PathBuf>,
+    /// The operators' HTTP endpoint, told when the server is ready and when it stops.
+    pub endpoint: Option<Endpoint>,
 }
 
 impl Default for Config {
@@ -54,10 +66,13 @@ impl Default for Config {
             max_line: crate::DEFAULT_MAX_LINE,
             max_name: crate::proto::MAX_NAME_LEN,
             watch_buffer: crate::DEFAULT_WATCH_BUFFER,
+            write_timeout: crate::DEFAULT_WRITE_TIMEOUT,
+            status_copies: crate::DEFAULT_STATUS_COPIES,
             shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
             half_close_probe: crate::DEFAULT_HALF_CLOSE_PROBE,
             compat: None,
             data_dir: None,
+            endpoint: None,
         }
     }
 }
@@ -67,6 +82,7 @@ impl Config {
         SessionLimits {
             max_line: self.max_line,
             max_name: self.max_name.min(crate::proto::MAX_NAME_LEN),
+            watch_buffer: self.watch_buffer,
             half_close_probe: self.half_close_probe,
         }
     }
@@ -87,6 +103,7 @@ pub async fn run(
         config.limits.clone(),
         shared::first_token(),
         config.watch_buffer,
+        Arc::new(Metrics::new()),
     );
     serve(config, shared, listener, shutdown).await
 }
@@ -99,9 +116,10 @@ async fn run_durable(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
+    let metrics = Arc::new(Metrics::new());
     let (mut store, recovered) = {
-        let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || Store::open(&dir))
+        let (dir, metrics) = (dir.to_path_buf(), Arc::clone(&metrics));
+        tokio::task::spawn_blocking(move || Store::open(&dir, metrics))
             .await
             .map_err(io::Error::other)??
     };
@@ -111,6 +129,7 @@ async fn run_durable(
         config.watch_buffer,
         store.journal(),
         &recovered,
+        metrics,
     );
     tracing::info!(dir = %dir.display(), leases = shared.status_all().len(), "state restored");
     let stop = shutdown.child_token();
@@ -143,18 +162,22 @@ pub async fn serve(
         Some(c) => Some(Compat::start(c.clone(), Arc::clone(&shared)).await?),
         None => None,
     };
+    shared.limit_status_copies(config.status_copies);
     let tracker = TaskTracker::new();
     tracker.spawn(Arc::clone(&shared).run_timer(shutdown.clone()));
     if let Some(compat) = compat {
         tracker.spawn(compat.run(shutdown.clone()));
     }
     let permits = Arc::new(Semaphore::new(config.max_connections));
-    // Refusals are answered by a few tasks at most; past that, a flood is just closed.
-    let refusals = Arc::new(Semaphore::new(REFUSING_AT_ONCE));
+    let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
+    let mut refused = RefusalLog::new(config.max_connections);
     let force = CancellationToken::new();
     let mut backoff = Duration::from_millis(5);
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "listening");
+    }
+    if let Some(endpoint) = &config.endpoint {
+        endpoint.serving(&shared);
     }
     loop {
         let stream = tokio::select! {
@@ -174,12 +197,18 @@ pub async fn serve(
                     continue;
                 }
             },
+            _ = tokio::time::sleep_until(refused.due().unwrap_or_else(Instant::now)),
+                if refused.due().is_some() => {
+                refused.tick();
+                continue;
+            }
             _ = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
         match Arc::clone(&permits).try_acquire_owned() {
             Ok(permit) => {
-                let conn = Connection::new(stream, config.max_line);
+                let conn = Connection::new(stream, config.max_line)
+                    .with_write_timeout(config.write_timeout);
                 let session = Session::new(
                     Arc::clone(&shared),
                     conn,
@@ -187,6 +216,7 @@ pub async fn serve(
                     shutdown.clone(),
                 );
                 let force = force.clone();
+                let counted = shared.metrics().connection(Protocol::Line);
                 tracker.spawn(async move {
                     // Past the shutdown grace, the session is dropped wherever it is, even
                     // in a write to a client that never reads.
@@ -194,25 +224,21 @@ pub async fn serve(
                         _ = session.run() => {}
                         _ = force.cancelled() => {}
                     }
-                    drop(permit);
+                    drop((permit, counted));
                 });
             }
             Err(_) => {
-                tracing::warn!(
-                    max = config.max_connections,
-                    "connection limit reached; refusing a connection"
-                );
-                if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
-                    let max = config.max_connections;
-                    tracker.spawn(async move {
-                        refuse(stream, max).await;
-                        drop(permit);
-                    });
-                }
+                shared.metrics().refused(ErrorCode::Limit);
+                refused.refused();
+                refuse(stream, config.max_connections, &refusals, &tracker).await;
             }
         }
     }
+    refused.finish();
     drop(listener);
+    if let Some(endpoint) = &config.endpoint {
+        endpoint.stopping();
+    }
     tracker.close();
     tracing::info!("shutting down");
     if tokio::time::timeout(config.shutdown_grace, tracker.wait())
@@ -226,16 +252,103 @@ pub async fn serve(
     Ok(())
 }
 
-/// Tells a connection over the limit why it is closed, without waiting on it for long.
-async fn refuse(mut stream: TcpStream, max: usize) {
-    let e = ProtoError::new(
-        ErrorCode::Limit,
-        format!("too many connections (max {max}); try again later"),
-    );
+/// Tells a connection over the limit why it is closed, without holding up the accept loop.
+///
+/// The `ERR LIMIT` line fits in the empty send buffer of a new socket, so it is written at
+/// once, non-blocking, and followed by a FIN: every refused client is told, however many
+/// arrive. Then, while fewer than [`REFUSALS_AT_ONCE`] are in progress, a task reads and
+/// discards what the client still sends for a moment (see [`Connection::drain`]), so the close
+/// is not a reset that could destroy the line before it is read. Past that, input that has
+/// already arrived is discarded and the socket closed at once.
+async fn refuse(mut stream: TcpStream, max: usize, drains: &Arc<Semaphore>, tracker: &TaskTracker) {
+    let e = ProtoError::too_many_connections(max);
     let line = format!("{}\n", Reply::Error(&e));
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        stream.write_all(line.as_bytes()).await?;
-        stream.shutdown().await
-    })
-    .await;
+    let permit = Arc::clone(drains).try_acquire_owned().ok();
+    if !matches!(stream.try_write(line.as_bytes()), Ok(n) if n == line.len()) {
+        // Not written at once (a full buffer can't happen on a new socket, but an error can):
+        // only a task that may wait can do better.
+        if let Some(permit) = permit {
+            tracker.spawn(async move {
+                let mut conn =
+                    Connection::new(stream, 0).with_write_timeout(Duration::from_secs(1));
+                conn.push(&line);
+                let _ = conn.close().await;
+                drop(permit);
+            });
+        }
+        return;
+    }
+    // Immediate: a shutdown of the sending side does not wait for the peer.
+    let _ = stream.shutdown().await;
+    match permit {
+        Some(permit) => {
+            tracker.spawn(async move {
+                Connection::new(stream, 0).drain().await;
+                drop(permit);
+            });
+        }
+        None => Connection::new(stream, 0).drain_arrived(),
+    }
+}
+
+/// Logs refused connections at most once per [`REFUSAL_LOG_INTERVAL`]: the first at once,
+/// the rest as a count, so a flood of connections is not also a flood of log lines.
+struct RefusalLog {
+    max: usize,
+    /// When the current interval began; `None` when nothing was refused in the last one.
+    since: Option<Instant>,
+    /// Refusals in the current interval not logged yet.
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    fn new(max: usize) -> Self {
+        RefusalLog {
+            max,
+            since: None,
+            unlogged: 0,
+        }
+    }
+
+    fn refused(&mut self) {
+        if self.since.is_some() {
+            self.unlogged += 1;
+            return;
+        }
+        tracing::warn!(
+            max = self.max,
+            "connection limit reached; refusing connections with ERR LIMIT (more refusals are \
+             counted and logged every {})",
+            humantime::format_duration(REFUSAL_LOG_INTERVAL)
+        );
+        self.since = Some(Instant::now());
+    }
+
+    /// When the count is due, if any.
+    fn due(&self) -> Option<Instant> {
+        self.since.map(|t| t + REFUSAL_LOG_INTERVAL)
+    }
+
+    /// The interval is over: log its count, if any, and start the next.
+    fn tick(&mut self) {
+        if self.unlogged == 0 {
+            self.since = None;
+            return;
+        }
+        self.finish();
+        self.since = Some(Instant::now());
+    }
+
+    /// Logs the count not yet logged.
+    fn finish(&mut self) {
+        if self.unlogged > 0 {
+            tracing::warn!(
+                max = self.max,
+                refused = self.unlogged,
+                "connection limit reached; refused {} more connections",
+                self.unlogged
+            );
+            self.unlogged = 0;
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //! granted after its client half-closed is watched for a short while: a dead client answers
 //! the grant with a reset, and the grant is taken back (see [`Session::confirm_delivery`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,10 +17,10 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::{Connection, Frame};
+use crate::connection::{Connection, Frame, WRITE_CHUNK};
 use crate::locks::{ConnId, LockRequest, TableError, Token, WaitEnd, WaiterId};
-use crate::proto::{self, ErrorCode, ProtoError, Reply, Request, Tie};
-use crate::shared::{LockStart, Shared, WaitResult};
+use crate::proto::{self, ProtoError, Reply, Request, Tie};
+use crate::shared::{LockStart, Published, Shared, WaitResult};
 
 /// Session leases a connection may track before it prunes the ended ones.
 const SESSION_LEASES_PRUNE_AT: usize = 256;
@@ -39,6 +39,8 @@ pub struct SessionLimits {
     pub max_line: usize,
     /// Longest name or id, in bytes (at most [`proto::MAX_NAME_LEN`]).
     pub max_name: usize,
+    /// Events a watcher may fall behind before it is disconnected.
+    pub watch_buffer: usize,
     /// How long a grant to a client that half-closed while it waited is watched for a reset.
     pub half_close_probe: Duration,
 }
@@ -77,11 +79,29 @@ impl Session {
     }
 
     /// Serves the connection until the client leaves, asks to, or the server shuts down.
+    ///
+    /// When the server ends the connection itself (QUIT, an over-long line, a lagging
+    /// watcher, shutdown), the close is orderly: every reply is sent, then a FIN, then what
+    /// the client still sends is read and discarded for a moment, so the close does not turn
+    /// into a reset that destroys replies the client has not read yet. A connection that
+    /// failed (reset, or a client that stopped reading for the write timeout) is just dropped.
     pub async fn run(mut self) {
-        if let Err(e) = self.serve().await {
+        let closed = match self.serve().await {
+            Ok(()) => self.conn.close_write().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = closed {
             tracing::debug!(conn = self.number, error = %e, "connection ended");
+            return;
         }
-        let _ = self.conn.close().await;
+        // The client was told everything: its session leases end now, not after the drain.
+        self.release_sessions();
+        if self.shutdown.is_cancelled() {
+            // Stopping: don't keep the server up for clients that leave their side open.
+            self.conn.drain_arrived();
+        } else {
+            self.conn.drain().await;
+        }
     }
 
     async fn serve(&mut self) -> io::Result<()> {
@@ -96,12 +116,12 @@ impl Session {
             let flow = match frame {
                 Frame::Eof => return Ok(()),
                 Frame::TooLong => {
-                    self.conn.queue(Reply::Error(&self.too_long())).await?;
+                    self.refuse(ProtoError::too_long(self.limits.max_line))
+                        .await?;
                     Flow::Close
                 }
                 Frame::BadUtf8 => {
-                    let e = ProtoError::new(ErrorCode::Encoding, "line is not valid UTF-8");
-                    self.conn.queue(Reply::Error(&e)).await?;
+                    self.refuse(ProtoError::bad_utf8()).await?;
                     Flow::Continue
                 }
                 Frame::Line(line) => match proto::parse(&line)
@@ -109,7 +129,7 @@ impl Session {
                 {
                     Ok(request) => self.dispatch(request).await?,
                     Err(e) => {
-                        self.conn.queue(Reply::Error(&e)).await?;
+                        self.refuse(e).await?;
                         Flow::Continue
                     }
                 },
@@ -120,11 +140,18 @@ impl Session {
         }
     }
 
-    fn too_long(&self) -> ProtoError {
-        ProtoError::new(
-            ErrorCode::TooLong,
-            format!("line longer than {} bytes; closing", self.limits.max_line),
-        )
+    /// Answers `ERR ...`: every refusal goes through here, to be counted.
+    async fn refuse(&mut self, e: ProtoError) -> io::Result<()> {
+        self.shared.metrics().refused(e.code);
+        tracing::debug!(conn = self.number, code = %e.code, message = %e.message, "refused");
+        self.conn.queue(Reply::Error(&e)).await
+    }
+
+    /// [`Session::refuse`] for loops that write from their output buffer themselves.
+    fn push_refusal(&mut self, e: ProtoError) {
+        self.shared.metrics().refused(e.code);
+        tracing::debug!(conn = self.number, code = %e.code, message = %e.message, "refused");
+        self.conn.push(Reply::Error(&e));
     }
 
     async fn dispatch(&mut self, request: Request) -> io::Result<Flow> {
@@ -180,13 +207,18 @@ impl Session {
                     .queue(Reply::Status(&name, status.as_ref()))
                     .await?;
             }
-            Request::Status { name: None } => {
-                let all = shared.status_all();
-                for status in &all {
-                    self.conn.queue(Reply::Info(status)).await?;
+            Request::StatusDetail { name } => {
+                let detail = shared.status_detail(&name, proto::DETAIL_WAITERS);
+                if let Some((holder, queue)) = &detail {
+                    self.conn.queue(Reply::Holder(holder)).await?;
+                    for (i, waiter) in queue.iter().enumerate() {
+                        self.conn.queue(Reply::Waiter(&name, i + 1, waiter)).await?;
+                    }
                 }
-                self.conn.queue(Reply::Count(all.len())).await?;
+                let status = detail.as_ref().map(|(s, _)| s);
+                self.conn.queue(Reply::Status(&name, status)).await?;
             }
+            Request::Status { name: None } => return self.status_all().await,
             Request::Watch { name } => return self.watch(name).await,
             Request::Ping => self.conn.queue(Reply::Pong).await?,
             Request::Help => self.conn.queue(Reply::Help).await?,
@@ -201,7 +233,7 @@ impl Session {
     async fn reply(&mut self, name: &str, result: Result<Reply<'_>, TableError>) -> io::Result<()> {
         match result {
             Ok(reply) => self.conn.queue(reply).await,
-            Err(e) => self.conn.queue(Reply::Error(&table_error(name, &e))).await,
+            Err(e) => self.refuse(ProtoError::table(name, &e)).await,
         }
     }
 
@@ -209,9 +241,7 @@ impl Session {
         let (name, wait) = (req.name.clone(), req.wait);
         match self.shared.lock(req) {
             Err(e) => {
-                self.conn
-                    .queue(Reply::Error(&table_error(&name, &e)))
-                    .await?;
+                self.refuse(ProtoError::table(&name, &e)).await?;
                 Ok(Flow::Continue)
             }
             Ok(LockStart::Granted { token }) => self.granted(name, tie, token, false).await,
@@ -237,11 +267,7 @@ impl Session {
         if wait.await.is_ok() {
             return Ok(true);
         }
-        let e = ProtoError::new(
-            ErrorCode::Shutdown,
-            "server is shutting down: the change could not be made durable",
-        );
-        self.conn.queue(Reply::Error(&e)).await?;
+        self.refuse(ProtoError::not_durable()).await?;
         Ok(false)
     }
 
@@ -337,19 +363,11 @@ impl Session {
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
-                            let e = ProtoError::new(ErrorCode::Timeout, format!(
-                                "{name} still held after waiting {}",
-                                humantime::format_duration(waited)
-                            ));
-                            self.conn.queue(Reply::Error(&e)).await?;
+                            self.refuse(ProtoError::wait_over(&name, waited)).await?;
                             Ok(Flow::Continue)
                         }
                         WaitResult::Ended(WaitEnd::Replaced) => {
-                            let e = ProtoError::new(
-                                ErrorCode::Replaced,
-                                format!("a newer LOCK {name} with the same id took this one's place"),
-                            );
-                            self.conn.queue(Reply::Error(&e)).await?;
+                            self.refuse(ProtoError::replaced(&name)).await?;
                             Ok(Flow::Continue)
                         }
                     };
@@ -362,68 +380,106 @@ impl Session {
                     }
                 }
                 _ = self.shutdown.cancelled() => {
-                    let e = ProtoError::new(ErrorCode::Shutdown, "server is shutting down");
-                    self.conn.queue(Reply::Error(&e)).await?;
+                    self.refuse(ProtoError::shutdown()).await?;
                     return Ok(Flow::Close);
                 }
             }
         }
     }
 
+    /// STATUS of every lock: streamed from a snapshot shared with other STATUS requests, a
+    /// [`WRITE_CHUNK`] at a time, so a client that does not read holds a reference to the
+    /// snapshot and a bounded buffer, never a copy of its own.
+    async fn status_all(&mut self) -> io::Result<Flow> {
+        let shared = Arc::clone(&self.shared);
+        let view = tokio::select! {
+            view = shared.status_snapshot() => view,
+            _ = self.shutdown.cancelled() => {
+                self.refuse(ProtoError::shutdown()).await?;
+                return Ok(Flow::Close);
+            }
+        };
+        for status in view.iter() {
+            self.conn.queue(Reply::Info(&status)).await?;
+        }
+        self.conn.queue(Reply::Count(view.len())).await?;
+        Ok(Flow::Continue)
+    }
+
     /// Streams events until the client or the server ends it.
+    ///
+    /// Events are taken from the broadcast as they come, whether or not the client reads, so
+    /// falling behind is noticed while a write is stuck: more than `--watch-buffer` events not
+    /// yet handed to the connection is `ERR LAGGED` and the end of the connection. Meanwhile
+    /// at most a [`WRITE_CHUNK`] is formatted ahead, and the write timeout applies.
     async fn watch(&mut self, name: Option<String>) -> io::Result<Flow> {
         let mut events = self.shared.subscribe();
-        self.conn.send(Reply::Watching(name.as_deref())).await?;
+        let _counted = self.shared.metrics().watcher();
+        self.conn.push(Reply::Watching(name.as_deref()));
+        let mut behind: VecDeque<Arc<Published>> = VecDeque::new();
         loop {
-            tokio::select! {
+            while self.conn.unsent() < WRITE_CHUNK {
+                let Some(p) = behind.pop_front() else { break };
+                self.conn.push(Reply::Event(&p.event, p.unix_ms));
+            }
+            let lag = tokio::select! {
                 event = events.recv() => match event {
                     Ok(p) => {
                         if name.as_deref().is_none_or(|n| n == &*p.event.name) {
-                            self.conn.send(Reply::Event(&p.event, p.unix_ms)).await?;
+                            behind.push_back(p);
                         }
+                        (behind.len() > self.limits.watch_buffer).then_some(behind.len() as u64)
                     }
-                    Err(RecvError::Lagged(missed)) => {
-                        let e = ProtoError::new(ErrorCode::Lagged, format!(
-                            "watcher fell {missed} events behind; closing"
-                        ));
-                        self.conn.queue(Reply::Error(&e)).await?;
-                        return Ok(Flow::Close);
-                    }
+                    Err(RecvError::Lagged(missed)) => Some(behind.len() as u64 + missed),
                     Err(RecvError::Closed) => return Ok(Flow::Close),
                 },
-                frame = self.conn.read_frame(), if !self.conn.is_eof() => {
+                pumped = self.conn.pump(true) => {
+                    pumped?;
                     // A watch connection only streams; QUIT (or a bad line) ends it.
-                    match frame? {
-                        Frame::Eof => {}
-                        Frame::Line(line) if line.trim().eq_ignore_ascii_case("quit") => {
-                            self.conn.queue(Reply::Bye).await?;
-                            return Ok(Flow::Close);
+                    while let Some(frame) = self.conn.next_frame() {
+                        match frame {
+                            Frame::Eof => break,
+                            Frame::Line(line) if line.trim().eq_ignore_ascii_case("quit") => {
+                                self.conn.push(Reply::Bye);
+                                return Ok(Flow::Close);
+                            }
+                            Frame::TooLong => {
+                                self.push_refusal(ProtoError::too_long(self.limits.max_line));
+                                return Ok(Flow::Close);
+                            }
+                            Frame::Line(_) | Frame::BadUtf8 => {}
                         }
-                        Frame::TooLong => {
-                            self.conn.queue(Reply::Error(&self.too_long())).await?;
-                            return Ok(Flow::Close);
-                        }
-                        Frame::Line(_) | Frame::BadUtf8 => {}
                     }
+                    None
                 }
                 _ = self.shutdown.cancelled() => {
-                    let e = ProtoError::new(ErrorCode::Shutdown, "server is shutting down");
-                    self.conn.queue(Reply::Error(&e)).await?;
+                    self.push_refusal(ProtoError::shutdown());
                     return Ok(Flow::Close);
                 }
+            };
+            if let Some(behind) = lag {
+                self.shared.metrics().watcher_lagged();
+                self.push_refusal(ProtoError::lagged(behind));
+                return Ok(Flow::Close);
             }
         }
+    }
+
+    /// Ends the session leases this connection still holds: its client is gone. Not when
+    /// the server itself is shutting down: the session leases stay (with --data-dir they
+    /// come back as plain leases after the restart, so a holder such as `lockctl run` renews
+    /// and carries on).
+    fn release_sessions(&mut self) {
+        if !self.shutdown.is_cancelled() {
+            self.shared.drop_sessions(self.number, &self.leases);
+        }
+        self.leases.clear();
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // A connection closed by the server's own shutdown is not its client leaving: the
-        // session leases stay (with --data-dir they come back as plain leases after the
-        // restart, so a holder such as `lockctl run` renews and carries on).
-        if !self.shutdown.is_cancelled() {
-            self.shared.drop_sessions(self.number, &self.leases);
-        }
+        self.release_sessions();
     }
 }
 
@@ -455,16 +511,4 @@ impl Drop for Pending {
             self.shared.abandon_wait(&self.name, self.waiter, rx);
         }
     }
-}
-
-/// The ERR reply for a refused table operation.
-fn table_error(name: &str, e: &TableError) -> ProtoError {
-    let code = match e {
-        TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
-        TableError::WouldBlock { .. } => ErrorCode::Timeout,
-        TableError::NotHeld => ErrorCode::NotHeld,
-        TableError::Conflict => ErrorCode::Conflict,
-        TableError::TooManyLocks { .. } => ErrorCode::Limit,
-    };
-    ProtoError::new(code, format!("{name}: {e}"))
 }

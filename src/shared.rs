@@ -12,17 +12,18 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{broadcast, oneshot, Notify};
+use tokio::sync::{broadcast, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::locks::{
     Change, ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
-    TableError, Token, WaitEnd, WaiterId,
+    TableError, Token, WaitEnd, WaiterId, WaiterStatus,
 };
+use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Stopped};
 
 /// How a queued LOCK ends.
@@ -70,6 +71,9 @@ struct Inner {
     armed: Option<Instant>,
     scratch: Vec<Effect>,
     changes: Vec<Change>,
+    /// Counts the settles that may have changed the table: a STATUS snapshot taken at one
+    /// generation is still exact while it has not moved.
+    generation: u64,
 }
 
 /// The lock table as every connection shares it.
@@ -80,7 +84,56 @@ pub struct Shared {
     next_conn: AtomicU64,
     /// Where changes go to be made durable; `None` keeps everything in memory.
     journal: Option<Journal>,
+    metrics: Arc<Metrics>,
+    /// The last STATUS snapshot, shared by every STATUS made while the table is unchanged;
+    /// the async lock makes concurrent STATUS requests wait for one copy, not make many.
+    status_cache: tokio::sync::Mutex<Option<Arc<StatusSnapshot>>>,
+    /// One permit per copy of the table that STATUS answers may hold at once.
+    status_copies: Arc<Semaphore>,
+    status_copies_max: AtomicUsize,
 }
+
+/// Every held lock, sorted by name, as the table was at one generation.
+struct StatusSnapshot {
+    generation: u64,
+    /// When `remaining` was measured.
+    taken: Instant,
+    locks: Box<[LockStatus]>,
+    /// Returned when the last STATUS answer streaming this copy is done with it.
+    _copy: Option<OwnedSemaphorePermit>,
+}
+
+/// A STATUS of every held lock, as of the moment it was asked for: a shared snapshot (a
+/// client that reads slowly holds a reference to it, not a copy of its own).
+pub struct StatusView {
+    snapshot: Arc<StatusSnapshot>,
+    at: Instant,
+}
+
+impl StatusView {
+    /// How many locks are held.
+    pub fn len(&self) -> usize {
+        self.snapshot.locks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.snapshot.locks.is_empty()
+    }
+
+    /// The held locks in name order, their time left counted from when STATUS was asked
+    /// (the snapshot may be older: the table has not changed since).
+    pub fn iter(&self) -> impl Iterator<Item = LockStatus> + '_ {
+        let since = self.at.saturating_duration_since(self.snapshot.taken);
+        self.snapshot.locks.iter().map(move |s| LockStatus {
+            remaining: s.remaining.saturating_sub(since),
+            ..s.clone()
+        })
+    }
+}
+
+/// Above this many held locks, a STATUS snapshot is sorted on a blocking thread, so it does
+/// not hold up the connections served by the same worker.
+const SORT_ASIDE: usize = 4096;
 
 /// The current time as the table counts it. Tokio's clock, so paused-time tests drive leases.
 pub fn now() -> Instant {
@@ -106,8 +159,13 @@ fn unix_ms() -> u64 {
 
 impl Shared {
     /// A table with these limits; watchers may fall `watch_buffer` events behind.
-    pub fn new(limits: Limits, first_token: Token, watch_buffer: usize) -> Arc<Self> {
-        Self::build(Locks::new(limits, first_token), watch_buffer, None)
+    pub fn new(
+        limits: Limits,
+        first_token: Token,
+        watch_buffer: usize,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        Self::build(Locks::new(limits, first_token), watch_buffer, None, metrics)
     }
 
     /// Like [`Shared::new`], on the state a data directory held, recording every change to
@@ -118,6 +176,7 @@ impl Shared {
         watch_buffer: usize,
         journal: Journal,
         recovered: &Recovered,
+        metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let mut table = Locks::new(limits, first_token);
         table.raise_next_token(recovered.next_token);
@@ -126,10 +185,15 @@ impl Shared {
             table.restore(at, lease);
         }
         table.journal_changes();
-        Self::build(table, watch_buffer, Some(journal))
+        Self::build(table, watch_buffer, Some(journal), metrics)
     }
 
-    fn build(table: Locks, watch_buffer: usize, journal: Option<Journal>) -> Arc<Self> {
+    fn build(
+        table: Locks,
+        watch_buffer: usize,
+        journal: Option<Journal>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
         let (events, _) = broadcast::channel(watch_buffer.max(1));
         Arc::new(Shared {
             inner: Mutex::new(Inner {
@@ -138,12 +202,32 @@ impl Shared {
                 armed: None,
                 scratch: Vec::new(),
                 changes: Vec::new(),
+                generation: 0,
             }),
             timer: Notify::new(),
             events,
             next_conn: AtomicU64::new(1),
             journal,
+            metrics,
+            status_cache: tokio::sync::Mutex::new(None),
+            status_copies: Arc::new(Semaphore::new(crate::DEFAULT_STATUS_COPIES)),
+            status_copies_max: AtomicUsize::new(crate::DEFAULT_STATUS_COPIES),
         })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Ready to grant: with a data directory, its writer has not failed.
+    pub fn ready(&self) -> bool {
+        self.journal.as_ref().is_none_or(|j| !j.is_failed())
+    }
+
+    /// Held locks and queued waiters, for the metrics scrape.
+    pub fn counts(&self) -> (usize, usize) {
+        let g = self.guard();
+        (g.table.len(), g.waiting.len())
     }
 
     /// Waits until every change made so far is on disk: call it after a change and before
@@ -241,21 +325,108 @@ impl Shared {
         result.map(|deadline| deadline.saturating_duration_since(at))
     }
 
+    /// At most `copies` copies of the table are held by STATUS answers at once (see
+    /// [`Shared::status_snapshot`]); at least 1. Call it before serving.
+    pub fn limit_status_copies(&self, copies: usize) {
+        let copies = copies.max(1);
+        let old = self.status_copies_max.swap(copies, Ordering::Relaxed);
+        if copies > old {
+            self.status_copies.add_permits(copies - old);
+        } else {
+            self.status_copies.forget_permits(old - copies);
+        }
+    }
+
+    /// The table brought up to now for a read, and that now. It settles (and so counts as a
+    /// change) only when expiry did something: reads alone leave the generation as it was.
+    fn read_guard(&self) -> (MutexGuard<'_, Inner>, Instant) {
+        loop {
+            let mut g = self.guard();
+            let at = now();
+            g.table.expire(at);
+            if !g.table.has_effects() {
+                return (g, at);
+            }
+            self.settle(g);
+        }
+    }
+
     pub fn status(&self, name: &str) -> Option<LockStatus> {
+        let (mut g, at) = self.read_guard();
+        g.table.status(at, name)
+    }
+
+    /// One lock and the first `max` of its queue, for `STATUS <name> detail`.
+    pub fn status_detail(&self, name: &str, max: usize) -> Option<(LockStatus, Vec<WaiterStatus>)> {
         let mut g = self.guard();
-        let status = g.table.status(now(), name);
+        let at = now();
+        let detail = g
+            .table
+            .status(at, name)
+            .map(|status| (status, g.table.queue(at, name, max)));
         self.settle(g);
-        status
+        detail
     }
 
     /// Every held lock, sorted by name (sorted after the guard is dropped: a large table
     /// shouldn't stall everyone for the sort).
     pub fn status_all(&self) -> Vec<LockStatus> {
-        let mut g = self.guard();
-        let mut all = g.table.status_all(now());
-        self.settle(g);
+        let mut all = {
+            let (mut g, at) = self.read_guard();
+            g.table.status_all(at)
+        };
         all.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         all
+    }
+
+    /// Every held lock, sorted by name, as of now. While the table does not change, every
+    /// STATUS shares one snapshot, so a client that asks and never reads costs a reference,
+    /// not a copy. When it has changed, a new copy is taken; at most
+    /// [`Shared::limit_status_copies`] of them exist at once, and past that this waits until
+    /// an answer still being streamed from an older one is done (or its client is
+    /// disconnected for not reading).
+    pub async fn status_snapshot(&self) -> StatusView {
+        let mut cache = self.status_cache.lock().await;
+        let (generation, at) = {
+            let (g, at) = self.read_guard();
+            (g.generation, at)
+        };
+        if let Some(snapshot) = cache.as_ref().filter(|s| s.generation == generation) {
+            let snapshot = Arc::clone(snapshot);
+            return StatusView { snapshot, at };
+        }
+        // Let the cached copy go first, so its permit comes back unless a client holds it.
+        *cache = None;
+        let copy = Arc::clone(&self.status_copies).acquire_owned().await.ok();
+        let (generation, taken, mut locks) = {
+            let (mut g, at) = self.read_guard();
+            (g.generation, at, g.table.status_all(at))
+        };
+        let by_name = |a: &LockStatus, b: &LockStatus| a.name.cmp(&b.name);
+        if locks.len() > SORT_ASIDE {
+            let sorted = tokio::task::spawn_blocking(move || {
+                locks.sort_unstable_by(by_name);
+                locks
+            });
+            // It only fails if the runtime is shutting down, and then so is this session.
+            let Ok(sorted) = sorted.await else {
+                return std::future::pending().await;
+            };
+            locks = sorted;
+        } else {
+            locks.sort_unstable_by(by_name);
+        }
+        let snapshot = Arc::new(StatusSnapshot {
+            generation,
+            taken,
+            locks: locks.into_boxed_slice(),
+            _copy: copy,
+        });
+        *cache = Some(Arc::clone(&snapshot));
+        StatusView {
+            snapshot,
+            at: taken,
+        }
     }
 
     /// A waiting connection is going away. If it was granted in the meantime (the grant sits
@@ -307,6 +478,7 @@ impl Shared {
     /// Carries out the table's effects and publishes their events, then releases the guard,
     /// logs, and wakes the timer if the next deadline moved earlier.
     fn settle(&self, mut g: MutexGuard<'_, Inner>) {
+        g.generation = g.generation.wrapping_add(1);
         let mut effects = std::mem::take(&mut g.scratch);
         let mut events = Vec::new();
         loop {
@@ -367,6 +539,7 @@ impl Shared {
         }
         for event in &events {
             log_event(event);
+            self.metrics.lease_event(event);
         }
     }
 
@@ -399,10 +572,22 @@ impl Shared {
 
 fn log_event(e: &Event) {
     let (name, id, token) = (&*e.name, &*e.id, e.token);
+    let held_ms = e.held.as_millis() as u64;
     match e.kind {
-        EventKind::Acquired => tracing::info!(name, id, token, "granted"),
-        EventKind::Released => tracing::info!(name, id, token, "released"),
-        EventKind::Expired => tracing::info!(name, id, token, "lease expired"),
-        EventKind::Dropped => tracing::info!(name, id, token, "session closed, released"),
+        EventKind::Acquired => match e.waited {
+            Some(waited) => {
+                let waited_ms = waited.as_millis() as u64;
+                tracing::info!(name, id, token, waited_ms, "granted")
+            }
+            None => tracing::info!(name, id, token, waited_ms = 0u64, "granted"),
+        },
+        EventKind::Released => tracing::info!(name, id, token, held_ms, "released"),
+        EventKind::Expired => tracing::info!(name, id, token, held_ms, "lease expired"),
+        EventKind::Dropped => {
+            tracing::info!(name, id, token, held_ms, "session closed, released")
+        }
+        EventKind::Revoked => {
+            tracing::info!(name, id, token, "grant taken back: the waiter was gone")
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The `lockd` binary as a user runs it: flags, generated docs, signals.
+//! The `lockd` binary as a user runs it: flags and signals (its docs: tests/man.rs).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -49,42 +49,6 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
         assert!(start.elapsed() < GUARD, "lockd did not exit");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-#[test]
-fn completions_and_man_page_generate() {
-    for shell in ["bash", "zsh", "fish"] {
-        let out = Command::new(LOCKD)
-            .args(["--completions", shell])
-            .output()
-            .expect("run");
-        assert!(out.status.success(), "{shell}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("max-ttl"), "{shell} completions: {text}");
-    }
-    let out = Command::new(LOCKD).arg("--man").output().expect("run");
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(".TH lockd"), "{text}");
-    assert!(text.contains("max\\-connections"), "{text}");
-}
-
-#[test]
-fn lockctl_completions_and_man_page_generate() {
-    let lockctl = env!("CARGO_BIN_EXE_lockctl");
-    for shell in ["bash", "zsh", "fish"] {
-        let out = Command::new(lockctl)
-            .args(["completions", shell])
-            .output()
-            .expect("run");
-        assert!(out.status.success(), "{shell}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("nonblock"), "{shell} completions: {text}");
-    }
-    let out = Command::new(lockctl).arg("man").output().expect("run");
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(".TH lockctl"), "{text}");
 }
 
 #[test]

@@ -415,7 +415,8 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
         // data directory can know about it.
         let high: u64 = 1 << 52;
         {
-            let (mut store, _) = lockd::store::Store::open(&dir.data()).unwrap();
+            let (mut store, _) =
+                lockd::store::Store::open(&dir.data(), Default::default()).unwrap();
             let journal = store.journal();
             let now = Instant::now();
             let seq = journal.append(

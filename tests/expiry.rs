@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 fn table() -> (Arc<Shared>, CancellationToken) {
-    let shared = Shared::new(Limits::default(), 1, 16);
+    let shared = Shared::new(Limits::default(), 1, 16, Default::default());
     let stop = CancellationToken::new();
     tokio::spawn(Arc::clone(&shared).run_timer(stop.clone()));
     (shared, stop)

@@ -1,157 +1,17 @@
 //! lockctl against a real lockd: the server runs in-process on 127.0.0.1:0, lockctl as a child
 //! process, exactly as a user runs it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod lockctl_harness;
 
-use lockd::client::Client;
+use std::time::Duration;
+
 use lockd::proto::Tie;
-use lockd::server::{self, Config};
 use tokio::io::AsyncReadExt as _;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::process::{Child, Command};
+use tokio::net::TcpListener;
+use tokio::process::Child;
 use tokio::time::{sleep, timeout, Instant};
-use tokio_util::sync::CancellationToken;
 
-/// Only a guard against a hung test; nothing here should come close.
-const GUARD: Duration = Duration::from_secs(30);
-
-/// A lockd on a free loopback port, stopped when dropped.
-struct Lockd {
-    addr: String,
-    stop: CancellationToken,
-}
-
-impl Drop for Lockd {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn lockd() -> Lockd {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let stop = CancellationToken::new();
-    tokio::spawn(server::run(Config::default(), listener, stop.clone()));
-    Lockd { addr, stop }
-}
-
-impl Lockd {
-    async fn client(&self) -> Client {
-        Client::connect(&self.addr).await.unwrap()
-    }
-
-    /// `lockctl` aimed at this server.
-    fn lockctl(&self, args: &[&str]) -> Command {
-        lockctl_at(&self.addr, args)
-    }
-
-    /// The token of the holder of `name`, if held.
-    async fn holder(&self, name: &str) -> Option<u64> {
-        let line = self
-            .client()
-            .await
-            .status(Some(name))
-            .await
-            .unwrap()
-            .remove(0);
-        lockd::proto::field(&line, "token").map(|t| t.parse().unwrap())
-    }
-
-    async fn wait_free(&self, name: &str) {
-        let give_up = Instant::now() + GUARD;
-        while self.holder(name).await.is_some() {
-            assert!(Instant::now() < give_up, "{name} never freed");
-            sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn wait_held(&self, name: &str) -> u64 {
-        let give_up = Instant::now() + GUARD;
-        loop {
-            if let Some(t) = self.holder(name).await {
-                return t;
-            }
-            assert!(Instant::now() < give_up, "{name} never held");
-            sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-fn lockctl_at(addr: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockctl"));
-    cmd.args(args)
-        .env("LOCKD_ADDR", addr)
-        .env("LOCKCTL", env!("CARGO_BIN_EXE_lockctl"))
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
-async fn output(mut cmd: Command) -> Output {
-    let out = timeout(GUARD, cmd.output()).await.expect("lockctl hung");
-    out.unwrap()
-}
-
-fn spawn(mut cmd: Command) -> Child {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.spawn().unwrap()
-}
-
-async fn finish(child: Child) -> Output {
-    timeout(GUARD, child.wait_with_output())
-        .await
-        .expect("lockctl hung")
-        .unwrap()
-}
-
-fn code(out: &Output) -> i32 {
-    out.status.code().unwrap_or(-1)
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A scratch directory of this test's own.
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lockctl-test-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-async fn wait_for_file(path: &Path) -> String {
-    let give_up = Instant::now() + GUARD;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if text.ends_with('\n') {
-                return text;
-            }
-        }
-        assert!(Instant::now() < give_up, "{} never written", path.display());
-        sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn signal(child: &Child, sig: i32) {
-    let pid = child.id().unwrap() as libc::pid_t;
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
+use lockctl_harness::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_of_the_command_is_passed_through() {
@@ -340,61 +200,10 @@ async fn on_lost_warn_lets_the_command_finish() {
     );
 }
 
-/// Forwards connections to lockd until told to go silent; then it holds every connection open
-/// and passes nothing, like a network partition, so the server sees no close.
-struct Partition {
-    addr: String,
-    silent: Arc<AtomicBool>,
-}
-
-async fn partition(to: String) -> Partition {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let silent = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&silent);
-    tokio::spawn(async move {
-        while let Ok((a, _)) = listener.accept().await {
-            let Ok(b) = TcpStream::connect(&to).await else {
-                continue;
-            };
-            let (ar, aw) = a.into_split();
-            let (br, bw) = b.into_split();
-            tokio::spawn(pipe(ar, bw, Arc::clone(&flag)));
-            tokio::spawn(pipe(br, aw, Arc::clone(&flag)));
-        }
-    });
-    Partition { addr, silent }
-}
-
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    silent: Arc<AtomicBool>,
-) {
-    use tokio::io::AsyncWriteExt as _;
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if silent.load(Ordering::SeqCst) {
-            break;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
-        }
-    }
-    if silent.load(Ordering::SeqCst) {
-        // Keep both ends open: a partition sends no FIN.
-        std::future::pending::<()>().await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrenewable_lease_stops_the_command_before_the_server_could_expire_it() {
     let d = lockd().await;
-    let p = partition(d.addr.clone()).await;
+    let p = proxy(d.addr.clone()).await;
     let mut watch = d.client().await;
     watch.watch(Some("part")).await.unwrap();
     let dir = scratch("partition");
@@ -418,7 +227,7 @@ async fn unrenewable_lease_stops_the_command_before_the_server_could_expire_it()
         ],
     ));
     let pid: i32 = wait_for_file(&ready).await.trim().parse().unwrap();
-    p.silent.store(true, Ordering::SeqCst);
+    p.go_silent();
     let give_up = Instant::now() + GUARD;
     while alive(pid) {
         assert!(Instant::now() < give_up, "the command was never stopped");
@@ -450,7 +259,9 @@ async fn sigkill_of_lockctl_kills_the_command_and_frees_the_lock() {
     let dir = scratch("sigkill");
     let pidfile = dir.join("pid");
     let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
-    let mut child = spawn(d.lockctl(&["run", "killed", "-c", &script]));
+    // The server frees the lock when the session grace has passed: a short one keeps the
+    // test short.
+    let mut child = spawn(d.lockctl(&["run", "killed", "--session-grace", "500ms", "-c", &script]));
     let pid: i32 = wait_for_file(&pidfile).await.trim().parse().unwrap();
     d.wait_held("killed").await;
     signal(&child, libc::SIGKILL);
@@ -461,16 +272,6 @@ async fn sigkill_of_lockctl_kills_the_command_and_frees_the_lock() {
         sleep(Duration::from_millis(20)).await;
     }
     d.wait_free("killed").await;
-}
-
-/// Running, and not a zombie waiting for a reaper.
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-        Err(_) => false,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,9 +385,7 @@ async fn watch_prints_events_until_interrupted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_exit_3_naming_the_address() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    drop(listener);
+    let addr = dead_addr().await;
     let out = output(lockctl_at(
         &addr,
         &["run", "x", "--connect-timeout", "300ms", "--", "true"],
@@ -610,10 +409,49 @@ async fn usage_errors_and_help() {
         "Exit codes:",
         "-E, --conflict-exit-code",
         "--until",
+        "--until-timeout",
+        "--session-grace",
+        "124",
         "128+N",
+        "lockctl-run(1)",
     ] {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
     }
+    // acquire's usage says that it waits, and how not to.
+    let out = output(lockctl_at("127.0.0.1:1", &["acquire", "--help"])).await;
+    let help = stdout(&out);
+    let usage = help
+        .split("\n\n")
+        .find(|p| p.starts_with("Usage:"))
+        .unwrap();
+    for needle in ["waits for the lock", "-w <WAIT>", "-n "] {
+        assert!(usage.contains(needle), "{needle} missing from:\n{usage}");
+    }
+    // No command at all, and options that need one they do not have.
+    let out = output(lockctl_at("127.0.0.1:1", &["-v"])).await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let out = output(lockctl_at(
+        "127.0.0.1:1",
+        &["run", "x", "--until-timeout", "1s", "--", "true"],
+    ))
+    .await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let out = output(lockctl_at(
+        "127.0.0.1:1",
+        &[
+            "run",
+            "x",
+            "--ttl",
+            "2s",
+            "--session-grace",
+            "3s",
+            "--",
+            "true",
+        ],
+    ))
+    .await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--session-grace"), "{}", stderr(&out));
     let out = output(lockctl_at(
         "127.0.0.1:1",
         &["run", "bad name", "--", "true"],
@@ -621,4 +459,243 @@ async fn usage_errors_and_help() {
     .await;
     assert_eq!(code(&out), 2);
     assert!(stderr(&out).contains("whitespace"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_that_cannot_be_one_is_a_usage_error_at_once() {
+    let cases: [(&str, &[&str], &str); 7] = [
+        ("127.0.0.1", &["status"], "no port"),
+        ("localhost:notaport", &["status"], "is not a port"),
+        ("localhost:0", &["release", "x", "1"], "is not a port"),
+        (":5001", &["status"], "is not a host name"),
+        ("::1:5001", &["status"], "in brackets"),
+        (
+            "http://localhost:5001",
+            &["acquire", "x"],
+            "is not a host name",
+        ),
+        ("127.0.0.1", &["run", "x", "--", "true"], "no port"),
+    ];
+    for (addr, args, says) in cases {
+        // Both ways of giving the address: -s and LOCKD_ADDR.
+        let with_flag: Vec<&str> = ["-s", addr].iter().chain(args).copied().collect();
+        for cmd in [
+            lockctl_at("127.0.0.1:1", &with_flag),
+            lockctl_at(addr, args),
+        ] {
+            let started = Instant::now();
+            let out = output(cmd).await;
+            assert_eq!(code(&out), 2, "{addr} {args:?}: {}", stderr(&out));
+            assert!(stderr(&out).contains(says), "{addr}: {}", stderr(&out));
+            // Not after a connect timeout's worth of retries (the shortest is 2s).
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{addr} {args:?}"
+            );
+        }
+    }
+    // A good one in brackets is taken (and then not reached: nothing listens on port 1).
+    let out = output(lockctl_at(
+        "[::1]:1",
+        &["status", "--connect-timeout", "100ms"],
+    ))
+    .await;
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shot_commands_fail_fast_when_the_server_is_down() {
+    let addr = dead_addr().await;
+    let commands: [&[&str]; 5] = [
+        &["status"],
+        &["status", "x", "--json"],
+        &["release", "x", "1"],
+        &["renew", "x", "1"],
+        &["acquire", "x", "-n"],
+    ];
+    let started = Instant::now();
+    let children: Vec<_> = commands
+        .iter()
+        .map(|args| spawn(lockctl_at(&addr, args)))
+        .collect();
+    for (child, args) in children.into_iter().zip(commands) {
+        let out = finish(child).await;
+        assert_eq!(code(&out), 3, "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&addr) && err.contains("tried for 2s"),
+            "{args:?}: {err}"
+        );
+    }
+    // run's patience (10s) would have kept them well past this.
+    assert!(started.elapsed() < Duration::from_secs(8));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_for_a_server_that_comes_up_late() {
+    let addr = dead_addr().await;
+    let child = spawn(lockctl_at(&addr, &["run", "late", "--", "true"]));
+    // Longer than the one-shot commands try: run is patient (10s).
+    sleep(Duration::from_secs(3)).await;
+    let d = lockd_on(TcpListener::bind(&addr).await.unwrap());
+    let out = finish(child).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(d.holder("late").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_without_double_dash_is_pointed_to_it() {
+    let dir = scratch("dashdash");
+    let ran = dir.join("ran");
+    let ran = ran.to_str().unwrap();
+    let out = output(lockctl_at("127.0.0.1:1", &["run", "x", "touch", ran])).await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("lockctl run x -- touch {ran}")),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(ran).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_verbose_says_who_it_waits_behind_its_token_each_renewal_and_the_release() {
+    let d = lockd().await;
+    let mut first = d.client().await;
+    let t1 = first
+        .lock("v", "first", None, None, Tie::Plain)
+        .await
+        .unwrap();
+    let dir = scratch("verbose");
+    let go = dir.join("go");
+    let script = format!("while [ ! -e {} ]; do sleep 0.05; done", go.display());
+    let mut child = spawn(d.lockctl(&["-v", "run", "v", "--ttl", "3s", "-c", &script]));
+    let mut err = stderr_lines(&mut child);
+    let waiting = line_with(&mut err, "waiting for v").await;
+    assert!(
+        waiting.contains(&format!("held by first (token {t1})")),
+        "{waiting}"
+    );
+    first.unlock("v", t1).await.unwrap();
+    let acquired = line_with(&mut err, "acquired v token ").await;
+    let token = acquired
+        .split("token ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .unwrap();
+    assert_eq!(d.holder("v").await, Some(token.parse().unwrap()));
+    // Renewed every third of the ttl: two in a row show it keeps at it.
+    for _ in 0..2 {
+        line_with(&mut err, &format!("renewed v token {token}: ")).await;
+    }
+    std::fs::write(&go, "").unwrap();
+    line_with(&mut err, &format!("released v token {token}")).await;
+    let status = timeout(GUARD, child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_renew_release_verbose() {
+    let d = lockd().await;
+    let mut first = d.client().await;
+    let t1 = first
+        .lock("av", "first", None, None, Tie::Plain)
+        .await
+        .unwrap();
+    let mut child = spawn(d.lockctl(&["-v", "acquire", "av", "--ttl", "1m"]));
+    let mut err = stderr_lines(&mut child);
+    let waiting = line_with(&mut err, "waiting for av").await;
+    assert!(waiting.contains("held by first"), "{waiting}");
+    first.unlock("av", t1).await.unwrap();
+    let acquired = line_with(&mut err, "acquired av token ").await;
+    let out = finish(child).await;
+    assert_eq!(code(&out), 0);
+    let token = stdout(&out).trim().to_owned();
+    assert!(acquired.contains(&token), "{acquired}");
+    let out = output(d.lockctl(&["-v", "renew", "av", &token])).await;
+    assert!(
+        stderr(&out).contains(&format!("renewed av token {token}")),
+        "{}",
+        stderr(&out)
+    );
+    let out = output(d.lockctl(&["-v", "release", "av", &token])).await;
+    assert!(
+        stderr(&out).contains(&format!("released av token {token}")),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_timeout_releases_the_lock_and_exits_124() {
+    let d = lockd().await;
+    // A test that keeps failing.
+    let out = output(d.lockctl(&[
+        "run",
+        "u",
+        "--until",
+        "false",
+        "--poll",
+        "50ms",
+        "--until-timeout",
+        "300ms",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--until-timeout"), "{}", stderr(&out));
+    assert_eq!(d.holder("u").await, None);
+    // A test that hangs is stopped.
+    let out = output(d.lockctl(&[
+        "run",
+        "u",
+        "--until",
+        "sleep 60",
+        "--until-timeout",
+        "300ms",
+        "--kill-grace",
+        "100ms",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert_eq!(d.holder("u").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_json_prints_one_object_per_event() {
+    let d = lockd().await;
+    let mut child = spawn(d.lockctl(&["watch", "--json"]));
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut c = d.client().await;
+    let name = r#"j"s\on"#;
+    let give_up = Instant::now() + GUARD;
+    while !seen.contains(r#""event":"released""#) {
+        assert!(Instant::now() < give_up, "no events: {seen:?}");
+        let token = c.lock(name, "me", None, None, Tie::Plain).await.unwrap();
+        c.unlock(name, token).await.unwrap();
+        let mut buf = [0u8; 4096];
+        if let Ok(Ok(n)) = timeout(Duration::from_millis(200), stdout.read(&mut buf)).await {
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+    let released = seen
+        .lines()
+        .find(|l| l.contains(r#""event":"released""#))
+        .unwrap();
+    let prefix = r#"{"event":"released","name":"j\"s\\on","id":"me","token":"#;
+    assert!(released.starts_with(prefix), "{released}");
+    let token = released[prefix.len()..].split(',').next().unwrap();
+    assert!(token.parse::<u64>().is_ok(), "{released}");
+    assert!(released.ends_with(r#"Z"}"#), "{released}");
+    assert!(
+        seen.lines().all(|l| l.starts_with('{') && l.ends_with('}')),
+        "{seen}"
+    );
+    signal(&child, libc::SIGINT);
+    let status = timeout(GUARD, child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0));
 }

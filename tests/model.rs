@@ -609,13 +609,29 @@ fn queued(out: Result<LockOutcome, TableError>) -> WaiterId {
     }
 }
 
+/// An event as the plain tests below compare it: without its hold and wait times, which
+/// the model test checks exactly (see [`effects`]).
 fn ev(kind: EventKind, name: &str, id: &str, token: Token) -> Effect {
     Effect::Event(Event {
         kind,
         name: Arc::from(name),
         id: Arc::from(id),
         token,
+        held: Duration::ZERO,
+        waited: None,
     })
+}
+
+/// The table's queued effects, with events' hold and wait times blanked, as [`ev`] makes them.
+fn effects(t: &mut Locks) -> Vec<Effect> {
+    let mut all = t.take_effects();
+    for e in &mut all {
+        if let Effect::Event(event) = e {
+            event.held = Duration::ZERO;
+            event.waited = None;
+        }
+    }
+    all
 }
 
 #[test]
@@ -631,7 +647,7 @@ fn same_id_relock_keeps_token_and_restarts_lease() {
     assert_eq!(t.check(ms(base, 1500), "x", token), Ok(ms(base, 2500)));
     // No second Acquired event, no second token.
     assert_eq!(
-        t.take_effects(),
+        effects(&mut t),
         vec![ev(EventKind::Acquired, "x", "p", token)]
     );
     assert_eq!(t.next_token(), token + 1);
@@ -667,7 +683,7 @@ fn session_lease_on_another_connection_conflicts() {
     assert!(t.status(ms(base, 4), "x").is_some());
     t.drop_session(ms(base, 5), "x", token, 2);
     assert_eq!(t.status(ms(base, 5), "x"), None);
-    let effects = t.take_effects();
+    let effects = effects(&mut t);
     assert_eq!(
         effects.last(),
         Some(&ev(EventKind::Dropped, "x", "p", token))
@@ -680,11 +696,11 @@ fn replaced_waiter_keeps_its_place() {
     let (token, _) = granted(t.lock(base, req("x", "a", 1000, None, false, 1)));
     let b1 = queued(t.lock(base, req("x", "b", 1000, Some(100), false, 2)));
     let c = queued(t.lock(base, req("x", "c", 1000, None, false, 3)));
-    t.take_effects();
+    effects(&mut t);
     // b again, from another connection and without a wait bound.
     let b2 = queued(t.lock(ms(base, 10), req("x", "b", 700, None, false, 4)));
     assert_eq!(
-        t.take_effects(),
+        effects(&mut t),
         vec![Effect::WaitEnded {
             waiter: b1,
             why: WaitEnd::Replaced
@@ -696,7 +712,7 @@ fn replaced_waiter_keeps_its_place() {
     assert!(!t.cancel_wait(ms(base, 10), b1));
     assert_eq!(t.unlock(ms(base, 20), "x", token), Ok(()));
     assert_eq!(
-        t.take_effects(),
+        effects(&mut t),
         vec![
             ev(EventKind::Released, "x", "a", token),
             Effect::Granted {
@@ -717,7 +733,7 @@ fn wait_zero_would_block_and_changes_nothing() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req("x", "p", 1000, Some(0), false, 1)));
     let q = queued(t.lock(base, req("x", "q", 1000, None, false, 2)));
-    t.take_effects();
+    effects(&mut t);
     assert_eq!(
         t.lock(ms(base, 1), req("x", "q", 1000, Some(0), false, 3)),
         Err(TableError::WouldBlock {
@@ -725,7 +741,7 @@ fn wait_zero_would_block_and_changes_nothing() {
         })
     );
     // q's earlier request still waits (wait=0 did not replace it).
-    assert!(t.take_effects().is_empty());
+    assert!(effects(&mut t).is_empty());
     assert_eq!(t.status(ms(base, 1), "x").expect("held").waiters, 1);
     assert_eq!(t.unlock(ms(base, 2), "x", token), Ok(()));
     assert!(t
@@ -739,12 +755,12 @@ fn expiry_hands_over_with_lease_from_processing_time() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req("x", "p", 10, None, false, 1)));
     let q = queued(t.lock(ms(base, 1), req("x", "q", 50, Some(100), true, 7)));
-    t.take_effects();
+    effects(&mut t);
     assert_eq!(t.next_deadline(), Some(ms(base, 10)));
     // Nobody looks until 25ms: the new lease runs from 25ms, not from 10ms.
     t.expire(ms(base, 25));
     assert_eq!(
-        t.take_effects(),
+        effects(&mut t),
         vec![
             ev(EventKind::Expired, "x", "p", token),
             Effect::Granted {
@@ -775,11 +791,11 @@ fn wait_ending_with_the_lease_gives_up_first() {
     let (token, _) = granted(t.lock(base, req("x", "p", 10, None, false, 1)));
     let q = queued(t.lock(base, req("x", "q", 50, Some(10), false, 2)));
     let r = queued(t.lock(base, req("x", "r", 50, None, false, 3)));
-    t.take_effects();
+    effects(&mut t);
     // At exactly 10ms q's wait and p's lease both end: q gives up, r is granted.
     assert_eq!(t.check(ms(base, 10), "x", token), Err(TableError::NotHeld));
     assert_eq!(
-        t.take_effects(),
+        effects(&mut t),
         vec![
             Effect::WaitEnded {
                 waiter: q,
@@ -804,10 +820,10 @@ fn cancelled_waiter_is_never_granted() {
     let q = queued(t.lock(base, req("x", "q", 50, None, true, 2)));
     assert!(t.cancel_wait(ms(base, 5), q));
     assert!(!t.cancel_wait(ms(base, 5), q));
-    t.take_effects();
+    effects(&mut t);
     assert_eq!(t.unlock(ms(base, 6), "x", token), Ok(()));
     assert_eq!(
-        t.take_effects(),
+        effects(&mut t),
         vec![ev(EventKind::Released, "x", "p", token)]
     );
     assert!(t.is_empty());

@@ -41,10 +41,10 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt-get install -y -qq redis-server >/dev/null
 fi
 
-log "building (release)"
-cargo build --release --quiet --bin lockd
+log "building (release, with symbols for the profiles)"
+cargo build --profile profiling --quiet --bin lockd
 cargo build --release --quiet --manifest-path contrib/bench/Cargo.toml
-lockd_bin=$root/target/release/lockd
+lockd_bin=$root/target/profiling/lockd
 bench=$root/contrib/bench/target/release/lockbench
 
 lockd_pid=""

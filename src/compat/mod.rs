@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::locks::{ConnId, Event, EventKind, LockRequest, Token};
+use crate::metrics::Protocol;
 use crate::shared::{LockStart, Published, Shared};
 
 use conn::{Answer, ConnCtx, Request};
@@ -295,9 +296,10 @@ impl Compat {
             Ok((stream, peer)) => match Arc::clone(&self.permits).try_acquire_owned() {
                 Ok(permit) => {
                     let ctx = ctx.clone();
+                    let counted = self.shared.metrics().connection(Protocol::Compat);
                     self.tracker.spawn(async move {
                         conn::serve(stream, peer, kind, ctx).await;
-                        drop(permit);
+                        drop((permit, counted));
                     });
                 }
                 Err(_) => {

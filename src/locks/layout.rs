@@ -37,6 +37,12 @@ impl Clock {
         self.epoch?.checked_add(Duration::from_nanos(ticks))
     }
 
+    /// The time from `since` (ticks) to `now`.
+    pub(super) fn held(self, now: Instant, since: u64) -> Duration {
+        let now = self.ticks(now).unwrap_or(u64::MAX);
+        Duration::from_nanos(now.saturating_sub(since))
+    }
+
     /// `now + ttl`, as an instant and as ticks; `None` if it can't be represented.
     pub(super) fn after(self, now: Instant, ttl: Duration) -> Option<(Instant, u64)> {
         let at = now.checked_add(ttl)?;
@@ -59,9 +65,11 @@ pub(super) struct Holder {
     pub(super) ttl: u64,
     /// In [`Clock`] ticks.
     pub(super) deadline: u64,
+    /// When the lease was granted (or restored), in [`Clock`] ticks: for hold times.
+    pub(super) granted: u64,
     /// The connection a session lease is bound to; 0 when it is bound to none (see `bond`).
     /// Packed with `grace_ms` and `bond` rather than an enum with a payload, which would
-    /// push the slot past 80 bytes.
+    /// push the slot past 88 bytes.
     pub(super) conn: ConnId,
     /// A session lease's grace in milliseconds (saturating: 49 days at most).
     pub(super) grace_ms: u32,
@@ -114,12 +122,14 @@ pub(super) struct Waiter {
     pub(super) conn: ConnId,
     /// When its wait ends, in [`Clock`] ticks; `None` waits without bound.
     pub(super) deadline: Option<u64>,
+    /// When it joined the queue (or took over a place in it), in [`Clock`] ticks.
+    pub(super) queued: u64,
 }
 
 /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
 pub(super) type Queue = BTreeMap<u64, Waiter>;
 
-/// One held name: 80 bytes in the slab.
+/// One held name: 88 bytes in the slab.
 #[derive(Debug)]
 pub(super) struct Entry {
     /// The same allocation as the index's key.
@@ -130,7 +140,7 @@ pub(super) struct Entry {
 }
 
 // The layout above is what keeps a held lock under 256 bytes: growing these is a choice.
-const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 80);
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 88);
 const _: () = assert!(std::mem::size_of::<(u64, Timer)>() <= 24);
 
 /// What a timer is for; the `u32` is the slot of the lease's entry. `Wait` sorts before

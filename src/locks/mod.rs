@@ -14,9 +14,9 @@
 //!
 //! # Layout: memory per held lock
 //! A server may hold a million locks, so the table is laid out to cost under 256 bytes of heap
-//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 195 B at 200,000
-//! locks and 215 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
-//! - the entries live in a `Slab` of 80-byte slots, grown 4096 slots at a time and reused
+//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 202 B at 200,000
+//! locks and 222 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
+//! - the entries live in a `Slab` of 88-byte slots, grown 4096 slots at a time and reused
 //!   once freed; a `HashMap<Arc<str>, u32>` (24-byte buckets) maps a name to its slot. A hash
 //!   map of whole entries would pay its spare buckets (up to half the table) at entry size.
 //! - the name is one `Arc<str>`, shared by the index key, the entry and every event;
@@ -112,6 +112,7 @@ impl Locks {
             ttl: nanos(lease.ttl.min(self.limits.max_ttl)),
             // Past 584 years from now: as good as never.
             deadline: self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
+            granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
             bond: Bond::Plain,
@@ -140,6 +141,11 @@ impl Locks {
     /// Takes the effects queued by the calls so far, oldest first.
     pub fn take_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.effects)
+    }
+
+    /// Whether effects are queued: after [`Locks::expire`], whether it changed anything.
+    pub fn has_effects(&self) -> bool {
+        !self.effects.is_empty()
     }
 
     /// Appends the queued effects to `out`, keeping this table's buffer for reuse.
@@ -187,13 +193,14 @@ impl Locks {
                 token: 0,
                 ttl: nanos(ttl),
                 deadline: deadline_ticks,
+                granted: self.clock.ticks(now).unwrap_or(0),
                 conn: 0,
                 grace_ms: 0,
                 bond: Bond::Plain,
             };
             holder.bind(req.session, req.conn);
             let slot = self.add_entry(req.name.into(), holder).ok_or(too_many)?;
-            let token = self.start_lease(slot, deadline);
+            let token = self.start_lease(slot, deadline, None);
             return Ok(LockOutcome::Granted { token, deadline });
         };
         let Some(entry) = self.slab.get_mut(slot) else {
@@ -283,6 +290,7 @@ impl Locks {
                 session: req.session,
                 conn: req.conn,
                 deadline: wait_deadline,
+                queued: self.clock.ticks(now).unwrap_or(0),
             },
         );
         if let Some(at) = wait_deadline {
@@ -346,7 +354,7 @@ impl Locks {
     /// is granted. `NotHeld` if `token` is not the live lease.
     pub fn revoke(&mut self, now: Instant, name: &str, token: Token) -> Result<(), TableError> {
         self.expire(now);
-        self.end_lease(now, name, token, EventKind::Dropped, None)
+        self.end_lease(now, name, token, EventKind::Revoked, None)
     }
 
     /// RENEW on connection `conn`: a new deadline `ttl` (or the lease's own ttl) from now. A
@@ -417,6 +425,23 @@ impl Locks {
         Some(status_of(self.clock, now, entry))
     }
 
+    /// The first `max` waiters of `name`, in the order they will be granted.
+    pub fn queue(&mut self, now: Instant, name: &str, max: usize) -> Vec<WaiterStatus> {
+        self.expire(now);
+        let Some(queue) = self.entry(name).and_then(|e| e.queue.as_deref()) else {
+            return Vec::new();
+        };
+        queue
+            .values()
+            .take(max)
+            .map(|w| WaiterStatus {
+                id: Arc::clone(&w.id),
+                waited: self.clock.held(now, w.queued),
+                session: w.session.is_some(),
+            })
+            .collect()
+    }
+
     /// STATUS of every held name, in no particular order.
     pub fn status_all(&mut self, now: Instant) -> Vec<LockStatus> {
         self.expire(now);
@@ -462,7 +487,7 @@ impl Locks {
 
     fn check_ttl(&self, ttl: Option<Duration>) -> Result<Duration, TableError> {
         let ttl = ttl.unwrap_or(self.limits.default_ttl);
-        if ttl.is_zero() || ttl > self.limits.max_ttl {
+        if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
             return Err(TableError::BadTtl {
                 max: self.limits.max_ttl,
             });
@@ -524,8 +549,8 @@ impl Locks {
     }
 
     /// Gives the holder in `slot` the next token and starts its lease (timer, journal,
-    /// Acquired event); returns the token.
-    fn start_lease(&mut self, slot: u32, deadline: Instant) -> Token {
+    /// Acquired event, which says how long it `waited` in the queue); returns the token.
+    fn start_lease(&mut self, slot: u32, deadline: Instant, waited: Option<Duration>) -> Token {
         let token = self.next_token;
         let Some(entry) = self.slab.get_mut(slot) else {
             return token;
@@ -549,6 +574,8 @@ impl Locks {
             name: Arc::clone(&entry.name),
             id: Arc::clone(&holder.id),
             token,
+            held: Duration::ZERO,
+            waited,
         }));
         token
     }
@@ -591,11 +618,14 @@ impl Locks {
         let next = pop_first_waiter(&mut entry.queue);
         let Some(next) = next else {
             if let Some(Entry { name, holder, .. }) = self.remove_entry(slot) {
+                let held = self.clock.held(now, holder.granted);
                 self.effects.push(Effect::Event(Event {
                     kind,
                     name,
                     id: holder.id,
                     token: holder.token,
+                    held,
+                    waited: None,
                 }));
             }
             return;
@@ -610,6 +640,7 @@ impl Locks {
             token: 0,
             ttl: nanos(next.ttl),
             deadline: deadline_ticks,
+            granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
             bond: Bond::Plain,
@@ -622,12 +653,15 @@ impl Locks {
             name: Arc::clone(&name),
             id: old.id,
             token: old.token,
+            held: self.clock.held(now, old.granted),
+            waited: None,
         }));
         self.waiters.remove(&next.waiter);
         if let Some(at) = next.deadline {
             self.timers.remove(&(at, Timer::Wait(next.waiter)));
         }
-        let token = self.start_lease(slot, deadline);
+        let waited = self.clock.held(now, next.queued);
+        let token = self.start_lease(slot, deadline, Some(waited));
         // The grant goes before the Acquired event, so a watcher never sees a holder whose
         // client has not been told.
         let acquired = self.effects.pop();
@@ -698,6 +732,7 @@ fn status_of(clock: Clock, now: Instant, entry: &Entry) -> LockStatus {
         holder: Arc::clone(&entry.holder.id),
         token: entry.holder.token,
         remaining: deadline.saturating_duration_since(now),
+        held: clock.held(now, entry.holder.granted),
         session: entry.holder.bond != Bond::Plain,
         waiters: entry.queue.as_ref().map_or(0, |q| q.len()),
     }

@@ -68,7 +68,7 @@ pub enum LockOutcome {
 /// Why a request changed nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TableError {
-    /// ttl is zero or above the maximum.
+    /// ttl is under [`crate::MIN_TTL`] or above the maximum.
     BadTtl { max: Duration },
     /// A session lease's grace is above the maximum ttl.
     BadGrace { max: Duration },
@@ -87,7 +87,8 @@ impl fmt::Display for TableError {
         match self {
             TableError::BadTtl { max } => write!(
                 f,
-                "ttl must be more than 0 and at most {}",
+                "ttl must be at least {} and at most {}",
+                humantime::format_duration(crate::MIN_TTL),
                 humantime::format_duration(*max)
             ),
             TableError::BadGrace { max } => write!(
@@ -120,8 +121,11 @@ pub enum EventKind {
     Acquired,
     Released,
     Expired,
-    /// A session lease ended because its connection closed.
+    /// A session lease ended because its connection closed (at once, or after its grace).
     Dropped,
+    /// A grant was taken back: its waiter was gone before it could read it. Shown to
+    /// clients as `dropped` too; told apart for metrics and logs.
+    Revoked,
 }
 
 impl EventKind {
@@ -130,7 +134,7 @@ impl EventKind {
             EventKind::Acquired => "acquired",
             EventKind::Released => "released",
             EventKind::Expired => "expired",
-            EventKind::Dropped => "dropped",
+            EventKind::Dropped | EventKind::Revoked => "dropped",
         }
     }
 }
@@ -142,6 +146,11 @@ pub struct Event {
     pub name: Arc<str>,
     pub id: Arc<str>,
     pub token: Token,
+    /// How long the lease had been held when it ended (zero for `Acquired`).
+    pub held: Duration,
+    /// For `Acquired` after waiting in the queue: how long the request waited. `None` for a
+    /// grant made at once, and for the other kinds.
+    pub waited: Option<Duration>,
 }
 
 /// Work for the caller, in the order it must happen.
@@ -198,6 +207,16 @@ pub struct RestoredLease {
     pub deadline: Instant,
 }
 
+/// One waiter of a lock, in queue order, for `STATUS <name> detail`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaiterStatus {
+    pub id: Arc<str>,
+    /// How long it has waited so far.
+    pub waited: Duration,
+    /// It asked for a session lease.
+    pub session: bool,
+}
+
 /// A snapshot of one lock, for STATUS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockStatus {
@@ -205,6 +224,8 @@ pub struct LockStatus {
     pub holder: Arc<str>,
     pub token: Token,
     pub remaining: Duration,
+    /// How long the holder has held it (since its grant, or since a restart restored it).
+    pub held: Duration,
     pub session: bool,
     pub waiters: usize,
 }

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::locks::{Change, RestoredLease, Token};
+use crate::metrics::Metrics;
 use files::{unix_ms, DataDir};
 use format::{Lease, Record};
 
@@ -120,7 +121,8 @@ pub struct Store {
 impl Store {
     /// Locks and recovers `dir` and starts the writer. Blocking: call it before serving (or
     /// from `spawn_blocking`). Errors name the file at fault.
-    pub fn open(dir: &Path) -> io::Result<(Store, Recovered)> {
+    /// Each sync's time and batch size go to `metrics`.
+    pub fn open(dir: &Path, metrics: Arc<Metrics>) -> io::Result<(Store, Recovered)> {
         let data = DataDir::open(dir)?;
         let recovered = Recovered {
             leases: data.state().leases.values().cloned().collect(),
@@ -138,7 +140,7 @@ impl Store {
             let inner = Arc::clone(&inner);
             std::thread::Builder::new()
                 .name("lockd-store".into())
-                .spawn(move || write_loop(&inner, data))?
+                .spawn(move || write_loop(&inner, data, &metrics))?
         };
         Ok((
             Store {
@@ -258,6 +260,15 @@ impl Journal {
         }
     }
 
+    /// Whether a write has failed (the server is stopping).
+    pub fn is_failed(&self) -> bool {
+        self.0
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     /// Resolves once a write has failed: the server must stop.
     pub async fn failed(&self) {
         let mut rx = self.0.progress.subscribe();
@@ -287,7 +298,7 @@ fn ceil_ms(d: Duration) -> u64 {
 
 /// The writer: take everything queued, write it in one go, sync, publish; until closed or a
 /// write fails.
-fn write_loop(inner: &Inner, mut data: DataDir) {
+fn write_loop(inner: &Inner, mut data: DataDir, metrics: &Metrics) {
     let mut batch = Vec::new();
     loop {
         let upto = {
@@ -301,7 +312,10 @@ fn write_loop(inner: &Inner, mut data: DataDir) {
             std::mem::swap(&mut q.records, &mut batch);
             q.seq
         };
-        if let Err(e) = data.append(&mut batch) {
+        let (records, started) = (batch.len(), Instant::now());
+        let written = data.append(&mut batch);
+        metrics.journal_flushed(records, started.elapsed());
+        if let Err(e) = written {
             tracing::error!(
                 file = %data.log_path().display(),
                 error = %e,

@@ -6,13 +6,15 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
-use std::io;
+use std::io::{self, BufRead as _};
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lockd::server::{self, Config};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -68,6 +70,24 @@ impl TestServer {
     pub async fn raw(&self) -> Raw {
         Raw::connect(self.addr).await
     }
+
+    /// Connects again and again until a connection is served rather than refused with
+    /// `ERR LIMIT`; fails with `what` after the guard.
+    pub async fn wait_for_a_free_slot(&self, what: &str) {
+        let deadline = tokio::time::Instant::now() + GUARD;
+        loop {
+            let mut c = self.raw().await;
+            c.send("PING").await;
+            match c.try_line().await.ok().flatten().as_deref() {
+                Some("OK PONG") => return,
+                Some(line) if line.starts_with("ERR LIMIT ") => {}
+                None => {}
+                Some(line) => panic!("unexpected {line:?}"),
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 impl Drop for TestServer {
@@ -84,6 +104,18 @@ pub struct Raw {
 impl Raw {
     pub async fn connect(addr: SocketAddr) -> Raw {
         let stream = tokio::time::timeout(GUARD, TcpStream::connect(addr))
+            .await
+            .expect("connect timed out")
+            .expect("connect");
+        Raw::from_stream(stream)
+    }
+
+    /// Connects with a receive buffer of about `bytes`, so a client that does not read fills
+    /// its side with little data.
+    pub async fn connect_small(addr: SocketAddr, bytes: u32) -> Raw {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        let stream = tokio::time::timeout(GUARD, socket.connect(addr))
             .await
             .expect("connect timed out")
             .expect("connect");
@@ -112,6 +144,11 @@ impl Raw {
             .await
             .expect("write timed out")
             .expect("write");
+    }
+
+    /// Sends bytes exactly as given, for a test that expects the server may stop taking them.
+    pub async fn try_send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.get_mut().write_all(bytes).await
     }
 
     /// Reads one line (without its `\n`); `None` at EOF.
@@ -187,6 +224,23 @@ impl Raw {
                 Ok(Ok(_)) => {}
             }
         }
+    }
+
+    /// Reads to the end of the connection: the lines before it, and whether it ended with a
+    /// reset rather than a clean EOF. Fails the test if it is still open after the guard.
+    pub async fn read_to_end(&mut self) -> (Vec<String>, bool) {
+        let mut data = Vec::new();
+        let mut buf = [0u8; 64 * 1024];
+        let reset = loop {
+            match tokio::time::timeout(GUARD, self.stream.read(&mut buf)).await {
+                Err(_) => panic!("connection still open after the guard"),
+                Ok(Ok(0)) => break false,
+                Ok(Ok(n)) => data.extend_from_slice(&buf[..n]),
+                Ok(Err(_)) => break true,
+            }
+        };
+        let text = String::from_utf8_lossy(&data);
+        (text.lines().map(str::to_owned).collect(), reset)
     }
 
     /// Closes our sending side; the server sees end of input.
@@ -274,4 +328,126 @@ pub fn assert_event(line: &str, kind: &str, name: &str, id: &str, token: u64) ->
         "unix-ms {ms} is far from {now}"
     );
     ms
+}
+
+/// The real `lockd` binary as a child process listening on 127.0.0.1:0, its log collected.
+/// Killed when dropped.
+pub struct LockdProcess {
+    child: Child,
+    pub addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Starts `lockd --listen 127.0.0.1:0 <args>` (no `LOCKD_*` variables from the test's
+/// environment) and waits until it logs the address it listens on.
+pub fn spawn_lockd(args: &[&str]) -> LockdProcess {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockd"));
+    cmd.args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("LOCKD_") {
+            cmd.env_remove(key);
+        }
+    }
+    let mut child = cmd.spawn().expect("spawn lockd");
+    let stderr = child.stderr.take().expect("stderr");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let reader = {
+        let log = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("listening") {
+                    let _ = tx.send(field(&line, "addr"));
+                }
+                log.lock().unwrap().push(line);
+            }
+        })
+    };
+    let addr = match rx.recv_timeout(GUARD) {
+        Ok(Some(addr)) => addr.parse().expect("listening address"),
+        _ => {
+            let _ = child.kill();
+            panic!("lockd did not start: {:?}", log.lock().unwrap());
+        }
+    };
+    LockdProcess {
+        child,
+        addr,
+        log,
+        reader: Some(reader),
+    }
+}
+
+impl LockdProcess {
+    /// A raw connection to it.
+    pub async fn raw(&self) -> Raw {
+        Raw::connect(self.addr).await
+    }
+
+    /// Its resident memory, from /proc (Linux).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("read /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+
+    /// How many file descriptors it has open (sockets included), from /proc (Linux).
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .expect("read /proc/<pid>/fd")
+            .count()
+    }
+
+    /// Polls `open_fds` until `done` accepts it; fails after the guard.
+    pub async fn wait_fds(&self, what: &str, done: impl Fn(usize) -> bool) -> usize {
+        let deadline = Instant::now() + GUARD;
+        loop {
+            let fds = self.open_fds();
+            if done(fds) {
+                return fds;
+            }
+            assert!(Instant::now() < deadline, "{what}: still {fds} open fds");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// SIGTERM; waits for it to exit and returns its whole log.
+    pub fn stop(mut self) -> Vec<String> {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + GUARD;
+        while self.child.try_wait().expect("wait").is_none() {
+            assert!(Instant::now() < deadline, "lockd did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.log()
+    }
+}
+
+impl Drop for LockdProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -28,6 +28,8 @@ pub struct MHolder {
     pub ttl: u64,
     pub deadline: u64,
     pub session: Option<MSession>,
+    /// When it was granted.
+    pub granted: u64,
 }
 
 /// A session lease's binding.
@@ -59,6 +61,8 @@ pub struct MWaiter {
     pub session: Option<u64>,
     pub conn: ConnId,
     pub deadline: Option<u64>,
+    /// When it queued.
+    pub queued: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -175,12 +179,23 @@ impl Model {
         false
     }
 
-    fn event(&mut self, kind: EventKind, name: &str, id: &str, token: Token) {
+    /// An event; `held` and `waited` in milliseconds.
+    fn event(
+        &mut self,
+        kind: EventKind,
+        name: &str,
+        id: &str,
+        token: Token,
+        held: u64,
+        waited: Option<u64>,
+    ) {
         self.effects.push(Effect::Event(Event {
             kind,
             name: Arc::from(name),
             id: Arc::from(id),
             token,
+            held: Duration::from_millis(held),
+            waited: waited.map(Duration::from_millis),
         }));
     }
 
@@ -193,7 +208,15 @@ impl Model {
     /// The holder goes; the head of the queue, if any, gets a lease starting `now`.
     fn release(&mut self, now: u64, name: &str, kind: EventKind) {
         let mut entry = self.entries.remove(name).expect("release of a held name");
-        self.event(kind, name, &entry.holder.id.clone(), entry.holder.token);
+        let held = now - entry.holder.granted;
+        self.event(
+            kind,
+            name,
+            &entry.holder.id.clone(),
+            entry.holder.token,
+            held,
+            None,
+        );
         if entry.queue.is_empty() {
             return;
         }
@@ -206,12 +229,14 @@ impl Model {
             token,
             deadline: self.at(deadline),
         });
-        self.event(EventKind::Acquired, name, &next.id, token);
+        let waited = now - next.queued;
+        self.event(EventKind::Acquired, name, &next.id, token, 0, Some(waited));
         entry.holder = MHolder {
             id: next.id,
             token,
             ttl: next.ttl,
             deadline,
+            granted: now,
             session: MSession::bound(next.session, next.conn),
         };
         self.entries.insert(name.to_string(), entry);
@@ -247,7 +272,7 @@ impl Model {
                 });
             }
             let token = self.grant_token();
-            self.event(EventKind::Acquired, &req.name, &req.id, token);
+            self.event(EventKind::Acquired, &req.name, &req.id, token, 0, None);
             self.entries.insert(
                 req.name.clone(),
                 MEntry {
@@ -257,6 +282,7 @@ impl Model {
                         ttl,
                         deadline,
                         session: MSession::bound(req.session, req.conn),
+                        granted: now,
                     },
                     queue: Vec::new(),
                 },
@@ -296,6 +322,7 @@ impl Model {
             session: req.session,
             conn: req.conn,
             deadline: req.wait.map(|w| now + w),
+            queued: now,
         };
         let entry = self.entries.get_mut(&req.name).expect("checked above");
         match entry.queue.iter().position(|w| w.id == req.id) {
@@ -348,7 +375,7 @@ impl Model {
         self.process(now);
         match self.entries.get(name) {
             Some(e) if e.holder.token == token => {
-                self.release(now, name, EventKind::Dropped);
+                self.release(now, name, EventKind::Revoked);
                 Ok(())
             }
             _ => Err(TableError::NotHeld),
@@ -423,6 +450,7 @@ fn status_of(now: u64, name: &str, e: &MEntry) -> LockStatus {
         holder: Arc::from(e.holder.id.as_str()),
         token: e.holder.token,
         remaining: Duration::from_millis(e.holder.deadline.saturating_sub(now)),
+        held: Duration::from_millis(now - e.holder.granted),
         session: e.holder.session.is_some(),
         waiters: e.queue.len(),
     }

@@ -4,22 +4,95 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Printed after `--help`: flock(1) users look here first, so every exit code is listed.
-pub const EXIT_CODES: &str = "\
-Exit codes:
-  0        success (run: the command's own exit code is passed through)
-  1        the lock is held by someone else: -n found it held or -w ran out
-           (change it with -E/--conflict-exit-code)
-  2        usage error, or the server refused the request (its ERR text is printed)
-  3        the server is unreachable, or the connection was lost and could not be restored
-  4        the lock was lost: lost while the command ran (the command was stopped),
-           or release/renew was given a token that is not the live lease
-  126/127  the command could not be run / was not found
-  128+N    the command was killed by signal N (or lockctl was, while it waited)
+/// Every exit code, for `--help` and the man pages: flock(1) users look here first.
+pub const EXIT_STATUS: &[(&str, &str)] = &[
+    (
+        "0",
+        "success (run: the command's own exit code is passed through)",
+    ),
+    (
+        "1",
+        "the lock is held by someone else: -n found it held or -w ran out \
+         (change it with -E/--conflict-exit-code)",
+    ),
+    (
+        "2",
+        "usage error (a bad flag, an address that is not host:port), \
+         or the server refused the request (its ERR text is printed)",
+    ),
+    (
+        "3",
+        "the server is unreachable (after --connect-timeout), \
+         or the connection was lost and could not be restored",
+    ),
+    (
+        "4",
+        "the lock was lost: lost while the command ran (the command was stopped), \
+         or release/renew was given a token that is not the live lease",
+    ),
+    (
+        "124",
+        "run --until: the --until test did not pass within --until-timeout \
+         (the lock was released)",
+    ),
+    ("126/127", "the command could not be run / was not found"),
+    (
+        "128+N",
+        "the command was killed by signal N (or lockctl was, while it waited)",
+    ),
+];
 
-Environment:
-  LOCKD_ADDR   default for --server
-  The command started by `run` gets LOCKD_NAME, LOCKD_TOKEN (the fencing token) and LOCKD_ADDR.";
+/// The variables lockctl sets for the command `run` starts.
+pub const COMMAND_ENVIRONMENT: &[(&str, &str)] = &[(
+    "LOCKD_NAME, LOCKD_TOKEN, LOCKD_ADDR",
+    "set for the command that run starts: the lock's name, its fencing token and the \
+     server's address",
+)];
+
+/// Printed after `--help`.
+fn after_help() -> String {
+    let mut text = String::from("Exit codes:\n");
+    for (code, meaning) in EXIT_STATUS {
+        text.push_str(&hanging(code, 9, meaning));
+    }
+    text.push_str("\nEnvironment:\n");
+    text.push_str(&hanging("LOCKD_ADDR", 11, "default for -s/--server"));
+    for (name, meaning) in COMMAND_ENVIRONMENT {
+        text.push_str(&hanging(name, 11, meaning));
+    }
+    text.push_str("\nEvery command has a man page: lockctl-run(1), lockctl-acquire(1), ...");
+    text
+}
+
+/// `label` in a column `width` wide, then `text` wrapped with a hanging indent; a wider label
+/// gets `text` on the lines below it.
+fn hanging(label: &str, width: usize, text: &str) -> String {
+    const COLUMNS: usize = 92;
+    let pad = 2 + width + 1;
+    let mut out = format!("  {label}");
+    let mut col = out.len();
+    if col >= pad {
+        out.push('\n');
+        col = 0;
+    }
+    for word in text.split_whitespace() {
+        if col > pad && col + 1 + word.len() > COLUMNS {
+            out.push('\n');
+            col = 0;
+        }
+        if col < pad {
+            out.push_str(&" ".repeat(pad - col));
+            col = pad;
+        } else {
+            out.push(' ');
+            col += 1;
+        }
+        out.push_str(word);
+        col += word.len();
+    }
+    out.push('\n');
+    out
+}
 
 /// flock(1) across machines: run a command while holding a named lock on a lockd server.
 ///
@@ -27,54 +100,107 @@ Environment:
 /// with the fencing token in $LOCKD_TOKEN, renews the lease while it runs and releases it when
 /// it exits. If the lease is lost, the command is stopped before anyone else can get the lock.
 #[derive(Parser, Debug)]
-#[command(name = "lockctl", version, about, after_help = EXIT_CODES)]
+#[command(
+    name = "lockctl",
+    version,
+    after_help = after_help(),
+    subcommand_required = false,
+    arg_required_else_help = true
+)]
 pub struct Cli {
-    /// lockd address as host:port.
-    #[arg(short, long, global = true, env = "LOCKD_ADDR", default_value = lockd::DEFAULT_LISTEN)]
+    /// lockd address as host:port (an IPv6 address in brackets, as [::1]:5001).
+    #[arg(short, long, global = true, env = "LOCKD_ADDR", default_value = lockd::DEFAULT_LISTEN,
+          value_parser = address)]
     pub server: String,
 
-    /// How long to keep trying to reach the server at start (with backoff) before exit code 3.
-    #[arg(long, global = true, default_value = "10s", value_parser = duration)]
-    pub connect_timeout: Duration,
+    /// How long to keep trying to reach the server (with backoff) before exit code 3
+    /// [default: 10s for run, acquire and watch, which wait anyway; 2s for status, release,
+    /// renew and acquire -n, so that a script learns at once that the server is down].
+    #[arg(long, global = true, value_parser = duration)]
+    pub connect_timeout: Option<Duration>,
 
     /// This client's id on the server [default: <hostname>:<pid>]. Use one id per process.
     #[arg(long, global = true)]
     pub id: Option<String>,
 
-    /// Say what is happening on stderr (acquired, renewed, released, who holds the lock).
+    /// Say what is happening on stderr: waiting (and behind whom), acquired (with the token),
+    /// each renewal, released.
     #[arg(short, long, global = true)]
     pub verbose: bool,
 
+    /// Print shell completions for SHELL (bash, zsh, fish, ...) and exit.
+    #[arg(long, value_name = "SHELL", group = "docs")]
+    pub completions: Option<clap_complete::Shell>,
+
+    /// Print a man page (roff) and exit: lockctl(1), or with COMMAND that command's page, as
+    /// `lockctl --man run` for lockctl-run(1).
+    #[arg(long, value_name = "COMMAND", num_args = 0..=1, default_missing_value = "lockctl",
+          group = "docs")]
+    pub man: Option<String>,
+
+    /// Write every man page (lockctl.1 and lockctl-<command>.1) into DIR and exit.
+    #[arg(long, value_name = "DIR", group = "docs")]
+    pub man_dir: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Hold <name> while a command runs: wait, run it, renew, release, exit with its code.
-    #[command(after_help = EXIT_CODES)]
+    ///
+    /// lockctl waits its turn for the lock (first come, first served; -w and -n limit the
+    /// wait), runs the command with LOCKD_NAME, LOCKD_TOKEN (the fencing token) and LOCKD_ADDR
+    /// in its environment, renews the lease while it runs, releases the lock when the command
+    /// exits, and exits with the command's exit code.
+    ///
+    /// The command never outlives the lease: if the server says the lease is gone, or
+    /// renewals keep failing, lockctl stops the command's process group (SIGTERM, then SIGKILL
+    /// after --kill-grace) before the lease can end on the server, and exits 4.
+    ///
+    /// The lease is a session lease with a grace (--session-grace): if the connection drops,
+    /// lockctl reconnects and renews within the grace, and the command runs on; if lockctl is
+    /// killed, the command is killed with it (on Linux) and the server frees the lock when the
+    /// grace ends.
+    #[command(after_help = after_help())]
     Run(RunArgs),
-    /// Take <name> with a plain lease (not tied to this process) and print its token.
-    #[command(after_help = EXIT_CODES)]
+    /// Wait for <name> (unless -n or -w), take it with a plain lease and print its token.
+    ///
+    /// The lease outlives lockctl and nothing renews it: release it with `lockctl release
+    /// <name> <token>`, extend it with `lockctl renew`, or it ends at its ttl. The wait does
+    /// not outlive lockctl: killed while it waits (a cancelled CI job), lockctl leaves the
+    /// queue and is never granted the lock.
+    #[command(
+        after_help = after_help(),
+        override_usage = "lockctl acquire [OPTIONS] <NAME>            waits for the lock\n       \
+                          lockctl acquire -w <WAIT> [OPTIONS] <NAME>  waits at most WAIT\n       \
+                          lockctl acquire -n [OPTIONS] <NAME>         does not wait"
+    )]
     Acquire(AcquireArgs),
     /// Release <name> held with <token>.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = after_help())]
     Release(TokenArgs),
     /// Extend the lease of <name> held with <token>.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = after_help())]
     Renew(RenewArgs),
     /// Show who holds <name>, or every held lock.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = after_help())]
     Status(StatusArgs),
     /// Print lock events (acquired, released, expired, dropped) as they happen, until interrupted.
-    #[command(after_help = EXIT_CODES)]
+    ///
+    /// One line per event: its time, kind, lock, holder id and token; with --json, one JSON
+    /// object per line. SIGINT or SIGTERM ends the watch with exit code 0.
+    #[command(after_help = after_help())]
     Watch(WatchArgs),
-    /// Print shell completions for SHELL (bash, zsh, fish, ...).
+    /// Print shell completions (the same as --completions SHELL).
+    #[command(hide = true)]
     Completions {
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), e.g. `lockctl man > /usr/local/share/man/man1/lockctl.1`.
+    /// Print the man page (the same as --man).
+    #[command(hide = true)]
     Man,
 }
 
@@ -119,6 +245,11 @@ pub struct RunArgs {
     /// Lock name.
     pub name: String,
 
+    /// Words after the name that are not options: a command given without `--`. Only there
+    /// to point at `--` instead of clap's bare "unexpected argument".
+    #[arg(hide = true, value_name = "COMMAND")]
+    pub stray: Vec<String>,
+
     #[command(flatten)]
     pub wait: WaitArgs,
 
@@ -126,17 +257,24 @@ pub struct RunArgs {
     #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
     pub shell: Option<String>,
 
-    /// Lease length. lockctl renews about every third of it; if renewals keep failing, the
-    /// command is stopped before it runs out.
+    /// Lease length. lockctl renews about every third of it (or of --session-grace, if
+    /// shorter); if renewals keep failing, the command is stopped before the lease can end.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub ttl: Duration,
+
+    /// How long the lock outlives a dropped connection: lockctl reconnects and renews within
+    /// it, so the command runs on; a killed lockctl frees the lock within it. 0 frees the lock
+    /// the moment the server sees the connection close [default: 10s, at most --ttl].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub session_grace: Option<Duration>,
 
     /// What to do if the lease is lost while the command runs.
     #[arg(long, value_enum, default_value_t = OnLost::Kill)]
     pub on_lost: OnLost,
 
-    /// Time between SIGTERM and SIGKILL when the command must be stopped (capped at ttl/4 so
-    /// that the SIGKILL still lands before the lease ends).
+    /// Time between SIGTERM and SIGKILL when the command must be stopped (capped at a quarter
+    /// of the shorter of --ttl and --session-grace, so that the SIGKILL still lands before the
+    /// lease can end).
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub kill_grace: Duration,
 
@@ -148,6 +286,11 @@ pub struct RunArgs {
     /// Time between two runs of the --until test.
     #[arg(long, default_value = "5s", value_parser = duration, requires = "until")]
     pub poll: Duration,
+
+    /// Longest time the --until test may keep failing (counted from the command's exit): then
+    /// a running test is stopped, the lock released, and lockctl exits 124.
+    #[arg(long, default_value = "1h", value_parser = duration, requires = "until")]
+    pub until_timeout: Duration,
 
     /// The command and its arguments (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
@@ -201,6 +344,41 @@ pub struct StatusArgs {
 pub struct WatchArgs {
     /// Lock name; without it, every lock.
     pub name: Option<String>,
+
+    /// Print one JSON object per event, for scripts: {"event":"acquired","name":..,"id":..,
+    /// "token":..,"unix_ms":..,"time":"<RFC 3339>"}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Checks `host:port` before anything connects, so that a typo is a usage error at once and
+/// not a connect timeout's worth of retries.
+fn address(s: &str) -> Result<String, String> {
+    let example = lockd::DEFAULT_LISTEN;
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("no port: give host:port, as {example}"));
+    };
+    if !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+        return Err(format!(
+            "{port:?} is not a port (1 to 65535); give host:port, as {example}"
+        ));
+    }
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        }
+    };
+    if !host_ok {
+        return Err(format!(
+            "{host:?} is not a host name or IP address (an IPv6 address goes in brackets, \
+             as [::1]:5001)"
+        ));
+    }
+    Ok(s.to_owned())
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

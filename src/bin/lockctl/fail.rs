@@ -8,6 +8,8 @@ pub const USAGE: u8 = 2;
 pub const UNREACHABLE: u8 = 3;
 /// The lease was lost (or a token given to release/renew is not the live lease).
 pub const LOST: u8 = 4;
+/// `run --until`: the test did not pass within --until-timeout (as timeout(1)'s 124).
+pub const UNTIL_TIMEOUT: u8 = 124;
 /// The command exists but could not be started (as the shell's 126).
 pub const CANNOT_EXEC: u8 = 126;
 /// The command was not found (as the shell's 127).

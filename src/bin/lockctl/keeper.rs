@@ -1,9 +1,12 @@
-//! Keeps a lease alive while the command runs: renews it every third of its ttl, reconnects
-//! when the connection drops, and says when the lease is lost, early enough that the command
-//! can be stopped before the server could grant the lock to anyone else.
+//! Keeps a lease alive while the command runs: renews it, reconnects when the connection
+//! drops, and says when the lease is lost, early enough that the command can be stopped before
+//! the server could grant the lock to anyone else.
 //!
-//! The deadline lockctl works to is `time the last successful RENEW was sent + ttl`: the server
-//! extended the lease at some moment after that send, so its own deadline is never earlier.
+//! The deadline lockctl works to is `time the last successful RENEW was sent + window`, where
+//! the window is the ttl, or the session grace if that is shorter. The server extended the
+//! lease at some moment after that send, so the ttl cannot run out earlier; and it still had
+//! the connection then, so if it sees the connection close, the grace cannot start earlier.
+//! Renewing every third of the window keeps that deadline ahead, across dropped connections.
 
 use std::time::Duration;
 
@@ -30,6 +33,9 @@ pub struct Lease {
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
     ttl: Duration,
+    /// How long the lease surely lasts after a RENEW is sent: the ttl, or the session grace
+    /// if shorter (the server may see the connection close at any moment after its reply).
+    window: Duration,
     /// Between two renewals.
     interval: Duration,
     /// Kept free before the deadline, for clock-rate differences and scheduling delays.
@@ -39,20 +45,37 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// `kill_grace` is capped at a quarter of the ttl: SIGTERM must not come before lockctl
-    /// has had a fair chance to renew, and SIGKILL must still land before the deadline.
-    pub fn new(ttl: Duration, kill_grace: Duration) -> Timing {
+    /// `session_grace` of zero is a plain `session` lease: it ends when the server sees the
+    /// connection close, which lockctl cannot bound, so only the ttl counts. `kill_grace` is
+    /// capped at a quarter of the window: SIGTERM must not come before lockctl has had a fair
+    /// chance to renew, and SIGKILL must still land before the deadline.
+    pub fn new(ttl: Duration, session_grace: Duration, kill_grace: Duration) -> Timing {
+        let window = match session_grace.is_zero() {
+            true => ttl,
+            false => ttl.min(session_grace),
+        };
         Timing {
             ttl,
-            interval: ttl / 3,
-            margin: (ttl / 10).clamp(Duration::from_millis(20), Duration::from_secs(2)),
-            grace: kill_grace.min(ttl / 4),
+            window,
+            interval: window / 3,
+            margin: (window / 10).clamp(Duration::from_millis(20), Duration::from_secs(2)),
+            grace: kill_grace.min(window / 4),
         }
+    }
+
+    /// The deadline after a RENEW (or LOCK) sent at `sent` answered with `left` of lease.
+    pub fn deadline(&self, sent: Instant, left: Duration) -> Instant {
+        sent + left.min(self.ttl).min(self.window)
+    }
+
+    /// When to renew after a RENEW (or LOCK) sent at `sent`.
+    pub fn next_renew(&self, sent: Instant) -> Instant {
+        sent + self.interval
     }
 
     /// Whether a grant that took `waited` leaves too little of the lease to start on.
     pub fn needs_early_renew(&self, waited: Duration) -> bool {
-        waited > self.ttl / 10
+        waited > self.window / 10
     }
 
     /// When the lease must count as lost and SIGTERM go out.
@@ -68,7 +91,7 @@ impl Timing {
     }
 
     fn max_retry(&self) -> Duration {
-        (self.ttl / 10).clamp(FIRST_RETRY, Duration::from_secs(2))
+        (self.window / 10).clamp(FIRST_RETRY, Duration::from_secs(2))
     }
 }
 
@@ -323,11 +346,18 @@ impl State {
                     })
                 }
                 Step::Renewed(Ok((sent, left))) => {
-                    self.deadline = sent + left.min(self.lease.ttl);
-                    self.next_renew = sent + self.timing.interval;
+                    self.deadline = self.timing.deadline(sent, left);
+                    self.next_renew = self.timing.next_renew(sent);
                     retry = FIRST_RETRY;
-                    if verbose && last_error.take().is_some() {
-                        eprintln!("lockctl: renewed {} again", self.lease.name);
+                    let again = last_error.take().is_some();
+                    if verbose {
+                        eprintln!(
+                            "lockctl: renewed {} token {}{}: {} left",
+                            self.lease.name,
+                            self.lease.token,
+                            if again { " again" } else { "" },
+                            humantime::format_duration(round_ms(left))
+                        );
                     }
                     None
                 }

@@ -3,13 +3,17 @@
 //! - [`cli`]: flags and `--help`, with every exit code.
 //! - [`run`]: `lockctl run`, with [`child`] (the command, its process group, signals) and
 //!   [`keeper`] (renewals, reconnection, the lease deadline).
-//! - [`ops`], [`status`], [`watch`]: the other commands; [`net`] reaches the server.
+//! - [`ops`], [`status`], [`watch`]: the other commands; [`net`] reaches the server;
+//!   [`holder`] says who holds a lock, for -v.
+//! - [`docs`]: completions and man pages.
 //!
 //! It speaks the protocol through `lockd::client` and `lockd::proto` only.
 
 mod child;
 mod cli;
+mod docs;
 mod fail;
+mod holder;
 mod keeper;
 mod net;
 mod ops;
@@ -20,11 +24,11 @@ mod watch;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory as _, Parser as _};
+use clap::Parser as _;
 
 use cli::{Cli, Command};
 use fail::{Failure, USAGE};
-use net::Server;
+use net::{Server, ONE_SHOT_CONNECT, PATIENT_CONNECT};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -53,22 +57,17 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
-    match &cli.command {
-        Command::Completions { shell } => {
-            return lockd::docgen::completions(Cli::command(), *shell, &mut std::io::stdout())
-                .map(|()| 0)
-                .map_err(|e| Failure::usage(e.to_string()));
-        }
-        Command::Man => {
-            return lockd::docgen::man(Cli::command(), &mut std::io::stdout())
-                .map(|()| 0)
-                .map_err(|e| Failure::usage(e.to_string()));
-        }
-        _ => {}
+    if let Some(done) = docs::requested(cli) {
+        return done;
     }
+    let Some(command) = &cli.command else {
+        return Err(Failure::usage("no command given; see lockctl --help"));
+    };
     let server = Server {
         addr: cli.server.clone(),
-        connect_timeout: cli.connect_timeout,
+        connect_timeout: cli
+            .connect_timeout
+            .unwrap_or_else(|| default_connect_timeout(command)),
         verbose: cli.verbose,
     };
     let id = match &cli.id {
@@ -76,10 +75,10 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         None => default_id(),
     };
     lockd::proto::validate_name("--id", &id).map_err(|e| Failure::usage(e.message))?;
-    if let Some(name) = lock_name(&cli.command) {
+    if let Some(name) = lock_name(command) {
         lockd::proto::validate_name("lock name", name).map_err(|e| Failure::usage(e.message))?;
     }
-    match &cli.command {
+    match command {
         Command::Run(args) => run::run(&server, &id, args).await,
         Command::Acquire(args) => ops::acquire(&server, &id, args).await,
         Command::Release(args) => ops::release(&server, args).await,
@@ -87,6 +86,15 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Status(args) => status::status(&server, args).await,
         Command::Watch(args) => watch::watch(&server, args).await,
         Command::Completions { .. } | Command::Man => Ok(0),
+    }
+}
+
+/// Commands that wait anyway are patient with the server; a one-shot question is not.
+fn default_connect_timeout(command: &Command) -> std::time::Duration {
+    match command {
+        Command::Run(_) | Command::Watch(_) => PATIENT_CONNECT,
+        Command::Acquire(a) if !a.wait.nonblock => PATIENT_CONNECT,
+        _ => ONE_SHOT_CONNECT,
     }
 }
 

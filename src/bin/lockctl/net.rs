@@ -7,6 +7,13 @@ use tokio::time::{sleep, timeout, Instant};
 
 use crate::fail::{Failure, UNREACHABLE};
 
+/// --connect-timeout of the commands that wait anyway (run, acquire, watch): patient enough
+/// to ride out a server restart or a network blip at boot.
+pub const PATIENT_CONNECT: Duration = Duration::from_secs(10);
+/// --connect-timeout of the one-shot commands (status, release, renew, acquire -n): a script
+/// that asks a question learns at once that the server is down.
+pub const ONE_SHOT_CONNECT: Duration = Duration::from_secs(2);
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 

@@ -5,30 +5,44 @@ use lockd::proto::{ErrorCode, Tie};
 
 use crate::cli::{AcquireArgs, RenewArgs, TokenArgs};
 use crate::fail::{Failure, LOST};
+use crate::holder::{say_conflict, say_if_waiting};
 use crate::net::Server;
 use crate::out::{print_line, Printed};
 
-/// LOCK without `session`: the lease must outlive this process. Prints the token.
+/// LOCK with `detach`: the lease must outlive this process, but its wait must not (a waiter
+/// that is killed, as a cancelled CI job, must not be granted the lock later). Prints the token.
 pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8, Failure> {
     if args.ttl.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--ttl must be more than 0"));
     }
     let mut client = server.connect().await?;
     let wait = args.wait.server_wait();
-    match client
-        .lock(&args.name, id, args.ttl, wait, Tie::Plain)
-        .await
-    {
+    let reply = say_if_waiting(
+        server,
+        &args.name,
+        id,
+        client.lock(&args.name, id, args.ttl, wait, Tie::Detach),
+    )
+    .await;
+    match reply {
         Ok(token) => {
             if server.verbose {
-                eprintln!("lockctl: acquired {} token {token}", args.name);
+                let ttl = match args.ttl {
+                    Some(t) => format!("ttl {}", humantime::format_duration(t)),
+                    None => "the server's default ttl".into(),
+                };
+                eprintln!(
+                    "lockctl: acquired {} token {token} (a plain lease, {ttl}: release or \
+                     renew it with this token)",
+                    args.name
+                );
             }
             print_line(&token.to_string())?;
             Ok(0)
         }
         Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
             if server.verbose {
-                crate::run::say_conflict(&mut client, &args.name, &args.wait).await;
+                say_conflict(&mut client, &args.name, &args.wait).await;
             }
             Err(Failure::silent(args.wait.conflict_exit_code))
         }

@@ -9,9 +9,14 @@ use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::child::{exit_code, Child, Program, Signals};
 use crate::cli::{OnLost, RunArgs, WaitArgs};
-use crate::fail::{signal_code, Failure, LOST};
+use crate::fail::{signal_code, Failure, LOST, UNTIL_TIMEOUT};
+use crate::holder::{say_conflict, say_if_waiting};
 use crate::keeper::{Keeper, Lease, Link, Released, Timing};
 use crate::net::Server;
+
+/// --session-grace unless given (never more than the ttl): long enough for a reconnect across
+/// a server restart or a network blip, short enough that a killed lockctl's lock is soon free.
+const DEFAULT_SESSION_GRACE: Duration = Duration::from_secs(10);
 
 /// How long lockctl waits for stragglers in the group between SIGTERM and SIGKILL.
 const GROUP_POLL: Duration = Duration::from_millis(20);
@@ -24,11 +29,26 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     if args.poll.is_zero() {
         return Err(Failure::usage("--poll must be more than 0"));
     }
+    let session_grace =
+        match args.session_grace {
+            Some(g) if g > args.ttl => return Err(Failure::usage(
+                "--session-grace must not be longer than --ttl (the lease ends at its ttl anyway)",
+            )),
+            Some(g) => g,
+            None => DEFAULT_SESSION_GRACE.min(args.ttl),
+        };
     let mut signals = Signals::new()?;
-    let timing = Timing::new(args.ttl, args.kill_grace);
+    let timing = Timing::new(args.ttl, session_grace, args.kill_grace);
 
+    let ask = Ask {
+        name: &args.name,
+        id,
+        ttl: args.ttl,
+        session_grace,
+        wait: &args.wait,
+    };
     let granted = tokio::select! {
-        g = lock(server, id, &args.name, args.ttl, &args.wait) => g?,
+        g = lock(server, &ask) => g?,
         sig = signals.recv() => {
             if server.verbose {
                 eprintln!("lockctl: interrupted while waiting for {}", args.name);
@@ -48,22 +68,23 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     };
     if server.verbose {
         eprintln!(
-            "lockctl: acquired {} token {token} (ttl {})",
+            "lockctl: acquired {} token {token} (ttl {}, session grace {})",
             lease.name,
-            humantime::format_duration(args.ttl)
+            humantime::format_duration(args.ttl),
+            humantime::format_duration(session_grace)
         );
     }
 
     // A grant after a long wait: the lease runs from the grant, which lockctl only knows to be
     // after the LOCK was sent. One RENEW now gives a deadline it can be sure of.
-    let mut deadline = sent + args.ttl;
-    let mut next_renew = sent + args.ttl / 3;
+    let mut deadline = timing.deadline(sent, args.ttl);
+    let mut next_renew = timing.next_renew(sent);
     if timing.needs_early_renew(sent.elapsed()) {
         let renew_sent = Instant::now();
         match client.renew(&lease.name, token, Some(args.ttl)).await {
             Ok(left) => {
-                deadline = renew_sent + left.min(args.ttl);
-                next_renew = renew_sent + args.ttl / 3;
+                deadline = timing.deadline(renew_sent, left);
+                next_renew = timing.next_renew(renew_sent);
             }
             Err(ClientError::Refused(e)) if e.code == ErrorCode::NotHeld => {
                 return Err(lost_failure(&lease, &format!("{} {}", e.code, e.message)));
@@ -101,6 +122,14 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
 }
 
 fn program(args: &RunArgs) -> Result<Program, Failure> {
+    if let Some(first) = args.stray.first() {
+        return Err(Failure::usage(format!(
+            "unexpected argument {first:?}: put the command after -- (options before it), \
+             as in lockctl run {} -- {}",
+            args.name,
+            args.stray.join(" ")
+        )));
+    }
     match (&args.shell, args.command.is_empty()) {
         (Some(line), true) => Ok(Program::Shell(line.clone())),
         (Some(_), false) => Err(Failure::usage(
@@ -120,26 +149,36 @@ struct Granted {
     sent: Instant,
 }
 
-/// LOCK with `session`, so that the server frees the lock at once if lockctl dies. If the
-/// connection fails while waiting, it reconnects and asks again for the rest of the wait.
-async fn lock(
-    server: &Server,
-    id: &str,
-    name: &str,
+/// What `run` asks the server for.
+struct Ask<'a> {
+    name: &'a str,
+    id: &'a str,
     ttl: Duration,
-    wait: &WaitArgs,
-) -> Result<Granted, Failure> {
+    session_grace: Duration,
+    wait: &'a WaitArgs,
+}
+
+/// LOCK with `session=<grace>`, so that the server frees the lock soon if lockctl dies, but a
+/// dropped connection can be ridden out. If the connection fails while waiting, it reconnects
+/// and asks again for the rest of the wait.
+async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
     let started = Instant::now();
     let mut client = server.connect().await?;
     loop {
-        let wait_left = wait
+        let wait = ask
+            .wait
             .server_wait()
             .map(|w| w.saturating_sub(started.elapsed()));
+        let tie = Tie::Session(ask.session_grace);
         let sent = Instant::now();
-        match client
-            .lock(name, id, Some(ttl), wait_left, Tie::Session(Duration::ZERO))
-            .await
-        {
+        let reply = say_if_waiting(
+            server,
+            ask.name,
+            ask.id,
+            client.lock(ask.name, ask.id, Some(ask.ttl), wait, tie),
+        )
+        .await;
+        match reply {
             Ok(token) => {
                 return Ok(Granted {
                     client,
@@ -149,13 +188,13 @@ async fn lock(
             }
             Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
                 if server.verbose {
-                    say_conflict(&mut client, name, wait).await;
+                    say_conflict(&mut client, ask.name, ask.wait).await;
                 }
-                return Err(Failure::silent(wait.conflict_exit_code));
+                return Err(Failure::silent(ask.wait.conflict_exit_code));
             }
             Err(ClientError::Refused(e)) if e.code != ErrorCode::Shutdown => {
                 return Err(Failure::request(
-                    &format!("lock {name}"),
+                    &format!("lock {}", ask.name),
                     &server.addr,
                     ClientError::Refused(e),
                 ));
@@ -163,38 +202,13 @@ async fn lock(
             Err(e) => {
                 if server.verbose {
                     eprintln!(
-                        "lockctl: lost the connection while waiting for {name} ({e}); reconnecting"
+                        "lockctl: lost the connection while waiting for {} ({e}); reconnecting",
+                        ask.name
                     );
                 }
                 client = server.connect().await?;
             }
         }
-    }
-}
-
-/// With --verbose, says who has the lock (flock itself says nothing).
-pub async fn say_conflict(client: &mut Client, name: &str, wait: &WaitArgs) {
-    let holder = match client
-        .status(Some(name))
-        .await
-        .ok()
-        .and_then(|l| l.into_iter().next())
-    {
-        Some(line) => match (
-            lockd::proto::field(&line, "id"),
-            lockd::proto::field(&line, "token"),
-        ) {
-            (Some(id), Some(token)) => format!("held by {id} (token {token})"),
-            _ => "held".into(),
-        },
-        None => "held".into(),
-    };
-    match wait.wait {
-        Some(w) if !wait.nonblock => eprintln!(
-            "lockctl: {name} is {holder}; gave up after {}",
-            humantime::format_duration(w)
-        ),
-        _ => eprintln!("lockctl: {name} is {holder}"),
     }
 }
 
@@ -215,12 +229,15 @@ struct Outcome {
     lost: bool,
     /// A signal lockctl received and passed on.
     signalled: Option<i32>,
+    /// It was stopped because its time (--until-timeout) ran out.
+    timed_out: bool,
 }
 
 enum Step {
     Exited(std::io::Result<std::process::ExitStatus>),
     Signal(i32),
     Lost(crate::keeper::Lost),
+    OutOfTime,
     Kill,
 }
 
@@ -233,18 +250,35 @@ impl Holder<'_> {
         env: &[(&str, String)],
     ) -> Result<Outcome, Failure> {
         let child = Child::spawn(program, env)?;
-        let outcome = self.supervise(child, args.on_lost).await?;
+        let outcome = self.supervise(child, args.on_lost, None).await?;
         match &args.until {
             Some(test) if outcome.code == 0 && !outcome.lost => {
-                self.poll_until(test, args.poll, env).await
+                let give_up = Instant::now() + args.until_timeout;
+                let o = self.poll_until(test, args.poll, give_up, env).await?;
+                if o.timed_out {
+                    eprintln!(
+                        "lockctl: the --until test did not pass within {} (--until-timeout); \
+                         releasing {}",
+                        humantime::format_duration(args.until_timeout),
+                        self.lease.name
+                    );
+                }
+                Ok(o)
             }
             _ => Ok(outcome),
         }
     }
 
-    /// Waits for the command, passing on signals, and stops its group if the lease is lost.
-    async fn supervise(&mut self, mut child: Child, on_lost: OnLost) -> Result<Outcome, Failure> {
+    /// Waits for the command, passing on signals, and stops its group if the lease is lost or
+    /// `stop_at` comes.
+    async fn supervise(
+        &mut self,
+        mut child: Child,
+        on_lost: OnLost,
+        stop_at: Option<Instant>,
+    ) -> Result<Outcome, Failure> {
         let mut lost = false;
+        let mut timed_out = false;
         let mut signalled = None;
         let mut kill_at: Option<Instant> = None;
         let status = loop {
@@ -252,6 +286,8 @@ impl Holder<'_> {
                 s = child.wait() => Step::Exited(s),
                 sig = self.signals.recv() => Step::Signal(sig),
                 l = self.keeper.lost(), if !lost => Step::Lost(l),
+                _ = sleep_until(stop_at.unwrap_or_else(Instant::now)),
+                    if stop_at.is_some() && !timed_out => Step::OutOfTime,
                 _ = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
                     Step::Kill
                 }
@@ -275,7 +311,7 @@ impl Holder<'_> {
                             humantime::format_duration(round_ms(grace.min(self.grace)))
                         );
                         child.signal_group(libc::SIGTERM);
-                        kill_at = Some(l.kill_at);
+                        kill_at = Some(kill_at.map_or(l.kill_at, |k| k.min(l.kill_at)));
                     } else {
                         eprintln!(
                             "lockctl: warning: lock lost: {} token {}: {}; the command runs on \
@@ -284,6 +320,12 @@ impl Holder<'_> {
                         );
                     }
                 }
+                Step::OutOfTime => {
+                    timed_out = true;
+                    child.signal_group(libc::SIGTERM);
+                    let at = Instant::now() + self.grace;
+                    kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
+                }
                 Step::Kill => {
                     child.signal_group(libc::SIGKILL);
                     kill_at = None;
@@ -291,7 +333,7 @@ impl Holder<'_> {
             }
         };
         let status = status.map_err(|e| Failure::usage(format!("waiting for the command: {e}")))?;
-        if lost && on_lost == OnLost::Kill {
+        if (lost && on_lost == OnLost::Kill) || timed_out {
             // The leader is gone; whatever is left in its group must be gone before the
             // deadline too.
             let until = kill_at.unwrap_or_else(Instant::now);
@@ -301,25 +343,31 @@ impl Holder<'_> {
             child.signal_group(libc::SIGKILL);
         }
         Ok(Outcome {
-            code: exit_code(status),
+            code: if timed_out {
+                UNTIL_TIMEOUT
+            } else {
+                exit_code(status)
+            },
             lost,
             signalled,
+            timed_out,
         })
     }
 
-    /// --until: keeps holding, running `test` every `poll` until it exits 0. A lost lease
-    /// always stops it (there is nothing left to wait for).
+    /// --until: keeps holding, running `test` every `poll` until it exits 0, or until
+    /// `give_up`. A lost lease always stops it (there is nothing left to wait for).
     async fn poll_until(
         &mut self,
         test: &str,
         poll: Duration,
+        give_up: Instant,
         env: &[(&str, String)],
     ) -> Result<Outcome, Failure> {
         let program = Program::Shell(test.to_owned());
         loop {
             let child = Child::spawn(&program, env)?;
-            let o = self.supervise(child, OnLost::Kill).await?;
-            if o.lost || o.code == 0 {
+            let o = self.supervise(child, OnLost::Kill, Some(give_up)).await?;
+            if o.lost || o.timed_out || o.code == 0 {
                 return Ok(o);
             }
             if let Some(sig) = o.signalled {
@@ -334,13 +382,14 @@ impl Holder<'_> {
             }
             tokio::select! {
                 _ = sleep(poll) => {}
+                _ = sleep_until(give_up) => return Ok(Outcome::out_of_time()),
                 sig = self.signals.recv() => return Ok(Outcome::signalled(sig)),
                 l = self.keeper.lost() => {
                     eprintln!(
                         "lockctl: lock lost: {} token {}: {}; stopped waiting for --until",
                         self.lease.name, self.lease.token, l.why
                     );
-                    return Ok(Outcome { code: LOST, lost: true, signalled: None });
+                    return Ok(Outcome { code: LOST, lost: true, signalled: None, timed_out: false });
                 }
             }
         }
@@ -375,6 +424,16 @@ impl Outcome {
             code: signal_code(sig),
             lost: false,
             signalled: Some(sig),
+            timed_out: false,
+        }
+    }
+
+    fn out_of_time() -> Outcome {
+        Outcome {
+            code: UNTIL_TIMEOUT,
+            lost: false,
+            signalled: None,
+            timed_out: true,
         }
     }
 }

@@ -8,7 +8,7 @@ use lockd::proto::field;
 use crate::cli::StatusArgs;
 use crate::fail::Failure;
 use crate::net::Server;
-use crate::out::print_line;
+use crate::out::{json_string, print_line};
 
 /// One lock as STATUS describes it.
 #[derive(Debug, PartialEq, Eq)]
@@ -157,24 +157,6 @@ fn json_row(r: &Row) -> String {
     }
 }
 
-/// Names and ids have no whitespace or control characters, but may hold `"` and `\`.
-fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,8 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn json_escapes() {
-        assert_eq!(json_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    fn json_rows() {
         let r = Row {
             name: "x".into(),
             held: None,

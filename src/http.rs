@@ -1,0 +1,141 @@
+//! The operators' HTTP endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`.
+//!
+//! It listens from the very start, before a data directory is recovered, so a probe can tell
+//! "starting" (`/readyz` 503) from "down" (no answer). The lock table is handed over through
+//! [`Endpoint::serving`] once it exists.
+
+use std::io;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::shared::Shared;
+
+/// What the endpoint reports on.
+#[derive(Clone, Default)]
+pub struct Endpoint {
+    shared: Arc<OnceLock<Arc<Shared>>>,
+    /// Names whose own series are exported (`--metrics-names`).
+    names: Arc<Vec<String>>,
+    stopping: CancellationToken,
+}
+
+impl Endpoint {
+    /// An endpoint that exports per-name series for `names`.
+    pub fn new(names: Vec<String>) -> Self {
+        Endpoint {
+            names: Arc::new(names),
+            ..Endpoint::default()
+        }
+    }
+
+    /// The table is recovered and the server accepts connections.
+    pub fn serving(&self, shared: &Arc<Shared>) {
+        let _ = self.shared.set(Arc::clone(shared));
+    }
+
+    /// The server is shutting down: no longer ready, no longer healthy.
+    pub fn stopping(&self) {
+        self.stopping.cancel();
+    }
+
+    /// Serves `listener` until `shutdown`.
+    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
+        let app = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .with_state(self);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+    }
+
+    fn shared(&self) -> Option<&Arc<Shared>> {
+        self.shared.get()
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body.into(),
+    )
+        .into_response()
+}
+
+async fn healthz(State(ep): State<Endpoint>) -> Response {
+    if ep.stopping.is_cancelled() {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n");
+    }
+    text(StatusCode::OK, "ok\n")
+}
+
+async fn readyz(State(ep): State<Endpoint>) -> Response {
+    match ep.shared() {
+        _ if ep.stopping.is_cancelled() => text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
+        None => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: recovering state\n",
+        ),
+        Some(shared) if !shared.ready() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the data directory cannot be written\n",
+        ),
+        Some(_) => text(StatusCode::OK, "ready\n"),
+    }
+}
+
+async fn metrics(State(ep): State<Endpoint>) -> Response {
+    let Some(shared) = ep.shared() else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "starting\n");
+    };
+    let m = shared.metrics();
+    let (held, waiters) = shared.counts();
+    m.held.set(held as i64);
+    m.waiters.set(waiters as i64);
+    for name in ep.names.iter() {
+        let key = [("name", name.clone())];
+        let status = shared.status(name);
+        m.name_held
+            .get_or_create(&key)
+            .set(i64::from(status.is_some()));
+        m.name_waiters
+            .get_or_create(&key)
+            .set(status.as_ref().map_or(0, |s| s.waiters as i64));
+        m.name_held_seconds.get_or_create(&key).set(
+            status
+                .as_ref()
+                .map_or(Duration::ZERO, |s| s.held)
+                .as_secs_f64(),
+        );
+    }
+    match m.encode() {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n"),
+    }
+}

@@ -1,0 +1,270 @@
+//! Prometheus metrics: one registry, and handles to its series resolved once at start.
+//!
+//! The hot path (a grant, a release, a refusal) only bumps an atomic counter or observes a
+//! histogram through a handle it already has: no label lookup, no allocation. Gauges that
+//! describe the table as a whole (held locks, waiters) are not kept up to date on every
+//! change at all: the scrape reads them from the table ([`Metrics::encode`]'s caller sets
+//! them), so they cost nothing between scrapes. No series is labelled by lock name unless
+//! the operator lists the names to track (`--metrics-names`): names are unbounded.
+
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::locks::{Event, EventKind};
+use crate::proto::ErrorCode;
+
+type Labels = [(&'static str, &'static str); 1];
+
+/// How a lease ended, as the `kind` label of `lockd_releases_total`.
+fn release_kind(kind: EventKind) -> Option<usize> {
+    match kind {
+        EventKind::Acquired => None,
+        EventKind::Released => Some(0),
+        EventKind::Expired => Some(1),
+        EventKind::Dropped => Some(2),
+        EventKind::Revoked => Some(3),
+    }
+}
+const RELEASE_KINDS: [&str; 4] = ["unlock", "expired", "session_end", "dropped"];
+
+/// Which protocol a connection speaks, as the `protocol` label of `lockd_connections`.
+#[derive(Clone, Copy, Debug)]
+pub enum Protocol {
+    Line,
+    Compat,
+}
+
+/// Every series lockd exports.
+pub struct Metrics {
+    registry: Registry,
+    grants_immediate: Counter,
+    grants_queued: Counter,
+    releases: [Counter; 4],
+    refusals: [Counter; ErrorCode::ALL.len()],
+    wait: Histogram,
+    hold: Histogram,
+    connections: [Gauge; 2],
+    watchers: Gauge,
+    watchers_lagged: Counter,
+    journal_flush: Histogram,
+    journal_batch: Histogram,
+    /// Set by the scrape from the table.
+    pub held: Gauge,
+    /// Set by the scrape from the table.
+    pub waiters: Gauge,
+    /// Per tracked name (`--metrics-names`), set by the scrape: its holders.
+    pub name_held: Family<[(&'static str, String); 1], Gauge>,
+    /// Per tracked name, set by the scrape: the queue's length.
+    pub name_waiters: Family<[(&'static str, String); 1], Gauge>,
+    /// Per tracked name, set by the scrape: how long the current holder has held it.
+    pub name_held_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("lockd");
+        let grants = Family::<Labels, Counter>::default();
+        registry.register(
+            "grants",
+            "Locks granted, by whether the request waited in the queue first",
+            grants.clone(),
+        );
+        let releases = Family::<Labels, Counter>::default();
+        registry.register(
+            "releases",
+            "Leases ended, by kind: unlock, expired, session_end (a session lease's connection \
+             closed), dropped (a grant taken back: its waiter was gone)",
+            releases.clone(),
+        );
+        let refusals = Family::<Labels, Counter>::default();
+        registry.register(
+            "refusals",
+            "Requests answered ERR, by code",
+            refusals.clone(),
+        );
+        // 1 ms to about 70 minutes: "why did my job wait 20 minutes" must fall in a bucket.
+        let wait = Histogram::new(exponential_buckets(0.001, 4.0, 12));
+        registry.register_with_unit(
+            "wait",
+            "Time a granted LOCK waited in the queue",
+            Unit::Seconds,
+            wait.clone(),
+        );
+        // 10 ms to about 12 hours.
+        let hold = Histogram::new(exponential_buckets(0.01, 4.0, 12));
+        registry.register_with_unit(
+            "hold",
+            "Time a lease was held, from its grant to its end",
+            Unit::Seconds,
+            hold.clone(),
+        );
+        let connections = Family::<Labels, Gauge>::default();
+        registry.register(
+            "connections",
+            "Open client connections, by protocol",
+            connections.clone(),
+        );
+        let watchers = Gauge::default();
+        registry.register("watchers", "Connections in WATCH", watchers.clone());
+        let watchers_lagged = Counter::default();
+        registry.register(
+            "watchers_lagged",
+            "Watchers disconnected for falling behind",
+            watchers_lagged.clone(),
+        );
+        // 100 µs to about 1.6 s.
+        let journal_flush = Histogram::new(exponential_buckets(0.0001, 2.0, 15));
+        registry.register_with_unit(
+            "journal_flush",
+            "Time to write and sync one batch of changes to --data-dir",
+            Unit::Seconds,
+            journal_flush.clone(),
+        );
+        let journal_batch = Histogram::new(exponential_buckets(1.0, 2.0, 13));
+        registry.register(
+            "journal_batch_records",
+            "Changes made durable by one sync",
+            journal_batch.clone(),
+        );
+        let held = Gauge::default();
+        registry.register("locks_held", "Locks held now", held.clone());
+        let waiters = Gauge::default();
+        registry.register("waiters", "LOCK requests waiting now", waiters.clone());
+        let name_held = Family::default();
+        registry.register(
+            "lock_holders",
+            "Holders of the tracked lock (--metrics-names): 0 or 1",
+            name_held.clone(),
+        );
+        let name_waiters = Family::default();
+        registry.register(
+            "lock_waiters",
+            "Queue length of the tracked lock (--metrics-names)",
+            name_waiters.clone(),
+        );
+        let name_held_seconds = Family::default();
+        registry.register_with_unit(
+            "lock_held",
+            "How long the tracked lock's holder has held it (--metrics-names)",
+            Unit::Seconds,
+            name_held_seconds.clone(),
+        );
+        registry.register(
+            "build",
+            "lockd's version",
+            Info::new([("version", env!("CARGO_PKG_VERSION"))]),
+        );
+
+        let series = |family: &Family<Labels, Counter>, key, value| {
+            family.get_or_create(&[(key, value)]).clone()
+        };
+        Metrics {
+            grants_immediate: series(&grants, "wait", "immediate"),
+            grants_queued: series(&grants, "wait", "queued"),
+            releases: RELEASE_KINDS.map(|kind| series(&releases, "kind", kind)),
+            refusals: ErrorCode::ALL.map(|code| series(&refusals, "code", code.as_str())),
+            wait,
+            hold,
+            connections: ["line", "compat"]
+                .map(|p| connections.get_or_create(&[("protocol", p)]).clone()),
+            watchers,
+            watchers_lagged,
+            journal_flush,
+            journal_batch,
+            held,
+            waiters,
+            name_held,
+            name_waiters,
+            name_held_seconds,
+            registry,
+        }
+    }
+
+    /// A lease began (a grant, at once or after waiting) or ended (after being held).
+    pub fn lease_event(&self, event: &Event) {
+        match (release_kind(event.kind), event.waited) {
+            (Some(i), _) => {
+                self.releases[i].inc();
+                self.hold.observe(event.held.as_secs_f64());
+            }
+            (None, None) => {
+                self.grants_immediate.inc();
+            }
+            (None, Some(waited)) => {
+                self.grants_queued.inc();
+                self.wait.observe(waited.as_secs_f64());
+            }
+        }
+    }
+
+    /// A request was answered `ERR <code>`.
+    pub fn refused(&self, code: ErrorCode) {
+        if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == code) {
+            self.refusals[i].inc();
+        }
+    }
+
+    /// A connection opened; the returned guard counts it until dropped.
+    pub fn connection(&self, protocol: Protocol) -> GaugeGuard {
+        GaugeGuard::new(&self.connections[protocol as usize])
+    }
+
+    /// A connection started watching; the guard counts it until dropped.
+    pub fn watcher(&self) -> GaugeGuard {
+        GaugeGuard::new(&self.watchers)
+    }
+
+    pub fn watcher_lagged(&self) {
+        self.watchers_lagged.inc();
+    }
+
+    /// One journal sync of `records` changes took `took`.
+    pub fn journal_flushed(&self, records: usize, took: Duration) {
+        self.journal_flush.observe(took.as_secs_f64());
+        self.journal_batch.observe(records as f64);
+    }
+
+    /// The exposition in the Prometheus/OpenMetrics text format.
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Counts one open thing (a connection, a watcher) in a gauge while it lives.
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        GaugeGuard(gauge.clone())
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
