@@ -45,7 +45,8 @@ Every error has an ``exit_code``, the exit code lockctl and lockd.sh use for the
 so a script can end with ``sys.exit(e.exit_code)``: 1 the lock is held by someone else or the
 wait ran out (Timeout), 2 usage or a refusal by the server (ServerError, ProtocolError), 3 the
 server is unreachable or the connection was lost (ConnectionLost), 4 the lock was lost or a
-token is not the live lease (NotHeld, LeaseLost).
+token is not the live lease (NotHeld, LeaseLost). Arguments this client refuses itself raise
+ValueError or TypeError, which are usage errors (2).
 """
 
 import os
