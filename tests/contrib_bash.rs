@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
-    signal, Lockd, Output, Proxy,
+    signal, Lockd, Mark, Output, Proxy,
 };
 
 const GUARD: Duration = Duration::from_secs(60);
@@ -208,27 +208,24 @@ fn run_propagates_the_exit_code_stdin_and_token_and_releases() {
 #[test]
 fn run_stops_the_command_when_the_lease_is_lost() {
     let lockd = Lockd::start();
-    let mark =
-        std::env::temp_dir().join(format!("lockd-contrib-bash-started-{}", std::process::id()));
-    let _ = std::fs::remove_file(&mark);
+    let mark = Mark::new("bash-started");
     let child = bash(
         &lockd,
         &format!(
             r#"
         # A well-behaved command passes SIGTERM on to its own children.
         rc=0; lockd_run doomed ttl=1s -- bash -c \
-            'trap "kill \$child; exit 143" TERM; echo started; touch {mark}; sleep 30 & child=$!; wait $child; echo finished' \
+            'trap "kill \$child; exit 143" TERM; echo started; echo started > {mark}; sleep 30 & child=$!; wait $child; echo finished' \
             || rc=$?
         echo "rc=$rc"
         "#,
-            mark = mark.display()
+            mark = mark.path.display()
         ),
     );
     // Take the lease away once the command runs (its trap is set), as an expiry or an
     // operator would.
     let token = held(&lockd, "doomed");
-    eventually(GUARD, "the command starts under the lock", || mark.exists());
-    let _ = std::fs::remove_file(&mark);
+    mark.wait(GUARD);
     assert_eq!(lockd.request(&format!("UNLOCK doomed {token}")), "OK");
     let out = finish(child, "");
     assert_ok(&out);
@@ -316,11 +313,17 @@ fn a_script_killed_while_waiting_never_gets_the_lock() {
 fn run_rides_out_a_dropped_connection_within_its_grace() {
     let lockd = Lockd::start();
     let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("bash-rides");
     let child = bash_at(
         &proxy.addr.to_string(),
-        r#"lockd_run rides ttl=1m session=3s -- bash -c 'read -r line; echo "got $line"'"#,
+        &format!(
+            r#"lockd_run rides ttl=1m session=3s -- bash -c 'echo in > {}; read -r line; echo "got $line"'"#,
+            mark.path.display()
+        ),
         false,
     );
+    // Once the command runs: lockd_run has its lease and its renewer.
+    mark.wait(GUARD);
     assert_rides_out_a_cut(&lockd, &proxy, "rides", Duration::from_secs(3), GUARD);
     let out = finish(child, "go\n");
     assert_ok(&out);
@@ -334,11 +337,17 @@ fn run_rides_out_a_dropped_connection_within_its_grace() {
 fn run_loses_the_lease_when_its_connection_stays_down_past_the_grace() {
     let lockd = Lockd::start();
     let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("bash-cut");
     let child = bash_at(
         &proxy.addr.to_string(),
-        "lockd_run cut ttl=10m session=2s -- bash -c 'exec sleep 60'; echo not-reached",
+        &format!(
+            "lockd_run cut ttl=10m session=2s -- bash -c 'echo in > {}; exec sleep 60'; \
+             echo not-reached",
+            mark.path.display()
+        ),
         false,
     );
+    mark.wait(GUARD);
     cut_for_good(&lockd, &proxy, "cut", GUARD);
     let out = finish(child, "");
     assert_eq!(out.code(), Some(4), "{}", out.stderr);
@@ -352,20 +361,18 @@ fn run_loses_the_lease_when_its_connection_stays_down_past_the_grace() {
 #[test]
 fn a_killed_run_frees_the_lock_within_the_grace() {
     let lockd = Lockd::start();
-    let pid_file =
-        std::env::temp_dir().join(format!("lockd-contrib-bash-cmd-{}", std::process::id()));
+    let pid_file = Mark::new("bash-command-pid");
     for whole_group in [false, true] {
-        let _ = std::fs::remove_file(&pid_file);
+        pid_file.clear();
         let mut child = bash_at(
             &lockd.addr.to_string(),
             &format!(
                 "lockd_run killed ttl=10m session=2s -- bash -c 'echo $$ > {}; exec sleep 60'",
-                pid_file.display()
+                pid_file.path.display()
             ),
             true,
         );
-        held(&lockd, "killed");
-        eventually(GUARD, "the command runs", || pid_file.exists());
+        let command: i32 = pid_file.wait(GUARD).parse().expect("the command's pid");
         let pid = i32::try_from(child.id()).expect("pid");
         // SAFETY: kill(2) only sends a signal, to our child or to the group it leads.
         assert_eq!(
@@ -376,14 +383,8 @@ fn a_killed_run_frees_the_lock_within_the_grace() {
         eventually(GUARD, "the lock is free", || {
             lockd.request("STATUS killed") == "OK killed free"
         });
-        let command: i32 = std::fs::read_to_string(&pid_file)
-            .expect("pid file")
-            .trim()
-            .parse()
-            .expect("pid");
         eventually(GUARD, "the command is stopped", || !running(command));
     }
-    let _ = std::fs::remove_file(&pid_file);
 }
 
 /// Whether process `pid` still runs (a zombie waiting to be reaped does not).

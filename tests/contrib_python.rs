@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
-    signal, Lockd, Proxy,
+    signal, Lockd, Mark, Proxy,
 };
 
 /// Only a guard against a hang; the suite takes a few seconds.
@@ -95,12 +95,19 @@ fn a_client_killed_while_waiting_never_gets_the_lock() {
 fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
     let lockd = Lockd::start();
     let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("python-rides");
     let child = script(
         &proxy.addr.to_string(),
-        "lease = lockd_client.lock('rides', server=ADDR, ttl=60, session=3)\n\
-         with lease as token:\n    sys.stdin.readline()\n    lease.check()\n\
-         print('released', flush=True)",
+        &format!(
+            "lease = lockd_client.lock('rides', server=ADDR, ttl=60, session=3)\n\
+             with lease as token:\n    open({:?}, 'w').write('in\\n')\n    \
+             sys.stdin.readline()\n    lease.check()\n\
+             print('released', flush=True)",
+            mark.path.display().to_string()
+        ),
     );
+    // Once the body runs: the lease is taken and renewed.
+    mark.wait(GUARD);
     assert_rides_out_a_cut(&lockd, &proxy, "rides", Duration::from_secs(3), GUARD);
     let out = blocking::finish(child, "\n", GUARD);
     assert!(out.status.success(), "{}", out.stderr);
@@ -114,13 +121,21 @@ fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
 fn a_lease_is_lost_when_its_connection_stays_down_past_the_grace() {
     let lockd = Lockd::start();
     let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("python-cut");
     let child = script(
         &proxy.addr.to_string(),
-        "lease = lockd_client.lock('cut', server=ADDR, ttl=600, session=2)\n\
-         try:\n    with lease:\n        deadline = time.monotonic() + 60\n        \
-         while not lease.lost and time.monotonic() < deadline:\n            time.sleep(0.05)\n\
-         except lockd_client.LockdError as e:\n    print(e, file=sys.stderr)\n    sys.exit(e.exit_code)",
+        &format!(
+            "lease = lockd_client.lock('cut', server=ADDR, ttl=600, session=2)\n\
+             try:\n    with lease:\n        open({:?}, 'w').write('in\\n')\n        \
+             deadline = time.monotonic() + 60\n        \
+             while not lease.lost and time.monotonic() < deadline:\n            \
+             time.sleep(0.05)\n\
+             except lockd_client.LockdError as e:\n    print(e, file=sys.stderr)\n    \
+             sys.exit(e.exit_code)",
+            mark.path.display().to_string()
+        ),
     );
+    mark.wait(GUARD);
     cut_for_good(&lockd, &proxy, "cut", GUARD);
     let out = blocking::finish(child, "", GUARD);
     assert_eq!(out.code(), Some(4), "{}", out.stderr);

@@ -7,6 +7,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -159,6 +160,45 @@ pub fn cut_for_good(lockd: &Lockd, proxy: &Proxy, name: &str, guard: Duration) {
     eventually(guard, "the server ends the lease", || {
         lockd.request(&format!("STATUS {name}")) == format!("OK {name} free")
     });
+}
+
+/// A file through which a child process says it got somewhere (its command runs under the
+/// lock): it writes one line there. Unique to this test process and tag; removed on drop.
+pub struct Mark {
+    pub path: PathBuf,
+}
+
+impl Mark {
+    pub fn new(tag: &str) -> Mark {
+        let path = std::env::temp_dir().join(format!("lockd-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        Mark { path }
+    }
+
+    /// Waits until the line is written, and returns it.
+    pub fn wait(&self, guard: Duration) -> String {
+        let mut line = String::new();
+        eventually(
+            guard,
+            &format!("{} is written", self.path.display()),
+            || {
+                line = std::fs::read_to_string(&self.path).unwrap_or_default();
+                line.ends_with('\n')
+            },
+        );
+        line.trim_end().to_string()
+    }
+
+    /// Forgets the line, to wait for the next one.
+    pub fn clear(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        self.clear();
+    }
 }
 
 /// Polls `check` until it holds; fails the test with `what` if it does not within `guard`.
