@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{config, http_get as get, start_server, token, wait_status, wait_waiters, GUARD};
 use lockd::http::Endpoint;
 use lockd::server::Config;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// Parses an exposition with the Prometheus project's OpenMetrics parser (Python), so a
