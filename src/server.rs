@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::Gate;
 use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
 use crate::http::Endpoint;
@@ -56,6 +57,9 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// The operators' HTTP endpoint, told when the server is ready and when it stops.
     pub endpoint: Option<Endpoint>,
+    /// The users of `--auth-file`: clients must AUTH and may only do what their rights
+    /// allow. `None` serves everyone alike (trusted networks only).
+    pub auth: Option<Arc<Gate>>,
 }
 
 impl Default for Config {
@@ -73,6 +77,7 @@ impl Default for Config {
             compat: None,
             data_dir: None,
             endpoint: None,
+            auth: None,
         }
     }
 }
@@ -214,6 +219,7 @@ pub async fn serve(
                     conn,
                     config.session_limits(),
                     shutdown.clone(),
+                    config.auth.as_deref(),
                 );
                 let force = force.clone();
                 let counted = shared.metrics().connection(Protocol::Line);
