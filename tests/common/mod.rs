@@ -391,6 +391,11 @@ impl LockdProcess {
         Raw::connect(self.addr).await
     }
 
+    /// Its process id, to signal it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its resident memory, from /proc (Linux).
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
