@@ -518,14 +518,14 @@ mod tests {
         let cases = [
             (format!("{good}\nuser bob my-plain-secret-here lock=*"), 2),
             (format!("# c\n\n{good}\nfrobnicate"), 4),
-            (format!("user"), 1),
-            (format!("user bob"), 1),
+            ("user".to_string(), 1),
+            ("user bob".to_string(), 1),
             (format!("{good}\n{good}"), 2),
-            (format!("{}", line("bob", "lock=*,")), 1),
-            (format!("{}", line("bob", "lock=a lock=b")), 1),
-            (format!("{}", line("bob", "write=*")), 1),
-            (format!("{}", line("bob", "lock=a*b")), 1),
-            (format!("user bob sha256:00:11"), 1),
+            (line("bob", "lock=*,"), 1),
+            (line("bob", "lock=a lock=b"), 1),
+            (line("bob", "write=*"), 1),
+            (line("bob", "lock=a*b"), 1),
+            ("user bob sha256:00:11".to_string(), 1),
             (
                 format!("user bob md5:{}:{}", "0".repeat(32), "0".repeat(64)),
                 1,
@@ -540,7 +540,7 @@ mod tests {
             assert_eq!(e.line, at, "{text:?}: {e}");
             assert!(e.to_string().starts_with(&format!("line {at}: ")));
         }
-        let e = err(&format!("user bob my-plain-secret-here lock=*"));
+        let e = err("user bob my-plain-secret-here lock=*");
         assert!(!e.message.contains("my-plain-secret-here"), "{e}");
         assert!(err(&format!("{good}\n{good}"))
             .message
