@@ -5,6 +5,9 @@ use std::io;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::stream::Stream;
 
 use crate::connection::{Connection, Frame};
 use crate::locks::{Mode, Token};
@@ -75,6 +78,18 @@ impl Client {
         let _ = stream.set_nodelay(true);
         Ok(Client {
             conn: Connection::new(stream, MAX_REPLY),
+        })
+    }
+
+    /// Connects to `addr` (`host:port`) over TLS: the server's certificate must be valid for
+    /// `host` and signed by a CA `tls` trusts.
+    pub async fn connect_tls(addr: &str, tls: &TlsConnector) -> Result<Client> {
+        let stream = TcpStream::connect(addr).await?;
+        let _ = stream.set_nodelay(true);
+        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+        let stream = tls.connect(crate::tls::server_name(host)?, stream).await?;
+        Ok(Client {
+            conn: Connection::new(Stream::Client(Box::new(stream)), MAX_REPLY),
         })
     }
 
