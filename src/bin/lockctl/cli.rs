@@ -184,9 +184,23 @@ pub enum Command {
     /// Extend the lease of <name> held with <token>.
     #[command(after_help = after_help())]
     Renew(RenewArgs),
-    /// Show who holds <name>, or every held lock.
+    /// Show who holds <name> and who waits for it, or every held lock.
+    ///
+    /// With a name: every holder (id, token, how long it has held the lock, the ttl left,
+    /// whether it is a session lease) and the queue in the order it will be granted (how long
+    /// each has waited): why am I waiting? Without one: one line per held lock.
     #[command(after_help = after_help())]
     Status(StatusArgs),
+    /// A live view of the held locks, longest queue first, refreshed every --interval.
+    ///
+    /// One line per held lock (or per NAME given): its mode, holder, age (how long it has been
+    /// held), ttl left and queue length, sorted by queue length, then name. The age needs one
+    /// more request per lock, so it is shown for the first --detail locks (and for every NAME
+    /// given). At a terminal the screen is redrawn; otherwise one snapshot is printed per
+    /// interval, a blank line between two. If lockd cannot be reached the view says so and
+    /// tries again. SIGINT (Ctrl-C) or SIGTERM ends it with exit code 0.
+    #[command(after_help = after_help())]
+    Top(TopArgs),
     /// Print lock events (acquired, released, expired, dropped) as they happen, until interrupted.
     ///
     /// One line per event: its time, kind, lock, holder id and token; with --json, one JSON
@@ -335,9 +349,31 @@ pub struct StatusArgs {
     /// Lock name; without it, every held lock.
     pub name: Option<String>,
 
-    /// Print JSON for scripts: an object for a named lock, an array of held locks otherwise.
+    /// Print JSON for scripts. Without a name, an array of held locks: {"name","held":true,
+    /// "id","token","ttl_ms","session" (of the first holder),"waiters" (queue length),
+    /// "holder_count","mode" ("exclusive", "shared" or "limit:N", with "limit":N)}. With a
+    /// name, one such object (or {"name","held":false}) with two arrays more: "holders"
+    /// [{"id","token","held_ms","ttl_ms","session","mode"}] and "queue"
+    /// [{"position","id","waited_ms","session","mode"}] in the order it will be granted (at
+    /// most the first 1000; "waiters" counts them all).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Show only these locks (free ones too), each with its age; without any, every held lock.
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// Time between two refreshes (at least 100ms).
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    pub interval: Duration,
+
+    /// How many locks (those with the longest queues) get their age shown: each costs one
+    /// more request per refresh.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub detail: usize,
 }
 
 #[derive(Args, Debug)]

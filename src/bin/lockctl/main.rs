@@ -3,7 +3,8 @@
 //! - [`cli`]: flags and `--help`, with every exit code.
 //! - [`run`]: `lockctl run`, with [`child`] (the command, its process group, signals) and
 //!   [`keeper`] (renewals, reconnection, the lease deadline).
-//! - [`ops`], [`status`], [`watch`]: the other commands; [`net`] reaches the server;
+//! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`snapshot`] (STATUS
+//!   parsed) and [`out`] (tables, JSON); [`net`] reaches the server;
 //!   [`holder`] says who holds a lock, for -v.
 //! - [`docs`]: completions and man pages.
 //!
@@ -19,7 +20,9 @@ mod net;
 mod ops;
 mod out;
 mod run;
+mod snapshot;
 mod status;
+mod top;
 mod watch;
 
 use std::process::ExitCode;
@@ -84,6 +87,7 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Release(args) => ops::release(&server, args).await,
         Command::Renew(args) => ops::renew(&server, args).await,
         Command::Status(args) => status::status(&server, args).await,
+        Command::Top(args) => top::top(&server, args).await,
         Command::Watch(args) => watch::watch(&server, args).await,
         Command::Completions { .. } | Command::Man => Ok(0),
     }
@@ -106,7 +110,7 @@ fn lock_name(command: &Command) -> Option<&str> {
         Command::Renew(a) => Some(&a.lock.name),
         Command::Status(a) => a.name.as_deref(),
         Command::Watch(a) => a.name.as_deref(),
-        Command::Completions { .. } | Command::Man => None,
+        Command::Top(_) | Command::Completions { .. } | Command::Man => None,
     }
 }
 
