@@ -474,8 +474,8 @@ async fn an_address_that_cannot_be_one_is_a_usage_error_at_once() {
         ("127.0.0.1", &["run", "x", "--", "true"], "no port"),
     ];
     for (addr, args, says) in cases {
-        // Both ways of giving the address: -s and LOCKD_ADDR.
-        let with_flag: Vec<&str> = ["-s", addr].iter().chain(args).copied().collect();
+        // Both ways of giving the address: --server and LOCKD_ADDR.
+        let with_flag: Vec<&str> = ["--server", addr].iter().chain(args).copied().collect();
         for cmd in [
             lockctl_at("127.0.0.1:1", &with_flag),
             lockctl_at(addr, args),

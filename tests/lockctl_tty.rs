@@ -15,7 +15,7 @@ const GUARD: Duration = Duration::from_secs(30);
 /// child's stdin is typed at that terminal.
 fn at_terminal(lockd: &Lockd, args: &str) -> std::process::Child {
     let lockctl = env!("CARGO_BIN_EXE_lockctl");
-    let line = format!("{lockctl} -s {} {args}", lockd.addr);
+    let line = format!("{lockctl} --server {} {args}", lockd.addr);
     Command::new("script")
         .args(["-qec", &line, "/dev/null"])
         .stdin(Stdio::piped())

@@ -1,6 +1,7 @@
 //! lockctl: the lockd client, flock(1) across machines.
 //!
 //! - [`cli`]: flags and `--help`, with every exit code.
+//! - [`request`]: the LOCK request `run` and `acquire` send.
 //! - [`run`]: `lockctl run`, with [`child`] (the command, its process group, signals) and
 //!   [`keeper`] (renewals, reconnection, the lease deadline).
 //! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`snapshot`] (STATUS
@@ -19,6 +20,7 @@ mod keeper;
 mod net;
 mod ops;
 mod out;
+mod request;
 mod run;
 mod snapshot;
 mod status;
@@ -34,6 +36,13 @@ use fail::{Failure, USAGE};
 use net::{Server, ONE_SHOT_CONNECT, PATIENT_CONNECT};
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if let Some(message) = cli::old_server_flag(&args) {
+        eprintln!("lockctl: {message}");
+        return ExitCode::from(USAGE);
+    }
     let cli = Cli::parse();
     // One thread: the command is spawned from the main thread, which PR_SET_PDEATHSIG ties its
     // life to (a worker thread that exits would kill the command).
