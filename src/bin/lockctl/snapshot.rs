@@ -72,6 +72,14 @@ fn mode(rest: &str) -> String {
     field(rest, "mode").unwrap_or(EXCLUSIVE).to_owned()
 }
 
+/// A mode in words: `exclusive`, `shared`, `as a semaphore of 3`.
+pub fn mode_words(mode: &str) -> String {
+    match mode.strip_prefix("limit:") {
+        Some(n) => format!("as a semaphore of {n}"),
+        None => mode.to_owned(),
+    }
+}
+
 impl Row {
     /// Parses `<name> free` or `<name> held id=.. token=.. ttl_ms=.. session=.. waiters=..`
     /// (with `holders=.. mode=..` for a shared lock or a semaphore).

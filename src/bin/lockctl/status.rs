@@ -7,7 +7,7 @@ use crate::cli::StatusArgs;
 use crate::fail::Failure;
 use crate::net::Server;
 use crate::out::{columns, json_string, print_line, short_duration, yes_no};
-use crate::snapshot::{Held, Lock, Row};
+use crate::snapshot::{mode_words, Held, Lock, Row};
 
 pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
     let mut client = server.connect().await?;
@@ -94,14 +94,6 @@ pub fn holder_and_others(h: &Held) -> String {
     match h.holders {
         0 | 1 => h.id.clone(),
         k => format!("{} +{}", h.id, k - 1),
-    }
-}
-
-/// The mode in words: `exclusive`, `shared`, `as a semaphore of 3`.
-fn mode_words(mode: &str) -> String {
-    match mode.strip_prefix("limit:") {
-        Some(n) => format!("as a semaphore of {n}"),
-        None => mode.to_owned(),
     }
 }
 
