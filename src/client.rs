@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 use crate::connection::{Connection, Frame};
-use crate::locks::Token;
+use crate::locks::{Mode, Token};
 use crate::proto::{self, ErrorCode, ProtoError, ReplyLine, Request, Tie};
 
 /// Longest reply line a client accepts.
@@ -124,6 +124,20 @@ impl Client {
         wait: Option<Duration>,
         tie: Tie,
     ) -> Result<Token> {
+        self.lock_mode(name, id, ttl, wait, tie, Mode::Exclusive)
+            .await
+    }
+
+    /// LOCK in `mode` (shared, or a semaphore's slot); returns the fencing token.
+    pub async fn lock_mode(
+        &mut self,
+        name: &str,
+        id: &str,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+        tie: Tie,
+        mode: Mode,
+    ) -> Result<Token> {
         let reply = self
             .request(&Request::Lock {
                 name: name.into(),
@@ -131,6 +145,7 @@ impl Client {
                 ttl,
                 wait,
                 tie,
+                mode,
             })
             .await?;
         reply

@@ -46,7 +46,8 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..=255).map(|v| v as usize))]
     max_name: usize,
 
-    /// Most locks held at once; a LOCK of a new name past it gets ERR LIMIT.
+    /// Most leases held at once (each holder of a shared lock or semaphore counts one); a LOCK
+    /// granted at once past it gets ERR LIMIT.
     #[arg(long, env = "LOCKD_MAX_LOCKS", default_value_t = lockd::DEFAULT_MAX_LOCKS,
           value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
     max_locks: usize,
@@ -263,7 +264,7 @@ fn raise_fd_limit(_max_connections: usize) {}
 
 fn init_logging(verbose: u8, format: LogFormat) {
     let default = match verbose {
-        0 => "warn,lockd::server=info,lockd::compat=info",
+        0 => "warn,lockd::server=info,lockd::compat=info,lockd::http=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -343,9 +344,6 @@ async fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        if let Ok(addr) = metrics_listener.local_addr() {
-            tracing::info!(%addr, "serving metrics");
-        }
         let endpoint = Endpoint::new(args.metrics_names.clone());
         config.endpoint = Some(endpoint.clone());
         let stop = shutdown.clone();

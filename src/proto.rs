@@ -7,7 +7,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::locks::{Event, LockStatus, TableError, Token, WaiterStatus};
+use crate::locks::{Event, LockStatus, Mode, TableError, Token, WaiterStatus};
 
 /// Longest name or id, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
@@ -122,7 +122,7 @@ impl ProtoError {
             TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
             TableError::WouldBlock { .. } => ErrorCode::Timeout,
             TableError::NotHeld => ErrorCode::NotHeld,
-            TableError::Conflict => ErrorCode::Conflict,
+            TableError::Conflict | TableError::WrongMode { .. } => ErrorCode::Conflict,
             TableError::TooManyLocks { .. } => ErrorCode::Limit,
         };
         Self::new(code, format!("{name}: {e}"))
@@ -222,6 +222,7 @@ pub enum Request {
         ttl: Option<Duration>,
         wait: Option<Duration>,
         tie: Tie,
+        mode: Mode,
     },
     Unlock {
         name: String,
@@ -253,13 +254,16 @@ pub enum Request {
 
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] | \
+[session[=<grace>] | detach] [shared | limit=<n>] | \
 UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
 STATUS [<name>] | WATCH [<name>] | PING | HELP | QUIT; durations: 250ms 30s 5m or plain seconds; \
 see proto.md";
 
-const USAGE_LOCK: &str =
-    "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] [session[=<grace>] | detach]";
+const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
+[session[=<grace>] | detach] [shared | limit=<n>]";
+
+/// Most slots a semaphore may have.
+pub const MAX_LIMIT: u32 = 100_000;
 const USAGE_UNLOCK: &str = "usage: UNLOCK <name> <token>";
 const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>]";
 const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
@@ -338,7 +342,7 @@ fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
     }
     let opts = Options::parse(
         &args[2..],
-        &["ttl", "wait", "session", "detach"],
+        &["ttl", "wait", "session", "detach", "shared", "limit"],
         USAGE_LOCK,
     )?;
     Ok(Request::Lock {
@@ -347,6 +351,7 @@ fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
         ttl: opts.ttl,
         wait: opts.wait,
         tie: opts.tie,
+        mode: opts.mode,
     })
 }
 
@@ -355,6 +360,7 @@ struct Options {
     ttl: Option<Duration>,
     wait: Option<Duration>,
     tie: Tie,
+    mode: Mode,
 }
 
 impl Options {
@@ -372,6 +378,11 @@ impl Options {
             if seen.contains(&key) {
                 return Err(syntax(format!("option {key} given twice; {usage}")));
             }
+            if matches!(key.as_str(), "shared" | "limit") && opts.mode != Mode::Exclusive {
+                return Err(syntax(format!(
+                    "shared and limit exclude each other; {usage}"
+                )));
+            }
             if matches!(key.as_str(), "session" | "detach") && opts.tie != Tie::Plain {
                 return Err(syntax(format!(
                     "session and detach exclude each other; {usage}"
@@ -381,6 +392,11 @@ impl Options {
                 ("session", None) => opts.tie = Tie::Session(Duration::ZERO),
                 ("session", Some(v)) => opts.tie = Tie::Session(parse_duration("session", v)?),
                 ("detach", None) => opts.tie = Tie::Detach,
+                ("shared", None) => opts.mode = Mode::Shared,
+                ("shared", Some(_)) => {
+                    return Err(syntax(format!("shared takes no value; {usage}")))
+                }
+                ("limit", Some(v)) => opts.mode = Mode::limit(parse_limit(v)?),
                 ("detach", Some(_)) => {
                     return Err(syntax(format!("detach takes no value; {usage}")))
                 }
@@ -391,6 +407,16 @@ impl Options {
             seen.push(key);
         }
         Ok(opts)
+    }
+}
+
+fn parse_limit(value: &str) -> Result<u32, ProtoError> {
+    match value.parse::<u32>() {
+        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        _ => Err(bad_arg(format!(
+            "limit must be a whole number from 1 to {MAX_LIMIT}, not {}",
+            quote(value)
+        ))),
     }
 }
 
@@ -504,8 +530,14 @@ impl fmt::Display for Request {
                 ttl,
                 wait,
                 tie,
+                mode,
             } => {
                 write!(f, "LOCK {name} {id}")?;
+                match mode {
+                    Mode::Exclusive => {}
+                    Mode::Shared => f.write_str(" shared")?,
+                    Mode::Limit(n) => write!(f, " limit={n}")?,
+                }
                 if let Some(ttl) = ttl {
                     write!(f, " ttl={}ms", ttl.as_millis().max(1))?;
                 }
@@ -610,7 +642,8 @@ pub enum Reply<'a> {
     Info(&'a LockStatus),
     /// `OK <count>`: ends a STATUS of all locks.
     Count(usize),
-    /// `HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=..`: STATUS detail.
+    /// `HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. mode=..`: STATUS detail,
+    /// one per holder.
     Holder(&'a LockStatus),
     /// `WAITER <name> <position> id=.. waited_ms=.. session=..`: STATUS detail, queue order.
     Waiter(&'a str, usize, &'a WaiterStatus),
@@ -636,20 +669,22 @@ impl fmt::Display for Reply<'_> {
             Reply::Count(n) => write!(f, "OK {n}"),
             Reply::Holder(s) => write!(
                 f,
-                "HOLDER {} id={} token={} held_ms={} ttl_ms={} session={}",
+                "HOLDER {} id={} token={} held_ms={} ttl_ms={} session={} mode={}",
                 s.name,
                 s.holder,
                 s.token,
                 s.held.as_millis(),
                 s.remaining.as_millis(),
-                u8::from(s.session)
+                u8::from(s.session),
+                s.mode
             ),
             Reply::Waiter(name, position, w) => write!(
                 f,
-                "WAITER {name} {position} id={} waited_ms={} session={}",
+                "WAITER {name} {position} id={} waited_ms={} session={} mode={}",
                 w.id,
                 w.waited.as_millis(),
-                u8::from(w.session)
+                u8::from(w.session),
+                w.mode
             ),
             Reply::Event(e, unix_ms) => write!(
                 f,
@@ -678,7 +713,12 @@ impl fmt::Display for HeldStatus<'_> {
             s.remaining.as_millis(),
             u8::from(s.session),
             s.waiters
-        )
+        )?;
+        // An exclusive lock's line is as it always was; the others say what they are.
+        if s.mode != Mode::Exclusive {
+            write!(f, " holders={} mode={}", s.holders, s.mode)?;
+        }
+        Ok(())
     }
 }
 
@@ -729,6 +769,7 @@ mod tests {
                 ttl: Some(Duration::from_secs(5)),
                 wait: Some(Duration::from_millis(250)),
                 tie: Tie::Session(Duration::ZERO),
+                mode: Mode::Exclusive,
             }
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");
@@ -756,6 +797,8 @@ mod tests {
             "LOCK a b detach",
             "LOCK a b session=1500ms",
             "LOCK a b session",
+            "LOCK a b shared",
+            "LOCK a b limit=3 session",
         ] {
             let r = parse(line).unwrap();
             assert_eq!(parse(&r.to_string()).unwrap(), r, "{line}");

@@ -6,7 +6,7 @@
 //! half-close, not a departure: the client still gets every reply it asked for, a pending LOCK
 //! included, unless that LOCK is tied to the connection (`session` or `detach`). A plain LOCK
 //! granted after its client half-closed is watched for a short while: a dead client answers
-//! the grant with a reset, and the grant is taken back (see [`Session::confirm_delivery`]).
+//! the grant with a reset, and the grant is taken back (see `Session::confirm_delivery`).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -56,8 +56,9 @@ pub struct Session {
     number: ConnId,
     shutdown: CancellationToken,
     limits: SessionLimits,
-    /// Session leases granted on this connection, by name: ended when it closes.
-    leases: HashMap<String, Token>,
+    /// Session leases bound to this connection, by token (one connection may hold several
+    /// slots of one semaphore): ended when it closes.
+    leases: HashMap<Token, String>,
 }
 
 impl Session {
@@ -163,6 +164,7 @@ impl Session {
                 ttl,
                 wait,
                 tie,
+                mode,
             } => {
                 let req = LockRequest {
                     name,
@@ -171,13 +173,14 @@ impl Session {
                     wait,
                     session: tie.session(),
                     conn: self.number,
+                    mode,
                 };
                 return self.lock(req, tie).await;
             }
             Request::Unlock { name, token } => {
                 let result = shared.unlock(&name, token);
                 if result.is_ok() {
-                    self.leases.remove(&name);
+                    self.leases.remove(&token);
                     if !self.durable().await? {
                         return Ok(Flow::Close);
                     }
@@ -209,13 +212,15 @@ impl Session {
             }
             Request::StatusDetail { name } => {
                 let detail = shared.status_detail(&name, proto::DETAIL_WAITERS);
-                if let Some((holder, queue)) = &detail {
-                    self.conn.queue(Reply::Holder(holder)).await?;
-                    for (i, waiter) in queue.iter().enumerate() {
+                if let Some(detail) = &detail {
+                    for holder in &detail.holders {
+                        self.conn.queue(Reply::Holder(holder)).await?;
+                    }
+                    for (i, waiter) in detail.queue.iter().enumerate() {
                         self.conn.queue(Reply::Waiter(&name, i + 1, waiter)).await?;
                     }
                 }
-                let status = detail.as_ref().map(|(s, _)| s);
+                let status = detail.as_ref().map(|d| &d.status);
                 self.conn.queue(Reply::Status(&name, status)).await?;
             }
             Request::Status { name: None } => return self.status_all().await,
@@ -277,7 +282,7 @@ impl Session {
         if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
             self.shared.retain_live(&mut self.leases);
         }
-        self.leases.insert(name.to_owned(), token);
+        self.leases.insert(token, name.to_owned());
     }
 
     /// Sends a grant. `probe`: the client had closed its sending side while it waited, so

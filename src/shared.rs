@@ -33,6 +33,14 @@ pub enum WaitResult {
     Ended(WaitEnd),
 }
 
+/// `STATUS <name> detail`: the lock as STATUS shows it, every holder, and the queue's head.
+#[derive(Debug)]
+pub struct Detail {
+    pub status: LockStatus,
+    pub holders: Vec<LockStatus>,
+    pub queue: Vec<WaiterStatus>,
+}
+
 /// What a RENEW did.
 #[derive(Debug)]
 pub struct Renewed {
@@ -356,14 +364,15 @@ impl Shared {
         g.table.status(at, name)
     }
 
-    /// One lock and the first `max` of its queue, for `STATUS <name> detail`.
-    pub fn status_detail(&self, name: &str, max: usize) -> Option<(LockStatus, Vec<WaiterStatus>)> {
+    /// One lock, its holders, and the first `max` of its queue, for `STATUS <name> detail`.
+    pub fn status_detail(&self, name: &str, max: usize) -> Option<Detail> {
         let mut g = self.guard();
         let at = now();
-        let detail = g
-            .table
-            .status(at, name)
-            .map(|status| (status, g.table.queue(at, name, max)));
+        let detail = g.table.status(at, name).map(|status| Detail {
+            status,
+            holders: g.table.holders(at, name),
+            queue: g.table.queue(at, name, max),
+        });
         self.settle(g);
         detail
     }
@@ -449,13 +458,13 @@ impl Shared {
     }
 
     /// Ends the session leases a closing connection still holds.
-    pub fn drop_sessions(&self, conn: ConnId, leases: &HashMap<String, Token>) {
+    pub fn drop_sessions(&self, conn: ConnId, leases: &HashMap<Token, String>) {
         if leases.is_empty() {
             return;
         }
         let mut g = self.guard();
         let at = now();
-        for (name, token) in leases {
+        for (token, name) in leases {
             g.table.drop_session(at, name, *token, conn);
         }
         self.settle(g);
@@ -463,10 +472,10 @@ impl Shared {
 
     /// Keeps only the session leases that are still live, so a long-lived connection's list
     /// stays as small as what it holds.
-    pub fn retain_live(&self, leases: &mut HashMap<String, Token>) {
+    pub fn retain_live(&self, leases: &mut HashMap<Token, String>) {
         let mut g = self.guard();
         let at = now();
-        leases.retain(|name, token| g.table.check(at, name, *token).is_ok());
+        leases.retain(|token, name| g.table.check(at, name, *token).is_ok());
         self.settle(g);
     }
 

@@ -6,30 +6,45 @@
 #[path = "support/blocking.rs"]
 mod blocking;
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use blocking::{Lockd, Output};
+use blocking::{
+    assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
+    signal, Lockd, Mark, Output, Proxy,
+};
 
 const GUARD: Duration = Duration::from_secs(60);
 
 /// Runs `script` with bash (the library sourced first, `set -euo pipefail` on), LOCKD_ADDR
 /// pointing at `lockd`, and `stdin` fed in.
 fn bash(lockd: &Lockd, script: &str) -> Child {
+    bash_at(&lockd.addr.to_string(), script, false)
+}
+
+/// `bash`, with LOCKD_ADDR set to `addr`; in a process group of its own if `own_group`.
+fn bash_at(addr: &str, script: &str, own_group: bool) -> Child {
     let library = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/lockd.sh");
     let full = format!("set -euo pipefail\n. '{}'\n{script}\n", library.display());
-    Command::new("bash")
+    let mut command = Command::new("bash");
+    command
         .arg("-c")
         .arg(full)
-        .env("LOCKD_ADDR", lockd.addr.to_string())
+        .env("LOCKD_ADDR", addr)
         .env_remove("LOCKD_ID")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("bash must be installed")
+        .stderr(Stdio::piped());
+    if own_group {
+        command.process_group(0);
+    }
+    command.spawn().expect("bash must be installed")
+}
+
+fn held(lockd: &Lockd, name: &str) -> u64 {
+    lockd.wait_held(name, GUARD)
 }
 
 fn finish(child: Child, stdin: &str) -> Output {
@@ -86,12 +101,13 @@ fn lock_unlock_renew_check_with_documented_codes() {
         "#,
     );
     assert_ok(&out);
+    // lockctl's exit codes: 1 held by someone else, 2 usage, 3 unreachable, 4 not the lease.
     for want in [
         "renewed=60000",
         "try=1",
-        "unlock-again=1",
-        "renew-lost=1",
-        "check-lost=1",
+        "unlock-again=4",
+        "renew-lost=4",
+        "check-lost=4",
         "bad-name=2",
         "bad-ttl=2",
         "bad-option=2",
@@ -192,48 +208,36 @@ fn run_propagates_the_exit_code_stdin_and_token_and_releases() {
 #[test]
 fn run_stops_the_command_when_the_lease_is_lost() {
     let lockd = Lockd::start();
-    let mark =
-        std::env::temp_dir().join(format!("lockd-contrib-bash-started-{}", std::process::id()));
-    let _ = std::fs::remove_file(&mark);
+    let mark = Mark::new("bash-started");
     let child = bash(
         &lockd,
         &format!(
             r#"
         # A well-behaved command passes SIGTERM on to its own children.
         rc=0; lockd_run doomed ttl=1s -- bash -c \
-            'trap "kill \$child; exit 143" TERM; echo started; touch {mark}; sleep 30 & child=$!; wait $child; echo finished' \
+            'trap "kill \$child; exit 143" TERM; echo started; echo started > {mark}; sleep 30 & child=$!; wait $child; echo finished' \
             || rc=$?
         echo "rc=$rc"
         "#,
-            mark = mark.display()
+            mark = mark.path.display()
         ),
     );
     // Take the lease away once the command runs (its trap is set), as an expiry or an
     // operator would.
-    let deadline = Instant::now() + GUARD;
-    let token = loop {
-        if let Some(token) = lockd.holder_token("doomed").filter(|_| mark.exists()) {
-            break token;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the command never started under the lock"
-        );
-        thread::sleep(Duration::from_millis(20));
-    };
-    let _ = std::fs::remove_file(&mark);
+    let token = held(&lockd, "doomed");
+    mark.wait(GUARD);
     assert_eq!(lockd.request(&format!("UNLOCK doomed {token}")), "OK");
     let out = finish(child, "");
     assert_ok(&out);
     assert!(out.stdout.contains("started"), "{}", out.stdout);
     assert!(!out.stdout.contains("finished"), "{}", out.stdout);
-    assert!(out.stdout.contains("rc=5"), "{}", out.stdout);
+    assert!(out.stdout.contains("rc=4"), "{}", out.stdout);
     assert!(out.stderr.contains("lost"), "{}", out.stderr);
     assert_eq!(out.code(), Some(0));
 }
 
 #[test]
-fn under_set_e_a_plain_run_exits_with_the_command_code_or_5() {
+fn under_set_e_a_plain_run_exits_with_the_command_code_or_4() {
     let lockd = Lockd::start();
     // `set -e` is on (see `bash`): a failing lockd_run ends the script with its code.
     let out = run(
@@ -248,42 +252,148 @@ fn under_set_e_a_plain_run_exits_with_the_command_code_or_5() {
         &lockd,
         "lockd_run plain ttl=1s -- bash -c 'exec sleep 30'; echo not-reached",
     );
-    let deadline = Instant::now() + GUARD;
-    let token = loop {
-        if let Some(token) = lockd.holder_token("plain") {
-            break token;
-        }
-        assert!(Instant::now() < deadline, "the lock was never taken");
-        thread::sleep(Duration::from_millis(20));
-    };
+    let token = held(&lockd, "plain");
     assert_eq!(lockd.request(&format!("UNLOCK plain {token}")), "OK");
     let out = finish(child, "");
-    assert_eq!(out.code(), Some(5), "{}", out.stderr);
+    assert_eq!(out.code(), Some(4), "{}", out.stderr);
     assert!(!out.stdout.contains("not-reached"));
+
+    // A command that is not there: the shell's 127, and the lock released.
+    let out = run(&lockd, "lockd_run plain -- no-such-command-here");
+    assert_eq!(out.code(), Some(127), "{}", out.stderr);
+    assert_eq!(lockd.request("STATUS plain"), "OK plain free");
 }
 
 #[test]
-fn sigterm_to_the_script_stops_the_command_and_releases_the_lock() {
+fn a_signal_to_the_script_stops_the_command_and_releases_the_lock() {
     let lockd = Lockd::start();
-    let child = bash(
-        &lockd,
-        "lockd_run term ttl=30s -- bash -c 'exec sleep 30'; echo not-reached",
-    );
-    let deadline = Instant::now() + GUARD;
-    while lockd.holder_token("term").is_none() {
-        assert!(Instant::now() < deadline, "the lock was never taken");
-        thread::sleep(Duration::from_millis(20));
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let child = bash(
+            &lockd,
+            "lockd_run term ttl=30s -- bash -c 'exec sleep 30'; echo not-reached",
+        );
+        held(&lockd, "term");
+        // To the script alone: lockd_run passes it on to the command (INT too, which a
+        // background job of a script would otherwise ignore).
+        signal(&child, sig);
+        let out = finish(child, "");
+        // Like a script without the library: ended by the signal, no exit code.
+        assert_eq!(out.code(), None, "{:?}: {}", out.status, out.stderr);
+        assert!(!out.stdout.contains("not-reached"));
+        assert_eq!(lockd.request("STATUS term"), "OK term free");
     }
-    // bash's own kill: no procps needed.
-    let killed = Command::new("bash")
-        .arg("-c")
-        .arg(format!("kill -TERM {}", child.id()))
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+}
+
+/// A script killed while it waits in the queue leaves it: when the holder releases, the lock
+/// goes to the next waiter, never to the dead one (which would keep it for its whole ttl).
+#[test]
+fn a_script_killed_while_waiting_never_gets_the_lock() {
+    let cases = [
+        // The usual form: the wait runs in a command substitution's subshell, which outlives
+        // the script killed on its own, and must notice.
+        (
+            r#"t=$(lockd_lock queue ttl=10m); echo "got $t""#,
+            libc::SIGTERM,
+        ),
+        ("lockd_lock queue ttl=10m", libc::SIGKILL),
+        // lockd_run's wait is a session LOCK; it traps TERM and must stop waiting.
+        ("lockd_run queue ttl=10m -- echo ran", libc::SIGTERM),
+    ];
+    for (script, sig) in cases {
+        eprintln!("{script}");
+        assert_killed_waiter_never_gets_the_lock(&Lockd::start(), sig, GUARD, |lockd| {
+            bash(lockd, script)
+        });
+    }
+}
+
+/// lockd_run through a proxy that cuts its connection: the renewer reconnects and renews
+/// within the grace, and the command keeps the lock past the grace and to its end.
+#[test]
+fn run_rides_out_a_dropped_connection_within_its_grace() {
+    let lockd = Lockd::start();
+    let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("bash-rides");
+    let child = bash_at(
+        &proxy.addr.to_string(),
+        &format!(
+            r#"lockd_run rides ttl=1m session=3s -- bash -c 'echo in > {}; read -r line; echo "got $line"'"#,
+            mark.path.display()
+        ),
+        false,
+    );
+    // Once the command runs: lockd_run has its lease and its renewer.
+    mark.wait(GUARD);
+    assert_rides_out_a_cut(&lockd, &proxy, "rides", Duration::from_secs(3), GUARD);
+    let out = finish(child, "go\n");
+    assert_ok(&out);
+    assert!(out.stdout.contains("got go"), "{}", out.stdout);
+    assert_eq!(lockd.request("STATUS rides"), "OK rides free");
+}
+
+/// When the connection stays down past the grace, the server ends the lease, and lockd_run
+/// stops the command and returns 4.
+#[test]
+fn run_loses_the_lease_when_its_connection_stays_down_past_the_grace() {
+    let lockd = Lockd::start();
+    let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("bash-cut");
+    let child = bash_at(
+        &proxy.addr.to_string(),
+        &format!(
+            "lockd_run cut ttl=10m session=2s -- bash -c 'echo in > {}; exec sleep 60'; \
+             echo not-reached",
+            mark.path.display()
+        ),
+        false,
+    );
+    mark.wait(GUARD);
+    cut_for_good(&lockd, &proxy, "cut", GUARD);
     let out = finish(child, "");
-    // Like a script without the library: ended by the signal, no exit code.
-    assert_eq!(out.code(), None, "{:?}: {}", out.status, out.stderr);
+    assert_eq!(out.code(), Some(4), "{}", out.stderr);
+    assert!(out.stderr.contains("lost"), "{}", out.stderr);
     assert!(!out.stdout.contains("not-reached"));
-    assert_eq!(lockd.request("STATUS term"), "OK term free");
+}
+
+/// A killed lockd_run never keeps the lock: killed alone, its renewer stops the command and
+/// releases at once; killed with everything it started, the server ends the lease after the
+/// grace (2 s), long before the ttl (10 min).
+#[test]
+fn a_killed_run_frees_the_lock_within_the_grace() {
+    let lockd = Lockd::start();
+    let pid_file = Mark::new("bash-command-pid");
+    for whole_group in [false, true] {
+        pid_file.clear();
+        let mut child = bash_at(
+            &lockd.addr.to_string(),
+            &format!(
+                "lockd_run killed ttl=10m session=2s -- bash -c 'echo $$ > {}; exec sleep 60'",
+                pid_file.path.display()
+            ),
+            true,
+        );
+        let command: i32 = pid_file.wait(GUARD).parse().expect("the command's pid");
+        let pid = i32::try_from(child.id()).expect("pid");
+        // SAFETY: kill(2) only sends a signal, to our child or to the group it leads.
+        assert_eq!(
+            unsafe { libc::kill(if whole_group { -pid } else { pid }, libc::SIGKILL) },
+            0
+        );
+        let _ = child.wait();
+        eventually(GUARD, "the lock is free", || {
+            lockd.request("STATUS killed") == "OK killed free"
+        });
+        eventually(GUARD, "the command is stopped", || !running(command));
+    }
+}
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
 }

@@ -1,32 +1,54 @@
 //! contrib/clients/python: its unittest suite, run by the machine's python3 against a real
-//! lockd on loopback (LOCKD_ADDR tells the suite where).
+//! lockd on loopback (LOCKD_ADDR tells the suite where), and the client in real processes
+//! that are killed or lose their connection.
 
 #[path = "support/blocking.rs"]
 mod blocking;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use blocking::Lockd;
+use blocking::{
+    assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
+    signal, Lockd, Mark, Proxy,
+};
 
 /// Only a guard against a hang; the suite takes a few seconds.
 const GUARD: Duration = Duration::from_secs(120);
 
-#[test]
-fn python_client_unittest_suite_passes_against_a_real_lockd() {
-    let lockd = Lockd::start();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/python");
-    let child = Command::new("python3")
-        .args(["-m", "unittest", "-v", "test_lockd_client"])
-        .current_dir(&dir)
-        .env("LOCKD_ADDR", lockd.addr.to_string())
+fn client_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/python")
+}
+
+/// Runs python3 in the client's directory with `args`, LOCKD_ADDR set to `addr`.
+fn python(addr: &str, args: &[&str]) -> Child {
+    Command::new("python3")
+        .args(args)
+        .current_dir(client_dir())
+        .env("LOCKD_ADDR", addr)
         .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 must be installed (CI installs it)");
+        .expect("python3 must be installed (CI installs it)")
+}
+
+/// Runs `script` (after `import lockd_client`, with ADDR set from LOCKD_ADDR).
+fn script(addr: &str, script: &str) -> Child {
+    let full =
+        format!("import os, sys, time, lockd_client\nADDR = os.environ['LOCKD_ADDR']\n{script}");
+    python(addr, &["-c", &full])
+}
+
+#[test]
+fn python_client_unittest_suite_passes_against_a_real_lockd() {
+    let lockd = Lockd::start();
+    let child = python(
+        &lockd.addr.to_string(),
+        &["-m", "unittest", "-v", "test_lockd_client"],
+    );
     // unittest reports on stderr.
     let blocking::Output {
         status,
@@ -37,4 +59,102 @@ fn python_client_unittest_suite_passes_against_a_real_lockd() {
     // A suite that skipped itself (no LOCKD_ADDR) would pass without testing anything.
     assert!(!err.contains("skipped"), "tests were skipped:\n{err}");
     assert!(err.contains("\nOK"), "no OK summary:\n{err}");
+    // The suite leaves the server as it found it.
+    eventually(GUARD, "every lock the suite took is released", || {
+        lockd.request("STATUS") == "OK 0"
+    });
+}
+
+/// A process killed while it waits in the queue leaves it: when the holder releases, the lock
+/// goes to the next waiter, never to the dead one (which would keep it for its whole ttl).
+#[test]
+fn a_client_killed_while_waiting_never_gets_the_lock() {
+    let cases = [
+        // Client.lock: a plain lease, so the wait is sent with `detach`.
+        (
+            "print(lockd_client.Client(ADDR).lock('queue', ttl=600), flush=True)",
+            libc::SIGTERM,
+        ),
+        // with lock(...): a session lease with grace.
+        (
+            "with lockd_client.lock('queue', server=ADDR, ttl=600):\n    print('inside', flush=True)",
+            libc::SIGKILL,
+        ),
+    ];
+    for (code, sig) in cases {
+        eprintln!("{code}");
+        assert_killed_waiter_never_gets_the_lock(&Lockd::start(), sig, GUARD, |lockd| {
+            script(&lockd.addr.to_string(), code)
+        });
+    }
+}
+
+/// `with lock(...)` through a proxy that cuts its connection: the renewal thread reconnects
+/// and renews within the grace, and the body holds the lock past the grace and to its end.
+#[test]
+fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
+    let lockd = Lockd::start();
+    let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("python-rides");
+    let child = script(
+        &proxy.addr.to_string(),
+        &format!(
+            "lease = lockd_client.lock('rides', server=ADDR, ttl=60, session=3)\n\
+             with lease as token:\n    open({:?}, 'w').write('in\\n')\n    \
+             sys.stdin.readline()\n    lease.check()\n\
+             print('released', flush=True)",
+            mark.path.display().to_string()
+        ),
+    );
+    // Once the body runs: the lease is taken and renewed.
+    mark.wait(GUARD);
+    assert_rides_out_a_cut(&lockd, &proxy, "rides", Duration::from_secs(3), GUARD);
+    let out = blocking::finish(child, "\n", GUARD);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("released"), "{}", out.stdout);
+    assert_eq!(lockd.request("STATUS rides"), "OK rides free");
+}
+
+/// When the connection stays down past the grace, the server ends the lease and the client
+/// says so: LeaseLost, whose exit code is lockctl's 4.
+#[test]
+fn a_lease_is_lost_when_its_connection_stays_down_past_the_grace() {
+    let lockd = Lockd::start();
+    let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("python-cut");
+    let child = script(
+        &proxy.addr.to_string(),
+        &format!(
+            "lease = lockd_client.lock('cut', server=ADDR, ttl=600, session=2)\n\
+             try:\n    with lease:\n        open({:?}, 'w').write('in\\n')\n        \
+             deadline = time.monotonic() + 60\n        \
+             while not lease.lost and time.monotonic() < deadline:\n            \
+             time.sleep(0.05)\n\
+             except lockd_client.LockdError as e:\n    print(e, file=sys.stderr)\n    \
+             sys.exit(e.exit_code)",
+            mark.path.display().to_string()
+        ),
+    );
+    mark.wait(GUARD);
+    cut_for_good(&lockd, &proxy, "cut", GUARD);
+    let out = blocking::finish(child, "", GUARD);
+    assert_eq!(out.code(), Some(4), "{}", out.stderr);
+    assert!(out.stderr.contains("lost"), "{}", out.stderr);
+}
+
+/// A process killed while it holds a `with lock(...)` loses the lock within the grace, not
+/// at the end of its ttl.
+#[test]
+fn a_killed_holder_frees_the_lock_within_the_grace() {
+    let lockd = Lockd::start();
+    let mut child = script(
+        &lockd.addr.to_string(),
+        "with lockd_client.lock('killed', server=ADDR, ttl=600, session=2):\n    time.sleep(600)",
+    );
+    lockd.wait_held("killed", GUARD);
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait();
+    eventually(GUARD, "the lock is free after the grace", || {
+        lockd.request("STATUS killed") == "OK killed free"
+    });
 }

@@ -426,6 +426,7 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
                     token: high,
                     ttl: Duration::from_millis(1),
                     deadline: now,
+                    mode: Default::default(),
                 }],
                 now,
             );

@@ -24,6 +24,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         wait: wait.map(Duration::from_secs),
         session: None,
         conn: 1,
+        mode: Default::default(),
     }
 }
 

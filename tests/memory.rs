@@ -93,6 +93,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 wait: Some(Duration::ZERO),
                 session: None,
                 conn: 1,
+                mode: Default::default(),
             },
         );
         match outcome {

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockd::locks::{
-    ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, Locks, TableError, Token,
-    WaitEnd, WaiterId,
+    ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, Locks, Mode, TableError,
+    Token, WaitEnd, WaiterId,
 };
 use proptest::prelude::*;
 
@@ -50,8 +50,9 @@ enum WaitPick {
 /// A token chosen against the state at the time of the step, so that most are meaningful.
 #[derive(Clone, Debug)]
 enum TokPick {
-    /// The name's live token (or a stale one if the name is free).
-    Holder,
+    /// A live token of the name, the n-th holder's modulo their number (or a stale one if
+    /// the name is free).
+    Holder(usize),
     /// Off by one from the live token.
     Near(bool),
     /// One granted earlier (often no longer live).
@@ -106,6 +107,7 @@ enum Op {
         wait: WaitPick,
         session: SessionPick,
         conn: ConnId,
+        mode: Mode,
     },
     Unlock {
         name: usize,
@@ -156,6 +158,17 @@ fn wait_pick() -> impl Strategy<Value = WaitPick> {
     ]
 }
 
+/// Exclusive most often; shared; and semaphores of two sizes, so that a name sees both
+/// matching and mismatching limits.
+fn mode_pick() -> impl Strategy<Value = Mode> {
+    prop_oneof![
+        4 => Just(Mode::Exclusive),
+        3 => Just(Mode::Shared),
+        2 => Just(Mode::Limit(2)),
+        1 => Just(Mode::Limit(3)),
+    ]
+}
+
 fn session_pick() -> impl Strategy<Value = SessionPick> {
     prop_oneof![
         4 => Just(SessionPick::Plain),
@@ -167,7 +180,7 @@ fn session_pick() -> impl Strategy<Value = SessionPick> {
 
 fn tok_pick() -> impl Strategy<Value = TokPick> {
     prop_oneof![
-        6 => Just(TokPick::Holder),
+        6 => (0usize..4).prop_map(TokPick::Holder),
         1 => any::<bool>().prop_map(TokPick::Near),
         2 => (0usize..64).prop_map(TokPick::Seen),
         1 => (0u64..8).prop_map(TokPick::Raw),
@@ -177,9 +190,10 @@ fn tok_pick() -> impl Strategy<Value = TokPick> {
 fn op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
-        10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3)
-            .prop_map(|(name, id, ttl, wait, session, conn)| Op::Lock {
-                name, id, ttl, wait, session, conn
+        10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3,
+               mode_pick())
+            .prop_map(|(name, id, ttl, wait, session, conn, mode)| Op::Lock {
+                name, id, ttl, wait, session, conn, mode
             }),
         3 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Unlock { name, tok }),
         2 => (name.clone(), tok_pick(), proptest::option::of(ttl_pick()), 1u64..=3)
@@ -270,10 +284,18 @@ impl Harness {
     }
 
     fn token(&self, name: &str, p: &TokPick) -> Token {
-        let live = self.model.entries.get(name).map(|e| e.holder.token);
+        let pick = match p {
+            TokPick::Holder(i) => *i,
+            _ => 0,
+        };
+        let live = self
+            .model
+            .entries
+            .get(name)
+            .map(|e| e.holders[pick % e.holders.len()].token);
         let last = self.tokens.last().copied().unwrap_or(1);
         match p {
-            TokPick::Holder => live.unwrap_or(last),
+            TokPick::Holder(_) => live.unwrap_or(last),
             TokPick::Near(up) => {
                 let t = live.unwrap_or(last);
                 if *up {
@@ -325,6 +347,7 @@ impl Harness {
                 wait,
                 session,
                 conn,
+                mode,
             } => {
                 let ttl = self.ttl(ttl);
                 let max_ttl = self.model.limits.max_ttl;
@@ -348,6 +371,7 @@ impl Harness {
                         wait: wait.map(Duration::from_millis),
                         session: session.map(Duration::from_millis),
                         conn: *conn,
+                        mode: *mode,
                     },
                 );
                 let want = self.model.lock(
@@ -359,6 +383,7 @@ impl Harness {
                         wait,
                         session,
                         conn: *conn,
+                        mode: *mode,
                     },
                 );
                 if got != want {
@@ -369,6 +394,7 @@ impl Harness {
                 }
                 self.effects(Call::Lock {
                     name: NAMES[*name],
+                    mode: *mode,
                     outcome: got.as_ref().ok(),
                 })?;
             }
@@ -452,7 +478,8 @@ impl Harness {
                         .model
                         .entries
                         .get(NAMES[*name])
-                        .and_then(|e| e.holder.session?.conn)
+                        .and_then(|e| e.holders.iter().find(|h| h.token == token))
+                        .and_then(|h| h.session?.conn)
                         .unwrap_or(1),
                     ConnPick::Conn(c) => *c,
                 };
@@ -522,6 +549,13 @@ impl Harness {
         if got != want {
             return Err(format!("status_all: table {got:?}, model {want:?}"));
         }
+        for name in NAMES {
+            let got = self.table.holders(self.at(), name);
+            let want = self.model.holders(self.now, name);
+            if got != want {
+                return Err(format!("holders of {name}: table {got:?}, model {want:?}"));
+            }
+        }
         let stray = self.table.take_effects();
         if !stray.is_empty() {
             return Err(format!(
@@ -588,6 +622,7 @@ fn req(
         wait: wait.map(Duration::from_millis),
         session: session.then_some(Duration::ZERO),
         conn,
+        mode: Mode::Exclusive,
     }
 }
 
@@ -828,4 +863,90 @@ fn cancelled_waiter_is_never_granted() {
     );
     assert!(t.is_empty());
     assert_eq!(t.next_deadline(), None);
+}
+
+fn req_mode(name: &str, id: &str, mode: Mode, conn: ConnId) -> LockRequest {
+    LockRequest {
+        mode,
+        ..req(name, id, 1000, None, false, conn)
+    }
+}
+
+/// The waiters granted by the effects, in order.
+fn grants(effects: &[Effect]) -> Vec<WaiterId> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Granted { waiter, .. } => Some(*waiter),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn shared_then_exclusive_then_shared_is_served_in_order() {
+    let (mut t, base) = table();
+    let (s1, _) = granted(t.lock(base, req_mode("x", "s1", Mode::Shared, 1)));
+    let (s2, _) = granted(t.lock(base, req_mode("x", "s2", Mode::Shared, 2)));
+    let w = queued(t.lock(base, req_mode("x", "w", Mode::Exclusive, 3)));
+    // A shared request behind a waiting exclusive one waits: writers never starve.
+    let r1 = queued(t.lock(base, req_mode("x", "r1", Mode::Shared, 4)));
+    let r2 = queued(t.lock(base, req_mode("x", "r2", Mode::Shared, 5)));
+    effects(&mut t);
+    assert_eq!(t.unlock(base, "x", s1), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![]);
+    assert_eq!(t.unlock(base, "x", s2), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![w]);
+    let holder = t.status(base, "x").expect("held");
+    assert_eq!((holder.holders, holder.mode), (1, Mode::Exclusive));
+    // The writer leaves: both readers are granted at once, in queue order.
+    assert_eq!(t.unlock(base, "x", holder.token), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![r1, r2]);
+    let now = t.status(base, "x").expect("held");
+    assert_eq!((now.holders, now.mode, now.waiters), (2, Mode::Shared, 0));
+}
+
+#[test]
+fn a_cancelled_writer_lets_the_readers_behind_it_in() {
+    let (mut t, base) = table();
+    granted(t.lock(base, req_mode("x", "s1", Mode::Shared, 1)));
+    let w = queued(t.lock(base, req_mode("x", "w", Mode::Exclusive, 2)));
+    let r = queued(t.lock(base, req_mode("x", "r", Mode::Shared, 3)));
+    effects(&mut t);
+    assert!(t.cancel_wait(base, w));
+    assert_eq!(grants(&effects(&mut t)), vec![r]);
+}
+
+#[test]
+fn a_semaphore_holds_up_to_its_limit_and_refuses_other_shapes() {
+    let (mut t, base) = table();
+    let two = Mode::limit(2);
+    let (a, _) = granted(t.lock(base, req_mode("s", "a", two, 1)));
+    let (b, _) = granted(t.lock(base, req_mode("s", "b", two, 2)));
+    assert!(b > a);
+    let c = queued(t.lock(base, req_mode("s", "c", two, 3)));
+    for mode in [Mode::limit(3), Mode::Exclusive, Mode::Shared] {
+        assert_eq!(
+            t.lock(base, req_mode("s", "d", mode, 4)),
+            Err(TableError::WrongMode {
+                held: two,
+                asked: mode
+            })
+        );
+    }
+    // The same id again in its own mode is its own slot again; in another, a conflict.
+    assert_eq!(granted(t.lock(base, req_mode("s", "a", two, 1))).0, a);
+    effects(&mut t);
+    // One slot frees: the head waiter takes it, and only it.
+    assert_eq!(t.unlock(base, "s", a), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![c]);
+    assert!(t.check(base, "s", b).is_ok());
+    assert_eq!(t.status(base, "s").map(|s| s.holders), Some(2));
+}
+
+#[test]
+fn limit_one_is_an_exclusive_lock() {
+    assert_eq!(Mode::limit(1), Mode::Exclusive);
+    assert_eq!(Mode::limit(0), Mode::Exclusive);
+    assert_eq!(Mode::limit(5), Mode::Limit(5));
 }

@@ -8,33 +8,12 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{config, start_server, token, wait_status, wait_waiters, GUARD};
+use common::{config, http_get as get, start_server, token, wait_status, wait_waiters, GUARD};
 use lockd::http::Endpoint;
 use lockd::server::Config;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-
-/// `GET path` over HTTP/1.1; the status code and the body.
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .expect("connect to the endpoint");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: lockd\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    tokio::time::timeout(GUARD, s.read_to_string(&mut raw))
-        .await
-        .expect("the endpoint answers")
-        .unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status code");
-    (status, body.to_string())
-}
 
 /// Parses an exposition with the Prometheus project's OpenMetrics parser (Python), so a
 /// malformed line fails the test; returns every sample as `name{labels}` -> value, labels
@@ -191,6 +170,7 @@ async fn status_detail_shows_the_holder_and_the_queue_in_order() {
     assert!(words.next().unwrap().starts_with("held_ms="));
     assert!(words.next().unwrap().starts_with("ttl_ms="));
     assert_eq!(words.next(), Some("session=0"));
+    assert_eq!(words.next(), Some("mode=exclusive"));
     let mut waited = Vec::new();
     for (i, session) in [0, 1, 0].iter().enumerate() {
         let line = admin.line().await;
@@ -199,7 +179,7 @@ async fn status_detail_shows_the_holder_and_the_queue_in_order() {
             .strip_prefix(&prefix)
             .unwrap_or_else(|| panic!("{line:?} should start {prefix:?}"));
         let (ms, s) = rest.split_once(' ').unwrap();
-        assert_eq!(s, format!("session={session}"));
+        assert_eq!(s, format!("session={session} mode=exclusive"));
         waited.push(ms.parse::<u64>().unwrap());
     }
     // The first in line has waited longest.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lockd::locks::Mode;
 use lockd::proto::{self, Reply, Request, Tie};
 use proptest::prelude::*;
 
@@ -14,6 +15,8 @@ fn word() -> impl Strategy<Value = String> {
         Just("session".to_string()),
         "session=[0-9a-z.]{0,6}",
         Just("detach".to_string()),
+        Just("shared".to_string()),
+        "limit=[0-9a-z]{0,7}",
         "[0-9]{1,25}",
         any::<String>(),
         "\\PC{0,300}",
@@ -64,14 +67,20 @@ fn request() -> impl Strategy<Value = Request> {
                 Just(Tie::Detach),
                 Just(Tie::Session(Duration::ZERO)),
                 duration().prop_map(Tie::Session),
+            ],
+            prop_oneof![
+                Just(Mode::Exclusive),
+                Just(Mode::Shared),
+                (2u32..=proto::MAX_LIMIT).prop_map(Mode::Limit),
             ]
         )
-            .prop_map(|(name, id, ttl, wait, tie)| Request::Lock {
+            .prop_map(|(name, id, ttl, wait, tie, mode)| Request::Lock {
                 name,
                 id,
                 ttl,
                 wait,
-                tie
+                tie,
+                mode
             }),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
         (name(), 1u64..u64::MAX, prop::option::of(duration()))

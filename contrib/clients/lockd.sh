@@ -21,32 +21,51 @@
 #   lockd_unlock NAME TOKEN                releases the lease
 #   lockd_renew NAME TOKEN [ttl=DUR]       extends the lease; prints ttl_ms on stdout
 #   lockd_check NAME TOKEN                 is TOKEN the live lease? prints ttl_ms on stdout
-#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] -- CMD [ARGS...]
+#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]
 #                                          runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
 #                                          CMD sees LOCKD_NAME and LOCKD_TOKEN
 #   lockd_request LINE                     sends one raw protocol line; sets LOCKD_REPLY
 #
-# Return codes of every function but lockd_run's command:
+# Return codes, the same as lockctl's exit codes:
 #   0  done
-#   1  not got or not held: LOCK found the lock held (ERR TIMEOUT), or UNLOCK/RENEW/CHECK
-#      found the token is not the live lease (ERR NOTHELD)
-#   2  usage: bad arguments, refused locally or by the server (ERR SYNTAX, BADARG, ...)
+#   1  not got: the lock is held by someone else (lockd_try, wait=0, try) or wait= ran out
+#      (ERR TIMEOUT)
+#   2  usage or refusal: bad arguments, refused locally or by the server (ERR SYNTAX, BADARG,
+#      CONFLICT, REPLACED, LIMIT, SHUTDOWN, ...), or a reply this library does not understand
 #   3  no server: cannot connect, or the connection ended or timed out without a reply
-#   4  any other server refusal (ERR CONFLICT, REPLACED, LIMIT, SHUTDOWN, ...)
-#   5  (lockd_run only) the lease was lost while CMD ran, and CMD was stopped
-# After a failure, LOCKD_ERROR holds the message (also printed on stderr) and LOCKD_REPLY the
-# server's reply line, if there was one. lockd_run returns CMD's exit status when it ran and
-# the lease held to its end; so, as with flock(1), pick commands whose own codes you can tell
-# apart, or look at LOCKD_ERROR (empty after a clean run).
+#   4  lock lost: UNLOCK/RENEW/CHECK found TOKEN is not the live lease (ERR NOTHELD), or
+#      lockd_run lost its lease while CMD ran (and stopped CMD)
+# lockd_run returns CMD's exit status when it ran and the lease held to its end (126/127 if
+# CMD could not be run / was not found, 128+N if signal N ended it); so, as with flock(1),
+# pick commands whose own codes you can tell apart, or look at LOCKD_ERROR (empty after a
+# clean run). After a failure, LOCKD_ERROR holds the message (also printed on stderr) and
+# LOCKD_REPLY the server's reply line, if there was one.
 #
-# Leases are plain (not `session`): each call opens its own short connection, so the lease
-# must outlive it. A script killed while holding loses the lock when the ttl ends (lockd_run
-# releases at once on SIGINT, SIGTERM and SIGHUP).
+# Killed while waiting: a waiting LOCK is tied to its connection (lockd_lock sends `detach`,
+# lockd_run a `session` LOCK), so a script killed while it waits leaves the queue at once and
+# never gets the lock. `t=$(lockd_lock ...)` waits in a subshell that outlives a script killed
+# on its own (kill PID rather than a Ctrl-C to the whole group); it notices within a second
+# that the script ($$) is gone and gives up. A signal that lockd_run traps (INT, TERM, HUP)
+# ends its wait within a second too.
+#
+# Leases: lockd_lock's lease is plain: each call opens its own short connection, so the lease
+# must outlive it, until lockd_unlock or the end of its ttl. lockd_run holds a session lease
+# with a grace (session=DUR, default 10s, at most the ttl) on a connection that its renewer
+# keeps open: if lockd_run is killed, even with SIGKILL, the lock is free at most DUR later
+# (at once when it can still release it: SIGINT, SIGTERM, SIGHUP, or its own shell killed
+# alone while the renewer lives). If that connection drops while CMD runs (a server restart,
+# a firewall reset), the renewer reconnects and renews within DUR and CMD runs on; if it
+# cannot, the lease may be gone, and CMD is stopped (return code 4). session=0 ties the lease
+# to the connection with no grace. A connect to a machine that does not answer at all blocks
+# until the kernel gives up (bash's /dev/tcp has no connect timeout).
 
 LOCKD_TOKEN=
 LOCKD_REPLY=
 LOCKD_ERROR=
+
+# Session grace of lockd_run when session= is not given, in ms.
+LOCKD__DEFAULT_GRACE_MS=10000
 
 # Prints "lockd: MESSAGE" on stderr, keeps it in LOCKD_ERROR and returns CODE.
 lockd__fail() {
@@ -69,12 +88,35 @@ lockd__word() {
     fi
 }
 
-# Sends LINE on a new connection and reads one reply line into LOCKD_REPLY. A second argument
-# "wait" reads without a time limit (a LOCK answered when its turn comes).
-lockd__roundtrip() {
-    local line=$1 patience=${2:-} addr=${LOCKD_ADDR:-127.0.0.1:5001}
-    local host port fd reply='' limit=${LOCKD_IO_TIMEOUT:-10}
-    LOCKD_REPLY=
+# Prints DUR in milliseconds. Knows the usual forms (250ms, 30s, 5m, 2h, 1d, 1h30m, plain
+# seconds 30 or 1.5); returns 1 for any other (the server may still know it).
+lockd__ms() {
+    local rest=$1 total=0 n frac
+    if [[ $rest =~ ^([0-9]{1,9})(\.([0-9]*))?$ ]]; then
+        frac=${BASH_REMATCH[3]}000
+        printf '%d\n' $((10#${BASH_REMATCH[1]} * 1000 + 10#${frac:0:3}))
+        return 0
+    fi
+    [[ -n $rest ]] || return 1
+    while [[ -n $rest ]]; do
+        # A unit must be followed by the next number or the end: "5ms" is never "5m" + "s".
+        [[ $rest =~ ^([0-9]{1,9})(ms|s|m|h|d)([0-9].*)?$ ]] || return 1
+        n=$((10#${BASH_REMATCH[1]}))
+        case ${BASH_REMATCH[2]} in
+            s) n=$((n * 1000)) ;;
+            m) n=$((n * 60000)) ;;
+            h) n=$((n * 3600000)) ;;
+            d) n=$((n * 86400000)) ;;
+        esac
+        total=$((total + n))
+        rest=${BASH_REMATCH[3]}
+    done
+    printf '%d\n' "$total"
+}
+
+# Opens a connection to LOCKD_ADDR; its descriptor goes into the caller's lockd__fd.
+lockd__connect() {
+    local addr=${LOCKD_ADDR:-127.0.0.1:5001} host port
     host=${addr%:*}
     port=${addr##*:}
     host=${host#[}
@@ -84,27 +126,57 @@ lockd__roundtrip() {
         return
     fi
     # The group's redirection hides bash's own "connect: ..." noise; the fd stays open after.
-    if ! { exec {fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
+    if ! { exec {lockd__fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
         lockd__fail 3 "cannot connect to $addr"
         return
     fi
-    if ! { printf '%s\n' "$line" >&"$fd"; } 2>/dev/null; then
-        exec {fd}>&-
+}
+
+# Closes the caller's lockd__fd, if open.
+lockd__disconnect() {
+    if [[ -n ${lockd__fd:-} ]]; then
+        exec {lockd__fd}>&-
+        lockd__fd=
+    fi
+}
+
+# Sends LINE on lockd__fd and reads one reply line into LOCKD_REPLY. PATIENCE is the number of
+# seconds the reply may take (default LOCKD_IO_TIMEOUT), or "wait" for a LOCK that waits its
+# turn: no limit, but it gives up when the script ($$) is gone or lockd_run caught a signal,
+# looking once a second (a trapped signal does not interrupt bash's read).
+lockd__exchange() {
+    local line=$1 patience=${2:-${LOCKD_IO_TIMEOUT:-10}} reply='' chunk rc=0
+    local addr=${LOCKD_ADDR:-127.0.0.1:5001}
+    LOCKD_REPLY=
+    # Written from a subshell: a write to a connection the server has reset raises SIGPIPE,
+    # which must end that subshell (a failed send), not the caller's shell.
+    if ! (printf '%s\n' "$line" >&"$lockd__fd") 2>/dev/null; then
         lockd__fail 3 "cannot send to $addr"
         return
     fi
-    local ok=0
     if [[ $patience == wait ]]; then
-        IFS= read -r -u "$fd" reply || ok=$?
+        while :; do
+            chunk='' rc=0
+            IFS= read -r -t 1 -u "$lockd__fd" chunk || rc=$?
+            reply+=$chunk
+            ((rc > 128)) || break # a whole line, or the end of the connection
+            if [[ -n ${lockd__stopping:-} ]]; then
+                lockd__fail 3 "stopped waiting for the reply: SIG$lockd__stopping"
+                return
+            fi
+            if ! kill -0 "$$" 2>/dev/null; then
+                lockd__fail 3 "stopped waiting for the reply: the script (pid $$) is gone"
+                return
+            fi
+        done
     else
-        IFS= read -r -t "$limit" -u "$fd" reply || ok=$?
+        IFS= read -r -t "$patience" -u "$lockd__fd" reply || rc=$?
     fi
-    exec {fd}>&-
     reply=${reply%$'\r'}
     LOCKD_REPLY=$reply
-    if ((ok != 0)) && [[ -z $reply ]]; then
-        if ((ok > 128)); then
-            lockd__fail 3 "no reply from $addr within ${limit}s"
+    if ((rc != 0)) && [[ -z $reply ]]; then
+        if ((rc > 128)); then
+            lockd__fail 3 "no reply from $addr within ${patience}s"
         else
             lockd__fail 3 "$addr closed the connection without a reply"
         fi
@@ -113,27 +185,52 @@ lockd__roundtrip() {
     return 0
 }
 
+# Sends LINE on a new connection and reads one reply line into LOCKD_REPLY (PATIENCE as for
+# lockd__exchange).
+lockd__roundtrip() {
+    local lockd__fd='' rc=0
+    lockd__connect || return
+    lockd__exchange "$@" || rc=$?
+    lockd__disconnect
+    return "$rc"
+}
+
 # Maps LOCKD_REPLY (an ERR line) to a return code, with its message on stderr.
 lockd__refused() {
     local code=${LOCKD_REPLY#ERR }
     code=${code%% *}
     case $code in
-        TIMEOUT | NOTHELD) lockd__fail 1 "$LOCKD_REPLY" ;;
-        SYNTAX | UNKNOWN | BADARG | ENCODING | TOOLONG) lockd__fail 2 "$LOCKD_REPLY" ;;
-        *) lockd__fail 4 "$LOCKD_REPLY" ;;
+        TIMEOUT) lockd__fail 1 "$LOCKD_REPLY" ;;
+        NOTHELD) lockd__fail 4 "$LOCKD_REPLY" ;;
+        *) lockd__fail 2 "$LOCKD_REPLY" ;;
     esac
 }
 
-# Splits ttl=/wait= options (as in the protocol) into the named variables of the caller.
-# Usage: lockd__options ALLOWED "$@"; sets lockd__ttl, lockd__wait, lockd__try.
+# Maps the reply to a LOCK: sets LOCKD_TOKEN for an OK, else returns the code of the refusal.
+lockd__granted() {
+    if [[ $LOCKD_REPLY =~ ^OK\ ([0-9]+)$ ]]; then
+        LOCKD_TOKEN=${BASH_REMATCH[1]}
+        return 0
+    fi
+    if [[ $LOCKD_REPLY == ERR* ]]; then
+        lockd__refused
+        return
+    fi
+    lockd__fail 2 "unexpected reply to LOCK: $LOCKD_REPLY"
+}
+
+# Splits ttl=/wait=/session= options (as in the protocol) into the named variables of the
+# caller. Usage: lockd__options ALLOWED "$@"; sets lockd__ttl, lockd__wait, lockd__try and
+# lockd__session.
 lockd__options() {
     local allowed=$1 opt
     shift
-    lockd__ttl='' lockd__wait='' lockd__try=''
+    lockd__ttl='' lockd__wait='' lockd__try='' lockd__session=''
     for opt in "$@"; do
         case $opt in
             ttl=*) [[ $allowed == *ttl* ]] && lockd__ttl=${opt#ttl=} && continue ;;
             wait=*) [[ $allowed == *wait* ]] && lockd__wait=${opt#wait=} && continue ;;
+            session=*) [[ $allowed == *session* ]] && lockd__session=${opt#session=} && continue ;;
             try) [[ $allowed == *try* ]] && lockd__try=1 && continue ;;
         esac
         lockd__fail 2 "unknown option '$opt' (expected: ${allowed// /, })"
@@ -141,6 +238,7 @@ lockd__options() {
     done
     if [[ -n $lockd__ttl ]]; then lockd__word ttl "$lockd__ttl" || return; fi
     if [[ -n $lockd__wait ]]; then lockd__word wait "$lockd__wait" || return; fi
+    if [[ -n $lockd__session ]]; then lockd__word session "$lockd__session" || return; fi
     return 0
 }
 
@@ -157,34 +255,33 @@ lockd_request() {
     lockd__refused
 }
 
+# Sets the caller's id to this script's id on the server; returns 2 if it is not one word.
+lockd__id() {
+    id=${LOCKD_ID:-${HOSTNAME:-localhost}:$$}
+    lockd__word id "$id"
+}
+
 # lockd_lock NAME [ttl=DUR] [wait=DUR]: waits for the lock (forever without wait=), then prints
-# its fencing token on stdout and sets LOCKD_TOKEN. Returns 1 if wait= ran out.
+# its fencing token on stdout and sets LOCKD_TOKEN. Returns 1 if wait= ran out. The lease is
+# plain (it outlives this call), but the wait is not: `detach` ends it if the script dies.
 lockd_lock() {
     LOCKD_ERROR='' LOCKD_TOKEN=''
-    local name=${1:-} id=${LOCKD_ID:-${HOSTNAME:-localhost}:$$} line
+    local name=${1:-} id line
     if (($# < 1)); then
         lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR]"
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try
+    local lockd__ttl lockd__wait lockd__try lockd__session
     lockd__options "ttl wait" "$@" || return
     lockd__word name "$name" || return
-    lockd__word id "$id" || return
+    lockd__id || return
     line="LOCK $name $id"
     [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
     [[ -n $lockd__wait ]] && line+=" wait=$lockd__wait"
-    lockd__roundtrip "$line" wait || return
-    if [[ $LOCKD_REPLY =~ ^OK\ ([0-9]+)$ ]]; then
-        LOCKD_TOKEN=${BASH_REMATCH[1]}
-        printf '%s\n' "$LOCKD_TOKEN"
-        return 0
-    fi
-    if [[ $LOCKD_REPLY == ERR* ]]; then
-        lockd__refused
-        return
-    fi
-    lockd__fail 4 "unexpected reply to LOCK: $LOCKD_REPLY"
+    lockd__roundtrip "$line detach" wait || return
+    lockd__granted || return
+    printf '%s\n' "$LOCKD_TOKEN"
 }
 
 # lockd_try NAME [ttl=DUR]: one try (wait=0). Returns 1 at once if the lock is held.
@@ -195,7 +292,7 @@ lockd_try() {
     fi
     local name=$1
     shift
-    local lockd__ttl lockd__wait lockd__try
+    local lockd__ttl lockd__wait lockd__try lockd__session
     lockd__options "ttl" "$@" || return
     lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} wait=0
 }
@@ -215,7 +312,7 @@ lockd__with_token() {
         return
     fi
     line="$verb $name $token"
-    local lockd__ttl lockd__wait lockd__try
+    local lockd__ttl lockd__wait lockd__try lockd__session
     if [[ $verb == RENEW ]]; then
         lockd__options "ttl" "$@" || return
         [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
@@ -224,6 +321,11 @@ lockd__with_token() {
         return
     fi
     lockd__roundtrip "$line" || return
+    lockd__answered "$verb"
+}
+
+# Maps the reply to UNLOCK, RENEW or CHECK to a return code; prints the ttl_ms it carries.
+lockd__answered() {
     case $LOCKD_REPLY in
         OK) return 0 ;;
         "OK ttl_ms="*)
@@ -231,18 +333,19 @@ lockd__with_token() {
             return 0
             ;;
         ERR*) lockd__refused ;;
-        *) lockd__fail 4 "unexpected reply to $verb: $LOCKD_REPLY" ;;
+        *) lockd__fail 2 "unexpected reply to $1: $LOCKD_REPLY" ;;
     esac
 }
 
-# lockd_unlock NAME TOKEN: releases the lease. Returns 1 if TOKEN no longer held it.
+# lockd_unlock NAME TOKEN: releases the lease. Returns 4 if TOKEN no longer held it.
 lockd_unlock() { lockd__with_token UNLOCK "$@"; }
 
-# lockd_renew NAME TOKEN [ttl=DUR]: extends the lease; prints the new ttl in ms. Returns 1 if
+# lockd_renew NAME TOKEN [ttl=DUR]: extends the lease; prints the new ttl in ms. Returns 4 if
 # the lease is gone: the caller has lost the lock and must stop.
 lockd_renew() { lockd__with_token RENEW "$@"; }
 
-# lockd_check NAME TOKEN: returns 0 (and prints the ttl left in ms) if TOKEN is the live lease.
+# lockd_check NAME TOKEN: returns 0 (and prints the ttl left in ms) if TOKEN is the live lease,
+# 4 if it is not.
 lockd_check() { lockd__with_token CHECK "$@"; }
 
 # Sleeps SECONDS in a way that a TERM to this shell interrupts at once, without leaving a
@@ -254,30 +357,91 @@ lockd__nap() {
     lockd__nap_pid=
 }
 
-# The renewal loop of lockd_run, run as a background subshell: renews every third of the
-# lease; on ERR NOTHELD, or when the server stayed unreachable for a whole lease, it stops
-# the command (TERM, then KILL after LOCKD_KILL_AFTER seconds) and exits 5. A TERM from
-# lockd_run ends it with 0, or with 5 if it had already found the lease lost.
+# 1234 -> 1.234 (sleep takes fractional seconds); at least 0.05 s.
+lockd__ms_to_s() {
+    local ms=$1
+    ((ms < 50)) && ms=50
+    printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
+}
+
+# Stops CMD_PID: TERM, then KILL after LOCKD_KILL_AFTER seconds.
+lockd__stop_command() {
+    local cmd_pid=$1 waited=0 grace=${LOCKD_KILL_AFTER:-10}
+    kill -TERM "$cmd_pid" 2>/dev/null || true
+    while kill -0 "$cmd_pid" 2>/dev/null && ((waited < grace * 10)); do
+        lockd__nap 0.1
+        waited=$((waited + 1))
+    done
+    kill -KILL "$cmd_pid" 2>/dev/null || true
+}
+
+# RENEWs on the session connection (lockd__fd); if that connection is gone, reconnects and
+# RENEWs on the new one, which the server then ties the lease to. Sets ttl_ms of the caller.
+lockd__renew_session() {
+    local name=$1 token=$2 patience=$3 rc=0
+    if [[ -n ${lockd__fd:-} ]]; then
+        lockd__exchange "RENEW $name $token" "$patience" || rc=$?
+    else
+        rc=3
+    fi
+    if ((rc == 3)); then
+        lockd__disconnect
+        lockd__connect || return
+        rc=0
+        lockd__exchange "RENEW $name $token" "$patience" || rc=$?
+    fi
+    ((rc == 0)) || return "$rc"
+    lockd__answered RENEW >/dev/null || return
+    ttl_ms=${LOCKD_REPLY#OK ttl_ms=}
+}
+
+# Releases the lease: on the session connection (lockd__fd) if it is still up, else on a new
+# one. Quiet: if both fail, the lease ends by its grace or ttl.
+lockd__release() {
+    lockd__exchange "UNLOCK $1 $2" >/dev/null 2>&1 ||
+        lockd_unlock "$1" "$2" >/dev/null 2>&1 || true
+}
+
+# The renewal loop of lockd_run, run as a background subshell that owns the session
+# connection (lockd__fd). It renews every third of the time the lease surely outlives a
+# dropped connection (the grace, or the ttl if shorter; the ttl for session=0). When the
+# lease may be gone (RENEW refused, or no RENEW got through for that long) it stops the
+# command and exits 4. When lockd_run's own shell (OWNER) is gone, killed, it stops the
+# command and releases the lock. A TERM from lockd_run ends it with 0, or with 4 if it had
+# already found the lease lost.
 lockd__renewer() {
-    local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 renew_rc
-    local last_ok=$SECONDS why=''
+    local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 grace_ms=$5 owner=$6
+    local last_ok=$SECONDS why='' hold_ms every_ms rc
     lockd__nap_pid='' lockd__lost=''
     trap 'if [[ -n $lockd__nap_pid ]]; then kill "$lockd__nap_pid" 2>/dev/null || true; fi
-          if [[ -n $lockd__lost ]]; then exit 5; fi
+          if [[ -n $lockd__lost ]]; then exit 4; fi
           exit 0' TERM
     while :; do
-        lockd__nap "$(lockd__ms_to_s $((ttl_ms / 3)))"
-        renew_rc=0
-        lockd_renew "$name" "$token" >/dev/null 2>&1 || renew_rc=$?
-        case $renew_rc in
-            0)
-                [[ $LOCKD_REPLY =~ ^OK\ ttl_ms=([0-9]+)$ ]] && ttl_ms=${BASH_REMATCH[1]}
-                last_ok=$SECONDS
-                ;;
+        # How long the lease surely lives without a RENEW getting through: the grace (none for
+        # session=0), but never past the ttl.
+        hold_ms=$ttl_ms every_ms=$ttl_ms
+        ((grace_ms < hold_ms)) && hold_ms=$grace_ms
+        ((grace_ms > 0 && grace_ms < every_ms)) && every_ms=$grace_ms
+        lockd__nap "$(lockd__ms_to_s $((every_ms / 3)))"
+        if ! kill -0 "$owner" 2>/dev/null; then
+            printf 'lockd: lockd_run (pid %s) is gone; stopping its command (pid %s)\n' \
+                "$owner" "$cmd_pid" >&2
+            lockd__stop_command "$cmd_pid"
+            lockd__release "$name" "$token"
+            exit 0
+        fi
+        rc=0
+        # A reply slower than the time between renewals (plus a second) counts as a failure,
+        # so a silent server cannot keep this loop in read until the lease is gone.
+        lockd__renew_session "$name" "$token" "$(lockd__ms_to_s $((every_ms / 3 + 1000)))" \
+            >/dev/null 2>&1 || rc=$?
+        case $rc in
+            0) last_ok=$SECONDS ;;
             3)
-                # The server may be restarting: keep trying while the lease could still live.
-                if (((SECONDS - last_ok) * 1000 >= ttl_ms)); then
-                    why="the server was unreachable for a whole lease: $LOCKD_ERROR"
+                # The server may be restarting: keep trying while the lease surely lives
+                # (SECONDS counts whole seconds, hence the one added).
+                if (((SECONDS - last_ok + 1) * 1000 >= hold_ms)); then
+                    why="no renewal got through for $((hold_ms / 1000))s: $LOCKD_ERROR"
                 fi
                 ;;
             *) why="RENEW refused: $LOCKD_ERROR" ;;
@@ -286,38 +450,27 @@ lockd__renewer() {
             lockd__lost=1
             printf 'lockd: lease on %s lost (%s); stopping the command (pid %s)\n' \
                 "$name" "$why" "$cmd_pid" >&2
-            kill -TERM "$cmd_pid" 2>/dev/null || true
-            local waited=0 grace=${LOCKD_KILL_AFTER:-10}
-            while kill -0 "$cmd_pid" 2>/dev/null && ((waited < grace * 10)); do
-                lockd__nap 0.1
-                waited=$((waited + 1))
-            done
-            kill -KILL "$cmd_pid" 2>/dev/null || true
-            exit 5
+            lockd__stop_command "$cmd_pid"
+            exit 4
         fi
     done
 }
 
-# 1234 -> 1.234 (sleep takes fractional seconds); at least 0.05 s.
-lockd__ms_to_s() {
-    local ms=$1
-    ((ms < 50)) && ms=50
-    printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
-}
-
-# lockd_run NAME [ttl=DUR] [wait=DUR] [try] -- CMD [ARGS...]: takes the lock (waiting, or
-# once with `try`), runs CMD while a background job renews the lease every third of its ttl,
-# then releases it. If the lease is lost (renewal refused, or the server unreachable for a
-# whole ttl) CMD gets SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later) and lockd_run returns 5.
-# The signal goes to CMD's process only: a CMD that starts children of its own should pass
-# it on to them (or `exec` its last command). Otherwise lockd_run returns CMD's status.
-# CMD keeps this shell's stdin, stdout and stderr, and gets LOCKD_NAME and LOCKD_TOKEN in its
-# environment (pass the token on to what you protect).
+# lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]: takes the lock
+# (waiting, or once with `try`) with a session lease of grace session= (default 10s, at most
+# the ttl), runs CMD while a background job renews the lease, then releases it. If the lease
+# is lost (renewal refused, or the connection down for the grace and not restored) CMD gets
+# SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later) and lockd_run returns 4. The signal goes
+# to CMD's process only: a CMD that starts children of its own should pass it on to them (or
+# `exec` its last command). Otherwise lockd_run returns CMD's status. CMD keeps this shell's
+# stdin, stdout and stderr, and gets LOCKD_NAME and LOCKD_TOKEN in its environment (pass the
+# token on to what you protect).
 lockd_run() {
     LOCKD_ERROR=
     local name=${1:-}
+    local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]"
     if (($# < 1)); then
-        lockd__fail 2 "usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] -- CMD [ARGS...]"
+        lockd__fail 2 "$usage"
         return
     fi
     shift
@@ -327,54 +480,83 @@ lockd_run() {
         shift
     done
     if (($# < 2)); then
-        lockd__fail 2 "usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] -- CMD [ARGS...]"
+        lockd__fail 2 "$usage"
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try
-    lockd__options "ttl wait try" ${opts[@]+"${opts[@]}"} || return
+    local lockd__ttl lockd__wait lockd__try lockd__session id grace_ms=$LOCKD__DEFAULT_GRACE_MS
+    lockd__options "ttl wait try session" ${opts[@]+"${opts[@]}"} || return
     if [[ -n $lockd__try && -n $lockd__wait ]]; then
         lockd__fail 2 "lockd_run: use try or wait=, not both"
         return
     fi
     [[ -n $lockd__try ]] && lockd__wait=0
+    if [[ -n $lockd__session ]] && ! grace_ms=$(lockd__ms "$lockd__session"); then
+        lockd__fail 2 "session= must be a duration such as 10s, 500ms or 1m: '$lockd__session'"
+        return
+    fi
+    local given_ttl_ms
+    if [[ -n $lockd__ttl ]] && given_ttl_ms=$(lockd__ms "$lockd__ttl") &&
+        ((given_ttl_ms < grace_ms)); then
+        grace_ms=$given_ttl_ms
+    fi
+    lockd__word name "$name" || return
+    lockd__id || return
+    local line="LOCK $name $id"
+    [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
+    [[ -n $lockd__wait ]] && line+=" wait=$lockd__wait"
+    if ((grace_ms > 0)); then line+=" session=${grace_ms}ms"; else line+=" session"; fi
     # Signals are caught from before the LOCK is sent, so that one arriving between the grant
     # and the start of CMD still releases the lock rather than leaving it held for a whole ttl.
-    local saved_traps stopping='' forwarded=''
+    local saved_traps lockd__stopping='' forwarded=''
     saved_traps=$(trap -p INT TERM HUP)
-    trap 'stopping=INT' INT
-    trap 'stopping=TERM' TERM
-    trap 'stopping=HUP' HUP
-    local rc=0 token=''
-    lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} ${lockd__wait:+"wait=$lockd__wait"} \
-        >/dev/null || rc=$?
+    trap 'lockd__stopping=INT' INT
+    trap 'lockd__stopping=TERM' TERM
+    trap 'lockd__stopping=HUP' HUP
+    local rc=0 token='' ttl_ms='' lockd__fd=''
+    LOCKD_TOKEN=
+    lockd__connect || rc=$?
+    if ((rc == 0)); then lockd__exchange "$line" wait || rc=$?; fi
+    if ((rc == 0)); then lockd__granted || rc=$?; fi
     if ((rc == 0)); then
         token=$LOCKD_TOKEN
         # A first renewal right away tells us the lease length in ms, whatever form ttl= took.
-        lockd_renew "$name" "$token" >/dev/null || rc=$?
-        [[ $rc == 1 ]] && rc=5
+        lockd__renew_session "$name" "$token" "${LOCKD_IO_TIMEOUT:-10}" || rc=$?
     fi
-    if ((rc != 0)) || [[ -n $stopping ]]; then
-        if [[ -n $token ]]; then lockd_unlock "$name" "$token" >/dev/null 2>&1 || true; fi
+    if ((rc != 0)) || [[ -n $lockd__stopping ]]; then
+        if [[ -n $token ]]; then lockd__release "$name" "$token"; fi
+        lockd__disconnect
         trap - INT TERM HUP
         eval "$saved_traps"
-        if [[ -n $stopping ]]; then kill "-$stopping" "$BASHPID"; fi
+        if [[ -n $lockd__stopping ]]; then kill "-$lockd__stopping" "$BASHPID"; fi
         return "$rc"
     fi
-    local ttl_ms=${LOCKD_REPLY#OK ttl_ms=}
-    # Explicit <&0: a background job of a non-interactive shell would otherwise get /dev/null.
-    LOCKD_NAME=$name LOCKD_TOKEN=$token "$@" <&0 &
+    # Explicit <&0: a background job of a non-interactive shell would otherwise get /dev/null,
+    # and ignore SIGINT and SIGQUIT (so a Ctrl-C or a forwarded INT would not reach it): the
+    # subshell takes them back before it becomes CMD. CMD does not get the session connection:
+    # it must close when lockd_run's renewer ends.
+    (
+        trap - INT QUIT
+        export LOCKD_NAME=$name LOCKD_TOKEN=$token
+        if [[ $(type -t -- "$1") == file ]]; then exec "$@"; fi
+        "$@"
+    ) <&0 {lockd__fd}>&- &
     local cmd_pid=$!
-    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" &
+    # The words of a background command are expanded in its own process: take this shell's
+    # pid first.
+    local owner=$BASHPID
+    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" &
     local renew_pid=$!
+    # The renewer owns the connection now; this shell releases on a connection of its own.
+    lockd__disconnect
     local cmd_rc=0
     while :; do
         cmd_rc=0
         wait "$cmd_pid" 2>/dev/null || cmd_rc=$?
-        if [[ -n $stopping && -z $forwarded ]]; then
+        if [[ -n $lockd__stopping && -z $forwarded ]]; then
             # A trapped signal woke us: pass it on once, then wait for the command to end.
             forwarded=1
-            kill "-$stopping" "$cmd_pid" 2>/dev/null || true
+            kill "-$lockd__stopping" "$cmd_pid" 2>/dev/null || true
             continue
         fi
         kill -0 "$cmd_pid" 2>/dev/null || break
@@ -384,15 +566,20 @@ lockd_run() {
     wait "$renew_pid" 2>/dev/null || renew_rc=$?
     trap - INT TERM HUP
     eval "$saved_traps"
-    if ((renew_rc == 5)); then
-        lockd__fail 5 "lease on $name lost while the command ran; it was stopped"
+    if ((renew_rc == 4)); then
+        lockd__fail 4 "lease on $name lost while the command ran; it was stopped"
+        return
+    fi
+    # 143: our TERM came before the renewer had set its trap (a command that ended at once).
+    if ((renew_rc != 0 && renew_rc != 143)); then
+        lockd__fail 4 "lease on $name may have lapsed: its renewal job ended (status $renew_rc)"
         return
     fi
     lockd_unlock "$name" "$token" >/dev/null || true
     LOCKD_ERROR=
-    if [[ -n $stopping ]]; then
+    if [[ -n $lockd__stopping ]]; then
         # End as the caller would have without us: of the same signal (its traps restored).
-        kill "-$stopping" "$BASHPID"
+        kill "-$lockd__stopping" "$BASHPID"
     fi
     return "$cmd_rc"
 }

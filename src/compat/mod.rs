@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::locks::{ConnId, Event, EventKind, LockRequest, Token};
+use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token};
 use crate::metrics::Protocol;
 use crate::shared::{LockStart, Published, Shared};
 
@@ -112,9 +112,10 @@ impl CompatConfig {
                 self.lock_port
             ));
         }
-        if self.unlock_timeout.is_zero() || self.unlock_timeout > max_ttl {
+        if self.unlock_timeout < crate::MIN_TTL || self.unlock_timeout > max_ttl {
             return Err(format!(
-                "--unlock-timeout (UNLOCK_PORT_TIMEOUT) must be more than 0 and at most --max-ttl ({})",
+                "--unlock-timeout (UNLOCK_PORT_TIMEOUT) must be at least {} and at most --max-ttl ({})",
+                humantime::format_duration(crate::MIN_TTL),
                 humantime::format_duration(max_ttl)
             ));
         }
@@ -340,6 +341,7 @@ impl Compat {
             ttl: Some(self.config.unlock_timeout),
             wait: Some(Duration::ZERO),
             session: None,
+            mode: Mode::Exclusive,
             conn: self.conn,
         };
         match self.shared.lock(req) {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::types::{ConnId, Token, WaiterId};
+use super::types::{ConnId, Mode, Token, WaiterId};
 
 /// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
 /// that passed one. 8 bytes instead of an `Instant`'s 16, and exact: an `Instant` at or after
@@ -124,6 +124,7 @@ pub(super) struct Waiter {
     pub(super) deadline: Option<u64>,
     /// When it joined the queue (or took over a place in it), in [`Clock`] ticks.
     pub(super) queued: u64,
+    pub(super) mode: Mode,
 }
 
 /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
@@ -134,9 +135,101 @@ pub(super) type Queue = BTreeMap<u64, Waiter>;
 pub(super) struct Entry {
     /// The same allocation as the index's key.
     pub(super) name: Arc<str>,
+    /// The holder granted first among those still holding: the only one of an exclusive lock.
     pub(super) holder: Holder,
-    /// `None` when nobody waits, which is most of the time: 8 bytes instead of 24.
-    pub(super) queue: Option<Box<Queue>>,
+    /// Waiters, further holders, a mode other than exclusive. `None` for a lone exclusive
+    /// holder nobody waits for, which is most locks most of the time: 8 bytes.
+    pub(super) more: Option<Box<More>>,
+}
+
+/// What a lock has beyond one exclusive holder.
+#[derive(Debug, Default)]
+pub(super) struct More {
+    pub(super) queue: Queue,
+    /// Holders beside `Entry::holder`, in the order they were granted.
+    pub(super) others: Vec<Holder>,
+    /// The holders' mode (all hold it in the same one).
+    pub(super) mode: Mode,
+}
+
+impl Entry {
+    pub(super) fn mode(&self) -> Mode {
+        self.more.as_ref().map_or(Mode::Exclusive, |m| m.mode)
+    }
+
+    pub(super) fn holders(&self) -> impl Iterator<Item = &Holder> {
+        std::iter::once(&self.holder).chain(self.more.iter().flat_map(|m| m.others.iter()))
+    }
+
+    pub(super) fn holder_count(&self) -> usize {
+        1 + self.more.as_ref().map_or(0, |m| m.others.len())
+    }
+
+    pub(super) fn holder(&self, token: Token) -> Option<&Holder> {
+        self.holders().find(|h| h.token == token)
+    }
+
+    pub(super) fn holder_mut(&mut self, token: Token) -> Option<&mut Holder> {
+        if self.holder.token == token {
+            return Some(&mut self.holder);
+        }
+        self.more
+            .as_mut()?
+            .others
+            .iter_mut()
+            .find(|h| h.token == token)
+    }
+
+    pub(super) fn queue(&self) -> Option<&Queue> {
+        self.more.as_ref().map(|m| &m.queue)
+    }
+
+    pub(super) fn waiters(&self) -> usize {
+        self.queue().map_or(0, |q| q.len())
+    }
+
+    /// The first waiter, if a holder in its mode could join those holding now.
+    pub(super) fn head_fits(&self) -> bool {
+        let Some(more) = self.more.as_deref() else {
+            return false;
+        };
+        let Some((_, head)) = more.queue.first_key_value() else {
+            return false;
+        };
+        match (more.mode, head.mode) {
+            (Mode::Shared, Mode::Shared) => true,
+            (Mode::Limit(n), Mode::Limit(m)) => n == m && self.holder_count() < n as usize,
+            _ => false,
+        }
+    }
+
+    /// Whether a new request in `mode` could be granted now without overtaking anyone.
+    pub(super) fn fits_now(&self, mode: Mode) -> bool {
+        if self.waiters() > 0 {
+            return false;
+        }
+        match (self.mode(), mode) {
+            (Mode::Shared, Mode::Shared) => true,
+            (Mode::Limit(n), Mode::Limit(m)) => n == m && self.holder_count() < n as usize,
+            _ => false,
+        }
+    }
+
+    /// The `More` to add to, made if needed.
+    pub(super) fn more_mut(&mut self) -> &mut More {
+        self.more.get_or_insert_with(Box::default)
+    }
+
+    /// Drops `more` once it says nothing a lone exclusive holder wouldn't.
+    pub(super) fn tidy(&mut self) {
+        if self
+            .more
+            .as_ref()
+            .is_some_and(|m| m.queue.is_empty() && m.others.is_empty() && m.mode == Mode::Exclusive)
+        {
+            self.more = None;
+        }
+    }
 }
 
 // The layout above is what keeps a held lock under 256 bytes: growing these is a choice.

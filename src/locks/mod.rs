@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 mod layout;
 mod types;
 
-use layout::{nanos, Bond, Clock, Entry, Holder, Queue, Slab, Timer, Waiter};
+use layout::{nanos, Bond, Clock, Entry, Holder, Slab, Timer, Waiter};
 pub use types::*;
 
 /// The lock table.
@@ -58,6 +58,8 @@ pub struct Locks {
     /// Where each waiter stands: its entry's slot and its ticket.
     waiters: HashMap<WaiterId, (u32, u64)>,
     next_token: Token,
+    /// Leases held, over all names (a semaphore's holders count one each).
+    leases: usize,
     next_waiter: WaiterId,
     next_ticket: u64,
     effects: Vec<Effect>,
@@ -79,6 +81,7 @@ impl Locks {
             timers: BTreeSet::new(),
             waiters: HashMap::new(),
             next_token: first_token.max(1),
+            leases: 0,
             next_waiter: 1,
             next_ticket: 1,
             effects: Vec::new(),
@@ -98,12 +101,12 @@ impl Locks {
     }
 
     /// Puts back a lease a previous run granted, as a plain (non-session) lease: its
-    /// connection did not survive the restart. Does nothing if it already ended by `now` or
-    /// the name is taken. Later tokens are above its token.
+    /// connection did not survive the restart. Does nothing if it already ended by `now`, or
+    /// the name is held in a mode it can't join. Later tokens are above its token.
     pub fn restore(&mut self, now: Instant, lease: RestoredLease) {
         self.raise_next_token(lease.token.saturating_add(1));
         self.clock.start(now);
-        if lease.deadline <= now || self.index.contains_key(lease.name.as_str()) {
+        if lease.deadline <= now {
             return;
         }
         let holder = Holder {
@@ -118,7 +121,16 @@ impl Locks {
             bond: Bond::Plain,
         };
         let deadline = holder.deadline;
-        if let Some(slot) = self.add_entry(lease.name.into(), holder) {
+        let slot = match self.index.get(lease.name.as_str()) {
+            None => self.add_entry(lease.name.into(), holder, lease.mode),
+            Some(&slot) => self.slab.get_mut(slot).and_then(|entry| {
+                let joins = entry.mode() == lease.mode && lease.mode != Mode::Exclusive;
+                joins.then(|| entry.more_mut().others.push(holder))?;
+                Some(slot)
+            }),
+        };
+        if let Some(slot) = slot {
+            self.leases += 1;
             self.timers
                 .insert((deadline, Timer::Lease(lease.token, slot)));
         }
@@ -181,60 +193,79 @@ impl Locks {
             max: self.limits.max_ttl,
         };
         let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(bad_ttl)?;
+        let too_many = TableError::TooManyLocks {
+            max: self.limits.max_locks,
+        };
         let Some(&slot) = self.index.get(req.name.as_str()) else {
-            let too_many = TableError::TooManyLocks {
-                max: self.limits.max_locks,
-            };
-            if self.index.len() >= self.limits.max_locks {
+            if self.leases >= self.limits.max_locks {
                 return Err(too_many);
             }
-            let mut holder = Holder {
-                id: self.intern(&req.id),
-                token: 0,
-                ttl: nanos(ttl),
-                deadline: deadline_ticks,
-                granted: self.clock.ticks(now).unwrap_or(0),
-                conn: 0,
-                grace_ms: 0,
-                bond: Bond::Plain,
-            };
-            holder.bind(req.session, req.conn);
-            let slot = self.add_entry(req.name.into(), holder).ok_or(too_many)?;
-            let token = self.start_lease(slot, deadline, None);
+            let holder = self.new_holder(now, &req, ttl, deadline_ticks);
+            let slot = self
+                .add_entry(req.name.into(), holder, req.mode)
+                .ok_or(too_many)?;
+            let token = self.start_lease(slot, None, deadline, None);
             return Ok(LockOutcome::Granted { token, deadline });
         };
         let Some(entry) = self.slab.get_mut(slot) else {
             return Err(TableError::NotHeld);
         };
+        let held = entry.mode();
+        if !held.same_kind(req.mode) {
+            return Err(TableError::WrongMode {
+                held,
+                asked: req.mode,
+            });
+        }
 
-        if *entry.holder.id == *req.id {
-            // A repeat by the holder (typically a retry after a lost reply): same grant, new
+        let same = entry.holders().find(|h| *h.id == *req.id).map(|h| h.token);
+        if let Some(same) = same {
+            // A repeat by a holder (typically a retry after a lost reply): same grant, new
             // lease. Two processes can't share it through one id while the first one's session
             // connection is open: that is refused. A session lease in its grace has no open
             // connection, so its holder coming back takes it up again.
-            let holder = &mut entry.holder;
-            if matches!(holder.open_conn(), Some(c) if c != req.conn) {
+            if held != req.mode {
+                return Err(TableError::WrongMode {
+                    held,
+                    asked: req.mode,
+                });
+            }
+            let name = Arc::clone(&entry.name);
+            let Some(existing) = entry.holder_mut(same) else {
+                return Err(TableError::NotHeld);
+            };
+            if matches!(existing.open_conn(), Some(c) if c != req.conn) {
                 return Err(TableError::Conflict);
             }
-            let timer = Timer::Lease(holder.token, slot);
-            self.timers.remove(&(holder.deadline, timer));
-            holder.ttl = nanos(ttl);
-            holder.deadline = deadline_ticks;
-            holder.bind(req.session, req.conn);
+            let timer = Timer::Lease(same, slot);
+            self.timers.remove(&(existing.deadline, timer));
+            existing.ttl = nanos(ttl);
+            existing.deadline = deadline_ticks;
+            existing.bind(req.session, req.conn);
             self.timers.insert((deadline_ticks, timer));
             if self.journal {
                 self.changes.push(Change::Grant {
-                    name: Arc::clone(&entry.name),
-                    id: Arc::clone(&holder.id),
-                    token: holder.token,
+                    name,
+                    id: Arc::clone(&existing.id),
+                    token: same,
                     ttl,
                     deadline,
+                    mode: held,
                 });
             }
             return Ok(LockOutcome::Granted {
-                token: holder.token,
+                token: same,
                 deadline,
             });
+        }
+
+        if entry.fits_now(req.mode) {
+            if self.leases >= self.limits.max_locks {
+                return Err(too_many);
+            }
+            let holder = self.new_holder(now, &req, ttl, deadline_ticks);
+            let token = self.start_lease(slot, Some(holder), deadline, None);
+            return Ok(LockOutcome::Granted { token, deadline });
         }
 
         let wait_deadline = match req.wait {
@@ -249,7 +280,7 @@ impl Locks {
         };
 
         // A LOCK by an id that already waits takes over that place; the older request fails.
-        let replaced = entry.queue.as_deref().and_then(|queue| {
+        let replaced = entry.queue().and_then(|queue| {
             queue
                 .iter()
                 .find(|(_, w)| *w.id == *req.id)
@@ -257,9 +288,7 @@ impl Locks {
         });
         let ticket = match replaced {
             Some((ticket, old, old_deadline)) => {
-                if let Some(queue) = entry.queue.as_deref_mut() {
-                    queue.remove(&ticket);
-                }
+                entry.more_mut().queue.remove(&ticket);
                 self.waiters.remove(&old);
                 if let Some(at) = old_deadline {
                     self.timers.remove(&(at, Timer::Wait(old)));
@@ -281,7 +310,7 @@ impl Locks {
         let Some(entry) = self.slab.get_mut(slot) else {
             return Err(TableError::NotHeld);
         };
-        entry.queue.get_or_insert_with(Box::default).insert(
+        entry.more_mut().queue.insert(
             ticket,
             Waiter {
                 waiter,
@@ -291,12 +320,15 @@ impl Locks {
                 conn: req.conn,
                 deadline: wait_deadline,
                 queued: self.clock.ticks(now).unwrap_or(0),
+                mode: req.mode,
             },
         );
         if let Some(at) = wait_deadline {
             self.timers.insert((at, Timer::Wait(waiter)));
         }
         self.waiters.insert(waiter, (slot, ticket));
+        // A replacing request in another mode may fit where the one it replaced did not.
+        self.grant_fitting(now, slot);
         Ok(LockOutcome::Queued { waiter })
     }
 
@@ -312,13 +344,16 @@ impl Locks {
     /// no-op if the lease already ended, changed hands or is bound elsewhere.
     pub fn drop_session(&mut self, now: Instant, name: &str, token: Token, conn: ConnId) {
         self.expire(now);
-        let Some(slot) = self.live_slot(name, token) else {
+        let Some(slot) = self.index.get(name).copied() else {
             return;
         };
         let Some(entry) = self.slab.get_mut(slot) else {
             return;
         };
-        let holder = &mut entry.holder;
+        let entry_name = Arc::clone(&entry.name);
+        let Some(holder) = entry.holder_mut(token) else {
+            return;
+        };
         if holder.open_conn() != Some(conn) {
             return;
         }
@@ -340,7 +375,7 @@ impl Locks {
             self.timers.insert((ticks, timer));
             if self.journal {
                 self.changes.push(Change::Renew {
-                    name: Arc::clone(&entry.name),
+                    name: entry_name,
                     token,
                     ttl: Duration::from_nanos(holder.ttl),
                     deadline,
@@ -373,10 +408,11 @@ impl Locks {
             None => None,
         };
         let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
-        let Some(entry) = self.slab.get_mut(slot).filter(|e| e.holder.token == token) else {
+        let Some(entry) = self.slab.get_mut(slot) else {
             return Err(TableError::NotHeld);
         };
-        let holder = &mut entry.holder;
+        let entry_name = Arc::clone(&entry.name);
+        let holder = entry.holder_mut(token).ok_or(TableError::NotHeld)?;
         let ttl = ttl.unwrap_or(Duration::from_nanos(holder.ttl));
         let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(TableError::BadTtl {
             max: self.limits.max_ttl,
@@ -393,7 +429,7 @@ impl Locks {
         }
         if self.journal {
             self.changes.push(Change::Renew {
-                name: Arc::clone(&entry.name),
+                name: entry_name,
                 token,
                 ttl,
                 deadline,
@@ -406,8 +442,8 @@ impl Locks {
     pub fn check(&mut self, now: Instant, name: &str, token: Token) -> Result<Instant, TableError> {
         self.expire(now);
         self.entry(name)
-            .filter(|e| e.holder.token == token)
-            .and_then(|e| self.clock.instant(e.holder.deadline))
+            .and_then(|e| e.holder(token))
+            .and_then(|h| self.clock.instant(h.deadline))
             .ok_or(TableError::NotHeld)
     }
 
@@ -415,7 +451,11 @@ impl Locks {
     /// waiting: it was granted or ended already, and the caller owns what the effects said.
     pub fn cancel_wait(&mut self, now: Instant, waiter: WaiterId) -> bool {
         self.expire(now);
-        self.remove_waiter(waiter).is_some()
+        let Some((_, slot)) = self.remove_waiter(waiter) else {
+            return false;
+        };
+        self.grant_fitting(now, slot);
+        true
     }
 
     /// STATUS of one name; `None` when it is free.
@@ -428,7 +468,7 @@ impl Locks {
     /// The first `max` waiters of `name`, in the order they will be granted.
     pub fn queue(&mut self, now: Instant, name: &str, max: usize) -> Vec<WaiterStatus> {
         self.expire(now);
-        let Some(queue) = self.entry(name).and_then(|e| e.queue.as_deref()) else {
+        let Some(queue) = self.entry(name).and_then(|e| e.queue()) else {
             return Vec::new();
         };
         queue
@@ -438,7 +478,20 @@ impl Locks {
                 id: Arc::clone(&w.id),
                 waited: self.clock.held(now, w.queued),
                 session: w.session.is_some(),
+                mode: w.mode,
             })
+            .collect()
+    }
+
+    /// Every holder of `name`, in the order they were granted.
+    pub fn holders(&mut self, now: Instant, name: &str) -> Vec<LockStatus> {
+        self.expire(now);
+        let Some(entry) = self.entry(name) else {
+            return Vec::new();
+        };
+        entry
+            .holders()
+            .map(|h| holder_status(self.clock, now, entry, h))
             .collect()
     }
 
@@ -464,21 +517,22 @@ impl Locks {
             };
             match timer {
                 Timer::Wait(waiter) => {
-                    if self.remove_waiter(waiter).is_some() {
+                    if let Some((_, slot)) = self.remove_waiter(waiter) {
                         self.effects.push(Effect::WaitEnded {
                             waiter,
                             why: WaitEnd::TimedOut,
                         });
+                        self.grant_fitting(now, slot);
                     }
                 }
                 Timer::Lease(token, slot) => {
-                    let ended = self.slab.get(slot).filter(|e| e.holder.token == token);
-                    if let Some(entry) = ended {
-                        let kind = match entry.holder.bond {
+                    let ended = self.slab.get(slot).and_then(|e| e.holder(token));
+                    if let Some(holder) = ended {
+                        let kind = match holder.bond {
                             Bond::Orphan { cut: true } => EventKind::Dropped,
                             _ => EventKind::Expired,
                         };
-                        self.release_and_hand_over(now, slot, kind);
+                        self.release_and_hand_over(now, slot, token, kind);
                     }
                 }
             }
@@ -495,13 +549,26 @@ impl Locks {
         Ok(ttl)
     }
 
-    /// The slot of `name` if `token` is its live lease.
-    fn live_slot(&self, name: &str, token: Token) -> Option<u32> {
-        let slot = *self.index.get(name)?;
-        self.slab
-            .get(slot)
-            .is_some_and(|e| e.holder.token == token)
-            .then_some(slot)
+    /// A holder for a LOCK that is granted now.
+    fn new_holder(
+        &mut self,
+        now: Instant,
+        req: &LockRequest,
+        ttl: Duration,
+        deadline_ticks: u64,
+    ) -> Holder {
+        let mut holder = Holder {
+            id: self.intern(&req.id),
+            token: 0,
+            ttl: nanos(ttl),
+            deadline: deadline_ticks,
+            granted: self.clock.ticks(now).unwrap_or(0),
+            conn: 0,
+            grace_ms: 0,
+            bond: Bond::Plain,
+        };
+        holder.bind(req.session, req.conn);
+        holder
     }
 
     fn entry(&self, name: &str) -> Option<&Entry> {
@@ -511,12 +578,15 @@ impl Locks {
 
     /// Puts a new entry for `name` in a free slot (its lease timer is the caller's); `None`
     /// when all 2^32 slots are taken.
-    fn add_entry(&mut self, name: Arc<str>, holder: Holder) -> Option<u32> {
-        let entry = Entry {
+    fn add_entry(&mut self, name: Arc<str>, holder: Holder, mode: Mode) -> Option<u32> {
+        let mut entry = Entry {
             name: Arc::clone(&name),
             holder,
-            queue: None,
+            more: None,
         };
+        if mode != Mode::Exclusive {
+            entry.more_mut().mode = mode;
+        }
         let slot = self.slab.insert(entry)?;
         self.index.insert(name, slot);
         Some(slot)
@@ -548,30 +618,54 @@ impl Locks {
         }
     }
 
-    /// Gives the holder in `slot` the next token and starts its lease (timer, journal,
-    /// Acquired event, which says how long it `waited` in the queue); returns the token.
-    fn start_lease(&mut self, slot: u32, deadline: Instant, waited: Option<Duration>) -> Token {
+    /// Gives a holder of `slot` the next token and starts its lease (timer, journal, Acquired
+    /// event, which says how long it `waited` in the queue); returns the token. The holder is
+    /// `added` beside those holding, or is the entry's own `holder` (just put in place).
+    fn start_lease(
+        &mut self,
+        slot: u32,
+        added: Option<Holder>,
+        deadline: Instant,
+        waited: Option<Duration>,
+    ) -> Token {
         let token = self.next_token;
         let Some(entry) = self.slab.get_mut(slot) else {
             return token;
         };
         self.next_token += 1;
-        let holder = &mut entry.holder;
-        holder.token = token;
+        self.leases += 1;
+        let mode = entry.mode();
+        let name = Arc::clone(&entry.name);
+        let holder = match added {
+            Some(mut added) => {
+                added.token = token;
+                let others = &mut entry.more_mut().others;
+                others.push(added);
+                others.last_mut()
+            }
+            None => {
+                entry.holder.token = token;
+                Some(&mut entry.holder)
+            }
+        };
+        let Some(holder) = holder else {
+            return token;
+        };
         if self.journal {
             self.changes.push(Change::Grant {
-                name: Arc::clone(&entry.name),
+                name: Arc::clone(&name),
                 id: Arc::clone(&holder.id),
                 token,
                 ttl: Duration::from_nanos(holder.ttl),
                 deadline,
+                mode,
             });
         }
         self.timers
             .insert((holder.deadline, Timer::Lease(token, slot)));
         self.effects.push(Effect::Event(Event {
             kind: EventKind::Acquired,
-            name: Arc::clone(&entry.name),
+            name,
             id: Arc::clone(&holder.id),
             token,
             held: Duration::ZERO,
@@ -589,54 +683,117 @@ impl Locks {
         only_conn: Option<ConnId>,
     ) -> Result<(), TableError> {
         let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
-        let entry = self
-            .slab
-            .get(slot)
-            .filter(|e| e.holder.token == token)
-            .ok_or(TableError::NotHeld)?;
-        if only_conn.is_some() && entry.holder.open_conn() != only_conn {
+        let entry = self.slab.get(slot).ok_or(TableError::NotHeld)?;
+        let holder = entry.holder(token).ok_or(TableError::NotHeld)?;
+        if only_conn.is_some() && holder.open_conn() != only_conn {
             return Err(TableError::NotHeld);
         }
         self.timers
-            .remove(&(entry.holder.deadline, Timer::Lease(token, slot)));
+            .remove(&(holder.deadline, Timer::Lease(token, slot)));
         if self.journal {
             self.changes.push(Change::Release {
                 name: Arc::clone(&entry.name),
                 token,
             });
         }
-        self.release_and_hand_over(now, slot, kind);
+        self.release_and_hand_over(now, slot, token, kind);
         Ok(())
     }
 
-    /// Removes the holder in `slot` (its timer is already gone) and grants the head of the
-    /// queue, if any, in the same slot: one effect for one waiter, no scan.
-    fn release_and_hand_over(&mut self, now: Instant, slot: u32, kind: EventKind) {
+    /// Removes the holder `token` of `slot` (its timer is already gone), then grants every
+    /// waiter at the head of the queue that now fits, in order: for an exclusive lock, one
+    /// effect for one waiter, no scan.
+    fn release_and_hand_over(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind) {
         let Some(entry) = self.slab.get_mut(slot) else {
             return;
         };
-        let next = pop_first_waiter(&mut entry.queue);
-        let Some(next) = next else {
-            if let Some(Entry { name, holder, .. }) = self.remove_entry(slot) {
-                let held = self.clock.held(now, holder.granted);
-                self.effects.push(Effect::Event(Event {
-                    kind,
-                    name,
-                    id: holder.id,
-                    token: holder.token,
-                    held,
-                    waited: None,
-                }));
+        let old = if entry.holder.token == token {
+            let next = entry
+                .more
+                .as_mut()
+                .and_then(|m| (!m.others.is_empty()).then(|| m.others.remove(0)));
+            match next {
+                Some(next) => std::mem::replace(&mut entry.holder, next),
+                None => match pop_first_waiter(entry) {
+                    // Nobody else holds it: the head of the queue takes the holder's place.
+                    Some(next) => {
+                        if let Some(more) = entry.more.as_mut() {
+                            more.mode = next.mode;
+                        }
+                        self.leases -= 1;
+                        self.replace_holder(now, slot, next, kind);
+                        self.grant_fitting(now, slot);
+                        self.sweep_ids_if_due();
+                        return;
+                    }
+                    None => {
+                        self.leases -= 1;
+                        if let Some(Entry { name, holder, .. }) = self.remove_entry(slot) {
+                            let held = self.clock.held(now, holder.granted);
+                            self.effects.push(Effect::Event(Event {
+                                kind,
+                                name,
+                                id: holder.id,
+                                token: holder.token,
+                                held,
+                                waited: None,
+                            }));
+                        }
+                        return;
+                    }
+                },
             }
+        } else {
+            let Some(more) = entry.more.as_mut() else {
+                return;
+            };
+            let Some(i) = more.others.iter().position(|h| h.token == token) else {
+                return;
+            };
+            more.others.remove(i)
+        };
+        self.leases -= 1;
+        let name = Arc::clone(&entry.name);
+        self.effects.push(Effect::Event(Event {
+            kind,
+            name,
+            id: old.id,
+            token: old.token,
+            held: self.clock.held(now, old.granted),
+            waited: None,
+        }));
+        self.grant_fitting(now, slot);
+        self.sweep_ids_if_due();
+    }
+
+    /// Puts waiter `next` in the place of the entry's only holder, which ended with `kind`.
+    fn replace_holder(&mut self, now: Instant, slot: u32, next: Waiter, kind: EventKind) {
+        let (deadline, holder) = self.waiter_holder(now, &next);
+        let Some(entry) = self.slab.get_mut(slot) else {
             return;
         };
+        let old = std::mem::replace(&mut entry.holder, holder);
+        entry.tidy();
+        self.effects.push(Effect::Event(Event {
+            kind,
+            name: Arc::clone(&entry.name),
+            id: Arc::clone(&old.id),
+            token: old.token,
+            held: self.clock.held(now, old.granted),
+            waited: None,
+        }));
+        self.grant_waiter(now, slot, next, None, deadline);
+    }
+
+    /// The holder a granted waiter becomes, and its lease's deadline.
+    fn waiter_holder(&self, now: Instant, next: &Waiter) -> (Instant, Holder) {
         // A ttl accepted at enqueue time fits, short of a deadline 584 years out.
         let (deadline, deadline_ticks) = self
             .clock
             .after(now, next.ttl)
             .unwrap_or((now, self.clock.ticks(now).unwrap_or(u64::MAX)));
-        let mut new_holder = Holder {
-            id: next.id,
+        let mut holder = Holder {
+            id: Arc::clone(&next.id),
             token: 0,
             ttl: nanos(next.ttl),
             deadline: deadline_ticks,
@@ -645,25 +802,30 @@ impl Locks {
             grace_ms: 0,
             bond: Bond::Plain,
         };
-        new_holder.bind(next.session, next.conn);
-        let old = std::mem::replace(&mut entry.holder, new_holder);
-        let name = Arc::clone(&entry.name);
-        self.effects.push(Effect::Event(Event {
-            kind,
-            name: Arc::clone(&name),
-            id: old.id,
-            token: old.token,
-            held: self.clock.held(now, old.granted),
-            waited: None,
-        }));
+        holder.bind(next.session, next.conn);
+        (deadline, holder)
+    }
+
+    /// Starts the lease of waiter `next`, already out of the queue and in place (`added` is
+    /// `Some` for a holder beside others), and tells it: the grant goes before the Acquired
+    /// event, so a watcher never sees a holder whose client has not been told.
+    fn grant_waiter(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        next: Waiter,
+        added: Option<Holder>,
+        deadline: Instant,
+    ) {
         self.waiters.remove(&next.waiter);
         if let Some(at) = next.deadline {
             self.timers.remove(&(at, Timer::Wait(next.waiter)));
         }
         let waited = self.clock.held(now, next.queued);
-        let token = self.start_lease(slot, deadline, Some(waited));
-        // The grant goes before the Acquired event, so a watcher never sees a holder whose
-        // client has not been told.
+        let token = self.start_lease(slot, added, deadline, Some(waited));
+        let Some(name) = self.slab.get(slot).map(|e| Arc::clone(&e.name)) else {
+            return;
+        };
         let acquired = self.effects.pop();
         self.effects.push(Effect::Granted {
             waiter: next.waiter,
@@ -672,21 +834,40 @@ impl Locks {
             deadline,
         });
         self.effects.extend(acquired);
-        self.sweep_ids_if_due();
     }
 
-    fn remove_waiter(&mut self, waiter: WaiterId) -> Option<Waiter> {
+    /// Grants, in queue order, every waiter at the head that fits beside those holding: all
+    /// the shared ones up to the next exclusive one, a semaphore's free slots. For an
+    /// exclusive lock it looks at the head and stops.
+    fn grant_fitting(&mut self, now: Instant, slot: u32) {
+        loop {
+            let Some(entry) = self.slab.get_mut(slot) else {
+                return;
+            };
+            if !entry.head_fits() {
+                entry.tidy();
+                return;
+            }
+            let Some(next) = pop_first_waiter(entry) else {
+                return;
+            };
+            let (deadline, holder) = self.waiter_holder(now, &next);
+            self.grant_waiter(now, slot, next, Some(holder), deadline);
+        }
+    }
+
+    /// Takes a waiter out of its queue; returns it and its entry's slot. A waiter that left
+    /// the head may have been what kept the ones behind it waiting: the caller grants them
+    /// ([`Locks::grant_fitting`]) once it has said why this one left.
+    fn remove_waiter(&mut self, waiter: WaiterId) -> Option<(Waiter, u32)> {
         let (slot, ticket) = self.waiters.remove(&waiter)?;
         let entry = self.slab.get_mut(slot)?;
-        let w = entry.queue.as_deref_mut()?.remove(&ticket)?;
-        if entry.queue.as_ref().is_some_and(|q| q.is_empty()) {
-            entry.queue = None;
-        }
+        let w = entry.more.as_mut()?.queue.remove(&ticket)?;
         if let Some(at) = w.deadline {
             self.timers.remove(&(at, Timer::Wait(waiter)));
         }
         self.sweep_ids_if_due();
-        Some(w)
+        Some((w, slot))
     }
 
     /// The table's one `Arc` for `id`: a client that holds many locks, or takes a lock again
@@ -716,24 +897,28 @@ impl Locks {
     }
 }
 
-/// The head of the queue, leaving `None` behind when it was the last.
-fn pop_first_waiter(queue: &mut Option<Box<Queue>>) -> Option<Waiter> {
-    let (_, first) = queue.as_deref_mut()?.pop_first()?;
-    if queue.as_ref().is_some_and(|q| q.is_empty()) {
-        *queue = None;
-    }
+/// The head of the queue.
+fn pop_first_waiter(entry: &mut Entry) -> Option<Waiter> {
+    let (_, first) = entry.more.as_mut()?.queue.pop_first()?;
     Some(first)
 }
 
 fn status_of(clock: Clock, now: Instant, entry: &Entry) -> LockStatus {
-    let deadline = clock.instant(entry.holder.deadline).unwrap_or(now);
+    holder_status(clock, now, entry, &entry.holder)
+}
+
+/// One holder of `entry`, described as STATUS shows a lock.
+fn holder_status(clock: Clock, now: Instant, entry: &Entry, holder: &Holder) -> LockStatus {
+    let deadline = clock.instant(holder.deadline).unwrap_or(now);
     LockStatus {
         name: Arc::clone(&entry.name),
-        holder: Arc::clone(&entry.holder.id),
-        token: entry.holder.token,
+        holder: Arc::clone(&holder.id),
+        token: holder.token,
         remaining: deadline.saturating_duration_since(now),
-        held: clock.held(now, entry.holder.granted),
-        session: entry.holder.bond != Bond::Plain,
-        waiters: entry.queue.as_ref().map_or(0, |q| q.len()),
+        held: clock.held(now, holder.granted),
+        session: holder.bond != Bond::Plain,
+        waiters: entry.waiters(),
+        holders: entry.holder_count(),
+        mode: entry.mode(),
     }
 }

@@ -11,6 +11,62 @@ pub type ConnId = u64;
 /// The table's number for one waiting LOCK request.
 pub type WaiterId = u64;
 
+/// What a holder holds: the whole lock, a share of it, or one of a semaphore's slots.
+///
+/// Every holder of one name holds it in the same mode (an exclusive holder is alone, shared
+/// holders only share with shared ones, a semaphore's slots only with slots of the same
+/// limit), so a name has one mode while it is held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    #[default]
+    Exclusive,
+    Shared,
+    /// A slot of a semaphore of this many (at least 2; one slot is [`Mode::Exclusive`]).
+    Limit(u32),
+}
+
+impl Mode {
+    /// A semaphore of `n` slots; one slot is an exclusive hold.
+    pub fn limit(n: u32) -> Mode {
+        if n <= 1 {
+            Mode::Exclusive
+        } else {
+            Mode::Limit(n)
+        }
+    }
+
+    /// Whether holders and waiters in these two modes may be on one name: exclusive and
+    /// shared are the two sides of one read/write lock; a semaphore only mixes with itself.
+    pub fn same_kind(self, other: Mode) -> bool {
+        match (self, other) {
+            (Mode::Limit(a), Mode::Limit(b)) => a == b,
+            (Mode::Limit(_), _) | (_, Mode::Limit(_)) => false,
+            _ => true,
+        }
+    }
+}
+
+impl Mode {
+    /// For people: "exclusive", "shared", "as a semaphore of 3".
+    fn describe(self) -> String {
+        match self {
+            Mode::Exclusive => "exclusive".into(),
+            Mode::Shared => "shared".into(),
+            Mode::Limit(n) => format!("as a semaphore of {n}"),
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Exclusive => f.write_str("exclusive"),
+            Mode::Shared => f.write_str("shared"),
+            Mode::Limit(n) => write!(f, "limit:{n}"),
+        }
+    }
+}
+
 /// Limits the table enforces; the server fills them from its flags.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -18,7 +74,8 @@ pub struct Limits {
     pub default_ttl: Duration,
     /// Longest lease a LOCK or RENEW may ask for.
     pub max_ttl: Duration,
-    /// Most names that may be held at once (memory bound).
+    /// Most leases that may be held at once (memory bound): each holder of a semaphore or a
+    /// shared lock counts one.
     pub max_locks: usize,
 }
 
@@ -44,6 +101,7 @@ pub struct LockRequest {
     /// unless a RENEW binds it to another connection first. `None`: a plain lease.
     pub session: Option<Duration>,
     pub conn: ConnId,
+    pub mode: Mode,
 }
 
 /// What a RENEW did.
@@ -78,6 +136,9 @@ pub enum TableError {
     NotHeld,
     /// The id holds the name through a session lease bound to another open connection.
     Conflict,
+    /// The name is held or waited for in a mode this LOCK can't join (a semaphore of another
+    /// limit, a semaphore against a read/write lock), or the id holds it in another mode.
+    WrongMode { held: Mode, asked: Mode },
     /// `max_locks` names are already held.
     TooManyLocks { max: usize },
 }
@@ -102,6 +163,14 @@ impl fmt::Display for TableError {
                 f.write_str("this id holds the lock with a session lease on another connection")
             }
             TableError::TooManyLocks { max } => write!(f, "too many locks held (max {max})"),
+            TableError::WrongMode { held, asked } => {
+                write!(
+                    f,
+                    "it is held {}; this LOCK asks for {}",
+                    held.describe(),
+                    asked.describe()
+                )
+            }
         }
     }
 }
@@ -185,6 +254,7 @@ pub enum Change {
         token: Token,
         ttl: Duration,
         deadline: Instant,
+        mode: Mode,
     },
     /// The lease `token` of `name` now ends at `deadline`.
     Renew {
@@ -205,6 +275,7 @@ pub struct RestoredLease {
     pub token: Token,
     pub ttl: Duration,
     pub deadline: Instant,
+    pub mode: Mode,
 }
 
 /// One waiter of a lock, in queue order, for `STATUS <name> detail`.
@@ -215,6 +286,7 @@ pub struct WaiterStatus {
     pub waited: Duration,
     /// It asked for a session lease.
     pub session: bool,
+    pub mode: Mode,
 }
 
 /// A snapshot of one lock, for STATUS.
@@ -228,4 +300,7 @@ pub struct LockStatus {
     pub held: Duration,
     pub session: bool,
     pub waiters: usize,
+    /// How many hold it (more than one only for a shared lock or a semaphore).
+    pub holders: usize,
+    pub mode: Mode,
 }

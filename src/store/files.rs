@@ -30,10 +30,11 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The leases as the log says they are, and the highest token ever granted.
+/// The leases as the log says they are, by token (a semaphore's name has several), and the
+/// highest token ever granted.
 #[derive(Debug, Default)]
 pub struct State {
-    pub leases: HashMap<String, Lease>,
+    pub leases: HashMap<u64, Lease>,
     pub high_token: u64,
 }
 
@@ -42,7 +43,7 @@ impl State {
         match record {
             Record::Grant(lease) => {
                 self.high_token = self.high_token.max(lease.token);
-                self.leases.insert(lease.name.clone(), lease);
+                self.leases.insert(lease.token, lease);
             }
             Record::Renew {
                 name,
@@ -50,14 +51,14 @@ impl State {
                 ttl_ms,
                 deadline_ms,
             } => {
-                if let Some(lease) = self.leases.get_mut(&name).filter(|l| l.token == token) {
+                if let Some(lease) = self.leases.get_mut(&token).filter(|l| l.name == name) {
                     lease.ttl_ms = ttl_ms;
                     lease.deadline_ms = deadline_ms;
                 }
             }
             Record::Release { name, token } => {
-                if self.leases.get(&name).is_some_and(|l| l.token == token) {
-                    self.leases.remove(&name);
+                if self.leases.get(&token).is_some_and(|l| l.name == name) {
+                    self.leases.remove(&token);
                 }
             }
         }
@@ -181,7 +182,7 @@ impl DataDir {
                 generation = snap.generation;
                 state.high_token = snap.high_token;
                 for lease in snap.leases {
-                    state.leases.insert(lease.name.clone(), lease);
+                    state.leases.insert(lease.token, lease);
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -420,6 +421,7 @@ mod tests {
             token,
             ttl_ms: 60_000,
             deadline_ms,
+            mode: super::super::format::EXCLUSIVE,
         })
     }
 
@@ -463,7 +465,8 @@ mod tests {
         let data = DataDir::open(&dir.0).unwrap();
         assert_eq!(data.state().high_token, token);
         assert_eq!(data.state().leases.len(), 1);
-        let kept = &data.state().leases["kept"];
+        let kept = &data.state().leases[&1];
+        assert_eq!(kept.name, "kept");
         assert_eq!((kept.token, kept.deadline_ms), (1, later + 1));
     }
 

@@ -23,6 +23,12 @@ pub const SNAPSHOT_MAGIC: &[u8; 8] = b"LOCKDSN1";
 const GRANT: u8 = 1;
 const RENEW: u8 = 2;
 const RELEASE: u8 = 3;
+/// A grant of a shared hold or a semaphore slot: [`GRANT`] plus the mode. Exclusive grants
+/// keep the old record, so a data directory of plain locks stays readable by older lockd.
+const GRANT_MODE: u8 = 4;
+
+/// `Lease::mode` of an exclusive hold; 0 is shared, n >= 2 a slot of a semaphore of n.
+pub const EXCLUSIVE: u64 = 1;
 
 /// A lease as it is stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +38,8 @@ pub struct Lease {
     pub token: u64,
     pub ttl_ms: u64,
     pub deadline_ms: u64,
+    /// [`EXCLUSIVE`], 0 for shared, or a semaphore's limit.
+    pub mode: u64,
 }
 
 /// One change, as it is stored.
@@ -92,9 +100,15 @@ impl Record {
     /// Appends this record's payload bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
-            Record::Grant(l) => {
+            Record::Grant(l) if l.mode == EXCLUSIVE => {
                 out.push(GRANT);
                 put_u64s(out, &[l.token, l.ttl_ms, l.deadline_ms]);
+                put_str(out, &l.name);
+                put_str(out, &l.id);
+            }
+            Record::Grant(l) => {
+                out.push(GRANT_MODE);
+                put_u64s(out, &[l.token, l.ttl_ms, l.deadline_ms, l.mode]);
                 put_str(out, &l.name);
                 put_str(out, &l.id);
             }
@@ -119,14 +133,16 @@ impl Record {
     /// Reads one record from the front of `r`.
     fn decode(r: &mut Reader<'_>) -> Result<Record, Damaged> {
         Ok(match r.u8()? {
-            GRANT => {
+            tag @ (GRANT | GRANT_MODE) => {
                 let (token, ttl_ms, deadline_ms) = (r.u64()?, r.u64()?, r.u64()?);
+                let mode = if tag == GRANT { EXCLUSIVE } else { r.u64()? };
                 Record::Grant(Lease {
                     name: r.str()?,
                     id: r.str()?,
                     token,
                     ttl_ms,
                     deadline_ms,
+                    mode,
                 })
             }
             RENEW => {
@@ -329,6 +345,7 @@ mod tests {
             token,
             ttl_ms: 30_000,
             deadline_ms: 1_700_000_000_000,
+            mode: EXCLUSIVE,
         }
     }
 

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::{Change, RestoredLease, Token};
+use crate::locks::{Change, Mode, RestoredLease, Token};
 use crate::metrics::Metrics;
 use files::{unix_ms, DataDir};
 use format::{Lease, Record};
@@ -95,7 +95,8 @@ impl Recovered {
     /// deadline, turned into an `Instant` on the table's clock (`now`).
     pub fn leases(&self, now: Instant) -> Vec<RestoredLease> {
         let now_ms = unix_ms();
-        self.leases
+        let mut leases: Vec<RestoredLease> = self
+            .leases
             .iter()
             .filter(|l| l.deadline_ms > now_ms)
             .filter_map(|l| {
@@ -105,9 +106,17 @@ impl Recovered {
                     token: l.token,
                     ttl: Duration::from_millis(l.ttl_ms.max(1)),
                     deadline: now.checked_add(Duration::from_millis(l.deadline_ms - now_ms))?,
+                    mode: match l.mode {
+                        0 => Mode::Shared,
+                        n => Mode::limit(u32::try_from(n).unwrap_or(u32::MAX)),
+                    },
                 })
             })
-            .collect()
+            .collect();
+        // Newest first: if a clock that stepped back makes an old lease look live beside a
+        // newer one of the same name, the newer one is restored and the old one can't join.
+        leases.sort_unstable_by_key(|l| std::cmp::Reverse(l.token));
+        leases
     }
 }
 
@@ -206,12 +215,18 @@ impl Journal {
                     token,
                     ttl,
                     deadline,
+                    mode,
                 } => Record::Grant(Lease {
                     name: name.to_string(),
                     id: id.to_string(),
                     token,
                     ttl_ms: ceil_ms(ttl),
                     deadline_ms: until(deadline),
+                    mode: match mode {
+                        Mode::Exclusive => format::EXCLUSIVE,
+                        Mode::Shared => 0,
+                        Mode::Limit(n) => u64::from(n),
+                    },
                 }),
                 Change::Renew {
                     name,

@@ -4,16 +4,16 @@
 
 use std::collections::{HashMap, HashSet};
 
-use lockd::locks::{Effect, EventKind, LockOutcome, LockStatus, Token, WaitEnd, WaiterId};
+use lockd::locks::{Effect, EventKind, LockOutcome, LockStatus, Mode, Token, WaitEnd, WaiterId};
 
 #[derive(Default)]
 pub struct Observer {
     /// The highest token ever granted.
     last_token: Option<Token>,
-    /// Holder token per name, as the events tell it.
-    holders: HashMap<String, Token>,
-    /// Live waiters per name, in the order they must be granted.
-    queues: HashMap<String, Vec<WaiterId>>,
+    /// Holders per name in grant order, with the mode they hold it in, as the events tell it.
+    holders: HashMap<String, Vec<(Token, Mode)>>,
+    /// Live waiters per name, in the order they must be granted, with the mode they ask for.
+    queues: HashMap<String, Vec<(WaiterId, Mode)>>,
     /// Waiters that left without a grant: never to be granted after.
     left: HashSet<WaiterId>,
     granted: HashSet<WaiterId>,
@@ -23,6 +23,7 @@ pub struct Observer {
 pub enum Call<'a> {
     Lock {
         name: &'a str,
+        mode: Mode,
         outcome: Option<&'a LockOutcome>,
     },
     CancelWait {
@@ -36,8 +37,24 @@ impl Observer {
     fn live(&self, waiter: WaiterId) -> Option<(&str, usize)> {
         self.queues.iter().find_map(|(name, q)| {
             q.iter()
-                .position(|w| *w == waiter)
+                .position(|(w, _)| *w == waiter)
                 .map(|i| (name.as_str(), i))
+        })
+    }
+
+    fn held(&self, name: &str) -> bool {
+        self.holders.get(name).is_some_and(|h| !h.is_empty())
+    }
+
+    /// Whether a holder in `mode` may join the holders of `name` now: nobody holds it, or
+    /// shared beside shared, or a free slot of the same semaphore. Never an exclusive holder
+    /// beside another, never more holders than a limit.
+    fn fits(&self, name: &str, mode: Mode) -> bool {
+        let holders = self.holders.get(name).map_or(&[][..], Vec::as_slice);
+        holders.iter().all(|(_, m)| match (*m, mode) {
+            (Mode::Shared, Mode::Shared) => true,
+            (Mode::Limit(a), Mode::Limit(b)) => a == b && holders.len() < a as usize,
+            _ => false,
         })
     }
 
@@ -53,7 +70,27 @@ impl Observer {
 
     /// Checks one call's outcome and effects against everything seen before.
     pub fn observe(&mut self, call: Call<'_>, effects: &[Effect]) -> Result<(), String> {
+        // A cancelled waiter leaves first: the grants its leaving allows come after. (It was
+        // still waiting once the call had processed what was due, or it would not have been
+        // removed: whatever that processing did concerned others.)
+        if let Call::CancelWait {
+            waiter,
+            removed: true,
+        } = call
+        {
+            let Some((name, pos)) = self.live(waiter).map(|(n, p)| (n.to_string(), p)) else {
+                return Err(format!(
+                    "cancel_wait({waiter}) removed a waiter not waiting"
+                ));
+            };
+            if let Some(q) = self.queues.get_mut(&name) {
+                q.remove(pos);
+            }
+            self.left.insert(waiter);
+        }
         let mut replaced_slot: Option<(String, usize)> = None;
+        // The mode of the grant whose Acquired event comes next.
+        let mut granting: Option<Mode> = None;
         let mut i = 0;
         while i < effects.len() {
             match &effects[i] {
@@ -69,13 +106,33 @@ impl Observer {
                     if !self.granted.insert(*waiter) {
                         return Err(format!("waiter {waiter} granted twice"));
                     }
-                    let head = self.queues.get(&**name).and_then(|q| q.first().copied());
-                    if head != Some(*waiter) {
-                        return Err(format!(
-                            "waiter {waiter} granted {name} but the head of its queue is {head:?}"
-                        ));
+                    // A LOCK that took the place of the head of the queue (same id) and fits
+                    // is granted in the same call, before the answer that queues it.
+                    let replacing_head = match &call {
+                        Call::Lock {
+                            name: lock_name,
+                            mode,
+                            outcome: Some(LockOutcome::Queued { waiter: queued }),
+                        } if queued == waiter
+                            && *lock_name == &**name
+                            && matches!(&replaced_slot, Some((_, 0))) =>
+                        {
+                            Some(*mode)
+                        }
+                        _ => None,
+                    };
+                    if let Some(mode) = replacing_head {
+                        granting = Some(mode);
+                    } else {
+                        let head = self.queues.get(&**name).and_then(|q| q.first().copied());
+                        let Some((_, mode)) = head.filter(|(w, _)| w == waiter) else {
+                            return Err(format!(
+                                "waiter {waiter} granted {name} but the head of its queue is {head:?}"
+                            ));
+                        };
+                        self.queues.get_mut(&**name).map(|q| q.remove(0));
+                        granting = Some(mode);
                     }
-                    self.queues.get_mut(&**name).map(|q| q.remove(0));
                     // The Acquired event for the same grant must follow at once.
                     match effects.get(i + 1) {
                         Some(Effect::Event(e))
@@ -103,6 +160,7 @@ impl Observer {
                             Call::Lock {
                                 name: lock_name,
                                 outcome: Some(LockOutcome::Queued { .. }),
+                                ..
                             } if lock_name == name && replaced_slot.is_none() => {
                                 replaced_slot = Some((name, pos));
                             }
@@ -113,43 +171,63 @@ impl Observer {
                 Effect::Event(e) => {
                     let name = e.name.to_string();
                     if e.kind == EventKind::Acquired {
-                        if let Some(t) = self.holders.get(&name) {
-                            return Err(format!("{name} acquired while token {t} holds it"));
-                        }
-                        self.new_token(e.token)?;
-                        self.holders.insert(name, e.token);
-                    } else {
-                        if self.holders.get(&name) != Some(&e.token) {
+                        // A waiter's grant, or else the LOCK being answered at once.
+                        let mode = match (granting.take(), &call) {
+                            (Some(mode), _) => mode,
+                            (None, Call::Lock { mode, .. }) => *mode,
+                            (None, _) => {
+                                return Err(format!("{name} acquired outside a LOCK or a grant"))
+                            }
+                        };
+                        if !self.fits(&name, mode) {
                             return Err(format!(
-                                "{name} {:?} for token {} but holder is {:?}",
-                                e.kind,
-                                e.token,
+                                "{name} acquired {mode} while held by {:?}",
                                 self.holders.get(&name)
                             ));
                         }
-                        self.holders.remove(&name);
+                        self.new_token(e.token)?;
+                        self.holders.entry(name).or_default().push((e.token, mode));
+                    } else {
+                        let holders = self.holders.entry(name.clone()).or_default();
+                        let Some(at) = holders.iter().position(|(t, _)| *t == e.token) else {
+                            return Err(format!(
+                                "{name} {:?} for token {} but holders are {holders:?}",
+                                e.kind, e.token,
+                            ));
+                        };
+                        holders.remove(at);
                     }
                 }
             }
             i += 1;
         }
         match call {
-            Call::Lock { name, outcome } => match outcome {
+            Call::Lock {
+                name,
+                mode,
+                outcome,
+            } => match outcome {
                 Some(LockOutcome::Queued { waiter }) => {
                     if self.live(*waiter).is_some() || self.left.contains(waiter) {
                         return Err(format!("waiter number {waiter} used twice"));
                     }
-                    if !self.holders.contains_key(name) {
+                    if !self.held(name) {
                         return Err(format!("queued on {name}, which is free"));
                     }
-                    let q = self.queues.entry(name.to_string()).or_default();
-                    match replaced_slot {
-                        Some((_, pos)) => q.insert(pos, *waiter),
-                        None => q.push(*waiter),
+                    // Unless it was granted at once in this call (see above).
+                    if !self.granted.contains(waiter) {
+                        let q = self.queues.entry(name.to_string()).or_default();
+                        match replaced_slot {
+                            Some((_, pos)) => q.insert(pos, (*waiter, mode)),
+                            None => q.push((*waiter, mode)),
+                        }
                     }
                 }
                 Some(LockOutcome::Granted { token, .. })
-                    if self.holders.get(name) != Some(token) =>
+                    if !self
+                        .holders
+                        .get(name)
+                        .is_some_and(|h| h.iter().any(|(t, _)| t == token)) =>
                 {
                     return Err(format!(
                         "LOCK {name} answered token {token}, not the holder"
@@ -157,29 +235,30 @@ impl Observer {
                 }
                 Some(LockOutcome::Granted { .. }) | None => {}
             },
-            Call::CancelWait { waiter, removed } => {
-                let live = self.live(waiter).map(|(n, p)| (n.to_string(), p));
-                match (live, removed) {
-                    (Some((name, pos)), true) => {
-                        if let Some(q) = self.queues.get_mut(&name) {
-                            q.remove(pos);
-                        }
-                        self.left.insert(waiter);
-                    }
-                    (None, false) => {}
-                    (live, removed) => {
-                        return Err(format!(
-                            "cancel_wait({waiter}) said {removed} but waiting is {live:?}"
-                        ))
-                    }
+            Call::CancelWait {
+                waiter,
+                removed: false,
+            } => {
+                if let Some(live) = self.live(waiter) {
+                    return Err(format!(
+                        "cancel_wait({waiter}) said it was not waiting, but it is: {live:?}"
+                    ));
                 }
             }
-            Call::Other => {}
+            Call::CancelWait { .. } | Call::Other => {}
         }
-        // Queues exist only while a name is held.
+        // Queues exist only while a name is held, and nobody waits who could hold it.
         for (name, q) in &self.queues {
-            if !q.is_empty() && !self.holders.contains_key(name) {
+            if !q.is_empty() && !self.held(name) {
                 return Err(format!("{name} is free but has waiters {q:?}"));
+            }
+            if let Some((waiter, mode)) = q.first() {
+                if self.fits(name, *mode) {
+                    return Err(format!(
+                        "{name}: waiter {waiter} ({mode}) waits though it fits beside {:?}",
+                        self.holders.get(name)
+                    ));
+                }
             }
         }
         Ok(())
@@ -192,15 +271,17 @@ impl Observer {
             if !names.insert(s.name.to_string()) {
                 return Err(format!("{} listed twice", s.name));
             }
-            if self.holders.get(&*s.name) != Some(&s.token) {
-                return Err(format!("status {s:?} but holder token {:?}", self.holders));
+            let holders = self.holders.get(&*s.name).map_or(&[][..], Vec::as_slice);
+            let first = holders.first().copied();
+            if first != Some((s.token, s.mode)) || holders.len() != s.holders {
+                return Err(format!("status {s:?} but holders {holders:?}"));
             }
             let waiting = self.queues.get(&*s.name).map_or(0, Vec::len);
             if waiting != s.waiters {
                 return Err(format!("status {s:?} but {waiting} waiting"));
             }
         }
-        if names.len() != self.holders.len() {
+        if names.len() != self.holders.values().filter(|h| !h.is_empty()).count() {
             return Err(format!("status {all:?} but holders {:?}", self.holders));
         }
         Ok(())

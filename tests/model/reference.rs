@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockd::locks::{
-    ConnId, Effect, Event, EventKind, LockOutcome, LockStatus, Renewal, TableError, Token, WaitEnd,
-    WaiterId,
+    ConnId, Effect, Event, EventKind, LockOutcome, LockStatus, Mode, Renewal, TableError, Token,
+    WaitEnd, WaiterId,
 };
 
 /// Limits in milliseconds, mirroring `lockd::locks::Limits`.
@@ -63,13 +63,35 @@ pub struct MWaiter {
     pub deadline: Option<u64>,
     /// When it queued.
     pub queued: u64,
+    pub mode: Mode,
 }
 
 #[derive(Clone, Debug)]
 pub struct MEntry {
-    pub holder: MHolder,
+    /// In the order they were granted; never empty.
+    pub holders: Vec<MHolder>,
+    /// The mode every holder holds it in.
+    pub mode: Mode,
     /// First in, first out: index 0 is the next to be granted.
     pub queue: Vec<MWaiter>,
+}
+
+/// Whether a holder in `mode` may join `entry`'s holders.
+fn fits(entry: &MEntry, mode: Mode) -> bool {
+    match (entry.mode, mode) {
+        (Mode::Shared, Mode::Shared) => true,
+        (Mode::Limit(n), Mode::Limit(m)) => n == m && entry.holders.len() < n as usize,
+        _ => false,
+    }
+}
+
+/// Whether `a` and `b` may be on one name at once (holding or waiting).
+fn same_kind(a: Mode, b: Mode) -> bool {
+    match (a, b) {
+        (Mode::Limit(x), Mode::Limit(y)) => x == y,
+        (Mode::Limit(_), _) | (_, Mode::Limit(_)) => false,
+        _ => true,
+    }
 }
 
 /// One LOCK, with durations in milliseconds (`wait: None` waits without bound).
@@ -81,6 +103,7 @@ pub struct MLock {
     pub wait: Option<u64>,
     pub session: Option<u64>,
     pub conn: ConnId,
+    pub mode: Mode,
 }
 
 /// Something due: which comes first at one instant is part of the contract (waits first).
@@ -127,7 +150,9 @@ impl Model {
     fn pending(&self) -> Vec<(u64, Due)> {
         let mut all = Vec::new();
         for e in self.entries.values() {
-            all.push((e.holder.deadline, Due::Lease(e.holder.token)));
+            for h in &e.holders {
+                all.push((h.deadline, Due::Lease(h.token)));
+            }
             for w in &e.queue {
                 if let Some(at) = w.deadline {
                     all.push((at, Due::Wait(w.waiter)));
@@ -135,6 +160,10 @@ impl Model {
             }
         }
         all
+    }
+
+    fn leases(&self) -> usize {
+        self.entries.values().map(|e| e.holders.len()).sum()
     }
 
     /// Handles everything due at or before `now`, one at a time, earliest first.
@@ -145,38 +174,42 @@ impl Model {
             }
             match due {
                 Due::Wait(waiter) => {
-                    self.remove_waiter(waiter);
+                    let name = self.remove_waiter(waiter).expect("a pending wait waits");
                     self.effects.push(Effect::WaitEnded {
                         waiter,
                         why: WaitEnd::TimedOut,
                     });
+                    self.grant_fitting(now, &name);
                 }
                 Due::Lease(token) => {
                     let (name, cut) = self
                         .entries
                         .iter()
-                        .find(|(_, e)| e.holder.token == token)
-                        .map(|(n, e)| (n.clone(), e.holder.session.is_some_and(|s| s.cut)))
+                        .find_map(|(n, e)| {
+                            let h = e.holders.iter().find(|h| h.token == token)?;
+                            Some((n.clone(), h.session.is_some_and(|s| s.cut)))
+                        })
                         .expect("a pending lease has an entry");
                     let kind = if cut {
                         EventKind::Dropped
                     } else {
                         EventKind::Expired
                     };
-                    self.release(now, &name, kind);
+                    self.release(now, &name, token, kind);
                 }
             }
         }
     }
 
-    fn remove_waiter(&mut self, waiter: WaiterId) -> bool {
-        for e in self.entries.values_mut() {
+    /// Takes a waiter out of its queue; the name it waited for.
+    fn remove_waiter(&mut self, waiter: WaiterId) -> Option<String> {
+        for (name, e) in self.entries.iter_mut() {
             if let Some(i) = e.queue.iter().position(|w| w.waiter == waiter) {
                 e.queue.remove(i);
-                return true;
+                return Some(name.clone());
             }
         }
-        false
+        None
     }
 
     /// An event; `held` and `waited` in milliseconds.
@@ -205,21 +238,9 @@ impl Model {
         t
     }
 
-    /// The holder goes; the head of the queue, if any, gets a lease starting `now`.
-    fn release(&mut self, now: u64, name: &str, kind: EventKind) {
-        let mut entry = self.entries.remove(name).expect("release of a held name");
-        let held = now - entry.holder.granted;
-        self.event(
-            kind,
-            name,
-            &entry.holder.id.clone(),
-            entry.holder.token,
-            held,
-            None,
-        );
-        if entry.queue.is_empty() {
-            return;
-        }
+    /// The head of `name`'s queue becomes a holder, its lease starting `now`.
+    fn grant_head(&mut self, now: u64, name: &str) {
+        let entry = self.entries.get_mut(name).expect("a held name");
         let next = entry.queue.remove(0);
         let token = self.grant_token();
         let deadline = now + next.ttl;
@@ -229,17 +250,56 @@ impl Model {
             token,
             deadline: self.at(deadline),
         });
-        let waited = now - next.queued;
-        self.event(EventKind::Acquired, name, &next.id, token, 0, Some(waited));
-        entry.holder = MHolder {
+        self.event(
+            EventKind::Acquired,
+            name,
+            &next.id,
+            token,
+            0,
+            Some(now - next.queued),
+        );
+        let entry = self.entries.get_mut(name).expect("a held name");
+        if entry.holders.is_empty() {
+            entry.mode = next.mode;
+        }
+        entry.holders.push(MHolder {
             id: next.id,
             token,
             ttl: next.ttl,
             deadline,
             granted: now,
             session: MSession::bound(next.session, next.conn),
-        };
-        self.entries.insert(name.to_string(), entry);
+        });
+    }
+
+    /// Grants, in order, every waiter at the head of the queue that fits.
+    fn grant_fitting(&mut self, now: u64, name: &str) {
+        while let Some(e) = self.entries.get(name) {
+            match e.queue.first() {
+                Some(head) if e.holders.is_empty() || fits(e, head.mode) => {
+                    self.grant_head(now, name)
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// The holder `token` goes; waiters that now fit are granted, leases starting `now`.
+    fn release(&mut self, now: u64, name: &str, token: Token, kind: EventKind) {
+        let entry = self.entries.get_mut(name).expect("release of a held name");
+        let i = entry
+            .holders
+            .iter()
+            .position(|h| h.token == token)
+            .expect("release of a holder");
+        let old = entry.holders.remove(i);
+        self.event(kind, name, &old.id, old.token, now - old.granted, None);
+        let entry = self.entries.get(name).expect("still there");
+        if entry.holders.is_empty() && entry.queue.is_empty() {
+            self.entries.remove(name);
+            return;
+        }
+        self.grant_fitting(now, name);
     }
 
     fn bad_ttl(&self) -> TableError {
@@ -265,25 +325,28 @@ impl Model {
             });
         }
         let deadline = now + ttl;
-        if !self.entries.contains_key(&req.name) {
-            if self.entries.len() >= self.limits.max_locks {
-                return Err(TableError::TooManyLocks {
-                    max: self.limits.max_locks,
-                });
+        let too_many = TableError::TooManyLocks {
+            max: self.limits.max_locks,
+        };
+        let holder = MHolder {
+            id: req.id.clone(),
+            token: 0,
+            ttl,
+            deadline,
+            session: MSession::bound(req.session, req.conn),
+            granted: now,
+        };
+        let Some(entry) = self.entries.get(&req.name) else {
+            if self.leases() >= self.limits.max_locks {
+                return Err(too_many);
             }
             let token = self.grant_token();
             self.event(EventKind::Acquired, &req.name, &req.id, token, 0, None);
             self.entries.insert(
                 req.name.clone(),
                 MEntry {
-                    holder: MHolder {
-                        id: req.id,
-                        token,
-                        ttl,
-                        deadline,
-                        session: MSession::bound(req.session, req.conn),
-                        granted: now,
-                    },
+                    holders: vec![MHolder { token, ..holder }],
+                    mode: req.mode,
                     queue: Vec::new(),
                 },
             );
@@ -291,26 +354,52 @@ impl Model {
                 token,
                 deadline: self.at(deadline),
             });
+        };
+        let held = entry.mode;
+        if !same_kind(held, req.mode) {
+            return Err(TableError::WrongMode {
+                held,
+                asked: req.mode,
+            });
         }
-        let at_deadline = self.at(deadline);
-        let entry = self.entries.get_mut(&req.name).expect("checked above");
-        if entry.holder.id == req.id {
-            if let Some(c) = entry.holder.session.and_then(|s| s.conn) {
+        if let Some(i) = entry.holders.iter().position(|h| h.id == req.id) {
+            if held != req.mode {
+                return Err(TableError::WrongMode {
+                    held,
+                    asked: req.mode,
+                });
+            }
+            if let Some(c) = entry.holders[i].session.and_then(|s| s.conn) {
                 if c != req.conn {
                     return Err(TableError::Conflict);
                 }
             }
-            entry.holder.ttl = ttl;
-            entry.holder.deadline = deadline;
-            entry.holder.session = MSession::bound(req.session, req.conn);
+            let at_deadline = self.at(deadline);
+            let h = &mut self.entries.get_mut(&req.name).expect("held").holders[i];
+            h.ttl = ttl;
+            h.deadline = deadline;
+            h.session = MSession::bound(req.session, req.conn);
             return Ok(LockOutcome::Granted {
-                token: entry.holder.token,
+                token: h.token,
                 deadline: at_deadline,
+            });
+        }
+        if entry.queue.is_empty() && fits(entry, req.mode) {
+            if self.leases() >= self.limits.max_locks {
+                return Err(too_many);
+            }
+            let token = self.grant_token();
+            self.event(EventKind::Acquired, &req.name, &req.id, token, 0, None);
+            let entry = self.entries.get_mut(&req.name).expect("held");
+            entry.holders.push(MHolder { token, ..holder });
+            return Ok(LockOutcome::Granted {
+                token,
+                deadline: self.at(deadline),
             });
         }
         if req.wait == Some(0) {
             return Err(TableError::WouldBlock {
-                holder: Arc::from(entry.holder.id.as_str()),
+                holder: Arc::from(entry.holders[0].id.as_str()),
             });
         }
         let waiter = self.next_waiter;
@@ -323,8 +412,9 @@ impl Model {
             conn: req.conn,
             deadline: req.wait.map(|w| now + w),
             queued: now,
+            mode: req.mode,
         };
-        let entry = self.entries.get_mut(&req.name).expect("checked above");
+        let entry = self.entries.get_mut(&req.name).expect("held");
         match entry.queue.iter().position(|w| w.id == req.id) {
             Some(i) => {
                 let old = std::mem::replace(&mut entry.queue[i], new);
@@ -335,51 +425,52 @@ impl Model {
             }
             None => entry.queue.push(new),
         }
+        self.grant_fitting(now, &req.name);
         Ok(LockOutcome::Queued { waiter })
+    }
+
+    fn holder_mut(&mut self, name: &str, token: Token) -> Option<&mut MHolder> {
+        self.entries
+            .get_mut(name)?
+            .holders
+            .iter_mut()
+            .find(|h| h.token == token)
     }
 
     pub fn unlock(&mut self, now: u64, name: &str, token: Token) -> Result<(), TableError> {
         self.process(now);
-        match self.entries.get(name) {
-            Some(e) if e.holder.token == token => {
-                self.release(now, name, EventKind::Released);
-                Ok(())
-            }
-            _ => Err(TableError::NotHeld),
-        }
+        self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        self.release(now, name, token, EventKind::Released);
+        Ok(())
     }
 
     pub fn drop_session(&mut self, now: u64, name: &str, token: Token, conn: ConnId) {
         self.process(now);
-        let Some(e) = self.entries.get_mut(name) else {
+        let Some(h) = self.holder_mut(name, token) else {
             return;
         };
-        let Some(s) = e.holder.session.as_mut() else {
+        let Some(s) = h.session.as_mut() else {
             return;
         };
-        if e.holder.token != token || s.conn != Some(conn) {
+        if s.conn != Some(conn) {
             return;
         }
         if s.grace == 0 {
-            self.release(now, name, EventKind::Dropped);
+            self.release(now, name, token, EventKind::Dropped);
             return;
         }
         s.conn = None;
-        s.cut = now + s.grace < e.holder.deadline;
+        s.cut = now + s.grace < h.deadline;
         if s.cut {
-            e.holder.deadline = now + s.grace;
+            h.deadline = now + s.grace;
         }
     }
 
     pub fn revoke(&mut self, now: u64, name: &str, token: Token) -> Result<(), TableError> {
         self.process(now);
-        match self.entries.get(name) {
-            Some(e) if e.holder.token == token => {
-                self.release(now, name, EventKind::Revoked);
-                Ok(())
-            }
-            _ => Err(TableError::NotHeld),
-        }
+        self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        self.release(now, name, token, EventKind::Revoked);
+        Ok(())
     }
 
     pub fn renew(
@@ -395,43 +486,57 @@ impl Model {
             self.valid_ttl(ttl)?;
         }
         let base = self.base;
-        match self.entries.get_mut(name) {
-            Some(e) if e.holder.token == token => {
-                let ttl = ttl.unwrap_or(e.holder.ttl);
-                e.holder.ttl = ttl;
-                e.holder.deadline = now + ttl;
-                let mut bound = false;
-                if let Some(s) = e.holder.session.as_mut().filter(|s| s.conn.is_none()) {
-                    s.conn = Some(conn);
-                    s.cut = false;
-                    bound = true;
-                }
-                Ok(Renewal {
-                    deadline: base + Duration::from_millis(now + ttl),
-                    bound,
-                })
-            }
-            _ => Err(TableError::NotHeld),
+        let h = self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        let ttl = ttl.unwrap_or(h.ttl);
+        h.ttl = ttl;
+        h.deadline = now + ttl;
+        let mut bound = false;
+        if let Some(s) = h.session.as_mut().filter(|s| s.conn.is_none()) {
+            s.conn = Some(conn);
+            s.cut = false;
+            bound = true;
         }
+        Ok(Renewal {
+            deadline: base + Duration::from_millis(now + ttl),
+            bound,
+        })
     }
 
     pub fn check(&mut self, now: u64, name: &str, token: Token) -> Result<Instant, TableError> {
         self.process(now);
-        match self.entries.get(name) {
-            Some(e) if e.holder.token == token => Ok(self.at(e.holder.deadline)),
-            _ => Err(TableError::NotHeld),
-        }
+        let deadline = self
+            .holder_mut(name, token)
+            .ok_or(TableError::NotHeld)?
+            .deadline;
+        Ok(self.at(deadline))
     }
 
     pub fn cancel_wait(&mut self, now: u64, waiter: WaiterId) -> bool {
         self.process(now);
-        self.remove_waiter(waiter)
+        match self.remove_waiter(waiter) {
+            Some(name) => {
+                self.grant_fitting(now, &name);
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn status(&mut self, now: u64, name: &str) -> Option<LockStatus> {
         self.process(now);
         let e = self.entries.get(name)?;
-        Some(status_of(now, name, e))
+        Some(status_of(now, name, e, &e.holders[0]))
+    }
+
+    /// Every holder of `name`, in grant order.
+    pub fn holders(&mut self, now: u64, name: &str) -> Vec<LockStatus> {
+        self.process(now);
+        self.entries.get(name).map_or(Vec::new(), |e| {
+            e.holders
+                .iter()
+                .map(|h| status_of(now, name, e, h))
+                .collect()
+        })
     }
 
     /// Sorted by name (a `BTreeMap` already is).
@@ -439,19 +544,21 @@ impl Model {
         self.process(now);
         self.entries
             .iter()
-            .map(|(name, e)| status_of(now, name, e))
+            .map(|(name, e)| status_of(now, name, e, &e.holders[0]))
             .collect()
     }
 }
 
-fn status_of(now: u64, name: &str, e: &MEntry) -> LockStatus {
+fn status_of(now: u64, name: &str, e: &MEntry, h: &MHolder) -> LockStatus {
     LockStatus {
         name: Arc::from(name),
-        holder: Arc::from(e.holder.id.as_str()),
-        token: e.holder.token,
-        remaining: Duration::from_millis(e.holder.deadline.saturating_sub(now)),
-        held: Duration::from_millis(now - e.holder.granted),
-        session: e.holder.session.is_some(),
+        holder: Arc::from(h.id.as_str()),
+        token: h.token,
+        remaining: Duration::from_millis(h.deadline.saturating_sub(now)),
+        held: Duration::from_millis(now - h.granted),
+        session: h.session.is_some(),
         waiters: e.queue.len(),
+        holders: e.holders.len(),
+        mode: e.mode,
     }
 }

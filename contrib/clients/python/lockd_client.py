@@ -7,8 +7,12 @@ The quick way, a lock held for the body of a ``with`` and renewed in the backgro
     with lock("deploy", server="127.0.0.1:5001", ttl=30) as token:
         deploy(fencing_token=token)
 
-If the lease is lost while the body runs (a renewal is refused, or the server stays
-unreachable for a whole ttl), the ``with`` raises :class:`LeaseLost` when the body ends.
+The lease is a session lease with a grace (``session=10`` seconds by default, at most the
+ttl): if this process dies, even by SIGKILL, the server frees the lock at most that long
+after, rather than when the ttl ends; if the connection drops (a server restart, a firewall
+reset), the renewal thread reconnects and renews within the grace and the body holds on.
+If the lease is lost while the body runs (a renewal is refused, or no renewal got through
+within the grace), the ``with`` raises :class:`LeaseLost` when the body ends.
 Python cannot safely raise an exception inside the main thread from the renewal thread, so a
 body that runs long should look for itself, between steps::
 
@@ -28,19 +32,36 @@ The full client::
     c.renew("deploy", token)                      # -> ttl_ms; raises NotHeld if lost
     c.unlock("deploy", token)
 
+A process killed while it waits in ``Client.lock`` (or in ``with lock(...)``) leaves the
+server's queue at once and never gets the lock: a plain LOCK is sent with ``detach`` (the wait
+is tied to the connection, the lease is not), a session LOCK is tied to it anyway.
+
 Every ``ERR <code>`` reply raises the :class:`ServerError` subclass of that code (``Timeout``,
 ``NotHeld``, ``BadArg``, ...; ``.code`` holds the word); a connection that fails or closes
 raises :class:`ConnectionLost`. Durations are seconds (int or float) or protocol strings
 ("250ms", "5m", "1h30m").
+
+Every error has an ``exit_code``, the exit code lockctl and lockd.sh use for the same failure,
+so a script can end with ``sys.exit(e.exit_code)``: 1 the lock is held by someone else or the
+wait ran out (Timeout), 2 usage or a refusal by the server (ServerError, ProtocolError), 3 the
+server is unreachable or the connection was lost (ConnectionLost), 4 the lock was lost or a
+token is not the live lease (NotHeld, LeaseLost). Arguments this client refuses itself raise
+ValueError or TypeError, which are usage errors (2).
 """
 
 import os
+import re
 import socket
 import threading
 import time
 
 __all__ = [
     "DEFAULT_SERVER",
+    "DEFAULT_GRACE",
+    "EXIT_HELD",
+    "EXIT_USAGE",
+    "EXIT_UNREACHABLE",
+    "EXIT_LOST",
     "LockdError",
     "ConnectionLost",
     "ProtocolError",
@@ -65,16 +86,33 @@ __all__ = [
 ]
 
 DEFAULT_SERVER = "127.0.0.1:5001"
+#: Session grace of a :class:`Lease`, in seconds: how long the server keeps the lease after its
+#: connection drops, for the renewal thread to reconnect.
+DEFAULT_GRACE = 10
+
+# Exit codes, the same as lockctl's and lockd.sh's (see ``LockdError.exit_code``).
+#: The lock is held by someone else, or the wait ran out.
+EXIT_HELD = 1
+#: Usage error, or the server refused the request.
+EXIT_USAGE = 2
+#: The server is unreachable, or the connection was lost.
+EXIT_UNREACHABLE = 3
+#: The lock was lost, or a token is not the live lease.
+EXIT_LOST = 4
 #: Longest reply line we accept; the server's replies are far shorter.
 _MAX_REPLY = 64 * 1024
 
 
 class LockdError(Exception):
-    """Base of every error this module raises."""
+    """Base of every error this module raises. ``exit_code`` is lockctl's code for it."""
+
+    exit_code = EXIT_USAGE
 
 
 class ConnectionLost(LockdError, ConnectionError):
     """Could not connect, or the connection failed or closed before the reply came."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 class ProtocolError(LockdError):
@@ -115,9 +153,13 @@ class TooLong(ServerError):
 class Timeout(ServerError):
     """ERR TIMEOUT: LOCK's wait ran out, or a wait=0 try found the lock held."""
 
+    exit_code = EXIT_HELD
+
 
 class NotHeld(ServerError):
     """ERR NOTHELD: the token is not the live lease (released, expired or taken over)."""
+
+    exit_code = EXIT_LOST
 
 
 class Conflict(ServerError):
@@ -149,6 +191,8 @@ _ERRORS = {
 
 class LeaseLost(LockdError):
     """The lease ended while it was meant to be held: stop the work, it is no longer exclusive."""
+
+    exit_code = EXIT_LOST
 
     def __init__(self, name, token, reason):
         super().__init__("lease on %r (token %d) lost: %s" % (name, token, reason))
@@ -225,6 +269,35 @@ def _duration(what, value):
 def _seconds(value):
     """Seconds of a duration given as a number; None for a string (the server knows)."""
     return float(value) if isinstance(value, (int, float)) else None
+
+
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60000, "h": 3600000, "d": 86400000}
+
+
+def _ms(value):
+    """Milliseconds of a duration: seconds as a number, or a string in the usual forms ("250ms",
+    "30s", "5m", "1h30m", "1.5"). None for any other form (the server may still know it)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return round(value * 1000)
+    if not isinstance(value, str):
+        return None
+    plain = re.fullmatch(r"(\d+)(?:\.(\d*))?", value)
+    if plain:
+        return int(plain.group(1)) * 1000 + int((plain.group(2) or "")[:3].ljust(3, "0"))
+    # A unit must be followed by the next number or the end: "5ms" is never "5m" + "s".
+    parts = re.findall(r"(\d+)(ms|s|m|h|d)(?=\d|$)", value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        return None
+    return sum(int(n) * _UNIT_MS[u] for n, u in parts)
+
+
+def _session_option(session, detach):
+    """The LOCK option for ``session`` (False/None, True, or a grace) and ``detach``."""
+    if session is False or session is None:
+        return " detach" if detach else ""
+    if session is True or (isinstance(session, (int, float)) and session == 0):
+        return " session"
+    return " session=" + _duration("session", session)
 
 
 def default_id():
@@ -325,11 +398,17 @@ class Client:
             self._drop()  # the server closes the connection after these
             raise
 
-    def lock(self, name, ttl=None, wait=None, session=False):
+    def lock(self, name, ttl=None, wait=None, session=False, detach=True):
         """Takes the lock and returns its fencing token; waits in the FIFO queue while held.
 
         ``wait=None`` waits as long as it takes; ``wait=0`` tries once. Raises Timeout when the
-        wait runs out. ``session=True`` ties the lease to this connection as well.
+        wait runs out. ``session=True`` ties the lease to this connection as well (it ends when
+        the connection closes); ``session=<duration>`` gives it a grace: it ends that long
+        after the connection closes unless a RENEW of its token (from any connection) comes
+        first. Without ``session`` the lease is plain: it lasts until ``unlock`` or its ttl,
+        whatever becomes of this process; only the wait is tied to the connection
+        (``detach``), so a process killed while it waits leaves the queue. ``detach=False``
+        sends a plain LOCK without it, for a lockd older than the option.
         """
         line = "LOCK %s %s" % (_word("name", name), self.id)
         if ttl is not None:
@@ -340,8 +419,7 @@ class Client:
             secs = _seconds(wait)
             if secs is not None:
                 reply_timeout = secs + self.timeout
-        if session:
-            line += " session"
+        line += _session_option(session, detach)
         rest = self._call(line, reply_timeout)
         if not rest.isdigit():
             raise ProtocolError("unexpected reply to LOCK: %r" % rest)
@@ -408,28 +486,55 @@ class Lease:
     """A lock held for the body of a ``with`` and renewed by a background thread.
 
     ``with lease as token`` takes the lock (waiting up to ``wait``), starts the renewal thread
-    (a RENEW every third of the ttl, on its own connection), and on exit stops it and
-    releases the lock. ``lease.lost`` turns True, and ``lease.check()`` starts raising
-    LeaseLost, as soon as the thread finds the lease gone: renewal answered NOTHELD, or the
-    server unreachable for a whole ttl. Then ``on_lost(lease)`` is called once (in the
+    and on exit stops it and releases the lock. The lease is a session lease with a grace of
+    ``session`` seconds (default 10, capped at the ttl; a duration string works too), held on
+    one connection that the thread renews on: a killed process loses the lock at most the
+    grace after, and a dropped connection is ridden out by reconnecting and renewing within
+    it. ``session=True`` (or 0) ends the lease as soon as the connection closes;
+    ``session=False`` takes a plain lease instead, which outlives the process until its ttl.
+
+    The thread renews every third of the time the lease surely lives without a renewal (the
+    grace, or the ttl if shorter). ``lease.lost`` turns True, and ``lease.check()`` starts
+    raising LeaseLost, as soon as the thread finds the lease gone: a renewal answered NOTHELD,
+    or none got through for that long. Then ``on_lost(lease)`` is called once (in the
     renewal thread), and leaving the ``with`` raises LeaseLost if the body itself ended
     normally (an exception from the body is left to propagate; ``lease.lost`` tells).
     """
 
-    def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=False,
+    def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
                  on_lost=None, timeout=10.0):
         self.name = _word("name", name)
         self.ttl = ttl
         self.wait = wait
-        self.session = session
+        self.session = self._capped(session, ttl)
         self.on_lost = on_lost
+        self._timeout = timeout
         self._client = Client(server, id=id, timeout=timeout)
-        self._renewer = Client(self._client.server, id=self._client.id, timeout=timeout)
         self.token = None
         self.reason = None
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread = None
+
+    @staticmethod
+    def _capped(session, ttl):
+        """The grace, no longer than the ttl (the server would end the lease by then anyway)."""
+        if session is True or session is False or session is None:
+            return session
+        grace, most = _ms(session), _ms(ttl)
+        if grace is not None and most is not None and grace > most:
+            return most / 1000.0
+        return session
+
+    def _hold_ms(self, ttl_ms):
+        """How long the lease surely lives without a renewal getting through: the grace (none
+        for a bare session lease), never past the ttl; the ttl for a plain lease."""
+        if self.session is False or self.session is None:
+            return ttl_ms
+        if self.session is True:
+            return 0
+        grace = _ms(self.session)
+        return ttl_ms if grace is None else min(grace, ttl_ms)
 
     @property
     def lost(self):
@@ -447,17 +552,12 @@ class Lease:
         try:
             self.token = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
                                            session=self.session)
-        except BaseException:
-            self._client.close()
-            self._renewer.close()
-            raise
-        try:
             # A first renewal at once gives the lease's length in ms, whatever form ttl took.
-            ttl_ms = self._renewer.renew(self.name, self.token)
+            ttl_ms = self._renew()
         except BaseException:
-            self._release()
+            if self.token is not None:
+                self._release()
             self._client.close()
-            self._renewer.close()
             raise
         self._thread = threading.Thread(target=self._renew_loop, args=(ttl_ms,),
                                         name="lockd-renew-%s" % self.name, daemon=True)
@@ -471,29 +571,47 @@ class Lease:
         if not self.lost:
             self._release()
         self._client.close()
-        self._renewer.close()
         if self.lost and exc_type is None:
             raise LeaseLost(self.name, self.token, self.reason)
         return False
 
-    def _release(self):
+    def _renew(self):
+        """RENEWs the lease and returns its ttl in ms. If the connection has dropped, renews once
+        more on a new one (the client reconnects), which the server then ties the lease to."""
         try:
-            self._client.unlock(self.name, self.token)
-        except NotHeld:
-            pass  # expired or taken meanwhile: nothing left to release
-        except LockdError:
-            pass  # unreachable: the lease ends by its ttl (or its session) anyway
+            return self._client.renew(self.name, self.token)
+        except ConnectionLost:
+            return self._client.renew(self.name, self.token)
+
+    def _release(self):
+        for _ in range(2):  # a second try on a new connection if this one has dropped
+            try:
+                self._client.unlock(self.name, self.token)
+                return
+            except NotHeld:
+                return  # expired or taken meanwhile: nothing left to release
+            except ConnectionLost:
+                continue
+            except LockdError:
+                return  # the lease ends by its grace or ttl anyway
 
     def _renew_loop(self, ttl_ms):
         last_ok = time.monotonic()
-        while not self._stop.wait(max(ttl_ms / 3000.0, 0.05)):
+        while True:
+            hold_ms = self._hold_ms(ttl_ms)
+            every_ms = hold_ms or ttl_ms
+            # A renewal must not wait longer than this for its reply (or to connect), so a
+            # silent server cannot keep the thread from noticing the lease may be gone.
+            self._client.timeout = min(self._timeout, every_ms / 3000.0 + 1.0)
+            if self._stop.wait(max(every_ms / 3000.0, 0.05)):
+                return
             try:
-                ttl_ms = self._renewer.renew(self.name, self.token)
+                ttl_ms = self._renew()
                 last_ok = time.monotonic()
             except ConnectionLost as e:
-                # The server may be restarting: retry while the lease could still be live.
-                if time.monotonic() - last_ok >= ttl_ms / 1000.0:
-                    self._mark_lost("server unreachable for a whole lease (%s)" % e)
+                # The server may be restarting: retry while the lease surely lives.
+                if (time.monotonic() - last_ok) * 1000.0 >= hold_ms:
+                    self._mark_lost("no renewal got through within %d ms (%s)" % (hold_ms, e))
                     return
             except LockdError as e:
                 self._mark_lost(str(e))
@@ -509,13 +627,14 @@ class Lease:
                 pass
 
 
-def lock(name, server=None, ttl=30, wait=None, id=None, session=False, on_lost=None,
+def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
          timeout=10.0):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
-    ``server`` defaults to $LOCKD_ADDR, then 127.0.0.1:5001; ``ttl`` is the lease renewed every
-    third of it; ``wait`` bounds the wait for the lock (None: forever; 0: one try, raising
-    Timeout if held); ``id`` defaults to ``<hostname>:<pid>``.
+    ``server`` defaults to $LOCKD_ADDR, then 127.0.0.1:5001; ``ttl`` is the lease, renewed in
+    the background; ``session`` its grace (see :class:`Lease`); ``wait`` bounds the wait for
+    the lock (None: forever; 0: one try, raising Timeout if held); ``id`` defaults to
+    ``<hostname>:<pid>``.
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout)

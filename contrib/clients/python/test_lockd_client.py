@@ -2,9 +2,10 @@
 
     LOCKD_ADDR=127.0.0.1:5001 python3 -m unittest -v test_lockd_client
 
-Every test uses lock names of its own, so a shared server and reruns do not disturb them.
-Waits are bounded by generous deadlines that only guard against hanging; no test depends on
-how fast anything happens.
+Every test uses lock names of its own, so a shared server and reruns do not disturb them, and
+leaves nothing behind: whatever is still held under its names when it ends is released (and
+the test fails, since it should have released it itself). Waits are bounded by generous
+deadlines that only guard against hanging; no test depends on how fast anything happens.
 """
 
 import os
@@ -14,8 +15,8 @@ import unittest
 import uuid
 
 import lockd_client
-from lockd_client import (BadArg, Client, ConnectionLost, LeaseLost, LockStatus, NotHeld,
-                          Timeout, lock)
+from lockd_client import (BadArg, Client, ConnectionLost, LeaseLost, LockdError, LockStatus,
+                          NotHeld, ProtocolError, ServerError, Timeout, lock)
 
 ADDR = os.environ.get("LOCKD_ADDR")
 GUARD = 20.0  # seconds: only a failure guard
@@ -34,21 +35,48 @@ def eventually(predicate, what):
     raise AssertionError("not within %ss: %s" % (GUARD, what))
 
 
-@unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
-class ClientTest(unittest.TestCase):
+class ServerTest(unittest.TestCase):
+    """A test against the server: its lock names come from ``self.name()``, and any of them
+    still held when the test ends is released, and fails the test."""
+
     def setUp(self):
+        self._names = []
+        self.addCleanup(self._release_leftovers)
+
+    def name(self, prefix):
+        name = fresh(prefix)
+        self._names.append(name)
+        return name
+
+    def _release_leftovers(self):
+        left = []
+        with Client(ADDR, id=fresh("janitor")) as janitor:
+            for name in self._names:
+                held = janitor.status(name)
+                if held is None:
+                    continue
+                left.append(name)
+                try:
+                    janitor.unlock(name, held.token)
+                except NotHeld:
+                    pass
+        self.assertEqual(left, [], "the test left these locks held")
+
+
+@unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
+class ClientTest(ServerTest):
+    def setUp(self):
+        super().setUp()
         self.a = Client(ADDR, id=fresh("alice"))
         self.b = Client(ADDR, id=fresh("bob"))
-
-    def tearDown(self):
-        self.a.close()
-        self.b.close()
+        self.addCleanup(self.a.close)
+        self.addCleanup(self.b.close)
 
     def test_ping(self):
         self.assertTrue(self.a.ping())
 
     def test_lock_unlock_and_tokens_grow(self):
-        name = fresh("basic")
+        name = self.name("basic")
         t1 = self.a.lock(name, ttl=30)
         self.a.unlock(name, t1)
         t2 = self.b.lock(name, ttl="30s")
@@ -56,23 +84,25 @@ class ClientTest(unittest.TestCase):
         self.b.unlock(name, t2)
 
     def test_try_lock_conflict_raises_timeout_with_code(self):
-        name = fresh("try")
+        name = self.name("try")
         token = self.a.lock(name, ttl=30)
         with self.assertRaises(Timeout) as cm:
             self.b.lock(name, wait=0)
         self.assertEqual(cm.exception.code, "TIMEOUT")
         self.assertIsNone(self.b.try_lock(name))
         self.a.unlock(name, token)
-        self.assertIsNotNone(self.b.try_lock(name))
+        token = self.b.try_lock(name)
+        self.assertIsNotNone(token)
+        self.b.unlock(name, token)
 
     def test_same_id_again_gets_same_token(self):
-        name = fresh("again")
+        name = self.name("again")
         t1 = self.a.lock(name)
         self.assertEqual(self.a.lock(name), t1)
         self.a.unlock(name, t1)
 
     def test_unlock_with_a_stale_token_raises_notheld(self):
-        name = fresh("stale")
+        name = self.name("stale")
         token = self.a.lock(name)
         self.a.unlock(name, token)
         with self.assertRaises(NotHeld) as cm:
@@ -84,7 +114,7 @@ class ClientTest(unittest.TestCase):
             self.a.check(name, token)
 
     def test_renew_and_check_report_ttl(self):
-        name = fresh("renew")
+        name = self.name("renew")
         token = self.a.lock(name, ttl=5)
         self.assertEqual(self.a.renew(name, token, ttl=60), 60000)
         left = self.a.check(name, token)
@@ -93,7 +123,7 @@ class ClientTest(unittest.TestCase):
         self.a.unlock(name, token)
 
     def test_bad_arguments(self):
-        name = fresh("bad")
+        name = self.name("bad")
         with self.assertRaises(BadArg) as cm:
             self.a.lock(name, ttl=0)
         self.assertEqual(cm.exception.code, "BADARG")
@@ -105,7 +135,7 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(self.a.ping())
 
     def test_status_one_and_all(self):
-        name = fresh("status")
+        name = self.name("status")
         self.assertIsNone(self.a.status(name))
         token = self.a.lock(name, ttl=30)
         st = self.a.status(name)
@@ -117,7 +147,7 @@ class ClientTest(unittest.TestCase):
         self.assertIsNone(self.a.status(name))
 
     def test_waiter_is_granted_when_the_holder_unlocks(self):
-        name = fresh("fifo")
+        name = self.name("fifo")
         token = self.a.lock(name)
         got = []
         waiter = threading.Thread(target=lambda: got.append(self.b.lock(name, wait=GUARD)))
@@ -130,8 +160,26 @@ class ClientTest(unittest.TestCase):
         self.assertGreater(got[0], token)
         self.b.unlock(name, got[0])
 
+    def test_a_session_lease_with_grace_outlives_its_connection_when_renewed(self):
+        name = self.name("grace")
+        token = self.a.lock(name, ttl=60, session=30)
+        self.assertTrue(self.b.status(name).session)
+        self.a.close()
+        # Within the grace, the holder comes back on another connection and renews.
+        self.assertGreater(self.b.renew(name, token), 0)
+        self.assertEqual(self.b.status(name).token, token)
+        self.b.unlock(name, token)
+
+    def test_a_plain_lock_is_not_a_session_lease(self):
+        name = self.name("plain")
+        token = self.a.lock(name, ttl=60)
+        self.assertFalse(self.b.status(name).session)
+        self.a.close()
+        self.assertGreater(self.b.check(name, token), 0)
+        self.b.unlock(name, token)
+
     def test_session_lease_ends_with_the_connection(self):
-        name = fresh("session")
+        name = self.name("session")
         self.a.lock(name, session=True)
         self.a.close()
         eventually(lambda: self.b.status(name) is None, "the session lease is dropped")
@@ -147,23 +195,30 @@ class ClientTest(unittest.TestCase):
 
 
 @unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
-class LeaseTest(unittest.TestCase):
+class LeaseTest(ServerTest):
     def setUp(self):
+        super().setUp()
         self.other = Client(ADDR, id=fresh("other"))
-
-    def tearDown(self):
-        self.other.close()
+        self.addCleanup(self.other.close)
 
     def test_with_lock_holds_releases_and_yields_the_token(self):
-        name = fresh("with")
+        name = self.name("with")
         with lock(name, server=ADDR, ttl=30) as token:
             st = self.other.status(name)
             self.assertEqual(st.token, token)
             self.assertIsNone(self.other.try_lock(name))
         self.assertIsNone(self.other.status(name))
 
+    def test_a_lease_is_a_session_lease_with_grace_unless_asked_not_to(self):
+        name = self.name("kind")
+        with lock(name, server=ADDR, ttl=30):
+            self.assertTrue(self.other.status(name).session)
+        with lock(name, server=ADDR, ttl=30, session=False):
+            self.assertFalse(self.other.status(name).session)
+        self.assertIsNone(self.other.status(name))
+
     def test_lease_outlives_its_ttl_by_renewal(self):
-        name = fresh("renewed")
+        name = self.name("renewed")
         lease = lock(name, server=ADDR, ttl=1)
         with lease as token:
             # Stay well past the 1 s ttl: only renewals keep the lock.
@@ -174,7 +229,7 @@ class LeaseTest(unittest.TestCase):
         self.assertIsNone(self.other.status(name))
 
     def test_lost_lease_is_seen_by_check_and_raised_at_exit(self):
-        name = fresh("lost")
+        name = self.name("lost")
         called = threading.Event()
         lease = lock(name, server=ADDR, ttl=1, on_lost=lambda _lease: called.set())
         with self.assertRaises(LeaseLost) as cm:
@@ -189,14 +244,14 @@ class LeaseTest(unittest.TestCase):
         self.assertIn("NOTHELD", cm.exception.reason)
 
     def test_body_exception_is_not_masked(self):
-        name = fresh("body")
+        name = self.name("body")
         with self.assertRaises(KeyError):
             with lock(name, server=ADDR, ttl=30):
                 raise KeyError("from the body")
         self.assertIsNone(self.other.status(name))
 
     def test_wait_zero_on_a_held_lock_raises_timeout(self):
-        name = fresh("busy")
+        name = self.name("busy")
         token = self.other.lock(name, ttl=30)
         with self.assertRaises(lockd_client.Timeout):
             with lock(name, server=ADDR, wait=0):
@@ -204,7 +259,7 @@ class LeaseTest(unittest.TestCase):
         self.other.unlock(name, token)
 
     def test_two_leases_exclude_each_other(self):
-        name = fresh("exclusive")
+        name = self.name("exclusive")
         inside = []
         overlaps = []
 
@@ -224,6 +279,50 @@ class LeaseTest(unittest.TestCase):
             t.join(GUARD * 2)
         self.assertFalse(any(t.is_alive() for t in threads))
         self.assertEqual(overlaps, [])
+
+
+
+class OfflineTest(unittest.TestCase):
+    """What needs no server."""
+
+    def test_exit_codes_are_lockctls(self):
+        codes = {
+            Timeout: 1,
+            BadArg: 2,
+            ServerError: 2,
+            lockd_client.Conflict: 2,
+            lockd_client.Shutdown: 2,
+            ProtocolError: 2,
+            LockdError: 2,
+            ConnectionLost: 3,
+            NotHeld: 4,
+            LeaseLost: 4,
+        }
+        for cls, code in codes.items():
+            self.assertEqual(cls.exit_code, code, cls.__name__)
+        self.assertEqual(NotHeld("NOTHELD", "gone").exit_code, 4)
+
+    def test_durations_in_ms(self):
+        for text, ms in [("250ms", 250), ("30s", 30000), ("5m", 300000), ("1h30m", 5400000),
+                         ("1.5", 1500), ("30", 30000), ("5ms", 5), (2, 2000), (0.25, 250)]:
+            self.assertEqual(lockd_client._ms(text), ms, text)
+        for text in ["1x", "1 m", "", "m5", True, None]:
+            self.assertIsNone(lockd_client._ms(text), text)
+
+    def test_the_grace_is_capped_at_the_ttl(self):
+        self.assertEqual(lockd_client.Lease("x", ttl=5, session=10).session, 5)
+        self.assertEqual(lockd_client.Lease("x", ttl="2m", session="30s").session, "30s")
+        self.assertEqual(lockd_client.Lease("x", ttl=30).session, lockd_client.DEFAULT_GRACE)
+        self.assertIs(lockd_client.Lease("x", session=False).session, False)
+
+    def test_lock_options(self):
+        option = lockd_client._session_option
+        self.assertEqual(option(False, True), " detach")
+        self.assertEqual(option(False, False), "")
+        self.assertEqual(option(True, True), " session")
+        self.assertEqual(option(0, True), " session")
+        self.assertEqual(option(2.5, True), " session=2500ms")
+        self.assertEqual(option("10s", True), " session=10s")
 
 
 if __name__ == "__main__":
