@@ -153,15 +153,6 @@ impl Client {
             .map_err(|_| ClientError::Unexpected(format!("OK {reply}")))
     }
 
-    /// Sends `req`, a LOCK built by the caller (with options [`Client::lock`] does not take);
-    /// returns the fencing token.
-    pub async fn lock_with(&mut self, req: &Request) -> Result<Token> {
-        let reply = self.request(req).await?;
-        reply
-            .parse()
-            .map_err(|_| ClientError::Unexpected(format!("OK {reply}")))
-    }
-
     /// UNLOCK.
     pub async fn unlock(&mut self, name: &str, token: Token) -> Result<()> {
         self.request(&Request::Unlock {

@@ -23,8 +23,8 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
         tie: Tie::Detach,
         mode: args.mode,
     };
-    let req = request::lock(&args.name, id, terms)?;
-    let reply = say_if_waiting(server, &args.name, id, client.lock_with(&req)).await;
+    let lock = request::lock(&mut client, &args.name, id, terms);
+    let reply = say_if_waiting(server, &args.name, id, lock).await;
     match reply {
         Ok(token) => {
             if server.verbose {

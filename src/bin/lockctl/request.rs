@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use lockd::proto::{Request, Tie};
+use lockd::client::{self, Client};
+use lockd::locks::{Mode, Token};
+use lockd::proto::Tie;
 
 use crate::cli::ModeArgs;
-use crate::fail::Failure;
 
 /// What to ask for, besides the name and id.
 #[derive(Clone, Copy, Debug)]
@@ -17,28 +18,40 @@ pub struct Terms {
     pub mode: ModeArgs,
 }
 
-pub fn lock(name: &str, id: &str, terms: Terms) -> Result<Request, Failure> {
-    if terms.mode.shared || terms.mode.limit.is_some_and(|n| n > 1) {
-        return Err(Failure::usage(
-            "--shared and --limit need a lockd with shared locks and semaphores",
-        ));
-    }
-    Ok(Request::Lock {
-        name: name.into(),
-        id: id.into(),
-        ttl: terms.ttl,
-        wait: terms.wait,
-        tie: terms.tie,
-    })
+/// LOCK; returns the fencing token.
+pub async fn lock(
+    client: &mut Client,
+    name: &str,
+    id: &str,
+    terms: Terms,
+) -> client::Result<Token> {
+    client
+        .lock_mode(
+            name,
+            id,
+            terms.ttl,
+            terms.wait,
+            terms.tie,
+            terms.mode.mode(),
+        )
+        .await
 }
 
 impl ModeArgs {
+    /// The mode the flags ask for (`--limit 1` is an exclusive hold).
+    pub fn mode(&self) -> Mode {
+        match (self.shared, self.limit) {
+            (true, _) => Mode::Shared,
+            (false, Some(n)) => Mode::limit(n),
+            (false, None) => Mode::Exclusive,
+        }
+    }
+
     /// For -v: `exclusive`, `shared`, `one of 3 slots`.
     pub fn describe(&self) -> String {
-        match (self.shared, self.limit) {
-            (true, _) => "shared".into(),
-            (false, Some(n)) if n > 1 => format!("one of {n} slots"),
-            _ => "exclusive".into(),
+        match self.mode() {
+            Mode::Limit(n) => format!("one of {n} slots"),
+            m => m.to_string(),
         }
     }
 }

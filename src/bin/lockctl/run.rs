@@ -179,9 +179,9 @@ async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
             tie: Tie::Session(ask.session_grace),
             mode: ask.mode,
         };
-        let req = request::lock(ask.name, ask.id, terms)?;
         let sent = Instant::now();
-        let reply = say_if_waiting(server, ask.name, ask.id, client.lock_with(&req)).await;
+        let lock = request::lock(&mut client, ask.name, ask.id, terms);
+        let reply = say_if_waiting(server, ask.name, ask.id, lock).await;
         match reply {
             Ok(token) => {
                 return Ok(Granted {
