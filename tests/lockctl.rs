@@ -115,8 +115,10 @@ async fn sigterm_reaches_the_command_and_the_lock_is_released_after() {
     let d = lockd().await;
     let dir = scratch("sigterm");
     let (ready, got) = (dir.join("ready"), dir.join("got"));
+    // Ready only once `sleep` runs: a SIGTERM before it starts would leave it outside the
+    // group that lockctl signals, holding stdout open.
     let script = format!(
-        "trap 'echo term > {got}; exit 3' TERM; echo ready > {ready}; sleep 60 & wait",
+        "trap 'echo term > {got}; exit 3' TERM; sleep 60 & echo ready > {ready}; wait",
         got = got.display(),
         ready = ready.display()
     );
