@@ -66,6 +66,17 @@ impl From<ProtoError> for ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// The answer to `STATUS <name> detail`, each line without its first word.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Detail {
+    /// `<name> id=.. token=.. held_ms=.. ...`, one per holder, in token order.
+    pub holders: Vec<String>,
+    /// `<name> <position> id=.. waited_ms=.. ...`, in queue order.
+    pub waiters: Vec<String>,
+    /// The `OK` line's text, as `STATUS <name>` answers it: `<name> free` or `<name> held ...`.
+    pub status: String,
+}
+
 /// One connection to lockd.
 pub struct Client {
     conn: Connection,
@@ -215,6 +226,33 @@ impl Client {
                     None => return Err(ClientError::Unexpected(line)),
                 },
                 ReplyLine::Ok(_) => return Ok(lines),
+                ReplyLine::Err(e) => return Err(ClientError::Refused(e)),
+            }
+        }
+    }
+
+    /// `STATUS <name> detail`: who holds the lock and who waits for it, in queue order.
+    pub async fn status_detail(&mut self, name: &str) -> Result<Detail> {
+        let req = Request::StatusDetail { name: name.into() };
+        req.validate()?;
+        self.conn.send(&req).await?;
+        let mut detail = Detail::default();
+        loop {
+            let line = self.read_line().await?;
+            match proto::parse_reply(&line) {
+                ReplyLine::Other(rest) => {
+                    if let Some(h) = rest.strip_prefix("HOLDER ") {
+                        detail.holders.push(h.to_owned());
+                    } else if let Some(w) = rest.strip_prefix("WAITER ") {
+                        detail.waiters.push(w.to_owned());
+                    } else {
+                        return Err(ClientError::Unexpected(line));
+                    }
+                }
+                ReplyLine::Ok(status) => {
+                    detail.status = status.to_owned();
+                    return Ok(detail);
+                }
                 ReplyLine::Err(e) => return Err(ClientError::Refused(e)),
             }
         }
