@@ -10,12 +10,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use common::{field, spawn_lockd, token, wait_waiters, GUARD};
+use common::{field, http_get, spawn_lockd, token, wait_waiters, GUARD};
 use serde_json::Value;
 
 /// Series the files may use that are not lockd's: Prometheus's own `up` of each scrape
@@ -426,19 +426,6 @@ fn read(file: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// `GET /metrics` over plain HTTP/1.1; the body.
-fn get_metrics(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    s.set_read_timeout(Some(GUARD)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: lockd\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("the endpoint answers");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    body.to_string()
-}
-
 /// Starts the real lockd with metrics, a tracked name and a data directory, drives a grant
 /// at once, a wait, a grant after waiting and releases, and scrapes it.
 async fn scrape_lockd() -> Exported {
@@ -449,7 +436,6 @@ async fn scrape_lockd() -> Exported {
     ));
     let _ = std::fs::remove_dir_all(&data);
     let lockd = spawn_lockd(&[
-        "-v",
         "--metrics-listen",
         "127.0.0.1:0",
         "--metrics-names",
@@ -457,14 +443,23 @@ async fn scrape_lockd() -> Exported {
         "--data-dir",
         data.to_str().unwrap(),
     ]);
-    // The endpoint is bound (and logged) before the lock port is.
-    let http: SocketAddr = lockd
-        .log()
-        .iter()
-        .find(|l| l.contains("serving metrics"))
-        .and_then(|l| field(l, "addr"))
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no metrics address in {:?}", lockd.log()));
+    // The endpoint's task logs its address; it may do so after the lock port's "listening".
+    let deadline = Instant::now() + GUARD;
+    let http: SocketAddr = loop {
+        let found = lockd
+            .log()
+            .iter()
+            .find(|l| l.contains("serving metrics"))
+            .and_then(|l| field(l, "addr"))
+            .and_then(|a| a.parse().ok());
+        match found {
+            Some(addr) => break addr,
+            None if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            None => panic!("no metrics address in {:?}", lockd.log()),
+        }
+    };
 
     let mut a = lockd.raw().await;
     let mut b = lockd.raw().await;
@@ -475,9 +470,8 @@ async fn scrape_lockd() -> Exported {
     let second = token(&b.line().await);
     assert_eq!(b.req(&format!("UNLOCK tracked {second}")).await, "OK");
 
-    let body = tokio::task::spawn_blocking(move || get_metrics(http))
-        .await
-        .unwrap();
+    let (status, body) = http_get(http, "/metrics").await;
+    assert_eq!(status, 200, "{body}");
     lockd.stop();
     let _ = std::fs::remove_dir_all(&data);
     let exported = Exported::parse(&body);
