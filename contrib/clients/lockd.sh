@@ -37,7 +37,9 @@
 #   shared     beside any other shared holders, never beside an exclusive one
 #   limit=N    one of N slots of a semaphore: up to N holders at once (limit=1 is exclusive)
 # A name is one kind or the other while it is held or waited for: a LOCK that does not fit it
-# (shared on a semaphore, another N, ...) is refused with ERR CONFLICT, return code 2.
+# (shared on a semaphore, another N, ...) is refused with ERR CONFLICT, return code 2. Each
+# holder is one id: a LOCK by an id that already holds NAME is its retry and gets the same
+# token back, so a script that takes two slots itself gives each its own LOCKD_ID.
 #
 # Return codes, the same as lockctl's exit codes:
 #   0  done
