@@ -410,18 +410,23 @@ fn run_until_stdin(lockd: &Lockd, name_and_options: &str, mark: &Mark) -> Child 
     )
 }
 
-#[test]
-fn a_semaphore_of_two_runs_two_commands_at_once_and_the_third_waits_its_turn() {
-    let lockd = Lockd::start();
-    let marks = [Mark::new("bash-sem-1"), Mark::new("bash-sem-2")];
-    let mut holders: Vec<Child> = marks
+/// Starts two `run_until_stdin`s and returns once both commands are inside at once.
+fn two_inside(lockd: &Lockd, name_and_options: &str, tag: &str) -> Vec<Child> {
+    let marks = [1, 2].map(|i| Mark::new(&format!("{tag}-{i}")));
+    let children = marks
         .iter()
-        .map(|mark| run_until_stdin(&lockd, "sem ttl=1m limit=2", mark))
+        .map(|mark| run_until_stdin(lockd, name_and_options, mark))
         .collect();
-    // Both commands are inside at once, each until it is told to end.
     for mark in &marks {
         mark.wait(GUARD);
     }
+    children
+}
+
+#[test]
+fn a_semaphore_of_two_runs_two_commands_at_once_and_the_third_waits_its_turn() {
+    let lockd = Lockd::start();
+    let mut holders = two_inside(&lockd, "sem ttl=1m limit=2", "bash-sem");
     assert_eq!(lockd.holders("sem"), 2);
 
     let third_mark = Mark::new("bash-sem-3");
@@ -441,14 +446,7 @@ fn a_semaphore_of_two_runs_two_commands_at_once_and_the_third_waits_its_turn() {
 #[test]
 fn shared_holders_hold_together_while_an_exclusive_one_waits_and_status_shows_them() {
     let lockd = Lockd::start();
-    let marks = [Mark::new("bash-shared-1"), Mark::new("bash-shared-2")];
-    let mut readers: Vec<Child> = marks
-        .iter()
-        .map(|mark| run_until_stdin(&lockd, "rw ttl=1m shared", mark))
-        .collect();
-    for mark in &marks {
-        mark.wait(GUARD);
-    }
+    let mut readers = two_inside(&lockd, "rw ttl=1m shared", "bash-shared");
     let writer = bash(
         &lockd,
         r#"t=$(lockd_lock rw ttl=1m exclusive); echo "got $t"
