@@ -113,12 +113,17 @@ async fn metrics(State(ep): State<Endpoint>) -> Response {
     let (held, waiters) = shared.counts();
     m.held.set(held as i64);
     m.waiters.set(waiters as i64);
+    m.journal_backlog.set(
+        shared
+            .journal_backlog()
+            .map_or(0.0, |age| age.as_secs_f64()),
+    );
     for name in ep.names.iter() {
         let key = [("name", name.clone())];
         let status = shared.status(name);
         m.name_held
             .get_or_create(&key)
-            .set(i64::from(status.is_some()));
+            .set(status.as_ref().map_or(0, |s| s.holders as i64));
         m.name_waiters
             .get_or_create(&key)
             .set(status.as_ref().map_or(0, |s| s.waiters as i64));

@@ -13,14 +13,18 @@
 //! - [`client`]: an async client for `lockctl` and the tests.
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
+//! - [`metrics`]: the Prometheus registry and the handles the hot path bumps.
+//! - [`http`]: the operators' endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`.
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
-//! nothing; `auth` -> `locks` (the user number), `proto` (what a valid name is). `store` ->
-//! `locks` (its change and lease types); `shared` -> `locks`, `store`; `session` -> `shared`,
-//! `proto`, `connection`, `auth`; `compat` -> `shared`, `locks`; `server` ->
-//! `session`, `shared`, `compat`, `store`; `client` -> `proto`, `connection`, `locks` (the
-//! token type). The table and the protocol never see a socket or a file, and `lockctl` never
+//! nothing; `metrics` only the table's event types and `proto`'s error codes; `auth` ->
+//! `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its change
+//! and lease types), `metrics`; `shared` -> `locks`, `store`, `metrics`; `session` ->
+//! `shared`, `proto`, `connection`, `auth`; `compat` -> `shared`, `locks`; `http` ->
+//! `shared`; `server` -> `session`, `shared`, `compat`, `store`, `http`, `auth`; `client` ->
+//! `proto`, `connection`, `locks` (the token and mode types). The table and the protocol
+//! never see a socket or a file, and `lockctl` never
 //! reaches `server`, `shared`, `session` or `store`.
 
 use std::time::Duration;
@@ -38,6 +42,8 @@ pub mod server;
 pub mod session;
 pub mod shared;
 pub mod store;
+pub mod stream;
+pub mod tls;
 
 /// Address lockd listens on unless told otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5001";
@@ -55,6 +61,8 @@ pub const DEFAULT_MAX_LINE: usize = 1024;
 pub const DEFAULT_WATCH_BUFFER: usize = 1024;
 /// How long a grant to a waiter that half-closed is watched for a reset (its client gone).
 pub const DEFAULT_HALF_CLOSE_PROBE: Duration = Duration::from_millis(500);
+/// How long a TLS client may take to complete its handshake.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for connections to finish before it closes them.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Shortest lease a LOCK or RENEW may ask for: a lease that has ended before its `OK` is sent

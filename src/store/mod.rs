@@ -55,6 +55,10 @@ struct Queue {
     closing: bool,
     /// Accept no more changes: they would never be written.
     stopped: bool,
+    /// When the oldest change in `records` was queued.
+    oldest: Option<std::time::Instant>,
+    /// When the oldest change the writer is writing now was queued.
+    syncing_since: Option<std::time::Instant>,
 }
 
 struct Inner {
@@ -246,6 +250,9 @@ impl Journal {
             };
             q.records.push(record);
         }
+        if was_empty && !q.records.is_empty() {
+            q.oldest = Some(std::time::Instant::now());
+        }
         let seq = q.seq;
         self.0.appended.store(seq, Ordering::Release);
         drop(q);
@@ -254,6 +261,17 @@ impl Journal {
             self.0.wake.notify_one();
         }
         seq
+    }
+
+    /// How long the oldest change not yet on disk has waited (`None`: none waits). A disk
+    /// that hangs shows here, while no flush completes to show in the flush latency.
+    pub fn oldest_pending(&self) -> Option<Duration> {
+        let q = self.0.queue();
+        let since = match (q.syncing_since, q.oldest) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(since.elapsed())
     }
 
     /// The number of the last change queued.
@@ -325,6 +343,7 @@ fn write_loop(inner: &Inner, mut data: DataDir, metrics: &Metrics) {
                 return;
             }
             std::mem::swap(&mut q.records, &mut batch);
+            q.syncing_since = q.oldest.take();
             q.seq
         };
         let (records, started) = (batch.len(), Instant::now());
@@ -340,6 +359,7 @@ fn write_loop(inner: &Inner, mut data: DataDir, metrics: &Metrics) {
             inner.stop();
             return;
         }
+        inner.queue().syncing_since = None;
         inner
             .progress
             .send_modify(|p| p.durable = p.durable.max(upto));
