@@ -6,43 +6,21 @@
 //! never by a sleep.
 
 mod common;
+#[path = "support/detail.rs"]
+mod detail;
 
 use std::time::Duration;
 
 use common::{
     assert_event, config, field, start_server, token, wait_status, wait_waiters, Raw, TestServer,
 };
+use detail::{detail, shape};
 
 /// A server with default settings, and a connection to ask it STATUS.
 async fn start() -> (TestServer, Raw) {
     let server = start_server(config()).await;
     let admin = server.raw().await;
     (server, admin)
-}
-
-/// `line` with every `*_ms=` value blanked as `*`: they count time.
-fn shape(line: &str) -> String {
-    line.split(' ')
-        .map(|w| match w.split_once('=') {
-            Some((key, _)) if key.ends_with("_ms") => format!("{key}=*"),
-            _ => w.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// `STATUS <name> detail`, every line up to and including its `OK` line, shaped.
-async fn detail(c: &mut Raw, name: &str) -> Vec<String> {
-    c.send(&format!("STATUS {name} detail")).await;
-    let mut lines = Vec::new();
-    loop {
-        let line = c.line().await;
-        let last = line.starts_with("OK ") || line.starts_with("ERR ");
-        lines.push(shape(&line));
-        if last {
-            return lines;
-        }
-    }
 }
 
 /// `STATUS <name>`, shaped.
