@@ -838,3 +838,148 @@ async fn the_compat_lock_stays_a_plain_mutex() {
         .starts_with("ERR CONFLICT "));
     server.shutdown().await;
 }
+
+/// Two session slots on one connection both end with it; the two waiters get them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_closing_ends_all_its_session_slots() {
+    let (server, mut admin) = start().await;
+    let mut watcher = watch(&server, "sem").await;
+    let mut c = server.raw().await;
+    let ta = c.lock("sem a limit=3 session").await;
+    let tb = c.lock("sem b limit=3 session").await;
+    let mut z = server.raw().await;
+    let tz = z.lock("sem z limit=3").await;
+    let mut w1 = queue(&server, &mut admin, "sem", "sem w1 limit=3", 1).await;
+    let mut w2 = queue(&server, &mut admin, "sem", "sem w2 limit=3", 2).await;
+    drop(c);
+    let t1 = token(&w1.line().await);
+    let t2 = token(&w2.line().await);
+    assert!(tz < t1 && t1 < t2);
+    expect_events(
+        &mut watcher,
+        "sem",
+        &[
+            ("acquired", "a", ta),
+            ("acquired", "b", tb),
+            ("acquired", "z", tz),
+        ],
+    )
+    .await;
+    // Which of the two ends first is the server's choice; each one's slot goes to the
+    // next in the queue.
+    let mut rest = Vec::new();
+    for _ in 0..4 {
+        let line = watcher.line().await;
+        rest.push(line.split(' ').take(4).collect::<Vec<_>>().join(" "));
+    }
+    let a_first = [
+        "EVENT dropped sem a",
+        "EVENT acquired sem w1",
+        "EVENT dropped sem b",
+        "EVENT acquired sem w2",
+    ];
+    let b_first = [
+        "EVENT dropped sem b",
+        "EVENT acquired sem w1",
+        "EVENT dropped sem a",
+        "EVENT acquired sem w2",
+    ];
+    assert!(rest == a_first || rest == b_first, "{rest:?}");
+    assert_eq!(
+        status(&mut admin, "sem").await,
+        format!("OK sem held id=z token={tz} ttl_ms=* session=0 waiters=0 holders=3 mode=limit:3")
+    );
+    server.shutdown().await;
+}
+
+/// A plain waiter whose client is gone (it closed while waiting: FIN, as a killed process
+/// sends) is granted with the others in one go; the reset its grant meets takes it back
+/// (event `dropped`), and the others keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_reader_granted_with_others_is_taken_back_alone() {
+    let (server, mut admin) = start().await;
+    let mut watcher = watch(&server, "rw").await;
+    let mut w = server.raw().await;
+    let tw = w.lock("rw w").await;
+    let ghost = queue(&server, &mut admin, "rw", "rw ghost shared", 1).await;
+    let mut r = queue(&server, &mut admin, "rw", "rw r shared", 2).await;
+    let mut x = queue(&server, &mut admin, "rw", "rw x", 3).await;
+    drop(ghost);
+
+    assert_eq!(w.req(&format!("UNLOCK rw {tw}")).await, "OK");
+    let tr = token(&r.line().await);
+    wait_status(&mut admin, "rw", |l| {
+        field(l, "holders").as_deref() == Some("1")
+    })
+    .await;
+    assert_eq!(
+        status(&mut admin, "rw").await,
+        format!("OK rw held id=r token={tr} ttl_ms=* session=0 waiters=1 holders=1 mode=shared")
+    );
+    expect_events(
+        &mut watcher,
+        "rw",
+        &[("acquired", "w", tw), ("released", "w", tw)],
+    )
+    .await;
+    let line = watcher.line().await;
+    let tg: u64 = field_n(&line, 4);
+    assert!(tg < tr);
+    assert_event(&line, "acquired", "rw", "ghost", tg);
+    expect_events(
+        &mut watcher,
+        "rw",
+        &[("acquired", "r", tr), ("dropped", "ghost", tg)],
+    )
+    .await;
+    assert_eq!(r.req(&format!("UNLOCK rw {tr}")).await, "OK");
+    token(&x.line().await);
+    server.shutdown().await;
+}
+
+/// The same with a semaphore: the vanished waiter's slot goes on to the next waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_waiter_granted_a_slot_hands_it_on() {
+    let (server, mut admin) = start().await;
+    let mut watcher = watch(&server, "sem").await;
+    let mut h = server.raw().await;
+    let ta = h.lock("sem a limit=2").await;
+    let tb = h.lock("sem b limit=2").await;
+    let ghost = queue(&server, &mut admin, "sem", "sem ghost limit=2", 1).await;
+    let mut d = queue(&server, &mut admin, "sem", "sem d limit=2", 2).await;
+    drop(ghost);
+    assert_eq!(h.req(&format!("UNLOCK sem {ta}")).await, "OK");
+    let td = token(&d.line().await);
+    expect_events(
+        &mut watcher,
+        "sem",
+        &[
+            ("acquired", "a", ta),
+            ("acquired", "b", tb),
+            ("released", "a", ta),
+        ],
+    )
+    .await;
+    let line = watcher.line().await;
+    let tg: u64 = field_n(&line, 4);
+    assert_event(&line, "acquired", "sem", "ghost", tg);
+    expect_events(
+        &mut watcher,
+        "sem",
+        &[("dropped", "ghost", tg), ("acquired", "d", td)],
+    )
+    .await;
+    assert_eq!(
+        status(&mut admin, "sem").await,
+        format!("OK sem held id=b token={tb} ttl_ms=* session=0 waiters=0 holders=2 mode=limit:2")
+    );
+    server.shutdown().await;
+}
+
+/// Word `n` (from 0) of `line`, parsed.
+fn field_n<T: std::str::FromStr>(line: &str, n: usize) -> T {
+    line.split(' ')
+        .nth(n)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("word {n} of {line:?}"))
+}
