@@ -48,6 +48,9 @@ impl Endpoint {
 
     /// Serves `listener` until `shutdown`.
     pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "serving metrics");
+        }
         let app = Router::new()
             .route("/metrics", get(metrics))
             .route("/healthz", get(healthz))

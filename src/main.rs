@@ -264,7 +264,7 @@ fn raise_fd_limit(_max_connections: usize) {}
 
 fn init_logging(verbose: u8, format: LogFormat) {
     let default = match verbose {
-        0 => "warn,lockd::server=info,lockd::compat=info",
+        0 => "warn,lockd::server=info,lockd::compat=info,lockd::http=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -344,9 +344,6 @@ async fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        if let Ok(addr) = metrics_listener.local_addr() {
-            tracing::info!(%addr, "serving metrics");
-        }
         let endpoint = Endpoint::new(args.metrics_names.clone());
         config.endpoint = Some(endpoint.clone());
         let stop = shutdown.clone();

@@ -8,33 +8,12 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{config, start_server, token, wait_status, wait_waiters, GUARD};
+use common::{config, http_get as get, start_server, token, wait_status, wait_waiters, GUARD};
 use lockd::http::Endpoint;
 use lockd::server::Config;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-
-/// `GET path` over HTTP/1.1; the status code and the body.
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr)
-        .await
-        .expect("connect to the endpoint");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: lockd\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    tokio::time::timeout(GUARD, s.read_to_string(&mut raw))
-        .await
-        .expect("the endpoint answers")
-        .unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("a status code");
-    (status, body.to_string())
-}
 
 /// Parses an exposition with the Prometheus project's OpenMetrics parser (Python), so a
 /// malformed line fails the test; returns every sample as `name{labels}` -> value, labels

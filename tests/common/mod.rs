@@ -451,3 +451,24 @@ impl Drop for LockdProcess {
         let _ = self.child.wait();
     }
 }
+
+/// `GET path` over HTTP/1.1; the status code and the body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr)
+        .await
+        .expect("connect to the endpoint");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: lockd\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    tokio::time::timeout(GUARD, s.read_to_string(&mut raw))
+        .await
+        .expect("the endpoint answers")
+        .unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    (status, body.to_string())
+}
