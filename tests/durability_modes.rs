@@ -160,12 +160,8 @@ async fn semaphore_slots_and_shared_holders_survive_kill_9() {
 }
 
 /// proto.md: STATUS describes "the holder granted first", and `STATUS <name> detail` lists
-/// holders "in the order they were granted". After a restart the restored holders come back
-/// in the reverse order: the store hands them to the table newest first
-/// (`Recovered::leases`), and `Locks::restore` appends each later one after the first.
+/// holders "in the order they were granted" — after a restart too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: holders restored from --data-dir come back newest first, so STATUS \
-            shows the holder granted last and detail lists holders in reverse grant order"]
 async fn restored_holders_keep_their_grant_order() {
     let run = async {
         let dir = TempDir::new("modes-order");
