@@ -17,6 +17,7 @@
 mod files;
 mod format;
 
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,9 +118,20 @@ impl Recovered {
                 })
             })
             .collect();
-        // Newest first: if a clock that stepped back makes an old lease look live beside a
-        // newer one of the same name, the newer one is restored and the old one can't join.
-        leases.sort_unstable_by_key(|l| std::cmp::Reverse(l.token));
+        // In grant order, so a shared lock's or semaphore's holders come back in their order.
+        // A clock that stepped back can make an old lease look live beside a newer one of the
+        // same name: the newest lease of a name decides its shape, and only leases of that
+        // shape come back (for an exclusive lock, the newest alone).
+        leases.sort_unstable_by_key(|l| l.token);
+        let newest: HashMap<String, (Token, Mode)> = leases
+            .iter()
+            .map(|l| (l.name.clone(), (l.token, l.mode)))
+            .collect();
+        leases.retain(|l| match newest.get(&l.name) {
+            Some((token, Mode::Exclusive)) => *token == l.token,
+            Some((_, mode)) => *mode == l.mode,
+            None => false,
+        });
         leases
     }
 }
