@@ -284,6 +284,15 @@ impl Users {
         }
     }
 
+    /// The number of user `name`, if the file has it: for a client that proved who it is
+    /// another way (a client certificate whose common name is `name`).
+    pub fn find(&self, name: &str) -> Option<UserId> {
+        self.numbers
+            .get(name)
+            .copied()
+            .filter(|n| self.users.contains_key(n))
+    }
+
     /// The name of user `user`; `None` if the file no longer has it.
     pub fn name(&self, user: UserId) -> Option<&str> {
         self.users.get(&user).map(|u| u.name.as_str())

@@ -94,6 +94,20 @@ impl Session {
         gate: Option<&Gate>,
     ) -> Self {
         let number = shared.connection_id();
+        let mut login = gate.map(|gate| Login {
+            users: gate.subscribe(),
+            user: None,
+            failures: 0,
+        });
+        // Mutual TLS: a verified client certificate whose common name is a user of the auth
+        // file logs the connection in as that user, no secret sent. Any other name must AUTH.
+        if let (Some(login), Some(cn)) = (login.as_mut(), crate::tls::client_cn(conn.stream())) {
+            let found = login.users.borrow().find(&cn);
+            if let Some(user) = found {
+                tracing::info!(conn = number, user = %cn, "authenticated by client certificate");
+                login.user = Some((user, cn));
+            }
+        }
         Session {
             shared,
             conn,
@@ -101,11 +115,7 @@ impl Session {
             shutdown,
             limits,
             leases: HashMap::new(),
-            login: gate.map(|gate| Login {
-                users: gate.subscribe(),
-                user: None,
-                failures: 0,
-            }),
+            login,
         }
     }
 

@@ -121,6 +121,16 @@ pub fn server_name(host: &str) -> io::Result<ServerName<'static>> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{host}: {e}")))
 }
 
+/// The common name of the client certificate a server-side TLS stream verified (mutual TLS);
+/// `None` for plain streams, and for TLS without client certificates.
+pub fn client_cn(stream: &crate::stream::Stream) -> Option<String> {
+    let crate::stream::Stream::Server(tls) = stream else {
+        return None;
+    };
+    let cert = tls.get_ref().1.peer_certificates()?.first()?;
+    subject_cn(cert.as_ref())
+}
+
 /// The common name (CN) in a certificate's subject: the user a client certificate stands for.
 /// `der` is a certificate the TLS layer already verified; this only reads it, and gives
 /// `None` for anything it does not understand.

@@ -157,3 +157,67 @@ fn bad_files_are_named_in_the_error() {
     let err = tls::server(&cert, &cert, None).expect_err("a cert is no key");
     assert!(err.contains("server.pem"), "{err}");
 }
+
+/// Mutual TLS with an auth file: a client certificate whose common name is a user logs the
+/// connection in as that user, no AUTH needed; any other name must AUTH like anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_naming_a_user_logs_it_in() {
+    use lockd::auth::{user_line, Gate, Users};
+    let pki = Pki::new("tls-user");
+    let (cert, key) = pki.server();
+    let tls = tls::server(&cert, &key, Some(&pki.ca())).expect("server TLS");
+    let file = [
+        user_line(
+            "alice lock=build* read=*",
+            "alice-secret-0123456789",
+            [1; 16],
+        )
+        .unwrap(),
+        user_line("bob lock=* read=*", "bob-secret-0123456789ab", [2; 16]).unwrap(),
+    ]
+    .join("\n");
+    let users = Users::parse(&file, None).expect("users");
+    let server = start_server(Config {
+        tls: Some(tls),
+        auth: Some(Gate::new(users)),
+        ..config()
+    })
+    .await;
+    let addr = server.addr.to_string();
+
+    let (cert, key) = pki.client("alice");
+    let alice = tls::client(Some(&pki.ca()), Some((&cert, &key))).expect("client TLS");
+    let mut c = Client::connect_tls(&addr, &alice)
+        .await
+        .expect("mutual TLS");
+    let token = c
+        .lock("build-1", "ci", None, None, Default::default())
+        .await
+        .expect("alice may lock build* without AUTH");
+    // Her rights are hers: not deploy.
+    let denied = c
+        .lock("deploy", "ci", None, None, Default::default())
+        .await
+        .expect_err("alice has no lock right on deploy");
+    assert!(denied.to_string().contains("DENIED"), "{denied}");
+    c.unlock("build-1", token).await.expect("UNLOCK");
+
+    // A certificate for a name the file doesn't have: logged in as nobody.
+    let (cert, key) = pki.client("carol");
+    let carol = tls::client(Some(&pki.ca()), Some((&cert, &key))).expect("client TLS");
+    let mut c = Client::connect_tls(&addr, &carol)
+        .await
+        .expect("mutual TLS");
+    let refused = c
+        .lock("build-2", "ci", None, None, Default::default())
+        .await
+        .expect_err("an unknown CN must AUTH first");
+    assert!(refused.to_string().contains("NOAUTH"), "{refused}");
+    c.auth("bob", "bob-secret-0123456789ab")
+        .await
+        .expect("AUTH as a user of the file");
+    c.lock("build-2", "ci", None, None, Default::default())
+        .await
+        .expect("then LOCK");
+    server.shutdown().await;
+}
