@@ -142,6 +142,7 @@ async fn run_durable(
         config.watch_buffer,
         store.journal(),
         &recovered,
+        config.auth.clone(),
         metrics,
     );
     tracing::info!(dir = %dir.display(), leases = shared.status_all().len(), "state restored");

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{broadcast, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Gate;
 use crate::locks::{
     Change, ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
-    TableError, Token, UserId, WaitEnd, WaiterId, WaiterStatus,
+    TableError, Token, UserId, WaitEnd, WaiterId, WaiterStatus, GONE_USER,
 };
 use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Stopped};
@@ -92,6 +93,8 @@ pub struct Shared {
     next_conn: AtomicU64,
     /// Where changes go to be made durable; `None` keeps everything in memory.
     journal: Option<Journal>,
+    /// The users of `--auth-file`, to name the users of grants in the journal.
+    users: Option<Arc<Gate>>,
     metrics: Arc<Metrics>,
     /// The last STATUS snapshot, shared by every STATUS made while the table is unchanged;
     /// the async lock makes concurrent STATUS requests wait for one copy, not make many.
@@ -173,7 +176,13 @@ impl Shared {
         watch_buffer: usize,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
-        Self::build(Locks::new(limits, first_token), watch_buffer, None, metrics)
+        Self::build(
+            Locks::new(limits, first_token),
+            watch_buffer,
+            None,
+            None,
+            metrics,
+        )
     }
 
     /// Like [`Shared::new`], on the state a data directory held, recording every change to
@@ -184,22 +193,32 @@ impl Shared {
         watch_buffer: usize,
         journal: Journal,
         recovered: &Recovered,
+        users: Option<Arc<Gate>>,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let mut table = Locks::new(limits, first_token);
         table.raise_next_token(recovered.next_token);
         let at = now();
-        for lease in recovered.leases(at) {
+        // A lease keeps its user across the restart; a user no longer in the file is gone.
+        let known = users.as_ref().map(|gate| gate.users());
+        let user = |name: &str| {
+            known
+                .as_ref()
+                .and_then(|users| users.find(name))
+                .unwrap_or(GONE_USER)
+        };
+        for lease in recovered.leases(at, user) {
             table.restore(at, lease);
         }
         table.journal_changes();
-        Self::build(table, watch_buffer, Some(journal), metrics)
+        Self::build(table, watch_buffer, Some(journal), users, metrics)
     }
 
     fn build(
         table: Locks,
         watch_buffer: usize,
         journal: Option<Journal>,
+        users: Option<Arc<Gate>>,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let (events, _) = broadcast::channel(watch_buffer.max(1));
@@ -216,6 +235,7 @@ impl Shared {
             events,
             next_conn: AtomicU64::new(1),
             journal,
+            users,
             metrics,
             status_cache: tokio::sync::Mutex::new(None),
             status_copies: Arc::new(Semaphore::new(crate::DEFAULT_STATUS_COPIES)),
@@ -258,7 +278,9 @@ impl Shared {
         if let Some(journal) = &self.journal {
             g.table.drain_changes_into(&mut g.changes);
             if !g.changes.is_empty() {
-                journal.append(&mut g.changes, now());
+                let users = self.users.as_ref().map(|gate| gate.users());
+                let name = |user| Some(users.as_ref()?.name(user)?.to_owned());
+                journal.append(&mut g.changes, now(), name);
             }
         }
     }

@@ -427,8 +427,10 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
                     ttl: Duration::from_millis(1),
                     deadline: now,
                     mode: Default::default(),
+                    user: lockd::locks::NO_USER,
                 }],
                 now,
+                |_| None,
             );
             journal.durable(seq).await.unwrap();
             store.close().unwrap();

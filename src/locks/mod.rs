@@ -122,7 +122,7 @@ impl Locks {
             granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
-            user: NO_USER,
+            user: lease.user,
             bond: Bond::Plain,
         };
         let deadline = holder.deadline;
@@ -264,6 +264,7 @@ impl Locks {
                     ttl,
                     deadline,
                     mode: held,
+                    user: existing.user,
                 });
             }
             return Ok(LockOutcome::Granted {
@@ -691,6 +692,7 @@ impl Locks {
                 ttl: Duration::from_nanos(holder.ttl),
                 deadline,
                 mode,
+                user: holder.user,
             });
         }
         self.timers

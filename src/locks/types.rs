@@ -14,9 +14,13 @@ pub type WaiterId = u64;
 /// authentication. The table only compares them: it knows no names or rights.
 pub type UserId = u32;
 /// The user of every request when authentication is off, and of leases whose user is not
-/// known (restored from a data directory, taken through the compat ports). Such a lease
-/// belongs to no user: whoever has its token may renew or release it.
+/// known (taken through the compat ports, or before authentication was turned on). Such a
+/// lease belongs to no user: whoever has its token may renew or release it.
 pub const NO_USER: UserId = 0;
+/// The user of a lease restored from a data directory whose user is no longer in the auth
+/// file: it belongs to someone nobody can be any more, so nobody renews or releases it, and
+/// it ends with its ttl.
+pub const GONE_USER: UserId = UserId::MAX;
 
 /// What a holder holds: the whole lock, a share of it, or one of a semaphore's slots.
 ///
@@ -268,6 +272,7 @@ pub enum Change {
         ttl: Duration,
         deadline: Instant,
         mode: Mode,
+        user: UserId,
     },
     /// The lease `token` of `name` now ends at `deadline`.
     Renew {
@@ -289,6 +294,7 @@ pub struct RestoredLease {
     pub ttl: Duration,
     pub deadline: Instant,
     pub mode: Mode,
+    pub user: UserId,
 }
 
 /// One waiter of a lock, in queue order, for `STATUS <name> detail`.

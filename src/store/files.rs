@@ -422,6 +422,7 @@ mod tests {
             ttl_ms: 60_000,
             deadline_ms,
             mode: super::super::format::EXCLUSIVE,
+            user: None,
         })
     }
 

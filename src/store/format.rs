@@ -26,6 +26,9 @@ const RELEASE: u8 = 3;
 /// A grant of a shared hold or a semaphore slot: [`GRANT`] plus the mode. Exclusive grants
 /// keep the old record, so a data directory of plain locks stays readable by older lockd.
 const GRANT_MODE: u8 = 4;
+/// A grant to an authenticated user (`--auth-file`): [`GRANT_MODE`] plus the user's name, so
+/// the lease is still that user's after a restart.
+const GRANT_USER: u8 = 5;
 
 /// `Lease::mode` of an exclusive hold; 0 is shared, n >= 2 a slot of a semaphore of n.
 pub const EXCLUSIVE: u64 = 1;
@@ -40,6 +43,8 @@ pub struct Lease {
     pub deadline_ms: u64,
     /// [`EXCLUSIVE`], 0 for shared, or a semaphore's limit.
     pub mode: u64,
+    /// The authenticated user it belongs to; `None` without authentication.
+    pub user: Option<String>,
 }
 
 /// One change, as it is stored.
@@ -100,6 +105,13 @@ impl Record {
     /// Appends this record's payload bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
+            Record::Grant(l) if l.user.is_some() => {
+                out.push(GRANT_USER);
+                put_u64s(out, &[l.token, l.ttl_ms, l.deadline_ms, l.mode]);
+                put_str(out, &l.name);
+                put_str(out, &l.id);
+                put_str(out, l.user.as_deref().unwrap_or(""));
+            }
             Record::Grant(l) if l.mode == EXCLUSIVE => {
                 out.push(GRANT);
                 put_u64s(out, &[l.token, l.ttl_ms, l.deadline_ms]);
@@ -133,16 +145,23 @@ impl Record {
     /// Reads one record from the front of `r`.
     fn decode(r: &mut Reader<'_>) -> Result<Record, Damaged> {
         Ok(match r.u8()? {
-            tag @ (GRANT | GRANT_MODE) => {
+            tag @ (GRANT | GRANT_MODE | GRANT_USER) => {
                 let (token, ttl_ms, deadline_ms) = (r.u64()?, r.u64()?, r.u64()?);
                 let mode = if tag == GRANT { EXCLUSIVE } else { r.u64()? };
+                let (name, id) = (r.str()?, r.str()?);
+                let user = if tag == GRANT_USER {
+                    Some(r.str()?)
+                } else {
+                    None
+                };
                 Record::Grant(Lease {
-                    name: r.str()?,
-                    id: r.str()?,
+                    name,
+                    id,
                     token,
                     ttl_ms,
                     deadline_ms,
                     mode,
+                    user,
                 })
             }
             RENEW => {
@@ -346,6 +365,7 @@ mod tests {
             ttl_ms: 30_000,
             deadline_ms: 1_700_000_000_000,
             mode: EXCLUSIVE,
+            user: None,
         }
     }
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::{Change, Mode, RestoredLease, Token};
+use crate::locks::{Change, Mode, RestoredLease, Token, UserId, NO_USER};
 use crate::metrics::Metrics;
 use files::{unix_ms, DataDir};
 use format::{Lease, Record};
@@ -98,7 +98,11 @@ pub struct Recovered {
 impl Recovered {
     /// The leases that have not ended, as the table restores them: each keeps its wall-clock
     /// deadline, turned into an `Instant` on the table's clock (`now`).
-    pub fn leases(&self, now: Instant) -> Vec<RestoredLease> {
+    ///
+    /// `user` turns a stored user name into the user's number now (see
+    /// [`crate::locks::GONE_USER`] for a
+    /// name the auth file no longer has); leases stored without a user get [`NO_USER`].
+    pub fn leases(&self, now: Instant, user: impl Fn(&str) -> UserId) -> Vec<RestoredLease> {
         let now_ms = unix_ms();
         let mut leases: Vec<RestoredLease> = self
             .leases
@@ -115,6 +119,7 @@ impl Recovered {
                         0 => Mode::Shared,
                         n => Mode::limit(u32::try_from(n).unwrap_or(u32::MAX)),
                     },
+                    user: l.user.as_deref().map_or(NO_USER, &user),
                 })
             })
             .collect();
@@ -212,7 +217,14 @@ impl Journal {
     /// Queues `changes` (leaving the vector empty), made at `now` on the table's clock; returns
     /// the number of the last one. Call it under the table's lock, so the queue keeps the
     /// table's order.
-    pub fn append(&self, changes: &mut Vec<Change>, now: Instant) -> Seq {
+    /// `user_name` names the users of grants, so that a restart gives their leases back to
+    /// them (`None`: the lease is nobody's).
+    pub fn append(
+        &self,
+        changes: &mut Vec<Change>,
+        now: Instant,
+        user_name: impl Fn(UserId) -> Option<String>,
+    ) -> Seq {
         let wall = unix_ms();
         let until = |deadline: Instant| {
             wall.saturating_add(ceil_ms(deadline.saturating_duration_since(now)))
@@ -232,6 +244,7 @@ impl Journal {
                     ttl,
                     deadline,
                     mode,
+                    user,
                 } => Record::Grant(Lease {
                     name: name.to_string(),
                     id: id.to_string(),
@@ -243,6 +256,7 @@ impl Journal {
                         Mode::Shared => 0,
                         Mode::Limit(n) => u64::from(n),
                     },
+                    user: (user != NO_USER).then(|| user_name(user)).flatten(),
                 }),
                 Change::Renew {
                     name,
