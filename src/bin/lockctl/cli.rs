@@ -172,20 +172,37 @@ pub struct TlsArgs {
 
     /// The CA certificate(s) (PEM) that signed lockd's certificate, trusted instead of the
     /// system's bundle. Implies --tls.
-    #[arg(long, global = true, env = "LOCKD_TLS_CA", value_name = "PEM",
-          help_heading = "TLS")]
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_TLS_CA",
+        value_name = "PEM",
+        help_heading = "TLS"
+    )]
     pub tls_ca: Option<PathBuf>,
 
     /// A client certificate (PEM) to present, for a lockd that requires one (mutual TLS,
     /// lockd --tls-client-ca): its subject's common name (CN) names this client. Needs
     /// --client-key; implies --tls.
-    #[arg(long, global = true, env = "LOCKD_CLIENT_CERT", value_name = "PEM",
-          requires = "client_key", help_heading = "TLS")]
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_CLIENT_CERT",
+        value_name = "PEM",
+        requires = "client_key",
+        help_heading = "TLS"
+    )]
     pub client_cert: Option<PathBuf>,
 
     /// The private key (PEM) of --client-cert.
-    #[arg(long, global = true, env = "LOCKD_CLIENT_KEY", value_name = "PEM",
-          requires = "client_cert", help_heading = "TLS")]
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_CLIENT_KEY",
+        value_name = "PEM",
+        requires = "client_cert",
+        help_heading = "TLS"
+    )]
     pub client_key: Option<PathBuf>,
 }
 

@@ -101,7 +101,12 @@ impl Tls {
     /// certificate after the client's side of the handshake is done, so a refusal only shows
     /// on the first reply. Asking for it here makes a refused certificate a connect error,
     /// which is final, and not a failure of whatever request comes first.
-    pub async fn open(&self, addr: &str, stream: TcpStream, limit: Duration) -> Result<Client, Refusal> {
+    pub async fn open(
+        &self,
+        addr: &str,
+        stream: TcpStream,
+        limit: Duration,
+    ) -> Result<Client, Refusal> {
         let shake = limit.min(HANDSHAKE_TIMEOUT);
         let client = match tokio::time::timeout(
             shake,
@@ -121,7 +126,9 @@ impl Tls {
         };
         let mut client = client;
         match tokio::time::timeout(limit, client.ping()).await {
-            Err(_) => Err(Refusal::Retry("no reply to PING after the TLS handshake".into())),
+            Err(_) => Err(Refusal::Retry(
+                "no reply to PING after the TLS handshake".into(),
+            )),
             Ok(Ok(())) => Ok(client),
             Ok(Err(e)) => Err(self.refusal(addr, e)),
         }
@@ -151,18 +158,17 @@ impl Tls {
         match e {
             rustls::Error::InvalidCertificate(cert) => {
                 let why = match cert {
-                    CertificateError::UnknownIssuer => format!(
-                        "no CA in {ca} signed it (give the CA that did with --tls-ca)"
-                    ),
-                    CertificateError::ExpiredContext { not_after, .. } => format!(
-                        "it expired at {}",
-                        unix_time(not_after.as_secs())
-                    ),
+                    CertificateError::UnknownIssuer => {
+                        format!("no CA in {ca} signed it (give the CA that did with --tls-ca)")
+                    }
+                    CertificateError::ExpiredContext { not_after, .. } => {
+                        format!("it expired at {}", unix_time(not_after.as_secs()))
+                    }
                     CertificateError::Expired => "it has expired".into(),
                     CertificateError::NotValidForName
-                    | CertificateError::NotValidForNameContext { .. } => format!(
-                        "{cert} (connect with a name or address the certificate lists)"
-                    ),
+                    | CertificateError::NotValidForNameContext { .. } => {
+                        format!("{cert} (connect with a name or address the certificate lists)")
+                    }
                     other => other.to_string(),
                 };
                 format!("the certificate of lockd at {addr} is not trusted: {why}")
