@@ -96,8 +96,16 @@ impl Client {
     /// `host` and signed by a CA `tls` trusts.
     pub async fn connect_tls(addr: &str, tls: &TlsConnector) -> Result<Client> {
         let stream = TcpStream::connect(addr).await?;
-        let _ = stream.set_nodelay(true);
         let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+        Client::handshake(stream, host, tls).await
+    }
+
+    /// The TLS handshake on a connected `stream`: the server's certificate must be valid for
+    /// `host` and signed by a CA `tls` trusts. Apart from [`Client::connect_tls`], so that a
+    /// caller can bound the TCP connect and the handshake each with its own timeout (a plain
+    /// port accepts the connection, then never answers the handshake).
+    pub async fn handshake(stream: TcpStream, host: &str, tls: &TlsConnector) -> Result<Client> {
+        let _ = stream.set_nodelay(true);
         let stream = tls.connect(crate::tls::server_name(host)?, stream).await?;
         Ok(Client {
             conn: Connection::new(Stream::Client(Box::new(stream)), MAX_REPLY),

@@ -4,7 +4,9 @@
 
 #[path = "support/blocking.rs"]
 mod blocking;
+mod common;
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -13,6 +15,7 @@ use blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
     signal, Lockd, Mark, Proxy,
 };
+use common::pki::Pki;
 
 /// Only a guard against a hang; the suite takes a few seconds.
 const GUARD: Duration = Duration::from_secs(120);
@@ -23,16 +26,32 @@ fn client_dir() -> PathBuf {
 
 /// Runs python3 in the client's directory with `args`, LOCKD_ADDR set to `addr`.
 fn python(addr: &str, args: &[&str]) -> Child {
+    python_with(addr, args, &[])
+}
+
+/// [`python`] with more variables.
+fn python_with(addr: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Child {
     Command::new("python3")
         .args(args)
         .current_dir(client_dir())
         .env("LOCKD_ADDR", addr)
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("python3 must be installed (CI installs it)")
+}
+
+/// Asserts that a unittest run passed, and tested something.
+fn assert_suite_passed(out: &blocking::Output) {
+    // unittest reports on stderr.
+    let (status, out, err) = (&out.status, &out.stdout, &out.stderr);
+    assert!(status.success(), "unittest failed:\n{out}\n{err}");
+    // A suite that skipped itself (no LOCKD_ADDR) would pass without testing anything.
+    assert!(!err.contains("skipped"), "tests were skipped:\n{err}");
+    assert!(err.contains("\nOK"), "no OK summary:\n{err}");
 }
 
 /// Runs `script` (after `import lockd_client`, with ADDR set from LOCKD_ADDR).
@@ -49,20 +68,55 @@ fn python_client_unittest_suite_passes_against_a_real_lockd() {
         &lockd.addr.to_string(),
         &["-m", "unittest", "-v", "test_lockd_client"],
     );
-    // unittest reports on stderr.
-    let blocking::Output {
-        status,
-        stdout: out,
-        stderr: err,
-    } = blocking::finish(child, "", GUARD);
-    assert!(status.success(), "unittest failed:\n{out}\n{err}");
-    // A suite that skipped itself (no LOCKD_ADDR) would pass without testing anything.
-    assert!(!err.contains("skipped"), "tests were skipped:\n{err}");
-    assert!(err.contains("\nOK"), "no OK summary:\n{err}");
+    assert_suite_passed(&blocking::finish(child, "", GUARD));
     // The suite leaves the server as it found it.
     eventually(GUARD, "every lock the suite took is released", || {
         lockd.request("STATUS") == "OK 0"
     });
+}
+
+/// The whole suite again, over mutual TLS (the client takes lockctl's variables), and the TLS
+/// tests: a real `lockd --tls-cert --tls-key --tls-client-ca`, certificates made here.
+#[test]
+fn python_client_suite_passes_over_mutual_tls() {
+    let pki = Pki::new("python");
+    let stranger = Pki::new("python-stranger");
+    let (cert, key) = pki.server();
+    let ca = pki.ca();
+    let lockd = common::spawn_lockd(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
+    ]);
+    let plain = Lockd::start();
+    let plain_addr = plain.addr.to_string();
+    let (me, my_key) = pki.client("python-suite");
+    let (them, their_key) = stranger.client("mallory");
+    let other_ca = stranger.ca();
+    let env: [(&str, &OsStr); 7] = [
+        ("LOCKD_TLS_CA", ca.as_os_str()),
+        ("LOCKD_CLIENT_CERT", me.as_os_str()),
+        ("LOCKD_CLIENT_KEY", my_key.as_os_str()),
+        ("LOCKD_TEST_OTHER_CA", other_ca.as_os_str()),
+        ("LOCKD_TEST_STRANGER_CERT", them.as_os_str()),
+        ("LOCKD_TEST_STRANGER_KEY", their_key.as_os_str()),
+        ("LOCKD_TEST_PLAIN_ADDR", OsStr::new(&plain_addr)),
+    ];
+    let child = python_with(
+        &lockd.addr.to_string(),
+        &[
+            "-m",
+            "unittest",
+            "-v",
+            "test_lockd_client",
+            "test_lockd_client_tls",
+        ],
+        &env,
+    );
+    assert_suite_passed(&blocking::finish(child, "", GUARD));
 }
 
 /// A process killed while it waits in the queue leaves it: when the holder releases, the lock

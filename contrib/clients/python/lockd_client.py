@@ -49,6 +49,22 @@ A process killed while it waits in ``Client.lock`` (or in ``with lock(...)``) le
 server's queue at once and never gets the lock: a plain LOCK is sent with ``detach`` (the wait
 is tied to the connection, the lease is not), a session LOCK is tied to it anyway.
 
+TLS (a lockd started with ``--tls-cert``; proto.md, "TLS"), with the standard ``ssl`` module:
+``ca`` is the CA that signed lockd's certificate (default: the system's), ``cert`` and ``key``
+a client certificate for a lockd that requires one (mutual TLS; its subject's CN names the
+client); giving either implies ``tls=True``. The server's certificate must be valid for the
+host of ``server``. ``tls`` may also be an ``ssl.SSLContext`` of your own::
+
+    c = Client("locks.example.com:5001", ca="ca.pem", cert="me.pem", key="me.key")
+    with lock("deploy", server="locks.example.com:5001", tls=True):   # the system's CAs
+        ...
+
+Without any of these, the variables lockctl reads decide: ``$LOCKD_TLS`` (1, true, yes or on),
+``$LOCKD_TLS_CA``, ``$LOCKD_CLIENT_CERT`` and ``$LOCKD_CLIENT_KEY``; ``tls=False`` ignores them.
+A handshake that fails (an untrusted, expired or misnamed server certificate, a plain-TCP
+port, a missing or refused client certificate) raises :class:`TlsError`, a ConnectionLost
+that trying again will not cure.
+
 Every ``ERR <code>`` reply raises the :class:`ServerError` subclass of that code (``Timeout``,
 ``NotHeld``, ``BadArg``, ...; ``.code`` holds the word); a connection that fails or closes
 raises :class:`ConnectionLost`. Durations are seconds (int or float) or protocol strings
@@ -65,6 +81,7 @@ ValueError or TypeError, which are usage errors (2).
 import os
 import re
 import socket
+import ssl
 import threading
 import time
 
@@ -77,6 +94,7 @@ __all__ = [
     "EXIT_LOST",
     "LockdError",
     "ConnectionLost",
+    "TlsError",
     "ProtocolError",
     "ServerError",
     "Syntax",
@@ -129,6 +147,11 @@ class ConnectionLost(LockdError, ConnectionError):
     """Could not connect, or the connection failed or closed before the reply came."""
 
     exit_code = EXIT_UNREACHABLE
+
+
+class TlsError(ConnectionLost):
+    """The TLS handshake failed, or lockd refused this client's certificate: the same
+    connection will fail the same way, so the message says what to change."""
 
 
 class ProtocolError(LockdError):
@@ -391,6 +414,59 @@ def _mode_option(shared, limit):
     return " limit=%d" % limit
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _env_flag(name):
+    """A yes/no variable, read as lockctl reads it."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("$%s must be 1, true, yes or on, or 0, false, no or off: %r"
+                     % (name, os.environ[name]))
+
+
+def _tls_context(tls, ca, cert, key):
+    """The ssl.SSLContext to connect with (None for plain TCP; see the module's doc) and the
+    client certificate's file, if known."""
+    if isinstance(tls, ssl.SSLContext):
+        if ca or cert or key:
+            raise ValueError("give either an ssl.SSLContext or ca/cert/key, not both")
+        return tls, None
+    if tls is not None and not isinstance(tls, bool):
+        raise TypeError("tls must be True, False, None or an ssl.SSLContext, not %r" % (tls,))
+    if tls is None:
+        tls = _env_flag("LOCKD_TLS")
+        ca = ca or os.environ.get("LOCKD_TLS_CA") or None
+        cert = cert or os.environ.get("LOCKD_CLIENT_CERT") or None
+        key = key or os.environ.get("LOCKD_CLIENT_KEY") or None
+    elif tls is False:
+        if ca or cert or key:
+            raise ValueError("tls=False with ca, cert or key")
+        return None, None
+    if not (tls or ca or cert):
+        return None, None
+    if key and not cert:
+        raise ValueError("a client key without its certificate (cert=)")
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if cert:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError("cannot set up TLS (ca=%r, cert=%r, key=%r): %s"
+                         % (ca, cert, key, e)) from e
+    return context, cert
+
+
+def _tls_reason(e):
+    """OpenSSL's reason for a failure, as ``WRONG_VERSION_NUMBER``."""
+    return (getattr(e, "reason", None) or "").upper()
+
+
 def default_id():
     """``<hostname>:<pid>``, as lockctl does: one id per process."""
     return "%s:%d" % (socket.gethostname(), os.getpid())
@@ -402,14 +478,17 @@ class Client:
     A client is safe to share between threads (one request at a time), but a LOCK that waits
     holds the connection until it is answered: give each waiting thread its own client.
     ``timeout`` bounds every reply that should come at once; a waiting LOCK gets its ``wait``
-    on top of it (or no bound at all without ``wait``).
+    on top of it (or no bound at all without ``wait``). ``tls``, ``ca``, ``cert`` and ``key``
+    choose TLS (see the module's doc); a file that cannot be used raises ValueError here.
     """
 
-    def __init__(self, server=None, id=None, timeout=10.0):
+    def __init__(self, server=None, id=None, timeout=10.0, tls=None, ca=None, cert=None,
+                 key=None):
         self.server = server or os.environ.get("LOCKD_ADDR") or DEFAULT_SERVER
         self._addr = _split_addr(self.server)
         self.id = _word("id", id or default_id())
         self.timeout = timeout
+        self._tls, self._cert = _tls_context(tls, ca, cert, key)
         self._sock = None
         self._file = None
         self._mutex = threading.Lock()
@@ -445,12 +524,20 @@ class Client:
         with self._mutex:
             try:
                 if self._sock is None:
-                    self._sock = socket.create_connection(self._addr, timeout=self.timeout)
+                    self._sock = self._connect()
                     self._file = self._sock.makefile("rb")
                 self._sock.settimeout(self.timeout)
                 self._sock.sendall(line.encode("utf-8") + b"\n")
                 self._sock.settimeout(timeout)
                 return (read or self._read_line)()
+            except ssl.SSLError as e:
+                # A failed handshake, or a refused client certificate: in TLS 1.3 lockd judges
+                # it after the handshake, and its refusal comes as the answer to a request.
+                self._drop()
+                raise TlsError(self._tls_failure(e)) from e
+            except TlsError:
+                self._drop()
+                raise
             except socket.timeout:
                 self._drop()
                 raise ConnectionLost("no reply from %s to %r in time" % (self.server, line))
@@ -460,6 +547,46 @@ class Client:
             except BaseException:
                 self._drop()
                 raise
+
+    def _connect(self):
+        """A new connection, over TLS if asked for."""
+        sock = socket.create_connection(self._addr, timeout=self.timeout)
+        if self._tls is None:
+            return sock
+        try:
+            return self._tls.wrap_socket(sock, server_hostname=self._addr[0])
+        except socket.timeout:
+            sock.close()
+            raise TlsError("lockd at %s accepted the connection but sent no TLS handshake "
+                           "within %ss: is it serving plain TCP there?"
+                           % (self.server, self.timeout)) from None
+        except BaseException:  # an ssl.SSLError is said by _request
+            sock.close()
+            raise
+
+    def _tls_failure(self, e):
+        """One line naming the cause of a TLS failure and what to change."""
+        reason = _tls_reason(e)
+        about_cert = "ALERT" in reason and any(
+            word in reason for word in ("CERTIFICATE", "UNKNOWN_CA", "ACCESS_DENIED",
+                                        "DECRYPT_ERROR", "HANDSHAKE_FAILURE"))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            hint = "" if "mismatch" in (e.verify_message or "").lower() else (
+                " (give the CA that signed it as ca=, or $LOCKD_TLS_CA)")
+            return ("the certificate of lockd at %s is not trusted: %s%s"
+                    % (self.server, e.verify_message or e, hint))
+        if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+                      "UNKNOWN_PROTOCOL", "HTTP_REQUEST"):
+            return ("lockd at %s did not answer in TLS: is it serving plain TCP there "
+                    "(started without --tls-cert)?" % self.server)
+        if "CERTIFICATE_REQUIRED" in reason or (about_cert and self._cert is None):
+            return ("lockd at %s requires a client certificate (mutual TLS): give cert= and "
+                    "key=, or $LOCKD_CLIENT_CERT and $LOCKD_CLIENT_KEY" % self.server)
+        if about_cert:
+            return ("lockd at %s refused the client certificate %s: %s"
+                    % (self.server, self._cert, "it is not signed by a CA lockd trusts"
+                       if "UNKNOWN_CA" in reason else e))
+        return "TLS with lockd at %s failed: %s" % (self.server, e)
 
     def _read_line(self):
         raw = self._file.readline(_MAX_REPLY + 1)
@@ -622,7 +749,8 @@ class Lease:
     """
 
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
-                 on_lost=None, timeout=10.0, shared=False, limit=None):
+                 on_lost=None, timeout=10.0, shared=False, limit=None, tls=None, ca=None,
+                 cert=None, key=None):
         self.name = _word("name", name)
         self.ttl = ttl
         self.wait = wait
@@ -632,7 +760,8 @@ class Lease:
         self.session = self._capped(session, ttl)
         self.on_lost = on_lost
         self._timeout = timeout
-        self._client = Client(server, id=id, timeout=timeout)
+        self._client = Client(server, id=id, timeout=timeout, tls=tls, ca=ca, cert=cert,
+                              key=key)
         self.token = None
         self.reason = None
         self._lost = threading.Event()
@@ -752,14 +881,15 @@ class Lease:
 
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
-         timeout=10.0, shared=False, limit=None):
+         timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
     ``server`` defaults to $LOCKD_ADDR, then 127.0.0.1:5001; ``ttl`` is the lease, renewed in
     the background; ``session`` its grace (see :class:`Lease`); ``wait`` bounds the wait for
     the lock (None: forever; 0: one try, raising Timeout if held); ``id`` defaults to
     ``<hostname>:<pid>``. Exclusive unless ``shared=True`` (a shared hold) or ``limit=n`` (one
-    slot of a semaphore of n).
+    slot of a semaphore of n). ``tls``, ``ca``, ``cert`` and ``key`` are :class:`Client`'s.
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
-                 on_lost=on_lost, timeout=timeout, shared=shared, limit=limit)
+                 on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,
+                 cert=cert, key=key)

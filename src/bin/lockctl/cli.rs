@@ -1,5 +1,6 @@
 //! Command-line flags. The doc comments are the `--help` text, so they speak to the user.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -43,11 +44,18 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
 ];
 
 /// The variables lockctl sets for the command `run` starts.
-pub const COMMAND_ENVIRONMENT: &[(&str, &str)] = &[(
-    "LOCKD_NAME, LOCKD_TOKEN, LOCKD_ADDR",
-    "set for the command that run starts: the lock's name, its fencing token and the \
-     server's address",
-)];
+pub const COMMAND_ENVIRONMENT: &[(&str, &str)] = &[
+    (
+        "LOCKD_NAME, LOCKD_TOKEN, LOCKD_ADDR",
+        "set for the command that run starts: the lock's name, its fencing token and the \
+         server's address",
+    ),
+    (
+        "LOCKD_TLS, LOCKD_TLS_CA, LOCKD_CLIENT_CERT, LOCKD_CLIENT_KEY",
+        "with TLS, also set for the command (LOCKD_TLS=1, and the files given, as absolute \
+         paths), so that a lockctl it runs reaches the server the same way",
+    ),
+];
 
 /// Printed after `--help`.
 fn after_help() -> String {
@@ -129,6 +137,9 @@ pub struct Cli {
     #[arg(short, long, global = true)]
     pub verbose: bool,
 
+    #[command(flatten)]
+    pub tls: TlsArgs,
+
     /// Print shell completions for SHELL (bash, zsh, fish, ...) and exit.
     #[arg(long, value_name = "SHELL", group = "docs")]
     pub completions: Option<clap_complete::Shell>,
@@ -145,6 +156,61 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// How lockctl speaks TLS to a lockd started with --tls-cert (proto.md, "TLS").
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Speak TLS to lockd, trusting the system's CA bundle unless --tls-ca is given. Every
+    /// connection (reconnects too) is checked: the server's certificate must be valid for the
+    /// host of --server and signed by a trusted CA, or lockctl exits 3 at once, saying why.
+    /// LOCKD_TLS=1 (or true, yes, on) turns it on; 0, false, no or off leave it off.
+    #[arg(long, global = true, env = "LOCKD_TLS", help_heading = "TLS",
+          value_parser = clap::builder::BoolishValueParser::new(),
+          num_args = 0, default_missing_value = "true")]
+    pub tls: bool,
+
+    /// The CA certificate(s) (PEM) that signed lockd's certificate, trusted instead of the
+    /// system's bundle. Implies --tls.
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_TLS_CA",
+        value_name = "PEM",
+        help_heading = "TLS"
+    )]
+    pub tls_ca: Option<PathBuf>,
+
+    /// A client certificate (PEM) to present, for a lockd that requires one (mutual TLS,
+    /// lockd --tls-client-ca): its subject's common name (CN) names this client. Needs
+    /// --client-key; implies --tls.
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_CLIENT_CERT",
+        value_name = "PEM",
+        requires = "client_key",
+        help_heading = "TLS"
+    )]
+    pub client_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --client-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_CLIENT_KEY",
+        value_name = "PEM",
+        requires = "client_cert",
+        help_heading = "TLS"
+    )]
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// Whether to speak TLS: asked for, or implied by a CA or a client certificate.
+    pub fn wanted(&self) -> bool {
+        self.tls || self.tls_ca.is_some() || self.client_cert.is_some()
+    }
 }
 
 #[derive(Subcommand, Debug)]

@@ -6,7 +6,7 @@
 //!   [`keeper`] (renewals, reconnection, the lease deadline).
 //! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`snapshot`] (STATUS
 //!   parsed) and [`out`] (tables, JSON); [`net`] reaches the server;
-//!   [`holder`] says who holds a lock, for -v.
+//!   [`holder`] says who holds a lock, for -v; [`tls`] is TLS to the server.
 //! - [`docs`]: completions and man pages.
 //!
 //! It speaks the protocol through `lockd::client` and `lockd::proto` only.
@@ -24,6 +24,7 @@ mod request;
 mod run;
 mod snapshot;
 mod status;
+mod tls;
 mod top;
 mod watch;
 
@@ -81,6 +82,7 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
             .connect_timeout
             .unwrap_or_else(|| default_connect_timeout(command)),
         verbose: cli.verbose,
+        tls: tls::Tls::from_args(&cli.tls)?,
     };
     let id = match &cli.id {
         Some(id) => id.clone(),

@@ -109,11 +109,12 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         grace: timing.grace,
         verbose: server.verbose,
     };
-    let env = [
+    let mut env = vec![
         ("LOCKD_NAME", lease.name.clone()),
         ("LOCKD_TOKEN", token.to_string()),
         ("LOCKD_ADDR", server.addr.clone()),
     ];
+    env.extend(server.tls.iter().flat_map(|tls| tls.environment()));
     let outcome = holder.work(&program, args, &env).await;
     let lost = outcome.as_ref().is_ok_and(|o| o.lost);
     holder.release(lost).await;
