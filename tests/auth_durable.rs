@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{config, start_server, token, Raw, TestServer};
 use lockd::auth::{user_line, Gate, Users};
@@ -21,9 +21,9 @@ fn users(with_alice: bool) -> Users {
     Users::parse(&lines.join("\n"), None).unwrap()
 }
 
-async fn durable(dir: &PathBuf, with_alice: bool) -> TestServer {
+async fn durable(dir: &Path, with_alice: bool) -> TestServer {
     start_server(Config {
-        data_dir: Some(dir.clone()),
+        data_dir: Some(dir.to_path_buf()),
         auth: Some(Gate::new(users(with_alice))),
         ..config()
     })
