@@ -6,7 +6,8 @@
 //! - [`connection`]: bounded line framing over a TCP stream.
 //! - [`shared`]: the table behind a mutex, the expiry timer, waiter hand-off and watch events.
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
-//! - [`server`]: accept loop, connection limit, graceful shutdown; [`server::Config`].
+//! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
+//! - [`per_ip`]: open connections counted per client address (`--max-connections-per-ip`).
 //! - [`store`]: durable state for `--data-dir`: a log with snapshots and a group-commit writer.
 //! - [`client`]: an async client for `lockctl` and the tests.
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
@@ -14,10 +15,10 @@
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
-//! nothing. `store` -> `locks` (its change and lease types); `shared` -> `locks`, `store`;
-//! `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `locks`; `server` ->
-//! `session`, `shared`, `compat`, `store`; `client` -> `proto`, `connection`, `locks` (the
-//! token type). The table and the protocol never see a socket or a file, and `lockctl` never
+//! and `per_ip` nothing. `store` -> `locks` (its change and lease types); `shared` -> `locks`,
+//! `store`; `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `locks`;
+//! `server` -> `session`, `shared`, `compat`, `store`, `per_ip`; `client` -> `proto`,
+//! `connection`, `locks` (the token type). The table and the protocol never see a socket or a file, and `lockctl` never
 //! reaches `server`, `shared`, `session` or `store`.
 
 use std::time::Duration;
@@ -29,6 +30,7 @@ pub mod docgen;
 pub mod http;
 pub mod locks;
 pub mod metrics;
+pub mod per_ip;
 pub mod proto;
 pub mod server;
 pub mod session;
@@ -45,6 +47,14 @@ pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_MAX_LOCKS: usize = 1_000_000;
 /// Most client connections at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Most client connections at once from one address.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1000;
+/// Most waiters one name may have.
+pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+/// How long a connection that holds, waits for and watches nothing may send no line.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the bytes of an unfinished request line may wait for the rest of it.
+pub const DEFAULT_LINE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest request line, in bytes, line ending included.
 pub const DEFAULT_MAX_LINE: usize = 1024;
 /// Events a watcher may fall behind before it is disconnected.

@@ -19,6 +19,7 @@ pub struct MLimits {
     pub default_ttl: u64,
     pub max_ttl: u64,
     pub max_locks: usize,
+    pub max_waiters: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -400,6 +401,12 @@ impl Model {
         if req.wait == Some(0) {
             return Err(TableError::WouldBlock {
                 holder: Arc::from(entry.holders[0].id.as_str()),
+            });
+        }
+        let replaces = entry.queue.iter().any(|w| w.id == req.id);
+        if !replaces && entry.queue.len() >= self.limits.max_waiters {
+            return Err(TableError::TooManyWaiters {
+                max: self.limits.max_waiters,
             });
         }
         let waiter = self.next_waiter;
