@@ -12,13 +12,17 @@
 //! - [`client`]: an async client for `lockctl` and the tests.
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
+//! - [`metrics`]: the Prometheus registry and the handles the hot path bumps.
+//! - [`http`]: the operators' endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`.
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
-//! and `per_ip` nothing. `store` -> `locks` (its change and lease types); `shared` -> `locks`,
-//! `store`; `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `locks`;
-//! `server` -> `session`, `shared`, `compat`, `store`, `per_ip`; `client` -> `proto`,
-//! `connection`, `locks` (the token type). The table and the protocol never see a socket or a file, and `lockctl` never
+//! and `per_ip` nothing; `metrics` only the table's event types and `proto`'s error codes.
+//! `store` -> `locks` (its change and lease types), `metrics`; `shared` -> `locks`, `store`,
+//! `metrics`; `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `locks`;
+//! `http` -> `shared`; `server` -> `session`, `shared`, `compat`, `store`, `http`, `per_ip`;
+//! `client` -> `proto`, `connection`, `locks` (the token and mode types). The table and the
+//! protocol never see a socket or a file, and `lockctl` never
 //! reaches `server`, `shared`, `session` or `store`.
 
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! half-close, not a departure: the client still gets every reply it asked for, a pending LOCK
 //! included, unless that LOCK is tied to the connection (`session` or `detach`). A plain LOCK
 //! granted after its client half-closed is watched for a short while: a dead client answers
-//! the grant with a reset, and the grant is taken back (see [`Session::confirm_delivery`]).
+//! the grant with a reset, and the grant is taken back (see `Session::confirm_delivery`).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;

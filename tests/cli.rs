@@ -65,6 +65,14 @@ fn bad_flags_exit_with_a_message() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
+
+    // The old protocol's lease obeys the same minimum ttl as LOCK's.
+    let out = Command::new(LOCKD)
+        .args(["--compat", "--unlock-timeout", "100us"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--unlock-timeout"));
 }
 
 #[test]

@@ -112,9 +112,10 @@ impl CompatConfig {
                 self.lock_port
             ));
         }
-        if self.unlock_timeout.is_zero() || self.unlock_timeout > max_ttl {
+        if self.unlock_timeout < crate::MIN_TTL || self.unlock_timeout > max_ttl {
             return Err(format!(
-                "--unlock-timeout (UNLOCK_PORT_TIMEOUT) must be more than 0 and at most --max-ttl ({})",
+                "--unlock-timeout (UNLOCK_PORT_TIMEOUT) must be at least {} and at most --max-ttl ({})",
+                humantime::format_duration(crate::MIN_TTL),
                 humantime::format_duration(max_ttl)
             ));
         }
