@@ -5,6 +5,9 @@ use std::io;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::stream::Stream;
 
 use crate::connection::{Connection, Frame};
 use crate::locks::{Mode, Token};
@@ -63,6 +66,17 @@ impl From<ProtoError> for ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// The answer to `STATUS <name> detail`, each line without its first word.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Detail {
+    /// `<name> id=.. token=.. held_ms=.. ...`, one per holder, in token order.
+    pub holders: Vec<String>,
+    /// `<name> <position> id=.. waited_ms=.. ...`, in queue order.
+    pub waiters: Vec<String>,
+    /// The `OK` line's text, as `STATUS <name>` answers it: `<name> free` or `<name> held ...`.
+    pub status: String,
+}
+
 /// One connection to lockd.
 pub struct Client {
     conn: Connection,
@@ -75,6 +89,18 @@ impl Client {
         let _ = stream.set_nodelay(true);
         Ok(Client {
             conn: Connection::new(stream, MAX_REPLY),
+        })
+    }
+
+    /// Connects to `addr` (`host:port`) over TLS: the server's certificate must be valid for
+    /// `host` and signed by a CA `tls` trusts.
+    pub async fn connect_tls(addr: &str, tls: &TlsConnector) -> Result<Client> {
+        let stream = TcpStream::connect(addr).await?;
+        let _ = stream.set_nodelay(true);
+        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+        let stream = tls.connect(crate::tls::server_name(host)?, stream).await?;
+        Ok(Client {
+            conn: Connection::new(Stream::Client(Box::new(stream)), MAX_REPLY),
         })
     }
 
@@ -200,6 +226,33 @@ impl Client {
                     None => return Err(ClientError::Unexpected(line)),
                 },
                 ReplyLine::Ok(_) => return Ok(lines),
+                ReplyLine::Err(e) => return Err(ClientError::Refused(e)),
+            }
+        }
+    }
+
+    /// `STATUS <name> detail`: who holds the lock and who waits for it, in queue order.
+    pub async fn status_detail(&mut self, name: &str) -> Result<Detail> {
+        let req = Request::StatusDetail { name: name.into() };
+        req.validate()?;
+        self.conn.send(&req).await?;
+        let mut detail = Detail::default();
+        loop {
+            let line = self.read_line().await?;
+            match proto::parse_reply(&line) {
+                ReplyLine::Other(rest) => {
+                    if let Some(h) = rest.strip_prefix("HOLDER ") {
+                        detail.holders.push(h.to_owned());
+                    } else if let Some(w) = rest.strip_prefix("WAITER ") {
+                        detail.waiters.push(w.to_owned());
+                    } else {
+                        return Err(ClientError::Unexpected(line));
+                    }
+                }
+                ReplyLine::Ok(status) => {
+                    detail.status = status.to_owned();
+                    return Ok(detail);
+                }
                 ReplyLine::Err(e) => return Err(ClientError::Refused(e)),
             }
         }

@@ -1,4 +1,4 @@
-//! Line framing over a TCP stream, with bounded buffers in both directions.
+//! Line framing over a TCP or TLS stream, with bounded buffers in both directions.
 //!
 //! Hand-rolled rather than `LinesCodec` because lockd must answer two kinds of bad line
 //! differently: invalid UTF-8 gets an `ERR` and the connection goes on, an over-long line gets
@@ -10,13 +10,18 @@
 //! replies sent before it are not lost to a reset.
 
 use std::fmt::{self, Write as _};
+use std::future::{poll_fn, Future};
 use std::io;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+use crate::stream::Stream;
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 512;
@@ -45,7 +50,7 @@ pub enum Frame {
 /// A framed connection.
 #[derive(Debug)]
 pub struct Connection {
-    stream: TcpStream,
+    stream: Stream,
     input: BytesMut,
     output: BytesMut,
     max_line: usize,
@@ -61,9 +66,9 @@ pub struct Connection {
 
 impl Connection {
     /// Frames `stream`; lines longer than `max_line` bytes (line ending excluded) are refused.
-    pub fn new(stream: TcpStream, max_line: usize) -> Self {
+    pub fn new(stream: impl Into<Stream>, max_line: usize) -> Self {
         Connection {
-            stream,
+            stream: stream.into(),
             input: BytesMut::new(),
             output: BytesMut::new(),
             max_line,
@@ -81,7 +86,13 @@ impl Connection {
         self
     }
 
-    pub fn stream(&self) -> &TcpStream {
+    /// The TCP socket underneath (under TLS too).
+    pub fn tcp(&self) -> &TcpStream {
+        self.stream.tcp()
+    }
+
+    /// The stream itself: plain, or TLS with its session.
+    pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
@@ -91,7 +102,8 @@ impl Connection {
     /// queue of every platform, so the connection's state is asked too: a reset one has no
     /// peer any more.
     pub fn peer_reset(&self) -> bool {
-        matches!(self.stream.take_error(), Ok(Some(_))) || self.stream.peer_addr().is_err()
+        let tcp = self.stream.tcp();
+        matches!(tcp.take_error(), Ok(Some(_))) || tcp.peer_addr().is_err()
     }
 
     /// Whether the peer has closed its sending side (it may still read).
@@ -150,11 +162,8 @@ impl Connection {
             return Ok(());
         }
         self.input.reserve(READ_CHUNK);
-        match self.stream.try_read_buf(&mut self.input) {
-            Ok(0) => self.eof = true,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
+        if self.stream.read_arrived(&mut self.input)? == Some(0) {
+            self.eof = true;
         }
         Ok(())
     }
@@ -169,13 +178,32 @@ impl Connection {
         if read {
             self.input.reserve(READ_CHUNK);
         }
-        let deadline = self.stall_deadline;
-        let (mut rd, mut wr) = self.stream.split();
-        let done = tokio::select! {
-            n = rd.read_buf(&mut self.input), if read => Pumped::Read(n?),
-            n = write_by(deadline, wr.write(&self.output)), if write => Pumped::Wrote(n?),
-            else => std::future::pending().await,
-        };
+        let mut stalled = self
+            .stall_deadline
+            .map(|d| Box::pin(tokio::time::sleep_until(d)));
+        let (stream, input, output) = (&mut self.stream, &mut self.input, &self.output);
+        // One stream polled both ways (a TLS stream can't be split into independent halves).
+        let done = poll_fn(|cx| {
+            if read {
+                let stream = Pin::new(&mut *stream);
+                if let Poll::Ready(n) = tokio_util::io::poll_read_buf(stream, cx, input) {
+                    return Poll::Ready(n.map(Pumped::Read));
+                }
+            }
+            if write {
+                if let Poll::Ready(n) = Pin::new(&mut *stream).poll_write(cx, output) {
+                    return Poll::Ready(n.map(Pumped::Wrote));
+                }
+                if stalled
+                    .as_mut()
+                    .is_some_and(|s| s.as_mut().poll(cx).is_ready())
+                {
+                    return Poll::Ready(Err(write_timed_out()));
+                }
+            }
+            Poll::Pending
+        })
+        .await?;
         match done {
             Pumped::Read(0) => self.eof = true,
             Pumped::Read(_) => {}
@@ -240,6 +268,11 @@ impl Connection {
             let n = write_by(self.stall_deadline, self.stream.write(&self.output)).await?;
             self.advance(n);
         }
+        // TLS keeps records it could not send yet; plain TCP has nothing to flush.
+        if !matches!(self.stream, Stream::Plain(_)) {
+            let deadline = self.write_timeout.map(|t| Instant::now() + t);
+            write_by(deadline, async { self.stream.flush().await.map(|()| 0) }).await?;
+        }
         if self.output.capacity() > WRITE_CHUNK * 2 {
             self.output = BytesMut::new();
         }
@@ -295,10 +328,11 @@ impl Connection {
     pub fn drain_arrived(&mut self) {
         self.input.clear();
         let mut left = CLOSE_DRAIN_BYTES;
-        let mut sink = [0u8; 4096];
+        let mut sink = BytesMut::with_capacity(4096);
         while left > 0 {
-            match self.stream.try_read(&mut sink) {
-                Ok(n) if n > 0 => left = left.saturating_sub(n),
+            sink.clear();
+            match self.stream.read_arrived(&mut sink) {
+                Ok(Some(n)) if n > 0 => left = left.saturating_sub(n),
                 _ => break,
             }
         }
@@ -328,9 +362,13 @@ async fn write_by(
     };
     match tokio::time::timeout_at(deadline, write).await {
         Ok(result) => result,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "the peer stopped reading: write timed out",
-        )),
+        Err(_) => Err(write_timed_out()),
     }
+}
+
+fn write_timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the peer stopped reading: write timed out",
+    )
 }

@@ -118,7 +118,7 @@ async fn metrics(State(ep): State<Endpoint>) -> Response {
         let status = shared.status(name);
         m.name_held
             .get_or_create(&key)
-            .set(i64::from(status.is_some()));
+            .set(status.as_ref().map_or(0, |s| s.holders as i64));
         m.name_waiters
             .get_or_create(&key)
             .set(status.as_ref().map_or(0, |s| s.waiters as i64));

@@ -40,6 +40,8 @@ pub mod server;
 pub mod session;
 pub mod shared;
 pub mod store;
+pub mod stream;
+pub mod tls;
 
 /// Address lockd listens on unless told otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5001";
@@ -65,6 +67,8 @@ pub const DEFAULT_MAX_LINE: usize = 1024;
 pub const DEFAULT_WATCH_BUFFER: usize = 1024;
 /// How long a grant to a waiter that half-closed is watched for a reset (its client gone).
 pub const DEFAULT_HALF_CLOSE_PROBE: Duration = Duration::from_millis(500);
+/// How long a TLS client may take to complete its handshake.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for connections to finish before it closes them.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Shortest lease a LOCK or RENEW may ask for: a lease that has ended before its `OK` is sent

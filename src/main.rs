@@ -107,6 +107,29 @@ struct Args {
     #[arg(long, env = "LOCKD_DATA_DIR")]
     data_dir: Option<PathBuf>,
 
+    /// Serve the line protocol over TLS with this certificate (PEM; the chain, leaf first).
+    /// Needs --tls-key. The --compat ports stay plain.
+    #[arg(long, env = "LOCKD_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "LOCKD_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: clients must present a certificate signed by this CA (PEM); its subject's
+    /// common name (CN) is the client's user.
+    #[arg(
+        long,
+        env = "LOCKD_TLS_CLIENT_CA",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
+
+    /// How long a TLS client may take to complete its handshake before it is closed.
+    #[arg(long, env = "LOCKD_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = duration)]
+    tls_handshake_timeout: Duration,
+
     /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (the process is up)
     /// and /readyz (ready to grant: state recovered, data directory writable). Off by default.
     #[arg(long, env = "LOCKD_METRICS_LISTEN", value_name = "ADDR")]
@@ -248,6 +271,15 @@ impl Args {
             compat: self.compat.config(self.max_ttl)?,
             data_dir: self.data_dir.clone(),
             endpoint: None,
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(lockd::tls::server(
+                    cert,
+                    key,
+                    self.tls_client_ca.as_deref(),
+                )?),
+                _ => None,
+            },
+            tls_handshake_timeout: self.tls_handshake_timeout,
         })
     }
 }

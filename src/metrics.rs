@@ -154,7 +154,7 @@ impl Metrics {
         let name_held = Family::default();
         registry.register(
             "lock_holders",
-            "Holders of the tracked lock (--metrics-names): 0 or 1",
+            "Holders of the tracked lock (--metrics-names): 0 or 1, more for a shared lock or a semaphore",
             name_held.clone(),
         );
         let name_waiters = Family::default();

@@ -24,6 +24,8 @@ use crate::proto::{ProtoError, Reply};
 use crate::session::{Session, SessionLimits};
 use crate::shared::{self, Shared};
 use crate::store::Store;
+use crate::stream::Stream;
+use crate::tls::ServerTls;
 
 /// Refused connections whose input is drained (or whose refusal is written slowly) at once;
 /// past that, a refused connection is told and closed at once, without waiting for it.
@@ -67,6 +69,10 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// The operators' HTTP endpoint, told when the server is ready and when it stops.
     pub endpoint: Option<Endpoint>,
+    /// Serve the line protocol over TLS (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
+    pub tls: Option<ServerTls>,
+    /// How long a TLS client may take to complete its handshake.
+    pub tls_handshake_timeout: Duration,
 }
 
 impl Default for Config {
@@ -87,6 +93,8 @@ impl Default for Config {
             compat: None,
             data_dir: None,
             endpoint: None,
+            tls: None,
+            tls_handshake_timeout: crate::DEFAULT_TLS_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -179,6 +187,8 @@ pub async fn serve(
         None => None,
     };
     shared.limit_status_copies(config.status_copies);
+    // Shared by every connection's task (its limits, its TLS acceptor).
+    let config = Arc::new(config);
     let tracker = TaskTracker::new();
     tracker.spawn(Arc::clone(&shared).run_timer(shutdown.clone()));
     if let Some(compat) = compat {
@@ -242,21 +252,14 @@ pub async fn serve(
         };
         match admitted {
             Ok((permit, slot)) => {
-                let conn = Connection::new(stream, config.max_line)
-                    .with_write_timeout(config.write_timeout);
-                let session = Session::new(
-                    Arc::clone(&shared),
-                    conn,
-                    config.session_limits(),
-                    shutdown.clone(),
-                );
-                let force = force.clone();
+                let (shared, config) = (Arc::clone(&shared), Arc::clone(&config));
+                let (shutdown, force) = (shutdown.clone(), force.clone());
                 let counted = shared.metrics().connection(Protocol::Line);
                 tracker.spawn(async move {
-                    // Past the shutdown grace, the session is dropped wherever it is, even
-                    // in a write to a client that never reads.
+                    // Past the shutdown grace, the session is dropped wherever it is: in its
+                    // TLS handshake, or in a write to a client that never reads.
                     tokio::select! {
-                        _ = session.run() => {}
+                        _ = serve_connection(stream, shared, &config, shutdown) => {}
                         _ = force.cancelled() => {}
                     }
                     drop((permit, slot, counted));
@@ -265,7 +268,11 @@ pub async fn serve(
             Err(log) => {
                 let e = log.refused(peer.ip());
                 shared.metrics().refused(e.code);
-                refuse(stream, e, &refusals, &tracker).await;
+                // A TLS client can't read a plain ERR line, and a handshake per refusal
+                // would make a flood dearer: closed without a word.
+                if config.tls.is_none() {
+                    refuse(stream, e, &refusals, &tracker).await;
+                }
             }
         }
     }
@@ -286,6 +293,41 @@ pub async fn serve(
         tracker.wait().await;
     }
     Ok(())
+}
+
+/// One accepted connection: its TLS handshake, if the server speaks TLS, then its session.
+async fn serve_connection(
+    stream: TcpStream,
+    shared: Arc<Shared>,
+    config: &Config,
+    shutdown: CancellationToken,
+) {
+    let stream = match &config.tls {
+        None => Stream::Plain(stream),
+        Some(tls) => {
+            let peer = stream.peer_addr().ok();
+            // A client that sends no handshake (or plain text) is closed promptly.
+            let handshake = tokio::select! {
+                hs = tokio::time::timeout(config.tls_handshake_timeout, tls.acceptor.accept(stream)) => hs,
+                _ = shutdown.cancelled() => return,
+            };
+            match handshake {
+                Ok(Ok(tls)) => Stream::Server(Box::new(tls)),
+                Ok(Err(e)) => {
+                    tracing::debug!(?peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(?peer, "no TLS handshake in time; closing");
+                    return;
+                }
+            }
+        }
+    };
+    let conn = Connection::new(stream, config.max_line).with_write_timeout(config.write_timeout);
+    Session::new(shared, conn, config.session_limits(), shutdown)
+        .run()
+        .await;
 }
 
 /// Tells a connection over a limit why it is closed (`e`), without holding up the accept loop.

@@ -158,6 +158,27 @@ async fn an_idle_connection_is_told_and_closed_unless_it_has_something_going_on(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tls_connection_is_told_inside_tls() {
+    let pki = common::pki::Pki::new("caps-idle");
+    let (cert, key) = pki.server();
+    let mut cfg = config();
+    cfg.idle_timeout = SHORT;
+    cfg.tls = Some(lockd::tls::server(&cert, &key, None).expect("server TLS"));
+    let server = start_server(cfg).await;
+    let connector = lockd::tls::client(Some(&pki.ca()), None).expect("client TLS");
+    let mut c = lockd::client::Client::connect_tls(&server.addr.to_string(), &connector)
+        .await
+        .expect("TLS connect");
+    c.ping().await.expect("PING over TLS");
+    let told = tokio::time::timeout(GUARD, c.read_line()).await;
+    assert_eq!(
+        told.expect("told within the guard").expect("a line"),
+        "ERR LIMIT idle for 300ms; closing"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_keep_a_connection_from_being_idle() {
     let mut cfg = config();
     cfg.idle_timeout = Duration::from_secs(1);

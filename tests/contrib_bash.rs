@@ -397,3 +397,177 @@ fn running(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// Starts `lockd_run NAME OPTIONS` of a command that says it is in (through `mark`) and then
+/// holds the lock until a line comes on its stdin.
+fn run_until_stdin(lockd: &Lockd, name_and_options: &str, mark: &Mark) -> Child {
+    bash(
+        lockd,
+        &format!(
+            "lockd_run {name_and_options} -- bash -c 'echo in > {}; read -r line'",
+            mark.path.display()
+        ),
+    )
+}
+
+/// Starts two `run_until_stdin`s and returns once both commands are inside at once.
+fn two_inside(lockd: &Lockd, name_and_options: &str, tag: &str) -> Vec<Child> {
+    let marks = [1, 2].map(|i| Mark::new(&format!("{tag}-{i}")));
+    let children = marks
+        .iter()
+        .map(|mark| run_until_stdin(lockd, name_and_options, mark))
+        .collect();
+    for mark in &marks {
+        mark.wait(GUARD);
+    }
+    children
+}
+
+#[test]
+fn a_semaphore_of_two_runs_two_commands_at_once_and_the_third_waits_its_turn() {
+    let lockd = Lockd::start();
+    let mut holders = two_inside(&lockd, "sem ttl=1m limit=2", "bash-sem");
+    assert_eq!(lockd.holders("sem"), 2);
+
+    let third_mark = Mark::new("bash-sem-3");
+    let third = run_until_stdin(&lockd, "sem ttl=1m limit=2", &third_mark);
+    eventually(GUARD, "the third one waits", || lockd.waiters("sem") == 1);
+    assert!(!third_mark.path.exists(), "the third one ran beside two");
+
+    // One leaves: the third takes its slot while the other still holds.
+    assert_ok(&finish(holders.remove(0), "\n"));
+    third_mark.wait(GUARD);
+    assert_eq!(lockd.holders("sem"), 2);
+    assert_ok(&finish(third, "\n"));
+    assert_ok(&finish(holders.remove(0), "\n"));
+    assert_eq!(lockd.request("STATUS"), "OK 0");
+}
+
+#[test]
+fn shared_holders_hold_together_while_an_exclusive_one_waits_and_status_shows_them() {
+    let lockd = Lockd::start();
+    let mut readers = two_inside(&lockd, "rw ttl=1m shared", "bash-shared");
+    let writer = bash(
+        &lockd,
+        r#"t=$(lockd_lock rw ttl=1m exclusive); echo "got $t"
+        lockd_status rw
+        echo "mode=$LOCKD_MODE holders=$LOCKD_HOLDERS waiters=$LOCKD_WAITERS"
+        lockd_unlock rw "$t""#,
+    );
+    eventually(GUARD, "the exclusive one waits", || {
+        lockd.waiters("rw") == 1
+    });
+
+    let out = run(
+        &lockd,
+        r#"lockd_status rw
+        echo "mode=$LOCKD_MODE holders=$LOCKD_HOLDERS waiters=$LOCKD_WAITERS"
+        # Strict FIFO: a shared request does not overtake the waiting exclusive one.
+        rc=0; lockd_try rw shared || rc=$?
+        echo "try-shared=$rc""#,
+    );
+    assert_ok(&out);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let holder_lines: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("HOLDER rw "))
+        .collect();
+    assert_eq!(holder_lines.len(), 2, "{}", out.stdout);
+    assert!(
+        holder_lines.iter().all(|l| l.ends_with(" mode=shared")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("WAITER rw 1 ") && l.ends_with(" mode=exclusive")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("OK rw held ") && l.ends_with(" holders=2 mode=shared")),
+        "{}",
+        out.stdout
+    );
+    for want in ["mode=shared holders=2 waiters=1", "try-shared=1"] {
+        assert!(
+            lines.contains(&want),
+            "missing {want:?} in:\n{}",
+            out.stdout
+        );
+    }
+
+    // The writer gets the lock only once both readers are gone.
+    assert_ok(&finish(readers.remove(0), "\n"));
+    assert_eq!(lockd.waiters("rw"), 1);
+    assert_ok(&finish(readers.remove(0), "\n"));
+    let out = finish(writer, "");
+    assert_ok(&out);
+    assert!(out.stdout.contains("got "), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("mode=exclusive holders=1 waiters=0"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lockd.request("STATUS"), "OK 0");
+}
+
+#[test]
+fn a_lock_that_does_not_fit_the_name_returns_2_as_lockctl_does() {
+    let lockd = Lockd::start();
+    let out = run(
+        &lockd,
+        r#"
+        t=$(lockd_lock sem ttl=1m limit=2)
+        rc=0; lockd_lock sem shared wait=1m || rc=$?
+        echo "shared-on-semaphore=$rc"
+        rc=0; lockd_try sem || rc=$?
+        echo "exclusive-on-semaphore=$rc"
+        rc=0; lockd_try sem limit=3 || rc=$?
+        echo "other-limit=$rc"
+        rc=0; lockd_run sem shared -- echo must-not-run || rc=$?
+        echo "run-shared=$rc"
+        rc=0; lockd_lock sem shared limit=2 || rc=$?
+        echo "shared-and-limit=$rc"
+        rc=0; lockd_run sem exclusive shared -- echo must-not-run || rc=$?
+        echo "exclusive-and-shared=$rc"
+        rc=0; lockd_lock sem limit=two || rc=$?
+        echo "limit-not-a-number=$rc"
+        rc=0; lockd_lock sem limit=0 || rc=$?
+        echo "limit-0=$rc"
+        # The second slot, by another id (the same id again would get the same lease).
+        t2=$(LOCKD_ID=second lockd_try sem limit=2)
+        (( t2 > t ))
+        lockd_unlock sem "$t"
+        lockd_unlock sem "$t2"
+        "#,
+    );
+    assert_ok(&out);
+    for want in [
+        "shared-on-semaphore=2",
+        "exclusive-on-semaphore=2",
+        "other-limit=2",
+        "run-shared=2",
+        "shared-and-limit=2",
+        "exclusive-and-shared=2",
+        "limit-not-a-number=2",
+        "limit-0=2",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l == want),
+            "missing {want:?} in:\n{}",
+            out.stdout
+        );
+    }
+    assert!(!out.stdout.contains("must-not-run"), "{}", out.stdout);
+    assert_eq!(
+        out.stderr.matches("ERR CONFLICT").count(),
+        4,
+        "{}",
+        out.stderr
+    );
+    assert_eq!(lockd.request("STATUS"), "OK 0");
+}

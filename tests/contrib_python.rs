@@ -158,3 +158,55 @@ fn a_killed_holder_frees_the_lock_within_the_grace() {
         lockd.request("STATUS killed") == "OK killed free"
     });
 }
+
+/// Python processes share a semaphore of two: two `with lock(..., limit=2)` bodies run at
+/// once and a third waits for a slot; a LOCK that does not fit the semaphore exits with
+/// lockctl's code 2 (Conflict's `exit_code`).
+#[test]
+fn processes_share_a_semaphore_and_a_lock_that_does_not_fit_exits_2() {
+    let lockd = Lockd::start();
+    let addr = lockd.addr.to_string();
+    let marks = [1, 2, 3].map(|i| Mark::new(&format!("python-sem-{i}")));
+    // Holds a slot from when it writes its mark until a line comes on its stdin.
+    let slot = |mark: &Mark| {
+        script(
+            &addr,
+            &format!(
+                "with lockd_client.lock('sem', server=ADDR, ttl=60, limit=2):\n    \
+                 open({:?}, 'w').write('in\\n')\n    sys.stdin.readline()",
+                mark.path.display().to_string()
+            ),
+        )
+    };
+    let first = slot(&marks[0]);
+    let second = slot(&marks[1]);
+    marks[0].wait(GUARD);
+    marks[1].wait(GUARD);
+    assert_eq!(lockd.holders("sem"), 2);
+    let third = slot(&marks[2]);
+    eventually(GUARD, "the third one waits", || lockd.waiters("sem") == 1);
+    assert!(!marks[2].path.exists(), "the third one ran beside two");
+
+    let out = blocking::finish(
+        script(
+            &addr,
+            "try:\n    lockd_client.Client(ADDR).lock('sem', shared=True)\n\
+             except lockd_client.LockdError as e:\n    print(e, file=sys.stderr)\n    \
+             sys.exit(e.exit_code)",
+        ),
+        "",
+        GUARD,
+    );
+    assert_eq!(out.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("ERR CONFLICT"), "{}", out.stderr);
+
+    // One leaves: the third takes its slot.
+    let done = blocking::finish(first, "\n", GUARD);
+    assert!(done.status.success(), "{}", done.stderr);
+    marks[2].wait(GUARD);
+    for child in [third, second] {
+        let done = blocking::finish(child, "\n", GUARD);
+        assert!(done.status.success(), "{}", done.stderr);
+    }
+    assert_eq!(lockd.request("STATUS"), "OK 0");
+}

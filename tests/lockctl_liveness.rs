@@ -14,19 +14,6 @@ use tokio::time::{sleep, timeout, Instant};
 
 use lockctl_harness::*;
 
-/// Polls STATUS until `name` has `n` waiters.
-async fn wait_waiters(d: &Lockd, name: &str, n: u64) {
-    let give_up = Instant::now() + GUARD;
-    loop {
-        let line = d.client().await.status(Some(name)).await.unwrap().remove(0);
-        if lockd::proto::field(&line, "waiters") == Some(&n.to_string()) {
-            return;
-        }
-        assert!(Instant::now() < give_up, "never {n} waiters: {line}");
-        sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A CI job cancelled while `lockctl acquire` waits (SIGTERM, or SIGKILL) leaves the queue:
 /// when the holder releases, the lock goes to the next waiter, not to the job that is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,14 +26,14 @@ async fn acquire_killed_while_waiting_never_gets_the_lock() {
             .await
             .unwrap();
         let mut cancelled = spawn(d.lockctl(&["acquire", "ci", "--ttl", "30m", "--id", "gone"]));
-        wait_waiters(&d, "ci", 1).await;
+        d.wait_waiters("ci", 1).await;
         signal(&cancelled, sig);
         let _ = timeout(GUARD, cancelled.wait()).await.unwrap();
         // It leaves the queue at once. (Waiting for that keeps the test to what lockctl does:
         // a release at the very moment of the kill is the server's race to win.)
-        wait_waiters(&d, "ci", 0).await;
+        d.wait_waiters("ci", 0).await;
         let next = spawn(d.lockctl(&["acquire", "ci", "--ttl", "30m", "--id", "next"]));
-        wait_waiters(&d, "ci", 1).await;
+        d.wait_waiters("ci", 1).await;
         holder.unlock("ci", t).await.unwrap();
         // Were the lock the killed job's, `next` would wait 30 minutes.
         let out = finish(next).await;

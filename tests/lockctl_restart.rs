@@ -55,7 +55,7 @@ async fn rides_through(restart: Restart, test: &str) {
     // The command runs well past the restart and past several lease lengths.
     let child = Command::new(LOCKCTL)
         .args([
-            "-s",
+            "--server",
             &lockd.addr,
             "run",
             "nightly",

@@ -15,7 +15,7 @@ const GUARD: Duration = Duration::from_secs(30);
 /// child's stdin is typed at that terminal.
 fn at_terminal(lockd: &Lockd, args: &str) -> std::process::Child {
     let lockctl = env!("CARGO_BIN_EXE_lockctl");
-    let line = format!("{lockctl} -s {} {args}", lockd.addr);
+    let line = format!("{lockctl} --server {} {args}", lockd.addr);
     Command::new("script")
         .args(["-qec", &line, "/dev/null"])
         .stdin(Stdio::piped())
@@ -68,4 +68,35 @@ fn ctrl_c_at_the_terminal_stops_the_command_and_releases() {
     // 128 + SIGINT: the command was interrupted, and lockctl says so.
     assert_eq!(out.code(), Some(130), "{}{}", out.stdout, out.stderr);
     assert_eq!(lockd.request("STATUS interrupted"), "OK interrupted free");
+}
+
+#[test]
+fn top_at_the_terminal_redraws_and_ctrl_c_ends_it_with_0() {
+    use std::io::{Read as _, Write as _};
+
+    let lockd = Lockd::start();
+    lockd.request("LOCK shown someone");
+    let mut child = at_terminal(&lockd, "top --interval 100ms");
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    // Ctrl-C only once two screens are drawn: lockctl is then surely listening for it.
+    let mut seen = Vec::new();
+    let clear = b"\x1b[H\x1b[2J";
+    while seen.windows(clear.len()).filter(|w| w == clear).count() < 2 {
+        let chunk = rx.recv_timeout(GUARD).expect("top drew nothing");
+        seen.extend(chunk);
+    }
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    assert!(text.contains("shown"), "{text}");
+    child.stdin.take().unwrap().write_all(b"\x03").unwrap();
+    let out = blocking::finish(child, "", GUARD);
+    assert_eq!(out.code(), Some(0), "{text}{}", out.stderr);
 }

@@ -58,13 +58,24 @@ async fn readyz_turns_503_when_the_journal_cannot_be_written() {
         "--metrics-listen",
         "127.0.0.1:0",
     ]);
-    let metrics: std::net::SocketAddr = lockd
-        .log()
-        .iter()
-        .find(|l| l.contains("serving metrics"))
-        .and_then(|l| common::field(l, "addr"))
-        .and_then(|a| a.parse().ok())
-        .expect("lockd logs its metrics address");
+    // The endpoint logs its address from its own task, maybe after "listening".
+    let deadline = Instant::now() + GUARD;
+    let metrics: std::net::SocketAddr = loop {
+        let found = lockd
+            .log()
+            .iter()
+            .find(|l| l.contains("serving metrics"))
+            .and_then(|l| common::field(l, "addr"))
+            .and_then(|a| a.parse().ok());
+        if let Some(addr) = found {
+            break addr;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lockd never logged its metrics address"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     let mut c = lockd.raw().await;
     assert_eq!(
         c.req("LOCK before me ttl=1m").await.split(' ').next(),

@@ -15,17 +15,31 @@
 #   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10)
 #
 # Functions and what they return:
-#   lockd_lock NAME [ttl=DUR] [wait=DUR]   waits for NAME (forever, or up to wait=); prints
+#   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE]
+#                                          waits for NAME (forever, or up to wait=); prints
 #                                          the fencing token on stdout and sets LOCKD_TOKEN
-#   lockd_try NAME [ttl=DUR]               lockd_lock with wait=0: one try, no waiting
+#   lockd_try NAME [ttl=DUR] [MODE]        lockd_lock with wait=0: one try, no waiting
 #   lockd_unlock NAME TOKEN                releases the lease
 #   lockd_renew NAME TOKEN [ttl=DUR]       extends the lease; prints ttl_ms on stdout
 #   lockd_check NAME TOKEN                 is TOKEN the live lease? prints ttl_ms on stdout
-#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]
+#   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
+#                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
+#                                          LOCKD_WAITERS
+#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] -- CMD [ARGS...]
 #                                          runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
 #                                          CMD sees LOCKD_NAME and LOCKD_TOKEN
 #   lockd_request LINE                     sends one raw protocol line; sets LOCKD_REPLY
+#
+# MODE, as lockctl's --exclusive, --shared and --limit N (proto.md, "Shared locks and
+# semaphores"), one of:
+#   exclusive  the lock alone (the default)
+#   shared     beside any other shared holders, never beside an exclusive one
+#   limit=N    one of N slots of a semaphore: up to N holders at once (limit=1 is exclusive)
+# A name is one kind or the other while it is held or waited for: a LOCK that does not fit it
+# (shared on a semaphore, another N, ...) is refused with ERR CONFLICT, return code 2. Each
+# holder is one id: a LOCK by an id that already holds NAME is its retry and gets the same
+# token back, so a script that takes two slots itself gives each its own LOCKD_ID.
 #
 # Return codes, the same as lockctl's exit codes:
 #   0  done
@@ -63,6 +77,9 @@
 LOCKD_TOKEN=
 LOCKD_REPLY=
 LOCKD_ERROR=
+LOCKD_MODE=
+LOCKD_HOLDERS=0
+LOCKD_WAITERS=0
 
 # Session grace of lockd_run when session= is not given, in ms.
 LOCKD__DEFAULT_GRACE_MS=10000
@@ -145,15 +162,21 @@ lockd__disconnect() {
 # turn: no limit, but it gives up when the script ($$) is gone or lockd_run caught a signal,
 # looking once a second (a trapped signal does not interrupt bash's read).
 lockd__exchange() {
-    local line=$1 patience=${2:-${LOCKD_IO_TIMEOUT:-10}} reply='' chunk rc=0
-    local addr=${LOCKD_ADDR:-127.0.0.1:5001}
     LOCKD_REPLY=
     # Written from a subshell: a write to a connection the server has reset raises SIGPIPE,
     # which must end that subshell (a failed send), not the caller's shell.
-    if ! (printf '%s\n' "$line" >&"$lockd__fd") 2>/dev/null; then
-        lockd__fail 3 "cannot send to $addr"
+    if ! (printf '%s\n' "$1" >&"$lockd__fd") 2>/dev/null; then
+        lockd__fail 3 "cannot send to ${LOCKD_ADDR:-127.0.0.1:5001}"
         return
     fi
+    lockd__read "${2:-}"
+}
+
+# Reads one reply line from lockd__fd into LOCKD_REPLY (PATIENCE as for lockd__exchange).
+lockd__read() {
+    local patience=${1:-${LOCKD_IO_TIMEOUT:-10}} reply='' chunk rc=0
+    local addr=${LOCKD_ADDR:-127.0.0.1:5001}
+    LOCKD_REPLY=
     if [[ $patience == wait ]]; then
         while :; do
             chunk='' rc=0
@@ -219,31 +242,64 @@ lockd__granted() {
     lockd__fail 2 "unexpected reply to LOCK: $LOCKD_REPLY"
 }
 
-# Splits ttl=/wait=/session= options (as in the protocol) into the named variables of the
-# caller. Usage: lockd__options ALLOWED "$@"; sets lockd__ttl, lockd__wait, lockd__try and
-# lockd__session.
+# Splits ttl=/wait=/session= options and the mode words (as in the protocol) into the named
+# variables of the caller. Usage: lockd__options ALLOWED "$@"; sets lockd__ttl, lockd__wait,
+# lockd__try, lockd__session and lockd__mode (the LOCK option of the mode: '' for exclusive,
+# `shared` or `limit=N`). ALLOWED names the options taken; `mode` stands for exclusive, shared
+# and limit=N, of which one at most may be given (as lockctl's --exclusive, --shared, --limit).
 lockd__options() {
-    local allowed=$1 opt
+    local allowed=$1 opt mode_word='' expected
     shift
-    lockd__ttl='' lockd__wait='' lockd__try='' lockd__session=''
+    lockd__ttl='' lockd__wait='' lockd__try='' lockd__session='' lockd__mode=''
     for opt in "$@"; do
         case $opt in
             ttl=*) [[ $allowed == *ttl* ]] && lockd__ttl=${opt#ttl=} && continue ;;
             wait=*) [[ $allowed == *wait* ]] && lockd__wait=${opt#wait=} && continue ;;
-            session=*) [[ $allowed == *session* ]] && lockd__session=${opt#session=} && continue ;;
+            session=*)
+                [[ $allowed == *session* ]] && lockd__session=${opt#session=} && continue
+                ;;
             try) [[ $allowed == *try* ]] && lockd__try=1 && continue ;;
+            exclusive | shared | limit=*)
+                if [[ $allowed == *mode* ]]; then
+                    if [[ -n $mode_word ]]; then
+                        lockd__fail 2 \
+                            "use one of exclusive, shared and limit=N, not $mode_word and $opt"
+                        return
+                    fi
+                    mode_word=$opt
+                    [[ $opt == exclusive ]] || lockd__mode=$opt
+                    continue
+                fi
+                ;;
         esac
-        lockd__fail 2 "unknown option '$opt' (expected: ${allowed// /, })"
+        expected=${allowed// /, }
+        expected=${expected//mode/exclusive, shared, limit=N}
+        lockd__fail 2 "unknown option '$opt' (expected: $expected)"
         return
     done
     if [[ -n $lockd__ttl ]]; then lockd__word ttl "$lockd__ttl" || return; fi
     if [[ -n $lockd__wait ]]; then lockd__word wait "$lockd__wait" || return; fi
     if [[ -n $lockd__session ]]; then lockd__word session "$lockd__session" || return; fi
+    local limit=${lockd__mode#limit=}
+    if [[ $lockd__mode == limit=* && ! $limit =~ ^[0-9]{1,9}$ ]]; then
+        lockd__fail 2 "limit= must be a whole number of holders, 1 to 100000: '$limit'"
+        return
+    fi
+    return 0
+}
+
+# Sets the caller's line to the LOCK of NAME by the caller's id, with the caller's lockd__ttl,
+# lockd__wait and lockd__mode (see lockd__options); the caller adds detach or session.
+lockd__lock_line() {
+    line="LOCK $1 $id"
+    [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
+    [[ -n $lockd__wait ]] && line+=" wait=$lockd__wait"
+    [[ -n $lockd__mode ]] && line+=" $lockd__mode"
     return 0
 }
 
 # Sends one raw request line and reads one reply line into LOCKD_REPLY. Returns 0 for an OK
-# reply, else the codes above. For a reply of several lines (STATUS, WATCH), use nc.
+# reply, else the codes above. For STATUS use lockd_status; for WATCH, nc.
 lockd_request() {
     LOCKD_ERROR=
     if (($# != 1)) || [[ -z $1 || $1 == *$'\n'* ]]; then
@@ -261,40 +317,41 @@ lockd__id() {
     lockd__word id "$id"
 }
 
-# lockd_lock NAME [ttl=DUR] [wait=DUR]: waits for the lock (forever without wait=), then prints
-# its fencing token on stdout and sets LOCKD_TOKEN. Returns 1 if wait= ran out. The lease is
-# plain (it outlives this call), but the wait is not: `detach` ends it if the script dies.
+# lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N]: waits for the lock
+# (forever without wait=), then prints its fencing token on stdout and sets LOCKD_TOKEN.
+# Returns 1 if wait= ran out. The lease is plain (it outlives this call), but the wait is not:
+# `detach` ends it if the script dies. `shared` holds the lock beside other shared holders,
+# `limit=N` takes one of N slots of a semaphore; exclusive, alone, is the default.
 lockd_lock() {
     LOCKD_ERROR='' LOCKD_TOKEN=''
     local name=${1:-} id line
     if (($# < 1)); then
-        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR]"
+        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N]"
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session
-    lockd__options "ttl wait" "$@" || return
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode
+    lockd__options "ttl wait mode" "$@" || return
     lockd__word name "$name" || return
     lockd__id || return
-    line="LOCK $name $id"
-    [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
-    [[ -n $lockd__wait ]] && line+=" wait=$lockd__wait"
+    lockd__lock_line "$name"
     lockd__roundtrip "$line detach" wait || return
     lockd__granted || return
     printf '%s\n' "$LOCKD_TOKEN"
 }
 
-# lockd_try NAME [ttl=DUR]: one try (wait=0). Returns 1 at once if the lock is held.
+# lockd_try NAME [ttl=DUR] [exclusive | shared | limit=N]: one try (wait=0). Returns 1 at once
+# if the lock is held (in a way this request does not fit beside).
 lockd_try() {
     if (($# < 1)); then
-        lockd__fail 2 "usage: lockd_try NAME [ttl=DUR]"
+        lockd__fail 2 "usage: lockd_try NAME [ttl=DUR] [exclusive | shared | limit=N]"
         return
     fi
     local name=$1
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session
-    lockd__options "ttl" "$@" || return
-    lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} wait=0
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode
+    lockd__options "ttl mode" "$@" || return
+    lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} ${lockd__mode:+"$lockd__mode"} wait=0
 }
 
 # Shared by unlock, renew and check: VERB NAME TOKEN [ttl=DUR].
@@ -312,7 +369,7 @@ lockd__with_token() {
         return
     fi
     line="$verb $name $token"
-    local lockd__ttl lockd__wait lockd__try lockd__session
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode
     if [[ $verb == RENEW ]]; then
         lockd__options "ttl" "$@" || return
         [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
@@ -347,6 +404,58 @@ lockd_renew() { lockd__with_token RENEW "$@"; }
 # lockd_check NAME TOKEN: returns 0 (and prints the ttl left in ms) if TOKEN is the live lease,
 # 4 if it is not.
 lockd_check() { lockd__with_token CHECK "$@"; }
+
+# lockd_status [NAME]: prints the server's answer to `STATUS NAME detail`, one line each: a
+# HOLDER line per holder (in grant order), a WAITER line per waiter (in queue order), each
+# with its mode=exclusive, shared or limit:N, then the OK line (`OK NAME free` alone for a
+# free lock); proto.md has their fields. Sets LOCKD_MODE (exclusive, shared or limit:N; empty
+# when free), LOCKD_HOLDERS and LOCKD_WAITERS (how many). Without NAME: one INFO line per
+# held lock, then `OK COUNT`. LOCKD_REPLY holds the OK line.
+lockd_status() {
+    LOCKD_ERROR='' LOCKD_MODE='' LOCKD_HOLDERS=0 LOCKD_WAITERS=0
+    local line=STATUS holder_lines=0 lockd__fd='' rc=0
+    if (($# > 1)); then
+        lockd__fail 2 "usage: lockd_status [NAME]"
+        return
+    fi
+    if (($# == 1)); then
+        lockd__word name "$1" || return
+        line="STATUS $1 detail"
+    fi
+    lockd__connect || return
+    lockd__exchange "$line" || rc=$?
+    while ((rc == 0)); do
+        case $LOCKD_REPLY in
+            "HOLDER "* | "WAITER "* | "INFO "*)
+                [[ $LOCKD_REPLY == "HOLDER "* ]] && holder_lines=$((holder_lines + 1))
+                printf '%s\n' "$LOCKD_REPLY"
+                lockd__read || rc=$?
+                ;;
+            *) break ;;
+        esac
+    done
+    lockd__disconnect
+    ((rc == 0)) || return "$rc"
+    case $LOCKD_REPLY in
+        "OK "*) printf '%s\n' "$LOCKD_REPLY" ;;
+        ERR*)
+            lockd__refused
+            return
+            ;;
+        *)
+            lockd__fail 2 "unexpected reply to STATUS: $LOCKD_REPLY"
+            return
+            ;;
+    esac
+    if [[ $LOCKD_REPLY == "OK "*" held "* ]]; then
+        # An exclusive lock's line has no holders= or mode=: its one HOLDER line says it all.
+        LOCKD_MODE=exclusive LOCKD_HOLDERS=$holder_lines
+        [[ $LOCKD_REPLY =~ \ mode=([^ ]+) ]] && LOCKD_MODE=${BASH_REMATCH[1]}
+        [[ $LOCKD_REPLY =~ \ holders=([0-9]+) ]] && LOCKD_HOLDERS=${BASH_REMATCH[1]}
+        [[ $LOCKD_REPLY =~ \ waiters=([0-9]+) ]] && LOCKD_WAITERS=${BASH_REMATCH[1]}
+    fi
+    return 0
+}
 
 # Sleeps SECONDS in a way that a TERM to this shell interrupts at once, without leaving a
 # sleep process behind holding the caller's stdout or stderr open.
@@ -456,9 +565,10 @@ lockd__renewer() {
     done
 }
 
-# lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]: takes the lock
-# (waiting, or once with `try`) with a session lease of grace session= (default 10s, at most
-# the ttl), runs CMD while a background job renews the lease, then releases it. If the lease
+# lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [exclusive | shared | limit=N] -- CMD
+# [ARGS...]: takes the lock (waiting, or once with `try`; exclusive, or as lockd_lock's shared
+# or limit=N) with a session lease of grace session= (default 10s, at most the ttl), runs CMD
+# while a background job renews the lease, then releases it. If the lease
 # is lost (renewal refused, or the connection down for the grace and not restored) CMD gets
 # SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later) and lockd_run returns 4. The signal goes
 # to CMD's process only: a CMD that starts children of its own should pass it on to them (or
@@ -468,7 +578,8 @@ lockd__renewer() {
 lockd_run() {
     LOCKD_ERROR=
     local name=${1:-}
-    local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] -- CMD [ARGS...]"
+    local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR]"
+    usage+=" [exclusive | shared | limit=N] -- CMD [ARGS...]"
     if (($# < 1)); then
         lockd__fail 2 "$usage"
         return
@@ -484,8 +595,9 @@ lockd_run() {
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session id grace_ms=$LOCKD__DEFAULT_GRACE_MS
-    lockd__options "ttl wait try session" ${opts[@]+"${opts[@]}"} || return
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode id
+    local grace_ms=$LOCKD__DEFAULT_GRACE_MS
+    lockd__options "ttl wait try session mode" ${opts[@]+"${opts[@]}"} || return
     if [[ -n $lockd__try && -n $lockd__wait ]]; then
         lockd__fail 2 "lockd_run: use try or wait=, not both"
         return
@@ -502,9 +614,8 @@ lockd_run() {
     fi
     lockd__word name "$name" || return
     lockd__id || return
-    local line="LOCK $name $id"
-    [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
-    [[ -n $lockd__wait ]] && line+=" wait=$lockd__wait"
+    local line
+    lockd__lock_line "$name"
     if ((grace_ms > 0)); then line+=" session=${grace_ms}ms"; else line+=" session"; fi
     # Signals are caught from before the LOCK is sent, so that one arriving between the grant
     # and the start of CMD still releases the lock rather than leaving it held for a whole ttl.

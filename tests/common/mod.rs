@@ -6,6 +6,8 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
+pub mod pki;
+
 use std::io::{self, BufRead as _};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

@@ -63,15 +63,15 @@ impl Lockd {
         lockctl_at(&self.addr, args)
     }
 
+    /// What `STATUS <name>` answers.
+    pub async fn status_line(&self, name: &str) -> String {
+        let mut lines = self.client().await.status(Some(name)).await.unwrap();
+        lines.remove(0)
+    }
+
     /// The token of the holder of `name`, if held.
     pub async fn holder(&self, name: &str) -> Option<u64> {
-        let line = self
-            .client()
-            .await
-            .status(Some(name))
-            .await
-            .unwrap()
-            .remove(0);
+        let line = self.status_line(name).await;
         lockd::proto::field(&line, "token").map(|t| t.parse().unwrap())
     }
 
@@ -79,6 +79,25 @@ impl Lockd {
         let give_up = Instant::now() + GUARD;
         while self.holder(name).await.is_some() {
             assert!(Instant::now() < give_up, "{name} never freed");
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Polls STATUS until `name` has `n` waiters.
+    pub async fn wait_waiters(&self, name: &str, n: u64) {
+        let give_up = Instant::now() + GUARD;
+        loop {
+            let line = self
+                .client()
+                .await
+                .status(Some(name))
+                .await
+                .unwrap()
+                .remove(0);
+            if lockd::proto::field(&line, "waiters") == Some(&n.to_string()) {
+                return;
+            }
+            assert!(Instant::now() < give_up, "never {n} waiters: {line}");
             sleep(Duration::from_millis(20)).await;
         }
     }

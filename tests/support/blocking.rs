@@ -78,6 +78,16 @@ impl Lockd {
         lockd::proto::field(&reply, "id").map(str::to_string)
     }
 
+    /// How many hold `name` (0 while it is free), from STATUS: its `holders=` field, which
+    /// only a shared lock or a semaphore has; an exclusive lock has one holder.
+    pub fn holders(&self, name: &str) -> u64 {
+        let reply = self.request(&format!("STATUS {name}"));
+        match lockd::proto::field(&reply, "holders") {
+            Some(n) => n.parse().unwrap_or(0),
+            None => u64::from(reply.contains(" held ")),
+        }
+    }
+
     /// How many wait for `name` (0 while it is free), from STATUS.
     pub fn waiters(&self, name: &str) -> u64 {
         let reply = self.request(&format!("STATUS {name}"));

@@ -31,6 +31,19 @@ The full client::
     token = c.lock("deploy", ttl="5m", wait=10)   # raises Timeout if still held after 10 s
     c.renew("deploy", token)                      # -> ttl_ms; raises NotHeld if lost
     c.unlock("deploy", token)
+    c.status("deploy")                            # LockStatus, or None if free
+
+Shared locks and semaphores (proto.md, "Shared locks and semaphores"; lockctl's ``--shared``
+and ``--limit N``): every way to lock takes ``shared=True`` (any number of shared holders
+together, never beside an exclusive one) or ``limit=n`` (up to n holders at once); without
+either the lock is exclusive::
+
+    with lock("db-backup", limit=2):             # at most two backups at once
+        backup()
+    c.detail("db-backup")                        # LockDetail: every Holder and Waiter, modes
+
+Each holder is one id: a LOCK by an id that already holds the name is its retry and gets the
+same token back, so one process that takes two slots gives each its own ``id``.
 
 A process killed while it waits in ``Client.lock`` (or in ``with lock(...)``) leaves the
 server's queue at once and never gets the lock: a plain LOCK is sent with ``detach`` (the wait
@@ -80,6 +93,9 @@ __all__ = [
     "Shutdown",
     "LeaseLost",
     "LockStatus",
+    "Holder",
+    "Waiter",
+    "LockDetail",
     "Client",
     "Lease",
     "lock",
@@ -163,7 +179,9 @@ class NotHeld(ServerError):
 
 
 class Conflict(ServerError):
-    """ERR CONFLICT: this id holds the lock with a session lease on another open connection."""
+    """ERR CONFLICT: this id holds the lock with a session lease on another open connection, or
+    in another mode; or the LOCK does not fit the name (``shared`` or an exclusive LOCK on a
+    semaphore, a semaphore of another ``limit``, ``limit`` on a shared or exclusive lock)."""
 
 
 class Replaced(ServerError):
@@ -201,38 +219,99 @@ class LeaseLost(LockdError):
         self.reason = reason
 
 
-class LockStatus:
-    """One held lock, as STATUS reports it."""
+class _Record:
+    """A value read from a reply: its fields are its ``__slots__``; equal when they all are."""
 
-    __slots__ = ("name", "id", "token", "ttl_ms", "session", "waiters")
+    __slots__ = ()
 
-    def __init__(self, name, id, token, ttl_ms, session, waiters):
-        self.name = name
-        self.id = id
-        self.token = token
-        self.ttl_ms = ttl_ms
-        self.session = session
-        self.waiters = waiters
+    def __init__(self, *values):
+        for key, value in zip(self.__slots__, values):
+            setattr(self, key, value)
 
     def __repr__(self):
-        return "LockStatus(name=%r, id=%r, token=%d, ttl_ms=%d, session=%r, waiters=%d)" % (
-            self.name, self.id, self.token, self.ttl_ms, self.session, self.waiters)
+        return "%s(%s)" % (type(self).__name__, ", ".join(
+            "%s=%r" % (k, getattr(self, k)) for k in self.__slots__))
 
     def __eq__(self, other):
-        return isinstance(other, LockStatus) and all(
+        return type(other) is type(self) and all(
             getattr(self, k) == getattr(other, k) for k in self.__slots__)
 
 
-def _parse_status(words):
-    """``<name> held id=.. token=.. ttl_ms=.. session=.. waiters=..`` -> LockStatus."""
-    if len(words) < 2 or words[1] != "held":
-        raise ProtocolError("bad status: %r" % " ".join(words))
-    fields = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+class LockStatus(_Record):
+    """One held lock, as STATUS reports it: the holder granted first (``id``, ``token``,
+    ``ttl_ms``, ``session``), the queue length ``waiters``, how many hold it (``holders``) and
+    its ``mode``: ``"exclusive"``, ``"shared"`` or ``"limit:<n>"`` (a semaphore of n)."""
+
+    __slots__ = ("name", "id", "token", "ttl_ms", "session", "waiters", "holders", "mode")
+
+    def __init__(self, name, id, token, ttl_ms, session, waiters, holders=1, mode="exclusive"):
+        super().__init__(name, id, token, ttl_ms, session, waiters, holders, mode)
+
+
+class Holder(_Record):
+    """One holder of a lock, a ``HOLDER`` line of ``STATUS <name> detail``; ``mode`` as in
+    :class:`LockStatus`."""
+
+    __slots__ = ("name", "id", "token", "held_ms", "ttl_ms", "session", "mode")
+
+
+class Waiter(_Record):
+    """One waiter of a lock, a ``WAITER`` line of ``STATUS <name> detail``: ``position`` 1 is
+    next in the queue; ``mode`` is what it asks for."""
+
+    __slots__ = ("name", "position", "id", "waited_ms", "session", "mode")
+
+
+class LockDetail(_Record):
+    """A held lock in full, as ``STATUS <name> detail`` reports it: ``status`` (its
+    :class:`LockStatus`), every holder in grant order and the waiters in queue order (the
+    first 1000; ``status.waiters`` counts them all)."""
+
+    __slots__ = ("status", "holders", "waiters")
+
+
+def _fields(line, words):
+    """The ``key=value`` words of a reply line as a dict (ProtocolError if one is missing)."""
+    fields = dict(w.split("=", 1) for w in words if "=" in w)
+    return lambda key, kind=str: _field(line, fields, key, kind)
+
+
+def _field(line, fields, key, kind):
     try:
-        return LockStatus(words[0], fields["id"], int(fields["token"]), int(fields["ttl_ms"]),
-                          fields["session"] == "1", int(fields["waiters"]))
+        return kind(fields[key])
     except (KeyError, ValueError):
-        raise ProtocolError("bad status: %r" % " ".join(words)) from None
+        raise ProtocolError("bad reply line: %r" % line) from None
+
+
+def _parse_status(words):
+    """``<name> held id=.. token=.. ttl_ms=.. session=.. waiters=.. [holders=.. mode=..]`` ->
+    LockStatus."""
+    line = " ".join(words)
+    if len(words) < 2 or words[1] != "held":
+        raise ProtocolError("bad status: %r" % line)
+    get = _fields(line, words[2:])
+    # An exclusive lock's line has neither holders= nor mode=.
+    shape = ((get("holders", int), get("mode")) if "mode=" in line else (1, "exclusive"))
+    return LockStatus(words[0], get("id"), get("token", int), get("ttl_ms", int),
+                      get("session") == "1", get("waiters", int), *shape)
+
+
+def _parse_holder(line):
+    """``HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. mode=..`` -> Holder."""
+    words = line.split()
+    get = _fields(line, words[2:])
+    return Holder(words[1], get("id"), get("token", int), get("held_ms", int),
+                  get("ttl_ms", int), get("session") == "1", get("mode"))
+
+
+def _parse_waiter(line):
+    """``WAITER <name> <position> id=.. waited_ms=.. session=.. mode=..`` -> Waiter."""
+    words = line.split()
+    if len(words) < 3 or not words[2].isdigit():
+        raise ProtocolError("bad reply line: %r" % line)
+    get = _fields(line, words[3:])
+    return Waiter(words[1], int(words[2]), get("id"), get("waited_ms", int),
+                  get("session") == "1", get("mode"))
 
 
 def _split_addr(server):
@@ -298,6 +377,18 @@ def _session_option(session, detach):
     if session is True or (isinstance(session, (int, float)) and session == 0):
         return " session"
     return " session=" + _duration("session", session)
+
+
+def _mode_option(shared, limit):
+    """The LOCK option of the mode: exclusive (no option, the default), ``shared``, or one slot
+    of a semaphore of ``limit`` (``limit=<n>``, 1 to 100000; the server checks the range)."""
+    if limit is None:
+        return " shared" if shared else ""
+    if shared:
+        raise ValueError("shared and limit exclude each other")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError("limit must be a whole number of holders, not %r" % (limit,))
+    return " limit=%d" % limit
 
 
 def default_id():
@@ -398,8 +489,14 @@ class Client:
             self._drop()  # the server closes the connection after these
             raise
 
-    def lock(self, name, ttl=None, wait=None, session=False, detach=True):
+    def lock(self, name, ttl=None, wait=None, session=False, detach=True, shared=False,
+             limit=None):
         """Takes the lock and returns its fencing token; waits in the FIFO queue while held.
+
+        The lock is exclusive by default; ``shared=True`` holds it beside any other shared
+        holders (never beside an exclusive one); ``limit=n`` takes one of the n slots of a
+        semaphore (up to n holders at once). A LOCK that does not fit what the name is while
+        held (``shared`` on a semaphore, another ``limit``, ...) raises Conflict.
 
         ``wait=None`` waits as long as it takes; ``wait=0`` tries once. Raises Timeout when the
         wait runs out. ``session=True`` ties the lease to this connection as well (it ends when
@@ -419,16 +516,17 @@ class Client:
             secs = _seconds(wait)
             if secs is not None:
                 reply_timeout = secs + self.timeout
-        line += _session_option(session, detach)
+        line += _session_option(session, detach) + _mode_option(shared, limit)
         rest = self._call(line, reply_timeout)
         if not rest.isdigit():
             raise ProtocolError("unexpected reply to LOCK: %r" % rest)
         return int(rest)
 
-    def try_lock(self, name, ttl=None, session=False):
-        """One try: the token, or None if the lock is held."""
+    def try_lock(self, name, ttl=None, session=False, shared=False, limit=None):
+        """One try: the token, or None if the lock is held (in a way this LOCK does not fit
+        beside, or others wait for it first)."""
         try:
-            return self.lock(name, ttl=ttl, wait=0, session=session)
+            return self.lock(name, ttl=ttl, wait=0, session=session, shared=shared, limit=limit)
         except Timeout:
             return None
 
@@ -465,6 +563,26 @@ class Client:
             return _parse_status(words)
         return self._request("STATUS", read=self._read_status_lines)
 
+    def detail(self, name):
+        """Every holder and waiter of ``name`` (``STATUS <name> detail``): a LockDetail, or None
+        if the lock is free."""
+        return self._request("STATUS %s detail" % _word("name", name), read=self._read_detail)
+
+    def _read_detail(self):
+        holders, waiters = [], []
+        while True:
+            line = self._read_line()
+            if line.startswith("HOLDER "):
+                holders.append(_parse_holder(line))
+            elif line.startswith("WAITER "):
+                waiters.append(_parse_waiter(line))
+            else:
+                break
+        words = self._ok(line).split()
+        if words[1:] == ["free"]:
+            return None
+        return LockDetail(_parse_status(words), holders, waiters)
+
     def _read_status_lines(self):
         held = []
         while True:
@@ -492,6 +610,8 @@ class Lease:
     grace after, and a dropped connection is ridden out by reconnecting and renewing within
     it. ``session=True`` (or 0) ends the lease as soon as the connection closes;
     ``session=False`` takes a plain lease instead, which outlives the process until its ttl.
+    ``shared`` and ``limit`` are :meth:`Client.lock`'s: a shared hold, or one slot of a
+    semaphore; exclusive by default.
 
     The thread renews every third of the time the lease surely lives without a renewal (the
     grace, or the ttl if shorter). ``lease.lost`` turns True, and ``lease.check()`` starts
@@ -502,10 +622,13 @@ class Lease:
     """
 
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
-                 on_lost=None, timeout=10.0):
+                 on_lost=None, timeout=10.0, shared=False, limit=None):
         self.name = _word("name", name)
         self.ttl = ttl
         self.wait = wait
+        _mode_option(shared, limit)  # a mode that can't be asked for fails here, not in ``with``
+        self.shared = shared
+        self.limit = limit
         self.session = self._capped(session, ttl)
         self.on_lost = on_lost
         self._timeout = timeout
@@ -551,7 +674,8 @@ class Lease:
             raise RuntimeError("a Lease is entered once; make a new one")
         try:
             self.token = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
-                                           session=self.session)
+                                           session=self.session, shared=self.shared,
+                                           limit=self.limit)
             # A first renewal at once gives the lease's length in ms, whatever form ttl took.
             ttl_ms = self._renew()
         except BaseException:
@@ -628,13 +752,14 @@ class Lease:
 
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
-         timeout=10.0):
+         timeout=10.0, shared=False, limit=None):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
     ``server`` defaults to $LOCKD_ADDR, then 127.0.0.1:5001; ``ttl`` is the lease, renewed in
     the background; ``session`` its grace (see :class:`Lease`); ``wait`` bounds the wait for
     the lock (None: forever; 0: one try, raising Timeout if held); ``id`` defaults to
-    ``<hostname>:<pid>``.
+    ``<hostname>:<pid>``. Exclusive unless ``shared=True`` (a shared hold) or ``limit=n`` (one
+    slot of a semaphore of n).
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
-                 on_lost=on_lost, timeout=timeout)
+                 on_lost=on_lost, timeout=timeout, shared=shared, limit=limit)

@@ -15,8 +15,9 @@ import unittest
 import uuid
 
 import lockd_client
-from lockd_client import (BadArg, Client, ConnectionLost, LeaseLost, LockdError, LockStatus,
-                          NotHeld, ProtocolError, ServerError, Timeout, lock)
+from lockd_client import (BadArg, Client, Conflict, ConnectionLost, Holder, LeaseLost,
+                          LockdError, LockDetail, LockStatus, NotHeld, ProtocolError,
+                          ServerError, Timeout, Waiter, lock)
 
 ADDR = os.environ.get("LOCKD_ADDR")
 GUARD = 20.0  # seconds: only a failure guard
@@ -52,15 +53,29 @@ class ServerTest(unittest.TestCase):
         left = []
         with Client(ADDR, id=fresh("janitor")) as janitor:
             for name in self._names:
-                held = janitor.status(name)
+                held = janitor.detail(name)
                 if held is None:
                     continue
                 left.append(name)
-                try:
-                    janitor.unlock(name, held.token)
-                except NotHeld:
-                    pass
+                for holder in held.holders:  # every one of a shared lock or a semaphore
+                    try:
+                        janitor.unlock(name, holder.token)
+                    except NotHeld:
+                        pass
         self.assertEqual(left, [], "the test left these locks held")
+
+    def lock_in_background(self, client, name, **options):
+        """``client.lock(name, **options)`` in a thread; the list gets the token."""
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(client.lock(name, **options)))
+        waiter.start()
+        self.addCleanup(waiter.join, GUARD)
+        return waiter, got
+
+    def waiting(self, client, name, count):
+        """Waits until ``count`` wait for ``name``."""
+        eventually(lambda: getattr(client.status(name), "waiters", 0) == count,
+                   "%d wait for %s" % (count, name))
 
 
 @unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
@@ -149,11 +164,8 @@ class ClientTest(ServerTest):
     def test_waiter_is_granted_when_the_holder_unlocks(self):
         name = self.name("fifo")
         token = self.a.lock(name)
-        got = []
-        waiter = threading.Thread(target=lambda: got.append(self.b.lock(name, wait=GUARD)))
-        waiter.start()
-        eventually(lambda: (self.a.status(name) or LockStatus(0, 0, 0, 0, 0, 0)).waiters == 1,
-                   "bob waits")
+        waiter, got = self.lock_in_background(self.b, name, wait=GUARD)
+        self.waiting(self.a, name, 1)
         self.a.unlock(name, token)
         waiter.join(GUARD)
         self.assertEqual(len(got), 1)
@@ -183,6 +195,93 @@ class ClientTest(ServerTest):
         self.a.lock(name, session=True)
         self.a.close()
         eventually(lambda: self.b.status(name) is None, "the session lease is dropped")
+
+    def test_a_semaphore_of_two_grants_two_at_once_and_queues_a_third(self):
+        name = self.name("sem")
+        t1 = self.a.lock(name, ttl=30, limit=2)
+        t2 = self.b.lock(name, ttl=30, limit=2)
+        st = self.a.status(name)
+        self.assertEqual((st.token, st.holders, st.mode), (t1, 2, "limit:2"))
+        c = Client(ADDR, id=fresh("carol"))
+        self.addCleanup(c.close)
+        self.assertIsNone(c.try_lock(name, limit=2))
+        waiter, got = self.lock_in_background(c, name, ttl=30, wait=GUARD, limit=2)
+        self.waiting(self.a, name, 1)
+        self.a.unlock(name, t1)
+        waiter.join(GUARD)
+        self.assertEqual(len(got), 1)
+        self.assertEqual([h.token for h in self.a.detail(name).holders], [t2, got[0]])
+        self.b.unlock(name, t2)
+        c.unlock(name, got[0])
+
+    def test_shared_holders_hold_together_while_an_exclusive_one_waits(self):
+        name = self.name("rw")
+        t1 = self.a.lock(name, ttl=30, shared=True)
+        t2 = self.b.lock(name, ttl=30, shared=True)
+        writer = Client(ADDR, id=fresh("writer"))
+        self.addCleanup(writer.close)
+        waiter, got = self.lock_in_background(writer, name, ttl=30, wait=GUARD)
+        self.waiting(self.a, name, 1)
+        # Strict FIFO: a shared LOCK does not overtake the waiting exclusive one.
+        reader = Client(ADDR, id=fresh("reader"))
+        self.addCleanup(reader.close)
+        self.assertIsNone(reader.try_lock(name, shared=True))
+        self.a.unlock(name, t1)
+        self.assertEqual(self.a.status(name).waiters, 1)
+        self.b.unlock(name, t2)
+        waiter.join(GUARD)
+        self.assertEqual(len(got), 1)
+        st = self.a.status(name)
+        self.assertEqual((st.id, st.token, st.holders, st.mode), (writer.id, got[0], 1,
+                                                                  "exclusive"))
+        writer.unlock(name, got[0])
+
+    def test_detail_shows_every_holder_and_waiter_with_its_mode(self):
+        name = self.name("detail")
+        self.assertIsNone(self.a.detail(name))
+        t1 = self.a.lock(name, ttl=30, shared=True)
+        t2 = self.b.lock(name, ttl=30, shared=True, session=True)
+        writer = Client(ADDR, id=fresh("writer"))
+        self.addCleanup(writer.close)
+        waiter, got = self.lock_in_background(writer, name, ttl=30, wait=GUARD)
+        self.waiting(self.a, name, 1)
+        d = self.a.detail(name)
+        self.assertIsInstance(d, LockDetail)
+        self.assertEqual(d.status, LockStatus(name, self.a.id, t1, d.status.ttl_ms, False, 1, 2,
+                                              "shared"))
+        self.assertEqual([(h.id, h.token, h.session, h.mode) for h in d.holders],
+                         [(self.a.id, t1, False, "shared"), (self.b.id, t2, True, "shared")])
+        self.assertTrue(all(isinstance(h, Holder) for h in d.holders))
+        self.assertEqual(len(d.waiters), 1)
+        w = d.waiters[0]
+        self.assertIsInstance(w, Waiter)
+        self.assertEqual((w.name, w.position, w.id, w.session, w.mode),
+                         (name, 1, writer.id, False, "exclusive"))
+        self.a.unlock(name, t1)
+        self.b.unlock(name, t2)
+        waiter.join(GUARD)
+        d = self.a.detail(name)
+        self.assertEqual([(h.token, h.mode) for h in d.holders], [(got[0], "exclusive")])
+        self.assertEqual((d.status.holders, d.status.mode, d.waiters), (1, "exclusive", []))
+        writer.unlock(name, got[0])
+
+    def test_a_lock_that_does_not_fit_the_name_raises_conflict_exit_code_2(self):
+        name = self.name("conflict")
+        token = self.a.lock(name, ttl=30, limit=2)
+        for options in [{"shared": True}, {}, {"limit": 3}]:
+            with self.assertRaises(Conflict, msg=options) as cm:
+                self.b.lock(name, wait=GUARD, **options)
+            self.assertEqual((cm.exception.code, cm.exception.exit_code), ("CONFLICT", 2))
+        # The same id in another mode: no upgrade or downgrade.
+        with self.assertRaises(Conflict):
+            self.a.lock(name, shared=True)
+        with self.assertRaises(Conflict):
+            with lock(name, server=ADDR, shared=True):
+                self.fail("the body must not run")
+        with self.assertRaises(BadArg):
+            self.b.lock(name, limit=0)
+        self.assertEqual(self.a.status(name).holders, 1)
+        self.a.unlock(name, token)
 
     def test_unreachable_server_raises_connection_lost(self):
         with Client("127.0.0.1:1", timeout=2) as c:
@@ -258,6 +357,21 @@ class LeaseTest(ServerTest):
                 self.fail("the body must not run")
         self.other.unlock(name, token)
 
+    def test_leases_of_a_semaphore_and_shared_leases_hold_together(self):
+        name = self.name("lease-sem")
+        with lock(name, server=ADDR, ttl=30, limit=2, id=fresh("one")) as t1:
+            with lock(name, server=ADDR, ttl=30, limit=2, id=fresh("two")) as t2:
+                self.assertEqual([h.token for h in self.other.detail(name).holders], [t1, t2])
+                with self.assertRaises(Timeout):
+                    with lock(name, server=ADDR, limit=2, wait=0, id=fresh("three")):
+                        self.fail("a third slot of two")
+        name = self.name("lease-rw")
+        with lock(name, server=ADDR, ttl=30, shared=True, id=fresh("one")):
+            with lock(name, server=ADDR, ttl=30, shared=True, id=fresh("two")):
+                self.assertEqual(self.other.status(name).mode, "shared")
+                self.assertIsNone(self.other.try_lock(name))
+        self.assertIsNone(self.other.status(name))
+
     def test_two_leases_exclude_each_other(self):
         name = self.name("exclusive")
         inside = []
@@ -314,6 +428,35 @@ class OfflineTest(unittest.TestCase):
         self.assertEqual(lockd_client.Lease("x", ttl="2m", session="30s").session, "30s")
         self.assertEqual(lockd_client.Lease("x", ttl=30).session, lockd_client.DEFAULT_GRACE)
         self.assertIs(lockd_client.Lease("x", session=False).session, False)
+
+    def test_mode_options(self):
+        option = lockd_client._mode_option
+        self.assertEqual(option(False, None), "")
+        self.assertEqual(option(True, None), " shared")
+        self.assertEqual(option(False, 3), " limit=3")
+        with self.assertRaises(ValueError):
+            option(True, 2)
+        for bad in ["2", 2.0, True]:
+            with self.assertRaises(TypeError):
+                option(False, bad)
+        with self.assertRaises(ValueError):
+            lockd_client.Lease("x", shared=True, limit=2)
+
+    def test_status_lines_with_and_without_mode(self):
+        parse = lockd_client._parse_status
+        self.assertEqual(parse("a held id=x token=5 ttl_ms=9 session=0 waiters=2".split()),
+                         LockStatus("a", "x", 5, 9, False, 2, 1, "exclusive"))
+        self.assertEqual(
+            parse("a held id=x token=5 ttl_ms=9 session=1 waiters=0 holders=3 mode=limit:4"
+                  .split()),
+            LockStatus("a", "x", 5, 9, True, 0, 3, "limit:4"))
+        with self.assertRaises(ProtocolError):
+            parse("a held id=x token=five ttl_ms=9 session=0 waiters=0".split())
+        self.assertEqual(
+            lockd_client._parse_waiter("WAITER a 2 id=y waited_ms=7 session=1 mode=shared"),
+            Waiter("a", 2, "y", 7, True, "shared"))
+        with self.assertRaises(ProtocolError):
+            lockd_client._parse_holder("HOLDER a id=y token=1 held_ms=1 ttl_ms=1 session=0")
 
     def test_lock_options(self):
         option = lockd_client._session_option

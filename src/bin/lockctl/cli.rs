@@ -56,7 +56,7 @@ fn after_help() -> String {
         text.push_str(&hanging(code, 9, meaning));
     }
     text.push_str("\nEnvironment:\n");
-    text.push_str(&hanging("LOCKD_ADDR", 11, "default for -s/--server"));
+    text.push_str(&hanging("LOCKD_ADDR", 11, "default for --server"));
     for (name, meaning) in COMMAND_ENVIRONMENT {
         text.push_str(&hanging(name, 11, meaning));
     }
@@ -108,8 +108,9 @@ fn hanging(label: &str, width: usize, text: &str) -> String {
     arg_required_else_help = true
 )]
 pub struct Cli {
-    /// lockd address as host:port (an IPv6 address in brackets, as [::1]:5001).
-    #[arg(short, long, global = true, env = "LOCKD_ADDR", default_value = lockd::DEFAULT_LISTEN,
+    /// lockd address as host:port (an IPv6 address in brackets, as [::1]:5001). It has no
+    /// short form: -s is --shared, as in flock(1).
+    #[arg(long, global = true, env = "LOCKD_ADDR", default_value = lockd::DEFAULT_LISTEN,
           value_parser = address)]
     pub server: String,
 
@@ -184,9 +185,23 @@ pub enum Command {
     /// Extend the lease of <name> held with <token>.
     #[command(after_help = after_help())]
     Renew(RenewArgs),
-    /// Show who holds <name>, or every held lock.
+    /// Show who holds <name> and who waits for it, or every held lock.
+    ///
+    /// With a name: every holder (id, token, how long it has held the lock, the ttl left,
+    /// whether it is a session lease) and the queue in the order it will be granted (how long
+    /// each has waited): why am I waiting? Without one: one line per held lock.
     #[command(after_help = after_help())]
     Status(StatusArgs),
+    /// A live view of the held locks, longest queue first, refreshed every --interval.
+    ///
+    /// One line per held lock (or per NAME given): its mode, holder, age (how long it has been
+    /// held), ttl left and queue length, sorted by queue length, then name. The age needs one
+    /// more request per lock, so it is shown for the first --detail locks (and for every NAME
+    /// given). At a terminal the screen is redrawn; otherwise one snapshot is printed per
+    /// interval, a blank line between two. If lockd cannot be reached the view says so and
+    /// tries again. SIGINT (Ctrl-C) or SIGTERM ends it with exit code 0.
+    #[command(after_help = after_help())]
+    Top(TopArgs),
     /// Print lock events (acquired, released, expired, dropped) as they happen, until interrupted.
     ///
     /// One line per event: its time, kind, lock, holder id and token; with --json, one JSON
@@ -231,6 +246,29 @@ impl WaitArgs {
     }
 }
 
+/// How the lock is held: flock's -s and -x, and semaphores.
+#[derive(Args, Debug, Clone, Copy, Default)]
+#[group(id = "mode", multiple = false)]
+pub struct ModeArgs {
+    /// Hold the lock shared (as flock -s): any number of shared holders at once, never beside
+    /// an exclusive one. A shared request waits behind an exclusive one queued before it.
+    #[arg(short = 's', long)]
+    pub shared: bool,
+
+    /// Hold the lock exclusively (as flock -x; the default): alone.
+    #[arg(short = 'x', long, short_alias = 'e')]
+    pub exclusive: bool,
+
+    /// Hold one of N slots (1 to 100000): up to N holders at once, a semaphore. Every holder
+    /// of the name must give the same N while it is held (else the server refuses: exit 2).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIMIT)))]
+    pub limit: Option<u32>,
+}
+
+/// The most slots a semaphore may have (proto.md).
+pub const MAX_LIMIT: u32 = 100_000;
+
 /// What to do when the lease is lost while the command runs.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnLost {
@@ -252,6 +290,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub wait: WaitArgs,
+
+    #[command(flatten)]
+    pub mode: ModeArgs,
 
     /// Run this through /bin/sh -c instead of a command after `--` (as flock -c).
     #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
@@ -305,6 +346,9 @@ pub struct AcquireArgs {
     #[command(flatten)]
     pub wait: WaitArgs,
 
+    #[command(flatten)]
+    pub mode: ModeArgs,
+
     /// Lease length [default: the server's, 30s unless configured]. Nothing renews it: renew
     /// it with `lockctl renew` or release it with `lockctl release`.
     #[arg(long, value_parser = duration)]
@@ -335,9 +379,31 @@ pub struct StatusArgs {
     /// Lock name; without it, every held lock.
     pub name: Option<String>,
 
-    /// Print JSON for scripts: an object for a named lock, an array of held locks otherwise.
+    /// Print JSON for scripts. Without a name, an array of held locks: {"name","held":true,
+    /// "id","token","ttl_ms","session" (of the first holder),"waiters" (queue length),
+    /// "holder_count","mode" ("exclusive", "shared" or "limit:N", with "limit":N)}. With a
+    /// name, one such object (or {"name","held":false}) with two arrays more: "holders"
+    /// [{"id","token","held_ms","ttl_ms","session","mode"}] and "queue"
+    /// [{"position","id","waited_ms","session","mode"}] in the order it will be granted (at
+    /// most the first 1000; "waiters" counts them all).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Show only these locks (free ones too), each with its age; without any, every held lock.
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// Time between two refreshes (at least 100ms).
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    pub interval: Duration,
+
+    /// How many locks (those with the longest queues) get their age shown: each costs one
+    /// more request per refresh.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub detail: usize,
 }
 
 #[derive(Args, Debug)]
@@ -381,10 +447,121 @@ fn address(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// lockctl's old `-s host:port`: `-s` is `--shared` now, as in flock(1). Without this check
+/// the address would be taken for a lock name or a command, and fail far from the cause (or,
+/// worse, succeed against the default server). Returns the message that says what to write
+/// instead: the same command line with `--server`. Only the words before `--` are looked at.
+pub fn old_server_flag(args: &[String]) -> Option<String> {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    for i in 1..end {
+        let word = &args[i];
+        let Some(flags) = word.strip_prefix('-').filter(|f| !f.starts_with('-')) else {
+            continue;
+        };
+        // `-s ADDR` (also at the end of a cluster, as `-vs ADDR`), `-sADDR` or `-s=ADDR`.
+        let (kept, value, next) =
+            if flags.ends_with('s') && flags.chars().all(|c| c.is_ascii_alphabetic()) {
+                let Some(value) = args.get(i + 1).filter(|_| i + 1 < end) else {
+                    continue;
+                };
+                (&flags[..flags.len() - 1], value.as_str(), i + 2)
+            } else if let Some(value) = flags.strip_prefix('s') {
+                ("", value.strip_prefix('=').unwrap_or(value), i + 1)
+            } else {
+                continue;
+            };
+        if address(value).is_err() {
+            continue;
+        }
+        let mut fixed: Vec<String> = vec!["lockctl".into()];
+        fixed.extend(args[1..i].iter().cloned());
+        if !kept.is_empty() {
+            fixed.push(format!("-{kept}"));
+        }
+        fixed.extend(["--server".to_owned(), value.to_owned()]);
+        fixed.extend(args[next..].iter().cloned());
+        let fixed: Vec<String> = fixed.iter().map(|w| shell_word(w)).collect();
+        return Some(format!(
+            "-s is --shared now, as in flock(1); give the server with --server host:port \
+             (or LOCKD_ADDR):\n  {}\n(for a shared lock named {value}, write --shared {value})",
+            fixed.join(" ")
+        ));
+    }
+    None
+}
+
+/// `word` as a shell would need it: as it is if it is plain, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,[]".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     lockd::proto::parse_duration("duration", s).map_err(|e| e.message)
 }
 
 fn token(s: &str) -> Result<u64, String> {
     lockd::proto::parse_token(s).map_err(|e| e.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::old_server_flag;
+
+    fn check(line: &str) -> Option<String> {
+        let args: Vec<String> = line.split(' ').map(str::to_owned).collect();
+        old_server_flag(&args)
+    }
+
+    #[test]
+    fn the_old_server_flag_is_caught_and_rewritten() {
+        for (line, fixed) in [
+            (
+                "lockctl -s 10.0.0.1:5001 status",
+                "lockctl --server 10.0.0.1:5001 status",
+            ),
+            (
+                "lockctl run x -s locks:5001 -- true",
+                "lockctl run x --server locks:5001 -- true",
+            ),
+            (
+                "lockctl run x -vs [::1]:5001 -c true",
+                "lockctl run x -v --server [::1]:5001 -c true",
+            ),
+            (
+                "lockctl -slocks:5001 acquire x",
+                "lockctl --server locks:5001 acquire x",
+            ),
+            (
+                "lockctl -s=locks:5001 acquire x",
+                "lockctl --server locks:5001 acquire x",
+            ),
+        ] {
+            let message = check(line).unwrap_or_else(|| panic!("{line}"));
+            assert!(message.contains(&format!("\n  {fixed}\n")), "{message}");
+        }
+        for line in [
+            "lockctl run x -s -- true",
+            "lockctl run -s deploy -- true",
+            "lockctl acquire x -s",
+            "lockctl run x -- ssh -s host:22",
+            "lockctl --shared run x:1 -- true",
+        ] {
+            assert_eq!(check(line), None, "{line}");
+        }
+    }
+
+    #[test]
+    fn words_are_quoted_for_the_shell() {
+        assert_eq!(super::shell_word("a:1"), "a:1");
+        assert_eq!(super::shell_word("it's x"), r"'it'\''s x'");
+        assert_eq!(super::shell_word(""), "''");
+    }
 }

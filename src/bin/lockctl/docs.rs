@@ -10,7 +10,9 @@ use crate::cli::{Cli, Command, COMMAND_ENVIRONMENT, EXIT_STATUS};
 use crate::fail::Failure;
 
 /// The commands with a page of their own.
-const PAGES: &[&str] = &["run", "acquire", "release", "renew", "status", "watch"];
+const PAGES: &[&str] = &[
+    "run", "acquire", "release", "renew", "status", "top", "watch",
+];
 
 /// Does what a documentation flag (or command) asks; `None` when none was given.
 pub fn requested(cli: &Cli) -> Option<Result<u8, Failure>> {

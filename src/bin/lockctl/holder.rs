@@ -4,11 +4,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use lockd::client::Client;
-use lockd::proto::field;
 use tokio::time::sleep;
 
 use crate::cli::WaitArgs;
 use crate::net::Server;
+use crate::snapshot::{mode_words, Held, Row};
 
 /// How long a LOCK may go unanswered before lockctl asks who holds the lock: a free lock is
 /// granted in one round trip.
@@ -51,17 +51,31 @@ async fn say_waiting(server: &Server, name: &str, id: &str) {
         return;
     };
     // Held by this very id: the grant is on its way. Free: it is about to be granted.
-    let Some(holder) = Holder::of(&line).filter(|h| h.id != id) else {
+    let Some(held) = Row::parse(&line)
+        .and_then(|r| r.held)
+        .filter(|h| h.id != id)
+    else {
         return;
     };
-    let queue = match field(&line, "waiters") {
-        Some(n) => format!("; {n} in the queue"),
-        None => String::new(),
-    };
     eprintln!(
-        "lockctl: waiting for {name}: held by {} (token {}){queue}",
-        holder.id, holder.token
+        "lockctl: waiting for {name}: {}; {} in the queue",
+        held_by(&held),
+        held.waiters
     );
+}
+
+/// `held by h:1 (token 7)`, or for a shared lock or a semaphore
+/// `held shared by h:1 (token 7) and 2 more`, `held as a semaphore of 3 by ...`.
+fn held_by(held: &Held) -> String {
+    let mode = match held.mode.as_str() {
+        "exclusive" => String::new(),
+        m => format!("{} ", mode_words(m)),
+    };
+    let more = match held.holders {
+        0 | 1 => String::new(),
+        k => format!(" and {} more", k - 1),
+    };
+    format!("held {mode}by {} (token {}){more}", held.id, held.token)
 }
 
 /// With -v, when -n or -w gave up: says who has the lock (flock itself says nothing).
@@ -69,9 +83,10 @@ pub async fn say_conflict(client: &mut Client, name: &str, wait: &WaitArgs) {
     let holder = match status_line(client, name)
         .await
         .as_deref()
-        .and_then(Holder::of)
+        .and_then(Row::parse)
+        .and_then(|r| r.held)
     {
-        Some(h) => format!("held by {} (token {})", h.id, h.token),
+        Some(h) => held_by(&h),
         None => "held".into(),
     };
     match wait.wait {
@@ -89,19 +104,4 @@ async fn status_line(client: &mut Client, name: &str) -> Option<String> {
         .ok()?
         .ok()?;
     lines.into_iter().next()
-}
-
-struct Holder<'a> {
-    id: &'a str,
-    token: &'a str,
-}
-
-impl<'a> Holder<'a> {
-    /// The holder in a STATUS line, `<name> held id=.. token=.. ...`.
-    fn of(line: &'a str) -> Option<Holder<'a>> {
-        Some(Holder {
-            id: field(line, "id")?,
-            token: field(line, "token")?,
-        })
-    }
 }

@@ -1,9 +1,11 @@
 //! lockctl: the lockd client, flock(1) across machines.
 //!
 //! - [`cli`]: flags and `--help`, with every exit code.
+//! - [`request`]: the LOCK request `run` and `acquire` send.
 //! - [`run`]: `lockctl run`, with [`child`] (the command, its process group, signals) and
 //!   [`keeper`] (renewals, reconnection, the lease deadline).
-//! - [`ops`], [`status`], [`watch`]: the other commands; [`net`] reaches the server;
+//! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`snapshot`] (STATUS
+//!   parsed) and [`out`] (tables, JSON); [`net`] reaches the server;
 //!   [`holder`] says who holds a lock, for -v.
 //! - [`docs`]: completions and man pages.
 //!
@@ -18,8 +20,11 @@ mod keeper;
 mod net;
 mod ops;
 mod out;
+mod request;
 mod run;
+mod snapshot;
 mod status;
+mod top;
 mod watch;
 
 use std::process::ExitCode;
@@ -31,6 +36,13 @@ use fail::{Failure, USAGE};
 use net::{Server, ONE_SHOT_CONNECT, PATIENT_CONNECT};
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if let Some(message) = cli::old_server_flag(&args) {
+        eprintln!("lockctl: {message}");
+        return ExitCode::from(USAGE);
+    }
     let cli = Cli::parse();
     // One thread: the command is spawned from the main thread, which PR_SET_PDEATHSIG ties its
     // life to (a worker thread that exits would kill the command).
@@ -84,6 +96,7 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Release(args) => ops::release(&server, args).await,
         Command::Renew(args) => ops::renew(&server, args).await,
         Command::Status(args) => status::status(&server, args).await,
+        Command::Top(args) => top::top(&server, args).await,
         Command::Watch(args) => watch::watch(&server, args).await,
         Command::Completions { .. } | Command::Man => Ok(0),
     }
@@ -106,7 +119,7 @@ fn lock_name(command: &Command) -> Option<&str> {
         Command::Renew(a) => Some(&a.lock.name),
         Command::Status(a) => a.name.as_deref(),
         Command::Watch(a) => a.name.as_deref(),
-        Command::Completions { .. } | Command::Man => None,
+        Command::Top(_) | Command::Completions { .. } | Command::Man => None,
     }
 }
 

@@ -8,6 +8,7 @@ use crate::fail::{Failure, LOST};
 use crate::holder::{say_conflict, say_if_waiting};
 use crate::net::Server;
 use crate::out::{print_line, Printed};
+use crate::request::{self, Terms};
 
 /// LOCK with `detach`: the lease must outlive this process, but its wait must not (a waiter
 /// that is killed, as a cancelled CI job, must not be granted the lock later). Prints the token.
@@ -16,14 +17,14 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
         return Err(Failure::usage("--ttl must be more than 0"));
     }
     let mut client = server.connect().await?;
-    let wait = args.wait.server_wait();
-    let reply = say_if_waiting(
-        server,
-        &args.name,
-        id,
-        client.lock(&args.name, id, args.ttl, wait, Tie::Detach),
-    )
-    .await;
+    let terms = Terms {
+        ttl: args.ttl,
+        wait: args.wait.server_wait(),
+        tie: Tie::Detach,
+        mode: args.mode,
+    };
+    let lock = request::lock(&mut client, &args.name, id, terms);
+    let reply = say_if_waiting(server, &args.name, id, lock).await;
     match reply {
         Ok(token) => {
             if server.verbose {
@@ -32,9 +33,10 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
                     None => "the server's default ttl".into(),
                 };
                 eprintln!(
-                    "lockctl: acquired {} token {token} (a plain lease, {ttl}: release or \
-                     renew it with this token)",
-                    args.name
+                    "lockctl: acquired {} token {token} ({}, a plain lease, {ttl}: release \
+                     or renew it with this token)",
+                    args.name,
+                    args.mode.describe()
                 );
             }
             print_line(&token.to_string())?;

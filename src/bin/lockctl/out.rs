@@ -1,8 +1,9 @@
-//! Writing to stdout without panicking when the reader has gone (`lockctl watch | head`), and
-//! JSON strings for `--json`.
+//! Writing to stdout without panicking when the reader has gone (`lockctl watch | head`),
+//! JSON strings for `--json`, and columns and durations for people.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
+use std::time::Duration;
 
 /// stdout could not be written: the reader went away.
 #[derive(Debug)]
@@ -34,8 +35,74 @@ pub fn json_string(s: &str) -> String {
     out
 }
 
+/// Cells in columns two spaces apart, each as wide as its widest cell (the last one unpadded);
+/// lines end without spaces.
+pub fn columns<R: AsRef<[String]>>(rows: &[R]) -> String {
+    let mut widths: Vec<usize> = Vec::new();
+    for row in rows {
+        for (i, c) in row.as_ref().iter().enumerate() {
+            let w = c.chars().count();
+            match widths.get_mut(i) {
+                Some(old) => *old = (*old).max(w),
+                None => widths.push(w),
+            }
+        }
+    }
+    let mut out = String::new();
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let mut line = String::new();
+        for (c, w) in row.as_ref().iter().zip(&widths) {
+            let _ = write!(line, "{c:<w$}  ");
+        }
+        out.push_str(line.trim_end());
+    }
+    out
+}
+
+/// `850ms`, `29.1s`, `4m59s`, `2h0m`: short enough for a column.
+pub fn short_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1000..=59_999 => format!("{:.1}s", d.as_secs_f64()),
+        60_000..=3_599_999 => format!("{}m{}s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{}h{}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// `yes` or `no`, for a column.
+pub fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_owned()
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_are_short() {
+        use super::short_duration;
+        assert_eq!(short_duration(Duration::from_millis(850)), "850ms");
+        assert_eq!(short_duration(Duration::from_millis(29_140)), "29.1s");
+        assert_eq!(short_duration(Duration::from_secs(299)), "4m59s");
+        assert_eq!(short_duration(Duration::from_secs(7200)), "2h0m");
+    }
+
+    #[test]
+    fn columns_line_up() {
+        let rows = [
+            vec!["NAME".to_owned(), "HOLDER".into(), "QUEUE".into()],
+            vec!["deploy".into(), "-".into(), "12".into()],
+        ];
+        assert_eq!(
+            super::columns(&rows),
+            "NAME    HOLDER  QUEUE\ndeploy  -       12"
+        );
+    }
+
     #[test]
     fn json_escapes() {
         assert_eq!(super::json_string(r#"a"b\c"#), r#""a\"b\\c""#);

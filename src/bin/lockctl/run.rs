@@ -8,11 +8,12 @@ use lockd::proto::{ErrorCode, Tie};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::child::{exit_code, Child, Program, Signals};
-use crate::cli::{OnLost, RunArgs, WaitArgs};
+use crate::cli::{ModeArgs, OnLost, RunArgs, WaitArgs};
 use crate::fail::{signal_code, Failure, LOST, UNTIL_TIMEOUT};
 use crate::holder::{say_conflict, say_if_waiting};
 use crate::keeper::{Keeper, Lease, Link, Released, Timing};
 use crate::net::Server;
+use crate::request::{self, Terms};
 
 /// --session-grace unless given (never more than the ttl): long enough for a reconnect across
 /// a server restart or a network blip, short enough that a killed lockctl's lock is soon free.
@@ -46,6 +47,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         ttl: args.ttl,
         session_grace,
         wait: &args.wait,
+        mode: args.mode,
     };
     let granted = tokio::select! {
         g = lock(server, &ask) => g?,
@@ -68,8 +70,9 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     };
     if server.verbose {
         eprintln!(
-            "lockctl: acquired {} token {token} (ttl {}, session grace {})",
+            "lockctl: acquired {} token {token} ({}, ttl {}, session grace {})",
             lease.name,
+            args.mode.describe(),
             humantime::format_duration(args.ttl),
             humantime::format_duration(session_grace)
         );
@@ -156,6 +159,7 @@ struct Ask<'a> {
     ttl: Duration,
     session_grace: Duration,
     wait: &'a WaitArgs,
+    mode: ModeArgs,
 }
 
 /// LOCK with `session=<grace>`, so that the server frees the lock soon if lockctl dies, but a
@@ -169,15 +173,15 @@ async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
             .wait
             .server_wait()
             .map(|w| w.saturating_sub(started.elapsed()));
-        let tie = Tie::Session(ask.session_grace);
+        let terms = Terms {
+            ttl: Some(ask.ttl),
+            wait,
+            tie: Tie::Session(ask.session_grace),
+            mode: ask.mode,
+        };
         let sent = Instant::now();
-        let reply = say_if_waiting(
-            server,
-            ask.name,
-            ask.id,
-            client.lock(ask.name, ask.id, Some(ask.ttl), wait, tie),
-        )
-        .await;
+        let lock = request::lock(&mut client, ask.name, ask.id, terms);
+        let reply = say_if_waiting(server, ask.name, ask.id, lock).await;
         match reply {
             Ok(token) => {
                 return Ok(Granted {

@@ -1,0 +1,256 @@
+//! `lockctl top`: the held locks, longest queue first, redrawn every --interval until
+//! interrupted. At a terminal the screen is cleared for each snapshot; otherwise (a pipe, a
+//! file) the snapshots follow each other, a blank line apart.
+
+use std::cmp::Reverse;
+use std::io::IsTerminal as _;
+use std::time::{Duration, SystemTime};
+
+use lockd::client::Client;
+use tokio::time::{interval, timeout, MissedTickBehavior};
+
+use crate::child::Signals;
+use crate::cli::TopArgs;
+use crate::fail::{Failure, UNREACHABLE};
+use crate::net::{Server, ONE_SHOT_CONNECT};
+use crate::out::{columns, print_line, short_duration};
+use crate::snapshot::Row;
+use crate::status::{detail, holder_and_others, list};
+
+/// The shortest --interval: a refresh costs the server a STATUS of the whole table.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Clears the screen and puts the cursor top left.
+const CLEAR: &str = "\x1b[H\x1b[2J";
+
+/// One line of the view: a lock, and how long it has been held if its detail was asked for.
+struct Entry {
+    row: Row,
+    age: Option<Duration>,
+}
+
+pub async fn top(server: &Server, args: &TopArgs) -> Result<u8, Failure> {
+    if args.interval < MIN_INTERVAL {
+        return Err(Failure::usage(format!(
+            "--interval must be at least {}",
+            humantime::format_duration(MIN_INTERVAL)
+        )));
+    }
+    for name in &args.names {
+        lockd::proto::validate_name("lock name", name).map_err(|e| Failure::usage(e.message))?;
+    }
+    let mut signals = Signals::new()?;
+    let terminal = std::io::stdout().is_terminal();
+    let mut client = Some(server.connect().await?);
+    let mut ticks = interval(args.interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    for n in 0u64.. {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = signals.recv() => return Ok(0),
+        }
+        let entries = tokio::select! {
+            e = take(server, &mut client, args) => e,
+            _ = signals.recv() => return Ok(0),
+        };
+        let mut text = header(server, args, entries.as_deref().ok());
+        match entries {
+            Ok(entries) => text.push_str(&view(&entries, terminal.then(terminal_rows).flatten())),
+            Err(e) => text.push_str(&format!(
+                "{e}; trying again every {}",
+                humantime::format_duration(args.interval)
+            )),
+        }
+        if terminal {
+            text.insert_str(0, CLEAR);
+        } else if n > 0 {
+            text.insert(0, '\n');
+        }
+        print_line(&text)?;
+    }
+    Ok(0)
+}
+
+/// One snapshot: the names given, or every held lock with the detail of the first
+/// `--detail` by queue length. A failure is said in the view, and the next refresh tries
+/// again (on a new connection if this one failed).
+async fn take(
+    server: &Server,
+    client: &mut Option<Client>,
+    args: &TopArgs,
+) -> Result<Vec<Entry>, String> {
+    let limit = args.interval.max(ONE_SHOT_CONNECT);
+    let mut c = match client.take() {
+        Some(c) => c,
+        None => server
+            .connect_once(limit)
+            .await
+            .map_err(|e| format!("cannot reach lockd at {}: {e}", server.addr))?,
+    };
+    match timeout(limit, snapshot(server, &mut c, args)).await {
+        Ok(Ok(entries)) => {
+            *client = Some(c);
+            Ok(entries)
+        }
+        Ok(Err(f)) => {
+            if f.code != UNREACHABLE {
+                *client = Some(c);
+            }
+            Err(f.message.unwrap_or_default())
+        }
+        Err(_) => Err(format!(
+            "lockd at {} did not answer within {}",
+            server.addr,
+            humantime::format_duration(limit)
+        )),
+    }
+}
+
+async fn snapshot(
+    server: &Server,
+    client: &mut Client,
+    args: &TopArgs,
+) -> Result<Vec<Entry>, Failure> {
+    let mut entries = Vec::new();
+    if args.names.is_empty() {
+        let mut rows = list(client, server).await?;
+        rows.sort_by_cached_key(order);
+        for (i, row) in rows.into_iter().enumerate() {
+            if i >= args.detail {
+                entries.push(Entry { row, age: None });
+                continue;
+            }
+            // Newer than the list: it may have changed, or been freed, since.
+            let lock = detail(client, server, &row.name).await?;
+            if lock.row.held.is_some() {
+                let age = lock.age();
+                entries.push(Entry { row: lock.row, age });
+            }
+        }
+    } else {
+        for name in &args.names {
+            let lock = detail(client, server, name).await?;
+            let age = lock.age();
+            entries.push(Entry { row: lock.row, age });
+        }
+    }
+    entries.sort_by_cached_key(|e| order(&e.row));
+    Ok(entries)
+}
+
+/// Longest queue first, then by name.
+fn order(row: &Row) -> (Reverse<u64>, String) {
+    let waiters = row.held.as_ref().map_or(0, |h| h.waiters);
+    (Reverse(waiters), row.name.clone())
+}
+
+/// `lockd at <addr>, <time>: 3 held, 5 waiting (every 1s; Ctrl-C quits)`.
+fn header(server: &Server, args: &TopArgs, entries: Option<&[Entry]>) -> String {
+    let now = humantime::format_rfc3339_seconds(SystemTime::now());
+    let counts = match entries {
+        Some(entries) => {
+            let held = entries.iter().filter(|e| e.row.held.is_some()).count();
+            let waiting: u64 = entries
+                .iter()
+                .filter_map(|e| e.row.held.as_ref())
+                .map(|h| h.waiters)
+                .sum();
+            format!(": {held} held, {waiting} waiting")
+        }
+        None => String::new(),
+    };
+    format!(
+        "lockd at {}, {now}{counts} (every {}; Ctrl-C quits)\n",
+        server.addr,
+        humantime::format_duration(args.interval)
+    )
+}
+
+/// The table; cut to `height` lines (the terminal's), with a last line that says so.
+fn view(entries: &[Entry], height: Option<usize>) -> String {
+    if entries.is_empty() {
+        return "no locks held".into();
+    }
+    let mut cells = vec![vec![
+        "NAME".to_owned(),
+        "MODE".into(),
+        "HOLDER".into(),
+        "AGE".into(),
+        "TTL LEFT".into(),
+        "QUEUE".into(),
+    ]];
+    // The header line, the table's header and the line that says what was cut.
+    let room = height.map_or(usize::MAX, |h| h.saturating_sub(3).max(1));
+    for e in entries.iter().take(room) {
+        cells.push(match &e.row.held {
+            None => vec![e.row.name.clone(), "free".into()],
+            Some(h) => vec![
+                e.row.name.clone(),
+                h.mode.clone(),
+                holder_and_others(h),
+                e.age.map_or_else(|| "-".into(), short_duration),
+                short_duration(h.ttl),
+                h.waiters.to_string(),
+            ],
+        });
+    }
+    let mut text = columns(&cells);
+    if entries.len() > room {
+        text.push_str(&format!("\n... and {} more", entries.len() - room));
+    }
+    text
+}
+
+/// The terminal's height in lines, if stdout is one that says.
+fn terminal_rows() -> Option<usize> {
+    // SAFETY: TIOCGWINSZ writes one winsize into the struct it is given, which outlives the call.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) };
+    (r == 0 && size.ws_row > 0).then_some(usize::from(size.ws_row))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(line: &str, age_ms: Option<u64>) -> Entry {
+        Entry {
+            row: Row::parse(line).unwrap(),
+            age: age_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn longest_queue_first_then_name() {
+        let mut rows: Vec<Row> = [
+            "b held id=x token=1 ttl_ms=1 session=0 waiters=1",
+            "c held id=x token=2 ttl_ms=1 session=0 waiters=5",
+            "a held id=x token=3 ttl_ms=1 session=0 waiters=1",
+        ]
+        .iter()
+        .map(|l| Row::parse(l).unwrap())
+        .collect();
+        rows.sort_by_cached_key(order);
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["c", "a", "b"]);
+    }
+
+    #[test]
+    fn the_view_fits_the_terminal() {
+        let entries: Vec<Entry> = (0..10)
+            .map(|i| {
+                entry(
+                    &format!("l{i} held id=h token={i} ttl_ms=1500 session=0 waiters=0"),
+                    (i == 0).then_some(61_000),
+                )
+            })
+            .collect();
+        let all = view(&entries, None);
+        assert_eq!(all.lines().count(), 11, "{all}");
+        assert!(all.lines().nth(1).unwrap().contains("1m1s"), "{all}");
+        assert!(all.lines().nth(2).unwrap().contains(" - "), "{all}");
+        let cut = view(&entries, Some(6));
+        assert_eq!(cut.lines().count(), 5, "{cut}");
+        assert!(cut.ends_with("... and 7 more"), "{cut}");
+    }
+}
