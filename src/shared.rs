@@ -232,6 +232,12 @@ impl Shared {
         self.journal.as_ref().is_none_or(|j| !j.is_failed())
     }
 
+    /// How long the oldest change not yet on disk has waited (`None` without a data directory
+    /// or when nothing waits), for the metrics scrape.
+    pub fn journal_backlog(&self) -> Option<Duration> {
+        self.journal.as_ref()?.oldest_pending()
+    }
+
     /// Held locks and queued waiters, for the metrics scrape.
     pub fn counts(&self) -> (usize, usize) {
         let g = self.guard();

@@ -102,7 +102,8 @@ impl Locks {
 
     /// Puts back a lease a previous run granted, as a plain (non-session) lease: its
     /// connection did not survive the restart. Does nothing if it already ended by `now`, or
-    /// the name is held in a mode it can't join. Later tokens are above its token.
+    /// the name is held in a mode it can't join (or a semaphore's slots are all restored).
+    /// Later tokens are above its token. Restore a name's holders in grant order.
     pub fn restore(&mut self, now: Instant, lease: RestoredLease) {
         self.raise_next_token(lease.token.saturating_add(1));
         self.clock.start(now);
@@ -124,7 +125,12 @@ impl Locks {
         let slot = match self.index.get(lease.name.as_str()) {
             None => self.add_entry(lease.name.into(), holder, lease.mode),
             Some(&slot) => self.slab.get_mut(slot).and_then(|entry| {
-                let joins = entry.mode() == lease.mode && lease.mode != Mode::Exclusive;
+                let joins = entry.mode() == lease.mode
+                    && match lease.mode {
+                        Mode::Shared => true,
+                        Mode::Limit(n) => entry.holder_count() < n as usize,
+                        Mode::Exclusive => false,
+                    };
                 joins.then(|| entry.more_mut().others.push(holder))?;
                 Some(slot)
             }),
