@@ -8,7 +8,8 @@
 //! - [`connection`]: bounded line framing over a TCP stream.
 //! - [`shared`]: the table behind a mutex, the expiry timer, waiter hand-off and watch events.
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
-//! - [`server`]: accept loop, connection limit, graceful shutdown; [`server::Config`].
+//! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
+//! - [`per_ip`]: open connections counted per client address (`--max-connections-per-ip`).
 //! - [`store`]: durable state for `--data-dir`: a log with snapshots and a group-commit writer.
 //! - [`client`]: an async client for `lockctl` and the tests.
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
@@ -18,13 +19,13 @@
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
-//! nothing; `metrics` only the table's event types and `proto`'s error codes; `auth` ->
-//! `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its change
-//! and lease types), `metrics`; `shared` -> `locks`, `store`, `metrics`; `session` ->
-//! `shared`, `proto`, `connection`, `auth`; `compat` -> `shared`, `locks`; `http` ->
-//! `shared`; `server` -> `session`, `shared`, `compat`, `store`, `http`, `auth`; `client` ->
-//! `proto`, `connection`, `locks` (the token and mode types). The table and the protocol
-//! never see a socket or a file, and `lockctl` never
+//! `per_ip` nothing; `metrics` only the table's event types and `proto`'s error codes; `auth`
+//! -> `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its
+//! change and lease types), `metrics`; `shared` -> `locks`, `store`, `metrics`, `auth`;
+//! `session` -> `shared`, `proto`, `connection`, `auth`, `tls`; `compat` -> `shared`,
+//! `locks`; `http` -> `shared`; `server` -> `session`, `shared`, `compat`, `store`, `http`,
+//! `auth`, `per_ip`, `tls`; `client` -> `proto`, `connection`, `locks` (the token and mode
+//! types), `tls`. The table and the protocol never see a socket or a file, and `lockctl` never
 //! reaches `server`, `shared`, `session` or `store`.
 
 use std::time::Duration;
@@ -37,6 +38,7 @@ pub mod docgen;
 pub mod http;
 pub mod locks;
 pub mod metrics;
+pub mod per_ip;
 pub mod proto;
 pub mod server;
 pub mod session;
@@ -55,6 +57,14 @@ pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_MAX_LOCKS: usize = 1_000_000;
 /// Most client connections at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Most client connections at once from one address.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1000;
+/// Most waiters one name may have.
+pub const DEFAULT_MAX_WAITERS: usize = 10_000;
+/// How long a connection that holds, waits for and watches nothing may send no line.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long the bytes of an unfinished request line may wait for the rest of it.
+pub const DEFAULT_LINE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest request line, in bytes, line ending included.
 pub const DEFAULT_MAX_LINE: usize = 1024;
 /// Events a watcher may fall behind before it is disconnected.

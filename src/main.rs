@@ -38,6 +38,13 @@ struct Args {
           value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
     max_connections: usize,
 
+    /// Most client connections at once from one address (never more than --max-connections);
+    /// more from it get ERR LIMIT and are closed, other addresses are unaffected.
+    #[arg(long, env = "LOCKD_MAX_CONNECTIONS_PER_IP",
+          default_value_t = lockd::DEFAULT_MAX_CONNECTIONS_PER_IP,
+          value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    max_connections_per_ip: usize,
+
     /// Longest request line in bytes; a longer one gets ERR TOOLONG and the connection is closed.
     #[arg(long, env = "LOCKD_MAX_LINE", default_value_t = lockd::DEFAULT_MAX_LINE,
           value_parser = clap::value_parser!(u32).range(64..=1_048_576).map(|v| v as usize))]
@@ -54,6 +61,11 @@ struct Args {
           value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
     max_locks: usize,
 
+    /// Most waiters one lock may have; a LOCK that would queue past it gets ERR LIMIT.
+    #[arg(long, env = "LOCKD_MAX_WAITERS", default_value_t = lockd::DEFAULT_MAX_WAITERS,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    max_waiters: usize,
+
     /// Events a watcher may fall behind before it gets ERR LAGGED and is disconnected.
     #[arg(long, env = "LOCKD_WATCH_BUFFER", default_value_t = lockd::DEFAULT_WATCH_BUFFER,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576).map(|v| v as usize))]
@@ -63,6 +75,16 @@ struct Args {
     /// of a reply, event stream or STATUS answer must be taken within it.
     #[arg(long, env = "LOCKD_WRITE_TIMEOUT", default_value = "30s", value_parser = duration)]
     write_timeout: Duration,
+
+    /// How long a connection that holds no session lease, waits for nothing and watches
+    /// nothing may send no request line before it gets ERR LIMIT and is closed; 0 turns it off.
+    #[arg(long, env = "LOCKD_IDLE_TIMEOUT", default_value = "10m", value_parser = duration)]
+    idle_timeout: Duration,
+
+    /// How long the start of a request line may wait for its newline before the connection
+    /// gets ERR LIMIT and is closed (a client that trickles bytes); 0 turns it off.
+    #[arg(long, env = "LOCKD_LINE_TIMEOUT", default_value = "30s", value_parser = duration)]
+    line_timeout: Duration,
 
     /// Most copies of the lock table that STATUS answers being sent may hold at once (every
     /// STATUS made while the table does not change shares one); a STATUS that needs another
@@ -264,12 +286,16 @@ impl Args {
                 default_ttl: self.default_ttl,
                 max_ttl: self.max_ttl,
                 max_locks: self.max_locks,
+                max_waiters: self.max_waiters,
             },
             max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
             max_line: self.max_line,
             max_name: self.max_name,
             watch_buffer: self.watch_buffer,
             write_timeout: self.write_timeout,
+            idle_timeout: self.idle_timeout,
+            line_timeout: self.line_timeout,
             status_copies: self.status_copies,
             shutdown_grace: self.shutdown_grace,
             half_close_probe: self.half_close_probe,

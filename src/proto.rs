@@ -36,7 +36,8 @@ pub enum ErrorCode {
     Conflict,
     /// A newer LOCK with the same id took this waiting LOCK's place.
     Replaced,
-    /// A server limit was reached (connections, locks); see the message.
+    /// A server limit was reached (connections, locks, waiters, idle or unfinished lines);
+    /// see the message.
     Limit,
     /// A watcher fell too far behind; the connection is closed.
     Lagged,
@@ -132,7 +133,7 @@ impl ProtoError {
             TableError::WouldBlock { .. } => ErrorCode::Timeout,
             TableError::NotHeld => ErrorCode::NotHeld,
             TableError::Conflict | TableError::WrongMode { .. } => ErrorCode::Conflict,
-            TableError::TooManyLocks { .. } => ErrorCode::Limit,
+            TableError::TooManyLocks { .. } | TableError::TooManyWaiters { .. } => ErrorCode::Limit,
             TableError::NotOwner => ErrorCode::Denied,
         };
         Self::new(code, format!("{name}: {e}"))
@@ -233,6 +234,33 @@ impl ProtoError {
         Self::new(
             ErrorCode::Limit,
             format!("too many connections (max {max}); try again later"),
+        )
+    }
+
+    /// A connection over `--max-connections-per-ip` from its address.
+    pub fn too_many_from_address(max: usize) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!("too many connections from this address (max {max}); try again later"),
+        )
+    }
+
+    /// A connection that sent nothing for `--idle-timeout` while it had nothing going on.
+    pub fn idle(timeout: Duration) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!("idle for {}; closing", humantime::format_duration(timeout)),
+        )
+    }
+
+    /// Bytes of a request line that waited `--line-timeout` for the rest of it.
+    pub fn line_not_finished(timeout: Duration) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!(
+                "line not finished within {}; closing",
+                humantime::format_duration(timeout)
+            ),
         )
     }
 }

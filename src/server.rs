@@ -2,6 +2,7 @@
 //! gracefully when told to.
 
 use std::io;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,8 @@ use crate::connection::Connection;
 use crate::http::Endpoint;
 use crate::locks::Limits;
 use crate::metrics::{Metrics, Protocol};
-use crate::proto::{ErrorCode, ProtoError, Reply};
+use crate::per_ip::PerIp;
+use crate::proto::{ProtoError, Reply};
 use crate::session::{Session, SessionLimits};
 use crate::shared::{self, Shared};
 use crate::store::Store;
@@ -39,6 +41,9 @@ pub struct Config {
     pub limits: Limits,
     /// Most client connections at once; more are answered `ERR LIMIT` and closed.
     pub max_connections: usize,
+    /// Most client connections at once from one address (at most `max_connections`); more
+    /// from it are answered `ERR LIMIT` and closed.
+    pub max_connections_per_ip: usize,
     /// Longest request line in bytes; longer ones are answered `ERR TOOLONG` and closed.
     pub max_line: usize,
     /// Longest name or id in bytes (at most 255); longer ones are answered `ERR BADARG`.
@@ -47,6 +52,12 @@ pub struct Config {
     pub watch_buffer: usize,
     /// How long a client may leave each 16 KiB of replies unread before it is disconnected.
     pub write_timeout: Duration,
+    /// How long a connection with nothing going on (no session lease, no waiting LOCK, no
+    /// WATCH) may send no line before it is closed; zero never closes it.
+    pub idle_timeout: Duration,
+    /// How long the start of a line may wait for the rest of it before the connection is
+    /// closed; zero waits as long as it takes.
+    pub line_timeout: Duration,
     /// Most copies of the table that STATUS answers being sent may hold at once.
     pub status_copies: usize,
     /// How long shutdown lets connections finish before it drops them.
@@ -73,10 +84,13 @@ impl Default for Config {
         Config {
             limits: Limits::default(),
             max_connections: crate::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_ip: crate::DEFAULT_MAX_CONNECTIONS_PER_IP,
             max_line: crate::DEFAULT_MAX_LINE,
             max_name: crate::proto::MAX_NAME_LEN,
             watch_buffer: crate::DEFAULT_WATCH_BUFFER,
             write_timeout: crate::DEFAULT_WRITE_TIMEOUT,
+            idle_timeout: crate::DEFAULT_IDLE_TIMEOUT,
+            line_timeout: crate::DEFAULT_LINE_TIMEOUT,
             status_copies: crate::DEFAULT_STATUS_COPIES,
             shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
             half_close_probe: crate::DEFAULT_HALF_CLOSE_PROBE,
@@ -97,6 +111,8 @@ impl Config {
             max_name: self.max_name.min(crate::proto::MAX_NAME_LEN),
             watch_buffer: self.watch_buffer,
             half_close_probe: self.half_close_probe,
+            idle_timeout: self.idle_timeout,
+            line_timeout: self.line_timeout,
         }
     }
 }
@@ -186,7 +202,17 @@ pub async fn serve(
     }
     let permits = Arc::new(Semaphore::new(config.max_connections));
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
-    let mut refused = RefusalLog::new(config.max_connections);
+    let per_ip = PerIp::new(config.max_connections_per_ip.min(config.max_connections));
+    let mut refused = RefusalLog::new(
+        "connection limit reached",
+        config.max_connections,
+        ProtoError::too_many_connections(config.max_connections),
+    );
+    let mut refused_per_ip = RefusalLog::new(
+        "connection limit per address reached",
+        per_ip.max(),
+        ProtoError::too_many_from_address(per_ip.max()),
+    );
     let force = CancellationToken::new();
     let mut backoff = Duration::from_millis(5);
     if let Ok(addr) = listener.local_addr() {
@@ -196,11 +222,12 @@ pub async fn serve(
         endpoint.serving(&shared);
     }
     loop {
-        let stream = tokio::select! {
+        let log_due = refused.due().into_iter().chain(refused_per_ip.due()).min();
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+                Ok(accepted) => {
                     backoff = Duration::from_millis(5);
-                    stream
+                    accepted
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: wait, don't spin.
@@ -213,16 +240,24 @@ pub async fn serve(
                     continue;
                 }
             },
-            _ = tokio::time::sleep_until(refused.due().unwrap_or_else(Instant::now)),
-                if refused.due().is_some() => {
+            _ = tokio::time::sleep_until(log_due.unwrap_or_else(Instant::now)),
+                if log_due.is_some() => {
                 refused.tick();
+                refused_per_ip.tick();
                 continue;
             }
             _ = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        match Arc::clone(&permits).try_acquire_owned() {
-            Ok(permit) => {
+        let admitted = match Arc::clone(&permits).try_acquire_owned() {
+            Err(_) => Err(&mut refused),
+            Ok(permit) => per_ip
+                .admit(peer.ip())
+                .map(|slot| (permit, slot))
+                .ok_or(&mut refused_per_ip),
+        };
+        match admitted {
+            Ok((permit, slot)) => {
                 let (shared, config) = (Arc::clone(&shared), Arc::clone(&config));
                 let (shutdown, force) = (shutdown.clone(), force.clone());
                 let counted = shared.metrics().connection(Protocol::Line);
@@ -233,23 +268,22 @@ pub async fn serve(
                         _ = serve_connection(stream, shared, &config, shutdown) => {}
                         _ = force.cancelled() => {}
                     }
-                    drop((permit, counted));
+                    drop((permit, slot, counted));
                 });
             }
-            Err(_) if config.tls.is_some() => {
+            Err(log) => {
+                let e = log.refused(peer.ip());
+                shared.metrics().refused(e.code);
                 // A TLS client can't read a plain ERR line, and a handshake per refusal
                 // would make a flood dearer: closed without a word.
-                shared.metrics().refused(ErrorCode::Limit);
-                refused.refused();
-            }
-            Err(_) => {
-                shared.metrics().refused(ErrorCode::Limit);
-                refused.refused();
-                refuse(stream, config.max_connections, &refusals, &tracker).await;
+                if config.tls.is_none() {
+                    refuse(stream, e, &refusals, &tracker).await;
+                }
             }
         }
     }
     refused.finish();
+    refused_per_ip.finish();
     drop(listener);
     if let Some(endpoint) = &config.endpoint {
         endpoint.stopping();
@@ -303,7 +337,7 @@ async fn serve_connection(
         .await;
 }
 
-/// Tells a connection over the limit why it is closed, without holding up the accept loop.
+/// Tells a connection over a limit why it is closed (`e`), without holding up the accept loop.
 ///
 /// The `ERR LIMIT` line fits in the empty send buffer of a new socket, so it is written at
 /// once, non-blocking, and followed by a FIN: every refused client is told, however many
@@ -311,8 +345,12 @@ async fn serve_connection(
 /// discards what the client still sends for a moment (see [`Connection::drain`]), so the close
 /// is not a reset that could destroy the line before it is read. Past that, input that has
 /// already arrived is discarded and the socket closed at once.
-async fn refuse(mut stream: TcpStream, max: usize, drains: &Arc<Semaphore>, tracker: &TaskTracker) {
-    let e = ProtoError::too_many_connections(max);
+async fn refuse(
+    mut stream: TcpStream,
+    e: ProtoError,
+    drains: &Arc<Semaphore>,
+    tracker: &TaskTracker,
+) {
     let line = format!("{}\n", Reply::Error(&e));
     let permit = Arc::clone(drains).try_acquire_owned().ok();
     if !matches!(stream.try_write(line.as_bytes()), Ok(n) if n == line.len()) {
@@ -342,10 +380,15 @@ async fn refuse(mut stream: TcpStream, max: usize, drains: &Arc<Semaphore>, trac
     }
 }
 
-/// Logs refused connections at most once per [`REFUSAL_LOG_INTERVAL`]: the first at once,
-/// the rest as a count, so a flood of connections is not also a flood of log lines.
+/// Logs connections refused by one limit at most once per [`REFUSAL_LOG_INTERVAL`]: the
+/// first at once (with its address), the rest as a count, so a flood of connections is not
+/// also a flood of log lines.
 struct RefusalLog {
+    /// Which limit, for the log: "connection limit reached".
+    what: &'static str,
     max: usize,
+    /// What a refused client is told.
+    refusal: ProtoError,
     /// When the current interval began; `None` when nothing was refused in the last one.
     since: Option<Instant>,
     /// Refusals in the current interval not logged yet.
@@ -353,26 +396,32 @@ struct RefusalLog {
 }
 
 impl RefusalLog {
-    fn new(max: usize) -> Self {
+    fn new(what: &'static str, max: usize, refusal: ProtoError) -> Self {
         RefusalLog {
+            what,
             max,
+            refusal,
             since: None,
             unlogged: 0,
         }
     }
 
-    fn refused(&mut self) {
+    /// Counts (or logs) a connection from `from` refused; returns what to tell it.
+    fn refused(&mut self, from: IpAddr) -> ProtoError {
         if self.since.is_some() {
             self.unlogged += 1;
-            return;
+            return self.refusal.clone();
         }
         tracing::warn!(
             max = self.max,
-            "connection limit reached; refusing connections with ERR LIMIT (more refusals are \
-             counted and logged every {})",
+            %from,
+            "{}; refusing connections with ERR LIMIT (more refusals are counted and logged \
+             every {})",
+            self.what,
             humantime::format_duration(REFUSAL_LOG_INTERVAL)
         );
         self.since = Some(Instant::now());
+        self.refusal.clone()
     }
 
     /// When the count is due, if any.
@@ -380,8 +429,11 @@ impl RefusalLog {
         self.since.map(|t| t + REFUSAL_LOG_INTERVAL)
     }
 
-    /// The interval is over: log its count, if any, and start the next.
+    /// If the interval is over: log its count, if any, and start the next.
     fn tick(&mut self) {
+        if self.due().is_none_or(|due| due > Instant::now()) {
+            return;
+        }
         if self.unlogged == 0 {
             self.since = None;
             return;
@@ -396,7 +448,8 @@ impl RefusalLog {
             tracing::warn!(
                 max = self.max,
                 refused = self.unlogged,
-                "connection limit reached; refused {} more connections",
+                "{}; refused {} more connections",
+                self.what,
                 self.unlogged
             );
             self.unlogged = 0;

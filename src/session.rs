@@ -44,6 +44,10 @@ pub struct SessionLimits {
     pub watch_buffer: usize,
     /// How long a grant to a client that half-closed while it waited is watched for a reset.
     pub half_close_probe: Duration,
+    /// How long a connection with nothing going on may send no line; zero: no limit.
+    pub idle_timeout: Duration,
+    /// How long the start of a line may wait for its end; zero: no limit.
+    pub line_timeout: Duration,
 }
 
 /// How often [`Session::confirm_delivery`] looks at the socket while it watches.
@@ -62,6 +66,8 @@ pub struct Session {
     leases: HashMap<Token, String>,
     /// With an auth file: who this connection is. `None` serves everyone as [`NO_USER`].
     login: Option<Login>,
+    /// Since when the bytes of an unfinished line have been waiting for the rest of it.
+    partial_since: Option<tokio::time::Instant>,
 }
 
 /// A connection's standing on a server with an auth file.
@@ -81,6 +87,17 @@ enum Admit {
     Refuse(ProtoError),
     /// `ERR ...`, and the connection is closed: its user was removed.
     Close(ProtoError),
+}
+
+/// What [`Session::next_frame`] got.
+enum Next {
+    Frame(Frame),
+    /// The server is shutting down.
+    Shutdown,
+    /// The connection outstayed `--idle-timeout` or `--line-timeout`: tell it and close.
+    Expired(ProtoError),
+    /// The auth file was reloaded: this connection's user may be gone.
+    Reloaded,
 }
 
 impl Session {
@@ -116,6 +133,7 @@ impl Session {
             limits,
             leases: HashMap::new(),
             login,
+            partial_since: None,
         }
     }
 
@@ -150,10 +168,11 @@ impl Session {
             if !self.conn.has_frame() {
                 self.conn.flush().await?;
             }
-            let frame = tokio::select! {
-                frame = self.conn.read_frame() => frame?,
-                _ = self.shutdown.cancelled() => return Ok(()),
-                () = reloaded(&mut self.login) => {
+            let frame = match self.next_frame().await? {
+                Next::Frame(frame) => frame,
+                Next::Shutdown => return Ok(()),
+                Next::Expired(e) => return self.refuse(e).await,
+                Next::Reloaded => {
                     if let Some(e) = self.removed() {
                         self.refuse(e).await?;
                         return Ok(());
@@ -196,6 +215,65 @@ impl Session {
                 return Ok(());
             }
         }
+    }
+
+    /// Reads the next frame, unless the server stops first or the connection outstays a
+    /// timeout: `--line-timeout` while the bytes of an unfinished line wait for the rest
+    /// (a client trickling a line must not keep a connection forever), `--idle-timeout` while
+    /// no line comes at all and the connection holds no session lease (waiting and watching
+    /// happen elsewhere: they never get here). Idle time counts from the call, that is from
+    /// the end of the previous request, however long that took.
+    async fn next_frame(&mut self) -> io::Result<Next> {
+        let mut idle_since = tokio::time::Instant::now();
+        loop {
+            if let Some(frame) = self.conn.next_frame() {
+                self.partial_since = None;
+                return Ok(Next::Frame(frame));
+            }
+            if self.conn.buffered() > 0 {
+                self.partial_since
+                    .get_or_insert_with(tokio::time::Instant::now);
+            }
+            let line_due = self
+                .partial_since
+                .filter(|_| !self.limits.line_timeout.is_zero())
+                .map(|since| since + self.limits.line_timeout);
+            let idle_due = (!self.limits.idle_timeout.is_zero())
+                .then(|| idle_since + self.limits.idle_timeout);
+            let due = line_due.into_iter().chain(idle_due).min();
+            tokio::select! {
+                read = self.conn.fill() => read?,
+                _ = self.shutdown.cancelled() => return Ok(Next::Shutdown),
+                () = reloaded(&mut self.login) => return Ok(Next::Reloaded),
+                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
+                    if due.is_some() => {
+                    // The rest may have come in the same instant.
+                    self.conn.fill_arrived()?;
+                    if self.conn.has_frame() {
+                        continue;
+                    }
+                    let now = tokio::time::Instant::now();
+                    if line_due.is_some_and(|at| at <= now) {
+                        let e = ProtoError::line_not_finished(self.limits.line_timeout);
+                        return Ok(Next::Expired(e));
+                    }
+                    if self.holds_session_lease() {
+                        // Its client must keep it open; look again an idle period later.
+                        idle_since = now;
+                        continue;
+                    }
+                    return Ok(Next::Expired(ProtoError::idle(self.limits.idle_timeout)));
+                }
+            }
+        }
+    }
+
+    /// Whether a session lease is still bound to this connection.
+    fn holds_session_lease(&mut self) -> bool {
+        if !self.leases.is_empty() {
+            self.shared.retain_live(&mut self.leases);
+        }
+        !self.leases.is_empty()
     }
 
     /// Answers `ERR ...`: every refusal goes through here, to be counted.

@@ -257,18 +257,23 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn limits() -> impl Strategy<Value = (MLimits, Token)> {
     let max_locks = prop_oneof![1 => 1usize..=2, 3 => Just(NAMES.len())];
-    (20u64..=100, max_locks, 0u64..1000).prop_flat_map(|(max_ttl, max_locks, first)| {
-        (1u64..=max_ttl).prop_map(move |default_ttl| {
-            (
-                MLimits {
-                    default_ttl,
-                    max_ttl,
-                    max_locks,
-                },
-                first,
-            )
-        })
-    })
+    // A queue holds at most one waiter per id: as many as IDS never refuses one.
+    let max_waiters = prop_oneof![1 => 1usize..=2, 3 => Just(IDS.len())];
+    (20u64..=100, max_locks, max_waiters, 0u64..1000).prop_flat_map(
+        |(max_ttl, max_locks, max_waiters, first)| {
+            (1u64..=max_ttl).prop_map(move |default_ttl| {
+                (
+                    MLimits {
+                        default_ttl,
+                        max_ttl,
+                        max_locks,
+                        max_waiters,
+                    },
+                    first,
+                )
+            })
+        },
+    )
 }
 
 /// The table and the model side by side, plus what the picks need to resolve.
@@ -294,6 +299,7 @@ impl Harness {
                 default_ttl: Duration::from_millis(limits.default_ttl),
                 max_ttl: Duration::from_millis(limits.max_ttl),
                 max_locks: limits.max_locks,
+                max_waiters: limits.max_waiters,
             },
             first_token,
         );
@@ -694,6 +700,7 @@ fn table() -> (Locks, Instant) {
         default_ttl: Duration::from_secs(30),
         max_ttl: Duration::from_secs(60),
         max_locks: 100,
+        max_waiters: 100,
     };
     (Locks::new(limits, 100), Instant::now())
 }
@@ -1093,4 +1100,40 @@ fn a_lease_of_no_user_is_anyones_with_its_token() {
     let (token, _) = granted(t.lock(base, req("x", "p", 1000, None, false, 1)));
     assert!(t.renew(base, "x", token, None, 1, 7).is_ok());
     assert_eq!(t.unlock(base, "x", token, 8), Ok(()));
+}
+
+#[test]
+fn a_queue_at_max_waiters_refuses_a_new_waiter_but_not_a_replacing_one() {
+    let (_, base) = table();
+    let mut t = Locks::new(
+        Limits {
+            max_waiters: 2,
+            ..Limits::default()
+        },
+        100,
+    );
+    granted(t.lock(base, req("x", "p", 1000, None, false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 1000, None, false, 2)));
+    queued(t.lock(base, req("x", "r", 1000, None, false, 3)));
+    effects(&mut t);
+    assert_eq!(
+        t.lock(base, req("x", "s", 1000, Some(500), false, 4)),
+        Err(TableError::TooManyWaiters { max: 2 })
+    );
+    // Refused without a trace: no waiter, no timer, no effect.
+    assert_eq!(t.status(base, "x").map(|s| s.waiters), Some(2));
+    assert_eq!(t.next_deadline(), Some(ms(base, 1000)));
+    assert_eq!(effects(&mut t), vec![]);
+    // The same id again takes over its own place: the queue does not grow.
+    queued(t.lock(base, req("x", "q", 1000, None, false, 2)));
+    assert_eq!(
+        effects(&mut t),
+        vec![Effect::WaitEnded {
+            waiter: q,
+            why: WaitEnd::Replaced
+        }]
+    );
+    // Another name has a queue of its own.
+    granted(t.lock(base, req("y", "p", 1000, None, false, 1)));
+    queued(t.lock(base, req("y", "s", 1000, None, false, 4)));
 }

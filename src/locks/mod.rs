@@ -300,6 +300,12 @@ impl Locks {
                 .find(|(_, w)| *w.id == *req.id && w.user == req.user)
                 .map(|(ticket, w)| (*ticket, w.waiter, w.deadline))
         });
+        // A replacing request takes over a place; only a new one lengthens the queue.
+        if replaced.is_none() && entry.waiters() >= self.limits.max_waiters {
+            return Err(TableError::TooManyWaiters {
+                max: self.limits.max_waiters,
+            });
+        }
         let ticket = match replaced {
             Some((ticket, old, old_deadline)) => {
                 entry.more_mut().queue.remove(&ticket);

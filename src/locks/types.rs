@@ -88,6 +88,9 @@ pub struct Limits {
     /// Most leases that may be held at once (memory bound): each holder of a semaphore or a
     /// shared lock counts one.
     pub max_locks: usize,
+    /// Most waiters one name may have: a queue is memory, and one name's crowd should not
+    /// be able to take all of it.
+    pub max_waiters: usize,
 }
 
 impl Default for Limits {
@@ -96,6 +99,7 @@ impl Default for Limits {
             default_ttl: crate::DEFAULT_TTL,
             max_ttl: crate::DEFAULT_MAX_TTL,
             max_locks: crate::DEFAULT_MAX_LOCKS,
+            max_waiters: crate::DEFAULT_MAX_WAITERS,
         }
     }
 }
@@ -157,6 +161,8 @@ pub enum TableError {
     WrongMode { held: Mode, asked: Mode },
     /// `max_locks` names are already held.
     TooManyLocks { max: usize },
+    /// The name already has `max_waiters` waiters, and this LOCK would have been one more.
+    TooManyWaiters { max: usize },
 }
 
 impl fmt::Display for TableError {
@@ -180,6 +186,9 @@ impl fmt::Display for TableError {
                 f.write_str("this id holds the lock with a session lease on another connection")
             }
             TableError::TooManyLocks { max } => write!(f, "too many locks held (max {max})"),
+            TableError::TooManyWaiters { max } => {
+                write!(f, "too many waiters for this lock (max {max})")
+            }
             TableError::WrongMode { held, asked } => {
                 write!(
                     f,

@@ -19,6 +19,7 @@ pub struct MLimits {
     pub default_ttl: u64,
     pub max_ttl: u64,
     pub max_locks: usize,
+    pub max_waiters: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -410,6 +411,15 @@ impl Model {
         if req.wait == Some(0) {
             return Err(TableError::WouldBlock {
                 holder: Arc::from(entry.holders[0].id.as_str()),
+            });
+        }
+        let replaces = entry
+            .queue
+            .iter()
+            .any(|w| w.id == req.id && w.user == req.user);
+        if !replaces && entry.queue.len() >= self.limits.max_waiters {
+            return Err(TableError::TooManyWaiters {
+                max: self.limits.max_waiters,
             });
         }
         let waiter = self.next_waiter;
