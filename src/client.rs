@@ -107,8 +107,28 @@ impl Client {
     /// Sends a request and returns the text after `OK` of its reply.
     pub async fn request(&mut self, req: &Request) -> Result<String> {
         req.validate()?;
-        self.conn.send(req).await?;
+        match req {
+            // A request displays its secret as `***`: the line on the wire has it.
+            Request::Auth { user, secret } => {
+                let line = proto::AuthLine {
+                    user,
+                    secret: secret.expose(),
+                };
+                self.conn.send(line).await?
+            }
+            _ => self.conn.send(req).await?,
+        }
         self.read_ok().await
+    }
+
+    /// AUTH as `user` (a server with `--auth-file` answers other commands `ERR NOAUTH` until
+    /// then); returns the user name the server confirms.
+    pub async fn auth(&mut self, user: &str, secret: &str) -> Result<String> {
+        self.request(&Request::Auth {
+            user: user.into(),
+            secret: proto::Secret::new(secret),
+        })
+        .await
     }
 
     /// Reads one reply line.

@@ -113,6 +113,11 @@ async fn metrics(State(ep): State<Endpoint>) -> Response {
     let (held, waiters) = shared.counts();
     m.held.set(held as i64);
     m.waiters.set(waiters as i64);
+    m.journal_backlog.set(
+        shared
+            .journal_backlog()
+            .map_or(0.0, |age| age.as_secs_f64()),
+    );
     for name in ep.names.iter() {
         let key = [("name", name.clone())];
         let status = shared.status(name);

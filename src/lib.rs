@@ -3,6 +3,8 @@
 //! # Map
 //! - [`locks`]: the lock table, a pure state machine (`std` only: no I/O, no tokio, no clock).
 //! - [`proto`]: requests and replies as text (pure); `proto.md` is its public contract.
+//! - [`auth`]: users, their hashed secrets and rights (`--auth-file`), and the shared handle
+//!   a reload replaces them through.
 //! - [`connection`]: bounded line framing over a TCP stream.
 //! - [`shared`]: the table behind a mutex, the expiry timer, waiter hand-off and watch events.
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
@@ -16,15 +18,18 @@
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
-//! nothing; `metrics` only the table's event types and `proto`'s error codes. `store` ->
-//! `locks` (its change and lease types), `metrics`; `shared` -> `locks`, `store`, `metrics`;
-//! `session` -> `shared`, `proto`, `connection`; `compat` -> `shared`, `locks`; `http` ->
-//! `shared`; `server` -> `session`, `shared`, `compat`, `store`, `http`; `client` -> `proto`,
-//! `connection`, `locks` (the token and mode types). The table and the protocol never see a socket or a file, and `lockctl` never
+//! nothing; `metrics` only the table's event types and `proto`'s error codes; `auth` ->
+//! `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its change
+//! and lease types), `metrics`; `shared` -> `locks`, `store`, `metrics`; `session` ->
+//! `shared`, `proto`, `connection`, `auth`; `compat` -> `shared`, `locks`; `http` ->
+//! `shared`; `server` -> `session`, `shared`, `compat`, `store`, `http`, `auth`; `client` ->
+//! `proto`, `connection`, `locks` (the token and mode types). The table and the protocol
+//! never see a socket or a file, and `lockctl` never
 //! reaches `server`, `shared`, `session` or `store`.
 
 use std::time::Duration;
 
+pub mod auth;
 pub mod client;
 pub mod compat;
 pub mod connection;
@@ -65,5 +70,10 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// How long a client may leave a reply unread (each 16 KiB of it) before it is disconnected.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a wrong AUTH waits before its `ERR DENIED`: guessing secrets over a connection
+/// (or many) is slow, and a failure's timing tells nothing.
+pub const AUTH_FAILURE_DELAY: Duration = Duration::from_millis(200);
+/// Wrong AUTHs a connection may send; the last one's refusal closes it.
+pub const AUTH_FAILURES: u32 = 3;
 /// Most copies of the lock table that STATUS answers being sent may hold at once.
 pub const DEFAULT_STATUS_COPIES: usize = 4;

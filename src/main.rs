@@ -1,7 +1,8 @@
 //! lockd: the lock server.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
@@ -10,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use lockd::auth::Gate;
 use lockd::http::Endpoint;
 use lockd::locks::Limits;
 use lockd::server::{self, Config};
@@ -123,6 +125,23 @@ struct Args {
     )]
     metrics_names: Vec<String>,
 
+    /// Require clients to authenticate: the users, their hashed secrets and their rights, one
+    /// `user <name> <hash> [lock=<patterns>] [read=<patterns>]` line each (see proto.md).
+    /// Before AUTH only PING, HELP and QUIT work. SIGHUP reloads the file. Without it, every
+    /// client may do everything: for trusted networks only.
+    #[arg(long, env = "LOCKD_AUTH_FILE", value_name = "FILE")]
+    auth_file: Option<PathBuf>,
+
+    /// Print an --auth-file line for USER (and its rights: "alice lock=ci-* read=*") with the
+    /// secret read from standard input (one line, at least 16 bytes), and exit.
+    #[arg(long, value_name = "USER [RIGHTS]", group = "docs")]
+    auth_hash: Option<String>,
+
+    /// Like --auth-hash, but make a strong random secret (256 bits, 64 hex digits): the
+    /// --auth-file line goes to standard output, the secret to standard error, once; and exit.
+    #[arg(long, value_name = "USER [RIGHTS]", group = "docs")]
+    auth_hash_new: Option<String>,
+
     /// Log format on stderr: text (for people) or json (one object per line, for machines).
     #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -170,7 +189,11 @@ const MAN_PAGE: lockd::docgen::ManPage = lockd::docgen::ManPage {
             "1",
             "cannot listen on an address (--listen, --metrics-listen), or the server failed",
         ),
-        ("2", "usage error: a bad flag or flag value"),
+        (
+            "2",
+            "usage error: a bad flag or flag value, an --auth-file that can't be read or \
+             parsed, or --compat with --auth-file without --compat-no-auth",
+        ),
     ],
     see_also: &["lockctl(1)"],
 };
@@ -228,6 +251,14 @@ impl Args {
         for name in &self.metrics_names {
             lockd::proto::validate_name("--metrics-names entry", name).map_err(|e| e.message)?;
         }
+        if self.compat.compat && self.auth_file.is_some() && !self.compat.compat_no_auth {
+            return Err("--compat serves the old two-port protocol, which has no \
+                        authentication: anyone who reaches its ports can take and release the \
+                        lock --compat-name, whatever --auth-file says. Add --compat-no-auth \
+                        (LOCKD_COMPAT_NO_AUTH=1) to run both anyway, with those ports \
+                        firewalled to trusted clients, or drop --compat"
+                .into());
+        }
         Ok(Config {
             limits: Limits {
                 default_ttl: self.default_ttl,
@@ -245,6 +276,7 @@ impl Args {
             compat: self.compat.config(self.max_ttl)?,
             data_dir: self.data_dir.clone(),
             endpoint: None,
+            auth: None,
             tls: match (&self.tls_cert, &self.tls_key) {
                 (Some(cert), Some(key)) => Some(lockd::tls::server(
                     cert,
@@ -296,7 +328,7 @@ fn raise_fd_limit(_max_connections: usize) {}
 
 fn init_logging(verbose: u8, format: LogFormat) {
     let default = match verbose {
-        0 => "warn,lockd::server=info,lockd::compat=info,lockd::http=info",
+        0 => "warn,lockd::server=info,lockd::compat=info,lockd::http=info,lockd::auth=info",
         1 => "info",
         2 => "debug",
         _ => "trace",
@@ -335,17 +367,110 @@ async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
+/// Reloads the auth file on every SIGHUP. A file that fails to load is logged (never a
+/// secret: errors name the line and what is wrong with it) and the users in force stay.
+#[cfg(unix)]
+async fn reload_on_hangup(gate: Arc<Gate>, path: PathBuf) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(target: "lockd::auth", error = %e, "cannot reload the auth file on SIGHUP");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        match gate.reload(&path) {
+            Ok(users) => tracing::info!(
+                target: "lockd::auth",
+                file = %path.display(),
+                users,
+                "auth file reloaded"
+            ),
+            Err(e) => tracing::error!(
+                target: "lockd::auth",
+                error = %e,
+                "auth file not reloaded; the users loaded before stay in force"
+            ),
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn reload_on_hangup(_gate: Arc<Gate>, _path: PathBuf) {}
+
+/// Loads `--auth-file`, for the start: its users, or why not.
+fn load_users(path: &Path) -> Result<Arc<Gate>, String> {
+    let users = lockd::auth::load(path, None).map_err(|e| format!("--auth-file {e}"))?;
+    if users.is_empty() {
+        tracing::warn!(
+            target: "lockd::auth",
+            file = %path.display(),
+            "the auth file has no users: every command but PING, HELP, QUIT is refused"
+        );
+    } else {
+        tracing::info!(target: "lockd::auth", file = %path.display(), users = users.len(), "auth file loaded");
+    }
+    Ok(Gate::new(users))
+}
+
+/// `--auth-hash` and `--auth-hash-new`: prints an auth file line; `None` when neither was
+/// asked for.
+fn auth_hash(args: &Args) -> Option<Result<(), String>> {
+    let (spec, new) = match (&args.auth_hash, &args.auth_hash_new) {
+        (Some(spec), _) => (spec, false),
+        (None, Some(spec)) => (spec, true),
+        (None, None) => return None,
+    };
+    Some((|| {
+        let secret = if new {
+            lockd::auth::hex(&random_bytes::<32>()?)
+        } else {
+            let mut line = String::new();
+            std::io::stdin()
+                .read_line(&mut line)
+                .map_err(|e| format!("cannot read the secret from standard input: {e}"))?;
+            line.trim_end_matches(['\n', '\r']).to_owned()
+        };
+        let line = lockd::auth::user_line(spec, &secret, random_bytes()?)?;
+        println!("{line}");
+        if new {
+            let user = spec.split_whitespace().next().unwrap_or_default();
+            eprintln!("secret of {user} (shown only now; give it to its clients): {secret}");
+        }
+        Ok(())
+    })())
+}
+
+/// `N` bytes from the system's random source.
+fn random_bytes<const N: usize>() -> Result<[u8; N], String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("cannot read random bytes from /dev/urandom: {e}"))?;
+    Ok(bytes)
+}
+
+/// Success, or `failure` after the error on stderr: for the flags that print and exit.
+fn exit_status<E: std::fmt::Display>(done: Result<(), E>, failure: u8) -> ExitCode {
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lockd: {e}");
+            ExitCode::from(failure)
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(done) = auth_hash(&args) {
+        return exit_status(done, 2);
+    }
     if let Some(written) = docs(&args) {
-        return match written {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("lockd: {e}");
-                ExitCode::from(1)
-            }
-        };
+        return exit_status(written, 1);
     }
     init_logging(args.verbose, args.log_format);
     let mut config = match args.config() {
@@ -355,6 +480,18 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(path) = &args.auth_file {
+        match load_users(path) {
+            Ok(gate) => {
+                tokio::spawn(reload_on_hangup(Arc::clone(&gate), path.clone()));
+                config.auth = Some(gate);
+            }
+            Err(e) => {
+                eprintln!("lockd: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let listen = args
         .listen
         .as_deref()

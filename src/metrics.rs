@@ -57,6 +57,8 @@ pub struct Metrics {
     watchers_lagged: Counter,
     journal_flush: Histogram,
     journal_batch: Histogram,
+    /// Set by the scrape from the journal: the age of the oldest change not yet on disk.
+    pub journal_backlog: Gauge<f64, AtomicU64>,
     /// Set by the scrape from the table.
     pub held: Gauge,
     /// Set by the scrape from the table.
@@ -147,6 +149,13 @@ impl Metrics {
             "Changes made durable by one sync",
             journal_batch.clone(),
         );
+        let journal_backlog = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "journal_oldest_pending",
+            "Age of the oldest change not yet on disk (0 when none waits; with --data-dir)",
+            Unit::Seconds,
+            journal_backlog.clone(),
+        );
         let held = Gauge::default();
         registry.register("locks_held", "Locks held now", held.clone());
         let waiters = Gauge::default();
@@ -192,6 +201,7 @@ impl Metrics {
             watchers_lagged,
             journal_flush,
             journal_batch,
+            journal_backlog,
             held,
             waiters,
             name_held,

@@ -42,10 +42,15 @@ pub enum ErrorCode {
     Lagged,
     /// The server is shutting down; the connection is closed.
     Shutdown,
+    /// The server has an auth file and this connection has not authenticated yet.
+    NoAuth,
+    /// A wrong AUTH, a user without the right for the command on that name, or a lease of
+    /// another user.
+    Denied,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::Syntax,
         ErrorCode::Unknown,
         ErrorCode::BadArg,
@@ -58,6 +63,8 @@ impl ErrorCode {
         ErrorCode::Limit,
         ErrorCode::Lagged,
         ErrorCode::Shutdown,
+        ErrorCode::NoAuth,
+        ErrorCode::Denied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +81,8 @@ impl ErrorCode {
             ErrorCode::Limit => "LIMIT",
             ErrorCode::Lagged => "LAGGED",
             ErrorCode::Shutdown => "SHUTDOWN",
+            ErrorCode::NoAuth => "NOAUTH",
+            ErrorCode::Denied => "DENIED",
         }
     }
 
@@ -124,6 +133,7 @@ impl ProtoError {
             TableError::NotHeld => ErrorCode::NotHeld,
             TableError::Conflict | TableError::WrongMode { .. } => ErrorCode::Conflict,
             TableError::TooManyLocks { .. } => ErrorCode::Limit,
+            TableError::NotOwner => ErrorCode::Denied,
         };
         Self::new(code, format!("{name}: {e}"))
     }
@@ -164,6 +174,57 @@ impl ProtoError {
         Self::new(
             ErrorCode::Lagged,
             format!("watcher fell {behind} events behind; closing"),
+        )
+    }
+
+    /// A command other than PING, HELP, QUIT or AUTH before AUTH, on a server with users.
+    pub fn no_auth() -> Self {
+        Self::new(
+            ErrorCode::NoAuth,
+            "authenticate first: AUTH <user> <secret>",
+        )
+    }
+
+    /// A wrong AUTH (unknown user or wrong secret: not told apart); `closing` after the last
+    /// one a connection may make.
+    pub fn bad_auth(closing: bool) -> Self {
+        let message = if closing {
+            "bad user or secret; too many failures, closing"
+        } else {
+            "bad user or secret"
+        };
+        Self::new(ErrorCode::Denied, message)
+    }
+
+    /// AUTH on a server without an auth file.
+    pub fn auth_off() -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            "authentication is off on this server (no --auth-file)",
+        )
+    }
+
+    /// AUTH on a connection that has authenticated already.
+    pub fn already_authenticated(user: &str) -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            format!("already authenticated as {user}; connect again to be another user"),
+        )
+    }
+
+    /// `user` lacks `right` (`lock` or `read`) on the lock `name`.
+    pub fn denied(user: &str, right: &str, name: &str) -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            format!("{name}: user {user} has no {right} right on it"),
+        )
+    }
+
+    /// The user of this connection is no longer in the reloaded auth file.
+    pub fn user_removed(user: &str) -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            format!("user {user} was removed from the auth file; closing"),
         )
     }
 
@@ -247,17 +308,62 @@ pub enum Request {
     Watch {
         name: Option<String>,
     },
+    /// `AUTH <user> <secret>`.
+    Auth {
+        user: String,
+        secret: Secret,
+    },
     Ping,
     Help,
     Quit,
+}
+
+/// AUTH's secret. It is shown as `***` by `Display` and `Debug`, so a request that is logged or
+/// printed never shows it; [`AuthLine`] is the one place that writes it out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(secret: impl Into<String>) -> Secret {
+        Secret(secret.into())
+    }
+
+    /// The secret itself, to check it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// The AUTH line as a client sends it, secret included (a [`Request::Auth`] displays `***`).
+pub struct AuthLine<'a> {
+    pub user: &'a str,
+    pub secret: &'a str,
+}
+
+impl fmt::Display for AuthLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AUTH {} {}", self.user, self.secret)
+    }
 }
 
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
 [session[=<grace>] | detach] [shared | limit=<n>] | \
 UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
-STATUS [<name>] | WATCH [<name>] | PING | HELP | QUIT; durations: 250ms 30s 5m or plain seconds; \
-see proto.md";
+STATUS [<name>] | WATCH [<name>] | AUTH <user> <secret> | PING | HELP | QUIT; \
+durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
 [session[=<grace>] | detach] [shared | limit=<n>]";
@@ -269,6 +375,7 @@ const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>]";
 const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
 const USAGE_STATUS: &str = "usage: STATUS [<name> [detail]]";
 const USAGE_WATCH: &str = "usage: WATCH [<name>]";
+const USAGE_AUTH: &str = "usage: AUTH <user> <secret>";
 
 /// Parses one request line (without its line ending).
 pub fn parse(line: &str) -> Result<Request, ProtoError> {
@@ -319,6 +426,14 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
         "WATCH" => Ok(Request::Watch {
             name: optional_name(&args, USAGE_WATCH)?,
         }),
+        "AUTH" => {
+            // The usage, never the words: one of them may be a secret.
+            let [user, secret] = exact(&args, USAGE_AUTH)?;
+            Ok(Request::Auth {
+                user: valid_name("user", user)?,
+                secret: Secret::new(secret),
+            })
+        }
         "PING" | "HELP" | "QUIT" => {
             if !args.is_empty() {
                 return Err(syntax(format!("usage: {cmd}")));
@@ -565,6 +680,7 @@ impl fmt::Display for Request {
             Request::StatusDetail { name } => write!(f, "STATUS {name} detail"),
             Request::Watch { name: None } => f.write_str("WATCH"),
             Request::Watch { name: Some(n) } => write!(f, "WATCH {n}"),
+            Request::Auth { user, secret } => write!(f, "AUTH {user} {secret}"),
             Request::Ping => f.write_str("PING"),
             Request::Help => f.write_str("HELP"),
             Request::Quit => f.write_str("QUIT"),
@@ -587,6 +703,7 @@ impl Request {
             | Request::Status { name: Some(name) }
             | Request::StatusDetail { name }
             | Request::Watch { name: Some(name) } => validate_name("name", name),
+            Request::Auth { user, .. } => validate_name("user", user),
             _ => Ok(()),
         }
     }
@@ -605,7 +722,9 @@ impl Request {
             Request::Status { name } | Request::Watch { name } => {
                 [("name", name.as_deref()), ("id", None)]
             }
-            Request::Ping | Request::Help | Request::Quit => [("name", None), ("id", None)],
+            Request::Auth { .. } | Request::Ping | Request::Help | Request::Quit => {
+                [("name", None), ("id", None)]
+            }
         };
         for (what, value) in words {
             if let Some(v) = value.filter(|v| v.len() > max) {
@@ -630,6 +749,8 @@ pub enum Reply<'a> {
     Lease(Duration),
     /// `OK PONG`.
     Pong,
+    /// `OK <user>`: AUTH accepted.
+    Authenticated(&'a str),
     /// `OK <help>`.
     Help,
     /// `OK bye`.
@@ -660,6 +781,7 @@ impl fmt::Display for Reply<'_> {
             Reply::Done => f.write_str("OK"),
             Reply::Lease(left) => write!(f, "OK ttl_ms={}", left.as_millis()),
             Reply::Pong => f.write_str("OK PONG"),
+            Reply::Authenticated(user) => write!(f, "OK {user}"),
             Reply::Help => write!(f, "OK {HELP}"),
             Reply::Bye => f.write_str("OK bye"),
             Reply::Watching(name) => write!(f, "OK watching {}", name.unwrap_or("*")),
@@ -877,6 +999,32 @@ mod tests {
         let r = parse("LOCK ab cdef").unwrap();
         assert_eq!(r.check_name_len(3).unwrap_err().code, ErrorCode::BadArg);
         assert!(parse("PING").unwrap().check_name_len(1).is_ok());
+    }
+
+    #[test]
+    fn auth_never_shows_its_secret() {
+        let r = parse("auth alice s3cret-token-0123456789").unwrap();
+        let Request::Auth { user, secret } = &r else {
+            panic!("not AUTH: {r:?}");
+        };
+        assert_eq!(user, "alice");
+        assert_eq!(secret.expose(), "s3cret-token-0123456789");
+        assert_eq!(r.to_string(), "AUTH alice ***");
+        assert!(!format!("{r:?}").contains("s3cret"));
+        let line = AuthLine {
+            user: "alice",
+            secret: secret.expose(),
+        };
+        assert_eq!(parse(&line.to_string()).unwrap(), r);
+        for bad in ["AUTH", "AUTH alice", "AUTH alice s3cret extra"] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.code, ErrorCode::Syntax);
+            assert!(!e.message.contains("s3cret"), "{e}");
+        }
+        assert_eq!(
+            parse("AUTH al\u{7}ice s3cret").unwrap_err().code,
+            ErrorCode::BadArg
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::auth::Gate;
 use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
 use crate::http::Endpoint;
@@ -58,6 +59,9 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// The operators' HTTP endpoint, told when the server is ready and when it stops.
     pub endpoint: Option<Endpoint>,
+    /// The users of `--auth-file`: clients must AUTH and may only do what their rights
+    /// allow. `None` serves everyone alike (trusted networks only).
+    pub auth: Option<Arc<Gate>>,
     /// Serve the line protocol over TLS (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
     pub tls: Option<ServerTls>,
     /// How long a TLS client may take to complete its handshake.
@@ -79,6 +83,7 @@ impl Default for Config {
             compat: None,
             data_dir: None,
             endpoint: None,
+            auth: None,
             tls: None,
             tls_handshake_timeout: crate::DEFAULT_TLS_HANDSHAKE_TIMEOUT,
         }
@@ -291,7 +296,8 @@ async fn serve_connection(
         }
     };
     let conn = Connection::new(stream, config.max_line).with_write_timeout(config.write_timeout);
-    Session::new(shared, conn, config.session_limits(), shutdown)
+    let gate = config.auth.as_deref();
+    Session::new(shared, conn, config.session_limits(), shutdown, gate)
         .run()
         .await;
 }

@@ -14,12 +14,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Gate, Right, Users};
 use crate::connection::{Connection, Frame, WRITE_CHUNK};
-use crate::locks::{ConnId, LockRequest, TableError, Token, WaitEnd, WaiterId};
-use crate::proto::{self, ProtoError, Reply, Request, Tie};
+use crate::locks::{ConnId, LockRequest, TableError, Token, UserId, WaitEnd, WaiterId, NO_USER};
+use crate::proto::{self, ProtoError, Reply, Request, Secret, Tie};
 use crate::shared::{LockStart, Published, Shared, WaitResult};
 
 /// Session leases a connection may track before it prunes the ended ones.
@@ -59,14 +60,38 @@ pub struct Session {
     /// Session leases bound to this connection, by token (one connection may hold several
     /// slots of one semaphore): ended when it closes.
     leases: HashMap<Token, String>,
+    /// With an auth file: who this connection is. `None` serves everyone as [`NO_USER`].
+    login: Option<Login>,
+}
+
+/// A connection's standing on a server with an auth file.
+struct Login {
+    /// The users in force; a reload replaces them and wakes the session.
+    users: watch::Receiver<Arc<Users>>,
+    /// The user this connection authenticated as, and its name; `None` until AUTH.
+    user: Option<(UserId, String)>,
+    /// Wrong AUTHs so far.
+    failures: u32,
+}
+
+/// Whether a request may run: what [`Session::admit`] decides before every command.
+enum Admit {
+    Yes,
+    /// `ERR ...`, nothing changes, the connection stays.
+    Refuse(ProtoError),
+    /// `ERR ...`, and the connection is closed: its user was removed.
+    Close(ProtoError),
 }
 
 impl Session {
+    /// A session for `conn`; with a `gate`, its client must AUTH before anything but PING,
+    /// HELP and QUIT, and may only do what its user's rights allow.
     pub fn new(
         shared: Arc<Shared>,
         conn: Connection,
         limits: SessionLimits,
         shutdown: CancellationToken,
+        gate: Option<&Gate>,
     ) -> Self {
         let number = shared.connection_id();
         Session {
@@ -76,6 +101,11 @@ impl Session {
             shutdown,
             limits,
             leases: HashMap::new(),
+            login: gate.map(|gate| Login {
+                users: gate.subscribe(),
+                user: None,
+                failures: 0,
+            }),
         }
     }
 
@@ -113,6 +143,13 @@ impl Session {
             let frame = tokio::select! {
                 frame = self.conn.read_frame() => frame?,
                 _ = self.shutdown.cancelled() => return Ok(()),
+                () = reloaded(&mut self.login) => {
+                    if let Some(e) = self.removed() {
+                        self.refuse(e).await?;
+                        return Ok(());
+                    }
+                    continue;
+                }
             };
             let flow = match frame {
                 Frame::Eof => return Ok(()),
@@ -128,7 +165,17 @@ impl Session {
                 Frame::Line(line) => match proto::parse(&line)
                     .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
                 {
-                    Ok(request) => self.dispatch(request).await?,
+                    Ok(request) => match self.admit(&request) {
+                        Admit::Yes => self.dispatch(request).await?,
+                        Admit::Refuse(e) => {
+                            self.refuse(e).await?;
+                            Flow::Continue
+                        }
+                        Admit::Close(e) => {
+                            self.refuse(e).await?;
+                            Flow::Close
+                        }
+                    },
                     Err(e) => {
                         self.refuse(e).await?;
                         Flow::Continue
@@ -174,11 +221,12 @@ impl Session {
                     session: tie.session(),
                     conn: self.number,
                     mode,
+                    user: self.user(),
                 };
                 return self.lock(req, tie).await;
             }
             Request::Unlock { name, token } => {
-                let result = shared.unlock(&name, token);
+                let result = shared.unlock(&name, token, self.user());
                 if result.is_ok() {
                     self.leases.remove(&token);
                     if !self.durable().await? {
@@ -188,7 +236,7 @@ impl Session {
                 self.reply(&name, result.map(|()| Reply::Done)).await?;
             }
             Request::Renew { name, token, ttl } => {
-                let result = shared.renew(&name, token, ttl, self.number);
+                let result = shared.renew(&name, token, ttl, self.number, self.user());
                 if let Ok(renewed) = &result {
                     if renewed.bound {
                         self.track_session_lease(&name, token);
@@ -225,6 +273,7 @@ impl Session {
             }
             Request::Status { name: None } => return self.status_all().await,
             Request::Watch { name } => return self.watch(name).await,
+            Request::Auth { user, secret } => return self.auth(user, secret).await,
             Request::Ping => self.conn.queue(Reply::Pong).await?,
             Request::Help => self.conn.queue(Reply::Help).await?,
             Request::Quit => {
@@ -233,6 +282,104 @@ impl Session {
             }
         }
         Ok(Flow::Continue)
+    }
+
+    /// Who this connection acts as in the table: its user, or [`NO_USER`] without an auth
+    /// file.
+    fn user(&self) -> UserId {
+        self.login
+            .as_ref()
+            .and_then(|l| l.user.as_ref())
+            .map_or(NO_USER, |(number, _)| *number)
+    }
+
+    /// Whether this connection's user has `right` on `name` under the users in force now
+    /// (always, without an auth file).
+    fn may(&self, right: Right, name: &str) -> bool {
+        let Some(login) = &self.login else {
+            return true;
+        };
+        login
+            .user
+            .as_ref()
+            .is_some_and(|(user, _)| login.users.borrow().may(*user, right, name))
+    }
+
+    /// The refusal that closes this connection if its user is gone from the users in force.
+    fn removed(&self) -> Option<ProtoError> {
+        let login = self.login.as_ref()?;
+        let (user, name) = login.user.as_ref()?;
+        let gone = login.users.borrow().name(*user).is_none();
+        gone.then(|| ProtoError::user_removed(name))
+    }
+
+    /// Decides, before a command runs, whether this connection may send it: before AUTH only
+    /// PING, HELP, QUIT and AUTH; after it, what its user's rights allow on the name. STATUS
+    /// and WATCH without a name pass, and show only what the user may read.
+    fn admit(&self, request: &Request) -> Admit {
+        let Some(login) = &self.login else {
+            return Admit::Yes;
+        };
+        let (right, name) = match request {
+            Request::Auth { .. } | Request::Ping | Request::Help | Request::Quit => {
+                return Admit::Yes
+            }
+            Request::Lock { name, .. }
+            | Request::Unlock { name, .. }
+            | Request::Renew { name, .. } => (Right::Lock, Some(name)),
+            Request::Check { name, .. }
+            | Request::StatusDetail { name }
+            | Request::Status { name: Some(name) }
+            | Request::Watch { name: Some(name) } => (Right::Read, Some(name)),
+            Request::Status { name: None } | Request::Watch { name: None } => (Right::Read, None),
+        };
+        let Some((_, user)) = &login.user else {
+            return Admit::Refuse(ProtoError::no_auth());
+        };
+        if let Some(e) = self.removed() {
+            return Admit::Close(e);
+        }
+        match name {
+            Some(name) if !self.may(right, name) => {
+                Admit::Refuse(ProtoError::denied(user, right.as_str(), name))
+            }
+            _ => Admit::Yes,
+        }
+    }
+
+    /// AUTH. A wrong one is answered after [`crate::AUTH_FAILURE_DELAY`], and the
+    /// [`crate::AUTH_FAILURES`]th closes the connection.
+    async fn auth(&mut self, name: String, secret: Secret) -> io::Result<Flow> {
+        let Some(login) = self.login.as_mut() else {
+            self.refuse(ProtoError::auth_off()).await?;
+            return Ok(Flow::Continue);
+        };
+        if let Some((_, current)) = &login.user {
+            let e = ProtoError::already_authenticated(current);
+            self.refuse(e).await?;
+            return Ok(Flow::Continue);
+        }
+        let found = login.users.borrow().authenticate(&name, secret.expose());
+        if let Some(user) = found {
+            tracing::info!(conn = self.number, user = %name, "authenticated");
+            self.conn.queue(Reply::Authenticated(&name)).await?;
+            login.user = Some((user, name));
+            return Ok(Flow::Continue);
+        }
+        login.failures += 1;
+        let failures = login.failures;
+        let closing = failures >= crate::AUTH_FAILURES;
+        tracing::warn!(conn = self.number, user = %name, failures, "authentication failed");
+        self.conn.flush().await?;
+        tokio::select! {
+            _ = tokio::time::sleep(crate::AUTH_FAILURE_DELAY) => {}
+            _ = self.shutdown.cancelled() => {
+                self.refuse(ProtoError::shutdown()).await?;
+                return Ok(Flow::Close);
+            }
+        }
+        self.refuse(ProtoError::bad_auth(closing)).await?;
+        Ok(if closing { Flow::Close } else { Flow::Continue })
     }
 
     async fn reply(&mut self, name: &str, result: Result<Reply<'_>, TableError>) -> io::Result<()> {
@@ -410,6 +557,20 @@ impl Session {
                     self.refuse(ProtoError::shutdown()).await?;
                     return Ok(Flow::Close);
                 }
+                () = reloaded(&mut self.login) => {
+                    // Reloaded users: a waiter whose user is gone, or lost the right, leaves.
+                    if let Some(e) = self.removed() {
+                        self.refuse(e).await?;
+                        return Ok(Flow::Close);
+                    }
+                    if !self.may(Right::Lock, &pending.name) {
+                        let user = self.login.as_ref().and_then(|l| l.user.as_ref());
+                        let user = user.map_or("", |(_, name)| name.as_str());
+                        let e = ProtoError::denied(user, Right::Lock.as_str(), &pending.name);
+                        self.refuse(e).await?;
+                        return Ok(Flow::Continue);
+                    }
+                }
             }
         }
     }
@@ -426,10 +587,16 @@ impl Session {
                 return Ok(Flow::Close);
             }
         };
+        // With an auth file, only the names the user may read: filtered as they are sent, so
+        // the snapshot stays shared.
+        let mut shown = 0;
         for status in view.iter() {
-            self.conn.queue(Reply::Info(&status)).await?;
+            if self.may(Right::Read, &status.name) {
+                self.conn.queue(Reply::Info(&status)).await?;
+                shown += 1;
+            }
         }
-        self.conn.queue(Reply::Count(view.len())).await?;
+        self.conn.queue(Reply::Count(shown)).await?;
         Ok(Flow::Continue)
     }
 
@@ -452,7 +619,10 @@ impl Session {
             let lag = tokio::select! {
                 event = events.recv() => match event {
                     Ok(p) => {
-                        if name.as_deref().is_none_or(|n| n == &*p.event.name) {
+                        // Rights as they are now: a reload may have changed them.
+                        if name.as_deref().is_none_or(|n| n == &*p.event.name)
+                            && self.may(Right::Read, &p.event.name)
+                        {
                             behind.push_back(p);
                         }
                         (behind.len() > self.limits.watch_buffer).then_some(behind.len() as u64)
@@ -483,6 +653,13 @@ impl Session {
                     self.push_refusal(ProtoError::shutdown());
                     return Ok(Flow::Close);
                 }
+                () = reloaded(&mut self.login) => {
+                    if let Some(e) = self.removed() {
+                        self.push_refusal(e);
+                        return Ok(Flow::Close);
+                    }
+                    None
+                }
             };
             if let Some(behind) = lag {
                 self.shared.metrics().watcher_lagged();
@@ -507,6 +684,20 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.release_sessions();
+    }
+}
+
+/// Resolves when the users in force are replaced (a reload); never without an auth file, or
+/// before this connection has a user (a reload changes nothing for it until then).
+async fn reloaded(login: &mut Option<Login>) {
+    match login {
+        Some(login) if login.user.is_some() => {
+            if login.users.changed().await.is_err() {
+                // The gate is gone: the server is stopping.
+                std::future::pending::<()>().await;
+            }
+        }
+        _ => std::future::pending().await,
     }
 }
 

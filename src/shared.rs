@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::locks::{
     Change, ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
-    TableError, Token, WaitEnd, WaiterId, WaiterStatus,
+    TableError, Token, UserId, WaitEnd, WaiterId, WaiterStatus,
 };
 use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Stopped};
@@ -232,6 +232,12 @@ impl Shared {
         self.journal.as_ref().is_none_or(|j| !j.is_failed())
     }
 
+    /// How long the oldest change not yet on disk has waited (`None` without a data directory
+    /// or when nothing waits), for the metrics scrape.
+    pub fn journal_backlog(&self) -> Option<Duration> {
+        self.journal.as_ref()?.oldest_pending()
+    }
+
     /// Held locks and queued waiters, for the metrics scrape.
     pub fn counts(&self) -> (usize, usize) {
         let g = self.guard();
@@ -289,25 +295,26 @@ impl Shared {
         Ok(start)
     }
 
-    /// UNLOCK.
-    pub fn unlock(&self, name: &str, token: Token) -> Result<(), TableError> {
+    /// UNLOCK by `user`.
+    pub fn unlock(&self, name: &str, token: Token, user: UserId) -> Result<(), TableError> {
         let mut g = self.guard();
-        let result = g.table.unlock(now(), name, token);
+        let result = g.table.unlock(now(), name, token, user);
         self.settle(g);
         result
     }
 
-    /// RENEW on connection `conn`.
+    /// RENEW by `user` on connection `conn`.
     pub fn renew(
         &self,
         name: &str,
         token: Token,
         ttl: Option<Duration>,
         conn: ConnId,
+        user: UserId,
     ) -> Result<Renewed, TableError> {
         let mut g = self.guard();
         let at = now();
-        let result = g.table.renew(at, name, token, ttl, conn);
+        let result = g.table.renew(at, name, token, ttl, conn, user);
         self.settle(g);
         result.map(|r| Renewed {
             left: r.deadline.saturating_duration_since(at),

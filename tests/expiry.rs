@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockd::locks::{Limits, LockRequest, WaitEnd};
+use lockd::locks::{Limits, LockRequest, WaitEnd, NO_USER};
 use lockd::shared::{LockStart, Shared, WaitResult};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +25,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         session: None,
         conn: 1,
         mode: Default::default(),
+        user: NO_USER,
     }
 }
 
@@ -75,7 +76,7 @@ async fn renewed_lease_outlives_its_first_deadline() {
     let token = granted(shared.lock(req("job", "a", 10, None)).expect("lock"));
     let mut rx = waiting(shared.lock(req("job", "b", 10, None)).expect("lock"));
     tokio::time::sleep(Duration::from_secs(8)).await;
-    shared.renew("job", token, None, 0).expect("renew");
+    shared.renew("job", token, None, 0, NO_USER).expect("renew");
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(
         rx.try_recv().is_err(),
@@ -109,7 +110,7 @@ async fn an_abandoned_grant_passes_to_the_next_waiter() {
     let rx = waiting(shared.lock(req("job", "c", 30, None)).expect("lock"));
     // b's connection is gone: its receiver is dropped without a word to the table.
     drop(gone);
-    shared.unlock("job", first).expect("unlock");
+    shared.unlock("job", first, NO_USER).expect("unlock");
     let result = tokio::time::timeout(Duration::from_secs(1), rx)
         .await
         .expect("c granted at once")

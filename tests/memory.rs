@@ -94,6 +94,8 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 session: None,
                 conn: 1,
                 mode: Default::default(),
+                // As with --auth-file: every holder records its user.
+                user: 1,
             },
         );
         match outcome {
@@ -108,7 +110,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
 
 fn release(table: &mut Locks, now: Instant, tokens: &mut Vec<Token>) {
     for (i, token) in tokens.drain(..).enumerate() {
-        assert_eq!(table.unlock(now, &name(i), token), Ok(()));
+        assert_eq!(table.unlock(now, &name(i), token, 1), Ok(()));
         drop(table.take_effects());
     }
     assert!(table.is_empty());

@@ -8,6 +8,10 @@
 //! outside (`model/observer.rs`): one holder per name, tokens that only grow, FIFO grants, no
 //! grant to a waiter that left, `next_deadline()` and STATUS in agreement.
 //!
+//! Requests come from several users (and from [`NO_USER`], as without authentication): the
+//! harness checks on its own that a lease is only ever renewed or released by its user and
+//! that no LOCK is answered with another user's token, whatever id it names.
+//!
 //! The plain tests at the end pin the tricky rules of proto.md one by one.
 
 #[path = "model/observer.rs"]
@@ -18,9 +22,11 @@ mod reference;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+
 use lockd::locks::{
     ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, Locks, Mode, TableError,
-    Token, WaitEnd, WaiterId,
+    Token, UserId, WaitEnd, WaiterId, NO_USER,
 };
 use proptest::prelude::*;
 
@@ -78,6 +84,14 @@ enum ConnPick {
     Conn(ConnId),
 }
 
+/// Who sends an UNLOCK or RENEW.
+#[derive(Clone, Debug)]
+enum UserPick {
+    /// The user of the lease the token names (if it is live), so most succeed.
+    Owner,
+    User(UserId),
+}
+
 #[derive(Clone, Debug)]
 enum WaiterPick {
     /// One still waiting, if any.
@@ -108,16 +122,19 @@ enum Op {
         session: SessionPick,
         conn: ConnId,
         mode: Mode,
+        user: UserId,
     },
     Unlock {
         name: usize,
         tok: TokPick,
+        user: UserPick,
     },
     Renew {
         name: usize,
         tok: TokPick,
         ttl: Option<TtlPick>,
         conn: ConnId,
+        user: UserPick,
     },
     Revoke {
         name: usize,
@@ -187,17 +204,35 @@ fn tok_pick() -> impl Strategy<Value = TokPick> {
     ]
 }
 
+/// Mostly one user, so that the same-id rules get exercised; others to cross them; and
+/// [`NO_USER`], whose leases anyone may renew or release.
+fn user() -> impl Strategy<Value = UserId> {
+    prop_oneof![
+        5 => Just(1),
+        3 => 2u32..=3,
+        1 => Just(NO_USER),
+    ]
+}
+
+fn user_pick() -> impl Strategy<Value = UserPick> {
+    prop_oneof![
+        3 => Just(UserPick::Owner),
+        2 => user().prop_map(UserPick::User),
+    ]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
         10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3,
-               mode_pick())
-            .prop_map(|(name, id, ttl, wait, session, conn, mode)| Op::Lock {
-                name, id, ttl, wait, session, conn, mode
+               mode_pick(), user())
+            .prop_map(|(name, id, ttl, wait, session, conn, mode, user)| Op::Lock {
+                name, id, ttl, wait, session, conn, mode, user
             }),
-        3 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Unlock { name, tok }),
-        2 => (name.clone(), tok_pick(), proptest::option::of(ttl_pick()), 1u64..=3)
-            .prop_map(|(name, tok, ttl, conn)| Op::Renew { name, tok, ttl, conn }),
+        3 => (name.clone(), tok_pick(), user_pick())
+            .prop_map(|(name, tok, user)| Op::Unlock { name, tok, user }),
+        2 => (name.clone(), tok_pick(), proptest::option::of(ttl_pick()), 1u64..=3, user_pick())
+            .prop_map(|(name, tok, ttl, conn, user)| Op::Renew { name, tok, ttl, conn, user }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Revoke { name, tok }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Check { name, tok }),
         2 => prop_oneof![
@@ -244,6 +279,10 @@ struct Harness {
     now: u64,
     tokens: Vec<Token>,
     waiters: Vec<WaiterId>,
+    /// The user of every lease granted, by token, and of every waiter: the ownership check
+    /// needs nothing of the model.
+    owners: HashMap<Token, UserId>,
+    waiter_users: HashMap<WaiterId, UserId>,
     log: Vec<String>,
 }
 
@@ -265,6 +304,8 @@ impl Harness {
             now: 0,
             tokens: Vec::new(),
             waiters: Vec::new(),
+            owners: HashMap::new(),
+            waiter_users: HashMap::new(),
             log: Vec::new(),
         }
     }
@@ -312,14 +353,37 @@ impl Harness {
 
     fn note_tokens(&mut self, effects: &[Effect]) {
         for e in effects {
-            if let Effect::Event(Event {
-                kind: EventKind::Acquired,
-                token,
-                ..
-            }) = e
-            {
-                self.tokens.push(*token);
+            match e {
+                Effect::Event(Event {
+                    kind: EventKind::Acquired,
+                    token,
+                    ..
+                }) => self.tokens.push(*token),
+                Effect::Granted { waiter, token, .. } => {
+                    let user = self.waiter_users.get(waiter).copied().unwrap_or(NO_USER);
+                    self.owners.insert(*token, user);
+                }
+                _ => {}
             }
+        }
+    }
+
+    /// The user `p` names for a request on `token`.
+    fn user(&self, p: &UserPick, token: Token) -> UserId {
+        match p {
+            UserPick::Owner => self.owners.get(&token).copied().unwrap_or(1),
+            UserPick::User(u) => *u,
+        }
+    }
+
+    /// A renewal or release of `token` by `user` that succeeded: it must have been `user`'s
+    /// lease, or a lease of no user.
+    fn owned(&self, what: &str, token: Token, user: UserId) -> Result<(), String> {
+        match self.owners.get(&token) {
+            Some(&owner) if owner != user && owner != NO_USER => Err(format!(
+                "{what} {token} by user {user} succeeded, but the lease is user {owner}'s"
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -348,6 +412,7 @@ impl Harness {
                 session,
                 conn,
                 mode,
+                user,
             } => {
                 let ttl = self.ttl(ttl);
                 let max_ttl = self.model.limits.max_ttl;
@@ -372,6 +437,7 @@ impl Harness {
                         session: session.map(Duration::from_millis),
                         conn: *conn,
                         mode: *mode,
+                        user: *user,
                     },
                 );
                 let want = self.model.lock(
@@ -384,13 +450,28 @@ impl Harness {
                         session,
                         conn: *conn,
                         mode: *mode,
+                        user: *user,
                     },
                 );
                 if got != want {
                     return Err(format!("lock: table {got:?}, model {want:?}"));
                 }
-                if let Ok(LockOutcome::Queued { waiter }) = &got {
-                    self.waiters.push(*waiter);
+                match &got {
+                    Ok(LockOutcome::Queued { waiter }) => {
+                        self.waiters.push(*waiter);
+                        self.waiter_users.insert(*waiter, *user);
+                    }
+                    // A new token is this user's; a token granted before (a retry by the same
+                    // id) must already be: never another user's lease by naming its id.
+                    Ok(LockOutcome::Granted { token, .. }) => {
+                        let owner = *self.owners.entry(*token).or_insert(*user);
+                        if owner != *user {
+                            return Err(format!(
+                                "LOCK by user {user} got token {token}, user {owner}'s lease"
+                            ));
+                        }
+                    }
+                    Err(_) => {}
                 }
                 self.effects(Call::Lock {
                     name: NAMES[*name],
@@ -398,12 +479,16 @@ impl Harness {
                     outcome: got.as_ref().ok(),
                 })?;
             }
-            Op::Unlock { name, tok } => {
+            Op::Unlock { name, tok, user } => {
                 let token = self.token(NAMES[*name], tok);
-                let got = self.table.unlock(at, NAMES[*name], token);
-                let want = self.model.unlock(now, NAMES[*name], token);
+                let user = self.user(user, token);
+                let got = self.table.unlock(at, NAMES[*name], token, user);
+                let want = self.model.unlock(now, NAMES[*name], token, user);
                 if got != want {
                     return Err(format!("unlock {token}: table {got:?}, model {want:?}"));
+                }
+                if got.is_ok() {
+                    self.owned("unlock", token, user)?;
                 }
                 self.effects(Call::Other)?;
             }
@@ -412,8 +497,10 @@ impl Harness {
                 tok,
                 ttl,
                 conn,
+                user,
             } => {
                 let token = self.token(NAMES[*name], tok);
+                let user = self.user(user, token);
                 let ttl = ttl.as_ref().and_then(|p| self.ttl(p));
                 let got = self.table.renew(
                     at,
@@ -421,10 +508,14 @@ impl Harness {
                     token,
                     ttl.map(Duration::from_millis),
                     *conn,
+                    user,
                 );
-                let want = self.model.renew(now, NAMES[*name], token, ttl, *conn);
+                let want = self.model.renew(now, NAMES[*name], token, ttl, *conn, user);
                 if got != want {
                     return Err(format!("renew {token}: table {got:?}, model {want:?}"));
+                }
+                if got.is_ok() {
+                    self.owned("renew", token, user)?;
                 }
                 self.effects(Call::Other)?;
             }
@@ -623,6 +714,7 @@ fn req(
         session: session.then_some(Duration::ZERO),
         conn,
         mode: Mode::Exclusive,
+        user: NO_USER,
     }
 }
 
@@ -688,7 +780,7 @@ fn same_id_relock_keeps_token_and_restarts_lease() {
     assert_eq!(t.next_token(), token + 1);
     // RENEW without ttl uses the ttl of the last LOCK.
     assert_eq!(
-        t.renew(ms(base, 2000), "x", token, None, 1)
+        t.renew(ms(base, 2000), "x", token, None, 1, NO_USER)
             .map(|r| r.deadline),
         Ok(ms(base, 4000))
     );
@@ -745,7 +837,7 @@ fn replaced_waiter_keeps_its_place() {
     // The old wait bound went with the old request.
     assert_eq!(t.next_deadline(), Some(ms(base, 1000)));
     assert!(!t.cancel_wait(ms(base, 10), b1));
-    assert_eq!(t.unlock(ms(base, 20), "x", token), Ok(()));
+    assert_eq!(t.unlock(ms(base, 20), "x", token, NO_USER), Ok(()));
     assert_eq!(
         effects(&mut t),
         vec![
@@ -778,7 +870,7 @@ fn wait_zero_would_block_and_changes_nothing() {
     // q's earlier request still waits (wait=0 did not replace it).
     assert!(effects(&mut t).is_empty());
     assert_eq!(t.status(ms(base, 1), "x").expect("held").waiters, 1);
-    assert_eq!(t.unlock(ms(base, 2), "x", token), Ok(()));
+    assert_eq!(t.unlock(ms(base, 2), "x", token, NO_USER), Ok(()));
     assert!(t
         .take_effects()
         .iter()
@@ -856,7 +948,7 @@ fn cancelled_waiter_is_never_granted() {
     assert!(t.cancel_wait(ms(base, 5), q));
     assert!(!t.cancel_wait(ms(base, 5), q));
     effects(&mut t);
-    assert_eq!(t.unlock(ms(base, 6), "x", token), Ok(()));
+    assert_eq!(t.unlock(ms(base, 6), "x", token, NO_USER), Ok(()));
     assert_eq!(
         effects(&mut t),
         vec![ev(EventKind::Released, "x", "p", token)]
@@ -893,14 +985,14 @@ fn shared_then_exclusive_then_shared_is_served_in_order() {
     let r1 = queued(t.lock(base, req_mode("x", "r1", Mode::Shared, 4)));
     let r2 = queued(t.lock(base, req_mode("x", "r2", Mode::Shared, 5)));
     effects(&mut t);
-    assert_eq!(t.unlock(base, "x", s1), Ok(()));
+    assert_eq!(t.unlock(base, "x", s1, NO_USER), Ok(()));
     assert_eq!(grants(&effects(&mut t)), vec![]);
-    assert_eq!(t.unlock(base, "x", s2), Ok(()));
+    assert_eq!(t.unlock(base, "x", s2, NO_USER), Ok(()));
     assert_eq!(grants(&effects(&mut t)), vec![w]);
     let holder = t.status(base, "x").expect("held");
     assert_eq!((holder.holders, holder.mode), (1, Mode::Exclusive));
     // The writer leaves: both readers are granted at once, in queue order.
-    assert_eq!(t.unlock(base, "x", holder.token), Ok(()));
+    assert_eq!(t.unlock(base, "x", holder.token, NO_USER), Ok(()));
     assert_eq!(grants(&effects(&mut t)), vec![r1, r2]);
     let now = t.status(base, "x").expect("held");
     assert_eq!((now.holders, now.mode, now.waiters), (2, Mode::Shared, 0));
@@ -938,7 +1030,7 @@ fn a_semaphore_holds_up_to_its_limit_and_refuses_other_shapes() {
     assert_eq!(granted(t.lock(base, req_mode("s", "a", two, 1))).0, a);
     effects(&mut t);
     // One slot frees: the head waiter takes it, and only it.
-    assert_eq!(t.unlock(base, "s", a), Ok(()));
+    assert_eq!(t.unlock(base, "s", a, NO_USER), Ok(()));
     assert_eq!(grants(&effects(&mut t)), vec![c]);
     assert!(t.check(base, "s", b).is_ok());
     assert_eq!(t.status(base, "s").map(|s| s.holders), Some(2));
@@ -949,4 +1041,56 @@ fn limit_one_is_an_exclusive_lock() {
     assert_eq!(Mode::limit(1), Mode::Exclusive);
     assert_eq!(Mode::limit(0), Mode::Exclusive);
     assert_eq!(Mode::limit(5), Mode::Limit(5));
+}
+
+fn as_user(user: UserId, req: LockRequest) -> LockRequest {
+    LockRequest { user, ..req }
+}
+
+#[test]
+fn another_user_cannot_unlock_renew_or_take_over_by_id() {
+    let (mut t, base) = table();
+    let (alice, bob) = (1, 2);
+    let (token, _) = granted(t.lock(base, as_user(alice, req("x", "p", 1000, None, true, 1))));
+    // Bob read the token (STATUS shows it): it is still not his lease.
+    assert_eq!(t.unlock(base, "x", token, bob), Err(TableError::NotOwner));
+    assert_eq!(
+        t.renew(base, "x", token, None, 2, bob),
+        Err(TableError::NotOwner)
+    );
+    assert_eq!(
+        t.unlock(base, "x", token, NO_USER),
+        Err(TableError::NotOwner)
+    );
+    // A token that is not live is NOTHELD for anyone.
+    assert_eq!(
+        t.unlock(base, "x", token + 1, bob),
+        Err(TableError::NotHeld)
+    );
+    // Bob naming Alice's id is another client: no same token, no CONFLICT; he waits.
+    let w = queued(t.lock(base, as_user(bob, req("x", "p", 1000, None, false, 2))));
+    // Nor does his LOCK replace a waiter of Alice's with the same id, or she his.
+    let w2 = queued(t.lock(base, as_user(alice, req("x", "q", 1000, None, false, 3))));
+    let w3 = queued(t.lock(base, as_user(bob, req("x", "q", 1000, None, false, 4))));
+    assert_eq!(t.status(base, "x").map(|s| s.waiters), Some(3));
+    effects(&mut t);
+    assert_eq!(t.unlock(ms(base, 1), "x", token, alice), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![w]);
+    let holder = t.status(ms(base, 1), "x").expect("held");
+    // Granted to Bob: Alice can't release it with the token either.
+    assert_eq!(
+        t.unlock(ms(base, 1), "x", holder.token, alice),
+        Err(TableError::NotOwner)
+    );
+    assert_eq!(t.unlock(ms(base, 1), "x", holder.token, bob), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![w2]);
+    assert!(t.cancel_wait(ms(base, 1), w3));
+}
+
+#[test]
+fn a_lease_of_no_user_is_anyones_with_its_token() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 1000, None, false, 1)));
+    assert!(t.renew(base, "x", token, None, 1, 7).is_ok());
+    assert_eq!(t.unlock(base, "x", token, 8), Ok(()));
 }

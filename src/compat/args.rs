@@ -43,6 +43,12 @@ pub struct CompatArgs {
     #[arg(long, env = "LOCKD_COMPAT_NAME", default_value = DEFAULT_NAME)]
     pub compat_name: String,
 
+    /// Serve --compat alongside --auth-file. The old protocol has no authentication, so
+    /// lockd refuses to start with both unless told so here: the two ports must then be
+    /// reachable by trusted clients only.
+    #[arg(long, env = "LOCKD_COMPAT_NO_AUTH", value_parser = BoolishValueParser::new())]
+    pub compat_no_auth: bool,
+
     /// How long a connection to either port may take to send its message before it is
     /// closed unanswered.
     #[arg(long, env = "LOCKD_COMPAT_READ_TIMEOUT", default_value = "5s", value_parser = duration)]

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::message::{self, Kind, Message};
-use crate::locks::Token;
+use crate::locks::{Token, NO_USER};
 use crate::shared::Shared;
 
 /// Longest message line accepted, in bytes: `unlock:` + a 255-byte id + `:` + 20 digits fits.
@@ -97,7 +97,7 @@ async fn handle(stream: &mut TcpStream, peer: SocketAddr, kind: Kind, ctx: &Conn
             {
                 // The client never learned it holds the lock: give it back at once.
                 tracing::info!(%peer, "could not answer oklocked; releasing the lock");
-                let _ = ctx.shared.unlock(&ctx.name, token);
+                let _ = ctx.shared.unlock(&ctx.name, token, NO_USER);
                 return;
             }
         }

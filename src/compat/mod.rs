@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token};
+use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token, NO_USER};
 use crate::metrics::Protocol;
 use crate::shared::{LockStart, Published, Shared};
 
@@ -343,6 +343,8 @@ impl Compat {
             session: None,
             mode: Mode::Exclusive,
             conn: self.conn,
+            // The old protocol has no users: its lease belongs to none.
+            user: NO_USER,
         };
         match self.shared.lock(req) {
             Ok(LockStart::Granted { token }) => {
@@ -375,7 +377,7 @@ impl Compat {
             );
             return Answer::Nothing;
         }
-        match self.shared.unlock(name, status.token) {
+        match self.shared.unlock(name, status.token, NO_USER) {
             Ok(()) => {
                 self.granted = None;
                 if *status.holder == *id {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::types::{ConnId, Mode, Token, WaiterId};
+use super::types::{ConnId, Mode, Token, UserId, WaiterId};
 
 /// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
 /// that passed one. 8 bytes instead of an `Instant`'s 16, and exact: an `Instant` at or after
@@ -69,10 +69,12 @@ pub(super) struct Holder {
     pub(super) granted: u64,
     /// The connection a session lease is bound to; 0 when it is bound to none (see `bond`).
     /// Packed with `grace_ms` and `bond` rather than an enum with a payload, which would
-    /// push the slot past 88 bytes.
+    /// push the slot past 96 bytes.
     pub(super) conn: ConnId,
     /// A session lease's grace in milliseconds (saturating: 49 days at most).
     pub(super) grace_ms: u32,
+    /// Who holds it ([`super::NO_USER`]: nobody in particular).
+    pub(super) user: UserId,
     pub(super) bond: Bond,
 }
 
@@ -125,12 +127,13 @@ pub(super) struct Waiter {
     /// When it joined the queue (or took over a place in it), in [`Clock`] ticks.
     pub(super) queued: u64,
     pub(super) mode: Mode,
+    pub(super) user: UserId,
 }
 
 /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
 pub(super) type Queue = BTreeMap<u64, Waiter>;
 
-/// One held name: 88 bytes in the slab.
+/// One held name: 96 bytes in the slab.
 #[derive(Debug)]
 pub(super) struct Entry {
     /// The same allocation as the index's key.
@@ -233,7 +236,7 @@ impl Entry {
 }
 
 // The layout above is what keeps a held lock under 256 bytes: growing these is a choice.
-const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 88);
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 96);
 const _: () = assert!(std::mem::size_of::<(u64, Timer)>() <= 24);
 
 /// What a timer is for; the `u32` is the slot of the lease's entry. `Wait` sorts before

@@ -10,15 +10,18 @@
 //! - tokens come from one counter that only grows, so they never repeat for any name;
 //! - waiters are granted in the order they queued (by ticket), and a waiter that left (timed out,
 //!   replaced, cancelled) is never granted;
-//! - a lease is live iff `now < deadline`; every public call first processes what is due.
+//! - a lease is live iff `now < deadline`; every public call first processes what is due;
+//! - a lease of a user ([`UserId`]) is renewed or released only by that user, and one user's
+//!   id never stands for another's (the same-id rules hold within one user).
 //!
 //! # Layout: memory per held lock
 //! A server may hold a million locks, so the table is laid out to cost under 256 bytes of heap
-//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 202 B at 200,000
-//! locks and 222 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
-//! - the entries live in a `Slab` of 88-byte slots, grown 4096 slots at a time and reused
-//!   once freed; a `HashMap<Arc<str>, u32>` (24-byte buckets) maps a name to its slot. A hash
-//!   map of whole entries would pay its spare buckets (up to half the table) at entry size.
+//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 210 B at 200,000
+//! locks and 230 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
+//! - the entries live in a `Slab` of 96-byte slots (88 until holders recorded their user),
+//!   grown 4096 slots at a time and reused once freed; a `HashMap<Arc<str>, u32>` (24-byte
+//!   buckets) maps a name to its slot. A hash map of whole entries would pay its spare buckets
+//!   (up to half the table) at entry size.
 //! - the name is one `Arc<str>`, shared by the index key, the entry and every event;
 //! - holder and waiter ids are interned: one `Arc<str>` per distinct id, whatever number of
 //!   locks it holds or how often it locks again (`Locks::intern`);
@@ -102,7 +105,8 @@ impl Locks {
 
     /// Puts back a lease a previous run granted, as a plain (non-session) lease: its
     /// connection did not survive the restart. Does nothing if it already ended by `now`, or
-    /// the name is held in a mode it can't join. Later tokens are above its token.
+    /// the name is held in a mode it can't join (or a semaphore's slots are all restored).
+    /// Later tokens are above its token. Restore a name's holders in grant order.
     pub fn restore(&mut self, now: Instant, lease: RestoredLease) {
         self.raise_next_token(lease.token.saturating_add(1));
         self.clock.start(now);
@@ -118,13 +122,19 @@ impl Locks {
             granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
+            user: NO_USER,
             bond: Bond::Plain,
         };
         let deadline = holder.deadline;
         let slot = match self.index.get(lease.name.as_str()) {
             None => self.add_entry(lease.name.into(), holder, lease.mode),
             Some(&slot) => self.slab.get_mut(slot).and_then(|entry| {
-                let joins = entry.mode() == lease.mode && lease.mode != Mode::Exclusive;
+                let joins = entry.mode() == lease.mode
+                    && match lease.mode {
+                        Mode::Shared => true,
+                        Mode::Limit(n) => entry.holder_count() < n as usize,
+                        Mode::Exclusive => false,
+                    };
                 joins.then(|| entry.more_mut().others.push(holder))?;
                 Some(slot)
             }),
@@ -218,7 +228,10 @@ impl Locks {
             });
         }
 
-        let same = entry.holders().find(|h| *h.id == *req.id).map(|h| h.token);
+        let same = entry
+            .holders()
+            .find(|h| *h.id == *req.id && h.user == req.user)
+            .map(|h| h.token);
         if let Some(same) = same {
             // A repeat by a holder (typically a retry after a lost reply): same grant, new
             // lease. Two processes can't share it through one id while the first one's session
@@ -283,7 +296,7 @@ impl Locks {
         let replaced = entry.queue().and_then(|queue| {
             queue
                 .iter()
-                .find(|(_, w)| *w.id == *req.id)
+                .find(|(_, w)| *w.id == *req.id && w.user == req.user)
                 .map(|(ticket, w)| (*ticket, w.waiter, w.deadline))
         });
         let ticket = match replaced {
@@ -321,6 +334,7 @@ impl Locks {
                 deadline: wait_deadline,
                 queued: self.clock.ticks(now).unwrap_or(0),
                 mode: req.mode,
+                user: req.user,
             },
         );
         if let Some(at) = wait_deadline {
@@ -332,9 +346,23 @@ impl Locks {
         Ok(LockOutcome::Queued { waiter })
     }
 
-    /// UNLOCK: release if `token` is the live lease; the next waiter is granted at once.
-    pub fn unlock(&mut self, now: Instant, name: &str, token: Token) -> Result<(), TableError> {
+    /// UNLOCK by `user`: release if `token` is the live lease and `user` may (see
+    /// [`owned_by`]); the next waiter is granted at once.
+    pub fn unlock(
+        &mut self,
+        now: Instant,
+        name: &str,
+        token: Token,
+        user: UserId,
+    ) -> Result<(), TableError> {
         self.expire(now);
+        let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
+        let holder = self
+            .slab
+            .get(slot)
+            .and_then(|e| e.holder(token))
+            .ok_or(TableError::NotHeld)?;
+        owned_by(holder, user)?;
         self.end_lease(now, name, token, EventKind::Released, None)
     }
 
@@ -392,8 +420,9 @@ impl Locks {
         self.end_lease(now, name, token, EventKind::Revoked, None)
     }
 
-    /// RENEW on connection `conn`: a new deadline `ttl` (or the lease's own ttl) from now. A
-    /// session lease in its grace is bound to `conn` from now on.
+    /// RENEW by `user` on connection `conn`: a new deadline `ttl` (or the lease's own ttl)
+    /// from now. A session lease in its grace is bound to `conn` from now on. Only the
+    /// lease's own user may (see [`owned_by`]).
     pub fn renew(
         &mut self,
         now: Instant,
@@ -401,6 +430,7 @@ impl Locks {
         token: Token,
         ttl: Option<Duration>,
         conn: ConnId,
+        user: UserId,
     ) -> Result<Renewal, TableError> {
         self.expire(now);
         let ttl = match ttl {
@@ -413,6 +443,7 @@ impl Locks {
         };
         let entry_name = Arc::clone(&entry.name);
         let holder = entry.holder_mut(token).ok_or(TableError::NotHeld)?;
+        owned_by(holder, user)?;
         let ttl = ttl.unwrap_or(Duration::from_nanos(holder.ttl));
         let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(TableError::BadTtl {
             max: self.limits.max_ttl,
@@ -565,6 +596,7 @@ impl Locks {
             granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
+            user: req.user,
             bond: Bond::Plain,
         };
         holder.bind(req.session, req.conn);
@@ -800,6 +832,7 @@ impl Locks {
             granted: self.clock.ticks(now).unwrap_or(0),
             conn: 0,
             grace_ms: 0,
+            user: next.user,
             bond: Bond::Plain,
         };
         holder.bind(next.session, next.conn);
@@ -894,6 +927,17 @@ impl Locks {
         }
         self.ids.retain(|id| Arc::strong_count(id) > 1);
         self.id_ops = 0;
+    }
+}
+
+/// Whether `user` may renew or release `holder`'s lease: its own user may, and anyone may
+/// renew or release a lease that belongs to no user ([`NO_USER`]). Knowing a token is not
+/// enough: STATUS shows every holder's token to those who may read the name.
+fn owned_by(holder: &Holder, user: UserId) -> Result<(), TableError> {
+    if holder.user == NO_USER || holder.user == user {
+        Ok(())
+    } else {
+        Err(TableError::NotOwner)
     }
 }
 

@@ -10,6 +10,13 @@ pub type Token = u64;
 pub type ConnId = u64;
 /// The table's number for one waiting LOCK request.
 pub type WaiterId = u64;
+/// The server's number for an authenticated user (`--auth-file`); [`NO_USER`] without
+/// authentication. The table only compares them: it knows no names or rights.
+pub type UserId = u32;
+/// The user of every request when authentication is off, and of leases whose user is not
+/// known (restored from a data directory, taken through the compat ports). Such a lease
+/// belongs to no user: whoever has its token may renew or release it.
+pub const NO_USER: UserId = 0;
 
 /// What a holder holds: the whole lock, a share of it, or one of a semaphore's slots.
 ///
@@ -102,6 +109,9 @@ pub struct LockRequest {
     pub session: Option<Duration>,
     pub conn: ConnId,
     pub mode: Mode,
+    /// Who asks. The same-id rules (retry, `CONFLICT`, `REPLACED`) apply within one user
+    /// only: another user's LOCK with the same id is just another client.
+    pub user: UserId,
 }
 
 /// What a RENEW did.
@@ -134,6 +144,8 @@ pub enum TableError {
     WouldBlock { holder: Arc<str> },
     /// The token is not the live lease of that name.
     NotHeld,
+    /// The token is the live lease of another user: only its own user may renew or release it.
+    NotOwner,
     /// The id holds the name through a session lease bound to another open connection.
     Conflict,
     /// The name is held or waited for in a mode this LOCK can't join (a semaphore of another
@@ -159,6 +171,7 @@ impl fmt::Display for TableError {
             ),
             TableError::WouldBlock { holder } => write!(f, "held by {holder}"),
             TableError::NotHeld => f.write_str("token is not the current holder's live lease"),
+            TableError::NotOwner => f.write_str("that lease belongs to another user"),
             TableError::Conflict => {
                 f.write_str("this id holds the lock with a session lease on another connection")
             }

@@ -17,6 +17,7 @@
 mod files;
 mod format;
 
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +56,10 @@ struct Queue {
     closing: bool,
     /// Accept no more changes: they would never be written.
     stopped: bool,
+    /// When the oldest change in `records` was queued.
+    oldest: Option<std::time::Instant>,
+    /// When the oldest change the writer is writing now was queued.
+    syncing_since: Option<std::time::Instant>,
 }
 
 struct Inner {
@@ -113,9 +118,20 @@ impl Recovered {
                 })
             })
             .collect();
-        // Newest first: if a clock that stepped back makes an old lease look live beside a
-        // newer one of the same name, the newer one is restored and the old one can't join.
-        leases.sort_unstable_by_key(|l| std::cmp::Reverse(l.token));
+        // In grant order, so a shared lock's or semaphore's holders come back in their order.
+        // A clock that stepped back can make an old lease look live beside a newer one of the
+        // same name: the newest lease of a name decides its shape, and only leases of that
+        // shape come back (for an exclusive lock, the newest alone).
+        leases.sort_unstable_by_key(|l| l.token);
+        let newest: HashMap<String, (Token, Mode)> = leases
+            .iter()
+            .map(|l| (l.name.clone(), (l.token, l.mode)))
+            .collect();
+        leases.retain(|l| match newest.get(&l.name) {
+            Some((token, Mode::Exclusive)) => *token == l.token,
+            Some((_, mode)) => *mode == l.mode,
+            None => false,
+        });
         leases
     }
 }
@@ -246,6 +262,9 @@ impl Journal {
             };
             q.records.push(record);
         }
+        if was_empty && !q.records.is_empty() {
+            q.oldest = Some(std::time::Instant::now());
+        }
         let seq = q.seq;
         self.0.appended.store(seq, Ordering::Release);
         drop(q);
@@ -254,6 +273,17 @@ impl Journal {
             self.0.wake.notify_one();
         }
         seq
+    }
+
+    /// How long the oldest change not yet on disk has waited (`None`: none waits). A disk
+    /// that hangs shows here, while no flush completes to show in the flush latency.
+    pub fn oldest_pending(&self) -> Option<Duration> {
+        let q = self.0.queue();
+        let since = match (q.syncing_since, q.oldest) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(since.elapsed())
     }
 
     /// The number of the last change queued.
@@ -325,6 +355,7 @@ fn write_loop(inner: &Inner, mut data: DataDir, metrics: &Metrics) {
                 return;
             }
             std::mem::swap(&mut q.records, &mut batch);
+            q.syncing_since = q.oldest.take();
             q.seq
         };
         let (records, started) = (batch.len(), Instant::now());
@@ -340,6 +371,7 @@ fn write_loop(inner: &Inner, mut data: DataDir, metrics: &Metrics) {
             inner.stop();
             return;
         }
+        inner.queue().syncing_since = None;
         inner
             .progress
             .send_modify(|p| p.durable = p.durable.max(upto));

@@ -68,6 +68,15 @@ impl TestServer {
         }
     }
 
+    /// Waits (without cancelling it) until `run` returns on its own, and returns its result.
+    pub async fn join(mut self) -> io::Result<()> {
+        let task = self.task.take().expect("a running server");
+        tokio::time::timeout(GUARD, task)
+            .await
+            .expect("server did not stop in time")
+            .expect("server task panicked")
+    }
+
     /// A raw connection to this server.
     pub async fn raw(&self) -> Raw {
         Raw::connect(self.addr).await
@@ -393,6 +402,11 @@ impl LockdProcess {
         Raw::connect(self.addr).await
     }
 
+    /// Its process id, to signal it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its resident memory, from /proc (Linux).
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
@@ -456,21 +470,26 @@ impl Drop for LockdProcess {
 
 /// `GET path` over HTTP/1.1; the status code and the body.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr)
+    try_http_get(addr, path)
         .await
-        .expect("connect to the endpoint");
+        .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
+}
+
+/// [`http_get`], for a server that may be going away.
+pub async fn try_http_get(addr: std::net::SocketAddr, path: &str) -> io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: lockd\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(req.as_bytes()).await?;
     let mut raw = String::new();
     tokio::time::timeout(GUARD, s.read_to_string(&mut raw))
         .await
-        .expect("the endpoint answers")
-        .unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no answer"))??;
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "not an HTTP response");
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(bad)?;
     let status = head
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .expect("a status code");
-    (status, body.to_string())
+        .ok_or_else(bad)?;
+    Ok((status, body.to_string()))
 }

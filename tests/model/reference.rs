@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use lockd::locks::{
     ConnId, Effect, Event, EventKind, LockOutcome, LockStatus, Mode, Renewal, TableError, Token,
-    WaitEnd, WaiterId,
+    UserId, WaitEnd, WaiterId, NO_USER,
 };
 
 /// Limits in milliseconds, mirroring `lockd::locks::Limits`.
@@ -30,6 +30,7 @@ pub struct MHolder {
     pub session: Option<MSession>,
     /// When it was granted.
     pub granted: u64,
+    pub user: UserId,
 }
 
 /// A session lease's binding.
@@ -64,6 +65,7 @@ pub struct MWaiter {
     /// When it queued.
     pub queued: u64,
     pub mode: Mode,
+    pub user: UserId,
 }
 
 #[derive(Clone, Debug)]
@@ -104,6 +106,7 @@ pub struct MLock {
     pub session: Option<u64>,
     pub conn: ConnId,
     pub mode: Mode,
+    pub user: UserId,
 }
 
 /// Something due: which comes first at one instant is part of the contract (waits first).
@@ -269,6 +272,7 @@ impl Model {
             deadline,
             granted: now,
             session: MSession::bound(next.session, next.conn),
+            user: next.user,
         });
     }
 
@@ -335,6 +339,7 @@ impl Model {
             deadline,
             session: MSession::bound(req.session, req.conn),
             granted: now,
+            user: req.user,
         };
         let Some(entry) = self.entries.get(&req.name) else {
             if self.leases() >= self.limits.max_locks {
@@ -362,7 +367,12 @@ impl Model {
                 asked: req.mode,
             });
         }
-        if let Some(i) = entry.holders.iter().position(|h| h.id == req.id) {
+        // The same id is the same client only within one user.
+        if let Some(i) = entry
+            .holders
+            .iter()
+            .position(|h| h.id == req.id && h.user == req.user)
+        {
             if held != req.mode {
                 return Err(TableError::WrongMode {
                     held,
@@ -413,9 +423,14 @@ impl Model {
             deadline: req.wait.map(|w| now + w),
             queued: now,
             mode: req.mode,
+            user: req.user,
         };
         let entry = self.entries.get_mut(&req.name).expect("held");
-        match entry.queue.iter().position(|w| w.id == req.id) {
+        match entry
+            .queue
+            .iter()
+            .position(|w| w.id == req.id && w.user == req.user)
+        {
             Some(i) => {
                 let old = std::mem::replace(&mut entry.queue[i], new);
                 self.effects.push(Effect::WaitEnded {
@@ -437,9 +452,24 @@ impl Model {
             .find(|h| h.token == token)
     }
 
-    pub fn unlock(&mut self, now: u64, name: &str, token: Token) -> Result<(), TableError> {
+    /// Only the lease's own user may renew or release it; anyone may, a lease of no user.
+    fn owner_check(h: &MHolder, user: UserId) -> Result<(), TableError> {
+        if h.user != NO_USER && h.user != user {
+            return Err(TableError::NotOwner);
+        }
+        Ok(())
+    }
+
+    pub fn unlock(
+        &mut self,
+        now: u64,
+        name: &str,
+        token: Token,
+        user: UserId,
+    ) -> Result<(), TableError> {
         self.process(now);
-        self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        let h = self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        Self::owner_check(h, user)?;
         self.release(now, name, token, EventKind::Released);
         Ok(())
     }
@@ -480,6 +510,7 @@ impl Model {
         token: Token,
         ttl: Option<u64>,
         conn: ConnId,
+        user: UserId,
     ) -> Result<Renewal, TableError> {
         self.process(now);
         if ttl.is_some() {
@@ -487,6 +518,7 @@ impl Model {
         }
         let base = self.base;
         let h = self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        Self::owner_check(h, user)?;
         let ttl = ttl.unwrap_or(h.ttl);
         h.ttl = ttl;
         h.deadline = now + ttl;
