@@ -453,6 +453,7 @@ fn command() -> impl Strategy<Value = String> {
         "(PING|ping)",
         "(HELP|help)",
         "(WATCH|watch)",
+        "(AUTH|auth)",
         Just("QUIT".to_string()),
         "[A-Z]{1,6}",
     ]
@@ -503,6 +504,7 @@ fn valid_words() -> impl Strategy<Value = Vec<String>> {
         1 => name.prop_map(|n| vec!["STATUS".into(), n, "detail".into()]),
         1 => Just(vec!["PING".to_string()]),
         1 => Just(vec!["HELP".to_string()]),
+        1 => ("[a-z]{1,3}", "[a-z0-9]{1,8}").prop_map(|(u, s)| vec!["AUTH".into(), u, s]),
     ]
 }
 
