@@ -18,6 +18,8 @@
 #                             /metrics fetched every second, against this lockd without
 #   COMPARE_ROUNDS (6; 1 with QUICK): rounds of the builds in turn, the order rotating
 #                             each round so that none always runs first or last
+#   COMPARE_PARTS (unc,con,sem): the scenarios each build runs (the baseline skips sem,
+#                             which lockd has had only since semaphores came)
 #   COMPARE_ONLY=1            skip the Redis table and run only the comparisons
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,6 +32,8 @@ baseline_bin=${LOCKD_BASELINE_BIN:-}
 baseline_name=${LOCKD_BASELINE_NAME:-$baseline_bin}
 metrics_compare=${METRICS_COMPARE:-0}
 compare_only=${COMPARE_ONLY:-0}
+compare_parts=${COMPARE_PARTS:-unc,con,sem}
+baseline_parts=$(echo "$compare_parts" | tr "," "\n" | { grep -vx sem || true; } | paste -sd, -)
 quick=()
 rounds=${ROUNDS:-3}
 compare_rounds=${COMPARE_ROUNDS:-6}
@@ -40,6 +44,10 @@ if [ "${QUICK:-0}" != 0 ]; then
 fi
 if [ -n "$baseline_bin" ] && [ ! -x "$baseline_bin" ]; then
   echo "run.sh: LOCKD_BASELINE_BIN=$baseline_bin is not an executable" >&2
+  exit 2
+fi
+if [ -n "$baseline_bin" ] && [ -z "$baseline_parts" ]; then
+  echo "run.sh: COMPARE_PARTS=$compare_parts leaves the baseline nothing to run" >&2
   exit 2
 fi
 comparing=0
@@ -159,9 +167,9 @@ load_after_table=$(loadavg)
 # One build's turn in a comparison round: a fresh lockd, the scenarios, stopped again.
 # variant base|new|metrics
 variant() {
-  local bin=$lockd_bin parts=unc,con,sem flags=() scrape=()
+  local bin=$lockd_bin parts=$compare_parts flags=() scrape=()
   case $1 in
-    base) bin=$baseline_bin parts=unc,con ;;
+    base) bin=$baseline_bin parts=$baseline_parts ;;
     metrics)
       flags=(--metrics-listen "127.0.0.1:$metrics_port")
       scrape=(--scrape "127.0.0.1:$metrics_port")

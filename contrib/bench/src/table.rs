@@ -725,9 +725,9 @@ pub fn compare(rows: &str) -> String {
         }
         out.push('\n');
     }
-    let rounds = present
+    let rounds = COMPARED
         .iter()
-        .filter_map(|(w, _)| get("unc.cps", w).map(Vec::len))
+        .flat_map(|k| present.iter().filter_map(|(w, _)| get(k, w).map(Vec::len)))
         .max()
         .unwrap_or(0);
     out.push_str(&format!("\nRounds: {rounds}.\n"));
