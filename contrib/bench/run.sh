@@ -3,29 +3,65 @@
 # starts redis-server (persistence off) and lockd on loopback ports, runs every scenario with
 # one load generator, prints one markdown table, and stops what it started.
 #
-#   contrib/bench/run.sh            # full run (about 5-10 minutes on 2 cores)
+#   contrib/bench/run.sh            # full run (about 6-10 minutes on 2 cores)
 #   QUICK=1 contrib/bench/run.sh    # smoke run: short and small
 #
 # Environment: LOCKD_PORT (17001), REDIS_PORT (17379), OUT (a directory for rows and logs),
 # ROUNDS (3; 1 with QUICK): the throughput and latency scenarios run that many times, lockd and
 # Redis in turn, and the table reports each measure's median, so a burst of other work on a
 # shared machine does not decide a row.
+#
+# Same-run comparisons of lockd builds (lockd alone, no Redis), after the table:
+#   LOCKD_BASELINE_BIN=path   an older lockd to compare this one with (the mutex scenarios)
+#   LOCKD_BASELINE_NAME=text  what to call it in the output (default: its path)
+#   METRICS_COMPARE=1         this lockd with --metrics-listen on METRICS_PORT (17002), its
+#                             /metrics fetched every second, against this lockd without
+#   COMPARE_ROUNDS (6; 1 with QUICK): rounds of the builds in turn, the order rotating
+#                             each round so that none always runs first or last
+#   COMPARE_PARTS (unc,con,sem): the scenarios each build runs (the baseline skips sem,
+#                             which lockd has had only since semaphores came)
+#   COMPARE_ONLY=1            skip the Redis table and run only the comparisons
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
 lockd_port=${LOCKD_PORT:-17001}
 redis_port=${REDIS_PORT:-17379}
+metrics_port=${METRICS_PORT:-17002}
+baseline_bin=${LOCKD_BASELINE_BIN:-}
+baseline_name=${LOCKD_BASELINE_NAME:-$baseline_bin}
+metrics_compare=${METRICS_COMPARE:-0}
+compare_only=${COMPARE_ONLY:-0}
+compare_parts=${COMPARE_PARTS:-unc,con,sem}
+baseline_parts=$(echo "$compare_parts" | tr "," "\n" | { grep -vx sem || true; } | paste -sd, -)
 quick=()
 rounds=${ROUNDS:-3}
+compare_rounds=${COMPARE_ROUNDS:-6}
 if [ "${QUICK:-0}" != 0 ]; then
   quick=(--quick)
   rounds=${ROUNDS:-1}
+  compare_rounds=${COMPARE_ROUNDS:-1}
+fi
+if [ -n "$baseline_bin" ] && [ ! -x "$baseline_bin" ]; then
+  echo "run.sh: LOCKD_BASELINE_BIN=$baseline_bin is not an executable" >&2
+  exit 2
+fi
+if [ -n "$baseline_bin" ] && [ -z "$baseline_parts" ]; then
+  echo "run.sh: COMPARE_PARTS=$compare_parts leaves the baseline nothing to run" >&2
+  exit 2
+fi
+comparing=0
+if [ -n "$baseline_bin" ] || [ "$metrics_compare" != 0 ]; then comparing=1; fi
+if [ "$compare_only" != 0 ] && [ "$comparing" = 0 ]; then
+  echo "run.sh: COMPARE_ONLY=1 needs LOCKD_BASELINE_BIN or METRICS_COMPARE=1" >&2
+  exit 2
 fi
 out=${OUT:-$(mktemp -d /tmp/lockbench.XXXXXX)}
 mkdir -p "$out"
 rows=$out/rows.tsv
+compare_rows=$out/compare.tsv
 : >"$rows"
+: >"$compare_rows"
 
 # 10,000 waiting connections need more than 20,000 descriptors across client and servers.
 # Where the hard limit can't be raised (a container without CAP_SYS_RESOURCE), take all of it.
@@ -34,7 +70,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 log() { echo "run.sh: $*" >&2; }
 log "open-files limit: $(ulimit -n)"
 
-if ! command -v redis-server >/dev/null 2>&1; then
+if [ "$compare_only" = 0 ] && ! command -v redis-server >/dev/null 2>&1; then
   log "installing redis-server"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -70,16 +106,23 @@ wait_port() {
   return 1
 }
 
-# start_servers [extra lockd flags...]: a fresh lockd and a fresh, empty redis-server.
-start_servers() {
-  "$lockd_bin" --listen "127.0.0.1:$lockd_port" --max-connections 30000 \
+# start_lockd BIN [extra lockd flags...]: a fresh lockd.
+start_lockd() {
+  local bin=$1
+  shift
+  "$bin" --listen "127.0.0.1:$lockd_port" --max-connections 30000 \
     --max-locks 2000000 "$@" 2>>"$out/lockd.log" &
   lockd_pid=$!
+  wait_port "$lockd_port"
+}
+
+# start_servers [extra lockd flags...]: a fresh lockd and a fresh, empty redis-server.
+start_servers() {
+  start_lockd "$lockd_bin" "$@"
   redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no \
     --maxclients 30000 --daemonize no --loglevel warning --dir "$out" \
     >>"$out/redis.log" 2>&1 &
   redis_pid=$!
-  wait_port "$lockd_port"
   wait_port "$redis_port"
 }
 
@@ -94,43 +137,99 @@ phase() {
   stop_servers
 }
 
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+load_before=$(loadavg)
 started=$(date +%s)
-for round in $(seq 1 "$rounds"); do
-  log "round $round of $rounds"
-  phase perf
-done
-phase waiters
-phase held
-phase expiry
 
 datadir_note="lockd \`--help\` lists no \`--data-dir\` in this build: no durable-state rows."
-if "$lockd_bin" --help | grep -q -- '--data-dir'; then
-  log "scenario group: perf with --data-dir"
-  data=$(mktemp -d "$out/data.XXXXXX")
-  "$lockd_bin" --listen "127.0.0.1:$lockd_port" --max-connections 30000 \
-    --max-locks 2000000 --data-dir "$data" 2>>"$out/lockd.log" &
-  lockd_pid=$!
-  wait_port "$lockd_port"
-  "$bench" perf --lockd "127.0.0.1:$lockd_port" --lockd-pid "$lockd_pid" \
-    --label lockd-datadir "${quick[@]}" >>"$rows"
-  stop_servers
-  rm -rf "$data"
-  datadir_note="Rows marked \`--data-dir\` ran lockd with \`--data-dir\` (durable state), against the same in-memory Redis."
+if [ "$compare_only" = 0 ]; then
+  for round in $(seq 1 "$rounds"); do
+    log "round $round of $rounds"
+    phase perf
+  done
+  phase waiters
+  phase held
+  phase expiry
+
+  if "$lockd_bin" --help | grep -q -- '--data-dir'; then
+    log "scenario group: perf with --data-dir"
+    data=$(mktemp -d "$out/data.XXXXXX")
+    start_lockd "$lockd_bin" --data-dir "$data"
+    "$bench" perf --lockd "127.0.0.1:$lockd_port" --lockd-pid "$lockd_pid" \
+      --label lockd-datadir "${quick[@]}" >>"$rows"
+    stop_servers
+    rm -rf "$data"
+    datadir_note="Rows marked \`--data-dir\` ran lockd with \`--data-dir\` (durable state), against the same in-memory Redis."
+  fi
 fi
+load_after_table=$(loadavg)
+
+# One build's turn in a comparison round: a fresh lockd, the scenarios, stopped again.
+# variant base|new|metrics
+variant() {
+  local bin=$lockd_bin parts=$compare_parts flags=() scrape=()
+  case $1 in
+    base) bin=$baseline_bin parts=$baseline_parts ;;
+    metrics)
+      flags=(--metrics-listen "127.0.0.1:$metrics_port")
+      scrape=(--scrape "127.0.0.1:$metrics_port")
+      ;;
+  esac
+  log "comparison: $1"
+  start_lockd "$bin" "${flags[@]}"
+  if [ ${#scrape[@]} -gt 0 ]; then wait_port "$metrics_port"; fi
+  "$bench" "$parts" --lockd "127.0.0.1:$lockd_port" --lockd-pid "$lockd_pid" --label "$1" \
+    "${scrape[@]}" "${quick[@]}" >>"$compare_rows"
+  stop_servers
+}
+
+round_loads=()
+if [ "$comparing" = 1 ]; then
+  builds=()
+  if [ -n "$baseline_bin" ]; then builds+=(base); fi
+  builds+=(new)
+  if [ "$metrics_compare" != 0 ]; then builds+=(metrics); fi
+  for round in $(seq 1 "$compare_rounds"); do
+    round_loads+=("$(loadavg | cut -d' ' -f1)")
+    log "comparison round $round of $compare_rounds (load average $(loadavg))"
+    n=${#builds[@]}
+    for i in $(seq 0 $((n - 1))); do
+      variant "${builds[$(((round - 1 + i) % n))]}"
+    done
+  done
+fi
+load_after=$(loadavg)
 
 cores=$(nproc)
 mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
 cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')
 {
   echo "Machine: ${cores} cores (${cpu:-unknown CPU}), ${mem} memory, Linux $(uname -r)."
-  echo "lockd $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), $(redis-server --version | awk '{print $1, $2, $3}'), loopback, one load generator (tokio, $(nproc) worker threads) on the same cores."
-  echo "Throughput and latency rows: median of $rounds round(s); scale and expiry rows: one run each on fresh servers."
+  echo "Load average (1, 5, 15 min) before the run: $load_before; after it: $load_after."
   if [ ${#quick[@]} -gt 0 ]; then
     echo "**QUICK run** (QUICK=1): short runs and 1/10 sizes; not for publishing."
   fi
-  echo "$datadir_note"
+  if [ "$compare_only" = 0 ]; then
+    echo
+    echo "lockd $commit, $(redis-server --version | awk '{print $1, $2, $3}'), loopback, one load generator (tokio, $(nproc) worker threads) on the same cores."
+    echo "Throughput and latency rows: median of $rounds round(s); scale and expiry rows: one run each on fresh servers."
+    echo "$datadir_note"
+    echo "Load average after the table: $load_after_table."
+    echo
+    "$bench" table "$rows"
+  fi
+  if [ "$comparing" = 1 ]; then
+    echo
+    echo "Same-run comparison, lockd alone: this lockd is $commit${baseline_bin:+, the baseline is $baseline_name}."
+    echo "Load average (1 min) at the start of each round: ${round_loads[*]}."
+    echo
+    "$bench" compare "$compare_rows"
+  fi
   echo
-  "$bench" table "$rows"
-  echo
-  echo "Took $(( $(date +%s) - started )) s. Rows: $rows"
+  if [ "$comparing" = 1 ]; then
+    echo "Took $(( $(date +%s) - started )) s. Rows: $rows and $compare_rows"
+  else
+    echo "Took $(( $(date +%s) - started )) s. Rows: $rows"
+  fi
 }

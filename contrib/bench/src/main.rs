@@ -1,15 +1,22 @@
 //! lockbench: lockd against Redis locks, on loopback, with one load generator.
 //!
-//!     lockbench perf|waiters|held|expiry [--lockd ADDR --lockd-pid PID] [--label NAME]
-//!                                        [--redis ADDR --redis-pid PID] [--quick]
+//!     lockbench GROUP [--lockd ADDR --lockd-pid PID] [--label NAME] [--scrape ADDR]
+//!                     [--redis ADDR --redis-pid PID] [--quick]
 //!     lockbench table ROWS.tsv
+//!     lockbench compare ROWS.tsv
+//!
+//! GROUP is `perf` (floor, unc, con and sem), a comma-separated list of those parts
+//! (`unc,con`), `waiters`, `held` or `expiry`. `--scrape ADDR` fetches lockd's metrics from
+//! ADDR once a second while the group runs.
 //!
 //! A scenario prints rows `key<TAB>who<TAB>value` on stdout (progress goes to stderr);
-//! `table` turns the rows of a whole run into one markdown table. contrib/bench/run.sh starts
-//! the servers and drives it all.
+//! `table` turns the rows of a whole run into one markdown table, `compare` the rows of
+//! interleaved rounds of several lockd builds into another. contrib/bench/run.sh starts the
+//! servers and drives it all.
 
 mod perf;
 mod scale;
+mod scrape;
 mod stats;
 mod table;
 mod wire;
@@ -18,6 +25,8 @@ use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
+
+use perf::{Contention, Hold};
 
 /// A server under test.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +59,7 @@ struct Args {
     lockd: Option<(SocketAddr, u32)>,
     redis: Option<(SocketAddr, u32)>,
     label: Option<String>,
+    scrape: Option<SocketAddr>,
     quick: bool,
     file: Option<String>,
 }
@@ -59,8 +69,9 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     args.group = it
         .next()
-        .ok_or("usage: lockbench perf|waiters|held|expiry|table ...")?;
+        .ok_or("usage: lockbench perf|waiters|held|expiry|table|compare ...")?;
     let (mut lockd, mut lockd_pid, mut redis, mut redis_pid) = (None, None, None, None);
+    let mut scrape = None;
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
@@ -69,6 +80,7 @@ fn parse_args() -> Result<Args, String> {
             "--redis" => redis = Some(value("--redis")?),
             "--redis-pid" => redis_pid = Some(value("--redis-pid")?),
             "--label" => args.label = Some(value("--label")?),
+            "--scrape" => scrape = Some(value("--scrape")?),
             "--quick" => args.quick = true,
             other if args.file.is_none() && !other.starts_with("--") => {
                 args.file = Some(other.into())
@@ -83,12 +95,7 @@ fn parse_args() -> Result<Args, String> {
         match addr {
             None => Ok(None),
             Some(a) => {
-                let addr: SocketAddr = a.parse().map_err(|e| format!("--{what} {a}: {e}"))?;
-                if !addr.ip().is_loopback() {
-                    return Err(format!(
-                        "--{what} {addr}: the benchmark talks to loopback only"
-                    ));
-                }
+                let addr = loopback(&a, what)?;
                 let pid = pid
                     .ok_or(format!("--{what}-pid is needed with --{what}"))?
                     .parse()
@@ -99,7 +106,19 @@ fn parse_args() -> Result<Args, String> {
     };
     args.lockd = server(lockd, lockd_pid, "lockd")?;
     args.redis = server(redis, redis_pid, "redis")?;
+    args.scrape = scrape.map(|a| loopback(&a, "scrape")).transpose()?;
     Ok(args)
+}
+
+/// The address given to `--{what}`, which must be a loopback one.
+fn loopback(a: &str, what: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = a.parse().map_err(|e| format!("--{what} {a}: {e}"))?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "--{what} {addr}: the benchmark talks to loopback only"
+        ));
+    }
+    Ok(addr)
 }
 
 /// How big and how long; `--quick` is for smoke runs.
@@ -148,6 +167,79 @@ impl Plan {
     }
 }
 
+/// The parts of the throughput and latency group; `perf` is all of them, in this order.
+const PERF_PARTS: [&str; 4] = ["floor", "unc", "con", "sem"];
+
+/// The parts a group names: `perf`, or a comma-separated list of parts (`unc,con`).
+fn perf_parts(group: &str) -> Option<Vec<&str>> {
+    if group == "perf" {
+        return Some(PERF_PARTS.to_vec());
+    }
+    let parts: Vec<&str> = group.split(',').collect();
+    parts
+        .iter()
+        .all(|p| PERF_PARTS.contains(p))
+        .then_some(parts)
+}
+
+async fn perf(t: Target, parts: &[&str], plan: &Plan, label: &str, out: &Out) -> io::Result<()> {
+    let (warm, run) = (plan.warm, plan.run);
+    if parts.contains(&"floor") {
+        perf::floor(t, 1, warm, plan.floor, out, "floor.c1").await?;
+        perf::floor(t, plan.clients, warm, plan.floor, out, "floor.c64").await?;
+    }
+    if parts.contains(&"unc") {
+        perf::uncontended(t, plan.clients, warm, run, out, "unc").await?;
+    }
+    if parts.contains(&"con") {
+        for hold_us in [0u64, 100] {
+            let key = format!("con.h{hold_us}");
+            let mutex = Contention {
+                clients: plan.clients,
+                limit: 1,
+                hold: Hold::Spin(Duration::from_micros(hold_us)),
+                retry: Duration::ZERO,
+            };
+            match t {
+                Target::Lockd(_) => perf::contended(t, mutex, warm, run, out, &key).await?,
+                Target::Redis(_) => {
+                    for r in [1u64, 10, 100] {
+                        let out = Out::new(format!("{label}-r{r}"));
+                        let retry = Duration::from_millis(r);
+                        let how = Contention { retry, ..mutex };
+                        perf::contended(t, how, warm, run, &out, &key).await?;
+                    }
+                }
+            }
+        }
+    }
+    if parts.contains(&"sem") {
+        if let Target::Redis(_) = t {
+            eprintln!("  (no semaphore scenario for Redis)");
+            return Ok(());
+        }
+        // A slot held for no time measures the server's hand-over alone; a slot held 1 ms
+        // (a sleep, so the holders really are inside together) shows the slots filled.
+        let holds = [
+            ("sem.h0", Hold::Spin(Duration::ZERO)),
+            ("sem.sleep1ms", Hold::Sleep(Duration::from_millis(1))),
+        ];
+        for (key, hold) in holds {
+            let semaphore = Contention {
+                clients: plan.clients,
+                limit: SEMAPHORE_LIMIT,
+                hold,
+                retry: Duration::ZERO,
+            };
+            perf::contended(t, semaphore, warm, run, out, key).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The slots of the semaphore scenario (64 clients share them).
+const SEMAPHORE_LIMIT: u32 = 8;
+
 async fn run(args: Args) -> io::Result<()> {
     let plan = Plan::new(args.quick);
     let mut targets = Vec::new();
@@ -162,78 +254,42 @@ async fn run(args: Args) -> io::Result<()> {
     for (t, pid, label) in targets {
         eprintln!("{} on {t:?}", args.group);
         let out = Out::new(label.clone());
-        match args.group.as_str() {
-            // perf = floor + unc + con; the parts run alone for profiling.
-            "perf" | "floor" | "unc" | "con" => {
-                let group = args.group.as_str();
-                if matches!(group, "perf" | "floor") {
-                    perf::floor(t, 1, plan.warm, plan.floor, &out, "floor.c1").await?;
-                    perf::floor(t, plan.clients, plan.warm, plan.floor, &out, "floor.c64").await?;
+        // Scrapes lockd's metrics, as Prometheus would, for as long as its scenarios run.
+        let scraper = match (t, args.scrape) {
+            (Target::Lockd(_), Some(addr)) => Some(scrape::Scraper::start(addr, SCRAPE_EVERY)),
+            _ => None,
+        };
+        if let Some(parts) = perf_parts(&args.group) {
+            perf(t, &parts, &plan, &label, &out).await?;
+        } else {
+            match args.group.as_str() {
+                "waiters" => {
+                    let (n, retry, cap) = (plan.waiters, plan.scale_retry, plan.drain_cap);
+                    scale::waiters(t, n, pid, retry, cap, &out).await?
                 }
-                if matches!(group, "perf" | "unc") {
-                    perf::uncontended(t, plan.clients, plan.warm, plan.run, &out, "unc").await?;
+                "held" => scale::held(t, plan.held, pid, &out).await?,
+                "expiry" => {
+                    // Where the leases' ends fall: spread over most of one second by default;
+                    // LOCKBENCH_EXPIRY_SPREAD_MS=0 ends them all in one burst.
+                    let spread = std::env::var("LOCKBENCH_EXPIRY_SPREAD_MS")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .map_or(ms(900), ms);
+                    let ttl = Duration::from_secs(3);
+                    scale::expiry(t, plan.expiring, ttl, spread, plan.scale_retry, &out).await?
                 }
-                let holds: &[u64] = if matches!(group, "perf" | "con") {
-                    &[0, 100]
-                } else {
-                    &[]
-                };
-                for &hold_us in holds {
-                    let hold = Duration::from_micros(hold_us);
-                    let key = format!("con.h{hold_us}");
-                    match t {
-                        Target::Lockd(_) => {
-                            perf::contended(
-                                t,
-                                plan.clients,
-                                hold,
-                                ms(0),
-                                plan.warm,
-                                plan.run,
-                                &out,
-                                &key,
-                            )
-                            .await?
-                        }
-                        Target::Redis(_) => {
-                            for r in [1u64, 10, 100] {
-                                let out = Out::new(format!("{label}-r{r}"));
-                                perf::contended(
-                                    t,
-                                    plan.clients,
-                                    hold,
-                                    ms(r),
-                                    plan.warm,
-                                    plan.run,
-                                    &out,
-                                    &key,
-                                )
-                                .await?;
-                            }
-                        }
-                    }
-                }
+                other => return Err(io::Error::other(format!("unknown scenario group {other}"))),
             }
-            "waiters" => {
-                let (n, retry, cap) = (plan.waiters, plan.scale_retry, plan.drain_cap);
-                scale::waiters(t, n, pid, retry, cap, &out).await?
-            }
-            "held" => scale::held(t, plan.held, pid, &out).await?,
-            "expiry" => {
-                // Where the leases' ends fall: spread over most of one second by default;
-                // LOCKBENCH_EXPIRY_SPREAD_MS=0 ends them all in one burst.
-                let spread = std::env::var("LOCKBENCH_EXPIRY_SPREAD_MS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .map_or(ms(900), ms);
-                let ttl = Duration::from_secs(3);
-                scale::expiry(t, plan.expiring, ttl, spread, plan.scale_retry, &out).await?
-            }
-            other => return Err(io::Error::other(format!("unknown scenario group {other}"))),
+        }
+        if let Some(scraper) = scraper {
+            scraper.stop(&out).await;
         }
     }
     Ok(())
 }
+
+/// How often the metrics are scraped during a run: Prometheus's shortest usual interval.
+const SCRAPE_EVERY: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let args = match parse_args() {
@@ -243,14 +299,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.group == "table" {
+    if args.group == "table" || args.group == "compare" {
         let Some(file) = args.file.as_deref() else {
-            eprintln!("lockbench: table needs the rows file");
+            eprintln!("lockbench: {} needs the rows file", args.group);
             return ExitCode::from(2);
         };
         return match std::fs::read_to_string(file) {
             Ok(rows) => {
-                print!("{}", table::render(&rows, args.quick));
+                if args.group == "table" {
+                    print!("{}", table::render(&rows, args.quick));
+                } else {
+                    print!("{}", table::compare(&rows));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -227,6 +227,37 @@ fn rate_and_latency(
     }
 }
 
+/// How a critical section passes its time.
+#[derive(Clone, Copy, Debug)]
+pub enum Hold {
+    /// Busy-waits: a section doing CPU work (tokio's timer is too coarse for 100 µs, and a
+    /// sleep would hand the core to someone else).
+    Spin(Duration),
+    /// Sleeps: a section waiting on something else (a disk, a service), which leaves the core
+    /// free, so that the holders of a semaphore's slots really are inside together.
+    Sleep(Duration),
+}
+
+impl Hold {
+    async fn pass(self) {
+        match self {
+            Hold::Spin(d) => spin(d),
+            Hold::Sleep(d) => tokio::time::sleep(d).await,
+        }
+    }
+}
+
+/// `clients` on one name with `limit` slots (1: a mutex), each holding a slot for `hold`.
+#[derive(Clone, Copy, Debug)]
+pub struct Contention {
+    pub clients: usize,
+    pub limit: u32,
+    pub hold: Hold,
+    /// How long a Redis client sleeps before it tries again (a lockd client waits in the
+    /// server's queue instead).
+    pub retry: Duration,
+}
+
 /// One client's record of a contended run.
 #[derive(Default)]
 struct Contender {
@@ -235,25 +266,40 @@ struct Contender {
     grants: Vec<(u64, u64, u64)>,
 }
 
-/// `c` clients on one name, each holding it `hold`; Redis clients retry after `retry`.
-#[allow(clippy::too_many_arguments)]
+/// A contended run: every client asks, holds, releases, and asks again. A semaphore (`limit`
+/// above 1) is lockd's alone: Redis has no lock of that kind in this benchmark.
 pub async fn contended(
     t: Target,
-    c: usize,
-    hold: Duration,
-    retry: Duration,
+    how: Contention,
     warm: Duration,
     dur: Duration,
     out: &Out,
     key: &str,
 ) -> io::Result<()> {
-    const NAME: &str = "bench-contended";
+    let Contention {
+        clients: c,
+        limit,
+        hold,
+        retry,
+    } = how;
+    if limit > 1 && matches!(t, Target::Redis(_)) {
+        return Err(io::Error::other("no semaphore for Redis in this benchmark"));
+    }
+    let name = if limit > 1 {
+        "bench-semaphore"
+    } else {
+        "bench-contended"
+    };
     let per = clients(c, warm, dur, move |i, barrier, window| async move {
         let mut me = Contender::default();
         match t {
             Target::Lockd(addr) => {
                 let mut conn = Line::connect(addr).await?;
-                let lock = format!("LOCK {NAME} c{i} ttl=30s");
+                let lock = if limit > 1 {
+                    format!("LOCK {name} c{i} ttl=30s limit={limit}")
+                } else {
+                    format!("LOCK {name} c{i} ttl=30s")
+                };
                 barrier.wait().await;
                 barrier.wait().await;
                 let w = window_of(&window);
@@ -262,9 +308,9 @@ pub async fn contended(
                     conn.send(&lock).await?;
                     let token = conn.recv_token().await?;
                     let start = w.ns();
-                    spin(hold);
+                    hold.pass().await;
                     let end = w.ns();
-                    conn.call_ok(&format!("UNLOCK {NAME} {token}")).await?;
+                    conn.call_ok(&format!("UNLOCK {name} {token}")).await?;
                     me.held.push(Held { start, end });
                     me.grants.push((asked, start, 2));
                 }
@@ -285,7 +331,7 @@ pub async fn contended(
                     let mut requests = 0;
                     loop {
                         requests += 1;
-                        if conn.try_lock(NAME, &value, TTL_MS).await? {
+                        if conn.try_lock(name, &value, TTL_MS).await? {
                             break;
                         }
                         if w.ns() > give_up {
@@ -297,9 +343,9 @@ pub async fn contended(
                         tokio::time::sleep(retry + Duration::from_micros(jitter)).await;
                     }
                     let start = w.ns();
-                    spin(hold);
+                    hold.pass().await;
                     let end = w.ns();
-                    if !conn.unlock(NAME, &value).await? {
+                    if !conn.unlock(name, &value).await? {
                         return Err(io::Error::other("Redis lock lost before release"));
                     }
                     me.held.push(Held { start, end });
@@ -327,9 +373,9 @@ pub async fn contended(
         }
     }
     let grants: u64 = counts.iter().sum();
-    let (violations, mut gaps) = stats::exclusion_and_gaps(&mut held);
+    let mut slots = stats::slots(&held, u64::from(limit));
     // Gaps are taken over the whole run: the hand-off is the same before the window.
-    let (gap_p50, gap_p99, _) = stats::summary_us(&mut gaps);
+    let (gap_p50, gap_p99, _) = stats::summary_us(&mut slots.gaps);
     let (acq_p50, acq_p99, acq_max) = stats::summary_us(&mut acquire);
     let secs = dur.as_secs_f64();
     out.row(&format!("{key}.cps"), grants as f64 / secs);
@@ -348,6 +394,7 @@ pub async fn contended(
             requests as f64 / grants as f64
         },
     );
-    out.row(&format!("{key}.violations"), violations as f64);
+    out.row(&format!("{key}.peak"), slots.peak as f64);
+    out.row(&format!("{key}.violations"), slots.violations as f64);
     Ok(())
 }

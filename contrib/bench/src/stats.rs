@@ -53,24 +53,55 @@ pub struct Held {
     pub end: u64,
 }
 
-/// Overlapping pairs among `held` (sorted here by start), and the gaps from each release to
-/// the next grant.
-pub fn exclusion_and_gaps(held: &mut [Held]) -> (u64, Vec<u64>) {
-    held.sort_unstable_by_key(|h| h.start);
-    let mut violations = 0;
-    let mut gaps = Vec::with_capacity(held.len());
-    let mut latest_end: Option<u64> = None;
-    for h in held.iter() {
-        if let Some(end) = latest_end {
-            if h.start < end {
-                violations += 1;
-            } else {
-                gaps.push(h.start - end);
-            }
-        }
-        latest_end = Some(latest_end.map_or(h.end, |e| e.max(h.end)));
+/// What the critical sections of a lock with `limit` slots (1 for a mutex) show.
+pub struct Slots {
+    /// Sections that started while `limit` others were already inside.
+    pub violations: u64,
+    /// Per section that started in a slot another had freed: the time from that release to
+    /// this grant, in ns.
+    pub gaps: Vec<u64>,
+    /// The most sections inside at once.
+    pub peak: u64,
+}
+
+/// Sweeps `held` in time order. Freed slots are handed on oldest first, so a gap is how long
+/// the longest-free slot stayed empty; with `limit` 1 that is the time from the latest release
+/// to the next grant, the mutex's handoff gap.
+pub fn slots(held: &[Held], limit: u64) -> Slots {
+    // A release sorts before a grant at the same instant: a section that starts as another
+    // ends does not overlap it.
+    let mut events: Vec<(u64, bool)> = Vec::with_capacity(held.len() * 2);
+    for h in held {
+        events.push((h.start, true));
+        events.push((h.end, false));
     }
-    (violations, gaps)
+    events.sort_unstable();
+    let mut out = Slots {
+        violations: 0,
+        gaps: Vec::with_capacity(held.len()),
+        peak: 0,
+    };
+    let mut inside = 0u64;
+    // The release times of the free slots, oldest first; slots never held have none.
+    let mut freed = std::collections::VecDeque::new();
+    for (at, start) in events {
+        if start {
+            if inside >= limit {
+                out.violations += 1;
+            } else if let Some(released) = freed.pop_front() {
+                out.gaps.push(at - released);
+            }
+            inside += 1;
+            out.peak = out.peak.max(inside);
+        } else {
+            // Only a release that brings the count below the limit frees a slot.
+            if inside <= limit {
+                freed.push_back(at);
+            }
+            inside -= 1;
+        }
+    }
+    out
 }
 
 /// Resident memory of a process, in bytes, from /proc/<pid>/status.
@@ -140,14 +171,43 @@ mod tests {
 
     #[test]
     fn overlaps_are_counted_and_gaps_measured() {
-        let mut held = vec![
+        let held = [
             Held { start: 0, end: 10 },
             Held { start: 15, end: 20 },
             Held { start: 18, end: 30 },
             Held { start: 40, end: 41 },
         ];
-        let (violations, gaps) = exclusion_and_gaps(&mut held);
-        assert_eq!(violations, 1);
-        assert_eq!(gaps, vec![5, 10]);
+        let s = slots(&held, 1);
+        assert_eq!(s.violations, 1);
+        assert_eq!(s.gaps, vec![5, 10]);
+        assert_eq!(s.peak, 2);
+    }
+
+    #[test]
+    fn a_section_starting_as_another_ends_is_no_overlap() {
+        let held = [Held { start: 0, end: 10 }, Held { start: 10, end: 20 }];
+        let s = slots(&held, 1);
+        assert_eq!((s.violations, s.peak), (0, 1));
+        assert_eq!(s.gaps, vec![0]);
+    }
+
+    #[test]
+    fn a_semaphore_hands_the_oldest_free_slot_on() {
+        // Two slots: both taken, released at 10 and 12, retaken at 13 and 20.
+        let held = [
+            Held { start: 0, end: 10 },
+            Held { start: 1, end: 12 },
+            Held { start: 13, end: 30 },
+            Held { start: 20, end: 31 },
+        ];
+        let s = slots(&held, 2);
+        assert_eq!((s.violations, s.peak), (0, 2));
+        assert_eq!(s.gaps, vec![3, 8]);
+        // A third section beside two holders is a violation, and takes no freed slot.
+        let mut over = held.to_vec();
+        over.push(Held { start: 25, end: 26 });
+        let s = slots(&over, 2);
+        assert_eq!((s.violations, s.peak), (1, 3));
+        assert_eq!(s.gaps, vec![3, 8]);
     }
 }

@@ -259,6 +259,104 @@ const ROWS: &[Def] = &[
         Some(Exactly(0.0)),
     ),
     def(
+        "sem.h0.cps",
+        "6 semaphore limit=8, H=0: grants/s, C=64",
+        Rate,
+        Higher,
+        None,
+    ),
+    def(
+        "sem.h0.gap_p50_us",
+        "6 semaphore limit=8, H=0: handoff gap p50",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
+        "sem.h0.gap_p99_us",
+        "6 semaphore limit=8, H=0: handoff gap p99",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
+        "sem.h0.acq_p99_us",
+        "6 semaphore limit=8, H=0: acquisition p99",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
+        "sem.h0.jain",
+        "6 semaphore limit=8, H=0: Jain's fairness index",
+        Ratio,
+        Higher,
+        Some(AtLeast(0.99)),
+    ),
+    def(
+        "sem.h0.peak",
+        "6 semaphore limit=8, H=0: most holders at once",
+        Count,
+        Lower,
+        Some(AtMost(8.0)),
+    ),
+    def(
+        "sem.h0.violations",
+        "6 semaphore limit=8, H=0: grants beyond the limit",
+        Count,
+        Lower,
+        Some(Exactly(0.0)),
+    ),
+    def(
+        "sem.sleep1ms.cps",
+        "6 semaphore limit=8, 1 ms sleep held: grants/s",
+        Rate,
+        Higher,
+        None,
+    ),
+    def(
+        "sem.sleep1ms.gap_p50_us",
+        "6 semaphore limit=8, 1 ms sleep held: handoff gap p50",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
+        "sem.sleep1ms.gap_p99_us",
+        "6 semaphore limit=8, 1 ms sleep held: handoff gap p99",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
+        "sem.sleep1ms.acq_p99_us",
+        "6 semaphore limit=8, 1 ms sleep held: acquisition p99",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
+        "sem.sleep1ms.jain",
+        "6 semaphore limit=8, 1 ms sleep held: Jain's fairness index",
+        Ratio,
+        Higher,
+        Some(AtLeast(0.99)),
+    ),
+    def(
+        "sem.sleep1ms.peak",
+        "6 semaphore limit=8, 1 ms sleep held: most holders at once",
+        Count,
+        Lower,
+        Some(AtMost(8.0)),
+    ),
+    def(
+        "sem.sleep1ms.violations",
+        "6 semaphore limit=8, 1 ms sleep held: grants beyond the limit",
+        Count,
+        Lower,
+        Some(Exactly(0.0)),
+    ),
+    def(
         "wait.rss_per_waiter_b",
         "4 scale: server memory per waiting connection",
         Bytes,
@@ -370,15 +468,15 @@ fn show(unit: Unit, v: f64) -> String {
     }
 }
 
-/// Counts of things that must not happen: over several rounds, the worst one is reported.
+/// Counts of things that must not happen (and the most holders at once, which must stay
+/// within a limit): over several rounds, the worst one is reported.
 fn worst_of_rounds(key: &str) -> bool {
-    key.ends_with("violations") || key.ends_with("early")
+    key.ends_with("violations") || key.ends_with("early") || key.ends_with("peak")
 }
 
-/// The rows of a run; a measure taken in several rounds is reported by its median (the
-/// machine may be busy with other work during one of them), a must-not-happen count by its
-/// maximum.
-fn parse(rows: &str) -> HashMap<(String, String), f64> {
+/// Every value of each (measure, who) in the rows of a run, in the order they were taken: with
+/// interleaved rounds, the n-th values of two builds come from the same round.
+fn rounds(rows: &str) -> HashMap<(String, String), Vec<f64>> {
     let mut all: HashMap<(String, String), Vec<f64>> = HashMap::new();
     for line in rows.lines() {
         let mut f = line.split('\t');
@@ -390,16 +488,35 @@ fn parse(rows: &str) -> HashMap<(String, String), f64> {
             }
         }
     }
-    let mut map = HashMap::new();
-    for (key, mut values) in all {
-        values.sort_by(f64::total_cmp);
-        let v = if worst_of_rounds(&key.0) {
-            values[values.len() - 1]
-        } else {
-            values[(values.len() - 1) / 2]
-        };
-        map.insert(key, v);
+    all
+}
+
+/// The median of `values` (of an even count, the mean of the middle two), or their maximum
+/// for a must-not-happen count.
+fn typical(key: &str, values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if worst_of_rounds(key) {
+        v[n - 1]
+    } else if n % 2 == 0 {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
     }
+}
+
+/// The rows of a run; a measure taken in several rounds is reported by its median (the
+/// machine may be busy with other work during one of them), a must-not-happen count by its
+/// maximum.
+fn parse(rows: &str) -> HashMap<(String, String), f64> {
+    let mut map: HashMap<(String, String), f64> = rounds(rows)
+        .into_iter()
+        .map(|(key, values)| {
+            let v = typical(&key.0, &values);
+            (key, v)
+        })
+        .collect();
     // Derived: each system's handoff gap against its own PING round trip.
     let derived: Vec<_> = map
         .iter()
@@ -496,6 +613,136 @@ pub fn render(rows: &str, _quick: bool) -> String {
     out
 }
 
+/// The measures of the same-run comparisons between lockd builds.
+const COMPARED: &[&str] = &[
+    "unc.cps",
+    "unc.p50_us",
+    "unc.p99_us",
+    "con.h0.cps",
+    "con.h0.gap_p50_us",
+    "con.h0.gap_p99_us",
+    "con.h0.jain",
+    "con.h0.violations",
+    "con.h100.cps",
+    "con.h100.gap_p50_us",
+    "con.h100.gap_p99_us",
+    "con.h100.violations",
+    "sem.h0.cps",
+    "sem.h0.gap_p50_us",
+    "sem.h0.gap_p99_us",
+    "sem.h0.jain",
+    "sem.h0.peak",
+    "sem.h0.violations",
+    "sem.sleep1ms.cps",
+    "sem.sleep1ms.gap_p50_us",
+    "sem.sleep1ms.gap_p99_us",
+    "sem.sleep1ms.jain",
+    "sem.sleep1ms.peak",
+    "sem.sleep1ms.violations",
+];
+
+/// The builds of a comparison, as run.sh labels their rows, and their columns.
+const BUILDS: [(&str, &str); 3] = [
+    ("base", "baseline"),
+    ("new", "this lockd"),
+    ("metrics", "this lockd, metrics on"),
+];
+
+/// `b ÷ a` round by round (the n-th values of each were taken in the same round): the median
+/// and the range, as `1.02× (0.97–1.08)`. Counts have no ratio.
+fn paired(key: &str, a: Option<&Vec<f64>>, b: Option<&Vec<f64>>) -> String {
+    let (Some(a), Some(b)) = (a, b) else {
+        return "–".into();
+    };
+    if worst_of_rounds(key) || key.ends_with("jain") {
+        return "–".into();
+    }
+    let ratios: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .filter(|(x, _)| **x != 0.0)
+        .map(|(x, y)| y / x)
+        .collect();
+    if ratios.is_empty() {
+        return "–".into();
+    }
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.2}× ({lo:.2}–{hi:.2})", typical(key, &ratios))
+}
+
+/// The markdown table of interleaved rounds of lockd builds: each build's median (the worst
+/// round for counts), then each change as the median and range of its per-round ratios.
+pub fn compare(rows: &str) -> String {
+    let all = rounds(rows);
+    let get = |k: &str, w: &str| all.get(&(k.to_string(), w.to_string()));
+    let present: Vec<(&str, &str)> = BUILDS
+        .iter()
+        .copied()
+        .filter(|(w, _)| COMPARED.iter().any(|k| get(k, w).is_some()))
+        .collect();
+    let has = |w: &str| present.iter().any(|(p, _)| *p == w);
+    let mut out = String::from("| measure |");
+    let mut rule = String::from("|---|");
+    for (_, title) in &present {
+        out.push_str(&format!(" {title} |"));
+        rule.push_str("---:|");
+    }
+    if has("base") && has("new") {
+        out.push_str(" this ÷ baseline |");
+        rule.push_str("---:|");
+    }
+    if has("new") && has("metrics") {
+        out.push_str(" metrics on ÷ off |");
+        rule.push_str("---:|");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
+    for key in COMPARED {
+        let Some(d) = ROWS.iter().find(|d| d.key == *key) else {
+            continue;
+        };
+        if !present.iter().any(|(w, _)| get(key, w).is_some()) {
+            continue;
+        }
+        out.push_str(&format!("| {} |", d.label));
+        for (w, _) in &present {
+            let cell = get(key, w)
+                .map(|v| show(d.unit, typical(key, v)))
+                .unwrap_or_else(|| "–".into());
+            out.push_str(&format!(" {cell} |"));
+        }
+        if has("base") && has("new") {
+            out.push_str(&format!(
+                " {} |",
+                paired(key, get(key, "base"), get(key, "new"))
+            ));
+        }
+        if has("new") && has("metrics") {
+            let cell = paired(key, get(key, "new"), get(key, "metrics"));
+            out.push_str(&format!(" {cell} |"));
+        }
+        out.push('\n');
+    }
+    let rounds = COMPARED
+        .iter()
+        .flat_map(|k| present.iter().filter_map(|(w, _)| get(k, w).map(Vec::len)))
+        .max()
+        .unwrap_or(0);
+    out.push_str(&format!("\nRounds: {rounds}.\n"));
+    if let Some(ok) = get("scrape.ok", "metrics") {
+        let failed: f64 = get("scrape.failed", "metrics").map_or(0.0, |v| v.iter().sum());
+        let slowest =
+            get("scrape.max_ms", "metrics").map_or(0.0, |v| v.iter().copied().fold(0.0, f64::max));
+        out.push_str(&format!(
+            "Metrics on: `/metrics` fetched every second throughout: {} answers, {failed} failed, the slowest in {slowest:.1} ms.\n",
+            ok.iter().sum::<f64>()
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,5 +772,24 @@ mod tests {
             map[&("con.h0.violations".to_string(), "lockd".to_string())],
             2.0
         );
+    }
+
+    #[test]
+    fn compare_pairs_rounds() {
+        let rows = "unc.cps\tbase\t100\nunc.cps\tnew\t110\nunc.cps\tmetrics\t99\n\
+                    unc.cps\tbase\t50\nunc.cps\tnew\t45\nunc.cps\tmetrics\t45\n\
+                    unc.cps\tbase\t80\nunc.cps\tnew\t80\nunc.cps\tmetrics\t88\n\
+                    sem.h0.peak\tnew\t7\nsem.h0.peak\tnew\t8\nsem.h0.peak\tmetrics\t8\n";
+        let t = compare(rows);
+        // Per round new ÷ base: 1.10, 0.90, 1.00; metrics ÷ new: 0.90, 1.00, 1.10.
+        assert!(
+            t.contains("| 80/s | 80/s | 88/s | 1.00× (0.90–1.10) | 1.00× (0.90–1.10) |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("most holders at once | – | 8 | 8 | – | – |"),
+            "{t}"
+        );
+        assert!(t.contains("Rounds: 3."), "{t}");
     }
 }
