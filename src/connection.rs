@@ -16,14 +16,15 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::stream::Stream;
 
-/// Bytes asked of the socket per read.
+/// Bytes asked of the socket per read (reads go through `BufMut::limit`: `read_buf` would
+/// otherwise fill all the spare capacity the buffer has grown to, several chunks at a time).
 const READ_CHUNK: usize = 512;
 /// Replies are written out once this much is queued, so a long STATUS streams; also the
 /// amount a peer must take within each write timeout.
@@ -148,7 +149,8 @@ impl Connection {
             return Ok(());
         }
         self.input.reserve(READ_CHUNK);
-        if self.stream.read_buf(&mut self.input).await? == 0 {
+        let mut input = (&mut self.input).limit(READ_CHUNK);
+        if self.stream.read_buf(&mut input).await? == 0 {
             self.eof = true;
         }
         Ok(())
@@ -162,7 +164,8 @@ impl Connection {
             return Ok(());
         }
         self.input.reserve(READ_CHUNK);
-        if self.stream.read_arrived(&mut self.input)? == Some(0) {
+        let mut input = (&mut self.input).limit(READ_CHUNK);
+        if self.stream.read_arrived(&mut input)? == Some(0) {
             self.eof = true;
         }
         Ok(())
@@ -186,7 +189,8 @@ impl Connection {
         let done = poll_fn(|cx| {
             if read {
                 let stream = Pin::new(&mut *stream);
-                if let Poll::Ready(n) = tokio_util::io::poll_read_buf(stream, cx, input) {
+                let mut input = (&mut *input).limit(READ_CHUNK);
+                if let Poll::Ready(n) = tokio_util::io::poll_read_buf(stream, cx, &mut input) {
                     return Poll::Ready(n.map(Pumped::Read));
                 }
             }

@@ -8,7 +8,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use bytes::BytesMut;
+use bytes::BufMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::{client, server};
@@ -39,9 +39,10 @@ impl Stream {
         }
     }
 
-    /// Reads what has already arrived, without waiting: `Ok(None)` if nothing has. (For TLS,
-    /// whatever decrypts from the bytes at hand.)
-    pub fn read_arrived(&mut self, buf: &mut BytesMut) -> io::Result<Option<usize>> {
+    /// Reads what has already arrived, without waiting, into `buf`'s spare capacity (limit
+    /// it to bound the read): `Ok(None)` if nothing has. (For TLS, whatever decrypts from the
+    /// bytes at hand.)
+    pub fn read_arrived<B: BufMut>(&mut self, buf: &mut B) -> io::Result<Option<usize>> {
         if let Stream::Plain(s) = self {
             return match s.try_read_buf(buf) {
                 Ok(n) => Ok(Some(n)),
