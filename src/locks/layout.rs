@@ -92,6 +92,22 @@ pub(super) enum Bond {
 }
 
 impl Holder {
+    /// A plain lease of `user`'s `id` (times in [`Clock`] ticks); its token is set when it is
+    /// granted, a session binding by [`Holder::bind`].
+    pub(super) fn new(id: Arc<str>, ttl: u64, deadline: u64, granted: u64, user: UserId) -> Holder {
+        Holder {
+            id,
+            token: 0,
+            ttl,
+            deadline,
+            granted,
+            conn: 0,
+            grace_ms: 0,
+            user,
+            bond: Bond::Plain,
+        }
+    }
+
     /// The connection a lease is bound to right now, if any.
     pub(super) fn open_conn(&self) -> Option<ConnId> {
         (self.bond == Bond::Open).then_some(self.conn)

@@ -113,18 +113,15 @@ impl Locks {
         if lease.deadline <= now {
             return;
         }
-        let holder = Holder {
-            id: self.intern(&lease.id),
-            token: lease.token,
-            ttl: nanos(lease.ttl.min(self.limits.max_ttl)),
+        let mut holder = Holder::new(
+            self.intern(&lease.id),
+            nanos(lease.ttl.min(self.limits.max_ttl)),
             // Past 584 years from now: as good as never.
-            deadline: self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
-            granted: self.clock.ticks(now).unwrap_or(0),
-            conn: 0,
-            grace_ms: 0,
-            user: lease.user,
-            bond: Bond::Plain,
-        };
+            self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
+            self.clock.ticks(now).unwrap_or(0),
+            lease.user,
+        );
+        holder.token = lease.token;
         let deadline = holder.deadline;
         let slot = match self.index.get(lease.name.as_str()) {
             None => self.add_entry(lease.name.into(), holder, lease.mode),
@@ -595,17 +592,9 @@ impl Locks {
         ttl: Duration,
         deadline_ticks: u64,
     ) -> Holder {
-        let mut holder = Holder {
-            id: self.intern(&req.id),
-            token: 0,
-            ttl: nanos(ttl),
-            deadline: deadline_ticks,
-            granted: self.clock.ticks(now).unwrap_or(0),
-            conn: 0,
-            grace_ms: 0,
-            user: req.user,
-            bond: Bond::Plain,
-        };
+        let granted = self.clock.ticks(now).unwrap_or(0);
+        let id = self.intern(&req.id);
+        let mut holder = Holder::new(id, nanos(ttl), deadline_ticks, granted, req.user);
         holder.bind(req.session, req.conn);
         holder
     }
@@ -832,17 +821,14 @@ impl Locks {
             .clock
             .after(now, next.ttl)
             .unwrap_or((now, self.clock.ticks(now).unwrap_or(u64::MAX)));
-        let mut holder = Holder {
-            id: Arc::clone(&next.id),
-            token: 0,
-            ttl: nanos(next.ttl),
-            deadline: deadline_ticks,
-            granted: self.clock.ticks(now).unwrap_or(0),
-            conn: 0,
-            grace_ms: 0,
-            user: next.user,
-            bond: Bond::Plain,
-        };
+        let granted = self.clock.ticks(now).unwrap_or(0);
+        let mut holder = Holder::new(
+            Arc::clone(&next.id),
+            nanos(next.ttl),
+            deadline_ticks,
+            granted,
+            next.user,
+        );
         holder.bind(next.session, next.conn);
         (deadline, holder)
     }
