@@ -5,7 +5,9 @@
 //! - [`proto`]: requests and replies as text (pure); `proto.md` is its public contract.
 //! - [`auth`]: users, their hashed secrets and rights (`--auth-file`), and the shared handle
 //!   a reload replaces them through.
-//! - [`connection`]: bounded line framing over a TCP stream.
+//! - [`connection`]: bounded line framing over a [`stream`]: plain TCP or TLS over TCP.
+//! - [`tls`]: rustls set-up (server acceptor, client connector) and a client certificate's
+//!   common name.
 //! - [`shared`]: the table behind a mutex, the expiry timer, waiter hand-off and watch events.
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
 //! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
@@ -18,8 +20,8 @@
 //! - [`http`]: the operators' endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`.
 //!
 //! # Dependency rule
-//! `locks` imports nothing of the crate; `proto` only the table's value types; `connection`
-//! `per_ip` nothing; `metrics` only the table's event types and `proto`'s error codes; `auth`
+//! `locks` imports nothing of the crate; `proto` only the table's value types; `per_ip`
+//! nothing; `stream` and `tls` only each other; `connection` -> `stream`; `metrics` only the table's event types and `proto`'s error codes; `auth`
 //! -> `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its
 //! change and lease types), `metrics`; `shared` -> `locks`, `store`, `metrics`, `auth`;
 //! `session` -> `shared`, `proto`, `connection`, `auth`, `tls`; `compat` -> `shared`,
