@@ -395,18 +395,39 @@ async fn cancel_on_signal(token: CancellationToken) {
 
 /// Reloads the auth file on every SIGHUP. A file that fails to load is logged (never a
 /// secret: errors name the line and what is wrong with it) and the users in force stay.
+/// Without an auth file SIGHUP is caught all the same and logged: a `systemctl reload`
+/// (the unit's ExecReload) must never stop the server.
+/// Registers the handler at once (before the server accepts anything), and returns the task
+/// that reloads.
 #[cfg(unix)]
-async fn reload_on_hangup(gate: Arc<Gate>, path: PathBuf) {
+fn reload_on_hangup(
+    auth: Option<(Arc<Gate>, PathBuf)>,
+) -> impl std::future::Future<Output = ()> + Send {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(target: "lockd::auth", error = %e, "cannot reload the auth file on SIGHUP");
-            return;
-        }
-    };
+    let hangups = signal(SignalKind::hangup());
+    async move {
+        let mut hangups = match hangups {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(target: "lockd::auth", error = %e, "cannot catch SIGHUP");
+                return;
+            }
+        };
+        reload_each(&mut hangups, auth).await;
+    }
+}
+
+#[cfg(unix)]
+async fn reload_each(
+    hangups: &mut tokio::signal::unix::Signal,
+    auth: Option<(Arc<Gate>, PathBuf)>,
+) {
     while hangups.recv().await.is_some() {
-        match gate.reload(&path) {
+        let Some((gate, path)) = &auth else {
+            tracing::info!(target: "lockd::auth", "SIGHUP: no --auth-file, nothing to reload");
+            continue;
+        };
+        match gate.reload(path) {
             Ok(users) => tracing::info!(
                 target: "lockd::auth",
                 file = %path.display(),
@@ -423,7 +444,11 @@ async fn reload_on_hangup(gate: Arc<Gate>, path: PathBuf) {
 }
 
 #[cfg(not(unix))]
-async fn reload_on_hangup(_gate: Arc<Gate>, _path: PathBuf) {}
+fn reload_on_hangup(
+    _auth: Option<(Arc<Gate>, PathBuf)>,
+) -> impl std::future::Future<Output = ()> + Send {
+    std::future::ready(())
+}
 
 /// Loads `--auth-file`, for the start: its users, or why not.
 fn load_users(path: &Path) -> Result<Arc<Gate>, String> {
@@ -506,10 +531,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut reloadable = None;
     if let Some(path) = &args.auth_file {
         match load_users(path) {
             Ok(gate) => {
-                tokio::spawn(reload_on_hangup(Arc::clone(&gate), path.clone()));
+                reloadable = Some((Arc::clone(&gate), path.clone()));
                 config.auth = Some(gate);
             }
             Err(e) => {
@@ -518,6 +544,7 @@ async fn main() -> ExitCode {
             }
         }
     }
+    tokio::spawn(reload_on_hangup(reloadable));
     let listen = args
         .listen
         .as_deref()

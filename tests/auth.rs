@@ -497,3 +497,22 @@ async fn auth_hash_new_prints_a_line_that_works_and_the_secret_once() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
 }
+
+/// `systemctl reload` sends SIGHUP: without an auth file there is nothing to reload, and lockd
+/// must go on serving (SIGHUP's default action would end it).
+#[tokio::test]
+async fn sighup_without_an_auth_file_changes_nothing() {
+    let lockd = common::spawn_lockd(&["-v"]);
+    let mut c = lockd.raw().await;
+    let t = token(&c.req("LOCK kept me ttl=1m").await);
+    hangup(&lockd);
+    until(&mut c, "PING", |r| r == "OK PONG").await;
+    // The log says so, and the lock is still held.
+    let deadline = Instant::now() + GUARD;
+    while !lockd.log().iter().any(|l| l.contains("nothing to reload")) {
+        assert!(Instant::now() < deadline, "no log line for the SIGHUP");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = c.req("STATUS kept").await;
+    assert!(status.contains(&format!("token={t}")), "{status}");
+}
