@@ -618,7 +618,12 @@ fn lockd_user_and_its_secret_log_every_connection_in() {
         "twice=2",
         "nosecret=2",
     ] {
-        assert!(out.stdout.contains(want), "no {want:?} in:\n{}\n{}", out.stdout, out.stderr);
+        assert!(
+            out.stdout.contains(want),
+            "no {want:?} in:\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
     }
     for want in [
         "has no lock right",
