@@ -180,8 +180,9 @@ pub struct Cli {
 /// the machine.
 #[derive(Args, Debug, Clone, Default)]
 pub struct AuthArgs {
-    /// Log in as NAME: every connection (reconnects too) starts with AUTH. Needs a secret,
-    /// from LOCKD_SECRET or --secret-file. A wrong user or secret exits 2 at once.
+    /// Log in as NAME on a lockd started with --auth-file: every connection (reconnects
+    /// too) starts with AUTH. Needs a secret, from LOCKD_SECRET or --secret-file. A wrong user
+    /// or secret exits 2 at once. Against a lockd without --auth-file it does nothing.
     #[arg(
         long,
         global = true,
