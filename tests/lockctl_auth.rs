@@ -249,6 +249,9 @@ async fn a_name_outside_the_users_rights_is_exit_2_with_the_servers_text() {
     }
 }
 
+/// lockctl's arguments, its environment, and what its message must say.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_given_or_doubly_given_credentials_are_usage_errors() {
     let d = auth_lockd("127.0.0.1:0", None).await;
@@ -256,7 +259,7 @@ async fn half_given_or_doubly_given_credentials_are_usage_errors() {
     let file = dir.join("secret");
     std::fs::write(&file, SECRET).unwrap();
     let file = file.to_str().unwrap();
-    let cases: [(&[&str], &[(&str, &str)], &str); 6] = [
+    let cases: [Case; 6] = [
         (&["--user", "ci", "status"], &[], "needs a secret"),
         (&["status"], &[("LOCKD_SECRET", SECRET)], "without a user"),
         (
