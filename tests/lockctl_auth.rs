@@ -3,8 +3,10 @@
 //! nested lockctl in run's command, the -v side query, and reconnects after a server restart
 //! all logged in; and each refusal (a wrong secret, no user, a name outside the user's
 //! rights, half-given credentials) exit code 2 at once, with one line that never shows the
-//! secret.
+//! secret. Over TLS, the login comes after the handshake; with mutual TLS, a certificate that
+//! names the same user is no conflict, one that names another is refused.
 
+mod common;
 mod lockctl_harness;
 
 use std::path::Path;
@@ -51,6 +53,14 @@ impl Drop for AuthLockd {
 }
 
 async fn auth_lockd(bind: &str, data_dir: Option<&Path>) -> AuthLockd {
+    auth_lockd_with(bind, data_dir, None).await
+}
+
+async fn auth_lockd_with(
+    bind: &str,
+    data_dir: Option<&Path>,
+    tls: Option<lockd::tls::ServerTls>,
+) -> AuthLockd {
     let listener = TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let stop = CancellationToken::new();
@@ -58,6 +68,7 @@ async fn auth_lockd(bind: &str, data_dir: Option<&Path>) -> AuthLockd {
         auth: Some(Gate::new(users())),
         data_dir: data_dir.map(Path::to_path_buf),
         shutdown_grace: Duration::from_secs(1),
+        tls,
         ..Config::default()
     };
     let task = tokio::spawn(server::run(config, listener, stop.clone()));
@@ -386,4 +397,39 @@ async fn run_logs_in_again_on_reconnect_after_a_server_restart() {
     // Released at the end, on the new server.
     let out = output(d.as_ci(&["status", "ci-r"])).await;
     assert!(stdout(&out).contains("free"), "{}", stdout(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_and_mutual_tls_the_login_follows_the_handshake() {
+    use common::pki::Pki;
+    let pki = Pki::new("lockctl-auth");
+    let (cert, key) = pki.server();
+    let ca = pki.ca();
+    let tls = lockd::tls::server(&cert, &key, Some(&ca)).expect("server TLS");
+    let d = auth_lockd_with("127.0.0.1:0", None, Some(tls)).await;
+    let (ci_cert, ci_key) = pki.client("ci");
+    let (other_cert, other_key) = pki.client("nobody");
+    let with_cert = |cmd: &mut Command, cert: &Path, key: &Path| {
+        cmd.env("LOCKD_TLS_CA", &ca)
+            .env("LOCKD_CLIENT_CERT", cert)
+            .env("LOCKD_CLIENT_KEY", key);
+    };
+    // A certificate naming nobody of the file: --user logs in after the handshake.
+    let mut cmd = d.as_ci(&["run", "ci-t", "--", "sh", "-c", "\"$LOCKCTL\" status ci-t"]);
+    with_cert(&mut cmd, &other_cert, &other_key);
+    let out = output(cmd).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("ci-t"), "{}", stdout(&out));
+    // The certificate logs ci in by itself; --user ci as well is no conflict.
+    let mut cmd = d.as_ci(&["status", "ci-t"]);
+    with_cert(&mut cmd, &ci_cert, &ci_key);
+    let out = output(cmd).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // ... but a --user other than the certificate's is refused, not silently ignored.
+    let mut cmd = d.lockctl(&["--user", "someone", "status"]);
+    cmd.env("LOCKD_SECRET", SECRET);
+    with_cert(&mut cmd, &ci_cert, &ci_key);
+    let started = Instant::now();
+    let out = output(cmd).await;
+    assert_refused(&out, started, "by its client certificate");
 }
