@@ -5,6 +5,7 @@
 
 #[path = "support/blocking.rs"]
 mod blocking;
+mod common;
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -570,4 +571,79 @@ fn a_lock_that_does_not_fit_the_name_returns_2_as_lockctl_does() {
         out.stderr
     );
     assert_eq!(lockd.request("STATUS"), "OK 0");
+}
+
+/// Against the real binary with an auth file, LOCKD_USER and its secret (from LOCKD_SECRET or
+/// LOCKD_SECRET_FILE) log every connection in, lockd_run's included; a wrong secret, no user
+/// and a name outside the user's rights return 2; the secret is never printed, even under
+/// `set -x`.
+#[test]
+fn lockd_user_and_its_secret_log_every_connection_in() {
+    const SECRET: &str = "bash-ci-secret-0123456789abcdef";
+    let dir = std::env::temp_dir().join(format!("contrib-bash-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let users = dir.join("users");
+    let line = lockd::auth::user_line("ci lock=ci-* read=*", SECRET, [6; 16]).unwrap();
+    std::fs::write(&users, line + "\n").unwrap();
+    let secret_file = dir.join("ci.secret");
+    std::fs::write(&secret_file, format!("{SECRET}\r\n")).unwrap();
+    let lockd = common::spawn_lockd(&["--auth-file", users.to_str().unwrap()]);
+    let addr = lockd.addr.to_string();
+    let script = format!(
+        r#"
+        set -x
+        export LOCKD_USER=ci LOCKD_SECRET={SECRET}
+        t=$(lockd_lock ci-a ttl=30s)
+        [[ $(lockd_status ci-a) == *"token=$t"* ]]
+        lockd_unlock ci-a "$t"
+        unset LOCKD_SECRET
+        export LOCKD_SECRET_FILE='{file}'
+        lockd_run ci-b ttl=3s session=1s -- bash -c 'sleep 2; echo "ran $LOCKD_TOKEN"'
+        rc=0; lockd_lock deploy ttl=5s || rc=$?; echo "denied=$rc"
+        rc=0; LOCKD_SECRET_FILE= LOCKD_SECRET=wrong-secret-0123456789 lockd_status || rc=$?
+        echo "wrong=$rc"
+        rc=0; LOCKD_USER= LOCKD_SECRET_FILE= lockd_status ci-a || rc=$?; echo "nouser=$rc"
+        rc=0; LOCKD_SECRET=x lockd_status || rc=$?; echo "twice=$rc"
+        rc=0; LOCKD_SECRET_FILE= lockd_status || rc=$?; echo "nosecret=$rc"
+        "#,
+        file = secret_file.display()
+    );
+    let out = finish(bash_at(&addr, &script, false), "");
+    assert_ok(&out);
+    for want in [
+        "ran ",
+        "denied=2",
+        "wrong=2",
+        "nouser=2",
+        "twice=2",
+        "nosecret=2",
+    ] {
+        assert!(
+            out.stdout.contains(want),
+            "no {want:?} in:\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    for want in [
+        "has no lock right",
+        "refused to log in user ci",
+        "NOAUTH",
+        "given twice",
+        "needs a secret",
+    ] {
+        assert!(out.stderr.contains(want), "no {want:?} in:\n{}", out.stderr);
+    }
+    // `set -x` traced the script's own lines that set them, but no line of the library: not
+    // the AUTH line, nor any message.
+    for secret in [SECRET, "wrong-secret-0123456789"] {
+        for line in out.stderr.lines().filter(|l| l.contains(secret)) {
+            let own = line.starts_with("+ export LOCKD_USER=ci LOCKD_SECRET=")
+                || line.starts_with("+ LOCKD_SECRET=");
+            assert!(own, "{secret} shown: {line}\n{}", out.stderr);
+        }
+    }
+    let log = lockd.stop().join("\n");
+    assert!(!log.contains(SECRET), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

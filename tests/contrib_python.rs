@@ -264,3 +264,26 @@ fn processes_share_a_semaphore_and_a_lock_that_does_not_fit_exits_2() {
     }
     assert_eq!(lockd.request("STATUS"), "OK 0");
 }
+
+/// The login suite against the real binary started with an auth file: the client logs in
+/// with arguments, a secret file or lockctl's variables, again on every new connection, and
+/// is refused (exit code 2, the secret never shown) when wrong.
+#[test]
+fn python_client_logs_in_and_is_refused_when_wrong() {
+    const SECRET: &str = "python-ci-secret-0123456789abcdef";
+    let dir = std::env::temp_dir().join(format!("contrib-python-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let users = dir.join("users");
+    let line = lockd::auth::user_line("ci lock=ci-* read=*", SECRET, [5; 16]).unwrap();
+    std::fs::write(&users, line + "\n").unwrap();
+    let lockd = common::spawn_lockd(&["--auth-file", users.to_str().unwrap()]);
+    let child = python_with(
+        &lockd.addr.to_string(),
+        &["-m", "unittest", "-v", "test_lockd_client_auth"],
+        &[("LOCKD_TEST_SECRET", OsStr::new(SECRET))],
+    );
+    assert_suite_passed(&blocking::finish(child, "", GUARD));
+    let log = lockd.stop().join("\n");
+    assert!(!log.contains(SECRET), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

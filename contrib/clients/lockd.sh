@@ -13,6 +13,18 @@
 #   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid of this shell>)
 #   LOCKD_IO_TIMEOUT  seconds to wait for a reply that should come at once (default 10)
 #   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10)
+#   LOCKD_USER        log in as this user (a lockd started with --auth-file): every
+#                     connection, the renewer's reconnects included, starts with
+#                     AUTH <user> <secret>; needs one of:
+#   LOCKD_SECRET      the user's secret, or
+#   LOCKD_SECRET_FILE a file whose first line is the secret (its line ending stripped)
+#                     These are lockctl's variables: `lockctl run --user` passes LOCKD_USER
+#                     and LOCKD_SECRET_FILE (or an inherited LOCKD_SECRET) on to its command.
+#                     A user without a secret, a secret without a user, both LOCKD_SECRET and
+#                     LOCKD_SECRET_FILE, or a login the server refuses (a wrong user or
+#                     secret: ERR DENIED) return 2, as does any call without LOCKD_USER to a
+#                     server that needs one (ERR NOAUTH). The secret is never printed, nor
+#                     traced by `set -x`.
 #
 # Functions and what they return:
 #   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE]
@@ -147,6 +159,69 @@ lockd__connect() {
         lockd__fail 3 "cannot connect to $addr"
         return
     fi
+    local rc=0
+    lockd__login || rc=$?
+    ((rc == 0)) || lockd__disconnect
+    return "$rc"
+}
+
+# Sends AUTH with LOCKD_USER and its secret on the new lockd__fd, if they are set (see the
+# header). Runs with xtrace off, so that `set -x` never prints the secret.
+lockd__login() {
+    local traced=0 rc=0
+    if [[ $- == *x* ]]; then
+        traced=1
+        set +x
+    fi
+    if [[ -n ${LOCKD_USER:-}${LOCKD_SECRET:-}${LOCKD_SECRET_FILE:-} ]]; then
+        lockd__auth || rc=$?
+    fi
+    ((traced)) && set -x
+    return "$rc"
+}
+
+lockd__auth() {
+    local user=${LOCKD_USER:-} secret=${LOCKD_SECRET:-} file=${LOCKD_SECRET_FILE:-}
+    local addr=${LOCKD_ADDR:-127.0.0.1:5001}
+    if [[ -n $secret && -n $file ]]; then
+        lockd__fail 2 "the secret is given twice (LOCKD_SECRET and LOCKD_SECRET_FILE): give it one way"
+        return
+    fi
+    if [[ -n $file ]]; then
+        if [[ ! -r $file ]]; then
+            lockd__fail 2 "cannot read the secret file $file"
+            return
+        fi
+        IFS= read -r secret <"$file" || [[ -n $secret ]] || {
+            lockd__fail 2 "the secret file $file is empty"
+            return
+        }
+        secret=${secret%$'\r'}
+    fi
+    if [[ -z $user ]]; then
+        lockd__fail 2 "a secret without a user: set LOCKD_USER"
+        return
+    fi
+    if [[ -z $secret ]]; then
+        lockd__fail 2 "LOCKD_USER=$user needs a secret: set LOCKD_SECRET or LOCKD_SECRET_FILE"
+        return
+    fi
+    lockd__word LOCKD_USER "$user" || return
+    if [[ $secret =~ [[:space:][:cntrl:]] || ${#secret} -gt 255 ]]; then
+        lockd__fail 2 "the secret is not one word of at most 255 bytes"
+        return
+    fi
+    lockd__exchange "AUTH $user $secret" || return
+    case $LOCKD_REPLY in
+        "OK $user" | OK) return 0 ;;
+        # Every connection may do everything there.
+        "ERR DENIED authentication is off"*) return 0 ;;
+        "ERR DENIED "*)
+            lockd__fail 2 "lockd at $addr refused to log in user $user ($LOCKD_REPLY): check LOCKD_USER and the secret"
+            ;;
+        ERR*) lockd__refused ;;
+        *) lockd__fail 2 "unexpected reply to AUTH: $LOCKD_REPLY" ;;
+    esac
 }
 
 # Closes the caller's lockd__fd, if open.
@@ -225,6 +300,9 @@ lockd__refused() {
     case $code in
         TIMEOUT) lockd__fail 1 "$LOCKD_REPLY" ;;
         NOTHELD) lockd__fail 4 "$LOCKD_REPLY" ;;
+        NOAUTH)
+            lockd__fail 2 "$LOCKD_REPLY (set LOCKD_USER, and LOCKD_SECRET or LOCKD_SECRET_FILE)"
+            ;;
         *) lockd__fail 2 "$LOCKD_REPLY" ;;
     esac
 }

@@ -65,6 +65,22 @@ A handshake that fails (an untrusted, expired or misnamed server certificate, a 
 port, a missing or refused client certificate) raises :class:`TlsError`, a ConnectionLost
 that trying again will not cure.
 
+Authentication (a lockd started with ``--auth-file``; proto.md, "Authentication and rights"):
+``user`` and ``secret`` (or ``secret_file``, whose first line is the secret) make every
+connection, reconnects included, start with ``AUTH <user> <secret>``::
+
+    c = Client("locks:5001", user="ci", secret_file="/etc/lockd/ci.secret")
+    with lock("deploy", user="ci", secret=os.environ["CI_LOCKD_SECRET"]):
+        ...
+
+Without them, the variables lockctl reads decide: ``$LOCKD_USER`` with ``$LOCKD_SECRET`` or
+``$LOCKD_SECRET_FILE`` (what ``lockctl run`` passes on to its command). A user without a
+secret, a secret without a user, or a secret given two ways raises ValueError. A wrong user
+or secret raises :class:`Denied` (exit code 2) at once, and is not retried; a request to a
+lockd that needs a login, made without one, raises :class:`NoAuth` (2). The secret appears
+in no message and no ``repr``. With mutual TLS a client certificate may log the connection in
+by itself (then give no user).
+
 Every ``ERR <code>`` reply raises the :class:`ServerError` subclass of that code (``Timeout``,
 ``NotHeld``, ``BadArg``, ...; ``.code`` holds the word); a connection that fails or closes
 raises :class:`ConnectionLost`. Durations are seconds (int or float) or protocol strings
@@ -109,6 +125,8 @@ __all__ = [
     "Limit",
     "Lagged",
     "Shutdown",
+    "NoAuth",
+    "Denied",
     "LeaseLost",
     "LockStatus",
     "Holder",
@@ -223,11 +241,22 @@ class Shutdown(ServerError):
     """ERR SHUTDOWN: the server is stopping."""
 
 
+class NoAuth(ServerError):
+    """ERR NOAUTH: the server needs a login first (give ``user`` and a secret)."""
+
+
+class Denied(ServerError):
+    """ERR DENIED: a wrong user or secret, or the user lacks the right on the name."""
+
+
 _ERRORS = {
     cls.__name__.upper(): cls
     for cls in (Syntax, Unknown, BadArg, Encoding, TooLong, Timeout, NotHeld, Conflict,
-                Replaced, Limit, Lagged, Shutdown)
+                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied)
 }
+
+#: The most of a secret file read: a secret is one short line.
+_MAX_SECRET_FILE = 64 * 1024
 
 
 class LeaseLost(LockdError):
@@ -467,6 +496,50 @@ def _tls_reason(e):
     return (getattr(e, "reason", None) or "").upper()
 
 
+def _credentials(user, secret, secret_file):
+    """``(user, secret)`` to log in with, or ``(None, None)``; the variables fill in what the
+    arguments leave out (see the module's doc)."""
+    user = user or os.environ.get("LOCKD_USER") or None
+    if secret is None and secret_file is None:
+        secret = os.environ.get("LOCKD_SECRET") or None
+        secret_file = os.environ.get("LOCKD_SECRET_FILE") or None
+        given = "$LOCKD_SECRET and $LOCKD_SECRET_FILE"
+    else:
+        given = "secret= and secret_file="
+    if secret is not None and secret_file is not None:
+        raise ValueError("the secret is given twice (%s): give it one way" % given)
+    if secret_file is not None:
+        secret = _read_secret(secret_file)
+        source = "the first line of %s" % secret_file
+    else:
+        source = "the secret"
+    if user is None and secret is None:
+        return None, None
+    if user is None:
+        raise ValueError("a secret without a user: give user= (or $LOCKD_USER)")
+    if secret is None:
+        raise ValueError("user %r needs a secret: give secret= or secret_file= (or "
+                         "$LOCKD_SECRET or $LOCKD_SECRET_FILE)" % user)
+    _word("user", user)
+    if not secret or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in secret):
+        raise ValueError("%s is empty or not one word (whitespace or control characters)"
+                         % source)
+    return user, secret
+
+
+def _read_secret(path):
+    """The first line of ``path``, its line ending stripped."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_MAX_SECRET_FILE)
+    except OSError as e:
+        raise ValueError("cannot read the secret file %s: %s" % (path, e)) from e
+    try:
+        return data.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the first line of the secret file %s is not UTF-8" % path) from None
+
+
 def default_id():
     """``<hostname>:<pid>``, as lockctl does: one id per process."""
     return "%s:%d" % (socket.gethostname(), os.getpid())
@@ -479,16 +552,18 @@ class Client:
     holds the connection until it is answered: give each waiting thread its own client.
     ``timeout`` bounds every reply that should come at once; a waiting LOCK gets its ``wait``
     on top of it (or no bound at all without ``wait``). ``tls``, ``ca``, ``cert`` and ``key``
-    choose TLS (see the module's doc); a file that cannot be used raises ValueError here.
+    choose TLS, ``user``, ``secret`` and ``secret_file`` the login (see the module's doc); a
+    file that cannot be used raises ValueError here.
     """
 
     def __init__(self, server=None, id=None, timeout=10.0, tls=None, ca=None, cert=None,
-                 key=None):
+                 key=None, user=None, secret=None, secret_file=None):
         self.server = server or os.environ.get("LOCKD_ADDR") or DEFAULT_SERVER
         self._addr = _split_addr(self.server)
         self.id = _word("id", id or default_id())
         self.timeout = timeout
         self._tls, self._cert = _tls_context(tls, ca, cert, key)
+        self.user, self._secret = _credentials(user, secret, secret_file)
         self._sock = None
         self._file = None
         self._mutex = threading.Lock()
@@ -526,6 +601,7 @@ class Client:
                 if self._sock is None:
                     self._sock = self._connect()
                     self._file = self._sock.makefile("rb")
+                    self._login()
                 self._sock.settimeout(self.timeout)
                 self._sock.sendall(line.encode("utf-8") + b"\n")
                 self._sock.settimeout(timeout)
@@ -563,6 +639,32 @@ class Client:
         except BaseException:  # an ssl.SSLError is said by _request
             sock.close()
             raise
+
+    def _login(self):
+        """AUTH on a new connection, if a user is given. A refusal is final: Denied (or the
+        ServerError of the reply), never naming the secret."""
+        if self.user is None:
+            return
+        self._sock.settimeout(self.timeout)
+        line = "AUTH %s %s\n" % (self.user, self._secret)
+        try:
+            self._sock.sendall(line.encode("utf-8"))
+            reply = self._read_line()
+        except socket.timeout:
+            raise ConnectionLost("no reply from %s to AUTH in time" % self.server) from None
+        if reply.startswith("OK"):
+            return
+        if reply.startswith("ERR DENIED authentication is off"):
+            return  # every connection may do everything there
+        if reply.startswith("ERR DENIED already authenticated as %s;" % self.user):
+            return  # mutual TLS: the client certificate named this very user
+        try:
+            self._ok(reply)
+        except Denied as e:
+            raise Denied(e.code, "lockd at %s refused to log in user %s (%s): check user= "
+                         "($LOCKD_USER) and the secret" % (self.server, self.user, e.message)
+                         ) from None
+        raise ProtocolError("unexpected reply to AUTH: %r" % reply)
 
     def _tls_failure(self, e):
         """One line naming the cause of a TLS failure and what to change."""
@@ -750,7 +852,7 @@ class Lease:
 
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
                  on_lost=None, timeout=10.0, shared=False, limit=None, tls=None, ca=None,
-                 cert=None, key=None):
+                 cert=None, key=None, user=None, secret=None, secret_file=None):
         self.name = _word("name", name)
         self.ttl = ttl
         self.wait = wait
@@ -761,7 +863,7 @@ class Lease:
         self.on_lost = on_lost
         self._timeout = timeout
         self._client = Client(server, id=id, timeout=timeout, tls=tls, ca=ca, cert=cert,
-                              key=key)
+                              key=key, user=user, secret=secret, secret_file=secret_file)
         self.token = None
         self.reason = None
         self._lost = threading.Event()
@@ -881,15 +983,17 @@ class Lease:
 
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
-         timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None):
+         timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None,
+         user=None, secret=None, secret_file=None):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
     ``server`` defaults to $LOCKD_ADDR, then 127.0.0.1:5001; ``ttl`` is the lease, renewed in
     the background; ``session`` its grace (see :class:`Lease`); ``wait`` bounds the wait for
     the lock (None: forever; 0: one try, raising Timeout if held); ``id`` defaults to
     ``<hostname>:<pid>``. Exclusive unless ``shared=True`` (a shared hold) or ``limit=n`` (one
-    slot of a semaphore of n). ``tls``, ``ca``, ``cert`` and ``key`` are :class:`Client`'s.
+    slot of a semaphore of n). ``tls``, ``ca``, ``cert``, ``key``, ``user``, ``secret`` and
+    ``secret_file`` are :class:`Client`'s.
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,
-                 cert=cert, key=key)
+                 cert=cert, key=key, user=user, secret=secret, secret_file=secret_file)

@@ -43,12 +43,26 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The variables lockctl reads that no flag stands for.
+pub const SECRET_ENVIRONMENT: &[(&str, &str)] = &[(
+    "LOCKD_SECRET",
+    "the secret of --user (LOCKD_USER), unless --secret-file (LOCKD_SECRET_FILE) is given; \
+     there is no flag for it, since a command line is visible to every user of the machine",
+)];
+
 /// The variables lockctl sets for the command `run` starts.
 pub const COMMAND_ENVIRONMENT: &[(&str, &str)] = &[
     (
         "LOCKD_NAME, LOCKD_TOKEN, LOCKD_ADDR",
         "set for the command that run starts: the lock's name, its fencing token and the \
          server's address",
+    ),
+    (
+        "LOCKD_USER, LOCKD_SECRET_FILE",
+        "with --user, also set for the command: LOCKD_USER, and LOCKD_SECRET_FILE (as an \
+         absolute path) if the secret came from a file, so that a lockctl it runs logs in the \
+         same way. lockctl never puts the secret itself in the command's environment: a secret \
+         from LOCKD_SECRET reaches it only by being inherited, as any variable is",
     ),
     (
         "LOCKD_TLS, LOCKD_TLS_CA, LOCKD_CLIENT_CERT, LOCKD_CLIENT_KEY",
@@ -65,7 +79,7 @@ fn after_help() -> String {
     }
     text.push_str("\nEnvironment:\n");
     text.push_str(&hanging("LOCKD_ADDR", 11, "default for --server"));
-    for (name, meaning) in COMMAND_ENVIRONMENT {
+    for (name, meaning) in SECRET_ENVIRONMENT.iter().chain(COMMAND_ENVIRONMENT) {
         text.push_str(&hanging(name, 11, meaning));
     }
     text.push_str("\nEvery command has a man page: lockctl-run(1), lockctl-acquire(1), ...");
@@ -138,6 +152,9 @@ pub struct Cli {
     pub verbose: bool,
 
     #[command(flatten)]
+    pub auth: AuthArgs,
+
+    #[command(flatten)]
     pub tls: TlsArgs,
 
     /// Print shell completions for SHELL (bash, zsh, fish, ...) and exit.
@@ -156,6 +173,35 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// Who lockctl logs in as, on a lockd started with --auth-file (proto.md, "Authentication and
+/// rights"). There is no flag for the secret itself: a command line is visible to every user of
+/// the machine.
+#[derive(Args, Debug, Clone, Default)]
+pub struct AuthArgs {
+    /// Log in as NAME on a lockd started with --auth-file: every connection (reconnects
+    /// too) starts with AUTH. Needs a secret, from LOCKD_SECRET or --secret-file. A wrong user
+    /// or secret exits 2 at once. Against a lockd without --auth-file it does nothing.
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_USER",
+        value_name = "NAME",
+        help_heading = "Authentication"
+    )]
+    pub user: Option<String>,
+
+    /// Read --user's secret from the first line of FILE (its line ending stripped), instead
+    /// of from LOCKD_SECRET. Keep the file readable by its user only.
+    #[arg(
+        long,
+        global = true,
+        env = "LOCKD_SECRET_FILE",
+        value_name = "FILE",
+        help_heading = "Authentication"
+    )]
+    pub secret_file: Option<PathBuf>,
 }
 
 /// How lockctl speaks TLS to a lockd started with --tls-cert (proto.md, "TLS").

@@ -6,7 +6,7 @@ use std::path::Path;
 use clap::CommandFactory as _;
 use lockd::docgen::{self, ManPage};
 
-use crate::cli::{Cli, Command, COMMAND_ENVIRONMENT, EXIT_STATUS};
+use crate::cli::{Cli, Command, COMMAND_ENVIRONMENT, EXIT_STATUS, SECRET_ENVIRONMENT};
 use crate::fail::Failure;
 
 /// The commands with a page of their own.
@@ -54,8 +54,13 @@ fn page(name: &str, out: &mut dyn std::io::Write) -> std::io::Result<()> {
             .chain(["lockd(1)".into(), "flock(1)".into()])
             .collect();
         let see_also: Vec<&str> = see_also.iter().map(String::as_str).collect();
+        let environment: Vec<_> = SECRET_ENVIRONMENT
+            .iter()
+            .chain(COMMAND_ENVIRONMENT)
+            .copied()
+            .collect();
         let main = ManPage {
-            environment: COMMAND_ENVIRONMENT,
+            environment: &environment,
             exit_status: EXIT_STATUS,
             see_also: &see_also,
             ..ManPage::default()
@@ -75,12 +80,18 @@ fn page(name: &str, out: &mut dyn std::io::Write) -> std::io::Result<()> {
             ),
         ));
     };
+    let set_for_command: &[(&str, &str)] = if command == "run" {
+        COMMAND_ENVIRONMENT
+    } else {
+        &[]
+    };
+    let environment: Vec<_> = SECRET_ENVIRONMENT
+        .iter()
+        .chain(set_for_command)
+        .copied()
+        .collect();
     let sub = ManPage {
-        environment: if command == "run" {
-            COMMAND_ENVIRONMENT
-        } else {
-            &[]
-        },
+        environment: &environment,
         exit_status: EXIT_STATUS,
         see_also: &["lockctl(1)", "lockd(1)"],
         ..ManPage::default()

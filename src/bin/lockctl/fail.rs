@@ -1,6 +1,7 @@
 //! Exit codes and the one-line failures that lead to them.
 
 use lockd::client::ClientError;
+use lockd::proto::ErrorCode;
 
 /// Usage errors and requests the server refused.
 pub const USAGE: u8 = 2;
@@ -21,6 +22,9 @@ pub const NOT_FOUND: u8 = 127;
 pub struct Failure {
     pub code: u8,
     pub message: Option<String>,
+    /// The server's code, if the server refused: `NOAUTH` and `DENIED` end even the commands
+    /// that otherwise keep trying (top), since asking again gets the same answer.
+    pub refusal: Option<ErrorCode>,
 }
 
 impl Failure {
@@ -28,6 +32,7 @@ impl Failure {
         Failure {
             code,
             message: Some(message.into()),
+            refusal: None,
         }
     }
 
@@ -36,6 +41,7 @@ impl Failure {
         Failure {
             code,
             message: None,
+            refusal: None,
         }
     }
 
@@ -43,12 +49,35 @@ impl Failure {
         Failure::new(USAGE, message)
     }
 
+    /// lockd refused to log this client in, or refused what it asked for: exit 2, and no
+    /// command tries again.
+    pub fn refused(code: ErrorCode, message: impl Into<String>) -> Failure {
+        Failure {
+            refusal: Some(code),
+            ..Failure::usage(message)
+        }
+    }
+
+    /// Whether lockd refused this client its login or its rights.
+    pub fn is_denied(&self) -> bool {
+        matches!(self.refusal, Some(ErrorCode::NoAuth | ErrorCode::Denied))
+    }
+
     /// A failed request: connection trouble is exit 3, a refusal exit 2 with the server's text.
     pub fn request(what: &str, addr: &str, e: ClientError) -> Failure {
         match e {
-            ClientError::Refused(e) => {
-                Failure::usage(format!("{what}: lockd refused: {} {}", e.code, e.message))
-            }
+            ClientError::Refused(e) if e.code == ErrorCode::NoAuth => Failure::refused(
+                e.code,
+                format!(
+                    "{what}: lockd at {addr} requires authentication ({} {}): give --user (or \
+                     LOCKD_USER) and a secret (LOCKD_SECRET or --secret-file)",
+                    e.code, e.message
+                ),
+            ),
+            ClientError::Refused(e) => Failure::refused(
+                e.code,
+                format!("{what}: lockd refused: {} {}", e.code, e.message),
+            ),
             ClientError::Unexpected(line) => Failure::usage(format!(
                 "{what}: unexpected reply from lockd at {addr}: {line:?}"
             )),

@@ -135,7 +135,11 @@ impl Link {
         match self.client.take() {
             Some(c) => Ok(c),
             None => {
-                let c = self.server.connect_once(limit).await?;
+                let c = self
+                    .server
+                    .connect_once(limit)
+                    .await
+                    .map_err(|f| f.message.unwrap_or_default())?;
                 if self.server.verbose {
                     eprintln!("lockctl: reconnected to lockd at {}", self.server.addr);
                 }

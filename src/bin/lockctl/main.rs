@@ -6,11 +6,12 @@
 //!   [`keeper`] (renewals, reconnection, the lease deadline).
 //! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`snapshot`] (STATUS
 //!   parsed) and [`out`] (tables, JSON); [`net`] reaches the server;
-//!   [`holder`] says who holds a lock, for -v; [`tls`] is TLS to the server.
+//!   [`holder`] says who holds a lock, for -v; [`tls`] is TLS to the server; [`auth`] logs in.
 //! - [`docs`]: completions and man pages.
 //!
 //! It speaks the protocol through `lockd::client` and `lockd::proto` only.
 
+mod auth;
 mod child;
 mod cli;
 mod docs;
@@ -59,7 +60,7 @@ fn main() -> ExitCode {
     };
     let code = match runtime.block_on(dispatch(&cli)) {
         Ok(code) => code,
-        Err(Failure { code, message }) => {
+        Err(Failure { code, message, .. }) => {
             if let Some(m) = message {
                 eprintln!("lockctl: {m}");
             }
@@ -83,6 +84,7 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
             .unwrap_or_else(|| default_connect_timeout(command)),
         verbose: cli.verbose,
         tls: tls::Tls::from_args(&cli.tls)?,
+        auth: auth::Credentials::from_args(&cli.auth)?,
     };
     let id = match &cli.id {
         Some(id) => id.clone(),

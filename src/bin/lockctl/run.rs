@@ -115,6 +115,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         ("LOCKD_ADDR", server.addr.clone()),
     ];
     env.extend(server.tls.iter().flat_map(|tls| tls.environment()));
+    env.extend(server.auth.iter().flat_map(|auth| auth.environment()));
     let outcome = holder.work(&program, args, &env).await;
     let lost = outcome.as_ref().is_ok_and(|o| o.lost);
     holder.release(lost).await;

@@ -41,12 +41,14 @@ impl fmt::Debug for Tls {
     }
 }
 
-/// Why a TLS connection attempt failed.
+/// Why a connection attempt failed (TLS or, after it, the login).
 pub enum Refusal {
     /// The network failed before TLS could say anything: worth another try.
     Retry(String),
     /// TLS itself failed; the same attempt will fail the same way.
     Final(String),
+    /// lockd refused to log this client in (its --user or secret): final, exit 2.
+    Denied(String),
 }
 
 impl Tls {

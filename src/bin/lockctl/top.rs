@@ -56,8 +56,11 @@ pub async fn top(server: &Server, args: &TopArgs) -> Result<u8, Failure> {
         let mut text = header(server, args, entries.as_deref().ok());
         match entries {
             Ok(entries) => text.push_str(&view(&entries, terminal.then(terminal_rows).flatten())),
-            Err(e) => text.push_str(&format!(
-                "{e}; trying again every {}",
+            // Refused its login or its rights: every refresh would be refused alike.
+            Err(f) if f.is_denied() => return Err(f),
+            Err(f) => text.push_str(&format!(
+                "{}; trying again every {}",
+                f.message.unwrap_or_default(),
                 humantime::format_duration(args.interval)
             )),
         }
@@ -73,19 +76,26 @@ pub async fn top(server: &Server, args: &TopArgs) -> Result<u8, Failure> {
 
 /// One snapshot: the names given, or every held lock with the detail of the first
 /// `--detail` by queue length. A failure is said in the view, and the next refresh tries
-/// again (on a new connection if this one failed).
+/// again (on a new connection if this one failed), unless lockd refused the login or the
+/// rights ([`Failure::is_denied`]).
 async fn take(
     server: &Server,
     client: &mut Option<Client>,
     args: &TopArgs,
-) -> Result<Vec<Entry>, String> {
+) -> Result<Vec<Entry>, Failure> {
     let limit = args.interval.max(ONE_SHOT_CONNECT);
     let mut c = match client.take() {
         Some(c) => c,
-        None => server
-            .connect_once(limit)
-            .await
-            .map_err(|e| format!("cannot reach lockd at {}: {e}", server.addr))?,
+        None => server.connect_once(limit).await.map_err(|f| {
+            if f.is_denied() {
+                return f;
+            }
+            let why = f.message.unwrap_or_default();
+            Failure::new(
+                UNREACHABLE,
+                format!("cannot reach lockd at {}: {why}", server.addr),
+            )
+        })?,
     };
     match timeout(limit, snapshot(server, &mut c, args)).await {
         Ok(Ok(entries)) => {
@@ -96,12 +106,15 @@ async fn take(
             if f.code != UNREACHABLE {
                 *client = Some(c);
             }
-            Err(f.message.unwrap_or_default())
+            Err(f)
         }
-        Err(_) => Err(format!(
-            "lockd at {} did not answer within {}",
-            server.addr,
-            humantime::format_duration(limit)
+        Err(_) => Err(Failure::new(
+            UNREACHABLE,
+            format!(
+                "lockd at {} did not answer within {}",
+                server.addr,
+                humantime::format_duration(limit)
+            ),
         )),
     }
 }

@@ -26,6 +26,13 @@ pub async fn watch(server: &Server, args: &WatchArgs) -> Result<u8, Failure> {
         match parse_reply(&line) {
             ReplyLine::Other(event) if args.json => print_line(&json(event))?,
             ReplyLine::Other(event) => print_line(&readable(event))?,
+            // The user was removed from the auth file, or lost the read right.
+            ReplyLine::Err(e) if e.code == lockd::proto::ErrorCode::Denied => {
+                return Err(Failure::refused(
+                    e.code,
+                    format!("watch: lockd ended the watch: {} {}", e.code, e.message),
+                ))
+            }
             ReplyLine::Err(e) => {
                 return Err(Failure::new(
                     UNREACHABLE,
