@@ -1,0 +1,224 @@
+//! LOCK on a connection: the grant at once or the wait for it, and a grant's delivery.
+
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::auth::Right;
+use crate::locks::{LockRequest, Token, WaitEnd, WaiterId};
+use crate::proto::{ProtoError, Reply, Tie};
+use crate::shared::{LockStart, Shared, WaitResult};
+
+use super::{reloaded, Flow, Session};
+
+/// Session leases a connection may track before it prunes the ended ones.
+const SESSION_LEASES_PRUNE_AT: usize = 256;
+
+/// How often [`Session::confirm_delivery`] looks at the socket while it watches.
+const PROBE_POLL: Duration = Duration::from_millis(10);
+
+impl Session {
+    pub(super) async fn lock(&mut self, req: LockRequest, tie: Tie) -> io::Result<Flow> {
+        let (name, wait) = (req.name.clone(), req.wait);
+        match self.shared.lock(req) {
+            Err(e) => {
+                self.refuse(ProtoError::table(&name, &e)).await?;
+                Ok(Flow::Continue)
+            }
+            Ok(LockStart::Granted { token }) => self.granted(name, tie, token, false).await,
+            Ok(LockStart::Waiting { waiter, rx }) => {
+                let pending = Pending {
+                    shared: Arc::clone(&self.shared),
+                    name,
+                    waiter,
+                    rx: Some(rx),
+                };
+                self.wait_for_grant(pending, tie, wait).await
+            }
+        }
+    }
+
+    /// Remembers a session lease bound to this connection, to end it when the connection
+    /// closes.
+    pub(super) fn track_session_lease(&mut self, name: &str, token: Token) {
+        if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
+            self.shared.retain_live(&mut self.leases);
+        }
+        self.leases.insert(token, name.to_owned());
+    }
+
+    /// Sends a grant. `probe`: the client had closed its sending side while it waited, so
+    /// it may be gone; see [`Session::confirm_delivery`].
+    pub(super) async fn granted(
+        &mut self,
+        name: String,
+        tie: Tie,
+        token: Token,
+        probe: bool,
+    ) -> io::Result<Flow> {
+        if tie.session().is_some() {
+            self.track_session_lease(&name, token);
+        }
+        if !self.durable().await? {
+            return Ok(Flow::Close);
+        }
+        if let Err(e) = self.conn.send(Reply::Token(token)).await {
+            // The client can't have learned the token: give the lock to the next in line.
+            self.shared.revoke(&name, token);
+            return Err(e);
+        }
+        if probe && !self.limits.half_close_probe.is_zero() {
+            self.confirm_delivery(&name, token).await;
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// A grant whose client left the queue (closed a tied wait, or reset) in the instant it
+    /// was made: it was never delivered, so it is taken back and the next waiter granted.
+    pub(super) fn pending_grant_gone(&mut self, name: &str, token: Token) {
+        if self.shared.revoke(name, token) {
+            tracing::info!(
+                name,
+                token,
+                conn = self.number,
+                "grant undelivered: the waiter had left; taken back"
+            );
+        }
+    }
+
+    /// Watches a grant just written to a client that had half-closed while it waited.
+    ///
+    /// TCP can't tell a client that half-closed on purpose and still reads
+    /// (`printf 'LOCK x me' | nc -N`) from one whose process was killed while it waited: both
+    /// only sent FIN. They differ once data arrives: a socket nobody holds any more answers
+    /// with a reset. So the grant is written, and for `half_close_probe` the socket is checked
+    /// for that reset; on one, the grant is taken back (event `dropped`) and the next waiter
+    /// is granted, instead of the lock sitting with nobody for a whole ttl. Silence means the
+    /// client is alive and keeps its lease. Polling, rather than awaiting readiness, because
+    /// the read side has already ended and is always ready; this runs only for the rare grant
+    /// to a half-closed waiter, so a few cheap syscalls per grant are nothing.
+    pub(super) async fn confirm_delivery(&mut self, name: &str, token: Token) {
+        let until = Instant::now() + self.limits.half_close_probe;
+        loop {
+            if self.conn.peer_reset() {
+                if self.shared.revoke(name, token) {
+                    tracing::info!(
+                        name,
+                        token,
+                        conn = self.number,
+                        "grant unread: the waiter was gone; taken back"
+                    );
+                }
+                return;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(left.min(PROBE_POLL)) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Waits for a queued LOCK's turn while watching the connection and the server.
+    pub(super) async fn wait_for_grant(
+        &mut self,
+        mut pending: Pending,
+        tie: Tie,
+        wait: Option<Duration>,
+    ) -> io::Result<Flow> {
+        self.conn.flush().await?;
+        loop {
+            // Keep reading to notice a close, but don't buffer without bound.
+            let can_read = !self.conn.is_eof() && self.conn.buffered() <= 2 * self.limits.max_line;
+            tokio::select! {
+                result = pending.recv() => {
+                    let name = std::mem::take(&mut pending.name);
+                    return match result {
+                        WaitResult::Granted { token, .. } => {
+                            // The grant and the client's close may have come in the same
+                            // instant, and this select! may have picked the grant first:
+                            // look at what has arrived before deciding who holds the lock.
+                            let arrived = self.conn.fill_arrived();
+                            if arrived.is_err() || (self.conn.is_eof() && tie.wait_ends_on_close()) {
+                                self.pending_grant_gone(&name, token);
+                                arrived?;
+                                return Ok(Flow::Close);
+                            }
+                            let probe = self.conn.is_eof();
+                            self.granted(name, tie, token, probe).await
+                        }
+                        WaitResult::Ended(WaitEnd::TimedOut) => {
+                            let waited = wait.unwrap_or_default();
+                            self.refuse(ProtoError::wait_over(&name, waited)).await?;
+                            Ok(Flow::Continue)
+                        }
+                        WaitResult::Ended(WaitEnd::Replaced) => {
+                            self.refuse(ProtoError::replaced(&name)).await?;
+                            Ok(Flow::Continue)
+                        }
+                    };
+                }
+                read = self.conn.fill(), if can_read => {
+                    read?;
+                    if self.conn.is_eof() && tie.wait_ends_on_close() {
+                        tracing::debug!(conn = self.number, "waiter closed; leaving the queue");
+                        return Ok(Flow::Close);
+                    }
+                }
+                _ = self.shutdown.cancelled() => {
+                    self.refuse(ProtoError::shutdown()).await?;
+                    return Ok(Flow::Close);
+                }
+                () = reloaded(&mut self.login) => {
+                    // Reloaded users: a waiter whose user is gone, or lost the right, leaves.
+                    if let Some(e) = self.removed() {
+                        self.refuse(e).await?;
+                        return Ok(Flow::Close);
+                    }
+                    if !self.may(Right::Lock, &pending.name) {
+                        let user = self.login.as_ref().and_then(|l| l.user.as_ref());
+                        let user = user.map_or("", |(_, name)| name.as_str());
+                        let e = ProtoError::denied(user, Right::Lock.as_str(), &pending.name);
+                        self.refuse(e).await?;
+                        return Ok(Flow::Continue);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A queued LOCK. Dropping it (the connection went, the task was cancelled) takes the waiter
+/// out of the queue, or releases the grant its client never saw.
+pub(super) struct Pending {
+    shared: Arc<Shared>,
+    name: String,
+    waiter: WaiterId,
+    rx: Option<oneshot::Receiver<WaitResult>>,
+}
+
+impl Pending {
+    /// Cancel-safe: the receiver stays in place until a value arrives.
+    async fn recv(&mut self) -> WaitResult {
+        let result = match self.rx.as_mut() {
+            Some(rx) => rx.await,
+            None => std::future::pending().await,
+        };
+        self.rx = None;
+        // The sender is only dropped unused when the server is going away.
+        result.unwrap_or(WaitResult::Ended(WaitEnd::TimedOut))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            self.shared.abandon_wait(&self.name, self.waiter, rx);
+        }
+    }
+}

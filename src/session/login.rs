@@ -1,0 +1,145 @@
+//! A connection on a server with an auth file: who it is, what it may do, its AUTH.
+
+use std::io;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::auth::{Right, Users};
+use crate::locks::{UserId, NO_USER};
+use crate::proto::{ProtoError, Reply, Request, Secret};
+
+use super::{Flow, Session};
+
+/// A connection's standing on a server with an auth file.
+pub(super) struct Login {
+    /// The users in force; a reload replaces them and wakes the session.
+    pub(super) users: watch::Receiver<Arc<Users>>,
+    /// The user this connection authenticated as, and its name; `None` until AUTH.
+    pub(super) user: Option<(UserId, String)>,
+    /// Wrong AUTHs so far.
+    pub(super) failures: u32,
+}
+
+/// Whether a request may run: what [`Session::admit`] decides before every command.
+pub(super) enum Admit {
+    Yes,
+    /// `ERR ...`, nothing changes, the connection stays.
+    Refuse(ProtoError),
+    /// `ERR ...`, and the connection is closed: its user was removed.
+    Close(ProtoError),
+}
+
+impl Session {
+    /// Who this connection acts as in the table: its user, or [`NO_USER`] without an auth
+    /// file.
+    pub(super) fn user(&self) -> UserId {
+        self.login
+            .as_ref()
+            .and_then(|l| l.user.as_ref())
+            .map_or(NO_USER, |(number, _)| *number)
+    }
+
+    /// Whether this connection's user has `right` on `name` under the users in force now
+    /// (always, without an auth file).
+    pub(super) fn may(&self, right: Right, name: &str) -> bool {
+        let Some(login) = &self.login else {
+            return true;
+        };
+        login
+            .user
+            .as_ref()
+            .is_some_and(|(user, _)| login.users.borrow().may(*user, right, name))
+    }
+
+    /// The refusal that closes this connection if its user is gone from the users in force.
+    pub(super) fn removed(&self) -> Option<ProtoError> {
+        let login = self.login.as_ref()?;
+        let (user, name) = login.user.as_ref()?;
+        let gone = login.users.borrow().name(*user).is_none();
+        gone.then(|| ProtoError::user_removed(name))
+    }
+
+    /// Decides, before a command runs, whether this connection may send it: before AUTH only
+    /// PING, HELP, QUIT and AUTH; after it, what its user's rights allow on the name. STATUS
+    /// and WATCH without a name pass, and show only what the user may read.
+    pub(super) fn admit(&self, request: &Request) -> Admit {
+        let Some(login) = &self.login else {
+            return Admit::Yes;
+        };
+        let (right, name) = match request {
+            Request::Auth { .. } | Request::Ping | Request::Help | Request::Quit => {
+                return Admit::Yes
+            }
+            Request::Lock { name, .. }
+            | Request::Unlock { name, .. }
+            | Request::Renew { name, .. } => (Right::Lock, Some(name)),
+            Request::Check { name, .. }
+            | Request::StatusDetail { name }
+            | Request::Status { name: Some(name) }
+            | Request::Watch { name: Some(name) } => (Right::Read, Some(name)),
+            Request::Status { name: None } | Request::Watch { name: None } => (Right::Read, None),
+        };
+        let Some((_, user)) = &login.user else {
+            return Admit::Refuse(ProtoError::no_auth());
+        };
+        if let Some(e) = self.removed() {
+            return Admit::Close(e);
+        }
+        match name {
+            Some(name) if !self.may(right, name) => {
+                Admit::Refuse(ProtoError::denied(user, right.as_str(), name))
+            }
+            _ => Admit::Yes,
+        }
+    }
+
+    /// AUTH. A wrong one is answered after [`crate::AUTH_FAILURE_DELAY`], and the
+    /// [`crate::AUTH_FAILURES`]th closes the connection.
+    pub(super) async fn auth(&mut self, name: String, secret: Secret) -> io::Result<Flow> {
+        let Some(login) = self.login.as_mut() else {
+            self.refuse(ProtoError::auth_off()).await?;
+            return Ok(Flow::Continue);
+        };
+        if let Some((_, current)) = &login.user {
+            let e = ProtoError::already_authenticated(current);
+            self.refuse(e).await?;
+            return Ok(Flow::Continue);
+        }
+        let found = login.users.borrow().authenticate(&name, secret.expose());
+        if let Some(user) = found {
+            tracing::info!(conn = self.number, user = %name, "authenticated");
+            self.conn.queue(Reply::Authenticated(&name)).await?;
+            login.user = Some((user, name));
+            return Ok(Flow::Continue);
+        }
+        login.failures += 1;
+        let failures = login.failures;
+        let closing = failures >= crate::AUTH_FAILURES;
+        tracing::warn!(conn = self.number, user = %name, failures, "authentication failed");
+        self.conn.flush().await?;
+        tokio::select! {
+            _ = tokio::time::sleep(crate::AUTH_FAILURE_DELAY) => {}
+            _ = self.shutdown.cancelled() => {
+                self.refuse(ProtoError::shutdown()).await?;
+                return Ok(Flow::Close);
+            }
+        }
+        self.refuse(ProtoError::bad_auth(closing)).await?;
+        Ok(if closing { Flow::Close } else { Flow::Continue })
+    }
+}
+
+/// Resolves when the users in force are replaced (a reload); never without an auth file, or
+/// before this connection has a user (a reload changes nothing for it until then).
+pub(super) async fn reloaded(login: &mut Option<Login>) {
+    match login {
+        Some(login) if login.user.is_some() => {
+            if login.users.changed().await.is_err() {
+                // The gate is gone: the server is stopping.
+                std::future::pending::<()>().await;
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}

@@ -1,0 +1,395 @@
+//! One client connection: read a line, parse it, run it against the shared table, reply.
+//!
+//! Requests on a connection are answered in order, one at a time; a waiting LOCK holds the
+//! connection until it is answered (later lines stay buffered, up to a bound). While it waits,
+//! the session keeps reading so it notices the client going away. End of input is a
+//! half-close, not a departure: the client still gets every reply it asked for, a pending LOCK
+//! included, unless that LOCK is tied to the connection (`session` or `detach`). A plain LOCK
+//! granted after its client half-closed is watched for a short while: a dead client answers
+//! the grant with a reset, and the grant is taken back (see `Session::confirm_delivery`).
+//!
+//! Here: the connection's loop (framing, idle and unfinished-line timeouts, dispatch). In
+//! [`lock`]: a LOCK's grant or wait and the delivery of a grant; in [`login`]: AUTH and
+//! rights; in [`streams`]: the answers that stream (STATUS of every lock, WATCH).
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Gate;
+use crate::connection::{Connection, Frame};
+use crate::locks::{ConnId, LockRequest, TableError, Token};
+use crate::proto::{self, ProtoError, Reply, Request};
+use crate::shared::Shared;
+
+mod lock;
+mod login;
+mod streams;
+
+use login::{reloaded, Admit, Login};
+
+/// Whether to keep reading requests.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+/// Per-connection limits, from the server's flags.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionLimits {
+    /// Longest request line, in bytes.
+    pub max_line: usize,
+    /// Longest name or id, in bytes (at most [`proto::MAX_NAME_LEN`]).
+    pub max_name: usize,
+    /// Events a watcher may fall behind before it is disconnected.
+    pub watch_buffer: usize,
+    /// How long a grant to a client that half-closed while it waited is watched for a reset.
+    pub half_close_probe: Duration,
+    /// How long a connection with nothing going on may send no line; zero: no limit.
+    pub idle_timeout: Duration,
+    /// How long the start of a line may wait for its end; zero: no limit.
+    pub line_timeout: Duration,
+}
+
+/// One connection's state.
+pub struct Session {
+    shared: Arc<Shared>,
+    conn: Connection,
+    /// This connection's number, to which its session leases are bound.
+    number: ConnId,
+    shutdown: CancellationToken,
+    limits: SessionLimits,
+    /// Session leases bound to this connection, by token (one connection may hold several
+    /// slots of one semaphore): ended when it closes.
+    leases: HashMap<Token, String>,
+    /// With an auth file: who this connection is. `None` serves everyone as [`NO_USER`].
+    login: Option<Login>,
+    /// Since when the bytes of an unfinished line have been waiting for the rest of it.
+    partial_since: Option<tokio::time::Instant>,
+}
+
+/// What [`Session::next_frame`] got.
+enum Next {
+    Frame(Frame),
+    /// The server is shutting down.
+    Shutdown,
+    /// The connection outstayed `--idle-timeout` or `--line-timeout`: tell it and close.
+    Expired(ProtoError),
+    /// The auth file was reloaded: this connection's user may be gone.
+    Reloaded,
+}
+
+impl Session {
+    /// A session for `conn`; with a `gate`, its client must AUTH before anything but PING,
+    /// HELP and QUIT, and may only do what its user's rights allow.
+    pub fn new(
+        shared: Arc<Shared>,
+        conn: Connection,
+        limits: SessionLimits,
+        shutdown: CancellationToken,
+        gate: Option<&Gate>,
+    ) -> Self {
+        let number = shared.connection_id();
+        let mut login = gate.map(|gate| Login {
+            users: gate.subscribe(),
+            user: None,
+            failures: 0,
+        });
+        // Mutual TLS: a verified client certificate whose common name is a user of the auth
+        // file logs the connection in as that user, no secret sent. Any other name must AUTH.
+        if let (Some(login), Some(cn)) = (login.as_mut(), crate::tls::client_cn(conn.stream())) {
+            let found = login.users.borrow().find(&cn);
+            if let Some(user) = found {
+                tracing::info!(conn = number, user = %cn, "authenticated by client certificate");
+                login.user = Some((user, cn));
+            }
+        }
+        Session {
+            shared,
+            conn,
+            number,
+            shutdown,
+            limits,
+            leases: HashMap::new(),
+            login,
+            partial_since: None,
+        }
+    }
+
+    /// Serves the connection until the client leaves, asks to, or the server shuts down.
+    ///
+    /// When the server ends the connection itself (QUIT, an over-long line, a lagging
+    /// watcher, shutdown), the close is orderly: every reply is sent, then a FIN, then what
+    /// the client still sends is read and discarded for a moment, so the close does not turn
+    /// into a reset that destroys replies the client has not read yet. A connection that
+    /// failed (reset, or a client that stopped reading for the write timeout) is just dropped.
+    pub async fn run(mut self) {
+        let closed = match self.serve().await {
+            Ok(()) => self.conn.close_write().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = closed {
+            tracing::debug!(conn = self.number, error = %e, "connection ended");
+            return;
+        }
+        // The client was told everything: its session leases end now, not after the drain.
+        self.release_sessions();
+        if self.shutdown.is_cancelled() {
+            // Stopping: don't keep the server up for clients that leave their side open.
+            self.conn.drain_arrived();
+        } else {
+            self.conn.drain().await;
+        }
+    }
+
+    async fn serve(&mut self) -> io::Result<()> {
+        loop {
+            if !self.conn.has_frame() {
+                self.conn.flush().await?;
+            }
+            let frame = match self.next_frame().await? {
+                Next::Frame(frame) => frame,
+                Next::Shutdown => return Ok(()),
+                Next::Expired(e) => return self.refuse(e).await,
+                Next::Reloaded => {
+                    if let Some(e) = self.removed() {
+                        self.refuse(e).await?;
+                        return Ok(());
+                    }
+                    continue;
+                }
+            };
+            let flow = match frame {
+                Frame::Eof => return Ok(()),
+                Frame::TooLong => {
+                    self.refuse(ProtoError::too_long(self.limits.max_line))
+                        .await?;
+                    Flow::Close
+                }
+                Frame::BadUtf8 => {
+                    self.refuse(ProtoError::bad_utf8()).await?;
+                    Flow::Continue
+                }
+                Frame::Line(line) => match proto::parse(&line)
+                    .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
+                {
+                    Ok(request) => match self.admit(&request) {
+                        Admit::Yes => self.dispatch(request).await?,
+                        Admit::Refuse(e) => {
+                            self.refuse(e).await?;
+                            Flow::Continue
+                        }
+                        Admit::Close(e) => {
+                            self.refuse(e).await?;
+                            Flow::Close
+                        }
+                    },
+                    Err(e) => {
+                        self.refuse(e).await?;
+                        Flow::Continue
+                    }
+                },
+            };
+            if flow == Flow::Close {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads the next frame, unless the server stops first or the connection outstays a
+    /// timeout: `--line-timeout` while the bytes of an unfinished line wait for the rest
+    /// (a client trickling a line must not keep a connection forever), `--idle-timeout` while
+    /// no line comes at all and the connection holds no session lease (waiting and watching
+    /// happen elsewhere: they never get here). Idle time counts from the call, that is from
+    /// the end of the previous request, however long that took.
+    async fn next_frame(&mut self) -> io::Result<Next> {
+        let mut idle_since = tokio::time::Instant::now();
+        loop {
+            if let Some(frame) = self.conn.next_frame() {
+                self.partial_since = None;
+                return Ok(Next::Frame(frame));
+            }
+            if self.conn.buffered() > 0 {
+                self.partial_since
+                    .get_or_insert_with(tokio::time::Instant::now);
+            }
+            let line_due = self
+                .partial_since
+                .filter(|_| !self.limits.line_timeout.is_zero())
+                .map(|since| since + self.limits.line_timeout);
+            let idle_due = (!self.limits.idle_timeout.is_zero())
+                .then(|| idle_since + self.limits.idle_timeout);
+            let due = line_due.into_iter().chain(idle_due).min();
+            tokio::select! {
+                read = self.conn.fill() => read?,
+                _ = self.shutdown.cancelled() => return Ok(Next::Shutdown),
+                () = reloaded(&mut self.login) => return Ok(Next::Reloaded),
+                _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
+                    if due.is_some() => {
+                    // The rest may have come in the same instant.
+                    self.conn.fill_arrived()?;
+                    if self.conn.has_frame() {
+                        continue;
+                    }
+                    let now = tokio::time::Instant::now();
+                    if line_due.is_some_and(|at| at <= now) {
+                        let e = ProtoError::line_not_finished(self.limits.line_timeout);
+                        return Ok(Next::Expired(e));
+                    }
+                    if self.holds_session_lease() {
+                        // Its client must keep it open; look again an idle period later.
+                        idle_since = now;
+                        continue;
+                    }
+                    return Ok(Next::Expired(ProtoError::idle(self.limits.idle_timeout)));
+                }
+            }
+        }
+    }
+
+    /// Whether a session lease is still bound to this connection.
+    fn holds_session_lease(&mut self) -> bool {
+        if !self.leases.is_empty() {
+            self.shared.retain_live(&mut self.leases);
+        }
+        !self.leases.is_empty()
+    }
+
+    /// Answers `ERR ...`: every refusal goes through here, to be counted.
+    async fn refuse(&mut self, e: ProtoError) -> io::Result<()> {
+        self.shared.metrics().refused(e.code);
+        tracing::debug!(conn = self.number, code = %e.code, message = %e.message, "refused");
+        self.conn.queue(Reply::Error(&e)).await
+    }
+
+    /// [`Session::refuse`] for loops that write from their output buffer themselves.
+    fn push_refusal(&mut self, e: ProtoError) {
+        self.shared.metrics().refused(e.code);
+        tracing::debug!(conn = self.number, code = %e.code, message = %e.message, "refused");
+        self.conn.push(Reply::Error(&e));
+    }
+
+    async fn dispatch(&mut self, request: Request) -> io::Result<Flow> {
+        let shared = Arc::clone(&self.shared);
+        match request {
+            Request::Lock {
+                name,
+                id,
+                ttl,
+                wait,
+                tie,
+                mode,
+            } => {
+                let req = LockRequest {
+                    name,
+                    id,
+                    ttl,
+                    wait,
+                    session: tie.session(),
+                    conn: self.number,
+                    mode,
+                    user: self.user(),
+                };
+                return self.lock(req, tie).await;
+            }
+            Request::Unlock { name, token } => {
+                let result = shared.unlock(&name, token, self.user());
+                if result.is_ok() {
+                    self.leases.remove(&token);
+                    if !self.durable().await? {
+                        return Ok(Flow::Close);
+                    }
+                }
+                self.reply(&name, result.map(|()| Reply::Done)).await?;
+            }
+            Request::Renew { name, token, ttl } => {
+                let result = shared.renew(&name, token, ttl, self.number, self.user());
+                if let Ok(renewed) = &result {
+                    if renewed.bound {
+                        self.track_session_lease(&name, token);
+                    }
+                    if !self.durable().await? {
+                        return Ok(Flow::Close);
+                    }
+                }
+                self.reply(&name, result.map(|r| Reply::Lease(r.left)))
+                    .await?;
+            }
+            Request::Check { name, token } => {
+                let result = shared.check(&name, token).map(Reply::Lease);
+                self.reply(&name, result).await?;
+            }
+            Request::Status { name: Some(name) } => {
+                let status = shared.status(&name);
+                self.conn
+                    .queue(Reply::Status(&name, status.as_ref()))
+                    .await?;
+            }
+            Request::StatusDetail { name } => {
+                let detail = shared.status_detail(&name, proto::DETAIL_WAITERS);
+                if let Some(detail) = &detail {
+                    for holder in &detail.holders {
+                        self.conn.queue(Reply::Holder(holder)).await?;
+                    }
+                    for (i, waiter) in detail.queue.iter().enumerate() {
+                        self.conn.queue(Reply::Waiter(&name, i + 1, waiter)).await?;
+                    }
+                }
+                let status = detail.as_ref().map(|d| &d.status);
+                self.conn.queue(Reply::Status(&name, status)).await?;
+            }
+            Request::Status { name: None } => return self.status_all().await,
+            Request::Watch { name } => return self.watch(name).await,
+            Request::Auth { user, secret } => return self.auth(user, secret).await,
+            Request::Ping => self.conn.queue(Reply::Pong).await?,
+            Request::Help => self.conn.queue(Reply::Help).await?,
+            Request::Quit => {
+                self.conn.queue(Reply::Bye).await?;
+                return Ok(Flow::Close);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn reply(&mut self, name: &str, result: Result<Reply<'_>, TableError>) -> io::Result<()> {
+        match result {
+            Ok(reply) => self.conn.queue(reply).await,
+            Err(e) => self.refuse(ProtoError::table(name, &e)).await,
+        }
+    }
+
+    /// Waits until the changes made so far are on disk (at once without a data directory).
+    /// Before an `OK` that reports a change; false (after an `ERR SHUTDOWN` reply) if they
+    /// never will be, because the store failed and the server is stopping.
+    async fn durable(&mut self) -> io::Result<bool> {
+        let Some(wait) = self.shared.durable() else {
+            return Ok(true);
+        };
+        if wait.await.is_ok() {
+            return Ok(true);
+        }
+        self.refuse(ProtoError::not_durable()).await?;
+        Ok(false)
+    }
+
+    /// Ends the session leases this connection still holds: its client is gone. Not when
+    /// the server itself is shutting down: the session leases stay (with --data-dir they
+    /// come back as plain leases after the restart, so a holder such as `lockctl run` renews
+    /// and carries on).
+    fn release_sessions(&mut self) {
+        if !self.shutdown.is_cancelled() {
+            self.shared.drop_sessions(self.number, &self.leases);
+        }
+        self.leases.clear();
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.release_sessions();
+    }
+}
