@@ -16,11 +16,18 @@
 #   LOCKD_BASELINE_NAME=text  what to call it in the output (default: its path)
 #   METRICS_COMPARE=1         this lockd with --metrics-listen on METRICS_PORT (17002), its
 #                             /metrics fetched every second, against this lockd without
+#   TLS_COMPARE=1             this lockd over TLS (--tls-cert/--tls-key, a throwaway CA and
+#                             server certificate made for the run in OUT/tls) against this
+#                             lockd over plain TCP; adds the part conn (a new connection: TCP
+#                             connect, TLS handshake, first PING) to the default parts
 #   COMPARE_ROUNDS (6; 1 with QUICK): rounds of the builds in turn, the order rotating
 #                             each round so that none always runs first or last
-#   COMPARE_PARTS (unc,con,sem): the scenarios each build runs (the baseline skips sem,
-#                             which lockd has had only since semaphores came)
+#   COMPARE_PARTS (unc,con,sem; unc,con,conn with TLS_COMPARE=1 alone): the scenarios each
+#                             build runs (the baseline skips sem, which lockd has had only
+#                             since semaphores came)
 #   COMPARE_ONLY=1            skip the Redis table and run only the comparisons
+#
+#   COMPARE_ONLY=1 TLS_COMPARE=1 contrib/bench/run.sh   # TLS against plain: about 4 minutes
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -31,8 +38,15 @@ metrics_port=${METRICS_PORT:-17002}
 baseline_bin=${LOCKD_BASELINE_BIN:-}
 baseline_name=${LOCKD_BASELINE_NAME:-$baseline_bin}
 metrics_compare=${METRICS_COMPARE:-0}
+tls_compare=${TLS_COMPARE:-0}
 compare_only=${COMPARE_ONLY:-0}
-compare_parts=${COMPARE_PARTS:-unc,con,sem}
+default_parts=unc,con,sem
+if [ "$tls_compare" != 0 ] && [ -z "$baseline_bin" ] && [ "$metrics_compare" = 0 ]; then
+  default_parts=unc,con,conn
+elif [ "$tls_compare" != 0 ]; then
+  default_parts=unc,con,sem,conn
+fi
+compare_parts=${COMPARE_PARTS:-$default_parts}
 baseline_parts=$(echo "$compare_parts" | tr "," "\n" | { grep -vx sem || true; } | paste -sd, -)
 quick=()
 rounds=${ROUNDS:-3}
@@ -51,9 +65,11 @@ if [ -n "$baseline_bin" ] && [ -z "$baseline_parts" ]; then
   exit 2
 fi
 comparing=0
-if [ -n "$baseline_bin" ] || [ "$metrics_compare" != 0 ]; then comparing=1; fi
+if [ -n "$baseline_bin" ] || [ "$metrics_compare" != 0 ] || [ "$tls_compare" != 0 ]; then
+  comparing=1
+fi
 if [ "$compare_only" != 0 ] && [ "$comparing" = 0 ]; then
-  echo "run.sh: COMPARE_ONLY=1 needs LOCKD_BASELINE_BIN or METRICS_COMPARE=1" >&2
+  echo "run.sh: COMPARE_ONLY=1 needs LOCKD_BASELINE_BIN, METRICS_COMPARE=1 or TLS_COMPARE=1" >&2
   exit 2
 fi
 out=${OUT:-$(mktemp -d /tmp/lockbench.XXXXXX)}
@@ -83,6 +99,12 @@ cargo build --release --quiet --manifest-path contrib/bench/Cargo.toml
 lockd_bin=$root/target/profiling/lockd
 bench=$root/contrib/bench/target/release/lockbench
 
+# The TLS pass's certificates: made afresh for each run, never kept in the repository.
+tls_dir=$out/tls
+if [ "$tls_compare" != 0 ]; then
+  "$bench" certs "$tls_dir"
+fi
+
 lockd_pid=""
 redis_pid=""
 stop_servers() {
@@ -106,11 +128,13 @@ wait_port() {
   return 1
 }
 
-# start_lockd BIN [extra lockd flags...]: a fresh lockd.
+# start_lockd BIN [extra lockd flags...]: a fresh lockd. Its per-address and per-name caps
+# are raised through their environment variables, which builds older than the caps ignore:
+# every benchmark client comes from 127.0.0.1, and the scale scenarios queue 10,000 waiters.
 start_lockd() {
   local bin=$1
   shift
-  "$bin" --listen "127.0.0.1:$lockd_port" --max-connections 30000 \
+  LOCKD_MAX_CONNECTIONS_PER_IP=30000 LOCKD_MAX_WAITERS=30000 "$bin" --listen "127.0.0.1:$lockd_port" --max-connections 30000 \
     --max-locks 2000000 "$@" 2>>"$out/lockd.log" &
   lockd_pid=$!
   wait_port "$lockd_port"
@@ -165,21 +189,25 @@ fi
 load_after_table=$(loadavg)
 
 # One build's turn in a comparison round: a fresh lockd, the scenarios, stopped again.
-# variant base|new|metrics
+# variant base|new|metrics|tls
 variant() {
-  local bin=$lockd_bin parts=$compare_parts flags=() scrape=()
+  local bin=$lockd_bin parts=$compare_parts flags=() scrape=() client=()
   case $1 in
     base) bin=$baseline_bin parts=$baseline_parts ;;
     metrics)
       flags=(--metrics-listen "127.0.0.1:$metrics_port")
       scrape=(--scrape "127.0.0.1:$metrics_port")
       ;;
+    tls)
+      flags=(--tls-cert "$tls_dir/server.pem" --tls-key "$tls_dir/server.key")
+      client=(--tls-ca "$tls_dir/ca.pem")
+      ;;
   esac
   log "comparison: $1"
   start_lockd "$bin" "${flags[@]}"
   if [ ${#scrape[@]} -gt 0 ]; then wait_port "$metrics_port"; fi
   "$bench" "$parts" --lockd "127.0.0.1:$lockd_port" --lockd-pid "$lockd_pid" --label "$1" \
-    "${scrape[@]}" "${quick[@]}" >>"$compare_rows"
+    "${scrape[@]}" "${client[@]}" "${quick[@]}" >>"$compare_rows"
   stop_servers
 }
 
@@ -189,6 +217,7 @@ if [ "$comparing" = 1 ]; then
   if [ -n "$baseline_bin" ]; then builds+=(base); fi
   builds+=(new)
   if [ "$metrics_compare" != 0 ]; then builds+=(metrics); fi
+  if [ "$tls_compare" != 0 ]; then builds+=(tls); fi
   for round in $(seq 1 "$compare_rounds"); do
     round_loads+=("$(loadavg | cut -d' ' -f1)")
     log "comparison round $round of $compare_rounds (load average $(loadavg))"
@@ -223,6 +252,9 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')
     echo
     echo "Same-run comparison, lockd alone: this lockd is $commit${baseline_bin:+, the baseline is $baseline_name}."
     echo "Load average (1 min) at the start of each round: ${round_loads[*]}."
+    if [ "$tls_compare" != 0 ]; then
+      echo "TLS: lockd \`--tls-cert\`/\`--tls-key\` with a CA and server certificate (ECDSA P-256) made for this run; the load generator uses rustls with the ring provider, as lockd does."
+    fi
     echo
     "$bench" compare "$compare_rows"
   fi

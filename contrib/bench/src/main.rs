@@ -1,19 +1,24 @@
 //! lockbench: lockd against Redis locks, on loopback, with one load generator.
 //!
 //!     lockbench GROUP [--lockd ADDR --lockd-pid PID] [--label NAME] [--scrape ADDR]
-//!                     [--redis ADDR --redis-pid PID] [--quick]
+//!                     [--tls-ca CA.pem] [--redis ADDR --redis-pid PID] [--quick]
 //!     lockbench table ROWS.tsv
 //!     lockbench compare ROWS.tsv
+//!     lockbench certs DIR
 //!
-//! GROUP is `perf` (floor, unc, con and sem), a comma-separated list of those parts
-//! (`unc,con`), `waiters`, `held` or `expiry`. `--scrape ADDR` fetches lockd's metrics from
-//! ADDR once a second while the group runs.
+//! GROUP is `perf` (floor, unc, con and sem), a comma-separated list of those parts and
+//! `conn` (`unc,con,conn`), `waiters`, `held` or `expiry`. `--scrape ADDR` fetches lockd's
+//! metrics from ADDR once a second while the group runs. `--tls-ca` makes every lockd
+//! connection TLS, trusting that CA alone; `certs DIR` makes a throwaway CA (`ca.pem`) and a
+//! server certificate for 127.0.0.1 (`server.pem`, `server.key`) for lockd's `--tls-cert` and
+//! `--tls-key`.
 //!
 //! A scenario prints rows `key<TAB>who<TAB>value` on stdout (progress goes to stderr);
 //! `table` turns the rows of a whole run into one markdown table, `compare` the rows of
 //! interleaved rounds of several lockd builds into another. contrib/bench/run.sh starts the
 //! servers and drives it all.
 
+mod certs;
 mod perf;
 mod scale;
 mod scrape;
@@ -60,6 +65,7 @@ struct Args {
     redis: Option<(SocketAddr, u32)>,
     label: Option<String>,
     scrape: Option<SocketAddr>,
+    tls_ca: Option<String>,
     quick: bool,
     file: Option<String>,
 }
@@ -69,7 +75,7 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     args.group = it
         .next()
-        .ok_or("usage: lockbench perf|waiters|held|expiry|table|compare ...")?;
+        .ok_or("usage: lockbench perf|waiters|held|expiry|table|compare|certs ...")?;
     let (mut lockd, mut lockd_pid, mut redis, mut redis_pid) = (None, None, None, None);
     let mut scrape = None;
     while let Some(a) = it.next() {
@@ -81,6 +87,7 @@ fn parse_args() -> Result<Args, String> {
             "--redis-pid" => redis_pid = Some(value("--redis-pid")?),
             "--label" => args.label = Some(value("--label")?),
             "--scrape" => scrape = Some(value("--scrape")?),
+            "--tls-ca" => args.tls_ca = Some(value("--tls-ca")?),
             "--quick" => args.quick = true,
             other if args.file.is_none() && !other.starts_with("--") => {
                 args.file = Some(other.into())
@@ -169,6 +176,9 @@ impl Plan {
 
 /// The parts of the throughput and latency group; `perf` is all of them, in this order.
 const PERF_PARTS: [&str; 4] = ["floor", "unc", "con", "sem"];
+/// Parts a list may name that `perf` leaves out: `conn`, the cost of a new connection (of
+/// the TLS handshake, against plain TCP).
+const EXTRA_PARTS: [&str; 1] = ["conn"];
 
 /// The parts a group names: `perf`, or a comma-separated list of parts (`unc,con`).
 fn perf_parts(group: &str) -> Option<Vec<&str>> {
@@ -178,7 +188,7 @@ fn perf_parts(group: &str) -> Option<Vec<&str>> {
     let parts: Vec<&str> = group.split(',').collect();
     parts
         .iter()
-        .all(|p| PERF_PARTS.contains(p))
+        .all(|p| PERF_PARTS.contains(p) || EXTRA_PARTS.contains(p))
         .then_some(parts)
 }
 
@@ -212,6 +222,9 @@ async fn perf(t: Target, parts: &[&str], plan: &Plan, label: &str, out: &Out) ->
                 }
             }
         }
+    }
+    if parts.contains(&"conn") {
+        perf::connects(t, plan.floor, out, "conn.c1").await?;
     }
     if parts.contains(&"sem") {
         if let Target::Redis(_) = t {
@@ -299,6 +312,28 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.group == "certs" {
+        let Some(dir) = args.file.as_deref() else {
+            eprintln!("lockbench: certs needs a directory");
+            return ExitCode::from(2);
+        };
+        return match certs::write(std::path::Path::new(dir)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lockbench: certs: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if let Some(ca) = args.tls_ca.as_deref() {
+        match certs::connector(std::path::Path::new(ca)) {
+            Ok(tls) => wire::use_tls(tls),
+            Err(e) => {
+                eprintln!("lockbench: --tls-ca: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     if args.group == "table" || args.group == "compare" {
         let Some(file) = args.file.as_deref() else {
             eprintln!("lockbench: {} needs the rows file", args.group);
@@ -330,7 +365,12 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            if let Some(tls) = wire::negotiated() {
+                eprintln!("  TLS: {tls}");
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("lockbench: {e}");
             ExitCode::from(1)

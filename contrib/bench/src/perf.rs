@@ -146,6 +146,63 @@ pub async fn floor(
     Ok(())
 }
 
+/// Connections made before the measured ones, uncounted (the first ones pay for cold caches).
+const WARM_CONNECTS: u64 = 100;
+/// At most this many measured connections in one run of `connects`: each leaves a socket in
+/// TIME_WAIT for a minute, and loopback has about 28,000 ports to give.
+const MAX_CONNECTS: u64 = 2000;
+
+/// One new connection after another, for `dur` or [`MAX_CONNECTS`] connections: connect
+/// (and, over TLS, the handshake), one PING round trip, close. A sample is the time from the
+/// connect to the PING's reply: what a client that connects per request pays before its first
+/// answer. The close is not timed.
+pub async fn connects(t: Target, dur: Duration, out: &Out, key: &str) -> io::Result<()> {
+    let per = clients(
+        1,
+        Duration::ZERO,
+        dur,
+        move |_i, barrier, window| async move {
+            let mut lat = Vec::new();
+            barrier.wait().await;
+            barrier.wait().await;
+            let w = window_of(&window);
+            let mut made = 0;
+            while !w.over() && made < WARM_CONNECTS + MAX_CONNECTS {
+                made += 1;
+                let t0 = w.ns();
+                match t {
+                    Target::Lockd(addr) => {
+                        let mut conn = Line::connect(addr).await?;
+                        let reply = conn.call("PING").await?;
+                        if reply != "OK PONG" {
+                            return Err(io::Error::other(format!("PING: {reply:?}")));
+                        }
+                        if made > WARM_CONNECTS {
+                            lat.push(w.ns() - t0);
+                        }
+                        conn.close().await?;
+                    }
+                    Target::Redis(addr) => {
+                        let mut conn = Redis::connect(addr).await?;
+                        conn.ping().await?;
+                        if made > WARM_CONNECTS {
+                            lat.push(w.ns() - t0);
+                        }
+                    }
+                }
+            }
+            Ok(lat)
+        },
+    )
+    .await?;
+    let mut all: Vec<u64> = per.into_iter().flatten().collect();
+    out.row(&format!("{key}.n"), all.len() as f64);
+    let (p50, p99, _) = stats::summary_us(&mut all);
+    out.row(&format!("{key}.p50_us"), p50);
+    out.row(&format!("{key}.p99_us"), p99);
+    Ok(())
+}
+
 /// Each of `c` clients locks and unlocks a name of its own, over and over.
 pub async fn uncontended(
     t: Target,

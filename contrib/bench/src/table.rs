@@ -357,6 +357,20 @@ const ROWS: &[Def] = &[
         Some(Exactly(0.0)),
     ),
     def(
+        "conn.c1.p50_us",
+        "7 new connection: connect (+ TLS handshake) to first PING reply, p50, C=1",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
+        "conn.c1.p99_us",
+        "7 new connection: connect (+ TLS handshake) to first PING reply, p99, C=1",
+        Micros,
+        Lower,
+        None,
+    ),
+    def(
         "wait.rss_per_waiter_b",
         "4 scale: server memory per waiting connection",
         Bytes,
@@ -639,14 +653,72 @@ const COMPARED: &[&str] = &[
     "sem.sleep1ms.jain",
     "sem.sleep1ms.peak",
     "sem.sleep1ms.violations",
+    "conn.c1.p50_us",
+    "conn.c1.p99_us",
 ];
 
 /// The builds of a comparison, as run.sh labels their rows, and their columns.
-const BUILDS: [(&str, &str); 3] = [
+const BUILDS: [(&str, &str); 4] = [
     ("base", "baseline"),
     ("new", "this lockd"),
     ("metrics", "this lockd, metrics on"),
+    ("tls", "this lockd, TLS"),
 ];
+
+/// The throughputs at C=64 whose TLS cost issue 12 bounds, with their names in the verdict.
+const TLS_BOUNDED: [(&str, &str); 2] = [
+    ("unc.cps", "uncontended cycles/s"),
+    ("con.h0.cps", "contended H=0 critical sections/s"),
+];
+
+/// The bound on TLS's cost (plain ÷ TLS throughput), and how far either side of it a run on a
+/// shared machine can't tell: ±15%, what rounds of the same build differ by.
+const TLS_BOUND: f64 = 2.0;
+const TLS_MARGIN: f64 = 0.15;
+
+/// Per-round ratios `y ÷ x` of two builds (the n-th values of each come from the same round).
+fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .filter(|(x, _)| **x != 0.0)
+        .map(|(x, y)| y / x)
+        .collect()
+}
+
+/// TLS's cost on each bounded throughput, round by round, against the bound: met only if every
+/// round is clearly under it, missed only if the median is clearly over it.
+fn tls_cost(all: &HashMap<(String, String), Vec<f64>>) -> String {
+    let get = |k: &str, w: &str| all.get(&(k.to_string(), w.to_string()));
+    let mut out = String::new();
+    for (key, name) in TLS_BOUNDED {
+        let (Some(plain), Some(tls)) = (get(key, "new"), get(key, "tls")) else {
+            continue;
+        };
+        // plain ÷ TLS: how many times longer the same work takes over TLS.
+        let cost = ratios(tls, plain);
+        if cost.is_empty() {
+            continue;
+        }
+        let lo = cost.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = cost.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let median = typical(key, &cost);
+        let (near, far) = (
+            TLS_BOUND * (1.0 - TLS_MARGIN),
+            TLS_BOUND * (1.0 + TLS_MARGIN),
+        );
+        let verdict = if hi < near {
+            format!("met (every round under {near:.2}×)")
+        } else if median > far {
+            format!("**missed** (the median over {far:.2}×)")
+        } else {
+            format!("uncertain (a round at {near:.2}× or more)")
+        };
+        out.push_str(&format!(
+            "TLS cost, {name} at C=64 (plain ÷ TLS, per round): {median:.2}× ({lo:.2}–{hi:.2}); well under {TLS_BOUND}×: {verdict}.\n"
+        ));
+    }
+    out
+}
 
 /// `b ÷ a` round by round (the n-th values of each were taken in the same round): the median
 /// and the range, as `1.02× (0.97–1.08)`. Counts have no ratio.
@@ -657,12 +729,7 @@ fn paired(key: &str, a: Option<&Vec<f64>>, b: Option<&Vec<f64>>) -> String {
     if worst_of_rounds(key) || key.ends_with("jain") {
         return "–".into();
     }
-    let ratios: Vec<f64> = a
-        .iter()
-        .zip(b)
-        .filter(|(x, _)| **x != 0.0)
-        .map(|(x, y)| y / x)
-        .collect();
+    let ratios = ratios(a, b);
     if ratios.is_empty() {
         return "–".into();
     }
@@ -696,6 +763,10 @@ pub fn compare(rows: &str) -> String {
         out.push_str(" metrics on ÷ off |");
         rule.push_str("---:|");
     }
+    if has("new") && has("tls") {
+        out.push_str(" TLS ÷ plain |");
+        rule.push_str("---:|");
+    }
     out.push('\n');
     out.push_str(&rule);
     out.push('\n');
@@ -723,6 +794,10 @@ pub fn compare(rows: &str) -> String {
             let cell = paired(key, get(key, "new"), get(key, "metrics"));
             out.push_str(&format!(" {cell} |"));
         }
+        if has("new") && has("tls") {
+            let cell = paired(key, get(key, "new"), get(key, "tls"));
+            out.push_str(&format!(" {cell} |"));
+        }
         out.push('\n');
     }
     let rounds = COMPARED
@@ -740,6 +815,7 @@ pub fn compare(rows: &str) -> String {
             ok.iter().sum::<f64>()
         ));
     }
+    out.push_str(&tls_cost(&all));
     out
 }
 
@@ -791,5 +867,29 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("Rounds: 3."), "{t}");
+    }
+
+    #[test]
+    fn tls_cost_is_plain_over_tls_and_uncertain_near_the_bound() {
+        let rows = "unc.cps\tnew\t100\nunc.cps\ttls\t80\ncon.h0.cps\tnew\t100\ncon.h0.cps\ttls\t40\n\
+                    unc.cps\tnew\t90\nunc.cps\ttls\t75\ncon.h0.cps\tnew\t100\ncon.h0.cps\ttls\t60\n\
+                    unc.cps\tnew\t50\nunc.cps\ttls\t50\ncon.h0.cps\tnew\t100\ncon.h0.cps\ttls\t55\n";
+        let t = compare(rows);
+        assert!(
+            t.contains("| this lockd | this lockd, TLS | TLS ÷ plain |"),
+            "{t}"
+        );
+        // Per round TLS ÷ plain: 0.80, 0.83, 1.00.
+        assert!(t.contains("| 0.83× (0.80–1.00) |"), "{t}");
+        // Costs 1.25, 1.20, 1.00: all clearly under 2×.
+        assert!(
+            t.contains("uncontended cycles/s at C=64 (plain ÷ TLS, per round): 1.20× (1.00–1.25); well under 2×: met (every round under 1.70×)."),
+            "{t}"
+        );
+        // Costs 2.50, 1.67, 1.82: the median is under 2×, one round is over it.
+        assert!(
+            t.contains("1.82× (1.67–2.50); well under 2×: uncertain (a round at 1.70× or more)."),
+            "{t}"
+        );
     }
 }

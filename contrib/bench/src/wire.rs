@@ -1,12 +1,16 @@
-//! The two wire protocols, by hand: lockd's line protocol and the sliver of Redis RESP a lock
-//! needs. Each connection counts the requests it sends, for "requests per grant".
+//! The two wire protocols, by hand: lockd's line protocol (over plain TCP or TLS) and the
+//! sliver of Redis RESP a lock needs. Each connection counts the requests it sends, for
+//! "requests per grant".
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
 
 fn bad(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
@@ -19,20 +23,69 @@ async fn open(addr: SocketAddr) -> io::Result<(BufReader<OwnedReadHalf>, OwnedWr
     Ok((BufReader::with_capacity(4096, rd), wr))
 }
 
+/// Set once, before any scenario runs, by `--tls-ca`: then every lockd connection of this
+/// process is TLS. Process-wide because one lockbench process measures one lockd, and a lockd
+/// port is either plain or TLS, never both.
+static TLS: OnceLock<TlsConnector> = OnceLock::new();
+
+/// Makes every later lockd connection of this process a TLS one, through `connector`.
+pub fn use_tls(connector: TlsConnector) {
+    let _ = TLS.set(connector);
+}
+
+/// The protocol version and cipher suite the first TLS connection agreed on, for the log.
+static NEGOTIATED: OnceLock<String> = OnceLock::new();
+
+/// What the first TLS connection negotiated (`None` before one, or without TLS).
+pub fn negotiated() -> Option<&'static str> {
+    NEGOTIATED.get().map(String::as_str)
+}
+
+/// A lockd connection's byte stream: plain TCP, or TLS over it. Boxed behind one trait, so
+/// that both kinds take exactly the same path through the load generator.
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<S: AsyncRead + AsyncWrite + Send + Unpin> Stream for S {}
+
+/// Sends `bytes` and flushes them (a TLS stream may hold written bytes until a flush).
+async fn write(stream: &mut dyn Stream, bytes: &[u8]) -> io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
+}
+
 /// A lockd connection: one line out, one line back.
 pub struct Line {
-    rd: BufReader<OwnedReadHalf>,
-    wr: OwnedWriteHalf,
+    /// Reads are buffered; writes go straight to the stream underneath.
+    io: BufReader<Box<dyn Stream>>,
     out: Vec<u8>,
     line: String,
 }
 
 impl Line {
+    /// Connects to `addr`, and completes the TLS handshake too after [`use_tls`]: the
+    /// connection is ready for requests when this returns.
     pub async fn connect(addr: SocketAddr) -> io::Result<Self> {
-        let (rd, wr) = open(addr).await?;
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let stream: Box<dyn Stream> = match TLS.get() {
+            None => Box::new(tcp),
+            Some(tls) => {
+                // The throwaway server certificate names 127.0.0.1 and localhost.
+                let name = ServerName::IpAddress(addr.ip().into());
+                let s = tls.connect(name, tcp).await?;
+                if NEGOTIATED.get().is_none() {
+                    let (_, session) = s.get_ref();
+                    if let (Some(version), Some(suite)) = (
+                        session.protocol_version(),
+                        session.negotiated_cipher_suite(),
+                    ) {
+                        let _ = NEGOTIATED.set(format!("{version:?}, {:?}", suite.suite()));
+                    }
+                }
+                Box::new(s)
+            }
+        };
         Ok(Line {
-            rd,
-            wr,
+            io: BufReader::with_capacity(4096, stream),
             out: Vec::with_capacity(128),
             line: String::with_capacity(128),
         })
@@ -43,18 +96,23 @@ impl Line {
         self.out.clear();
         self.out.extend_from_slice(req.as_bytes());
         self.out.push(b'\n');
-        self.wr.write_all(&self.out).await
+        write(self.io.get_mut(), &self.out).await
     }
 
     /// Sends many lines in one write (pipelining).
     pub async fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.wr.write_all(bytes).await
+        write(self.io.get_mut(), bytes).await
+    }
+
+    /// Closes the connection cleanly: TLS's close_notify, then the TCP FIN.
+    pub async fn close(mut self) -> io::Result<()> {
+        self.io.get_mut().shutdown().await
     }
 
     /// The next reply line, without its newline.
     pub async fn recv(&mut self) -> io::Result<&str> {
         self.line.clear();
-        if self.rd.read_line(&mut self.line).await? == 0 {
+        if self.io.read_line(&mut self.line).await? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "server closed",
