@@ -716,7 +716,31 @@ impl fmt::Display for Request {
     }
 }
 
+/// What a request is about, for the log line of its refusal: its lock name, client id and
+/// token, where it has them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Subject<'a> {
+    pub name: &'a str,
+    pub id: &'a str,
+    pub token: Option<Token>,
+}
+
 impl Request {
+    /// The lock name, client id and token this request is about (empty where it has none).
+    pub fn subject(&self) -> Subject<'_> {
+        let (name, id, token) = match self {
+            Request::Lock { name, id, .. } => (name.as_str(), id.as_str(), None),
+            Request::Unlock { name, token }
+            | Request::Renew { name, token, .. }
+            | Request::Check { name, token } => (name.as_str(), "", Some(*token)),
+            Request::Status { name: Some(name) }
+            | Request::StatusDetail { name }
+            | Request::Watch { name: Some(name) } => (name.as_str(), "", None),
+            _ => ("", "", None),
+        };
+        Subject { name, id, token }
+    }
+
     /// Checks the names and ids a request carries, so formatting it can never produce a
     /// second line or a word split.
     pub fn validate(&self) -> Result<(), ProtoError> {

@@ -215,7 +215,7 @@ async fn json_logs_carry_name_id_token_and_times() {
             "--log-format",
             "json",
         ])
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info,lockd::session=debug")
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -249,6 +249,20 @@ async fn json_logs_carry_name_id_token_and_times() {
     assert_eq!(released["id"], "me");
     assert_eq!(released["token"], t);
     assert!(released["held_ms"].is_u64(), "{released}");
+    // A refusal (at debug) names what was refused.
+    assert!(c
+        .req(&format!("UNLOCK j {t}"))
+        .await
+        .starts_with("ERR NOTHELD"));
+    let refused = loop {
+        let line = next(&mut lines).await;
+        if line["message"] == "refused" {
+            break line;
+        }
+    };
+    assert_eq!(refused["code"], "NOTHELD", "{refused}");
+    assert_eq!(refused["name"], "j");
+    assert_eq!(refused["token"], t);
     lockd.kill().await.unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(5), lockd.wait()).await;
 }

@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use crate::auth::Right;
 use crate::locks::{LockRequest, Token, WaitEnd, WaiterId};
-use crate::proto::{ProtoError, Reply, Tie};
+use crate::proto::{ProtoError, Reply, Subject, Tie};
 use crate::shared::{LockStart, Shared, WaitResult};
 
 use super::{reloaded, Flow, Session};
@@ -21,10 +21,16 @@ const PROBE_POLL: Duration = Duration::from_millis(10);
 
 impl Session {
     pub(super) async fn lock(&mut self, req: LockRequest, tie: Tie) -> io::Result<Flow> {
-        let (name, wait) = (req.name.clone(), req.wait);
+        let (name, id, wait) = (req.name.clone(), req.id.clone(), req.wait);
         match self.shared.lock(req) {
             Err(e) => {
-                self.refuse(ProtoError::table(&name, &e)).await?;
+                let about = Subject {
+                    name: &name,
+                    id: &id,
+                    token: None,
+                };
+                self.refuse_about(ProtoError::table(&name, &e), about)
+                    .await?;
                 Ok(Flow::Continue)
             }
             Ok(LockStart::Granted { token }) => self.granted(name, tie, token, false).await,
@@ -32,6 +38,7 @@ impl Session {
                 let pending = Pending {
                     shared: Arc::clone(&self.shared),
                     name,
+                    id,
                     waiter,
                     rx: Some(rx),
                 };
@@ -154,11 +161,14 @@ impl Session {
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
-                            self.refuse(ProtoError::wait_over(&name, waited)).await?;
+                            let about = Subject { name: &name, id: &pending.id, token: None };
+                            self.refuse_about(ProtoError::wait_over(&name, waited), about)
+                                .await?;
                             Ok(Flow::Continue)
                         }
                         WaitResult::Ended(WaitEnd::Replaced) => {
-                            self.refuse(ProtoError::replaced(&name)).await?;
+                            let about = Subject { name: &name, id: &pending.id, token: None };
+                            self.refuse_about(ProtoError::replaced(&name), about).await?;
                             Ok(Flow::Continue)
                         }
                     };
@@ -198,6 +208,8 @@ impl Session {
 pub(super) struct Pending {
     shared: Arc<Shared>,
     name: String,
+    /// The client's id, for the log line if the wait ends in a refusal.
+    id: String,
     waiter: WaiterId,
     rx: Option<oneshot::Receiver<WaitResult>>,
 }

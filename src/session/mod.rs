@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Gate;
 use crate::connection::{Connection, Frame};
 use crate::locks::{ConnId, LockRequest, TableError, Token};
-use crate::proto::{self, ProtoError, Reply, Request};
+use crate::proto::{self, ProtoError, Reply, Request, Subject};
 use crate::shared::Shared;
 
 mod lock;
@@ -180,11 +180,11 @@ impl Session {
                     Ok(request) => match self.admit(&request) {
                         Admit::Yes => self.dispatch(request).await?,
                         Admit::Refuse(e) => {
-                            self.refuse(e).await?;
+                            self.refuse_about(e, request.subject()).await?;
                             Flow::Continue
                         }
                         Admit::Close(e) => {
-                            self.refuse(e).await?;
+                            self.refuse_about(e, request.subject()).await?;
                             Flow::Close
                         }
                     },
@@ -261,16 +261,28 @@ impl Session {
 
     /// Answers `ERR ...`: every refusal goes through here, to be counted.
     async fn refuse(&mut self, e: ProtoError) -> io::Result<()> {
-        self.shared.metrics().refused(e.code);
-        tracing::debug!(conn = self.number, code = %e.code, message = %e.message, "refused");
+        self.refuse_about(e, Subject::default()).await
+    }
+
+    /// [`Session::refuse`] for a request about a lock: the log line names it.
+    async fn refuse_about(&mut self, e: ProtoError, about: Subject<'_>) -> io::Result<()> {
+        self.count_refusal(&e, about);
         self.conn.queue(Reply::Error(&e)).await
     }
 
     /// [`Session::refuse`] for loops that write from their output buffer themselves.
     fn push_refusal(&mut self, e: ProtoError) {
-        self.shared.metrics().refused(e.code);
-        tracing::debug!(conn = self.number, code = %e.code, message = %e.message, "refused");
+        self.count_refusal(&e, Subject::default());
         self.conn.push(Reply::Error(&e));
+    }
+
+    /// Every refusal is counted and logged (at debug: refusals are the clients' business,
+    /// and a flood of them must not flood the log at the default level).
+    fn count_refusal(&self, e: &ProtoError, about: Subject<'_>) {
+        self.shared.metrics().refused(e.code);
+        let Subject { name, id, token } = about;
+        let token = token.unwrap_or(0);
+        tracing::debug!(conn = self.number, code = %e.code, name, id, token, reason = %e.message, "refused");
     }
 
     async fn dispatch(&mut self, request: Request) -> io::Result<Flow> {
@@ -304,7 +316,8 @@ impl Session {
                         return Ok(Flow::Close);
                     }
                 }
-                self.reply(&name, result.map(|()| Reply::Done)).await?;
+                self.reply(&name, token, result.map(|()| Reply::Done))
+                    .await?;
             }
             Request::Renew { name, token, ttl } => {
                 let result = shared.renew(&name, token, ttl, self.number, self.user());
@@ -316,12 +329,12 @@ impl Session {
                         return Ok(Flow::Close);
                     }
                 }
-                self.reply(&name, result.map(|r| Reply::Lease(r.left)))
+                self.reply(&name, token, result.map(|r| Reply::Lease(r.left)))
                     .await?;
             }
             Request::Check { name, token } => {
                 let result = shared.check(&name, token).map(Reply::Lease);
-                self.reply(&name, result).await?;
+                self.reply(&name, token, result).await?;
             }
             Request::Status { name: Some(name) } => {
                 let status = shared.status(&name);
@@ -355,10 +368,23 @@ impl Session {
         Ok(Flow::Continue)
     }
 
-    async fn reply(&mut self, name: &str, result: Result<Reply<'_>, TableError>) -> io::Result<()> {
+    /// The reply to UNLOCK, RENEW or CHECK of `token` on `name`.
+    async fn reply(
+        &mut self,
+        name: &str,
+        token: Token,
+        result: Result<Reply<'_>, TableError>,
+    ) -> io::Result<()> {
         match result {
             Ok(reply) => self.conn.queue(reply).await,
-            Err(e) => self.refuse(ProtoError::table(name, &e)).await,
+            Err(e) => {
+                let about = Subject {
+                    name,
+                    id: "",
+                    token: Some(token),
+                };
+                self.refuse_about(ProtoError::table(name, &e), about).await
+            }
         }
     }
 
