@@ -118,8 +118,9 @@ struct Args {
     #[arg(long, env = "LOCKD_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
 
-    /// Mutual TLS: clients must present a certificate signed by this CA (PEM); its subject's
-    /// common name (CN) is the client's user.
+    /// Mutual TLS: clients must present a certificate signed by this CA (PEM). With
+    /// --auth-file, a certificate whose common name (CN) is a user logs its connection in as
+    /// that user (no AUTH).
     #[arg(
         long,
         env = "LOCKD_TLS_CLIENT_CA",
@@ -263,6 +264,9 @@ impl Args {
         }
         if self.default_ttl > self.max_ttl {
             return Err("--default-ttl must not exceed --max-ttl".into());
+        }
+        if self.tls_handshake_timeout.is_zero() {
+            return Err("--tls-handshake-timeout must be more than 0".into());
         }
         if self.metrics_names.len() > MAX_METRICS_NAMES {
             return Err(format!(

@@ -66,6 +66,12 @@ fn bad_flags_exit_with_a_message() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
 
+    let out = Command::new(LOCKD)
+        .args(["--tls-handshake-timeout", "0"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+
     // The old protocol's lease obeys the same minimum ttl as LOCK's.
     let out = Command::new(LOCKD)
         .args(["--compat", "--unlock-timeout", "100us"])
