@@ -229,9 +229,11 @@ pub struct TlsArgs {
 
     /// A client certificate (PEM) to present, for a lockd that requires one (mutual TLS,
     /// lockd --tls-client-ca): its subject's common name (CN) names this client. Needs
-    /// --client-key; implies --tls.
+    /// --client-key; implies --tls. Also spelled --tls-cert (its variable stays
+    /// LOCKD_CLIENT_CERT: LOCKD_TLS_CERT is lockd's own certificate).
     #[arg(
         long,
+        visible_alias = "tls-cert",
         global = true,
         env = "LOCKD_CLIENT_CERT",
         value_name = "PEM",
@@ -240,9 +242,10 @@ pub struct TlsArgs {
     )]
     pub client_cert: Option<PathBuf>,
 
-    /// The private key (PEM) of --client-cert.
+    /// The private key (PEM) of --client-cert. Also spelled --tls-key.
     #[arg(
         long,
+        visible_alias = "tls-key",
         global = true,
         env = "LOCKD_CLIENT_KEY",
         value_name = "PEM",
