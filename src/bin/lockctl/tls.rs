@@ -64,7 +64,9 @@ impl Tls {
             identity.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
         )
         .map_err(|e| {
-            let hint = if args.tls_ca.is_none() {
+            // The hint is for the system bundle only when that is the file at fault.
+            let bundle_failed = e.starts_with(lockd::tls::SYSTEM_CA_BUNDLE);
+            let hint = if args.tls_ca.is_none() && bundle_failed {
                 " (the system's CA bundle; give the CA that signed lockd's certificate with \
                  --tls-ca)"
             } else {
