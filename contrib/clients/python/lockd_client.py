@@ -96,6 +96,7 @@ ValueError or TypeError, which are usage errors (2).
 
 import os
 import re
+import select
 import socket
 import ssl
 import threading
@@ -597,6 +598,10 @@ class Client:
         """
         timeout = self.timeout if reply_timeout == "default" else reply_timeout
         with self._mutex:
+            if self._sock is not None and self._stale():
+                # lockd closed an idle connection (its --idle-timeout): what it said then is no
+                # answer to this request; start afresh.
+                self._drop()
             try:
                 if self._sock is None:
                     self._sock = self._connect()
@@ -623,6 +628,17 @@ class Client:
             except BaseException:
                 self._drop()
                 raise
+
+    def _stale(self):
+        """True if the server sent something unasked (or closed) while nothing was pending:
+        an idle connection it closed."""
+        try:
+            if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+                return True
+            readable, _, _ = select.select([self._sock], [], [], 0)
+            return bool(readable)
+        except (OSError, ValueError):
+            return True
 
     def _connect(self):
         """A new connection, over TLS if asked for."""

@@ -400,6 +400,44 @@ class LeaseTest(ServerTest):
 
 
 class OfflineTest(unittest.TestCase):
+    def test_a_connection_closed_for_idleness_is_replaced_not_answered(self):
+        # A stand-in for lockd with --idle-timeout: answers one PING, then says it closes the
+        # idle connection, as lockd does; the next request must go on a new connection.
+        import socket as _socket
+        server = _socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(2)
+        port = server.getsockname()[1]
+        served = []
+
+        def serve():
+            for i in range(2):
+                conn, _ = server.accept()
+                f = conn.makefile("rb")
+                f.readline()
+                conn.sendall(b"OK PONG\n")
+                served.append(i)
+                if i == 0:
+                    conn.sendall(b"ERR LIMIT idle for 10m; closing\n")
+                    conn.shutdown(_socket.SHUT_WR)
+                    time.sleep(0.2)
+                conn.close()
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        c = Client("127.0.0.1:%d" % port, tls=False, user=None)
+        try:
+            self.assertTrue(c.ping())
+            eventually(lambda: served == [0], "the first answer")
+            time.sleep(0.05)
+            self.assertTrue(c.ping())
+        finally:
+            c.close()
+            server.close()
+        t.join(5)
+        self.assertEqual(served, [0, 1])
+
+
     """What needs no server."""
 
     def test_exit_codes_are_lockctls(self):
