@@ -3,8 +3,6 @@
 //! Each test starts its own server (in-process, 127.0.0.1:0) and runs bash scripts that source
 //! the library as a user would. Time limits here only guard against hangs.
 
-#[path = "support/blocking.rs"]
-mod blocking;
 mod common;
 
 use std::os::unix::process::CommandExt;
@@ -12,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use blocking::{
+use common::blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
     signal, Lockd, Mark, Output, Proxy,
 };
@@ -49,7 +47,7 @@ fn held(lockd: &Lockd, name: &str) -> u64 {
 }
 
 fn finish(child: Child, stdin: &str) -> Output {
-    blocking::finish(child, stdin, GUARD)
+    common::blocking::finish(child, stdin, GUARD)
 }
 
 fn run(lockd: &Lockd, script: &str) -> Output {

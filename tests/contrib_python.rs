@@ -2,8 +2,6 @@
 //! lockd on loopback (LOCKD_ADDR tells the suite where), and the client in real processes
 //! that are killed or lose their connection.
 
-#[path = "support/blocking.rs"]
-mod blocking;
 mod common;
 
 use std::ffi::OsStr;
@@ -11,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use blocking::{
+use common::blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
     signal, Lockd, Mark, Proxy,
 };
@@ -45,7 +43,7 @@ fn python_with(addr: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Child {
 }
 
 /// Asserts that a unittest run passed, and tested something.
-fn assert_suite_passed(out: &blocking::Output) {
+fn assert_suite_passed(out: &common::blocking::Output) {
     // unittest reports on stderr.
     let (status, out, err) = (&out.status, &out.stdout, &out.stderr);
     assert!(status.success(), "unittest failed:\n{out}\n{err}");
@@ -68,7 +66,7 @@ fn python_client_unittest_suite_passes_against_a_real_lockd() {
         &lockd.addr.to_string(),
         &["-m", "unittest", "-v", "test_lockd_client"],
     );
-    assert_suite_passed(&blocking::finish(child, "", GUARD));
+    assert_suite_passed(&common::blocking::finish(child, "", GUARD));
     // The suite leaves the server as it found it.
     eventually(GUARD, "every lock the suite took is released", || {
         lockd.request("STATUS") == "OK 0"
@@ -116,7 +114,7 @@ fn python_client_suite_passes_over_mutual_tls() {
         ],
         &env,
     );
-    assert_suite_passed(&blocking::finish(child, "", GUARD));
+    assert_suite_passed(&common::blocking::finish(child, "", GUARD));
 }
 
 /// A process killed while it waits in the queue leaves it: when the holder releases, the lock
@@ -163,7 +161,7 @@ fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
     // Once the body runs: the lease is taken and renewed.
     mark.wait(GUARD);
     assert_rides_out_a_cut(&lockd, &proxy, "rides", Duration::from_secs(3), GUARD);
-    let out = blocking::finish(child, "\n", GUARD);
+    let out = common::blocking::finish(child, "\n", GUARD);
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout.contains("released"), "{}", out.stdout);
     assert_eq!(lockd.request("STATUS rides"), "OK rides free");
@@ -191,7 +189,7 @@ fn a_lease_is_lost_when_its_connection_stays_down_past_the_grace() {
     );
     mark.wait(GUARD);
     cut_for_good(&lockd, &proxy, "cut", GUARD);
-    let out = blocking::finish(child, "", GUARD);
+    let out = common::blocking::finish(child, "", GUARD);
     assert_eq!(out.code(), Some(4), "{}", out.stderr);
     assert!(out.stderr.contains("lost"), "{}", out.stderr);
 }
@@ -241,7 +239,7 @@ fn processes_share_a_semaphore_and_a_lock_that_does_not_fit_exits_2() {
     eventually(GUARD, "the third one waits", || lockd.waiters("sem") == 1);
     assert!(!marks[2].path.exists(), "the third one ran beside two");
 
-    let out = blocking::finish(
+    let out = common::blocking::finish(
         script(
             &addr,
             "try:\n    lockd_client.Client(ADDR).lock('sem', shared=True)\n\
@@ -255,11 +253,11 @@ fn processes_share_a_semaphore_and_a_lock_that_does_not_fit_exits_2() {
     assert!(out.stderr.contains("ERR CONFLICT"), "{}", out.stderr);
 
     // One leaves: the third takes its slot.
-    let done = blocking::finish(first, "\n", GUARD);
+    let done = common::blocking::finish(first, "\n", GUARD);
     assert!(done.status.success(), "{}", done.stderr);
     marks[2].wait(GUARD);
     for child in [third, second] {
-        let done = blocking::finish(child, "\n", GUARD);
+        let done = common::blocking::finish(child, "\n", GUARD);
         assert!(done.status.success(), "{}", done.stderr);
     }
     assert_eq!(lockd.request("STATUS"), "OK 0");
@@ -282,7 +280,7 @@ fn python_client_logs_in_and_is_refused_when_wrong() {
         &["-m", "unittest", "-v", "test_lockd_client_auth"],
         &[("LOCKD_TEST_SECRET", OsStr::new(SECRET))],
     );
-    assert_suite_passed(&blocking::finish(child, "", GUARD));
+    assert_suite_passed(&common::blocking::finish(child, "", GUARD));
     let log = lockd.stop().join("\n");
     assert!(!log.contains(SECRET), "{log}");
     let _ = std::fs::remove_dir_all(&dir);

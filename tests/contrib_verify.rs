@@ -2,14 +2,13 @@
 //! finds their logs clean; hand-made logs with an overlap, a token regression or bad lines
 //! make it fail with the documented exit codes.
 
-#[path = "support/blocking.rs"]
-mod blocking;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use blocking::Lockd;
+use common::blocking::Lockd;
 
 const GUARD: Duration = Duration::from_secs(120);
 
@@ -55,7 +54,7 @@ fn tool(name: &str) -> Command {
 
 /// Waits for `child` (failing if it outlives GUARD); its status, stdout and stderr.
 fn finish(child: Child) -> (ExitStatus, String, String) {
-    let out = blocking::finish(child, "", GUARD);
+    let out = common::blocking::finish(child, "", GUARD);
     (out.status, out.stdout, out.stderr)
 }
 

@@ -3,8 +3,7 @@
 //! Every test runs `lockd` as a child process on a data directory in a temp dir, kills it
 //! (SIGKILL unless said otherwise) and starts it again on the same files.
 
-#[path = "durability/harness.rs"]
-mod harness;
+mod common;
 
 use std::collections::HashMap;
 use std::fs;
@@ -12,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{free_port, Lockd, Rng, TempDir, PATIENCE};
+use common::durable::{free_port, Lockd, Rng, TempDir, PATIENCE};
 use lockd::client::{Client, ClientError};
 use lockd::proto::{ErrorCode, Tie};
 
@@ -317,10 +316,10 @@ async fn a_torn_last_record_is_dropped_with_a_warning() {
 
         // Half of a record, as a crash in the middle of a write leaves it.
         let log = dir.log_file();
-        let frames = harness::frames(&log);
+        let frames = common::durable::frames(&log);
         let bytes = fs::read(&log).unwrap();
         let (start, end) = frames[0];
-        harness::append(&log, &bytes[start..start + (end - start) / 2]);
+        common::durable::append(&log, &bytes[start..start + (end - start) / 2]);
 
         let lockd = Lockd::start(&dir, port).await;
         assert!(
@@ -336,7 +335,7 @@ async fn a_torn_last_record_is_dropped_with_a_warning() {
 
         // Garbage after good records: also a torn tail. The record written after the first
         // cut must have landed where the torn bytes were, or it would be lost now.
-        harness::append(&dir.log_file(), &[0x5a, 0x00, 0x00, 0x00, 0x13, 0x37, 0xff]);
+        common::durable::append(&dir.log_file(), &[0x5a, 0x00, 0x00, 0x00, 0x13, 0x37, 0xff]);
         let lockd = Lockd::start(&dir, port).await;
         let mut c = lockd.client().await;
         assert!(status(&mut c, "a").await.contains(&format!("token={a} ")));
@@ -358,7 +357,7 @@ async fn damage_before_good_records_stops_the_start_naming_the_file() {
         lockd.crash();
 
         let log = dir.log_file();
-        let frames = harness::frames(&log);
+        let frames = common::durable::frames(&log);
         assert!(
             frames.len() >= 2,
             "one flush per answered request: {frames:?}"
@@ -367,7 +366,7 @@ async fn damage_before_good_records_stops_the_start_naming_the_file() {
         bytes[frames[0].0 + 12] ^= 0x01;
         fs::write(&log, &bytes).unwrap();
 
-        let (status, stderr) = harness::start_expecting_failure(&dir, port);
+        let (status, stderr) = common::durable::start_expecting_failure(&dir, port);
         assert!(!status.success(), "started on a damaged log: {stderr}");
         let file = log.file_name().unwrap().to_str().unwrap();
         assert!(
@@ -381,7 +380,7 @@ async fn damage_before_good_records_stops_the_start_naming_the_file() {
         let dir = TempDir::new("damaged-snapshot");
         fs::create_dir_all(dir.data()).unwrap();
         fs::write(dir.data().join("leases.snapshot"), b"LOCKDSN1 not really").unwrap();
-        let (status, stderr) = harness::start_expecting_failure(&dir, port);
+        let (status, stderr) = common::durable::start_expecting_failure(&dir, port);
         assert!(!status.success(), "started on a damaged snapshot: {stderr}");
         assert!(stderr.contains("leases.snapshot"), "{stderr}");
     })
@@ -393,7 +392,7 @@ async fn a_second_lockd_on_the_same_directory_refuses_to_start() {
     bounded(PATIENCE * 3, async {
         let dir = TempDir::new("second");
         let lockd = Lockd::start(&dir, free_port()).await;
-        let (status, stderr) = harness::start_expecting_failure(&dir, free_port());
+        let (status, stderr) = common::durable::start_expecting_failure(&dir, free_port());
         assert!(!status.success());
         assert!(
             stderr.contains("in use") && stderr.contains(&*dir.data().to_string_lossy()),

@@ -2,18 +2,12 @@
 //! survives `kill -9` and a restart, with its token, and the name keeps its shape.
 
 mod common;
-#[path = "support/detail.rs"]
-mod detail;
-// Only the process and temp-dir parts of the harness are used here.
-#[allow(dead_code)]
-#[path = "durability/harness.rs"]
-mod harness;
 
 use std::time::Duration;
 
+use common::detail::{detail, shape};
+use common::durable::{free_port, Lockd, TempDir, PATIENCE};
 use common::{token, Raw};
-use detail::{detail, shape};
-use harness::{free_port, Lockd, TempDir, PATIENCE};
 
 /// The `HOLDER` lines of `STATUS <name> detail`, shaped, sorted by token.
 async fn holders(c: &mut Raw, name: &str) -> Vec<String> {

@@ -1,7 +1,7 @@
 //! lockctl against a real lockd: the server runs in-process on 127.0.0.1:0, lockctl as a child
 //! process, exactly as a user runs it.
 
-mod lockctl_harness;
+mod common;
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::process::Child;
 use tokio::time::{sleep, timeout, Instant};
 
-use lockctl_harness::*;
+use common::lockctl::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_of_the_command_is_passed_through() {

@@ -7,12 +7,11 @@
 //! names the same user is no conflict, one that names another is refused.
 
 mod common;
-mod lockctl_harness;
 
 use std::path::Path;
 use std::time::Duration;
 
-use lockctl_harness::{
+use common::lockctl::{
     code, finish, line_with, lockctl_at, output, scratch, spawn, stderr, stderr_lines, stdout,
     wait_for_file, GUARD,
 };

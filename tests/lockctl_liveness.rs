@@ -4,7 +4,7 @@
 //!
 //! These need the server's `detach` and `session=<dur>` LOCK options (issue 10).
 
-mod lockctl_harness;
+mod common;
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use lockd::client::Client;
 use lockd::proto::Tie;
 use tokio::time::{sleep, timeout, Instant};
 
-use lockctl_harness::*;
+use common::lockctl::*;
 
 /// A CI job cancelled while `lockctl acquire` waits (SIGTERM, or SIGKILL) leaves the queue:
 /// when the holder releases, the lock goes to the next waiter, not to the job that is gone.

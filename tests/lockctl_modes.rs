@@ -2,7 +2,7 @@
 //! `-x`/`--exclusive`, `--limit N`), and the old `-s host:port` that now says to use
 //! `--server`.
 
-mod lockctl_harness;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::process::Child;
 use tokio::time::Instant;
 
-use lockctl_harness::*;
+use common::lockctl::*;
 
 /// A `lockctl run` whose command writes `<dir>/<label>` once it runs, then waits until
 /// `<dir>/go` exists.

@@ -2,14 +2,12 @@
 //! command keeps running, lockctl reconnects and renews with its token, and the lock is
 //! released at the end.
 
-#[path = "durability/harness.rs"]
-#[allow(dead_code)]
-mod harness;
+mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{free_port, Lockd, TempDir, PATIENCE};
+use common::durable::{free_port, Lockd, TempDir, PATIENCE};
 
 const LOCKCTL: &str = env!("CARGO_BIN_EXE_lockctl");
 

@@ -1,7 +1,7 @@
 //! lockctl status and top against a real lockd: who holds a lock, who waits for it and in
 //! what order, as a table, as JSON, and as a live view.
 
-mod lockctl_harness;
+mod common;
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use tokio::io::AsyncReadExt as _;
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 
-use lockctl_harness::*;
+use common::lockctl::*;
 
 /// Sends a LOCK of `name` as `id` that waits; the task ends when it is granted.
 fn queue_up(client: Client, name: &'static str, id: &'static str, tie: Tie) -> JoinHandle<()> {

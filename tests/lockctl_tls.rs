@@ -5,16 +5,15 @@
 //! naming the cause.
 
 mod common;
-mod lockctl_harness;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::pki::Pki;
-use lockctl_harness::{
+use common::lockctl::{
     code, finish, line_with, lockctl_at, output, proxy, scratch, spawn, stderr, stderr_lines,
     stdout, wait_for_file, Lockd, GUARD,
 };
+use common::pki::Pki;
 use lockd::client::Client;
 use lockd::server::{self, Config};
 use lockd::tls;
@@ -317,7 +316,7 @@ async fn an_expired_or_misnamed_server_certificate_is_not_trusted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_on_a_plain_port_is_told_so_at_once() {
     let pki = Pki::new("lockctl-plain");
-    let d: Lockd = lockctl_harness::lockd().await;
+    let d: Lockd = common::lockctl::lockd().await;
     let mut cmd = d.lockctl(&["run", "x", "--connect-timeout", PATIENT, "--", "true"]);
     cmd.env("LOCKD_TLS_CA", pki.ca());
     let text = assert_fails_fast(cmd, "plain TCP").await;

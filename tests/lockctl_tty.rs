@@ -1,13 +1,12 @@
 //! `lockctl run` typed at a terminal: the command gets the terminal, so it can read from it
 //! and Ctrl-C reaches it. Driven through a real pseudo-terminal by `script(1)`.
 
-#[path = "support/blocking.rs"]
-mod blocking;
+mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use blocking::Lockd;
+use common::blocking::Lockd;
 
 const GUARD: Duration = Duration::from_secs(30);
 
@@ -32,7 +31,7 @@ fn the_command_reads_from_the_terminal() {
         &lockd,
         "run prompt -- sh -c 'printf \"proceed? \"; read answer; echo \"got=$answer\"'",
     );
-    let out = blocking::finish(child, "yes\n", GUARD);
+    let out = common::blocking::finish(child, "yes\n", GUARD);
     assert!(
         out.status.success(),
         "{:?}: {}{}",
@@ -63,7 +62,7 @@ fn ctrl_c_at_the_terminal_stops_the_command_and_releases() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = std::fs::remove_file(&ready);
-    let out = blocking::finish(child, "\u{3}", GUARD);
+    let out = common::blocking::finish(child, "\u{3}", GUARD);
     assert!(!out.stdout.contains("not-reached"), "{}", out.stdout);
     // 128 + SIGINT: the command was interrupted, and lockctl says so.
     assert_eq!(out.code(), Some(130), "{}{}", out.stdout, out.stderr);
@@ -97,6 +96,6 @@ fn top_at_the_terminal_redraws_and_ctrl_c_ends_it_with_0() {
     let text = String::from_utf8_lossy(&seen).into_owned();
     assert!(text.contains("shown"), "{text}");
     child.stdin.take().unwrap().write_all(b"\x03").unwrap();
-    let out = blocking::finish(child, "", GUARD);
+    let out = common::blocking::finish(child, "", GUARD);
     assert_eq!(out.code(), Some(0), "{text}{}", out.stderr);
 }

@@ -6,15 +6,13 @@
 //! never by a sleep.
 
 mod common;
-#[path = "support/detail.rs"]
-mod detail;
 
 use std::time::Duration;
 
+use common::detail::{detail, shape};
 use common::{
     assert_event, config, field, start_server, token, wait_status, wait_waiters, Raw, TestServer,
 };
-use detail::{detail, shape};
 
 /// A server with default settings, and a connection to ask it STATUS.
 async fn start() -> (TestServer, Raw) {

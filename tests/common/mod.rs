@@ -1,4 +1,10 @@
-//! Shared by the integration tests: a real server on 127.0.0.1:0 and a raw line client.
+//! The one test harness every integration test shares (`mod common;`): here, a real server
+//! on 127.0.0.1:0 in the test's runtime, a raw line client, the real binary as a child
+//! process, and an HTTP GET; in [`blocking`], a server for tests that drive programs
+//! synchronously (bash, Python) and a proxy that cuts connections; in [`durable`], lockd
+//! processes on a data directory that tests crash and restart; in [`lockctl`], lockctl as a
+//! child process against an in-process server; in [`detail`], `STATUS <name> detail`
+//! helpers; in [`pki`], certificates made at run time.
 //!
 //! Every read has a generous timeout: it only turns a hang into a failure, it never asserts
 //! how fast the server is.
@@ -6,6 +12,10 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
+pub mod blocking;
+pub mod detail;
+pub mod durable;
+pub mod lockctl;
 pub mod pki;
 
 use std::io::{self, BufRead as _};

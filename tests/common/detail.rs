@@ -1,9 +1,9 @@
 //! `STATUS <name> detail` as the semaphore and shared-lock tests compare it: whole lines, with
 //! the values that count time blanked.
 //!
-//! Included with `#[path = "support/detail.rs"] mod detail;` beside `mod common;`.
+//! Part of the one test harness (`tests/common`): `common::detail`.
 
-use crate::common::Raw;
+use super::Raw;
 
 /// `line` with every `*_ms=` value blanked as `*`: they count time.
 pub fn shape(line: &str) -> String {

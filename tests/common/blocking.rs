@@ -1,8 +1,7 @@
 //! Test support for tests that drive external programs (bash, python3) synchronously: a lockd
 //! served in-process from its own runtime, and a bounded wait for a child's output.
 //!
-//! Included with `#[path = "support/blocking.rs"] mod blocking;`, so each test binary gets
-//! its own copy; not every test uses every item.
+//! Part of the one test harness (`tests/common`): `common::blocking`.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
