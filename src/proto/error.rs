@@ -1,0 +1,274 @@
+//! The refusals: every `ERR <code> <message>` the server sends is formed here, so its code and
+//! wording live in one place (proto.md's Errors table is the contract).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::locks::TableError;
+
+/// The error codes of `ERR <code> <message>`, as proto.md lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// Malformed request: empty line, missing or extra words, unknown option.
+    Syntax,
+    /// No such command.
+    Unknown,
+    /// A word has a bad value: name, id, duration, ttl, token.
+    BadArg,
+    /// The line is not valid UTF-8.
+    Encoding,
+    /// The line is longer than the server allows; the connection is closed.
+    TooLong,
+    /// A LOCK's `wait=` ran out (or `wait=0` found the lock held).
+    Timeout,
+    /// The token is not the current holder's live lease.
+    NotHeld,
+    /// The id holds the lock with a session lease on another open connection.
+    Conflict,
+    /// A newer LOCK with the same id took this waiting LOCK's place.
+    Replaced,
+    /// A server limit was reached (connections, locks, waiters, idle or unfinished lines);
+    /// see the message.
+    Limit,
+    /// A watcher fell too far behind; the connection is closed.
+    Lagged,
+    /// The server is shutting down; the connection is closed.
+    Shutdown,
+    /// The server has an auth file and this connection has not authenticated yet.
+    NoAuth,
+    /// A wrong AUTH, a user without the right for the command on that name, or a lease of
+    /// another user.
+    Denied,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 14] = [
+        ErrorCode::Syntax,
+        ErrorCode::Unknown,
+        ErrorCode::BadArg,
+        ErrorCode::Encoding,
+        ErrorCode::TooLong,
+        ErrorCode::Timeout,
+        ErrorCode::NotHeld,
+        ErrorCode::Conflict,
+        ErrorCode::Replaced,
+        ErrorCode::Limit,
+        ErrorCode::Lagged,
+        ErrorCode::Shutdown,
+        ErrorCode::NoAuth,
+        ErrorCode::Denied,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Syntax => "SYNTAX",
+            ErrorCode::Unknown => "UNKNOWN",
+            ErrorCode::BadArg => "BADARG",
+            ErrorCode::Encoding => "ENCODING",
+            ErrorCode::TooLong => "TOOLONG",
+            ErrorCode::Timeout => "TIMEOUT",
+            ErrorCode::NotHeld => "NOTHELD",
+            ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::Replaced => "REPLACED",
+            ErrorCode::Limit => "LIMIT",
+            ErrorCode::Lagged => "LAGGED",
+            ErrorCode::Shutdown => "SHUTDOWN",
+            ErrorCode::NoAuth => "NOAUTH",
+            ErrorCode::Denied => "DENIED",
+        }
+    }
+
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An `ERR` reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProtoError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// Every refusal the server sends is made here, so its code and wording live in one place.
+impl ProtoError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ProtoError {
+            code,
+            message: one_line(message.into()),
+        }
+    }
+
+    /// A line over `--max-line`; the connection is closed.
+    pub fn too_long(max_line: usize) -> Self {
+        Self::new(
+            ErrorCode::TooLong,
+            format!("line longer than {max_line} bytes; closing"),
+        )
+    }
+
+    pub fn bad_utf8() -> Self {
+        Self::new(ErrorCode::Encoding, "line is not valid UTF-8")
+    }
+
+    /// The lock table refused an operation on `name`.
+    pub fn table(name: &str, e: &TableError) -> Self {
+        let code = match e {
+            TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
+            TableError::WouldBlock { .. } => ErrorCode::Timeout,
+            TableError::NotHeld => ErrorCode::NotHeld,
+            TableError::Conflict | TableError::WrongMode { .. } => ErrorCode::Conflict,
+            TableError::TooManyLocks { .. } | TableError::TooManyWaiters { .. } => ErrorCode::Limit,
+            TableError::NotOwner => ErrorCode::Denied,
+        };
+        Self::new(code, format!("{name}: {e}"))
+    }
+
+    /// A LOCK's `wait=` ran out.
+    pub fn wait_over(name: &str, waited: Duration) -> Self {
+        Self::new(
+            ErrorCode::Timeout,
+            format!(
+                "{name} still held after waiting {}",
+                humantime::format_duration(waited)
+            ),
+        )
+    }
+
+    /// A waiting LOCK was taken over by a newer one with the same id.
+    pub fn replaced(name: &str) -> Self {
+        Self::new(
+            ErrorCode::Replaced,
+            format!("a newer LOCK {name} with the same id took this one's place"),
+        )
+    }
+
+    pub fn shutdown() -> Self {
+        Self::new(ErrorCode::Shutdown, "server is shutting down")
+    }
+
+    /// A change was made but can never be made durable: the store failed.
+    pub fn not_durable() -> Self {
+        Self::new(
+            ErrorCode::Shutdown,
+            "server is shutting down: the change could not be made durable",
+        )
+    }
+
+    /// A watcher fell `behind` events behind; it is disconnected.
+    pub fn lagged(behind: u64) -> Self {
+        Self::new(
+            ErrorCode::Lagged,
+            format!("watcher fell {behind} events behind; closing"),
+        )
+    }
+
+    /// A command other than PING, HELP, QUIT or AUTH before AUTH, on a server with users.
+    pub fn no_auth() -> Self {
+        Self::new(
+            ErrorCode::NoAuth,
+            "authenticate first: AUTH <user> <secret>",
+        )
+    }
+
+    /// A wrong AUTH (unknown user or wrong secret: not told apart); `closing` after the last
+    /// one a connection may make.
+    pub fn bad_auth(closing: bool) -> Self {
+        let message = if closing {
+            "bad user or secret; too many failures, closing"
+        } else {
+            "bad user or secret"
+        };
+        Self::new(ErrorCode::Denied, message)
+    }
+
+    /// AUTH on a server without an auth file.
+    pub fn auth_off() -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            "authentication is off on this server (no --auth-file)",
+        )
+    }
+
+    /// AUTH on a connection that has authenticated already.
+    pub fn already_authenticated(user: &str) -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            format!("already authenticated as {user}; connect again to be another user"),
+        )
+    }
+
+    /// `user` lacks `right` (`lock` or `read`) on the lock `name`.
+    pub fn denied(user: &str, right: &str, name: &str) -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            format!("{name}: user {user} has no {right} right on it"),
+        )
+    }
+
+    /// The user of this connection is no longer in the reloaded auth file.
+    pub fn user_removed(user: &str) -> Self {
+        Self::new(
+            ErrorCode::Denied,
+            format!("user {user} was removed from the auth file; closing"),
+        )
+    }
+
+    /// A connection over `--max-connections`.
+    pub fn too_many_connections(max: usize) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!("too many connections (max {max}); try again later"),
+        )
+    }
+
+    /// A connection over `--max-connections-per-ip` from its address.
+    pub fn too_many_from_address(max: usize) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!("too many connections from this address (max {max}); try again later"),
+        )
+    }
+
+    /// A connection that sent nothing for `--idle-timeout` while it had nothing going on.
+    pub fn idle(timeout: Duration) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!("idle for {}; closing", humantime::format_duration(timeout)),
+        )
+    }
+
+    /// Bytes of a request line that waited `--line-timeout` for the rest of it.
+    pub fn line_not_finished(timeout: Duration) -> Self {
+        Self::new(
+            ErrorCode::Limit,
+            format!(
+                "line not finished within {}; closing",
+                humantime::format_duration(timeout)
+            ),
+        )
+    }
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ERR {} {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+/// Keeps a message on one line whatever it contains.
+fn one_line(message: String) -> String {
+    if message.contains(['\n', '\r']) {
+        message.replace(['\n', '\r'], " ")
+    } else {
+        message
+    }
+}
