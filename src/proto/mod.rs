@@ -139,7 +139,7 @@ impl fmt::Display for AuthLine<'_> {
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
 [session[=<grace>] | detach] [shared | limit=<n>] | \
 UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
-STATUS [<name>] | WATCH [<name>] | AUTH <user> <secret> | PING | HELP | QUIT; \
+STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \

@@ -21,7 +21,14 @@ const PROBE_POLL: Duration = Duration::from_millis(10);
 
 impl Session {
     pub(super) async fn lock(&mut self, req: LockRequest, tie: Tie) -> io::Result<Flow> {
-        let (name, id, wait) = (req.name.clone(), req.id.clone(), req.wait);
+        let (name, wait) = (req.name.clone(), req.wait);
+        // The id only names the client in the log line of a refusal (at debug): no copy of it
+        // on the hot path unless that line can be written.
+        let id = if tracing::enabled!(tracing::Level::DEBUG) {
+            req.id.clone()
+        } else {
+            String::new()
+        };
         match self.shared.lock(req) {
             Err(e) => {
                 let about = Subject {
