@@ -362,6 +362,22 @@ async fn unusable_tls_files_are_a_usage_error_naming_the_file() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("--client-key"), "{}", stderr(&out));
 
+    // The spelling, --tls-cert/--tls-key, names the same files, and is told apart from
+    // the CA: no hint about the system's CA bundle for a missing client certificate.
+    let gone = pki.dir.join("gone-client.pem");
+    let key = pki.dir.join("gone-client.key");
+    let out = output(d.lockctl(&[
+        "status",
+        "--tls-cert",
+        gone.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]))
+    .await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("gone-client.pem"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("CA bundle"), "{}", stderr(&out));
+
     let mut cmd = d.lockctl(&["status"]);
     cmd.env("LOCKD_TLS", "maybe");
     let out = output(cmd).await;
