@@ -14,7 +14,9 @@ const GUARD: Duration = Duration::from_secs(30);
 /// child's stdin is typed at that terminal.
 fn at_terminal(lockd: &Lockd, args: &str) -> std::process::Child {
     let lockctl = env!("CARGO_BIN_EXE_lockctl");
-    let line = format!("{lockctl} --server {} {args}", lockd.addr);
+    // `exec`: lockctl itself is the terminal's foreground job, whatever shell script(1)
+    // runs (a shell that forked and waited would be killed by the Ctrl-C and say 130).
+    let line = format!("exec {lockctl} --server {} {args}", lockd.addr);
     Command::new("script")
         .args(["-qec", &line, "/dev/null"])
         .stdin(Stdio::piped())
