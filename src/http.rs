@@ -16,12 +16,12 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::shared::Shared;
+use crate::backend::Backend;
 
 /// What the endpoint reports on.
 #[derive(Clone, Default)]
 pub struct Endpoint {
-    shared: Arc<OnceLock<Arc<Shared>>>,
+    backend: Arc<OnceLock<Backend>>,
     /// Names whose own series are exported (`--metrics-names`).
     names: Arc<Vec<String>>,
     stopping: CancellationToken,
@@ -37,8 +37,8 @@ impl Endpoint {
     }
 
     /// The table is recovered and the server accepts connections.
-    pub fn serving(&self, shared: &Arc<Shared>) {
-        let _ = self.shared.set(Arc::clone(shared));
+    pub fn serving(&self, backend: &Backend) {
+        let _ = self.backend.set(backend.clone());
     }
 
     /// The server is shutting down: no longer ready, no longer healthy.
@@ -61,8 +61,8 @@ impl Endpoint {
             .await
     }
 
-    fn shared(&self) -> Option<&Arc<Shared>> {
-        self.shared.get()
+    fn backend(&self) -> Option<&Backend> {
+        self.backend.get()
     }
 }
 
@@ -91,36 +91,38 @@ async fn healthz(State(ep): State<Endpoint>) -> Response {
 }
 
 async fn readyz(State(ep): State<Endpoint>) -> Response {
-    match ep.shared() {
+    match ep.backend() {
         _ if ep.stopping.is_cancelled() => text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n"),
         None => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "starting: recovering state\n",
         ),
-        Some(shared) if !shared.ready() => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the data directory cannot be written\n",
-        ),
-        Some(_) => text(StatusCode::OK, "ready\n"),
+        Some(backend) => match backend.ready() {
+            Ok(()) => text(StatusCode::OK, "ready\n"),
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
     }
 }
 
 async fn metrics(State(ep): State<Endpoint>) -> Response {
-    let Some(shared) = ep.shared() else {
+    let Some(backend) = ep.backend() else {
         return text(StatusCode::SERVICE_UNAVAILABLE, "starting\n");
     };
-    let m = shared.metrics();
-    let (held, waiters) = shared.counts();
+    let m = backend.metrics();
+    let (held, waiters) = backend.counts();
     m.held.set(held as i64);
     m.waiters.set(waiters as i64);
     m.journal_backlog.set(
-        shared
+        backend
             .journal_backlog()
             .map_or(0.0, |age| age.as_secs_f64()),
     );
     for name in ep.names.iter() {
         let key = [("name", name.clone())];
-        let status = shared.status(name);
+        let status = backend.status(name).await.ok().flatten();
         m.name_held
             .get_or_create(&key)
             .set(status.as_ref().map_or(0, |s| s.holders as i64));

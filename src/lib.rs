@@ -8,7 +8,9 @@
 //! - [`connection`]: bounded line framing over a [`stream`]: plain TCP or TLS over TCP.
 //! - [`tls`]: rustls set-up (server acceptor, client connector) and a client certificate's
 //!   common name.
-//! - [`shared`]: the table behind a mutex, the expiry timer, waiter hand-off and watch events.
+//! - [`backend`]: the seam sessions talk to, and the two places locks live behind it: the
+//!   embedded table (behind a mutex, with its expiry timer, waiter hand-off and watch events)
+//!   and, with the `etcd` feature, an etcd cluster shared by several lockd front-ends.
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
 //! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
 //! - [`per_ip`]: open connections counted per client address (`--max-connections-per-ip`).
@@ -23,16 +25,17 @@
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `per_ip`
 //! nothing; `stream` and `tls` only each other; `connection` -> `stream`; `metrics` only the table's event types and `proto`'s error codes; `auth`
 //! -> `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its
-//! change and lease types), `metrics`; `shared` -> `locks`, `store`, `metrics`, `auth`;
-//! `session` -> `shared`, `proto`, `connection`, `auth`, `tls`; `compat` -> `shared`,
-//! `locks`; `http` -> `shared`; `server` -> `session`, `shared`, `compat`, `store`, `http`,
+//! change and lease types), `metrics`; `backend` -> `locks`, `store`, `metrics`, `auth`;
+//! `session` -> `backend`, `proto`, `connection`, `auth`, `tls`; `compat` -> `backend`,
+//! `locks`; `http` -> `backend`; `server` -> `session`, `backend`, `compat`, `store`, `http`,
 //! `auth`, `per_ip`, `tls`; `client` -> `proto`, `connection`, `locks` (the token and mode
 //! types), `tls`. The table and the protocol never see a socket or a file, and `lockctl` never
-//! reaches `server`, `shared`, `session` or `store`.
+//! reaches `server`, `backend`, `session` or `store`.
 
 use std::time::Duration;
 
 pub mod auth;
+pub mod backend;
 pub mod client;
 pub mod compat;
 pub mod connection;
@@ -44,7 +47,6 @@ pub mod per_ip;
 pub mod proto;
 pub mod server;
 pub mod session;
-pub mod shared;
 pub mod store;
 pub mod stream;
 pub mod tls;
@@ -53,6 +55,15 @@ pub mod tls;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5001";
 /// Lease length of a LOCK without `ttl=`.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Where a cluster's keys live in etcd unless `--etcd-prefix` says otherwise.
+pub const DEFAULT_ETCD_PREFIX: &str = "/lockd/";
+/// How long one etcd request may take before `ERR UNAVAILABLE` (`--etcd-request-timeout`).
+pub const DEFAULT_ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long to keep trying to reach etcd at start (`--etcd-connect-timeout`).
+pub const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A front-end's etcd lease (`--etcd-lease-ttl`): its session leases and waiters end at
+/// most about this long after it dies.
+pub const DEFAULT_ETCD_LEASE_TTL: Duration = Duration::from_secs(5);
 /// Longest lease a client may ask for.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Most names held at once.

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::Gate;
+use crate::backend::{self, Backend, Embedded};
 use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
 use crate::http::Endpoint;
@@ -23,7 +24,6 @@ use crate::metrics::{Metrics, Protocol};
 use crate::per_ip::PerIp;
 use crate::proto::{ProtoError, Reply};
 use crate::session::{Session, SessionLimits};
-use crate::shared::{self, Shared};
 use crate::store::Store;
 use crate::stream::Stream;
 use crate::tls::ServerTls;
@@ -128,13 +128,13 @@ pub async fn run(
     if let Some(dir) = config.data_dir.clone() {
         return run_durable(config, &dir, listener, shutdown).await;
     }
-    let shared = Shared::new(
+    let embedded = Embedded::new(
         config.limits.clone(),
-        shared::first_token(),
+        backend::first_token(),
         config.watch_buffer,
         Arc::new(Metrics::new()),
     );
-    serve(config, shared, listener, shutdown).await
+    serve(config, Backend::Embedded(embedded), listener, shutdown).await
 }
 
 /// [`run`] with a data directory. A failed write stops the server (fail-stop) and is returned
@@ -152,16 +152,16 @@ async fn run_durable(
             .await
             .map_err(io::Error::other)??
     };
-    let shared = Shared::new_durable(
+    let embedded = Embedded::new_durable(
         config.limits.clone(),
-        shared::first_token(),
+        backend::first_token(),
         config.watch_buffer,
         store.journal(),
         &recovered,
         config.auth.clone(),
         metrics,
     );
-    tracing::info!(dir = %dir.display(), leases = shared.status_all().len(), "state restored");
+    tracing::info!(dir = %dir.display(), leases = embedded.status_all().len(), "state restored");
     let stop = shutdown.child_token();
     let monitor = {
         let (journal, stop) = (store.journal(), stop.clone());
@@ -172,7 +172,7 @@ async fn run_durable(
             }
         })
     };
-    let served = serve(config, shared, listener, stop.clone()).await;
+    let served = serve(config, Backend::Embedded(embedded), listener, stop.clone()).await;
     stop.cancel();
     let _ = monitor.await;
     let closed = tokio::task::spawn_blocking(move || store.close())
@@ -181,22 +181,22 @@ async fn run_durable(
     served.and(closed)
 }
 
-/// Like [`run`], on a table the caller made (and may share with other listeners).
+/// Like [`run`], on a backend the caller made (and may share with other listeners).
 pub async fn serve(
     config: Config,
-    shared: Arc<Shared>,
+    backend: Backend,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let compat = match &config.compat {
-        Some(c) => Some(Compat::start(c.clone(), Arc::clone(&shared)).await?),
+        Some(c) => Some(Compat::start(c.clone(), backend.clone()).await?),
         None => None,
     };
-    shared.limit_status_copies(config.status_copies);
+    backend.limit_status_copies(config.status_copies);
     // Shared by every connection's task (its limits, its TLS acceptor).
     let config = Arc::new(config);
     let tracker = TaskTracker::new();
-    tracker.spawn(Arc::clone(&shared).run_timer(shutdown.clone()));
+    tracker.spawn(backend.clone().run(shutdown.clone()));
     if let Some(compat) = compat {
         tracker.spawn(compat.run(shutdown.clone()));
     }
@@ -219,7 +219,7 @@ pub async fn serve(
         tracing::info!(%addr, "listening");
     }
     if let Some(endpoint) = &config.endpoint {
-        endpoint.serving(&shared);
+        endpoint.serving(&backend);
     }
     loop {
         let log_due = refused.due().into_iter().chain(refused_per_ip.due()).min();
@@ -258,14 +258,14 @@ pub async fn serve(
         };
         match admitted {
             Ok((permit, slot)) => {
-                let (shared, config) = (Arc::clone(&shared), Arc::clone(&config));
+                let (backend, config) = (backend.clone(), Arc::clone(&config));
                 let (shutdown, force) = (shutdown.clone(), force.clone());
-                let counted = shared.metrics().connection(Protocol::Line);
+                let counted = backend.metrics().connection(Protocol::Line);
                 tracker.spawn(async move {
                     // Past the shutdown grace, the session is dropped wherever it is: in its
                     // TLS handshake, or in a write to a client that never reads.
                     tokio::select! {
-                        _ = serve_connection(stream, shared, &config, shutdown) => {}
+                        _ = serve_connection(stream, backend, &config, shutdown) => {}
                         _ = force.cancelled() => {}
                     }
                     drop((permit, slot, counted));
@@ -273,7 +273,7 @@ pub async fn serve(
             }
             Err(log) => {
                 let e = log.refused(peer.ip());
-                shared.metrics().refused(e.code);
+                backend.metrics().refused(e.code);
                 // A TLS client can't read a plain ERR line, and a handshake per refusal
                 // would make a flood dearer: closed without a word.
                 if config.tls.is_none() {
@@ -304,7 +304,7 @@ pub async fn serve(
 /// One accepted connection: its TLS handshake, if the server speaks TLS, then its session.
 async fn serve_connection(
     stream: TcpStream,
-    shared: Arc<Shared>,
+    backend: Backend,
     config: &Config,
     shutdown: CancellationToken,
 ) {
@@ -332,7 +332,7 @@ async fn serve_connection(
     };
     let conn = Connection::new(stream, config.max_line).with_write_timeout(config.write_timeout);
     let gate = config.auth.as_deref();
-    Session::new(shared, conn, config.session_limits(), shutdown, gate)
+    Session::new(backend, conn, config.session_limits(), shutdown, gate)
         .run()
         .await;
 }

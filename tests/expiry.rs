@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lockd::backend::{Embedded, LockStart, WaitResult};
 use lockd::locks::{Limits, LockRequest, WaitEnd, NO_USER};
-use lockd::shared::{LockStart, Shared, WaitResult};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-fn table() -> (Arc<Shared>, CancellationToken) {
-    let shared = Shared::new(Limits::default(), 1, 16, Default::default());
+fn table() -> (Arc<Embedded>, CancellationToken) {
+    let shared = Embedded::new(Limits::default(), 1, 16, Default::default());
     let stop = CancellationToken::new();
     tokio::spawn(Arc::clone(&shared).run_timer(stop.clone()));
     (shared, stop)

@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::message::{self, Kind, Message};
+use crate::backend::Backend;
 use crate::locks::{Token, NO_USER};
-use crate::shared::Shared;
 
 /// Longest message line accepted, in bytes: `unlock:` + a 255-byte id + `:` + 20 digits fits.
 const MAX_MESSAGE: usize = 512;
@@ -39,7 +39,7 @@ pub(super) enum Answer {
 /// What every connection task needs.
 #[derive(Clone)]
 pub(super) struct ConnCtx {
-    pub shared: Arc<Shared>,
+    pub backend: Backend,
     pub name: Arc<str>,
     pub read_timeout: Duration,
     pub requests: mpsc::Sender<Request>,
@@ -83,7 +83,7 @@ async fn handle(stream: &mut TcpStream, peer: SocketAddr, kind: Kind, ctx: &Conn
     // With --data-dir, the change is on disk before the client hears of it, as on the line
     // protocol; if it never will be (the store failed), the client hears nothing.
     if matches!(answer, Ok(Answer::Locked(_) | Answer::Unlocked)) {
-        if let Some(durable) = ctx.shared.durable() {
+        if let Some(durable) = ctx.backend.durable() {
             if durable.await.is_err() {
                 return;
             }
@@ -97,7 +97,7 @@ async fn handle(stream: &mut TcpStream, peer: SocketAddr, kind: Kind, ctx: &Conn
             {
                 // The client never learned it holds the lock: give it back at once.
                 tracing::info!(%peer, "could not answer oklocked; releasing the lock");
-                let _ = ctx.shared.unlock(&ctx.name, token, NO_USER);
+                let _ = ctx.backend.unlock(&ctx.name, token, NO_USER).await;
                 return;
             }
         }

@@ -32,9 +32,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backend::{Backend, LockStart, Published};
 use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token, NO_USER};
 use crate::metrics::Protocol;
-use crate::shared::{LockStart, Published, Shared};
 
 use conn::{Answer, ConnCtx, Request};
 
@@ -129,7 +129,7 @@ impl CompatConfig {
 /// The running mode: both ports, and the lock they stand for.
 pub struct Compat {
     config: CompatConfig,
-    shared: Arc<Shared>,
+    backend: Backend,
     lock_port: port::Port,
     unlock_port: port::Port,
     events: broadcast::Receiver<Arc<Published>>,
@@ -148,9 +148,9 @@ impl Compat {
     /// Checks the settings and both ports (a port in use fails here, not at the first grant),
     /// subscribes to the table's events and opens the port that matches the lock's state.
     /// Connections queue there until [`Compat::run`] serves them.
-    pub async fn start(config: CompatConfig, shared: Arc<Shared>) -> io::Result<Compat> {
+    pub async fn start(config: CompatConfig, backend: Backend) -> io::Result<Compat> {
         config
-            .validate(shared.limits().max_ttl)
+            .validate(backend.limits().max_ttl)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let addrs = bindable_addrs(&config.host, config.lock_port).await?;
         for addr in &addrs {
@@ -163,18 +163,21 @@ impl Compat {
             .map(|a| SocketAddr::new(a.ip(), config.unlock_port))
             .collect();
         // Subscribed before the first look at the table, so no change is missed.
-        let events = shared.subscribe();
+        let events = backend.subscribe();
         let (requests_tx, requests) = mpsc::channel(QUEUE);
         // A lease held before anyone could connect was restored from --data-dir. Which
         // protocol took it is not recorded, so it is taken to be an old client's: an
         // `unlock:` can release it, and its holder is not stuck until the timeout.
-        let restored = shared.status(&config.name).map(|s| s.token);
+        let restored = match backend.status(&config.name).await {
+            Ok(status) => status.map(|s| s.token),
+            Err(e) => return Err(io::Error::other(format!("compat: {e}"))),
+        };
         let mut compat = Compat {
             lock_port: port::Port::new(Kind::Lock, addrs),
             unlock_port: port::Port::new(Kind::Unlock, unlock_addrs),
-            conn: shared.connection_id(),
+            conn: backend.connection_id(),
             config,
-            shared,
+            backend,
             events,
             requests_tx,
             requests,
@@ -192,7 +195,7 @@ impl Compat {
         );
         // The ports match the table before the server accepts anything: a client that got an
         // answer on the line protocol finds the compat ports up too.
-        compat.sync_ports();
+        compat.sync_ports().await;
         Ok(compat)
     }
 
@@ -200,7 +203,7 @@ impl Compat {
     /// being read (each ends within the read timeout, or at once on shutdown).
     pub async fn run(mut self, shutdown: CancellationToken) {
         let ctx = ConnCtx {
-            shared: Arc::clone(&self.shared),
+            backend: self.backend.clone(),
             name: self.config.name.as_str().into(),
             read_timeout: self.config.read_timeout,
             requests: self.requests_tx.clone(),
@@ -209,7 +212,7 @@ impl Compat {
         let mut resync = true;
         loop {
             if resync {
-                self.sync_ports();
+                self.sync_ports().await;
             }
             let rebind = async {
                 match self.rebind_at {
@@ -228,7 +231,7 @@ impl Compat {
                 accepted = self.lock_port.accept() => self.on_accept(Kind::Lock, accepted, &ctx).await,
                 accepted = self.unlock_port.accept() => self.on_accept(Kind::Unlock, accepted, &ctx).await,
                 Some(req) = self.requests.recv() => {
-                    self.on_request(req);
+                    self.on_request(req).await;
                     false
                 }
                 _ = rebind => true,
@@ -244,8 +247,16 @@ impl Compat {
 
     /// Opens the port that matches the table's state and closes the other. Closing comes
     /// first, so the two are never open at once.
-    fn sync_ports(&mut self) {
-        let held = self.shared.status(&self.config.name).is_some();
+    async fn sync_ports(&mut self) {
+        let held = match self.backend.status(&self.config.name).await {
+            Ok(status) => status.is_some(),
+            Err(e) => {
+                // The backend can't say (no quorum): look again shortly, ports as they are.
+                tracing::warn!(error = %e, "compat: cannot read the lock's state; retrying");
+                self.rebind_at = Some(Instant::now() + REBIND_DELAY);
+                return;
+            }
+        };
         let (open, close) = if held {
             (&mut self.unlock_port, &mut self.lock_port)
         } else {
@@ -297,7 +308,7 @@ impl Compat {
             Ok((stream, peer)) => match Arc::clone(&self.permits).try_acquire_owned() {
                 Ok(permit) => {
                     let ctx = ctx.clone();
-                    let counted = self.shared.metrics().connection(Protocol::Compat);
+                    let counted = self.backend.metrics().connection(Protocol::Compat);
                     self.tracker.spawn(async move {
                         conn::serve(stream, peer, kind, ctx).await;
                         drop((permit, counted));
@@ -317,21 +328,21 @@ impl Compat {
 
     /// Carries out a well-formed message against the table, brings the ports up to date,
     /// and only then tells the connection what to answer.
-    fn on_request(&mut self, req: Request) {
+    async fn on_request(&mut self, req: Request) {
         let Message { id, at } = &req.msg;
         let answer = match req.kind {
-            Kind::Lock => self.lock(id, at),
-            Kind::Unlock => self.unlock(id, at),
+            Kind::Lock => self.lock(id, at).await,
+            Kind::Unlock => self.unlock(id, at).await,
         };
-        self.sync_ports();
+        self.sync_ports().await;
         let _ = req.done.send(answer);
     }
 
-    fn lock(&mut self, id: &str, at: &str) -> Answer {
+    async fn lock(&mut self, id: &str, at: &str) -> Answer {
         tracing::info!("lock requested by {id} at {at}");
         let name = &self.config.name;
         // A connection accepted just before the port closed: the lock is taken already.
-        if let Some(status) = self.shared.status(name) {
+        if let Ok(Some(status)) = self.backend.status(name).await {
             tracing::info!(holder = &*status.holder, "lock held; not granted to {id}");
             return Answer::Nothing;
         }
@@ -346,14 +357,14 @@ impl Compat {
             // The old protocol has no users: its lease belongs to none.
             user: NO_USER,
         };
-        match self.shared.lock(req) {
+        match self.backend.lock(req).await {
             Ok(LockStart::Granted { token }) => {
                 self.granted = Some(token);
                 Answer::Locked(token)
             }
             Ok(LockStart::Waiting { waiter, rx }) => {
                 // wait=0 never queues; if it ever did, leave the queue rather than hold it.
-                self.shared.abandon_wait(name, waiter, rx);
+                self.backend.abandon_wait(name, waiter, rx);
                 Answer::Nothing
             }
             Err(e) => {
@@ -363,9 +374,9 @@ impl Compat {
         }
     }
 
-    fn unlock(&mut self, id: &str, at: &str) -> Answer {
+    async fn unlock(&mut self, id: &str, at: &str) -> Answer {
         let name = &self.config.name;
-        let Some(status) = self.shared.status(name) else {
+        let Ok(Some(status)) = self.backend.status(name).await else {
             tracing::info!("unlock requested by {id} at {at}, but the lock is free");
             return Answer::Nothing;
         };
@@ -377,7 +388,7 @@ impl Compat {
             );
             return Answer::Nothing;
         }
-        match self.shared.unlock(name, status.token, NO_USER) {
+        match self.backend.unlock(name, status.token, NO_USER).await {
             Ok(()) => {
                 self.granted = None;
                 if *status.holder == *id {

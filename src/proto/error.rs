@@ -39,10 +39,13 @@ pub enum ErrorCode {
     /// A wrong AUTH, a user without the right for the command on that name, or a lease of
     /// another user.
     Denied,
+    /// The backend that keeps the locks (an etcd cluster) can't be reached or has no
+    /// quorum; nothing was changed and the request may be tried again.
+    Unavailable,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::Syntax,
         ErrorCode::Unknown,
         ErrorCode::BadArg,
@@ -57,6 +60,7 @@ impl ErrorCode {
         ErrorCode::Shutdown,
         ErrorCode::NoAuth,
         ErrorCode::Denied,
+        ErrorCode::Unavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +79,7 @@ impl ErrorCode {
             ErrorCode::Shutdown => "SHUTDOWN",
             ErrorCode::NoAuth => "NOAUTH",
             ErrorCode::Denied => "DENIED",
+            ErrorCode::Unavailable => "UNAVAILABLE",
         }
     }
 
@@ -128,6 +133,14 @@ impl ProtoError {
             TableError::NotOwner => ErrorCode::Denied,
         };
         Self::new(code, format!("{name}: {e}"))
+    }
+
+    /// The backend could not do it (no quorum, unreachable): `why` says what failed.
+    pub fn unavailable(why: &str) -> Self {
+        Self::new(
+            ErrorCode::Unavailable,
+            format!("{why}; nothing changed, try again"),
+        )
     }
 
     /// A LOCK's `wait=` ran out.

@@ -1,15 +1,14 @@
 //! LOCK on a connection: the grant at once or the wait for it, and a grant's delivery.
 
 use std::io;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
 use crate::auth::Right;
+use crate::backend::{Backend, LockStart, WaitResult};
 use crate::locks::{LockRequest, Token, WaitEnd, WaiterId};
 use crate::proto::{ProtoError, Reply, Subject, Tie};
-use crate::shared::{LockStart, Shared, WaitResult};
 
 use super::{reloaded, Flow, Session};
 
@@ -29,21 +28,20 @@ impl Session {
         } else {
             String::new()
         };
-        match self.shared.lock(req) {
+        match self.backend.lock(req).await {
             Err(e) => {
                 let about = Subject {
                     name: &name,
                     id: &id,
                     token: None,
                 };
-                self.refuse_about(ProtoError::table(&name, &e), about)
-                    .await?;
+                self.refuse_about(e.refusal(&name), about).await?;
                 Ok(Flow::Continue)
             }
             Ok(LockStart::Granted { token }) => self.granted(name, tie, token, false).await,
             Ok(LockStart::Waiting { waiter, rx }) => {
                 let pending = Pending {
-                    shared: Arc::clone(&self.shared),
+                    backend: self.backend.clone(),
                     name,
                     id,
                     waiter,
@@ -58,7 +56,7 @@ impl Session {
     /// closes.
     pub(super) fn track_session_lease(&mut self, name: &str, token: Token) {
         if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
-            self.shared.retain_live(&mut self.leases);
+            self.backend.retain_live(&mut self.leases);
         }
         self.leases.insert(token, name.to_owned());
     }
@@ -80,7 +78,7 @@ impl Session {
         }
         if let Err(e) = self.conn.send(Reply::Token(token)).await {
             // The client can't have learned the token: give the lock to the next in line.
-            self.shared.revoke(&name, token);
+            self.backend.revoke(&name, token).await;
             return Err(e);
         }
         if probe && !self.limits.half_close_probe.is_zero() {
@@ -91,8 +89,8 @@ impl Session {
 
     /// A grant whose client left the queue (closed a tied wait, or reset) in the instant it
     /// was made: it was never delivered, so it is taken back and the next waiter granted.
-    pub(super) fn pending_grant_gone(&mut self, name: &str, token: Token) {
-        if self.shared.revoke(name, token) {
+    pub(super) async fn pending_grant_gone(&mut self, name: &str, token: Token) {
+        if self.backend.revoke(name, token).await {
             tracing::info!(
                 name,
                 token,
@@ -117,7 +115,7 @@ impl Session {
         let until = Instant::now() + self.limits.half_close_probe;
         loop {
             if self.conn.peer_reset() {
-                if self.shared.revoke(name, token) {
+                if self.backend.revoke(name, token).await {
                     tracing::info!(
                         name,
                         token,
@@ -159,7 +157,7 @@ impl Session {
                             // look at what has arrived before deciding who holds the lock.
                             let arrived = self.conn.fill_arrived();
                             if arrived.is_err() || (self.conn.is_eof() && tie.wait_ends_on_close()) {
-                                self.pending_grant_gone(&name, token);
+                                self.pending_grant_gone(&name, token).await;
                                 arrived?;
                                 return Ok(Flow::Close);
                             }
@@ -171,6 +169,11 @@ impl Session {
                             let about = Subject { name: &name, id: &pending.id, token: None };
                             self.refuse_about(ProtoError::wait_over(&name, waited), about)
                                 .await?;
+                            Ok(Flow::Continue)
+                        }
+                        WaitResult::Failed(e) => {
+                            let about = Subject { name: &name, id: &pending.id, token: None };
+                            self.refuse_about(e.refusal(&name), about).await?;
                             Ok(Flow::Continue)
                         }
                         WaitResult::Ended(WaitEnd::Replaced) => {
@@ -213,7 +216,7 @@ impl Session {
 /// A queued LOCK. Dropping it (the connection went, the task was cancelled) takes the waiter
 /// out of the queue, or releases the grant its client never saw.
 pub(super) struct Pending {
-    shared: Arc<Shared>,
+    backend: Backend,
     name: String,
     /// The client's id, for the log line if the wait ends in a refusal.
     id: String,
@@ -237,7 +240,7 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if let Some(rx) = self.rx.take() {
-            self.shared.abandon_wait(&self.name, self.waiter, rx);
+            self.backend.abandon_wait(&self.name, self.waiter, rx);
         }
     }
 }

@@ -1,4 +1,4 @@
-//! One client connection: read a line, parse it, run it against the shared table, reply.
+//! One client connection: read a line, parse it, run it against the backend, reply.
 //!
 //! Requests on a connection are answered in order, one at a time; a waiting LOCK holds the
 //! connection until it is answered (later lines stay buffered, up to a bound). While it waits,
@@ -14,16 +14,15 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
+use crate::backend::{Backend, BackendError};
 use crate::connection::{Connection, Frame};
-use crate::locks::{ConnId, LockRequest, TableError, Token};
+use crate::locks::{ConnId, LockRequest, Token};
 use crate::proto::{self, ProtoError, Reply, Request, Subject};
-use crate::shared::Shared;
 
 mod lock;
 mod login;
@@ -57,7 +56,7 @@ pub struct SessionLimits {
 
 /// One connection's state.
 pub struct Session {
-    shared: Arc<Shared>,
+    backend: Backend,
     conn: Connection,
     /// This connection's number, to which its session leases are bound.
     number: ConnId,
@@ -87,13 +86,13 @@ impl Session {
     /// A session for `conn`; with a `gate`, its client must AUTH before anything but PING,
     /// HELP and QUIT, and may only do what its user's rights allow.
     pub fn new(
-        shared: Arc<Shared>,
+        backend: Backend,
         conn: Connection,
         limits: SessionLimits,
         shutdown: CancellationToken,
         gate: Option<&Gate>,
     ) -> Self {
-        let number = shared.connection_id();
+        let number = backend.connection_id();
         let mut login = gate.map(|gate| Login {
             users: gate.subscribe(),
             user: None,
@@ -109,7 +108,7 @@ impl Session {
             }
         }
         Session {
-            shared,
+            backend,
             conn,
             number,
             shutdown,
@@ -254,7 +253,7 @@ impl Session {
     /// Whether a session lease is still bound to this connection.
     fn holds_session_lease(&mut self) -> bool {
         if !self.leases.is_empty() {
-            self.shared.retain_live(&mut self.leases);
+            self.backend.retain_live(&mut self.leases);
         }
         !self.leases.is_empty()
     }
@@ -279,14 +278,14 @@ impl Session {
     /// Every refusal is counted and logged (at debug: refusals are the clients' business,
     /// and a flood of them must not flood the log at the default level).
     fn count_refusal(&self, e: &ProtoError, about: Subject<'_>) {
-        self.shared.metrics().refused(e.code);
+        self.backend.metrics().refused(e.code);
         let Subject { name, id, token } = about;
         let token = token.unwrap_or(0);
         tracing::debug!(conn = self.number, code = %e.code, name, id, token, reason = %e.message, "refused");
     }
 
     async fn dispatch(&mut self, request: Request) -> io::Result<Flow> {
-        let shared = Arc::clone(&self.shared);
+        let backend = self.backend.clone();
         match request {
             Request::Lock {
                 name,
@@ -309,7 +308,7 @@ impl Session {
                 return self.lock(req, tie).await;
             }
             Request::Unlock { name, token } => {
-                let result = shared.unlock(&name, token, self.user());
+                let result = backend.unlock(&name, token, self.user()).await;
                 if result.is_ok() {
                     self.leases.remove(&token);
                     if !self.durable().await? {
@@ -320,7 +319,9 @@ impl Session {
                     .await?;
             }
             Request::Renew { name, token, ttl } => {
-                let result = shared.renew(&name, token, ttl, self.number, self.user());
+                let result = backend
+                    .renew(&name, token, ttl, self.number, self.user())
+                    .await;
                 if let Ok(renewed) = &result {
                     if renewed.bound {
                         self.track_session_lease(&name, token);
@@ -333,17 +334,25 @@ impl Session {
                     .await?;
             }
             Request::Check { name, token } => {
-                let result = shared.check(&name, token).map(Reply::Lease);
+                let result = backend.check(&name, token).await.map(Reply::Lease);
                 self.reply(&name, token, result).await?;
             }
-            Request::Status { name: Some(name) } => {
-                let status = shared.status(&name);
-                self.conn
-                    .queue(Reply::Status(&name, status.as_ref()))
-                    .await?;
-            }
+            Request::Status { name: Some(name) } => match backend.status(&name).await {
+                Ok(status) => {
+                    self.conn
+                        .queue(Reply::Status(&name, status.as_ref()))
+                        .await?
+                }
+                Err(e) => self.refuse(e.refusal(&name)).await?,
+            },
             Request::StatusDetail { name } => {
-                let detail = shared.status_detail(&name, proto::DETAIL_WAITERS);
+                let detail = match backend.status_detail(&name, proto::DETAIL_WAITERS).await {
+                    Ok(detail) => detail,
+                    Err(e) => {
+                        self.refuse(e.refusal(&name)).await?;
+                        return Ok(Flow::Continue);
+                    }
+                };
                 if let Some(detail) = &detail {
                     for holder in &detail.holders {
                         self.conn.queue(Reply::Holder(holder)).await?;
@@ -373,7 +382,7 @@ impl Session {
         &mut self,
         name: &str,
         token: Token,
-        result: Result<Reply<'_>, TableError>,
+        result: Result<Reply<'_>, BackendError>,
     ) -> io::Result<()> {
         match result {
             Ok(reply) => self.conn.queue(reply).await,
@@ -383,7 +392,7 @@ impl Session {
                     id: "",
                     token: Some(token),
                 };
-                self.refuse_about(ProtoError::table(name, &e), about).await
+                self.refuse_about(e.refusal(name), about).await
             }
         }
     }
@@ -392,7 +401,7 @@ impl Session {
     /// Before an `OK` that reports a change; false (after an `ERR SHUTDOWN` reply) if they
     /// never will be, because the store failed and the server is stopping.
     async fn durable(&mut self) -> io::Result<bool> {
-        let Some(wait) = self.shared.durable() else {
+        let Some(wait) = self.backend.durable() else {
             return Ok(true);
         };
         if wait.await.is_ok() {
@@ -408,7 +417,7 @@ impl Session {
     /// and carries on).
     fn release_sessions(&mut self) {
         if !self.shutdown.is_cancelled() {
-            self.shared.drop_sessions(self.number, &self.leases);
+            self.backend.drop_sessions(self.number, &self.leases);
         }
         self.leases.clear();
     }

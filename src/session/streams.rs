@@ -7,9 +7,9 @@ use std::sync::Arc;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::auth::Right;
+use crate::backend::Published;
 use crate::connection::{Frame, WRITE_CHUNK};
 use crate::proto::{ProtoError, Reply};
-use crate::shared::Published;
 
 use super::{reloaded, Flow, Session};
 
@@ -18,9 +18,15 @@ impl Session {
     /// [`WRITE_CHUNK`] at a time, so a client that does not read holds a reference to the
     /// snapshot and a bounded buffer, never a copy of its own.
     pub(super) async fn status_all(&mut self) -> io::Result<Flow> {
-        let shared = Arc::clone(&self.shared);
+        let backend = self.backend.clone();
         let view = tokio::select! {
-            view = shared.status_snapshot() => view,
+            view = backend.status_snapshot() => match view {
+                Ok(view) => view,
+                Err(e) => {
+                    self.refuse(e.refusal("")).await?;
+                    return Ok(Flow::Continue);
+                }
+            },
             _ = self.shutdown.cancelled() => {
                 self.refuse(ProtoError::shutdown()).await?;
                 return Ok(Flow::Close);
@@ -46,8 +52,8 @@ impl Session {
     /// yet handed to the connection is `ERR LAGGED` and the end of the connection. Meanwhile
     /// at most a [`WRITE_CHUNK`] is formatted ahead, and the write timeout applies.
     pub(super) async fn watch(&mut self, name: Option<String>) -> io::Result<Flow> {
-        let mut events = self.shared.subscribe();
-        let _counted = self.shared.metrics().watcher();
+        let mut events = self.backend.subscribe();
+        let _counted = self.backend.metrics().watcher();
         self.conn.push(Reply::Watching(name.as_deref()));
         let mut behind: VecDeque<Arc<Published>> = VecDeque::new();
         loop {
@@ -101,7 +107,7 @@ impl Session {
                 }
             };
             if let Some(behind) = lag {
-                self.shared.metrics().watcher_lagged();
+                self.backend.metrics().watcher_lagged();
                 self.push_refusal(ProtoError::lagged(behind));
                 return Ok(Flow::Close);
             }

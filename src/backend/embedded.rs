@@ -1,4 +1,5 @@
-//! The shell around the lock table: one mutex, one expiry timer, waiter hand-off, events.
+//! The embedded backend, lockd's default: the lock table in this process behind one mutex,
+//! one expiry timer, waiter hand-off, events, and with `--data-dir` the journal.
 //!
 //! The table is behind a `std::sync::Mutex` because every operation on it is short and
 //! synchronous: no method here awaits, so the guard can never be held across an `.await`.
@@ -7,71 +8,29 @@
 //! logging and broadcasting happen after it is dropped.
 //!
 //! With a data directory, the table's changes are queued to the [`Journal`] under the same
-//! guard (so the log's order is the table's order), and a session calls [`Shared::durable`]
+//! guard (so the log's order is the table's order), and a session calls [`Embedded::durable`]
 //! before the `OK` that reports a change.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{broadcast, oneshot, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
 use crate::locks::{
     Change, ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
-    TableError, Token, UserId, WaitEnd, WaiterId, WaiterStatus, GONE_USER,
+    TableError, Token, UserId, WaiterId, GONE_USER,
 };
 use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Stopped};
 
-/// How a queued LOCK ends.
-#[derive(Debug)]
-pub enum WaitResult {
-    Granted { token: Token, deadline: Instant },
-    Ended(WaitEnd),
-}
-
-/// `STATUS <name> detail`: the lock as STATUS shows it, every holder, and the queue's head.
-#[derive(Debug)]
-pub struct Detail {
-    pub status: LockStatus,
-    pub holders: Vec<LockStatus>,
-    pub queue: Vec<WaiterStatus>,
-}
-
-/// What a RENEW did.
-#[derive(Debug)]
-pub struct Renewed {
-    /// The lease's time left.
-    pub left: Duration,
-    /// A session lease in its grace is now bound to the renewing connection, which must end
-    /// it (or start its grace again) when it closes.
-    pub bound: bool,
-}
-
-/// What a LOCK did at once.
-#[derive(Debug)]
-pub enum LockStart {
-    Granted {
-        token: Token,
-    },
-    /// Queued: `rx` receives the outcome. Give it back through [`Shared::abandon_wait`] if the
-    /// connection goes first.
-    Waiting {
-        waiter: WaiterId,
-        rx: oneshot::Receiver<WaitResult>,
-    },
-}
-
-/// An event as watchers see it: what happened and when (wall clock, for people).
-#[derive(Debug)]
-pub struct Published {
-    pub event: Event,
-    pub unix_ms: u64,
-}
+use super::{
+    now, unix_ms, Detail, LockStart, Published, Renewed, StatusSnapshot, StatusView, WaitResult,
+};
 
 struct Inner {
     table: Locks,
@@ -85,8 +44,8 @@ struct Inner {
     generation: u64,
 }
 
-/// The lock table as every connection shares it.
-pub struct Shared {
+/// The lock table as every connection of this process shares it.
+pub struct Embedded {
     inner: Mutex<Inner>,
     timer: Notify,
     events: broadcast::Sender<Arc<Published>>,
@@ -104,71 +63,11 @@ pub struct Shared {
     status_copies_max: AtomicUsize,
 }
 
-/// Every held lock, sorted by name, as the table was at one generation.
-struct StatusSnapshot {
-    generation: u64,
-    /// When `remaining` was measured.
-    taken: Instant,
-    locks: Box<[LockStatus]>,
-    /// Returned when the last STATUS answer streaming this copy is done with it.
-    _copy: Option<OwnedSemaphorePermit>,
-}
-
-/// A STATUS of every held lock, as of the moment it was asked for: a shared snapshot (a
-/// client that reads slowly holds a reference to it, not a copy of its own).
-pub struct StatusView {
-    snapshot: Arc<StatusSnapshot>,
-    at: Instant,
-}
-
-impl StatusView {
-    /// How many locks are held.
-    pub fn len(&self) -> usize {
-        self.snapshot.locks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.snapshot.locks.is_empty()
-    }
-
-    /// The held locks in name order, their time left counted from when STATUS was asked
-    /// (the snapshot may be older: the table has not changed since).
-    pub fn iter(&self) -> impl Iterator<Item = LockStatus> + '_ {
-        let since = self.at.saturating_duration_since(self.snapshot.taken);
-        self.snapshot.locks.iter().map(move |s| LockStatus {
-            remaining: s.remaining.saturating_sub(since),
-            ..s.clone()
-        })
-    }
-}
-
 /// Above this many held locks, a STATUS snapshot is sorted on a blocking thread, so it does
 /// not hold up the connections served by the same worker.
 const SORT_ASIDE: usize = 4096;
 
-/// The current time as the table counts it. Tokio's clock, so paused-time tests drive leases.
-pub fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
-/// Where tokens start: wall-clock microseconds, so a restarted server continues above the
-/// tokens it granted before (as long as it granted fewer than a million a second on average
-/// and the clock did not step back).
-pub fn first_token() -> Token {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as Token)
-        .unwrap_or(1)
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-impl Shared {
+impl Embedded {
     /// A table with these limits; watchers may fall `watch_buffer` events behind.
     pub fn new(
         limits: Limits,
@@ -185,7 +84,7 @@ impl Shared {
         )
     }
 
-    /// Like [`Shared::new`], on the state a data directory held, recording every change to
+    /// Like [`Embedded::new`], on the state a data directory held, recording every change to
     /// `journal`. Restored leases are plain (non-session) leases: their connections are gone.
     pub fn new_durable(
         limits: Limits,
@@ -222,7 +121,7 @@ impl Shared {
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
         let (events, _) = broadcast::channel(watch_buffer.max(1));
-        Arc::new(Shared {
+        Arc::new(Embedded {
             inner: Mutex::new(Inner {
                 table,
                 waiting: HashMap::new(),
@@ -248,8 +147,11 @@ impl Shared {
     }
 
     /// Ready to grant: with a data directory, its writer has not failed.
-    pub fn ready(&self) -> bool {
-        self.journal.as_ref().is_none_or(|j| !j.is_failed())
+    pub fn ready(&self) -> Result<(), &'static str> {
+        match &self.journal {
+            Some(journal) if journal.is_failed() => Err("the data directory cannot be written"),
+            _ => Ok(()),
+        }
     }
 
     /// How long the oldest change not yet on disk has waited (`None` without a data directory
@@ -363,7 +265,7 @@ impl Shared {
     }
 
     /// At most `copies` copies of the table are held by STATUS answers at once (see
-    /// [`Shared::status_snapshot`]); at least 1. Call it before serving.
+    /// [`Embedded::status_snapshot`]); at least 1. Call it before serving.
     pub fn limit_status_copies(&self, copies: usize) {
         let copies = copies.max(1);
         let old = self.status_copies_max.swap(copies, Ordering::Relaxed);
@@ -420,7 +322,7 @@ impl Shared {
     /// Every held lock, sorted by name, as of now. While the table does not change, every
     /// STATUS shares one snapshot, so a client that asks and never reads costs a reference,
     /// not a copy. When it has changed, a new copy is taken; at most
-    /// [`Shared::limit_status_copies`] of them exist at once, and past that this waits until
+    /// [`Embedded::limit_status_copies`] of them exist at once, and past that this waits until
     /// an answer still being streamed from an older one is done (or its client is
     /// disconnected for not reading).
     pub async fn status_snapshot(&self) -> StatusView {
@@ -608,7 +510,8 @@ impl Shared {
     }
 }
 
-fn log_event(e: &Event) {
+/// The log line of a lease event (both backends log alike).
+pub(crate) fn log_event(e: &Event) {
     let (name, id, token) = (&*e.name, &*e.id, e.token);
     let held_ms = e.held.as_millis() as u64;
     match e.kind {

@@ -1,0 +1,402 @@
+//! Where each piece of lock state lives in etcd, and how it is written: pure, no I/O.
+//!
+//! Under the deployment's prefix `P`:
+//! - `P h/<name>/<uid>`: one holder of `name` (its create revision, plus the token base, is its
+//!   fencing token). A plain lease's key has no etcd lease, so it outlives its front-end; a
+//!   session lease's key hangs on its front-end's etcd lease, so it ends with the front-end.
+//! - `P q/<name>/<uid>`: one waiter, on its front-end's etcd lease; the queue's order is the
+//!   keys' create revisions, so FIFO holds across front-ends.
+//! - `P n/<name>`: the name's change marker. Every grant and every release of `name` writes
+//!   it in the same transaction, so a grant can be made conditional on "no holder came or
+//!   went since I looked" with one comparison; its value says what the last change was
+//!   (released, expired, dropped), for watchers on every front-end.
+//! - `P fe/<id>`: a live front-end, on its etcd lease.
+//! - `P meta/base`: the token base, chosen once.
+//!
+//! Names and ids may hold any printable character but whitespace, `/` included: in keys they
+//! are percent-encoded. Values are `key=value` words, values percent-encoded too.
+
+use std::fmt::Write as _;
+
+use crate::locks::{EventKind, Mode};
+
+/// The key of one holder, waiter or name marker, parsed back from etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Key {
+    Holder { name: String, uid: String },
+    Waiter { name: String, uid: String },
+    Marker { name: String },
+    FrontEnd { id: String },
+    Base,
+}
+
+/// The key layout under one prefix.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    prefix: String,
+}
+
+impl Layout {
+    pub fn new(prefix: &str) -> Layout {
+        let mut prefix = prefix.to_owned();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Layout { prefix }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn holder(&self, name: &str, uid: &str) -> String {
+        format!("{}h/{}/{}", self.prefix, encode(name), encode(uid))
+    }
+
+    /// Every holder of `name` (a range prefix).
+    pub fn holders(&self, name: &str) -> String {
+        format!("{}h/{}/", self.prefix, encode(name))
+    }
+
+    pub fn waiter(&self, name: &str, uid: &str) -> String {
+        format!("{}q/{}/{}", self.prefix, encode(name), encode(uid))
+    }
+
+    /// Every waiter of `name` (a range prefix).
+    pub fn waiters(&self, name: &str) -> String {
+        format!("{}q/{}/", self.prefix, encode(name))
+    }
+
+    pub fn marker(&self, name: &str) -> String {
+        format!("{}n/{}", self.prefix, encode(name))
+    }
+
+    pub fn front_end(&self, id: &str) -> String {
+        format!("{}fe/{}", self.prefix, encode(id))
+    }
+
+    pub fn base(&self) -> String {
+        format!("{}meta/base", self.prefix)
+    }
+
+    /// What `key` is, if it is one of ours.
+    pub fn parse(&self, key: &[u8]) -> Option<Key> {
+        let key = std::str::from_utf8(key).ok()?;
+        let rest = key.strip_prefix(&self.prefix)?;
+        let (kind, rest) = rest.split_once('/')?;
+        match kind {
+            "h" | "q" => {
+                let (name, uid) = rest.split_once('/')?;
+                let (name, uid) = (decode(name)?, decode(uid)?);
+                Some(if kind == "h" {
+                    Key::Holder { name, uid }
+                } else {
+                    Key::Waiter { name, uid }
+                })
+            }
+            "n" => Some(Key::Marker {
+                name: decode(rest)?,
+            }),
+            "fe" => Some(Key::FrontEnd { id: decode(rest)? }),
+            "meta" if rest == "base" => Some(Key::Base),
+            _ => None,
+        }
+    }
+}
+
+/// A holder's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderValue {
+    pub id: String,
+    /// The user (of `--auth-file`) that owns the lease; empty for none.
+    pub user: String,
+    pub mode: Mode,
+    pub ttl_ms: u64,
+    /// Wall-clock milliseconds when the lease ends unless renewed.
+    pub deadline_ms: u64,
+    /// `Some(grace)` for a session lease.
+    pub session_ms: Option<u64>,
+    /// The front-end and connection a session lease is bound to.
+    pub fe: String,
+    pub conn: u64,
+    /// Wall-clock milliseconds when a session lease whose connection closed ends (its grace
+    /// runs); 0 while it is bound to an open connection.
+    pub cut_ms: u64,
+    pub granted_ms: u64,
+    /// How long it waited in the queue; `None` for a grant made at once.
+    pub waited_ms: Option<u64>,
+}
+
+/// A waiter's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaiterValue {
+    pub id: String,
+    pub user: String,
+    pub mode: Mode,
+    pub session: bool,
+    pub fe: String,
+    pub queued_ms: u64,
+}
+
+/// What the last change of a name was, with the holder it was about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkerValue {
+    pub kind: EventKind,
+    /// The create revision of the holder key that changed.
+    pub rev: i64,
+    /// The front-end that made the change (it logs and counts it).
+    pub fe: String,
+}
+
+impl HolderValue {
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        word(&mut s, "id", &self.id);
+        word(&mut s, "user", &self.user);
+        word(&mut s, "mode", &mode_word(self.mode));
+        word(&mut s, "ttl", &self.ttl_ms.to_string());
+        word(&mut s, "deadline", &self.deadline_ms.to_string());
+        if let Some(grace) = self.session_ms {
+            word(&mut s, "session", &grace.to_string());
+        }
+        word(&mut s, "fe", &self.fe);
+        word(&mut s, "conn", &self.conn.to_string());
+        word(&mut s, "cut", &self.cut_ms.to_string());
+        word(&mut s, "granted", &self.granted_ms.to_string());
+        if let Some(waited) = self.waited_ms {
+            word(&mut s, "waited", &waited.to_string());
+        }
+        s
+    }
+
+    pub fn decode(text: &[u8]) -> Option<HolderValue> {
+        let w = Words::parse(text)?;
+        Some(HolderValue {
+            id: w.get("id")?,
+            user: w.get("user").unwrap_or_default(),
+            mode: parse_mode(&w.get("mode")?)?,
+            ttl_ms: w.num("ttl")?,
+            deadline_ms: w.num("deadline")?,
+            session_ms: w.num("session"),
+            fe: w.get("fe").unwrap_or_default(),
+            conn: w.num("conn").unwrap_or(0),
+            cut_ms: w.num("cut").unwrap_or(0),
+            granted_ms: w.num("granted").unwrap_or(0),
+            waited_ms: w.num("waited"),
+        })
+    }
+
+    /// When it ends: its deadline, or the end of its grace if sooner.
+    pub fn ends_ms(&self) -> u64 {
+        if self.cut_ms > 0 {
+            self.deadline_ms.min(self.cut_ms)
+        } else {
+            self.deadline_ms
+        }
+    }
+}
+
+impl WaiterValue {
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        word(&mut s, "id", &self.id);
+        word(&mut s, "user", &self.user);
+        word(&mut s, "mode", &mode_word(self.mode));
+        word(&mut s, "session", if self.session { "1" } else { "0" });
+        word(&mut s, "fe", &self.fe);
+        word(&mut s, "queued", &self.queued_ms.to_string());
+        s
+    }
+
+    pub fn decode(text: &[u8]) -> Option<WaiterValue> {
+        let w = Words::parse(text)?;
+        Some(WaiterValue {
+            id: w.get("id")?,
+            user: w.get("user").unwrap_or_default(),
+            mode: parse_mode(&w.get("mode")?)?,
+            session: w.get("session").as_deref() == Some("1"),
+            fe: w.get("fe").unwrap_or_default(),
+            queued_ms: w.num("queued").unwrap_or(0),
+        })
+    }
+}
+
+impl MarkerValue {
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        let kind = match self.kind {
+            EventKind::Acquired => "acquired",
+            EventKind::Released => "released",
+            EventKind::Expired => "expired",
+            EventKind::Dropped => "dropped",
+            EventKind::Revoked => "revoked",
+        };
+        word(&mut s, "kind", kind);
+        word(&mut s, "rev", &self.rev.to_string());
+        word(&mut s, "fe", &self.fe);
+        s
+    }
+
+    pub fn decode(text: &[u8]) -> Option<MarkerValue> {
+        let w = Words::parse(text)?;
+        let kind = match w.get("kind")?.as_str() {
+            "acquired" => EventKind::Acquired,
+            "released" => EventKind::Released,
+            "expired" => EventKind::Expired,
+            "dropped" => EventKind::Dropped,
+            "revoked" => EventKind::Revoked,
+            _ => return None,
+        };
+        Some(MarkerValue {
+            kind,
+            rev: w.num("rev")?,
+            fe: w.get("fe").unwrap_or_default(),
+        })
+    }
+}
+
+fn mode_word(mode: Mode) -> String {
+    match mode {
+        Mode::Exclusive => "x".into(),
+        Mode::Shared => "s".into(),
+        Mode::Limit(n) => format!("l{n}"),
+    }
+}
+
+fn parse_mode(word: &str) -> Option<Mode> {
+    match word {
+        "x" => Some(Mode::Exclusive),
+        "s" => Some(Mode::Shared),
+        _ => word.strip_prefix('l')?.parse().ok().map(Mode::limit),
+    }
+}
+
+fn word(s: &mut String, key: &str, value: &str) {
+    if !s.is_empty() {
+        s.push(' ');
+    }
+    let _ = write!(s, "{key}={}", encode(value));
+}
+
+/// A value's words.
+struct Words(Vec<(String, String)>);
+
+impl Words {
+    fn parse(text: &[u8]) -> Option<Words> {
+        let text = std::str::from_utf8(text).ok()?;
+        let mut words = Vec::new();
+        for w in text.split(' ').filter(|w| !w.is_empty()) {
+            let (k, v) = w.split_once('=')?;
+            words.push((k.to_owned(), decode(v)?));
+        }
+        Some(Words(words))
+    }
+
+    fn get(&self, key: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn num<T: std::str::FromStr>(&self, key: &str) -> Option<T> {
+        self.get(key)?.parse().ok()
+    }
+}
+
+/// Percent-encodes everything but letters, digits and `-_.:@`.
+pub fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.:@".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+pub fn decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_whatever_the_name_holds() {
+        let l = Layout::new("/lockd");
+        for name in ["job", "a/b", "100%", "ünï", "x=y z"] {
+            let k = l.holder(name, "fe1.7");
+            assert_eq!(
+                l.parse(k.as_bytes()),
+                Some(Key::Holder {
+                    name: name.into(),
+                    uid: "fe1.7".into()
+                })
+            );
+            assert_eq!(
+                l.parse(l.marker(name).as_bytes()),
+                Some(Key::Marker { name: name.into() })
+            );
+            assert!(k.starts_with(&l.holders(name)));
+        }
+        assert_eq!(l.parse(b"/other/h/x/y"), None);
+        assert_eq!(l.parse(l.base().as_bytes()), Some(Key::Base));
+    }
+
+    #[test]
+    fn a_name_prefix_never_covers_another_name() {
+        let l = Layout::new("/lockd/");
+        assert!(!l.holder("ab", "u").starts_with(&l.holders("a")));
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let h = HolderValue {
+            id: "host:1 x".into(),
+            user: "ci".into(),
+            mode: Mode::Limit(3),
+            ttl_ms: 30_000,
+            deadline_ms: 99,
+            session_ms: Some(500),
+            fe: "fe=1".into(),
+            conn: 4,
+            cut_ms: 0,
+            granted_ms: 7,
+            waited_ms: Some(3),
+        };
+        assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
+        let w = WaiterValue {
+            id: "w".into(),
+            user: String::new(),
+            mode: Mode::Shared,
+            session: true,
+            fe: "f".into(),
+            queued_ms: 1,
+        };
+        assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));
+        let m = MarkerValue {
+            kind: EventKind::Expired,
+            rev: 12,
+            fe: "f".into(),
+        };
+        assert_eq!(MarkerValue::decode(m.encode().as_bytes()), Some(m));
+        assert_eq!(HolderValue::decode(b"garbage"), None);
+    }
+}

@@ -1,0 +1,278 @@
+//! The etcd backend (`--etcd`): lockd front-ends that keep every lock in an etcd cluster.
+//!
+//! No consensus of our own: every change is one etcd transaction whose comparisons make it
+//! safe whatever the other front-ends do at the same time (see [`keys`] for the layout). Each
+//! front-end keeps a [`mirror::Mirror`] of the prefix from one watch stream and decides from
+//! it; a decision made on a stale mirror fails its comparison, and is made again once the
+//! mirror has caught up. So:
+//! - a grant is "the marker of the name is as I saw it (no holder came or went), nobody is
+//!   queued ahead of this waiter (or nobody at all, for a grant at once)": at most the holders
+//!   the mode allows, FIFO across front-ends;
+//! - a release writes the marker, and only the front-end of the head waiter acts on it: one
+//!   wake-up in the whole cluster;
+//! - tokens are the base plus the revision of the granting transaction: strictly increasing
+//!   in grant order across all names and front-ends;
+//! - plain leases are keys without an etcd lease: they outlive their front-end, and any
+//!   front-end renews, checks, releases or expires them. Session leases and waiters hang on
+//!   their front-end's etcd lease, so they end within `--etcd-lease-ttl` of its death.
+
+mod keys;
+mod mirror;
+mod ops;
+mod tasks;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Client, ConnectOptions, Txn, TxnOp};
+use tokio::sync::{broadcast, oneshot, Notify};
+
+use crate::auth::Gate;
+use crate::locks::{ConnId, Limits, LockRequest, UserId, WaiterId, NO_USER};
+use crate::metrics::Metrics;
+
+use super::{BackendError, EtcdConfig, Published, WaitResult};
+use keys::{Layout, WaiterValue};
+use mirror::Mirror;
+
+/// A waiter of this front-end.
+struct Local {
+    name: String,
+    uid: String,
+    key: String,
+    /// Its key's create revision, once known (from the put's answer or the watch).
+    rev: i64,
+    tx: oneshot::Sender<WaitResult>,
+    req: LockRequest,
+    value: WaiterValue,
+    queued: Instant,
+    /// The name's `last_rev` when a grant was last tried: while a try is out, or until the
+    /// name changes after a failed one, it is not tried again.
+    tried_at: Option<i64>,
+    in_flight: bool,
+}
+
+struct State {
+    mirror: Mirror,
+    waiting: HashMap<WaiterId, Local>,
+    by_uid: HashMap<String, WaiterId>,
+    /// Holders an expiry transaction is out for, so the timer does not send it twice.
+    expiring: std::collections::HashSet<(String, i64)>,
+}
+
+/// The etcd backend of one front-end.
+pub struct Cluster {
+    client: Client,
+    layout: Layout,
+    /// This front-end's id, unique per process.
+    fe: String,
+    lease: AtomicI64,
+    state: Mutex<State>,
+    events: broadcast::Sender<Arc<Published>>,
+    /// The mirror moved: the expiry timer looks again.
+    moved: Notify,
+    next_conn: AtomicU64,
+    next_uid: AtomicU64,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    users: Option<Arc<Gate>>,
+    /// Whether the last contact with etcd (keep-alive, watch) worked.
+    healthy: AtomicBool,
+    config: EtcdConfig,
+}
+
+/// Wall-clock milliseconds: deadlines in etcd are wall clock, shared by every front-end.
+pub(crate) fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn unavailable(e: etcd_client::Error) -> BackendError {
+    BackendError::Unavailable(format!("etcd: {e}"))
+}
+
+impl Cluster {
+    /// Connects, takes this front-end's etcd lease, reads (or chooses) the token base and
+    /// loads the mirror. Fails if etcd can't be reached within the connect timeout.
+    pub async fn connect(
+        config: EtcdConfig,
+        limits: Limits,
+        watch_buffer: usize,
+        users: Option<Arc<Gate>>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Cluster>, String> {
+        let options = ConnectOptions::new()
+            .with_timeout(config.request_timeout)
+            .with_connect_timeout(config.connect_timeout)
+            .with_keep_alive(Duration::from_secs(5), config.request_timeout)
+            .with_require_leader(true);
+        let endpoints = config.endpoints.join(",");
+        let client = tokio::time::timeout(
+            config.connect_timeout,
+            Client::connect(&config.endpoints, Some(options)),
+        )
+        .await
+        .map_err(|_| format!("etcd at {endpoints}: no answer"))?
+        .map_err(|e| format!("etcd at {endpoints}: {e}"))?;
+        let layout = Layout::new(&config.prefix);
+        let fe = format!(
+            "{}-{}-{:x}",
+            hostname(),
+            std::process::id(),
+            wall_ms() & 0xffff_ffff
+        );
+        let (events, _) = broadcast::channel(watch_buffer.max(1));
+        let cluster = Arc::new(Cluster {
+            client,
+            layout,
+            fe,
+            lease: AtomicI64::new(0),
+            state: Mutex::new(State {
+                mirror: Mirror::default(),
+                waiting: HashMap::new(),
+                by_uid: HashMap::new(),
+                expiring: Default::default(),
+            }),
+            events,
+            moved: Notify::new(),
+            next_conn: AtomicU64::new(1),
+            next_uid: AtomicU64::new(1),
+            limits,
+            metrics,
+            users,
+            healthy: AtomicBool::new(false),
+            config,
+        });
+        let startup = async {
+            cluster.take_lease().await?;
+            cluster.load_base().await?;
+            cluster.resync().await
+        };
+        tokio::time::timeout(cluster.config.connect_timeout, startup)
+            .await
+            .map_err(|_| format!("etcd at {endpoints}: no quorum (timed out)"))?
+            .map_err(|e| format!("etcd at {endpoints}: {e}"))?;
+        cluster.healthy.store(true, Ordering::Relaxed);
+        tracing::info!(
+            fe = cluster.fe,
+            endpoints,
+            prefix = cluster.layout.prefix(),
+            "cluster mode: front-end of etcd"
+        );
+        Ok(cluster)
+    }
+
+    /// Grants this front-end's etcd lease and announces the front-end on it.
+    async fn take_lease(&self) -> Result<(), BackendError> {
+        let ttl = self.config.lease_ttl.as_secs().max(1) as i64;
+        let mut client = self.client.clone();
+        let lease = client.lease_grant(ttl, None).await.map_err(unavailable)?;
+        self.lease.store(lease.id(), Ordering::Relaxed);
+        let opts = etcd_client::PutOptions::new().with_lease(lease.id());
+        client
+            .put(self.layout.front_end(&self.fe), "", Some(opts))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// The token base: chosen once per prefix (wall-clock microseconds, as the embedded
+    /// backend starts its tokens, so tokens keep growing across a move between backends).
+    async fn load_base(&self) -> Result<(), BackendError> {
+        let key = self.layout.base();
+        let first = super::first_token().to_string();
+        let txn = Txn::new()
+            .when([etcd_client::Compare::version(
+                key.clone(),
+                etcd_client::CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(key.clone(), first, None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let mut client = self.client.clone();
+        client.txn(txn).await.map_err(unavailable)?;
+        let got = client.get(key, None).await.map_err(unavailable)?;
+        let base = got
+            .kvs()
+            .first()
+            .and_then(|kv| kv.value_str().ok()?.parse().ok())
+            .ok_or_else(|| BackendError::Unavailable("etcd: no token base".into()))?;
+        self.guard().mirror.base = base;
+        Ok(())
+    }
+
+    fn guard(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn ready(&self) -> Result<(), &'static str> {
+        if self.healthy.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("the etcd cluster cannot be reached or has no quorum")
+        }
+    }
+
+    pub fn counts(&self) -> (usize, usize) {
+        self.guard().mirror.counts()
+    }
+
+    pub fn connection_id(&self) -> ConnId {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits.clone()
+    }
+
+    /// STATUS copies are made per request from the mirror; nothing to bound beyond that.
+    pub fn limit_status_copies(&self, _copies: usize) {}
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
+        self.events.subscribe()
+    }
+
+    /// The name of `user`, as leases record their owner in etcd (every front-end numbers
+    /// users its own way; names are what they share).
+    fn user_name(&self, user: UserId) -> String {
+        if user == NO_USER {
+            return String::new();
+        }
+        self.users
+            .as_ref()
+            .and_then(|g| g.users().name(user).map(str::to_owned))
+            .unwrap_or_else(|| "?".into())
+    }
+
+    fn uid(&self) -> String {
+        format!(
+            "{}.{}",
+            self.fe,
+            self.next_uid.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn lease_id(&self) -> i64 {
+        self.lease.load(Ordering::Relaxed)
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer it is given.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(0);
+    if ok && end > 0 {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "lockd".into()
+    }
+}

@@ -1,0 +1,792 @@
+//! The requests, each one transaction (or one read) against etcd.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use tokio::sync::oneshot;
+
+use crate::backend::{now, BackendError, Detail, LockStart, Renewed, StatusView, WaitResult};
+use crate::locks::{
+    ConnId, EventKind, LockRequest, LockStatus, TableError, Token, UserId, WaitEnd, WaiterId,
+    WaiterStatus,
+};
+
+use super::keys::{HolderValue, MarkerValue, WaiterValue};
+use super::mirror::{Holder, NameState};
+use super::{unavailable, wall_ms, Cluster, Local};
+
+/// How often a LOCK that found the mirror stale looks again before it queues or answers.
+const STALE_TRIES: usize = 8;
+
+impl Cluster {
+    /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`).
+    pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
+        let ttl = req.ttl.unwrap_or(self.limits.default_ttl);
+        if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
+            return Err(TableError::BadTtl {
+                max: self.limits.max_ttl,
+            }
+            .into());
+        }
+        if req.session.is_some_and(|g| g > self.limits.max_ttl) {
+            return Err(TableError::BadGrace {
+                max: self.limits.max_ttl,
+            }
+            .into());
+        }
+        let user = self.user_name(req.user);
+        for _ in 0..STALE_TRIES {
+            let plan = {
+                let g = self.guard();
+                let (held, waiting) = g.mirror.counts();
+                match g.mirror.name(&req.name) {
+                    None if held >= self.limits.max_locks => {
+                        return Err(TableError::TooManyLocks {
+                            max: self.limits.max_locks,
+                        }
+                        .into())
+                    }
+                    None => Plan::Fresh { marker_rev: 0 },
+                    Some(ns) => self.plan(ns, &req, &user, waiting)?,
+                }
+            };
+            match plan {
+                Plan::Again(holder) => return self.lock_again(&req, holder, ttl).await,
+                Plan::Fresh { marker_rev } => {
+                    if let Some(token) = self.grant_at_once(&req, &user, ttl, marker_rev).await? {
+                        return Ok(LockStart::Granted { token });
+                    }
+                    // The mirror was behind: look again once it has caught up.
+                    self.caught_up(&req.name, marker_rev).await;
+                }
+                Plan::Blocked(holder) => {
+                    if req.wait == Some(Duration::ZERO) {
+                        return Err(TableError::WouldBlock {
+                            holder: holder.into(),
+                        }
+                        .into());
+                    }
+                    return self.enqueue(req, user, ttl).await;
+                }
+            }
+        }
+        if req.wait == Some(Duration::ZERO) {
+            return Err(TableError::WouldBlock {
+                holder: "(busy)".into(),
+            }
+            .into());
+        }
+        self.enqueue(req, user, ttl).await
+    }
+
+    /// What a LOCK on a name the mirror knows should do.
+    fn plan(
+        &self,
+        ns: &NameState,
+        req: &LockRequest,
+        user: &str,
+        waiting: usize,
+    ) -> Result<Plan, BackendError> {
+        if let Some(mode) = ns.mode() {
+            if !mode.same_kind(req.mode) {
+                return Err(TableError::WrongMode {
+                    held: mode,
+                    asked: req.mode,
+                }
+                .into());
+            }
+        }
+        let same = ns
+            .holders
+            .values()
+            .find(|h| h.value.id == req.id && h.value.user == user);
+        if let Some(h) = same {
+            if h.value.mode != req.mode {
+                return Err(TableError::WrongMode {
+                    held: h.value.mode,
+                    asked: req.mode,
+                }
+                .into());
+            }
+            let bound_elsewhere = h.value.session_ms.is_some()
+                && h.value.cut_ms == 0
+                && (h.value.fe != self.fe || h.value.conn != req.conn);
+            if bound_elsewhere {
+                return Err(TableError::Conflict.into());
+            }
+            return Ok(Plan::Again(h.clone()));
+        }
+        if ns.queue.is_empty() && ns.admits(req.mode) {
+            return Ok(Plan::Fresh {
+                marker_rev: ns.marker_rev,
+            });
+        }
+        let waiters = ns.queue.len();
+        if waiters >= self.limits.max_waiters && req.wait != Some(Duration::ZERO) {
+            return Err(TableError::TooManyWaiters {
+                max: self.limits.max_waiters,
+            }
+            .into());
+        }
+        let _ = waiting;
+        let holder = ns
+            .holders
+            .values()
+            .next()
+            .map_or_else(|| "(queue)".to_owned(), |h| h.value.id.clone());
+        Ok(Plan::Blocked(holder))
+    }
+
+    pub(super) fn holder_value(&self, req: &LockRequest, user: &str, ttl: Duration) -> HolderValue {
+        let at = wall_ms();
+        HolderValue {
+            id: req.id.clone(),
+            user: user.to_owned(),
+            mode: req.mode,
+            ttl_ms: ttl.as_millis() as u64,
+            deadline_ms: at + ttl.as_millis() as u64,
+            session_ms: req.session.map(|g| g.as_millis() as u64),
+            fe: self.fe.clone(),
+            conn: req.conn,
+            cut_ms: 0,
+            granted_ms: at,
+            waited_ms: None,
+        }
+    }
+
+    /// Put options for a holder: a session lease hangs on this front-end's etcd lease.
+    fn holder_put(&self, session: bool) -> Option<PutOptions> {
+        session.then(|| PutOptions::new().with_lease(self.lease_id()))
+    }
+
+    /// The grant of a free name nobody waits for; `None` if the mirror was stale.
+    async fn grant_at_once(
+        &self,
+        req: &LockRequest,
+        user: &str,
+        ttl: Duration,
+        marker_rev: i64,
+    ) -> Result<Option<Token>, BackendError> {
+        let value = self.holder_value(req, user, ttl);
+        let marker = self.layout.marker(&req.name);
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(marker.clone(), CompareOp::Equal, marker_rev),
+                Compare::version(self.layout.waiters(&req.name), CompareOp::Equal, 0).with_prefix(),
+            ])
+            .and_then([
+                TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
+                TxnOp::put(
+                    self.layout.holder(&req.name, &self.uid()),
+                    value.encode(),
+                    self.holder_put(req.session.is_some()),
+                ),
+            ]);
+        let mut client = self.client.clone();
+        let resp = client.txn(txn).await.map_err(unavailable)?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let token = self.guard().mirror.token(rev);
+        self.granted_log(&req.name, &req.id, token, None);
+        Ok(Some(token))
+    }
+
+    /// A LOCK by a holder's own id (a retry after a lost reply): the same token, a new lease.
+    async fn lock_again(
+        &self,
+        req: &LockRequest,
+        holder: Holder,
+        ttl: Duration,
+    ) -> Result<LockStart, BackendError> {
+        let mut value = holder.value.clone();
+        let at = wall_ms();
+        value.ttl_ms = ttl.as_millis() as u64;
+        value.deadline_ms = at + value.ttl_ms;
+        value.session_ms = req.session.map(|g| g.as_millis() as u64);
+        value.fe = self.fe.clone();
+        value.conn = req.conn;
+        value.cut_ms = 0;
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                holder.key.clone(),
+                CompareOp::Equal,
+                holder.mod_rev,
+            )])
+            .and_then([TxnOp::put(
+                holder.key.clone(),
+                value.encode(),
+                self.holder_put(req.session.is_some()),
+            )]);
+        let mut client = self.client.clone();
+        let resp = client.txn(txn).await.map_err(unavailable)?;
+        let token = self.guard().mirror.token(holder.rev);
+        if !resp.succeeded() {
+            // Renewed, released or expired meanwhile: a client retrying gets a clear answer.
+            return Err(TableError::Conflict.into());
+        }
+        Ok(LockStart::Granted { token })
+    }
+
+    /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
+    /// the watch grants when it reaches the head.
+    async fn enqueue(
+        self: &Arc<Self>,
+        req: LockRequest,
+        user: String,
+        _ttl: Duration,
+    ) -> Result<LockStart, BackendError> {
+        let uid = self.uid();
+        let key = self.layout.waiter(&req.name, &uid);
+        let value = WaiterValue {
+            id: req.id.clone(),
+            user: user.clone(),
+            mode: req.mode,
+            session: req.session.is_some(),
+            fe: self.fe.clone(),
+            queued_ms: wall_ms(),
+        };
+        // A waiter of the same id and user is replaced: its key goes in the same write.
+        let replaced: Vec<String> = {
+            let g = self.guard();
+            g.mirror.name(&req.name).map_or_else(Vec::new, |ns| {
+                ns.queue
+                    .values()
+                    .filter(|w| w.value.id == req.id && w.value.user == user)
+                    .map(|w| w.key.clone())
+                    .collect()
+            })
+        };
+        let (tx, rx) = oneshot::channel();
+        let waiter: WaiterId = self
+            .next_uid
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let wait = req.wait;
+        {
+            let mut g = self.guard();
+            g.by_uid.insert(uid.clone(), waiter);
+            g.waiting.insert(
+                waiter,
+                Local {
+                    name: req.name.clone(),
+                    uid: uid.clone(),
+                    key: key.clone(),
+                    rev: 0,
+                    tx,
+                    req,
+                    value: value.clone(),
+                    queued: now(),
+                    tried_at: None,
+                    in_flight: false,
+                },
+            );
+        }
+        let mut ops = vec![TxnOp::put(
+            key.clone(),
+            value.encode(),
+            Some(PutOptions::new().with_lease(self.lease_id())),
+        )];
+        ops.extend(replaced.into_iter().map(|k| TxnOp::delete(k, None)));
+        let mut client = self.client.clone();
+        match client.txn(Txn::new().and_then(ops)).await {
+            Ok(resp) => {
+                let rev = resp.header().map_or(0, |h| h.revision());
+                let name = {
+                    let mut g = self.guard();
+                    let Some(local) = g.waiting.get_mut(&waiter) else {
+                        return Ok(LockStart::Waiting { waiter, rx });
+                    };
+                    local.rev = rev;
+                    local.name.clone()
+                };
+                self.evaluate(&name);
+            }
+            Err(e) => {
+                let mut g = self.guard();
+                g.waiting.remove(&waiter);
+                g.by_uid.remove(&uid);
+                return Err(unavailable(e));
+            }
+        }
+        if let Some(wait) = wait {
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                me.wait_over(waiter);
+            });
+        }
+        Ok(LockStart::Waiting { waiter, rx })
+    }
+
+    /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,
+    /// the grant finds the waiter gone and gives the lock back.
+    fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
+        let local = {
+            let mut g = self.guard();
+            let Some(local) = g.waiting.remove(&waiter) else {
+                return;
+            };
+            g.by_uid.remove(&local.uid);
+            local
+        };
+        let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
+        self.forget_waiter_key(local.key);
+    }
+
+    pub(super) fn forget_waiter_key(self: &Arc<Self>, key: String) {
+        let mut client = self.client.clone();
+        tokio::spawn(async move {
+            let _ = client.delete(key, None).await;
+        });
+    }
+
+    /// A waiting connection went away; a grant it never read is given back.
+    pub fn abandon_wait(
+        self: &Arc<Self>,
+        name: &str,
+        waiter: WaiterId,
+        mut rx: oneshot::Receiver<WaitResult>,
+    ) {
+        rx.close();
+        if let Ok(WaitResult::Granted { token, .. }) = rx.try_recv() {
+            let (me, name) = (Arc::clone(self), name.to_owned());
+            tokio::spawn(
+                async move { me.end_holder(&name, token, EventKind::Revoked, None).await },
+            );
+        }
+        let local = {
+            let mut g = self.guard();
+            let local = g.waiting.remove(&waiter);
+            if let Some(l) = &local {
+                g.by_uid.remove(&l.uid);
+            }
+            local
+        };
+        if let Some(local) = local {
+            self.forget_waiter_key(local.key);
+        }
+    }
+
+    /// The holder of `name` with `token`: from the mirror, or read from etcd if the mirror
+    /// has not seen it yet (a grant made through another front-end a moment ago).
+    async fn find_holder(&self, name: &str, token: Token) -> Result<Holder, BackendError> {
+        let rev = {
+            let g = self.guard();
+            let Some(rev) = g.mirror.rev_of(token) else {
+                return Err(TableError::NotHeld.into());
+            };
+            if let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(rev)) {
+                return Ok(h.clone());
+            }
+            if g.mirror.rev >= rev {
+                return Err(TableError::NotHeld.into());
+            }
+            rev
+        };
+        self.read_holder(name, rev).await
+    }
+
+    /// A linearizable read of one holder.
+    async fn read_holder(&self, name: &str, rev: i64) -> Result<Holder, BackendError> {
+        let mut client = self.client.clone();
+        let resp = client
+            .get(
+                self.layout.holders(name),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(unavailable)?;
+        for kv in resp.kvs() {
+            if kv.create_revision() == rev {
+                let value = HolderValue::decode(kv.value())
+                    .ok_or(BackendError::Table(TableError::NotHeld))?;
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let uid = key.rsplit('/').next().unwrap_or_default().to_owned();
+                return Ok(Holder {
+                    key,
+                    uid,
+                    rev,
+                    mod_rev: kv.mod_revision(),
+                    value,
+                });
+            }
+        }
+        Err(TableError::NotHeld.into())
+    }
+
+    fn owned_by(&self, holder: &Holder, user: UserId) -> Result<(), BackendError> {
+        if holder.value.ends_ms() <= wall_ms() {
+            return Err(TableError::NotHeld.into());
+        }
+        if user != crate::locks::NO_USER && holder.value.user != self.user_name(user) {
+            return Err(TableError::NotOwner.into());
+        }
+        if user == crate::locks::NO_USER && !holder.value.user.is_empty() && self.users.is_some() {
+            return Err(TableError::NotOwner.into());
+        }
+        Ok(())
+    }
+
+    /// UNLOCK.
+    pub async fn unlock(&self, name: &str, token: Token, user: UserId) -> Result<(), BackendError> {
+        let holder = self.find_holder(name, token).await?;
+        self.owned_by(&holder, user)?;
+        if self
+            .end_holder(name, token, EventKind::Released, Some(holder))
+            .await
+        {
+            Ok(())
+        } else {
+            Err(TableError::NotHeld.into())
+        }
+    }
+
+    /// Ends one holder with an event of `kind`: the marker says why, in the same write. When
+    /// it was the last holder and nobody waits, an UNLOCK removes the marker too, so a name
+    /// used once leaves nothing behind.
+    pub(super) async fn end_holder(
+        &self,
+        name: &str,
+        token: Token,
+        kind: EventKind,
+        holder: Option<Holder>,
+    ) -> bool {
+        let holder = match holder {
+            Some(h) => h,
+            None => match self.find_holder(name, token).await {
+                Ok(h) => h,
+                Err(_) => return false,
+            },
+        };
+        let marker = self.layout.marker(name);
+        let guarded = Compare::create_revision(holder.key.clone(), CompareOp::Equal, holder.rev);
+        let end = |marker_op: TxnOp| vec![marker_op, TxnOp::delete(holder.key.clone(), None)];
+        let with_marker = end(TxnOp::put(
+            marker.clone(),
+            self.marker(kind, holder.rev),
+            None,
+        ));
+        let txn = if kind == EventKind::Released {
+            // Alone and unwaited: marker and holder go together.
+            let alone = [
+                guarded.clone(),
+                Compare::create_revision(self.layout.holders(name), CompareOp::Equal, holder.rev)
+                    .with_prefix(),
+                Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
+            ];
+            let otherwise = Txn::new().when([guarded]).and_then(with_marker);
+            Txn::new()
+                .when(alone)
+                .and_then(end(TxnOp::delete(marker, None)))
+                .or_else([TxnOp::txn(otherwise)])
+        } else {
+            Txn::new().when([guarded]).and_then(with_marker)
+        };
+        let mut client = self.client.clone();
+        let Ok(resp) = client.txn(txn).await else {
+            return false;
+        };
+        let done = resp.succeeded()
+            || resp
+                .op_responses()
+                .iter()
+                .any(|op| matches!(op, etcd_client::TxnOpResponse::Txn(t) if t.succeeded()));
+        if done {
+            let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
+            self.ended_log(name, &holder.value.id, token, kind, held);
+        }
+        done
+    }
+
+    /// RENEW: a new deadline; a session lease in its grace is bound to this connection again.
+    pub async fn renew(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewed, BackendError> {
+        if let Some(ttl) = ttl {
+            if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
+                return Err(TableError::BadTtl {
+                    max: self.limits.max_ttl,
+                }
+                .into());
+            }
+        }
+        let mut holder = self.find_holder(name, token).await?;
+        for _ in 0..2 {
+            self.owned_by(&holder, user)?;
+            let mut value = holder.value.clone();
+            if let Some(ttl) = ttl {
+                value.ttl_ms = ttl.as_millis() as u64;
+            }
+            value.deadline_ms = wall_ms() + value.ttl_ms;
+            let session = value.session_ms.is_some();
+            let bound = session && (value.cut_ms > 0 || value.fe != self.fe || value.conn != conn);
+            if session {
+                value.cut_ms = 0;
+                value.fe = self.fe.clone();
+                value.conn = conn;
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    holder.key.clone(),
+                    CompareOp::Equal,
+                    holder.mod_rev,
+                )])
+                .and_then([TxnOp::put(
+                    holder.key.clone(),
+                    value.encode(),
+                    self.holder_put(session),
+                )]);
+            let mut client = self.client.clone();
+            let resp = client.txn(txn).await.map_err(unavailable)?;
+            if resp.succeeded() {
+                return Ok(Renewed {
+                    left: Duration::from_millis(value.ttl_ms),
+                    bound,
+                });
+            }
+            // Changed meanwhile (renewed elsewhere, its grace started): read it and try again.
+            holder = self.read_holder(name, holder.rev).await?;
+        }
+        Err(TableError::NotHeld.into())
+    }
+
+    /// CHECK: read from etcd itself, not the mirror, so it is never behind.
+    pub async fn check(&self, name: &str, token: Token) -> Result<Duration, BackendError> {
+        let rev = self
+            .guard()
+            .mirror
+            .rev_of(token)
+            .ok_or(BackendError::Table(TableError::NotHeld))?;
+        let holder = self.read_holder(name, rev).await?;
+        let left = holder.value.ends_ms().saturating_sub(wall_ms());
+        if left == 0 {
+            return Err(TableError::NotHeld.into());
+        }
+        Ok(Duration::from_millis(left))
+    }
+
+    /// Takes back a grant its client never read.
+    pub async fn revoke(&self, name: &str, token: Token) -> bool {
+        self.end_holder(name, token, EventKind::Revoked, None).await
+    }
+
+    fn base_token(&self) -> Token {
+        self.guard().mirror.base
+    }
+
+    /// STATUS of one name, as this front-end's watch has seen it (milliseconds behind).
+    pub async fn status(&self, name: &str) -> Result<Option<LockStatus>, BackendError> {
+        let base = self.base_token();
+        let g = self.guard();
+        Ok(g.mirror
+            .name(name)
+            .and_then(|ns| Self::status_with(base, name, ns)))
+    }
+
+    fn status_with(base: Token, name: &str, ns: &NameState) -> Option<LockStatus> {
+        let first = ns.holders.values().next()?;
+        Some(holder_status(base, name, first, ns))
+    }
+
+    pub async fn status_detail(
+        &self,
+        name: &str,
+        max: usize,
+    ) -> Result<Option<Detail>, BackendError> {
+        let base = self.base_token();
+        let g = self.guard();
+        let Some(ns) = g.mirror.name(name) else {
+            return Ok(None);
+        };
+        let Some(status) = Self::status_with(base, name, ns) else {
+            return Ok(None);
+        };
+        let at = wall_ms();
+        Ok(Some(Detail {
+            status,
+            holders: ns
+                .holders
+                .values()
+                .map(|h| holder_status(base, name, h, ns))
+                .collect(),
+            queue: ns
+                .queue
+                .values()
+                .take(max)
+                .map(|w| WaiterStatus {
+                    id: w.value.id.as_str().into(),
+                    waited: Duration::from_millis(at.saturating_sub(w.value.queued_ms)),
+                    session: w.value.session,
+                    mode: w.value.mode,
+                })
+                .collect(),
+        }))
+    }
+
+    pub async fn status_snapshot(&self) -> Result<StatusView, BackendError> {
+        let base = self.base_token();
+        let locks = {
+            let g = self.guard();
+            g.mirror
+                .names
+                .iter()
+                .filter_map(|(name, ns)| Self::status_with(base, name, ns))
+                .collect()
+        };
+        Ok(StatusView::of(locks))
+    }
+
+    /// Ends (or starts the grace of) the session leases of a closing connection.
+    pub fn drop_sessions(self: &Arc<Self>, conn: ConnId, leases: &HashMap<Token, String>) {
+        if leases.is_empty() {
+            return;
+        }
+        let leases: Vec<(Token, String)> = leases.iter().map(|(t, n)| (*t, n.clone())).collect();
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            for (token, name) in leases {
+                me.session_closed(&name, token, conn).await;
+            }
+        });
+    }
+
+    async fn session_closed(&self, name: &str, token: Token, conn: ConnId) {
+        let Ok(holder) = self.find_holder(name, token).await else {
+            return;
+        };
+        let v = &holder.value;
+        if v.fe != self.fe || v.conn != conn || v.cut_ms > 0 {
+            return;
+        }
+        match v.session_ms {
+            None => {}
+            Some(0) => {
+                self.end_holder(name, token, EventKind::Dropped, Some(holder))
+                    .await;
+            }
+            Some(grace) => {
+                let mut value = v.clone();
+                value.cut_ms = wall_ms() + grace;
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        holder.key.clone(),
+                        CompareOp::Equal,
+                        holder.mod_rev,
+                    )])
+                    .and_then([TxnOp::put(
+                        holder.key.clone(),
+                        value.encode(),
+                        self.holder_put(true),
+                    )]);
+                let mut client = self.client.clone();
+                let _ = client.txn(txn).await;
+            }
+        }
+    }
+
+    /// Keeps the session leases still held (as the mirror has them).
+    pub fn retain_live(&self, leases: &mut HashMap<Token, String>) {
+        let g = self.guard();
+        leases.retain(|token, name| {
+            g.mirror
+                .rev_of(*token)
+                .and_then(|rev| g.mirror.name(name)?.holder_by_rev(rev).map(|_| ()))
+                .is_some()
+        });
+    }
+
+    pub(super) fn marker(&self, kind: EventKind, rev: i64) -> String {
+        MarkerValue {
+            kind,
+            rev,
+            fe: self.fe.clone(),
+        }
+        .encode()
+    }
+
+    /// Waits (briefly) until the mirror shows `name` changed since `marker_rev`.
+    async fn caught_up(&self, name: &str, marker_rev: i64) {
+        let until = tokio::time::Instant::now() + self.config.request_timeout;
+        loop {
+            let moved = self.moved.notified();
+            {
+                let g = self.guard();
+                let now_rev = g.mirror.name(name).map_or(0, |ns| ns.marker_rev);
+                let queued = g.mirror.name(name).is_some_and(|ns| !ns.queue.is_empty());
+                if now_rev != marker_rev || queued {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(until, moved).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Logs and counts a grant this front-end made.
+    pub(super) fn granted_log(&self, name: &str, id: &str, token: Token, waited: Option<Duration>) {
+        let event = crate::locks::Event {
+            kind: EventKind::Acquired,
+            name: name.into(),
+            id: id.into(),
+            token,
+            held: Duration::ZERO,
+            waited,
+        };
+        super::tasks::log_event(&event);
+        self.metrics.lease_event(&event);
+    }
+
+    pub(super) fn ended_log(
+        &self,
+        name: &str,
+        id: &str,
+        token: Token,
+        kind: EventKind,
+        held: Duration,
+    ) {
+        let event = crate::locks::Event {
+            kind,
+            name: name.into(),
+            id: id.into(),
+            token,
+            held,
+            waited: None,
+        };
+        super::tasks::log_event(&event);
+        self.metrics.lease_event(&event);
+    }
+}
+
+fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockStatus {
+    let at = wall_ms();
+    LockStatus {
+        name: name.into(),
+        holder: h.value.id.as_str().into(),
+        token: base + h.rev as Token,
+        remaining: Duration::from_millis(h.value.ends_ms().saturating_sub(at)),
+        held: Duration::from_millis(at.saturating_sub(h.value.granted_ms)),
+        session: h.value.session_ms.is_some(),
+        waiters: ns.queue.len(),
+        holders: ns.holders.len(),
+        mode: h.value.mode,
+    }
+}
+
+/// What a LOCK does, decided from the mirror.
+enum Plan {
+    /// The id already holds it: same token, new lease.
+    Again(Holder),
+    /// Free and nobody waits: grant at once if the marker is still at this revision.
+    Fresh { marker_rev: i64 },
+    /// Held (by this id) or others wait: queue.
+    Blocked(String),
+}

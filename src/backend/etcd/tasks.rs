@@ -1,0 +1,521 @@
+//! A front-end's background work: the watch that keeps the mirror (and grants head waiters
+//! from it), the keep-alive of its etcd lease, and the expiry timer.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchResponse,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
+use crate::locks::{Event, EventKind, WaitEnd};
+
+use super::mirror::{Change, Mirror};
+use super::{unavailable, wall_ms, Cluster};
+
+/// Waits between attempts to reach etcd again.
+const RETRY: Duration = Duration::from_millis(200);
+
+impl Cluster {
+    /// Runs the watch, the keep-alive and the expiry timer until `shutdown`; then gives up
+    /// this front-end's etcd lease, so its session leases and waiters end at once.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        tokio::select! {
+            _ = Arc::clone(&self).watch_loop() => {}
+            _ = Arc::clone(&self).keep_alive_loop() => {}
+            _ = Arc::clone(&self).expiry_loop() => {}
+            _ = shutdown.cancelled() => {}
+        }
+        let mut client = self.client.clone();
+        let _ = tokio::time::timeout(
+            self.config.request_timeout,
+            client.lease_revoke(self.lease_id()),
+        )
+        .await;
+    }
+
+    /// Reads the whole prefix into a fresh mirror; waiters and watchers learn what changed.
+    pub(super) async fn resync(self: &Arc<Self>) -> Result<(), BackendError> {
+        let mut client = self.client.clone();
+        let resp = client
+            .get(self.layout.prefix(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let changes: Vec<Change> = resp
+            .kvs()
+            .iter()
+            .map(|kv| Change {
+                put: true,
+                key: kv.key().to_vec(),
+                value: kv.value().to_vec(),
+                create_rev: kv.create_revision(),
+                mod_rev: kv.mod_revision(),
+            })
+            .collect();
+        let touched: Vec<String> = {
+            let mut g = self.guard();
+            let base = g.mirror.base;
+            let old = std::mem::replace(
+                &mut g.mirror,
+                Mirror {
+                    base,
+                    ..Mirror::default()
+                },
+            );
+            // Markers first, so a holder is read with its name's marker.
+            g.mirror.apply(&self.layout, &changes, rev);
+            let mut touched: Vec<String> = old.names.keys().cloned().collect();
+            touched.extend(g.mirror.names.keys().cloned());
+            // Local waiters whose key is gone were replaced or lost with an old etcd lease.
+            let gone: Vec<_> = g
+                .waiting
+                .iter()
+                .filter(|(_, l)| {
+                    l.rev != 0
+                        && l.rev <= rev
+                        && !g
+                            .mirror
+                            .name(&l.name)
+                            .is_some_and(|ns| ns.queue.values().any(|w| w.uid == l.uid))
+                })
+                .map(|(w, _)| *w)
+                .collect();
+            for w in gone {
+                if let Some(l) = g.waiting.remove(&w) {
+                    g.by_uid.remove(&l.uid);
+                    let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
+                        "the wait was lost while etcd was unreachable".into(),
+                    )));
+                }
+            }
+            touched
+        };
+        self.moved.notify_waiters();
+        for name in touched {
+            self.evaluate(&name);
+        }
+        Ok(())
+    }
+
+    /// Keeps the mirror from one watch of the whole prefix, resuming after the last revision
+    /// seen when the stream breaks (so no change is missed or applied twice), and reading
+    /// everything again if that revision was compacted away.
+    async fn watch_loop(self: Arc<Self>) {
+        loop {
+            let from = self.guard().mirror.rev + 1;
+            let opts = WatchOptions::new().with_prefix().with_start_revision(from);
+            let mut client = self.client.clone();
+            let stream = client.watch(self.layout.prefix(), Some(opts)).await;
+            let mut stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    self.unhealthy(&format!("watch: {e}"));
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) => {
+                        if resp.compact_revision() > 0 || resp.canceled() {
+                            tracing::warn!(
+                                compacted = resp.compact_revision(),
+                                "etcd watch cancelled; reading every lock again"
+                            );
+                            while let Err(e) = self.resync().await {
+                                self.unhealthy(&e.to_string());
+                                tokio::time::sleep(RETRY).await;
+                            }
+                            break;
+                        }
+                        self.healthy.store(true, Ordering::Relaxed);
+                        self.on_watch(resp);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.unhealthy(&format!("watch: {e}"));
+                        tokio::time::sleep(RETRY).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    fn unhealthy(&self, why: &str) {
+        if self.healthy.swap(false, Ordering::Relaxed) {
+            tracing::warn!(error = why, "etcd unreachable or without quorum");
+        }
+    }
+
+    fn on_watch(self: &Arc<Self>, resp: WatchResponse) {
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let changes: Vec<Change> = resp
+            .events()
+            .iter()
+            .filter_map(|e| {
+                let kv = e.kv()?;
+                Some(Change {
+                    put: e.event_type() == EventType::Put,
+                    key: kv.key().to_vec(),
+                    value: kv.value().to_vec(),
+                    create_rev: kv.create_revision(),
+                    mod_rev: kv.mod_revision(),
+                })
+            })
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        let applied = {
+            let mut g = self.guard();
+            let applied = g.mirror.apply(&self.layout, &changes, rev);
+            // A waiter of ours whose key went without its grant was replaced.
+            for (_, uid) in &applied.waiters_gone {
+                let Some(waiter) = g.by_uid.get(uid).copied() else {
+                    continue;
+                };
+                if g.waiting.get(&waiter).is_some_and(|l| l.in_flight) {
+                    continue;
+                }
+                if let Some(l) = g.waiting.remove(&waiter) {
+                    g.by_uid.remove(&l.uid);
+                    let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+                }
+            }
+            // Published under the guard, so watchers see one name's events in order.
+            if !applied.events.is_empty() && self.events.receiver_count() > 0 {
+                let unix_ms = unix_ms();
+                for event in &applied.events {
+                    let _ = self.events.send(Arc::new(Published {
+                        event: event.clone(),
+                        unix_ms,
+                    }));
+                }
+            }
+            applied
+        };
+        for event in &applied.events {
+            if event.kind == EventKind::Dropped {
+                // A session holder whose front-end died: nobody else logs it.
+                tracing::info!(
+                    name = &*event.name,
+                    id = &*event.id,
+                    token = event.token,
+                    "session lease ended with its front-end"
+                );
+            }
+        }
+        self.moved.notify_waiters();
+        for name in &applied.touched {
+            self.evaluate(name);
+        }
+    }
+
+    /// Grants the head waiter of `name` if it is ours and fits. Only the head: the others
+    /// follow one by one as each grant shows up in the watch, which keeps FIFO exact.
+    pub(super) fn evaluate(self: &Arc<Self>, name: &str) {
+        let attempt = {
+            let mut g = self.guard();
+            let Some(ns) = g.mirror.name(name) else {
+                return;
+            };
+            let Some(head) = ns.queue.values().next() else {
+                return;
+            };
+            let Some(&waiter) = g.by_uid.get(&head.uid) else {
+                return;
+            };
+            if g.mirror.rev < head.rev || !ns.admits(head.value.mode) {
+                return;
+            }
+            let (marker_rev, last_rev, head_rev) = (ns.marker_rev, ns.last_rev, head.rev);
+            let Some(local) = g.waiting.get_mut(&waiter) else {
+                return;
+            };
+            if local.in_flight || local.tried_at == Some(last_rev) {
+                return;
+            }
+            local.in_flight = true;
+            local.tried_at = Some(last_rev);
+            local.rev = head_rev;
+            let waited = now().saturating_duration_since(local.queued);
+            let ttl = local.req.ttl.unwrap_or(self.limits.default_ttl);
+            let mut value = self.holder_value(&local.req, &local.value.user, ttl);
+            value.waited_ms = Some(waited.as_millis() as u64);
+            Attempt {
+                waiter,
+                name: name.to_owned(),
+                id: local.req.id.clone(),
+                key: local.key.clone(),
+                uid: local.uid.clone(),
+                rev: head_rev,
+                marker_rev,
+                value,
+                waited,
+                session: local.req.session.is_some(),
+            }
+        };
+        let me = Arc::clone(self);
+        tokio::spawn(async move { me.try_grant(attempt).await });
+    }
+
+    /// The grant of a head waiter: "the marker is as I saw it, my key is there, nobody is
+    /// ahead of me" -> holder in, waiter out, marker written.
+    async fn try_grant(self: Arc<Self>, a: Attempt) {
+        let marker = self.layout.marker(&a.name);
+        let holder_key = self.layout.holder(&a.name, &a.uid);
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(marker.clone(), CompareOp::Equal, a.marker_rev),
+                Compare::create_revision(a.key.clone(), CompareOp::Equal, a.rev),
+                Compare::create_revision(
+                    self.layout.waiters(&a.name),
+                    CompareOp::Greater,
+                    a.rev - 1,
+                )
+                .with_prefix(),
+            ])
+            .and_then([
+                TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
+                TxnOp::put(
+                    holder_key,
+                    a.value.encode(),
+                    a.session
+                        .then(|| etcd_client::PutOptions::new().with_lease(self.lease_id())),
+                ),
+                TxnOp::delete(a.key.clone(), None),
+            ]);
+        let mut client = self.client.clone();
+        let result = client.txn(txn).await;
+        let granted = match &result {
+            Ok(resp) if resp.succeeded() => resp.header().map(|h| h.revision()),
+            _ => None,
+        };
+        let Some(rev) = granted else {
+            let retry_now = {
+                let mut g = self.guard();
+                let last = g.mirror.name(&a.name).map_or(0, |ns| ns.last_rev);
+                match g.waiting.get_mut(&a.waiter) {
+                    Some(local) => {
+                        local.in_flight = false;
+                        if result.is_err() {
+                            // etcd unreachable: try again after a pause.
+                            local.tried_at = None;
+                        }
+                        local.tried_at != Some(last)
+                    }
+                    None => false,
+                }
+            };
+            if result.is_err() {
+                tokio::time::sleep(RETRY).await;
+            }
+            if retry_now || result.is_err() {
+                self.evaluate(&a.name);
+            }
+            return;
+        };
+        let (token, local) = {
+            let mut g = self.guard();
+            let token = g.mirror.token(rev);
+            let local = g.waiting.remove(&a.waiter);
+            if let Some(l) = &local {
+                g.by_uid.remove(&l.uid);
+            }
+            (token, local)
+        };
+        self.granted_log(&a.name, &a.id, token, Some(a.waited));
+        let deadline = now() + Duration::from_millis(a.value.ttl_ms);
+        let delivered =
+            local.is_some_and(|l| l.tx.send(WaitResult::Granted { token, deadline }).is_ok());
+        if !delivered {
+            // The waiter left while its grant was being made: hand the lock straight on.
+            self.end_holder(&a.name, token, EventKind::Revoked, None)
+                .await;
+        }
+    }
+
+    /// Keeps this front-end's etcd lease alive. If it lapses (etcd unreachable for longer
+    /// than the lease), the session leases and waiters on it are gone: waiters are told,
+    /// and a new lease is taken.
+    async fn keep_alive_loop(self: Arc<Self>) {
+        let period = (self.config.lease_ttl / 3).max(Duration::from_millis(100));
+        loop {
+            let mut client = self.client.clone();
+            let id = self.lease_id();
+            let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
+                Ok(pair) => pair,
+                Err(e) => {
+                    self.unhealthy(&format!("keep-alive: {e}"));
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            loop {
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match tokio::time::timeout(self.config.request_timeout, stream.message()).await {
+                    Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                        self.healthy.store(true, Ordering::Relaxed);
+                    }
+                    Ok(Ok(Some(_))) => {
+                        self.lease_lost().await;
+                        break;
+                    }
+                    _ => {
+                        self.unhealthy("keep-alive unanswered");
+                        break;
+                    }
+                }
+                tokio::time::sleep(period).await;
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    async fn lease_lost(self: &Arc<Self>) {
+        tracing::warn!(
+            fe = self.fe,
+            "this front-end's etcd lease lapsed: its session leases and waiters are gone"
+        );
+        let lost: Vec<_> = {
+            let mut g = self.guard();
+            g.by_uid.clear();
+            g.waiting.drain().map(|(_, l)| l).collect()
+        };
+        for l in lost {
+            let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
+                "this front-end lost etcd for longer than its lease; the wait ended".into(),
+            )));
+        }
+        while let Err(e) = self.take_lease().await {
+            self.unhealthy(&e.to_string());
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    /// Ends leases as their deadlines pass: a timer on the mirror's deadline index, not a
+    /// sweep. A front-end expires the holders it granted; a holder whose front-end is gone is
+    /// expired by the live front-end with the smallest id, so one write ends it.
+    async fn expiry_loop(self: Arc<Self>) {
+        loop {
+            let moved = self.moved.notified();
+            let (due, next) = {
+                let mut g = self.guard();
+                let at = wall_ms();
+                let mut due = Vec::new();
+                let mut next = None;
+                let smallest = g.mirror.front_ends.iter().min().cloned();
+                for (ends, name, rev) in g.mirror.ends.iter() {
+                    if *ends > at {
+                        next = Some(*ends);
+                        break;
+                    }
+                    let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(*rev)) else {
+                        continue;
+                    };
+                    let owner_alive = g.mirror.front_ends.contains(&h.value.fe);
+                    let mine = if owner_alive {
+                        h.value.fe == self.fe
+                    } else {
+                        smallest.as_deref() == Some(self.fe.as_str())
+                    };
+                    if mine {
+                        due.push((name.clone(), *rev, h.clone()));
+                    }
+                }
+                due.retain(|(name, rev, _)| g.expiring.insert((name.clone(), *rev)));
+                (due, next)
+            };
+            for (name, rev, holder) in due {
+                let me = Arc::clone(&self);
+                tokio::spawn(async move {
+                    let kind = if holder.value.cut_ms > 0
+                        && holder.value.cut_ms <= holder.value.deadline_ms
+                    {
+                        EventKind::Dropped
+                    } else {
+                        EventKind::Expired
+                    };
+                    let token = me.guard().mirror.token(rev);
+                    me.expire(&name, token, kind, holder).await;
+                    me.guard().expiring.remove(&(name, rev));
+                });
+            }
+            let sleep = match next {
+                Some(ends) => Duration::from_millis(ends.saturating_sub(wall_ms()).max(1)),
+                // Nothing to expire: look again when the mirror moves (and now and then,
+                // for a front-end that died while it owned leases).
+                None => Duration::from_secs(1),
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(sleep.min(Duration::from_secs(1))) => {}
+                _ = moved => {}
+            }
+        }
+    }
+
+    /// Expires one holder unless it was renewed meanwhile; then removes the name's marker if
+    /// nothing is left under it.
+    async fn expire(
+        &self,
+        name: &str,
+        token: crate::locks::Token,
+        kind: EventKind,
+        holder: super::mirror::Holder,
+    ) {
+        let marker = self.layout.marker(name);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                holder.key.clone(),
+                CompareOp::Equal,
+                holder.mod_rev,
+            )])
+            .and_then([
+                TxnOp::put(marker.clone(), self.marker(kind, holder.rev), None),
+                TxnOp::delete(holder.key.clone(), None),
+            ]);
+        let mut client = self.client.clone();
+        let Ok(resp) = client.txn(txn).await else {
+            return;
+        };
+        if !resp.succeeded() {
+            return;
+        }
+        let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
+        self.ended_log(name, &holder.value.id, token, kind, held);
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let tidy = Txn::new()
+            .when([
+                Compare::mod_revision(marker.clone(), CompareOp::Equal, rev),
+                Compare::version(self.layout.holders(name), CompareOp::Equal, 0).with_prefix(),
+                Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
+            ])
+            .and_then([TxnOp::delete(marker, None)]);
+        let _ = client.txn(tidy).await;
+    }
+}
+
+/// A grant being tried for a head waiter.
+struct Attempt {
+    waiter: crate::locks::WaiterId,
+    name: String,
+    id: String,
+    key: String,
+    uid: String,
+    rev: i64,
+    marker_rev: i64,
+    value: super::keys::HolderValue,
+    waited: Duration,
+    session: bool,
+}
+
+pub(super) fn log_event(e: &Event) {
+    crate::backend::embedded::log_event(e);
+}
