@@ -106,8 +106,35 @@ struct Args {
     /// Keep locks durably in this directory (created if missing): a grant, renew or release is
     /// on disk before its OK, and a restart restores every lease that has not ended.
     /// Without it, locks live in memory only and a restart forgets every holder.
-    #[arg(long, env = "LOCKD_DATA_DIR")]
+    #[arg(long, env = "LOCKD_DATA_DIR", conflicts_with = "etcd")]
     data_dir: Option<PathBuf>,
+
+    /// Cluster mode: keep every lock in this etcd cluster (client URLs, comma separated, e.g.
+    /// http://10.0.0.1:2379,http://10.0.0.2:2379), so that any number of lockd front-ends
+    /// serve the same locks and losing one machine loses no lock. Needs a lockd built with
+    /// the `etcd` feature. Without it, locks live in this process (see --data-dir).
+    #[arg(long, env = "LOCKD_ETCD", value_name = "URLS", value_delimiter = ',')]
+    etcd: Vec<String>,
+
+    /// The etcd key prefix of this deployment: front-ends with the same --etcd and prefix
+    /// share their locks; another prefix is another, separate set of locks.
+    #[arg(long, env = "LOCKD_ETCD_PREFIX", default_value = lockd::DEFAULT_ETCD_PREFIX)]
+    etcd_prefix: String,
+
+    /// How long one etcd request may take; past it the client is answered ERR UNAVAILABLE
+    /// (etcd unreachable or without quorum) and nothing changes.
+    #[arg(long, env = "LOCKD_ETCD_REQUEST_TIMEOUT", default_value = "2s", value_parser = duration)]
+    etcd_request_timeout: Duration,
+
+    /// How long to keep trying to reach etcd at start before giving up.
+    #[arg(long, env = "LOCKD_ETCD_CONNECT_TIMEOUT", default_value = "5s", value_parser = duration)]
+    etcd_connect_timeout: Duration,
+
+    /// This front-end's etcd lease, in whole seconds (at least 1s; etcd may round it up to
+    /// 1.5 election timeouts): its session leases and waiters end within about this long
+    /// after it dies, and it keeps them only while etcd hears from it within this long.
+    #[arg(long, env = "LOCKD_ETCD_LEASE_TTL", default_value = "5s", value_parser = duration)]
+    etcd_lease_ttl: Duration,
 
     /// Serve the line protocol over TLS with this certificate (PEM; the chain, leaf first).
     /// Needs --tls-key. The --compat ports stay plain.
@@ -285,6 +312,24 @@ impl Args {
                         firewalled to trusted clients, or drop --compat"
                 .into());
         }
+        if !self.etcd.is_empty() {
+            if !cfg!(feature = "etcd") {
+                return Err("--etcd needs a lockd built with the etcd feature \
+                            (cargo build --release --features etcd; it needs protoc)"
+                    .into());
+            }
+            if self.etcd_request_timeout.is_zero() || self.etcd_connect_timeout.is_zero() {
+                return Err(
+                    "--etcd-request-timeout and --etcd-connect-timeout must be more than 0".into(),
+                );
+            }
+            if self.etcd_lease_ttl < Duration::from_secs(1) {
+                return Err("--etcd-lease-ttl must be at least 1s".into());
+            }
+            if self.etcd_prefix.is_empty() {
+                return Err("--etcd-prefix must not be empty".into());
+            }
+        }
         Ok(Config {
             limits: Limits {
                 default_ttl: self.default_ttl,
@@ -305,6 +350,13 @@ impl Args {
             half_close_probe: self.half_close_probe,
             compat: self.compat.config(self.max_ttl)?,
             data_dir: self.data_dir.clone(),
+            etcd: (!self.etcd.is_empty()).then(|| lockd::backend::EtcdConfig {
+                endpoints: self.etcd.clone(),
+                prefix: self.etcd_prefix.clone(),
+                request_timeout: self.etcd_request_timeout,
+                connect_timeout: self.etcd_connect_timeout,
+                lease_ttl: self.etcd_lease_ttl,
+            }),
             endpoint: None,
             auth: None,
             tls: match (&self.tls_cert, &self.tls_key) {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::Gate;
-use crate::backend::{self, Backend, Embedded};
+use crate::backend::{self, Backend, Embedded, EtcdConfig};
 use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
 use crate::http::Endpoint;
@@ -68,6 +68,9 @@ pub struct Config {
     pub compat: Option<CompatConfig>,
     /// Where state is kept durably (`--data-dir`); `None` keeps it in memory only.
     pub data_dir: Option<PathBuf>,
+    /// Cluster mode: every lock in this etcd cluster (`--etcd`), shared with the other
+    /// front-ends of the same prefix. Needs the `etcd` feature.
+    pub etcd: Option<EtcdConfig>,
     /// The operators' HTTP endpoint, told when the server is ready and when it stops.
     pub endpoint: Option<Endpoint>,
     /// The users of `--auth-file`: clients must AUTH and may only do what their rights
@@ -96,6 +99,7 @@ impl Default for Config {
             half_close_probe: crate::DEFAULT_HALF_CLOSE_PROBE,
             compat: None,
             data_dir: None,
+            etcd: None,
             endpoint: None,
             auth: None,
             tls: None,
@@ -128,6 +132,9 @@ pub async fn run(
     if let Some(dir) = config.data_dir.clone() {
         return run_durable(config, &dir, listener, shutdown).await;
     }
+    if let Some(etcd) = config.etcd.clone() {
+        return run_cluster(config, etcd, listener, shutdown).await;
+    }
     let embedded = Embedded::new(
         config.limits.clone(),
         backend::first_token(),
@@ -135,6 +142,38 @@ pub async fn run(
         Arc::new(Metrics::new()),
     );
     serve(config, Backend::Embedded(embedded), listener, shutdown).await
+}
+
+/// [`run`] as a front-end of an etcd cluster.
+#[cfg(feature = "etcd")]
+async fn run_cluster(
+    config: Config,
+    etcd: EtcdConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let cluster = backend::etcd::Cluster::connect(
+        etcd,
+        config.limits.clone(),
+        config.watch_buffer,
+        config.auth.clone(),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .map_err(io::Error::other)?;
+    serve(config, Backend::Etcd(cluster), listener, shutdown).await
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn run_cluster(
+    _config: Config,
+    _etcd: EtcdConfig,
+    _listener: TcpListener,
+    _shutdown: CancellationToken,
+) -> io::Result<()> {
+    Err(io::Error::other(
+        "cluster mode (--etcd) needs a lockd built with the etcd feature",
+    ))
 }
 
 /// [`run`] with a data directory. A failed write stops the server (fail-stop) and is returned

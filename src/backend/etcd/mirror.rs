@@ -93,6 +93,9 @@ pub struct Applied {
     pub touched: HashSet<String>,
     /// Waiter keys deleted (by a grant, a replacement, a timeout or their lease's end).
     pub waiters_gone: Vec<(String, String)>,
+    /// New holders: their uid (a granted waiter's holder key takes the waiter's uid), name,
+    /// token and ttl.
+    pub granted: Vec<(String, String, Token, u64)>,
 }
 
 /// The mirror itself.
@@ -237,6 +240,8 @@ impl Mirror {
                 self.ends
                     .remove(&(old.value.ends_ms(), name.clone(), old.rev));
             } else {
+                out.granted
+                    .push((uid.clone(), name.clone(), base + rev as Token, value.ttl_ms));
                 out.events.push(Event {
                     kind: EventKind::Acquired,
                     name: name.as_str().into(),

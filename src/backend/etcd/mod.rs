@@ -58,6 +58,9 @@ struct State {
     mirror: Mirror,
     waiting: HashMap<WaiterId, Local>,
     by_uid: HashMap<String, WaiterId>,
+    /// Waiters whose grant was tried: when their holder appears and they have left, the
+    /// grant is taken back.
+    granting: std::collections::HashSet<String>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
 }
@@ -135,6 +138,7 @@ impl Cluster {
                 mirror: Mirror::default(),
                 waiting: HashMap::new(),
                 by_uid: HashMap::new(),
+                granting: Default::default(),
                 expiring: Default::default(),
             }),
             events,

@@ -20,8 +20,11 @@ use super::{unavailable, wall_ms, Cluster};
 const RETRY: Duration = Duration::from_millis(200);
 
 impl Cluster {
-    /// Runs the watch, the keep-alive and the expiry timer until `shutdown`; then gives up
-    /// this front-end's etcd lease, so its session leases and waiters end at once.
+    /// Runs the watch, the keep-alive and the expiry timer until `shutdown`. Then this
+    /// front-end's waiters leave the queue and it says it is gone (another front-end takes
+    /// over expiring its plain leases), but its etcd lease is left to run out rather than
+    /// revoked: a session lease's holder has until then to reconnect to another front-end
+    /// and RENEW, as it would ride out the restart of a single server.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tokio::select! {
             _ = Arc::clone(&self).watch_loop() => {}
@@ -29,12 +32,20 @@ impl Cluster {
             _ = Arc::clone(&self).expiry_loop() => {}
             _ = shutdown.cancelled() => {}
         }
+        let mut ops: Vec<TxnOp> = {
+            let g = self.guard();
+            g.waiting
+                .values()
+                .map(|l| TxnOp::delete(l.key.clone(), None))
+                .collect()
+        };
+        ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));
         let mut client = self.client.clone();
-        let _ = tokio::time::timeout(
-            self.config.request_timeout,
-            client.lease_revoke(self.lease_id()),
-        )
-        .await;
+        // etcd takes at most 128 operations per transaction by default.
+        for chunk in ops.chunks(100) {
+            let txn = Txn::new().and_then(chunk.to_vec());
+            let _ = tokio::time::timeout(self.config.request_timeout, client.txn(txn)).await;
+        }
     }
 
     /// Reads the whole prefix into a fresh mirror; waiters and watchers learn what changed.
@@ -171,9 +182,37 @@ impl Cluster {
         if changes.is_empty() {
             return;
         }
+        let mut revoke = Vec::new();
         let applied = {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev);
+            // Grants of our waiters: made by this front-end (a holder key takes its waiter's
+            // uid). A waiter that left meanwhile never learns it: the lock goes on at once.
+            let ours = format!("{}.", self.fe);
+            for (uid, name, token, ttl_ms) in &applied.granted {
+                if !uid.starts_with(&ours) {
+                    continue;
+                }
+                let Some(waiter) = g.by_uid.remove(uid) else {
+                    if g.granting.remove(uid) {
+                        revoke.push((name.clone(), *token));
+                    }
+                    continue;
+                };
+                g.granting.remove(uid);
+                if let Some(l) = g.waiting.remove(&waiter) {
+                    let deadline = now() + Duration::from_millis(*ttl_ms);
+                    if l.tx
+                        .send(WaitResult::Granted {
+                            token: *token,
+                            deadline,
+                        })
+                        .is_err()
+                    {
+                        revoke.push((name.clone(), *token));
+                    }
+                }
+            }
             // A waiter of ours whose key went without its grant was replaced.
             for (_, uid) in &applied.waiters_gone {
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
@@ -199,6 +238,12 @@ impl Cluster {
             }
             applied
         };
+        for (name, token) in revoke {
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                me.end_holder(&name, token, EventKind::Revoked, None).await;
+            });
+        }
         for event in &applied.events {
             if event.kind == EventKind::Dropped {
                 // A session holder whose front-end died: nobody else logs it.
@@ -221,6 +266,7 @@ impl Cluster {
     pub(super) fn evaluate(self: &Arc<Self>, name: &str) {
         let attempt = {
             let mut g = self.guard();
+            let g = &mut *g;
             let Some(ns) = g.mirror.name(name) else {
                 return;
             };
@@ -242,12 +288,13 @@ impl Cluster {
             }
             local.in_flight = true;
             local.tried_at = Some(last_rev);
+            let uid = local.uid.clone();
             local.rev = head_rev;
             let waited = now().saturating_duration_since(local.queued);
             let ttl = local.req.ttl.unwrap_or(self.limits.default_ttl);
             let mut value = self.holder_value(&local.req, &local.value.user, ttl);
             value.waited_ms = Some(waited.as_millis() as u64);
-            Attempt {
+            let attempt = Attempt {
                 waiter,
                 name: name.to_owned(),
                 id: local.req.id.clone(),
@@ -258,7 +305,11 @@ impl Cluster {
                 value,
                 waited,
                 session: local.req.session.is_some(),
-            }
+            };
+            // Remembered until its holder shows up: if the waiter leaves meanwhile, the
+            // grant is taken back when it does.
+            g.granting.insert(uid);
+            attempt
         };
         let me = Arc::clone(self);
         tokio::spawn(async move { me.try_grant(attempt).await });
@@ -299,6 +350,10 @@ impl Cluster {
         let Some(rev) = granted else {
             let retry_now = {
                 let mut g = self.guard();
+                if result.is_ok() {
+                    // Refused: no holder will appear for it.
+                    g.granting.remove(&a.uid);
+                }
                 let last = g.mirror.name(&a.name).map_or(0, |ns| ns.last_rev);
                 match g.waiting.get_mut(&a.waiter) {
                     Some(local) => {
@@ -320,24 +375,10 @@ impl Cluster {
             }
             return;
         };
-        let (token, local) = {
-            let mut g = self.guard();
-            let token = g.mirror.token(rev);
-            let local = g.waiting.remove(&a.waiter);
-            if let Some(l) = &local {
-                g.by_uid.remove(&l.uid);
-            }
-            (token, local)
-        };
+        let token = self.guard().mirror.token(rev);
+        // The waiter hears of it from the watch (see `on_watch`), which also sees a grant
+        // whose answer was lost on the way back.
         self.granted_log(&a.name, &a.id, token, Some(a.waited));
-        let deadline = now() + Duration::from_millis(a.value.ttl_ms);
-        let delivered =
-            local.is_some_and(|l| l.tx.send(WaitResult::Granted { token, deadline }).is_ok());
-        if !delivered {
-            // The waiter left while its grant was being made: hand the lock straight on.
-            self.end_holder(&a.name, token, EventKind::Revoked, None)
-                .await;
-        }
     }
 
     /// Keeps this front-end's etcd lease alive. If it lapses (etcd unreachable for longer
