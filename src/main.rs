@@ -106,7 +106,8 @@ struct Args {
     /// Keep locks durably in this directory (created if missing): a grant, renew or release is
     /// on disk before its OK, and a restart restores every lease that has not ended.
     /// Without it, locks live in memory only and a restart forgets every holder.
-    #[arg(long, env = "LOCKD_DATA_DIR", conflicts_with = "etcd")]
+    /// Not used in cluster mode (--etcd), where etcd keeps the locks.
+    #[arg(long, env = "LOCKD_DATA_DIR")]
     data_dir: Option<PathBuf>,
 
     /// Cluster mode: keep every lock in this etcd cluster (client URLs, comma separated, e.g.
@@ -349,7 +350,8 @@ impl Args {
             shutdown_grace: self.shutdown_grace,
             half_close_probe: self.half_close_probe,
             compat: self.compat.config(self.max_ttl)?,
-            data_dir: self.data_dir.clone(),
+            // In cluster mode etcd is the durable store (warned about in `main`).
+            data_dir: self.data_dir.clone().filter(|_| self.etcd.is_empty()),
             etcd: (!self.etcd.is_empty()).then(|| lockd::backend::EtcdConfig {
                 endpoints: self.etcd.clone(),
                 prefix: self.etcd_prefix.clone(),
@@ -580,6 +582,9 @@ async fn main() -> ExitCode {
         return exit_status(written, 1);
     }
     init_logging(args.verbose, args.log_format);
+    if let (false, Some(dir)) = (args.etcd.is_empty(), &args.data_dir) {
+        tracing::warn!(dir = %dir.display(), "cluster mode: --data-dir is not used (etcd keeps the locks)");
+    }
     let mut config = match args.config() {
         Ok(c) => c,
         Err(e) => {
