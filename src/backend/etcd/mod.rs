@@ -267,7 +267,30 @@ impl Cluster {
     fn lease_id(&self) -> i64 {
         self.lease.load(Ordering::Relaxed)
     }
+
+    /// A clean-up write (ending a lease, leaving the queue) that must happen even if etcd is
+    /// away for a while: a waiter key left behind would stop its queue for as long as this
+    /// front-end lives. Tried until etcd answers (the transaction's comparisons make a retry
+    /// of a write that did land a no-op), or until [`CLEANUP_TRIES`] failures in a row.
+    async fn cleanup(&self, txn: Txn) -> Option<etcd_client::TxnResponse> {
+        let mut client = self.client.clone();
+        for _ in 0..CLEANUP_TRIES {
+            match client.txn(txn.clone()).await {
+                Ok(resp) => return Some(resp),
+                Err(e) => {
+                    self.unhealthy(&e.to_string());
+                    tokio::time::sleep(CLEANUP_PAUSE).await;
+                }
+            }
+        }
+        None
+    }
 }
+
+/// A clean-up write is tried this many times, [`CLEANUP_PAUSE`] apart (each try waits up to
+/// `--etcd-request-timeout`): about a minute and a half of etcd outage at the default.
+const CLEANUP_TRIES: usize = 40;
+const CLEANUP_PAUSE: Duration = Duration::from_millis(250);
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];

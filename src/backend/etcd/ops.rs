@@ -336,10 +336,12 @@ impl Cluster {
         self.forget_waiter_key(local.key);
     }
 
+    /// Takes a waiter's key out of the queue, retrying while etcd is away.
     pub(super) fn forget_waiter_key(self: &Arc<Self>, key: String) {
-        let mut client = self.client.clone();
+        let me = Arc::clone(self);
         tokio::spawn(async move {
-            let _ = client.delete(key, None).await;
+            me.cleanup(Txn::new().and_then([TxnOp::delete(key, None)]))
+                .await;
         });
     }
 
@@ -485,8 +487,7 @@ impl Cluster {
         } else {
             Txn::new().when([guarded]).and_then(with_marker)
         };
-        let mut client = self.client.clone();
-        let Ok(resp) = client.txn(txn).await else {
+        let Some(resp) = self.cleanup(txn).await else {
             return false;
         };
         let done = resp.succeeded()
@@ -686,8 +687,7 @@ impl Cluster {
                         value.encode(),
                         self.holder_put(true),
                     )]);
-                let mut client = self.client.clone();
-                let _ = client.txn(txn).await;
+                self.cleanup(txn).await;
             }
         }
     }

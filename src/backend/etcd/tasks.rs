@@ -157,7 +157,7 @@ impl Cluster {
         }
     }
 
-    fn unhealthy(&self, why: &str) {
+    pub(super) fn unhealthy(&self, why: &str) {
         if self.healthy.swap(false, Ordering::Relaxed) {
             tracing::warn!(error = why, "etcd unreachable or without quorum");
         }
@@ -274,6 +274,12 @@ impl Cluster {
                 return;
             };
             let Some(&waiter) = g.by_uid.get(&head.uid) else {
+                // Ours but no longer waited for (its clean-up write was lost): take it out,
+                // or it would stop the queue for as long as this front-end lives.
+                if head.uid.starts_with(&format!("{}.", self.fe)) && !g.granting.contains(&head.uid) {
+                    // (It only spawns the write: the guard may stay held.)
+                    self.forget_waiter_key(head.key.clone());
+                }
                 return;
             };
             if g.mirror.rev < head.rev || !ns.admits(head.value.mode) {
@@ -355,6 +361,17 @@ impl Cluster {
                     g.granting.remove(&a.uid);
                 }
                 let last = g.mirror.name(&a.name).map_or(0, |ns| ns.last_rev);
+                let still_queued = g
+                    .mirror
+                    .name(&a.name)
+                    .is_some_and(|ns| ns.queue.contains_key(&a.rev));
+                if result.is_ok() && !still_queued && g.mirror.rev >= a.rev {
+                    // Its key went while the grant was tried (a newer LOCK of its id).
+                    if let Some(l) = g.waiting.remove(&a.waiter) {
+                        g.by_uid.remove(&l.uid);
+                        let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+                    }
+                }
                 match g.waiting.get_mut(&a.waiter) {
                     Some(local) => {
                         local.in_flight = false;
@@ -522,8 +539,7 @@ impl Cluster {
                 TxnOp::put(marker.clone(), self.marker(kind, holder.rev), None),
                 TxnOp::delete(holder.key.clone(), None),
             ]);
-        let mut client = self.client.clone();
-        let Ok(resp) = client.txn(txn).await else {
+        let Some(resp) = self.cleanup(txn).await else {
             return;
         };
         if !resp.succeeded() {
@@ -539,7 +555,7 @@ impl Cluster {
                 Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
             ])
             .and_then([TxnOp::delete(marker, None)]);
-        let _ = client.txn(tidy).await;
+        let _ = self.client.clone().txn(tidy).await;
     }
 }
 
