@@ -11,8 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::blocking::{
-    assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
-    signal, Lockd, Mark, Output, Proxy,
+    assert_killed_waiter_never_gets_the_lock, assert_renews_elsewhere_after_a_cut,
+    assert_rides_out_a_cut, cut_for_good, dead_addr, eventually, signal, Lockd, Mark, Output,
+    Proxy,
 };
 
 const GUARD: Duration = Duration::from_secs(60);
@@ -328,6 +329,81 @@ fn run_rides_out_a_dropped_connection_within_its_grace() {
     assert_ok(&out);
     assert!(out.stdout.contains("got go"), "{}", out.stdout);
     assert_eq!(lockd.request("STATUS rides"), "OK rides free");
+}
+
+/// LOCKD_ADDR lists a dead address first: every call connects to the second; with every
+/// address dead a call returns 3 naming them all; a list that cannot be one returns 2.
+#[test]
+fn a_dead_first_address_is_passed_over_for_the_next() {
+    let lockd = Lockd::start();
+    let (dead, also_dead) = (dead_addr(), dead_addr());
+    let list = format!("{dead},{}", lockd.addr);
+    let out = finish(
+        bash_at(
+            &list,
+            &format!(
+                r#"
+        t=$(lockd_lock fo ttl=1m)
+        lockd_renew fo "$t" >/dev/null
+        lockd_status fo >/dev/null
+        echo "addr=$lockd__addr"
+        lockd_unlock fo "$t"
+        lockd_run fo ttl=1m -- bash -c 'echo "ran $LOCKD_TOKEN"'
+        rc=0; LOCKD_ADDR={dead},{also_dead} lockd_status || rc=$?
+        echo "all-dead=$rc"
+        rc=0; LOCKD_ADDR={dead},,{dead} lockd_status || rc=$?
+        echo "empty-entry=$rc"
+        "#
+            ),
+            false,
+        ),
+        "",
+    );
+    assert_ok(&out);
+    for want in [
+        format!("addr={}", lockd.addr),
+        "all-dead=3".to_string(),
+        "empty-entry=2".to_string(),
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l == want),
+            "missing {want:?} in:\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+    assert!(out.stdout.contains("ran "), "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains(&format!("cannot connect to any of {dead}, {also_dead}")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(lockd.request("STATUS fo"), "OK fo free");
+}
+
+/// lockd_run with two addresses, the first through a proxy that cuts its connection: the
+/// renewer reconnects to the second address (not back through the proxy, which may lead to
+/// the front-end that is down), renews within the grace, and the command runs to its end.
+#[test]
+fn run_reconnects_to_the_next_address_after_a_cut() {
+    let lockd = Lockd::start();
+    let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("bash-next");
+    let child = bash_at(
+        &format!("{},{}", proxy.addr, lockd.addr),
+        &format!(
+            r#"lockd_run next ttl=1m session=3s -- bash -c 'echo in > {}; read -r line; echo "got $line"'"#,
+            mark.path.display()
+        ),
+        false,
+    );
+    mark.wait(GUARD);
+    assert_renews_elsewhere_after_a_cut(&lockd, &proxy, "next", Duration::from_secs(3), GUARD);
+    let out = finish(child, "go\n");
+    assert_ok(&out);
+    assert!(out.stdout.contains("got go"), "{}", out.stdout);
+    assert_eq!(lockd.request("STATUS next"), "OK next free");
 }
 
 /// When the connection stays down past the grace, the server ends the lease, and lockd_run

@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::blocking::{
-    assert_killed_waiter_never_gets_the_lock, assert_rides_out_a_cut, cut_for_good, eventually,
-    signal, Lockd, Mark, Proxy,
+    assert_killed_waiter_never_gets_the_lock, assert_renews_elsewhere_after_a_cut,
+    assert_rides_out_a_cut, cut_for_good, dead_addr, eventually, signal, Lockd, Mark, Proxy,
 };
 use common::pki::Pki;
 
@@ -165,6 +165,63 @@ fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout.contains("released"), "{}", out.stdout);
     assert_eq!(lockd.request("STATUS rides"), "OK rides free");
+}
+
+/// LOCKD_ADDR lists a dead address first: the client connects to the second, for `Client`
+/// and for `with lock(...)`, which take the list from LOCKD_ADDR as lockctl does.
+#[test]
+fn a_dead_first_address_is_passed_over_for_the_next() {
+    let lockd = Lockd::start();
+    let dead = dead_addr();
+    let list = format!("{dead},{}", lockd.addr);
+    let out = common::blocking::finish(
+        script(
+            &list,
+            "c = lockd_client.Client()\n\
+             t = c.lock('fo', ttl=60)\n\
+             print(c.server, c.address, flush=True)\n\
+             c.unlock('fo', t)\n\
+             with lockd_client.lock('fo', ttl=60) as token:\n    \
+             print('inside', token, flush=True)",
+        ),
+        "",
+        GUARD,
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(
+        out.stdout.contains(&format!("{list} {}\n", lockd.addr)),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("inside "), "{}", out.stdout);
+    assert_eq!(lockd.request("STATUS fo"), "OK fo free");
+}
+
+/// `with lock(...)` with two addresses, the first through a proxy: when the proxy cuts the
+/// connection, the renewal thread reconnects to the second address (not back through the
+/// proxy, which may lead to the front-end that is down) and renews within the grace.
+#[test]
+fn a_lease_reconnects_to_the_next_address_after_a_cut() {
+    let lockd = Lockd::start();
+    let proxy = Proxy::start(lockd.addr);
+    let mark = Mark::new("python-next");
+    let list = format!("{},{}", proxy.addr, lockd.addr);
+    let child = script(
+        &list,
+        &format!(
+            "lease = lockd_client.lock('next', ttl=60, session=3)\n\
+             with lease as token:\n    open({:?}, 'w').write('in\\n')\n    \
+             sys.stdin.readline()\n    lease.check()\n\
+             print('released', flush=True)",
+            mark.path.display().to_string()
+        ),
+    );
+    mark.wait(GUARD);
+    assert_renews_elsewhere_after_a_cut(&lockd, &proxy, "next", Duration::from_secs(3), GUARD);
+    let out = common::blocking::finish(child, "\n", GUARD);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("released"), "{}", out.stdout);
+    assert_eq!(lockd.request("STATUS next"), "OK next free");
 }
 
 /// When the connection stays down past the grace, the server ends the lease and the client

@@ -313,6 +313,37 @@ async fn an_expired_or_misnamed_server_certificate_is_not_trusted() {
     }
 }
 
+/// With several addresses, each connection's certificate is checked against the host of the
+/// address it was made to: lockd's certificate here names `localhost` only, so the same
+/// server is trusted as the second address `localhost:<port>` after a dead `127.0.0.1:<port>`,
+/// and not as the second address `127.0.0.1:<port>` after a dead `localhost:<port>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_several_addresses_the_certificate_is_checked_against_the_one_connected_to() {
+    let pki = Pki::new("lockctl-names");
+    let (cert, key) = pki.server_named("localhost-only", &["localhost"]);
+    let d = tls_lockd_with(&cert, &key, pki.ca(), None).await;
+    let port = d.addr.rsplit_once(':').unwrap().1;
+    let dead = common::lockctl::dead_addr().await;
+    let dead_port = dead.rsplit_once(':').unwrap().1;
+
+    let list = format!("{dead},localhost:{port}");
+    let mut cmd = lockctl_at(&list, &["-v", "status"]);
+    cmd.env("LOCKD_TLS_CA", &d.ca);
+    let out = output(cmd).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("connected to lockd at localhost:{port}")),
+        "{}",
+        stderr(&out)
+    );
+
+    let list = format!("localhost:{dead_port},127.0.0.1:{port}");
+    let mut cmd = lockctl_at(&list, &["status", "--connect-timeout", PATIENT]);
+    cmd.env("LOCKD_TLS_CA", &d.ca);
+    let text = assert_fails_fast(cmd, "not valid for").await;
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_on_a_plain_port_is_told_so_at_once() {
     let pki = Pki::new("lockctl-plain");

@@ -9,7 +9,13 @@
 #     lockd_run nightly-backup ttl=1m -- /usr/local/bin/backup.sh
 #
 # Configuration (environment variables, read at each call):
-#   LOCKD_ADDR        host:port of the server (default 127.0.0.1:5001; [v6]:port for IPv6)
+#   LOCKD_ADDR        host:port of the server (default 127.0.0.1:5001; [v6]:port for IPv6),
+#                     or several, comma-separated without spaces (a:5001,b:5001,c:5001):
+#                     the front-ends of one lockd cluster, as for lockctl. Each connection
+#                     tries them in turn from the first (lockd_run's renewer, after losing its
+#                     connection, from the one after it, which it tries last); return code 3
+#                     names them all if none connects. Not for separate lockd servers: each
+#                     would grant the same lock.
 #   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid of this shell>)
 #   LOCKD_IO_TIMEOUT  seconds to wait for a reply that should come at once (default 10)
 #   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10)
@@ -84,7 +90,8 @@
 # a firewall reset), the renewer reconnects and renews within DUR and CMD runs on; if it
 # cannot, the lease may be gone, and CMD is stopped (return code 4). session=0 ties the lease
 # to the connection with no grace. A connect to a machine that does not answer at all blocks
-# until the kernel gives up (bash's /dev/tcp has no connect timeout).
+# until the kernel gives up (bash's /dev/tcp has no connect timeout), before the next address
+# of LOCKD_ADDR is tried.
 
 LOCKD_TOKEN=
 LOCKD_REPLY=
@@ -92,6 +99,9 @@ LOCKD_ERROR=
 LOCKD_MODE=
 LOCKD_HOLDERS=0
 LOCKD_WAITERS=0
+# The address of LOCKD_ADDR of the latest connection, and its index in the list.
+lockd__addr=
+lockd__at=0
 
 # Session grace of lockd_run when session= is not given, in ms.
 LOCKD__DEFAULT_GRACE_MS=10000
@@ -143,26 +153,52 @@ lockd__ms() {
     printf '%d\n' "$total"
 }
 
-# Opens a connection to LOCKD_ADDR; its descriptor goes into the caller's lockd__fd.
+# Opens a connection to LOCKD_ADDR; its descriptor goes into the caller's lockd__fd. With
+# several addresses they are tried in turn from the START-th (default 0, the first; counted
+# round the list), and the first that connects (and logs in, if a user is set) is the one:
+# lockd__addr and lockd__at say which. A login the server refuses is final (2), as it would be
+# at every front-end.
 lockd__connect() {
-    local addr=${LOCKD_ADDR:-127.0.0.1:5001} host port
-    host=${addr%:*}
-    port=${addr##*:}
-    host=${host#[}
-    host=${host%]}
-    if [[ -z $host || $addr != *:* || ! $port =~ ^[0-9]+$ ]]; then
-        lockd__fail 2 "LOCKD_ADDR must be host:port, not '$addr'"
+    local list=${LOCKD_ADDR:-127.0.0.1:5001} start=${1:-0} addrs=() addr host port i k n rc
+    if [[ $list == ,* || $list == *, || $list == *,,* || $list =~ [[:space:]] ]]; then
+        lockd__fail 2 "LOCKD_ADDR must be host:port, or several comma-separated without spaces, not '$list'"
         return
     fi
-    # The group's redirection hides bash's own "connect: ..." noise; the fd stays open after.
-    if ! { exec {lockd__fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
-        lockd__fail 3 "cannot connect to $addr"
-        return
+    IFS=, read -r -a addrs <<<"$list"
+    n=${#addrs[@]}
+    for addr in "${addrs[@]}"; do
+        host=${addr%:*}
+        port=${addr##*:}
+        if [[ -z $host || $addr != *:* || ! $port =~ ^[0-9]+$ ]]; then
+            lockd__fail 2 "LOCKD_ADDR must be host:port, not '$addr'"
+            return
+        fi
+    done
+    for ((k = 0; k < n; k++)); do
+        i=$(((start + k) % n))
+        addr=${addrs[i]}
+        host=${addr%:*}
+        port=${addr##*:}
+        host=${host#[}
+        host=${host%]}
+        # The group's redirection hides bash's own "connect: ..." noise; the fd stays open
+        # after.
+        if ! { exec {lockd__fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
+            continue
+        fi
+        lockd__addr=$addr lockd__at=$i
+        rc=0
+        lockd__login || rc=$?
+        ((rc == 0)) && return 0
+        lockd__disconnect
+        # Cut off during the login: the next address may do better; a refusal would not.
+        ((rc == 3 && k + 1 < n)) || return "$rc"
+    done
+    if ((n == 1)); then
+        lockd__fail 3 "cannot connect to $list"
+    else
+        lockd__fail 3 "cannot connect to any of ${list//,/, }"
     fi
-    local rc=0
-    lockd__login || rc=$?
-    ((rc == 0)) || lockd__disconnect
-    return "$rc"
 }
 
 # Sends AUTH with LOCKD_USER and its secret on the new lockd__fd, if they are set (see the
@@ -182,7 +218,7 @@ lockd__login() {
 
 lockd__auth() {
     local user=${LOCKD_USER:-} secret=${LOCKD_SECRET:-} file=${LOCKD_SECRET_FILE:-}
-    local addr=${LOCKD_ADDR:-127.0.0.1:5001}
+    local addr=$lockd__addr
     if [[ -n $secret && -n $file ]]; then
         lockd__fail 2 "the secret is given twice (LOCKD_SECRET and LOCKD_SECRET_FILE): give it one way"
         return
@@ -241,7 +277,7 @@ lockd__exchange() {
     # Written from a subshell: a write to a connection the server has reset raises SIGPIPE,
     # which must end that subshell (a failed send), not the caller's shell.
     if ! (printf '%s\n' "$1" >&"$lockd__fd") 2>/dev/null; then
-        lockd__fail 3 "cannot send to ${LOCKD_ADDR:-127.0.0.1:5001}"
+        lockd__fail 3 "cannot send to $lockd__addr"
         return
     fi
     lockd__read "${2:-}"
@@ -250,7 +286,7 @@ lockd__exchange() {
 # Reads one reply line from lockd__fd into LOCKD_REPLY (PATIENCE as for lockd__exchange).
 lockd__read() {
     local patience=${1:-${LOCKD_IO_TIMEOUT:-10}} reply='' chunk rc=0
-    local addr=${LOCKD_ADDR:-127.0.0.1:5001}
+    local addr=$lockd__addr
     LOCKD_REPLY=
     if [[ $patience == wait ]]; then
         while :; do
@@ -564,6 +600,8 @@ lockd__stop_command() {
 
 # RENEWs on the session connection (lockd__fd); if that connection is gone, reconnects and
 # RENEWs on the new one, which the server then ties the lease to. Sets ttl_ms of the caller.
+# The reconnect starts at the address after the one lost: with several front-ends, that one
+# may be the one that is down.
 lockd__renew_session() {
     local name=$1 token=$2 patience=$3 rc=0
     if [[ -n ${lockd__fd:-} ]]; then
@@ -573,7 +611,7 @@ lockd__renew_session() {
     fi
     if ((rc == 3)); then
         lockd__disconnect
-        lockd__connect || return
+        lockd__connect $((lockd__at + 1)) || return
         rc=0
         lockd__exchange "RENEW $name $token" "$patience" || rc=$?
     fi

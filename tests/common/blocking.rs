@@ -160,6 +160,34 @@ pub fn assert_rides_out_a_cut(
     assert!(checked.starts_with("OK ttl_ms="), "{checked}");
 }
 
+/// Checks that a client holding `name` with a session lease of `grace`, connected through
+/// `proxy` (the first of its addresses; the second leads to `lockd` directly), reconnects to
+/// the second address when the proxy cuts its connection, not back through the proxy: past
+/// the grace the lease is still its own, and the proxy passed no new connection.
+pub fn assert_renews_elsewhere_after_a_cut(
+    lockd: &Lockd,
+    proxy: &Proxy,
+    name: &str,
+    grace: Duration,
+    guard: Duration,
+) {
+    let token = lockd.wait_held(name, guard);
+    let before = proxy.accepted();
+    proxy.cut();
+    // Waits out the grace of the dropped connection: only a renewal kept the lease.
+    thread::sleep(grace + Duration::from_secs(1));
+    let checked = lockd.request(&format!("CHECK {name} {token}"));
+    assert!(checked.starts_with("OK ttl_ms="), "{checked}");
+    assert_eq!(proxy.accepted(), before, "it reconnected through the proxy");
+}
+
+/// A loopback address where nothing listens (a server that is down): a port bound a moment
+/// ago and let go.
+pub fn dead_addr() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("local addr").to_string()
+}
+
 /// Cuts the connection of a client holding `name` through `proxy` and lets it reconnect no
 /// more; the server must end the lease (by its grace: the test's ttl is far longer).
 pub fn cut_for_good(lockd: &Lockd, proxy: &Proxy, name: &str, guard: Duration) {

@@ -67,6 +67,16 @@ impl Pki {
         self.issue("server", params)
     }
 
+    /// A server certificate for the host names `names` only (no IP address): a connection
+    /// is trusted only if it was made to one of those names.
+    pub fn server_named(&self, file: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.distinguished_name.push(DnType::CommonName, "lockd");
+        self.issue(file, params)
+    }
+
     /// A client certificate whose subject's common name is `user`.
     pub fn client(&self, user: &str) -> (PathBuf, PathBuf) {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();

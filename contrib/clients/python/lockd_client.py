@@ -33,6 +33,18 @@ The full client::
     c.unlock("deploy", token)
     c.status("deploy")                            # LockStatus, or None if free
 
+Several addresses, the front-ends of one lockd cluster (any of them serves any request and
+knows every token), as lockctl's ``--server a:5001,b:5001``: ``server="a:5001,b:5001"`` (no
+spaces), a list of ``"host:port"`` strings, or ``$LOCKD_ADDR=a:5001,b:5001``. A new
+connection tries them in turn from the first, each for ``timeout``, and raises ConnectionLost
+naming every address if none connects. After a connection fails (reset, closed without a
+word, no reply in time) the next one starts at the address after it, which is tried last:
+so a :class:`Lease` renews through another front-end within its grace. ``client.address`` is
+the address connected to, and over TLS its host is the name the certificate must be valid
+for. Separate lockd servers are no cluster: each would grant the same lock::
+
+    c = Client("locks-a:5001,locks-b:5001,locks-c:5001")
+
 Shared locks and semaphores (proto.md, "Shared locks and semaphores"; lockctl's ``--shared``
 and ``--limit N``): every way to lock takes ``shared=True`` (any number of shared holders
 together, never beside an exclusive one) or ``limit=n`` (up to n holders at once); without
@@ -377,6 +389,17 @@ def _split_addr(server):
     return host, int(port)
 
 
+def _split_servers(server):
+    """'host:port', or several comma-separated without spaces ('a:5001,b:5001'), or a list or
+    tuple of 'host:port' -> ``[(text, (host, port)), ...]``, in the order given. Strict, as
+    lockctl reads LOCKD_ADDR: an empty entry or a space is a ValueError, not an address."""
+    texts = list(server) if isinstance(server, (list, tuple)) else server.split(",")
+    if not texts or any(not isinstance(t, str) or not t or t != t.strip() for t in texts):
+        raise ValueError("server must be host:port, or several comma-separated without spaces "
+                         "(a:5001,b:5001), not %r" % (server,))
+    return [(t, _split_addr(t)) for t in texts]
+
+
 def _word(what, value):
     """Checks a name or id is one protocol word, so it can neither split nor add a request."""
     if not isinstance(value, str) or not value or any(c.isspace() or ord(c) < 32 or ord(c) == 127
@@ -551,16 +574,24 @@ class Client:
 
     A client is safe to share between threads (one request at a time), but a LOCK that waits
     holds the connection until it is answered: give each waiting thread its own client.
-    ``timeout`` bounds every reply that should come at once; a waiting LOCK gets its ``wait``
-    on top of it (or no bound at all without ``wait``). ``tls``, ``ca``, ``cert`` and ``key``
+    ``timeout`` bounds every reply that should come at once, and each connection attempt; a
+    waiting LOCK gets its ``wait`` on top of it (or no bound at all without ``wait``).
+    ``server`` is ``host:port``, or several comma-separated (see the module's doc), default
+    $LOCKD_ADDR, then 127.0.0.1:5001. ``tls``, ``ca``, ``cert`` and ``key``
     choose TLS, ``user``, ``secret`` and ``secret_file`` the login (see the module's doc); a
     file that cannot be used raises ValueError here.
     """
 
     def __init__(self, server=None, id=None, timeout=10.0, tls=None, ca=None, cert=None,
                  key=None, user=None, secret=None, secret_file=None):
-        self.server = server or os.environ.get("LOCKD_ADDR") or DEFAULT_SERVER
-        self._addr = _split_addr(self.server)
+        server = server or os.environ.get("LOCKD_ADDR") or DEFAULT_SERVER
+        self._addrs = _split_servers(server)
+        #: Every address, comma-separated (as LOCKD_ADDR gives them).
+        self.server = ",".join(text for text, _ in self._addrs)
+        # The address of the current (or latest) connection, and where the next connection
+        # starts: the same one after a close for idleness, the one after it after a failure.
+        self._at = 0
+        self._start = 0
         self.id = _word("id", id or default_id())
         self.timeout = timeout
         self._tls, self._cert = _tls_context(tls, ca, cert, key)
@@ -576,10 +607,23 @@ class Client:
         self.close()
         return False
 
+    @property
+    def address(self):
+        """The address (``host:port``) of the current connection, or of the latest one (the
+        first address before any)."""
+        return self._addrs[self._at][0]
+
     def close(self):
         """Closes the connection (ending its `session` leases); the next call reconnects."""
         with self._mutex:
             self._drop()
+
+    def _lost(self):
+        """Drops a connection that failed. The next one starts at the address after it: with
+        several front-ends, the one that failed may be the one that is down."""
+        if self._sock is not None:
+            self._start = self._at + 1
+        self._drop()
 
     def _drop(self):
         for thing in (self._file, self._sock):
@@ -598,9 +642,14 @@ class Client:
         """
         timeout = self.timeout if reply_timeout == "default" else reply_timeout
         with self._mutex:
-            if self._sock is not None and self._stale():
+            closed = self._sock is not None and self._stale()
+            if closed == "gone":
+                # Closed or reset without a word: that server may be down, so the new
+                # connection starts at the next address.
+                self._lost()
+            elif closed:
                 # lockd closed an idle connection (its --idle-timeout): what it said then is no
-                # answer to this request; start afresh.
+                # answer to this request; start afresh, on the same address.
                 self._drop()
             try:
                 if self._sock is None:
@@ -619,39 +668,68 @@ class Client:
             except TlsError:
                 self._drop()
                 raise
+            except ConnectionLost:
+                self._lost()
+                raise
             except socket.timeout:
-                self._drop()
-                raise ConnectionLost("no reply from %s to %r in time" % (self.server, line))
+                self._lost()
+                raise ConnectionLost("no reply from %s to %r in time" % (self.address, line))
             except OSError as e:
-                self._drop()
-                raise ConnectionLost("%s: %s" % (self.server, e)) from e
+                self._lost()
+                raise ConnectionLost("%s: %s" % (self.address, e)) from e
             except BaseException:
                 self._drop()
                 raise
 
     def _stale(self):
-        """True if the server sent something unasked (or closed) while nothing was pending:
-        an idle connection it closed."""
+        """Whether the server ended the connection while nothing was pending: None if not,
+        "idle" if it said something first (lockd's ``ERR LIMIT`` before it closes an idle
+        connection: the server is fine), "gone" if it closed or reset it without a word (it
+        may have gone down). Over TLS the peek is at the raw bytes under it (an ``ERR LIMIT``
+        comes in a TLS record; a server that died sends none), which it leaves unread."""
         try:
             if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
-                return True
+                return "idle"
             readable, _, _ = select.select([self._sock], [], [], 0)
-            return bool(readable)
+            if not readable:
+                return None
+            return "idle" if socket.socket.recv(self._sock, 1, socket.MSG_PEEK) else "gone"
         except (OSError, ValueError):
-            return True
+            return "gone"
 
     def _connect(self):
-        """A new connection, over TLS if asked for."""
-        sock = socket.create_connection(self._addr, timeout=self.timeout)
+        """A new connection, over TLS if asked for: to the addresses in turn, from
+        ``self._start`` on (round the list), each given ``timeout`` to connect; the first that
+        connects is the one. A TLS failure is final, as in lockctl: another front-end would
+        refuse the same configuration the same way."""
+        count = len(self._addrs)
+        failed = []
+        for k in range(count):
+            i = (self._start + k) % count
+            text, addr = self._addrs[i]
+            try:
+                sock = socket.create_connection(addr, timeout=self.timeout)
+            except OSError as e:
+                if count == 1:
+                    raise  # said by _request, as it always was
+                failed.append("%s (%s)" % (text, e))
+                continue
+            self._at = self._start = i
+            return self._secure(sock, addr[0])
+        raise ConnectionLost("cannot connect to lockd at %s" % "; nor at ".join(failed))
+
+    def _secure(self, sock, host):
+        """``sock`` over TLS if asked for, the server's certificate checked against ``host``:
+        the host of the address connected to."""
         if self._tls is None:
             return sock
         try:
-            return self._tls.wrap_socket(sock, server_hostname=self._addr[0])
+            return self._tls.wrap_socket(sock, server_hostname=host)
         except socket.timeout:
             sock.close()
             raise TlsError("lockd at %s accepted the connection but sent no TLS handshake "
                            "within %ss: is it serving plain TCP there?"
-                           % (self.server, self.timeout)) from None
+                           % (self.address, self.timeout)) from None
         except BaseException:  # an ssl.SSLError is said by _request
             sock.close()
             raise
@@ -667,7 +745,7 @@ class Client:
             self._sock.sendall(line.encode("utf-8"))
             reply = self._read_line()
         except socket.timeout:
-            raise ConnectionLost("no reply from %s to AUTH in time" % self.server) from None
+            raise ConnectionLost("no reply from %s to AUTH in time" % self.address) from None
         if reply.startswith("OK"):
             return
         if reply.startswith("ERR DENIED authentication is off"):
@@ -678,7 +756,7 @@ class Client:
             self._ok(reply)
         except Denied as e:
             raise Denied(e.code, "lockd at %s refused to log in user %s (%s): check user= "
-                         "($LOCKD_USER) and the secret" % (self.server, self.user, e.message)
+                         "($LOCKD_USER) and the secret" % (self.address, self.user, e.message)
                          ) from None
         raise ProtocolError("unexpected reply to AUTH: %r" % reply)
 
@@ -692,25 +770,25 @@ class Client:
             hint = "" if "mismatch" in (e.verify_message or "").lower() else (
                 " (give the CA that signed it as ca=, or $LOCKD_TLS_CA)")
             return ("the certificate of lockd at %s is not trusted: %s%s"
-                    % (self.server, e.verify_message or e, hint))
+                    % (self.address, e.verify_message or e, hint))
         if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
                       "UNKNOWN_PROTOCOL", "HTTP_REQUEST"):
             return ("lockd at %s did not answer in TLS: is it serving plain TCP there "
-                    "(started without --tls-cert)?" % self.server)
+                    "(started without --tls-cert)?" % self.address)
         if "CERTIFICATE_REQUIRED" in reason or (about_cert and self._cert is None):
             return ("lockd at %s requires a client certificate (mutual TLS): give cert= and "
-                    "key=, or $LOCKD_CLIENT_CERT and $LOCKD_CLIENT_KEY" % self.server)
+                    "key=, or $LOCKD_CLIENT_CERT and $LOCKD_CLIENT_KEY" % self.address)
         if about_cert:
             return ("lockd at %s refused the client certificate %s: %s"
-                    % (self.server, self._cert, "it is not signed by a CA lockd trusts"
+                    % (self.address, self._cert, "it is not signed by a CA lockd trusts"
                        if "UNKNOWN_CA" in reason else e))
-        return "TLS with lockd at %s failed: %s" % (self.server, e)
+        return "TLS with lockd at %s failed: %s" % (self.address, e)
 
     def _read_line(self):
         raw = self._file.readline(_MAX_REPLY + 1)
         if not raw:
-            self._drop()
-            raise ConnectionLost("%s closed the connection" % self.server)
+            self._lost()
+            raise ConnectionLost("%s closed the connection" % self.address)
         if len(raw) > _MAX_REPLY:
             self._drop()
             raise ProtocolError("reply line longer than %d bytes" % _MAX_REPLY)
@@ -731,7 +809,7 @@ class Client:
         try:
             return self._ok(reply)
         except (TooLong, Lagged, Shutdown):
-            self._drop()  # the server closes the connection after these
+            self._lost()  # the server closes the connection after these (SHUTDOWN: it stops)
             raise
 
     def lock(self, name, ttl=None, wait=None, session=False, detach=True, shared=False,
@@ -1003,9 +1081,10 @@ def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, o
          user=None, secret=None, secret_file=None):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
-    ``server`` defaults to $LOCKD_ADDR, then 127.0.0.1:5001; ``ttl`` is the lease, renewed in
-    the background; ``session`` its grace (see :class:`Lease`); ``wait`` bounds the wait for
-    the lock (None: forever; 0: one try, raising Timeout if held); ``id`` defaults to
+    ``server`` (one address or several, as :class:`Client` takes it) defaults to $LOCKD_ADDR,
+    then 127.0.0.1:5001; ``ttl`` is the lease, renewed in the background; ``session`` its
+    grace (see :class:`Lease`); ``wait`` bounds the wait for the lock (None: forever; 0: one
+    try, raising Timeout if held); ``id`` defaults to
     ``<hostname>:<pid>``. Exclusive unless ``shared=True`` (a shared hold) or ``limit=n`` (one
     slot of a semaphore of n). ``tls``, ``ca``, ``cert``, ``key``, ``user``, ``secret`` and
     ``secret_file`` are :class:`Client`'s.

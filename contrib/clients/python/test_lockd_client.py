@@ -27,6 +27,14 @@ def fresh(prefix):
     return "%s-%s" % (prefix, uuid.uuid4().hex[:12])
 
 
+def dead_addr():
+    """A loopback address where nothing listens: a port bound a moment ago and let go."""
+    import socket as _socket
+    with _socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return "127.0.0.1:%d" % s.getsockname()[1]
+
+
 def eventually(predicate, what):
     deadline = time.monotonic() + GUARD
     while time.monotonic() < deadline:
@@ -295,6 +303,24 @@ class ClientTest(ServerTest):
         with self.assertRaises(ValueError):
             Client("no-port-here")
 
+    def test_a_dead_first_address_is_passed_over_for_the_next(self):
+        dead = dead_addr()
+        with Client("%s,%s" % (dead, ADDR), id=fresh("failover")) as c:
+            self.assertTrue(c.ping())
+            self.assertNotEqual(c.address, dead)
+            name = self.name("failover")
+            token = c.lock(name, ttl=30)
+            c.unlock(name, token)
+
+    def test_every_address_dead_raises_connection_lost_naming_each(self):
+        dead = [dead_addr(), dead_addr()]
+        with Client(dead, timeout=2) as c:
+            with self.assertRaises(ConnectionLost) as caught:
+                c.ping()
+        for addr in dead:
+            self.assertIn(addr, str(caught.exception))
+        self.assertEqual(caught.exception.exit_code, 3)
+
 
 @unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
 class LeaseTest(ServerTest):
@@ -400,6 +426,60 @@ class LeaseTest(ServerTest):
 
 
 class OfflineTest(unittest.TestCase):
+    def test_after_a_failure_the_next_connection_goes_to_the_next_address(self):
+        # Two stand-ins for front-ends of one cluster. The first answers one PING, then closes
+        # the connection without a word (as a front-end that died would), and still accepts
+        # new connections; the next request must go to the second, not back to the first.
+        import socket as _socket
+        servers = [_socket.socket(), _socket.socket()]
+        accepted = [0, 0]
+        for srv in servers:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(4)
+
+        def serve(i):
+            srv = servers[i]
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                accepted[i] += 1
+                f = conn.makefile("rb")
+                while f.readline():
+                    conn.sendall(b"OK PONG\n")
+                    if i == 0:
+                        break
+                f.close()  # the connection closes only once its file is closed too
+                conn.close()
+
+        threads = [threading.Thread(target=serve, args=(i,), daemon=True) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        addrs = ["127.0.0.1:%d" % srv.getsockname()[1] for srv in servers]
+        c = Client(",".join(addrs), tls=False, user=None)
+        try:
+            self.assertTrue(c.ping())
+            self.assertEqual(c.address, addrs[0])
+            eventually(lambda: c._stale() == "gone", "the first one closes")
+            self.assertTrue(c.ping())
+            self.assertEqual(c.address, addrs[1])
+            self.assertTrue(c.ping())
+            self.assertEqual(accepted, [1, 1])
+        finally:
+            c.close()
+            for srv in servers:
+                srv.close()
+
+    def test_server_lists(self):
+        self.assertEqual(Client("a:1,b:2", tls=False, user=None).server, "a:1,b:2")
+        self.assertEqual(Client(["a:1", "[::1]:2"], tls=False, user=None).server, "a:1,[::1]:2")
+        self.assertEqual(lockd_client._split_servers("a:1,[::1]:2"),
+                         [("a:1", ("a", 1)), ("[::1]:2", ("::1", 2))])
+        for bad in ["a:1,", ",a:1", "a:1,,b:2", "a:1, b:2", "a:1,b", ["a:1", ""]]:
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                Client(bad, tls=False, user=None)
+
     def test_a_connection_closed_for_idleness_is_replaced_not_answered(self):
         # A stand-in for lockd with --idle-timeout: answers one PING, then says it closes the
         # idle connection, as lockd does; the next request must go on a new connection.

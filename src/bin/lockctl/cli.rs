@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::net::Addrs;
+
 /// Every exit code, for `--help` and the man pages: flock(1) users look here first.
 pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
@@ -55,7 +57,8 @@ pub const COMMAND_ENVIRONMENT: &[(&str, &str)] = &[
     (
         "LOCKD_NAME, LOCKD_TOKEN, LOCKD_ADDR",
         "set for the command that run starts: the lock's name, its fencing token and the \
-         server's address",
+         server's address (every address of --server, comma-separated, so that a lockctl the \
+         command runs fails over the same way)",
     ),
     (
         "LOCKD_USER, LOCKD_SECRET_FILE",
@@ -78,7 +81,11 @@ fn after_help() -> String {
         text.push_str(&hanging(code, 9, meaning));
     }
     text.push_str("\nEnvironment:\n");
-    text.push_str(&hanging("LOCKD_ADDR", 11, "default for --server"));
+    text.push_str(&hanging(
+        "LOCKD_ADDR",
+        11,
+        "default for --server: host:port, or several comma-separated (a:5001,b:5001)",
+    ));
     for (name, meaning) in SECRET_ENVIRONMENT.iter().chain(COMMAND_ENVIRONMENT) {
         text.push_str(&hanging(name, 11, meaning));
     }
@@ -130,11 +137,15 @@ fn hanging(label: &str, width: usize, text: &str) -> String {
     arg_required_else_help = true
 )]
 pub struct Cli {
-    /// lockd address as host:port (an IPv6 address in brackets, as [::1]:5001). It has no
-    /// short form: -s is --shared, as in flock(1).
+    /// lockd address as host:port (an IPv6 address in brackets, as [::1]:5001), or several,
+    /// comma-separated without spaces (a:5001,b:5001,c:5001), the front-ends of one lockd
+    /// cluster: lockctl connects to the first that answers, trying them in turn, and after a
+    /// lost connection reconnects to the next one (the one it lost is tried last). Not for
+    /// separate lockd servers: they do not know each other's locks. It has no short form: -s
+    /// is --shared, as in flock(1).
     #[arg(long, global = true, env = "LOCKD_ADDR", default_value = lockd::DEFAULT_LISTEN,
-          value_parser = address)]
-    pub server: String,
+          value_parser = addresses, value_name = "HOST:PORT[,HOST:PORT...]")]
+    pub server: Addrs,
 
     /// How long to keep trying to reach the server (with backoff) before exit code 3
     /// [default: 10s for run, acquire and watch, which wait anyway; 2s for status, release,
@@ -209,7 +220,8 @@ pub struct AuthArgs {
 pub struct TlsArgs {
     /// Speak TLS to lockd, trusting the system's CA bundle unless --tls-ca is given. Every
     /// connection (reconnects too) is checked: the server's certificate must be valid for the
-    /// host of --server and signed by a trusted CA, or lockctl exits 3 at once, saying why.
+    /// host of the --server address connected to (each front-end's for its own name) and
+    /// signed by a trusted CA, or lockctl exits 3 at once, saying why.
     /// LOCKD_TLS=1 (or true, yes, on) turns it on; 0, false, no or off leave it off.
     #[arg(long, global = true, env = "LOCKD_TLS", help_heading = "TLS",
           value_parser = clap::builder::BoolishValueParser::new(),
@@ -276,9 +288,9 @@ pub enum Command {
     /// after --kill-grace) before the lease can end on the server, and exits 4.
     ///
     /// The lease is a session lease with a grace (--session-grace): if the connection drops,
-    /// lockctl reconnects and renews within the grace, and the command runs on; if lockctl is
-    /// killed, the command is killed with it (on Linux) and the server frees the lock when the
-    /// grace ends.
+    /// lockctl reconnects (to the next address, if --server lists several) and renews within
+    /// the grace, and the command runs on; if lockctl is killed, the command is killed with it
+    /// (on Linux) and the server frees the lock when the grace ends.
     #[command(after_help = after_help())]
     Run(RunArgs),
     /// Wait for <name> (unless -n or -w), take it with a plain lease and print its token.
@@ -532,8 +544,33 @@ pub struct WatchArgs {
     pub json: bool,
 }
 
-/// Checks `host:port` before anything connects, so that a typo is a usage error at once and
-/// not a connect timeout's worth of retries.
+/// Checks every `host:port` of a comma-separated list before anything connects, so that a
+/// typo is a usage error at once and not a connect timeout's worth of retries. A list is
+/// strict (no spaces, no empty entries): it is the same string LOCKD_ADDR hands on to the
+/// command of `run`, and to the Python and bash clients, which read it the same way.
+fn addresses(s: &str) -> Result<Addrs, String> {
+    if !s.contains(',') {
+        return Ok(Addrs::one(address(s)?));
+    }
+    let mut list = Vec::new();
+    for part in s.split(',') {
+        if part.is_empty() {
+            return Err(format!(
+                "{s:?} has an empty entry: give host:port,host:port,... (commas between \
+                 addresses only)"
+            ));
+        }
+        if part.trim() != part {
+            return Err(format!(
+                "{part:?} in {s:?}: no spaces around the commas (a:5001,b:5001)"
+            ));
+        }
+        list.push(address(part).map_err(|e| format!("{part:?} in {s:?}: {e}"))?);
+    }
+    Addrs::new(list).ok_or_else(|| format!("{s:?} has no address"))
+}
+
+/// Checks one `host:port`.
 fn address(s: &str) -> Result<String, String> {
     let example = lockd::DEFAULT_LISTEN;
     let Some((host, port)) = s.rsplit_once(':') else {
@@ -585,7 +622,7 @@ pub fn old_server_flag(args: &[String]) -> Option<String> {
             } else {
                 continue;
             };
-        if address(value).is_err() {
+        if addresses(value).is_err() {
             continue;
         }
         let mut fixed: Vec<String> = vec!["lockctl".into()];
@@ -671,6 +708,31 @@ mod tests {
         ] {
             assert_eq!(check(line), None, "{line}");
         }
+    }
+
+    #[test]
+    fn a_list_of_addresses_is_checked_whole() {
+        let list = super::addresses("a:5001,[::1]:5002,10.0.0.3:5003").expect("three");
+        assert_eq!(list.to_string(), "a:5001,[::1]:5002,10.0.0.3:5003");
+        assert_eq!(list.len(), 3);
+        assert_eq!(super::addresses("a:5001").expect("one").len(), 1);
+        for (bad, says) in [
+            ("a:5001,", "empty entry"),
+            (",a:5001", "empty entry"),
+            ("a:5001,,b:5001", "empty entry"),
+            ("a:5001, b:5001", "no spaces"),
+            ("a:5001,b", "\"b\" in \"a:5001,b\": no port"),
+            ("a:5001,b:0", "is not a port"),
+        ] {
+            let e = super::addresses(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        // The old -s with a list is caught too.
+        let message = check("lockctl -s a:5001,b:5001 status").expect("caught");
+        assert!(
+            message.contains("\n  lockctl --server a:5001,b:5001 status\n"),
+            "{message}"
+        );
     }
 
     #[test]

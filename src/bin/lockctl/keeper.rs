@@ -137,11 +137,11 @@ impl Link {
             None => {
                 let c = self
                     .server
-                    .connect_once(limit)
+                    .reconnect_once(limit)
                     .await
                     .map_err(|f| f.message.unwrap_or_default())?;
                 if self.server.verbose {
-                    eprintln!("lockctl: reconnected to lockd at {}", self.server.addr);
+                    eprintln!("lockctl: reconnected to lockd at {}", self.server.addr());
                 }
                 Ok(c)
             }
@@ -164,7 +164,7 @@ impl Link {
                         Ok(line) => format!("unexpected {line:?}"),
                         Err(e) => e.to_string(),
                     };
-                    eprintln!("lockctl: connection to lockd at {} ended ({why}); reconnecting", self.server.addr);
+                    eprintln!("lockctl: connection to lockd at {} ended ({why}); reconnecting", self.server.addr());
                 }
                 self.client = None;
             }

@@ -77,15 +77,14 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     let Some(command) = &cli.command else {
         return Err(Failure::usage("no command given; see lockctl --help"));
     };
-    let server = Server {
-        addr: cli.server.clone(),
-        connect_timeout: cli
-            .connect_timeout
+    let server = Server::new(
+        cli.server.clone(),
+        cli.connect_timeout
             .unwrap_or_else(|| default_connect_timeout(command)),
-        verbose: cli.verbose,
-        tls: tls::Tls::from_args(&cli.tls)?,
-        auth: auth::Credentials::from_args(&cli.auth)?,
-    };
+        cli.verbose,
+        tls::Tls::from_args(&cli.tls)?,
+        auth::Credentials::from_args(&cli.auth)?,
+    );
     let id = match &cli.id {
         Some(id) => id.clone(),
         None => default_id(),

@@ -50,7 +50,7 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
         }
         Err(e) => Err(Failure::request(
             &format!("acquire {}", args.name),
-            &server.addr,
+            server.addr(),
             e,
         )),
     }
@@ -66,7 +66,7 @@ pub async fn release(server: &Server, args: &TokenArgs) -> Result<u8, Failure> {
             }
             Ok(0)
         }
-        Err(e) => Err(not_held_is_lost(&what, &server.addr, e)),
+        Err(e) => Err(not_held_is_lost(&what, server.addr(), e)),
     }
 }
 
@@ -89,7 +89,7 @@ pub async fn renew(server: &Server, args: &RenewArgs) -> Result<u8, Failure> {
             }
             Ok(0)
         }
-        Err(e) => Err(not_held_is_lost(&what, &server.addr, e)),
+        Err(e) => Err(not_held_is_lost(&what, server.addr(), e)),
     }
 }
 

@@ -112,7 +112,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     let mut env = vec![
         ("LOCKD_NAME", lease.name.clone()),
         ("LOCKD_TOKEN", token.to_string()),
-        ("LOCKD_ADDR", server.addr.clone()),
+        ("LOCKD_ADDR", server.addrs.to_string()),
     ];
     env.extend(server.tls.iter().flat_map(|tls| tls.environment()));
     env.extend(server.auth.iter().flat_map(|auth| auth.environment()));
@@ -201,7 +201,7 @@ async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
             Err(ClientError::Refused(e)) if e.code != ErrorCode::Shutdown => {
                 return Err(Failure::request(
                     &format!("lock {}", ask.name),
-                    &server.addr,
+                    server.addr(),
                     ClientError::Refused(e),
                 ));
             }
@@ -212,7 +212,8 @@ async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
                         ask.name
                     );
                 }
-                client = server.connect().await?;
+                // To the next address first: the one just lost may be the one that is down.
+                client = server.reconnect().await?;
             }
         }
     }

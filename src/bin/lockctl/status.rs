@@ -38,7 +38,7 @@ pub async fn list(client: &mut Client, server: &Server) -> Result<Vec<Row>, Fail
     let lines = client
         .status(None)
         .await
-        .map_err(|e| Failure::request("status", &server.addr, e))?;
+        .map_err(|e| Failure::request("status", server.addr(), e))?;
     lines
         .iter()
         .map(|l| Row::parse(l).ok_or_else(|| unexpected(server, l)))
@@ -50,14 +50,14 @@ pub async fn detail(client: &mut Client, server: &Server, name: &str) -> Result<
     let detail = client
         .status_detail(name)
         .await
-        .map_err(|e| Failure::request("status", &server.addr, e))?;
+        .map_err(|e| Failure::request("status", server.addr(), e))?;
     Lock::parse(&detail).map_err(|line| unexpected(server, &line))
 }
 
 fn unexpected(server: &Server, line: &str) -> Failure {
     Failure::usage(format!(
         "status: unexpected reply from lockd at {}: {line:?}",
-        server.addr
+        server.addr()
     ))
 }
 

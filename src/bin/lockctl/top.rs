@@ -86,14 +86,16 @@ async fn take(
     let limit = args.interval.max(ONE_SHOT_CONNECT);
     let mut c = match client.take() {
         Some(c) => c,
-        None => server.connect_once(limit).await.map_err(|f| {
-            if f.is_denied() {
+        // After a failure: from the next address, in case the current one is the trouble.
+        None => server.reconnect_once(limit).await.map_err(|f| {
+            // Several addresses: the message names each already.
+            if f.is_denied() || server.addrs.len() > 1 {
                 return f;
             }
             let why = f.message.unwrap_or_default();
             Failure::new(
                 UNREACHABLE,
-                format!("cannot reach lockd at {}: {why}", server.addr),
+                format!("cannot reach lockd at {}: {why}", server.addr()),
             )
         })?,
     };
@@ -112,7 +114,7 @@ async fn take(
             UNREACHABLE,
             format!(
                 "lockd at {} did not answer within {}",
-                server.addr,
+                server.addr(),
                 humantime::format_duration(limit)
             ),
         )),
@@ -174,7 +176,7 @@ fn header(server: &Server, args: &TopArgs, entries: Option<&[Entry]>) -> String 
     };
     format!(
         "lockd at {}, {now}{counts} (every {}; Ctrl-C quits)\n",
-        server.addr,
+        server.addr(),
         humantime::format_duration(args.interval)
     )
 }

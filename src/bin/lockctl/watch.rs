@@ -16,13 +16,13 @@ pub async fn watch(server: &Server, args: &WatchArgs) -> Result<u8, Failure> {
     client
         .watch(args.name.as_deref())
         .await
-        .map_err(|e| Failure::request("watch", &server.addr, e))?;
+        .map_err(|e| Failure::request("watch", server.addr(), e))?;
     loop {
         let line = tokio::select! {
             l = client.read_line() => l,
             _ = signals.recv() => return Ok(0),
         };
-        let line = line.map_err(|e| Failure::request("watch", &server.addr, e))?;
+        let line = line.map_err(|e| Failure::request("watch", server.addr(), e))?;
         match parse_reply(&line) {
             ReplyLine::Other(event) if args.json => print_line(&json(event))?,
             ReplyLine::Other(event) => print_line(&readable(event))?,
