@@ -4,7 +4,8 @@
 //! synchronously (bash, Python) and a proxy that cuts connections; in [`durable`], lockd
 //! processes on a data directory that tests crash and restart; in [`lockctl`], lockctl as a
 //! child process against an in-process server; in [`detail`], `STATUS <name> detail`
-//! helpers; in [`pki`], certificates made at run time.
+//! helpers; in [`pki`], certificates made at run time; in [`etcd`], a real etcd cluster of
+//! child processes that tests kill and restart, and lockd front-ends on it (cluster mode).
 //!
 //! Every read has a generous timeout: it only turns a hang into a failure, it never asserts
 //! how fast the server is.
@@ -15,6 +16,7 @@
 pub mod blocking;
 pub mod detail;
 pub mod durable;
+pub mod etcd;
 pub mod lockctl;
 pub mod pki;
 
@@ -363,8 +365,17 @@ pub struct LockdProcess {
 /// Starts `lockd --listen 127.0.0.1:0 <args>` (no `LOCKD_*` variables from the test's
 /// environment) and waits until it logs the address it listens on.
 pub fn spawn_lockd(args: &[&str]) -> LockdProcess {
+    try_spawn_lockd_at("127.0.0.1:0", args)
+        .unwrap_or_else(|log| panic!("lockd did not start: {log:?}"))
+}
+
+/// [`spawn_lockd`] on a chosen `--listen` address, for a caller that must come back on the
+/// same port after a crash ([`etcd::LockdFrontEnd`]). A lockd that exits before it listens
+/// (its port was taken meanwhile) is an `Err` with its log, so the caller can pick another
+/// port instead of failing the test.
+pub fn try_spawn_lockd_at(listen: &str, args: &[&str]) -> Result<LockdProcess, Vec<String>> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockd"));
-    cmd.args(["--listen", "127.0.0.1:0"])
+    cmd.args(["--listen", listen])
         .args(args)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -391,19 +402,23 @@ pub fn spawn_lockd(args: &[&str]) -> LockdProcess {
             }
         })
     };
+    // An exit closes stderr, which ends the reader and disconnects the channel at once.
     let addr = match rx.recv_timeout(GUARD) {
         Ok(Some(addr)) => addr.parse().expect("listening address"),
         _ => {
             let _ = child.kill();
-            panic!("lockd did not start: {:?}", log.lock().unwrap());
+            let _ = child.wait();
+            let _ = reader.join();
+            let log = log.lock().unwrap().clone();
+            return Err(log);
         }
     };
-    LockdProcess {
+    Ok(LockdProcess {
         child,
         addr,
         log,
         reader: Some(reader),
-    }
+    })
 }
 
 impl LockdProcess {
@@ -464,6 +479,17 @@ impl LockdProcess {
             assert!(Instant::now() < deadline, "lockd did not stop on SIGTERM");
             std::thread::sleep(Duration::from_millis(20));
         }
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.log()
+    }
+
+    /// SIGKILL: no chance to clean anything up; waits for it to be gone and returns its whole
+    /// log.
+    pub fn kill(mut self) -> Vec<String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }

@@ -1,0 +1,763 @@
+//! A real etcd cluster for cluster-mode tests: `etcd` members as child processes on loopback
+//! ports, each on its own data directory, which a test kills, stops and restarts to see what
+//! lockd front-ends do when members or the quorum go away; and [`LockdFrontEnd`], the real
+//! lockd binary pointed at such a cluster, which a test kills and restarts on the same port.
+//!
+//! Blocking (std) API like [`super::durable`], so it works from plain and tokio tests alike.
+//! Every wait is bounded by [`ETCD_PATIENCE`]: it turns a hang into a failure with the tail
+//! of the member's log; it never asserts how fast etcd is.
+//!
+//! What this relies on, checked against etcd 3.4.23 (Debian's etcd-server):
+//! - `GET <client-url>/health` answers `{"health":"true"}` only when the member has a leader
+//!   and a quorum read succeeds (`{"health":"false"}` otherwise, after up to a second's wait).
+//! - `GET <client-url>/metrics` has `etcd_server_is_leader 1` on the leader alone.
+//! - A member restarted on a data directory it has used before ignores the `--initial-*` flags
+//!   (its log says "already initialized as member before"), so restarting with the very
+//!   command that bootstrapped it rejoins the cluster.
+//! - A member serves its client URL only once it is part of a working cluster: a member
+//!   restarted without a quorum accepts connections but answers nothing until one is back.
+//!
+//! The etcd binary is `etcd` on PATH (Debian: `apt-get install etcd-server`), or the one named
+//! by `LOCKD_TEST_ETCD`.
+
+use std::fs::{self, File};
+use std::io::{self, BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::{try_spawn_lockd_at, LockdProcess};
+
+/// Guard for anything the cluster should do in a moment (start, elect, rejoin). Generous: two
+/// cores running several test binaries at once can slow etcd's fsyncs a lot.
+pub const ETCD_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How long one HTTP exchange with a member may take. /health itself waits up to a second
+/// for a quorum read, so this only has to be longer than that.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How many times [`EtcdCluster::start`] picks new ports after a member lost its port to
+/// someone else between our probe and etcd's bind.
+const START_ATTEMPTS: usize = 3;
+
+/// Lines of a member's log quoted in a failure.
+const TAIL_LINES: usize = 40;
+
+/// A name no other cluster or test uses: the cluster token (so members of two tests' clusters
+/// never join each other, even if a port is reused) and the directory names.
+fn unique(what: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{what}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The etcd binary: `LOCKD_TEST_ETCD`, else `etcd` on PATH.
+fn etcd_binary() -> PathBuf {
+    std::env::var_os("LOCKD_TEST_ETCD")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("etcd"))
+}
+
+/// `count` distinct ports that were free a moment ago. All are bound at once before any is
+/// released, so the same port is never handed out twice.
+fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..count)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
+}
+
+/// The last `lines` lines of the file at `path`, for a failure message.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Did this log end with etcd failing to bind one of its ports?
+fn lost_a_port(log: &str) -> bool {
+    log.contains("address already in use")
+}
+
+/// One HTTP/1.0 exchange with `127.0.0.1:port` (1.0 so the answer is never chunked). The
+/// status and the body. The body is read by its Content-Length, not to the end of the
+/// connection: etcd's peer URL sometimes keeps a 1.0 connection open after answering, until
+/// its 5 s read timeout.
+fn http(port: u16, method: &str, path: &str, body: &str) -> io::Result<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
+    stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
+    stream.set_write_timeout(Some(HTTP_TIMEOUT))?;
+    write!(
+        &stream,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| bad(&format!("not an HTTP status line: {line:?}")))?;
+    let mut length = None;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(bad("end of headers missing"));
+        }
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse::<usize>().ok();
+            }
+        }
+    }
+    let mut body = Vec::new();
+    match length {
+        Some(n) => {
+            body.resize(n, 0);
+            reader.read_exact(&mut body)?;
+        }
+        None => {
+            reader.read_to_end(&mut body)?;
+        }
+    }
+    let body = String::from_utf8(body).map_err(|_| bad("body is not UTF-8"))?;
+    Ok((status, body))
+}
+
+/// One etcd member: its ports and files never change, so it can be restarted as it was.
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
+    /// Starts etcd; its output goes to the end of its log file, which survives restarts.
+    fn spawn(&mut self, initial_cluster: &str, token: &str, extra: &[String]) {
+        assert!(self.child.is_none(), "{} is already running", self.name);
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("etcd log file");
+        let mut cmd = Command::new(etcd_binary());
+        cmd.arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.data)
+            .arg("--listen-client-urls")
+            .arg(self.client_url())
+            .arg("--advertise-client-urls")
+            .arg(self.client_url())
+            .arg("--listen-peer-urls")
+            .arg(self.peer_url())
+            .arg("--initial-advertise-peer-urls")
+            .arg(self.peer_url())
+            .arg("--initial-cluster")
+            .arg(initial_cluster)
+            // Ignored by a member whose data directory is initialized: restart needs no
+            // "existing" (checked with 3.4.23).
+            .args(["--initial-cluster-state", "new"])
+            .arg("--initial-cluster-token")
+            .arg(token)
+            // Elections in about a tenth of a second instead of one or two, so tests that
+            // kill leaders stay quick. Loopback keeps 10 ms heartbeats comfortable.
+            .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log file"))
+            .stderr(log);
+        // etcd reads ETCD_<FLAG> variables too; the test's environment must not change it.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("ETCD_") {
+                cmd.env_remove(key);
+            }
+        }
+        let child = cmd.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot run {:?} ({e}): install etcd (Debian: etcd-server) or set LOCKD_TEST_ETCD",
+                etcd_binary()
+            )
+        });
+        self.child = Some(child);
+    }
+
+    /// If it was started (and not killed or stopped since) but has exited on its own, how.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().expect("wait for etcd")
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.exited().is_none()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A running etcd cluster on loopback. Dropping it kills every member and removes its
+/// directory (a panicking test keeps the members' logs there and says where).
+pub struct EtcdCluster {
+    root: PathBuf,
+    token: String,
+    extra: Vec<String>,
+    members: Vec<Member>,
+}
+
+impl EtcdCluster {
+    /// `n` members (3 typically), each healthy when this returns.
+    pub fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_with(n, &[])
+    }
+
+    /// [`EtcdCluster::start`] with more etcd flags for every member (now and on restarts),
+    /// such as `--quota-backend-bytes` or `--auto-compaction-retention`.
+    pub fn start_with(n: usize, extra: &[&str]) -> EtcdCluster {
+        assert!(n > 0, "a cluster needs a member");
+        let token = unique("lockd-test");
+        let root = std::env::temp_dir().join(&token);
+        fs::create_dir_all(&root).expect("create etcd test dir");
+        let mut cluster = EtcdCluster {
+            root,
+            token,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            members: Vec::new(),
+        };
+        for attempt in 1..=START_ATTEMPTS {
+            let ports = free_ports(2 * n);
+            cluster.members = (0..n)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    client_port: ports[2 * i],
+                    peer_port: ports[2 * i + 1],
+                    data: cluster.root.join(format!("m{i}.data")),
+                    log: cluster.root.join(format!("m{i}.log")),
+                    child: None,
+                })
+                .collect();
+            match cluster.bootstrap() {
+                Ok(()) => return cluster,
+                Err(_) if attempt < START_ATTEMPTS => {
+                    // A port was taken between our probe and etcd's bind: start over on
+                    // fresh ports, logs kept (appended) so a final failure shows it all.
+                    cluster.kill_all_and_wipe();
+                }
+                Err(i) => panic!(
+                    "etcd member {i} could not bind its ports in {START_ATTEMPTS} attempts:\n{}",
+                    cluster.log_tail(i)
+                ),
+            }
+        }
+        unreachable!("every attempt returns or panics")
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let initial = self.initial_cluster();
+        let (token, extra) = (self.token.clone(), self.extra.clone());
+        self.members[i].spawn(&initial, &token, &extra);
+    }
+
+    /// Starts every member, one after the other, and waits until all report healthy.
+    /// `Err(i)` if member `i` exited because it lost a port race; panics on any other exit
+    /// or at the guard.
+    ///
+    /// One after the other because a new member first asks every peer URL whether it is
+    /// already part of the cluster, waiting up to a second for each answer. A peer that has
+    /// bound its port but is itself still asking answers nothing, so members started all at
+    /// once can each wait out those seconds (measured: 1 to 2 s instead of 0.1 s, whenever
+    /// tests start clusters in parallel). A peer not started yet refuses the connection at
+    /// once, and one serving its peer URL (`/members`, before any quorum) answers at once.
+    fn bootstrap(&mut self) -> Result<(), usize> {
+        let deadline = Instant::now() + ETCD_PATIENCE;
+        let timed_out = |c: &EtcdCluster, what: &str| -> ! {
+            panic!(
+                "etcd cluster: {what} not within {ETCD_PATIENCE:?}:\n{}",
+                c.all_log_tails()
+            )
+        };
+        for i in 0..self.len() {
+            self.spawn(i);
+            let peer_port = self.members[i].peer_port;
+            while !matches!(http(peer_port, "GET", "/members", ""), Ok((200, _))) {
+                self.check_start(i)?;
+                if Instant::now() > deadline {
+                    timed_out(self, &format!("member {i} serving its peer URL"));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        loop {
+            for i in 0..self.len() {
+                self.check_start(i)?;
+            }
+            if (0..self.len()).all(|i| self.health(i) == Some(true)) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                timed_out(self, "every member healthy");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `Err(i)` if member `i` exited at start because one of its ports was taken; panics if
+    /// it exited for another reason.
+    fn check_start(&mut self, i: usize) -> Result<(), usize> {
+        let Some(status) = self.members[i].exited() else {
+            return Ok(());
+        };
+        if lost_a_port(&tail(&self.members[i].log, TAIL_LINES)) {
+            return Err(i);
+        }
+        panic!(
+            "etcd member {i} exited at start ({status}):\n{}",
+            self.log_tail(i)
+        );
+    }
+
+    fn kill_all_and_wipe(&mut self) {
+        for m in &mut self.members {
+            m.kill();
+            let _ = fs::remove_dir_all(&m.data);
+        }
+    }
+
+    /// How many members the cluster has (running or not).
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// How many members make a quorum.
+    pub fn quorum(&self) -> usize {
+        self.members.len() / 2 + 1
+    }
+
+    /// Member `i`'s client URL, `http://127.0.0.1:<port>`.
+    pub fn client_url(&self, i: usize) -> String {
+        self.members[i].client_url()
+    }
+
+    /// Every member's client URL, in member order.
+    pub fn client_urls(&self) -> Vec<String> {
+        self.members.iter().map(Member::client_url).collect()
+    }
+
+    /// The client URLs comma-joined, as lockd's `--etcd` takes them.
+    pub fn endpoints(&self) -> String {
+        self.client_urls().join(",")
+    }
+
+    /// A key prefix (`/lockd-test-…/`) no other cluster's front-ends use; front-ends that
+    /// share lock state must be given the same one.
+    pub fn prefix(&self) -> String {
+        format!("/{}/", self.token)
+    }
+
+    /// The lockd arguments that put a front-end on this cluster under `prefix`.
+    pub fn lockd_args(&self, prefix: &str) -> Vec<String> {
+        vec![
+            "--etcd".into(),
+            self.endpoints(),
+            "--etcd-prefix".into(),
+            prefix.into(),
+        ]
+    }
+
+    /// Whether member `i`'s process is running (it may still be without a leader).
+    pub fn is_running(&mut self, i: usize) -> bool {
+        self.members[i].is_running()
+    }
+
+    /// Member `i`'s process id, unless it was killed or stopped.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members[i].child.as_ref().map(Child::id)
+    }
+
+    /// Member `i`'s data directory.
+    pub fn data_dir(&self, i: usize) -> &Path {
+        &self.members[i].data
+    }
+
+    /// The directory holding every member's data directory and log.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The end of member `i`'s log (every run of it, appended), for failure messages.
+    pub fn log_tail(&self, i: usize) -> String {
+        format!(
+            "--- etcd {} ({}) ---\n{}",
+            self.members[i].name,
+            self.members[i].log.display(),
+            tail(&self.members[i].log, TAIL_LINES)
+        )
+    }
+
+    fn all_log_tails(&self) -> String {
+        (0..self.members.len())
+            .map(|i| self.log_tail(i))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// What member `i`'s `/health` says: `None` if it is not running or gives no answer
+    /// (a member without a cluster to join serves nothing), else whether it is healthy.
+    pub fn health(&mut self, i: usize) -> Option<bool> {
+        if !self.is_running(i) {
+            return None;
+        }
+        let (status, body) = http(self.members[i].client_port, "GET", "/health", "").ok()?;
+        let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+        // The value is the string "true" (etcd 3.4), not a JSON boolean; 503 when unhealthy.
+        Some(status == 200 && json["health"] == "true")
+    }
+
+    /// Member `i`'s own account of itself (`POST /v3/maintenance/status`, the JSON of the v3
+    /// gateway: ids are decimal strings, `leader` is the leader's `header.member_id`, and
+    /// `errors` has "etcdserver: no leader" without one); `None` if it gives no answer.
+    pub fn status(&mut self, i: usize) -> Option<serde_json::Value> {
+        if !self.is_running(i) {
+            return None;
+        }
+        let (status, body) = http(
+            self.members[i].client_port,
+            "POST",
+            "/v3/maintenance/status",
+            "{}",
+        )
+        .ok()?;
+        if status != 200 {
+            return None;
+        }
+        serde_json::from_str(&body).ok()
+    }
+
+    /// Whether member `i` says it is the leader (`etcd_server_is_leader 1` in its /metrics);
+    /// `None` if it is not running or gives no answer.
+    pub fn is_leader(&mut self, i: usize) -> Option<bool> {
+        if !self.is_running(i) {
+            return None;
+        }
+        let (_, body) = http(self.members[i].client_port, "GET", "/metrics", "").ok()?;
+        let value = body
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd_server_is_leader "))?;
+        Some(value.trim() == "1")
+    }
+
+    /// The leader among the running members: `Some` when exactly one of them says it leads.
+    /// Two can say so for a moment (a deposed leader that has not heard of the election
+    /// yet), which is `None` like no leader at all.
+    pub fn leader(&mut self) -> Option<usize> {
+        let leaders: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.is_leader(i) == Some(true))
+            .collect();
+        match leaders[..] {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+
+    /// Waits until the running members have one leader; returns it.
+    pub fn wait_leader(&mut self) -> usize {
+        let mut leader = None;
+        self.wait_for("a leader", |c| {
+            leader = c.leader();
+            leader.is_some()
+        });
+        leader.expect("a leader")
+    }
+
+    /// Waits until every running member reports healthy. Panics at once if fewer than a
+    /// quorum are running: they could never become healthy.
+    pub fn wait_healthy(&mut self) {
+        let running = (0..self.len()).filter(|&i| self.is_running(i)).count();
+        assert!(
+            running >= self.quorum(),
+            "only {running} of {} etcd members are running; a quorum is {}",
+            self.len(),
+            self.quorum()
+        );
+        self.wait_for("every running member healthy", |c| {
+            (0..c.len()).all(|i| !c.is_running(i) || c.health(i) == Some(true))
+        });
+    }
+
+    /// Waits until member `i` answers `/health` with `healthy` (it must be running).
+    pub fn wait_member_health(&mut self, i: usize, healthy: bool) {
+        self.wait_for(&format!("member {i} healthy={healthy}"), |c| {
+            c.health(i) == Some(healthy)
+        });
+    }
+
+    /// Polls `done` until it holds. Fails at the guard, or as soon as a member that should
+    /// be running has exited, with the members' logs.
+    pub fn wait_for(&mut self, what: &str, mut done: impl FnMut(&mut EtcdCluster) -> bool) {
+        let deadline = Instant::now() + ETCD_PATIENCE;
+        loop {
+            for i in 0..self.len() {
+                if let Some(status) = self.members[i].exited() {
+                    panic!(
+                        "etcd member {i} exited ({status}) while waiting for {what}:\n{}",
+                        self.log_tail(i)
+                    );
+                }
+            }
+            if done(self) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "not within {ETCD_PATIENCE:?}: {what}\n{}",
+                    self.all_log_tails()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL member `i`: no chance to step down or sync; waits until it is gone.
+    pub fn kill(&mut self, i: usize) {
+        assert!(self.is_running(i), "etcd member {i} is not running");
+        self.members[i].kill();
+    }
+
+    /// SIGTERM member `i` (a leader hands leadership over first) and wait for it to exit.
+    /// Its status is "killed by SIGTERM" even so: etcd 3.4 shuts down, then raises the signal
+    /// again on itself with the default action.
+    pub fn stop(&mut self, i: usize) -> ExitStatus {
+        let pid = self.pid(i).expect("etcd member is not running");
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + ETCD_PATIENCE;
+        loop {
+            if let Some(status) = self.members[i].exited() {
+                self.members[i].child = None;
+                return status;
+            }
+            if Instant::now() > deadline {
+                self.members[i].kill();
+                panic!(
+                    "etcd member {i} did not stop on SIGTERM:\n{}",
+                    self.log_tail(i)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts member `i` again with its data directory and ports, and waits until its client
+    /// port accepts connections. Not until it is healthy: that needs a quorum, which may be
+    /// the test's next step ([`EtcdCluster::wait_healthy`]).
+    pub fn restart(&mut self, i: usize) {
+        assert!(
+            self.members[i].child.is_none(),
+            "etcd member {i} was not killed or stopped"
+        );
+        let deadline = Instant::now() + ETCD_PATIENCE;
+        self.spawn(i);
+        let port = self.members[i].client_port;
+        loop {
+            if let Some(status) = self.members[i].exited() {
+                self.members[i].child = None;
+                // Someone took one of its ports meanwhile (they are not ours while it is
+                // down): wait for them to let it go, the member can't move.
+                if lost_a_port(&tail(&self.members[i].log, TAIL_LINES)) && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                    self.spawn(i);
+                    continue;
+                }
+                panic!(
+                    "etcd member {i} exited on restart ({status}):\n{}",
+                    self.log_tail(i)
+                );
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "restarted etcd member {i} not listening within {ETCD_PATIENCE:?}:\n{}",
+                    self.log_tail(i)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        self.kill_all_and_wipe();
+        if std::thread::panicking() {
+            eprintln!("etcd logs kept in {}", self.root.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+/// One request line to `addr` on a fresh connection; the first reply line.
+fn request(addr: SocketAddr, line: &str) -> io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
+    stream.set_read_timeout(Some(super::GUARD))?;
+    writeln!(stream, "{line}")?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    Ok(reply.trim_end().to_string())
+}
+
+/// The real lockd binary as a cluster front-end (`--etcd`, `--etcd-prefix`), on a port of its
+/// own that it keeps across [`LockdFrontEnd::kill`] and [`LockdFrontEnd::restart`], so clients
+/// can reconnect to the same address. Killed when dropped.
+pub struct LockdFrontEnd {
+    port: u16,
+    args: Vec<String>,
+    process: Option<LockdProcess>,
+}
+
+impl LockdFrontEnd {
+    /// `lockd --etcd <cluster> --etcd-prefix <prefix> <extra>`, answering PING when this
+    /// returns.
+    pub fn start(cluster: &EtcdCluster, prefix: &str, extra: &[&str]) -> LockdFrontEnd {
+        let mut args = cluster.lockd_args(prefix);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        LockdFrontEnd::spawn(args)
+    }
+
+    /// lockd with exactly `args` (besides `--listen`): [`LockdFrontEnd::start`] without a
+    /// cluster, so the harness can check its own kill and restart with any lockd.
+    pub fn spawn(args: Vec<String>) -> LockdFrontEnd {
+        for _ in 0..START_ATTEMPTS {
+            let mut fe = LockdFrontEnd {
+                port: free_ports(1)[0],
+                args: args.clone(),
+                process: None,
+            };
+            match fe.try_run() {
+                Ok(()) => return fe,
+                // The port was taken between our probe and lockd's bind: take another.
+                Err(log) if log.iter().any(|l| l.contains("in use")) => continue,
+                Err(log) => panic!("lockd did not start: {log:#?}"),
+            }
+        }
+        panic!("lockd lost its port to someone else {START_ATTEMPTS} times");
+    }
+
+    /// Runs lockd on our port and waits until it answers PING; `Err` with its log if it
+    /// exits first.
+    fn try_run(&mut self) -> Result<(), Vec<String>> {
+        assert!(self.process.is_none(), "lockd is already running");
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let process = try_spawn_lockd_at(&format!("127.0.0.1:{}", self.port), &args)?;
+        // Listening is not serving: a front-end may still be reaching etcd.
+        let deadline = Instant::now() + ETCD_PATIENCE;
+        loop {
+            if let Ok(reply) = request(process.addr, "PING") {
+                if reply == "OK PONG" {
+                    self.process = Some(process);
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                let log = process.kill();
+                panic!("lockd did not answer PING within {ETCD_PATIENCE:?}: {log:#?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Its address, the same across restarts.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The running process (its log, pid, raw connections). Panics if it is down.
+    pub fn process(&self) -> &LockdProcess {
+        self.process.as_ref().expect("lockd is not running")
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// One request on a fresh connection; the first reply line. For requests answered at
+    /// once: the reply may take [`super::GUARD`] at most.
+    pub fn request(&self, line: &str) -> String {
+        request(self.addr(), line).unwrap_or_else(|e| panic!("{line:?} to {}: {e}", self.addr()))
+    }
+
+    /// SIGKILL (kill -9): no goodbye to etcd, its lease must run out. Returns its log.
+    pub fn kill(&mut self) -> Vec<String> {
+        self.process.take().expect("lockd is not running").kill()
+    }
+
+    /// SIGTERM, and wait for it to exit. Returns its log.
+    pub fn stop(&mut self) -> Vec<String> {
+        self.process.take().expect("lockd is not running").stop()
+    }
+
+    /// Starts it again with the same arguments on the same port; answering PING when this
+    /// returns. Waits out a port still held by someone else.
+    pub fn restart(&mut self) {
+        let deadline = Instant::now() + ETCD_PATIENCE;
+        loop {
+            match self.try_run() {
+                Ok(()) => return,
+                Err(log)
+                    if log.iter().any(|l| l.contains("in use")) && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(log) => panic!("lockd did not restart: {log:#?}"),
+            }
+        }
+    }
+}
