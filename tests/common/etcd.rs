@@ -761,3 +761,67 @@ impl LockdFrontEnd {
         }
     }
 }
+
+/// A blocking line-protocol connection to a front-end, for tests that hold connections
+/// across process kills (a waiter, a session holder).
+pub struct Line {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Line {
+    pub fn connect(addr: SocketAddr) -> Line {
+        let stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream
+            .set_read_timeout(Some(ETCD_PATIENCE))
+            .expect("read timeout");
+        let writer = stream.try_clone().expect("clone stream");
+        Line {
+            reader: BufReader::new(stream),
+            writer,
+        }
+    }
+
+    pub fn send(&mut self, line: &str) {
+        writeln!(self.writer, "{line}").expect("send");
+    }
+
+    /// The next line; panics on end of stream or after [`ETCD_PATIENCE`].
+    pub fn line(&mut self) -> String {
+        self.try_line()
+            .unwrap_or_else(|e| panic!("no reply line: {e}"))
+    }
+
+    /// The next line, or why there is none (end of stream, timeout, reset).
+    pub fn try_line(&mut self) -> io::Result<String> {
+        let mut reply = String::new();
+        if self.reader.read_line(&mut reply)? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
+        }
+        Ok(reply.trim_end().to_string())
+    }
+
+    pub fn req(&mut self, line: &str) -> String {
+        self.send(line);
+        self.line()
+    }
+
+    /// LOCK that must be granted at once: its token.
+    pub fn lock(&mut self, args: &str) -> u64 {
+        let reply = self.req(&format!("LOCK {args}"));
+        super::token(&reply)
+    }
+
+    /// Waits at most `within` for a line (none: `None`), then restores the long timeout.
+    pub fn line_within(&mut self, within: Duration) -> Option<String> {
+        self.writer
+            .set_read_timeout(Some(within))
+            .expect("read timeout");
+        let got = self.try_line().ok();
+        self.writer
+            .set_read_timeout(Some(ETCD_PATIENCE))
+            .expect("read timeout");
+        got
+    }
+}

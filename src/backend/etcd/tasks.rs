@@ -276,7 +276,8 @@ impl Cluster {
             let Some(&waiter) = g.by_uid.get(&head.uid) else {
                 // Ours but no longer waited for (its clean-up write was lost): take it out,
                 // or it would stop the queue for as long as this front-end lives.
-                if head.uid.starts_with(&format!("{}.", self.fe)) && !g.granting.contains(&head.uid) {
+                if head.uid.starts_with(&format!("{}.", self.fe)) && !g.granting.contains(&head.uid)
+                {
                     // (It only spawns the write: the guard may stay held.)
                     self.forget_waiter_key(head.key.clone());
                 }
