@@ -436,19 +436,17 @@ impl Cluster {
     pub async fn unlock(&self, name: &str, token: Token, user: UserId) -> Result<(), BackendError> {
         let holder = self.find_holder(name, token).await?;
         self.owned_by(&holder, user)?;
-        if self
-            .end_holder(name, token, EventKind::Released, Some(holder))
-            .await
-        {
+        // One try: without etcd, the client hears UNAVAILABLE now and may try again.
+        let txn = self.end_txn(name, EventKind::Released, &holder);
+        let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        if self.ended(name, token, EventKind::Released, &holder, &resp) {
             Ok(())
         } else {
             Err(TableError::NotHeld.into())
         }
     }
 
-    /// Ends one holder with an event of `kind`: the marker says why, in the same write. When
-    /// it was the last holder and nobody waits, an UNLOCK removes the marker too, so a name
-    /// used once leaves nothing behind.
+    /// Ends one holder with an event of `kind` (a clean-up: retried while etcd is away).
     pub(super) async fn end_holder(
         &self,
         name: &str,
@@ -463,6 +461,17 @@ impl Cluster {
                 Err(_) => return false,
             },
         };
+        let txn = self.end_txn(name, kind, &holder);
+        match self.cleanup(txn).await {
+            Some(resp) => self.ended(name, token, kind, &holder, &resp),
+            None => false,
+        }
+    }
+
+    /// The write that ends `holder`: the marker says why, in the same transaction. When it
+    /// is the last holder and nobody waits, an UNLOCK removes the marker too, so a name used
+    /// once leaves nothing behind.
+    fn end_txn(&self, name: &str, kind: EventKind, holder: &Holder) -> Txn {
         let marker = self.layout.marker(name);
         let guarded = Compare::create_revision(holder.key.clone(), CompareOp::Equal, holder.rev);
         let end = |marker_op: TxnOp| vec![marker_op, TxnOp::delete(holder.key.clone(), None)];
@@ -471,25 +480,31 @@ impl Cluster {
             self.marker(kind, holder.rev),
             None,
         ));
-        let txn = if kind == EventKind::Released {
-            // Alone and unwaited: marker and holder go together.
-            let alone = [
-                guarded.clone(),
-                Compare::create_revision(self.layout.holders(name), CompareOp::Equal, holder.rev)
-                    .with_prefix(),
-                Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
-            ];
-            let otherwise = Txn::new().when([guarded]).and_then(with_marker);
-            Txn::new()
-                .when(alone)
-                .and_then(end(TxnOp::delete(marker, None)))
-                .or_else([TxnOp::txn(otherwise)])
-        } else {
-            Txn::new().when([guarded]).and_then(with_marker)
-        };
-        let Some(resp) = self.cleanup(txn).await else {
-            return false;
-        };
+        if kind != EventKind::Released {
+            return Txn::new().when([guarded]).and_then(with_marker);
+        }
+        let alone = [
+            guarded.clone(),
+            Compare::create_revision(self.layout.holders(name), CompareOp::Equal, holder.rev)
+                .with_prefix(),
+            Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
+        ];
+        let otherwise = Txn::new().when([guarded]).and_then(with_marker);
+        Txn::new()
+            .when(alone)
+            .and_then(end(TxnOp::delete(marker, None)))
+            .or_else([TxnOp::txn(otherwise)])
+    }
+
+    /// Whether [`Cluster::end_txn`]'s write ended the holder (then logged and counted).
+    fn ended(
+        &self,
+        name: &str,
+        token: Token,
+        kind: EventKind,
+        holder: &Holder,
+        resp: &etcd_client::TxnResponse,
+    ) -> bool {
         let done = resp.succeeded()
             || resp
                 .op_responses()
