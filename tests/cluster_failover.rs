@@ -68,7 +68,9 @@ fn a_killed_front_end_loses_its_sessions_and_waiters_in_bounded_time_not_its_pla
     // The plain lease lives on: renewed, checked and released through B.
     let renewed = b.request(&format!("RENEW p {tp}"));
     assert!(renewed.starts_with("OK ttl_ms="), "{renewed}");
-    assert!(b.request(&format!("CHECK p {tp}")).starts_with("OK ttl_ms="));
+    assert!(b
+        .request(&format!("CHECK p {tp}"))
+        .starts_with("OK ttl_ms="));
     assert_eq!(b.request(&format!("UNLOCK p {tp}")), "OK");
 }
 
@@ -177,7 +179,9 @@ fn lockctl_run_rides_out_the_death_of_its_front_end() {
     );
     let servers = format!("{},{}", a.addr(), b.addr());
     let mut run = Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(["--server", &servers, "run", "ride", "--ttl", "3s", "--", "sh", "-c", &script])
+        .args([
+            "--server", &servers, "run", "ride", "--ttl", "3s", "--", "sh", "-c", &script,
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
