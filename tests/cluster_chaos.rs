@@ -166,7 +166,7 @@ fn a_fenced_counter_sees_no_double_grant_while_processes_die() {
     let mut kills = Vec::new();
     while began.elapsed() < CHAOS {
         thread::sleep(Duration::from_millis(700));
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             let f = (round / 2) % fes.len();
             fes[f].kill();
             kills.push(format!("front-end {f}"));

@@ -178,7 +178,7 @@ fn lockctl_run_rides_out_the_death_of_its_front_end() {
         go.display()
     );
     let servers = format!("{},{}", a.addr(), b.addr());
-    let mut run = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+    let run = Command::new(env!("CARGO_BIN_EXE_lockctl"))
         .args([
             "--server", &servers, "run", "ride", "--ttl", "3s", "--", "sh", "-c", &script,
         ])

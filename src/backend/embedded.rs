@@ -22,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
 use crate::locks::{
-    Change, ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, LockStatus, Locks,
-    TableError, Token, UserId, WaiterId, GONE_USER,
+    Change, ConnId, Effect, Limits, LockOutcome, LockRequest, LockStatus, Locks, TableError, Token,
+    UserId, WaiterId, GONE_USER,
 };
 use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Stopped};
@@ -478,7 +478,7 @@ impl Embedded {
             self.timer.notify_one();
         }
         for event in &events {
-            log_event(event);
+            super::log_event(event);
             self.metrics.lease_event(event);
         }
     }
@@ -506,29 +506,6 @@ impl Embedded {
                 _ = self.timer.notified() => {}
                 _ = shutdown.cancelled() => return,
             }
-        }
-    }
-}
-
-/// The log line of a lease event (both backends log alike).
-pub(crate) fn log_event(e: &Event) {
-    let (name, id, token) = (&*e.name, &*e.id, e.token);
-    let held_ms = e.held.as_millis() as u64;
-    match e.kind {
-        EventKind::Acquired => match e.waited {
-            Some(waited) => {
-                let waited_ms = waited.as_millis() as u64;
-                tracing::info!(name, id, token, waited_ms, "granted")
-            }
-            None => tracing::info!(name, id, token, waited_ms = 0u64, "granted"),
-        },
-        EventKind::Released => tracing::info!(name, id, token, held_ms, "released"),
-        EventKind::Expired => tracing::info!(name, id, token, held_ms, "lease expired"),
-        EventKind::Dropped => {
-            tracing::info!(name, id, token, held_ms, "session closed, released")
-        }
-        EventKind::Revoked => {
-            tracing::info!(name, id, token, "grant taken back: the waiter was gone")
         }
     }
 }

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{broadcast, oneshot, OwnedSemaphorePermit};
 
 use crate::locks::{
-    ConnId, Event, Limits, LockRequest, LockStatus, TableError, Token, UserId, WaitEnd, WaiterId,
-    WaiterStatus,
+    ConnId, Event, EventKind, Limits, LockRequest, LockStatus, TableError, Token, UserId, WaitEnd,
+    WaiterId, WaiterStatus,
 };
 use crate::metrics::Metrics;
 use crate::proto::ProtoError;
@@ -412,5 +412,28 @@ impl Backend {
     /// Events from now on; a receiver more than `watch_buffer` behind gets `Lagged`.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
         each!(self, b => b.subscribe())
+    }
+}
+
+/// The log line of a lease event (both backends log alike).
+pub(crate) fn log_event(e: &Event) {
+    let (name, id, token) = (&*e.name, &*e.id, e.token);
+    let held_ms = e.held.as_millis() as u64;
+    match e.kind {
+        EventKind::Acquired => match e.waited {
+            Some(waited) => {
+                let waited_ms = waited.as_millis() as u64;
+                tracing::info!(name, id, token, waited_ms, "granted")
+            }
+            None => tracing::info!(name, id, token, waited_ms = 0u64, "granted"),
+        },
+        EventKind::Released => tracing::info!(name, id, token, held_ms, "released"),
+        EventKind::Expired => tracing::info!(name, id, token, held_ms, "lease expired"),
+        EventKind::Dropped => {
+            tracing::info!(name, id, token, held_ms, "session closed, released")
+        }
+        EventKind::Revoked => {
+            tracing::info!(name, id, token, "grant taken back: the waiter was gone")
+        }
     }
 }

@@ -347,7 +347,7 @@ impl Journal {
 /// Milliseconds, rounded up: a stored lease never ends before the one granted.
 fn ceil_ms(d: Duration) -> u64 {
     let ms = d.as_millis();
-    let ms = if d.subsec_nanos() % 1_000_000 != 0 {
+    let ms = if !d.subsec_nanos().is_multiple_of(1_000_000) {
         ms + 1
     } else {
         ms

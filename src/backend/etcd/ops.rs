@@ -756,7 +756,7 @@ impl Cluster {
             held: Duration::ZERO,
             waited,
         };
-        super::tasks::log_event(&event);
+        crate::backend::log_event(&event);
         self.metrics.lease_event(&event);
     }
 
@@ -776,7 +776,7 @@ impl Cluster {
             held,
             waited: None,
         };
-        super::tasks::log_event(&event);
+        crate::backend::log_event(&event);
         self.metrics.lease_event(&event);
     }
 }

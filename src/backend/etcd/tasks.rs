@@ -11,7 +11,7 @@ use etcd_client::{
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
-use crate::locks::{Event, EventKind, WaitEnd};
+use crate::locks::{EventKind, WaitEnd};
 
 use super::mirror::{Change, Mirror};
 use super::{unavailable, wall_ms, Cluster};
@@ -572,8 +572,4 @@ struct Attempt {
     value: super::keys::HolderValue,
     waited: Duration,
     session: bool,
-}
-
-pub(super) fn log_event(e: &Event) {
-    crate::backend::embedded::log_event(e);
 }
