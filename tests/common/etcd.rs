@@ -8,8 +8,9 @@
 //! of the member's log; it never asserts how fast etcd is.
 //!
 //! What this relies on, checked against etcd 3.4.23 (Debian's etcd-server):
-//! - `GET <client-url>/health` answers `{"health":"true"}` only when the member has a leader
-//!   and a quorum read succeeds (`{"health":"false"}` otherwise, after up to a second's wait).
+//! - `GET <client-url>/health` answers `{"health":"true"}` only when the member has a leader,
+//!   no alarm is raised (NOSPACE) and a quorum read succeeds; otherwise 503 and
+//!   `{"health":"false"}`, after up to a second's wait for that read.
 //! - `GET <client-url>/metrics` has `etcd_server_is_leader 1` on the leader alone.
 //! - A member restarted on a data directory it has used before ignores the `--initial-*` flags
 //!   (its log says "already initialized as member before"), so restarting with the very
