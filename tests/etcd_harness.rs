@@ -7,9 +7,13 @@
 
 mod common;
 
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::Instant;
 
-use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::blocking::eventually;
+use common::etcd::{EtcdCluster, LockdFrontEnd, ETCD_PATIENCE};
 
 /// Waits until the leader by /metrics is the leader every running member's own status names:
 /// the two ways of asking agree. Returns that leader. Both are asked again on every poll,
@@ -178,6 +182,68 @@ fn dropping_the_cluster_kills_its_members_and_removes_its_files() {
     drop(cluster);
     assert!(!root.exists(), "{} still exists", root.display());
     assert!(!process_with_arg(&token), "an etcd of {token} still runs");
+}
+
+/// Set for the child process of [`a_killed_test_process_leaves_no_etcd_behind`].
+const HELPER: &str = "LOCKD_TEST_ETCD_HELPER";
+
+/// Not a test of its own: run as a child process by
+/// [`a_killed_test_process_leaves_no_etcd_behind`], it starts a cluster, says where, and
+/// waits to be killed. Does nothing when run any other way (`--ignored`).
+#[test]
+#[ignore = "a helper, run as a child process by a_killed_test_process_leaves_no_etcd_behind"]
+fn helper_starts_a_cluster_and_waits_to_be_killed() {
+    if std::env::var_os(HELPER).is_none() {
+        return;
+    }
+    let cluster = EtcdCluster::start(3);
+    println!("root={}", cluster.root().display());
+    std::io::stdout().flush().expect("flush");
+    // Only a guard: the parent kills this process long before.
+    std::thread::sleep(ETCD_PATIENCE);
+}
+
+#[test]
+fn a_killed_test_process_leaves_no_etcd_behind() {
+    let mut helper = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "helper_starts_a_cluster_and_waits_to_be_killed",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(HELPER, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run the helper test");
+    let stdout = helper.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(root) = line.strip_prefix("root=") {
+                let _ = tx.send(std::path::PathBuf::from(root));
+            }
+        }
+    });
+    let root = rx.recv_timeout(ETCD_PATIENCE).unwrap_or_else(|_| {
+        let _ = helper.kill();
+        panic!("the helper never had a cluster running")
+    });
+    let token = root.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(process_with_arg(&token), "the helper's members run");
+
+    // SIGKILL: the helper runs no Drop; only the kernel can take its members down.
+    helper.kill().expect("kill the helper");
+    helper.wait().expect("reap the helper");
+    eventually(
+        ETCD_PATIENCE,
+        "the killed helper's etcd members exit",
+        || !process_with_arg(&token),
+    );
+    std::fs::remove_dir_all(&root).expect("remove the helper's etcd directory");
 }
 
 #[test]

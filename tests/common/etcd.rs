@@ -8,8 +8,9 @@
 //! of the member's log; it never asserts how fast etcd is.
 //!
 //! What this relies on, checked against etcd 3.4.23 (Debian's etcd-server):
-//! - `GET <client-url>/health` answers `{"health":"true"}` only when the member has a leader
-//!   and a quorum read succeeds (`{"health":"false"}` otherwise, after up to a second's wait).
+//! - `GET <client-url>/health` answers `{"health":"true"}` only when the member has a leader,
+//!   no alarm is raised (NOSPACE) and a quorum read succeeds; otherwise 503 and
+//!   `{"health":"false"}`, after up to a second's wait for that read.
 //! - `GET <client-url>/metrics` has `etcd_server_is_leader 1` on the leader alone.
 //! - A member restarted on a data directory it has used before ignores the `--initial-*` flags
 //!   (its log says "already initialized as member before"), so restarting with the very
@@ -23,6 +24,7 @@
 use std::fs::{self, File};
 use std::io::{self, BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -199,6 +201,23 @@ impl Member {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log file"))
             .stderr(log);
+        // A test process killed outright (a CI timeout, an abort) runs no Drop: without this
+        // its members would run on forever (seen happen). PR_SET_PDEATHSIG fires when the
+        // *thread* that spawned the member ends, hence the caveat on EtcdCluster.
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The test died between fork and prctl: nobody would kill us.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
         // etcd reads ETCD_<FLAG> variables too; the test's environment must not change it.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("ETCD_") {
@@ -233,6 +252,11 @@ impl Member {
 
 /// A running etcd cluster on loopback. Dropping it kills every member and removes its
 /// directory (a panicking test keeps the members' logs there and says where).
+///
+/// Members are also killed if the test process dies without dropping it, through the
+/// kernel's parent-death signal, which is tied to the thread that started (or restarted) a
+/// member: call [`EtcdCluster::start`] and [`EtcdCluster::restart`] from a thread that
+/// lives as long as the cluster (the test's own), not from a short-lived helper thread.
 pub struct EtcdCluster {
     root: PathBuf,
     token: String,
