@@ -14,10 +14,21 @@ use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// One etcd cluster for this file's tests (it stops with the test process).
+/// One etcd cluster for this file's tests. Its members end when the thread that started
+/// them does (the harness asks the kernel for that, so no member outlives a killed test
+/// run): they are started on a thread that lives as long as the test process.
 fn etcd() -> &'static EtcdCluster {
     static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| EtcdCluster::start(3))
+    CLUSTER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(EtcdCluster::start(3));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("the etcd cluster started")
+    })
 }
 
 /// `n` front-ends sharing a prefix of their own.
