@@ -395,8 +395,13 @@ pub fn try_spawn_lockd_at(listen: &str, args: &[&str]) -> Result<LockdProcess, V
         std::thread::spawn(move || {
             for line in io::BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                // The line protocol's "listening addr=..." (not the compat ports' lines).
                 if line.contains("listening") {
-                    let _ = tx.send(field(&line, "addr"));
+                    if let Some(addr) =
+                        field(&line, "addr").filter(|a| a.parse::<SocketAddr>().is_ok())
+                    {
+                        let _ = tx.send(Some(addr));
+                    }
                 }
                 log.lock().unwrap().push(line);
             }
