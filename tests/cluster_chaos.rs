@@ -55,6 +55,23 @@ impl Conn {
     }
 }
 
+/// The open connection, or a new one to `addrs[at]`; `None` (and the next address, after a
+/// pause) if that front-end is down.
+fn connected<'a>(
+    conn: &'a mut Option<Conn>,
+    addrs: &[SocketAddr],
+    at: &mut usize,
+) -> Option<&'a mut Conn> {
+    if conn.is_none() {
+        *conn = Conn::open(addrs[*at]);
+        if conn.is_none() {
+            *at = (*at + 1) % addrs.len();
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+    conn.as_mut()
+}
+
 fn client(
     i: usize,
     addrs: Vec<SocketAddr>,
@@ -68,12 +85,7 @@ fn client(
     let mut rng = i as u64 * 7919 + 1;
     while !stop.load(Ordering::Relaxed) {
         // Ask (again, with the same id, after a lost connection: the same grant comes back).
-        let Some(c) = conn.as_mut() else {
-            conn = Conn::open(addrs[at]);
-            if conn.is_none() {
-                at = (at + 1) % addrs.len();
-                thread::sleep(Duration::from_millis(50));
-            }
+        let Some(c) = connected(&mut conn, &addrs, &mut at) else {
             continue;
         };
         let reply = c.req(&format!("LOCK counter {id} ttl=10s wait=5s"));
@@ -117,12 +129,7 @@ fn client(
         done.fetch_add(1, Ordering::Relaxed);
         // Release, through whichever front-end answers (the lease outlives its front-end).
         for _ in 0..100 {
-            let Some(c) = conn.as_mut() else {
-                conn = Conn::open(addrs[at]);
-                if conn.is_none() {
-                    at = (at + 1) % addrs.len();
-                    thread::sleep(Duration::from_millis(50));
-                }
+            let Some(c) = connected(&mut conn, &addrs, &mut at) else {
                 continue;
             };
             match c.req(&format!("UNLOCK counter {token}")).as_deref() {

@@ -191,11 +191,7 @@ impl Locks {
     pub fn lock(&mut self, now: Instant, req: LockRequest) -> Result<LockOutcome, TableError> {
         self.expire(now);
         let ttl = self.check_ttl(req.ttl)?;
-        if req.session.is_some_and(|grace| grace > self.limits.max_ttl) {
-            return Err(TableError::BadGrace {
-                max: self.limits.max_ttl,
-            });
-        }
+        self.limits.grace(req.session)?;
         let bad_ttl = TableError::BadTtl {
             max: self.limits.max_ttl,
         };
@@ -575,13 +571,7 @@ impl Locks {
     }
 
     fn check_ttl(&self, ttl: Option<Duration>) -> Result<Duration, TableError> {
-        let ttl = ttl.unwrap_or(self.limits.default_ttl);
-        if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
-            return Err(TableError::BadTtl {
-                max: self.limits.max_ttl,
-            });
-        }
-        Ok(ttl)
+        self.limits.ttl(ttl)
     }
 
     /// A holder for a LOCK that is granted now.

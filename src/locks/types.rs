@@ -104,6 +104,25 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The lease a LOCK or RENEW asking for `ttl` gets (the default if none), if allowed.
+    pub fn ttl(&self, ttl: Option<Duration>) -> Result<Duration, TableError> {
+        let ttl = ttl.unwrap_or(self.default_ttl);
+        if ttl < crate::MIN_TTL || ttl > self.max_ttl {
+            return Err(TableError::BadTtl { max: self.max_ttl });
+        }
+        Ok(ttl)
+    }
+
+    /// Whether a session lease may have this grace.
+    pub fn grace(&self, grace: Option<Duration>) -> Result<(), TableError> {
+        if grace.is_some_and(|g| g > self.max_ttl) {
+            return Err(TableError::BadGrace { max: self.max_ttl });
+        }
+        Ok(())
+    }
+}
+
 /// One LOCK request, as the table needs it.
 #[derive(Clone, Debug)]
 pub struct LockRequest {

@@ -23,24 +23,13 @@ const STALE_TRIES: usize = 8;
 impl Cluster {
     /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`).
     pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
-        let ttl = req.ttl.unwrap_or(self.limits.default_ttl);
-        if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
-            return Err(TableError::BadTtl {
-                max: self.limits.max_ttl,
-            }
-            .into());
-        }
-        if req.session.is_some_and(|g| g > self.limits.max_ttl) {
-            return Err(TableError::BadGrace {
-                max: self.limits.max_ttl,
-            }
-            .into());
-        }
+        let ttl = self.limits.ttl(req.ttl)?;
+        self.limits.grace(req.session)?;
         let user = self.user_name(req.user);
         for _ in 0..STALE_TRIES {
             let plan = {
                 let g = self.guard();
-                let (held, waiting) = g.mirror.counts();
+                let (held, _) = g.mirror.counts();
                 match g.mirror.name(&req.name) {
                     None if held >= self.limits.max_locks => {
                         return Err(TableError::TooManyLocks {
@@ -49,7 +38,7 @@ impl Cluster {
                         .into())
                     }
                     None => Plan::Fresh { marker_rev: 0 },
-                    Some(ns) => self.plan(ns, &req, &user, waiting)?,
+                    Some(ns) => self.plan(ns, &req, &user)?,
                 }
             };
             match plan {
@@ -68,7 +57,7 @@ impl Cluster {
                         }
                         .into());
                     }
-                    return self.enqueue(req, user, ttl).await;
+                    return self.enqueue(req, user).await;
                 }
             }
         }
@@ -78,17 +67,11 @@ impl Cluster {
             }
             .into());
         }
-        self.enqueue(req, user, ttl).await
+        self.enqueue(req, user).await
     }
 
     /// What a LOCK on a name the mirror knows should do.
-    fn plan(
-        &self,
-        ns: &NameState,
-        req: &LockRequest,
-        user: &str,
-        waiting: usize,
-    ) -> Result<Plan, BackendError> {
+    fn plan(&self, ns: &NameState, req: &LockRequest, user: &str) -> Result<Plan, BackendError> {
         if let Some(mode) = ns.mode() {
             if !mode.same_kind(req.mode) {
                 return Err(TableError::WrongMode {
@@ -130,7 +113,6 @@ impl Cluster {
             }
             .into());
         }
-        let _ = waiting;
         let holder = ns
             .holders
             .values()
@@ -159,6 +141,22 @@ impl Cluster {
     /// Put options for a holder: a session lease hangs on this front-end's etcd lease.
     fn holder_put(&self, session: bool) -> Option<PutOptions> {
         session.then(|| PutOptions::new().with_lease(self.lease_id()))
+    }
+
+    /// Writes `value` over `holder` unless it changed since it was read (renewed, ended,
+    /// its grace started): the token stays (the key's create revision does not move).
+    fn rewrite(&self, holder: &Holder, value: &HolderValue) -> Txn {
+        Txn::new()
+            .when([Compare::mod_revision(
+                holder.key.clone(),
+                CompareOp::Equal,
+                holder.mod_rev,
+            )])
+            .and_then([TxnOp::put(
+                holder.key.clone(),
+                value.encode(),
+                self.holder_put(value.session_ms.is_some()),
+            )])
     }
 
     /// The grant of a free name nobody waits for; `None` if the mirror was stale.
@@ -210,17 +208,7 @@ impl Cluster {
         value.fe = self.fe.clone();
         value.conn = req.conn;
         value.cut_ms = 0;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                holder.key.clone(),
-                CompareOp::Equal,
-                holder.mod_rev,
-            )])
-            .and_then([TxnOp::put(
-                holder.key.clone(),
-                value.encode(),
-                self.holder_put(req.session.is_some()),
-            )]);
+        let txn = self.rewrite(&holder, &value);
         let mut client = self.client.clone();
         let resp = client.txn(txn).await.map_err(unavailable)?;
         let token = self.guard().mirror.token(holder.rev);
@@ -237,7 +225,6 @@ impl Cluster {
         self: &Arc<Self>,
         req: LockRequest,
         user: String,
-        _ttl: Duration,
     ) -> Result<LockStart, BackendError> {
         let uid = self.uid();
         let key = self.layout.waiter(&req.name, &uid);
@@ -526,13 +513,8 @@ impl Cluster {
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
-        if let Some(ttl) = ttl {
-            if ttl < crate::MIN_TTL || ttl > self.limits.max_ttl {
-                return Err(TableError::BadTtl {
-                    max: self.limits.max_ttl,
-                }
-                .into());
-            }
+        if ttl.is_some() {
+            self.limits.ttl(ttl)?;
         }
         let mut holder = self.find_holder(name, token).await?;
         for _ in 0..2 {
@@ -549,17 +531,7 @@ impl Cluster {
                 value.fe = self.fe.clone();
                 value.conn = conn;
             }
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    holder.key.clone(),
-                    CompareOp::Equal,
-                    holder.mod_rev,
-                )])
-                .and_then([TxnOp::put(
-                    holder.key.clone(),
-                    value.encode(),
-                    self.holder_put(session),
-                )]);
+            let txn = self.rewrite(&holder, &value);
             let mut client = self.client.clone();
             let resp = client.txn(txn).await.map_err(unavailable)?;
             if resp.succeeded() {
@@ -691,17 +663,7 @@ impl Cluster {
             Some(grace) => {
                 let mut value = v.clone();
                 value.cut_ms = wall_ms() + grace;
-                let txn = Txn::new()
-                    .when([Compare::mod_revision(
-                        holder.key.clone(),
-                        CompareOp::Equal,
-                        holder.mod_rev,
-                    )])
-                    .and_then([TxnOp::put(
-                        holder.key.clone(),
-                        value.encode(),
-                        self.holder_put(true),
-                    )]);
+                let txn = self.rewrite(&holder, &value);
                 self.cleanup(txn).await;
             }
         }
