@@ -242,3 +242,17 @@ fn a_session_lease_ends_with_its_connection_and_its_grace_rides_a_move() {
         fes[0].request("STATUS sess") == "OK sess free"
     });
 }
+
+#[test]
+fn a_lock_right_after_an_unlock_finds_the_name_free() {
+    // A front-end's view of etcd is a watch a moment behind its own writes: a LOCK must not
+    // be decided on the holder its client just released.
+    let fes = front_ends(2);
+    let mut c = Line::connect(fes[0].addr());
+    for i in 0..300 {
+        let id = if i % 2 == 0 { "same" } else { "other" };
+        let reply = c.req(&format!("LOCK again {id} ttl=30s wait=0"));
+        let t = token(&reply);
+        assert_eq!(c.req(&format!("UNLOCK again {t}")), "OK", "cycle {i}");
+    }
+}

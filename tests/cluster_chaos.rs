@@ -46,7 +46,7 @@ impl Conn {
     }
 
     fn req(&mut self, line: &str) -> Option<String> {
-        writeln!(self.writer, "{line}").ok()?;
+        self.writer.write_all(format!("{line}\n").as_bytes()).ok()?;
         let mut reply = String::new();
         match self.reader.read_line(&mut reply) {
             Ok(n) if n > 0 => Some(reply.trim_end().to_owned()),

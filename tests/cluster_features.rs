@@ -96,7 +96,7 @@ fn the_two_port_protocol_works_on_a_front_end() {
     let ask = |port: u16, msg: &str| -> Option<String> {
         let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        writeln!(s, "{msg}").ok()?;
+        s.write_all(format!("{msg}\n").as_bytes()).ok()?;
         let mut reply = String::new();
         BufReader::new(s).read_line(&mut reply).ok()?;
         Some(reply.trim_end().to_owned())

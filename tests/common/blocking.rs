@@ -102,7 +102,9 @@ fn request_at(addr: SocketAddr, line: &str) -> String {
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .expect("timeout");
-    writeln!(stream, "{line}").expect("send");
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .expect("send");
     let mut reply = String::new();
     BufReader::new(stream).read_line(&mut reply).expect("reply");
     reply.trim_end().to_string()

@@ -672,7 +672,7 @@ impl Drop for EtcdCluster {
 fn request(addr: SocketAddr, line: &str) -> io::Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
     stream.set_read_timeout(Some(super::GUARD))?;
-    writeln!(stream, "{line}")?;
+    stream.write_all(format!("{line}\n").as_bytes())?;
     let mut reply = String::new();
     BufReader::new(stream).read_line(&mut reply)?;
     Ok(reply.trim_end().to_string())
@@ -808,7 +808,10 @@ impl Line {
     }
 
     pub fn send(&mut self, line: &str) {
-        writeln!(self.writer, "{line}").expect("send");
+        // One write: a line split over two segments waits for a delayed ACK (Nagle).
+        self.writer
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("send");
     }
 
     /// The next line; panics on end of stream or after [`ETCD_PATIENCE`].

@@ -61,6 +61,9 @@ struct State {
     /// Waiters whose grant was tried: when their holder appears and they have left, the
     /// grant is taken back.
     granting: std::collections::HashSet<String>,
+    /// Names this front-end wrote, at the revision of its last write, until the mirror has
+    /// seen it.
+    written: HashMap<String, i64>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
 }
@@ -139,6 +142,7 @@ impl Cluster {
                 waiting: HashMap::new(),
                 by_uid: HashMap::new(),
                 granting: Default::default(),
+                written: HashMap::new(),
                 expiring: Default::default(),
             }),
             events,

@@ -14,7 +14,7 @@ use crate::locks::{
 };
 
 use super::keys::{HolderValue, MarkerValue, WaiterValue};
-use super::mirror::{Holder, NameState};
+use super::mirror::{Change, Holder, Mirror, NameState};
 use super::{unavailable, wall_ms, Cluster, Local};
 
 /// How often a LOCK that found the mirror stale looks again before it queues or answers.
@@ -22,35 +22,49 @@ const STALE_TRIES: usize = 8;
 
 impl Cluster {
     /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`).
+    ///
+    /// The mirror is trusted only for the grant at once, whose write checks it. Any other
+    /// answer it suggests (held, wait, conflict, the same id again) is made from a read of
+    /// the name in etcd itself, since a mirror a few milliseconds behind would refuse a free
+    /// name or send a retry of the holder's own id down the wrong path.
     pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
         let ttl = self.limits.ttl(req.ttl)?;
         self.limits.grace(req.session)?;
         let user = self.user_name(req.user);
+        self.own_writes_seen(&req.name).await;
+        let mut read: Option<NameState> = None;
         for _ in 0..STALE_TRIES {
-            let plan = {
-                let g = self.guard();
-                let (held, _) = g.mirror.counts();
-                match g.mirror.name(&req.name) {
-                    None if held >= self.limits.max_locks => {
-                        return Err(TableError::TooManyLocks {
-                            max: self.limits.max_locks,
+            let plan = match &read {
+                Some(ns) => self.plan(ns, &req, &user),
+                None => {
+                    let g = self.guard();
+                    let (held, _) = g.mirror.counts();
+                    match g.mirror.name(&req.name) {
+                        None if held >= self.limits.max_locks => {
+                            return Err(TableError::TooManyLocks {
+                                max: self.limits.max_locks,
+                            }
+                            .into())
                         }
-                        .into())
+                        None => Ok(Plan::Fresh { marker_rev: 0 }),
+                        Some(ns) => self.plan(ns, &req, &user),
                     }
-                    None => Plan::Fresh { marker_rev: 0 },
-                    Some(ns) => self.plan(ns, &req, &user)?,
                 }
             };
             match plan {
-                Plan::Again(holder) => return self.lock_again(&req, holder, ttl).await,
-                Plan::Fresh { marker_rev } => {
+                Ok(Plan::Fresh { marker_rev }) => {
                     if let Some(token) = self.grant_at_once(&req, &user, ttl, marker_rev).await? {
                         return Ok(LockStart::Granted { token });
                     }
-                    // The mirror was behind: look again once it has caught up.
-                    self.caught_up(&req.name, marker_rev).await;
                 }
-                Plan::Blocked(holder) => {
+                // From the mirror: make sure with etcd itself.
+                _ if read.is_none() => {}
+                Ok(Plan::Again(holder)) => {
+                    if let Some(start) = self.lock_again(&req, holder, ttl).await? {
+                        return Ok(start);
+                    }
+                }
+                Ok(Plan::Blocked(holder)) => {
                     if req.wait == Some(Duration::ZERO) {
                         return Err(TableError::WouldBlock {
                             holder: holder.into(),
@@ -59,15 +73,74 @@ impl Cluster {
                     }
                     return self.enqueue(req, user).await;
                 }
+                Err(e) => return Err(e),
+            }
+            read = Some(self.read_name(&req.name).await?);
+        }
+        Err(BackendError::Unavailable(format!(
+            "{}: the lock changed {STALE_TRIES} times while this LOCK was decided",
+            req.name
+        )))
+    }
+
+    /// The name as etcd has it now (a linearizable read of its marker, holders and queue).
+    async fn read_name(&self, name: &str) -> Result<NameState, BackendError> {
+        let prefix = || Some(GetOptions::new().with_prefix());
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.layout.marker(name), None),
+            TxnOp::get(self.layout.holders(name), prefix()),
+            TxnOp::get(self.layout.waiters(name), prefix()),
+        ]);
+        let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut changes = Vec::new();
+        for op in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(got) = op {
+                changes.extend(got.kvs().iter().map(|kv| Change {
+                    put: true,
+                    key: kv.key().to_vec(),
+                    value: kv.value().to_vec(),
+                    create_rev: kv.create_revision(),
+                    mod_rev: kv.mod_revision(),
+                }));
             }
         }
-        if req.wait == Some(Duration::ZERO) {
-            return Err(TableError::WouldBlock {
-                holder: "(busy)".into(),
+        let mut one = Mirror {
+            base: self.base_token(),
+            ..Mirror::default()
+        };
+        one.apply(&self.layout, &changes, rev);
+        Ok(one.names.remove(name).unwrap_or_default())
+    }
+
+    /// Waits (at most a request timeout) until the mirror shows this front-end's own last
+    /// write to `name`: a client's LOCK right after its UNLOCK is decided on the state that
+    /// UNLOCK left.
+    async fn own_writes_seen(&self, name: &str) {
+        let until = tokio::time::Instant::now() + self.config.request_timeout;
+        loop {
+            let moved = self.moved.notified();
+            {
+                let g = self.guard();
+                match g.written.get(name) {
+                    Some(rev) if *rev > g.mirror.rev => {}
+                    _ => return,
+                }
             }
-            .into());
+            if tokio::time::timeout_at(until, moved).await.is_err() {
+                return;
+            }
         }
-        self.enqueue(req, user).await
+    }
+
+    /// Remembers that this front-end wrote `name` at `rev` (see [`Cluster::own_writes_seen`]).
+    pub(super) fn wrote(&self, name: &str, resp: &etcd_client::TxnResponse) {
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut g = self.guard();
+        if rev > g.mirror.rev {
+            let at = g.written.entry(name.to_owned()).or_insert(0);
+            *at = (*at).max(rev);
+        }
     }
 
     /// What a LOCK on a name the mirror knows should do.
@@ -187,6 +260,7 @@ impl Cluster {
         if !resp.succeeded() {
             return Ok(None);
         }
+        self.wrote(&req.name, &resp);
         let rev = resp.header().map_or(0, |h| h.revision());
         let token = self.guard().mirror.token(rev);
         self.granted_log(&req.name, &req.id, token, None);
@@ -199,7 +273,7 @@ impl Cluster {
         req: &LockRequest,
         holder: Holder,
         ttl: Duration,
-    ) -> Result<LockStart, BackendError> {
+    ) -> Result<Option<LockStart>, BackendError> {
         let mut value = holder.value.clone();
         let at = wall_ms();
         value.ttl_ms = ttl.as_millis() as u64;
@@ -211,12 +285,13 @@ impl Cluster {
         let txn = self.rewrite(&holder, &value);
         let mut client = self.client.clone();
         let resp = client.txn(txn).await.map_err(unavailable)?;
-        let token = self.guard().mirror.token(holder.rev);
         if !resp.succeeded() {
-            // Renewed, released or expired meanwhile: a client retrying gets a clear answer.
-            return Err(TableError::Conflict.into());
+            // Renewed, released or expired meanwhile: decide again.
+            return Ok(None);
         }
-        Ok(LockStart::Granted { token })
+        self.wrote(&req.name, &resp);
+        let token = self.guard().mirror.token(holder.rev);
+        Ok(Some(LockStart::Granted { token }))
     }
 
     /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
@@ -227,6 +302,7 @@ impl Cluster {
         user: String,
     ) -> Result<LockStart, BackendError> {
         let uid = self.uid();
+        let name_of_wait = req.name.clone();
         let key = self.layout.waiter(&req.name, &uid);
         let value = WaiterValue {
             id: req.id.clone(),
@@ -280,6 +356,7 @@ impl Cluster {
         let mut client = self.client.clone();
         match client.txn(Txn::new().and_then(ops)).await {
             Ok(resp) => {
+                self.wrote(&name_of_wait, &resp);
                 let rev = resp.header().map_or(0, |h| h.revision());
                 let name = {
                     let mut g = self.guard();
@@ -498,6 +575,7 @@ impl Cluster {
                 .iter()
                 .any(|op| matches!(op, etcd_client::TxnOpResponse::Txn(t) if t.succeeded()));
         if done {
+            self.wrote(name, resp);
             let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
             self.ended_log(name, &holder.value.id, token, kind, held);
         }
@@ -535,6 +613,7 @@ impl Cluster {
             let mut client = self.client.clone();
             let resp = client.txn(txn).await.map_err(unavailable)?;
             if resp.succeeded() {
+                self.wrote(name, &resp);
                 return Ok(Renewed {
                     left: Duration::from_millis(value.ttl_ms),
                     bound,
@@ -687,25 +766,6 @@ impl Cluster {
             fe: self.fe.clone(),
         }
         .encode()
-    }
-
-    /// Waits (briefly) until the mirror shows `name` changed since `marker_rev`.
-    async fn caught_up(&self, name: &str, marker_rev: i64) {
-        let until = tokio::time::Instant::now() + self.config.request_timeout;
-        loop {
-            let moved = self.moved.notified();
-            {
-                let g = self.guard();
-                let now_rev = g.mirror.name(name).map_or(0, |ns| ns.marker_rev);
-                let queued = g.mirror.name(name).is_some_and(|ns| !ns.queue.is_empty());
-                if now_rev != marker_rev || queued {
-                    return;
-                }
-            }
-            if tokio::time::timeout_at(until, moved).await.is_err() {
-                return;
-            }
-        }
     }
 
     /// Logs and counts a grant this front-end made.

@@ -186,6 +186,8 @@ impl Cluster {
         let applied = {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev);
+            let seen = g.mirror.rev;
+            g.written.retain(|_, at| *at > seen);
             // Grants of our waiters: made by this front-end (a holder key takes its waiter's
             // uid). A waiter that left meanwhile never learns it: the lock goes on at once.
             let ours = format!("{}.", self.fe);
@@ -351,7 +353,10 @@ impl Cluster {
         let mut client = self.client.clone();
         let result = client.txn(txn).await;
         let granted = match &result {
-            Ok(resp) if resp.succeeded() => resp.header().map(|h| h.revision()),
+            Ok(resp) if resp.succeeded() => {
+                self.wrote(&a.name, resp);
+                resp.header().map(|h| h.revision())
+            }
             _ => None,
         };
         let Some(rev) = granted else {
@@ -546,6 +551,7 @@ impl Cluster {
         if !resp.succeeded() {
             return;
         }
+        self.wrote(name, &resp);
         let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
         self.ended_log(name, &holder.value.id, token, kind, held);
         let rev = resp.header().map_or(0, |h| h.revision());
