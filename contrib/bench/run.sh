@@ -28,6 +28,9 @@
 #   COMPARE_ONLY=1            skip the Redis table and run only the comparisons
 #
 #   COMPARE_ONLY=1 TLS_COMPARE=1 contrib/bench/run.sh   # TLS against plain: about 4 minutes
+#
+# Cluster mode (lockd --etcd) against etcd's own lock API has a script of its own, which starts a
+# 3-member etcd cluster and lockd front-ends on it: contrib/bench/etcd.sh (see its header).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD

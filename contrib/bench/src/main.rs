@@ -5,13 +5,15 @@
 //!     lockbench table ROWS.tsv
 //!     lockbench compare ROWS.tsv
 //!     lockbench certs DIR
+//!     lockbench cluster|cluster-table|etcd-status|etcd-compact ...   (see cluster.rs)
 //!
 //! GROUP is `perf` (floor, unc, con and sem), a comma-separated list of those parts and
 //! `conn` (`unc,con,conn`), `waiters`, `held` or `expiry`. `--scrape ADDR` fetches lockd's
 //! metrics from ADDR once a second while the group runs. `--tls-ca` makes every lockd
 //! connection TLS, trusting that CA alone; `certs DIR` makes a throwaway CA (`ca.pem`) and a
 //! server certificate for 127.0.0.1 (`server.pem`, `server.key`) for lockd's `--tls-cert` and
-//! `--tls-key`.
+//! `--tls-key`. `cluster` measures lockd front-ends on etcd, or etcd's own lock API (built with
+//! the `etcd` feature); contrib/bench/etcd.sh drives it.
 //!
 //! A scenario prints rows `key<TAB>who<TAB>value` on stdout (progress goes to stderr);
 //! `table` turns the rows of a whole run into one markdown table, `compare` the rows of
@@ -19,6 +21,7 @@
 //! servers and drives it all.
 
 mod certs;
+mod cluster;
 mod perf;
 mod scale;
 mod scrape;
@@ -305,6 +308,15 @@ async fn run(args: Args) -> io::Result<()> {
 const SCRAPE_EVERY: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(group) = argv.first() {
+        if matches!(
+            group.as_str(),
+            "cluster" | "cluster-table" | "etcd-status" | "etcd-compact"
+        ) {
+            return cluster::main(group, &argv[1..]);
+        }
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

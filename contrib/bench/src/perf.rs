@@ -22,7 +22,7 @@ const TTL_MS: u64 = 30_000;
 
 /// The measured window of a run, on one process clock.
 #[derive(Clone, Copy)]
-struct Window {
+pub(crate) struct Window {
     base: Instant,
     from: u64,
     until: u64,
@@ -36,13 +36,13 @@ impl Window {
             until: (warm + dur).as_nanos() as u64,
         }
     }
-    fn ns(&self) -> u64 {
+    pub(crate) fn ns(&self) -> u64 {
         self.base.elapsed().as_nanos() as u64
     }
-    fn counts(&self, at: u64) -> bool {
+    pub(crate) fn counts(&self, at: u64) -> bool {
         at >= self.from && at < self.until
     }
-    fn over(&self) -> bool {
+    pub(crate) fn over(&self) -> bool {
         self.ns() >= self.until
     }
 }
@@ -65,7 +65,12 @@ async fn join<T: 'static>(mut set: JoinSet<io::Result<T>>, limit: Duration) -> i
 }
 
 /// Starts `c` clients together; each runs `body(i, window)` and returns its samples.
-async fn clients<T, F, Fut>(c: usize, warm: Duration, dur: Duration, body: F) -> io::Result<Vec<T>>
+pub(crate) async fn clients<T, F, Fut>(
+    c: usize,
+    warm: Duration,
+    dur: Duration,
+    body: F,
+) -> io::Result<Vec<T>>
 where
     T: Send + 'static,
     F: Fn(usize, Arc<Barrier>, Arc<std::sync::OnceLock<Window>>) -> Fut,
@@ -77,21 +82,39 @@ where
     for i in 0..c {
         set.spawn(body(i, Arc::clone(&barrier), Arc::clone(&window)));
     }
-    // Connections are made before this barrier, the clock starts after it.
-    let connected = tokio::time::timeout(OVERRUN, barrier.wait()).await;
-    if connected.is_err() {
-        set.abort_all();
-        return Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "clients failed to connect",
-        ));
+    // Connections are made before this barrier, the clock starts after it. A client that
+    // fails before it (its connection refused) ends the run at once, with its error.
+    let connected = tokio::time::timeout(OVERRUN, async {
+        tokio::select! {
+            _ = barrier.wait() => Ok(()),
+            Some(failed) = set.join_next() => match failed {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(_)) => Err(io::Error::other("a client ended before the start")),
+                Err(e) => Err(io::Error::other(e)),
+            },
+        }
+    })
+    .await;
+    match connected {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            set.abort_all();
+            return Err(e);
+        }
+        Err(_) => {
+            set.abort_all();
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "clients failed to connect",
+            ));
+        }
     }
     let _ = window.set(Window::new(Instant::now(), warm, dur));
     barrier.wait().await;
     join(set, warm + dur + OVERRUN).await
 }
 
-fn window_of(w: &std::sync::OnceLock<Window>) -> Window {
+pub(crate) fn window_of(w: &std::sync::OnceLock<Window>) -> Window {
     // Set by `clients` between the two barrier waits, so always there after the second.
     *w.get()
         .unwrap_or_else(|| unreachable!("window set before the start barrier"))

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 #[derive(Clone, Copy)]
-enum Unit {
+pub(crate) enum Unit {
     Rate,
     Micros,
     Millis,
@@ -465,7 +465,7 @@ fn estimated(map: &HashMap<(String, String), f64>, key: &str, who: &str) -> &'st
     }
 }
 
-fn show(unit: Unit, v: f64) -> String {
+pub(crate) fn show(unit: Unit, v: f64) -> String {
     match unit {
         Rate if v >= 1e6 => format!("{:.2}M/s", v / 1e6),
         Rate if v >= 1e4 => format!("{:.1}k/s", v / 1e3),
@@ -490,7 +490,7 @@ fn worst_of_rounds(key: &str) -> bool {
 
 /// Every value of each (measure, who) in the rows of a run, in the order they were taken: with
 /// interleaved rounds, the n-th values of two builds come from the same round.
-fn rounds(rows: &str) -> HashMap<(String, String), Vec<f64>> {
+pub(crate) fn rounds(rows: &str) -> HashMap<(String, String), Vec<f64>> {
     let mut all: HashMap<(String, String), Vec<f64>> = HashMap::new();
     for line in rows.lines() {
         let mut f = line.split('\t');
@@ -507,7 +507,7 @@ fn rounds(rows: &str) -> HashMap<(String, String), Vec<f64>> {
 
 /// The median of `values` (of an even count, the mean of the middle two), or their maximum
 /// for a must-not-happen count.
-fn typical(key: &str, values: &[f64]) -> f64 {
+pub(crate) fn typical(key: &str, values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -677,7 +677,7 @@ const TLS_BOUND: f64 = 2.0;
 const TLS_MARGIN: f64 = 0.15;
 
 /// Per-round ratios `y ÷ x` of two builds (the n-th values of each come from the same round).
-fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+pub(crate) fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
     a.iter()
         .zip(b)
         .filter(|(x, _)| **x != 0.0)
