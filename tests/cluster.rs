@@ -256,3 +256,20 @@ fn a_lock_right_after_an_unlock_finds_the_name_free() {
         assert_eq!(c.req(&format!("UNLOCK again {t}")), "OK", "cycle {i}");
     }
 }
+
+#[test]
+fn cluster_tokens_continue_above_an_embedded_servers() {
+    // A deployment moving from one lockd to a cluster: the fenced resources saw the embedded
+    // server's tokens, and must take the cluster's.
+    let embedded = common::spawn_lockd(&[]);
+    let mut last = 0;
+    let mut c = Line::connect(embedded.addr);
+    for i in 0..50 {
+        last = c.lock(&format!("moved{i} me"));
+    }
+    drop(c);
+    embedded.stop();
+    let fes = front_ends(1);
+    let first = token(&fes[0].request("LOCK moved0 me"));
+    assert!(first > last, "cluster token {first} after embedded {last}");
+}
