@@ -61,9 +61,9 @@ struct State {
     /// Waiters whose grant was tried: when their holder appears and they have left, the
     /// grant is taken back.
     granting: std::collections::HashSet<String>,
-    /// Names this front-end wrote, at the revision of its last write, until the mirror has
-    /// seen it.
-    written: HashMap<String, i64>,
+    /// Names this front-end wrote, at the revision of its last write (and whether that
+    /// write emptied the name), until the mirror has seen it.
+    written: HashMap<String, (i64, bool)>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
 }
@@ -178,13 +178,21 @@ impl Cluster {
     async fn take_lease(&self) -> Result<(), BackendError> {
         let ttl = self.config.lease_ttl.as_secs().max(1) as i64;
         let mut client = self.client.clone();
-        let lease = client.lease_grant(ttl, None).await.map_err(unavailable)?;
+        let mut tries = 0u64;
+        let lease = loop {
+            match client.lease_grant(ttl, None).await {
+                Err(e) if not_sent(&e) && tries < self.resends() => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                granted => break granted.map_err(unavailable)?,
+            }
+        };
         self.lease.store(lease.id(), Ordering::Relaxed);
         let opts = etcd_client::PutOptions::new().with_lease(lease.id());
-        client
-            .put(self.layout.front_end(&self.fe), "", Some(opts))
-            .await
-            .map_err(unavailable)?;
+        let announce =
+            Txn::new().and_then([TxnOp::put(self.layout.front_end(&self.fe), "", Some(opts))]);
+        self.txn(announce).await.map_err(unavailable)?;
         Ok(())
     }
 
@@ -201,9 +209,8 @@ impl Cluster {
             )])
             .and_then([TxnOp::put(key.clone(), first, None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let mut client = self.client.clone();
-        client.txn(txn).await.map_err(unavailable)?;
-        let got = client.get(key, None).await.map_err(unavailable)?;
+        self.txn(txn).await.map_err(unavailable)?;
+        let got = self.get(key, None).await.map_err(unavailable)?;
         let base = got
             .kvs()
             .first()
@@ -272,14 +279,57 @@ impl Cluster {
         self.lease.load(Ordering::Relaxed)
     }
 
+    /// One transaction. A request that never reached a member (connection refused: that
+    /// member is down) is sent again at once: the client spreads requests over every
+    /// endpoint and may pick a dead one, and it has no fail-over of its own.
+    pub(super) async fn txn(
+        &self,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+        let mut client = self.client.clone();
+        let mut tries = 0u64;
+        loop {
+            match client.txn(txn.clone()).await {
+                Err(e) if not_sent(&e) && tries < self.resends() => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// One read, sent again like [`Cluster::txn`].
+    pub(super) async fn get(
+        &self,
+        key: String,
+        options: Option<etcd_client::GetOptions>,
+    ) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+        let mut client = self.client.clone();
+        let mut tries = 0u64;
+        loop {
+            match client.get(key.clone(), options.clone()).await {
+                Err(e) if not_sent(&e) && tries < self.resends() => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Resends after "connection refused": enough to go round every endpoint twice.
+    fn resends(&self) -> u64 {
+        2 * self.config.endpoints.len() as u64
+    }
+
     /// A clean-up write (ending a lease, leaving the queue) that must happen even if etcd is
     /// away for a while: a waiter key left behind would stop its queue for as long as this
     /// front-end lives. Tried until etcd answers (the transaction's comparisons make a retry
     /// of a write that did land a no-op), or until [`CLEANUP_TRIES`] failures in a row.
     async fn cleanup(&self, txn: Txn) -> Option<etcd_client::TxnResponse> {
-        let mut client = self.client.clone();
         for _ in 0..CLEANUP_TRIES {
-            match client.txn(txn.clone()).await {
+            match self.txn(txn.clone()).await {
                 Ok(resp) => return Some(resp),
                 Err(e) => {
                     self.unhealthy(&e.to_string());
@@ -295,6 +345,17 @@ impl Cluster {
 /// `--etcd-request-timeout`): about a minute and a half of etcd outage at the default.
 const CLEANUP_TRIES: usize = 40;
 const CLEANUP_PAUSE: Duration = Duration::from_millis(250);
+
+/// Whether a request failed before any member saw it (its connection was refused), so that
+/// sending it again can't apply it twice. The client reports this as a transport error, or
+/// as an `Unavailable` status whose message is the connector's.
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(status) => status.message().contains("connect error"),
+        _ => false,
+    }
+}
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];

@@ -31,6 +31,13 @@ impl Cluster {
         let ttl = self.limits.ttl(req.ttl)?;
         self.limits.grace(req.session)?;
         let user = self.user_name(req.user);
+        // This front-end's own last write emptied the name (an UNLOCK a moment ago): try the
+        // grant at once without waiting for the watch to show it; the write checks it.
+        if self.emptied_by_own_write(&req.name) {
+            if let Some(token) = self.grant_at_once(&req, &user, ttl, 0).await? {
+                return Ok(LockStart::Granted { token });
+            }
+        }
         self.own_writes_seen(&req.name).await;
         let mut read: Option<NameState> = None;
         for _ in 0..STALE_TRIES {
@@ -57,13 +64,14 @@ impl Cluster {
                         return Ok(LockStart::Granted { token });
                     }
                 }
-                // From the mirror: make sure with etcd itself.
-                _ if read.is_none() => {}
+                // The same id again: its write checks the holder is as the mirror saw it.
                 Ok(Plan::Again(holder)) => {
                     if let Some(start) = self.lock_again(&req, holder, ttl).await? {
                         return Ok(start);
                     }
                 }
+                // From the mirror: make sure with etcd itself.
+                _ if read.is_none() => {}
                 Ok(Plan::Blocked(holder)) => {
                     if req.wait == Some(Duration::ZERO) {
                         return Err(TableError::WouldBlock {
@@ -91,7 +99,7 @@ impl Cluster {
             TxnOp::get(self.layout.holders(name), prefix()),
             TxnOp::get(self.layout.waiters(name), prefix()),
         ]);
-        let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        let resp = self.txn(txn).await.map_err(unavailable)?;
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut changes = Vec::new();
         for op in resp.op_responses() {
@@ -123,7 +131,7 @@ impl Cluster {
             {
                 let g = self.guard();
                 match g.written.get(name) {
-                    Some(rev) if *rev > g.mirror.rev => {}
+                    Some((rev, _)) if *rev > g.mirror.rev => {}
                     _ => return,
                 }
             }
@@ -135,12 +143,28 @@ impl Cluster {
 
     /// Remembers that this front-end wrote `name` at `rev` (see [`Cluster::own_writes_seen`]).
     pub(super) fn wrote(&self, name: &str, resp: &etcd_client::TxnResponse) {
+        self.wrote_as(name, resp, false);
+    }
+
+    /// [`Cluster::wrote`]; `emptied`: the write left the name with no holder, waiter or
+    /// marker.
+    fn wrote_as(&self, name: &str, resp: &etcd_client::TxnResponse, emptied: bool) {
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut g = self.guard();
         if rev > g.mirror.rev {
-            let at = g.written.entry(name.to_owned()).or_insert(0);
-            *at = (*at).max(rev);
+            let at = g.written.entry(name.to_owned()).or_insert((0, false));
+            if rev >= at.0 {
+                *at = (rev, emptied);
+            }
         }
+    }
+
+    /// Whether this front-end's last write to `name`, not yet in the mirror, emptied it.
+    fn emptied_by_own_write(&self, name: &str) -> bool {
+        let g = self.guard();
+        g.written
+            .get(name)
+            .is_some_and(|(rev, emptied)| *emptied && *rev > g.mirror.rev)
     }
 
     /// What a LOCK on a name the mirror knows should do.
@@ -255,8 +279,7 @@ impl Cluster {
                     self.holder_put(req.session.is_some()),
                 ),
             ]);
-        let mut client = self.client.clone();
-        let resp = client.txn(txn).await.map_err(unavailable)?;
+        let resp = self.txn(txn).await.map_err(unavailable)?;
         if !resp.succeeded() {
             return Ok(None);
         }
@@ -283,8 +306,7 @@ impl Cluster {
         value.conn = req.conn;
         value.cut_ms = 0;
         let txn = self.rewrite(&holder, &value);
-        let mut client = self.client.clone();
-        let resp = client.txn(txn).await.map_err(unavailable)?;
+        let resp = self.txn(txn).await.map_err(unavailable)?;
         if !resp.succeeded() {
             // Renewed, released or expired meanwhile: decide again.
             return Ok(None);
@@ -353,8 +375,7 @@ impl Cluster {
             Some(PutOptions::new().with_lease(self.lease_id())),
         )];
         ops.extend(replaced.into_iter().map(|k| TxnOp::delete(k, None)));
-        let mut client = self.client.clone();
-        match client.txn(Txn::new().and_then(ops)).await {
+        match self.txn(Txn::new().and_then(ops)).await {
             Ok(resp) => {
                 self.wrote(&name_of_wait, &resp);
                 let rev = resp.header().map_or(0, |h| h.revision());
@@ -457,8 +478,7 @@ impl Cluster {
 
     /// A linearizable read of one holder.
     async fn read_holder(&self, name: &str, rev: i64) -> Result<Holder, BackendError> {
-        let mut client = self.client.clone();
-        let resp = client
+        let resp = self
             .get(
                 self.layout.holders(name),
                 Some(GetOptions::new().with_prefix()),
@@ -502,7 +522,7 @@ impl Cluster {
         self.owned_by(&holder, user)?;
         // One try: without etcd, the client hears UNAVAILABLE now and may try again.
         let txn = self.end_txn(name, EventKind::Released, &holder);
-        let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        let resp = self.txn(txn).await.map_err(unavailable)?;
         if self.ended(name, token, EventKind::Released, &holder, &resp) {
             Ok(())
         } else {
@@ -575,7 +595,8 @@ impl Cluster {
                 .iter()
                 .any(|op| matches!(op, etcd_client::TxnOpResponse::Txn(t) if t.succeeded()));
         if done {
-            self.wrote(name, resp);
+            // The outer transaction of a release succeeds only when it emptied the name.
+            self.wrote_as(name, resp, kind == EventKind::Released && resp.succeeded());
             let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
             self.ended_log(name, &holder.value.id, token, kind, held);
         }
@@ -610,8 +631,7 @@ impl Cluster {
                 value.conn = conn;
             }
             let txn = self.rewrite(&holder, &value);
-            let mut client = self.client.clone();
-            let resp = client.txn(txn).await.map_err(unavailable)?;
+            let resp = self.txn(txn).await.map_err(unavailable)?;
             if resp.succeeded() {
                 self.wrote(name, &resp);
                 return Ok(Renewed {

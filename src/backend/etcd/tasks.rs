@@ -40,19 +40,20 @@ impl Cluster {
                 .collect()
         };
         ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));
-        let mut client = self.client.clone();
         // etcd takes at most 128 operations per transaction by default.
         for chunk in ops.chunks(100) {
             let txn = Txn::new().and_then(chunk.to_vec());
-            let _ = tokio::time::timeout(self.config.request_timeout, client.txn(txn)).await;
+            let _ = tokio::time::timeout(self.config.request_timeout, self.txn(txn)).await;
         }
     }
 
     /// Reads the whole prefix into a fresh mirror; waiters and watchers learn what changed.
     pub(super) async fn resync(self: &Arc<Self>) -> Result<(), BackendError> {
-        let mut client = self.client.clone();
-        let resp = client
-            .get(self.layout.prefix(), Some(GetOptions::new().with_prefix()))
+        let resp = self
+            .get(
+                self.layout.prefix().to_owned(),
+                Some(GetOptions::new().with_prefix()),
+            )
             .await
             .map_err(unavailable)?;
         let rev = resp.header().map_or(0, |h| h.revision());
@@ -187,7 +188,7 @@ impl Cluster {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev);
             let seen = g.mirror.rev;
-            g.written.retain(|_, at| *at > seen);
+            g.written.retain(|_, (at, _)| *at > seen);
             // Grants of our waiters: made by this front-end (a holder key takes its waiter's
             // uid). A waiter that left meanwhile never learns it: the lock goes on at once.
             let ours = format!("{}.", self.fe);
@@ -195,24 +196,8 @@ impl Cluster {
                 if !uid.starts_with(&ours) {
                     continue;
                 }
-                let Some(waiter) = g.by_uid.remove(uid) else {
-                    if g.granting.remove(uid) {
-                        revoke.push((name.clone(), *token));
-                    }
-                    continue;
-                };
-                g.granting.remove(uid);
-                if let Some(l) = g.waiting.remove(&waiter) {
-                    let deadline = now() + Duration::from_millis(*ttl_ms);
-                    if l.tx
-                        .send(WaitResult::Granted {
-                            token: *token,
-                            deadline,
-                        })
-                        .is_err()
-                    {
-                        revoke.push((name.clone(), *token));
-                    }
+                if let Some(back) = deliver(&mut g, uid, name, *token, *ttl_ms) {
+                    revoke.push(back);
                 }
             }
             // A waiter of ours whose key went without its grant was replaced.
@@ -350,8 +335,7 @@ impl Cluster {
                 ),
                 TxnOp::delete(a.key.clone(), None),
             ]);
-        let mut client = self.client.clone();
-        let result = client.txn(txn).await;
+        let result = self.txn(txn).await;
         let granted = match &result {
             Ok(resp) if resp.succeeded() => {
                 self.wrote(&a.name, resp);
@@ -398,10 +382,21 @@ impl Cluster {
             }
             return;
         };
-        let token = self.guard().mirror.token(rev);
-        // The waiter hears of it from the watch (see `on_watch`), which also sees a grant
-        // whose answer was lost on the way back.
+        // The waiter hears of it now, or from the watch if that saw it first (the watch also
+        // delivers a grant whose answer was lost on the way back).
+        let (token, back) = {
+            let mut g = self.guard();
+            let token = g.mirror.token(rev);
+            (
+                token,
+                deliver(&mut g, &a.uid, &a.name, token, a.value.ttl_ms),
+            )
+        };
         self.granted_log(&a.name, &a.id, token, Some(a.waited));
+        if let Some((name, token)) = back {
+            self.end_holder(&name, token, EventKind::Revoked, None)
+                .await;
+        }
     }
 
     /// Keeps this front-end's etcd lease alive. If it lapses (etcd unreachable for longer
@@ -562,8 +557,30 @@ impl Cluster {
                 Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
             ])
             .and_then([TxnOp::delete(marker, None)]);
-        let _ = self.client.clone().txn(tidy).await;
+        let _ = self.txn(tidy).await;
     }
+}
+
+/// Hands a grant made for waiter `uid` to it, once (from the grant's answer or from the watch,
+/// whichever comes first). A waiter that left meanwhile never learns of it: the holder to
+/// take back is returned.
+fn deliver(
+    g: &mut super::State,
+    uid: &str,
+    name: &str,
+    token: crate::locks::Token,
+    ttl_ms: u64,
+) -> Option<(String, crate::locks::Token)> {
+    let Some(waiter) = g.by_uid.remove(uid) else {
+        // Tried, and its waiter is gone: take it back. Not tried (or already delivered):
+        // nothing to do.
+        return g.granting.remove(uid).then(|| (name.to_owned(), token));
+    };
+    g.granting.remove(uid);
+    let local = g.waiting.remove(&waiter)?;
+    let deadline = now() + Duration::from_millis(ttl_ms);
+    let sent = local.tx.send(WaitResult::Granted { token, deadline });
+    sent.is_err().then(|| (name.to_owned(), token))
 }
 
 /// A grant being tried for a head waiter.
