@@ -123,7 +123,8 @@ struct Args {
     etcd_prefix: String,
 
     /// How long one etcd request may take; past it the client is answered ERR UNAVAILABLE
-    /// (etcd unreachable or without quorum) and nothing changes.
+    /// (etcd unreachable or without quorum) and may try again (a LOCK tried again with the
+    /// same id gets the grant if the first one was made after all).
     #[arg(long, env = "LOCKD_ETCD_REQUEST_TIMEOUT", default_value = "2s", value_parser = duration)]
     etcd_request_timeout: Duration,
 

@@ -51,8 +51,8 @@ pub enum Backend {
 pub enum BackendError {
     /// The lock rules said no (the same refusals in every backend).
     Table(TableError),
-    /// The backend can't be reached or has no quorum: nothing was changed, or the request
-    /// did not take effect (a client may try again).
+    /// The backend can't be reached or has no quorum. A write that timed out may still have
+    /// been made: the client tries again (a LOCK with the same id then gets that grant).
     Unavailable(String),
 }
 

@@ -40,7 +40,7 @@ pub enum ErrorCode {
     /// another user.
     Denied,
     /// The backend that keeps the locks (an etcd cluster) can't be reached or has no
-    /// quorum; nothing was changed and the request may be tried again.
+    /// quorum; the request may be tried again.
     Unavailable,
 }
 
@@ -137,10 +137,7 @@ impl ProtoError {
 
     /// The backend could not do it (no quorum, unreachable): `why` says what failed.
     pub fn unavailable(why: &str) -> Self {
-        Self::new(
-            ErrorCode::Unavailable,
-            format!("{why}; nothing changed, try again"),
-        )
+        Self::new(ErrorCode::Unavailable, format!("{why}; try again"))
     }
 
     /// A LOCK's `wait=` ran out.
