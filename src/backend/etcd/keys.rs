@@ -127,14 +127,20 @@ pub struct HolderValue {
     pub waited_ms: Option<u64>,
 }
 
-/// A waiter's record.
+/// A waiter's record: all it asked for, so that whichever front-end releases the lock can
+/// grant it in the same write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaiterValue {
     pub id: String,
     pub user: String,
     pub mode: Mode,
-    pub session: bool,
+    pub ttl_ms: u64,
+    /// `Some(grace)` for a session lease.
+    pub session_ms: Option<u64>,
     pub fe: String,
+    pub conn: u64,
+    /// Its front-end's etcd lease, which a session lease granted to it hangs on.
+    pub lease: i64,
     pub queued_ms: u64,
 }
 
@@ -202,8 +208,13 @@ impl WaiterValue {
         word(&mut s, "id", &self.id);
         word(&mut s, "user", &self.user);
         word(&mut s, "mode", &mode_word(self.mode));
-        word(&mut s, "session", if self.session { "1" } else { "0" });
+        word(&mut s, "ttl", &self.ttl_ms.to_string());
+        if let Some(grace) = self.session_ms {
+            word(&mut s, "session", &grace.to_string());
+        }
         word(&mut s, "fe", &self.fe);
+        word(&mut s, "conn", &self.conn.to_string());
+        word(&mut s, "lease", &self.lease.to_string());
         word(&mut s, "queued", &self.queued_ms.to_string());
         s
     }
@@ -214,10 +225,30 @@ impl WaiterValue {
             id: w.get("id")?,
             user: w.get("user").unwrap_or_default(),
             mode: parse_mode(&w.get("mode")?)?,
-            session: w.get("session").as_deref() == Some("1"),
+            ttl_ms: w.num("ttl")?,
+            session_ms: w.num("session"),
             fe: w.get("fe").unwrap_or_default(),
+            conn: w.num("conn").unwrap_or(0),
+            lease: w.num("lease").unwrap_or(0),
             queued_ms: w.num("queued").unwrap_or(0),
         })
+    }
+
+    /// The holder it becomes when granted at `now_ms` (wall clock).
+    pub fn holder(&self, now_ms: u64) -> HolderValue {
+        HolderValue {
+            id: self.id.clone(),
+            user: self.user.clone(),
+            mode: self.mode,
+            ttl_ms: self.ttl_ms,
+            deadline_ms: now_ms + self.ttl_ms,
+            session_ms: self.session_ms,
+            fe: self.fe.clone(),
+            conn: self.conn,
+            cut_ms: 0,
+            granted_ms: now_ms,
+            waited_ms: Some(now_ms.saturating_sub(self.queued_ms)),
+        }
     }
 }
 
@@ -386,8 +417,11 @@ mod tests {
             id: "w".into(),
             user: String::new(),
             mode: Mode::Shared,
-            session: true,
+            ttl_ms: 30_000,
+            session_ms: Some(0),
             fe: "f".into(),
+            conn: 3,
+            lease: 77,
             queued_ms: 1,
         };
         assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));

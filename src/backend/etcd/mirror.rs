@@ -69,11 +69,17 @@ impl NameState {
 
     /// Whether a holder in `mode` fits beside the present holders (the queue aside).
     pub fn admits(&self, mode: Mode) -> bool {
-        let n = self.holders.len();
+        self.admits_without(mode, None)
+    }
+
+    /// [`NameState::admits`] once the holder of create revision `leaving` is gone.
+    pub fn admits_without(&self, mode: Mode, leaving: Option<i64>) -> bool {
+        let staying = || self.holders.values().filter(|h| Some(h.rev) != leaving);
+        let n = staying().count();
         if n == 0 {
             return true;
         }
-        self.holders.values().all(|h| h.value.mode == mode)
+        staying().all(|h| h.value.mode == mode)
             && match mode {
                 Mode::Exclusive => false,
                 Mode::Shared => true,

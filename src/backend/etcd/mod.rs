@@ -58,14 +58,26 @@ struct State {
     mirror: Mirror,
     waiting: HashMap<WaiterId, Local>,
     by_uid: HashMap<String, WaiterId>,
-    /// Waiters whose grant was tried: when their holder appears and they have left, the
-    /// grant is taken back.
-    granting: std::collections::HashSet<String>,
+    /// Waiters of this front-end that left (timed out, went away, were replaced) while their
+    /// key may still be granted, by this or another front-end: if their holder appears, the
+    /// grant is taken back. Forgotten once their key is seen gone.
+    left: std::collections::HashSet<String>,
     /// Names this front-end wrote, at the revision of its last write (and whether that
     /// write emptied the name), until the mirror has seen it.
     written: HashMap<String, (i64, bool)>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
+}
+
+impl State {
+    /// A waiter of this front-end leaves (its wait ran out, its connection went): out of the
+    /// local tables, and remembered as gone in case its grant is being made right now.
+    fn leave(&mut self, waiter: WaiterId) -> Option<Local> {
+        let local = self.waiting.remove(&waiter)?;
+        self.by_uid.remove(&local.uid);
+        self.left.insert(local.uid.clone());
+        Some(local)
+    }
 }
 
 /// The etcd backend of one front-end.
@@ -141,7 +153,7 @@ impl Cluster {
                 mirror: Mirror::default(),
                 waiting: HashMap::new(),
                 by_uid: HashMap::new(),
-                granting: Default::default(),
+                left: Default::default(),
                 written: HashMap::new(),
                 expiring: Default::default(),
             }),

@@ -79,7 +79,7 @@ impl Cluster {
                         }
                         .into());
                     }
-                    return self.enqueue(req, user).await;
+                    return self.enqueue(req, user, ttl).await;
                 }
                 Err(e) => return Err(e),
             }
@@ -322,6 +322,7 @@ impl Cluster {
         self: &Arc<Self>,
         req: LockRequest,
         user: String,
+        ttl: Duration,
     ) -> Result<LockStart, BackendError> {
         let uid = self.uid();
         let name_of_wait = req.name.clone();
@@ -330,8 +331,11 @@ impl Cluster {
             id: req.id.clone(),
             user: user.clone(),
             mode: req.mode,
-            session: req.session.is_some(),
+            ttl_ms: ttl.as_millis() as u64,
+            session_ms: req.session.map(|g| g.as_millis() as u64),
             fe: self.fe.clone(),
+            conn: req.conn,
+            lease: self.lease_id(),
             queued_ms: wall_ms(),
         };
         // A waiter of the same id and user is replaced: its key goes in the same write.
@@ -409,13 +413,8 @@ impl Cluster {
     /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,
     /// the grant finds the waiter gone and gives the lock back.
     fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
-        let local = {
-            let mut g = self.guard();
-            let Some(local) = g.waiting.remove(&waiter) else {
-                return;
-            };
-            g.by_uid.remove(&local.uid);
-            local
+        let Some(local) = self.guard().leave(waiter) else {
+            return;
         };
         let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
         self.forget_waiter_key(local.key);
@@ -444,14 +443,7 @@ impl Cluster {
                 async move { me.end_holder(&name, token, EventKind::Revoked, None).await },
             );
         }
-        let local = {
-            let mut g = self.guard();
-            let local = g.waiting.remove(&waiter);
-            if let Some(l) = &local {
-                g.by_uid.remove(&l.uid);
-            }
-            local
-        };
+        let local = self.guard().leave(waiter);
         if let Some(local) = local {
             self.forget_waiter_key(local.key);
         }
@@ -521,9 +513,9 @@ impl Cluster {
         let holder = self.find_holder(name, token).await?;
         self.owned_by(&holder, user)?;
         // One try: without etcd, the client hears UNAVAILABLE now and may try again.
-        let txn = self.end_txn(name, EventKind::Released, &holder);
-        let resp = self.txn(txn).await.map_err(unavailable)?;
-        if self.ended(name, token, EventKind::Released, &holder, &resp) {
+        let ended = self.end_txn(name, EventKind::Released, &holder, created(&holder));
+        let resp = self.txn(ended.txn.clone()).await.map_err(unavailable)?;
+        if self.ended(name, token, EventKind::Released, &holder, &ended, &resp) {
             Ok(())
         } else {
             Err(TableError::NotHeld.into())
@@ -545,62 +537,125 @@ impl Cluster {
                 Err(_) => return false,
             },
         };
-        let txn = self.end_txn(name, kind, &holder);
-        match self.cleanup(txn).await {
-            Some(resp) => self.ended(name, token, kind, &holder, &resp),
+        let ended = self.end_txn(name, kind, &holder, created(&holder));
+        match self.cleanup(ended.txn.clone()).await {
+            Some(resp) => self.ended(name, token, kind, &holder, &ended, &resp),
             None => false,
         }
     }
 
     /// The write that ends `holder`: the marker says why, in the same transaction. When it
     /// is the last holder and nobody waits, an UNLOCK removes the marker too, so a name used
-    /// once leaves nothing behind.
-    fn end_txn(&self, name: &str, kind: EventKind, holder: &Holder) -> Txn {
+    /// once leaves nothing behind. When the head waiter fits once it is gone, the same write
+    /// grants it (one etcd write per hand-over, not two), if the mirror is current; if not,
+    /// that branch fails and the plain end is made instead.
+    pub(super) fn end_txn(
+        &self,
+        name: &str,
+        kind: EventKind,
+        holder: &Holder,
+        guard: Compare,
+    ) -> Ended {
         let marker = self.layout.marker(name);
-        let guarded = Compare::create_revision(holder.key.clone(), CompareOp::Equal, holder.rev);
         let end = |marker_op: TxnOp| vec![marker_op, TxnOp::delete(holder.key.clone(), None)];
         let with_marker = end(TxnOp::put(
             marker.clone(),
             self.marker(kind, holder.rev),
             None,
         ));
-        if kind != EventKind::Released {
-            return Txn::new().when([guarded]).and_then(with_marker);
-        }
-        let alone = [
-            guarded.clone(),
-            Compare::create_revision(self.layout.holders(name), CompareOp::Equal, holder.rev)
-                .with_prefix(),
-            Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
+        let plain = if kind == EventKind::Released {
+            let alone = [
+                guard.clone(),
+                Compare::create_revision(self.layout.holders(name), CompareOp::Equal, holder.rev)
+                    .with_prefix(),
+                Compare::version(self.layout.waiters(name), CompareOp::Equal, 0).with_prefix(),
+            ];
+            let otherwise = Txn::new()
+                .when([guard.clone()])
+                .and_then(with_marker.clone());
+            Txn::new()
+                .when(alone)
+                .and_then(end(TxnOp::delete(marker.clone(), None)))
+                .or_else([TxnOp::txn(otherwise)])
+        } else {
+            Txn::new()
+                .when([guard.clone()])
+                .and_then(with_marker.clone())
+        };
+        let Some((head, marker_rev)) = self.head_after(name, holder) else {
+            return Ended {
+                txn: plain,
+                head: None,
+            };
+        };
+        let value = head.value.holder(wall_ms());
+        let lease = value
+            .session_ms
+            .map(|_| PutOptions::new().with_lease(head.value.lease));
+        let mut ops = vec![
+            TxnOp::put(marker.clone(), self.marker(kind, holder.rev), None),
+            TxnOp::put(self.layout.holder(name, &head.uid), value.encode(), lease),
+            TxnOp::delete(head.key.clone(), None),
         ];
-        let otherwise = Txn::new().when([guarded]).and_then(with_marker);
-        Txn::new()
-            .when(alone)
-            .and_then(end(TxnOp::delete(marker, None)))
-            .or_else([TxnOp::txn(otherwise)])
+        ops.push(TxnOp::delete(holder.key.clone(), None));
+        let txn = Txn::new()
+            .when([
+                guard,
+                Compare::mod_revision(marker, CompareOp::Equal, marker_rev),
+                Compare::create_revision(head.key.clone(), CompareOp::Equal, head.rev),
+                Compare::create_revision(
+                    self.layout.waiters(name),
+                    CompareOp::Greater,
+                    head.rev - 1,
+                )
+                .with_prefix(),
+            ])
+            .and_then(ops)
+            .or_else([TxnOp::txn(plain)]);
+        Ended {
+            txn,
+            head: Some((head.value.id.clone(), value)),
+        }
     }
 
-    /// Whether [`Cluster::end_txn`]'s write ended the holder (then logged and counted).
-    fn ended(
+    /// The head waiter of `name`, if it fits once `holder` is gone and its grant can be
+    /// written by any front-end: a plain lease, or a session lease of this front-end (whose
+    /// etcd lease is known to be live). With the marker's revision the grant depends on.
+    fn head_after(&self, name: &str, holder: &Holder) -> Option<(super::mirror::Waiter, i64)> {
+        let g = self.guard();
+        let ns = g.mirror.name(name)?;
+        let head = ns.queue.values().next()?;
+        let writable = head.value.session_ms.is_none() || head.value.lease == self.lease_id();
+        (writable && ns.admits_without(head.value.mode, Some(holder.rev)))
+            .then(|| (head.clone(), ns.marker_rev))
+    }
+
+    /// Whether [`Cluster::end_txn`]'s write ended the holder (then logged and counted, with
+    /// the grant it made, if it made one).
+    pub(super) fn ended(
         &self,
         name: &str,
         token: Token,
         kind: EventKind,
         holder: &Holder,
+        ended: &Ended,
         resp: &etcd_client::TxnResponse,
     ) -> bool {
-        let done = resp.succeeded()
-            || resp
-                .op_responses()
-                .iter()
-                .any(|op| matches!(op, etcd_client::TxnOpResponse::Txn(t) if t.succeeded()));
-        if done {
-            // The outer transaction of a release succeeds only when it emptied the name.
-            self.wrote_as(name, resp, kind == EventKind::Released && resp.succeeded());
-            let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
-            self.ended_log(name, &holder.value.id, token, kind, held);
+        let Some(depth) = success_depth(resp) else {
+            return false;
+        };
+        let plain = usize::from(ended.head.is_some());
+        // A release's plain write empties the name when its outer transaction succeeds.
+        self.wrote_as(name, resp, kind == EventKind::Released && depth == plain);
+        let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
+        self.ended_log(name, &holder.value.id, token, kind, held);
+        if let (0, Some((id, value))) = (depth, &ended.head) {
+            let rev = resp.header().map_or(0, |h| h.revision());
+            let granted = self.guard().mirror.token(rev);
+            let waited = value.waited_ms.map(Duration::from_millis);
+            self.granted_log(name, id, granted, waited);
         }
-        done
+        true
     }
 
     /// RENEW: a new deadline; a session lease in its grace is bound to this connection again.
@@ -711,7 +766,7 @@ impl Cluster {
                 .map(|w| WaiterStatus {
                     id: w.value.id.as_str().into(),
                     waited: Duration::from_millis(at.saturating_sub(w.value.queued_ms)),
-                    session: w.value.session,
+                    session: w.value.session_ms.is_some(),
                     mode: w.value.mode,
                 })
                 .collect(),
@@ -823,6 +878,11 @@ impl Cluster {
     }
 }
 
+/// "It is still this grant" (a renewal does not change it).
+fn created(holder: &Holder) -> Compare {
+    Compare::create_revision(holder.key.clone(), CompareOp::Equal, holder.rev)
+}
+
 fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockStatus {
     let at = wall_ms();
     LockStatus {
@@ -836,6 +896,24 @@ fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockSta
         holders: ns.holders.len(),
         mode: h.value.mode,
     }
+}
+
+/// The write that ends a holder, and the head waiter it grants if its first branch succeeds.
+pub(super) struct Ended {
+    pub txn: Txn,
+    pub head: Option<(String, HolderValue)>,
+}
+
+/// Which branch of a transaction with nested ones succeeded: 0 the outer one, 1 the one
+/// nested in its else, and so on; `None`: none did.
+fn success_depth(resp: &etcd_client::TxnResponse) -> Option<usize> {
+    if resp.succeeded() {
+        return Some(0);
+    }
+    resp.op_responses().iter().find_map(|op| match op {
+        etcd_client::TxnOpResponse::Txn(t) => success_depth(t).map(|d| d + 1),
+        _ => None,
+    })
 }
 
 /// What a LOCK does, decided from the mirror.

@@ -202,6 +202,7 @@ impl Cluster {
             }
             // A waiter of ours whose key went without its grant was replaced.
             for (_, uid) in &applied.waiters_gone {
+                g.left.remove(uid);
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
                     continue;
                 };
@@ -263,8 +264,7 @@ impl Cluster {
             let Some(&waiter) = g.by_uid.get(&head.uid) else {
                 // Ours but no longer waited for (its clean-up write was lost): take it out,
                 // or it would stop the queue for as long as this front-end lives.
-                if head.uid.starts_with(&format!("{}.", self.fe)) && !g.granting.contains(&head.uid)
-                {
+                if head.uid.starts_with(&format!("{}.", self.fe)) {
                     // (It only spawns the write: the guard may stay held.)
                     self.forget_waiter_key(head.key.clone());
                 }
@@ -282,13 +282,11 @@ impl Cluster {
             }
             local.in_flight = true;
             local.tried_at = Some(last_rev);
-            let uid = local.uid.clone();
             local.rev = head_rev;
             let waited = now().saturating_duration_since(local.queued);
-            let ttl = local.req.ttl.unwrap_or(self.limits.default_ttl);
-            let mut value = self.holder_value(&local.req, &local.value.user, ttl);
+            let mut value = local.value.holder(wall_ms());
             value.waited_ms = Some(waited.as_millis() as u64);
-            let attempt = Attempt {
+            Attempt {
                 waiter,
                 name: name.to_owned(),
                 id: local.req.id.clone(),
@@ -299,11 +297,7 @@ impl Cluster {
                 value,
                 waited,
                 session: local.req.session.is_some(),
-            };
-            // Remembered until its holder shows up: if the waiter leaves meanwhile, the
-            // grant is taken back when it does.
-            g.granting.insert(uid);
-            attempt
+            }
         };
         let me = Arc::clone(self);
         tokio::spawn(async move { me.try_grant(attempt).await });
@@ -346,10 +340,6 @@ impl Cluster {
         let Some(rev) = granted else {
             let retry_now = {
                 let mut g = self.guard();
-                if result.is_ok() {
-                    // Refused: no holder will appear for it.
-                    g.granting.remove(&a.uid);
-                }
                 let last = g.mirror.name(&a.name).map_or(0, |ns| ns.last_rev);
                 let still_queued = g
                     .mirror
@@ -529,26 +519,18 @@ impl Cluster {
         kind: EventKind,
         holder: super::mirror::Holder,
     ) {
-        let marker = self.layout.marker(name);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                holder.key.clone(),
-                CompareOp::Equal,
-                holder.mod_rev,
-            )])
-            .and_then([
-                TxnOp::put(marker.clone(), self.marker(kind, holder.rev), None),
-                TxnOp::delete(holder.key.clone(), None),
-            ]);
-        let Some(resp) = self.cleanup(txn).await else {
+        // Unless renewed meanwhile (a renewal rewrites the key).
+        let guard = Compare::mod_revision(holder.key.clone(), CompareOp::Equal, holder.mod_rev);
+        let ended = self.end_txn(name, kind, &holder, guard);
+        let Some(resp) = self.cleanup(ended.txn.clone()).await else {
             return;
         };
-        if !resp.succeeded() {
+        let granted = ended.head.is_some() && resp.succeeded();
+        if !self.ended(name, token, kind, &holder, &ended, &resp) || granted {
+            // Not ended, or ended by granting the next waiter: nothing to tidy.
             return;
         }
-        self.wrote(name, &resp);
-        let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
-        self.ended_log(name, &holder.value.id, token, kind, held);
+        let marker = self.layout.marker(name);
         let rev = resp.header().map_or(0, |h| h.revision());
         let tidy = Txn::new()
             .when([
@@ -571,12 +553,11 @@ fn deliver(
     token: crate::locks::Token,
     ttl_ms: u64,
 ) -> Option<(String, crate::locks::Token)> {
-    let Some(waiter) = g.by_uid.remove(uid) else {
-        // Tried, and its waiter is gone: take it back. Not tried (or already delivered):
-        // nothing to do.
-        return g.granting.remove(uid).then(|| (name.to_owned(), token));
-    };
-    g.granting.remove(uid);
+    if g.left.remove(uid) {
+        return Some((name.to_owned(), token));
+    }
+    // Not waited for here (another front-end's, or delivered already): nothing to do.
+    let waiter = g.by_uid.remove(uid)?;
     let local = g.waiting.remove(&waiter)?;
     let deadline = now() + Duration::from_millis(ttl_ms);
     let sent = local.tx.send(WaitResult::Granted { token, deadline });
