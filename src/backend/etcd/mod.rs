@@ -8,8 +8,10 @@
 //! - a grant is "the marker of the name is as I saw it (no holder came or went), nobody is
 //!   queued ahead of this waiter (or nobody at all, for a grant at once)": at most the holders
 //!   the mode allows, FIFO across front-ends;
-//! - a release writes the marker, and only the front-end of the head waiter acts on it: one
-//!   wake-up in the whole cluster;
+//! - a release grants the head waiter in the same write when it can (it fits, the mirror is
+//!   current, and its lease can be written by any front-end); otherwise it writes the marker
+//!   and only the front-end of the head waiter acts on it. Either way one waiter is woken in
+//!   the whole cluster;
 //! - tokens are the base plus the revision of the granting transaction: strictly increasing
 //!   in grant order across all names and front-ends;
 //! - plain leases are keys without an etcd lease: they outlive their front-end, and any
