@@ -273,3 +273,25 @@ fn cluster_tokens_continue_above_an_embedded_servers() {
     let first = token(&fes[0].request("LOCK moved0 me"));
     assert!(first > last, "cluster token {first} after embedded {last}");
 }
+
+#[test]
+fn waiters_released_at_once_after_their_grant_hand_over_cleanly() {
+    // Holders that release the moment they are granted, on two front-ends: the release
+    // often reaches a front-end whose view still shows the releaser waiting.
+    let fes = front_ends(2);
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let addr = fes[i % 2].addr();
+            std::thread::spawn(move || {
+                let mut c = Line::connect(addr);
+                for _ in 0..60 {
+                    let t = c.lock(&format!("rapid c{i}"));
+                    assert_eq!(c.req(&format!("UNLOCK rapid {t}")), "OK");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("client");
+    }
+}

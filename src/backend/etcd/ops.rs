@@ -625,6 +625,12 @@ impl Cluster {
         let g = self.guard();
         let ns = g.mirror.name(name)?;
         let head = ns.queue.values().next()?;
+        // A mirror behind may still show, as the head waiter, the very waiter whose grant is
+        // now being released (its holder key takes the waiter's uid): etcd refuses a write
+        // that puts and deletes one key.
+        if head.uid == holder.uid {
+            return None;
+        }
         let writable = head.value.session_ms.is_none() || head.value.lease == self.lease_id();
         (writable && ns.admits_without(head.value.mode, Some(holder.rev)))
             .then(|| (head.clone(), ns.marker_rev))
