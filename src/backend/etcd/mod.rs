@@ -67,6 +67,9 @@ struct State {
     /// Names this front-end wrote, at the revision of its last write (and whether that
     /// write emptied the name), until the mirror has seen it.
     written: HashMap<String, (i64, bool)>,
+    /// Grants made at once by this front-end that the mirror has not shown yet (by name and
+    /// create revision).
+    fresh: HashMap<(String, i64), mirror::Holder>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
 }
@@ -157,6 +160,7 @@ impl Cluster {
                 by_uid: HashMap::new(),
                 left: Default::default(),
                 written: HashMap::new(),
+                fresh: HashMap::new(),
                 expiring: Default::default(),
             }),
             events,

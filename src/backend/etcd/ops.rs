@@ -266,6 +266,8 @@ impl Cluster {
     ) -> Result<Option<Token>, BackendError> {
         let value = self.holder_value(req, user, ttl);
         let marker = self.layout.marker(&req.name);
+        let uid = self.uid();
+        let key = self.layout.holder(&req.name, &uid);
         let txn = Txn::new()
             .when([
                 Compare::mod_revision(marker.clone(), CompareOp::Equal, marker_rev),
@@ -274,7 +276,7 @@ impl Cluster {
             .and_then([
                 TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
                 TxnOp::put(
-                    self.layout.holder(&req.name, &self.uid()),
+                    key.clone(),
                     value.encode(),
                     self.holder_put(req.session.is_some()),
                 ),
@@ -285,7 +287,21 @@ impl Cluster {
         }
         self.wrote(&req.name, &resp);
         let rev = resp.header().map_or(0, |h| h.revision());
-        let token = self.guard().mirror.token(rev);
+        let token = {
+            let mut g = self.guard();
+            // Until the watch brings it: an UNLOCK or RENEW right after needs no read.
+            if rev > g.mirror.rev {
+                let holder = Holder {
+                    key,
+                    uid,
+                    rev,
+                    mod_rev: rev,
+                    value,
+                };
+                g.fresh.insert((req.name.clone(), rev), holder);
+            }
+            g.mirror.token(rev)
+        };
         self.granted_log(&req.name, &req.id, token, None);
         Ok(Some(token))
     }
@@ -458,6 +474,9 @@ impl Cluster {
                 return Err(TableError::NotHeld.into());
             };
             if let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(rev)) {
+                return Ok(h.clone());
+            }
+            if let Some(h) = g.fresh.get(&(name.to_owned(), rev)) {
                 return Ok(h.clone());
             }
             if g.mirror.rev >= rev {

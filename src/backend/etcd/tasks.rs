@@ -78,8 +78,8 @@ impl Cluster {
                     ..Mirror::default()
                 },
             );
-            // Markers first, so a holder is read with its name's marker.
             g.mirror.apply(&self.layout, &changes, rev);
+            g.fresh.retain(|(_, at), _| *at > rev);
             let mut touched: Vec<String> = old.names.keys().cloned().collect();
             touched.extend(g.mirror.names.keys().cloned());
             // Local waiters whose key is gone were replaced or lost with an old etcd lease.
@@ -189,6 +189,7 @@ impl Cluster {
             let applied = g.mirror.apply(&self.layout, &changes, rev);
             let seen = g.mirror.rev;
             g.written.retain(|_, (at, _)| *at > seen);
+            g.fresh.retain(|(_, rev), _| *rev > seen);
             // Grants of our waiters: made by this front-end (a holder key takes its waiter's
             // uid). A waiter that left meanwhile never learns it: the lock goes on at once.
             let ours = format!("{}.", self.fe);
