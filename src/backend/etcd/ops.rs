@@ -23,10 +23,10 @@ const STALE_TRIES: usize = 8;
 impl Cluster {
     /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`).
     ///
-    /// The mirror is trusted only for the grant at once, whose write checks it. Any other
-    /// answer it suggests (held, wait, conflict, the same id again) is made from a read of
-    /// the name in etcd itself, since a mirror a few milliseconds behind would refuse a free
-    /// name or send a retry of the holder's own id down the wrong path.
+    /// The mirror is trusted only where the write it leads to checks it (a grant at once, the
+    /// same id again). Any other answer it suggests (held, wait, conflict) is made from a
+    /// read of the name in etcd itself, since a mirror a few milliseconds behind would refuse
+    /// a free name or queue a retry of the holder's own id behind itself.
     pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
         let ttl = self.limits.ttl(req.ttl)?;
         self.limits.grace(req.session)?;
