@@ -231,3 +231,33 @@ fn with_one_etcd_member_down_every_request_is_served() {
     }
     assert!(c.req("CHECK up0 1").starts_with("ERR NOTHELD"));
 }
+
+#[test]
+fn a_front_end_that_loses_its_etcd_lease_tells_its_waiters_unavailable() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let a = front_end(&etcd, &prefix);
+    let b = front_end(&etcd, &prefix);
+    let held = token(&b.request("LOCK frozen holder"));
+    let mut waiter = Line::connect(a.addr());
+    waiter.send("LOCK frozen waits-on-a");
+    eventually(PATIENCE, "queued", || {
+        field(&b.request("STATUS frozen"), "waiters").as_deref() == Some("1")
+    });
+    // A stops answering etcd (SIGSTOP) for longer than its etcd lease: its waiter's key goes.
+    let pid = a.process().pid() as i32;
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    eventually(PATIENCE, "the waiter's key ended with A's etcd lease", || {
+        field(&b.request("STATUS frozen"), "waiters").as_deref() == Some("0")
+    });
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let told = waiter.line();
+    assert!(told.starts_with("ERR UNAVAILABLE"), "{told}");
+    // A serves again (a new etcd lease), and the lock is as it was.
+    eventually(PATIENCE, "A serves again", || {
+        a.request("LOCK other me wait=0").starts_with("OK ")
+    });
+    assert_eq!(b.request(&format!("UNLOCK frozen {held}")), "OK");
+}

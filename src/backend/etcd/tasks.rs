@@ -201,7 +201,8 @@ impl Cluster {
                     revoke.push(back);
                 }
             }
-            // A waiter of ours whose key went without its grant was replaced.
+            // A waiter of ours whose key went without its grant: replaced, or lost with its
+            // etcd lease.
             for (_, uid) in &applied.waiters_gone {
                 g.left.remove(uid);
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
@@ -212,7 +213,8 @@ impl Cluster {
                 }
                 if let Some(l) = g.waiting.remove(&waiter) {
                     g.by_uid.remove(&l.uid);
-                    let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+                    let why = key_gone(&g.mirror, &l);
+                    let _ = l.tx.send(why);
                 }
             }
             // Published under the guard, so watchers see one name's events in order.
@@ -350,7 +352,8 @@ impl Cluster {
                     // Its key went while the grant was tried (a newer LOCK of its id).
                     if let Some(l) = g.waiting.remove(&a.waiter) {
                         g.by_uid.remove(&l.uid);
-                        let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+                        let why = key_gone(&g.mirror, &l);
+                        let _ = l.tx.send(why);
                     }
                 }
                 match g.waiting.get_mut(&a.waiter) {
@@ -541,6 +544,23 @@ impl Cluster {
             ])
             .and_then([TxnOp::delete(marker, None)]);
         let _ = self.txn(tidy).await;
+    }
+}
+
+/// How the wait of `l` ends when its key is gone without its grant: a newer LOCK of its id
+/// (and user) took its place, in the same write, or else its front-end's etcd lease ran out.
+fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
+    let replaced = mirror.name(&l.name).is_some_and(|ns| {
+        ns.queue
+            .values()
+            .any(|w| w.value.id == l.value.id && w.value.user == l.value.user)
+    });
+    if replaced {
+        WaitResult::Ended(WaitEnd::Replaced)
+    } else {
+        WaitResult::Failed(BackendError::Unavailable(
+            "the wait was lost: this front-end's etcd lease ran out".into(),
+        ))
     }
 }
 
