@@ -248,9 +248,11 @@ fn a_front_end_that_loses_its_etcd_lease_tells_its_waiters_unavailable() {
     let pid = a.process().pid() as i32;
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    eventually(PATIENCE, "the waiter's key ended with A's etcd lease", || {
-        field(&b.request("STATUS frozen"), "waiters").as_deref() == Some("0")
-    });
+    eventually(
+        PATIENCE,
+        "the waiter's key ended with A's etcd lease",
+        || field(&b.request("STATUS frozen"), "waiters").as_deref() == Some("0"),
+    );
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let told = waiter.line();
@@ -260,4 +262,37 @@ fn a_front_end_that_loses_its_etcd_lease_tells_its_waiters_unavailable() {
         a.request("LOCK other me wait=0").starts_with("OK ")
     });
     assert_eq!(b.request(&format!("UNLOCK frozen {held}")), "OK");
+}
+
+#[test]
+fn a_stopped_front_end_takes_its_waiters_out_and_leaves_its_session_leases_to_move() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    // A long etcd lease, so that only the stop itself can explain a prompt end.
+    let mut a = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
+    let b = front_end(&etcd, &prefix);
+    let held = token(&b.request("LOCK stopping holder"));
+    let mut waiter = Line::connect(a.addr());
+    waiter.send("LOCK stopping waits-on-a");
+    let mut session = Line::connect(a.addr());
+    let ts = session.lock("moving me session=30s");
+    eventually(PATIENCE, "queued", || {
+        field(&b.request("STATUS stopping"), "waiters").as_deref() == Some("1")
+    });
+    let stopped = Instant::now();
+    a.stop();
+    eventually(PATIENCE, "A's waiter left the queue", || {
+        field(&b.request("STATUS stopping"), "waiters").as_deref() == Some("0")
+    });
+    assert!(
+        stopped.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        stopped.elapsed()
+    );
+    // The session lease waits for its holder to come back through another front-end.
+    let mut moved = Line::connect(b.addr());
+    let renewed = moved.req(&format!("RENEW moving {ts}"));
+    assert!(renewed.starts_with("OK ttl_ms="), "{renewed}");
+    assert_eq!(b.request(&format!("UNLOCK stopping {held}")), "OK");
+    assert_eq!(moved.req(&format!("UNLOCK moving {ts}")), "OK");
 }
