@@ -218,6 +218,10 @@ fn a_session_lease_ends_with_its_connection_and_its_grace_rides_a_move() {
     let fes = front_ends(2);
     let mut s = Line::connect(fes[0].addr());
     let t = s.lock("sess me session");
+    // Seen by the other front-end first: its "free" below must be the session's end.
+    eventually(PATIENCE, "the session lease seen everywhere", || {
+        field(&fes[1].request("STATUS sess"), "token") == Some(t.to_string())
+    });
     drop(s);
     eventually(
         PATIENCE,
