@@ -25,7 +25,8 @@
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `per_ip`
 //! nothing; `stream` and `tls` only each other; `connection` -> `stream`; `metrics` only the table's event types and `proto`'s error codes; `auth`
 //! -> `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its
-//! change and lease types), `metrics`; `backend` -> `locks`, `store`, `metrics`, `auth`;
+//! change and lease types), `metrics`; `backend` -> `locks`, `store`, `metrics`, `auth`,
+//! `proto` (the `ERR` a refusal becomes);
 //! `session` -> `backend`, `proto`, `connection`, `auth`, `tls`; `compat` -> `backend`,
 //! `locks`; `http` -> `backend`; `server` -> `session`, `backend`, `compat`, `store`, `http`,
 //! `auth`, `per_ip`, `tls`; `client` -> `proto`, `connection`, `locks` (the token and mode

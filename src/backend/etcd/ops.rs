@@ -17,7 +17,8 @@ use super::keys::{HolderValue, MarkerValue, WaiterValue};
 use super::mirror::{Change, Holder, Mirror, NameState};
 use super::{unavailable, wall_ms, Cluster, Local};
 
-/// How often a LOCK that found the mirror stale looks again before it queues or answers.
+/// How often a LOCK whose write found the name changed decides again before it answers
+/// `ERR UNAVAILABLE` (the name is changing faster than it can be decided).
 const STALE_TRIES: usize = 8;
 
 impl Cluster {
@@ -236,7 +237,7 @@ impl Cluster {
     }
 
     /// Put options for a holder: a session lease hangs on this front-end's etcd lease.
-    fn holder_put(&self, session: bool) -> Option<PutOptions> {
+    pub(super) fn holder_put(&self, session: bool) -> Option<PutOptions> {
         session.then(|| PutOptions::new().with_lease(self.lease_id()))
     }
 
@@ -852,10 +853,14 @@ impl Cluster {
     pub fn retain_live(&self, leases: &mut HashMap<Token, String>) {
         let g = self.guard();
         leases.retain(|token, name| {
-            g.mirror
-                .rev_of(*token)
-                .and_then(|rev| g.mirror.name(name)?.holder_by_rev(rev).map(|_| ()))
-                .is_some()
+            g.mirror.rev_of(*token).is_some_and(|rev| {
+                // A grant the watch has not shown yet is live too: dropping it from the list
+                // would leave its session lease behind when the connection closes.
+                rev > g.mirror.rev
+                    || g.mirror
+                        .name(name)
+                        .is_some_and(|ns| ns.holder_by_rev(rev).is_some())
+            })
         });
     }
 

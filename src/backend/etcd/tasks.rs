@@ -299,7 +299,6 @@ impl Cluster {
                 marker_rev,
                 value,
                 waited,
-                session: local.req.session.is_some(),
             }
         };
         let me = Arc::clone(self);
@@ -327,8 +326,7 @@ impl Cluster {
                 TxnOp::put(
                     holder_key,
                     a.value.encode(),
-                    a.session
-                        .then(|| etcd_client::PutOptions::new().with_lease(self.lease_id())),
+                    self.holder_put(a.value.session_ms.is_some()),
                 ),
                 TxnOp::delete(a.key.clone(), None),
             ]);
@@ -596,5 +594,4 @@ struct Attempt {
     marker_rev: i64,
     value: super::keys::HolderValue,
     waited: Duration,
-    session: bool,
 }
