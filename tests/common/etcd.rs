@@ -405,6 +405,11 @@ impl EtcdCluster {
         self.members[i].client_url()
     }
 
+    /// Member `i`'s client address, for a [`super::link::Link`] in front of it.
+    pub fn client_addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.members[i].client_port))
+    }
+
     /// Every member's client URL, in member order.
     pub fn client_urls(&self) -> Vec<String> {
         self.members.iter().map(Member::client_url).collect()

@@ -5,7 +5,8 @@
 //! processes on a data directory that tests crash and restart; in [`lockctl`], lockctl as a
 //! child process against an in-process server; in [`detail`], `STATUS <name> detail`
 //! helpers; in [`pki`], certificates made at run time; in [`etcd`], a real etcd cluster of
-//! child processes that tests kill and restart, and lockd front-ends on it (cluster mode).
+//! child processes that tests kill and restart, and lockd front-ends on it (cluster mode); in
+//! [`link`], a link between two processes that a test cuts and heals while both run.
 //!
 //! Every read has a generous timeout: it only turns a hang into a failure, it never asserts
 //! how fast the server is.
@@ -17,6 +18,7 @@ pub mod blocking;
 pub mod detail;
 pub mod durable;
 pub mod etcd;
+pub mod link;
 pub mod lockctl;
 pub mod pki;
 

@@ -1,0 +1,291 @@
+//! Cluster mode when a link is cut while every process keeps running: a front-end cut off
+//! from etcd (every link to every member stalls, as when a firewall drops its packets), then
+//! healed. Each test has an etcd cluster of its own; the cut front-end reaches etcd through
+//! [`Link`]s, the other front-ends directly.
+//!
+//! The first three tests are the three bugs a partition run found: each failed before its fix.
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use common::blocking::eventually;
+use common::etcd::{EtcdCluster, Line, LockdFrontEnd};
+use common::link::Link;
+use common::{field, token};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The bound proto.md documents for a dead front-end's waiters: `--etcd-lease-ttl` (3s in
+/// that test) plus etcd's half-second expiry check, with room for a slow machine. The dead
+/// waiter asks for a ttl far above it, so a grant to it shows.
+const DEAD_WAITER_BOUND: Duration = Duration::from_secs(10);
+
+/// How long a test watches for a grant that must not come.
+const QUIET: Duration = Duration::from_secs(3);
+
+/// A front-end whose every link to etcd goes through a [`Link`] the test can cut.
+struct CutOff {
+    fe: LockdFrontEnd,
+    links: Vec<Link>,
+}
+
+impl CutOff {
+    fn start(etcd: &EtcdCluster, prefix: &str, extra: &[&str]) -> CutOff {
+        let links: Vec<Link> = (0..etcd.len())
+            .map(|i| Link::start(etcd.client_addr(i)))
+            .collect();
+        let endpoints: Vec<String> = links.iter().map(Link::url).collect();
+        let mut args = vec![
+            "--etcd".to_string(),
+            endpoints.join(","),
+            "--etcd-prefix".into(),
+            prefix.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        CutOff {
+            fe: LockdFrontEnd::spawn(args),
+            links,
+        }
+    }
+
+    fn cut(&self) {
+        self.links.iter().for_each(Link::cut);
+    }
+
+    fn heal(&self) {
+        self.links.iter().for_each(Link::heal);
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.fe.addr()
+    }
+
+    fn request(&self, line: &str) -> String {
+        self.fe.request(line)
+    }
+}
+
+fn waiters(fe: &LockdFrontEnd, name: &str) -> usize {
+    field(&fe.request(&format!("STATUS {name}")), "waiters")
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(common::http_get(addr, path))
+}
+
+/// Holder `h` on FE2; A waits on the cut-off front-end with `wait=4s`, B behind it on FE2.
+/// The cut comes next; FE2's release then hands the lock to A in the same etcd write, which
+/// the cut-off front-end does not see. Returns A's and B's connections.
+fn a_waits_cut_off_b_behind(cut: &CutOff, fe2: &LockdFrontEnd, name: &str) -> (Line, Line, u64) {
+    let h = token(&fe2.request(&format!("LOCK {name} h ttl=60s")));
+    let mut a = Line::connect(cut.addr());
+    a.send(&format!("LOCK {name} a ttl=30s wait=4s"));
+    eventually(PATIENCE, "A waits", || waiters(fe2, name) == 1);
+    let mut b = Line::connect(fe2.addr());
+    b.send(&format!("LOCK {name} b ttl=30s"));
+    eventually(PATIENCE, "B waits behind A", || waiters(fe2, name) == 2);
+    cut.cut();
+    assert_eq!(fe2.request(&format!("UNLOCK {name} {h}")), "OK");
+    // A's wait runs out on its front-end, which cannot reach etcd.
+    let timed_out = a.line();
+    assert!(timed_out.starts_with("ERR TIMEOUT"), "{timed_out}");
+    (a, b, h)
+}
+
+/// Bug 1, deterministic: A's wait ran out on a cut-off front-end while etcd had already
+/// granted it the lock; A fails over to another front-end and, by the same-id rule, is told
+/// it holds the lock. When the first front-end's watch catches up, it sees a grant to a
+/// waiter that had left and takes it back: that must not end the lease A was told about.
+#[test]
+fn a_grant_confirmed_through_another_front_end_is_never_taken_back() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let cut = CutOff::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let (_a, mut b, h) = a_waits_cut_off_b_behind(&cut, &fe2, "n");
+    // A fails over to FE2 with the same LOCK: the grant etcd holds for it.
+    let ta = token(&fe2.request("LOCK n a ttl=30s wait=4s"));
+    assert!(ta > h);
+    cut.heal();
+    eventually(
+        PATIENCE,
+        "the healed front-end's watch is past the release",
+        || field(&cut.request("STATUS n"), "id").as_deref() != Some("h"),
+    );
+    assert_eq!(b.line_within(QUIET), None, "B was granted while A holds n");
+    assert!(fe2
+        .request(&format!("CHECK n {ta}"))
+        .starts_with("OK ttl_ms="));
+    assert!(cut
+        .request(&format!("CHECK n {ta}"))
+        .starts_with("OK ttl_ms="));
+    assert_eq!(field(&cut.request("STATUS n"), "id").as_deref(), Some("a"));
+    assert_eq!(fe2.request(&format!("UNLOCK n {ta}")), "OK");
+    assert!(token(&b.line()) > ta);
+}
+
+/// Bug 1 as the partition run found it: A sends the same LOCK again through the same
+/// front-end the moment the link is back, racing that front-end's watch (which brings the
+/// grant to a waiter that left). Whatever wins, never two holders: if A is told it holds
+/// the lock, B is not granted until A releases. A race, so several rounds.
+#[test]
+fn the_same_lock_right_after_the_heal_never_makes_two_holders() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let cut = CutOff::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    for round in 0..3 {
+        let name = format!("n{round}");
+        let (mut a, mut b, _) = a_waits_cut_off_b_behind(&cut, &fe2, &name);
+        cut.heal();
+        let again = a.req(&format!("LOCK {name} a ttl=30s wait=4s"));
+        if again.starts_with("OK ") {
+            let ta = token(&again);
+            assert_eq!(
+                b.line_within(QUIET),
+                None,
+                "round {round}: A was told it holds {name}, and B was granted"
+            );
+            assert!(fe2
+                .request(&format!("CHECK {name} {ta}"))
+                .starts_with("OK ttl_ms="));
+            assert_eq!(fe2.request(&format!("UNLOCK {name} {ta}")), "OK");
+            assert!(token(&b.line()) > ta);
+        } else {
+            // A lost the race and queued behind B (its wait then ran out): B holds it.
+            assert!(again.starts_with("ERR TIMEOUT"), "round {round}: {again}");
+            let tb = token(&b.line());
+            assert!(fe2
+                .request(&format!("CHECK {name} {tb}"))
+                .starts_with("OK ttl_ms="));
+        }
+    }
+}
+
+/// Bug 2: a front-end cut off for longer than `--etcd-lease-ttl` lost its etcd lease (and
+/// with it its session leases and waiters). Once the link is back it takes a new lease and
+/// serves session LOCKs and queued LOCKs again; `/readyz` says ready only then.
+#[test]
+fn a_front_end_cut_off_longer_than_its_lease_recovers() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let cut = CutOff::start(
+        &etcd,
+        &prefix,
+        &[
+            "--etcd-lease-ttl",
+            "1s",
+            "--etcd-request-timeout",
+            "1s",
+            "--metrics-listen",
+            &metrics.to_string(),
+        ],
+    );
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let h = token(&fe2.request("LOCK q h ttl=60s"));
+    let mut waiter = Line::connect(cut.addr());
+    waiter.send("LOCK q w ttl=30s");
+    eventually(PATIENCE, "the waiter is queued", || waiters(&fe2, "q") == 1);
+    let mut session = Line::connect(cut.addr());
+    let ts = session.lock("s sess session");
+
+    cut.cut();
+    // Its etcd lease runs out: the session lease and the waiter go with it.
+    eventually(PATIENCE, "the cut-off session lease ended", || {
+        fe2.request("STATUS s") == "OK s free"
+    });
+    eventually(PATIENCE, "the cut-off waiter left", || {
+        waiters(&fe2, "q") == 0
+    });
+    eventually(PATIENCE, "not ready while cut off", || {
+        http_get(metrics, "/readyz").0 == 503
+    });
+    cut.heal();
+
+    // Those who had them are told, as proto.md says.
+    let lost = waiter.line();
+    assert!(lost.starts_with("ERR UNAVAILABLE "), "{lost}");
+    let renew = session.req(&format!("RENEW s {ts}"));
+    assert!(renew.starts_with("ERR NOTHELD"), "{renew}");
+
+    // Ready again means serving again: session leases and queued LOCKs work.
+    eventually(PATIENCE, "ready after the heal", || {
+        http_get(metrics, "/readyz").0 == 200
+    });
+    let again = cut.request("LOCK s2 x session");
+    assert!(
+        again.starts_with("OK "),
+        "ready, but a session LOCK got {again}"
+    );
+    let mut next = Line::connect(cut.addr());
+    next.send("LOCK q w2 ttl=30s");
+    eventually(PATIENCE, "a new waiter queues", || waiters(&fe2, "q") == 1);
+    assert_eq!(fe2.request(&format!("UNLOCK q {h}")), "OK");
+    assert!(token(&next.line()) > h);
+}
+
+/// Bug 3: a front-end killed while its waiters head three queues (a plain, a `detach` and a
+/// session waiter). The releases that follow at once, before its etcd lease has run out,
+/// must not leave the lock with a dead waiter for that waiter's whole ttl: the next waiters
+/// are granted within the dead front-end bound.
+#[test]
+fn a_dead_front_ends_waiters_do_not_keep_the_lock() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "3s"]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let kinds = [("p", ""), ("d", " detach"), ("s", " session")];
+    let mut holders = Vec::new();
+    let mut dead = Vec::new();
+    let mut next = Vec::new();
+    for (name, tie) in kinds {
+        holders.push(token(&fe2.request(&format!("LOCK {name} holder ttl=60s"))));
+        let mut w = Line::connect(fe1.addr());
+        w.send(&format!("LOCK {name} dead ttl=60s{tie}"));
+        eventually(PATIENCE, "the waiter is queued", || {
+            waiters(&fe2, name) == 1
+        });
+        dead.push(w);
+        let mut n = Line::connect(fe2.addr());
+        n.send(&format!("LOCK {name} next ttl=30s"));
+        eventually(PATIENCE, "the next waiter is queued", || {
+            waiters(&fe2, name) == 2
+        });
+        next.push(n);
+    }
+    let killed = Instant::now();
+    fe1.kill();
+    for ((name, _), h) in kinds.iter().zip(&holders) {
+        assert_eq!(fe2.request(&format!("UNLOCK {name} {h}")), "OK");
+    }
+    for (((name, tie), h), n) in kinds.iter().zip(&holders).zip(&mut next) {
+        let granted = n.line_within(DEAD_WAITER_BOUND + QUIET);
+        let got = granted.unwrap_or_else(|| {
+            panic!("{name} ({tie}): the next waiter was not granted; the dead one kept it")
+        });
+        assert!(token(&got) > *h);
+        assert!(
+            killed.elapsed() < DEAD_WAITER_BOUND,
+            "{name} ({tie}): granted {:?} after the kill",
+            killed.elapsed()
+        );
+    }
+    drop(dead);
+}
