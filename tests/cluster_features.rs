@@ -6,32 +6,17 @@
 mod common;
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, Line, LockdFrontEnd};
+use common::etcd::{free_port, http_get, EtcdCluster, Line, LockdFrontEnd};
 use common::{field, token};
 use lockd::auth::user_line;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const ALICE: &str = "alice-secret-0123456789abcdef";
 const MALLORY: &str = "mallory-secret-0123456789abcdef";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(common::http_get(addr, path))
-}
 
 #[test]
 fn a_lease_belongs_to_its_user_on_every_front_end() {

@@ -1,19 +1,18 @@
 //! Cluster mode when a link is cut while every process keeps running: a front-end cut off
 //! from etcd (every link to every member stalls, as when a firewall drops its packets), then
 //! healed. Each test has an etcd cluster of its own; the cut front-end reaches etcd through
-//! [`Link`]s, the other front-ends directly.
+//! links the test cuts ([`LinkedFrontEnd`]), the other front-ends directly.
 //!
 //! The first three tests are the three bugs a partition run found: each failed before its fix.
 #![cfg(feature = "etcd")]
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, Line, LockdFrontEnd};
-use common::link::Link;
+use common::etcd::{free_port, http_get, EtcdCluster, Line, LinkedFrontEnd, LockdFrontEnd};
 use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -26,73 +25,20 @@ const DEAD_WAITER_BOUND: Duration = Duration::from_secs(10);
 /// How long a test watches for a grant that must not come.
 const QUIET: Duration = Duration::from_secs(3);
 
-/// A front-end whose every link to etcd goes through a [`Link`] the test can cut.
-struct CutOff {
-    fe: LockdFrontEnd,
-    links: Vec<Link>,
-}
-
-impl CutOff {
-    fn start(etcd: &EtcdCluster, prefix: &str, extra: &[&str]) -> CutOff {
-        let links: Vec<Link> = (0..etcd.len())
-            .map(|i| Link::start(etcd.client_addr(i)))
-            .collect();
-        let endpoints: Vec<String> = links.iter().map(Link::url).collect();
-        let mut args = vec![
-            "--etcd".to_string(),
-            endpoints.join(","),
-            "--etcd-prefix".into(),
-            prefix.into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        CutOff {
-            fe: LockdFrontEnd::spawn(args),
-            links,
-        }
-    }
-
-    fn cut(&self) {
-        self.links.iter().for_each(Link::cut);
-    }
-
-    fn heal(&self) {
-        self.links.iter().for_each(Link::heal);
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.fe.addr()
-    }
-
-    fn request(&self, line: &str) -> String {
-        self.fe.request(line)
-    }
-}
-
 fn waiters(fe: &LockdFrontEnd, name: &str) -> usize {
     field(&fe.request(&format!("STATUS {name}")), "waiters")
         .and_then(|w| w.parse().ok())
         .unwrap_or(0)
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(common::http_get(addr, path))
-}
-
 /// Holder `h` on FE2; A waits on the cut-off front-end with `wait=4s`, B behind it on FE2.
 /// The cut comes next; FE2's release then hands the lock to A in the same etcd write, which
 /// the cut-off front-end does not see. Returns A's and B's connections.
-fn a_waits_cut_off_b_behind(cut: &CutOff, fe2: &LockdFrontEnd, name: &str) -> (Line, Line, u64) {
+fn a_waits_cut_off_b_behind(
+    cut: &LinkedFrontEnd,
+    fe2: &LockdFrontEnd,
+    name: &str,
+) -> (Line, Line, u64) {
     let h = token(&fe2.request(&format!("LOCK {name} h ttl=60s")));
     let mut a = Line::connect(cut.addr());
     a.send(&format!("LOCK {name} a ttl=30s wait=4s"));
@@ -116,7 +62,7 @@ fn a_waits_cut_off_b_behind(cut: &CutOff, fe2: &LockdFrontEnd, name: &str) -> (L
 fn a_grant_confirmed_through_another_front_end_is_never_taken_back() {
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
-    let cut = CutOff::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
+    let cut = LinkedFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
     let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
     let (_a, mut b, h) = a_waits_cut_off_b_behind(&cut, &fe2, "n");
     // A fails over to FE2 with the same LOCK: the grant etcd holds for it.
@@ -148,7 +94,7 @@ fn a_grant_confirmed_through_another_front_end_is_never_taken_back() {
 fn the_same_lock_right_after_the_heal_never_makes_two_holders() {
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
-    let cut = CutOff::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
+    let cut = LinkedFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
     let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
     for round in 0..3 {
         let name = format!("n{round}");
@@ -186,7 +132,7 @@ fn a_front_end_cut_off_longer_than_its_lease_recovers() {
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let cut = CutOff::start(
+    let cut = LinkedFrontEnd::start(
         &etcd,
         &prefix,
         &[

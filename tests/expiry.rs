@@ -31,7 +31,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
 
 fn granted(start: LockStart) -> u64 {
     match start {
-        LockStart::Granted { token } => token,
+        LockStart::Granted { token, .. } => token,
         other => panic!("expected a grant, got {other:?}"),
     }
 }

@@ -29,7 +29,8 @@ use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Stopped};
 
 use super::{
-    now, unix_ms, Detail, LockStart, Published, Renewed, StatusSnapshot, StatusView, WaitResult,
+    now, unix_ms, Detail, HandOver, LockStart, Published, Renewed, StatusSnapshot, StatusView,
+    WaitResult,
 };
 
 struct Inner {
@@ -208,7 +209,10 @@ impl Embedded {
     pub fn lock(&self, req: LockRequest) -> Result<LockStart, TableError> {
         let mut g = self.guard();
         let start = match g.table.lock(now(), req)? {
-            LockOutcome::Granted { token, .. } => LockStart::Granted { token },
+            LockOutcome::Granted { token, .. } => LockStart::Granted {
+                token,
+                handover: HandOver::default(),
+            },
             LockOutcome::Queued { waiter } => {
                 let (tx, rx) = oneshot::channel();
                 g.waiting.insert(waiter, tx);
@@ -437,7 +441,12 @@ impl Embedded {
                         deadline,
                     } => {
                         let delivered = g.waiting.remove(&waiter).is_some_and(|tx| {
-                            tx.send(WaitResult::Granted { token, deadline }).is_ok()
+                            tx.send(WaitResult::Granted {
+                                token,
+                                deadline,
+                                handover: HandOver::default(),
+                            })
+                            .is_ok()
                         });
                         if !delivered {
                             // The waiter is gone: hand the lock straight on. The table queues

@@ -81,12 +81,21 @@ impl fmt::Display for BackendError {
     }
 }
 
+/// Which hand-over of a lease a grant was, so that taking it back ([`Backend::revoke`])
+/// ends it only if no client has been told of it since. In cluster mode it is the etcd mod
+/// revision of the holder key when it was handed out: a LOCK of the same id through another
+/// connection or front-end, or a RENEW, rewrites the key, and a take-back of the older
+/// hand-over then finds the key changed and leaves it. The embedded table needs none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandOver(pub i64);
+
 /// How a queued LOCK ends.
 #[derive(Debug)]
 pub enum WaitResult {
     Granted {
         token: Token,
         deadline: Instant,
+        handover: HandOver,
     },
     Ended(WaitEnd),
     /// The backend lost the wait (etcd unreachable for longer than the front-end's lease).
@@ -141,6 +150,7 @@ pub struct Renewed {
 pub enum LockStart {
     Granted {
         token: Token,
+        handover: HandOver,
     },
     /// Queued: `rx` receives the outcome. Give it back through [`Backend::abandon_wait`] if
     /// the connection goes first.
@@ -336,12 +346,14 @@ impl Backend {
     }
 
     /// Takes back a grant whose client is gone before it could read it (event `dropped`);
-    /// the next waiter is granted. False if `token` was no longer the live lease.
-    pub async fn revoke(&self, name: &str, token: Token) -> bool {
+    /// the next waiter is granted. False if `token` was no longer the live lease, or if a
+    /// client was told of it after `handover` (the same id's LOCK again, a RENEW).
+    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
+    pub async fn revoke(&self, name: &str, token: Token, handover: HandOver) -> bool {
         match self {
             Backend::Embedded(b) => b.revoke(name, token),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.revoke(name, token).await,
+            Backend::Etcd(b) => b.take_back(name, token, handover).await,
         }
     }
 

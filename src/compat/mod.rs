@@ -358,7 +358,7 @@ impl Compat {
             user: NO_USER,
         };
         match self.backend.lock(req).await {
-            Ok(LockStart::Granted { token }) => {
+            Ok(LockStart::Granted { token, .. }) => {
                 self.granted = Some(token);
                 Answer::Locked(token)
             }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::auth::Right;
-use crate::backend::{Backend, LockStart, WaitResult};
+use crate::backend::{Backend, HandOver, LockStart, WaitResult};
 use crate::locks::{LockRequest, Token, WaitEnd, WaiterId};
 use crate::proto::{ProtoError, Reply, Subject, Tie};
 
@@ -38,7 +38,9 @@ impl Session {
                 self.refuse_about(e.refusal(&name), about).await?;
                 Ok(Flow::Continue)
             }
-            Ok(LockStart::Granted { token }) => self.granted(name, tie, token, false).await,
+            Ok(LockStart::Granted { token, handover }) => {
+                self.granted(name, tie, token, handover, false).await
+            }
             Ok(LockStart::Waiting { waiter, rx }) => {
                 let pending = Pending {
                     backend: self.backend.clone(),
@@ -68,6 +70,7 @@ impl Session {
         name: String,
         tie: Tie,
         token: Token,
+        handover: HandOver,
         probe: bool,
     ) -> io::Result<Flow> {
         if tie.session().is_some() {
@@ -78,19 +81,24 @@ impl Session {
         }
         if let Err(e) = self.conn.send(Reply::Token(token)).await {
             // The client can't have learned the token: give the lock to the next in line.
-            self.backend.revoke(&name, token).await;
+            self.backend.revoke(&name, token, handover).await;
             return Err(e);
         }
         if probe && !self.limits.half_close_probe.is_zero() {
-            self.confirm_delivery(&name, token).await;
+            self.confirm_delivery(&name, token, handover).await;
         }
         Ok(Flow::Continue)
     }
 
     /// A grant whose client left the queue (closed a tied wait, or reset) in the instant it
     /// was made: it was never delivered, so it is taken back and the next waiter granted.
-    pub(super) async fn pending_grant_gone(&mut self, name: &str, token: Token) {
-        if self.backend.revoke(name, token).await {
+    pub(super) async fn pending_grant_gone(
+        &mut self,
+        name: &str,
+        token: Token,
+        handover: HandOver,
+    ) {
+        if self.backend.revoke(name, token, handover).await {
             tracing::info!(
                 name,
                 token,
@@ -111,11 +119,11 @@ impl Session {
     /// client is alive and keeps its lease. Polling, rather than awaiting readiness, because
     /// the read side has already ended and is always ready; this runs only for the rare grant
     /// to a half-closed waiter, so a few cheap syscalls per grant are nothing.
-    pub(super) async fn confirm_delivery(&mut self, name: &str, token: Token) {
+    pub(super) async fn confirm_delivery(&mut self, name: &str, token: Token, handover: HandOver) {
         let until = Instant::now() + self.limits.half_close_probe;
         loop {
             if self.conn.peer_reset() {
-                if self.backend.revoke(name, token).await {
+                if self.backend.revoke(name, token, handover).await {
                     tracing::info!(
                         name,
                         token,
@@ -151,18 +159,18 @@ impl Session {
                 result = pending.recv() => {
                     let name = std::mem::take(&mut pending.name);
                     return match result {
-                        WaitResult::Granted { token, .. } => {
+                        WaitResult::Granted { token, handover, .. } => {
                             // The grant and the client's close may have come in the same
                             // instant, and this select! may have picked the grant first:
                             // look at what has arrived before deciding who holds the lock.
                             let arrived = self.conn.fill_arrived();
                             if arrived.is_err() || (self.conn.is_eof() && tie.wait_ends_on_close()) {
-                                self.pending_grant_gone(&name, token).await;
+                                self.pending_grant_gone(&name, token, handover).await;
                                 arrived?;
                                 return Ok(Flow::Close);
                             }
                             let probe = self.conn.is_eof();
-                            self.granted(name, tie, token, probe).await
+                            self.granted(name, tie, token, handover, probe).await
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();

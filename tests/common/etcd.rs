@@ -30,6 +30,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::link::Link;
 use super::{try_spawn_lockd_at, LockdProcess};
 
 /// Guard for anything the cluster should do in a moment (start, elect, rejoin). Generous: two
@@ -79,6 +80,20 @@ fn free_ports(count: usize) -> Vec<u16> {
         .iter()
         .map(|l| l.local_addr().expect("local addr").port())
         .collect()
+}
+
+/// A port that was free a moment ago (for a front-end's `--metrics-listen`, say).
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
+}
+
+/// GET `path` from a front-end's metrics endpoint: status and body.
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(super::http_get(addr, path))
 }
 
 /// The last `lines` lines of the file at `path`, for a failure message.
@@ -788,6 +803,49 @@ impl LockdFrontEnd {
                 Err(log) => panic!("lockd did not restart: {log:#?}"),
             }
         }
+    }
+}
+
+/// A front-end whose every link to etcd goes through a [`Link`] the test can cut and heal
+/// while both ends run (see [`super::link`]).
+pub struct LinkedFrontEnd {
+    pub fe: LockdFrontEnd,
+    pub links: Vec<Link>,
+}
+
+impl LinkedFrontEnd {
+    pub fn start(etcd: &EtcdCluster, prefix: &str, extra: &[&str]) -> LinkedFrontEnd {
+        let links: Vec<Link> = (0..etcd.len())
+            .map(|i| Link::start(etcd.client_addr(i)))
+            .collect();
+        let endpoints: Vec<String> = links.iter().map(Link::url).collect();
+        let mut args = vec![
+            "--etcd".to_string(),
+            endpoints.join(","),
+            "--etcd-prefix".into(),
+            prefix.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        LinkedFrontEnd {
+            fe: LockdFrontEnd::spawn(args),
+            links,
+        }
+    }
+
+    pub fn cut(&self) {
+        self.links.iter().for_each(Link::cut);
+    }
+
+    pub fn heal(&self) {
+        self.links.iter().for_each(Link::heal);
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.fe.addr()
+    }
+
+    pub fn request(&self, line: &str) -> String {
+        self.fe.request(line)
     }
 }
 

@@ -4,6 +4,8 @@
 //! - `P h/<name>/<uid>`: one holder of `name` (its create revision, plus the token base, is its
 //!   fencing token). A plain lease's key has no etcd lease, so it outlives its front-end; a
 //!   session lease's key hangs on its front-end's etcd lease, so it ends with the front-end.
+//!   A plain lease granted by one front-end to another's waiter hangs on the waiter's
+//!   front-end's etcd lease until that front-end takes it off, before telling its client.
 //! - `P q/<name>/<uid>`: one waiter, on its front-end's etcd lease; the queue's order is the
 //!   keys' create revisions, so FIFO holds across front-ends.
 //! - `P n/<name>`: the name's change marker. Every grant and every release of `name` writes

@@ -21,6 +21,8 @@ pub struct Change {
     pub value: Vec<u8>,
     pub create_rev: i64,
     pub mod_rev: i64,
+    /// The etcd lease the key hangs on; 0 for none.
+    pub lease: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -30,7 +32,49 @@ pub struct Holder {
     /// Create revision: the token is the base plus this.
     pub rev: i64,
     pub mod_rev: i64,
+    /// The etcd lease its key hangs on (0: none). A plain lease granted by another
+    /// front-end to this one's waiter hangs on this front-end's etcd lease until this one
+    /// confirms it (see [`Granted::unconfirmed`]).
+    pub lease: i64,
     pub value: HolderValue,
+}
+
+/// A new holder the watch (or a read) showed.
+#[derive(Debug, Clone)]
+pub struct Granted {
+    /// A granted waiter's holder key takes the waiter's uid.
+    pub uid: String,
+    pub name: String,
+    pub token: Token,
+    pub rev: i64,
+    /// The key's mod revision as shown: the hand-over a take-back is guarded by.
+    pub mod_rev: i64,
+    pub lease: i64,
+    pub ttl_ms: u64,
+    pub session: bool,
+}
+
+impl Granted {
+    pub fn of(base: Token, name: &str, h: &Holder) -> Granted {
+        Granted {
+            uid: h.uid.clone(),
+            name: name.to_owned(),
+            token: base + h.rev as Token,
+            rev: h.rev,
+            mod_rev: h.mod_rev,
+            lease: h.lease,
+            ttl_ms: h.value.ttl_ms,
+            session: h.value.session_ms.is_some(),
+        }
+    }
+
+    /// A plain lease that still hangs on its waiter's front-end's etcd lease: granted by
+    /// another front-end in the same write as a release, to a waiter whose front-end may
+    /// be dead. Its front-end takes it off the etcd lease before it tells the client, so a
+    /// dead front-end's waiter never keeps the lock longer than that lease.
+    pub fn unconfirmed(&self) -> bool {
+        !self.session && self.lease != 0
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -99,9 +143,8 @@ pub struct Applied {
     pub touched: HashSet<String>,
     /// Waiter keys deleted (by a grant, a replacement, a timeout or their lease's end).
     pub waiters_gone: Vec<(String, String)>,
-    /// New holders: their uid (a granted waiter's holder key takes the waiter's uid), name,
-    /// token and ttl.
-    pub granted: Vec<(String, String, Token, u64)>,
+    /// New holders.
+    pub granted: Vec<Granted>,
 }
 
 /// The mirror itself.
@@ -242,12 +285,20 @@ impl Mirror {
                 return;
             };
             let rev = c.create_rev;
+            let holder = Holder {
+                key,
+                uid,
+                rev,
+                mod_rev: c.mod_rev,
+                lease: c.lease,
+                value,
+            };
             if let Some(old) = ns.holders.get(&rev) {
                 self.ends
                     .remove(&(old.value.ends_ms(), name.clone(), old.rev));
             } else {
-                out.granted
-                    .push((uid.clone(), name.clone(), base + rev as Token, value.ttl_ms));
+                out.granted.push(Granted::of(base, &name, &holder));
+                let value = &holder.value;
                 out.events.push(Event {
                     kind: EventKind::Acquired,
                     name: name.as_str().into(),
@@ -257,17 +308,9 @@ impl Mirror {
                     waited: value.waited_ms.map(std::time::Duration::from_millis),
                 });
             }
-            self.ends.insert((value.ends_ms(), name.clone(), rev));
-            ns.holders.insert(
-                rev,
-                Holder {
-                    key,
-                    uid,
-                    rev,
-                    mod_rev: c.mod_rev,
-                    value,
-                },
-            );
+            self.ends
+                .insert((holder.value.ends_ms(), name.clone(), rev));
+            ns.holders.insert(rev, holder);
         } else {
             let Some(rev) = ns.holders.values().find(|h| h.uid == uid).map(|h| h.rev) else {
                 return;
@@ -305,6 +348,7 @@ mod tests {
             value: value.into_bytes(),
             create_rev: create,
             mod_rev: modr,
+            lease: 0,
         }
     }
 
@@ -315,6 +359,7 @@ mod tests {
             value: Vec::new(),
             create_rev: 0,
             mod_rev: rev,
+            lease: 0,
         }
     }
 
@@ -402,6 +447,7 @@ mod tests {
                 uid: "a".into(),
                 rev: 1,
                 mod_rev: 1,
+                lease: 0,
                 value: v,
             },
         );

@@ -8,10 +8,13 @@
 //! - a grant is "the marker of the name is as I saw it (no holder came or went), nobody is
 //!   queued ahead of this waiter (or nobody at all, for a grant at once)": at most the holders
 //!   the mode allows, FIFO across front-ends;
-//! - a release grants the head waiter in the same write when it can (it fits, the mirror is
-//!   current, and its lease can be written by any front-end); otherwise it writes the marker
-//!   and only the front-end of the head waiter acts on it. Either way one waiter is woken in
-//!   the whole cluster;
+//! - a release grants the head waiter in the same write when it can (it fits and the mirror
+//!   is current); otherwise it writes the marker and only the front-end of the head waiter
+//!   acts on it. Either way one waiter is woken in the whole cluster. A grant to another
+//!   front-end's waiter hangs on that front-end's etcd lease, which may be dying; a plain
+//!   one is taken off it by that front-end before its client is told;
+//! - a grant whose waiter left is taken back only as it was handed over (guarded by the
+//!   holder key's mod revision at hand-over): a client told of it since keeps it;
 //! - tokens are the base plus the revision of the granting transaction: strictly increasing
 //!   in grant order across all names and front-ends;
 //! - plain leases are keys without an etcd lease: they outlive their front-end, and any
@@ -54,6 +57,9 @@ struct Local {
     /// name changes after a failed one, it is not tried again.
     tried_at: Option<i64>,
     in_flight: bool,
+    /// Granted by another front-end on this one's etcd lease, being confirmed (see
+    /// `Cluster::confirm`).
+    confirming: bool,
 }
 
 struct State {
@@ -103,6 +109,10 @@ pub struct Cluster {
     users: Option<Arc<Gate>>,
     /// Whether the last contact with etcd (keep-alive, watch) worked.
     healthy: AtomicBool,
+    /// Whether etcd confirmed this front-end's etcd lease live at the last keep-alive: false
+    /// while keep-alives go unanswered, and from the moment etcd says the lease is gone until
+    /// a new one is taken (no session lease or wait can be had meanwhile).
+    leased: AtomicBool,
     config: EtcdConfig,
 }
 
@@ -171,6 +181,7 @@ impl Cluster {
             metrics,
             users,
             healthy: AtomicBool::new(false),
+            leased: AtomicBool::new(false),
             config,
         });
         let startup = async {
@@ -211,6 +222,7 @@ impl Cluster {
         let announce =
             Txn::new().and_then([TxnOp::put(self.layout.front_end(&self.fe), "", Some(opts))]);
         self.txn(announce).await.map_err(unavailable)?;
+        self.leased.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -247,10 +259,12 @@ impl Cluster {
     }
 
     pub fn ready(&self) -> Result<(), &'static str> {
-        if self.healthy.load(Ordering::Relaxed) {
-            Ok(())
-        } else {
+        if !self.healthy.load(Ordering::Relaxed) {
             Err("the etcd cluster cannot be reached or has no quorum")
+        } else if !self.leased.load(Ordering::Relaxed) {
+            Err("this front-end's etcd lease is not confirmed live (keep-alive unanswered, or it ran out and a new one is being taken)")
+        } else {
+            Ok(())
         }
     }
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
-use crate::backend::{now, BackendError, Detail, LockStart, Renewed, StatusView, WaitResult};
+use crate::backend::{
+    now, BackendError, Detail, HandOver, LockStart, Renewed, StatusView, WaitResult,
+};
 use crate::locks::{
     ConnId, EventKind, LockRequest, LockStatus, TableError, Token, UserId, WaitEnd, WaiterId,
     WaiterStatus,
@@ -35,8 +37,8 @@ impl Cluster {
         // This front-end's own last write emptied the name (an UNLOCK a moment ago): try the
         // grant at once without waiting for the watch to show it; the write checks it.
         if self.emptied_by_own_write(&req.name) {
-            if let Some(token) = self.grant_at_once(&req, &user, ttl, 0).await? {
-                return Ok(LockStart::Granted { token });
+            if let Some(start) = self.grant_at_once(&req, &user, ttl, 0).await? {
+                return Ok(start);
             }
         }
         self.own_writes_seen(&req.name).await;
@@ -61,8 +63,8 @@ impl Cluster {
             };
             match plan {
                 Ok(Plan::Fresh { marker_rev }) => {
-                    if let Some(token) = self.grant_at_once(&req, &user, ttl, marker_rev).await? {
-                        return Ok(LockStart::Granted { token });
+                    if let Some(start) = self.grant_at_once(&req, &user, ttl, marker_rev).await? {
+                        return Ok(start);
                     }
                 }
                 // The same id again: its write checks the holder is as the mirror saw it.
@@ -111,6 +113,7 @@ impl Cluster {
                     value: kv.value().to_vec(),
                     create_rev: kv.create_revision(),
                     mod_rev: kv.mod_revision(),
+                    lease: kv.lease(),
                 }));
             }
         }
@@ -264,8 +267,13 @@ impl Cluster {
         user: &str,
         ttl: Duration,
         marker_rev: i64,
-    ) -> Result<Option<Token>, BackendError> {
+    ) -> Result<Option<LockStart>, BackendError> {
         let value = self.holder_value(req, user, ttl);
+        let lease = if req.session.is_some() {
+            self.lease_id()
+        } else {
+            0
+        };
         let marker = self.layout.marker(&req.name);
         let uid = self.uid();
         let key = self.layout.holder(&req.name, &uid);
@@ -279,7 +287,7 @@ impl Cluster {
                 TxnOp::put(
                     key.clone(),
                     value.encode(),
-                    self.holder_put(req.session.is_some()),
+                    (lease != 0).then(|| PutOptions::new().with_lease(lease)),
                 ),
             ]);
         let resp = self.txn(txn).await.map_err(unavailable)?;
@@ -297,6 +305,7 @@ impl Cluster {
                     uid,
                     rev,
                     mod_rev: rev,
+                    lease,
                     value,
                 };
                 g.fresh.insert((req.name.clone(), rev), holder);
@@ -304,7 +313,10 @@ impl Cluster {
             g.mirror.token(rev)
         };
         self.granted_log(&req.name, &req.id, token, None);
-        Ok(Some(token))
+        Ok(Some(LockStart::Granted {
+            token,
+            handover: HandOver(rev),
+        }))
     }
 
     /// A LOCK by a holder's own id (a retry after a lost reply): the same token, a new lease.
@@ -330,7 +342,9 @@ impl Cluster {
         }
         self.wrote(&req.name, &resp);
         let token = self.guard().mirror.token(holder.rev);
-        Ok(Some(LockStart::Granted { token }))
+        // This rewrite is the hand-over: a take-back of an older one now fails.
+        let handover = HandOver(resp.header().map_or(0, |h| h.revision()));
+        Ok(Some(LockStart::Granted { token, handover }))
     }
 
     /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
@@ -367,6 +381,7 @@ impl Cluster {
             })
         };
         let (tx, rx) = oneshot::channel();
+        let lease = value.lease;
         let waiter: WaiterId = self
             .next_uid
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -387,13 +402,15 @@ impl Cluster {
                     queued: now(),
                     tried_at: None,
                     in_flight: false,
+                    confirming: false,
                 },
             );
         }
+        // On the lease its record names: a grant to it is made on that lease (see end_txn).
         let mut ops = vec![TxnOp::put(
             key.clone(),
             value.encode(),
-            Some(PutOptions::new().with_lease(self.lease_id())),
+            Some(PutOptions::new().with_lease(lease)),
         )];
         ops.extend(replaced.into_iter().map(|k| TxnOp::delete(k, None)));
         match self.txn(Txn::new().and_then(ops)).await {
@@ -454,11 +471,12 @@ impl Cluster {
         mut rx: oneshot::Receiver<WaitResult>,
     ) {
         rx.close();
-        if let Ok(WaitResult::Granted { token, .. }) = rx.try_recv() {
+        if let Ok(WaitResult::Granted {
+            token, handover, ..
+        }) = rx.try_recv()
+        {
             let (me, name) = (Arc::clone(self), name.to_owned());
-            tokio::spawn(
-                async move { me.end_holder(&name, token, EventKind::Revoked, None).await },
-            );
+            tokio::spawn(async move { me.take_back(&name, token, handover).await });
         }
         let local = self.guard().leave(waiter);
         if let Some(local) = local {
@@ -502,12 +520,13 @@ impl Cluster {
                 let value = HolderValue::decode(kv.value())
                     .ok_or(BackendError::Table(TableError::NotHeld))?;
                 let key = String::from_utf8_lossy(kv.key()).into_owned();
-                let uid = key.rsplit('/').next().unwrap_or_default().to_owned();
+                let uid = key.rsplit('/').next().unwrap_or_default();
                 return Ok(Holder {
+                    uid: super::keys::decode(uid).unwrap_or_default(),
                     key,
-                    uid,
                     rev,
                     mod_rev: kv.mod_revision(),
+                    lease: kv.lease(),
                     value,
                 });
             }
@@ -543,20 +562,7 @@ impl Cluster {
     }
 
     /// Ends one holder with an event of `kind` (a clean-up: retried while etcd is away).
-    pub(super) async fn end_holder(
-        &self,
-        name: &str,
-        token: Token,
-        kind: EventKind,
-        holder: Option<Holder>,
-    ) -> bool {
-        let holder = match holder {
-            Some(h) => h,
-            None => match self.find_holder(name, token).await {
-                Ok(h) => h,
-                Err(_) => return false,
-            },
-        };
+    async fn end_holder(&self, name: &str, token: Token, kind: EventKind, holder: Holder) -> bool {
         let ended = self.end_txn(name, kind, &holder, created(&holder));
         match self.cleanup(ended.txn.clone()).await {
             Some(resp) => self.ended(name, token, kind, &holder, &ended, &resp),
@@ -569,6 +575,14 @@ impl Cluster {
     /// once leaves nothing behind. When the head waiter fits once it is gone, the same write
     /// grants it (one etcd write per hand-over, not two), if the mirror is current; if not,
     /// that branch fails and the plain end is made instead.
+    ///
+    /// A grant to another front-end's waiter hangs on that front-end's etcd lease (the one
+    /// its waiter key hangs on), whatever kind of lease it is: if that front-end is dead,
+    /// the grant goes when its etcd lease runs out, as its waiter would have, and the next
+    /// waiter is granted. A plain lease's front-end takes it off its etcd lease before it
+    /// tells its client (see `Cluster::confirm`). etcd checks a put's lease only on the
+    /// branch taken, and a lease that ran out took the waiter key with it, which this
+    /// branch compares: a dead lease never fails the write, it only fails the branch.
     pub(super) fn end_txn(
         &self,
         name: &str,
@@ -602,16 +616,14 @@ impl Cluster {
                 .when([guard.clone()])
                 .and_then(with_marker.clone())
         };
-        let Some((head, marker_rev)) = self.head_after(name, holder) else {
+        let Some((head, marker_rev, lease)) = self.head_after(name, holder) else {
             return Ended {
                 txn: plain,
                 head: None,
             };
         };
         let value = head.value.holder(wall_ms());
-        let lease = value
-            .session_ms
-            .map(|_| PutOptions::new().with_lease(head.value.lease));
+        let lease = lease.map(|l| PutOptions::new().with_lease(l));
         let mut ops = vec![
             TxnOp::put(marker.clone(), self.marker(kind, holder.rev), None),
             TxnOp::put(self.layout.holder(name, &head.uid), value.encode(), lease),
@@ -638,10 +650,14 @@ impl Cluster {
         }
     }
 
-    /// The head waiter of `name`, if it fits once `holder` is gone and its grant can be
-    /// written by any front-end: a plain lease, or a session lease of this front-end (whose
-    /// etcd lease is known to be live). With the marker's revision the grant depends on.
-    fn head_after(&self, name: &str, holder: &Holder) -> Option<(super::mirror::Waiter, i64)> {
+    /// The head waiter of `name`, if it fits once `holder` is gone: with the marker's
+    /// revision the grant depends on, and the etcd lease the grant hangs on (none for a
+    /// plain lease of this front-end's own waiter).
+    fn head_after(
+        &self,
+        name: &str,
+        holder: &Holder,
+    ) -> Option<(super::mirror::Waiter, i64, Option<i64>)> {
         let g = self.guard();
         let ns = g.mirror.name(name)?;
         let head = ns.queue.values().next()?;
@@ -651,9 +667,15 @@ impl Cluster {
         if head.uid == holder.uid {
             return None;
         }
-        let writable = head.value.session_ms.is_none() || head.value.lease == self.lease_id();
-        (writable && ns.admits_without(head.value.mode, Some(holder.rev)))
-            .then(|| (head.clone(), ns.marker_rev))
+        let ours = head.value.fe == self.fe;
+        let lease = (head.value.session_ms.is_some() || !ours).then_some(head.value.lease);
+        // A waiter record without its lease (written by an older lockd): its own front-end
+        // grants it.
+        if lease == Some(0) {
+            return None;
+        }
+        ns.admits_without(head.value.mode, Some(holder.rev))
+            .then(|| (head.clone(), ns.marker_rev, lease))
     }
 
     /// Whether [`Cluster::end_txn`]'s write ended the holder (then logged and counted, with
@@ -741,9 +763,28 @@ impl Cluster {
         Ok(Duration::from_millis(left))
     }
 
-    /// Takes back a grant its client never read.
-    pub async fn revoke(&self, name: &str, token: Token) -> bool {
-        self.end_holder(name, token, EventKind::Revoked, None).await
+    /// Takes back a grant its client never read: ended (event `revoked`, and the next waiter
+    /// granted) only if its key is still as it was when it was handed over. A key rewritten
+    /// since was confirmed to a client (a LOCK of the same id through another connection or
+    /// front-end, a RENEW): taking it back would leave two clients told they hold the lock.
+    pub async fn take_back(&self, name: &str, token: Token, handover: HandOver) -> bool {
+        let Ok(holder) = self.find_holder(name, token).await else {
+            return false;
+        };
+        let guard = Compare::mod_revision(holder.key.clone(), CompareOp::Equal, handover.0);
+        let ended = self.end_txn(name, EventKind::Revoked, &holder, guard);
+        let Some(resp) = self.cleanup(ended.txn.clone()).await else {
+            return false;
+        };
+        let taken = self.ended(name, token, EventKind::Revoked, &holder, &ended, &resp);
+        if !taken {
+            tracing::info!(
+                name,
+                token,
+                "grant kept: a client was told of it since it was handed over"
+            );
+        }
+        taken
     }
 
     fn base_token(&self) -> Token {
@@ -837,7 +878,7 @@ impl Cluster {
         match v.session_ms {
             None => {}
             Some(0) => {
-                self.end_holder(name, token, EventKind::Dropped, Some(holder))
+                self.end_holder(name, token, EventKind::Dropped, holder)
                     .await;
             }
             Some(grace) => {

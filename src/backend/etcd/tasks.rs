@@ -10,11 +10,11 @@ use etcd_client::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
-use crate::locks::{EventKind, WaitEnd};
+use crate::backend::{now, unix_ms, BackendError, HandOver, Published, WaitResult};
+use crate::locks::{EventKind, Token, WaitEnd};
 
-use super::mirror::{Change, Mirror};
-use super::{unavailable, wall_ms, Cluster};
+use super::mirror::{Change, Granted, Mirror};
+use super::{unavailable, wall_ms, Cluster, State};
 
 /// Waits between attempts to reach etcd again.
 const RETRY: Duration = Duration::from_millis(200);
@@ -66,10 +66,13 @@ impl Cluster {
                 value: kv.value().to_vec(),
                 create_rev: kv.create_revision(),
                 mod_rev: kv.mod_revision(),
+                lease: kv.lease(),
             })
             .collect();
+        let mut next = Vec::new();
         let touched: Vec<String> = {
             let mut g = self.guard();
+            let g = &mut *g;
             let base = g.mirror.base;
             let old = std::mem::replace(
                 &mut g.mirror,
@@ -82,6 +85,18 @@ impl Cluster {
             g.fresh.retain(|(_, at), _| *at > rev);
             let mut touched: Vec<String> = old.names.keys().cloned().collect();
             touched.extend(g.mirror.names.keys().cloned());
+            // Grants made while the watch was behind, to waiters of ours (still waiting, or
+            // gone: then they are taken back).
+            let grants: Vec<Granted> = g
+                .mirror
+                .names
+                .iter()
+                .flat_map(|(name, ns)| ns.holders.values().map(move |h| Granted::of(base, name, h)))
+                .filter(|gr| g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid))
+                .collect();
+            for gr in &grants {
+                next.push(on_grant(g, gr));
+            }
             // Local waiters whose key is gone were replaced or lost with an old etcd lease.
             let gone: Vec<_> = g
                 .waiting
@@ -89,6 +104,7 @@ impl Cluster {
                 .filter(|(_, l)| {
                     l.rev != 0
                         && l.rev <= rev
+                        && !l.confirming
                         && !g
                             .mirror
                             .name(&l.name)
@@ -106,11 +122,90 @@ impl Cluster {
             }
             touched
         };
+        self.after_grants(next);
         self.moved.notify_waiters();
         for name in touched {
             self.evaluate(&name);
         }
         Ok(())
+    }
+
+    /// Carries out what [`on_grant`] decided, off the guard.
+    fn after_grants(self: &Arc<Self>, next: Vec<Next>) {
+        for step in next {
+            let me = Arc::clone(self);
+            match step {
+                Next::Nothing => {}
+                Next::TakeBack(back) => {
+                    tokio::spawn(async move {
+                        me.take_back(&back.name, back.token, back.handover).await;
+                    });
+                }
+                Next::Confirm(gr) => {
+                    tokio::spawn(async move { me.confirm(gr).await });
+                }
+            }
+        }
+    }
+
+    /// Takes a plain lease that another front-end granted to a waiter of this one off this
+    /// front-end's etcd lease, and then tells the waiter (see [`Granted::unconfirmed`]):
+    /// from then on it outlives this front-end, as a plain lease does. A waiter that left
+    /// meanwhile has its grant taken back instead; a grant that changed or went before it
+    /// was confirmed (this front-end's etcd lease ran out) is answered `ERR UNAVAILABLE`.
+    async fn confirm(self: Arc<Self>, gr: Granted) {
+        let holder = {
+            let g = self.guard();
+            g.mirror
+                .name(&gr.name)
+                .and_then(|ns| ns.holder_by_rev(gr.rev))
+                .cloned()
+        };
+        let resp = match holder {
+            Some(h) => {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        h.key.clone(),
+                        CompareOp::Equal,
+                        gr.mod_rev,
+                    )])
+                    .and_then([TxnOp::put(h.key.clone(), h.value.encode(), None)]);
+                self.cleanup(txn).await
+            }
+            None => None,
+        };
+        let confirmed = resp.filter(|r| r.succeeded()).map(|r| {
+            self.wrote(&gr.name, &r);
+            HandOver(r.header().map_or(0, |h| h.revision()))
+        });
+        let back = {
+            let mut g = self.guard();
+            match confirmed {
+                Some(handover) if g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid) => {
+                    deliver(&mut g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover)
+                }
+                // Nobody waits for it any more (the wait was lost with an etcd lease).
+                Some(handover) => Some(TakeBack {
+                    name: gr.name.clone(),
+                    token: gr.token,
+                    handover,
+                }),
+                None => {
+                    g.left.remove(&gr.uid);
+                    if let Some(waiter) = g.by_uid.remove(&gr.uid) {
+                        if let Some(l) = g.waiting.remove(&waiter) {
+                            let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
+                                "the grant could not be confirmed with etcd".into(),
+                            )));
+                        }
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(back) = back {
+            self.take_back(&back.name, back.token, back.handover).await;
+        }
     }
 
     /// Keeps the mirror from one watch of the whole prefix, resuming after the last revision
@@ -177,28 +272,27 @@ impl Cluster {
                     value: kv.value().to_vec(),
                     create_rev: kv.create_revision(),
                     mod_rev: kv.mod_revision(),
+                    lease: kv.lease(),
                 })
             })
             .collect();
         if changes.is_empty() {
             return;
         }
-        let mut revoke = Vec::new();
+        let mut next = Vec::new();
         let applied = {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev);
             let seen = g.mirror.rev;
             g.written.retain(|_, (at, _)| *at > seen);
             g.fresh.retain(|(_, rev), _| *rev > seen);
-            // Grants of our waiters: made by this front-end (a holder key takes its waiter's
-            // uid). A waiter that left meanwhile never learns it: the lock goes on at once.
+            // Grants of our waiters (a holder key takes its waiter's uid), made by this
+            // front-end or by another one's release. A waiter that left meanwhile never
+            // learns of it: the grant is taken back.
             let ours = format!("{}.", self.fe);
-            for (uid, name, token, ttl_ms) in &applied.granted {
-                if !uid.starts_with(&ours) {
-                    continue;
-                }
-                if let Some(back) = deliver(&mut g, uid, name, *token, *ttl_ms) {
-                    revoke.push(back);
+            for gr in &applied.granted {
+                if gr.uid.starts_with(&ours) {
+                    next.push(on_grant(&mut g, gr));
                 }
             }
             // A waiter of ours whose key went without its grant: replaced, or lost with its
@@ -208,7 +302,10 @@ impl Cluster {
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
                     continue;
                 };
-                if g.waiting.get(&waiter).is_some_and(|l| l.in_flight) {
+                if g.waiting
+                    .get(&waiter)
+                    .is_some_and(|l| l.in_flight || l.confirming)
+                {
                     continue;
                 }
                 if let Some(l) = g.waiting.remove(&waiter) {
@@ -229,20 +326,15 @@ impl Cluster {
             }
             applied
         };
-        for (name, token) in revoke {
-            let me = Arc::clone(self);
-            tokio::spawn(async move {
-                me.end_holder(&name, token, EventKind::Revoked, None).await;
-            });
-        }
+        self.after_grants(next);
         for event in &applied.events {
             if event.kind == EventKind::Dropped {
-                // A session holder whose front-end died: nobody else logs it.
+                // A holder on a front-end's etcd lease that ran out: nobody else logs it.
                 tracing::info!(
                     name = &*event.name,
                     id = &*event.id,
                     token = event.token,
-                    "session lease ended with its front-end"
+                    "lease ended with its front-end's etcd lease"
                 );
             }
         }
@@ -346,7 +438,8 @@ impl Cluster {
                     .mirror
                     .name(&a.name)
                     .is_some_and(|ns| ns.queue.contains_key(&a.rev));
-                if result.is_ok() && !still_queued && g.mirror.rev >= a.rev {
+                let confirming = g.waiting.get(&a.waiter).is_some_and(|l| l.confirming);
+                if result.is_ok() && !still_queued && g.mirror.rev >= a.rev && !confirming {
                     // Its key went while the grant was tried (a newer LOCK of its id).
                     if let Some(l) = g.waiting.remove(&a.waiter) {
                         g.by_uid.remove(&l.uid);
@@ -379,15 +472,13 @@ impl Cluster {
         let (token, back) = {
             let mut g = self.guard();
             let token = g.mirror.token(rev);
-            (
-                token,
-                deliver(&mut g, &a.uid, &a.name, token, a.value.ttl_ms),
-            )
+            let handover = HandOver(rev);
+            let back = deliver(&mut g, &a.uid, &a.name, token, a.value.ttl_ms, handover);
+            (token, back)
         };
         self.granted_log(&a.name, &a.id, token, Some(a.waited));
-        if let Some((name, token)) = back {
-            self.end_holder(&name, token, EventKind::Revoked, None)
-                .await;
+        if let Some(back) = back {
+            self.take_back(&back.name, back.token, back.handover).await;
         }
     }
 
@@ -401,7 +492,12 @@ impl Cluster {
             let id = self.lease_id();
             let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
                 Ok(pair) => pair,
+                Err(e) if lease_gone(&e) => {
+                    self.lease_lost().await;
+                    continue;
+                }
                 Err(e) => {
+                    self.leased.store(false, Ordering::Relaxed);
                     self.unhealthy(&format!("keep-alive: {e}"));
                     tokio::time::sleep(RETRY).await;
                     continue;
@@ -414,12 +510,18 @@ impl Cluster {
                 match tokio::time::timeout(self.config.request_timeout, stream.message()).await {
                     Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                         self.healthy.store(true, Ordering::Relaxed);
+                        self.leased.store(true, Ordering::Relaxed);
                     }
                     Ok(Ok(Some(_))) => {
                         self.lease_lost().await;
                         break;
                     }
+                    Ok(Err(e)) if lease_gone(&e) => {
+                        self.lease_lost().await;
+                        break;
+                    }
                     _ => {
+                        self.leased.store(false, Ordering::Relaxed);
                         self.unhealthy("keep-alive unanswered");
                         break;
                     }
@@ -431,6 +533,7 @@ impl Cluster {
     }
 
     async fn lease_lost(self: &Arc<Self>) {
+        self.leased.store(false, Ordering::Relaxed);
         tracing::warn!(
             fe = self.fe,
             "this front-end's etcd lease lapsed: its session leases and waiters are gone"
@@ -545,6 +648,16 @@ impl Cluster {
     }
 }
 
+/// Whether etcd says the lease kept alive no longer exists (it ran out while this front-end
+/// could not reach etcd): then only a new lease helps, retrying the old one never does.
+fn lease_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(why) => why.contains("not found"),
+        etcd_client::Error::GRpcStatus(status) => status.message().contains("lease not found"),
+        _ => false,
+    }
+}
+
 /// How the wait of `l` ends when its key is gone without its grant: a newer LOCK of its id
 /// (and user) took its place, in the same write, or else its front-end's etcd lease ran out.
 fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
@@ -562,25 +675,76 @@ fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
     }
 }
 
+/// A grant to take back: it was handed over as `handover` to a waiter that had left.
+pub(super) struct TakeBack {
+    name: String,
+    token: Token,
+    handover: HandOver,
+}
+
+/// What to do with a grant to a waiter of this front-end.
+pub(super) enum Next {
+    Nothing,
+    TakeBack(TakeBack),
+    Confirm(Granted),
+}
+
+/// Decides what a grant to waiter `gr.uid` of this front-end, just shown by the watch or a
+/// read, leads to: delivered to its waiter now, confirmed first (a plain lease on this
+/// front-end's etcd lease), or taken back (its waiter left; only as it was handed over).
+fn on_grant(g: &mut State, gr: &Granted) -> Next {
+    let handover = HandOver(gr.mod_rev);
+    if gr.unconfirmed() && !g.left.contains(&gr.uid) {
+        let waiter = g.by_uid.get(&gr.uid).copied();
+        return match waiter.and_then(|w| g.waiting.get_mut(&w)) {
+            Some(l) if l.confirming => Next::Nothing,
+            Some(l) => {
+                l.confirming = true;
+                Next::Confirm(gr.clone())
+            }
+            // Nobody waits for it here any more (the wait was lost with an etcd lease).
+            None => Next::TakeBack(TakeBack {
+                name: gr.name.clone(),
+                token: gr.token,
+                handover,
+            }),
+        };
+    }
+    match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover) {
+        Some(back) => Next::TakeBack(back),
+        None => Next::Nothing,
+    }
+}
+
 /// Hands a grant made for waiter `uid` to it, once (from the grant's answer or from the watch,
-/// whichever comes first). A waiter that left meanwhile never learns of it: the holder to
-/// take back is returned.
+/// whichever comes first). A waiter that left meanwhile never learns of it: the grant to take
+/// back is returned.
 fn deliver(
-    g: &mut super::State,
+    g: &mut State,
     uid: &str,
     name: &str,
-    token: crate::locks::Token,
+    token: Token,
     ttl_ms: u64,
-) -> Option<(String, crate::locks::Token)> {
+    handover: HandOver,
+) -> Option<TakeBack> {
+    let back = || TakeBack {
+        name: name.to_owned(),
+        token,
+        handover,
+    };
     if g.left.remove(uid) {
-        return Some((name.to_owned(), token));
+        return Some(back());
     }
     // Not waited for here (another front-end's, or delivered already): nothing to do.
     let waiter = g.by_uid.remove(uid)?;
     let local = g.waiting.remove(&waiter)?;
     let deadline = now() + Duration::from_millis(ttl_ms);
-    let sent = local.tx.send(WaitResult::Granted { token, deadline });
-    sent.is_err().then(|| (name.to_owned(), token))
+    let sent = local.tx.send(WaitResult::Granted {
+        token,
+        deadline,
+        handover,
+    });
+    sent.is_err().then(back)
 }
 
 /// A grant being tried for a head waiter.
