@@ -6,7 +6,9 @@
 //! child process against an in-process server; in [`detail`], `STATUS <name> detail`
 //! helpers; in [`pki`], certificates made at run time; in [`etcd`], a real etcd cluster of
 //! child processes that tests kill and restart, and lockd front-ends on it (cluster mode); in
-//! [`link`], a link between two processes that a test cuts and heals while both run.
+//! [`link`], a link between two processes that a test cuts and heals while both run; in
+//! [`history`], the record of a chaos run and the checker of lockd's promises over it; in
+//! [`chaos`], the fenced-counter chaos run on cluster front-ends.
 //!
 //! Every read has a generous timeout: it only turns a hang into a failure, it never asserts
 //! how fast the server is.
@@ -15,9 +17,11 @@
 #![allow(dead_code)]
 
 pub mod blocking;
+pub mod chaos;
 pub mod detail;
 pub mod durable;
 pub mod etcd;
+pub mod history;
 pub mod link;
 pub mod lockctl;
 pub mod pki;

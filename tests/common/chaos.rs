@@ -1,0 +1,358 @@
+//! A fenced-counter chaos run for cluster mode: clients spread over several front-ends take
+//! one lock in turn and increment a counter that refuses a token not above the last it saw,
+//! while the test breaks things (kills processes, cuts links). Every operation goes into a
+//! [`History`]; an observer on a front-end the test leaves alone records the queue and the
+//! WATCH events, and the checker judges the whole run at the end.
+//!
+//! A LOCK whose answer was lost, or answered `ERR UNAVAILABLE`, is sent again with the same
+//! id through the next front-end (the same id gets the grant if one was made); so is, half
+//! the time, one whose `wait=` (1 to 4 s) ran out. A new LOCK gets a new id.
+
+use std::io::{BufRead as _, BufReader, ErrorKind, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use super::history::{Call, History, Verdict};
+
+/// The one lock every client takes.
+const NAME: &str = "counter";
+
+/// How often a LOCK is sent again after a lost answer or `ERR UNAVAILABLE` before the
+/// client gives that request up.
+const RESENDS: usize = 40;
+
+/// The resource the lock protects: it refuses a token not above the last it saw.
+#[derive(Default)]
+struct Counter {
+    last_token: u64,
+    value: u64,
+    inside: bool,
+    violations: Vec<String>,
+    intervals: Vec<(Instant, Instant, u64)>,
+}
+
+/// A connection that reports failures instead of panicking: front-ends die under it.
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr) -> Option<Conn> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+        let writer = s.try_clone().ok()?;
+        Some(Conn {
+            reader: BufReader::new(s),
+            writer,
+        })
+    }
+
+    fn req(&mut self, line: &str) -> Option<String> {
+        self.writer.write_all(format!("{line}\n").as_bytes()).ok()?;
+        self.line()
+    }
+
+    fn line(&mut self) -> Option<String> {
+        let mut reply = String::new();
+        match self.reader.read_line(&mut reply) {
+            Ok(n) if n > 0 => Some(reply.trim_end().to_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// The open connection, or a new one to `addrs[at]`; `None` (and the next address, after a
+/// pause) if that front-end is down.
+fn connected<'a>(
+    conn: &'a mut Option<Conn>,
+    addrs: &[SocketAddr],
+    at: &mut usize,
+) -> Option<&'a mut Conn> {
+    if conn.is_none() {
+        *conn = Conn::open(addrs[*at]);
+        if conn.is_none() {
+            *at = (*at + 1) % addrs.len();
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+    conn.as_mut()
+}
+
+struct Shared {
+    history: History,
+    counter: Mutex<Counter>,
+    stop: AtomicBool,
+    sections: AtomicU64,
+}
+
+/// A chaos run in progress.
+pub struct Run {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// What a run did, judged.
+pub struct Outcome {
+    /// Critical sections completed.
+    pub sections: u64,
+    pub verdict: Verdict,
+    /// What the counter itself saw go wrong (sections overlapping, tokens refused).
+    pub counter_violations: Vec<String>,
+}
+
+impl Outcome {
+    /// Prints the checker's verdict (and what it found), then fails the test if the checker
+    /// or the counter found anything.
+    pub fn assert_clean(&self) {
+        eprintln!("{}", self.verdict);
+        for v in &self.verdict.violations {
+            eprintln!("  {v}");
+        }
+        assert!(
+            self.counter_violations.is_empty(),
+            "{:#?}",
+            self.counter_violations
+        );
+        assert!(
+            self.verdict.violations.is_empty(),
+            "{:#?}",
+            self.verdict.violations
+        );
+    }
+}
+
+impl Run {
+    /// Starts `clients` clients over `addrs` and an observer on `observer` (a front-end the
+    /// test leaves alone, so its view is not itself cut off).
+    pub fn start(clients: usize, addrs: Vec<SocketAddr>, observer: SocketAddr) -> Run {
+        let shared = Arc::new(Shared {
+            history: History::new(),
+            counter: Mutex::default(),
+            stop: AtomicBool::new(false),
+            sections: AtomicU64::new(0),
+        });
+        let mut threads: Vec<JoinHandle<()>> = (0..clients)
+            .map(|i| {
+                let (addrs, shared) = (addrs.clone(), Arc::clone(&shared));
+                thread::spawn(move || client(i, addrs, &shared))
+            })
+            .collect();
+        let s = Arc::clone(&shared);
+        threads.push(thread::spawn(move || watch(observer, &s)));
+        let s = Arc::clone(&shared);
+        threads.push(thread::spawn(move || queues(observer, &s)));
+        Run { shared, threads }
+    }
+
+    /// Critical sections completed so far.
+    pub fn sections(&self) -> u64 {
+        self.shared.sections.load(Ordering::Relaxed)
+    }
+
+    /// Stops every client and the observer, and checks the history.
+    pub fn finish(self) -> Outcome {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().expect("chaos thread");
+        }
+        let verdict = self.shared.history.check();
+        let mut k = self.shared.counter.lock().expect("counter");
+        let mut violations = std::mem::take(&mut k.violations);
+        let mut intervals = k.intervals.clone();
+        intervals.sort_by_key(|(start, _, _)| *start);
+        for pair in intervals.windows(2) {
+            if pair[0].1 > pair[1].0 {
+                violations.push(format!(
+                    "sections of tokens {} and {} overlap",
+                    pair[0].2, pair[1].2
+                ));
+            }
+        }
+        if k.value as usize != k.intervals.len() {
+            violations.push(format!(
+                "counter {} after {} sections",
+                k.value,
+                k.intervals.len()
+            ));
+        }
+        Outcome {
+            sections: k.value,
+            verdict,
+            counter_violations: violations,
+        }
+    }
+}
+
+fn client(i: usize, addrs: Vec<SocketAddr>, shared: &Shared) {
+    let history = &shared.history;
+    let mut at = i % addrs.len();
+    let mut conn: Option<Conn> = None;
+    let mut rng = i as u64 * 7919 + 1;
+    let mut n = 0u64;
+    while !shared.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let id = format!("c{i}-{n}");
+        let mut again = false;
+        let mut token = None;
+        for _ in 0..RESENDS {
+            if shared.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let Some(c) = connected(&mut conn, &addrs, &mut at) else {
+                continue;
+            };
+            let call = Call::Lock {
+                name: NAME.into(),
+                id: id.clone(),
+                again,
+            };
+            rng = next(rng);
+            let wait = 1 + (rng >> 62);
+            let reply = history.record(i, call, || {
+                c.req(&format!("LOCK {NAME} {id} ttl=10s wait={wait}s"))
+            });
+            again = true;
+            match reply.as_deref() {
+                Some(r) if r.starts_with("OK ") => {
+                    token = r[3..].parse::<u64>().ok();
+                    break;
+                }
+                // Half the time a wait that ran out is asked again, as the same LOCK: a grant
+                // made meanwhile (and about to be taken back) is then this client's.
+                Some(r) if r.starts_with("ERR TIMEOUT") && rng & 1 == 0 => {}
+                // Through the next front-end, as lockctl does.
+                Some(r) if r.starts_with("ERR UNAVAILABLE") => {
+                    at = (at + 1) % addrs.len();
+                    conn = None;
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Some(_) => break,
+                None => {
+                    conn = None;
+                    at = (at + 1) % addrs.len();
+                }
+            }
+        }
+        let Some(token) = token else {
+            continue;
+        };
+        // The critical section, fenced.
+        let start = Instant::now();
+        {
+            let mut k = shared.counter.lock().expect("counter");
+            if k.inside {
+                k.violations.push(format!(
+                    "{id} entered with {token} while another was inside"
+                ));
+            }
+            let last = k.last_token;
+            if token <= last {
+                k.violations
+                    .push(format!("{id}: token {token} not above {last}"));
+            }
+            k.inside = true;
+            k.last_token = k.last_token.max(token);
+            k.value += 1;
+        }
+        rng = next(rng);
+        thread::sleep(Duration::from_millis(1 + (rng >> 60)));
+        {
+            let mut k = shared.counter.lock().expect("counter");
+            k.inside = false;
+            k.intervals.push((start, Instant::now(), token));
+        }
+        shared.sections.fetch_add(1, Ordering::Relaxed);
+        // Release, through whichever front-end answers (the lease outlives its front-end).
+        for _ in 0..100 {
+            let Some(c) = connected(&mut conn, &addrs, &mut at) else {
+                continue;
+            };
+            let call = Call::Unlock {
+                name: NAME.into(),
+                token,
+            };
+            let reply = history.record(i, call, || c.req(&format!("UNLOCK {NAME} {token}")));
+            match reply.as_deref() {
+                Some("OK") => break,
+                Some(r) if r.starts_with("ERR NOTHELD") => break,
+                Some(_) => thread::sleep(Duration::from_millis(50)),
+                None => {
+                    conn = None;
+                    at = (at + 1) % addrs.len();
+                }
+            }
+        }
+    }
+}
+
+/// A step of the clients' pseudo-random sequence (a fixed seed per client: runs differ only
+/// by timing).
+fn next(rng: u64) -> u64 {
+    rng.wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407)
+}
+
+/// Records every WATCH event of the lock.
+fn watch(addr: SocketAddr, shared: &Shared) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        let Some(mut c) = Conn::open(addr) else {
+            thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        if c.req(&format!("WATCH {NAME}")).is_none() {
+            continue;
+        }
+        let _ = c
+            .reader
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(100)));
+        let mut line = String::new();
+        while !shared.stop.load(Ordering::Relaxed) {
+            match c.reader.read_line(&mut line) {
+                Ok(0) => break,
+                Ok(_) => {
+                    shared.history.add_event_line(line.trim_end());
+                    line.clear();
+                }
+                // A partial line stays in `line` until the rest comes.
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Records the queue as the observer's front-end shows it, every few milliseconds.
+fn queues(addr: SocketAddr, shared: &Shared) {
+    let mut conn: Option<Conn> = None;
+    while !shared.stop.load(Ordering::Relaxed) {
+        thread::sleep(Duration::from_millis(20));
+        if conn.is_none() {
+            conn = Conn::open(addr);
+        }
+        let Some(c) = conn.as_mut() else {
+            continue;
+        };
+        let invoke = shared.history.now();
+        let mut lines = Vec::new();
+        let mut answered = false;
+        let mut next = c.req(&format!("STATUS {NAME} detail"));
+        while let Some(l) = next.take() {
+            if l.starts_with("OK ") || l.starts_with("ERR ") {
+                answered = true;
+                break;
+            }
+            lines.push(l);
+            next = c.line();
+        }
+        if !answered {
+            conn = None;
+            continue;
+        }
+        shared.history.add_detail(NAME, &lines, invoke);
+    }
+}

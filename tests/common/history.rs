@@ -1,0 +1,401 @@
+//! The history of a chaos run, and a checker of lockd's promises over it.
+//!
+//! Clients record every operation with its invoke and complete times on one clock (this
+//! process's monotonic clock), its request and its reply; observers record the queue as a
+//! front-end showed it (`STATUS <name> detail`) and the events a WATCH delivered. After the
+//! run, [`History::check`] looks for what must never happen, by the recorded times alone:
+//!
+//! - **two holders at once**: the intervals in which clients believed they held an
+//!   exclusive lock (from the `OK` of their LOCK to the moment they sent its UNLOCK) overlap;
+//! - **a token out of order**: a grant completed before another grant of the same name was
+//!   even asked for, yet has the larger token;
+//! - **a grant to a waiter that had left**: the client was told its wait ended
+//!   (`ERR TIMEOUT`, `ERR REPLACED`), never
+//!   sent that LOCK again, and the grant to it was made after a grant that was asked for after
+//!   that answer (tokens follow grant order); or such a grant sat out its ttl (`expired`)
+//!   instead of being taken back at once;
+//! - **FIFO broken**: a front-end showed waiter X ahead of waiter Y, both were granted in
+//!   the end and neither LOCK was sent again (a resent LOCK rightly goes to the back), yet Y
+//!   was granted first.
+//!
+//! Every LOCK of a chaos client uses an id of its own, reused only to send that same LOCK
+//! again (after a lost connection or `ERR UNAVAILABLE`), so an id names one request.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// What a client asked.
+#[derive(Clone, Debug)]
+pub enum Call {
+    /// `again`: the same LOCK sent again (same id) after its answer was lost or UNAVAILABLE.
+    Lock {
+        name: String,
+        id: String,
+        again: bool,
+    },
+    Unlock {
+        name: String,
+        token: u64,
+    },
+}
+
+/// One operation: `reply` is `None` when the connection went before an answer.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub client: usize,
+    pub call: Call,
+    pub invoke: Duration,
+    pub complete: Duration,
+    pub reply: Option<String>,
+}
+
+/// The queue of `name` as one front-end showed it, waiter ids in grant order, read between
+/// `invoke` and `complete`.
+#[derive(Clone, Debug)]
+pub struct Queue {
+    pub name: String,
+    pub ids: Vec<String>,
+    pub invoke: Duration,
+    pub complete: Duration,
+}
+
+/// One WATCH event line.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub kind: String,
+    pub name: String,
+    pub id: String,
+    pub token: u64,
+    pub at: Duration,
+}
+
+#[derive(Default)]
+struct Records {
+    ops: Vec<Op>,
+    queues: Vec<Queue>,
+    events: Vec<Seen>,
+}
+
+/// A history being recorded; shared by every client and observer thread.
+pub struct History {
+    start: Instant,
+    records: Mutex<Records>,
+}
+
+/// What the checker found.
+#[derive(Debug)]
+pub struct Verdict {
+    pub ops: usize,
+    pub grants: usize,
+    pub queues: usize,
+    pub events: usize,
+    pub violations: Vec<String>,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "history: {} operations checked ({} grants, {} queue views, {} events), violations: {}",
+            self.ops,
+            self.grants,
+            self.queues,
+            self.events,
+            self.violations.len()
+        )
+    }
+}
+
+impl Default for History {
+    fn default() -> History {
+        History::new()
+    }
+}
+
+impl History {
+    pub fn new() -> History {
+        History {
+            start: Instant::now(),
+            records: Mutex::default(),
+        }
+    }
+
+    /// Now, on the history's clock.
+    pub fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, Records> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `call` (which returns the reply, `None` if the connection went) and records it.
+    pub fn record(
+        &self,
+        client: usize,
+        call: Call,
+        run: impl FnOnce() -> Option<String>,
+    ) -> Option<String> {
+        let invoke = self.now();
+        let reply = run();
+        let complete = self.now();
+        self.add(Op {
+            client,
+            call,
+            invoke,
+            complete,
+            reply: reply.clone(),
+        });
+        reply
+    }
+
+    pub fn add(&self, op: Op) {
+        self.records().ops.push(op);
+    }
+
+    pub fn add_queue(&self, queue: Queue) {
+        self.records().queues.push(queue);
+    }
+
+    pub fn add_event(&self, seen: Seen) {
+        self.records().events.push(seen);
+    }
+
+    /// Records an `EVENT <kind> <name> <id> <token> <unix-ms>` line a WATCH delivered.
+    pub fn add_event_line(&self, line: &str) {
+        let w: Vec<&str> = line.split(' ').collect();
+        if let ["EVENT", kind, name, id, token, ..] = w[..] {
+            if let Ok(token) = token.parse() {
+                self.add_event(Seen {
+                    kind: kind.into(),
+                    name: name.into(),
+                    id: id.into(),
+                    token,
+                    at: self.now(),
+                });
+            }
+        }
+    }
+
+    /// Records the queue of `name` from a `STATUS <name> detail` answer's lines.
+    pub fn add_detail(&self, name: &str, lines: &[String], invoke: Duration) {
+        let ids = lines
+            .iter()
+            .filter(|l| l.starts_with("WAITER "))
+            .filter_map(|l| {
+                l.split(' ')
+                    .find_map(|w| w.strip_prefix("id="))
+                    .map(str::to_owned)
+            })
+            .collect();
+        self.add_queue(Queue {
+            name: name.into(),
+            ids,
+            invoke,
+            complete: self.now(),
+        });
+    }
+
+    pub fn check(&self) -> Verdict {
+        let r = self.records();
+        check(&r.ops, &r.queues, &r.events)
+    }
+}
+
+/// A LOCK answered `OK`.
+struct Grant<'a> {
+    client: usize,
+    name: &'a str,
+    id: &'a str,
+    token: u64,
+    invoke: Duration,
+    complete: Duration,
+    /// When its client sent the UNLOCK (or the history ended): the end of its section.
+    until: Duration,
+}
+
+/// Whether a LOCK's answer told the client its wait ended without a grant. Not
+/// `ERR UNAVAILABLE`: that LOCK may have been granted after all (the same LOCK again gets it).
+fn told_it_left(reply: &str) -> bool {
+    reply.starts_with("ERR TIMEOUT") || reply.starts_with("ERR REPLACED")
+}
+
+fn token_of(reply: &Option<String>) -> Option<u64> {
+    reply.as_deref()?.strip_prefix("OK ")?.parse().ok()
+}
+
+/// The checks described in the module's doc, over recorded operations, queue views and
+/// events (exclusive locks only).
+pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
+    let mut violations = Vec::new();
+    let end = ops.iter().map(|o| o.complete).max().unwrap_or_default();
+    // Each client's operations in order, to find the UNLOCK that ends each grant.
+    let mut by_client: HashMap<usize, Vec<&Op>> = HashMap::new();
+    for op in ops {
+        by_client.entry(op.client).or_default().push(op);
+    }
+    let mut grants: Vec<Grant> = Vec::new();
+    for list in by_client.values_mut() {
+        list.sort_by_key(|o| o.invoke);
+        for (i, op) in list.iter().enumerate() {
+            let Call::Lock { name, id, .. } = &op.call else {
+                continue;
+            };
+            let Some(token) = token_of(&op.reply) else {
+                continue;
+            };
+            let until = list[i + 1..]
+                .iter()
+                .find(|o| matches!(&o.call, Call::Unlock { name: n, token: t } if n == name && *t == token))
+                .map_or(end, |o| o.invoke);
+            grants.push(Grant {
+                client: op.client,
+                name,
+                id,
+                token,
+                invoke: op.invoke,
+                complete: op.complete,
+                until,
+            });
+        }
+    }
+
+    // Two holders at once.
+    let mut by_name: HashMap<&str, Vec<&Grant>> = HashMap::new();
+    for g in &grants {
+        by_name.entry(g.name).or_default().push(g);
+    }
+    for list in by_name.values_mut() {
+        list.sort_by_key(|g| g.complete);
+        let mut open: Option<&Grant> = None;
+        for g in list.iter() {
+            if let Some(o) = open {
+                if g.complete < o.until {
+                    violations.push(format!(
+                        "two holders of {}: client {} (token {}, held {:?}..{:?}) and client {} \
+                         (token {}, from {:?})",
+                        g.name,
+                        o.client,
+                        o.token,
+                        o.complete,
+                        o.until,
+                        g.client,
+                        g.token,
+                        g.complete
+                    ));
+                }
+            }
+            if open.is_none_or(|o| g.until > o.until) {
+                open = Some(g);
+            }
+        }
+    }
+
+    // Tokens in real-time order of grants: every grant completed before this one was asked
+    // for has a smaller token.
+    for list in by_name.values() {
+        let mut done: Vec<&Grant> = list.to_vec();
+        done.sort_by_key(|g| g.complete);
+        let mut asked: Vec<&Grant> = list.to_vec();
+        asked.sort_by_key(|g| g.invoke);
+        let (mut i, mut max): (usize, Option<&Grant>) = (0, None);
+        for g in asked {
+            while i < done.len() && done[i].complete < g.invoke {
+                if max.is_none_or(|m| done[i].token > m.token) {
+                    max = Some(done[i]);
+                }
+                i += 1;
+            }
+            if let Some(m) = max {
+                if m.token >= g.token {
+                    violations.push(format!(
+                        "token regressed on {}: {} (client {}, asked at {:?}) after {} \
+                         (client {}, granted by {:?})",
+                        g.name, g.token, g.client, g.invoke, m.token, m.client, m.complete
+                    ));
+                }
+            }
+        }
+    }
+
+    // Waiters that were told their wait ended, and never sent that LOCK again.
+    let mut last_lock: HashMap<&str, &Op> = HashMap::new();
+    let mut resent: HashSet<&str> = HashSet::new();
+    for op in ops {
+        if let Call::Lock { id, again, .. } = &op.call {
+            if *again {
+                resent.insert(id);
+            }
+            let later = last_lock
+                .get(id.as_str())
+                .is_none_or(|o| o.invoke < op.invoke);
+            if later {
+                last_lock.insert(id, op);
+            }
+        }
+    }
+    let told_left: HashMap<&str, Duration> = last_lock
+        .iter()
+        .filter(|(_, op)| op.reply.as_deref().is_some_and(told_it_left))
+        .map(|(id, op)| (*id, op.complete))
+        .collect();
+    for e in events.iter().filter(|e| e.kind == "acquired") {
+        let Some(&told) = told_left.get(e.id.as_str()) else {
+            continue;
+        };
+        let later = grants
+            .iter()
+            .find(|g| g.name == e.name && g.invoke > told && g.token < e.token);
+        if let Some(g) = later {
+            violations.push(format!(
+                "{} was granted {} (token {}) after it was told its wait ended at {told:?}: \
+                 after token {}, asked at {:?}",
+                e.id, e.name, e.token, g.token, g.invoke
+            ));
+        }
+        let expired = events
+            .iter()
+            .any(|x| x.kind == "expired" && x.token == e.token && x.name == e.name);
+        if expired {
+            violations.push(format!(
+                "the grant of {} to {} (token {}), which had left, sat out its ttl",
+                e.name, e.id, e.token
+            ));
+        }
+    }
+
+    // FIFO, as queues were shown.
+    let final_token: HashMap<&str, u64> = last_lock
+        .iter()
+        .filter_map(|(id, op)| token_of(&op.reply).map(|t| (*id, t)))
+        .collect();
+    let mut reported: HashSet<(String, String)> = HashSet::new();
+    for q in queues {
+        let kept: Vec<(&str, u64)> = q
+            .ids
+            .iter()
+            .filter(|id| !resent.contains(id.as_str()))
+            .filter_map(|id| final_token.get(id.as_str()).map(|t| (id.as_str(), *t)))
+            .collect();
+        for (i, (x, tx)) in kept.iter().enumerate() {
+            for (y, ty) in &kept[i + 1..] {
+                if tx > ty && reported.insert((x.to_string(), y.to_string())) {
+                    violations.push(format!(
+                        "FIFO: {x} was ahead of {y} in the queue of {} (seen at {:?}) but got \
+                         token {tx} after {y}'s {ty}",
+                        q.name, q.invoke
+                    ));
+                }
+            }
+        }
+    }
+
+    Verdict {
+        ops: ops.len(),
+        grants: grants.len(),
+        queues: queues.len(),
+        events: events.len(),
+        violations,
+    }
+}
