@@ -25,6 +25,23 @@ const DEAD_WAITER_BOUND: Duration = Duration::from_secs(10);
 /// How long a test watches for a grant that must not come.
 const QUIET: Duration = Duration::from_secs(3);
 
+/// `name`'s waiters in queue order (`<id> session=<0|1>`), from `STATUS <name> detail`.
+fn queue(fe: &LockdFrontEnd, name: &str) -> Vec<String> {
+    let mut c = Line::connect(fe.addr());
+    let mut line = c.req(&format!("STATUS {name} detail"));
+    let mut ids = Vec::new();
+    while line.starts_with("HOLDER ") || line.starts_with("WAITER ") {
+        let waiter = line.starts_with("WAITER ");
+        if let (true, Some(id), Some(session)) =
+            (waiter, field(&line, "id"), field(&line, "session"))
+        {
+            ids.push(format!("{id} session={session}"));
+        }
+        line = c.line();
+    }
+    ids
+}
+
 fn waiters(fe: &LockdFrontEnd, name: &str) -> usize {
     field(&fe.request(&format!("STATUS {name}")), "waiters")
         .and_then(|w| w.parse().ok())
@@ -234,4 +251,99 @@ fn a_dead_front_ends_waiters_do_not_keep_the_lock() {
         );
     }
     drop(dead);
+}
+
+/// Holder `h` on FE2, A waiting on `a_fe` at the head of the queue, B behind it on FE2.
+fn a_heads_the_queue_b_behind(
+    a_fe: SocketAddr,
+    fe2: &LockdFrontEnd,
+    name: &str,
+) -> (Line, Line, u64) {
+    let h = token(&fe2.request(&format!("LOCK {name} h ttl=60s")));
+    let mut a = Line::connect(a_fe);
+    a.send(&format!("LOCK {name} a ttl=30s"));
+    eventually(PATIENCE, "A waits", || waiters(fe2, name) == 1);
+    let mut b = Line::connect(fe2.addr());
+    b.send(&format!("LOCK {name} b ttl=30s"));
+    eventually(PATIENCE, "B waits behind A", || waiters(fe2, name) == 2);
+    (a, b, h)
+}
+
+/// The bound proto.md gives for a place to be kept: `--etcd-lease-ttl` (5s in these tests,
+/// ample for a re-send) of the front-end that died or was cut off.
+const PLACE_KEPT_FOR: &str = "5s";
+
+/// A waiter whose front-end dies sends the same LOCK through another front-end within the
+/// dead one's `--etcd-lease-ttl`: it takes its place back, ahead of the waiter that queued
+/// behind it, instead of going to the back.
+#[test]
+fn a_waiter_whose_front_end_died_keeps_its_place_through_another() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", PLACE_KEPT_FOR]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let (a, mut b, h) = a_heads_the_queue_b_behind(fe1.addr(), &fe2, "n");
+    fe1.kill();
+    drop(a);
+    let mut a = Line::connect(fe2.addr());
+    a.send("LOCK n a ttl=30s");
+    assert_eq!(fe2.request(&format!("UNLOCK n {h}")), "OK");
+    let ta = token(&a.line());
+    assert!(ta > h);
+    assert_eq!(b.line_within(QUIET), None, "B was granted ahead of A");
+    assert_eq!(a.req(&format!("UNLOCK n {ta}")), "OK");
+    assert!(token(&b.line()) > ta);
+}
+
+/// The same when the front-end is cut off from etcd (it runs on, and so does A's connection
+/// to it): A's LOCK through another front-end takes its place over, and once the link is
+/// back the old request is answered `ERR REPLACED`, as on one server.
+#[test]
+fn a_waiter_whose_front_end_is_cut_off_keeps_its_place_through_another() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let cut = LinkedFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", PLACE_KEPT_FOR]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let (mut old, mut b, h) = a_heads_the_queue_b_behind(cut.addr(), &fe2, "n");
+    cut.cut();
+    // The same LOCK, but as a session lease: STATUS can then tell the new request from the
+    // old one in the queue.
+    let mut a = Line::connect(fe2.addr());
+    a.send("LOCK n a ttl=30s session");
+    eventually(PATIENCE, "A's place taken over", || {
+        queue(&fe2, "n") == ["a session=1", "b session=0"]
+    });
+    assert_eq!(fe2.request(&format!("UNLOCK n {h}")), "OK");
+    let got = a.line();
+    let ta = token(&got);
+    cut.heal();
+    let replaced = old.line();
+    assert!(replaced.starts_with("ERR REPLACED"), "{replaced}");
+    assert_eq!(b.line_within(QUIET), None, "B was granted ahead of A");
+    assert_eq!(a.req(&format!("UNLOCK n {ta}")), "OK");
+    assert!(token(&b.line()) > ta);
+}
+
+/// Past the bound the place is gone with the dead front-end's etcd lease: the same LOCK
+/// queues at the back.
+#[test]
+fn a_waiter_that_comes_back_too_late_queues_at_the_back() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "1s"]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let (a, mut b, h) = a_heads_the_queue_b_behind(fe1.addr(), &fe2, "n");
+    fe1.kill();
+    drop(a);
+    eventually(PATIENCE, "the dead front-end's waiter is gone", || {
+        waiters(&fe2, "n") == 1
+    });
+    let mut a = Line::connect(fe2.addr());
+    a.send("LOCK n a ttl=30s");
+    eventually(PATIENCE, "A queued again", || waiters(&fe2, "n") == 2);
+    assert_eq!(fe2.request(&format!("UNLOCK n {h}")), "OK");
+    let tb = token(&b.line());
+    assert_eq!(a.line_within(QUIET), None, "A was granted ahead of B");
+    assert_eq!(b.req(&format!("UNLOCK n {tb}")), "OK");
+    assert!(token(&a.line()) > tb);
 }

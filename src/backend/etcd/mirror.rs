@@ -49,6 +49,8 @@ pub struct Granted {
     pub rev: i64,
     /// The key's mod revision as shown: the hand-over a take-back is guarded by.
     pub mod_rev: i64,
+    /// The front-end whose waiter it was granted to: the one that tells its client.
+    pub fe: String,
     pub lease: i64,
     pub ttl_ms: u64,
     pub session: bool,
@@ -62,6 +64,7 @@ impl Granted {
             token: base + h.rev as Token,
             rev: h.rev,
             mod_rev: h.mod_rev,
+            fe: h.value.fe.clone(),
             lease: h.lease,
             ttl_ms: h.value.ttl_ms,
             session: h.value.session_ms.is_some(),
@@ -81,7 +84,11 @@ impl Granted {
 pub struct Waiter {
     pub key: String,
     pub uid: String,
+    /// Create revision: its place in the queue.
     pub rev: i64,
+    /// Mod revision: which front-end's write it is (a LOCK of the same id through another
+    /// front-end rewrites the key to take over its place).
+    pub mod_rev: i64,
     pub value: WaiterValue,
 }
 
@@ -145,6 +152,9 @@ pub struct Applied {
     pub waiters_gone: Vec<(String, String)>,
     /// New holders.
     pub granted: Vec<Granted>,
+    /// Waiter keys rewritten to another connection or front-end (a LOCK of the same id took
+    /// over their place): name, uid and the front-end that now waits on them.
+    pub adopted: Vec<(String, String, String)>,
 }
 
 /// The mirror itself.
@@ -238,12 +248,20 @@ impl Mirror {
                         if let Some(value) = WaiterValue::decode(&c.value) {
                             let key = String::from_utf8_lossy(&c.key).into_owned();
                             let rev = c.create_rev;
+                            let moved = ns.queue.get(&rev).is_some_and(|old| {
+                                (&old.value.fe, old.value.conn) != (&value.fe, value.conn)
+                            });
+                            if moved {
+                                out.adopted
+                                    .push((name.clone(), uid.clone(), value.fe.clone()));
+                            }
                             ns.queue.insert(
                                 rev,
                                 Waiter {
                                     key,
                                     uid,
                                     rev,
+                                    mod_rev: c.mod_rev,
                                     value,
                                 },
                             );

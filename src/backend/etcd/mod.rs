@@ -47,8 +47,12 @@ struct Local {
     name: String,
     uid: String,
     key: String,
-    /// Its key's create revision, once known (from the put's answer or the watch).
+    /// Its key's create revision (its place in the queue), once known (from the put's
+    /// answer or the watch).
     rev: i64,
+    /// The revision of this front-end's write of its key: the key is still this waiter's
+    /// only while its mod revision is that (another front-end may take the place over).
+    mod_rev: i64,
     tx: oneshot::Sender<WaitResult>,
     req: LockRequest,
     value: WaiterValue,

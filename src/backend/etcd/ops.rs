@@ -82,7 +82,10 @@ impl Cluster {
                         }
                         .into());
                     }
-                    return self.enqueue(req, user, ttl).await;
+                    let queued = self.enqueue(req.clone(), user.clone(), ttl, read.as_ref());
+                    if let Some(start) = queued.await? {
+                        return Ok(start);
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -349,16 +352,26 @@ impl Cluster {
 
     /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
     /// the watch grants when it reaches the head.
+    ///
+    /// A waiter of the same id and user already in the queue (`read`: the name as etcd had
+    /// it a moment ago) is taken over: its key is rewritten for this request, on this
+    /// front-end's etcd lease, so it keeps its place (its create revision), as on one server;
+    /// its old request is answered `ERR REPLACED` by its front-end. That is how a client whose
+    /// front-end died or was cut off keeps its place: its key stays in etcd until that
+    /// front-end's etcd lease runs out. If the key went meanwhile (granted, left), `None`:
+    /// the LOCK is decided again (a grant made to the old request is then this one's, by the
+    /// same-id rule). Any further waiter of the id goes in the same write.
     async fn enqueue(
         self: &Arc<Self>,
         req: LockRequest,
         user: String,
         ttl: Duration,
-    ) -> Result<LockStart, BackendError> {
+        read: Option<&NameState>,
+    ) -> Result<Option<LockStart>, BackendError> {
         let uid = self.uid();
         let name_of_wait = req.name.clone();
         let key = self.layout.waiter(&req.name, &uid);
-        let value = WaiterValue {
+        let mut value = WaiterValue {
             id: req.id.clone(),
             user: user.clone(),
             mode: req.mode,
@@ -369,25 +382,42 @@ impl Cluster {
             lease: self.lease_id(),
             queued_ms: wall_ms(),
         };
-        // A waiter of the same id and user is replaced: its key goes in the same write.
-        let replaced: Vec<String> = {
+        let mut same: Vec<super::mirror::Waiter> = {
             let g = self.guard();
-            g.mirror.name(&req.name).map_or_else(Vec::new, |ns| {
-                ns.queue
-                    .values()
-                    .filter(|w| w.value.id == req.id && w.value.user == user)
-                    .map(|w| w.key.clone())
-                    .collect()
-            })
+            read.or_else(|| g.mirror.name(&req.name))
+                .map_or_else(Vec::new, |ns| {
+                    ns.queue
+                        .values()
+                        .filter(|w| w.value.id == req.id && w.value.user == user)
+                        .cloned()
+                        .collect()
+                })
         };
+        // The oldest one's place is taken over (the queue is in create-revision order).
+        let adopt = (!same.is_empty()).then(|| same.remove(0));
+        if let Some(old) = &adopt {
+            value.queued_ms = old.value.queued_ms;
+        }
         let (tx, rx) = oneshot::channel();
         let lease = value.lease;
         let waiter: WaiterId = self
             .next_uid
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let wait = req.wait;
+        // A request of this front-end with that id is replaced whichever way the write goes.
+        let mut replaced_here = Vec::new();
         {
             let mut g = self.guard();
+            for w in adopt.iter().chain(&same) {
+                if let Some(old) = g.by_uid.remove(&w.uid) {
+                    replaced_here.extend(g.waiting.remove(&old));
+                }
+            }
+            // Under both uids until the write says which key it is: the watch may bring
+            // its grant before the write's answer.
+            if let Some(old) = &adopt {
+                g.by_uid.insert(old.uid.clone(), waiter);
+            }
             g.by_uid.insert(uid.clone(), waiter);
             g.waiting.insert(
                 waiter,
@@ -396,6 +426,7 @@ impl Cluster {
                     uid: uid.clone(),
                     key: key.clone(),
                     rev: 0,
+                    mod_rev: 0,
                     tx,
                     req,
                     value: value.clone(),
@@ -407,32 +438,72 @@ impl Cluster {
             );
         }
         // On the lease its record names: a grant to it is made on that lease (see end_txn).
-        let mut ops = vec![TxnOp::put(
-            key.clone(),
-            value.encode(),
-            Some(PutOptions::new().with_lease(lease)),
-        )];
-        ops.extend(replaced.into_iter().map(|k| TxnOp::delete(k, None)));
-        match self.txn(Txn::new().and_then(ops)).await {
-            Ok(resp) => {
-                self.wrote(&name_of_wait, &resp);
-                let rev = resp.header().map_or(0, |h| h.revision());
-                let name = {
-                    let mut g = self.guard();
-                    let Some(local) = g.waiting.get_mut(&waiter) else {
-                        return Ok(LockStart::Waiting { waiter, rx });
-                    };
-                    local.rev = rev;
-                    local.name.clone()
-                };
-                self.evaluate(&name);
-            }
+        let put = |key: &str| {
+            TxnOp::put(
+                key.to_owned(),
+                value.encode(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
+        let others = || same.iter().map(|w| TxnOp::delete(w.key.clone(), None));
+        let ops = |key: &str| {
+            std::iter::once(put(key))
+                .chain(others())
+                .collect::<Vec<_>>()
+        };
+        let txn = match &adopt {
+            Some(old) => Txn::new()
+                .when([Compare::create_revision(
+                    old.key.clone(),
+                    CompareOp::Equal,
+                    old.rev,
+                )])
+                .and_then(ops(&old.key)),
+            None => Txn::new().and_then(ops(&key)),
+        };
+        let result = self.txn(txn).await;
+        for old in replaced_here {
+            let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+        }
+        let resp = match result {
+            Ok(resp) => resp,
             Err(e) => {
                 let mut g = self.guard();
                 g.waiting.remove(&waiter);
-                g.by_uid.remove(&uid);
+                g.by_uid.retain(|_, w| *w != waiter);
                 return Err(unavailable(e));
             }
+        };
+        if !resp.succeeded() {
+            // The place to take over went meanwhile: decide again.
+            let mut g = self.guard();
+            g.waiting.remove(&waiter);
+            g.by_uid.retain(|_, w| *w != waiter);
+            return Ok(None);
+        }
+        self.wrote(&name_of_wait, &resp);
+        let at = resp.header().map_or(0, |h| h.revision());
+        let still = {
+            let mut g = self.guard();
+            let g = &mut *g;
+            // Known by the uid it became only.
+            if adopt.is_some() {
+                g.by_uid.remove(&uid);
+            }
+            if let Some(local) = g.waiting.get_mut(&waiter) {
+                local.mod_rev = at;
+                if let Some(old) = adopt {
+                    local.uid = old.uid;
+                    local.key = old.key;
+                    local.rev = old.rev;
+                } else {
+                    local.rev = at;
+                }
+            }
+            settle_answered(g, waiter, at)
+        };
+        if still {
+            self.evaluate(&name_of_wait);
         }
         if let Some(wait) = wait {
             let me = Arc::clone(self);
@@ -441,7 +512,7 @@ impl Cluster {
                 me.wait_over(waiter);
             });
         }
-        Ok(LockStart::Waiting { waiter, rx })
+        Ok(Some(LockStart::Waiting { waiter, rx }))
     }
 
     /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,
@@ -451,15 +522,22 @@ impl Cluster {
             return;
         };
         let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
-        self.forget_waiter_key(local.key);
+        self.forget_waiter_key(local.key, local.mod_rev);
     }
 
-    /// Takes a waiter's key out of the queue, retrying while etcd is away.
-    pub(super) fn forget_waiter_key(self: &Arc<Self>, key: String) {
+    /// Takes a waiter's key out of the queue, retrying while etcd is away; unless the key
+    /// changed since this front-end wrote it at `mod_rev` (another took its place over).
+    pub(super) fn forget_waiter_key(self: &Arc<Self>, key: String, mod_rev: i64) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            me.cleanup(Txn::new().and_then([TxnOp::delete(key, None)]))
-                .await;
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    mod_rev,
+                )])
+                .and_then([TxnOp::delete(key, None)]);
+            me.cleanup(txn).await;
         });
     }
 
@@ -480,7 +558,7 @@ impl Cluster {
         }
         let local = self.guard().leave(waiter);
         if let Some(local) = local {
-            self.forget_waiter_key(local.key);
+            self.forget_waiter_key(local.key, local.mod_rev);
         }
     }
 
@@ -635,6 +713,8 @@ impl Cluster {
                 guard,
                 Compare::mod_revision(marker, CompareOp::Equal, marker_rev),
                 Compare::create_revision(head.key.clone(), CompareOp::Equal, head.rev),
+                // As the mirror has it: not taken over by another front-end meanwhile.
+                Compare::mod_revision(head.key.clone(), CompareOp::Equal, head.mod_rev),
                 Compare::create_revision(
                     self.layout.waiters(name),
                     CompareOp::Greater,
@@ -995,4 +1075,26 @@ enum Plan {
     Fresh { marker_rev: i64 },
     /// Held (by this id) or others wait: queue.
     Blocked(String),
+}
+
+/// A waiter's own write was answered at revision `at`. The watch leaves a waiter alone until
+/// then, so if the mirror is past `at` and its key is no longer there as written, it is told
+/// now. Whether it still waits.
+fn settle_answered(g: &mut super::State, waiter: WaiterId, at: i64) -> bool {
+    let Some(local) = g.waiting.get(&waiter) else {
+        return false;
+    };
+    let there = g
+        .mirror
+        .name(&local.name)
+        .is_some_and(|ns| ns.queue.get(&local.rev).is_some_and(|w| w.mod_rev == at));
+    if g.mirror.rev < at || there {
+        return true;
+    }
+    let why = super::tasks::key_gone(&g.mirror, local);
+    if let Some(l) = g.waiting.remove(&waiter) {
+        g.by_uid.remove(&l.uid);
+        let _ = l.tx.send(why);
+    }
+    false
 }

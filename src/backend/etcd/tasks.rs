@@ -32,16 +32,27 @@ impl Cluster {
             _ = Arc::clone(&self).expiry_loop() => {}
             _ = shutdown.cancelled() => {}
         }
+        // Each waiter key only if it is still this front-end's write (not taken over).
         let mut ops: Vec<TxnOp> = {
             let g = self.guard();
             g.waiting
                 .values()
-                .map(|l| TxnOp::delete(l.key.clone(), None))
+                .map(|l| {
+                    TxnOp::txn(
+                        Txn::new()
+                            .when([Compare::mod_revision(
+                                l.key.clone(),
+                                CompareOp::Equal,
+                                l.mod_rev,
+                            )])
+                            .and_then([TxnOp::delete(l.key.clone(), None)]),
+                    )
+                })
                 .collect()
         };
         ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));
-        // etcd takes at most 128 operations per transaction by default.
-        for chunk in ops.chunks(100) {
+        // etcd takes at most 128 operations per transaction by default (nested ones count).
+        for chunk in ops.chunks(50) {
             let txn = Txn::new().and_then(chunk.to_vec());
             let _ = tokio::time::timeout(self.config.request_timeout, self.txn(txn)).await;
         }
@@ -92,10 +103,23 @@ impl Cluster {
                 .names
                 .iter()
                 .flat_map(|(name, ns)| ns.holders.values().map(move |h| Granted::of(base, name, h)))
+                .filter(|gr| gr.fe == self.fe)
                 .filter(|gr| g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid))
                 .collect();
             for gr in &grants {
                 next.push(on_grant(g, gr));
+            }
+            // Waiters of ours whose place another front-end took over while we were behind.
+            let moved: Vec<String> = g
+                .mirror
+                .names
+                .values()
+                .flat_map(|ns| ns.queue.values())
+                .filter(|w| w.value.fe != self.fe && g.by_uid.contains_key(&w.uid))
+                .map(|w| w.uid.clone())
+                .collect();
+            for uid in moved {
+                taken_over(g, &uid);
             }
             // Local waiters whose key is gone were replaced or lost with an old etcd lease.
             let gone: Vec<_> = g
@@ -289,10 +313,16 @@ impl Cluster {
             // Grants of our waiters (a holder key takes its waiter's uid), made by this
             // front-end or by another one's release. A waiter that left meanwhile never
             // learns of it: the grant is taken back.
-            let ours = format!("{}.", self.fe);
             for gr in &applied.granted {
-                if gr.uid.starts_with(&ours) {
+                if gr.fe == self.fe {
                     next.push(on_grant(&mut g, gr));
+                }
+            }
+            // Waiters of ours whose place a LOCK of the same id through another front-end
+            // took over.
+            for (_, uid, fe) in &applied.adopted {
+                if *fe != self.fe {
+                    taken_over(&mut g, uid);
                 }
             }
             // A waiter of ours whose key went without its grant: replaced, or lost with its
@@ -302,9 +332,10 @@ impl Cluster {
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
                     continue;
                 };
+                // (Its own write not answered yet: the answer decides.)
                 if g.waiting
                     .get(&waiter)
-                    .is_some_and(|l| l.in_flight || l.confirming)
+                    .is_some_and(|l| l.in_flight || l.confirming || l.mod_rev == 0)
                 {
                     continue;
                 }
@@ -356,19 +387,21 @@ impl Cluster {
             let Some(head) = ns.queue.values().next() else {
                 return;
             };
+            if head.value.fe != self.fe {
+                return;
+            }
             let Some(&waiter) = g.by_uid.get(&head.uid) else {
                 // Ours but no longer waited for (its clean-up write was lost): take it out,
                 // or it would stop the queue for as long as this front-end lives.
-                if head.uid.starts_with(&format!("{}.", self.fe)) {
-                    // (It only spawns the write: the guard may stay held.)
-                    self.forget_waiter_key(head.key.clone());
-                }
+                // (It only spawns the write: the guard may stay held.)
+                self.forget_waiter_key(head.key.clone(), head.mod_rev);
                 return;
             };
             if g.mirror.rev < head.rev || !ns.admits(head.value.mode) {
                 return;
             }
-            let (marker_rev, last_rev, head_rev) = (ns.marker_rev, ns.last_rev, head.rev);
+            let (marker_rev, last_rev, head_rev, head_mod) =
+                (ns.marker_rev, ns.last_rev, head.rev, head.mod_rev);
             let Some(local) = g.waiting.get_mut(&waiter) else {
                 return;
             };
@@ -388,6 +421,7 @@ impl Cluster {
                 key: local.key.clone(),
                 uid: local.uid.clone(),
                 rev: head_rev,
+                mod_rev: head_mod,
                 marker_rev,
                 value,
                 waited,
@@ -406,6 +440,8 @@ impl Cluster {
             .when([
                 Compare::mod_revision(marker.clone(), CompareOp::Equal, a.marker_rev),
                 Compare::create_revision(a.key.clone(), CompareOp::Equal, a.rev),
+                // Still this front-end's waiter (no other took its place over).
+                Compare::mod_revision(a.key.clone(), CompareOp::Equal, a.mod_rev),
                 Compare::create_revision(
                     self.layout.waiters(&a.name),
                     CompareOp::Greater,
@@ -660,7 +696,7 @@ fn lease_gone(e: &etcd_client::Error) -> bool {
 
 /// How the wait of `l` ends when its key is gone without its grant: a newer LOCK of its id
 /// (and user) took its place, in the same write, or else its front-end's etcd lease ran out.
-fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
+pub(super) fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
     let replaced = mirror.name(&l.name).is_some_and(|ns| {
         ns.queue
             .values()
@@ -687,6 +723,17 @@ pub(super) enum Next {
     Nothing,
     TakeBack(TakeBack),
     Confirm(Granted),
+}
+
+/// A waiter of this front-end whose key another front-end rewrote for a LOCK of the same id
+/// (its place taken over): its request is answered `ERR REPLACED`, as on one server.
+fn taken_over(g: &mut State, uid: &str) {
+    g.left.remove(uid);
+    if let Some(waiter) = g.by_uid.remove(uid) {
+        if let Some(l) = g.waiting.remove(&waiter) {
+            let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+        }
+    }
 }
 
 /// Decides what a grant to waiter `gr.uid` of this front-end, just shown by the watch or a
@@ -755,6 +802,7 @@ struct Attempt {
     key: String,
     uid: String,
     rev: i64,
+    mod_rev: i64,
     marker_rev: i64,
     value: super::keys::HolderValue,
     waited: Duration,
