@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::link::Link;
-use super::{try_spawn_lockd_at, LockdProcess};
+use super::{try_spawn_lockd_with, LockdProcess};
 
 /// Guard for anything the cluster should do in a moment (start, elect, rejoin). Generous: two
 /// cores running several test binaries at once can slow etcd's fsyncs a lot.
@@ -704,6 +704,7 @@ fn request(addr: SocketAddr, line: &str) -> io::Result<String> {
 pub struct LockdFrontEnd {
     port: u16,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     process: Option<LockdProcess>,
 }
 
@@ -719,10 +720,16 @@ impl LockdFrontEnd {
     /// lockd with exactly `args` (besides `--listen`): [`LockdFrontEnd::start`] without a
     /// cluster, so the harness can check its own kill and restart with any lockd.
     pub fn spawn(args: Vec<String>) -> LockdFrontEnd {
+        LockdFrontEnd::spawn_with_env(args, Vec::new())
+    }
+
+    /// [`LockdFrontEnd::spawn`] with extra environment variables, kept across restarts.
+    pub fn spawn_with_env(args: Vec<String>, env: Vec<(String, String)>) -> LockdFrontEnd {
         for _ in 0..START_ATTEMPTS {
             let mut fe = LockdFrontEnd {
                 port: free_ports(1)[0],
                 args: args.clone(),
+                env: env.clone(),
                 process: None,
             };
             match fe.try_run() {
@@ -740,7 +747,8 @@ impl LockdFrontEnd {
     fn try_run(&mut self) -> Result<(), Vec<String>> {
         assert!(self.process.is_none(), "lockd is already running");
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let process = try_spawn_lockd_at(&format!("127.0.0.1:{}", self.port), &args)?;
+        let listen = format!("127.0.0.1:{}", self.port);
+        let process = try_spawn_lockd_with(&listen, &args, &self.env)?;
         // Listening is not serving: a front-end may still be reaching etcd.
         let deadline = Instant::now() + ETCD_PATIENCE;
         loop {

@@ -380,9 +380,19 @@ pub fn spawn_lockd(args: &[&str]) -> LockdProcess {
 /// (its port was taken meanwhile) is an `Err` with its log, so the caller can pick another
 /// port instead of failing the test.
 pub fn try_spawn_lockd_at(listen: &str, args: &[&str]) -> Result<LockdProcess, Vec<String>> {
+    try_spawn_lockd_with(listen, args, &[])
+}
+
+/// [`try_spawn_lockd_at`] with extra environment variables (say, libfaketime's).
+pub fn try_spawn_lockd_with(
+    listen: &str,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<LockdProcess, Vec<String>> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockd"));
     cmd.args(["--listen", listen])
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

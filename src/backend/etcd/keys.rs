@@ -127,6 +127,10 @@ pub struct HolderValue {
     pub granted_ms: u64,
     /// How long it waited in the queue; `None` for a grant made at once.
     pub waited_ms: Option<u64>,
+    /// The writer's wall clock when this record was written. `deadline_ms` and `cut_ms` are
+    /// on the same clock, so their distance from it is the time the lease had left when it
+    /// was written, whatever the other front-ends' clocks say (see [`HolderValue::left_ms`]).
+    pub at_ms: u64,
 }
 
 /// A waiter's record: all it asked for, so that whichever front-end releases the lock can
@@ -174,24 +178,39 @@ impl HolderValue {
         if let Some(waited) = self.waited_ms {
             word(&mut s, "waited", &waited.to_string());
         }
+        word(&mut s, "at", &self.at_ms.to_string());
         s
     }
 
     pub fn decode(text: &[u8]) -> Option<HolderValue> {
         let w = Words::parse(text)?;
+        let ttl_ms: u64 = w.num("ttl")?;
+        let deadline_ms: u64 = w.num("deadline")?;
         Some(HolderValue {
             id: w.get("id")?,
             user: w.get("user").unwrap_or_default(),
             mode: parse_mode(&w.get("mode")?)?,
-            ttl_ms: w.num("ttl")?,
-            deadline_ms: w.num("deadline")?,
+            ttl_ms,
+            deadline_ms,
             session_ms: w.num("session"),
             fe: w.get("fe").unwrap_or_default(),
             conn: w.num("conn").unwrap_or(0),
             cut_ms: w.num("cut").unwrap_or(0),
             granted_ms: w.num("granted").unwrap_or(0),
             waited_ms: w.num("waited"),
+            // A record of an older lockd: its deadline was a ttl after its write.
+            at_ms: w
+                .num("at")
+                .unwrap_or_else(|| deadline_ms.saturating_sub(ttl_ms)),
         })
+    }
+
+    /// How long the lease had left when this record was written (its deadline, or the end
+    /// of its grace if sooner), counted on the writer's own clock: a front-end that sees the
+    /// write ends the lease no sooner than this long after it saw it, which is never before
+    /// its time, whatever the clocks of the writer and of that front-end say.
+    pub fn left_ms(&self) -> u64 {
+        self.ends_ms().saturating_sub(self.at_ms)
     }
 
     /// When it ends: its deadline, or the end of its grace if sooner.
@@ -250,6 +269,7 @@ impl WaiterValue {
             cut_ms: 0,
             granted_ms: now_ms,
             waited_ms: Some(now_ms.saturating_sub(self.queued_ms)),
+            at_ms: now_ms,
         }
     }
 }
@@ -413,6 +433,7 @@ mod tests {
             cut_ms: 0,
             granted_ms: 7,
             waited_ms: Some(3),
+            at_ms: 9,
         };
         assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
         let w = WaiterValue {

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::locks::{Event, EventKind, Mode, Token};
 
@@ -37,6 +38,19 @@ pub struct Holder {
     /// confirms it (see [`Granted::unconfirmed`]).
     pub lease: i64,
     pub value: HolderValue,
+    /// When this front-end ends it: the time it had left when its record was written
+    /// ([`HolderValue::left_ms`]) after this front-end saw the write, on its monotonic clock.
+    /// Never before the lease's time, whatever any wall clock says; later by how long the
+    /// write took to be seen (milliseconds; up to the time since the write for a front-end
+    /// that read it at start or after a compaction).
+    pub ends_at: Instant,
+}
+
+impl Holder {
+    /// How long it has left, as this front-end counts it.
+    pub fn left(&self, now: Instant) -> Duration {
+        self.ends_at.saturating_duration_since(now)
+    }
 }
 
 /// A new holder the watch (or a read) showed.
@@ -164,8 +178,8 @@ pub struct Mirror {
     pub rev: i64,
     pub names: HashMap<String, NameState>,
     pub front_ends: HashSet<String>,
-    /// Holders by when they end (wall-clock ms): the expiry timer's structure.
-    pub ends: BTreeSet<(u64, String, i64)>,
+    /// Holders by when they end ([`Holder::ends_at`]): the expiry timer's structure.
+    pub ends: BTreeSet<(Instant, String, i64)>,
     pub base: Token,
 }
 
@@ -197,7 +211,14 @@ impl Mirror {
     /// written in the same transaction (put first in every transaction that removes a
     /// holder), which says whether it was released, expired, dropped or revoked; a holder
     /// key that vanishes alone went with its front-end's etcd lease (`dropped`).
-    pub fn apply(&mut self, layout: &Layout, changes: &[Change], at_rev: i64) -> Applied {
+    /// `now`: when they were seen (the monotonic clock), which holders' ends count from.
+    pub fn apply(
+        &mut self,
+        layout: &Layout,
+        changes: &[Change],
+        at_rev: i64,
+        now: Instant,
+    ) -> Applied {
         let mut out = Applied::default();
         for c in changes {
             let Some(key) = layout.parse(&c.key) else {
@@ -239,7 +260,7 @@ impl Mirror {
                 }
                 Key::Holder { name, uid } => {
                     let key = String::from_utf8_lossy(&c.key).into_owned();
-                    self.holder_change(name, uid, key, c, &mut out);
+                    self.holder_change(name, uid, key, c, now, &mut out);
                 }
                 Key::Waiter { name, uid } => {
                     let ns = self.names.entry(name.clone()).or_default();
@@ -292,6 +313,7 @@ impl Mirror {
         uid: String,
         key: String,
         c: &Change,
+        now: Instant,
         out: &mut Applied,
     ) {
         let base = self.base;
@@ -309,11 +331,11 @@ impl Mirror {
                 rev,
                 mod_rev: c.mod_rev,
                 lease: c.lease,
+                ends_at: now + Duration::from_millis(value.left_ms()),
                 value,
             };
             if let Some(old) = ns.holders.get(&rev) {
-                self.ends
-                    .remove(&(old.value.ends_ms(), name.clone(), old.rev));
+                self.ends.remove(&(old.ends_at, name.clone(), old.rev));
             } else {
                 out.granted.push(Granted::of(base, &name, &holder));
                 let value = &holder.value;
@@ -326,8 +348,7 @@ impl Mirror {
                     waited: value.waited_ms.map(std::time::Duration::from_millis),
                 });
             }
-            self.ends
-                .insert((holder.value.ends_ms(), name.clone(), rev));
+            self.ends.insert((holder.ends_at, name.clone(), rev));
             ns.holders.insert(rev, holder);
         } else {
             let Some(rev) = ns.holders.values().find(|h| h.uid == uid).map(|h| h.rev) else {
@@ -336,7 +357,7 @@ impl Mirror {
             let Some(old) = ns.holders.remove(&rev) else {
                 return;
             };
-            self.ends.remove(&(old.value.ends_ms(), name.clone(), rev));
+            self.ends.remove(&(old.ends_at, name.clone(), rev));
             // The marker written in the same transaction says why; none: the lease went.
             let kind = match &ns.marker {
                 Some(m) if ns.marker_changed == c.mod_rev => m.kind,
@@ -394,6 +415,7 @@ mod tests {
             cut_ms: 0,
             granted_ms: 0,
             waited_ms: None,
+            at_ms: 0,
         }
         .encode()
     }
@@ -421,6 +443,7 @@ mod tests {
                 put(l.holder("x", "u1"), holder("me"), 5, 5),
             ],
             5,
+            Instant::now(),
         );
         assert_eq!(a.events.len(), 1);
         assert_eq!(
@@ -435,11 +458,12 @@ mod tests {
                 del(l.holder("x", "u1"), 9),
             ],
             9,
+            Instant::now(),
         );
         assert_eq!(a.events[0].kind, EventKind::Expired);
         assert!(m.ends.is_empty());
         // The marker stays until it is cleaned up; then the name is gone.
-        m.apply(&l, &[del(l.marker("x"), 10)], 10);
+        m.apply(&l, &[del(l.marker("x"), 10)], 10, Instant::now());
         assert!(m.name("x").is_none());
     }
 
@@ -447,8 +471,13 @@ mod tests {
     fn a_holder_gone_with_its_lease_is_dropped() {
         let l = Layout::new("/p/");
         let mut m = Mirror::default();
-        m.apply(&l, &[put(l.holder("x", "u"), holder("s"), 3, 3)], 3);
-        let a = m.apply(&l, &[del(l.holder("x", "u"), 8)], 8);
+        m.apply(
+            &l,
+            &[put(l.holder("x", "u"), holder("s"), 3, 3)],
+            3,
+            Instant::now(),
+        );
+        let a = m.apply(&l, &[del(l.holder("x", "u"), 8)], 8, Instant::now());
         assert_eq!(a.events[0].kind, EventKind::Dropped);
     }
 
@@ -466,6 +495,7 @@ mod tests {
                 rev: 1,
                 mod_rev: 1,
                 lease: 0,
+                ends_at: Instant::now(),
                 value: v,
             },
         );

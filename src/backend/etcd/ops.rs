@@ -69,7 +69,7 @@ impl Cluster {
                 }
                 // The same id again: its write checks the holder is as the mirror saw it.
                 Ok(Plan::Again(holder)) => {
-                    if let Some(start) = self.lock_again(&req, holder, ttl).await? {
+                    if let Some(start) = self.lock_again(&req, *holder, ttl).await? {
                         return Ok(start);
                     }
                 }
@@ -124,7 +124,7 @@ impl Cluster {
             base: self.base_token(),
             ..Mirror::default()
         };
-        one.apply(&self.layout, &changes, rev);
+        one.apply(&self.layout, &changes, rev, now());
         Ok(one.names.remove(name).unwrap_or_default())
     }
 
@@ -203,7 +203,7 @@ impl Cluster {
             if bound_elsewhere {
                 return Err(TableError::Conflict.into());
             }
-            return Ok(Plan::Again(h.clone()));
+            return Ok(Plan::Again(Box::new(h.clone())));
         }
         if ns.queue.is_empty() && ns.admits(req.mode) {
             return Ok(Plan::Fresh {
@@ -239,6 +239,7 @@ impl Cluster {
             cut_ms: 0,
             granted_ms: at,
             waited_ms: None,
+            at_ms: at,
         }
     }
 
@@ -309,6 +310,7 @@ impl Cluster {
                     rev,
                     mod_rev: rev,
                     lease,
+                    ends_at: now() + ttl,
                     value,
                 };
                 g.fresh.insert((req.name.clone(), rev), holder);
@@ -333,6 +335,7 @@ impl Cluster {
         let at = wall_ms();
         value.ttl_ms = ttl.as_millis() as u64;
         value.deadline_ms = at + value.ttl_ms;
+        value.at_ms = at;
         value.session_ms = req.session.map(|g| g.as_millis() as u64);
         value.fe = self.fe.clone();
         value.conn = req.conn;
@@ -599,12 +602,18 @@ impl Cluster {
                     .ok_or(BackendError::Table(TableError::NotHeld))?;
                 let key = String::from_utf8_lossy(kv.key()).into_owned();
                 let uid = key.rsplit('/').next().unwrap_or_default();
+                // Not seen being written: counted as if written now, but never past what
+                // this front-end's wall clock says is left.
+                let left = value
+                    .left_ms()
+                    .min(value.ends_ms().saturating_sub(wall_ms()));
                 return Ok(Holder {
                     uid: super::keys::decode(uid).unwrap_or_default(),
                     key,
                     rev,
                     mod_rev: kv.mod_revision(),
                     lease: kv.lease(),
+                    ends_at: now() + Duration::from_millis(left),
                     value,
                 });
             }
@@ -613,7 +622,7 @@ impl Cluster {
     }
 
     fn owned_by(&self, holder: &Holder, user: UserId) -> Result<(), BackendError> {
-        if holder.value.ends_ms() <= wall_ms() {
+        if holder.left(now()).is_zero() {
             return Err(TableError::NotHeld.into());
         }
         if user != crate::locks::NO_USER && holder.value.user != self.user_name(user) {
@@ -805,7 +814,8 @@ impl Cluster {
             if let Some(ttl) = ttl {
                 value.ttl_ms = ttl.as_millis() as u64;
             }
-            value.deadline_ms = wall_ms() + value.ttl_ms;
+            value.at_ms = wall_ms();
+            value.deadline_ms = value.at_ms + value.ttl_ms;
             let session = value.session_ms.is_some();
             let bound = session && (value.cut_ms > 0 || value.fe != self.fe || value.conn != conn);
             if session {
@@ -828,7 +838,10 @@ impl Cluster {
         Err(TableError::NotHeld.into())
     }
 
-    /// CHECK: read from etcd itself, not the mirror, so it is never behind.
+    /// CHECK: read from etcd itself, not the mirror, so it is never behind. The time left
+    /// is the least of what the record says on this front-end's wall clock and, when the
+    /// mirror has seen this very write, the time until this front-end would end it (which no
+    /// wall clock moves).
     pub async fn check(&self, name: &str, token: Token) -> Result<Duration, BackendError> {
         let rev = self
             .guard()
@@ -836,11 +849,21 @@ impl Cluster {
             .rev_of(token)
             .ok_or(BackendError::Table(TableError::NotHeld))?;
         let holder = self.read_holder(name, rev).await?;
-        let left = holder.value.ends_ms().saturating_sub(wall_ms());
-        if left == 0 {
+        let at = now();
+        let mut left = holder.left(at);
+        if let Some(seen) = self
+            .guard()
+            .mirror
+            .name(name)
+            .and_then(|ns| ns.holder_by_rev(rev))
+            .filter(|h| h.mod_rev == holder.mod_rev)
+        {
+            left = left.min(seen.left(at));
+        }
+        if left.is_zero() {
             return Err(TableError::NotHeld.into());
         }
-        Ok(Duration::from_millis(left))
+        Ok(left)
     }
 
     /// Takes back a grant its client never read: ended (event `revoked`, and the next waiter
@@ -962,8 +985,12 @@ impl Cluster {
                     .await;
             }
             Some(grace) => {
+                // Both ends on this front-end's clock, so that the time left stays right
+                // whoever wrote the deadline.
                 let mut value = v.clone();
-                value.cut_ms = wall_ms() + grace;
+                value.at_ms = wall_ms();
+                value.deadline_ms = value.at_ms + holder.left(now()).as_millis() as u64;
+                value.cut_ms = value.at_ms + grace;
                 let txn = self.rewrite(&holder, &value);
                 self.cleanup(txn).await;
             }
@@ -1040,7 +1067,7 @@ fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockSta
         name: name.into(),
         holder: h.value.id.as_str().into(),
         token: base + h.rev as Token,
-        remaining: Duration::from_millis(h.value.ends_ms().saturating_sub(at)),
+        remaining: h.left(now()),
         held: Duration::from_millis(at.saturating_sub(h.value.granted_ms)),
         session: h.value.session_ms.is_some(),
         waiters: ns.queue.len(),
@@ -1070,7 +1097,7 @@ fn success_depth(resp: &etcd_client::TxnResponse) -> Option<usize> {
 /// What a LOCK does, decided from the mirror.
 enum Plan {
     /// The id already holds it: same token, new lease.
-    Again(Holder),
+    Again(Box<Holder>),
     /// Free and nobody waits: grant at once if the marker is still at this revision.
     Fresh { marker_rev: i64 },
     /// Held (by this id) or others wait: queue.

@@ -92,7 +92,7 @@ impl Cluster {
                     ..Mirror::default()
                 },
             );
-            g.mirror.apply(&self.layout, &changes, rev);
+            g.mirror.apply(&self.layout, &changes, rev, now());
             g.fresh.retain(|(_, at), _| *at > rev);
             let mut touched: Vec<String> = old.names.keys().cloned().collect();
             touched.extend(g.mirror.names.keys().cloned());
@@ -306,7 +306,7 @@ impl Cluster {
         let mut next = Vec::new();
         let applied = {
             let mut g = self.guard();
-            let applied = g.mirror.apply(&self.layout, &changes, rev);
+            let applied = g.mirror.apply(&self.layout, &changes, rev, now());
             let seen = g.mirror.rev;
             g.written.retain(|_, (at, _)| *at > seen);
             g.fresh.retain(|(_, rev), _| *rev > seen);
@@ -598,7 +598,7 @@ impl Cluster {
             let moved = self.moved.notified();
             let (due, next) = {
                 let mut g = self.guard();
-                let at = wall_ms();
+                let at = now();
                 let mut due = Vec::new();
                 let mut next = None;
                 let smallest = g.mirror.front_ends.iter().min().cloned();
@@ -639,7 +639,9 @@ impl Cluster {
                 });
             }
             let sleep = match next {
-                Some(ends) => Duration::from_millis(ends.saturating_sub(wall_ms()).max(1)),
+                Some(ends) => ends
+                    .saturating_duration_since(now())
+                    .max(Duration::from_millis(1)),
                 // Nothing to expire: look again when the mirror moves (and now and then,
                 // for a front-end that died while it owned leases).
                 None => Duration::from_secs(1),
