@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::blocking::eventually;
 use common::etcd::{free_port, http_get, EtcdCluster, Line, LinkedFrontEnd, LockdFrontEnd};
+use common::link::Link;
 use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -346,4 +347,99 @@ fn a_waiter_that_comes_back_too_late_queues_at_the_back() {
     assert_eq!(a.line_within(QUIET), None, "A was granted ahead of B");
     assert_eq!(b.req(&format!("UNLOCK n {tb}")), "OK");
     assert!(token(&a.line()) > tb);
+}
+
+/// Whether process `pid` still runs (not yet reaped counts as gone: a zombie runs no code).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// A client cut off from its front-end mid-lease (the link stalls; both keep running): the
+/// front-end hears no more renewals, so the session lease ends with its ttl and the next
+/// waiter is granted. `lockctl run` must have stopped its command before that grant, every
+/// time: measured as the moment the command's process was gone against the moment the next
+/// holder's grant arrived, over several runs.
+#[test]
+fn lockctl_run_stops_its_command_before_a_cut_off_lease_passes_on() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let fe1 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let dir = std::env::temp_dir().join(format!("lockd-cut-client-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    for round in 0..4 {
+        let link = Link::start(fe1.addr());
+        let name = format!("job{round}");
+        let pidfile = dir.join(format!("pid{round}"));
+        // The command ignores SIGTERM: only lockctl's SIGKILL ends it.
+        let script = format!(
+            "trap '' TERM; echo $$ > {}.tmp; mv {0}.tmp {0}; while :; do sleep 0.05; done",
+            pidfile.display()
+        );
+        let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(["--server", &link.addr.to_string(), "run", &name])
+            .args([
+                "--ttl",
+                "4s",
+                "--session-grace",
+                "2s",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("lockctl");
+        eventually(PATIENCE, "the command started", || pidfile.exists());
+        let pid: u32 = std::fs::read_to_string(&pidfile)
+            .expect("pid")
+            .trim()
+            .parse()
+            .expect("a pid");
+        let mut next = Line::connect(fe2.addr());
+        next.send(&format!("LOCK {name} next ttl=30s"));
+        eventually(PATIENCE, "the next holder waits", || {
+            waiters(&fe2, &name) == 1
+        });
+        let granted = std::thread::spawn(move || {
+            let reply = next.line();
+            (reply, Instant::now())
+        });
+        link.cut();
+        let mut gone = None;
+        let deadline = Instant::now() + PATIENCE;
+        while gone.is_none() && Instant::now() < deadline {
+            if !alive(pid) {
+                gone = Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let gone = gone.expect("lockctl never stopped its command");
+        let (reply, granted_at) = granted.join().expect("next holder");
+        assert!(reply.starts_with("OK "), "{reply}");
+        assert!(
+            gone <= granted_at,
+            "round {round}: the command ran {:?} after the next holder was granted",
+            gone.duration_since(granted_at)
+        );
+        eprintln!(
+            "round {round}: command gone {:?} before the next grant",
+            granted_at.duration_since(gone)
+        );
+        let status = run.wait().expect("lockctl exits");
+        assert_eq!(status.code(), Some(4), "lockctl's exit for a lost lease");
+        assert_eq!(
+            fe2.request(&format!("UNLOCK {name} {}", token(&reply))),
+            "OK"
+        );
+        drop(link);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
