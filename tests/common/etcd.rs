@@ -167,6 +167,9 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// The Unix user it runs as (`None`: the test's own), so packet filters can tell its
+    /// connections from the other members' ([`super::netsplit`]).
+    uid: Option<u32>,
     data: PathBuf,
     log: PathBuf,
     child: Option<Child>,
@@ -184,6 +187,19 @@ impl Member {
     /// Starts etcd; its output goes to the end of its log file, which survives restarts.
     fn spawn(&mut self, initial_cluster: &str, token: &str, extra: &[String]) {
         assert!(self.child.is_none(), "{} is already running", self.name);
+        if let Some(uid) = self.uid {
+            // Its own data directory, which etcd wants private.
+            fs::create_dir_all(&self.data).expect("etcd data dir");
+            let path = std::ffi::CString::new(self.data.as_os_str().as_encoded_bytes())
+                .expect("data dir path");
+            // SAFETY: chown(2) on a path we own, with a NUL-terminated string.
+            let chowned = unsafe { libc::chown(path.as_ptr(), uid, uid) };
+            assert_eq!(chowned, 0, "chown {:?}", self.data);
+            let mut perms = fs::metadata(&self.data).expect("data dir").permissions();
+            std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o700);
+            fs::set_permissions(&self.data, perms).expect("chmod data dir");
+        }
+        let uid = self.uid;
         let log = File::options()
             .create(true)
             .append(true)
@@ -220,9 +236,19 @@ impl Member {
         // its members would run on forever (seen happen). PR_SET_PDEATHSIG fires when the
         // *thread* that spawned the member ends, hence the caveat on EtcdCluster.
         let parent = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+        // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid, prctl, getppid,
+        // _exit) between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
+                // Before the parent-death signal: a change of user clears it.
+                if let Some(uid) = uid {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(uid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(io::Error::last_os_error());
                 }
@@ -288,6 +314,16 @@ impl EtcdCluster {
     /// [`EtcdCluster::start`] with more etcd flags for every member (now and on restarts),
     /// such as `--quota-backend-bytes` or `--auto-compaction-retention`.
     pub fn start_with(n: usize, extra: &[&str]) -> EtcdCluster {
+        EtcdCluster::start_as(n, extra, None)
+    }
+
+    /// [`EtcdCluster::start`] with member `i` running as Unix user `first_uid + i` (the test
+    /// must be root), so that packet filters can cut the links between chosen members.
+    pub fn start_as_users(n: usize, first_uid: u32) -> EtcdCluster {
+        EtcdCluster::start_as(n, &[], Some(first_uid))
+    }
+
+    fn start_as(n: usize, extra: &[&str], first_uid: Option<u32>) -> EtcdCluster {
         assert!(n > 0, "a cluster needs a member");
         let token = unique("lockd-test");
         let root = std::env::temp_dir().join(&token);
@@ -305,6 +341,7 @@ impl EtcdCluster {
                     name: format!("m{i}"),
                     client_port: ports[2 * i],
                     peer_port: ports[2 * i + 1],
+                    uid: first_uid.map(|u| u + i as u32),
                     data: cluster.root.join(format!("m{i}.data")),
                     log: cluster.root.join(format!("m{i}.log")),
                     child: None,
@@ -423,6 +460,11 @@ impl EtcdCluster {
     /// Member `i`'s client address, for a [`super::link::Link`] in front of it.
     pub fn client_addr(&self, i: usize) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.members[i].client_port))
+    }
+
+    /// Member `i`'s peer port and the Unix user it runs as (if not the test's).
+    pub fn peer(&self, i: usize) -> (u16, Option<u32>) {
+        (self.members[i].peer_port, self.members[i].uid)
     }
 
     /// Every member's client URL, in member order.

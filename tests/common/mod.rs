@@ -8,7 +8,8 @@
 //! child processes that tests kill and restart, and lockd front-ends on it (cluster mode); in
 //! [`link`], a link between two processes that a test cuts and heals while both run; in
 //! [`history`], the record of a chaos run and the checker of lockd's promises over it; in
-//! [`chaos`], the fenced-counter chaos run on cluster front-ends.
+//! [`chaos`], the fenced-counter chaos run on cluster front-ends; in [`netsplit`], packet
+//! filters that cut etcd members off from each other.
 //!
 //! Every read has a generous timeout: it only turns a hang into a failure, it never asserts
 //! how fast the server is.
@@ -24,6 +25,7 @@ pub mod etcd;
 pub mod history;
 pub mod link;
 pub mod lockctl;
+pub mod netsplit;
 pub mod pki;
 
 use std::io::{self, BufRead as _};
