@@ -85,6 +85,8 @@ fn a_fenced_counter_sees_no_double_grant_while_links_flap() {
         fes.len()
     );
     outcome.assert_clean();
+    // Every front-end runs throughout: every waiter is granted or answered.
+    assert_eq!(outcome.verdict.unanswered, 0, "LOCKs never answered");
     // Progress despite the flapping (a number of hand-overs, not a speed).
     assert!(
         during >= 50,

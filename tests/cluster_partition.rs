@@ -443,3 +443,125 @@ fn lockctl_run_stops_its_command_before_a_cut_off_lease_passes_on() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// lockctl does it on failover: `lockctl run` waiting through a front-end that dies
+/// reconnects to the next one in `--server` and sends the same LOCK (its id), so it keeps
+/// its place ahead of the waiter that queued behind it.
+#[test]
+fn lockctl_run_keeps_its_place_when_its_front_end_dies() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", PLACE_KEPT_FOR]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let dir = std::env::temp_dir().join(format!("lockd-place-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let ran = dir.join("ran");
+    let h = token(&fe2.request("LOCK place h ttl=60s"));
+    let servers = format!("{},{}", fe1.addr(), fe2.addr());
+    let script = format!("touch {}; sleep 1", ran.display());
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args([
+            "--server", &servers, "run", "place", "--", "sh", "-c", &script,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("lockctl");
+    eventually(PATIENCE, "lockctl waits", || waiters(&fe2, "place") == 1);
+    let mut b = Line::connect(fe2.addr());
+    b.send("LOCK place b ttl=30s");
+    eventually(PATIENCE, "B waits behind it", || {
+        waiters(&fe2, "place") == 2
+    });
+    fe1.kill();
+    // lockctl comes back through FE2 with the same LOCK: it takes over its place, or, if
+    // the release below comes first, the grant made to its dead waiter (same id).
+    assert_eq!(fe2.request(&format!("UNLOCK place {h}")), "OK");
+    eventually(PATIENCE, "lockctl's command ran", || ran.exists());
+    let status = run.wait().expect("lockctl exits");
+    assert!(status.success(), "{status:?}");
+    // Only now, after lockctl released: B.
+    assert!(token(&b.line()) > h);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client program waiting for `name` through the first of two front-ends, which dies: it
+/// must come back through the second with the same LOCK and keep its place, ahead of the
+/// waiter that queued behind it. `client(servers)` starts it: it prints its token once
+/// granted, then unlocks and exits when its standard input ends.
+fn a_client_keeps_its_place(name: &str, client: impl FnOnce(&str) -> std::process::Child) {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", PLACE_KEPT_FOR]);
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let h = token(&fe2.request(&format!("LOCK {name} h ttl=60s")));
+    let mut child = client(&format!("{},{}", fe1.addr(), fe2.addr()));
+    eventually(PATIENCE, "the client waits", || waiters(&fe2, name) == 1);
+    let mut b = Line::connect(fe2.addr());
+    b.send(&format!("LOCK {name} b ttl=30s"));
+    eventually(PATIENCE, "B waits behind it", || waiters(&fe2, name) == 2);
+    fe1.kill();
+    assert_eq!(fe2.request(&format!("UNLOCK {name} {h}")), "OK");
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("the client's token");
+    let t: u64 = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a token: {line:?}"));
+    assert!(t > h);
+    assert_eq!(
+        b.line_within(QUIET),
+        None,
+        "B was granted ahead of the client"
+    );
+    drop(child.stdin.take());
+    assert!(child.wait().expect("the client exits").success());
+    assert!(token(&b.line()) > t);
+}
+
+fn piped(cmd: &mut std::process::Command) -> std::process::Child {
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the client's interpreter must be installed (CI installs it)")
+}
+
+/// The Python client does it on failover too: `Client.lock`.
+#[test]
+fn the_python_client_keeps_its_place_when_its_front_end_dies() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/python");
+    let script = "import sys\n\
+        from lockd_client import Client\n\
+        c = Client(sys.argv[1], id='py')\n\
+        t = c.lock('pyplace', ttl=30)\n\
+        print(t, flush=True)\n\
+        sys.stdin.readline()\n\
+        c.unlock('pyplace', t)\n";
+    a_client_keeps_its_place("pyplace", |servers| {
+        piped(
+            std::process::Command::new("python3")
+                .args(["-c", script, servers])
+                .current_dir(&dir),
+        )
+    });
+}
+
+/// And the bash client: `lockd_lock`, with LOCKD_ADDR listing both front-ends.
+#[test]
+fn the_bash_client_keeps_its_place_when_its_front_end_dies() {
+    let client = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/lockd.sh");
+    let script = format!(
+        "source {}; t=$(lockd_lock shplace ttl=30s) || exit $?; echo \"$t\"; read -r _; \
+         lockd_unlock shplace \"$t\"",
+        client.display()
+    );
+    a_client_keeps_its_place("shplace", |servers| {
+        piped(
+            std::process::Command::new("bash")
+                .args(["-c", &script])
+                .env("LOCKD_ADDR", servers)
+                .env("LOCKD_ID", "sh"),
+        )
+    });
+}

@@ -14,7 +14,10 @@
 #                     the front-ends of one lockd cluster, as for lockctl. Each connection
 #                     tries them in turn from the first (lockd_run's renewer, after losing its
 #                     connection, from the one after it, which it tries last); return code 3
-#                     names them all if none connects. Not for separate lockd servers: each
+#                     names them all if none connects. A LOCK that waits (lockd_lock,
+#                     lockd_run) and loses its connection is sent again, same id, through
+#                     the next one for the rest of its wait, so it keeps its place in the
+#                     cluster's queue. Not for separate lockd servers: each
 #                     would grant the same lock.
 #   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid of this shell>)
 #   LOCKD_IO_TIMEOUT  seconds to wait for a reply that should come at once (default 10)
@@ -407,9 +410,43 @@ lockd__options() {
 lockd__lock_line() {
     line="LOCK $1 $id"
     [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
-    [[ -n $lockd__wait ]] && line+=" wait=$lockd__wait"
     [[ -n $lockd__mode ]] && line+=" $lockd__mode"
     return 0
+}
+
+# Sends the LOCK in LINE (without its wait=, added here from lockd__wait) on lockd__fd and
+# reads its answer into LOCKD_REPLY, waiting as long as the LOCK does. If the connection drops
+# before the answer and LOCKD_ADDR lists several front-ends, the same LOCK (same id) is sent
+# through the next one for the rest of the wait: a lockd cluster gives it back its place in
+# the queue, or the grant made to it meanwhile (proto.md, cluster mode).
+lockd__lock_exchange() {
+    local base=$1 wait_ms='' left='' rc sent=0 list=() started=${EPOCHREALTIME/./}
+    IFS=, read -r -a list <<<"${LOCKD_ADDR:-127.0.0.1:5001}"
+    if [[ -n $lockd__wait && -n $started ]]; then
+        wait_ms=$(lockd__ms "$lockd__wait") || wait_ms=''
+    fi
+    while :; do
+        local line=$base
+        if [[ -n $wait_ms ]]; then
+            left=$((wait_ms - (${EPOCHREALTIME/./} - started) / 1000))
+            ((left > 0)) || left=0
+            line+=" wait=${left}ms"
+        elif [[ -n $lockd__wait ]]; then
+            line+=" wait=$lockd__wait"
+        fi
+        rc=0
+        lockd__exchange "$line" wait || rc=$?
+        ((sent += 1))
+        # Only a connection lost before the answer goes on, while there is time and another
+        # address; every address tried twice in a row is enough.
+        [[ $rc == 3 && -z $LOCKD_REPLY && -z ${lockd__stopping:-} ]] || return "$rc"
+        [[ $LOCKD_ERROR == *"closed the connection"* || $LOCKD_ERROR == "cannot send"* ]] ||
+            return "$rc"
+        ((${#list[@]} > 1 && sent <= 2 * ${#list[@]})) || return "$rc"
+        [[ -z $left ]] || ((left > 0)) || return "$rc"
+        lockd__disconnect
+        lockd__connect $((lockd__at + 1)) || return
+    done
 }
 
 # Sends one raw request line and reads one reply line into LOCKD_REPLY. Returns 0 for an OK
@@ -449,7 +486,11 @@ lockd_lock() {
     lockd__word name "$name" || return
     lockd__id || return
     lockd__lock_line "$name"
-    lockd__roundtrip "$line detach" wait || return
+    local lockd__fd='' rc=0
+    lockd__connect || return
+    lockd__lock_exchange "$line detach" || rc=$?
+    lockd__disconnect
+    ((rc == 0)) || return "$rc"
     lockd__granted || return
     printf '%s\n' "$LOCKD_TOKEN"
 }
@@ -743,7 +784,7 @@ lockd_run() {
     local rc=0 token='' ttl_ms='' lockd__fd=''
     LOCKD_TOKEN=
     lockd__connect || rc=$?
-    if ((rc == 0)); then lockd__exchange "$line" wait || rc=$?; fi
+    if ((rc == 0)); then lockd__lock_exchange "$line" || rc=$?; fi
     if ((rc == 0)); then lockd__granted || rc=$?; fi
     if ((rc == 0)); then
         token=$LOCKD_TOKEN

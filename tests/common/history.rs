@@ -87,6 +87,9 @@ pub struct History {
 #[derive(Debug)]
 pub struct Verdict {
     pub ops: usize,
+    /// LOCKs whose connection ended (or went silent past the clients' read timeout) before
+    /// an answer: expected where front-ends are killed, never where they all run.
+    pub unanswered: usize,
     pub grants: usize,
     pub queues: usize,
     pub events: usize,
@@ -97,9 +100,11 @@ impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "history: {} operations checked ({} grants, {} queue views, {} events), violations: {}",
+            "history: {} operations checked ({} grants, {} LOCKs unanswered, {} queue views, \
+             {} events), violations: {}",
             self.ops,
             self.grants,
+            self.unanswered,
             self.queues,
             self.events,
             self.violations.len()
@@ -391,8 +396,13 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
         }
     }
 
+    let unanswered = ops
+        .iter()
+        .filter(|o| matches!(o.call, Call::Lock { .. }) && o.reply.is_none())
+        .count();
     Verdict {
         ops: ops.len(),
+        unanswered,
         grants: grants.len(),
         queues: queues.len(),
         events: events.len(),

@@ -39,7 +39,9 @@ spaces), a list of ``"host:port"`` strings, or ``$LOCKD_ADDR=a:5001,b:5001``. A 
 connection tries them in turn from the first, each for ``timeout``, and raises ConnectionLost
 naming every address if none connects. After a connection fails (reset, closed without a
 word, no reply in time) the next one starts at the address after it, which is tried last:
-so a :class:`Lease` renews through another front-end within its grace. ``client.address`` is
+so a :class:`Lease` renews through another front-end within its grace, and a ``lock`` that
+waits sends the same LOCK through the next one, keeping its place in the queue.
+``client.address`` is
 the address connected to, and over TLS its host is the name the certificate must be valid
 for. Separate lockd servers are no cluster: each would grant the same lock::
 
@@ -829,21 +831,41 @@ class Client:
         whatever becomes of this process; only the wait is tied to the connection
         (``detach``), so a process killed while it waits leaves the queue. ``detach=False``
         sends a plain LOCK without it, for a lockd older than the option.
+
+        With several addresses (the front-ends of one cluster), a connection lost while
+        waiting is not the end of the wait: the same LOCK (same id) is sent again through the
+        next front-end, for the rest of ``wait``. The cluster then gives it back its place in
+        the queue, or the grant made to it meanwhile (proto.md, cluster mode).
         """
-        line = "LOCK %s %s" % (_word("name", name), self.id)
+        head = "LOCK %s %s" % (_word("name", name), self.id)
         if ttl is not None:
-            line += " ttl=" + _duration("ttl", ttl)
-        reply_timeout = None
-        if wait is not None:
-            line += " wait=" + _duration("wait", wait)
-            secs = _seconds(wait)
-            if secs is not None:
-                reply_timeout = secs + self.timeout
-        line += _session_option(session, detach) + _mode_option(shared, limit)
-        rest = self._call(line, reply_timeout)
-        if not rest.isdigit():
-            raise ProtocolError("unexpected reply to LOCK: %r" % rest)
-        return int(rest)
+            head += " ttl=" + _duration("ttl", ttl)
+        tail = _session_option(session, detach) + _mode_option(shared, limit)
+        word = None if wait is None else _duration("wait", wait)
+        wait_ms = None if wait is None else _ms(wait)
+        until = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
+        lost = 0
+        while True:
+            line, reply_timeout = head, None
+            if until is not None:
+                left = max(0.0, until - time.monotonic())
+                line += " wait=%dms" % int(left * 1000)
+                reply_timeout = left + self.timeout
+            elif word is not None:
+                line += " wait=" + word  # a form only the server reads
+            try:
+                rest = self._call(line + tail, reply_timeout)
+            except ConnectionLost:
+                lost += 1
+                out_of_time = until is not None and time.monotonic() >= until
+                # Every address tried twice in a row without an answer: give up.
+                if len(self._addrs) < 2 or out_of_time or lost > 2 * len(self._addrs):
+                    raise
+                time.sleep(0.05)
+                continue  # the same LOCK through the next front-end
+            if not rest.isdigit():
+                raise ProtocolError("unexpected reply to LOCK: %r" % rest)
+            return int(rest)
 
     def try_lock(self, name, ttl=None, session=False, shared=False, limit=None):
         """One try: the token, or None if the lock is held (in a way this LOCK does not fit

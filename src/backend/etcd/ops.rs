@@ -197,9 +197,15 @@ impl Cluster {
                 }
                 .into());
             }
+            // Bound to another open connection of this front-end: two processes on one id.
+            // One bound to another front-end's connection moves here, as a RENEW through
+            // this front-end would move it: whether that connection is still open can't be
+            // known from here (its front-end may be dead, the client coming back through
+            // this one).
             let bound_elsewhere = h.value.session_ms.is_some()
                 && h.value.cut_ms == 0
-                && (h.value.fe != self.fe || h.value.conn != req.conn);
+                && h.value.fe == self.fe
+                && h.value.conn != req.conn;
             if bound_elsewhere {
                 return Err(TableError::Conflict.into());
             }
