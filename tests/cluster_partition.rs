@@ -169,8 +169,15 @@ fn a_front_end_cut_off_longer_than_its_lease_recovers() {
     eventually(PATIENCE, "the waiter is queued", || waiters(&fe2, "q") == 1);
     let mut session = Line::connect(cut.addr());
     let ts = session.lock("s sess session");
+    let tp = token(&cut.request("LOCK p plain ttl=60s"));
 
     cut.cut();
+    // Cut off, it grants nothing and says so within its request timeout; its plain lease is
+    // renewed through the other front-end.
+    let refused = cut.request("LOCK z me wait=0");
+    assert!(refused.starts_with("ERR UNAVAILABLE "), "{refused}");
+    let renewed = fe2.request(&format!("RENEW p {tp}"));
+    assert!(renewed.starts_with("OK ttl_ms="), "{renewed}");
     // Its etcd lease runs out: the session lease and the waiter go with it.
     eventually(PATIENCE, "the cut-off session lease ended", || {
         fe2.request("STATUS s") == "OK s free"
@@ -203,6 +210,7 @@ fn a_front_end_cut_off_longer_than_its_lease_recovers() {
     eventually(PATIENCE, "a new waiter queues", || waiters(&fe2, "q") == 1);
     assert_eq!(fe2.request(&format!("UNLOCK q {h}")), "OK");
     assert!(token(&next.line()) > h);
+    assert_eq!(cut.request(&format!("UNLOCK p {tp}")), "OK");
 }
 
 /// Bug 3: a front-end killed while its waiters head three queues (a plain, a `detach` and a
