@@ -23,6 +23,11 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// waiter asks for a ttl far above it, so a grant to it shows.
 const DEAD_WAITER_BOUND: Duration = Duration::from_secs(10);
 
+/// The bound proto.md gives for a cut-off front-end's session leases and waiters: its
+/// `--etcd-lease-ttl` (1s in that test) plus half a second, plus its request timeout (1s)
+/// spent on the LOCK it is sent during the cut, with room for a slow machine.
+const CUT_OFF_BOUND: Duration = Duration::from_secs(8);
+
 /// How long a test watches for a grant that must not come.
 const QUIET: Duration = Duration::from_secs(3);
 
@@ -172,6 +177,7 @@ fn a_front_end_cut_off_longer_than_its_lease_recovers() {
     let tp = token(&cut.request("LOCK p plain ttl=60s"));
 
     cut.cut();
+    let cut_at = Instant::now();
     // Cut off, it grants nothing and says so within its request timeout; its plain lease is
     // renewed through the other front-end.
     let refused = cut.request("LOCK z me wait=0");
@@ -185,6 +191,11 @@ fn a_front_end_cut_off_longer_than_its_lease_recovers() {
     eventually(PATIENCE, "the cut-off waiter left", || {
         waiters(&fe2, "q") == 0
     });
+    assert!(
+        cut_at.elapsed() < CUT_OFF_BOUND,
+        "its session lease and waiter ended {:?} after the cut",
+        cut_at.elapsed()
+    );
     eventually(PATIENCE, "not ready while cut off", || {
         http_get(metrics, "/readyz").0 == 503
     });

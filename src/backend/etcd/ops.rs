@@ -1117,6 +1117,10 @@ fn settle_answered(g: &mut super::State, waiter: WaiterId, at: i64) -> bool {
     let Some(local) = g.waiting.get(&waiter) else {
         return false;
     };
+    // Granted already, by another front-end's release: its grant is being confirmed.
+    if local.confirming || local.in_flight {
+        return false;
+    }
     let there = g
         .mirror
         .name(&local.name)

@@ -730,11 +730,19 @@ pub(super) enum Next {
 /// A waiter of this front-end whose key another front-end rewrote for a LOCK of the same id
 /// (its place taken over): its request is answered `ERR REPLACED`, as on one server.
 fn taken_over(g: &mut State, uid: &str) {
+    let Some(&waiter) = g.by_uid.get(uid) else {
+        g.left.remove(uid);
+        return;
+    };
+    // A request of ours whose own write (taking the place over) is not answered yet: the
+    // record seen is the one it replaces.
+    if g.waiting.get(&waiter).is_some_and(|l| l.mod_rev == 0) {
+        return;
+    }
     g.left.remove(uid);
-    if let Some(waiter) = g.by_uid.remove(uid) {
-        if let Some(l) = g.waiting.remove(&waiter) {
-            let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
-        }
+    g.by_uid.remove(uid);
+    if let Some(l) = g.waiting.remove(&waiter) {
+        let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
     }
 }
 
