@@ -495,9 +495,11 @@ impl Cluster {
         let still = {
             let mut g = self.guard();
             let g = &mut *g;
-            // Known by the uid it became only.
-            if adopt.is_some() {
+            // Known by the uid it became only; the place is this request's now, whatever the
+            // request it took it over from did (it may have left: its wait ran out).
+            if let Some(old) = &adopt {
                 g.by_uid.remove(&uid);
+                g.left.remove(&old.uid);
             }
             if let Some(local) = g.waiting.get_mut(&waiter) {
                 local.mod_rev = at;

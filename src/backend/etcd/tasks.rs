@@ -751,7 +751,7 @@ fn taken_over(g: &mut State, uid: &str) {
 /// front-end's etcd lease), or taken back (its waiter left; only as it was handed over).
 fn on_grant(g: &mut State, gr: &Granted) -> Next {
     let handover = HandOver(gr.mod_rev);
-    if gr.unconfirmed() && !g.left.contains(&gr.uid) {
+    if gr.unconfirmed() {
         let waiter = g.by_uid.get(&gr.uid).copied();
         return match waiter.and_then(|w| g.waiting.get_mut(&w)) {
             Some(l) if l.confirming => Next::Nothing,
@@ -759,12 +759,16 @@ fn on_grant(g: &mut State, gr: &Granted) -> Next {
                 l.confirming = true;
                 Next::Confirm(gr.clone())
             }
-            // Nobody waits for it here any more (the wait was lost with an etcd lease).
-            None => Next::TakeBack(TakeBack {
-                name: gr.name.clone(),
-                token: gr.token,
-                handover,
-            }),
+            // Its waiter left, or nobody waits for it here any more (the wait was lost
+            // with an etcd lease): never told, so taken back.
+            None => {
+                g.left.remove(&gr.uid);
+                Next::TakeBack(TakeBack {
+                    name: gr.name.clone(),
+                    token: gr.token,
+                    handover,
+                })
+            }
         };
     }
     match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover) {
@@ -775,7 +779,10 @@ fn on_grant(g: &mut State, gr: &Granted) -> Next {
 
 /// Hands a grant made for waiter `uid` to it, once (from the grant's answer or from the watch,
 /// whichever comes first). A waiter that left meanwhile never learns of it: the grant to take
-/// back is returned.
+/// back is returned. A request waiting under `uid` comes first: one that took over the place
+/// of a request of its id that left (the same LOCK again) is the one the grant is for, and
+/// the older one's leaving no longer counts (taking the grant back after handing it over
+/// would leave a client told it holds a lock that passed on).
 fn deliver(
     g: &mut State,
     uid: &str,
@@ -789,11 +796,18 @@ fn deliver(
         token,
         handover,
     };
-    if g.left.remove(uid) {
-        return Some(back());
-    }
-    // Not waited for here (another front-end's, or delivered already): nothing to do.
-    let waiter = g.by_uid.remove(uid)?;
+    let waiting = g
+        .by_uid
+        .get(uid)
+        .copied()
+        .filter(|w| g.waiting.contains_key(w));
+    let Some(waiter) = waiting else {
+        // Left: taken back. Else not waited for here (another front-end's, or delivered
+        // already): nothing to do.
+        return g.left.remove(uid).then(back);
+    };
+    g.left.remove(uid);
+    g.by_uid.remove(uid);
     let local = g.waiting.remove(&waiter)?;
     let deadline = now() + Duration::from_millis(ttl_ms);
     let sent = local.tx.send(WaitResult::Granted {
