@@ -277,6 +277,14 @@ fn limits() -> impl Strategy<Value = (MLimits, Token)> {
 }
 
 /// The table and the model side by side, plus what the picks need to resolve.
+/// What the etcd backend decided of a LOCK, and what to read it by.
+#[cfg(feature = "etcd")]
+struct ClusterDecision {
+    decision: Result<lockd::locks::rules::Decision<usize, usize>, TableError>,
+    tokens: Vec<Token>,
+    same_waiter: Option<usize>,
+}
+
 struct Harness {
     table: Locks,
     model: Model,
@@ -393,6 +401,90 @@ impl Harness {
         }
     }
 
+    /// What the etcd backend decides of `req` on the name as the reference model has it
+    /// now (its holders and queue shown through the cluster's own view of a name), with
+    /// the holders' tokens and the waiters' (id, user), to read the decision by.
+    #[cfg(feature = "etcd")]
+    fn cluster_decision(&mut self, now: u64, req: &LockRequest) -> ClusterDecision {
+        use lockd::backend::etcd::model::{decide, HolderPart, WaiterPart};
+        self.model.process(now);
+        let users: Vec<String> = (0..=UserId::from(u8::MAX)).map(|u| u.to_string()).collect();
+        let user = |u: UserId| users.get(u as usize).map_or("?", String::as_str);
+        let leases = self.model.entries.values().map(|e| e.holders.len()).sum();
+        let entry = self.model.entries.get(&req.name);
+        let holders: Vec<HolderPart<'_>> = entry.map_or_else(Vec::new, |e| {
+            e.holders
+                .iter()
+                .map(|h| HolderPart {
+                    id: &h.id,
+                    user: user(h.user),
+                    mode: e.mode,
+                    session: h.session.map(|s| s.conn),
+                })
+                .collect()
+        });
+        let queue: Vec<WaiterPart<'_>> = entry.map_or_else(Vec::new, |e| {
+            e.queue
+                .iter()
+                .map(|w| WaiterPart {
+                    id: &w.id,
+                    user: user(w.user),
+                    mode: w.mode,
+                })
+                .collect()
+        });
+        let decision = decide(
+            &holders,
+            &queue,
+            req,
+            user(req.user),
+            self.table.limits(),
+            leases,
+        );
+        let tokens = entry.map_or_else(Vec::new, |e| e.holders.iter().map(|h| h.token).collect());
+        let same_waiter = entry.and_then(|e| {
+            e.queue
+                .iter()
+                .position(|w| w.id == req.id && w.user == req.user)
+        });
+        ClusterDecision {
+            decision,
+            tokens,
+            same_waiter,
+        }
+    }
+
+    /// Whether the etcd backend's decision is the one the reference model made.
+    #[cfg(feature = "etcd")]
+    fn cluster_agrees(
+        &self,
+        cluster: ClusterDecision,
+        want: &Result<LockOutcome, TableError>,
+    ) -> Result<(), String> {
+        use lockd::locks::rules::Decision;
+        let expected = match want {
+            // Refused before the rules are asked, in both backends.
+            Err(TableError::BadTtl { .. } | TableError::BadGrace { .. }) => return Ok(()),
+            Err(e) => Err(e.clone()),
+            Ok(LockOutcome::Granted { token, .. }) => {
+                Ok(match cluster.tokens.iter().position(|t| t == token) {
+                    Some(i) => Decision::Again(i),
+                    None => Decision::Grant,
+                })
+            }
+            Ok(LockOutcome::Queued { .. }) => Ok(Decision::Queue {
+                replaces: cluster.same_waiter,
+            }),
+        };
+        if cluster.decision != expected {
+            return Err(format!(
+                "etcd backend decides {:?}, model {expected:?} ({want:?})",
+                cluster.decision
+            ));
+        }
+        Ok(())
+    }
+
     /// Compares the effects of one step, then lets the observer judge them.
     fn effects(&mut self, call: Call<'_>) -> Result<(), String> {
         let got = self.table.take_effects();
@@ -433,19 +525,19 @@ impl Harness {
                     WaitPick::Zero => Some(0),
                     WaitPick::Ms(ms) => Some(*ms),
                 };
-                let got = self.table.lock(
-                    at,
-                    LockRequest {
-                        name: NAMES[*name].into(),
-                        id: IDS[*id].into(),
-                        ttl: ttl.map(Duration::from_millis),
-                        wait: wait.map(Duration::from_millis),
-                        session: session.map(Duration::from_millis),
-                        conn: *conn,
-                        mode: *mode,
-                        user: *user,
-                    },
-                );
+                let req = LockRequest {
+                    name: NAMES[*name].into(),
+                    id: IDS[*id].into(),
+                    ttl: ttl.map(Duration::from_millis),
+                    wait: wait.map(Duration::from_millis),
+                    session: session.map(Duration::from_millis),
+                    conn: *conn,
+                    mode: *mode,
+                    user: *user,
+                };
+                #[cfg(feature = "etcd")]
+                let cluster = self.cluster_decision(now, &req);
+                let got = self.table.lock(at, req);
                 let want = self.model.lock(
                     now,
                     MLock {
@@ -462,6 +554,8 @@ impl Harness {
                 if got != want {
                     return Err(format!("lock: table {got:?}, model {want:?}"));
                 }
+                #[cfg(feature = "etcd")]
+                self.cluster_agrees(cluster, &want)?;
                 match &got {
                     Ok(LockOutcome::Queued { waiter }) => {
                         self.waiters.push(*waiter);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::rules::{HolderView, NameView, WaiterView};
 use super::types::{ConnId, Mode, Token, UserId, WaiterId};
 
 /// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
@@ -215,23 +216,8 @@ impl Entry {
         let Some((_, head)) = more.queue.first_key_value() else {
             return false;
         };
-        match (more.mode, head.mode) {
-            (Mode::Shared, Mode::Shared) => true,
-            (Mode::Limit(n), Mode::Limit(m)) => n == m && self.holder_count() < n as usize,
-            _ => false,
-        }
-    }
-
-    /// Whether a new request in `mode` could be granted now without overtaking anyone.
-    pub(super) fn fits_now(&self, mode: Mode) -> bool {
-        if self.waiters() > 0 {
-            return false;
-        }
-        match (self.mode(), mode) {
-            (Mode::Shared, Mode::Shared) => true,
-            (Mode::Limit(n), Mode::Limit(m)) => n == m && self.holder_count() < n as usize,
-            _ => false,
-        }
+        let holding = std::iter::repeat_n(more.mode, self.holder_count());
+        super::rules::admits(holding, head.mode)
     }
 
     /// The `More` to add to, made if needed.
@@ -332,5 +318,44 @@ impl Slab {
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Entry> {
         self.chunks.iter().flatten().flatten()
+    }
+}
+
+/// A name of the table as the lock rules see it; `None`: the name is free.
+pub(super) struct TableView<'a>(pub(super) Option<&'a Entry>);
+
+/// Where a waiter of the table is: its ticket in the queue, its number and its wait's end.
+pub(super) type WaiterPlace = (u64, WaiterId, Option<u64>);
+
+impl NameView for TableView<'_> {
+    type User = UserId;
+    type HolderKey = Token;
+    type WaiterKey = WaiterPlace;
+
+    fn holders(&self) -> impl Iterator<Item = HolderView<'_, UserId, Token>> {
+        self.0.into_iter().flat_map(|entry| {
+            let mode = entry.mode();
+            entry.holders().map(move |h| HolderView {
+                key: h.token,
+                id: &h.id,
+                user: &h.user,
+                mode,
+                bound_to: h.open_conn(),
+            })
+        })
+    }
+
+    fn queue(&self) -> impl Iterator<Item = WaiterView<'_, UserId, WaiterPlace>> {
+        let queue = self.0.and_then(Entry::queue).into_iter().flatten();
+        queue.map(|(ticket, w)| WaiterView {
+            key: (*ticket, w.waiter, w.deadline),
+            id: &w.id,
+            user: &w.user,
+            mode: w.mode,
+        })
+    }
+
+    fn waiters(&self) -> usize {
+        self.0.map_or(0, Entry::waiters)
     }
 }

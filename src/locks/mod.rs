@@ -39,9 +39,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod layout;
+pub mod rules;
 mod types;
 
-use layout::{nanos, Bond, Clock, Entry, Holder, Slab, Timer, Waiter};
+use layout::{nanos, Bond, Clock, Entry, Holder, Slab, TableView, Timer, Waiter, WaiterPlace};
+use rules::{Ask, Decision};
 pub use types::*;
 
 /// The lock table.
@@ -187,7 +189,7 @@ impl Locks {
         self.index.is_empty()
     }
 
-    /// LOCK: grant now, queue, or refuse.
+    /// LOCK: grant now, queue, or refuse, as [`rules::decide`] says.
     pub fn lock(&mut self, now: Instant, req: LockRequest) -> Result<LockOutcome, TableError> {
         self.expire(now);
         let ttl = self.check_ttl(req.ttl)?;
@@ -196,13 +198,21 @@ impl Locks {
             max: self.limits.max_ttl,
         };
         let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(bad_ttl)?;
+        let slot = self.index.get(req.name.as_str()).copied();
+        let ask = Ask {
+            id: &req.id,
+            user: &req.user,
+            mode: req.mode,
+            conn: req.conn,
+            wait: req.wait,
+        };
+        let view = TableView(slot.and_then(|slot| self.slab.get(slot)));
+        let decision = rules::decide(&view, &ask, &self.limits, self.leases)?;
         let too_many = TableError::TooManyLocks {
             max: self.limits.max_locks,
         };
-        let Some(&slot) = self.index.get(req.name.as_str()) else {
-            if self.leases >= self.limits.max_locks {
-                return Err(too_many);
-            }
+        let Some(slot) = slot else {
+            // A free name: the only decision the rules make for it is a grant.
             let holder = self.new_holder(now, &req, ttl, deadline_ticks);
             let slot = self
                 .add_entry(req.name.into(), holder, req.mode)
@@ -210,96 +220,78 @@ impl Locks {
             let token = self.start_lease(slot, None, deadline, None);
             return Ok(LockOutcome::Granted { token, deadline });
         };
+        match decision {
+            Decision::Grant => {
+                let holder = self.new_holder(now, &req, ttl, deadline_ticks);
+                let token = self.start_lease(slot, Some(holder), deadline, None);
+                Ok(LockOutcome::Granted { token, deadline })
+            }
+            Decision::Again(token) => {
+                self.grant_again(slot, token, &req, ttl, (deadline, deadline_ticks))?;
+                Ok(LockOutcome::Granted { token, deadline })
+            }
+            Decision::Queue { replaces } => {
+                let waiter = self.enqueue(now, slot, req, ttl, replaces)?;
+                Ok(LockOutcome::Queued { waiter })
+            }
+        }
+    }
+
+    /// The same grant again for a holder's repeated LOCK: a new lease, bound as it asks.
+    fn grant_again(
+        &mut self,
+        slot: u32,
+        token: Token,
+        req: &LockRequest,
+        ttl: Duration,
+        (deadline, deadline_ticks): (Instant, u64),
+    ) -> Result<(), TableError> {
         let Some(entry) = self.slab.get_mut(slot) else {
             return Err(TableError::NotHeld);
         };
-        let held = entry.mode();
-        if !held.same_kind(req.mode) {
-            return Err(TableError::WrongMode {
-                held,
-                asked: req.mode,
-            });
-        }
-
-        let same = entry
-            .holders()
-            .find(|h| *h.id == *req.id && h.user == req.user)
-            .map(|h| h.token);
-        if let Some(same) = same {
-            // A repeat by a holder (typically a retry after a lost reply): same grant, new
-            // lease. Two processes can't share it through one id while the first one's session
-            // connection is open: that is refused. A session lease in its grace has no open
-            // connection, so its holder coming back takes it up again.
-            if held != req.mode {
-                return Err(TableError::WrongMode {
-                    held,
-                    asked: req.mode,
-                });
-            }
-            let name = Arc::clone(&entry.name);
-            let Some(existing) = entry.holder_mut(same) else {
-                return Err(TableError::NotHeld);
-            };
-            if matches!(existing.open_conn(), Some(c) if c != req.conn) {
-                return Err(TableError::Conflict);
-            }
-            let timer = Timer::Lease(same, slot);
-            self.timers.remove(&(existing.deadline, timer));
-            existing.ttl = nanos(ttl);
-            existing.deadline = deadline_ticks;
-            existing.bind(req.session, req.conn);
-            self.timers.insert((deadline_ticks, timer));
-            if self.journal {
-                self.changes.push(Change::Grant {
-                    name,
-                    id: Arc::clone(&existing.id),
-                    token: same,
-                    ttl,
-                    deadline,
-                    mode: held,
-                    user: existing.user,
-                });
-            }
-            return Ok(LockOutcome::Granted {
-                token: same,
+        let (name, mode) = (Arc::clone(&entry.name), entry.mode());
+        let Some(existing) = entry.holder_mut(token) else {
+            return Err(TableError::NotHeld);
+        };
+        let timer = Timer::Lease(token, slot);
+        self.timers.remove(&(existing.deadline, timer));
+        existing.ttl = nanos(ttl);
+        existing.deadline = deadline_ticks;
+        existing.bind(req.session, req.conn);
+        self.timers.insert((deadline_ticks, timer));
+        if self.journal {
+            self.changes.push(Change::Grant {
+                name,
+                id: Arc::clone(&existing.id),
+                token,
+                ttl,
                 deadline,
+                mode,
+                user: existing.user,
             });
         }
+        Ok(())
+    }
 
-        if entry.fits_now(req.mode) {
-            if self.leases >= self.limits.max_locks {
-                return Err(too_many);
-            }
-            let holder = self.new_holder(now, &req, ttl, deadline_ticks);
-            let token = self.start_lease(slot, Some(holder), deadline, None);
-            return Ok(LockOutcome::Granted { token, deadline });
-        }
-
+    /// Queues `req` on `slot`, in the place of the same id's older request if it `replaces`
+    /// one (that request ends `Replaced`).
+    fn enqueue(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        req: LockRequest,
+        ttl: Duration,
+        replaces: Option<WaiterPlace>,
+    ) -> Result<WaiterId, TableError> {
         let wait_deadline = match req.wait {
             None => None,
-            Some(w) if w.is_zero() => {
-                return Err(TableError::WouldBlock {
-                    holder: Arc::clone(&entry.holder.id),
-                })
-            }
             // Past 584 years from now: as good as without bound.
             Some(w) => self.clock.after(now, w).map(|(_, ticks)| ticks),
         };
-
-        // A LOCK by an id that already waits takes over that place; the older request fails.
-        let replaced = entry.queue().and_then(|queue| {
-            queue
-                .iter()
-                .find(|(_, w)| *w.id == *req.id && w.user == req.user)
-                .map(|(ticket, w)| (*ticket, w.waiter, w.deadline))
-        });
-        // A replacing request takes over a place; only a new one lengthens the queue.
-        if replaced.is_none() && entry.waiters() >= self.limits.max_waiters {
-            return Err(TableError::TooManyWaiters {
-                max: self.limits.max_waiters,
-            });
-        }
-        let ticket = match replaced {
+        let Some(entry) = self.slab.get_mut(slot) else {
+            return Err(TableError::NotHeld);
+        };
+        let ticket = match replaces {
             Some((ticket, old, old_deadline)) => {
                 entry.more_mut().queue.remove(&ticket);
                 self.waiters.remove(&old);
@@ -343,7 +335,7 @@ impl Locks {
         self.waiters.insert(waiter, (slot, ticket));
         // A replacing request in another mode may fit where the one it replaced did not.
         self.grant_fitting(now, slot);
-        Ok(LockOutcome::Queued { waiter })
+        Ok(waiter)
     }
 
     /// UNLOCK by `user`: release if `token` is the live lease and `user` may (see

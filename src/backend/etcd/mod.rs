@@ -23,6 +23,8 @@
 
 mod keys;
 mod mirror;
+#[doc(hidden)]
+pub mod model;
 mod ops;
 mod tasks;
 

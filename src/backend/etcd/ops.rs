@@ -10,13 +10,14 @@ use tokio::sync::oneshot;
 use crate::backend::{
     now, BackendError, Detail, HandOver, LockStart, Renewed, StatusView, WaitResult,
 };
+use crate::locks::rules::{self, Decision};
 use crate::locks::{
     ConnId, EventKind, LockRequest, LockStatus, TableError, Token, UserId, WaitEnd, WaiterId,
     WaiterStatus,
 };
 
 use super::keys::{HolderValue, MarkerValue, WaiterValue};
-use super::mirror::{Change, Holder, Mirror, NameState};
+use super::mirror::{ask, decide, Change, Holder, Mirror, NameState};
 use super::{unavailable, wall_ms, Cluster, Local};
 
 /// How often a LOCK whose write found the name changed decides again before it answers
@@ -44,22 +45,12 @@ impl Cluster {
         self.own_writes_seen(&req.name).await;
         let mut read: Option<NameState> = None;
         for _ in 0..STALE_TRIES {
-            let plan = match &read {
-                Some(ns) => self.plan(ns, &req, &user),
-                None => {
-                    let g = self.guard();
-                    let (held, _) = g.mirror.counts();
-                    match g.mirror.name(&req.name) {
-                        None if held >= self.limits.max_locks => {
-                            return Err(TableError::TooManyLocks {
-                                max: self.limits.max_locks,
-                            }
-                            .into())
-                        }
-                        None => Ok(Plan::Fresh { marker_rev: 0 }),
-                        Some(ns) => self.plan(ns, &req, &user),
-                    }
-                }
+            let plan = {
+                let g = self.guard();
+                let (leases, _) = g.mirror.counts();
+                let free = NameState::default();
+                let ns = read.as_ref().or_else(|| g.mirror.name(&req.name));
+                self.plan(ns.unwrap_or(&free), &req, &user, leases)
             };
             match plan {
                 Ok(Plan::Fresh { marker_rev }) => {
@@ -75,13 +66,7 @@ impl Cluster {
                 }
                 // From the mirror: make sure with etcd itself.
                 _ if read.is_none() => {}
-                Ok(Plan::Blocked(holder)) => {
-                    if req.wait == Some(Duration::ZERO) {
-                        return Err(TableError::WouldBlock {
-                            holder: holder.into(),
-                        }
-                        .into());
-                    }
+                Ok(Plan::Blocked) => {
                     let queued = self.enqueue(req.clone(), user.clone(), ttl, read.as_ref());
                     if let Some(start) = queued.await? {
                         return Ok(start);
@@ -174,61 +159,25 @@ impl Cluster {
             .is_some_and(|(rev, emptied)| *emptied && *rev > g.mirror.rev)
     }
 
-    /// What a LOCK on a name the mirror knows should do.
-    fn plan(&self, ns: &NameState, req: &LockRequest, user: &str) -> Result<Plan, BackendError> {
-        if let Some(mode) = ns.mode() {
-            if !mode.same_kind(req.mode) {
-                return Err(TableError::WrongMode {
-                    held: mode,
-                    asked: req.mode,
-                }
-                .into());
-            }
-        }
-        let same = ns
-            .holders
-            .values()
-            .find(|h| h.value.id == req.id && h.value.user == user);
-        if let Some(h) = same {
-            if h.value.mode != req.mode {
-                return Err(TableError::WrongMode {
-                    held: h.value.mode,
-                    asked: req.mode,
-                }
-                .into());
-            }
-            // Bound to another open connection of this front-end: two processes on one id.
-            // One bound to another front-end's connection moves here, as a RENEW through
-            // this front-end would move it: whether that connection is still open can't be
-            // known from here (its front-end may be dead, the client coming back through
-            // this one).
-            let bound_elsewhere = h.value.session_ms.is_some()
-                && h.value.cut_ms == 0
-                && h.value.fe == self.fe
-                && h.value.conn != req.conn;
-            if bound_elsewhere {
-                return Err(TableError::Conflict.into());
-            }
-            return Ok(Plan::Again(Box::new(h.clone())));
-        }
-        if ns.queue.is_empty() && ns.admits(req.mode) {
-            return Ok(Plan::Fresh {
+    /// What a LOCK on `ns` should do, as the lock rules decide it from this front-end.
+    /// `leases`: the holders of every name (the mirror's count).
+    fn plan(
+        &self,
+        ns: &NameState,
+        req: &LockRequest,
+        user: &str,
+        leases: usize,
+    ) -> Result<Plan, BackendError> {
+        match decide(ns, &self.fe, req, user, &self.limits, leases)? {
+            Decision::Grant => Ok(Plan::Fresh {
                 marker_rev: ns.marker_rev,
-            });
+            }),
+            Decision::Again(rev) => match ns.holder_by_rev(rev) {
+                Some(h) => Ok(Plan::Again(Box::new(h.clone()))),
+                None => Err(TableError::NotHeld.into()),
+            },
+            Decision::Queue { .. } => Ok(Plan::Blocked),
         }
-        let waiters = ns.queue.len();
-        if waiters >= self.limits.max_waiters && req.wait != Some(Duration::ZERO) {
-            return Err(TableError::TooManyWaiters {
-                max: self.limits.max_waiters,
-            }
-            .into());
-        }
-        let holder = ns
-            .holders
-            .values()
-            .next()
-            .map_or_else(|| "(queue)".to_owned(), |h| h.value.id.clone());
-        Ok(Plan::Blocked(holder))
     }
 
     pub(super) fn holder_value(&self, req: &LockRequest, user: &str, ttl: Duration) -> HolderValue {
@@ -395,10 +344,9 @@ impl Cluster {
             let g = self.guard();
             read.or_else(|| g.mirror.name(&req.name))
                 .map_or_else(Vec::new, |ns| {
-                    ns.queue
-                        .values()
-                        .filter(|w| w.value.id == req.id && w.value.user == user)
-                        .cloned()
+                    let ask = ask(&req, &user);
+                    rules::same_waiters(&ns.view(&self.fe), &ask)
+                        .filter_map(|rev| ns.queue.get(&rev).cloned())
                         .collect()
                 })
         };
@@ -1108,8 +1056,8 @@ enum Plan {
     Again(Box<Holder>),
     /// Free and nobody waits: grant at once if the marker is still at this revision.
     Fresh { marker_rev: i64 },
-    /// Held (by this id) or others wait: queue.
-    Blocked(String),
+    /// Held, or others wait: queue.
+    Blocked,
 }
 
 /// A waiter's own write was answered at revision `at`. The watch leaves a waiter alone until

@@ -699,10 +699,18 @@ fn lease_gone(e: &etcd_client::Error) -> bool {
 /// How the wait of `l` ends when its key is gone without its grant: a newer LOCK of its id
 /// (and user) took its place, in the same write, or else its front-end's etcd lease ran out.
 pub(super) fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
+    let same = crate::locks::rules::Ask {
+        id: &l.value.id,
+        user: l.value.user.as_str(),
+        mode: l.value.mode,
+        conn: l.value.conn,
+        wait: None,
+    };
     let replaced = mirror.name(&l.name).is_some_and(|ns| {
-        ns.queue
-            .values()
-            .any(|w| w.value.id == l.value.id && w.value.user == l.value.user)
+        let fe = &l.value.fe;
+        crate::locks::rules::same_waiters(&ns.view(fe), &same)
+            .next()
+            .is_some()
     });
     if replaced {
         WaitResult::Ended(WaitEnd::Replaced)

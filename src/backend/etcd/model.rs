@@ -1,0 +1,108 @@
+//! The etcd backend's LOCK decision over a name built from plain parts: the model test
+//! (tests/model.rs) asks it on every LOCK of its random histories and compares it with the
+//! reference model, so the cluster's view of a name goes through the same check as the
+//! embedded table. Not part of lockd's interface.
+
+use std::time::Instant;
+
+use crate::locks::rules::Decision;
+use crate::locks::{ConnId, Limits, LockRequest, Mode, TableError};
+
+use super::keys::{HolderValue, WaiterValue};
+use super::mirror::{self, Holder, NameState, Waiter};
+
+/// The front-end the decision is made on; holders bound to its connections name it.
+const HERE: &str = "here";
+
+/// A holder, in grant order.
+pub struct HolderPart<'a> {
+    pub id: &'a str,
+    pub user: &'a str,
+    pub mode: Mode,
+    /// `None`: a plain lease; `Some(Some(conn))`: a session lease bound to this front-end's
+    /// open connection `conn`; `Some(None)`: a session lease in its grace.
+    pub session: Option<Option<ConnId>>,
+}
+
+/// A waiter, first in line first.
+pub struct WaiterPart<'a> {
+    pub id: &'a str,
+    pub user: &'a str,
+    pub mode: Mode,
+}
+
+/// What [`super::mirror::decide`] says of `req` by `user` on a name with these holders and
+/// queue; holders and waiters are named by their index in the slices.
+pub fn decide(
+    holders: &[HolderPart<'_>],
+    queue: &[WaiterPart<'_>],
+    req: &LockRequest,
+    user: &str,
+    limits: &Limits,
+    leases: usize,
+) -> Result<Decision<usize, usize>, TableError> {
+    let mut ns = NameState::default();
+    let at = Instant::now();
+    for (i, h) in holders.iter().enumerate() {
+        let rev = i as i64 + 1;
+        let value = HolderValue {
+            id: h.id.into(),
+            user: h.user.into(),
+            mode: h.mode,
+            ttl_ms: 1000,
+            deadline_ms: 1000,
+            session_ms: h.session.map(|_| 0),
+            fe: HERE.into(),
+            conn: h.session.flatten().unwrap_or(0),
+            cut_ms: u64::from(matches!(h.session, Some(None))),
+            granted_ms: 0,
+            waited_ms: None,
+            at_ms: 0,
+        };
+        let uid = format!("h{rev}");
+        let holder = Holder {
+            key: uid.clone(),
+            uid,
+            rev,
+            mod_rev: rev,
+            lease: 0,
+            value,
+            ends_at: at,
+        };
+        ns.holders.insert(rev, holder);
+    }
+    let first_waiter = holders.len() as i64 + 1;
+    for (i, w) in queue.iter().enumerate() {
+        let rev = first_waiter + i as i64;
+        let value = WaiterValue {
+            id: w.id.into(),
+            user: w.user.into(),
+            mode: w.mode,
+            ttl_ms: 1000,
+            session_ms: None,
+            fe: HERE.into(),
+            conn: 0,
+            lease: 1,
+            queued_ms: 0,
+        };
+        let uid = format!("w{rev}");
+        let waiter = Waiter {
+            key: uid.clone(),
+            uid,
+            rev,
+            mod_rev: rev,
+            value,
+        };
+        ns.queue.insert(rev, waiter);
+    }
+    let index = |rev: i64, first: i64| usize::try_from(rev - first).unwrap_or(usize::MAX);
+    Ok(
+        match mirror::decide(&ns, HERE, req, user, limits, leases)? {
+            Decision::Grant => Decision::Grant,
+            Decision::Again(rev) => Decision::Again(index(rev, 1)),
+            Decision::Queue { replaces } => Decision::Queue {
+                replaces: replaces.map(|rev| index(rev, first_waiter)),
+            },
+        },
+    )
+}

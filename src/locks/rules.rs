@@ -1,0 +1,325 @@
+//! The lock rules: what a LOCK does on one name, and who may hold a name beside whom.
+//!
+//! This is the one place they are written. The embedded table ([`super::Locks`]) and the
+//! etcd backend (over its mirror of the cluster) each show their state of one name through
+//! [`NameView`] and carry out the [`Decision`]; neither checks a mode, an id or a limit of
+//! its own. A rule that lived in two places would one day differ, and mutual exclusion is the
+//! product: the model test drives this module through both views.
+//!
+//! Pure: no clock, no I/O; the views are borrowed, nothing is copied but the answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{ConnId, Limits, Mode, TableError};
+
+/// A holder of the name, as a [`NameView`] shows it.
+pub struct HolderView<'a, U: ?Sized, K> {
+    /// How the backend finds this holder again (a token, a key revision).
+    pub key: K,
+    pub id: &'a str,
+    pub user: &'a U,
+    pub mode: Mode,
+    /// The open connection of this server a session lease is bound to: only that
+    /// connection may take it up again by the same id. `None` for a plain lease, a session
+    /// lease in its grace (its connection closed), or one bound to another server's
+    /// connection (in cluster mode it moves here, as a RENEW through this server would move
+    /// it: whether that connection still lives can't be known from here).
+    pub bound_to: Option<ConnId>,
+}
+
+/// A waiter of the name, as a [`NameView`] shows it.
+pub struct WaiterView<'a, U: ?Sized, K> {
+    pub key: K,
+    pub id: &'a str,
+    pub user: &'a U,
+    pub mode: Mode,
+}
+
+/// One name's holders (in the order they were granted) and queue (first in line first).
+pub trait NameView {
+    /// Who a request is from: the same id is the same client only within one user.
+    type User: PartialEq + ?Sized;
+    type HolderKey;
+    type WaiterKey;
+
+    fn holders(&self) -> impl Iterator<Item = HolderView<'_, Self::User, Self::HolderKey>>;
+    fn queue(&self) -> impl Iterator<Item = WaiterView<'_, Self::User, Self::WaiterKey>>;
+    /// How many wait (the queue's length, without walking it).
+    fn waiters(&self) -> usize;
+}
+
+/// The part of a LOCK the rules look at.
+pub struct Ask<'a, U: ?Sized> {
+    pub id: &'a str,
+    pub user: &'a U,
+    pub mode: Mode,
+    /// The connection it came on.
+    pub conn: ConnId,
+    /// `None` waits without bound; zero does not wait.
+    pub wait: Option<Duration>,
+}
+
+/// What a LOCK does.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decision<H, W> {
+    /// The same id (and user) already holds it: the same grant again, with a new lease.
+    Again(H),
+    /// A new holder, now.
+    Grant,
+    /// Wait in line; `replaces`: the same id's older request, whose place it takes (that
+    /// request is answered `ERR REPLACED`).
+    Queue { replaces: Option<W> },
+}
+
+/// Decides a LOCK `ask` on the name `view` shows. `leases`: how many leases are held in all
+/// (a new holder must stay within [`Limits::max_locks`]).
+pub fn decide<V: NameView>(
+    view: &V,
+    ask: &Ask<'_, V::User>,
+    limits: &Limits,
+    leases: usize,
+) -> Result<Decision<V::HolderKey, V::WaiterKey>, TableError> {
+    // The name's mode is its holders', or while a hand-over is on its way (cluster mode), its
+    // queue's: exclusive and shared are the two sides of one read/write lock; a semaphore
+    // only mixes with the same semaphore.
+    let held = match view.holders().next() {
+        Some(h) => Some(h.mode),
+        None => view.queue().next().map(|w| w.mode),
+    };
+    if let Some(held) = held {
+        if !held.same_kind(ask.mode) {
+            return Err(TableError::WrongMode {
+                held,
+                asked: ask.mode,
+            });
+        }
+    }
+
+    // A repeat by a holder (typically a retry after a lost reply): same grant, new lease.
+    // Two processes can't share it through one id while the first one's session connection
+    // is open; a session lease in its grace has none, so its holder coming back takes it up.
+    if let Some(same) = view
+        .holders()
+        .find(|h| h.id == ask.id && h.user == ask.user)
+    {
+        if same.mode != ask.mode {
+            return Err(TableError::WrongMode {
+                held: same.mode,
+                asked: ask.mode,
+            });
+        }
+        if matches!(same.bound_to, Some(c) if c != ask.conn) {
+            return Err(TableError::Conflict);
+        }
+        return Ok(Decision::Again(same.key));
+    }
+
+    // Granted at once only without overtaking anyone.
+    if view.waiters() == 0 && admits(view.holders().map(|h| h.mode), ask.mode) {
+        if leases >= limits.max_locks {
+            return Err(TableError::TooManyLocks {
+                max: limits.max_locks,
+            });
+        }
+        return Ok(Decision::Grant);
+    }
+
+    if ask.wait == Some(Duration::ZERO) {
+        let holder = view.holders().next().map_or("(queue)", |h| h.id);
+        return Err(TableError::WouldBlock {
+            holder: Arc::from(holder),
+        });
+    }
+
+    // A LOCK by an id that already waits takes over that place; only a new one lengthens
+    // the queue.
+    let replaces = same_waiters(view, ask).next();
+    if replaces.is_none() && view.waiters() >= limits.max_waiters {
+        return Err(TableError::TooManyWaiters {
+            max: limits.max_waiters,
+        });
+    }
+    Ok(Decision::Queue { replaces })
+}
+
+/// The waiters of the same id (and user) as `ask`, first in line first: a LOCK takes the
+/// first one's place. (A cluster may briefly show more than one, written through two
+/// front-ends at once; the ones after the first go.)
+pub fn same_waiters<'v, V: NameView>(
+    view: &'v V,
+    ask: &'v Ask<'_, V::User>,
+) -> impl Iterator<Item = V::WaiterKey> + 'v {
+    view.queue()
+        .filter(move |w| w.id == ask.id && w.user == ask.user)
+        .map(|w| w.key)
+}
+
+/// Whether one more holder in `mode` fits beside holders in the modes `holding` (the queue
+/// aside): anyone fits a free name; then all shared holders together, or a semaphore's
+/// holders up to its limit; an exclusive holder alone.
+pub fn admits(holding: impl Iterator<Item = Mode>, mode: Mode) -> bool {
+    let mut n = 0usize;
+    for held in holding {
+        if held != mode {
+            return false;
+        }
+        n += 1;
+    }
+    n == 0
+        || match mode {
+            Mode::Exclusive => false,
+            Mode::Shared => true,
+            Mode::Limit(limit) => n < limit as usize,
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name as plain vectors: (id, user, mode, bound connection).
+    #[derive(Default)]
+    struct Plain {
+        holders: Vec<(&'static str, u32, Mode, Option<ConnId>)>,
+        queue: Vec<(&'static str, u32, Mode)>,
+    }
+
+    impl NameView for Plain {
+        type User = u32;
+        type HolderKey = usize;
+        type WaiterKey = usize;
+
+        fn holders(&self) -> impl Iterator<Item = HolderView<'_, u32, usize>> {
+            self.holders
+                .iter()
+                .enumerate()
+                .map(|(key, (id, user, mode, bound_to))| HolderView {
+                    key,
+                    id,
+                    user,
+                    mode: *mode,
+                    bound_to: *bound_to,
+                })
+        }
+
+        fn queue(&self) -> impl Iterator<Item = WaiterView<'_, u32, usize>> {
+            self.queue
+                .iter()
+                .enumerate()
+                .map(|(key, (id, user, mode))| WaiterView {
+                    key,
+                    id,
+                    user,
+                    mode: *mode,
+                })
+        }
+
+        fn waiters(&self) -> usize {
+            self.queue.len()
+        }
+    }
+
+    fn limits(max_waiters: usize) -> Limits {
+        Limits {
+            max_waiters,
+            ..Limits::default()
+        }
+    }
+
+    fn ask(id: &'static str, mode: Mode, wait: Option<Duration>) -> Ask<'static, u32> {
+        Ask {
+            id,
+            user: &0,
+            mode,
+            conn: 1,
+            wait,
+        }
+    }
+
+    #[test]
+    fn free_name_is_granted_within_max_locks() {
+        let free = Plain::default();
+        let a = ask("p", Mode::Exclusive, None);
+        assert_eq!(decide(&free, &a, &limits(1), 0), Ok(Decision::Grant));
+        let full = decide(
+            &free,
+            &a,
+            &Limits {
+                max_locks: 1,
+                ..limits(1)
+            },
+            1,
+        );
+        assert_eq!(full, Err(TableError::TooManyLocks { max: 1 }));
+    }
+
+    #[test]
+    fn same_id_gets_the_same_grant_unless_bound_elsewhere() {
+        let held = Plain {
+            holders: vec![("p", 0, Mode::Exclusive, Some(2))],
+            ..Plain::default()
+        };
+        let a = ask("p", Mode::Exclusive, None);
+        assert_eq!(decide(&held, &a, &limits(1), 1), Err(TableError::Conflict));
+        let on_2 = Ask {
+            conn: 2,
+            ..ask("p", Mode::Exclusive, None)
+        };
+        assert_eq!(decide(&held, &on_2, &limits(1), 1), Ok(Decision::Again(0)));
+        let other_user = Ask {
+            user: &7,
+            ..ask("p", Mode::Exclusive, Some(Duration::ZERO))
+        };
+        assert!(matches!(
+            decide(&held, &other_user, &limits(1), 1),
+            Err(TableError::WouldBlock { .. })
+        ));
+    }
+
+    #[test]
+    fn modes_and_the_queue() {
+        let shared = Plain {
+            holders: vec![("p", 0, Mode::Shared, None)],
+            ..Plain::default()
+        };
+        let s = ask("q", Mode::Shared, None);
+        assert_eq!(decide(&shared, &s, &limits(1), 1), Ok(Decision::Grant));
+        let x = ask("q", Mode::Exclusive, None);
+        assert_eq!(
+            decide(&shared, &x, &limits(1), 1),
+            Ok(Decision::Queue { replaces: None })
+        );
+        let sem = ask("q", Mode::Limit(2), None);
+        assert!(matches!(
+            decide(&shared, &sem, &limits(1), 1),
+            Err(TableError::WrongMode { .. })
+        ));
+        // Nobody overtakes a waiter, and a full queue takes only a replacement.
+        let queued = Plain {
+            holders: vec![("p", 0, Mode::Shared, None)],
+            queue: vec![("w", 0, Mode::Exclusive)],
+        };
+        assert_eq!(
+            decide(&queued, &s, &limits(1), 1),
+            Err(TableError::TooManyWaiters { max: 1 })
+        );
+        let again = ask("w", Mode::Exclusive, None);
+        assert_eq!(
+            decide(&queued, &again, &limits(1), 1),
+            Ok(Decision::Queue { replaces: Some(0) })
+        );
+    }
+
+    #[test]
+    fn admits_by_mode() {
+        use Mode::*;
+        assert!(admits([].into_iter(), Exclusive));
+        assert!(!admits([Exclusive].into_iter(), Exclusive));
+        assert!(admits([Shared, Shared].into_iter(), Shared));
+        assert!(!admits([Shared].into_iter(), Exclusive));
+        assert!(admits([Limit(2)].into_iter(), Limit(2)));
+        assert!(!admits([Limit(2), Limit(2)].into_iter(), Limit(2)));
+        assert!(!admits([Limit(3)].into_iter(), Limit(2)));
+    }
+}
