@@ -20,13 +20,38 @@
 //! - plain leases are keys without an etcd lease: they outlive their front-end, and any
 //!   front-end renews, checks, releases or expires them. Session leases and waiters hang on
 //!   their front-end's etcd lease, so they end within `--etcd-lease-ttl` of its death.
+//!
+//! # Map (one concept a file)
+//! - `keys`: the key layout and the values stored under it; `mirror`: the prefix as the
+//!   watch has shown it; `view`: a mirrored name as the lock rules see it, and the LOCK
+//!   decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or limit);
+//!   `guards`: every comparison a write is guarded by, built once from named parts.
+//! - Requests: `grant` (LOCK at once or again), `waiters` (a queued LOCK and its end),
+//!   `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK and
+//!   every other end, granting the head waiter in the same write), `status`.
+//! - Background: `watch` (keeps the mirror, starts the rest), `handover` (grants to this
+//!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
+//!   lease), `expiry` (the timer); `fresh` (how current the mirror is for one name) and
+//!   `log` (a change logged and counted, and its marker) serve them all.
+//! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
+mod expiry;
+mod fresh;
+mod grant;
+mod guards;
+mod handover;
+mod holders;
 mod keys;
+mod lease;
+mod log;
 mod mirror;
 #[doc(hidden)]
 pub mod model;
-mod ops;
-mod tasks;
+mod release;
+mod status;
+mod view;
+mod waiters;
+mod watch;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -209,40 +234,13 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Grants this front-end's etcd lease and announces the front-end on it.
-    async fn take_lease(&self) -> Result<(), BackendError> {
-        let ttl = self.config.lease_ttl.as_secs().max(1) as i64;
-        let mut client = self.client.clone();
-        let mut tries = 0u64;
-        let lease = loop {
-            match client.lease_grant(ttl, None).await {
-                Err(e) if not_sent(&e) && tries < self.resends() => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
-                }
-                granted => break granted.map_err(unavailable)?,
-            }
-        };
-        self.lease.store(lease.id(), Ordering::Relaxed);
-        let opts = etcd_client::PutOptions::new().with_lease(lease.id());
-        let announce =
-            Txn::new().and_then([TxnOp::put(self.layout.front_end(&self.fe), "", Some(opts))]);
-        self.txn(announce).await.map_err(unavailable)?;
-        self.leased.store(true, Ordering::Relaxed);
-        Ok(())
-    }
-
     /// The token base: chosen once per prefix (wall-clock microseconds, as the embedded
     /// backend starts its tokens, so tokens keep growing across a move between backends).
     async fn load_base(&self) -> Result<(), BackendError> {
         let key = self.layout.base();
         let first = super::first_token().to_string();
         let txn = Txn::new()
-            .when([etcd_client::Compare::version(
-                key.clone(),
-                etcd_client::CompareOp::Equal,
-                0,
-            )])
+            .when([guards::absent(&key)])
             .and_then([TxnOp::put(key.clone(), first, None)])
             .or_else([TxnOp::get(key.clone(), None)]);
         self.txn(txn).await.map_err(unavailable)?;
@@ -357,7 +355,7 @@ impl Cluster {
     }
 
     /// Resends after "connection refused": enough to go round every endpoint twice.
-    fn resends(&self) -> u64 {
+    pub(super) fn resends(&self) -> u64 {
         2 * self.config.endpoints.len() as u64
     }
 
@@ -381,13 +379,16 @@ impl Cluster {
 
 /// A clean-up write is tried this many times, [`CLEANUP_PAUSE`] apart (each try waits up to
 /// `--etcd-request-timeout`): about a minute and a half of etcd outage at the default.
+/// Waits between attempts to reach etcd again.
+const RETRY: Duration = Duration::from_millis(200);
+
 const CLEANUP_TRIES: usize = 40;
 const CLEANUP_PAUSE: Duration = Duration::from_millis(250);
 
 /// Whether a request failed before any member saw it (its connection was refused), so that
 /// sending it again can't apply it twice. The client reports this as a transport error, or
 /// as an `Unavailable` status whose message is the connector's.
-fn not_sent(e: &etcd_client::Error) -> bool {
+pub(super) fn not_sent(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(status) => status.message().contains("connect error"),

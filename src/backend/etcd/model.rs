@@ -9,7 +9,8 @@ use crate::locks::rules::Decision;
 use crate::locks::{ConnId, Limits, LockRequest, Mode, TableError};
 
 use super::keys::{HolderValue, WaiterValue};
-use super::mirror::{self, Holder, NameState, Waiter};
+use super::mirror::{Holder, NameState, Waiter};
+use super::view;
 
 /// The front-end the decision is made on; holders bound to its connections name it.
 const HERE: &str = "here";
@@ -31,7 +32,7 @@ pub struct WaiterPart<'a> {
     pub mode: Mode,
 }
 
-/// What [`super::mirror::decide`] says of `req` by `user` on a name with these holders and
+/// What [`super::view::decide`] says of `req` by `user` on a name with these holders and
 /// queue; holders and waiters are named by their index in the slices.
 pub fn decide(
     holders: &[HolderPart<'_>],
@@ -96,13 +97,11 @@ pub fn decide(
         ns.queue.insert(rev, waiter);
     }
     let index = |rev: i64, first: i64| usize::try_from(rev - first).unwrap_or(usize::MAX);
-    Ok(
-        match mirror::decide(&ns, HERE, req, user, limits, leases)? {
-            Decision::Grant => Decision::Grant,
-            Decision::Again(rev) => Decision::Again(index(rev, 1)),
-            Decision::Queue { replaces } => Decision::Queue {
-                replaces: replaces.map(|rev| index(rev, first_waiter)),
-            },
+    Ok(match view::decide(&ns, HERE, req, user, limits, leases)? {
+        Decision::Grant => Decision::Grant,
+        Decision::Again(rev) => Decision::Again(index(rev, 1)),
+        Decision::Queue { replaces } => Decision::Queue {
+            replaces: replaces.map(|rev| index(rev, first_waiter)),
         },
-    )
+    })
 }

@@ -1,0 +1,110 @@
+//! The expiry timer: ends leases whose time ran out, from the mirror's index of when each
+//! holder ends (a timer structure, not a sweep).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Txn, TxnOp};
+
+use crate::backend::now;
+use crate::locks::EventKind;
+
+use super::guards;
+use super::Cluster;
+
+impl Cluster {
+    /// Ends leases as their deadlines pass: a timer on the mirror's deadline index, not a
+    /// sweep. A front-end expires the holders it granted; a holder whose front-end is gone is
+    /// expired by the live front-end with the smallest id, so one write ends it.
+    pub(super) async fn expiry_loop(self: Arc<Self>) {
+        loop {
+            let moved = self.moved.notified();
+            let (due, next) = {
+                let mut g = self.guard();
+                let at = now();
+                let mut due = Vec::new();
+                let mut next = None;
+                let smallest = g.mirror.front_ends.iter().min().cloned();
+                for (ends, name, rev) in g.mirror.ends.iter() {
+                    if *ends > at {
+                        next = Some(*ends);
+                        break;
+                    }
+                    let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(*rev)) else {
+                        continue;
+                    };
+                    let owner_alive = g.mirror.front_ends.contains(&h.value.fe);
+                    let mine = if owner_alive {
+                        h.value.fe == self.fe
+                    } else {
+                        smallest.as_deref() == Some(self.fe.as_str())
+                    };
+                    if mine {
+                        due.push((name.clone(), *rev, h.clone()));
+                    }
+                }
+                due.retain(|(name, rev, _)| g.expiring.insert((name.clone(), *rev)));
+                (due, next)
+            };
+            for (name, rev, holder) in due {
+                let me = Arc::clone(&self);
+                tokio::spawn(async move {
+                    let kind = if holder.value.cut_ms > 0
+                        && holder.value.cut_ms <= holder.value.deadline_ms
+                    {
+                        EventKind::Dropped
+                    } else {
+                        EventKind::Expired
+                    };
+                    let token = me.guard().mirror.token(rev);
+                    me.expire(&name, token, kind, holder).await;
+                    me.guard().expiring.remove(&(name, rev));
+                });
+            }
+            let sleep = match next {
+                Some(ends) => ends
+                    .saturating_duration_since(now())
+                    .max(Duration::from_millis(1)),
+                // Nothing to expire: look again when the mirror moves (and now and then,
+                // for a front-end that died while it owned leases).
+                None => Duration::from_secs(1),
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(sleep.min(Duration::from_secs(1))) => {}
+                _ = moved => {}
+            }
+        }
+    }
+
+    /// Expires one holder unless it was renewed meanwhile; then removes the name's marker if
+    /// nothing is left under it.
+    async fn expire(
+        &self,
+        name: &str,
+        token: crate::locks::Token,
+        kind: EventKind,
+        holder: super::mirror::Holder,
+    ) {
+        // Unless renewed meanwhile (a renewal rewrites the key).
+        let guard = guards::unchanged(&holder.key, holder.mod_rev);
+        let ended = self.end_txn(name, kind, &holder, guard);
+        let Some(resp) = self.cleanup(ended.txn.clone()).await else {
+            return;
+        };
+        let granted = ended.head.is_some() && resp.succeeded();
+        if !self.ended(name, token, kind, &holder, &ended, &resp) || granted {
+            // Not ended, or ended by granting the next waiter: nothing to tidy.
+            return;
+        }
+        let marker = self.layout.marker(name);
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let tidy = Txn::new()
+            .when([
+                guards::marker_at(&self.layout, name, rev),
+                guards::nobody_holds(&self.layout, name),
+                guards::nobody_waits(&self.layout, name),
+            ])
+            .and_then([TxnOp::delete(marker, None)]);
+        let _ = self.txn(tidy).await;
+    }
+}

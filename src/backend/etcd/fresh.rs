@@ -1,0 +1,89 @@
+//! How current the mirror is for one name: a linearizable read of it, and this front-end's
+//! own writes the watch has not shown yet (a client's LOCK right after its UNLOCK is decided on
+//! the state that UNLOCK left).
+
+use etcd_client::{GetOptions, Txn, TxnOp};
+
+use crate::backend::{now, BackendError};
+
+use super::mirror::{Change, Mirror, NameState};
+use super::{unavailable, Cluster};
+
+impl Cluster {
+    /// The name as etcd has it now (a linearizable read of its marker, holders and queue).
+    pub(super) async fn read_name(&self, name: &str) -> Result<NameState, BackendError> {
+        let prefix = || Some(GetOptions::new().with_prefix());
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.layout.marker(name), None),
+            TxnOp::get(self.layout.holders(name), prefix()),
+            TxnOp::get(self.layout.waiters(name), prefix()),
+        ]);
+        let resp = self.txn(txn).await.map_err(unavailable)?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut changes = Vec::new();
+        for op in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(got) = op {
+                changes.extend(got.kvs().iter().map(|kv| Change {
+                    put: true,
+                    key: kv.key().to_vec(),
+                    value: kv.value().to_vec(),
+                    create_rev: kv.create_revision(),
+                    mod_rev: kv.mod_revision(),
+                    lease: kv.lease(),
+                }));
+            }
+        }
+        let mut one = Mirror {
+            base: self.base_token(),
+            ..Mirror::default()
+        };
+        one.apply(&self.layout, &changes, rev, now());
+        Ok(one.names.remove(name).unwrap_or_default())
+    }
+
+    /// Waits (at most a request timeout) until the mirror shows this front-end's own last
+    /// write to `name`: a client's LOCK right after its UNLOCK is decided on the state that
+    /// UNLOCK left.
+    pub(super) async fn own_writes_seen(&self, name: &str) {
+        let until = tokio::time::Instant::now() + self.config.request_timeout;
+        loop {
+            let moved = self.moved.notified();
+            {
+                let g = self.guard();
+                match g.written.get(name) {
+                    Some((rev, _)) if *rev > g.mirror.rev => {}
+                    _ => return,
+                }
+            }
+            if tokio::time::timeout_at(until, moved).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Remembers that this front-end wrote `name` at `rev` (see [`Cluster::own_writes_seen`]).
+    pub(super) fn wrote(&self, name: &str, resp: &etcd_client::TxnResponse) {
+        self.wrote_as(name, resp, false);
+    }
+
+    /// [`Cluster::wrote`]; `emptied`: the write left the name with no holder, waiter or
+    /// marker.
+    pub(super) fn wrote_as(&self, name: &str, resp: &etcd_client::TxnResponse, emptied: bool) {
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut g = self.guard();
+        if rev > g.mirror.rev {
+            let at = g.written.entry(name.to_owned()).or_insert((0, false));
+            if rev >= at.0 {
+                *at = (rev, emptied);
+            }
+        }
+    }
+
+    /// Whether this front-end's last write to `name`, not yet in the mirror, emptied it.
+    pub(super) fn emptied_by_own_write(&self, name: &str) -> bool {
+        let g = self.guard();
+        g.written
+            .get(name)
+            .is_some_and(|(rev, emptied)| *emptied && *rev > g.mirror.rev)
+    }
+}

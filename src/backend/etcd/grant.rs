@@ -1,0 +1,220 @@
+//! LOCK: a grant at once, the same grant again, or a place in the queue, as the lock rules
+//! decide it from the mirror (a decision that would refuse or queue is made again on a read of
+//! the name in etcd itself).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{PutOptions, Txn, TxnOp};
+
+use crate::backend::{now, BackendError, HandOver, LockStart};
+use crate::locks::rules::Decision;
+use crate::locks::{EventKind, LockRequest, TableError};
+
+use super::keys::HolderValue;
+use super::mirror::{Holder, NameState};
+use super::view::decide;
+use super::{guards, unavailable, wall_ms, Cluster};
+
+/// How often a LOCK whose write found the name changed decides again before it answers
+/// `ERR UNAVAILABLE` (the name is changing faster than it can be decided).
+const STALE_TRIES: usize = 8;
+
+impl Cluster {
+    /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`).
+    ///
+    /// The mirror is trusted only where the write it leads to checks it (a grant at once, the
+    /// same id again). Any other answer it suggests (held, wait, conflict) is made from a
+    /// read of the name in etcd itself, since a mirror a few milliseconds behind would refuse
+    /// a free name or queue a retry of the holder's own id behind itself.
+    pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
+        let ttl = self.limits.ttl(req.ttl)?;
+        self.limits.grace(req.session)?;
+        let user = self.user_name(req.user);
+        // This front-end's own last write emptied the name (an UNLOCK a moment ago): try the
+        // grant at once without waiting for the watch to show it; the write checks it.
+        if self.emptied_by_own_write(&req.name) {
+            if let Some(start) = self.grant_at_once(&req, &user, ttl, 0).await? {
+                return Ok(start);
+            }
+        }
+        self.own_writes_seen(&req.name).await;
+        let mut read: Option<NameState> = None;
+        for _ in 0..STALE_TRIES {
+            let plan = {
+                let g = self.guard();
+                let (leases, _) = g.mirror.counts();
+                let free = NameState::default();
+                let ns = read.as_ref().or_else(|| g.mirror.name(&req.name));
+                self.plan(ns.unwrap_or(&free), &req, &user, leases)
+            };
+            match plan {
+                Ok(Plan::Fresh { marker_rev }) => {
+                    if let Some(start) = self.grant_at_once(&req, &user, ttl, marker_rev).await? {
+                        return Ok(start);
+                    }
+                }
+                // The same id again: its write checks the holder is as the mirror saw it.
+                Ok(Plan::Again(holder)) => {
+                    if let Some(start) = self.lock_again(&req, *holder, ttl).await? {
+                        return Ok(start);
+                    }
+                }
+                // From the mirror: make sure with etcd itself.
+                _ if read.is_none() => {}
+                Ok(Plan::Blocked) => {
+                    let queued = self.enqueue(req.clone(), user.clone(), ttl, read.as_ref());
+                    if let Some(start) = queued.await? {
+                        return Ok(start);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            read = Some(self.read_name(&req.name).await?);
+        }
+        Err(BackendError::Unavailable(format!(
+            "{}: the lock changed {STALE_TRIES} times while this LOCK was decided",
+            req.name
+        )))
+    }
+
+    /// What a LOCK on `ns` should do, as the lock rules decide it from this front-end.
+    /// `leases`: the holders of every name (the mirror's count).
+    fn plan(
+        &self,
+        ns: &NameState,
+        req: &LockRequest,
+        user: &str,
+        leases: usize,
+    ) -> Result<Plan, BackendError> {
+        match decide(ns, &self.fe, req, user, &self.limits, leases)? {
+            Decision::Grant => Ok(Plan::Fresh {
+                marker_rev: ns.marker_rev,
+            }),
+            Decision::Again(rev) => match ns.holder_by_rev(rev) {
+                Some(h) => Ok(Plan::Again(Box::new(h.clone()))),
+                None => Err(TableError::NotHeld.into()),
+            },
+            Decision::Queue { .. } => Ok(Plan::Blocked),
+        }
+    }
+
+    fn holder_value(&self, req: &LockRequest, user: &str, ttl: Duration) -> HolderValue {
+        let at = wall_ms();
+        HolderValue {
+            id: req.id.clone(),
+            user: user.to_owned(),
+            mode: req.mode,
+            ttl_ms: ttl.as_millis() as u64,
+            deadline_ms: at + ttl.as_millis() as u64,
+            session_ms: req.session.map(|g| g.as_millis() as u64),
+            fe: self.fe.clone(),
+            conn: req.conn,
+            cut_ms: 0,
+            granted_ms: at,
+            waited_ms: None,
+            at_ms: at,
+        }
+    }
+
+    /// Put options for a holder: a session lease hangs on this front-end's etcd lease.
+    pub(super) fn holder_put(&self, session: bool) -> Option<PutOptions> {
+        session.then(|| PutOptions::new().with_lease(self.lease_id()))
+    }
+
+    /// The grant of a free name nobody waits for; `None` if the mirror was stale.
+    async fn grant_at_once(
+        &self,
+        req: &LockRequest,
+        user: &str,
+        ttl: Duration,
+        marker_rev: i64,
+    ) -> Result<Option<LockStart>, BackendError> {
+        let value = self.holder_value(req, user, ttl);
+        let lease = if req.session.is_some() {
+            self.lease_id()
+        } else {
+            0
+        };
+        let marker = self.layout.marker(&req.name);
+        let uid = self.uid();
+        let key = self.layout.holder(&req.name, &uid);
+        let txn = Txn::new()
+            .when(guards::grant_at_once(&self.layout, &req.name, marker_rev))
+            .and_then([
+                TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
+                TxnOp::put(
+                    key.clone(),
+                    value.encode(),
+                    (lease != 0).then(|| PutOptions::new().with_lease(lease)),
+                ),
+            ]);
+        let resp = self.txn(txn).await.map_err(unavailable)?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        self.wrote(&req.name, &resp);
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let token = {
+            let mut g = self.guard();
+            // Until the watch brings it: an UNLOCK or RENEW right after needs no read.
+            if rev > g.mirror.rev {
+                let holder = Holder {
+                    key,
+                    uid,
+                    rev,
+                    mod_rev: rev,
+                    lease,
+                    ends_at: now() + ttl,
+                    value,
+                };
+                g.fresh.insert((req.name.clone(), rev), holder);
+            }
+            g.mirror.token(rev)
+        };
+        self.granted_log(&req.name, &req.id, token, None);
+        Ok(Some(LockStart::Granted {
+            token,
+            handover: HandOver(rev),
+        }))
+    }
+
+    /// A LOCK by a holder's own id (a retry after a lost reply): the same token, a new lease.
+    async fn lock_again(
+        &self,
+        req: &LockRequest,
+        holder: Holder,
+        ttl: Duration,
+    ) -> Result<Option<LockStart>, BackendError> {
+        let mut value = holder.value.clone();
+        let at = wall_ms();
+        value.ttl_ms = ttl.as_millis() as u64;
+        value.deadline_ms = at + value.ttl_ms;
+        value.at_ms = at;
+        value.session_ms = req.session.map(|g| g.as_millis() as u64);
+        value.fe = self.fe.clone();
+        value.conn = req.conn;
+        value.cut_ms = 0;
+        let txn = self.rewrite(&holder, &value);
+        let resp = self.txn(txn).await.map_err(unavailable)?;
+        if !resp.succeeded() {
+            // Renewed, released or expired meanwhile: decide again.
+            return Ok(None);
+        }
+        self.wrote(&req.name, &resp);
+        let token = self.guard().mirror.token(holder.rev);
+        // This rewrite is the hand-over: a take-back of an older one now fails.
+        let handover = HandOver(resp.header().map_or(0, |h| h.revision()));
+        Ok(Some(LockStart::Granted { token, handover }))
+    }
+}
+
+/// What a LOCK does, decided from the mirror.
+enum Plan {
+    /// The id already holds it: same token, new lease.
+    Again(Box<Holder>),
+    /// Free and nobody waits: grant at once if the marker is still at this revision.
+    Fresh { marker_rev: i64 },
+    /// Held, or others wait: queue.
+    Blocked,
+}

@@ -1,0 +1,75 @@
+//! The comparisons that guard every write, each built once from a named part that says what
+//! it protects, as etcd's own `concurrency/mutex.go` builds its lock from named compares. A
+//! decision made on a stale mirror fails one of them and is made again: they, not the
+//! mirror, are what keeps a second holder out.
+
+use etcd_client::{Compare, CompareOp};
+
+use super::keys::Layout;
+
+/// The marker of `name` is at `marker_rev` (0: there is none). Every grant and every end
+/// writes the marker, so no holder came or went since the decision was made.
+pub(super) fn marker_at(layout: &Layout, name: &str, marker_rev: i64) -> Compare {
+    Compare::mod_revision(layout.marker(name), CompareOp::Equal, marker_rev)
+}
+
+/// Nobody waits for `name`: a grant at once overtakes no one.
+pub(super) fn nobody_waits(layout: &Layout, name: &str) -> Compare {
+    Compare::version(layout.waiters(name), CompareOp::Equal, 0).with_prefix()
+}
+
+/// Nobody holds `name`.
+pub(super) fn nobody_holds(layout: &Layout, name: &str) -> Compare {
+    Compare::version(layout.holders(name), CompareOp::Equal, 0).with_prefix()
+}
+
+/// Every holder key of `name` is the one created at `rev`: that holder holds it alone.
+pub(super) fn holds_alone(layout: &Layout, name: &str, rev: i64) -> Compare {
+    Compare::create_revision(layout.holders(name), CompareOp::Equal, rev).with_prefix()
+}
+
+/// No waiter key of `name` is older than `rev`: the waiter created at `rev` is first in line.
+pub(super) fn first_in_line(layout: &Layout, name: &str, rev: i64) -> Compare {
+    Compare::create_revision(layout.waiters(name), CompareOp::Greater, rev - 1).with_prefix()
+}
+
+/// `key` is the key created at `rev`: it did not end (and perhaps begin again) meanwhile. A
+/// renewal or a takeover keeps it (they rewrite, never re-create).
+pub(super) fn same_key(key: &str, rev: i64) -> Compare {
+    Compare::create_revision(key.to_owned(), CompareOp::Equal, rev)
+}
+
+/// `key` is as written at `mod_rev`: not renewed, taken over, confirmed or ended since.
+pub(super) fn unchanged(key: &str, mod_rev: i64) -> Compare {
+    Compare::mod_revision(key.to_owned(), CompareOp::Equal, mod_rev)
+}
+
+/// `key` does not exist (yet).
+pub(super) fn absent(key: &str) -> Compare {
+    Compare::version(key.to_owned(), CompareOp::Equal, 0)
+}
+
+/// The grant of a lock at once: "the marker is as I saw it, and nobody waits".
+pub(super) fn grant_at_once(layout: &Layout, name: &str, marker_rev: i64) -> [Compare; 2] {
+    [
+        marker_at(layout, name, marker_rev),
+        nobody_waits(layout, name),
+    ]
+}
+
+/// The grant of `name` to the waiter whose key is `key` (created at `rev`, written at
+/// `mod_rev`): "the marker is as I saw it, my key is there and still as I saw it (no other
+/// front-end took its place over), and nobody is ahead of me".
+pub(super) fn head_grant(
+    layout: &Layout,
+    name: &str,
+    marker_rev: i64,
+    (key, rev, mod_rev): (&str, i64, i64),
+) -> [Compare; 4] {
+    [
+        marker_at(layout, name, marker_rev),
+        same_key(key, rev),
+        unchanged(key, mod_rev),
+        first_in_line(layout, name, rev),
+    ]
+}

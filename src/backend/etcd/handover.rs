@@ -1,0 +1,349 @@
+//! Grants to this front-end's waiters: the head waiter's own grant when a release left the
+//! lock to it, and the delivery of a grant (made by any front-end) to the request waiting for
+//! it: confirmed first when it hangs on this front-end's etcd lease, taken back when its
+//! waiter left.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Txn, TxnOp};
+
+use crate::backend::{now, BackendError, HandOver, WaitResult};
+use crate::locks::{EventKind, Token, WaitEnd};
+
+use super::mirror::Granted;
+use super::waiters::key_gone;
+use super::RETRY;
+use super::{guards, wall_ms, Cluster, State};
+
+impl Cluster {
+    /// Carries out what [`on_grant`] decided, off the guard.
+    pub(super) fn after_grants(self: &Arc<Self>, next: Vec<Next>) {
+        for step in next {
+            let me = Arc::clone(self);
+            match step {
+                Next::Nothing => {}
+                Next::TakeBack(back) => {
+                    tokio::spawn(async move {
+                        me.take_back(&back.name, back.token, back.handover).await;
+                    });
+                }
+                Next::Confirm(gr) => {
+                    tokio::spawn(async move { me.confirm(gr).await });
+                }
+            }
+        }
+    }
+
+    /// Takes a plain lease that another front-end granted to a waiter of this one off this
+    /// front-end's etcd lease, and then tells the waiter (see [`Granted::unconfirmed`]):
+    /// from then on it outlives this front-end, as a plain lease does. A waiter that left
+    /// meanwhile has its grant taken back instead; a grant that changed or went before it
+    /// was confirmed (this front-end's etcd lease ran out) is answered `ERR UNAVAILABLE`.
+    pub(super) async fn confirm(self: Arc<Self>, gr: Granted) {
+        let holder = {
+            let g = self.guard();
+            g.mirror
+                .name(&gr.name)
+                .and_then(|ns| ns.holder_by_rev(gr.rev))
+                .cloned()
+        };
+        let resp = match holder {
+            Some(h) => {
+                let txn = Txn::new()
+                    .when([guards::unchanged(&h.key, gr.mod_rev)])
+                    .and_then([TxnOp::put(h.key.clone(), h.value.encode(), None)]);
+                self.cleanup(txn).await
+            }
+            None => None,
+        };
+        let confirmed = resp.filter(|r| r.succeeded()).map(|r| {
+            self.wrote(&gr.name, &r);
+            HandOver(r.header().map_or(0, |h| h.revision()))
+        });
+        let back = {
+            let mut g = self.guard();
+            match confirmed {
+                Some(handover) if g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid) => {
+                    deliver(&mut g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover)
+                }
+                // Nobody waits for it any more (the wait was lost with an etcd lease).
+                Some(handover) => Some(TakeBack {
+                    name: gr.name.clone(),
+                    token: gr.token,
+                    handover,
+                }),
+                None => {
+                    g.left.remove(&gr.uid);
+                    if let Some(waiter) = g.by_uid.remove(&gr.uid) {
+                        if let Some(l) = g.waiting.remove(&waiter) {
+                            let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
+                                "the grant could not be confirmed with etcd".into(),
+                            )));
+                        }
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(back) = back {
+            self.take_back(&back.name, back.token, back.handover).await;
+        }
+    }
+
+    /// Grants the head waiter of `name` if it is ours and fits. Only the head: the others
+    /// follow one by one as each grant shows up in the watch, which keeps FIFO exact.
+    pub(super) fn evaluate(self: &Arc<Self>, name: &str) {
+        let attempt = {
+            let mut g = self.guard();
+            let g = &mut *g;
+            let Some(ns) = g.mirror.name(name) else {
+                return;
+            };
+            let Some(head) = ns.queue.values().next() else {
+                return;
+            };
+            if head.value.fe != self.fe {
+                return;
+            }
+            let Some(&waiter) = g.by_uid.get(&head.uid) else {
+                // Ours but no longer waited for (its clean-up write was lost): take it out,
+                // or it would stop the queue for as long as this front-end lives.
+                // (It only spawns the write: the guard may stay held.)
+                self.forget_waiter_key(head.key.clone(), head.mod_rev);
+                return;
+            };
+            if g.mirror.rev < head.rev || !ns.admits(head.value.mode) {
+                return;
+            }
+            let (marker_rev, last_rev, head_rev, head_mod) =
+                (ns.marker_rev, ns.last_rev, head.rev, head.mod_rev);
+            let Some(local) = g.waiting.get_mut(&waiter) else {
+                return;
+            };
+            if local.in_flight || local.tried_at == Some(last_rev) {
+                return;
+            }
+            local.in_flight = true;
+            local.tried_at = Some(last_rev);
+            local.rev = head_rev;
+            let waited = now().saturating_duration_since(local.queued);
+            let mut value = local.value.holder(wall_ms());
+            value.waited_ms = Some(waited.as_millis() as u64);
+            Attempt {
+                waiter,
+                name: name.to_owned(),
+                id: local.req.id.clone(),
+                key: local.key.clone(),
+                uid: local.uid.clone(),
+                rev: head_rev,
+                mod_rev: head_mod,
+                marker_rev,
+                value,
+                waited,
+            }
+        };
+        let me = Arc::clone(self);
+        tokio::spawn(async move { me.try_grant(attempt).await });
+    }
+
+    /// The grant of a head waiter: "the marker is as I saw it, my key is there, nobody is
+    /// ahead of me" -> holder in, waiter out, marker written.
+    async fn try_grant(self: Arc<Self>, a: Attempt) {
+        let marker = self.layout.marker(&a.name);
+        let holder_key = self.layout.holder(&a.name, &a.uid);
+        let txn = Txn::new()
+            .when(guards::head_grant(
+                &self.layout,
+                &a.name,
+                a.marker_rev,
+                (&a.key, a.rev, a.mod_rev),
+            ))
+            .and_then([
+                TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
+                TxnOp::put(
+                    holder_key,
+                    a.value.encode(),
+                    self.holder_put(a.value.session_ms.is_some()),
+                ),
+                TxnOp::delete(a.key.clone(), None),
+            ]);
+        let result = self.txn(txn).await;
+        let granted = match &result {
+            Ok(resp) if resp.succeeded() => {
+                self.wrote(&a.name, resp);
+                resp.header().map(|h| h.revision())
+            }
+            _ => None,
+        };
+        let Some(rev) = granted else {
+            let retry_now = {
+                let mut g = self.guard();
+                let last = g.mirror.name(&a.name).map_or(0, |ns| ns.last_rev);
+                let still_queued = g
+                    .mirror
+                    .name(&a.name)
+                    .is_some_and(|ns| ns.queue.contains_key(&a.rev));
+                let confirming = g.waiting.get(&a.waiter).is_some_and(|l| l.confirming);
+                if result.is_ok() && !still_queued && g.mirror.rev >= a.rev && !confirming {
+                    // Its key went while the grant was tried (a newer LOCK of its id).
+                    if let Some(l) = g.waiting.remove(&a.waiter) {
+                        g.by_uid.remove(&l.uid);
+                        let why = key_gone(&g.mirror, &l);
+                        let _ = l.tx.send(why);
+                    }
+                }
+                match g.waiting.get_mut(&a.waiter) {
+                    Some(local) => {
+                        local.in_flight = false;
+                        if result.is_err() {
+                            // etcd unreachable: try again after a pause.
+                            local.tried_at = None;
+                        }
+                        local.tried_at != Some(last)
+                    }
+                    None => false,
+                }
+            };
+            if result.is_err() {
+                tokio::time::sleep(RETRY).await;
+            }
+            if retry_now || result.is_err() {
+                self.evaluate(&a.name);
+            }
+            return;
+        };
+        // The waiter hears of it now, or from the watch if that saw it first (the watch also
+        // delivers a grant whose answer was lost on the way back).
+        let (token, back) = {
+            let mut g = self.guard();
+            let token = g.mirror.token(rev);
+            let handover = HandOver(rev);
+            let back = deliver(&mut g, &a.uid, &a.name, token, a.value.ttl_ms, handover);
+            (token, back)
+        };
+        self.granted_log(&a.name, &a.id, token, Some(a.waited));
+        if let Some(back) = back {
+            self.take_back(&back.name, back.token, back.handover).await;
+        }
+    }
+}
+
+/// A grant being tried for a head waiter.
+struct Attempt {
+    waiter: crate::locks::WaiterId,
+    name: String,
+    id: String,
+    key: String,
+    uid: String,
+    rev: i64,
+    mod_rev: i64,
+    marker_rev: i64,
+    value: super::keys::HolderValue,
+    waited: Duration,
+}
+
+/// A grant to take back: it was handed over as `handover` to a waiter that had left.
+pub(super) struct TakeBack {
+    name: String,
+    token: Token,
+    handover: HandOver,
+}
+
+/// What to do with a grant to a waiter of this front-end.
+pub(super) enum Next {
+    Nothing,
+    TakeBack(TakeBack),
+    Confirm(Granted),
+}
+
+/// A waiter of this front-end whose key another front-end rewrote for a LOCK of the same id
+/// (its place taken over): its request is answered `ERR REPLACED`, as on one server.
+pub(super) fn taken_over(g: &mut State, uid: &str) {
+    let Some(&waiter) = g.by_uid.get(uid) else {
+        g.left.remove(uid);
+        return;
+    };
+    // A request of ours whose own write (taking the place over) is not answered yet: the
+    // record seen is the one it replaces.
+    if g.waiting.get(&waiter).is_some_and(|l| l.mod_rev == 0) {
+        return;
+    }
+    g.left.remove(uid);
+    g.by_uid.remove(uid);
+    if let Some(l) = g.waiting.remove(&waiter) {
+        let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+    }
+}
+
+/// Decides what a grant to waiter `gr.uid` of this front-end, just shown by the watch or a
+/// read, leads to: delivered to its waiter now, confirmed first (a plain lease on this
+/// front-end's etcd lease), or taken back (its waiter left; only as it was handed over).
+pub(super) fn on_grant(g: &mut State, gr: &Granted) -> Next {
+    let handover = HandOver(gr.mod_rev);
+    if gr.unconfirmed() {
+        let waiter = g.by_uid.get(&gr.uid).copied();
+        return match waiter.and_then(|w| g.waiting.get_mut(&w)) {
+            Some(l) if l.confirming => Next::Nothing,
+            Some(l) => {
+                l.confirming = true;
+                Next::Confirm(gr.clone())
+            }
+            // Its waiter left, or nobody waits for it here any more (the wait was lost
+            // with an etcd lease): never told, so taken back.
+            None => {
+                g.left.remove(&gr.uid);
+                Next::TakeBack(TakeBack {
+                    name: gr.name.clone(),
+                    token: gr.token,
+                    handover,
+                })
+            }
+        };
+    }
+    match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover) {
+        Some(back) => Next::TakeBack(back),
+        None => Next::Nothing,
+    }
+}
+
+/// Hands a grant made for waiter `uid` to it, once (from the grant's answer or from the watch,
+/// whichever comes first). A waiter that left meanwhile never learns of it: the grant to take
+/// back is returned. A request waiting under `uid` comes first: one that took over the place
+/// of a request of its id that left (the same LOCK again) is the one the grant is for, and
+/// the older one's leaving no longer counts (taking the grant back after handing it over
+/// would leave a client told it holds a lock that passed on).
+fn deliver(
+    g: &mut State,
+    uid: &str,
+    name: &str,
+    token: Token,
+    ttl_ms: u64,
+    handover: HandOver,
+) -> Option<TakeBack> {
+    let back = || TakeBack {
+        name: name.to_owned(),
+        token,
+        handover,
+    };
+    let waiting = g
+        .by_uid
+        .get(uid)
+        .copied()
+        .filter(|w| g.waiting.contains_key(w));
+    let Some(waiter) = waiting else {
+        // Left: taken back. Else not waited for here (another front-end's, or delivered
+        // already): nothing to do.
+        return g.left.remove(uid).then(back);
+    };
+    g.left.remove(uid);
+    g.by_uid.remove(uid);
+    let local = g.waiting.remove(&waiter)?;
+    let deadline = now() + Duration::from_millis(ttl_ms);
+    let sent = local.tx.send(WaitResult::Granted {
+        token,
+        deadline,
+        handover,
+    });
+    sent.is_err().then(back)
+}

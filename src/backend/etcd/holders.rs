@@ -1,0 +1,234 @@
+//! One holder of a name: found by its token, owned by its user, renewed, checked, and its
+//! session lease ended (or its grace started) when its connection closes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, GetOptions, Txn, TxnOp};
+
+use crate::backend::{now, BackendError, Renewed};
+use crate::locks::{ConnId, EventKind, TableError, Token, UserId};
+
+use super::keys::HolderValue;
+use super::mirror::Holder;
+use super::{guards, unavailable, wall_ms, Cluster};
+
+impl Cluster {
+    /// The holder of `name` with `token`: from the mirror, or read from etcd if the mirror
+    /// has not seen it yet (a grant made through another front-end a moment ago).
+    pub(super) async fn find_holder(
+        &self,
+        name: &str,
+        token: Token,
+    ) -> Result<Holder, BackendError> {
+        let rev = {
+            let g = self.guard();
+            let Some(rev) = g.mirror.rev_of(token) else {
+                return Err(TableError::NotHeld.into());
+            };
+            if let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(rev)) {
+                return Ok(h.clone());
+            }
+            if let Some(h) = g.fresh.get(&(name.to_owned(), rev)) {
+                return Ok(h.clone());
+            }
+            if g.mirror.rev >= rev {
+                return Err(TableError::NotHeld.into());
+            }
+            rev
+        };
+        self.read_holder(name, rev).await
+    }
+
+    /// A linearizable read of one holder.
+    async fn read_holder(&self, name: &str, rev: i64) -> Result<Holder, BackendError> {
+        let resp = self
+            .get(
+                self.layout.holders(name),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(unavailable)?;
+        for kv in resp.kvs() {
+            if kv.create_revision() == rev {
+                let value = HolderValue::decode(kv.value())
+                    .ok_or(BackendError::Table(TableError::NotHeld))?;
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let uid = key.rsplit('/').next().unwrap_or_default();
+                // Not seen being written: counted as if written now, but never past what
+                // this front-end's wall clock says is left.
+                let left = value
+                    .left_ms()
+                    .min(value.ends_ms().saturating_sub(wall_ms()));
+                return Ok(Holder {
+                    uid: super::keys::decode(uid).unwrap_or_default(),
+                    key,
+                    rev,
+                    mod_rev: kv.mod_revision(),
+                    lease: kv.lease(),
+                    ends_at: now() + Duration::from_millis(left),
+                    value,
+                });
+            }
+        }
+        Err(TableError::NotHeld.into())
+    }
+
+    pub(super) fn owned_by(&self, holder: &Holder, user: UserId) -> Result<(), BackendError> {
+        if holder.left(now()).is_zero() {
+            return Err(TableError::NotHeld.into());
+        }
+        if user != crate::locks::NO_USER && holder.value.user != self.user_name(user) {
+            return Err(TableError::NotOwner.into());
+        }
+        if user == crate::locks::NO_USER && !holder.value.user.is_empty() && self.users.is_some() {
+            return Err(TableError::NotOwner.into());
+        }
+        Ok(())
+    }
+
+    /// Writes `value` over `holder` unless it changed since it was read (renewed, ended,
+    /// its grace started): the token stays (the key's create revision does not move).
+    pub(super) fn rewrite(&self, holder: &Holder, value: &HolderValue) -> Txn {
+        Txn::new()
+            .when([guards::unchanged(&holder.key, holder.mod_rev)])
+            .and_then([TxnOp::put(
+                holder.key.clone(),
+                value.encode(),
+                self.holder_put(value.session_ms.is_some()),
+            )])
+    }
+
+    /// RENEW: a new deadline; a session lease in its grace is bound to this connection again.
+    pub async fn renew(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewed, BackendError> {
+        if ttl.is_some() {
+            self.limits.ttl(ttl)?;
+        }
+        let mut holder = self.find_holder(name, token).await?;
+        for _ in 0..2 {
+            self.owned_by(&holder, user)?;
+            let mut value = holder.value.clone();
+            if let Some(ttl) = ttl {
+                value.ttl_ms = ttl.as_millis() as u64;
+            }
+            value.at_ms = wall_ms();
+            value.deadline_ms = value.at_ms + value.ttl_ms;
+            let session = value.session_ms.is_some();
+            let bound = session && (value.cut_ms > 0 || value.fe != self.fe || value.conn != conn);
+            if session {
+                value.cut_ms = 0;
+                value.fe = self.fe.clone();
+                value.conn = conn;
+            }
+            let txn = self.rewrite(&holder, &value);
+            let resp = self.txn(txn).await.map_err(unavailable)?;
+            if resp.succeeded() {
+                self.wrote(name, &resp);
+                return Ok(Renewed {
+                    left: Duration::from_millis(value.ttl_ms),
+                    bound,
+                });
+            }
+            // Changed meanwhile (renewed elsewhere, its grace started): read it and try again.
+            holder = self.read_holder(name, holder.rev).await?;
+        }
+        Err(TableError::NotHeld.into())
+    }
+
+    /// CHECK: read from etcd itself, not the mirror, so it is never behind. The time left
+    /// is the least of what the record says on this front-end's wall clock and, when the
+    /// mirror has seen this very write, the time until this front-end would end it (which no
+    /// wall clock moves).
+    pub async fn check(&self, name: &str, token: Token) -> Result<Duration, BackendError> {
+        let rev = self
+            .guard()
+            .mirror
+            .rev_of(token)
+            .ok_or(BackendError::Table(TableError::NotHeld))?;
+        let holder = self.read_holder(name, rev).await?;
+        let at = now();
+        let mut left = holder.left(at);
+        if let Some(seen) = self
+            .guard()
+            .mirror
+            .name(name)
+            .and_then(|ns| ns.holder_by_rev(rev))
+            .filter(|h| h.mod_rev == holder.mod_rev)
+        {
+            left = left.min(seen.left(at));
+        }
+        if left.is_zero() {
+            return Err(TableError::NotHeld.into());
+        }
+        Ok(left)
+    }
+
+    /// Ends (or starts the grace of) the session leases of a closing connection.
+    pub fn drop_sessions(self: &Arc<Self>, conn: ConnId, leases: &HashMap<Token, String>) {
+        if leases.is_empty() {
+            return;
+        }
+        let leases: Vec<(Token, String)> = leases.iter().map(|(t, n)| (*t, n.clone())).collect();
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            for (token, name) in leases {
+                me.session_closed(&name, token, conn).await;
+            }
+        });
+    }
+
+    async fn session_closed(&self, name: &str, token: Token, conn: ConnId) {
+        let Ok(holder) = self.find_holder(name, token).await else {
+            return;
+        };
+        let v = &holder.value;
+        if v.fe != self.fe || v.conn != conn || v.cut_ms > 0 {
+            return;
+        }
+        match v.session_ms {
+            None => {}
+            Some(0) => {
+                self.end_holder(name, token, EventKind::Dropped, holder)
+                    .await;
+            }
+            Some(grace) => {
+                // Both ends on this front-end's clock, so that the time left stays right
+                // whoever wrote the deadline.
+                let mut value = v.clone();
+                value.at_ms = wall_ms();
+                value.deadline_ms = value.at_ms + holder.left(now()).as_millis() as u64;
+                value.cut_ms = value.at_ms + grace;
+                let txn = self.rewrite(&holder, &value);
+                self.cleanup(txn).await;
+            }
+        }
+    }
+
+    /// Keeps the session leases still held (as the mirror has them).
+    pub fn retain_live(&self, leases: &mut HashMap<Token, String>) {
+        let g = self.guard();
+        leases.retain(|token, name| {
+            g.mirror.rev_of(*token).is_some_and(|rev| {
+                // A grant the watch has not shown yet is live too: dropping it from the list
+                // would leave its session lease behind when the connection closes.
+                rev > g.mirror.rev
+                    || g.mirror
+                        .name(name)
+                        .is_some_and(|ns| ns.holder_by_rev(rev).is_some())
+            })
+        });
+    }
+}
+
+/// "It is still this grant" (a renewal does not change it).
+pub(super) fn created(holder: &Holder) -> Compare {
+    guards::same_key(&holder.key, holder.rev)
+}

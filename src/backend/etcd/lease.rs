@@ -1,0 +1,118 @@
+//! This front-end's etcd lease: kept alive, and taken anew when etcd says it is gone.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{BackendError, WaitResult};
+
+use etcd_client::{PutOptions, Txn, TxnOp};
+
+use super::{not_sent, unavailable, Cluster, RETRY};
+
+impl Cluster {
+    /// Grants this front-end's etcd lease and announces the front-end on it.
+    pub(super) async fn take_lease(&self) -> Result<(), BackendError> {
+        let ttl = self.config.lease_ttl.as_secs().max(1) as i64;
+        let mut client = self.client.clone();
+        let mut tries = 0u64;
+        let lease = loop {
+            match client.lease_grant(ttl, None).await {
+                Err(e) if not_sent(&e) && tries < self.resends() => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                granted => break granted.map_err(unavailable)?,
+            }
+        };
+        self.lease.store(lease.id(), Ordering::Relaxed);
+        let opts = PutOptions::new().with_lease(lease.id());
+        let announce =
+            Txn::new().and_then([TxnOp::put(self.layout.front_end(&self.fe), "", Some(opts))]);
+        self.txn(announce).await.map_err(unavailable)?;
+        self.leased.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Keeps this front-end's etcd lease alive. If it lapses (etcd unreachable for longer
+    /// than the lease), the session leases and waiters on it are gone: waiters are told,
+    /// and a new lease is taken.
+    pub(super) async fn keep_alive_loop(self: Arc<Self>) {
+        let period = (self.config.lease_ttl / 3).max(Duration::from_millis(100));
+        loop {
+            let mut client = self.client.clone();
+            let id = self.lease_id();
+            let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
+                Ok(pair) => pair,
+                Err(e) if lease_gone(&e) => {
+                    self.lease_lost().await;
+                    continue;
+                }
+                Err(e) => {
+                    self.leased.store(false, Ordering::Relaxed);
+                    self.unhealthy(&format!("keep-alive: {e}"));
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            loop {
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match tokio::time::timeout(self.config.request_timeout, stream.message()).await {
+                    Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                        self.healthy.store(true, Ordering::Relaxed);
+                        self.leased.store(true, Ordering::Relaxed);
+                    }
+                    Ok(Ok(Some(_))) => {
+                        self.lease_lost().await;
+                        break;
+                    }
+                    Ok(Err(e)) if lease_gone(&e) => {
+                        self.lease_lost().await;
+                        break;
+                    }
+                    _ => {
+                        self.leased.store(false, Ordering::Relaxed);
+                        self.unhealthy("keep-alive unanswered");
+                        break;
+                    }
+                }
+                tokio::time::sleep(period).await;
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
+    async fn lease_lost(self: &Arc<Self>) {
+        self.leased.store(false, Ordering::Relaxed);
+        tracing::warn!(
+            fe = self.fe,
+            "this front-end's etcd lease lapsed: its session leases and waiters are gone"
+        );
+        let lost: Vec<_> = {
+            let mut g = self.guard();
+            g.by_uid.clear();
+            g.waiting.drain().map(|(_, l)| l).collect()
+        };
+        for l in lost {
+            let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
+                "this front-end lost etcd for longer than its lease; the wait ended".into(),
+            )));
+        }
+        while let Err(e) = self.take_lease().await {
+            self.unhealthy(&e.to_string());
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}
+
+/// Whether etcd says the lease kept alive no longer exists (it ran out while this front-end
+/// could not reach etcd): then only a new lease helps, retrying the old one never does.
+fn lease_gone(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::LeaseKeepAliveError(why) => why.contains("not found"),
+        etcd_client::Error::GRpcStatus(status) => status.message().contains("lease not found"),
+        _ => false,
+    }
+}

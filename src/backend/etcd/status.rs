@@ -1,0 +1,92 @@
+//! STATUS: one name, its detail, and every held lock, from the mirror.
+
+use std::time::Duration;
+
+use crate::backend::{now, BackendError, Detail, StatusView};
+use crate::locks::{LockStatus, Token, WaiterStatus};
+
+use super::mirror::{Holder, NameState};
+use super::{wall_ms, Cluster};
+
+impl Cluster {
+    pub(super) fn base_token(&self) -> Token {
+        self.guard().mirror.base
+    }
+
+    /// STATUS of one name, as this front-end's watch has seen it (milliseconds behind).
+    pub async fn status(&self, name: &str) -> Result<Option<LockStatus>, BackendError> {
+        let base = self.base_token();
+        let g = self.guard();
+        Ok(g.mirror
+            .name(name)
+            .and_then(|ns| Self::status_with(base, name, ns)))
+    }
+
+    fn status_with(base: Token, name: &str, ns: &NameState) -> Option<LockStatus> {
+        let first = ns.holders.values().next()?;
+        Some(holder_status(base, name, first, ns))
+    }
+
+    pub async fn status_detail(
+        &self,
+        name: &str,
+        max: usize,
+    ) -> Result<Option<Detail>, BackendError> {
+        let base = self.base_token();
+        let g = self.guard();
+        let Some(ns) = g.mirror.name(name) else {
+            return Ok(None);
+        };
+        let Some(status) = Self::status_with(base, name, ns) else {
+            return Ok(None);
+        };
+        let at = wall_ms();
+        Ok(Some(Detail {
+            status,
+            holders: ns
+                .holders
+                .values()
+                .map(|h| holder_status(base, name, h, ns))
+                .collect(),
+            queue: ns
+                .queue
+                .values()
+                .take(max)
+                .map(|w| WaiterStatus {
+                    id: w.value.id.as_str().into(),
+                    waited: Duration::from_millis(at.saturating_sub(w.value.queued_ms)),
+                    session: w.value.session_ms.is_some(),
+                    mode: w.value.mode,
+                })
+                .collect(),
+        }))
+    }
+
+    pub async fn status_snapshot(&self) -> Result<StatusView, BackendError> {
+        let base = self.base_token();
+        let locks = {
+            let g = self.guard();
+            g.mirror
+                .names
+                .iter()
+                .filter_map(|(name, ns)| Self::status_with(base, name, ns))
+                .collect()
+        };
+        Ok(StatusView::of(locks))
+    }
+}
+
+fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockStatus {
+    let at = wall_ms();
+    LockStatus {
+        name: name.into(),
+        holder: h.value.id.as_str().into(),
+        token: base + h.rev as Token,
+        remaining: h.left(now()),
+        held: Duration::from_millis(at.saturating_sub(h.value.granted_ms)),
+        session: h.value.session_ms.is_some(),
+        waiters: ns.queue.len(),
+        holders: ns.holders.len(),
+        mode: h.value.mode,
+    }
+}

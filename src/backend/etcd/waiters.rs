@@ -1,0 +1,275 @@
+//! This front-end's waiters: a queued LOCK's key (taking over the place of the same id's
+//! older request), its wait's end, and the clean-up of keys nobody waits on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{PutOptions, Txn, TxnOp};
+use tokio::sync::oneshot;
+
+use crate::backend::{now, BackendError, LockStart, WaitResult};
+use crate::locks::rules::{self};
+use crate::locks::{LockRequest, WaitEnd, WaiterId};
+
+use super::keys::WaiterValue;
+use super::mirror::{Mirror, NameState};
+use super::view::ask;
+use super::{guards, unavailable, wall_ms, Cluster, Local};
+
+impl Cluster {
+    /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
+    /// the watch grants when it reaches the head.
+    ///
+    /// A waiter of the same id and user already in the queue (`read`: the name as etcd had
+    /// it a moment ago) is taken over: its key is rewritten for this request, on this
+    /// front-end's etcd lease, so it keeps its place (its create revision), as on one server;
+    /// its old request is answered `ERR REPLACED` by its front-end. That is how a client whose
+    /// front-end died or was cut off keeps its place: its key stays in etcd until that
+    /// front-end's etcd lease runs out. If the key went meanwhile (granted, left), `None`:
+    /// the LOCK is decided again (a grant made to the old request is then this one's, by the
+    /// same-id rule). Any further waiter of the id goes in the same write.
+    pub(super) async fn enqueue(
+        self: &Arc<Self>,
+        req: LockRequest,
+        user: String,
+        ttl: Duration,
+        read: Option<&NameState>,
+    ) -> Result<Option<LockStart>, BackendError> {
+        let uid = self.uid();
+        let name_of_wait = req.name.clone();
+        let key = self.layout.waiter(&req.name, &uid);
+        let mut value = WaiterValue {
+            id: req.id.clone(),
+            user: user.clone(),
+            mode: req.mode,
+            ttl_ms: ttl.as_millis() as u64,
+            session_ms: req.session.map(|g| g.as_millis() as u64),
+            fe: self.fe.clone(),
+            conn: req.conn,
+            lease: self.lease_id(),
+            queued_ms: wall_ms(),
+        };
+        let mut same: Vec<super::mirror::Waiter> = {
+            let g = self.guard();
+            read.or_else(|| g.mirror.name(&req.name))
+                .map_or_else(Vec::new, |ns| {
+                    let ask = ask(&req, &user);
+                    rules::same_waiters(&ns.view(&self.fe), &ask)
+                        .filter_map(|rev| ns.queue.get(&rev).cloned())
+                        .collect()
+                })
+        };
+        // The oldest one's place is taken over (the queue is in create-revision order).
+        let adopt = (!same.is_empty()).then(|| same.remove(0));
+        if let Some(old) = &adopt {
+            value.queued_ms = old.value.queued_ms;
+        }
+        let (tx, rx) = oneshot::channel();
+        let lease = value.lease;
+        let waiter: WaiterId = self
+            .next_uid
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let wait = req.wait;
+        // A request of this front-end with that id is replaced whichever way the write goes.
+        let mut replaced_here = Vec::new();
+        {
+            let mut g = self.guard();
+            for w in adopt.iter().chain(&same) {
+                if let Some(old) = g.by_uid.remove(&w.uid) {
+                    replaced_here.extend(g.waiting.remove(&old));
+                }
+            }
+            // Under both uids until the write says which key it is: the watch may bring
+            // its grant before the write's answer.
+            if let Some(old) = &adopt {
+                g.by_uid.insert(old.uid.clone(), waiter);
+            }
+            g.by_uid.insert(uid.clone(), waiter);
+            g.waiting.insert(
+                waiter,
+                Local {
+                    name: req.name.clone(),
+                    uid: uid.clone(),
+                    key: key.clone(),
+                    rev: 0,
+                    mod_rev: 0,
+                    tx,
+                    req,
+                    value: value.clone(),
+                    queued: now(),
+                    tried_at: None,
+                    in_flight: false,
+                    confirming: false,
+                },
+            );
+        }
+        // On the lease its record names: a grant to it is made on that lease (see end_txn).
+        let put = |key: &str| {
+            TxnOp::put(
+                key.to_owned(),
+                value.encode(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
+        let others = || same.iter().map(|w| TxnOp::delete(w.key.clone(), None));
+        let ops = |key: &str| {
+            std::iter::once(put(key))
+                .chain(others())
+                .collect::<Vec<_>>()
+        };
+        let txn = match &adopt {
+            Some(old) => Txn::new()
+                .when([guards::same_key(&old.key, old.rev)])
+                .and_then(ops(&old.key)),
+            None => Txn::new().and_then(ops(&key)),
+        };
+        let result = self.txn(txn).await;
+        for old in replaced_here {
+            let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+        }
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(e) => {
+                let mut g = self.guard();
+                g.waiting.remove(&waiter);
+                g.by_uid.retain(|_, w| *w != waiter);
+                return Err(unavailable(e));
+            }
+        };
+        if !resp.succeeded() {
+            // The place to take over went meanwhile: decide again.
+            let mut g = self.guard();
+            g.waiting.remove(&waiter);
+            g.by_uid.retain(|_, w| *w != waiter);
+            return Ok(None);
+        }
+        self.wrote(&name_of_wait, &resp);
+        let at = resp.header().map_or(0, |h| h.revision());
+        let still = {
+            let mut g = self.guard();
+            let g = &mut *g;
+            // Known by the uid it became only; the place is this request's now, whatever the
+            // request it took it over from did (it may have left: its wait ran out).
+            if let Some(old) = &adopt {
+                g.by_uid.remove(&uid);
+                g.left.remove(&old.uid);
+            }
+            if let Some(local) = g.waiting.get_mut(&waiter) {
+                local.mod_rev = at;
+                if let Some(old) = adopt {
+                    local.uid = old.uid;
+                    local.key = old.key;
+                    local.rev = old.rev;
+                } else {
+                    local.rev = at;
+                }
+            }
+            settle_answered(g, waiter, at)
+        };
+        if still {
+            self.evaluate(&name_of_wait);
+        }
+        if let Some(wait) = wait {
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                me.wait_over(waiter);
+            });
+        }
+        Ok(Some(LockStart::Waiting { waiter, rx }))
+    }
+
+    /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,
+    /// the grant finds the waiter gone and gives the lock back.
+    fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
+        let Some(local) = self.guard().leave(waiter) else {
+            return;
+        };
+        let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
+        self.forget_waiter_key(local.key, local.mod_rev);
+    }
+
+    /// Takes a waiter's key out of the queue, retrying while etcd is away; unless the key
+    /// changed since this front-end wrote it at `mod_rev` (another took its place over).
+    pub(super) fn forget_waiter_key(self: &Arc<Self>, key: String, mod_rev: i64) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let txn = Txn::new()
+                .when([guards::unchanged(&key, mod_rev)])
+                .and_then([TxnOp::delete(key, None)]);
+            me.cleanup(txn).await;
+        });
+    }
+
+    /// A waiting connection went away; a grant it never read is given back.
+    pub fn abandon_wait(
+        self: &Arc<Self>,
+        name: &str,
+        waiter: WaiterId,
+        mut rx: oneshot::Receiver<WaitResult>,
+    ) {
+        rx.close();
+        if let Ok(WaitResult::Granted {
+            token, handover, ..
+        }) = rx.try_recv()
+        {
+            let (me, name) = (Arc::clone(self), name.to_owned());
+            tokio::spawn(async move { me.take_back(&name, token, handover).await });
+        }
+        let local = self.guard().leave(waiter);
+        if let Some(local) = local {
+            self.forget_waiter_key(local.key, local.mod_rev);
+        }
+    }
+}
+
+/// A waiter's own write was answered at revision `at`. The watch leaves a waiter alone until
+/// then, so if the mirror is past `at` and its key is no longer there as written, it is told
+/// now. Whether it still waits.
+fn settle_answered(g: &mut super::State, waiter: WaiterId, at: i64) -> bool {
+    let Some(local) = g.waiting.get(&waiter) else {
+        return false;
+    };
+    // Granted already, by another front-end's release: its grant is being confirmed.
+    if local.confirming || local.in_flight {
+        return false;
+    }
+    let there = g
+        .mirror
+        .name(&local.name)
+        .is_some_and(|ns| ns.queue.get(&local.rev).is_some_and(|w| w.mod_rev == at));
+    if g.mirror.rev < at || there {
+        return true;
+    }
+    let why = super::waiters::key_gone(&g.mirror, local);
+    if let Some(l) = g.waiting.remove(&waiter) {
+        g.by_uid.remove(&l.uid);
+        let _ = l.tx.send(why);
+    }
+    false
+}
+
+/// How the wait of `l` ends when its key is gone without its grant: a newer LOCK of its id
+/// (and user) took its place, in the same write, or else its front-end's etcd lease ran out.
+pub(super) fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
+    let same = crate::locks::rules::Ask {
+        id: &l.value.id,
+        user: l.value.user.as_str(),
+        mode: l.value.mode,
+        conn: l.value.conn,
+        wait: None,
+    };
+    let replaced = mirror.name(&l.name).is_some_and(|ns| {
+        let fe = &l.value.fe;
+        crate::locks::rules::same_waiters(&ns.view(fe), &same)
+            .next()
+            .is_some()
+    });
+    if replaced {
+        WaitResult::Ended(WaitEnd::Replaced)
+    } else {
+        WaitResult::Failed(BackendError::Unavailable(
+            "the wait was lost: this front-end's etcd lease ran out".into(),
+        ))
+    }
+}

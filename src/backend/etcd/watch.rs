@@ -1,0 +1,292 @@
+//! The watch that keeps the mirror: a full read at start (and after a compaction or a lost
+//! stream), then every change in revision order; and the background tasks' start.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use etcd_client::{EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchResponse};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
+use crate::locks::EventKind;
+
+use super::handover::{on_grant, taken_over};
+use super::mirror::{Change, Granted, Mirror};
+use super::waiters::key_gone;
+use super::RETRY;
+use super::{guards, unavailable, Cluster};
+
+impl Cluster {
+    /// Runs the watch, the keep-alive and the expiry timer until `shutdown`. Then this
+    /// front-end's waiters leave the queue and it says it is gone (another front-end takes
+    /// over expiring its plain leases), but its etcd lease is left to run out rather than
+    /// revoked: a session lease's holder has until then to reconnect to another front-end
+    /// and RENEW, as it would ride out the restart of a single server.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        tokio::select! {
+            _ = Arc::clone(&self).watch_loop() => {}
+            _ = Arc::clone(&self).keep_alive_loop() => {}
+            _ = Arc::clone(&self).expiry_loop() => {}
+            _ = shutdown.cancelled() => {}
+        }
+        // Each waiter key only if it is still this front-end's write (not taken over).
+        let mut ops: Vec<TxnOp> = {
+            let g = self.guard();
+            g.waiting
+                .values()
+                .map(|l| {
+                    TxnOp::txn(
+                        Txn::new()
+                            .when([guards::unchanged(&l.key, l.mod_rev)])
+                            .and_then([TxnOp::delete(l.key.clone(), None)]),
+                    )
+                })
+                .collect()
+        };
+        ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));
+        // etcd takes at most 128 operations per transaction by default (nested ones count).
+        for chunk in ops.chunks(50) {
+            let txn = Txn::new().and_then(chunk.to_vec());
+            let _ = tokio::time::timeout(self.config.request_timeout, self.txn(txn)).await;
+        }
+    }
+
+    /// Reads the whole prefix into a fresh mirror; waiters and watchers learn what changed.
+    pub(super) async fn resync(self: &Arc<Self>) -> Result<(), BackendError> {
+        let resp = self
+            .get(
+                self.layout.prefix().to_owned(),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(unavailable)?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let changes: Vec<Change> = resp
+            .kvs()
+            .iter()
+            .map(|kv| Change {
+                put: true,
+                key: kv.key().to_vec(),
+                value: kv.value().to_vec(),
+                create_rev: kv.create_revision(),
+                mod_rev: kv.mod_revision(),
+                lease: kv.lease(),
+            })
+            .collect();
+        let mut next = Vec::new();
+        let touched: Vec<String> = {
+            let mut g = self.guard();
+            let g = &mut *g;
+            let base = g.mirror.base;
+            let old = std::mem::replace(
+                &mut g.mirror,
+                Mirror {
+                    base,
+                    ..Mirror::default()
+                },
+            );
+            g.mirror.apply(&self.layout, &changes, rev, now());
+            g.fresh.retain(|(_, at), _| *at > rev);
+            let mut touched: Vec<String> = old.names.keys().cloned().collect();
+            touched.extend(g.mirror.names.keys().cloned());
+            // Grants made while the watch was behind, to waiters of ours (still waiting, or
+            // gone: then they are taken back).
+            let grants: Vec<Granted> = g
+                .mirror
+                .names
+                .iter()
+                .flat_map(|(name, ns)| ns.holders.values().map(move |h| Granted::of(base, name, h)))
+                .filter(|gr| gr.fe == self.fe)
+                .filter(|gr| g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid))
+                .collect();
+            for gr in &grants {
+                next.push(on_grant(g, gr));
+            }
+            // Waiters of ours whose place another front-end took over while we were behind.
+            let moved: Vec<String> = g
+                .mirror
+                .names
+                .values()
+                .flat_map(|ns| ns.queue.values())
+                .filter(|w| w.value.fe != self.fe && g.by_uid.contains_key(&w.uid))
+                .map(|w| w.uid.clone())
+                .collect();
+            for uid in moved {
+                taken_over(g, &uid);
+            }
+            // Local waiters whose key is gone were replaced or lost with an old etcd lease.
+            let gone: Vec<_> = g
+                .waiting
+                .iter()
+                .filter(|(_, l)| {
+                    l.rev != 0
+                        && l.rev <= rev
+                        && !l.confirming
+                        && !g
+                            .mirror
+                            .name(&l.name)
+                            .is_some_and(|ns| ns.queue.values().any(|w| w.uid == l.uid))
+                })
+                .map(|(w, _)| *w)
+                .collect();
+            for w in gone {
+                if let Some(l) = g.waiting.remove(&w) {
+                    g.by_uid.remove(&l.uid);
+                    let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
+                        "the wait was lost while etcd was unreachable".into(),
+                    )));
+                }
+            }
+            touched
+        };
+        self.after_grants(next);
+        self.moved.notify_waiters();
+        for name in touched {
+            self.evaluate(&name);
+        }
+        Ok(())
+    }
+
+    /// Keeps the mirror from one watch of the whole prefix, resuming after the last revision
+    /// seen when the stream breaks (so no change is missed or applied twice), and reading
+    /// everything again if that revision was compacted away.
+    async fn watch_loop(self: Arc<Self>) {
+        loop {
+            let from = self.guard().mirror.rev + 1;
+            let opts = WatchOptions::new().with_prefix().with_start_revision(from);
+            let mut client = self.client.clone();
+            let stream = client.watch(self.layout.prefix(), Some(opts)).await;
+            let mut stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    self.unhealthy(&format!("watch: {e}"));
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            loop {
+                match stream.message().await {
+                    Ok(Some(resp)) => {
+                        if resp.compact_revision() > 0 || resp.canceled() {
+                            tracing::warn!(
+                                compacted = resp.compact_revision(),
+                                "etcd watch cancelled; reading every lock again"
+                            );
+                            while let Err(e) = self.resync().await {
+                                self.unhealthy(&e.to_string());
+                                tokio::time::sleep(RETRY).await;
+                            }
+                            break;
+                        }
+                        self.healthy.store(true, Ordering::Relaxed);
+                        self.on_watch(resp);
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.unhealthy(&format!("watch: {e}"));
+                        tokio::time::sleep(RETRY).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn unhealthy(&self, why: &str) {
+        if self.healthy.swap(false, Ordering::Relaxed) {
+            tracing::warn!(error = why, "etcd unreachable or without quorum");
+        }
+    }
+
+    fn on_watch(self: &Arc<Self>, resp: WatchResponse) {
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let changes: Vec<Change> = resp
+            .events()
+            .iter()
+            .filter_map(|e| {
+                let kv = e.kv()?;
+                Some(Change {
+                    put: e.event_type() == EventType::Put,
+                    key: kv.key().to_vec(),
+                    value: kv.value().to_vec(),
+                    create_rev: kv.create_revision(),
+                    mod_rev: kv.mod_revision(),
+                    lease: kv.lease(),
+                })
+            })
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        let mut next = Vec::new();
+        let applied = {
+            let mut g = self.guard();
+            let applied = g.mirror.apply(&self.layout, &changes, rev, now());
+            let seen = g.mirror.rev;
+            g.written.retain(|_, (at, _)| *at > seen);
+            g.fresh.retain(|(_, rev), _| *rev > seen);
+            // Grants of our waiters (a holder key takes its waiter's uid), made by this
+            // front-end or by another one's release. A waiter that left meanwhile never
+            // learns of it: the grant is taken back.
+            for gr in &applied.granted {
+                if gr.fe == self.fe {
+                    next.push(on_grant(&mut g, gr));
+                }
+            }
+            // Waiters of ours whose place a LOCK of the same id through another front-end
+            // took over.
+            for (_, uid, fe) in &applied.adopted {
+                if *fe != self.fe {
+                    taken_over(&mut g, uid);
+                }
+            }
+            // A waiter of ours whose key went without its grant: replaced, or lost with its
+            // etcd lease.
+            for (_, uid) in &applied.waiters_gone {
+                g.left.remove(uid);
+                let Some(waiter) = g.by_uid.get(uid).copied() else {
+                    continue;
+                };
+                // (Its own write not answered yet: the answer decides.)
+                if g.waiting
+                    .get(&waiter)
+                    .is_some_and(|l| l.in_flight || l.confirming || l.mod_rev == 0)
+                {
+                    continue;
+                }
+                if let Some(l) = g.waiting.remove(&waiter) {
+                    g.by_uid.remove(&l.uid);
+                    let why = key_gone(&g.mirror, &l);
+                    let _ = l.tx.send(why);
+                }
+            }
+            // Published under the guard, so watchers see one name's events in order.
+            if !applied.events.is_empty() && self.events.receiver_count() > 0 {
+                let unix_ms = unix_ms();
+                for event in &applied.events {
+                    let _ = self.events.send(Arc::new(Published {
+                        event: event.clone(),
+                        unix_ms,
+                    }));
+                }
+            }
+            applied
+        };
+        self.after_grants(next);
+        for event in &applied.events {
+            if event.kind == EventKind::Dropped {
+                // A holder on a front-end's etcd lease that ran out: nobody else logs it.
+                tracing::info!(
+                    name = &*event.name,
+                    id = &*event.id,
+                    token = event.token,
+                    "lease ended with its front-end's etcd lease"
+                );
+            }
+        }
+        self.moved.notify_waiters();
+        for name in &applied.touched {
+            self.evaluate(name);
+        }
+    }
+}
