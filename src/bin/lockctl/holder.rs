@@ -42,7 +42,7 @@ pub async fn say_if_waiting<T>(
 
 async fn say_waiting(server: &Server, name: &str, id: &str) {
     let Ok(mut client) = server
-        .connect_once(ASK_LIMIT.min(server.connect_timeout))
+        .connect_once(ASK_LIMIT.min(server.connect_timeout()))
         .await
     else {
         return;

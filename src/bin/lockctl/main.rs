@@ -82,8 +82,8 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         cli.connect_timeout
             .unwrap_or_else(|| default_connect_timeout(command)),
         cli.verbose,
-        tls::Tls::from_args(&cli.tls)?,
-        auth::Credentials::from_args(&cli.auth)?,
+        tls::from_args(&cli.tls)?,
+        auth::Login::from_args(&cli.auth)?,
     );
     let id = match &cli.id {
         Some(id) => id.clone(),

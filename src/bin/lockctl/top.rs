@@ -89,7 +89,7 @@ async fn take(
         // After a failure: from the next address, in case the current one is the trouble.
         None => server.reconnect_once(limit).await.map_err(|f| {
             // Several addresses: the message names each already.
-            if f.is_denied() || server.addrs.len() > 1 {
+            if f.is_denied() || server.addrs().len() > 1 {
                 return f;
             }
             let why = f.message.unwrap_or_default();
