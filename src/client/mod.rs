@@ -20,8 +20,8 @@ use crate::stream::Stream;
 use crate::connection::{Connection, Frame};
 use crate::locks::{Mode, Token};
 use crate::proto::{
-    self, Asked, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received, ReplyLine,
-    Request, StatusLine, Tie, WaiterLine,
+    self, Asked, BadReply, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received,
+    ReplyLine, Request, StatusLine, Tie, WaiterLine,
 };
 
 pub mod auth;
@@ -328,7 +328,9 @@ impl Client {
 
     /// `STATUS <name> detail`: who holds the lock and who waits for it, in queue order.
     pub async fn detail(&mut self, name: &str) -> Result<LockDetail> {
-        let mut reply = self.ask(&Request::StatusDetail { name: name.into() }).await?;
+        let mut reply = self
+            .ask(&Request::StatusDetail { name: name.into() })
+            .await?;
         let (mut holders, mut waiters) = (Vec::new(), Vec::new());
         loop {
             match reply {
@@ -347,16 +349,20 @@ impl Client {
         }
     }
 
-    /// After [`Client::watch`]: the next event. A line that is not one is
-    /// [`ClientError::Unexpected`], and the watch goes on; an `ERR` (`LAGGED`, `SHUTDOWN`, a
-    /// right taken away) ends it.
-    pub async fn next_event(&mut self) -> Result<EventLine> {
+    /// After [`Client::watch`]: the next event, or (inside) the line that came instead of
+    /// one, after which the watch goes on. An `ERR` (`LAGGED`, `SHUTDOWN`, a right taken away)
+    /// ends the watch: [`ClientError::Refused`].
+    pub async fn next_event(&mut self) -> Result<std::result::Result<EventLine, BadReply>> {
         loop {
-            match self.read_reply(Asked::Watch).await? {
-                Received::Event(event) => return Ok(event),
-                // Its confirmation, if the caller did not wait for it.
-                Received::Watching(_) => {}
-                other => return Err(unexpected(other)),
+            let line = self.read_line().await?;
+            match Received::parse(&line, Asked::Watch) {
+                Ok(Received::Event(event)) => return Ok(Ok(event)),
+                Ok(Received::Error(e)) => return Err(ClientError::Refused(e)),
+                // Its confirmation, if the caller did not wait for it, or another `OK`.
+                Ok(Received::Watching(_)) => {}
+                Err(_) if matches!(proto::parse_reply(&line), ReplyLine::Ok(_)) => {}
+                Ok(other) => return Ok(Err(BadReply(other.to_string()))),
+                Err(bad) => return Ok(Err(bad)),
             }
         }
     }

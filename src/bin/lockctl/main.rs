@@ -23,7 +23,6 @@ mod ops;
 mod out;
 mod request;
 mod run;
-mod snapshot;
 mod status;
 mod tls;
 mod top;
