@@ -199,7 +199,7 @@ impl Link {
                     self.client = Some(client);
                     return Err(RenewError::NotHeld(text));
                 }
-                if !closes_connection(e.code) {
+                if !e.code.may_close() {
                     self.client = Some(client);
                 }
                 Err(RenewError::Failed(text))
@@ -231,14 +231,6 @@ impl Link {
         }
         Released::Failed(last)
     }
-}
-
-/// Errors after which the server closes the connection.
-fn closes_connection(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::TooLong | ErrorCode::Lagged | ErrorCode::Shutdown | ErrorCode::Limit
-    )
 }
 
 /// The handle of a running keeper.
