@@ -61,10 +61,12 @@ impl From<LoginError> for Refusal {
 }
 
 impl Credentials {
+    /// `user` with `secret`; both are checked by the server, not here.
     pub fn new(user: String, secret: Secret) -> Credentials {
         Credentials { user, secret }
     }
 
+    /// The user name: messages name it (the secret is never shown).
     pub fn user(&self) -> &str {
         &self.user
     }

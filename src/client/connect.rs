@@ -32,10 +32,12 @@ impl Addrs {
         (!list.is_empty()).then_some(Addrs(list))
     }
 
+    /// A lockd with one address: the common case.
     pub fn one(addr: String) -> Addrs {
         Addrs(vec![addr])
     }
 
+    /// How many addresses (at least one): with one, there is no failover to tell of.
     #[allow(clippy::len_without_is_empty)] // never empty
     pub fn len(&self) -> usize {
         self.0.len()
@@ -152,10 +154,12 @@ impl Connector {
         self
     }
 
+    /// The addresses, as given (to hand on, as `LOCKD_ADDR`).
     pub fn addrs(&self) -> &Addrs {
         &self.addrs
     }
 
+    /// How long [`Connector::connect`] keeps trying: callers bound their own retries by it.
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
