@@ -2,7 +2,8 @@
 //!
 //! # Map
 //! - [`locks`]: the lock table, a pure state machine (`std` only: no I/O, no tokio, no clock).
-//! - [`proto`]: requests and replies as text (pure); `proto.md` is its public contract.
+//! - [`proto`]: requests and replies as text, both ways: each line formatted and parsed as a
+//!   type (pure); `proto.md` is its public contract.
 //! - [`auth`]: users, their hashed secrets and rights (`--auth-file`), and the shared handle
 //!   a reload replaces them through.
 //! - [`connection`]: bounded line framing over a [`stream`]: plain TCP or TLS over TCP.
@@ -15,7 +16,10 @@
 //! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
 //! - [`per_ip`]: open connections counted per client address (`--max-connections-per-ip`).
 //! - [`store`]: durable state for `--data-dir`: a log with snapshots and a group-commit writer.
-//! - [`client`]: an async client for `lockctl` and the tests.
+//! - [`client`]: an async client for `lockctl`, the tests and any Rust program: a connection
+//!   whose answers are `proto`'s types (`client/mod.rs`), and its `connect` (several
+//!   addresses, failover, retry), `tls` (the handshake and what its failures mean) and `auth`
+//!   (AUTH and what its refusals mean).
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
 //! - [`metrics`]: the Prometheus registry and the handles the hot path bumps.
@@ -30,8 +34,9 @@
 //! `session` -> `backend`, `proto`, `connection`, `auth`, `tls`; `compat` -> `backend`,
 //! `locks`; `http` -> `backend`; `server` -> `session`, `backend`, `compat`, `store`, `http`,
 //! `auth`, `per_ip`, `tls`; `client` -> `proto`, `connection`, `locks` (the token and mode
-//! types), `tls`. The table and the protocol never see a socket or a file, and `lockctl` never
-//! reaches `server`, `backend`, `session` or `store`.
+//! types), `tls`, `stream` (inside it, `connect` -> `tls`, `auth` and the connection; `tls` and
+//! `auth` -> the connection). The table and the protocol never see a socket or a file, and
+//! `lockctl` never reaches `server`, `backend`, `session` or `store`.
 
 use std::time::Duration;
 

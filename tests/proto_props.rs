@@ -1,10 +1,15 @@
 //! Properties of the protocol module: no line can make the parser panic or produce a reply of
-//! more than one line, and every valid request survives formatting and parsing unchanged.
+//! more than one line, every valid request survives formatting and parsing unchanged, and so
+//! does every reply: a client reads back each line the server formats.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use lockd::locks::Mode;
-use lockd::proto::{self, Reply, Request, Tie};
+use lockd::locks::{Event, EventKind, LockStatus, Mode, WaiterStatus};
+use lockd::proto::{
+    self, Asked, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received, Reply, Request,
+    StatusLine, Tie, WaiterLine,
+};
 use proptest::prelude::*;
 
 /// Words a client may send, valid or not: names, numbers, options, junk and control characters.
@@ -120,5 +125,255 @@ proptest! {
         let line = request.to_string();
         prop_assert!(!line.contains('\n'));
         prop_assert_eq!(proto::parse(&line).expect("parses"), request);
+    }
+}
+
+fn mode() -> impl Strategy<Value = Mode> {
+    prop_oneof![
+        Just(Mode::Exclusive),
+        Just(Mode::Shared),
+        (2u32..=proto::MAX_LIMIT).prop_map(Mode::Limit),
+    ]
+}
+
+fn millis() -> impl Strategy<Value = Duration> {
+    (0u64..u64::MAX / 2).prop_map(Duration::from_millis)
+}
+
+fn held_line() -> impl Strategy<Value = HeldLine> {
+    (
+        name(),
+        name(),
+        1u64..u64::MAX,
+        millis(),
+        any::<bool>(),
+        any::<usize>(),
+        2usize..1_000_000,
+        mode(),
+    )
+        .prop_map(
+            |(name, id, token, ttl, session, waiters, holders, mode)| HeldLine {
+                name,
+                id,
+                token,
+                ttl,
+                session,
+                waiters,
+                // An exclusive lock has one holder; its line does not say.
+                holders: if mode == Mode::Exclusive { 1 } else { holders },
+                mode,
+            },
+        )
+}
+
+fn status_line() -> impl Strategy<Value = StatusLine> {
+    prop_oneof![
+        name().prop_map(StatusLine::Free),
+        held_line().prop_map(StatusLine::Held),
+    ]
+}
+
+fn event_kind() -> impl Strategy<Value = EventKind> {
+    prop_oneof![
+        Just(EventKind::Acquired),
+        Just(EventKind::Released),
+        Just(EventKind::Expired),
+        Just(EventKind::Dropped),
+    ]
+}
+
+fn message() -> impl Strategy<Value = String> {
+    prop_oneof![Just(String::new()), "[ -~]{0,60}", "\\PC{0,60}"]
+}
+
+fn error_code() -> impl Strategy<Value = ErrorCode> {
+    (0..ErrorCode::ALL.len()).prop_map(|i| ErrorCode::ALL[i])
+}
+
+/// Every reply a client may receive, with what it asked.
+fn received() -> impl Strategy<Value = (Received, Asked)> {
+    prop_oneof![
+        (1u64..u64::MAX).prop_map(|t| (Received::Token(t), Asked::Lock)),
+        Just((Received::Done, Asked::Unlock)),
+        prop_oneof![Just(Asked::Renew), Just(Asked::Check)]
+            .prop_flat_map(|a| millis().prop_map(move |d| (Received::Lease(d), a))),
+        Just((Received::Pong, Asked::Ping)),
+        name().prop_map(|u| (Received::Authenticated(u), Asked::Auth)),
+        Just((Received::Help, Asked::Help)),
+        Just((Received::Bye, Asked::Quit)),
+        prop::option::of(name()).prop_map(|n| (Received::Watching(n), Asked::Watch)),
+        prop_oneof![Just(Asked::Status), Just(Asked::Detail)]
+            .prop_flat_map(|a| status_line().prop_map(move |s| (Received::Status(s), a))),
+        held_line().prop_map(|h| (Received::Info(h), Asked::StatusAll)),
+        any::<usize>().prop_map(|n| (Received::Count(n), Asked::StatusAll)),
+        (
+            name(),
+            name(),
+            1u64..u64::MAX,
+            millis(),
+            millis(),
+            any::<bool>(),
+            mode()
+        )
+            .prop_map(|(name, id, token, held, ttl, session, mode)| (
+                Received::Holder(HolderLine {
+                    name,
+                    id,
+                    token,
+                    held,
+                    ttl,
+                    session,
+                    mode
+                }),
+                Asked::Detail
+            )),
+        (
+            name(),
+            1usize..100_000,
+            name(),
+            millis(),
+            any::<bool>(),
+            mode()
+        )
+            .prop_map(|(name, position, id, waited, session, mode)| (
+                Received::Waiter(WaiterLine {
+                    name,
+                    position,
+                    id,
+                    waited,
+                    session,
+                    mode
+                }),
+                Asked::Detail
+            )),
+        (event_kind(), name(), name(), 1u64..u64::MAX, any::<u64>()).prop_map(
+            |(kind, name, id, token, unix_ms)| (
+                Received::Event(EventLine {
+                    kind,
+                    name,
+                    id,
+                    token,
+                    unix_ms
+                }),
+                Asked::Watch
+            )
+        ),
+        (error_code(), message())
+            .prop_map(|(code, m)| (Received::Error(ProtoError::new(code, m)), Asked::Lock)),
+    ]
+}
+
+fn lock_status() -> impl Strategy<Value = LockStatus> {
+    (held_line(), millis()).prop_map(|(h, held)| LockStatus {
+        name: h.name.into(),
+        holder: h.id.into(),
+        token: h.token,
+        remaining: h.ttl,
+        held,
+        session: h.session,
+        waiters: h.waiters,
+        holders: h.holders,
+        mode: h.mode,
+    })
+}
+
+fn as_held(s: &LockStatus) -> HeldLine {
+    HeldLine {
+        name: s.name.to_string(),
+        id: s.holder.to_string(),
+        token: s.token,
+        ttl: s.remaining,
+        session: s.session,
+        waiters: s.waiters,
+        holders: s.holders,
+        mode: s.mode,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn every_reply_round_trips((reply, asked) in received()) {
+        let line = reply.to_string();
+        prop_assert!(!line.contains(['\n', '\r']), "{line:?}");
+        prop_assert_eq!(Received::parse(&line, asked), Ok(reply));
+    }
+
+    #[test]
+    fn clients_read_what_the_server_formats(
+        status in lock_status(),
+        waiter in (name(), 1usize..100_000, millis(), any::<bool>(), mode()),
+        event in (event_kind(), 1u64..u64::MAX, any::<u64>()),
+    ) {
+        let parse = |r: Reply<'_>, asked| Received::parse(&r.to_string(), asked);
+        prop_assert_eq!(
+            parse(Reply::Status(&status.name, Some(&status)), Asked::Status),
+            Ok(Received::Status(StatusLine::Held(as_held(&status))))
+        );
+        prop_assert_eq!(
+            parse(Reply::Status(&status.name, None), Asked::Detail),
+            Ok(Received::Status(StatusLine::Free(status.name.to_string())))
+        );
+        prop_assert_eq!(
+            parse(Reply::Info(&status), Asked::StatusAll),
+            Ok(Received::Info(as_held(&status)))
+        );
+        prop_assert_eq!(
+            parse(Reply::Holder(&status), Asked::Detail),
+            Ok(Received::Holder(HolderLine {
+                name: status.name.to_string(),
+                id: status.holder.to_string(),
+                token: status.token,
+                held: status.held,
+                ttl: status.remaining,
+                session: status.session,
+                mode: status.mode,
+            }))
+        );
+        let (id, position, waited, session, mode) = waiter;
+        let w = WaiterStatus { id: Arc::from(id.as_str()), waited, session, mode };
+        prop_assert_eq!(
+            parse(Reply::Waiter(&status.name, position, &w), Asked::Detail),
+            Ok(Received::Waiter(WaiterLine {
+                name: status.name.to_string(),
+                position,
+                id,
+                waited,
+                session,
+                mode,
+            }))
+        );
+        let (kind, token, unix_ms) = event;
+        let e = Event {
+            kind,
+            name: status.name.clone(),
+            id: status.holder.clone(),
+            token,
+            held: Duration::ZERO,
+            waited: None,
+        };
+        prop_assert_eq!(
+            parse(Reply::Event(&e, unix_ms), Asked::Watch),
+            Ok(Received::Event(EventLine {
+                kind,
+                name: status.name.to_string(),
+                id: status.holder.to_string(),
+                token,
+                unix_ms,
+            }))
+        );
+    }
+
+    #[test]
+    fn any_reply_text_is_read_or_refused(text in any::<String>(), asked in prop_oneof![
+        Just(Asked::Lock), Just(Asked::Unlock), Just(Asked::Renew), Just(Asked::Status),
+        Just(Asked::StatusAll), Just(Asked::Detail), Just(Asked::Watch), Just(Asked::Auth),
+        Just(Asked::Ping), Just(Asked::Quit),
+    ]) {
+        let _ = Received::parse(&text, asked);
+        for prefix in ["OK ", "INFO ", "HOLDER ", "WAITER ", "EVENT ", "OK a held "] {
+            let _ = Received::parse(&format!("{prefix}{text}"), asked);
+        }
     }
 }

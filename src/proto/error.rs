@@ -83,6 +83,17 @@ impl ErrorCode {
         }
     }
 
+    /// Whether the server closes the connection after this refusal, or may (`LIMIT`), as
+    /// proto.md's Errors table says: a client that gets one reconnects before its next
+    /// request. (`DENIED` closes only in the two cases whose message ends `closing`; it is
+    /// not counted here.)
+    pub fn may_close(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::TooLong | ErrorCode::Lagged | ErrorCode::Shutdown | ErrorCode::Limit
+        )
+    }
+
     pub fn parse(code: &str) -> Option<ErrorCode> {
         ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
     }

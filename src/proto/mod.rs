@@ -14,7 +14,10 @@ pub mod error;
 pub mod reply;
 
 pub use error::{ErrorCode, ProtoError};
-pub use reply::{field, parse_reply, Reply, ReplyLine};
+pub use reply::{
+    field, parse_mode, parse_reply, Asked, BadReply, EventLine, HeldLine, HolderLine, Received,
+    Reply, ReplyLine, StatusLine, WaiterLine,
+};
 
 /// Longest name or id, in bytes.
 pub const MAX_NAME_LEN: usize = 255;

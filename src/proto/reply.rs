@@ -1,10 +1,13 @@
-//! Replies: formatted by the server, split by clients.
+//! Replies, both ways: [`Reply`] is a line as the server formats it (borrowing the table's
+//! values, so a STATUS of a million locks copies nothing), [`Received`] the same line as a
+//! client reads it back (owned and typed). Each line's grammar is written once, in the
+//! `write_*` functions both use, and its parser sits beside it.
 
 use std::fmt;
 use std::time::Duration;
 
 use super::{ErrorCode, ProtoError, HELP};
-use crate::locks::{Event, LockStatus, Mode, Token, WaiterStatus};
+use crate::locks::{Event, EventKind, LockStatus, Mode, Token, WaiterStatus};
 
 /// One reply line, as the server sends it.
 #[derive(Clone, Debug)]
@@ -47,73 +50,608 @@ impl fmt::Display for Reply<'_> {
         match self {
             Reply::Token(t) => write!(f, "OK {t}"),
             Reply::Done => f.write_str("OK"),
-            Reply::Lease(left) => write!(f, "OK ttl_ms={}", left.as_millis()),
-            Reply::Pong => f.write_str("OK PONG"),
+            Reply::Lease(left) => write!(f, "OK {LEASE_KEY}={}", left.as_millis()),
+            Reply::Pong => write!(f, "OK {PONG}"),
             Reply::Authenticated(user) => write!(f, "OK {user}"),
             Reply::Help => write!(f, "OK {HELP}"),
-            Reply::Bye => f.write_str("OK bye"),
-            Reply::Watching(name) => write!(f, "OK watching {}", name.unwrap_or("*")),
-            Reply::Status(name, None) => write!(f, "OK {name} free"),
-            Reply::Status(_, Some(s)) => write!(f, "OK {}", HeldStatus(s)),
-            Reply::Info(s) => write!(f, "INFO {}", HeldStatus(s)),
+            Reply::Bye => write!(f, "OK {BYE}"),
+            Reply::Watching(name) => write!(f, "OK {WATCHING} {}", name.unwrap_or(ALL)),
+            Reply::Status(name, None) => write!(f, "OK {name} {FREE}"),
+            Reply::Status(_, Some(s)) => {
+                f.write_str("OK ")?;
+                write_held(f, &held_of(s))
+            }
+            Reply::Info(s) => {
+                f.write_str("INFO ")?;
+                write_held(f, &held_of(s))
+            }
             Reply::Count(n) => write!(f, "OK {n}"),
-            Reply::Holder(s) => write!(
+            Reply::Holder(s) => write_holder(
                 f,
-                "HOLDER {} id={} token={} held_ms={} ttl_ms={} session={} mode={}",
-                s.name,
-                s.holder,
-                s.token,
-                s.held.as_millis(),
-                s.remaining.as_millis(),
-                u8::from(s.session),
-                s.mode
+                &HolderLine {
+                    name: &s.name,
+                    id: &s.holder,
+                    token: s.token,
+                    held: s.held,
+                    ttl: s.remaining,
+                    session: s.session,
+                    mode: s.mode,
+                },
             ),
-            Reply::Waiter(name, position, w) => write!(
+            Reply::Waiter(name, position, w) => write_waiter(
                 f,
-                "WAITER {name} {position} id={} waited_ms={} session={} mode={}",
-                w.id,
-                w.waited.as_millis(),
-                u8::from(w.session),
-                w.mode
+                &WaiterLine {
+                    name: *name,
+                    position: *position,
+                    id: &*w.id,
+                    waited: w.waited,
+                    session: w.session,
+                    mode: w.mode,
+                },
             ),
-            Reply::Event(e, unix_ms) => write!(
+            Reply::Event(e, unix_ms) => write_event(
                 f,
-                "EVENT {} {} {} {} {unix_ms}",
-                e.kind.as_str(),
-                e.name,
-                e.id,
-                e.token
+                &EventLine {
+                    kind: e.kind,
+                    name: &e.name,
+                    id: &e.id,
+                    token: e.token,
+                    unix_ms: *unix_ms,
+                },
             ),
             Reply::Error(e) => e.fmt(f),
         }
     }
 }
 
-struct HeldStatus<'a>(&'a LockStatus);
+// The fixed words of the reply lines.
+const LEASE_KEY: &str = "ttl_ms";
+const PONG: &str = "PONG";
+const BYE: &str = "bye";
+const WATCHING: &str = "watching";
+const ALL: &str = "*";
+const FREE: &str = "free";
+const HELD: &str = "held";
+const INFO: &str = "INFO";
+const HOLDER: &str = "HOLDER";
+const WAITER: &str = "WAITER";
+const EVENT: &str = "EVENT";
 
-impl fmt::Display for HeldStatus<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = self.0;
-        write!(
-            f,
-            "{} held id={} token={} ttl_ms={} session={} waiters={}",
-            s.name,
-            s.holder,
-            s.token,
-            s.remaining.as_millis(),
-            u8::from(s.session),
-            s.waiters
-        )?;
-        // An exclusive lock's line is as it always was; the others say what they are.
-        if s.mode != Mode::Exclusive {
-            write!(f, " holders={} mode={}", s.holders, s.mode)?;
+fn held_of(s: &LockStatus) -> HeldLine<&str> {
+    HeldLine {
+        name: &s.name,
+        id: &s.holder,
+        token: s.token,
+        ttl: s.remaining,
+        session: s.session,
+        waiters: s.waiters,
+        holders: s.holders,
+        mode: s.mode,
+    }
+}
+
+/// `<name> held id=.. token=.. ttl_ms=.. session=.. waiters=..`, and for a shared lock or a
+/// semaphore ` holders=.. mode=..` (an exclusive lock's line is as it always was).
+fn write_held<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HeldLine<S>) -> fmt::Result {
+    write!(
+        f,
+        "{} {HELD} id={} token={} ttl_ms={} session={} waiters={}",
+        h.name.as_ref(),
+        h.id.as_ref(),
+        h.token,
+        h.ttl.as_millis(),
+        u8::from(h.session),
+        h.waiters
+    )?;
+    if h.mode != Mode::Exclusive {
+        write!(f, " holders={} mode={}", h.holders, h.mode)?;
+    }
+    Ok(())
+}
+
+fn write_holder<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HolderLine<S>) -> fmt::Result {
+    write!(
+        f,
+        "{HOLDER} {} id={} token={} held_ms={} ttl_ms={} session={} mode={}",
+        h.name.as_ref(),
+        h.id.as_ref(),
+        h.token,
+        h.held.as_millis(),
+        h.ttl.as_millis(),
+        u8::from(h.session),
+        h.mode
+    )
+}
+
+fn write_waiter<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, w: &WaiterLine<S>) -> fmt::Result {
+    write!(
+        f,
+        "{WAITER} {} {} id={} waited_ms={} session={} mode={}",
+        w.name.as_ref(),
+        w.position,
+        w.id.as_ref(),
+        w.waited.as_millis(),
+        u8::from(w.session),
+        w.mode
+    )
+}
+
+fn write_event<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, e: &EventLine<S>) -> fmt::Result {
+    write!(
+        f,
+        "{EVENT} {} {} {} {} {}",
+        e.kind.as_str(),
+        e.name.as_ref(),
+        e.id.as_ref(),
+        e.token,
+        e.unix_ms
+    )
+}
+
+/// A held lock as a STATUS line (`OK` or `INFO`) describes it: its first holder (the lowest
+/// token still holding), and how many hold and wait. Generic over its text so that the server
+/// formats it from borrowed names and a client reads it into owned ones, with one grammar.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLine<S = String> {
+    pub name: S,
+    /// The first holder's client id.
+    pub id: S,
+    pub token: Token,
+    /// The first holder's lease time left (`ttl_ms`).
+    pub ttl: Duration,
+    /// `session=1`: a session lease.
+    pub session: bool,
+    /// The queue's length.
+    pub waiters: usize,
+    /// How many hold it: 1 for an exclusive lock (whose line does not say).
+    pub holders: usize,
+    /// `exclusive` where the line does not say (an exclusive lock, or an older server).
+    pub mode: Mode,
+}
+
+/// The answer to `STATUS <name>`, and the last line of `STATUS <name> detail`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatusLine {
+    /// `<name> free`.
+    Free(String),
+    /// `<name> held ...`.
+    Held(HeldLine),
+}
+
+impl StatusLine {
+    /// The lock's name, free or held.
+    pub fn name(&self) -> &str {
+        match self {
+            StatusLine::Free(name) => name,
+            StatusLine::Held(h) => &h.name,
         }
-        Ok(())
+    }
+
+    /// Who holds it, if anyone.
+    pub fn held(&self) -> Option<&HeldLine> {
+        match self {
+            StatusLine::Free(_) => None,
+            StatusLine::Held(h) => Some(h),
+        }
+    }
+}
+
+/// One `HOLDER` line of `STATUS <name> detail`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderLine<S = String> {
+    pub name: S,
+    pub id: S,
+    pub token: Token,
+    /// How long it has held the lock (`held_ms`).
+    pub held: Duration,
+    /// Lease time left (`ttl_ms`).
+    pub ttl: Duration,
+    pub session: bool,
+    pub mode: Mode,
+}
+
+/// One `WAITER` line of `STATUS <name> detail`: `position` 1 is granted next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaiterLine<S = String> {
+    pub name: S,
+    pub position: usize,
+    pub id: S,
+    /// How long it has waited so far (`waited_ms`).
+    pub waited: Duration,
+    /// It asked for a session lease.
+    pub session: bool,
+    pub mode: Mode,
+}
+
+/// One `EVENT` line of a watch. A client reads a revoked grant as [`EventKind::Dropped`]: the
+/// wire says `dropped` for both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventLine<S = String> {
+    pub kind: EventKind,
+    pub name: S,
+    pub id: S,
+    pub token: Token,
+    /// The server's wall clock when it happened, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+}
+
+impl<S: AsRef<str>> fmt::Display for HeldLine<S> {
+    /// The line's text after `OK ` or `INFO `.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_held(f, self)
+    }
+}
+
+impl fmt::Display for StatusLine {
+    /// The line's text after `OK `.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StatusLine::Free(name) => write!(f, "{name} {FREE}"),
+            StatusLine::Held(h) => write_held(f, h),
+        }
+    }
+}
+
+impl<S: AsRef<str>> fmt::Display for HolderLine<S> {
+    /// The whole line, `HOLDER` first.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_holder(f, self)
+    }
+}
+
+impl<S: AsRef<str>> fmt::Display for WaiterLine<S> {
+    /// The whole line, `WAITER` first.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_waiter(f, self)
+    }
+}
+
+impl<S: AsRef<str>> fmt::Display for EventLine<S> {
+    /// The whole line, `EVENT` first.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_event(f, self)
+    }
+}
+
+/// What a client asked, which says how to read its `OK` line: `OK 7` is a token after LOCK and
+/// a count after STATUS, `OK alice` a user after AUTH.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asked {
+    Lock,
+    Unlock,
+    Renew,
+    Check,
+    /// `STATUS <name>`.
+    Status,
+    /// `STATUS`: `INFO` lines, then `OK <count>`.
+    StatusAll,
+    /// `STATUS <name> detail`: `HOLDER` and `WAITER` lines, then the `STATUS <name>` line.
+    Detail,
+    /// `WATCH [<name>]`: `OK watching ..`, then `EVENT` lines.
+    Watch,
+    Auth,
+    Ping,
+    Help,
+    Quit,
+}
+
+impl From<&super::Request> for Asked {
+    fn from(req: &super::Request) -> Asked {
+        use super::Request as R;
+        match req {
+            R::Lock { .. } => Asked::Lock,
+            R::Unlock { .. } => Asked::Unlock,
+            R::Renew { .. } => Asked::Renew,
+            R::Check { .. } => Asked::Check,
+            R::Status { name: Some(_) } => Asked::Status,
+            R::Status { name: None } => Asked::StatusAll,
+            R::StatusDetail { .. } => Asked::Detail,
+            R::Watch { .. } => Asked::Watch,
+            R::Auth { .. } => Asked::Auth,
+            R::Ping => Asked::Ping,
+            R::Help => Asked::Help,
+            R::Quit => Asked::Quit,
+        }
+    }
+}
+
+/// A reply line as a client reads it: owned and typed, the inverse of [`Reply`] (its
+/// `Display` is the line the server sends).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Received {
+    /// `OK <token>`: LOCK granted.
+    Token(Token),
+    /// `OK`: UNLOCK (and RENEW or CHECK of an older server).
+    Done,
+    /// `OK ttl_ms=<ms>`: RENEW and CHECK.
+    Lease(Duration),
+    /// `OK PONG`.
+    Pong,
+    /// `OK <user>`: AUTH accepted.
+    Authenticated(String),
+    /// `OK <help>`: its text is for people, and not kept.
+    Help,
+    /// `OK bye`.
+    Bye,
+    /// `OK watching <name|*>` (`None` for `*`, all locks).
+    Watching(Option<String>),
+    /// `OK <name> free` or `OK <name> held ...`.
+    Status(StatusLine),
+    /// `INFO <name> held ...`.
+    Info(HeldLine),
+    /// `OK <count>`: ends a STATUS of all locks.
+    Count(usize),
+    /// `HOLDER ...`.
+    Holder(HolderLine),
+    /// `WAITER ...`.
+    Waiter(WaiterLine),
+    /// `EVENT ...`.
+    Event(EventLine),
+    /// `ERR <code> <message>`: any request may get one.
+    Error(ProtoError),
+}
+
+impl fmt::Display for Received {
+    /// The line as the server sends it (without its line ending).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Received::Token(t) => Reply::Token(*t).fmt(f),
+            Received::Done => Reply::Done.fmt(f),
+            Received::Lease(left) => Reply::Lease(*left).fmt(f),
+            Received::Pong => Reply::Pong.fmt(f),
+            Received::Authenticated(user) => Reply::Authenticated(user).fmt(f),
+            Received::Help => Reply::Help.fmt(f),
+            Received::Bye => Reply::Bye.fmt(f),
+            Received::Watching(name) => Reply::Watching(name.as_deref()).fmt(f),
+            Received::Status(s) => write!(f, "OK {s}"),
+            Received::Info(h) => write!(f, "{INFO} {h}"),
+            Received::Count(n) => Reply::Count(*n).fmt(f),
+            Received::Holder(h) => h.fmt(f),
+            Received::Waiter(w) => w.fmt(f),
+            Received::Event(e) => e.fmt(f),
+            Received::Error(e) => e.fmt(f),
+        }
+    }
+}
+
+/// A line that is not a reply to what was asked, or not one proto.md describes: it is kept
+/// whole, for the message that names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadReply(pub String);
+
+impl fmt::Display for BadReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unexpected reply {:?}", self.0)
+    }
+}
+
+impl std::error::Error for BadReply {}
+
+impl Received {
+    /// Reads one reply line (its `\r` if any stripped) to a request of kind `asked`. Any
+    /// line that is not what proto.md says the server answers to it is a [`BadReply`]; no
+    /// input panics. Fields a newer server adds to a line are passed over.
+    pub fn parse(line: &str, asked: Asked) -> Result<Received, BadReply> {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        Received::read(line, asked).ok_or_else(|| BadReply(line.to_owned()))
+    }
+
+    fn read(line: &str, asked: Asked) -> Option<Received> {
+        if let ReplyLine::Err(e) = parse_reply(line) {
+            return Some(Received::Error(e));
+        }
+        let (first, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match (first, asked) {
+            ("OK", _) => ok_line(rest, line == "OK", asked),
+            (INFO, Asked::StatusAll) => Some(Received::Info(HeldLine::parse(rest)?)),
+            (HOLDER, Asked::Detail) => Some(Received::Holder(HolderLine::parse(line)?)),
+            (WAITER, Asked::Detail) => Some(Received::Waiter(WaiterLine::parse(line)?)),
+            (EVENT, Asked::Watch) => Some(Received::Event(EventLine::parse(line).ok()?)),
+            _ => None,
+        }
+    }
+}
+
+/// The text after `OK` (`bare`: there was none), read as the answer to `asked`.
+fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
+    if bare {
+        return matches!(asked, Asked::Unlock | Asked::Renew | Asked::Check)
+            .then_some(Received::Done);
+    }
+    match asked {
+        Asked::Lock => Some(Received::Token(number(rest)?)),
+        Asked::Renew | Asked::Check => {
+            let ms = rest.strip_prefix(LEASE_KEY)?.strip_prefix('=')?;
+            Some(Received::Lease(Duration::from_millis(number(ms)?)))
+        }
+        Asked::Status | Asked::Detail => Some(Received::Status(StatusLine::parse(rest)?)),
+        Asked::StatusAll => Some(Received::Count(number(rest)?)),
+        Asked::Watch => match rest.strip_prefix(WATCHING)?.strip_prefix(' ')? {
+            ALL => Some(Received::Watching(None)),
+            name => Some(Received::Watching(Some(word(name)?.to_owned()))),
+        },
+        Asked::Auth => Some(Received::Authenticated(word(rest)?.to_owned())),
+        Asked::Ping => (rest == PONG).then_some(Received::Pong),
+        Asked::Help => Some(Received::Help),
+        Asked::Quit => (rest == BYE).then_some(Received::Bye),
+        Asked::Unlock => None,
+    }
+}
+
+/// One non-empty word.
+fn word(text: &str) -> Option<&str> {
+    (!text.is_empty() && !text.contains(' ')).then_some(text)
+}
+
+/// A decimal number of digits only (no sign, no spaces).
+fn number<N: std::str::FromStr>(text: &str) -> Option<N> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+fn millis(text: &str) -> Option<Duration> {
+    number(text).map(Duration::from_millis)
+}
+
+fn flag(text: &str) -> Option<bool> {
+    match text {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
+    }
+}
+
+/// `exclusive`, `shared` or `limit:<n>`, as [`Mode`] displays itself.
+pub fn parse_mode(text: &str) -> Option<Mode> {
+    match text {
+        "exclusive" => Some(Mode::Exclusive),
+        "shared" => Some(Mode::Shared),
+        _ => match number::<u32>(text.strip_prefix("limit:")?)? {
+            0 => None,
+            n => Some(Mode::limit(n)),
+        },
+    }
+}
+
+fn event_kind(text: &str) -> Option<EventKind> {
+    [
+        EventKind::Acquired,
+        EventKind::Released,
+        EventKind::Expired,
+        EventKind::Dropped,
+    ]
+    .into_iter()
+    .find(|k| k.as_str() == text)
+}
+
+/// The `key=value` words of a line, after its fixed words: looked up by key, so a field a
+/// newer server adds is passed over, and a name that looks like `id=x` is never read as one.
+struct Fields<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'a> Fields<'a> {
+    fn of(words: impl Iterator<Item = &'a str>) -> Fields<'a> {
+        Fields(words.filter_map(|w| w.split_once('=')).collect())
+    }
+
+    fn get(&self, key: &str) -> Option<&'a str> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    /// A name or id: one non-empty word.
+    fn text(&self, key: &str) -> Option<String> {
+        self.get(key).filter(|v| !v.is_empty()).map(str::to_owned)
+    }
+
+    /// `mode=`, exclusive if the line does not say.
+    fn mode(&self) -> Option<Mode> {
+        self.get("mode").map_or(Some(Mode::Exclusive), parse_mode)
+    }
+}
+
+impl HeldLine {
+    /// Reads `<name> held id=.. token=.. ttl_ms=.. session=.. waiters=..` (and `holders=..
+    /// mode=..`): the text after `OK ` or `INFO `.
+    pub fn parse(text: &str) -> Option<HeldLine> {
+        let mut words = text.split(' ');
+        let name = word(words.next()?)?.to_owned();
+        if words.next()? != HELD {
+            return None;
+        }
+        let f = Fields::of(words);
+        let mode = f.mode()?;
+        Some(HeldLine {
+            name,
+            id: f.text("id")?,
+            token: number(f.get("token")?)?,
+            ttl: millis(f.get("ttl_ms")?)?,
+            session: flag(f.get("session")?)?,
+            waiters: number(f.get("waiters")?)?,
+            holders: match f.get("holders") {
+                Some(k) => number(k)?,
+                None => 1,
+            },
+            mode,
+        })
+    }
+}
+
+impl StatusLine {
+    /// Reads `<name> free` or `<name> held ...`: the text after `OK `.
+    pub fn parse(text: &str) -> Option<StatusLine> {
+        match text.split_once(' ') {
+            Some((name, FREE)) => Some(StatusLine::Free(word(name)?.to_owned())),
+            _ => HeldLine::parse(text).map(StatusLine::Held),
+        }
+    }
+}
+
+impl HolderLine {
+    /// Reads `HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. [mode=..]`.
+    pub fn parse(line: &str) -> Option<HolderLine> {
+        let mut words = line.split(' ');
+        if words.next()? != HOLDER {
+            return None;
+        }
+        let name = word(words.next()?)?.to_owned();
+        let f = Fields::of(words);
+        Some(HolderLine {
+            name,
+            id: f.text("id")?,
+            token: number(f.get("token")?)?,
+            held: millis(f.get("held_ms")?)?,
+            ttl: millis(f.get("ttl_ms")?)?,
+            session: flag(f.get("session")?)?,
+            mode: f.mode()?,
+        })
+    }
+}
+
+impl WaiterLine {
+    /// Reads `WAITER <name> <position> id=.. waited_ms=.. session=.. [mode=..]`.
+    pub fn parse(line: &str) -> Option<WaiterLine> {
+        let mut words = line.split(' ');
+        if words.next()? != WAITER {
+            return None;
+        }
+        let name = word(words.next()?)?.to_owned();
+        let position = number(words.next()?)?;
+        let f = Fields::of(words);
+        Some(WaiterLine {
+            name,
+            position,
+            id: f.text("id")?,
+            waited: millis(f.get("waited_ms")?)?,
+            session: flag(f.get("session")?)?,
+            mode: f.mode()?,
+        })
+    }
+}
+
+impl EventLine {
+    /// Reads `EVENT <kind> <name> <id> <token> <unix-ms>`; anything else is a [`BadReply`].
+    pub fn parse(line: &str) -> Result<EventLine, BadReply> {
+        let words: Vec<&str> = line.split(' ').collect();
+        let event = match words.as_slice() {
+            [EVENT, kind, name, id, token, unix_ms] => (|| {
+                Some(EventLine {
+                    kind: event_kind(kind)?,
+                    name: word(name)?.to_owned(),
+                    id: word(id)?.to_owned(),
+                    token: number(token)?,
+                    unix_ms: number(unix_ms)?,
+                })
+            })(),
+            _ => None,
+        };
+        event.ok_or_else(|| BadReply(line.to_owned()))
     }
 }
 
 /// A reply line as a client sees it: `OK <rest>`, `ERR <code> <message>`, or another line
-/// (`INFO`, `EVENT`).
+/// (`INFO`, `EVENT`). The first split of a line, for callers that read its text themselves;
+/// [`Received::parse`] reads it whole.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplyLine<'a> {
     Ok(&'a str),
@@ -142,4 +680,147 @@ pub fn parse_reply(line: &str) -> ReplyLine<'_> {
 pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line.split(' ')
         .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(line: &str) -> HeldLine {
+        match Received::parse(line, Asked::Status) {
+            Ok(Received::Status(StatusLine::Held(h))) => h,
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn status_lines_read() {
+        let h = held("OK a held id=h:1 token=7 ttl_ms=1500 session=1 waiters=2");
+        assert_eq!(
+            (
+                h.name.as_str(),
+                h.id.as_str(),
+                h.token,
+                h.session,
+                h.waiters
+            ),
+            ("a", "h:1", 7, true, 2)
+        );
+        assert_eq!((h.holders, h.mode), (1, Mode::Exclusive));
+        assert_eq!(h.ttl, Duration::from_millis(1500));
+        assert_eq!(
+            Received::parse("OK b free", Asked::Status),
+            Ok(Received::Status(StatusLine::Free("b".into())))
+        );
+        // A name that looks like a field is not read as one.
+        assert_eq!(
+            held("OK id=x held id=h token=1 ttl_ms=1 session=0 waiters=0").id,
+            "h"
+        );
+        let h = held("OK s held id=a token=3 ttl_ms=9 session=0 waiters=1 holders=4 mode=shared");
+        assert_eq!((h.holders, h.mode), (4, Mode::Shared));
+        // A field a newer server adds is passed over.
+        let h = held("OK s held id=a token=3 ttl_ms=9 session=0 waiters=1 color=red");
+        assert_eq!(h.token, 3);
+    }
+
+    #[test]
+    fn bad_lines_are_errors() {
+        for (line, asked) in [
+            ("OK b gone", Asked::Status),
+            (
+                "OK a held id=h token=x ttl_ms=1 session=0 waiters=0",
+                Asked::Status,
+            ),
+            (
+                "OK a held id= token=1 ttl_ms=1 session=0 waiters=0",
+                Asked::Status,
+            ),
+            (
+                "OK a held id=h token=1 ttl_ms=1 session=2 waiters=0",
+                Asked::Status,
+            ),
+            (
+                "OK a held id=h token=1 ttl_ms=1 session=0 waiters=0 mode=odd",
+                Asked::Status,
+            ),
+            (
+                "OK a held id=h token=1 ttl_ms=1 session=0 waiters=0 mode=limit:0",
+                Asked::Status,
+            ),
+            ("OK +5", Asked::Lock),
+            ("OK", Asked::Lock),
+            ("OK 5", Asked::Unlock),
+            ("OK ttl_ms=-1", Asked::Renew),
+            ("OK ponG", Asked::Ping),
+            ("WAITER d x id=w waited_ms=1 session=0", Asked::Detail),
+            ("HOLDER d id=h token=1", Asked::Detail),
+            ("INFO a held", Asked::StatusAll),
+            ("INFO a free", Asked::StatusAll),
+            ("EVENT odd", Asked::Watch),
+            ("EVENT acquired a b 1 2", Asked::Status),
+            ("EVENT lost a b 1 2", Asked::Watch),
+            ("OK watching ", Asked::Watch),
+            ("", Asked::Ping),
+            ("hello", Asked::Help),
+        ] {
+            assert_eq!(
+                Received::parse(line, asked),
+                Err(BadReply(line.to_owned())),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn details_read() {
+        let h = Received::parse(
+            "HOLDER d id=h:1 token=7 held_ms=1200 ttl_ms=800 session=1",
+            Asked::Detail,
+        );
+        let Ok(Received::Holder(h)) = h else {
+            panic!("{h:?}")
+        };
+        assert_eq!(
+            (h.held, h.mode),
+            (Duration::from_millis(1200), Mode::Exclusive)
+        );
+        let w = Received::parse(
+            "WAITER d 2 id=w:2 waited_ms=100 session=1 mode=limit:3\r",
+            Asked::Detail,
+        );
+        let Ok(Received::Waiter(w)) = w else {
+            panic!("{w:?}")
+        };
+        assert_eq!(
+            (w.position, w.id.as_str(), w.mode),
+            (2, "w:2", Mode::Limit(3))
+        );
+    }
+
+    #[test]
+    fn ok_lines_read_by_what_was_asked() {
+        let r = |line, asked| Received::parse(line, asked).unwrap();
+        assert_eq!(r("OK 12", Asked::Lock), Received::Token(12));
+        assert_eq!(r("OK 12", Asked::StatusAll), Received::Count(12));
+        assert_eq!(r("OK", Asked::Renew), Received::Done);
+        assert_eq!(
+            r("OK ttl_ms=250", Asked::Check),
+            Received::Lease(Duration::from_millis(250))
+        );
+        assert_eq!(r("OK PONG", Asked::Ping), Received::Pong);
+        assert_eq!(
+            r("OK alice", Asked::Auth),
+            Received::Authenticated("alice".into())
+        );
+        assert_eq!(r("OK watching *", Asked::Watch), Received::Watching(None));
+        assert_eq!(
+            r("ERR TIMEOUT waited 1s", Asked::Lock),
+            Received::Error(ProtoError::new(ErrorCode::Timeout, "waited 1s"))
+        );
+        assert_eq!(
+            r("EVENT dropped a b 3 17", Asked::Watch).to_string(),
+            "EVENT dropped a b 3 17"
+        );
+    }
 }

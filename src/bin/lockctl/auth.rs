@@ -1,5 +1,7 @@
 //! Logging in to a lockd started with `--auth-file`: the user and secret from the flags and
-//! environment, the AUTH every connection starts with, and what its refusals mean.
+//! environment, made into the library's [`Credentials`] (whose AUTH every connection starts
+//! with, and which explains its refusals), and the variables that hand them on to `run`'s
+//! command.
 //!
 //! The secret never comes from a flag: a command line is visible to every user of the machine
 //! (`ps`, /proc) and lands in shell history. It comes from `LOCKD_SECRET` or from the first
@@ -7,17 +9,13 @@
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use lockd::client::{Client, ClientError};
-use lockd::proto::{ErrorCode, ProtoError, Secret};
+use lockd::client::auth::SECRET_VAR;
+use lockd::client::Credentials;
+use lockd::proto::Secret;
 
 use crate::cli::AuthArgs;
 use crate::fail::Failure;
-use crate::tls::Refusal;
-
-/// The variable the secret itself may come from (there is no flag for it).
-pub const SECRET_VAR: &str = "LOCKD_SECRET";
 
 /// The most of a secret file lockctl reads: a secret is one short line, so anything longer
 /// is the wrong file (or /dev/zero), and must not be read whole into memory.
@@ -31,36 +29,17 @@ enum Source {
     File(PathBuf),
 }
 
-/// Who to log in as.
+/// Who to log in as, and where the secret came from.
 #[derive(Clone, Debug)]
-pub struct Credentials {
-    pub user: String,
-    secret: Secret,
+pub struct Login {
+    pub credentials: Credentials,
     source: Source,
 }
 
-/// Why a login did not happen, as the connection code needs to know it.
-pub enum LoginError {
-    /// lockd refused the user or the secret, or cannot log anyone in: trying again will not
-    /// help (exit 2).
-    Refused(String),
-    /// The connection failed, or lockd is busy: worth another try.
-    Retry(String),
-}
-
-impl From<LoginError> for Refusal {
-    fn from(e: LoginError) -> Refusal {
-        match e {
-            LoginError::Refused(why) => Refusal::Denied(why),
-            LoginError::Retry(why) => Refusal::Retry(why),
-        }
-    }
-}
-
-impl Credentials {
+impl Login {
     /// The credentials the flags and environment give, or `None` without `--user`. A user
     /// without a secret, a secret without a user, or a secret given two ways is a usage error.
-    pub fn from_args(args: &AuthArgs) -> Result<Option<Credentials>, Failure> {
+    pub fn from_args(args: &AuthArgs) -> Result<Option<Login>, Failure> {
         let env_secret = std::env::var_os(SECRET_VAR).filter(|s| !s.is_empty());
         let user = args.user.clone().filter(|u| !u.is_empty());
         let (secret, source) = match (env_secret, &args.secret_file) {
@@ -94,9 +73,8 @@ impl Credentials {
         };
         lockd::proto::validate_name("--user", &user).map_err(|e| Failure::usage(e.message))?;
         check_secret(&secret, &source)?;
-        Ok(Some(Credentials {
-            user,
-            secret: Secret::new(secret),
+        Ok(Some(Login {
+            credentials: Credentials::new(user, Secret::new(secret)),
             source,
         }))
     }
@@ -106,63 +84,12 @@ impl Credentials {
     /// directory) when the secret came from a file. A secret from `LOCKD_SECRET` is in the
     /// command's environment already, inherited; lockctl never writes a secret into one.
     pub fn environment(&self) -> Vec<(&'static str, String)> {
-        let mut env = vec![("LOCKD_USER", self.user.clone())];
+        let mut env = vec![("LOCKD_USER", self.credentials.user().to_owned())];
         if let Source::File(path) = &self.source {
             let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
             env.push(("LOCKD_SECRET_FILE", path.display().to_string()));
         }
         env
-    }
-
-    /// AUTH on a new connection, within `limit`. Says nothing of the secret, whatever happens.
-    pub async fn login(
-        &self,
-        client: &mut Client,
-        addr: &str,
-        limit: Duration,
-        verbose: bool,
-    ) -> Result<(), LoginError> {
-        let reply =
-            tokio::time::timeout(limit, client.auth(&self.user, self.secret.expose())).await;
-        let e = match reply {
-            Err(_) => return Err(LoginError::Retry("no reply to AUTH".into())),
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(ClientError::Refused(e))) => e,
-            Ok(Err(e)) => return Err(LoginError::Retry(e.to_string())),
-        };
-        let user = &self.user;
-        if e == ProtoError::auth_off() {
-            // Every connection may do everything there: nothing to log in to.
-            if verbose {
-                eprintln!(
-                    "lockctl: lockd at {addr} has authentication off; --user {user} is not needed"
-                );
-            }
-            return Ok(());
-        }
-        if e == ProtoError::already_authenticated(user) {
-            // Mutual TLS: the client certificate named this very user.
-            return Ok(());
-        }
-        let text = format!("{} {}", e.code, e.message);
-        Err(match e.code {
-            ErrorCode::Denied if e.message.starts_with("already authenticated") => {
-                LoginError::Refused(format!(
-                    "lockd at {addr} logged this connection in by its client certificate, not \
-                     as --user {user} ({text}): drop --user, or use a certificate for {user}"
-                ))
-            }
-            ErrorCode::Denied => LoginError::Refused(format!(
-                "lockd at {addr} refused to log in user {user} ({text}): check --user \
-                 (LOCKD_USER) and the secret ({SECRET_VAR} or --secret-file)"
-            )),
-            ErrorCode::Unknown => LoginError::Refused(format!(
-                "lockd at {addr} does not know AUTH ({text}): it is older than --user; drop \
-                 --user, or upgrade it"
-            )),
-            ErrorCode::Limit | ErrorCode::Shutdown => LoginError::Retry(text),
-            _ => LoginError::Refused(format!("lockd at {addr} refused AUTH: {text}")),
-        })
     }
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::net::Addrs;
+use lockd::client::Addrs;
+use lockd::proto::MAX_LIMIT;
 
 /// Every exit code, for `--help` and the man pages: flock(1) users look here first.
 pub const EXIT_STATUS: &[(&str, &str)] = &[
@@ -392,9 +393,6 @@ pub struct ModeArgs {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIMIT)))]
     pub limit: Option<u32>,
 }
-
-/// The most slots a semaphore may have (proto.md).
-pub const MAX_LIMIT: u32 = 100_000;
 
 /// What to do when the lease is lost while the command runs.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,11 +4,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use lockd::client::Client;
+use lockd::locks::Mode;
+use lockd::proto::{HeldLine, StatusLine};
 use tokio::time::sleep;
 
 use crate::cli::WaitArgs;
 use crate::net::Server;
-use crate::snapshot::{mode_words, Held, Row};
+use crate::out::mode_words;
 
 /// How long a LOCK may go unanswered before lockctl asks who holds the lock: a free lock is
 /// granted in one round trip.
@@ -42,21 +44,18 @@ pub async fn say_if_waiting<T>(
 
 async fn say_waiting(server: &Server, name: &str, id: &str) {
     let Ok(mut client) = server
-        .connect_once(ASK_LIMIT.min(server.connect_timeout))
+        .connect_once(ASK_LIMIT.min(server.connect_timeout()))
         .await
     else {
         return;
     };
-    let Some(line) = status_line(&mut client, name).await else {
-        return;
-    };
     // Held by this very id: the grant is on its way. Free: it is about to be granted.
-    let Some(held) = Row::parse(&line)
-        .and_then(|r| r.held)
-        .filter(|h| h.id != id)
-    else {
+    let Some(StatusLine::Held(held)) = status_line(&mut client, name).await else {
         return;
     };
+    if held.id == id {
+        return;
+    }
     eprintln!(
         "lockctl: waiting for {name}: {}; {} in the queue",
         held_by(&held),
@@ -66,9 +65,9 @@ async fn say_waiting(server: &Server, name: &str, id: &str) {
 
 /// `held by h:1 (token 7)`, or for a shared lock or a semaphore
 /// `held shared by h:1 (token 7) and 2 more`, `held as a semaphore of 3 by ...`.
-fn held_by(held: &Held) -> String {
-    let mode = match held.mode.as_str() {
-        "exclusive" => String::new(),
+fn held_by(held: &HeldLine) -> String {
+    let mode = match held.mode {
+        Mode::Exclusive => String::new(),
         m => format!("{} ", mode_words(m)),
     };
     let more = match held.holders {
@@ -80,14 +79,9 @@ fn held_by(held: &Held) -> String {
 
 /// With -v, when -n or -w gave up: says who has the lock (flock itself says nothing).
 pub async fn say_conflict(client: &mut Client, name: &str, wait: &WaitArgs) {
-    let holder = match status_line(client, name)
-        .await
-        .as_deref()
-        .and_then(Row::parse)
-        .and_then(|r| r.held)
-    {
-        Some(h) => held_by(&h),
-        None => "held".into(),
+    let holder = match status_line(client, name).await {
+        Some(StatusLine::Held(h)) => held_by(&h),
+        _ => "held".into(),
     };
     match wait.wait {
         Some(w) if !wait.nonblock => eprintln!(
@@ -98,10 +92,9 @@ pub async fn say_conflict(client: &mut Client, name: &str, wait: &WaitArgs) {
     }
 }
 
-async fn status_line(client: &mut Client, name: &str) -> Option<String> {
-    let lines = tokio::time::timeout(ASK_LIMIT, client.status(Some(name)))
+async fn status_line(client: &mut Client, name: &str) -> Option<StatusLine> {
+    tokio::time::timeout(ASK_LIMIT, client.lock_status(name))
         .await
         .ok()?
-        .ok()?;
-    lines.into_iter().next()
+        .ok()
 }

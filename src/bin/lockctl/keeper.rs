@@ -178,7 +178,7 @@ impl Link {
         limit: Duration,
     ) -> Result<(Instant, Duration), RenewError> {
         let mut client = self
-            .client(limit.min(self.server.connect_timeout))
+            .client(limit.min(self.server.connect_timeout()))
             .await
             .map_err(RenewError::Failed)?;
         let sent = Instant::now();
@@ -199,7 +199,7 @@ impl Link {
                     self.client = Some(client);
                     return Err(RenewError::NotHeld(text));
                 }
-                if !closes_connection(e.code) {
+                if !e.code.may_close() {
                     self.client = Some(client);
                 }
                 Err(RenewError::Failed(text))
@@ -210,7 +210,7 @@ impl Link {
 
     /// UNLOCK, on a new connection if the old one fails.
     pub async fn release(&mut self, lease: &Lease) -> Released {
-        let limit = self.server.connect_timeout;
+        let limit = self.server.connect_timeout();
         let mut last = String::new();
         for _ in 0..2 {
             let mut client = match self.client(limit).await {
@@ -231,14 +231,6 @@ impl Link {
         }
         Released::Failed(last)
     }
-}
-
-/// Errors after which the server closes the connection.
-fn closes_connection(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::TooLong | ErrorCode::Lagged | ErrorCode::Shutdown | ErrorCode::Limit
-    )
 }
 
 /// The handle of a running keeper.
@@ -333,7 +325,7 @@ impl State {
                 Step::Stop => {
                     // One budget for the whole release: an unreachable server must not keep
                     // lockctl from reporting the command's end for long.
-                    let budget = self.link.server.connect_timeout;
+                    let budget = self.link.server.connect_timeout();
                     return match timeout(budget, self.link.release(&self.lease)).await {
                         Ok(r) => r,
                         Err(_) => Released::Failed("no reply to UNLOCK".into()),

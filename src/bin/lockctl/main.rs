@@ -1,15 +1,22 @@
-//! lockctl: the lockd client, flock(1) across machines.
+//! lockctl: the lockd client, flock(1) across machines: commands over [`lockd::client`].
 //!
-//! - [`cli`]: flags and `--help`, with every exit code.
+//! - [`cli`]: flags and `--help`, with every exit code; [`fail`]: the exit codes and failures.
 //! - [`request`]: the LOCK request `run` and `acquire` send.
 //! - [`run`]: `lockctl run`, with [`child`] (the command, its process group, signals) and
 //!   [`keeper`] (renewals, reconnection, the lease deadline).
-//! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`snapshot`] (STATUS
-//!   parsed) and [`out`] (tables, JSON); [`net`] reaches the server;
-//!   [`holder`] says who holds a lock, for -v; [`tls`] is TLS to the server; [`auth`] logs in.
+//! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`out`] (tables, JSON);
+//!   [`holder`] says who holds a lock, for -v.
+//! - [`net`]: lockctl's settings for the library's `Connector` (addresses, failover, TLS,
+//!   AUTH), built from the flags by [`tls`] and [`auth`].
 //! - [`docs`]: completions and man pages.
 //!
-//! It speaks the protocol through `lockd::client` and `lockd::proto` only.
+//! It speaks the protocol through `lockd::client` and `lockd::proto` only: every reply is read
+//! as `proto`'s types, and no module here parses a line.
+//!
+//! Its modules import each other in one direction (no cycle): `cli`, `fail` and `out` import
+//! none of them; `child` -> `fail`; `auth`, `tls`, `docs` -> `cli`, `fail`; `request` -> `cli`;
+//! `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`; `status` ->
+//! `cli`, `fail`, `net`, `out`; `ops`, `run`, `top`, `watch` -> those below them.
 
 mod auth;
 mod child;
@@ -23,7 +30,6 @@ mod ops;
 mod out;
 mod request;
 mod run;
-mod snapshot;
 mod status;
 mod tls;
 mod top;
@@ -82,8 +88,8 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         cli.connect_timeout
             .unwrap_or_else(|| default_connect_timeout(command)),
         cli.verbose,
-        tls::Tls::from_args(&cli.tls)?,
-        auth::Credentials::from_args(&cli.auth)?,
+        tls::from_args(&cli.tls)?,
+        auth::Login::from_args(&cli.auth)?,
     );
     let id = match &cli.id {
         Some(id) => id.clone(),

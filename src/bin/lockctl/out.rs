@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Duration;
 
+use lockd::locks::Mode;
+
 /// stdout could not be written: the reader went away.
 #[derive(Debug)]
 pub struct Printed;
@@ -74,6 +76,14 @@ pub fn short_duration(d: Duration) -> String {
 }
 
 /// `yes` or `no`, for a column.
+/// A mode in words: `exclusive`, `shared`, `as a semaphore of 3`.
+pub fn mode_words(mode: Mode) -> String {
+    match mode {
+        Mode::Limit(n) => format!("as a semaphore of {n}"),
+        m => m.to_string(),
+    }
+}
+
 pub fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_owned()
 }

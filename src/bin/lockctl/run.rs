@@ -112,9 +112,9 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     let mut env = vec![
         ("LOCKD_NAME", lease.name.clone()),
         ("LOCKD_TOKEN", token.to_string()),
-        ("LOCKD_ADDR", server.addrs.to_string()),
+        ("LOCKD_ADDR", server.addrs().to_string()),
     ];
-    env.extend(server.tls.iter().flat_map(|tls| tls.environment()));
+    env.extend(server.tls.iter().flat_map(crate::tls::environment));
     env.extend(server.auth.iter().flat_map(|auth| auth.environment()));
     let outcome = holder.work(&program, args, &env).await;
     let lost = outcome.as_ref().is_ok_and(|o| o.lost);

@@ -1,13 +1,14 @@
 //! `lockctl status`: STATUS as tables for people or JSON for scripts. With a name it asks for
 //! the detail, "why am I waiting?": every holder and the queue in the order it will be granted.
 
-use lockd::client::Client;
+use lockd::client::{Client, LockDetail};
+use lockd::locks::Mode;
+use lockd::proto::{HeldLine, StatusLine};
 
 use crate::cli::StatusArgs;
 use crate::fail::Failure;
 use crate::net::Server;
-use crate::out::{columns, json_string, print_line, short_duration, yes_no};
-use crate::snapshot::{mode_words, Held, Lock, Row};
+use crate::out::{columns, json_string, mode_words, print_line, short_duration, yes_no};
 
 pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
     let mut client = server.connect().await?;
@@ -34,35 +35,27 @@ pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
 }
 
 /// `STATUS`: every held lock, sorted by name.
-pub async fn list(client: &mut Client, server: &Server) -> Result<Vec<Row>, Failure> {
-    let lines = client
-        .status(None)
+pub async fn list(client: &mut Client, server: &Server) -> Result<Vec<HeldLine>, Failure> {
+    client
+        .held_locks()
         .await
-        .map_err(|e| Failure::request("status", server.addr(), e))?;
-    lines
-        .iter()
-        .map(|l| Row::parse(l).ok_or_else(|| unexpected(server, l)))
-        .collect()
+        .map_err(|e| Failure::request("status", server.addr(), e))
 }
 
 /// `STATUS <name> detail`: the lock with its holders and queue.
-pub async fn detail(client: &mut Client, server: &Server, name: &str) -> Result<Lock, Failure> {
-    let detail = client
-        .status_detail(name)
+pub async fn detail(
+    client: &mut Client,
+    server: &Server,
+    name: &str,
+) -> Result<LockDetail, Failure> {
+    client
+        .detail(name)
         .await
-        .map_err(|e| Failure::request("status", server.addr(), e))?;
-    Lock::parse(&detail).map_err(|line| unexpected(server, &line))
-}
-
-fn unexpected(server: &Server, line: &str) -> Failure {
-    Failure::usage(format!(
-        "status: unexpected reply from lockd at {}: {line:?}",
-        server.addr()
-    ))
+        .map_err(|e| Failure::request("status", server.addr(), e))
 }
 
 /// Every held lock, one line each.
-fn table(rows: &[Row]) -> String {
+fn table(rows: &[HeldLine]) -> String {
     let mut cells = vec![vec![
         "NAME".to_owned(),
         "MODE".into(),
@@ -72,25 +65,22 @@ fn table(rows: &[Row]) -> String {
         "SESSION".into(),
         "WAITERS".into(),
     ]];
-    for r in rows {
-        cells.push(match &r.held {
-            None => vec![r.name.clone(), "free".into()],
-            Some(h) => vec![
-                r.name.clone(),
-                h.mode.clone(),
-                holder_and_others(h),
-                h.token.to_string(),
-                short_duration(h.ttl),
-                yes_no(h.session),
-                h.waiters.to_string(),
-            ],
-        });
+    for h in rows {
+        cells.push(vec![
+            h.name.clone(),
+            h.mode.to_string(),
+            holder_and_others(h),
+            h.token.to_string(),
+            short_duration(h.ttl),
+            yes_no(h.session),
+            h.waiters.to_string(),
+        ]);
     }
     columns(&cells)
 }
 
 /// The first holder, and how many more there are: `h:1`, `h:1 +2`.
-pub fn holder_and_others(h: &Held) -> String {
+pub fn holder_and_others(h: &HeldLine) -> String {
     match h.holders {
         0 | 1 => h.id.clone(),
         k => format!("{} +{}", h.id, k - 1),
@@ -98,9 +88,9 @@ pub fn holder_and_others(h: &Held) -> String {
 }
 
 /// A summary line, the holders and the queue.
-fn readable_lock(lock: &Lock) -> String {
-    let name = &lock.row.name;
-    let Some(held) = &lock.row.held else {
+fn readable_lock(lock: &LockDetail) -> String {
+    let name = lock.status.name();
+    let Some(held) = lock.status.held() else {
         return format!("{name}: free");
     };
     let holders = match held.holders {
@@ -109,7 +99,7 @@ fn readable_lock(lock: &Lock) -> String {
     };
     let mut out = format!(
         "{name}: held {}, {holders}, {} waiting\n\n",
-        mode_words(&held.mode),
+        mode_words(held.mode),
         held.waiters
     );
     let mut cells = vec![vec![
@@ -127,12 +117,12 @@ fn readable_lock(lock: &Lock) -> String {
             short_duration(h.held),
             short_duration(h.ttl),
             yes_no(h.session),
-            h.mode.clone(),
+            h.mode.to_string(),
         ]);
     }
     out.push_str(&columns(&cells));
     out.push_str("\n\n");
-    if lock.queue.is_empty() {
+    if lock.waiters.is_empty() {
         out.push_str("nobody waiting");
         return out;
     }
@@ -143,54 +133,60 @@ fn readable_lock(lock: &Lock) -> String {
         "SESSION".into(),
         "MODE".into(),
     ]];
-    for w in &lock.queue {
+    for w in &lock.waiters {
         cells.push(vec![
             w.position.to_string(),
             w.id.clone(),
             short_duration(w.waited),
             yes_no(w.session),
-            w.mode.clone(),
+            w.mode.to_string(),
         ]);
     }
     out.push_str(&columns(&cells));
-    let unlisted = held.waiters.saturating_sub(lock.queue.len() as u64);
+    let unlisted = held.waiters.saturating_sub(lock.waiters.len());
     if unlisted > 0 {
         out.push_str(&format!("\n... and {unlisted} more waiting"));
     }
     out
 }
 
-fn json_array(rows: &[Row]) -> String {
-    let items: Vec<String> = rows.iter().map(|r| json_row(r, "")).collect();
+fn json_array(rows: &[HeldLine]) -> String {
+    let items: Vec<String> = rows.iter().map(|h| json_held(h, "")).collect();
     format!("[{}]", items.join(","))
 }
 
 /// One lock as STATUS describes it; `more` is added inside the object, after its fields.
-fn json_row(r: &Row, more: &str) -> String {
-    let name = json_string(&r.name);
-    match &r.held {
-        None => format!(r#"{{"name":{name},"held":false{more}}}"#),
-        Some(h) => {
-            let limit = match h.mode.strip_prefix("limit:") {
-                Some(n) => format!(r#","limit":{}"#, n.parse::<u64>().unwrap_or(0)),
-                None => String::new(),
-            };
-            format!(
-                r#"{{"name":{name},"held":true,"id":{},"token":{},"ttl_ms":{},"session":{},"waiters":{},"holder_count":{},"mode":{}{limit}{more}}}"#,
-                json_string(&h.id),
-                h.token,
-                h.ttl.as_millis(),
-                h.session,
-                h.waiters,
-                h.holders,
-                json_string(&h.mode),
-            )
+fn json_row(r: &StatusLine, more: &str) -> String {
+    match r {
+        StatusLine::Free(name) => {
+            let name = json_string(name);
+            format!(r#"{{"name":{name},"held":false{more}}}"#)
         }
+        StatusLine::Held(h) => json_held(h, more),
     }
 }
 
+/// A held lock's object: its fields, `limit` for a semaphore, then `more`.
+fn json_held(h: &HeldLine, more: &str) -> String {
+    let limit = match h.mode {
+        Mode::Limit(n) => format!(r#","limit":{n}"#),
+        _ => String::new(),
+    };
+    format!(
+        r#"{{"name":{},"held":true,"id":{},"token":{},"ttl_ms":{},"session":{},"waiters":{},"holder_count":{},"mode":{}{limit}{more}}}"#,
+        json_string(&h.name),
+        json_string(&h.id),
+        h.token,
+        h.ttl.as_millis(),
+        h.session,
+        h.waiters,
+        h.holders,
+        json_string(&h.mode.to_string()),
+    )
+}
+
 /// The lock as [`json_row`] has it, with `holders` and `queue` arrays.
-fn json_lock(lock: &Lock) -> String {
+fn json_lock(lock: &LockDetail) -> String {
     let holders: Vec<String> = lock
         .holders
         .iter()
@@ -202,12 +198,12 @@ fn json_lock(lock: &Lock) -> String {
                 h.held.as_millis(),
                 h.ttl.as_millis(),
                 h.session,
-                json_string(&h.mode)
+                json_string(&h.mode.to_string())
             )
         })
         .collect();
     let queue: Vec<String> = lock
-        .queue
+        .waiters
         .iter()
         .map(|w| {
             format!(
@@ -216,7 +212,7 @@ fn json_lock(lock: &Lock) -> String {
                 json_string(&w.id),
                 w.waited.as_millis(),
                 w.session,
-                json_string(&w.mode)
+                json_string(&w.mode.to_string())
             )
         })
         .collect();
@@ -225,7 +221,7 @@ fn json_lock(lock: &Lock) -> String {
         holders.join(","),
         queue.join(",")
     );
-    json_row(&lock.row, &more)
+    json_row(&lock.status, &more)
 }
 
 #[cfg(test)]
@@ -233,35 +229,38 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::snapshot::{Holder, Waiter};
+    use lockd::proto::{HolderLine, WaiterLine};
 
-    fn held_lock() -> Lock {
-        Lock {
-            row: Row::parse("d held id=h:1 token=7 ttl_ms=800 session=1 waiters=3").unwrap(),
-            holders: vec![Holder {
+    fn held_lock() -> LockDetail {
+        LockDetail {
+            status: StatusLine::parse("d held id=h:1 token=7 ttl_ms=800 session=1 waiters=3")
+                .unwrap(),
+            holders: vec![HolderLine {
+                name: "d".into(),
                 id: "h:1".into(),
                 token: 7,
                 held: Duration::from_millis(12_300),
                 ttl: Duration::from_millis(800),
                 session: true,
-                mode: "exclusive".into(),
+                mode: Mode::Exclusive,
             }],
-            queue: vec![Waiter {
+            waiters: vec![WaiterLine {
+                name: "d".into(),
                 position: 1,
                 id: "w\"1".into(),
                 waited: Duration::from_millis(300),
                 session: false,
-                mode: "exclusive".into(),
+                mode: Mode::Exclusive,
             }],
         }
     }
 
     #[test]
     fn json_of_a_free_lock_has_empty_arrays() {
-        let lock = Lock {
-            row: Row::parse("x free").unwrap(),
+        let lock = LockDetail {
+            status: StatusLine::parse("x free").unwrap(),
             holders: vec![],
-            queue: vec![],
+            waiters: vec![],
         };
         assert_eq!(
             json_lock(&lock),
@@ -292,11 +291,13 @@ mod tests {
 
     #[test]
     fn semaphores_say_their_limit() {
-        let r =
-            Row::parse("s held id=a token=3 ttl_ms=9 session=0 waiters=0 holders=2 mode=limit:3")
-                .unwrap();
+        let r = StatusLine::parse(
+            "s held id=a token=3 ttl_ms=9 session=0 waiters=0 holders=2 mode=limit:3",
+        )
+        .unwrap();
         assert!(json_row(&r, "").ends_with(r#""holder_count":2,"mode":"limit:3","limit":3}"#));
-        assert_eq!(mode_words("limit:3"), "as a semaphore of 3");
+        assert_eq!(mode_words(Mode::Limit(3)), "as a semaphore of 3");
+        let StatusLine::Held(r) = r else { panic!() };
         assert!(table(&[r]).contains("a +1"));
     }
 }

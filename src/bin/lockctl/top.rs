@@ -7,6 +7,7 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, SystemTime};
 
 use lockd::client::Client;
+use lockd::proto::StatusLine;
 use tokio::time::{interval, timeout, MissedTickBehavior};
 
 use crate::child::Signals;
@@ -14,7 +15,6 @@ use crate::cli::TopArgs;
 use crate::fail::{Failure, UNREACHABLE};
 use crate::net::{Server, ONE_SHOT_CONNECT};
 use crate::out::{columns, print_line, short_duration};
-use crate::snapshot::Row;
 use crate::status::{detail, holder_and_others, list};
 
 /// The shortest --interval: a refresh costs the server a STATUS of the whole table.
@@ -25,7 +25,7 @@ const CLEAR: &str = "\x1b[H\x1b[2J";
 
 /// One line of the view: a lock, and how long it has been held if its detail was asked for.
 struct Entry {
-    row: Row,
+    row: StatusLine,
     age: Option<Duration>,
 }
 
@@ -89,7 +89,7 @@ async fn take(
         // After a failure: from the next address, in case the current one is the trouble.
         None => server.reconnect_once(limit).await.map_err(|f| {
             // Several addresses: the message names each already.
-            if f.is_denied() || server.addrs.len() > 1 {
+            if f.is_denied() || server.addrs().len() > 1 {
                 return f;
             }
             let why = f.message.unwrap_or_default();
@@ -128,7 +128,11 @@ async fn snapshot(
 ) -> Result<Vec<Entry>, Failure> {
     let mut entries = Vec::new();
     if args.names.is_empty() {
-        let mut rows = list(client, server).await?;
+        let mut rows: Vec<StatusLine> = list(client, server)
+            .await?
+            .into_iter()
+            .map(StatusLine::Held)
+            .collect();
         rows.sort_by_cached_key(order);
         for (i, row) in rows.into_iter().enumerate() {
             if i >= args.detail {
@@ -136,17 +140,23 @@ async fn snapshot(
                 continue;
             }
             // Newer than the list: it may have changed, or been freed, since.
-            let lock = detail(client, server, &row.name).await?;
-            if lock.row.held.is_some() {
+            let lock = detail(client, server, row.name()).await?;
+            if lock.status.held().is_some() {
                 let age = lock.age();
-                entries.push(Entry { row: lock.row, age });
+                entries.push(Entry {
+                    row: lock.status,
+                    age,
+                });
             }
         }
     } else {
         for name in &args.names {
             let lock = detail(client, server, name).await?;
             let age = lock.age();
-            entries.push(Entry { row: lock.row, age });
+            entries.push(Entry {
+                row: lock.status,
+                age,
+            });
         }
     }
     entries.sort_by_cached_key(|e| order(&e.row));
@@ -154,9 +164,9 @@ async fn snapshot(
 }
 
 /// Longest queue first, then by name.
-fn order(row: &Row) -> (Reverse<u64>, String) {
-    let waiters = row.held.as_ref().map_or(0, |h| h.waiters);
-    (Reverse(waiters), row.name.clone())
+fn order(row: &StatusLine) -> (Reverse<usize>, String) {
+    let waiters = row.held().map_or(0, |h| h.waiters);
+    (Reverse(waiters), row.name().to_owned())
 }
 
 /// `lockd at <addr>, <time>: 3 held, 5 waiting (every 1s; Ctrl-C quits)`.
@@ -164,10 +174,10 @@ fn header(server: &Server, args: &TopArgs, entries: Option<&[Entry]>) -> String 
     let now = humantime::format_rfc3339_seconds(SystemTime::now());
     let counts = match entries {
         Some(entries) => {
-            let held = entries.iter().filter(|e| e.row.held.is_some()).count();
-            let waiting: u64 = entries
+            let held = entries.iter().filter(|e| e.row.held().is_some()).count();
+            let waiting: usize = entries
                 .iter()
-                .filter_map(|e| e.row.held.as_ref())
+                .filter_map(|e| e.row.held())
                 .map(|h| h.waiters)
                 .sum();
             format!(": {held} held, {waiting} waiting")
@@ -197,11 +207,11 @@ fn view(entries: &[Entry], height: Option<usize>) -> String {
     // The header line, the table's header and the line that says what was cut.
     let room = height.map_or(usize::MAX, |h| h.saturating_sub(3).max(1));
     for e in entries.iter().take(room) {
-        cells.push(match &e.row.held {
-            None => vec![e.row.name.clone(), "free".into()],
+        cells.push(match e.row.held() {
+            None => vec![e.row.name().to_owned(), "free".into()],
             Some(h) => vec![
-                e.row.name.clone(),
-                h.mode.clone(),
+                h.name.clone(),
+                h.mode.to_string(),
                 holder_and_others(h),
                 e.age.map_or_else(|| "-".into(), short_duration),
                 short_duration(h.ttl),
@@ -230,23 +240,23 @@ mod tests {
 
     fn entry(line: &str, age_ms: Option<u64>) -> Entry {
         Entry {
-            row: Row::parse(line).unwrap(),
+            row: StatusLine::parse(line).unwrap(),
             age: age_ms.map(Duration::from_millis),
         }
     }
 
     #[test]
     fn longest_queue_first_then_name() {
-        let mut rows: Vec<Row> = [
+        let mut rows: Vec<StatusLine> = [
             "b held id=x token=1 ttl_ms=1 session=0 waiters=1",
             "c held id=x token=2 ttl_ms=1 session=0 waiters=5",
             "a held id=x token=3 ttl_ms=1 session=0 waiters=1",
         ]
         .iter()
-        .map(|l| Row::parse(l).unwrap())
+        .map(|l| StatusLine::parse(l).unwrap())
         .collect();
         rows.sort_by_cached_key(order);
-        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        let names: Vec<&str> = rows.iter().map(StatusLine::name).collect();
         assert_eq!(names, ["c", "a", "b"]);
     }
 

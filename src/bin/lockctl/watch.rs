@@ -2,7 +2,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockd::proto::{parse_reply, ReplyLine};
+use lockd::client::ClientError;
+use lockd::proto::{BadReply, ErrorCode, EventLine};
 
 use crate::child::Signals;
 use crate::cli::WatchArgs;
@@ -17,93 +18,92 @@ pub async fn watch(server: &Server, args: &WatchArgs) -> Result<u8, Failure> {
         .watch(args.name.as_deref())
         .await
         .map_err(|e| Failure::request("watch", server.addr(), e))?;
+    let show = |event: Result<&EventLine, &str>| match (args.json, event) {
+        (true, Ok(e)) => json_event(e),
+        (true, Err(line)) => json_other(line),
+        (false, Ok(e)) => readable_event(e),
+        (false, Err(line)) => line.to_owned(),
+    };
     loop {
-        let line = tokio::select! {
-            l = client.read_line() => l,
+        let event = tokio::select! {
+            e = client.next_event() => e,
             _ = signals.recv() => return Ok(0),
         };
-        let line = line.map_err(|e| Failure::request("watch", server.addr(), e))?;
-        match parse_reply(&line) {
-            ReplyLine::Other(event) if args.json => print_line(&json(event))?,
-            ReplyLine::Other(event) => print_line(&readable(event))?,
+        match event {
+            Ok(Ok(e)) => print_line(&show(Ok(&e)))?,
+            // A line that is no event is shown as it came.
+            Ok(Err(BadReply(line))) => print_line(&show(Err(&line)))?,
             // The user was removed from the auth file, or lost the read right.
-            ReplyLine::Err(e) if e.code == lockd::proto::ErrorCode::Denied => {
+            Err(ClientError::Refused(e)) if e.code == ErrorCode::Denied => {
                 return Err(Failure::refused(
                     e.code,
                     format!("watch: lockd ended the watch: {} {}", e.code, e.message),
                 ))
             }
-            ReplyLine::Err(e) => {
+            Err(ClientError::Refused(e)) => {
                 return Err(Failure::new(
                     UNREACHABLE,
                     format!("watch: lockd ended the watch: {} {}", e.code, e.message),
                 ))
             }
-            ReplyLine::Ok(_) => {}
+            Err(e) => return Err(Failure::request("watch", server.addr(), e)),
         }
     }
 }
 
-/// One event: `EVENT <kind> <name> <id> <token> <unix-ms>`.
-struct Event<'a> {
-    kind: &'a str,
-    name: &'a str,
-    id: &'a str,
-    token: u64,
-    unix_ms: u64,
+/// When it happened, in RFC 3339 with milliseconds.
+fn time(e: &EventLine) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(e.unix_ms);
+    humantime::format_rfc3339_millis(at.max(SystemTime::UNIX_EPOCH)).to_string()
 }
 
-impl<'a> Event<'a> {
-    fn parse(line: &'a str) -> Option<Event<'a>> {
-        let words: Vec<&str> = line.split(' ').collect();
-        match words.as_slice() {
-            ["EVENT", kind, name, id, token, unix_ms] => Some(Event {
-                kind,
-                name,
-                id,
-                token: token.parse().ok()?,
-                unix_ms: unix_ms.parse().ok()?,
-            }),
-            _ => None,
-        }
-    }
-
-    fn time(&self) -> String {
-        let at = UNIX_EPOCH + Duration::from_millis(self.unix_ms);
-        humantime::format_rfc3339_millis(at.max(SystemTime::UNIX_EPOCH)).to_string()
-    }
+/// `2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7`.
+fn readable_event(e: &EventLine) -> String {
+    format!(
+        "{} {} {} id={} token={}",
+        time(e),
+        e.kind.as_str(),
+        e.name,
+        e.id,
+        e.token
+    )
 }
 
-/// `EVENT acquired deploy h:1 7 1700000000000` as
-/// `2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7`; other lines as they came.
+/// An event as one JSON object.
+fn json_event(e: &EventLine) -> String {
+    format!(
+        r#"{{"event":{},"name":{},"id":{},"token":{},"unix_ms":{},"time":{}}}"#,
+        json_string(e.kind.as_str()),
+        json_string(&e.name),
+        json_string(&e.id),
+        e.token,
+        e.unix_ms,
+        json_string(&time(e))
+    )
+}
+
+/// A line that is not an event as `{"line":"..."}`, so that a script reading JSON never meets
+/// anything else.
+fn json_other(line: &str) -> String {
+    format!(r#"{{"line":{}}}"#, json_string(line))
+}
+
+/// `EVENT acquired deploy h:1 7 1700000000000` as [`readable_event`] says it; other lines as
+/// they came.
+#[cfg(test)]
 fn readable(line: &str) -> String {
-    match Event::parse(line) {
-        Some(e) => format!(
-            "{} {} {} id={} token={}",
-            e.time(),
-            e.kind,
-            e.name,
-            e.id,
-            e.token
-        ),
-        None => line.to_owned(),
+    match EventLine::parse(line) {
+        Ok(e) => readable_event(&e),
+        Err(_) => line.to_owned(),
     }
 }
 
-/// An event as one JSON object; a line that is not an event as `{"line":"..."}`, so that a
-/// script reading JSON never meets anything else.
+/// A line as `--json` shows it.
+#[cfg(test)]
 fn json(line: &str) -> String {
-    match Event::parse(line) {
-        Some(e) => format!(
-            r#"{{"event":{},"name":{},"id":{},"token":{},"unix_ms":{},"time":{}}}"#,
-            json_string(e.kind),
-            json_string(e.name),
-            json_string(e.id),
-            e.token,
-            e.unix_ms,
-            json_string(&e.time())
-        ),
-        None => format!(r#"{{"line":{}}}"#, json_string(line)),
+    match EventLine::parse(line) {
+        Ok(e) => json_event(&e),
+        Err(_) => json_other(line),
     }
 }
 

@@ -1,4 +1,12 @@
-//! An async client of the line protocol, for `lockctl` and the tests.
+//! An async client of the line protocol, for `lockctl`, the tests and any Rust program.
+//!
+//! - [`Client`]: one connection; each request's answer comes back as the types of
+//!   [`crate::proto`] ([`StatusLine`], [`HeldLine`], [`LockDetail`], [`EventLine`]), read by the
+//!   same grammar the server writes them with.
+//! - [`connect`]: [`Connector`], one lockd at one address or several (a cluster's
+//!   front-ends), with failover, retry and backoff, over [`tls`] and logged in by [`auth`].
+//! - [`tls`]: the TLS settings of a connection, and what a failed handshake means.
+//! - [`auth`]: AUTH as a user, and what its refusals mean.
 
 use std::fmt;
 use std::io;
@@ -11,7 +19,18 @@ use crate::stream::Stream;
 
 use crate::connection::{Connection, Frame};
 use crate::locks::{Mode, Token};
-use crate::proto::{self, ErrorCode, ProtoError, ReplyLine, Request, Tie};
+use crate::proto::{
+    self, Asked, BadReply, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received,
+    ReplyLine, Request, StatusLine, Tie, WaiterLine,
+};
+
+pub mod auth;
+pub mod connect;
+pub mod tls;
+
+pub use auth::{Credentials, LoggedIn, LoginError};
+pub use connect::{Addrs, ConnectError, Connector, Notes};
+pub use tls::Tls;
 
 /// Longest reply line a client accepts.
 const MAX_REPLY: usize = 64 * 1024;
@@ -66,7 +85,8 @@ impl From<ProtoError> for ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
-/// The answer to `STATUS <name> detail`, each line without its first word.
+/// The answer to `STATUS <name> detail` as text, each line without its first word: for tests
+/// that look at the wire itself; [`Client::detail`] reads it as types.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Detail {
     /// `<name> id=.. token=.. held_ms=.. ...`, one per holder, in token order.
@@ -75,6 +95,24 @@ pub struct Detail {
     pub waiters: Vec<String>,
     /// The `OK` line's text, as `STATUS <name>` answers it: `<name> free` or `<name> held ...`.
     pub status: String,
+}
+
+/// The answer to `STATUS <name> detail`, read: who holds the lock and who waits for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockDetail {
+    /// One per holder, in the order they were granted.
+    pub holders: Vec<HolderLine>,
+    /// The queue (its first [`proto::DETAIL_WAITERS`]), in the order it will be granted.
+    pub waiters: Vec<WaiterLine>,
+    /// The same line as `STATUS <name>` answers: its `waiters` counts the whole queue.
+    pub status: StatusLine,
+}
+
+impl LockDetail {
+    /// How long the lock has been held: by its first holder, the longest.
+    pub fn age(&self) -> Option<Duration> {
+        self.holders.iter().map(|h| h.held).max()
+    }
 }
 
 /// One connection to lockd.
@@ -114,6 +152,30 @@ impl Client {
 
     /// Sends a request and returns the text after `OK` of its reply.
     pub async fn request(&mut self, req: &Request) -> Result<String> {
+        self.send(req).await?;
+        self.read_ok().await
+    }
+
+    /// Sends a request and reads its (first) reply as a type; an `ERR` is
+    /// [`ClientError::Refused`], a line that is no answer to it [`ClientError::Unexpected`].
+    pub async fn ask(&mut self, req: &Request) -> Result<Received> {
+        self.send(req).await?;
+        self.read_reply(Asked::from(req)).await
+    }
+
+    /// Reads the next reply line as an answer to `asked` (the lines after the first of a
+    /// STATUS, a detail or a watch).
+    pub async fn read_reply(&mut self, asked: Asked) -> Result<Received> {
+        let line = self.read_line().await?;
+        match Received::parse(&line, asked) {
+            Ok(Received::Error(e)) => Err(ClientError::Refused(e)),
+            Ok(reply) => Ok(reply),
+            Err(bad) => Err(ClientError::Unexpected(bad.0)),
+        }
+    }
+
+    /// Checks and sends one request line.
+    async fn send(&mut self, req: &Request) -> Result<()> {
         req.validate()?;
         match req {
             // A request displays its secret as `***`: the line on the wire has it.
@@ -126,7 +188,7 @@ impl Client {
             }
             _ => self.conn.send(req).await?,
         }
-        self.read_ok().await
+        Ok(())
     }
 
     /// AUTH as `user` (a server with `--auth-file` answers other commands `ERR NOAUTH` until
@@ -181,8 +243,8 @@ impl Client {
         tie: Tie,
         mode: Mode,
     ) -> Result<Token> {
-        let reply = self
-            .request(&Request::Lock {
+        match self
+            .ask(&Request::Lock {
                 name: name.into(),
                 id: id.into(),
                 ttl,
@@ -190,20 +252,25 @@ impl Client {
                 tie,
                 mode,
             })
-            .await?;
-        reply
-            .parse()
-            .map_err(|_| ClientError::Unexpected(format!("OK {reply}")))
+            .await?
+        {
+            Received::Token(token) => Ok(token),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// UNLOCK.
     pub async fn unlock(&mut self, name: &str, token: Token) -> Result<()> {
-        self.request(&Request::Unlock {
-            name: name.into(),
-            token,
-        })
-        .await
-        .map(drop)
+        match self
+            .ask(&Request::Unlock {
+                name: name.into(),
+                token,
+            })
+            .await?
+        {
+            Received::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// RENEW; returns the time the lease has left.
@@ -214,27 +281,93 @@ impl Client {
         ttl: Option<Duration>,
     ) -> Result<Duration> {
         let reply = self
-            .request(&Request::Renew {
+            .ask(&Request::Renew {
                 name: name.into(),
                 token,
                 ttl,
             })
             .await?;
-        lease_left(&reply)
+        lease_left(reply)
     }
 
     /// CHECK; returns the time the lease has left.
     pub async fn check(&mut self, name: &str, token: Token) -> Result<Duration> {
         let reply = self
-            .request(&Request::Check {
+            .ask(&Request::Check {
                 name: name.into(),
                 token,
             })
             .await?;
-        lease_left(&reply)
+        lease_left(reply)
     }
 
-    /// STATUS: the lines describing the named lock (`<name> free` or `<name> held ...`), or
+    /// `STATUS <name>`: whether the lock is free, and who holds it.
+    pub async fn lock_status(&mut self, name: &str) -> Result<StatusLine> {
+        let req = Request::Status {
+            name: Some(name.into()),
+        };
+        match self.ask(&req).await? {
+            Received::Status(status) => Ok(status),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `STATUS`: every held lock, sorted by name.
+    pub async fn held_locks(&mut self) -> Result<Vec<HeldLine>> {
+        let mut reply = self.ask(&Request::Status { name: None }).await?;
+        let mut locks = Vec::new();
+        loop {
+            match reply {
+                Received::Info(held) => locks.push(held),
+                Received::Count(_) => return Ok(locks),
+                other => return Err(unexpected(other)),
+            }
+            reply = self.read_reply(Asked::StatusAll).await?;
+        }
+    }
+
+    /// `STATUS <name> detail`: who holds the lock and who waits for it, in queue order.
+    pub async fn detail(&mut self, name: &str) -> Result<LockDetail> {
+        let mut reply = self
+            .ask(&Request::StatusDetail { name: name.into() })
+            .await?;
+        let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+        loop {
+            match reply {
+                Received::Holder(h) => holders.push(h),
+                Received::Waiter(w) => waiters.push(w),
+                Received::Status(status) => {
+                    return Ok(LockDetail {
+                        holders,
+                        waiters,
+                        status,
+                    })
+                }
+                other => return Err(unexpected(other)),
+            }
+            reply = self.read_reply(Asked::Detail).await?;
+        }
+    }
+
+    /// After [`Client::watch`]: the next event, or (inside) the line that came instead of
+    /// one, after which the watch goes on. An `ERR` (`LAGGED`, `SHUTDOWN`, a right taken away)
+    /// ends the watch: [`ClientError::Refused`].
+    pub async fn next_event(&mut self) -> Result<std::result::Result<EventLine, BadReply>> {
+        loop {
+            let line = self.read_line().await?;
+            match Received::parse(&line, Asked::Watch) {
+                Ok(Received::Event(event)) => return Ok(Ok(event)),
+                Ok(Received::Error(e)) => return Err(ClientError::Refused(e)),
+                // Its confirmation, if the caller did not wait for it, or another `OK`.
+                Ok(Received::Watching(_)) => {}
+                Err(_) if matches!(proto::parse_reply(&line), ReplyLine::Ok(_)) => {}
+                Ok(other) => return Ok(Err(BadReply(other.to_string()))),
+                Err(bad) => return Ok(Err(bad)),
+            }
+        }
+    }
+
+    /// STATUS as text: the lines describing the named lock (`<name> free` or `<name> held ...`), or
     /// every held lock.
     pub async fn status(&mut self, name: Option<&str>) -> Result<Vec<String>> {
         let req = Request::Status {
@@ -259,7 +392,7 @@ impl Client {
         }
     }
 
-    /// `STATUS <name> detail`: who holds the lock and who waits for it, in queue order.
+    /// `STATUS <name> detail` as text (see [`Detail`]).
     pub async fn status_detail(&mut self, name: &str) -> Result<Detail> {
         let req = Request::StatusDetail { name: name.into() };
         req.validate()?;
@@ -288,22 +421,32 @@ impl Client {
 
     /// PING.
     pub async fn ping(&mut self) -> Result<()> {
-        self.request(&Request::Ping).await.map(drop)
+        match self.ask(&Request::Ping).await? {
+            Received::Pong => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
 
-    /// WATCH; then [`Client::read_line`] returns `EVENT` lines.
+    /// WATCH; then [`Client::next_event`] (or [`Client::read_line`]) returns its events.
     pub async fn watch(&mut self, name: Option<&str>) -> Result<()> {
-        self.request(&Request::Watch {
+        let req = Request::Watch {
             name: name.map(str::to_owned),
-        })
-        .await
-        .map(drop)
+        };
+        match self.ask(&req).await? {
+            Received::Watching(_) => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
 }
 
-fn lease_left(reply: &str) -> Result<Duration> {
-    proto::field(reply, "ttl_ms")
-        .and_then(|ms| ms.parse().ok())
-        .map(Duration::from_millis)
-        .ok_or_else(|| ClientError::Unexpected(format!("OK {reply}")))
+/// A well-formed reply to the wrong question.
+fn unexpected(reply: Received) -> ClientError {
+    ClientError::Unexpected(reply.to_string())
+}
+
+fn lease_left(reply: Received) -> Result<Duration> {
+    match reply {
+        Received::Lease(left) => Ok(left),
+        other => Err(unexpected(other)),
+    }
 }
