@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, Line, LockdFrontEnd};
+use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::line::Line;
 use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -265,7 +266,7 @@ fn a_lock_right_after_an_unlock_finds_the_name_free() {
 fn cluster_tokens_continue_above_an_embedded_servers() {
     // A deployment moving from one lockd to a cluster: the fenced resources saw the embedded
     // server's tokens, and must take the cluster's.
-    let embedded = common::spawn_lockd(&[]);
+    let embedded = common::Lockd::new().spawn();
     let mut last = 0;
     let mut c = Line::connect(embedded.addr);
     for i in 0..50 {

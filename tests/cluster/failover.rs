@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, Line, LockdFrontEnd};
+use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::line::Line;
 use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(30);

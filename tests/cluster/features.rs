@@ -10,7 +10,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{free_port, http_get, EtcdCluster, Line, LockdFrontEnd};
+use common::etcd::{http_get, EtcdCluster, LockdFrontEnd};
+use common::free_port;
+use common::line::Line;
 use common::{field, token};
 use lockd::auth::user_line;
 

@@ -12,7 +12,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, Line, LockdFrontEnd};
+use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::line::Line;
 use common::netsplit::{self, NetSplit};
 use common::token;
 

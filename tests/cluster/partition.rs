@@ -12,7 +12,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::blocking::eventually;
-use common::etcd::{free_port, http_get, EtcdCluster, Line, LinkedFrontEnd, LockdFrontEnd};
+use common::etcd::{http_get, EtcdCluster, LinkedFrontEnd, LockdFrontEnd};
+use common::free_port;
+use common::line::Line;
 use common::link::Link;
 use common::{field, token};
 

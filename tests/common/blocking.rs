@@ -4,7 +4,7 @@
 //! Part of the one test harness (`tests/common`): `common::blocking`.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
@@ -13,32 +13,25 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
+use lockd::server::Config;
+
+use super::{line, TestServer};
 
 /// A lockd serving on 127.0.0.1:0 from its own runtime, stopped on drop.
 pub struct Lockd {
     pub addr: SocketAddr,
-    shutdown: CancellationToken,
+    server: Option<TestServer>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Lockd {
     pub fn start() -> Lockd {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let shutdown = CancellationToken::new();
-        let config = lockd::server::Config::default();
-        runtime.spawn(lockd::server::run(config, listener, shutdown.clone()));
+        let (runtime, server) = super::Lockd::new()
+            .config(Config::default())
+            .serve_in_background();
         Lockd {
-            addr,
-            shutdown,
+            addr: server.addr,
+            server: Some(server),
             runtime: Some(runtime),
         }
     }
@@ -98,16 +91,7 @@ impl Lockd {
 
 /// One request to `addr` on a fresh connection; the first reply line.
 fn request_at(addr: SocketAddr, line: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    stream
-        .write_all(format!("{line}\n").as_bytes())
-        .expect("send");
-    let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply).expect("reply");
-    reply.trim_end().to_string()
+    line::request(addr, line, None, Duration::from_secs(60)).expect("request")
 }
 
 /// Checks that a client killed while it waits never gets the lock. The lock `queue` is held;
@@ -181,13 +165,6 @@ pub fn assert_renews_elsewhere_after_a_cut(
     let checked = lockd.request(&format!("CHECK {name} {token}"));
     assert!(checked.starts_with("OK ttl_ms="), "{checked}");
     assert_eq!(proxy.accepted(), before, "it reconnected through the proxy");
-}
-
-/// A loopback address where nothing listens (a server that is down): a port bound a moment
-/// ago and let go.
-pub fn dead_addr() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("local addr").to_string()
 }
 
 /// Cuts the connection of a client holding `name` through `proxy` and lets it reconnect no
@@ -344,7 +321,9 @@ fn pipe(from: &TcpStream, to: &TcpStream) {
 
 impl Drop for Lockd {
     fn drop(&mut self) {
-        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            server.cancel();
+        }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(Duration::from_secs(5));
         }

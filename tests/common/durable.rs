@@ -3,7 +3,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,12 +55,6 @@ impl Drop for TempDir {
     }
 }
 
-/// A port that was free a moment ago: bind 127.0.0.1:0 and let it go.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr").port()
-}
-
 /// One running lockd.
 pub struct Lockd {
     child: Child,
@@ -69,17 +62,12 @@ pub struct Lockd {
     stderr: PathBuf,
 }
 
+/// `lockd --listen 127.0.0.1:<port> --data-dir <data>`, from the one builder.
 fn command(data: &Path, port: u16) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockd"));
-    cmd.arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--data-dir")
-        .arg(data)
-        .env_remove("RUST_LOG")
-        .env_remove("LOCKD_DATA_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    cmd
+    super::Lockd::new()
+        .listen(format!("127.0.0.1:{port}"))
+        .data_dir(data)
+        .command()
 }
 
 impl Lockd {

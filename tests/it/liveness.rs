@@ -7,7 +7,7 @@ use crate::common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{assert_event, config, field, start_server, token, wait_status, wait_waiters, GUARD};
+use common::{assert_event, config, field, token, wait_status, wait_waiters, Lockd, GUARD};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
@@ -39,7 +39,7 @@ async fn wait_in_grace(admin: &mut common::Raw, name: &str, grace_ms: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_waiter_is_never_left_holding_the_lock() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH k").await, "OK watching k");
@@ -78,7 +78,7 @@ async fn a_killed_waiter_is_never_left_holding_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_closed_reader_waits_and_keeps_its_grant() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("h holder ttl=1m").await;
@@ -108,7 +108,7 @@ async fn a_half_closed_reader_waits_and_keeps_its_grant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_waiter_leaves_on_half_close_and_its_lease_outlives_the_connection() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("d holder ttl=1m").await;
@@ -135,7 +135,7 @@ async fn a_detached_waiter_leaves_on_half_close_and_its_lease_outlives_the_conne
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_lease_with_grace_survives_a_dropped_connection_when_renewed() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH g").await, "OK watching g");
@@ -164,7 +164,7 @@ async fn a_session_lease_with_grace_survives_a_dropped_connection_when_renewed()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_lease_with_grace_ends_after_it_and_hands_over() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let t = holder.lock("e holder ttl=1m session=1s").await;
@@ -187,7 +187,7 @@ async fn a_session_lease_with_grace_ends_after_it_and_hands_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_holder_takes_up_its_lease_in_grace_with_a_lock_by_its_id() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let t = holder.lock("u holder ttl=1m session=5s").await;
@@ -202,7 +202,7 @@ async fn the_holder_takes_up_its_lease_in_grace_with_a_lock_by_its_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_session_and_detach_options_are_refused() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     for (line, code) in [
         ("LOCK x me session detach", "ERR SYNTAX"),
@@ -222,7 +222,7 @@ async fn bad_session_and_detach_options_are_refused() {
 /// plain waiter's grant is watched for the reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_closing_as_it_is_granted_never_keeps_the_lock() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     for round in 0..60 {

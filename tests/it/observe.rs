@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{config, http_get as get, start_server, token, wait_status, wait_waiters, GUARD};
+use common::{config, http_get as get, token, wait_status, wait_waiters, Lockd, GUARD};
 use lockd::http::Endpoint;
 use lockd::server::Config;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -64,11 +64,13 @@ async fn observed(config: Config) -> (common::TestServer, std::net::SocketAddr) 
     let addr = listener.local_addr().unwrap();
     let endpoint = Endpoint::new(vec!["w".into()]);
     tokio::spawn(endpoint.clone().run(listener, CancellationToken::new()));
-    let server = start_server(Config {
-        endpoint: Some(endpoint),
-        ..config
-    })
-    .await;
+    let server = Lockd::new()
+        .config(Config {
+            endpoint: Some(endpoint),
+            ..config
+        })
+        .serve()
+        .await;
     (server, addr)
 }
 
@@ -134,11 +136,13 @@ async fn readyz_says_starting_until_the_table_is_served() {
     tokio::spawn(endpoint.clone().run(listener, CancellationToken::new()));
     assert_eq!(get(http, "/healthz").await.0, 200);
     assert_eq!(get(http, "/readyz").await.0, 503);
-    let server = start_server(Config {
-        endpoint: Some(endpoint),
-        ..config()
-    })
-    .await;
+    let server = Lockd::new()
+        .config(Config {
+            endpoint: Some(endpoint),
+            ..config()
+        })
+        .serve()
+        .await;
     let mut c = server.raw().await;
     assert_eq!(c.req("PING").await, "OK PONG");
     let (status, body) = get(http, "/readyz").await;
@@ -149,7 +153,7 @@ async fn readyz_says_starting_until_the_table_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_detail_shows_the_holder_and_the_queue_in_order() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let t = holder.lock("q holder ttl=1m").await;
@@ -203,23 +207,18 @@ async fn status_detail_shows_the_holder_and_the_queue_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_carry_name_id_token_and_times() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut lockd = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--log-format",
-            "json",
-        ])
-        .env("RUST_LOG", "info,lockd::session=debug")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let port = common::free_port();
+    let mut lockd = tokio::process::Command::from(
+        common::Lockd::new()
+            .listen(format!("127.0.0.1:{port}"))
+            .args(["--log-format", "json"])
+            .command(),
+    )
+    .env("RUST_LOG", "info,lockd::session=debug")
+    .stderr(Stdio::piped())
+    .kill_on_drop(true)
+    .spawn()
+    .unwrap();
     let mut lines = BufReader::new(lockd.stderr.take().unwrap()).lines();
     async fn next(
         lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,

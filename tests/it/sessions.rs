@@ -3,11 +3,11 @@
 
 use crate::common;
 
-use common::{assert_event, config, field, start_server, status_shape, token, wait_waiters};
+use common::{assert_event, field, status_shape, token, wait_waiters, Lockd};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_lease_ends_when_its_connection_closes() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH s").await, "OK watching s");
@@ -35,7 +35,7 @@ async fn session_lease_ends_when_its_connection_closes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_locking_again_gets_the_same_token_and_a_new_lease() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let t = c.lock("i a ttl=5s").await;
     assert_eq!(c.req("LOCK i a ttl=1m").await, format!("OK {t}"));
@@ -56,7 +56,7 @@ async fn holder_locking_again_gets_the_same_token_and_a_new_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_id_on_another_connection_conflicts_with_a_session_lease() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut a = server.raw().await;
     let t = a.lock("c a session").await;
     let before = status_shape(&a.req("STATUS c").await);
@@ -73,7 +73,7 @@ async fn same_id_on_another_connection_conflicts_with_a_session_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_id_is_replaced_by_a_newer_lock() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("r h").await;
@@ -100,7 +100,7 @@ async fn waiting_id_is_replaced_by_a_newer_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_relock_takes_the_new_ttl_and_session_option() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let t = c.lock("i a ttl=1m session").await;
     let status = c.req("STATUS i").await;
@@ -139,7 +139,7 @@ async fn holder_relock_takes_the_new_ttl_and_session_option() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_relock_does_not_wait_behind_its_own_waiters() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut a = server.raw().await;
     let t = a.lock("q a").await;
@@ -160,7 +160,7 @@ async fn holder_relock_does_not_wait_behind_its_own_waiters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_lease_is_bound_to_the_connection_that_asked_last() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH x").await, "OK watching x");
@@ -205,7 +205,7 @@ async fn wait_status_free(admin: &mut common::Raw, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_after_a_session_lease_expired_leaves_the_next_holder_alone() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut a = server.raw().await;
     let ta = a.lock("e a ttl=200ms session").await;
@@ -226,7 +226,7 @@ async fn closing_after_a_session_lease_expired_leaves_the_next_holder_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_closed_session_holder_gets_its_token_then_loses_the_lease() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut c = server.raw().await;
     c.send("LOCK h a session").await;
@@ -239,7 +239,7 @@ async fn half_closed_session_holder_gets_its_token_then_loses_the_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_closed_session_waiter_leaves_the_queue() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("w h").await;

@@ -5,7 +5,7 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{config, start_server, wait_status, Raw, GUARD};
+use common::{wait_status, Lockd, Raw, GUARD};
 use lockd::client::Client;
 use lockd::proto::Tie;
 use tokio::sync::Mutex;
@@ -24,7 +24,7 @@ struct Held {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_never_overlap_and_tokens_increase() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let addr = server.addr.to_string();
     let log = Arc::new(Mutex::new(Vec::with_capacity(CLIENTS * ROUNDS)));
 
@@ -98,7 +98,7 @@ fn assert_exclusive(mut log: Vec<Held>) {
 async fn vanishing_clients_neither_lose_nor_share_the_lock() {
     const CLIENTS: usize = 16;
     const ROUNDS: usize = 12;
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let addr = server.addr.to_string();
     let log = Arc::new(Mutex::new(Vec::new()));
 

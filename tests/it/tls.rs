@@ -6,7 +6,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::pki::Pki;
-use common::{config, start_server, Raw, TestServer, GUARD};
+use common::{config, Lockd, Raw, TestServer, GUARD};
 use lockd::client::Client;
 use lockd::server::Config;
 use lockd::tls;
@@ -17,12 +17,14 @@ async fn tls_server(pki: &Pki, client_ca: Option<&Pki>) -> TestServer {
     let (cert, key) = pki.server();
     let client_ca = client_ca.map(Pki::ca);
     let tls = tls::server(&cert, &key, client_ca.as_deref()).expect("server TLS");
-    start_server(Config {
-        tls: Some(tls),
-        tls_handshake_timeout: Duration::from_millis(500),
-        ..config()
-    })
-    .await
+    Lockd::new()
+        .config(Config {
+            tls: Some(tls),
+            tls_handshake_timeout: Duration::from_millis(500),
+            ..config()
+        })
+        .serve()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,7 +119,7 @@ async fn a_plain_client_on_the_tls_port_is_closed_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_on_a_plain_port_gets_an_error() {
     let pki = Pki::new("tls-mismatch");
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let connector = tls::client(Some(&pki.ca()), None).expect("client TLS");
     let result = tokio::time::timeout(
         GUARD,
@@ -177,12 +179,14 @@ async fn a_client_certificate_naming_a_user_logs_it_in() {
     ]
     .join("\n");
     let users = Users::parse(&file, None).expect("users");
-    let server = start_server(Config {
-        tls: Some(tls),
-        auth: Some(Gate::new(users)),
-        ..config()
-    })
-    .await;
+    let server = Lockd::new()
+        .config(Config {
+            tls: Some(tls),
+            auth: Some(Gate::new(users)),
+            ..config()
+        })
+        .serve()
+        .await;
     let addr = server.addr.to_string();
 
     let (cert, key) = pki.client("alice");

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{spawn_lockd, start_server, GUARD};
+use common::{Lockd, GUARD};
 use lockd::connection::{Connection, Frame};
 use lockd::proto::{self, ErrorCode, ProtoError, Reply, Request};
 use lockd::server::Config;
@@ -770,11 +770,11 @@ fn every_request_line_gets_exactly_its_answer() {
     let config = ProptestConfig::with_cases(96);
     proptest!(config, |(case in server_case())| {
         rt.block_on(async {
-            let server = start_server(Config {
+            let server = Lockd::new().config(Config {
                 max_line: case.max_line,
                 shutdown_grace: Duration::from_secs(2),
                 ..Config::default()
-            })
+            }).serve()
             .await;
             let mut tasks = Vec::new();
             for (pace, mut lines, sizes) in case.connections.clone() {
@@ -898,7 +898,7 @@ async fn blast_one(addr: std::net::SocketAddr, bytes: Arc<Vec<u8>>) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blast_of_huge_lines_and_random_bytes_keeps_memory_bounded() {
-    let lockd = spawn_lockd(&[]);
+    let lockd = Lockd::new().spawn();
     let mut c = lockd.raw().await;
     assert_eq!(c.req("PING").await, "OK PONG");
     let idle = lockd.rss_kib();

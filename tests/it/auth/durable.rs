@@ -6,7 +6,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use common::{config, start_server, token, Raw, TestServer};
+use common::{config, token, Lockd, Raw, TestServer};
 use lockd::auth::{user_line, Gate, Users};
 use lockd::server::Config;
 
@@ -22,12 +22,14 @@ fn users(with_alice: bool) -> Users {
 }
 
 async fn durable(dir: &Path, with_alice: bool) -> TestServer {
-    start_server(Config {
-        data_dir: Some(dir.to_path_buf()),
-        auth: Some(Gate::new(users(with_alice))),
-        ..config()
-    })
-    .await
+    Lockd::new()
+        .config(Config {
+            data_dir: Some(dir.to_path_buf()),
+            auth: Some(Gate::new(users(with_alice))),
+            ..config()
+        })
+        .serve()
+        .await
 }
 
 async fn login(server: &TestServer, user: &str, secret: &str) -> Raw {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{field, spawn_lockd, start_server, token, Raw, TestServer, GUARD};
+use common::{field, token, Lockd, Raw, TestServer, GUARD};
 use lockd::auth::{user_line, Gate, Users};
 
 const ALICE: &str = "alice-secret-0123456789abcdef";
@@ -48,11 +48,13 @@ impl Ask for Raw {
 
 async fn server() -> TestServer {
     let users = Users::parse(&users_file(), None).unwrap();
-    start_server(lockd::server::Config {
-        auth: Some(Gate::new(users)),
-        ..common::config()
-    })
-    .await
+    Lockd::new()
+        .config(lockd::server::Config {
+            auth: Some(Gate::new(users)),
+            ..common::config()
+        })
+        .serve()
+        .await
 }
 
 /// A connection authenticated as `user`.
@@ -286,7 +288,7 @@ async fn naming_another_users_id_is_just_another_client() {
 
 #[tokio::test]
 async fn auth_on_a_server_without_users_is_refused_and_changes_nothing() {
-    let s = start_server(common::config()).await;
+    let s = Lockd::new().config(common::config()).serve().await;
     let mut c = s.raw().await;
     c.expect_prefix_after(
         &format!("AUTH alice {ALICE}"),
@@ -335,7 +337,9 @@ async fn until(c: &mut Raw, line: &str, done: impl Fn(&str) -> bool) -> String {
 #[tokio::test]
 async fn sighup_reloads_the_file_closes_removed_users_and_keeps_the_old_on_a_bad_one() {
     let (dir, file) = users_in("reload");
-    let lockd = spawn_lockd(&["--auth-file", file.to_str().unwrap(), "-v"]);
+    let lockd = Lockd::new()
+        .args(&["--auth-file", file.to_str().unwrap(), "-v"])
+        .spawn();
     let mut alice = login(lockd.addr, "alice", ALICE).await;
     let mut bob = login(lockd.addr, "bob", BOB).await;
     let mut mallory_waits = login(lockd.addr, "mallory", MALLORY).await;
@@ -405,7 +409,9 @@ async fn sighup_reloads_the_file_closes_removed_users_and_keeps_the_old_on_a_bad
 #[tokio::test]
 async fn secrets_never_reach_the_log() {
     let (dir, file) = users_in("log");
-    let lockd = spawn_lockd(&["--auth-file", file.to_str().unwrap(), "-vv"]);
+    let lockd = Lockd::new()
+        .args(&["--auth-file", file.to_str().unwrap(), "-vv"])
+        .spawn();
     let wrong = "wrong-secret-that-must-not-be-logged";
     let mut c = lockd.raw().await;
     c.expect_prefix_after(&format!("AUTH alice {wrong}"), "ERR DENIED")
@@ -464,11 +470,13 @@ async fn auth_hash_new_prints_a_line_that_works_and_the_secret_once() {
     assert!(!line.contains(&secret));
     assert!(line.starts_with("user erin sha256:"));
     let users = Users::parse(&line, None).unwrap();
-    let s = start_server(lockd::server::Config {
-        auth: Some(Gate::new(users)),
-        ..common::config()
-    })
-    .await;
+    let s = Lockd::new()
+        .config(lockd::server::Config {
+            auth: Some(Gate::new(users)),
+            ..common::config()
+        })
+        .serve()
+        .await;
     let mut c = login(s.addr, "erin", &secret).await;
     c.lock("ci-7 e").await;
 
@@ -504,7 +512,7 @@ async fn auth_hash_new_prints_a_line_that_works_and_the_secret_once() {
 /// must go on serving (SIGHUP's default action would end it).
 #[tokio::test]
 async fn sighup_without_an_auth_file_changes_nothing() {
-    let lockd = common::spawn_lockd(&["-v"]);
+    let lockd = common::Lockd::new().args(&["-v"]).spawn();
     let mut c = lockd.raw().await;
     let t = token(&c.req("LOCK kept me ttl=1m").await);
     hangup(&lockd);

@@ -8,13 +8,10 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::free_port;
+
 const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 const GUARD: Duration = Duration::from_secs(10);
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
 
 /// Starts lockd with `args` on a free loopback port and waits until it answers.
 fn start(args: &[&str]) -> (Child, String) {

@@ -3,18 +3,13 @@
 //! releases it.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-const GUARD: Duration = Duration::from_secs(10);
+use crate::common::{free_ports, Lockd};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+const GUARD: Duration = Duration::from_secs(10);
 
 struct Ports {
     lock: u16,
@@ -23,17 +18,14 @@ struct Ports {
 }
 
 fn start(ports: &Ports, data: &std::path::Path) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .args(["--compat", "--listen", &format!("127.0.0.1:{}", ports.line)])
-        .arg("--data-dir")
-        .arg(data)
+    let child = Lockd::new()
+        .listen(format!("127.0.0.1:{}", ports.line))
+        .data_dir(data)
+        .args(["--compat"])
+        .command()
         .env("SERVER_ADDR", "127.0.0.1")
         .env("LOCK_PORT", ports.lock.to_string())
         .env("UNLOCK_PORT", ports.unlock.to_string())
-        .env_remove("LOCKD_DATA_DIR")
-        .env_remove("LOCKD_LISTEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn lockd");
@@ -67,11 +59,10 @@ fn open(port: u16) -> bool {
 fn compat_lock_survives_a_crash_and_is_still_unlockable() {
     let data = std::env::temp_dir().join(format!("lockd-compat-durable-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&data);
-    let ports = Ports {
-        lock: free_port(),
-        unlock: free_port(),
-        line: free_port(),
+    let [lock, unlock, line] = free_ports(3)[..] else {
+        unreachable!()
     };
+    let ports = Ports { lock, unlock, line };
     let mut lockd = start(&ports, &data);
     assert_eq!(
         message(ports.lock, "lock:old-client:1700000000"),

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use lockd::client::Client;
 use lockd::compat::CompatConfig;
 use lockd::proto::Tie;
-use lockd::server::{self, Config};
+use lockd::server::Config;
+
+use crate::common::{free_ports, Lockd, TestServer};
 
 /// Failure guard for anything that should happen at once.
 const GUARD: Duration = Duration::from_secs(10);
@@ -27,22 +27,13 @@ struct Server {
     line: String,
     lock: SocketAddr,
     unlock: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<io::Result<()>>,
-}
-
-/// Two distinct ports nobody listens on right now.
-fn free_ports() -> (u16, u16) {
-    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    (
-        a.local_addr().unwrap().port(),
-        b.local_addr().unwrap().port(),
-    )
+    server: TestServer,
 }
 
 fn compat_config(unlock_timeout: Duration, read_timeout: Duration) -> CompatConfig {
-    let (lock_port, unlock_port) = free_ports();
+    let [lock_port, unlock_port] = free_ports(2)[..] else {
+        unreachable!()
+    };
     CompatConfig {
         host: "127.0.0.1".into(),
         lock_port,
@@ -62,16 +53,14 @@ async fn start_with(compat: CompatConfig) -> Server {
         compat: Some(compat),
         ..Config::default()
     };
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(server::run(config, listener, shutdown.clone()));
+    let server = Lockd::new().config(config).serve_on(listener);
     // The compat ports are set up before the line protocol answers anything.
     client(&line).await.ping().await.unwrap();
     Server {
         line,
         lock,
         unlock,
-        shutdown,
-        task,
+        server,
     }
 }
 
@@ -85,12 +74,7 @@ async fn start() -> Server {
 
 impl Server {
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(GUARD, self.task)
-            .await
-            .expect("server stops")
-            .unwrap()
-            .unwrap();
+        self.server.shutdown().await;
     }
 
     async fn status(&self) -> String {
@@ -400,12 +384,7 @@ async fn a_port_in_use_fails_at_start() {
             compat: Some(compat),
             ..Config::default()
         };
-        let result = tokio::time::timeout(
-            GUARD,
-            server::run(config, listener, CancellationToken::new()),
-        )
-        .await
-        .expect("fails at once");
+        let result = Lockd::new().config(config).serve_on(listener).join().await;
         let err = result.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
         if err.to_string().contains("compat lock port") {

@@ -1,17 +1,9 @@
-//! Runs tests/compat_nc.sh: old bash clients talking to `lockd --compat` through real netcat.
+//! Runs tests/it/compat/nc.sh: old bash clients talking to `lockd --compat` through real netcat.
 //! Without netcat this test fails (it is never skipped): install netcat-openbsd.
 
 use std::process::Command;
 
-/// Two distinct loopback ports nobody listens on right now.
-fn free_ports() -> (u16, u16) {
-    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    (
-        a.local_addr().unwrap().port(),
-        b.local_addr().unwrap().port(),
-    )
-}
+use crate::common::free_ports;
 
 #[test]
 fn four_netcat_clients_take_turns_without_overlap() {
@@ -25,7 +17,9 @@ fn four_netcat_clients_take_turns_without_overlap() {
         "netcat (nc) is not installed; this test needs it and does not skip: \
          apt-get install -y netcat-openbsd"
     );
-    let (lock_port, unlock_port) = free_ports();
+    let [lock_port, unlock_port] = free_ports(2)[..] else {
+        unreachable!()
+    };
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/compat/nc.sh");
     let out = Command::new("bash")
         .arg(script)

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use common::blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_renews_elsewhere_after_a_cut,
-    assert_rides_out_a_cut, cut_for_good, dead_addr, eventually, signal, Lockd, Mark, Output,
-    Proxy,
+    assert_rides_out_a_cut, cut_for_good, eventually, signal, Lockd, Mark, Output, Proxy,
 };
+use common::dead_addr;
 
 const GUARD: Duration = Duration::from_secs(60);
 
@@ -661,7 +661,9 @@ fn lockd_user_and_its_secret_log_every_connection_in() {
     std::fs::write(&users, line + "\n").unwrap();
     let secret_file = dir.join("ci.secret");
     std::fs::write(&secret_file, format!("{SECRET}\r\n")).unwrap();
-    let lockd = common::spawn_lockd(&["--auth-file", users.to_str().unwrap()]);
+    let lockd = common::Lockd::new()
+        .args(&["--auth-file", users.to_str().unwrap()])
+        .spawn();
     let addr = lockd.addr.to_string();
     let script = format!(
         r#"

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{field, http_get, spawn_lockd, token, wait_waiters, GUARD};
+use common::{field, http_get, token, wait_waiters, Lockd, GUARD};
 use serde_json::Value;
 
 /// Series the files may use that are not lockd's: Prometheus's own `up` of each scrape
@@ -435,14 +435,16 @@ async fn scrape_lockd() -> Exported {
         std::thread::current().id()
     ));
     let _ = std::fs::remove_dir_all(&data);
-    let lockd = spawn_lockd(&[
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--metrics-names",
-        "tracked",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
+    let lockd = Lockd::new()
+        .args(&[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-names",
+            "tracked",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ])
+        .spawn();
     // The endpoint's task logs its address; it may do so after the lock port's "listening".
     let deadline = Instant::now() + GUARD;
     let http: SocketAddr = loop {

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use common::blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_renews_elsewhere_after_a_cut,
-    assert_rides_out_a_cut, cut_for_good, dead_addr, eventually, signal, Lockd, Mark, Proxy,
+    assert_rides_out_a_cut, cut_for_good, eventually, signal, Lockd, Mark, Proxy,
 };
+use common::dead_addr;
 use common::pki::Pki;
 
 /// Only a guard against a hang; the suite takes a few seconds.
@@ -81,14 +82,16 @@ fn python_client_suite_passes_over_mutual_tls() {
     let stranger = Pki::new("python-stranger");
     let (cert, key) = pki.server();
     let ca = pki.ca();
-    let lockd = common::spawn_lockd(&[
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--tls-client-ca",
-        ca.to_str().unwrap(),
-    ]);
+    let lockd = common::Lockd::new()
+        .args(&[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--tls-client-ca",
+            ca.to_str().unwrap(),
+        ])
+        .spawn();
     let plain = Lockd::start();
     let plain_addr = plain.addr.to_string();
     let (me, my_key) = pki.client("python-suite");
@@ -331,7 +334,9 @@ fn python_client_logs_in_and_is_refused_when_wrong() {
     let users = dir.join("users");
     let line = lockd::auth::user_line("ci lock=ci-* read=*", SECRET, [5; 16]).unwrap();
     std::fs::write(&users, line + "\n").unwrap();
-    let lockd = common::spawn_lockd(&["--auth-file", users.to_str().unwrap()]);
+    let lockd = common::Lockd::new()
+        .args(&["--auth-file", users.to_str().unwrap()])
+        .spawn();
     let child = python_with(
         &lockd.addr.to_string(),
         &["-m", "unittest", "-v", "test_lockd_client_auth"],

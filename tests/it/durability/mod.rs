@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::durable::{free_port, Lockd, Rng, TempDir, PATIENCE};
+use common::durable::{Lockd, Rng, TempDir, PATIENCE};
+use common::free_port;
 use lockd::client::{Client, ClientError};
 use lockd::proto::{ErrorCode, Tie};
 

@@ -6,7 +6,8 @@ use crate::common;
 use std::time::Duration;
 
 use common::detail::{detail, shape};
-use common::durable::{free_port, Lockd, TempDir, PATIENCE};
+use common::durable::{Lockd, TempDir, PATIENCE};
+use common::free_port;
 use common::{token, Raw};
 
 /// The `HOLDER` lines of `STATUS <name> detail`, shaped, sorted by token.

@@ -7,7 +7,7 @@ use crate::common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{config, http_get, start_server};
+use common::{config, http_get, Lockd};
 use lockd::http::Endpoint;
 use lockd::server::Config;
 use tokio_util::sync::CancellationToken;
@@ -59,12 +59,14 @@ async fn readyz_turns_503_when_the_journal_cannot_be_written() {
     let metrics = listener.local_addr().unwrap();
     let endpoint = Endpoint::new(Vec::new());
     tokio::spawn(endpoint.clone().run(listener, CancellationToken::new()));
-    let server = start_server(Config {
-        data_dir: Some(disk.0.join("data")),
-        endpoint: Some(endpoint),
-        ..config()
-    })
-    .await;
+    let server = Lockd::new()
+        .config(Config {
+            data_dir: Some(disk.0.join("data")),
+            endpoint: Some(endpoint),
+            ..config()
+        })
+        .serve()
+        .await;
     let mut c = server.raw().await;
     assert!(c.req("LOCK before me ttl=1m").await.starts_with("OK "));
     assert_eq!(http_get(metrics, "/readyz").await, (200, "ready\n".into()));

@@ -16,7 +16,9 @@ use lockd::proto::Tie;
 use tokio::io::AsyncReadExt as _;
 use tokio::time::{timeout, Instant};
 
-use common::durable::{free_port, Lockd as DurableLockd, TempDir};
+use common::dead_addr;
+use common::durable::{Lockd as DurableLockd, TempDir};
+use common::free_port;
 use common::lockctl::*;
 
 /// Every command reaches the second address when the first is down, with the list given
@@ -25,7 +27,7 @@ use common::lockctl::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_first_address_is_passed_over_for_the_next() {
     let d = lockd().await;
-    let dead = dead_addr().await;
+    let dead = dead_addr();
     let list = format!("{dead},{}", d.addr);
 
     let out = output(lockctl_at(&list, &["-v", "acquire", "fo", "--ttl", "1m"])).await;
@@ -94,7 +96,7 @@ async fn a_dead_first_address_is_passed_over_for_the_next() {
 /// No address answers: exit code 3, one line naming every address with its error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_address_dead_is_exit_3_naming_each() {
-    let dead = [dead_addr().await, dead_addr().await, dead_addr().await];
+    let dead = [dead_addr(), dead_addr(), dead_addr()];
     let list = dead.join(",");
     let dir = scratch("failover-dead");
     let ran = dir.join("ran");

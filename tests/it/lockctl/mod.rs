@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::process::Child;
 use tokio::time::{sleep, timeout, Instant};
 
+use common::dead_addr;
 use common::lockctl::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +394,7 @@ async fn watch_prints_events_until_interrupted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_server_is_exit_3_naming_the_address() {
-    let addr = dead_addr().await;
+    let addr = dead_addr();
     let out = output(lockctl_at(
         &addr,
         &["run", "x", "--connect-timeout", "300ms", "--", "true"],
@@ -513,7 +514,7 @@ async fn an_address_that_cannot_be_one_is_a_usage_error_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_shot_commands_fail_fast_when_the_server_is_down() {
-    let addr = dead_addr().await;
+    let addr = dead_addr();
     let commands: [&[&str]; 5] = [
         &["status"],
         &["status", "x", "--json"],
@@ -541,7 +542,7 @@ async fn one_shot_commands_fail_fast_when_the_server_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_waits_for_a_server_that_comes_up_late() {
-    let addr = dead_addr().await;
+    let addr = dead_addr();
     let child = spawn(lockctl_at(&addr, &["run", "late", "--", "true"]));
     // Longer than the one-shot commands try: run is patient (10s).
     sleep(Duration::from_secs(3)).await;

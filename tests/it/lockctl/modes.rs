@@ -11,6 +11,7 @@ use serde_json::Value;
 use tokio::process::Child;
 use tokio::time::Instant;
 
+use common::dead_addr;
 use common::lockctl::*;
 
 /// A `lockctl run` whose command writes `<dir>/<label>` once it runs, then waits until
@@ -160,7 +161,7 @@ async fn the_old_server_flag_is_refused_at_once_with_the_line_to_use() {
     let dir = scratch("old-s");
     let touch = format!("touch {}", dir.join("ran").display());
     // The server named the old way must not be reached, nor the default one.
-    let dead = dead_addr().await;
+    let dead = dead_addr();
     for (args, fixed) in [
         (
             vec!["-s", dead.as_str(), "status"],

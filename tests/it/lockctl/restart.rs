@@ -7,7 +7,8 @@ use crate::common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::durable::{free_port, Lockd, TempDir, PATIENCE};
+use common::durable::{Lockd, TempDir, PATIENCE};
+use common::free_port;
 
 const LOCKCTL: &str = env!("CARGO_BIN_EXE_lockctl");
 

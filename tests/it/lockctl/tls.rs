@@ -323,7 +323,7 @@ async fn with_several_addresses_the_certificate_is_checked_against_the_one_conne
     let (cert, key) = pki.server_named("localhost-only", &["localhost"]);
     let d = tls_lockd_with(&cert, &key, pki.ca(), None).await;
     let port = d.addr.rsplit_once(':').unwrap().1;
-    let dead = common::lockctl::dead_addr().await;
+    let dead = common::dead_addr();
     let dead_port = dead.rsplit_once(':').unwrap().1;
 
     let list = format!("{dead},localhost:{port}");

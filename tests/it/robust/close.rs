@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{config, start_server, status_shape, token, wait_status, Raw, TestServer};
+use common::{config, status_shape, token, wait_status, Lockd, Raw, TestServer};
 
 /// A receive buffer small enough that the replies wait in the kernel until the client reads.
 const SMALL: u32 = 4096;
@@ -49,7 +49,7 @@ async fn send_then_read(c: &mut Raw, requests: &[u8]) -> Vec<String> {
 async fn replies_before_an_over_long_line_are_delivered() {
     let mut cfg = config();
     cfg.max_line = 256;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c = Raw::connect_small(server.addr, SMALL).await;
     let mut requests = "PING\n".repeat(BEFORE);
     requests.push_str("LOCK n me ttl=30s\n");
@@ -62,7 +62,7 @@ async fn replies_before_an_over_long_line_are_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quit_with_more_input_behind_it_still_gets_every_reply() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = Raw::connect_small(server.addr, SMALL).await;
     let mut requests = "PING\n".repeat(BEFORE);
     requests.push_str("LOCK q me ttl=30s\nQUIT\n");
@@ -74,7 +74,7 @@ async fn quit_with_more_input_behind_it_still_gets_every_reply() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_lease_ends_at_quit_though_the_client_keeps_its_side_open() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     c.lock("s me session").await;
     // QUIT, then the client keeps its side open: lockd waits a moment for it to close (or

@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{config, field, spawn_lockd, start_server, token, Raw, GUARD};
+use common::{config, field, token, Lockd, Raw, GUARD};
 
 /// A receive buffer small enough that a client that does not read fills it at once.
 const SMALL: u32 = 4096;
@@ -53,7 +53,7 @@ async fn read_status(c: &mut Raw) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_status_readers_cost_bounded_memory() {
-    let lockd = spawn_lockd(&[]);
+    let lockd = Lockd::new().spawn();
     let mut c = lockd.raw().await;
     fill(&mut c).await;
     assert_eq!(c.req("PING").await, "OK PONG");
@@ -90,7 +90,7 @@ async fn stuck_status_readers_cost_bounded_memory() {
 async fn copies_of_a_changing_table_are_bounded() {
     let mut cfg = config();
     cfg.status_copies = 1;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c = server.raw().await;
     fill(&mut c).await;
 
@@ -129,7 +129,7 @@ async fn copies_of_a_changing_table_are_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_snapshot_still_answers_as_of_the_request() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let t = c.lock("x me ttl=10s").await;
     c.send("STATUS").await;

@@ -6,11 +6,11 @@ use crate::common;
 
 use std::process::Command;
 
-use common::{config, field, start_server, status_shape};
+use common::{field, status_shape, Lockd};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_under_a_millisecond_is_refused() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     for ttl in ["1ns", "999us", "999999ns", "0.0009", "0.0001s"] {
         let reply = c.req(&format!("LOCK x me ttl={ttl}")).await;

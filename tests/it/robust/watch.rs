@@ -7,7 +7,7 @@ use crate::common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{config, spawn_lockd, start_server, token, Raw, GUARD};
+use common::{config, token, Lockd, Raw, GUARD};
 
 /// A receive buffer small enough that a client that does not read fills it at once.
 const SMALL: u32 = 4096;
@@ -67,7 +67,9 @@ fn assert_cut_off(lines: &[String], sent: usize) {
 async fn watchers_that_never_read_are_disconnected() {
     // A short write timeout, so the lagged watchers' connections, whose ERR LAGGED can't be
     // written, are closed soon and the test can see lockd let go of them.
-    let lockd = spawn_lockd(&["--watch-buffer", "64", "--write-timeout", "1s"]);
+    let lockd = Lockd::new()
+        .args(&["--watch-buffer", "64", "--write-timeout", "1s"])
+        .spawn();
     let mut admin = lockd.raw().await;
     assert_eq!(admin.req("PING").await, "OK PONG");
     let idle_fds = lockd.open_fds();
@@ -109,7 +111,7 @@ async fn watchers_that_never_read_are_disconnected() {
 async fn lagged_watcher_that_reads_again_is_told_why() {
     let mut cfg = config();
     cfg.watch_buffer = 16;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut watchers = Vec::new();
     for _ in 0..4 {
         watchers.push(small_watcher(server.addr).await);
@@ -134,7 +136,7 @@ async fn watcher_behind_its_window_is_disconnected_by_the_write_timeout() {
     let mut cfg = config();
     cfg.watch_buffer = 100_000;
     cfg.write_timeout = Duration::from_millis(500);
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut w = small_watcher(server.addr).await;
     let mut worker = server.raw().await;
     // 15 MB of events: more than the kernel buffers for one socket (a few MB).
@@ -154,7 +156,7 @@ async fn client_that_stops_reading_replies_is_disconnected() {
     let mut cfg = config();
     cfg.max_connections = 1;
     cfg.write_timeout = Duration::from_millis(500);
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut hog = Raw::connect_small(server.addr, SMALL).await;
     assert_eq!(hog.req("PING").await, "OK PONG");
     // Far more replies than the sockets hold (12 MB), never read.

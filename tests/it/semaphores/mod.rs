@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use common::detail::{detail, shape};
 use common::{
-    assert_event, config, field, start_server, token, wait_status, wait_waiters, Raw, TestServer,
+    assert_event, config, field, token, wait_status, wait_waiters, Lockd, Raw, TestServer,
 };
 
 /// A server with default settings, and a connection to ask it STATUS.
 async fn start() -> (TestServer, Raw) {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let admin = server.raw().await;
     (server, admin)
 }
@@ -533,7 +533,7 @@ async fn a_lock_of_another_shape_conflicts_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_shared_and_limit_options_are_refused() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let refused = [
         ("s a shared limit=2", "SYNTAX"),
@@ -657,7 +657,7 @@ async fn the_same_id_again_gets_the_same_token_and_a_new_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_check_and_unlock_act_on_each_holder_by_its_token() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let tokens = [
         c.lock("sem a limit=3 ttl=1m").await,
@@ -761,7 +761,7 @@ async fn status_lines_show_every_mode() {
 async fn max_locks_counts_every_holder() {
     let mut cfg = config();
     cfg.limits.max_locks = 3;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut admin = server.raw().await;
     let mut h = server.raw().await;
     let ta = h.lock("sem a limit=5").await;
@@ -793,13 +793,8 @@ async fn the_compat_lock_stays_a_plain_mutex() {
     use lockd::compat::CompatConfig;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let (lock_port, unlock_port) = {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let b = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        (
-            a.local_addr().expect("addr").port(),
-            b.local_addr().expect("addr").port(),
-        )
+    let [lock_port, unlock_port] = common::free_ports(2)[..] else {
+        unreachable!()
     };
     let mut cfg = config();
     cfg.compat = Some(CompatConfig {
@@ -810,7 +805,7 @@ async fn the_compat_lock_stays_a_plain_mutex() {
         name: "compat".into(),
         read_timeout: Duration::from_millis(300),
     });
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut admin = server.raw().await;
     // The compat ports are up before the line protocol answers anything.
     assert_eq!(admin.req("PING").await, "OK PONG");

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{config, start_server, wait_status, Raw, TestServer, GUARD};
+use common::{wait_status, Lockd, Raw, TestServer, GUARD};
 use lockd::client::Client;
 use lockd::locks::Mode;
 use lockd::proto::{Request, Tie};
@@ -174,7 +174,7 @@ async fn assert_free(addr: SocketAddr, name: &str) {
 async fn never_more_than_three_inside_a_semaphore_of_three() {
     const CLIENTS: usize = 32;
     const ROUNDS: usize = 15;
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let log = run_clients(&server, "sem", (CLIENTS, ROUNDS), 1, |_, _, _| {
         Step::Hold(Mode::limit(3))
     })
@@ -196,7 +196,7 @@ async fn never_more_than_three_inside_a_semaphore_of_three() {
 async fn a_writer_is_always_alone_among_readers() {
     const CLIENTS: usize = 16;
     const ROUNDS: usize = 15;
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     // One hold in four is a writer's.
     let log = run_clients(
         &server,
@@ -232,7 +232,7 @@ async fn a_writer_is_always_alone_among_readers() {
 async fn vanishing_clients_neither_lose_nor_add_a_slot() {
     const CLIENTS: usize = 16;
     const ROUNDS: usize = 12;
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let log = run_clients(
         &server,
         "sem",

@@ -5,7 +5,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{config, field, start_server, status_shape, token, Raw, TestServer, GUARD};
+use common::{config, field, status_shape, token, Lockd, Raw, TestServer, GUARD};
 use lockd::server::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -13,7 +13,7 @@ use tokio::net::{TcpSocket, TcpStream};
 /// A server with one lock `keep` held (by the returned connection, lease long enough for
 /// any test), and the exact `STATUS` (all) it answers then.
 async fn server_with_a_lock(config: Config) -> (TestServer, Raw, Vec<String>) {
-    let server = start_server(config).await;
+    let server = Lockd::new().config(config).serve().await;
     let mut c = server.raw().await;
     c.lock("keep keeper ttl=1m").await;
     let table = status_all(&mut c).await;
@@ -362,7 +362,7 @@ async fn endless_line_is_cut_off_without_reading_it_all() {
 async fn connections_over_the_limit_are_refused() {
     let mut cfg = config();
     cfg.max_connections = 2;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c1 = server.raw().await;
     let mut c2 = server.raw().await;
     assert_eq!(c1.req("PING").await, "OK PONG");
@@ -409,7 +409,7 @@ async fn connections_over_the_limit_are_refused() {
 async fn more_locks_than_the_limit_are_refused() {
     let mut cfg = config();
     cfg.limits.max_locks = 2;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c = server.raw().await;
     let ta = c.lock("a x").await;
     let tb = c.lock("b x").await;
@@ -433,7 +433,7 @@ async fn more_locks_than_the_limit_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_client_does_not_hold_up_others() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut silent = server.raw().await;
     let mut c = server.raw().await;
     for _ in 0..20 {
@@ -448,7 +448,7 @@ async fn silent_client_does_not_hold_up_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_sent_one_byte_at_a_time() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     for b in b"LOCK slow a ttl=5s session\r\n" {
         c.send_raw(&[*b]).await;
@@ -467,7 +467,7 @@ async fn request_sent_one_byte_at_a_time() {
 async fn watcher_that_never_reads_is_disconnected_not_waited_for() {
     let mut cfg = config();
     cfg.watch_buffer = 4;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
 
     // A small receive window, so the watcher's socket fills with few events.
     let socket = TcpSocket::new_v4().unwrap();

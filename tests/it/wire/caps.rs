@@ -7,7 +7,7 @@ use crate::common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{config, spawn_lockd, start_server, token, wait_status, wait_waiters, Raw, GUARD};
+use common::{config, token, wait_status, wait_waiters, Lockd, Raw, GUARD};
 use tokio::net::TcpSocket;
 
 /// A connection to `addr` from the local address `from` (port chosen by the kernel).
@@ -34,7 +34,7 @@ async fn assert_told_and_closed(c: &mut Raw, want: &str) {
 async fn connections_past_the_per_address_limit_are_refused_other_addresses_are_not() {
     let mut cfg = config();
     cfg.max_connections_per_ip = 2;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut a1 = connect_from("127.0.0.1", server.addr).await;
     let mut a2 = connect_from("127.0.0.1", server.addr).await;
     assert_eq!(a1.req("PING").await, "OK PONG");
@@ -69,7 +69,9 @@ async fn connections_past_the_per_address_limit_are_refused_other_addresses_are_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_per_address_limit_is_a_flag_and_its_refusals_are_logged_once() {
-    let lockd = spawn_lockd(&["--max-connections-per-ip", "1"]);
+    let lockd = Lockd::new()
+        .args(&["--max-connections-per-ip", "1"])
+        .spawn();
     let mut inside = lockd.raw().await;
     assert_eq!(inside.req("PING").await, "OK PONG");
     for _ in 0..3 {
@@ -96,7 +98,9 @@ async fn the_per_address_limit_is_a_flag_and_its_refusals_are_logged_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_per_address_limit_is_never_above_the_connection_limit() {
-    let lockd = spawn_lockd(&["--max-connections", "1", "--max-connections-per-ip", "5"]);
+    let lockd = Lockd::new()
+        .args(&["--max-connections", "1", "--max-connections-per-ip", "5"])
+        .spawn();
     let mut inside = lockd.raw().await;
     assert_eq!(inside.req("PING").await, "OK PONG");
     let mut refused = connect_from("127.0.0.2", lockd.addr).await;
@@ -117,7 +121,7 @@ const MANY_TIMES_SHORT: Duration = Duration::from_millis(1500);
 async fn an_idle_connection_is_told_and_closed_unless_it_has_something_going_on() {
     let mut cfg = config();
     cfg.idle_timeout = SHORT;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
 
     // Nothing going on; a plain lease outlives its connection, so it does not count.
     let mut quiet = server.raw().await;
@@ -164,7 +168,7 @@ async fn an_idle_tls_connection_is_told_inside_tls() {
     let mut cfg = config();
     cfg.idle_timeout = SHORT;
     cfg.tls = Some(lockd::tls::server(&cert, &key, None).expect("server TLS"));
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let connector = lockd::tls::client(Some(&pki.ca()), None).expect("client TLS");
     let mut c = lockd::client::Client::connect_tls(&server.addr.to_string(), &connector)
         .await
@@ -182,7 +186,7 @@ async fn an_idle_tls_connection_is_told_inside_tls() {
 async fn requests_keep_a_connection_from_being_idle() {
     let mut cfg = config();
     cfg.idle_timeout = Duration::from_secs(1);
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c = server.raw().await;
     // A request every 100ms for well over the idle timeout.
     for _ in 0..25 {
@@ -198,7 +202,7 @@ async fn an_idle_timeout_of_zero_never_closes() {
     let mut cfg = config();
     cfg.idle_timeout = Duration::ZERO;
     cfg.line_timeout = SHORT;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c = server.raw().await;
     assert_eq!(c.req("PING").await, "OK PONG");
     // Nothing sent, so no unfinished line either: the line timeout does not apply.
@@ -211,7 +215,7 @@ async fn an_idle_timeout_of_zero_never_closes() {
 async fn an_unfinished_line_is_closed_after_the_line_timeout_and_changes_nothing() {
     let mut cfg = config();
     cfg.line_timeout = SHORT;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c = server.raw().await;
     c.send_raw(b"LOCK a").await;
     assert_told_and_closed(&mut c, "ERR LIMIT line not finished within 300ms; closing").await;
@@ -247,7 +251,7 @@ async fn an_unfinished_line_is_closed_after_the_line_timeout_and_changes_nothing
 async fn a_line_finished_in_time_is_served() {
     let mut cfg = config();
     cfg.line_timeout = Duration::from_secs(2);
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut c = server.raw().await;
     c.send_raw(b"PI").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -264,7 +268,7 @@ async fn a_line_finished_in_time_is_served() {
 async fn a_lock_past_max_waiters_is_refused_and_changes_nothing() {
     let mut cfg = config();
     cfg.limits.max_waiters = 2;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut holder = server.raw().await;
     let held = holder.lock("w h ttl=60s").await;
     let mut first = server.raw().await;
@@ -299,7 +303,7 @@ async fn a_lock_past_max_waiters_is_refused_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_waiters_is_a_flag() {
-    let lockd = spawn_lockd(&["--max-waiters", "1"]);
+    let lockd = Lockd::new().args(&["--max-waiters", "1"]).spawn();
     let mut holder = lockd.raw().await;
     holder.lock("w h").await;
     let mut first = lockd.raw().await;

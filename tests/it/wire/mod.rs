@@ -8,12 +8,12 @@ mod caps;
 use std::time::Duration;
 
 use common::{
-    assert_event, config, field, start_server, status_shape, token, wait_status, wait_waiters, Raw,
+    assert_event, config, field, status_shape, token, wait_status, wait_waiters, Lockd, Raw,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn free_lock_is_granted_at_once() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let t = c.lock("build alice").await;
     assert!(t > 0);
@@ -31,7 +31,7 @@ async fn free_lock_is_granted_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_granted_in_fifo_order_one_at_a_time() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let mut token0 = holder.lock("q h").await;
@@ -72,7 +72,7 @@ async fn waiters_are_granted_in_fifo_order_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_hands_the_lock_to_the_next_waiter() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut a = server.raw().await;
     let ta = a.lock("e a ttl=300ms").await;
@@ -94,7 +94,7 @@ async fn expiry_hands_the_lock_to_the_next_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_token_is_refused_and_changes_nothing() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let t = c.lock("w a").await;
     let before = status_shape(&c.req("STATUS w").await);
@@ -120,7 +120,7 @@ async fn wrong_token_is_refused_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_and_check_report_the_lease_left() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let t = c.lock("r a ttl=10s").await;
 
@@ -149,7 +149,7 @@ async fn renew_and_check_report_the_lease_left() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_after_expiry_is_refused() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     let t = c.lock("x a ttl=200ms").await;
     wait_status(&mut c, "x", |l| l == "OK x free").await;
@@ -169,7 +169,7 @@ async fn renew_after_expiry_is_refused() {
 /// Holder `h` holds `name`; `gone` and then `next` wait. `leave` makes `gone`'s client vanish;
 /// once the server has noticed, the holder unlocks and `next` must get the lock.
 async fn vanished_waiter_is_skipped(lock_args: &str, leave: impl FnOnce(Raw)) {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("d h").await;
@@ -210,7 +210,7 @@ async fn reset_waiter_is_skipped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_option_times_out_while_held() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut holder = server.raw().await;
     let th = holder.lock("t h").await;
     let mut c = server.raw().await;
@@ -234,7 +234,7 @@ async fn wait_option_times_out_while_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_streams_events_in_order() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH").await, "OK watching *");
     let mut c = server.raw().await;
@@ -261,7 +261,7 @@ async fn watch_streams_events_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_with_a_name_sees_only_that_lock() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH x").await, "OK watching x");
     let mut c = server.raw().await;
@@ -277,7 +277,7 @@ async fn watch_with_a_name_sees_only_that_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_one_lock_and_of_all() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     assert_eq!(c.req("STATUS z").await, "OK z free");
     assert_eq!(c.req("STATUS").await, "OK 0");
@@ -317,7 +317,7 @@ async fn status_of_one_lock_and_of_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ping_help_quit() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     assert_eq!(c.req("PING").await, "OK PONG");
     // Command names are case-insensitive; \r\n endings and extra blanks are accepted.
@@ -338,7 +338,7 @@ async fn ping_help_quit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_closed_waiter_still_gets_its_grant() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("x h").await;
@@ -361,7 +361,7 @@ async fn half_closed_waiter_still_gets_its_grant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn last_line_without_newline_counts_at_half_close() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut c = server.raw().await;
     c.send_raw(b"PING\nLOCK n a").await;
     c.shutdown_write().await;
@@ -378,7 +378,7 @@ async fn last_line_without_newline_counts_at_half_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_requests_are_answered_in_order() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut holder = server.raw().await;
     let th = holder.lock("p h").await;
 
@@ -406,7 +406,7 @@ async fn pipelined_requests_are_answered_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_tells_waiters_and_watchers() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     holder.lock("g h").await;
@@ -430,7 +430,7 @@ async fn shutdown_tells_waiters_and_watchers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hand_overs_are_seen_as_end_then_grant() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH").await, "OK watching *");
@@ -462,7 +462,7 @@ async fn hand_overs_are_seen_as_end_then_grant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_connection_ignores_requests_but_quit() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH").await, "OK watching *");
     watcher
@@ -485,7 +485,7 @@ async fn watch_connection_ignores_requests_but_quit() {
 async fn over_long_line_on_a_watch_connection_closes_it() {
     let mut cfg = config();
     cfg.max_line = 64;
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut watcher = server.raw().await;
     assert_eq!(watcher.req("WATCH").await, "OK watching *");
     watcher.send(&"x".repeat(100)).await;
@@ -500,7 +500,7 @@ async fn over_long_line_on_a_watch_connection_closes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_lock_holds_up_a_long_pipeline() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("p h").await;
@@ -524,7 +524,7 @@ async fn waiting_lock_holds_up_a_long_pipeline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grant_that_cannot_be_delivered_passes_to_the_next_waiter() {
-    let server = start_server(config()).await;
+    let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;
     let th = holder.lock("u h").await;
@@ -553,7 +553,7 @@ async fn grant_that_cannot_be_delivered_passes_to_the_next_waiter() {
 async fn shutdown_does_not_wait_forever_on_a_client_that_never_reads() {
     let mut cfg = config();
     cfg.shutdown_grace = Duration::from_millis(300);
-    let server = start_server(cfg).await;
+    let server = Lockd::new().config(cfg).serve().await;
     let mut hog = server.raw().await;
     // Far more replies than the socket buffers hold, never read: the server's writes block.
     let pings = "PING\n".repeat(200_000);
