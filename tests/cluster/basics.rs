@@ -1,6 +1,6 @@
 //! Cluster mode (`lockd --etcd`): the protocol through several front-ends on one real
 //! 3-member etcd cluster on loopback. Each test has its own key prefix, so they share the
-//! etcd cluster and not their locks. Failures of processes are in tests/cluster_failover.rs.
+//! etcd cluster and not their locks. Failures of processes are in failover.rs.
 #![cfg(feature = "etcd")]
 
 use crate::common;

@@ -74,6 +74,18 @@ impl Line {
         Ok(reply.trim_end().to_string())
     }
 
+    /// Appends what comes up to the end of the next line to `buf` (`Ok(0)` at end of
+    /// stream); after a timeout, the part of a line already read stays in `buf`.
+    pub fn read_line_into(&mut self, buf: &mut String) -> io::Result<usize> {
+        self.reader.read_line(buf)
+    }
+
+    /// Changes how long a read waits (until [`Line::line_within`] restores the one given at
+    /// the start).
+    pub fn set_read_timeout(&self, read: Option<Duration>) -> io::Result<()> {
+        self.writer.set_read_timeout(read)
+    }
+
     /// Sends one request and returns its (first) reply line; panics if there is none.
     pub fn req(&mut self, line: &str) -> String {
         self.send(line);

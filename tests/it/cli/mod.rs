@@ -1,4 +1,4 @@
-//! The `lockd` binary as a user runs it: flags and signals (its docs: tests/man.rs).
+//! The `lockd` binary as a user runs it: flags and signals (its docs: man.rs).
 
 mod env_docs;
 mod man;

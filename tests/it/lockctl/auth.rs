@@ -15,14 +15,13 @@ use common::lockctl::{
     code, finish, line_with, lockctl_at, output, scratch, spawn, stderr, stderr_lines, stdout,
     wait_for_file, GUARD,
 };
+use common::TestServer;
 use lockd::auth::{user_line, Gate, Users};
-use lockd::server::{self, Config};
+use lockd::server::Config;
 use tokio::io::AsyncBufReadExt as _;
 use tokio::net::TcpListener;
 use tokio::process::Command;
-use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
-use tokio_util::sync::CancellationToken;
 
 const SECRET: &str = "ci-secret-0123456789abcdef-lockctl";
 const WRONG: &str = "not-the-secret-0123456789abcdef";
@@ -41,14 +40,7 @@ fn users() -> Users {
 /// `data_dir`; stopped when dropped.
 struct AuthLockd {
     addr: String,
-    stop: CancellationToken,
-    task: Option<JoinHandle<std::io::Result<()>>>,
-}
-
-impl Drop for AuthLockd {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    server: TestServer,
 }
 
 async fn auth_lockd(bind: &str, data_dir: Option<&Path>) -> AuthLockd {
@@ -62,7 +54,6 @@ async fn auth_lockd_with(
 ) -> AuthLockd {
     let listener = TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let stop = CancellationToken::new();
     let config = Config {
         auth: Some(Gate::new(users())),
         data_dir: data_dir.map(Path::to_path_buf),
@@ -70,12 +61,8 @@ async fn auth_lockd_with(
         tls,
         ..Config::default()
     };
-    let task = tokio::spawn(server::run(config, listener, stop.clone()));
-    AuthLockd {
-        addr,
-        stop,
-        task: Some(task),
-    }
+    let server = common::Lockd::new().config(config).serve_on(listener);
+    AuthLockd { addr, server }
 }
 
 impl AuthLockd {
@@ -96,10 +83,8 @@ impl AuthLockd {
     }
 
     /// Stops the server and waits until its port is free.
-    async fn shut_down(mut self) {
-        self.stop.cancel();
-        let task = self.task.take().expect("a running server");
-        timeout(GUARD, task).await.unwrap().unwrap().unwrap();
+    async fn shut_down(self) {
+        self.server.shutdown().await;
     }
 }
 

@@ -14,14 +14,14 @@ use common::lockctl::{
     stdout, wait_for_file, Lockd, GUARD,
 };
 use common::pki::Pki;
+use common::TestServer;
 use lockd::client::Client;
-use lockd::server::{self, Config};
+use lockd::server::Config;
 use lockd::tls;
 use tokio::io::AsyncBufReadExt as _;
 use tokio::net::TcpListener;
 use tokio::process::Command;
 use tokio::time::{timeout, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// Far longer than any failure here may take: a failure that ends before it was not retried
 /// until --connect-timeout.
@@ -33,13 +33,7 @@ const FAST: Duration = Duration::from_secs(30);
 struct TlsLockd {
     addr: String,
     ca: PathBuf,
-    stop: CancellationToken,
-}
-
-impl Drop for TlsLockd {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
+    server: TestServer,
 }
 
 async fn tls_lockd(pki: &Pki, client_ca: Option<&Pki>) -> TlsLockd {
@@ -55,13 +49,12 @@ async fn tls_lockd_with(
 ) -> TlsLockd {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let stop = CancellationToken::new();
     let config = Config {
         tls: Some(tls::server(cert, key, client_ca).expect("server TLS")),
         ..Config::default()
     };
-    tokio::spawn(server::run(config, listener, stop.clone()));
-    TlsLockd { addr, ca, stop }
+    let server = common::Lockd::new().config(config).serve_on(listener);
+    TlsLockd { addr, ca, server }
 }
 
 impl TlsLockd {

@@ -4,8 +4,6 @@
 
 use crate::common;
 
-use std::process::Command;
-
 use common::{field, status_shape, Lockd};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,11 +51,9 @@ fn lockd_refuses_a_default_or_maximum_ttl_under_a_millisecond() {
         ["--default-ttl", "999us"],
         ["--max-ttl", "500us"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
-            .args(["--listen", "127.0.0.1:0"])
+        let out = Lockd::new()
             .args(args)
-            .env_remove("LOCKD_DEFAULT_TTL")
-            .env_remove("LOCKD_MAX_TTL")
+            .command()
             .output()
             .expect("run lockd");
         assert_eq!(out.status.code(), Some(2), "{args:?}");
