@@ -338,7 +338,7 @@ async fn until(c: &mut Raw, line: &str, done: impl Fn(&str) -> bool) -> String {
 async fn sighup_reloads_the_file_closes_removed_users_and_keeps_the_old_on_a_bad_one() {
     let (dir, file) = users_in("reload");
     let lockd = Lockd::new()
-        .args(&["--auth-file", file.to_str().unwrap(), "-v"])
+        .args(["--auth-file", file.to_str().unwrap(), "-v"])
         .spawn();
     let mut alice = login(lockd.addr, "alice", ALICE).await;
     let mut bob = login(lockd.addr, "bob", BOB).await;
@@ -410,7 +410,7 @@ async fn sighup_reloads_the_file_closes_removed_users_and_keeps_the_old_on_a_bad
 async fn secrets_never_reach_the_log() {
     let (dir, file) = users_in("log");
     let lockd = Lockd::new()
-        .args(&["--auth-file", file.to_str().unwrap(), "-vv"])
+        .args(["--auth-file", file.to_str().unwrap(), "-vv"])
         .spawn();
     let wrong = "wrong-secret-that-must-not-be-logged";
     let mut c = lockd.raw().await;
@@ -512,7 +512,7 @@ async fn auth_hash_new_prints_a_line_that_works_and_the_secret_once() {
 /// must go on serving (SIGHUP's default action would end it).
 #[tokio::test]
 async fn sighup_without_an_auth_file_changes_nothing() {
-    let lockd = common::Lockd::new().args(&["-v"]).spawn();
+    let lockd = common::Lockd::new().args(["-v"]).spawn();
     let mut c = lockd.raw().await;
     let t = token(&c.req("LOCK kept me ttl=1m").await);
     hangup(&lockd);

@@ -662,7 +662,7 @@ fn lockd_user_and_its_secret_log_every_connection_in() {
     let secret_file = dir.join("ci.secret");
     std::fs::write(&secret_file, format!("{SECRET}\r\n")).unwrap();
     let lockd = common::Lockd::new()
-        .args(&["--auth-file", users.to_str().unwrap()])
+        .args(["--auth-file", users.to_str().unwrap()])
         .spawn();
     let addr = lockd.addr.to_string();
     let script = format!(

@@ -436,7 +436,7 @@ async fn scrape_lockd() -> Exported {
     ));
     let _ = std::fs::remove_dir_all(&data);
     let lockd = Lockd::new()
-        .args(&[
+        .args([
             "--metrics-listen",
             "127.0.0.1:0",
             "--metrics-names",

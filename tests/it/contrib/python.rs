@@ -83,7 +83,7 @@ fn python_client_suite_passes_over_mutual_tls() {
     let (cert, key) = pki.server();
     let ca = pki.ca();
     let lockd = common::Lockd::new()
-        .args(&[
+        .args([
             "--tls-cert",
             cert.to_str().unwrap(),
             "--tls-key",
@@ -335,7 +335,7 @@ fn python_client_logs_in_and_is_refused_when_wrong() {
     let line = lockd::auth::user_line("ci lock=ci-* read=*", SECRET, [5; 16]).unwrap();
     std::fs::write(&users, line + "\n").unwrap();
     let lockd = common::Lockd::new()
-        .args(&["--auth-file", users.to_str().unwrap()])
+        .args(["--auth-file", users.to_str().unwrap()])
         .spawn();
     let child = python_with(
         &lockd.addr.to_string(),

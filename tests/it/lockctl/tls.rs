@@ -33,7 +33,8 @@ const FAST: Duration = Duration::from_secs(30);
 struct TlsLockd {
     addr: String,
     ca: PathBuf,
-    server: TestServer,
+    /// Kept to stop the server on drop.
+    _server: TestServer,
 }
 
 async fn tls_lockd(pki: &Pki, client_ca: Option<&Pki>) -> TlsLockd {
@@ -54,7 +55,11 @@ async fn tls_lockd_with(
         ..Config::default()
     };
     let server = common::Lockd::new().config(config).serve_on(listener);
-    TlsLockd { addr, ca, server }
+    TlsLockd {
+        addr,
+        ca,
+        _server: server,
+    }
 }
 
 impl TlsLockd {

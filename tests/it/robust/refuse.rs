@@ -43,7 +43,7 @@ fn assert_all_refused(replies: &[Vec<String>]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_connection_in_a_burst_past_the_limit_is_told() {
-    let lockd = Lockd::new().args(&["--max-connections", "2"]).spawn();
+    let lockd = Lockd::new().args(["--max-connections", "2"]).spawn();
     let mut a = lockd.raw().await;
     let mut b = lockd.raw().await;
     assert_eq!(a.req("PING").await, "OK PONG");

@@ -68,7 +68,7 @@ async fn watchers_that_never_read_are_disconnected() {
     // A short write timeout, so the lagged watchers' connections, whose ERR LAGGED can't be
     // written, are closed soon and the test can see lockd let go of them.
     let lockd = Lockd::new()
-        .args(&["--watch-buffer", "64", "--write-timeout", "1s"])
+        .args(["--watch-buffer", "64", "--write-timeout", "1s"])
         .spawn();
     let mut admin = lockd.raw().await;
     assert_eq!(admin.req("PING").await, "OK PONG");

@@ -69,9 +69,7 @@ async fn connections_past_the_per_address_limit_are_refused_other_addresses_are_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_per_address_limit_is_a_flag_and_its_refusals_are_logged_once() {
-    let lockd = Lockd::new()
-        .args(&["--max-connections-per-ip", "1"])
-        .spawn();
+    let lockd = Lockd::new().args(["--max-connections-per-ip", "1"]).spawn();
     let mut inside = lockd.raw().await;
     assert_eq!(inside.req("PING").await, "OK PONG");
     for _ in 0..3 {
@@ -99,7 +97,7 @@ async fn the_per_address_limit_is_a_flag_and_its_refusals_are_logged_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_per_address_limit_is_never_above_the_connection_limit() {
     let lockd = Lockd::new()
-        .args(&["--max-connections", "1", "--max-connections-per-ip", "5"])
+        .args(["--max-connections", "1", "--max-connections-per-ip", "5"])
         .spawn();
     let mut inside = lockd.raw().await;
     assert_eq!(inside.req("PING").await, "OK PONG");
@@ -303,7 +301,7 @@ async fn a_lock_past_max_waiters_is_refused_and_changes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_waiters_is_a_flag() {
-    let lockd = Lockd::new().args(&["--max-waiters", "1"]).spawn();
+    let lockd = Lockd::new().args(["--max-waiters", "1"]).spawn();
     let mut holder = lockd.raw().await;
     holder.lock("w h").await;
     let mut first = lockd.raw().await;
