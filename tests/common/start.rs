@@ -15,7 +15,7 @@
 use std::io::{self, BufRead as _};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -365,6 +365,18 @@ impl LockdProcess {
             let _ = reader.join();
         }
         self.log()
+    }
+
+    /// Waits (without signalling it) until it exits; fails the test after the guard.
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + GUARD;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "lockd did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL: no chance to clean anything up; waits for it to be gone and returns its whole

@@ -3,41 +3,23 @@
 mod env_docs;
 mod man;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpListener};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::free_port;
+use crate::common::line::Line;
+use crate::common::Lockd;
 
 const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 const GUARD: Duration = Duration::from_secs(10);
 
-/// Starts lockd with `args` on a free loopback port and waits until it answers.
-fn start(args: &[&str]) -> (Child, String) {
-    let addr = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(LOCKD)
-        .arg("--listen")
-        .arg(&addr)
-        .args(args)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn lockd");
-    let start = Instant::now();
-    while TcpStream::connect(&addr).is_err() {
-        assert!(start.elapsed() < GUARD, "lockd did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, addr)
-}
-
-fn ask(addr: &str, line: &str) -> String {
+fn ask(addr: SocketAddr, line: &str) -> String {
     // A connection reset at connect (seen once on a loaded CI machine, just after the start
     // probe's connection) is tried again: the test is about the flags, not the listen queue.
     let start = Instant::now();
-    let mut s = loop {
-        match TcpStream::connect(addr) {
-            Ok(s) => break s,
+    let mut c = loop {
+        match Line::open(addr, None, Some(GUARD)) {
+            Ok(c) => break c,
             Err(e)
                 if e.kind() == std::io::ErrorKind::ConnectionReset && start.elapsed() < GUARD =>
             {
@@ -46,22 +28,7 @@ fn ask(addr: &str, line: &str) -> String {
             Err(e) => panic!("connect {addr}: {e}"),
         }
     };
-    s.set_read_timeout(Some(GUARD)).expect("timeout");
-    writeln!(s, "{line}").expect("write");
-    let mut reply = String::new();
-    BufReader::new(s).read_line(&mut reply).expect("read");
-    reply.trim_end().to_owned()
-}
-
-fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        assert!(start.elapsed() < GUARD, "lockd did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    c.req(line)
 }
 
 #[test]
@@ -112,42 +79,40 @@ fn busy_port_is_a_clear_error() {
 
 #[test]
 fn max_name_flag_limits_names_and_ids() {
-    let (mut child, addr) = start(&["--max-name", "8"]);
-    assert!(ask(&addr, "LOCK eightchr me").starts_with("OK "));
-    assert!(ask(&addr, "LOCK ninechars me").starts_with("ERR BADARG "));
-    assert!(ask(&addr, "LOCK x ninechars").starts_with("ERR BADARG "));
+    let lockd = Lockd::new().args(["--max-name", "8"]).spawn();
+    let addr = lockd.addr;
+    assert!(ask(addr, "LOCK eightchr me").starts_with("OK "));
+    assert!(ask(addr, "LOCK ninechars me").starts_with("ERR BADARG "));
+    assert!(ask(addr, "LOCK x ninechars").starts_with("ERR BADARG "));
     assert_eq!(
-        ask(&addr, "STATUS ninechars"),
+        ask(addr, "STATUS ninechars"),
         "ERR BADARG name is 9 bytes; this server allows at most 8"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    lockd.kill();
 }
 
 #[test]
 fn sigterm_shuts_down_gracefully() {
-    let (mut child, addr) = start(&[]);
-    assert_eq!(ask(&addr, "PING"), "OK PONG");
+    let mut lockd = Lockd::new().spawn();
+    let addr = lockd.addr;
+    assert_eq!(ask(addr, "PING"), "OK PONG");
     // A waiting LOCK is told the server is going away.
-    assert!(ask(&addr, "LOCK job a").starts_with("OK "));
-    let mut waiter = TcpStream::connect(&addr).expect("connect");
-    waiter.set_read_timeout(Some(GUARD)).expect("timeout");
-    writeln!(waiter, "LOCK job b").expect("write");
-    let mut reader = BufReader::new(waiter.try_clone().expect("clone"));
+    assert!(ask(addr, "LOCK job a").starts_with("OK "));
+    let mut waiter = Line::open(addr, None, Some(GUARD)).expect("connect");
+    waiter.send("LOCK job b");
     // Make sure the LOCK is queued before the signal.
     let start = Instant::now();
-    while !ask(&addr, "STATUS job").ends_with("waiters=1") {
+    while !ask(addr, "STATUS job").ends_with("waiters=1") {
         assert!(start.elapsed() < GUARD, "waiter never queued");
         std::thread::sleep(Duration::from_millis(10));
     }
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &lockd.pid().to_string()])
         .status()
         .expect("kill");
     assert!(status.success());
-    let mut line = String::new();
-    reader.read_line(&mut line).expect("read");
+    let line = waiter.line();
     assert!(line.starts_with("ERR SHUTDOWN "), "{line:?}");
-    let exit = wait_exit(&mut child);
+    let exit = lockd.wait_exit();
     assert!(exit.success(), "{exit:?}");
 }
