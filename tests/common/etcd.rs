@@ -724,8 +724,7 @@ fn request(addr: SocketAddr, line: &str) -> io::Result<String> {
 /// can reconnect to the same address. Killed when dropped.
 pub struct LockdFrontEnd {
     port: u16,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
+    lockd: Lockd,
     process: Option<LockdProcess>,
 }
 
@@ -733,24 +732,27 @@ impl LockdFrontEnd {
     /// `lockd --etcd <cluster> --etcd-prefix <prefix> <extra>`, answering PING when this
     /// returns.
     pub fn start(cluster: &EtcdCluster, prefix: &str, extra: &[&str]) -> LockdFrontEnd {
-        let mut args = cluster.lockd_args(prefix);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        LockdFrontEnd::spawn(args)
+        LockdFrontEnd::of(Lockd::new().etcd(&cluster.endpoints(), prefix).args(extra))
     }
 
     /// lockd with exactly `args` (besides `--listen`): [`LockdFrontEnd::start`] without a
     /// cluster, so the harness can check its own kill and restart with any lockd.
     pub fn spawn(args: Vec<String>) -> LockdFrontEnd {
-        LockdFrontEnd::spawn_with_env(args, Vec::new())
+        LockdFrontEnd::of(Lockd::new().args(args))
     }
 
     /// [`LockdFrontEnd::spawn`] with extra environment variables, kept across restarts.
     pub fn spawn_with_env(args: Vec<String>, env: Vec<(String, String)>) -> LockdFrontEnd {
+        LockdFrontEnd::of(Lockd::new().args(args).envs(&env))
+    }
+
+    /// `lockd` as built (its `--listen` is the front-end's own port), on every start and
+    /// restart.
+    pub fn of(lockd: Lockd) -> LockdFrontEnd {
         for _ in 0..START_ATTEMPTS {
             let mut fe = LockdFrontEnd {
                 port: free_ports(1)[0],
-                args: args.clone(),
-                env: env.clone(),
+                lockd: lockd.clone(),
                 process: None,
             };
             match fe.try_run() {
@@ -768,11 +770,7 @@ impl LockdFrontEnd {
     fn try_run(&mut self) -> Result<(), Vec<String>> {
         assert!(self.process.is_none(), "lockd is already running");
         let listen = format!("127.0.0.1:{}", self.port);
-        let process = Lockd::new()
-            .listen(listen)
-            .args(&self.args)
-            .envs(&self.env)
-            .try_spawn()?;
+        let process = self.lockd.clone().listen(listen).try_spawn()?;
         // Listening is not serving: a front-end may still be reaching etcd.
         let deadline = Instant::now() + ETCD_PATIENCE;
         loop {
@@ -851,15 +849,8 @@ impl LinkedFrontEnd {
             .map(|i| Link::start(etcd.client_addr(i)))
             .collect();
         let endpoints: Vec<String> = links.iter().map(Link::url).collect();
-        let mut args = vec![
-            "--etcd".to_string(),
-            endpoints.join(","),
-            "--etcd-prefix".into(),
-            prefix.into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
         LinkedFrontEnd {
-            fe: LockdFrontEnd::spawn(args),
+            fe: LockdFrontEnd::of(Lockd::new().etcd(&endpoints.join(","), prefix).args(extra)),
             links,
         }
     }

@@ -28,6 +28,7 @@ use super::{field, Raw, GUARD};
 
 /// What to start, and how (see the module's documentation).
 #[must_use]
+#[derive(Clone)]
 pub struct Lockd {
     config: Config,
     data_dir: Option<PathBuf>,
