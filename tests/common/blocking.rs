@@ -17,19 +17,20 @@ use lockd::server::Config;
 
 use super::{line, TestServer};
 
-/// A lockd serving on 127.0.0.1:0 from its own runtime, stopped on drop.
-pub struct Lockd {
+/// A lockd serving on 127.0.0.1:0 from its own runtime ([`super::Lockd::serve_in_background`]),
+/// with blocking helpers over one-request connections; stopped on drop.
+pub struct Server {
     pub addr: SocketAddr,
     server: Option<TestServer>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-impl Lockd {
-    pub fn start() -> Lockd {
+impl Server {
+    pub fn start() -> Server {
         let (runtime, server) = super::Lockd::new()
             .config(Config::default())
             .serve_in_background();
-        Lockd {
+        Server {
             addr: server.addr,
             server: Some(server),
             runtime: Some(runtime),
@@ -99,10 +100,10 @@ fn request_at(addr: SocketAddr, line: &str) -> String {
 /// (`next`) queues behind it. It must leave the queue, and when the holder releases, `next`
 /// must be granted: the lock never goes to the dead one (which would keep it for its ttl).
 pub fn assert_killed_waiter_never_gets_the_lock(
-    lockd: &Lockd,
+    lockd: &Server,
     signal_to_send: i32,
     guard: Duration,
-    start: impl FnOnce(&Lockd) -> Child,
+    start: impl FnOnce(&Server) -> Child,
 ) {
     let holder = lockd.request("LOCK queue holder ttl=10m");
     let token = holder.strip_prefix("OK ").expect("the holder's token");
@@ -127,7 +128,7 @@ pub fn assert_killed_waiter_never_gets_the_lock(
 /// rides out a cut of its connection: it reconnects, and past the grace the lease is still
 /// its own.
 pub fn assert_rides_out_a_cut(
-    lockd: &Lockd,
+    lockd: &Server,
     proxy: &Proxy,
     name: &str,
     grace: Duration,
@@ -151,7 +152,7 @@ pub fn assert_rides_out_a_cut(
 /// the second address when the proxy cuts its connection, not back through the proxy: past
 /// the grace the lease is still its own, and the proxy passed no new connection.
 pub fn assert_renews_elsewhere_after_a_cut(
-    lockd: &Lockd,
+    lockd: &Server,
     proxy: &Proxy,
     name: &str,
     grace: Duration,
@@ -169,7 +170,7 @@ pub fn assert_renews_elsewhere_after_a_cut(
 
 /// Cuts the connection of a client holding `name` through `proxy` and lets it reconnect no
 /// more; the server must end the lease (by its grace: the test's ttl is far longer).
-pub fn cut_for_good(lockd: &Lockd, proxy: &Proxy, name: &str, guard: Duration) {
+pub fn cut_for_good(lockd: &Server, proxy: &Proxy, name: &str, guard: Duration) {
     lockd.wait_held(name, guard);
     proxy.refuse(true);
     proxy.cut();
@@ -319,7 +320,7 @@ fn pipe(from: &TcpStream, to: &TcpStream) {
     });
 }
 
-impl Drop for Lockd {
+impl Drop for Server {
     fn drop(&mut self) {
         if let Some(server) = self.server.take() {
             server.cancel();

@@ -55,8 +55,9 @@ impl Drop for TempDir {
     }
 }
 
-/// One running lockd.
-pub struct Lockd {
+/// One running lockd on a data directory ([`super::Lockd::command`]), on a port of the
+/// test's choosing (it comes back on it after a crash), its stderr in a file that outlives it.
+pub struct DurableLockd {
     child: Child,
     pub addr: String,
     stderr: PathBuf,
@@ -70,9 +71,9 @@ fn command(data: &Path, port: u16) -> Command {
         .command()
 }
 
-impl Lockd {
+impl DurableLockd {
     /// Starts lockd on `dir`'s data directory and waits until it answers PING.
-    pub async fn start(dir: &TempDir, port: u16) -> Lockd {
+    pub async fn start(dir: &TempDir, port: u16) -> DurableLockd {
         let stderr = dir.0.join(format!("lockd-{port}.stderr"));
         let log = OpenOptions::new()
             .create(true)
@@ -83,7 +84,7 @@ impl Lockd {
             .stderr(log)
             .spawn()
             .expect("spawn lockd");
-        let mut lockd = Lockd {
+        let mut lockd = DurableLockd {
             child,
             addr: format!("127.0.0.1:{port}"),
             stderr,
@@ -131,7 +132,7 @@ impl Lockd {
     }
 }
 
-impl Drop for Lockd {
+impl Drop for DurableLockd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -24,28 +24,29 @@ use super::TestServer;
 /// Only a guard against a hung test; nothing here should come close.
 pub const GUARD: Duration = Duration::from_secs(30);
 
-/// A lockd on a free loopback port, stopped when dropped.
-pub struct Lockd {
+/// A lockd on a free loopback port ([`super::Lockd::serve_on`]) with helpers for lockctl
+/// tests; stopped when dropped.
+pub struct Server {
     pub addr: String,
     server: TestServer,
 }
 
-pub async fn lockd() -> Lockd {
+pub async fn lockd() -> Server {
     lockd_on(TcpListener::bind("127.0.0.1:0").await.unwrap())
 }
 
 /// A lockd serving `listener`.
-pub fn lockd_on(listener: TcpListener) -> Lockd {
+pub fn lockd_on(listener: TcpListener) -> Server {
     let server = super::Lockd::new()
         .config(Config::default())
         .serve_on(listener);
-    Lockd {
+    Server {
         addr: server.addr.to_string(),
         server,
     }
 }
 
-impl Lockd {
+impl Server {
     pub async fn client(&self) -> Client {
         Client::connect(&self.addr).await.unwrap()
     }

@@ -5,7 +5,7 @@
 //! - [`Lockd::serve`]: in-process, on the test's own tokio runtime ([`TestServer`]);
 //! - [`Lockd::serve_on`]: the same on a listener the test bound itself;
 //! - [`Lockd::serve_in_background`]: in-process on a runtime of its own, for tests that
-//!   drive programs synchronously ([`super::blocking::Lockd`]);
+//!   drive programs synchronously ([`super::blocking::Server`]);
 //! - [`Lockd::spawn`]: the real `lockd` binary as a child process ([`LockdProcess`]), its log
 //!   collected; [`Lockd::command`] is its command line, for a test that runs it some other
 //!   way (expecting it to refuse to start, say).

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_renews_elsewhere_after_a_cut,
-    assert_rides_out_a_cut, cut_for_good, eventually, signal, Lockd, Mark, Output, Proxy,
+    assert_rides_out_a_cut, cut_for_good, eventually, signal, Mark, Output, Proxy, Server,
 };
 use common::dead_addr;
 
@@ -20,7 +20,7 @@ const GUARD: Duration = Duration::from_secs(60);
 
 /// Runs `script` with bash (the library sourced first, `set -euo pipefail` on), LOCKD_ADDR
 /// pointing at `lockd`, and `stdin` fed in.
-fn bash(lockd: &Lockd, script: &str) -> Child {
+fn bash(lockd: &Server, script: &str) -> Child {
     bash_at(&lockd.addr.to_string(), script, false)
 }
 
@@ -43,7 +43,7 @@ fn bash_at(addr: &str, script: &str, own_group: bool) -> Child {
     command.spawn().expect("bash must be installed")
 }
 
-fn held(lockd: &Lockd, name: &str) -> u64 {
+fn held(lockd: &Server, name: &str) -> u64 {
     lockd.wait_held(name, GUARD)
 }
 
@@ -51,7 +51,7 @@ fn finish(child: Child, stdin: &str) -> Output {
     common::blocking::finish(child, stdin, GUARD)
 }
 
-fn run(lockd: &Lockd, script: &str) -> Output {
+fn run(lockd: &Server, script: &str) -> Output {
     finish(bash(lockd, script), "")
 }
 
@@ -67,7 +67,7 @@ fn assert_ok(out: &Output) {
 
 #[test]
 fn lock_unlock_renew_check_with_documented_codes() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let out = run(
         &lockd,
         r#"
@@ -127,7 +127,7 @@ fn lock_unlock_renew_check_with_documented_codes() {
 
 #[test]
 fn a_wait_that_runs_out_returns_1() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     assert!(lockd.request("LOCK busy holder ttl=1m").starts_with("OK "));
     let out = run(
         &lockd,
@@ -146,7 +146,7 @@ fn a_wait_that_runs_out_returns_1() {
 
 #[test]
 fn concurrent_bash_processes_exclude_each_other() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let dir = std::env::temp_dir().join(format!("lockd-contrib-bash-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -186,7 +186,7 @@ fn concurrent_bash_processes_exclude_each_other() {
 
 #[test]
 fn run_propagates_the_exit_code_stdin_and_token_and_releases() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let out = finish(
         bash(
             &lockd,
@@ -207,7 +207,7 @@ fn run_propagates_the_exit_code_stdin_and_token_and_releases() {
 
 #[test]
 fn run_stops_the_command_when_the_lease_is_lost() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let mark = Mark::new("bash-started");
     let child = bash(
         &lockd,
@@ -238,7 +238,7 @@ fn run_stops_the_command_when_the_lease_is_lost() {
 
 #[test]
 fn under_set_e_a_plain_run_exits_with_the_command_code_or_4() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     // `set -e` is on (see `bash`): a failing lockd_run ends the script with its code.
     let out = run(
         &lockd,
@@ -266,7 +266,7 @@ fn under_set_e_a_plain_run_exits_with_the_command_code_or_4() {
 
 #[test]
 fn a_signal_to_the_script_stops_the_command_and_releases_the_lock() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     for sig in [libc::SIGTERM, libc::SIGINT] {
         let child = bash(
             &lockd,
@@ -301,7 +301,7 @@ fn a_script_killed_while_waiting_never_gets_the_lock() {
     ];
     for (script, sig) in cases {
         eprintln!("{script}");
-        assert_killed_waiter_never_gets_the_lock(&Lockd::start(), sig, GUARD, |lockd| {
+        assert_killed_waiter_never_gets_the_lock(&Server::start(), sig, GUARD, |lockd| {
             bash(lockd, script)
         });
     }
@@ -311,7 +311,7 @@ fn a_script_killed_while_waiting_never_gets_the_lock() {
 /// within the grace, and the command keeps the lock past the grace and to its end.
 #[test]
 fn run_rides_out_a_dropped_connection_within_its_grace() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let proxy = Proxy::start(lockd.addr);
     let mark = Mark::new("bash-rides");
     let child = bash_at(
@@ -335,7 +335,7 @@ fn run_rides_out_a_dropped_connection_within_its_grace() {
 /// address dead a call returns 3 naming them all; a list that cannot be one returns 2.
 #[test]
 fn a_dead_first_address_is_passed_over_for_the_next() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let (dead, also_dead) = (dead_addr(), dead_addr());
     let list = format!("{dead},{}", lockd.addr);
     let out = finish(
@@ -387,7 +387,7 @@ fn a_dead_first_address_is_passed_over_for_the_next() {
 /// the front-end that is down), renews within the grace, and the command runs to its end.
 #[test]
 fn run_reconnects_to_the_next_address_after_a_cut() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let proxy = Proxy::start(lockd.addr);
     let mark = Mark::new("bash-next");
     let child = bash_at(
@@ -410,7 +410,7 @@ fn run_reconnects_to_the_next_address_after_a_cut() {
 /// stops the command and returns 4.
 #[test]
 fn run_loses_the_lease_when_its_connection_stays_down_past_the_grace() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let proxy = Proxy::start(lockd.addr);
     let mark = Mark::new("bash-cut");
     let child = bash_at(
@@ -435,7 +435,7 @@ fn run_loses_the_lease_when_its_connection_stays_down_past_the_grace() {
 /// grace (2 s), long before the ttl (10 min).
 #[test]
 fn a_killed_run_frees_the_lock_within_the_grace() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let pid_file = Mark::new("bash-command-pid");
     for whole_group in [false, true] {
         pid_file.clear();
@@ -475,7 +475,7 @@ fn running(pid: i32) -> bool {
 
 /// Starts `lockd_run NAME OPTIONS` of a command that says it is in (through `mark`) and then
 /// holds the lock until a line comes on its stdin.
-fn run_until_stdin(lockd: &Lockd, name_and_options: &str, mark: &Mark) -> Child {
+fn run_until_stdin(lockd: &Server, name_and_options: &str, mark: &Mark) -> Child {
     bash(
         lockd,
         &format!(
@@ -486,7 +486,7 @@ fn run_until_stdin(lockd: &Lockd, name_and_options: &str, mark: &Mark) -> Child 
 }
 
 /// Starts two `run_until_stdin`s and returns once both commands are inside at once.
-fn two_inside(lockd: &Lockd, name_and_options: &str, tag: &str) -> Vec<Child> {
+fn two_inside(lockd: &Server, name_and_options: &str, tag: &str) -> Vec<Child> {
     let marks = [1, 2].map(|i| Mark::new(&format!("{tag}-{i}")));
     let children = marks
         .iter()
@@ -500,7 +500,7 @@ fn two_inside(lockd: &Lockd, name_and_options: &str, tag: &str) -> Vec<Child> {
 
 #[test]
 fn a_semaphore_of_two_runs_two_commands_at_once_and_the_third_waits_its_turn() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let mut holders = two_inside(&lockd, "sem ttl=1m limit=2", "bash-sem");
     assert_eq!(lockd.holders("sem"), 2);
 
@@ -520,7 +520,7 @@ fn a_semaphore_of_two_runs_two_commands_at_once_and_the_third_waits_its_turn() {
 
 #[test]
 fn shared_holders_hold_together_while_an_exclusive_one_waits_and_status_shows_them() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let mut readers = two_inside(&lockd, "rw ttl=1m shared", "bash-shared");
     let writer = bash(
         &lockd,
@@ -592,7 +592,7 @@ fn shared_holders_hold_together_while_an_exclusive_one_waits_and_status_shows_th
 
 #[test]
 fn a_lock_that_does_not_fit_the_name_returns_2_as_lockctl_does() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let out = run(
         &lockd,
         r#"

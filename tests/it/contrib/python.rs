@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::blocking::{
     assert_killed_waiter_never_gets_the_lock, assert_renews_elsewhere_after_a_cut,
-    assert_rides_out_a_cut, cut_for_good, eventually, signal, Lockd, Mark, Proxy,
+    assert_rides_out_a_cut, cut_for_good, eventually, signal, Mark, Proxy, Server,
 };
 use common::dead_addr;
 use common::pki::Pki;
@@ -62,7 +62,7 @@ fn script(addr: &str, script: &str) -> Child {
 
 #[test]
 fn python_client_unittest_suite_passes_against_a_real_lockd() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let child = python(
         &lockd.addr.to_string(),
         &["-m", "unittest", "-v", "test_lockd_client"],
@@ -92,7 +92,7 @@ fn python_client_suite_passes_over_mutual_tls() {
             ca.to_str().unwrap(),
         ])
         .spawn();
-    let plain = Lockd::start();
+    let plain = Server::start();
     let plain_addr = plain.addr.to_string();
     let (me, my_key) = pki.client("python-suite");
     let (them, their_key) = stranger.client("mallory");
@@ -138,7 +138,7 @@ fn a_client_killed_while_waiting_never_gets_the_lock() {
     ];
     for (code, sig) in cases {
         eprintln!("{code}");
-        assert_killed_waiter_never_gets_the_lock(&Lockd::start(), sig, GUARD, |lockd| {
+        assert_killed_waiter_never_gets_the_lock(&Server::start(), sig, GUARD, |lockd| {
             script(&lockd.addr.to_string(), code)
         });
     }
@@ -148,7 +148,7 @@ fn a_client_killed_while_waiting_never_gets_the_lock() {
 /// and renews within the grace, and the body holds the lock past the grace and to its end.
 #[test]
 fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let proxy = Proxy::start(lockd.addr);
     let mark = Mark::new("python-rides");
     let child = script(
@@ -174,7 +174,7 @@ fn a_lease_rides_out_a_dropped_connection_within_its_grace() {
 /// and for `with lock(...)`, which take the list from LOCKD_ADDR as lockctl does.
 #[test]
 fn a_dead_first_address_is_passed_over_for_the_next() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let dead = dead_addr();
     let list = format!("{dead},{}", lockd.addr);
     let out = common::blocking::finish(
@@ -205,7 +205,7 @@ fn a_dead_first_address_is_passed_over_for_the_next() {
 /// proxy, which may lead to the front-end that is down) and renews within the grace.
 #[test]
 fn a_lease_reconnects_to_the_next_address_after_a_cut() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let proxy = Proxy::start(lockd.addr);
     let mark = Mark::new("python-next");
     let list = format!("{},{}", proxy.addr, lockd.addr);
@@ -231,7 +231,7 @@ fn a_lease_reconnects_to_the_next_address_after_a_cut() {
 /// says so: LeaseLost, whose exit code is lockctl's 4.
 #[test]
 fn a_lease_is_lost_when_its_connection_stays_down_past_the_grace() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let proxy = Proxy::start(lockd.addr);
     let mark = Mark::new("python-cut");
     let child = script(
@@ -258,7 +258,7 @@ fn a_lease_is_lost_when_its_connection_stays_down_past_the_grace() {
 /// at the end of its ttl.
 #[test]
 fn a_killed_holder_frees_the_lock_within_the_grace() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let mut child = script(
         &lockd.addr.to_string(),
         "with lockd_client.lock('killed', server=ADDR, ttl=600, session=2):\n    time.sleep(600)",
@@ -276,7 +276,7 @@ fn a_killed_holder_frees_the_lock_within_the_grace() {
 /// lockctl's code 2 (Conflict's `exit_code`).
 #[test]
 fn processes_share_a_semaphore_and_a_lock_that_does_not_fit_exits_2() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let addr = lockd.addr.to_string();
     let marks = [1, 2, 3].map(|i| Mark::new(&format!("python-sem-{i}")));
     // Holds a slot from when it writes its mark until a line comes on its stdin.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use common::blocking::Lockd;
+use common::blocking::Server;
 
 const GUARD: Duration = Duration::from_secs(120);
 
@@ -69,7 +69,7 @@ fn check(logs: &[&Path]) -> (Option<i32>, String, String) {
 
 #[test]
 fn concurrent_workers_leave_clean_logs() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let scratch = Scratch::new("workers");
     let logs: Vec<PathBuf> = (0..4)
         .map(|i| scratch.0.join(format!("worker{i}.log")))
@@ -151,7 +151,7 @@ fn leases_that_expire_during_the_work_are_caught() {
     // Leases far shorter than the work: the server hands the lock to the next worker while
     // the first still works, and the checker must see it. (Each worker works 2 s in all, so
     // their runs overlap in time however the processes are scheduled.)
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let scratch = Scratch::new("expiring");
     let logs: Vec<PathBuf> = (0..2)
         .map(|i| scratch.0.join(format!("worker{i}.log")))

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::durable::{Lockd, Rng, TempDir, PATIENCE};
+use common::durable::{DurableLockd, Rng, TempDir, PATIENCE};
 use common::free_port;
 use lockd::client::{Client, ClientError};
 use lockd::proto::{ErrorCode, Tie};
@@ -38,7 +38,7 @@ async fn a_restart_keeps_live_holders_and_their_tokens() {
     bounded(PATIENCE * 3, async {
         let dir = TempDir::new("restart");
         let port = free_port();
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let mut holder = lockd.client().await;
         let token = holder
             .lock("job", "holder", MINUTE, None, Tie::Plain)
@@ -58,7 +58,7 @@ async fn a_restart_keeps_live_holders_and_their_tokens() {
         lockd.crash();
         drop((holder, session_holder));
 
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let mut c = lockd.client().await;
         let job = status(&mut c, "job").await;
         assert!(
@@ -223,7 +223,7 @@ async fn crashes_under_load_never_grant_a_lock_twice() {
     bounded(PATIENCE * 6, async {
         let dir = TempDir::new("crash");
         let port = free_port();
-        let mut lockd = Lockd::start(&dir, port).await;
+        let mut lockd = DurableLockd::start(&dir, port).await;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -249,7 +249,7 @@ async fn crashes_under_load_never_grant_a_lock_twice() {
         for _ in 0..CRASHES {
             tokio::time::sleep(Duration::from_millis(150 + rng.below(400))).await;
             lockd.crash();
-            lockd = Lockd::start(&dir, port).await;
+            lockd = DurableLockd::start(&dir, port).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         stop.store(true, Ordering::Relaxed);
@@ -309,7 +309,7 @@ async fn a_torn_last_record_is_dropped_with_a_warning() {
     bounded(PATIENCE * 3, async {
         let dir = TempDir::new("torn");
         let port = free_port();
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let a = lockd
             .client()
             .await
@@ -325,7 +325,7 @@ async fn a_torn_last_record_is_dropped_with_a_warning() {
         let (start, end) = frames[0];
         common::durable::append(&log, &bytes[start..start + (end - start) / 2]);
 
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         assert!(
             lockd.stderr_text().contains("torn"),
             "{}",
@@ -340,7 +340,7 @@ async fn a_torn_last_record_is_dropped_with_a_warning() {
         // Garbage after good records: also a torn tail. The record written after the first
         // cut must have landed where the torn bytes were, or it would be lost now.
         common::durable::append(&dir.log_file(), &[0x5a, 0x00, 0x00, 0x00, 0x13, 0x37, 0xff]);
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let mut c = lockd.client().await;
         assert!(status(&mut c, "a").await.contains(&format!("token={a} ")));
         assert!(status(&mut c, "b").await.contains(&format!("token={b} ")));
@@ -354,7 +354,7 @@ async fn damage_before_good_records_stops_the_start_naming_the_file() {
     bounded(PATIENCE * 3, async {
         let dir = TempDir::new("damaged");
         let port = free_port();
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let mut c = lockd.client().await;
         c.lock("a", "me", MINUTE, None, Tie::Plain).await.unwrap();
         c.lock("b", "me", MINUTE, None, Tie::Plain).await.unwrap();
@@ -395,7 +395,7 @@ async fn damage_before_good_records_stops_the_start_naming_the_file() {
 async fn a_second_lockd_on_the_same_directory_refuses_to_start() {
     bounded(PATIENCE * 3, async {
         let dir = TempDir::new("second");
-        let lockd = Lockd::start(&dir, free_port()).await;
+        let lockd = DurableLockd::start(&dir, free_port()).await;
         let (status, stderr) = common::durable::start_expecting_failure(&dir, free_port());
         assert!(!status.success());
         assert!(
@@ -439,7 +439,7 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
             store.close().unwrap();
         }
 
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let mut c = lockd.client().await;
         assert_eq!(status(&mut c, "old").await, "old free");
         let t1 = c.lock("a", "me", MINUTE, None, Tie::Plain).await.unwrap();
@@ -447,14 +447,14 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
         c.unlock("a", t1).await.unwrap();
         assert!(lockd.stop().success(), "graceful stop");
 
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let mut c = lockd.client().await;
         let t2 = c.lock("a", "me", MINUTE, None, Tie::Plain).await.unwrap();
         assert!(t2 > t1, "{t2} <= {t1}");
         c.unlock("a", t2).await.unwrap();
         lockd.crash();
 
-        let lockd = Lockd::start(&dir, port).await;
+        let lockd = DurableLockd::start(&dir, port).await;
         let t3 = lockd
             .client()
             .await

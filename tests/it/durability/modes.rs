@@ -6,7 +6,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::detail::{detail, shape};
-use common::durable::{Lockd, TempDir, PATIENCE};
+use common::durable::{DurableLockd, TempDir, PATIENCE};
 use common::free_port;
 use common::{token, Raw};
 
@@ -21,7 +21,7 @@ async fn holders(c: &mut Raw, name: &str) -> Vec<String> {
     lines
 }
 
-async fn connect(lockd: &Lockd) -> Raw {
+async fn connect(lockd: &DurableLockd) -> Raw {
     Raw::connect(lockd.addr.parse().expect("lockd address")).await
 }
 
@@ -52,9 +52,9 @@ struct Held {
 
 /// Starts lockd on `dir`, takes the holds of [`Held`], kills lockd with SIGKILL and starts
 /// it again on the same data directory and port.
-async fn hold_then_crash_and_restart(dir: &TempDir) -> (Lockd, Held) {
+async fn hold_then_crash_and_restart(dir: &TempDir) -> (DurableLockd, Held) {
     let port = free_port();
-    let lockd = Lockd::start(dir, port).await;
+    let lockd = DurableLockd::start(dir, port).await;
     let mut c = connect(&lockd).await;
     let held = Held {
         ta: c.lock("sem a limit=3 ttl=1m").await,
@@ -65,7 +65,7 @@ async fn hold_then_crash_and_restart(dir: &TempDir) -> (Lockd, Held) {
     };
     lockd.crash();
     drop(c);
-    (Lockd::start(dir, port).await, held)
+    (DurableLockd::start(dir, port).await, held)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ use tokio::io::AsyncReadExt as _;
 use tokio::time::{timeout, Instant};
 
 use common::dead_addr;
-use common::durable::{Lockd as DurableLockd, TempDir};
+use common::durable::{DurableLockd, TempDir};
 use common::free_port;
 use common::lockctl::*;
 

@@ -16,7 +16,7 @@ use common::lockctl::*;
 
 /// A `lockctl run` whose command writes `<dir>/<label>` once it runs, then waits until
 /// `<dir>/go` exists.
-fn held_run(d: &Lockd, dir: &Path, label: &str, args: &[&str]) -> Child {
+fn held_run(d: &Server, dir: &Path, label: &str, args: &[&str]) -> Child {
     let script = format!(
         "echo $LOCKD_TOKEN > {dir}/{label}; while [ ! -e {dir}/go ]; do sleep 0.02; done",
         dir = dir.display()

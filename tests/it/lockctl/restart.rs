@@ -7,13 +7,13 @@ use crate::common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::durable::{Lockd, TempDir, PATIENCE};
+use common::durable::{DurableLockd, TempDir, PATIENCE};
 use common::free_port;
 
 const LOCKCTL: &str = env!("CARGO_BIN_EXE_lockctl");
 
 /// Waits until `name` is held and returns its STATUS line.
-async fn held(lockd: &Lockd, name: &str) -> String {
+async fn held(lockd: &DurableLockd, name: &str) -> String {
     let start = Instant::now();
     loop {
         if let Ok(mut c) = lockd::client::Client::connect(&lockd.addr).await {
@@ -49,7 +49,7 @@ async fn lockctl_run_keeps_its_command_across_a_graceful_restart() {
 async fn rides_through(restart: Restart, test: &str) {
     let dir = TempDir::new(test);
     let port = free_port();
-    let lockd = Lockd::start(&dir, port).await;
+    let lockd = DurableLockd::start(&dir, port).await;
     let (started, done) = (dir.0.join("started"), dir.0.join("done"));
     // The command runs well past the restart and past several lease lengths.
     let child = Command::new(LOCKCTL)
@@ -92,7 +92,7 @@ async fn rides_through(restart: Restart, test: &str) {
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let lockd = Lockd::start(&dir, port).await;
+    let lockd = DurableLockd::start(&dir, port).await;
     let after = held(&lockd, "nightly").await;
     assert_eq!(
         harness_field(&before, "token"),

@@ -25,7 +25,7 @@ fn queue_up(client: Client, name: &'static str, id: &'static str, tie: Tie) -> J
 }
 
 /// A lock held by `holder` with `first` then `second` (a session waiter) in its queue.
-async fn held_with_two_waiters(d: &Lockd, name: &'static str) -> (u64, [JoinHandle<()>; 2]) {
+async fn held_with_two_waiters(d: &Server, name: &'static str) -> (u64, [JoinHandle<()>; 2]) {
     let token = d
         .client()
         .await

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::lockctl::{
     code, finish, line_with, lockctl_at, output, proxy, scratch, spawn, stderr, stderr_lines,
-    stdout, wait_for_file, Lockd, GUARD,
+    stdout, wait_for_file, Server, GUARD,
 };
 use common::pki::Pki;
 use common::TestServer;
@@ -345,7 +345,7 @@ async fn with_several_addresses_the_certificate_is_checked_against_the_one_conne
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_on_a_plain_port_is_told_so_at_once() {
     let pki = Pki::new("lockctl-plain");
-    let d: Lockd = common::lockctl::lockd().await;
+    let d: Server = common::lockctl::lockd().await;
     let mut cmd = d.lockctl(&["run", "x", "--connect-timeout", PATIENT, "--", "true"]);
     cmd.env("LOCKD_TLS_CA", pki.ca());
     let text = assert_fails_fast(cmd, "plain TCP").await;

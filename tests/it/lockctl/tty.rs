@@ -6,13 +6,13 @@ use crate::common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::blocking::Lockd;
+use common::blocking::Server;
 
 const GUARD: Duration = Duration::from_secs(30);
 
 /// Starts `lockctl <args>` in a pseudo-terminal as its foreground job; what is written to the
 /// child's stdin is typed at that terminal.
-fn at_terminal(lockd: &Lockd, args: &str) -> std::process::Child {
+fn at_terminal(lockd: &Server, args: &str) -> std::process::Child {
     let lockctl = env!("CARGO_BIN_EXE_lockctl");
     // `exec`: lockctl itself is the terminal's foreground job, whatever shell script(1)
     // runs (a shell that forked and waited would be killed by the Ctrl-C and say 130).
@@ -28,7 +28,7 @@ fn at_terminal(lockd: &Lockd, args: &str) -> std::process::Child {
 
 #[test]
 fn the_command_reads_from_the_terminal() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let child = at_terminal(
         &lockd,
         "run prompt -- sh -c 'printf \"proceed? \"; read answer; echo \"got=$answer\"'",
@@ -47,7 +47,7 @@ fn the_command_reads_from_the_terminal() {
 
 #[test]
 fn ctrl_c_at_the_terminal_stops_the_command_and_releases() {
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     let ready = std::env::temp_dir().join(format!("lockd-tty-ready-{}", std::process::id()));
     let _ = std::fs::remove_file(&ready);
     // The command says it is ready, then waits for a line; Ctrl-C comes instead.
@@ -75,7 +75,7 @@ fn ctrl_c_at_the_terminal_stops_the_command_and_releases() {
 fn top_at_the_terminal_redraws_and_ctrl_c_ends_it_with_0() {
     use std::io::{Read as _, Write as _};
 
-    let lockd = Lockd::start();
+    let lockd = Server::start();
     lockd.request("LOCK shown someone");
     let mut child = at_terminal(&lockd, "top --interval 100ms");
     let mut stdout = child.stdout.take().unwrap();
