@@ -4,7 +4,7 @@
 //! Part of the one test harness (`tests/common`): `common::blocking`.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
@@ -13,32 +13,26 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
+use lockd::server::Config;
 
-/// A lockd serving on 127.0.0.1:0 from its own runtime, stopped on drop.
-pub struct Lockd {
+use super::{line, TestServer};
+
+/// A lockd serving on 127.0.0.1:0 from its own runtime ([`super::Lockd::serve_in_background`]),
+/// with blocking helpers over one-request connections; stopped on drop.
+pub struct Server {
     pub addr: SocketAddr,
-    shutdown: CancellationToken,
+    server: Option<TestServer>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-impl Lockd {
-    pub fn start() -> Lockd {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let shutdown = CancellationToken::new();
-        let config = lockd::server::Config::default();
-        runtime.spawn(lockd::server::run(config, listener, shutdown.clone()));
-        Lockd {
-            addr,
-            shutdown,
+impl Server {
+    pub fn start() -> Server {
+        let (runtime, server) = super::Lockd::new()
+            .config(Config::default())
+            .serve_in_background();
+        Server {
+            addr: server.addr,
+            server: Some(server),
             runtime: Some(runtime),
         }
     }
@@ -98,16 +92,7 @@ impl Lockd {
 
 /// One request to `addr` on a fresh connection; the first reply line.
 fn request_at(addr: SocketAddr, line: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    stream
-        .write_all(format!("{line}\n").as_bytes())
-        .expect("send");
-    let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply).expect("reply");
-    reply.trim_end().to_string()
+    line::request(addr, line, None, Duration::from_secs(60)).expect("request")
 }
 
 /// Checks that a client killed while it waits never gets the lock. The lock `queue` is held;
@@ -115,10 +100,10 @@ fn request_at(addr: SocketAddr, line: &str) -> String {
 /// (`next`) queues behind it. It must leave the queue, and when the holder releases, `next`
 /// must be granted: the lock never goes to the dead one (which would keep it for its ttl).
 pub fn assert_killed_waiter_never_gets_the_lock(
-    lockd: &Lockd,
+    lockd: &Server,
     signal_to_send: i32,
     guard: Duration,
-    start: impl FnOnce(&Lockd) -> Child,
+    start: impl FnOnce(&Server) -> Child,
 ) {
     let holder = lockd.request("LOCK queue holder ttl=10m");
     let token = holder.strip_prefix("OK ").expect("the holder's token");
@@ -143,7 +128,7 @@ pub fn assert_killed_waiter_never_gets_the_lock(
 /// rides out a cut of its connection: it reconnects, and past the grace the lease is still
 /// its own.
 pub fn assert_rides_out_a_cut(
-    lockd: &Lockd,
+    lockd: &Server,
     proxy: &Proxy,
     name: &str,
     grace: Duration,
@@ -167,7 +152,7 @@ pub fn assert_rides_out_a_cut(
 /// the second address when the proxy cuts its connection, not back through the proxy: past
 /// the grace the lease is still its own, and the proxy passed no new connection.
 pub fn assert_renews_elsewhere_after_a_cut(
-    lockd: &Lockd,
+    lockd: &Server,
     proxy: &Proxy,
     name: &str,
     grace: Duration,
@@ -183,16 +168,9 @@ pub fn assert_renews_elsewhere_after_a_cut(
     assert_eq!(proxy.accepted(), before, "it reconnected through the proxy");
 }
 
-/// A loopback address where nothing listens (a server that is down): a port bound a moment
-/// ago and let go.
-pub fn dead_addr() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("local addr").to_string()
-}
-
 /// Cuts the connection of a client holding `name` through `proxy` and lets it reconnect no
 /// more; the server must end the lease (by its grace: the test's ttl is far longer).
-pub fn cut_for_good(lockd: &Lockd, proxy: &Proxy, name: &str, guard: Duration) {
+pub fn cut_for_good(lockd: &Server, proxy: &Proxy, name: &str, guard: Duration) {
     lockd.wait_held(name, guard);
     proxy.refuse(true);
     proxy.cut();
@@ -342,9 +320,11 @@ fn pipe(from: &TcpStream, to: &TcpStream) {
     });
 }
 
-impl Drop for Lockd {
+impl Drop for Server {
     fn drop(&mut self) {
-        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            server.cancel();
+        }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(Duration::from_secs(5));
         }

@@ -8,14 +8,15 @@
 //! id through the next front-end (the same id gets the grant if one was made); so is, half
 //! the time, one whose `wait=` (1 to 4 s) ran out. A new LOCK gets a new id.
 
-use std::io::{BufRead as _, BufReader, ErrorKind, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::io::ErrorKind;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::history::{Call, History, Verdict};
+use super::line::Line;
 
 /// The one lock every client takes.
 const NAME: &str = "counter";
@@ -35,33 +36,25 @@ struct Counter {
 }
 
 /// A connection that reports failures instead of panicking: front-ends die under it.
-struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
+struct Conn(Line);
 
 impl Conn {
     fn open(addr: SocketAddr) -> Option<Conn> {
-        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-        let writer = s.try_clone().ok()?;
-        Some(Conn {
-            reader: BufReader::new(s),
-            writer,
-        })
+        Line::open(
+            addr,
+            Some(Duration::from_secs(1)),
+            Some(Duration::from_secs(30)),
+        )
+        .ok()
+        .map(Conn)
     }
 
     fn req(&mut self, line: &str) -> Option<String> {
-        self.writer.write_all(format!("{line}\n").as_bytes()).ok()?;
-        self.line()
+        self.0.try_req(line).ok()
     }
 
     fn line(&mut self) -> Option<String> {
-        let mut reply = String::new();
-        match self.reader.read_line(&mut reply) {
-            Ok(n) if n > 0 => Some(reply.trim_end().to_owned()),
-            _ => None,
-        }
+        self.0.try_line().ok()
     }
 }
 
@@ -306,13 +299,10 @@ fn watch(addr: SocketAddr, shared: &Shared) {
         if c.req(&format!("WATCH {NAME}")).is_none() {
             continue;
         }
-        let _ = c
-            .reader
-            .get_ref()
-            .set_read_timeout(Some(Duration::from_millis(100)));
+        let _ = c.0.set_read_timeout(Some(Duration::from_millis(100)));
         let mut line = String::new();
         while !shared.stop.load(Ordering::Relaxed) {
-            match c.reader.read_line(&mut line) {
+            match c.0.read_line_into(&mut line) {
                 Ok(0) => break,
                 Ok(_) => {
                     shared.history.add_event_line(line.trim_end());

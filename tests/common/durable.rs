@@ -3,7 +3,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,35 +55,25 @@ impl Drop for TempDir {
     }
 }
 
-/// A port that was free a moment ago: bind 127.0.0.1:0 and let it go.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr").port()
-}
-
-/// One running lockd.
-pub struct Lockd {
+/// One running lockd on a data directory ([`super::Lockd::command`]), on a port of the
+/// test's choosing (it comes back on it after a crash), its stderr in a file that outlives it.
+pub struct DurableLockd {
     child: Child,
     pub addr: String,
     stderr: PathBuf,
 }
 
+/// `lockd --listen 127.0.0.1:<port> --data-dir <data>`, from the one builder.
 fn command(data: &Path, port: u16) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockd"));
-    cmd.arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--data-dir")
-        .arg(data)
-        .env_remove("RUST_LOG")
-        .env_remove("LOCKD_DATA_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    cmd
+    super::Lockd::new()
+        .listen(format!("127.0.0.1:{port}"))
+        .data_dir(data)
+        .command()
 }
 
-impl Lockd {
+impl DurableLockd {
     /// Starts lockd on `dir`'s data directory and waits until it answers PING.
-    pub async fn start(dir: &TempDir, port: u16) -> Lockd {
+    pub async fn start(dir: &TempDir, port: u16) -> DurableLockd {
         let stderr = dir.0.join(format!("lockd-{port}.stderr"));
         let log = OpenOptions::new()
             .create(true)
@@ -95,7 +84,7 @@ impl Lockd {
             .stderr(log)
             .spawn()
             .expect("spawn lockd");
-        let mut lockd = Lockd {
+        let mut lockd = DurableLockd {
             child,
             addr: format!("127.0.0.1:{port}"),
             stderr,
@@ -143,7 +132,7 @@ impl Lockd {
     }
 }
 
-impl Drop for Lockd {
+impl Drop for DurableLockd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

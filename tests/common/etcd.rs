@@ -23,15 +23,16 @@
 
 use std::fs::{self, File};
 use std::io::{self, BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::line;
 use super::link::Link;
-use super::{try_spawn_lockd_with, LockdProcess};
+use super::{free_ports, Lockd, LockdProcess};
 
 /// Guard for anything the cluster should do in a moment (start, elect, rejoin). Generous: two
 /// cores running several test binaries at once can slow etcd's fsyncs a lot.
@@ -68,23 +69,6 @@ fn etcd_binary() -> PathBuf {
     std::env::var_os("LOCKD_TEST_ETCD")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("etcd"))
-}
-
-/// `count` distinct ports that were free a moment ago. All are bound at once before any is
-/// released, so the same port is never handed out twice.
-fn free_ports(count: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("local addr").port())
-        .collect()
-}
-
-/// A port that was free a moment ago (for a front-end's `--metrics-listen`, say).
-pub fn free_port() -> u16 {
-    free_ports(1)[0]
 }
 
 /// GET `path` from a front-end's metrics endpoint: status and body.
@@ -732,12 +716,7 @@ impl Drop for EtcdCluster {
 
 /// One request line to `addr` on a fresh connection; the first reply line.
 fn request(addr: SocketAddr, line: &str) -> io::Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
-    stream.set_read_timeout(Some(super::GUARD))?;
-    stream.write_all(format!("{line}\n").as_bytes())?;
-    let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply)?;
-    Ok(reply.trim_end().to_string())
+    line::request(addr, line, Some(HTTP_TIMEOUT), super::GUARD)
 }
 
 /// The real lockd binary as a cluster front-end (`--etcd`, `--etcd-prefix`), on a port of its
@@ -745,8 +724,7 @@ fn request(addr: SocketAddr, line: &str) -> io::Result<String> {
 /// can reconnect to the same address. Killed when dropped.
 pub struct LockdFrontEnd {
     port: u16,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
+    lockd: Lockd,
     process: Option<LockdProcess>,
 }
 
@@ -754,24 +732,27 @@ impl LockdFrontEnd {
     /// `lockd --etcd <cluster> --etcd-prefix <prefix> <extra>`, answering PING when this
     /// returns.
     pub fn start(cluster: &EtcdCluster, prefix: &str, extra: &[&str]) -> LockdFrontEnd {
-        let mut args = cluster.lockd_args(prefix);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        LockdFrontEnd::spawn(args)
+        LockdFrontEnd::of(Lockd::new().etcd(&cluster.endpoints(), prefix).args(extra))
     }
 
     /// lockd with exactly `args` (besides `--listen`): [`LockdFrontEnd::start`] without a
     /// cluster, so the harness can check its own kill and restart with any lockd.
     pub fn spawn(args: Vec<String>) -> LockdFrontEnd {
-        LockdFrontEnd::spawn_with_env(args, Vec::new())
+        LockdFrontEnd::of(Lockd::new().args(args))
     }
 
     /// [`LockdFrontEnd::spawn`] with extra environment variables, kept across restarts.
     pub fn spawn_with_env(args: Vec<String>, env: Vec<(String, String)>) -> LockdFrontEnd {
+        LockdFrontEnd::of(Lockd::new().args(args).envs(&env))
+    }
+
+    /// `lockd` as built (its `--listen` is the front-end's own port), on every start and
+    /// restart.
+    pub fn of(lockd: Lockd) -> LockdFrontEnd {
         for _ in 0..START_ATTEMPTS {
             let mut fe = LockdFrontEnd {
                 port: free_ports(1)[0],
-                args: args.clone(),
-                env: env.clone(),
+                lockd: lockd.clone(),
                 process: None,
             };
             match fe.try_run() {
@@ -788,9 +769,8 @@ impl LockdFrontEnd {
     /// exits first.
     fn try_run(&mut self) -> Result<(), Vec<String>> {
         assert!(self.process.is_none(), "lockd is already running");
-        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         let listen = format!("127.0.0.1:{}", self.port);
-        let process = try_spawn_lockd_with(&listen, &args, &self.env)?;
+        let process = self.lockd.clone().listen(listen).try_spawn()?;
         // Listening is not serving: a front-end may still be reaching etcd.
         let deadline = Instant::now() + ETCD_PATIENCE;
         loop {
@@ -869,15 +849,8 @@ impl LinkedFrontEnd {
             .map(|i| Link::start(etcd.client_addr(i)))
             .collect();
         let endpoints: Vec<String> = links.iter().map(Link::url).collect();
-        let mut args = vec![
-            "--etcd".to_string(),
-            endpoints.join(","),
-            "--etcd-prefix".into(),
-            prefix.into(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
         LinkedFrontEnd {
-            fe: LockdFrontEnd::spawn(args),
+            fe: LockdFrontEnd::of(Lockd::new().etcd(&endpoints.join(","), prefix).args(extra)),
             links,
         }
     }
@@ -896,72 +869,5 @@ impl LinkedFrontEnd {
 
     pub fn request(&self, line: &str) -> String {
         self.fe.request(line)
-    }
-}
-
-/// A blocking line-protocol connection to a front-end, for tests that hold connections
-/// across process kills (a waiter, a session holder).
-pub struct Line {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Line {
-    pub fn connect(addr: SocketAddr) -> Line {
-        let stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)
-            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-        stream
-            .set_read_timeout(Some(ETCD_PATIENCE))
-            .expect("read timeout");
-        let writer = stream.try_clone().expect("clone stream");
-        Line {
-            reader: BufReader::new(stream),
-            writer,
-        }
-    }
-
-    pub fn send(&mut self, line: &str) {
-        // One write: a line split over two segments waits for a delayed ACK (Nagle).
-        self.writer
-            .write_all(format!("{line}\n").as_bytes())
-            .expect("send");
-    }
-
-    /// The next line; panics on end of stream or after [`ETCD_PATIENCE`].
-    pub fn line(&mut self) -> String {
-        self.try_line()
-            .unwrap_or_else(|e| panic!("no reply line: {e}"))
-    }
-
-    /// The next line, or why there is none (end of stream, timeout, reset).
-    pub fn try_line(&mut self) -> io::Result<String> {
-        let mut reply = String::new();
-        if self.reader.read_line(&mut reply)? == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed"));
-        }
-        Ok(reply.trim_end().to_string())
-    }
-
-    pub fn req(&mut self, line: &str) -> String {
-        self.send(line);
-        self.line()
-    }
-
-    /// LOCK that must be granted at once: its token.
-    pub fn lock(&mut self, args: &str) -> u64 {
-        let reply = self.req(&format!("LOCK {args}"));
-        super::token(&reply)
-    }
-
-    /// Waits at most `within` for a line (none: `None`), then restores the long timeout.
-    pub fn line_within(&mut self, within: Duration) -> Option<String> {
-        self.writer
-            .set_read_timeout(Some(within))
-            .expect("read timeout");
-        let got = self.try_line().ok();
-        self.writer
-            .set_read_timeout(Some(ETCD_PATIENCE))
-            .expect("read timeout");
-        got
     }
 }

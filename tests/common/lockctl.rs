@@ -12,48 +12,41 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockd::client::Client;
-use lockd::server::{self, Config};
+use lockd::server::Config;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::time::{sleep, timeout, Instant};
-use tokio_util::sync::CancellationToken;
+
+use super::TestServer;
 
 /// Only a guard against a hung test; nothing here should come close.
 pub const GUARD: Duration = Duration::from_secs(30);
 
-/// A lockd on a free loopback port, stopped when dropped.
-pub struct Lockd {
+/// A lockd on a free loopback port ([`super::Lockd::serve_on`]) with helpers for lockctl
+/// tests; stopped when dropped.
+pub struct Server {
     pub addr: String,
-    stop: CancellationToken,
+    server: TestServer,
 }
 
-impl Drop for Lockd {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-pub async fn lockd() -> Lockd {
+pub async fn lockd() -> Server {
     lockd_on(TcpListener::bind("127.0.0.1:0").await.unwrap())
 }
 
 /// A lockd serving `listener`.
-pub fn lockd_on(listener: TcpListener) -> Lockd {
-    let addr = listener.local_addr().unwrap().to_string();
-    let stop = CancellationToken::new();
-    tokio::spawn(server::run(Config::default(), listener, stop.clone()));
-    Lockd { addr, stop }
+pub fn lockd_on(listener: TcpListener) -> Server {
+    let server = super::Lockd::new()
+        .config(Config::default())
+        .serve_on(listener);
+    Server {
+        addr: server.addr.to_string(),
+        server,
+    }
 }
 
-/// A loopback address where nothing listens (a server that is down).
-pub async fn dead_addr() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
-impl Lockd {
+impl Server {
     pub async fn client(&self) -> Client {
         Client::connect(&self.addr).await.unwrap()
     }

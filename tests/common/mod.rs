@@ -1,15 +1,20 @@
-//! The one test harness every integration test shares (`mod common;`): here, a real server
-//! on 127.0.0.1:0 in the test's runtime, a raw line client, the real binary as a child
-//! process, and an HTTP GET; in [`blocking`], a server for tests that drive programs
-//! synchronously (bash, Python) and a proxy that cuts connections; in [`durable`], lockd
-//! processes on a data directory that tests crash and restart; in [`lockctl`], lockctl as a
-//! child process against an in-process server; in [`detail`], `STATUS <name> detail`
-//! helpers; in [`pki`], certificates made at run time; in [`etcd`], a real etcd cluster of
-//! child processes that tests kill and restart, and lockd front-ends on it (cluster mode); in
-//! [`link`], a link between two processes that a test cuts and heals while both run; in
-//! [`history`], the record of a chaos run and the checker of lockd's promises over it; in
-//! [`chaos`], the fenced-counter chaos run on cluster front-ends; in [`netsplit`], packet
-//! filters that cut etcd members off from each other.
+//! The one test harness every test binary shares (`#[path = "../common/mod.rs"] mod common;`):
+//!
+//! - [`start`]: the one way to start lockd, the [`Lockd`] builder (in-process or a child
+//!   process; memory, a data directory or etcd; extra flags);
+//! - here: the one free-port helper ([`free_port`], [`free_ports`], [`dead_addr`]), the
+//!   line client [`Raw`] for async tests (its blocking twin, for threads and child-process
+//!   tests, is [`line::Line`]), reply helpers and an HTTP GET;
+//! - [`blocking`]: a server for tests that drive programs synchronously (bash, Python) and a
+//!   proxy that cuts connections; [`durable`]: lockd processes on a data directory that
+//!   tests crash and restart; [`lockctl`]: lockctl as a child process against an in-process
+//!   server; [`detail`]: `STATUS <name> detail` helpers; [`pki`]: certificates made at run
+//!   time;
+//! - for cluster mode: [`etcd`], a real etcd cluster of child processes that tests kill and
+//!   restart, and lockd front-ends on it; [`link`], a link between two processes that a test
+//!   cuts and heals while both run; [`history`], the record of a chaos run and the checker of
+//!   lockd's promises over it; [`chaos`], the fenced-counter chaos run on cluster front-ends;
+//!   [`netsplit`], packet filters that cut etcd members off from each other.
 //!
 //! Every read has a generous timeout: it only turns a hang into a failure, it never asserts
 //! how fast the server is.
@@ -23,108 +28,48 @@ pub mod detail;
 pub mod durable;
 pub mod etcd;
 pub mod history;
+pub mod line;
 pub mod link;
 pub mod lockctl;
 pub mod netsplit;
 pub mod pki;
+pub mod start;
 
-use std::io::{self, BufRead as _};
+// Each test binary uses its own subset.
+#[allow(unused_imports)]
+pub use start::{config, Lockd, LockdProcess, TestServer};
+
+use std::io;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockd::server::{self, Config};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// How long any single wait may take before the test is declared hung.
 pub const GUARD: Duration = Duration::from_secs(10);
 
-/// A server running on the test's runtime.
-pub struct TestServer {
-    pub addr: SocketAddr,
-    shutdown: CancellationToken,
-    task: Option<JoinHandle<io::Result<()>>>,
+/// A port that was free a moment ago: bind 127.0.0.1:0 and let it go.
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
 }
 
-/// Binds 127.0.0.1:0 and serves `config` there until [`TestServer::shutdown`] (or drop).
-pub async fn start_server(config: Config) -> TestServer {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(server::run(config, listener, shutdown.clone()));
-    TestServer {
-        addr,
-        shutdown,
-        task: Some(task),
-    }
+/// `count` distinct ports that were free a moment ago. All are bound at once before any is
+/// released, so the same port is never handed out twice.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
 }
 
-/// A default config whose shutdown does not keep a failing test waiting long.
-pub fn config() -> Config {
-    Config {
-        shutdown_grace: Duration::from_secs(2),
-        ..Config::default()
-    }
-}
-
-impl TestServer {
-    /// Starts the server's shutdown without waiting for it.
-    pub fn cancel(&self) {
-        self.shutdown.cancel();
-    }
-
-    /// Cancels the server and waits until `run` has returned.
-    pub async fn shutdown(mut self) {
-        self.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            let result = tokio::time::timeout(GUARD, task)
-                .await
-                .expect("server did not stop in time");
-            result.expect("server task panicked").expect("server run");
-        }
-    }
-
-    /// Waits (without cancelling it) until `run` returns on its own, and returns its result.
-    pub async fn join(mut self) -> io::Result<()> {
-        let task = self.task.take().expect("a running server");
-        tokio::time::timeout(GUARD, task)
-            .await
-            .expect("server did not stop in time")
-            .expect("server task panicked")
-    }
-
-    /// A raw connection to this server.
-    pub async fn raw(&self) -> Raw {
-        Raw::connect(self.addr).await
-    }
-
-    /// Connects again and again until a connection is served rather than refused with
-    /// `ERR LIMIT`; fails with `what` after the guard.
-    pub async fn wait_for_a_free_slot(&self, what: &str) {
-        let deadline = tokio::time::Instant::now() + GUARD;
-        loop {
-            let mut c = self.raw().await;
-            c.send("PING").await;
-            match c.try_line().await.ok().flatten().as_deref() {
-                Some("OK PONG") => return,
-                Some(line) if line.starts_with("ERR LIMIT ") => {}
-                None => {}
-                Some(line) => panic!("unexpected {line:?}"),
-            }
-            assert!(tokio::time::Instant::now() < deadline, "{what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
+/// A loopback address where nothing listens (a server that is down): a port bound a moment
+/// ago and let go.
+pub fn dead_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
 }
 
 /// A raw line client: writes what it is told, reads one line at a time.
@@ -359,172 +304,6 @@ pub fn assert_event(line: &str, kind: &str, name: &str, id: &str, token: u64) ->
         "unix-ms {ms} is far from {now}"
     );
     ms
-}
-
-/// The real `lockd` binary as a child process listening on 127.0.0.1:0, its log collected.
-/// Killed when dropped.
-pub struct LockdProcess {
-    child: Child,
-    pub addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Starts `lockd --listen 127.0.0.1:0 <args>` (no `LOCKD_*` variables from the test's
-/// environment) and waits until it logs the address it listens on.
-pub fn spawn_lockd(args: &[&str]) -> LockdProcess {
-    try_spawn_lockd_at("127.0.0.1:0", args)
-        .unwrap_or_else(|log| panic!("lockd did not start: {log:?}"))
-}
-
-/// [`spawn_lockd`] on a chosen `--listen` address, for a caller that must come back on the
-/// same port after a crash ([`etcd::LockdFrontEnd`]). A lockd that exits before it listens
-/// (its port was taken meanwhile) is an `Err` with its log, so the caller can pick another
-/// port instead of failing the test.
-pub fn try_spawn_lockd_at(listen: &str, args: &[&str]) -> Result<LockdProcess, Vec<String>> {
-    try_spawn_lockd_with(listen, args, &[])
-}
-
-/// [`try_spawn_lockd_at`] with extra environment variables (say, libfaketime's).
-pub fn try_spawn_lockd_with(
-    listen: &str,
-    args: &[&str],
-    env: &[(String, String)],
-) -> Result<LockdProcess, Vec<String>> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockd"));
-    cmd.args(["--listen", listen])
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("LOCKD_") {
-            cmd.env_remove(key);
-        }
-    }
-    let mut child = cmd.spawn().expect("spawn lockd");
-    let stderr = child.stderr.take().expect("stderr");
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let reader = {
-        let log = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                // The line protocol's "listening addr=..." (not the compat ports' lines).
-                if line.contains("listening") {
-                    if let Some(addr) =
-                        field(&line, "addr").filter(|a| a.parse::<SocketAddr>().is_ok())
-                    {
-                        let _ = tx.send(Some(addr));
-                    }
-                }
-                log.lock().unwrap().push(line);
-            }
-        })
-    };
-    // An exit closes stderr, which ends the reader and disconnects the channel at once.
-    let addr = match rx.recv_timeout(GUARD) {
-        Ok(Some(addr)) => addr.parse().expect("listening address"),
-        _ => {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = reader.join();
-            let log = log.lock().unwrap().clone();
-            return Err(log);
-        }
-    };
-    Ok(LockdProcess {
-        child,
-        addr,
-        log,
-        reader: Some(reader),
-    })
-}
-
-impl LockdProcess {
-    /// A raw connection to it.
-    pub async fn raw(&self) -> Raw {
-        Raw::connect(self.addr).await
-    }
-
-    /// Its process id, to signal it.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Its resident memory, from /proc (Linux).
-    pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("read /proc/<pid>/status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/<pid>/status")
-    }
-
-    /// How many file descriptors it has open (sockets included), from /proc (Linux).
-    pub fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .expect("read /proc/<pid>/fd")
-            .count()
-    }
-
-    /// Polls `open_fds` until `done` accepts it; fails after the guard.
-    pub async fn wait_fds(&self, what: &str, done: impl Fn(usize) -> bool) -> usize {
-        let deadline = Instant::now() + GUARD;
-        loop {
-            let fds = self.open_fds();
-            if done(fds) {
-                return fds;
-            }
-            assert!(Instant::now() < deadline, "{what}: still {fds} open fds");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Its log so far.
-    pub fn log(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// SIGTERM; waits for it to exit and returns its whole log.
-    pub fn stop(mut self) -> Vec<String> {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + GUARD;
-        while self.child.try_wait().expect("wait").is_none() {
-            assert!(Instant::now() < deadline, "lockd did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-        self.log()
-    }
-
-    /// SIGKILL: no chance to clean anything up; waits for it to be gone and returns its whole
-    /// log.
-    pub fn kill(mut self) -> Vec<String> {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-        self.log()
-    }
-}
-
-impl Drop for LockdProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `GET path` over HTTP/1.1; the status code and the body.

@@ -1,6 +1,6 @@
 """Tests of lockd_client's TLS against a real lockd that requires client certificates.
 
-The Rust test suite (tests/contrib_python.rs) makes the certificates, starts the servers and
+The Rust test suite (tests/it/contrib/python.rs) makes the certificates, starts the servers and
 sets the variables; by hand, with a lockd started with --tls-cert, --tls-key and
 --tls-client-ca, and a plain one:
 

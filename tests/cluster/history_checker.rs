@@ -1,0 +1,156 @@
+//! The chaos runs' history checker ([`common::history`]) against histories with planted
+//! bugs: each kind of violation is found, and a clean history has none. A checker that
+//! passes everything would make every chaos run look green.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::history::{check, Call, Op, Queue, Seen};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn lock(client: usize, id: &str, invoke: u64, complete: u64, reply: &str) -> Op {
+    Op {
+        client,
+        call: Call::Lock {
+            name: "x".into(),
+            id: id.into(),
+            again: false,
+        },
+        invoke: ms(invoke),
+        complete: ms(complete),
+        reply: Some(reply.into()),
+    }
+}
+
+fn unlock(client: usize, token: u64, invoke: u64) -> Op {
+    Op {
+        client,
+        call: Call::Unlock {
+            name: "x".into(),
+            token,
+        },
+        invoke: ms(invoke),
+        complete: ms(invoke + 1),
+        reply: Some("OK".into()),
+    }
+}
+
+fn seen(kind: &str, id: &str, token: u64, at: u64) -> Seen {
+    Seen {
+        kind: kind.into(),
+        name: "x".into(),
+        id: id.into(),
+        token,
+        at: ms(at),
+    }
+}
+
+/// Two clients take turns, by the rules.
+fn clean() -> Vec<Op> {
+    vec![
+        lock(0, "a1", 0, 1, "OK 10"),
+        lock(1, "b1", 2, 11, "OK 12"),
+        unlock(0, 10, 10),
+        unlock(1, 12, 20),
+        lock(0, "a2", 21, 22, "OK 14"),
+        unlock(0, 14, 30),
+    ]
+}
+
+#[test]
+fn a_clean_history_has_no_violation() {
+    let queue = Queue {
+        name: "x".into(),
+        ids: vec!["b1".into()],
+        invoke: ms(3),
+        complete: ms(4),
+    };
+    let v = check(&clean(), &[queue], &[seen("acquired", "a1", 10, 1)]);
+    assert!(v.violations.is_empty(), "{:#?}", v.violations);
+    assert_eq!((v.ops, v.grants), (6, 3));
+}
+
+#[test]
+fn a_planted_double_grant_is_found() {
+    // B is told it holds x while A has not unlocked yet.
+    let mut ops = clean();
+    ops[1] = lock(1, "b1", 2, 5, "OK 12");
+    let v = check(&ops, &[], &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(v.violations[0].starts_with("two holders of x"), "{v:?}");
+}
+
+#[test]
+fn a_planted_token_regression_is_found() {
+    // A's second grant was asked for after B's grant completed, yet has a smaller token.
+    let mut ops = clean();
+    ops[4] = lock(0, "a2", 21, 22, "OK 11");
+    ops[5] = unlock(0, 11, 30);
+    let v = check(&ops, &[], &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(v.violations[0].starts_with("token regressed on x"), "{v:?}");
+}
+
+#[test]
+fn a_planted_grant_to_a_waiter_that_left_is_found() {
+    // C's wait ran out at 3; a grant asked for at 21 (token 14) came before C's (token 16).
+    let mut ops = clean();
+    ops.push(lock(2, "c1", 1, 3, "ERR TIMEOUT x: not granted within 2ms"));
+    let events = [
+        seen("acquired", "c1", 16, 31),
+        seen("released", "c1", 16, 40),
+    ];
+    let v = check(&ops, &[], &events);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(
+        v.violations[0].contains("after it was told its wait ended"),
+        "{v:?}"
+    );
+    // Taken back at once it is fine; sitting out its ttl is not.
+    let events = [
+        seen("acquired", "c1", 11, 9),
+        seen("expired", "c1", 11, 9000),
+    ];
+    let v = check(&ops, &[], &events);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(v.violations[0].contains("sat out its ttl"), "{v:?}");
+    let events = [seen("acquired", "c1", 11, 9), seen("dropped", "c1", 11, 10)];
+    assert!(check(&ops, &[], &events).violations.is_empty());
+}
+
+#[test]
+fn a_planted_fifo_inversion_is_found() {
+    // The queue showed b1 ahead of c1, yet c1 was granted first.
+    let ops = vec![
+        lock(0, "a1", 0, 1, "OK 10"),
+        lock(1, "b1", 2, 21, "OK 14"),
+        lock(2, "c1", 3, 11, "OK 12"),
+        unlock(0, 10, 10),
+        unlock(2, 12, 20),
+        unlock(1, 14, 30),
+    ];
+    let queue = Queue {
+        name: "x".into(),
+        ids: vec!["b1".into(), "c1".into()],
+        invoke: ms(5),
+        complete: ms(6),
+    };
+    let v = check(&ops, std::slice::from_ref(&queue), &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(
+        v.violations[0].starts_with("FIFO: b1 was ahead of c1"),
+        "{v:?}"
+    );
+    // A LOCK sent again rightly goes to the back: no violation then.
+    let mut resent = ops.clone();
+    resent[1].call = Call::Lock {
+        name: "x".into(),
+        id: "b1".into(),
+        again: true,
+    };
+    assert!(check(&resent, &[queue], &[]).violations.is_empty());
+}

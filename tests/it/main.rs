@@ -1,0 +1,23 @@
+//! The integration tests: one binary, a module per feature, all on the one harness in
+//! `tests/common` (a [`common::Lockd`] builder, one free-port helper, one line client).
+//!
+//! Run one feature with a filter: `cargo test --test it lockctl::`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod auth;
+mod cli;
+mod compat;
+mod contrib;
+mod durability;
+mod expiry;
+mod liveness;
+mod lockctl;
+mod observe;
+mod robust;
+mod semaphores;
+mod sessions;
+mod stress;
+mod tls;
+mod wire;
