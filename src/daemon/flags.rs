@@ -16,7 +16,7 @@ use crate::locks::Limits;
 use crate::server;
 
 /// Most names `--metrics-names` may list: each adds series to every scrape.
-pub const MAX_METRICS_NAMES: usize = 100;
+const MAX_METRICS_NAMES: usize = 100;
 
 /// The shortest `--etcd-lease-ttl`: etcd leases are granted in whole seconds.
 const MIN_ETCD_LEASE_TTL: Duration = Duration::from_secs(1);

@@ -19,7 +19,7 @@ mod fd_limit;
 mod flags;
 mod signals;
 
-pub use flags::{Flags, HumanDuration, MAX_METRICS_NAMES};
+pub use flags::{Flags, HumanDuration};
 
 /// Why `lockd` did not start, or stopped with an error: the message it prints (after
 /// `lockd: `) and which exit status it is, as the man page's EXIT STATUS lists them.
