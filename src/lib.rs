@@ -14,6 +14,9 @@
 //!   and, with the `etcd` feature, an etcd cluster shared by several lockd front-ends.
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
 //! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
+//! - [`daemon`]: the `lockd` process from its flags ([`daemon::Flags`]: their defaults and
+//!   checks): users and their SIGHUP reload, the open-files limit, listeners, the metrics
+//!   endpoint, the shutdown signals, then [`server::run`]. The binary only parses and calls it.
 //! - [`per_ip`]: open connections counted per client address (`--max-connections-per-ip`).
 //! - [`store`]: durable state for `--data-dir`: a log with snapshots and a group-commit writer.
 //! - [`client`]: an async client for `lockctl`, the tests and any Rust program: a connection
@@ -33,10 +36,13 @@
 //! `proto` (the `ERR` a refusal becomes);
 //! `session` -> `backend`, `proto`, `connection`, `auth`, `tls`; `compat` -> `backend`,
 //! `locks`; `http` -> `backend`; `server` -> `session`, `backend`, `compat`, `store`, `http`,
-//! `auth`, `per_ip`, `tls`; `client` -> `proto`, `connection`, `locks` (the token and mode
-//! types), `tls`, `stream` (inside it, `connect` -> `tls`, `auth` and the connection; `tls` and
-//! `auth` -> the connection). The table and the protocol never see a socket or a file, and
-//! `lockctl` never reaches `server`, `backend`, `session` or `store`.
+//! `auth`, `per_ip`, `tls`; `daemon` -> `server`, `auth`, `http`, `compat` (its flags),
+//! `backend` (the etcd settings), `locks` (the limits), `tls`, `proto` (durations, names);
+//! `client` -> `proto`, `connection`, `locks` (the token and mode types), `tls`, `stream`
+//! (inside it, `connect` -> `tls`, `auth` and the connection; `tls` and `auth` -> the
+//! connection). The table and the protocol never see a socket or a file, and `lockctl` never
+//! reaches `server`, `backend`, `session` or `store`. Nothing in the crate imports `daemon`:
+//! only the `lockd` binary calls it.
 
 use std::time::Duration;
 
@@ -45,6 +51,7 @@ pub mod backend;
 pub mod client;
 pub mod compat;
 pub mod connection;
+pub mod daemon;
 pub mod docgen;
 pub mod http;
 pub mod locks;

@@ -34,7 +34,8 @@ const REFUSALS_AT_ONCE: usize = 64;
 /// Refusals are logged at most once per this long, with a count of the others.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Everything the server needs to know; `main` fills it from flags, tests from `Default`.
+/// Everything the server needs to know; [`crate::daemon`] fills it from flags, tests from
+/// `Default`.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Lease and lock-count limits the table enforces.

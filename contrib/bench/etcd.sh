@@ -42,13 +42,13 @@ log() { echo "etcd.sh: $*" >&2; }
 
 command -v etcd >/dev/null || { log "etcd is not on PATH"; exit 2; }
 
-log "building (lockd and lockbench with their etcd features; lockd with symbols)"
+log "building (lockd and lockbench with their etcd features, with symbols)"
 cargo build --profile profiling --quiet --features etcd --bin lockd
-cargo build --release --quiet --features etcd --manifest-path contrib/bench/Cargo.toml
+cargo build --profile profiling --quiet --features etcd -p lockbench
 # Copies, so that another build in this tree (run.sh builds lockd without the feature) can't
 # change the binaries under a running measurement.
 cp "$root/target/profiling/lockd" "$out/lockd"
-cp "$root/contrib/bench/target/release/lockbench" "$out/lockbench"
+cp "$root/target/profiling/lockbench" "$out/lockbench"
 lockd_bin=$out/lockd
 bench=$out/lockbench
 

@@ -97,10 +97,11 @@ if [ "$compare_only" = 0 ] && ! command -v redis-server >/dev/null 2>&1; then
 fi
 
 log "building (release, with symbols for the profiles)"
+# The load generator is a member of the workspace: it builds into the same target/.
 cargo build --profile profiling --quiet --bin lockd
-cargo build --release --quiet --manifest-path contrib/bench/Cargo.toml
+cargo build --profile profiling --quiet -p lockbench
 lockd_bin=$root/target/profiling/lockd
-bench=$root/contrib/bench/target/release/lockbench
+bench=$root/target/profiling/lockbench
 
 # The TLS pass's certificates: made afresh for each run, never kept in the repository.
 tls_dir=$out/tls

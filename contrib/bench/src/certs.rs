@@ -1,63 +1,25 @@
 //! The TLS pass's certificates: a throwaway CA and a server certificate for 127.0.0.1 and
-//! localhost, made with rcgen at the start of a run and written to its output directory, so
-//! that no key is ever committed; and the client side that trusts that CA alone.
+//! localhost, made at the start of a run with the workspace's testpki (as lockd's tests make
+//! theirs) and written to its output directory, so that no key is ever committed; and the
+//! client side that trusts that CA alone.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, SanType,
-};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::CertificateDer;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 use tokio_rustls::TlsConnector;
-
-/// The files `write` makes in its directory: what lockd's `--tls-cert`, `--tls-key` and the
-/// load generator's `--tls-ca` are given.
-pub const CA: &str = "ca.pem";
-pub const CERT: &str = "server.pem";
-pub const KEY: &str = "server.key";
 
 fn err(what: &str, e: impl std::fmt::Display) -> String {
     format!("{what}: {e}")
 }
 
 /// Makes a CA and a server certificate it signed (ECDSA P-256, rcgen's default key, as a
-/// production lockd would likely use) into `dir`.
+/// production lockd would likely use) into `dir`: `ca.pem` (the load generator's `--tls-ca`),
+/// `server.pem` and `server.key` (lockd's `--tls-cert` and `--tls-key`; run.sh names them).
 pub fn write(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| err(&dir.display().to_string(), e))?;
-    let ca_key = KeyPair::generate().map_err(|e| err("CA key", e))?;
-    let mut params =
-        CertificateParams::new(Vec::<String>::new()).map_err(|e| err("CA params", e))?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "lockbench throwaway CA");
-    let ca = params
-        .self_signed(&ca_key)
-        .map_err(|e| err("CA certificate", e))?;
-
-    let key = KeyPair::generate().map_err(|e| err("server key", e))?;
-    let mut params = CertificateParams::new(vec!["localhost".to_string()])
-        .map_err(|e| err("server params", e))?;
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into()));
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    params.distinguished_name.push(DnType::CommonName, "lockd");
-    let cert = params
-        .signed_by(&key, &ca, &ca_key)
-        .map_err(|e| err("server certificate", e))?;
-
-    for (file, pem) in [
-        (CA, ca.pem()),
-        (CERT, cert.pem()),
-        (KEY, key.serialize_pem()),
-    ] {
-        let path = dir.join(file);
-        std::fs::write(&path, pem).map_err(|e| err(&path.display().to_string(), e))?;
-    }
+    testpki::Pki::create(dir, "lockbench throwaway CA")?.try_server()?;
     Ok(())
 }
 

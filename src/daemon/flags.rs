@@ -1,0 +1,616 @@
+//! lockd's server flags ([`Flags`]): what each means (their doc comments are `--help`), their
+//! defaults (the crate's `DEFAULT_*` constants, and nowhere else), the checks a start makes
+//! before it touches the network ([`Flags::validate`]) and the [`server::Config`] they make.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::builder::TypedValueParser as _;
+use clap::Args;
+
+use crate::backend::EtcdConfig;
+use crate::compat::CompatArgs;
+use crate::locks::Limits;
+use crate::server;
+
+/// Most names `--metrics-names` may list: each adds series to every scrape.
+const MAX_METRICS_NAMES: usize = 100;
+
+/// The shortest `--etcd-lease-ttl`: etcd leases are granted in whole seconds.
+const MIN_ETCD_LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// A duration flag's value. Its own type so that clap's `default_value_t` can take the
+/// crate's `Duration` constants and `--help` still shows them as they are typed (`30s`,
+/// `24h`, `500ms`): `Duration` has no `Display`, and a string literal beside each flag would
+/// be a second copy of every default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl fmt::Display for HumanDuration {
+    /// In its largest whole unit (`24h`, `10m`, `30s`, `500ms`), as a flag is written.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if !d.subsec_nanos().is_multiple_of(1_000_000) {
+            return write!(f, "{}", humantime::format_duration(d));
+        }
+        let ms = d.as_millis();
+        let (n, unit) = match ms {
+            0 => (0, "s"),
+            _ if ms.is_multiple_of(3_600_000) => (ms / 3_600_000, "h"),
+            _ if ms.is_multiple_of(60_000) => (ms / 60_000, "m"),
+            _ if ms.is_multiple_of(1000) => (ms / 1000, "s"),
+            _ => (ms, "ms"),
+        };
+        write!(f, "{n}{unit}")
+    }
+}
+
+impl FromStr for HumanDuration {
+    type Err = String;
+
+    /// As lockd reads every duration: `250ms`, `30s`, `5m` or plain seconds.
+    fn from_str(s: &str) -> Result<Self, String> {
+        crate::proto::parse_duration("duration", s)
+            .map(HumanDuration)
+            .map_err(|e| e.message)
+    }
+}
+
+/// Every flag of the server itself, as `lockd` parses them (its binary adds only the flags
+/// that print something and exit, and the logging ones). A library type, so that the checks
+/// and the defaults are unit-tested where they are written, and `lockd`'s `main` stays a
+/// parser that calls [`crate::daemon::run`].
+#[derive(Args, Clone, Debug)]
+pub struct Flags {
+    /// Address to listen on [default: 127.0.0.1:5001; with --compat, 127.0.0.1:5003].
+    #[arg(long, env = "LOCKD_LISTEN")]
+    pub listen: Option<String>,
+
+    /// Lease length of a LOCK without ttl= (e.g. 30s, 5m).
+    #[arg(long, env = "LOCKD_DEFAULT_TTL", default_value_t = HumanDuration(crate::DEFAULT_TTL))]
+    pub default_ttl: HumanDuration,
+
+    /// Longest lease a LOCK or RENEW may ask for; longer is refused with ERR BADARG.
+    #[arg(long, env = "LOCKD_MAX_TTL", default_value_t = HumanDuration(crate::DEFAULT_MAX_TTL))]
+    pub max_ttl: HumanDuration,
+
+    /// Most client connections at once; more get ERR LIMIT and are closed.
+    #[arg(long, env = "LOCKD_MAX_CONNECTIONS", default_value_t = crate::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    pub max_connections: usize,
+
+    /// Most client connections at once from one address (never more than --max-connections);
+    /// more from it get ERR LIMIT and are closed, other addresses are unaffected.
+    #[arg(long, env = "LOCKD_MAX_CONNECTIONS_PER_IP",
+          default_value_t = crate::DEFAULT_MAX_CONNECTIONS_PER_IP,
+          value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    pub max_connections_per_ip: usize,
+
+    /// Longest request line in bytes; a longer one gets ERR TOOLONG and the connection is closed.
+    #[arg(long, env = "LOCKD_MAX_LINE", default_value_t = crate::DEFAULT_MAX_LINE,
+          value_parser = clap::value_parser!(u32).range(64..=1_048_576).map(|v| v as usize))]
+    pub max_line: usize,
+
+    /// Longest lock name or client id in bytes; longer ones get ERR BADARG.
+    #[arg(long, env = "LOCKD_MAX_NAME", default_value_t = crate::proto::MAX_NAME_LEN,
+          value_parser = clap::value_parser!(u32).range(1..=255).map(|v| v as usize))]
+    pub max_name: usize,
+
+    /// Most leases held at once (each holder of a shared lock or semaphore counts one); a LOCK
+    /// granted at once past it gets ERR LIMIT.
+    #[arg(long, env = "LOCKD_MAX_LOCKS", default_value_t = crate::DEFAULT_MAX_LOCKS,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_locks: usize,
+
+    /// Most waiters one lock may have; a LOCK that would queue past it gets ERR LIMIT.
+    #[arg(long, env = "LOCKD_MAX_WAITERS", default_value_t = crate::DEFAULT_MAX_WAITERS,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_waiters: usize,
+
+    /// Events a watcher may fall behind before it gets ERR LAGGED and is disconnected.
+    #[arg(long, env = "LOCKD_WATCH_BUFFER", default_value_t = crate::DEFAULT_WATCH_BUFFER,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576).map(|v| v as usize))]
+    pub watch_buffer: usize,
+
+    /// How long a client may leave replies unread before it is disconnected: each 16 KiB
+    /// of a reply, event stream or STATUS answer must be taken within it.
+    #[arg(long, env = "LOCKD_WRITE_TIMEOUT",
+          default_value_t = HumanDuration(crate::DEFAULT_WRITE_TIMEOUT))]
+    pub write_timeout: HumanDuration,
+
+    /// How long a connection that holds no session lease, waits for nothing and watches
+    /// nothing may send no request line before it gets ERR LIMIT and is closed; 0 turns it off.
+    #[arg(long, env = "LOCKD_IDLE_TIMEOUT",
+          default_value_t = HumanDuration(crate::DEFAULT_IDLE_TIMEOUT))]
+    pub idle_timeout: HumanDuration,
+
+    /// How long the start of a request line may wait for its newline before the connection
+    /// gets ERR LIMIT and is closed (a client that trickles bytes); 0 turns it off.
+    #[arg(long, env = "LOCKD_LINE_TIMEOUT",
+          default_value_t = HumanDuration(crate::DEFAULT_LINE_TIMEOUT))]
+    pub line_timeout: HumanDuration,
+
+    /// Most copies of the lock table that STATUS answers being sent may hold at once (every
+    /// STATUS made while the table does not change shares one); a STATUS that needs another
+    /// waits until one is done.
+    #[arg(long, env = "LOCKD_STATUS_COPIES", default_value_t = crate::DEFAULT_STATUS_COPIES,
+          value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
+    pub status_copies: usize,
+
+    /// How long shutdown (SIGINT/SIGTERM) lets connections finish before closing them.
+    #[arg(long, env = "LOCKD_SHUTDOWN_GRACE",
+          default_value_t = HumanDuration(crate::DEFAULT_SHUTDOWN_GRACE))]
+    pub shutdown_grace: HumanDuration,
+
+    /// How long a grant to a waiter that had half-closed is watched for a reset (its client
+    /// was gone); a reset takes the grant back and grants the next waiter. Must exceed the
+    /// network's round trip; 0 turns the check off.
+    #[arg(long, env = "LOCKD_HALF_CLOSE_PROBE",
+          default_value_t = HumanDuration(crate::DEFAULT_HALF_CLOSE_PROBE))]
+    pub half_close_probe: HumanDuration,
+
+    /// Keep locks durably in this directory (created if missing): a grant, renew or release is
+    /// on disk before its OK, and a restart restores every lease that has not ended.
+    /// Without it, locks live in memory only and a restart forgets every holder.
+    /// Not used in cluster mode (--etcd), where etcd keeps the locks.
+    #[arg(long, env = "LOCKD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Cluster mode: keep every lock in this etcd cluster (client URLs, comma separated, e.g.
+    /// http://10.0.0.1:2379,http://10.0.0.2:2379), so that any number of lockd front-ends
+    /// serve the same locks and losing one machine loses no lock. Needs a lockd built with
+    /// the `etcd` feature. Without it, locks live in this process (see --data-dir).
+    #[arg(long, env = "LOCKD_ETCD", value_name = "URLS", value_delimiter = ',')]
+    pub etcd: Vec<String>,
+
+    /// The etcd key prefix of this deployment: front-ends with the same --etcd and prefix
+    /// share their locks; another prefix is another, separate set of locks.
+    #[arg(long, env = "LOCKD_ETCD_PREFIX", default_value = crate::DEFAULT_ETCD_PREFIX)]
+    pub etcd_prefix: String,
+
+    /// How long one etcd request may take; past it the client is answered ERR UNAVAILABLE
+    /// (etcd unreachable or without quorum) and may try again (a LOCK tried again with the
+    /// same id gets the grant if the first one was made after all).
+    #[arg(long, env = "LOCKD_ETCD_REQUEST_TIMEOUT",
+          default_value_t = HumanDuration(crate::DEFAULT_ETCD_REQUEST_TIMEOUT))]
+    pub etcd_request_timeout: HumanDuration,
+
+    /// How long to keep trying to reach etcd at start before giving up.
+    #[arg(long, env = "LOCKD_ETCD_CONNECT_TIMEOUT",
+          default_value_t = HumanDuration(crate::DEFAULT_ETCD_CONNECT_TIMEOUT))]
+    pub etcd_connect_timeout: HumanDuration,
+
+    /// This front-end's etcd lease, in whole seconds (at least 1s; etcd may round it up to
+    /// 1.5 election timeouts): its session leases and waiters end within about this long
+    /// after it dies, and it keeps them only while etcd hears from it within this long.
+    #[arg(long, env = "LOCKD_ETCD_LEASE_TTL",
+          default_value_t = HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL))]
+    pub etcd_lease_ttl: HumanDuration,
+
+    /// Serve the line protocol over TLS with this certificate (PEM; the chain, leaf first).
+    /// Needs --tls-key. The --compat ports stay plain.
+    #[arg(long, env = "LOCKD_TLS_CERT", value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "LOCKD_TLS_KEY", value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Mutual TLS: clients must present a certificate signed by this CA (PEM). With
+    /// --auth-file, a certificate whose common name (CN) is a user logs its connection in as
+    /// that user (no AUTH).
+    #[arg(
+        long,
+        env = "LOCKD_TLS_CLIENT_CA",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// How long a TLS client may take to complete its handshake before it is closed.
+    #[arg(long, env = "LOCKD_TLS_HANDSHAKE_TIMEOUT",
+          default_value_t = HumanDuration(crate::DEFAULT_TLS_HANDSHAKE_TIMEOUT))]
+    pub tls_handshake_timeout: HumanDuration,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (the process is up)
+    /// and /readyz (ready to grant: state recovered, data directory writable). Off by default.
+    #[arg(long, env = "LOCKD_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+
+    /// Lock names that get series of their own in /metrics (lockd_lock_holders,
+    /// lockd_lock_waiters, lockd_lock_held_seconds), comma-separated; at most 100.
+    #[arg(
+        long,
+        env = "LOCKD_METRICS_NAMES",
+        value_delimiter = ',',
+        value_name = "NAMES"
+    )]
+    pub metrics_names: Vec<String>,
+
+    /// Require clients to authenticate: the users, their hashed secrets and their rights, one
+    /// `user <name> <hash> [lock=<patterns>] [read=<patterns>]` line each (see proto.md).
+    /// Before AUTH only PING, HELP and QUIT work. SIGHUP reloads the file. Without it, every
+    /// client may do everything: for trusted networks only.
+    #[arg(long, env = "LOCKD_AUTH_FILE", value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
+
+    /// The old two-port protocol (`--compat` and its flags, under a heading of their own).
+    #[command(flatten)]
+    pub compat: CompatArgs,
+}
+
+impl Default for Flags {
+    /// What `lockd` runs with when given no flag (a unit test holds it to clap's defaults).
+    fn default() -> Self {
+        use crate::compat;
+        Flags {
+            listen: None,
+            default_ttl: HumanDuration(crate::DEFAULT_TTL),
+            max_ttl: HumanDuration(crate::DEFAULT_MAX_TTL),
+            max_connections: crate::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_ip: crate::DEFAULT_MAX_CONNECTIONS_PER_IP,
+            max_line: crate::DEFAULT_MAX_LINE,
+            max_name: crate::proto::MAX_NAME_LEN,
+            max_locks: crate::DEFAULT_MAX_LOCKS,
+            max_waiters: crate::DEFAULT_MAX_WAITERS,
+            watch_buffer: crate::DEFAULT_WATCH_BUFFER,
+            write_timeout: HumanDuration(crate::DEFAULT_WRITE_TIMEOUT),
+            idle_timeout: HumanDuration(crate::DEFAULT_IDLE_TIMEOUT),
+            line_timeout: HumanDuration(crate::DEFAULT_LINE_TIMEOUT),
+            status_copies: crate::DEFAULT_STATUS_COPIES,
+            shutdown_grace: HumanDuration(crate::DEFAULT_SHUTDOWN_GRACE),
+            half_close_probe: HumanDuration(crate::DEFAULT_HALF_CLOSE_PROBE),
+            data_dir: None,
+            etcd: Vec::new(),
+            etcd_prefix: crate::DEFAULT_ETCD_PREFIX.into(),
+            etcd_request_timeout: HumanDuration(crate::DEFAULT_ETCD_REQUEST_TIMEOUT),
+            etcd_connect_timeout: HumanDuration(crate::DEFAULT_ETCD_CONNECT_TIMEOUT),
+            etcd_lease_ttl: HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL),
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_handshake_timeout: HumanDuration(crate::DEFAULT_TLS_HANDSHAKE_TIMEOUT),
+            metrics_listen: None,
+            metrics_names: Vec::new(),
+            auth_file: None,
+            compat: CompatArgs {
+                compat: false,
+                host: compat::DEFAULT_HOST.into(),
+                lock_port: compat::DEFAULT_LOCK_PORT,
+                unlock_port: compat::DEFAULT_UNLOCK_PORT,
+                unlock_timeout: compat::DEFAULT_UNLOCK_TIMEOUT,
+                compat_name: compat::DEFAULT_NAME.into(),
+                compat_no_auth: false,
+                compat_read_timeout: compat::DEFAULT_READ_TIMEOUT,
+            },
+        }
+    }
+}
+
+impl Flags {
+    /// Refuses a combination of flags the server could not run with, with the message
+    /// `lockd` prints before it exits with status 2: every check that needs no file and no
+    /// network, so a bad start fails before it binds a port.
+    pub fn validate(&self) -> Result<(), String> {
+        let (default_ttl, max_ttl) = (self.default_ttl.0, self.max_ttl.0);
+        if default_ttl < crate::MIN_TTL || max_ttl < crate::MIN_TTL {
+            return Err(format!(
+                "--default-ttl and --max-ttl must be at least {}",
+                humantime::format_duration(crate::MIN_TTL)
+            ));
+        }
+        if self.write_timeout.0.is_zero() {
+            return Err("--write-timeout must be more than 0".into());
+        }
+        if default_ttl > max_ttl {
+            return Err("--default-ttl must not exceed --max-ttl".into());
+        }
+        if self.tls_handshake_timeout.0.is_zero() {
+            return Err("--tls-handshake-timeout must be more than 0".into());
+        }
+        if self.metrics_names.len() > MAX_METRICS_NAMES {
+            return Err(format!(
+                "--metrics-names lists {} names; at most {MAX_METRICS_NAMES}",
+                self.metrics_names.len()
+            ));
+        }
+        for name in &self.metrics_names {
+            crate::proto::validate_name("--metrics-names entry", name).map_err(|e| e.message)?;
+        }
+        if self.compat.compat && self.auth_file.is_some() && !self.compat.compat_no_auth {
+            return Err("--compat serves the old two-port protocol, which has no \
+                        authentication: anyone who reaches its ports can take and release the \
+                        lock --compat-name, whatever --auth-file says. Add --compat-no-auth \
+                        (LOCKD_COMPAT_NO_AUTH=1) to run both anyway, with those ports \
+                        firewalled to trusted clients, or drop --compat"
+                .into());
+        }
+        if !self.etcd.is_empty() {
+            if !cfg!(feature = "etcd") {
+                return Err("--etcd needs a lockd built with the etcd feature \
+                            (cargo build --release --features etcd; it needs protoc)"
+                    .into());
+            }
+            if self.etcd_request_timeout.0.is_zero() || self.etcd_connect_timeout.0.is_zero() {
+                return Err(
+                    "--etcd-request-timeout and --etcd-connect-timeout must be more than 0".into(),
+                );
+            }
+            if self.etcd_lease_ttl.0 < MIN_ETCD_LEASE_TTL {
+                return Err("--etcd-lease-ttl must be at least 1s".into());
+            }
+            if self.etcd_prefix.is_empty() {
+                return Err("--etcd-prefix must not be empty".into());
+            }
+        }
+        self.compat.config(max_ttl).map(drop)
+    }
+
+    /// The server's settings: [`Flags::validate`], then the TLS files read (an error names
+    /// the file). The users of `--auth-file` and the metrics endpoint are the daemon's to add
+    /// ([`crate::daemon::run`]): they outlive a check.
+    pub fn server_config(&self) -> Result<server::Config, String> {
+        self.validate()?;
+        Ok(server::Config {
+            limits: Limits {
+                default_ttl: self.default_ttl.0,
+                max_ttl: self.max_ttl.0,
+                max_locks: self.max_locks,
+                max_waiters: self.max_waiters,
+            },
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_line: self.max_line,
+            max_name: self.max_name,
+            watch_buffer: self.watch_buffer,
+            write_timeout: self.write_timeout.0,
+            idle_timeout: self.idle_timeout.0,
+            line_timeout: self.line_timeout.0,
+            status_copies: self.status_copies,
+            shutdown_grace: self.shutdown_grace.0,
+            half_close_probe: self.half_close_probe.0,
+            compat: self.compat.config(self.max_ttl.0)?,
+            // In cluster mode etcd is the durable store (warned about in `daemon::run`).
+            data_dir: self.data_dir.clone().filter(|_| self.etcd.is_empty()),
+            etcd: (!self.etcd.is_empty()).then(|| EtcdConfig {
+                endpoints: self.etcd.clone(),
+                prefix: self.etcd_prefix.clone(),
+                request_timeout: self.etcd_request_timeout.0,
+                connect_timeout: self.etcd_connect_timeout.0,
+                lease_ttl: self.etcd_lease_ttl.0,
+            }),
+            endpoint: None,
+            auth: None,
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(crate::tls::server(
+                    cert,
+                    key,
+                    self.tls_client_ca.as_deref(),
+                )?),
+                _ => None,
+            },
+            tls_handshake_timeout: self.tls_handshake_timeout.0,
+        })
+    }
+
+    /// Where the line protocol listens: `--listen`, or the default of the mode.
+    pub fn listen(&self) -> &str {
+        self.listen
+            .as_deref()
+            .unwrap_or(self.compat.default_listen())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The flags as the binary has them, for parsing in tests.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: Flags,
+    }
+
+    fn secs(s: u64) -> HumanDuration {
+        HumanDuration(Duration::from_secs(s))
+    }
+
+    /// `Flags::default()` changed by `change`, checked.
+    fn refusal(change: impl FnOnce(&mut Flags)) -> String {
+        let mut flags = Flags::default();
+        change(&mut flags);
+        flags.validate().expect_err("refused")
+    }
+
+    #[test]
+    fn the_defaults_are_clap_defaults_and_valid() {
+        // No LOCKD_* variable is read here: every flag with one is given on the line
+        // below only if the test's environment sets it, which CI does not.
+        let parsed = Cli::try_parse_from(["lockd"]).expect("parses").flags;
+        assert_eq!(format!("{parsed:?}"), format!("{:?}", Flags::default()));
+        Flags::default().validate().expect("the defaults are valid");
+        let config = Flags::default().server_config().expect("a config");
+        assert_eq!(config.limits.default_ttl, crate::DEFAULT_TTL);
+        assert_eq!(config.max_connections, crate::DEFAULT_MAX_CONNECTIONS);
+        assert!(config.data_dir.is_none() && config.etcd.is_none() && config.tls.is_none());
+        assert_eq!(Flags::default().listen(), crate::DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn durations_read_and_show_as_flags_are_written() {
+        for text in ["30s", "24h", "10m", "500ms", "0s", "90s", "1500ms"] {
+            let d: HumanDuration = text.parse().expect(text);
+            assert_eq!(d.to_string(), text);
+        }
+        assert_eq!("30".parse::<HumanDuration>(), Ok(secs(30)));
+        assert!("soon"
+            .parse::<HumanDuration>()
+            .unwrap_err()
+            .contains("not a duration"));
+        let flags = Cli::try_parse_from(["lockd", "--default-ttl", "5m"])
+            .unwrap()
+            .flags;
+        assert_eq!(flags.default_ttl, secs(300));
+    }
+
+    #[test]
+    fn refuses_a_ttl_below_the_minimum() {
+        let expected = "--default-ttl and --max-ttl must be at least 1ms";
+        assert_eq!(refusal(|f| f.default_ttl = secs(0)), expected);
+        assert_eq!(refusal(|f| f.max_ttl = secs(0)), expected);
+    }
+
+    #[test]
+    fn refuses_no_write_timeout() {
+        assert_eq!(
+            refusal(|f| f.write_timeout = secs(0)),
+            "--write-timeout must be more than 0"
+        );
+    }
+
+    #[test]
+    fn refuses_a_default_ttl_past_the_max() {
+        assert_eq!(
+            refusal(|f| f.default_ttl = HumanDuration(crate::DEFAULT_MAX_TTL + crate::MIN_TTL)),
+            "--default-ttl must not exceed --max-ttl"
+        );
+    }
+
+    #[test]
+    fn refuses_no_tls_handshake_timeout() {
+        assert_eq!(
+            refusal(|f| f.tls_handshake_timeout = secs(0)),
+            "--tls-handshake-timeout must be more than 0"
+        );
+    }
+
+    #[test]
+    fn refuses_too_many_metrics_names() {
+        let names = (0..=MAX_METRICS_NAMES).map(|i| format!("n{i}")).collect();
+        assert_eq!(
+            refusal(|f| f.metrics_names = names),
+            "--metrics-names lists 101 names; at most 100"
+        );
+    }
+
+    #[test]
+    fn refuses_a_metrics_name_that_is_no_lock_name() {
+        let e = refusal(|f| f.metrics_names = vec!["ok".into(), String::new()]);
+        assert!(e.starts_with("--metrics-names entry"), "{e}");
+    }
+
+    #[test]
+    fn refuses_compat_with_auth_unless_told() {
+        let e = refusal(|f| {
+            f.compat.compat = true;
+            f.auth_file = Some("users".into());
+        });
+        assert!(
+            e.starts_with("--compat serves the old two-port protocol"),
+            "{e}"
+        );
+        let mut told = Flags {
+            auth_file: Some("users".into()),
+            ..Flags::default()
+        };
+        (told.compat.compat, told.compat.compat_no_auth) = (true, true);
+        told.validate().expect("told so");
+    }
+
+    #[test]
+    fn refuses_what_compat_refuses() {
+        let e = refusal(|f| {
+            f.compat.compat = true;
+            f.compat.unlock_port = f.compat.lock_port;
+        });
+        assert!(e.contains("must differ"), "{e}");
+        // Checked against --max-ttl, which compat does not know by itself.
+        let e = refusal(|f| {
+            f.compat.compat = true;
+            f.max_ttl = secs(10);
+            f.default_ttl = secs(10);
+        });
+        assert!(e.starts_with("--unlock-timeout"), "{e}");
+    }
+
+    fn cluster(change: impl FnOnce(&mut Flags)) -> String {
+        refusal(|f| {
+            f.etcd = vec!["http://127.0.0.1:2379".into()];
+            change(f);
+        })
+    }
+
+    #[cfg(not(feature = "etcd"))]
+    #[test]
+    fn refuses_etcd_without_the_feature() {
+        assert!(cluster(|_| {}).starts_with("--etcd needs a lockd built with the etcd feature"));
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn refuses_no_etcd_timeouts() {
+        let expected = "--etcd-request-timeout and --etcd-connect-timeout must be more than 0";
+        assert_eq!(cluster(|f| f.etcd_request_timeout = secs(0)), expected);
+        assert_eq!(cluster(|f| f.etcd_connect_timeout = secs(0)), expected);
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn refuses_an_etcd_lease_under_a_second() {
+        assert_eq!(
+            cluster(|f| f.etcd_lease_ttl = HumanDuration(Duration::from_millis(999))),
+            "--etcd-lease-ttl must be at least 1s"
+        );
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn refuses_an_empty_etcd_prefix() {
+        assert_eq!(
+            cluster(|f| f.etcd_prefix.clear()),
+            "--etcd-prefix must not be empty"
+        );
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn a_cluster_uses_no_data_dir() {
+        let flags = Flags {
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            data_dir: Some("data".into()),
+            ..Flags::default()
+        };
+        let config = flags.server_config().expect("valid");
+        assert!(config.data_dir.is_none());
+        assert_eq!(
+            config.etcd.expect("cluster").prefix,
+            crate::DEFAULT_ETCD_PREFIX
+        );
+    }
+
+    #[test]
+    fn the_etcd_flags_are_not_checked_without_etcd() {
+        let flags = Flags {
+            etcd_prefix: String::new(),
+            etcd_lease_ttl: secs(0),
+            ..Flags::default()
+        };
+        flags.validate().expect("not cluster mode");
+    }
+
+    #[test]
+    fn a_tls_file_that_cannot_be_read_is_named() {
+        let flags = Flags {
+            tls_cert: Some("no-such-dir/cert.pem".into()),
+            tls_key: Some("no-such-dir/key.pem".into()),
+            ..Flags::default()
+        };
+        flags.validate().expect("no file is read by validate");
+        let e = flags.server_config().expect_err("no such file");
+        assert!(e.contains("no-such-dir"), "{e}");
+    }
+}

@@ -1,0 +1,203 @@
+//! The `lockd` daemon put together from its flags: the users of `--auth-file` and
+//! their reload on SIGHUP, the open-files limit, the listeners, the metrics endpoint, the
+//! shutdown signals, then [`server::run`] (which picks the backend). The binary only parses
+//! its flags and calls [`run`], so every step here is reachable from tests and other
+//! programs, and the binary holds no `unsafe` and spawns no task.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Gate;
+use crate::http::Endpoint;
+use crate::server;
+
+mod fd_limit;
+mod flags;
+mod signals;
+
+pub use flags::{Flags, HumanDuration};
+
+/// Why `lockd` did not start, or stopped with an error: the message it prints (after
+/// `lockd: `) and which exit status it is, as the man page's EXIT STATUS lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// A bad flag combination or a file a flag names that can't be used (`--auth-file`,
+    /// the TLS files): exit status 2, as clap's own usage errors.
+    Usage(String),
+    /// Cannot listen on an address, or the server failed: exit status 1.
+    Run(String),
+}
+
+impl Failure {
+    /// The process's exit status for this failure.
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => 2,
+            Failure::Run(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Usage(message) | Failure::Run(message) => f.write_str(message),
+        }
+    }
+}
+
+/// Runs the server `flags` describe until SIGINT or SIGTERM (then shuts down gracefully).
+/// Logging should be set up first: the start logs what it loaded and what it warns about.
+pub async fn run(flags: Flags) -> Result<(), Failure> {
+    if let (false, Some(dir)) = (flags.etcd.is_empty(), &flags.data_dir) {
+        tracing::warn!(dir = %dir.display(), "cluster mode: --data-dir is not used (etcd keeps the locks)");
+    }
+    let mut config = flags.server_config().map_err(Failure::Usage)?;
+    let mut reloadable = None;
+    if let Some(path) = &flags.auth_file {
+        let gate = load_users(path).map_err(Failure::Usage)?;
+        reloadable = Some((Arc::clone(&gate), path.clone()));
+        config.auth = Some(gate);
+    }
+    // Registered before the server accepts anything: a SIGHUP never kills it.
+    tokio::spawn(signals::reload_on_hangup(reloadable));
+    let listen = flags.listen();
+    fd_limit::raise(config.max_connections);
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| Failure::Run(format!("cannot listen on {listen}: {e}")))?;
+    let shutdown = CancellationToken::new();
+    if let Some(addr) = &flags.metrics_listen {
+        let metrics_listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| Failure::Run(format!("cannot listen for metrics on {addr}: {e}")))?;
+        let endpoint = Endpoint::new(flags.metrics_names.clone());
+        config.endpoint = Some(endpoint.clone());
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = endpoint.run(metrics_listener, stop).await {
+                tracing::error!(error = %e, "the metrics endpoint failed");
+            }
+        });
+    }
+    tokio::spawn(signals::cancel_on_signal(shutdown.clone()));
+    server::run(config, listener, shutdown)
+        .await
+        .map_err(|e| Failure::Run(e.to_string()))
+}
+
+/// Loads `--auth-file`, for the start: its users, or why not.
+fn load_users(path: &Path) -> Result<Arc<Gate>, String> {
+    let users = crate::auth::load(path, None).map_err(|e| format!("--auth-file {e}"))?;
+    if users.is_empty() {
+        tracing::warn!(
+            target: "lockd::auth",
+            file = %path.display(),
+            "the auth file has no users: every command but PING, HELP, QUIT is refused"
+        );
+    } else {
+        tracing::info!(target: "lockd::auth", file = %path.display(), users = users.len(), "auth file loaded");
+    }
+    Ok(Gate::new(users))
+}
+
+/// `--auth-hash` (`new` false: the secret is read from standard input) and `--auth-hash-new`
+/// (`new`: a strong random secret is made, and shown once on standard error): prints the
+/// `--auth-file` line of `spec` (a user and its rights) on standard output.
+pub fn print_auth_line(spec: &str, new: bool) -> Result<(), String> {
+    let secret = if new {
+        crate::auth::hex(&random_bytes::<32>()?)
+    } else {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .map_err(|e| format!("cannot read the secret from standard input: {e}"))?;
+        line.trim_end_matches(['\n', '\r']).to_owned()
+    };
+    let line = crate::auth::user_line(spec, &secret, random_bytes()?)?;
+    println!("{line}");
+    if new {
+        let user = spec.split_whitespace().next().unwrap_or_default();
+        eprintln!("secret of {user} (shown only now; give it to its clients): {secret}");
+    }
+    Ok(())
+}
+
+/// `N` bytes from the system's random source.
+fn random_bytes<const N: usize>() -> Result<[u8; N], String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("cannot read random bytes from /dev/urandom: {e}"))?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_have_the_exit_status_of_the_man_page() {
+        assert_eq!(Failure::Usage("bad".into()).exit_status(), 2);
+        assert_eq!(Failure::Run("no".into()).exit_status(), 1);
+        assert_eq!(
+            Failure::Run("cannot listen".into()).to_string(),
+            "cannot listen"
+        );
+    }
+
+    /// An address already in use: were it bound, the failure would be `Run`.
+    fn busy() -> (std::net::TcpListener, String) {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let addr = taken.local_addr().expect("its address").to_string();
+        (taken, addr)
+    }
+
+    #[tokio::test]
+    async fn a_refused_flag_is_a_usage_failure_before_any_port_is_bound() {
+        let (_taken, addr) = busy();
+        let flags = Flags {
+            write_timeout: HumanDuration(std::time::Duration::ZERO),
+            listen: Some(addr),
+            ..Flags::default()
+        };
+        assert_eq!(
+            run(flags).await,
+            Err(Failure::Usage("--write-timeout must be more than 0".into()))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_auth_file_that_cannot_be_read_is_a_usage_failure() {
+        let (_taken, addr) = busy();
+        let flags = Flags {
+            auth_file: Some("no-such-dir/users".into()),
+            listen: Some(addr),
+            ..Flags::default()
+        };
+        match run(flags).await {
+            Err(Failure::Usage(e)) => assert!(e.starts_with("--auth-file"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_address_that_cannot_be_bound_is_a_run_failure() {
+        let (_taken, addr) = busy();
+        let flags = Flags {
+            listen: Some(addr.clone()),
+            ..Flags::default()
+        };
+        match run(flags).await {
+            Err(Failure::Run(e)) => {
+                assert!(e.starts_with(&format!("cannot listen on {addr}: ")), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
