@@ -5,7 +5,7 @@
 //! watchers) comes back as an [`Effect`] queued for the caller to drain. That is what lets the
 //! model test drive it through millions of random histories with exact time.
 //!
-//! Invariants (checked by `tests/model.rs`):
+//! Invariants (checked by `tests/props/model.rs`):
 //! - a name has at most one holder; an entry exists only while it has one;
 //! - tokens come from one counter that only grows, so they never repeat for any name;
 //! - waiters are granted in the order they queued (by ticket), and a waiter that left (timed out,

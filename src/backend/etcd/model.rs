@@ -1,5 +1,5 @@
 //! The etcd backend's LOCK decision over a name built from plain parts: the model test
-//! (tests/model.rs) asks it on every LOCK of its random histories and compares it with the
+//! (tests/props/model.rs) asks it on every LOCK of its random histories and compares it with the
 //! reference model, so the cluster's view of a name goes through the same check as the
 //! embedded table. Not part of lockd's interface.
 
