@@ -171,7 +171,7 @@ pub struct Published {
 pub struct StatusSnapshot {
     /// Which state of the backend it shows, for a backend that reuses snapshots.
     pub(crate) generation: u64,
-    /// When `remaining` was measured.
+    /// When `left` was measured.
     pub(crate) taken: Instant,
     pub(crate) locks: Box<[LockStatus]>,
     /// Returned when the last STATUS answer streaming this copy is done with it.
@@ -215,7 +215,7 @@ impl StatusView {
     pub fn iter(&self) -> impl Iterator<Item = LockStatus> + '_ {
         let since = self.at.saturating_duration_since(self.snapshot.taken);
         self.snapshot.locks.iter().map(move |s| LockStatus {
-            remaining: s.remaining.saturating_sub(since),
+            left: s.left.saturating_sub(since),
             ..s.clone()
         })
     }

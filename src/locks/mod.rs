@@ -934,7 +934,7 @@ fn holder_status(clock: Clock, now: Instant, entry: &Entry, holder: &Holder) -> 
         name: Arc::clone(&entry.name),
         holder: Arc::clone(&holder.id),
         token: holder.token,
-        remaining: deadline.saturating_duration_since(now),
+        left: deadline.saturating_duration_since(now),
         held: clock.held(now, holder.granted),
         session: holder.bond != Bond::Plain,
         waiters: entry.waiters(),

@@ -342,7 +342,7 @@ pub struct LockStatus {
     pub name: Arc<str>,
     pub holder: Arc<str>,
     pub token: Token,
-    pub remaining: Duration,
+    pub left: Duration,
     /// How long the holder has held it (since its grant, or since a restart restored it).
     pub held: Duration,
     pub session: bool,

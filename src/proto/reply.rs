@@ -73,7 +73,7 @@ impl fmt::Display for Reply<'_> {
                     id: &s.holder,
                     token: s.token,
                     held: s.held,
-                    ttl: s.remaining,
+                    left: s.left,
                     session: s.session,
                     mode: s.mode,
                 },
@@ -122,7 +122,7 @@ fn held_of(s: &LockStatus) -> HeldLine<&str> {
         name: &s.name,
         id: &s.holder,
         token: s.token,
-        ttl: s.remaining,
+        left: s.left,
         session: s.session,
         waiters: s.waiters,
         holders: s.holders,
@@ -139,7 +139,7 @@ fn write_held<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HeldLine<S>) -> fmt
         h.name.as_ref(),
         h.id.as_ref(),
         h.token,
-        h.ttl.as_millis(),
+        h.left.as_millis(),
         u8::from(h.session),
         h.waiters
     )?;
@@ -157,7 +157,7 @@ fn write_holder<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HolderLine<S>) ->
         h.id.as_ref(),
         h.token,
         h.held.as_millis(),
-        h.ttl.as_millis(),
+        h.left.as_millis(),
         u8::from(h.session),
         h.mode
     )
@@ -198,7 +198,7 @@ pub struct HeldLine<S = String> {
     pub id: S,
     pub token: Token,
     /// The first holder's lease time left (`ttl_ms`).
-    pub ttl: Duration,
+    pub left: Duration,
     /// `session=1`: a session lease.
     pub session: bool,
     /// The queue's length.
@@ -245,7 +245,7 @@ pub struct HolderLine<S = String> {
     /// How long it has held the lock (`held_ms`).
     pub held: Duration,
     /// Lease time left (`ttl_ms`).
-    pub ttl: Duration,
+    pub left: Duration,
     pub session: bool,
     pub mode: Mode,
 }
@@ -565,7 +565,7 @@ impl HeldLine {
             name,
             id: f.text("id")?,
             token: number(f.get("token")?)?,
-            ttl: millis(f.get("ttl_ms")?)?,
+            left: millis(f.get("ttl_ms")?)?,
             session: flag(f.get("session")?)?,
             waiters: number(f.get("waiters")?)?,
             holders: match f.get("holders") {
@@ -601,7 +601,7 @@ impl HolderLine {
             id: f.text("id")?,
             token: number(f.get("token")?)?,
             held: millis(f.get("held_ms")?)?,
-            ttl: millis(f.get("ttl_ms")?)?,
+            left: millis(f.get("ttl_ms")?)?,
             session: flag(f.get("session")?)?,
             mode: f.mode()?,
         })
@@ -707,7 +707,7 @@ mod tests {
             ("a", "h:1", 7, true, 2)
         );
         assert_eq!((h.holders, h.mode), (1, Mode::Exclusive));
-        assert_eq!(h.ttl, Duration::from_millis(1500));
+        assert_eq!(h.left, Duration::from_millis(1500));
         assert_eq!(
             Received::parse("OK b free", Asked::Status),
             Ok(Received::Status(StatusLine::Free("b".into())))

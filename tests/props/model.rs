@@ -896,7 +896,7 @@ fn session_lease_on_another_connection_conflicts() {
     // The refused request changed nothing.
     let s = t.status(ms(base, 1), "x").expect("held");
     assert!(s.session);
-    assert_eq!(s.remaining, Duration::from_millis(999));
+    assert_eq!(s.left, Duration::from_millis(999));
     // The same connection may repeat it, and drop the session binding by doing so.
     let (again, _) = granted(t.lock(ms(base, 2), req("x", "p", 1000, None, false, 1)));
     assert_eq!(again, token);
@@ -1002,7 +1002,7 @@ fn expiry_hands_over_with_lease_from_processing_time() {
     assert_eq!(t.next_deadline(), Some(ms(base, 75)));
     let s = t.status(ms(base, 25), "x").expect("held");
     assert!(s.session);
-    assert_eq!(s.remaining, Duration::from_millis(50));
+    assert_eq!(s.left, Duration::from_millis(50));
     // A live lease is live strictly before its deadline.
     assert!(t.check(ms(base, 74), "x", token + 1).is_ok());
     assert_eq!(

@@ -152,11 +152,11 @@ fn held_line() -> impl Strategy<Value = HeldLine> {
         mode(),
     )
         .prop_map(
-            |(name, id, token, ttl, session, waiters, holders, mode)| HeldLine {
+            |(name, id, token, left, session, waiters, holders, mode)| HeldLine {
                 name,
                 id,
                 token,
-                ttl,
+                left,
                 session,
                 waiters,
                 // An exclusive lock has one holder; its line does not say.
@@ -215,13 +215,13 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             any::<bool>(),
             mode()
         )
-            .prop_map(|(name, id, token, held, ttl, session, mode)| (
+            .prop_map(|(name, id, token, held, left, session, mode)| (
                 Received::Holder(HolderLine {
                     name,
                     id,
                     token,
                     held,
-                    ttl,
+                    left,
                     session,
                     mode
                 }),
@@ -268,7 +268,7 @@ fn lock_status() -> impl Strategy<Value = LockStatus> {
         name: h.name.into(),
         holder: h.id.into(),
         token: h.token,
-        remaining: h.ttl,
+        left: h.left,
         held,
         session: h.session,
         waiters: h.waiters,
@@ -282,7 +282,7 @@ fn as_held(s: &LockStatus) -> HeldLine {
         name: s.name.to_string(),
         id: s.holder.to_string(),
         token: s.token,
-        ttl: s.remaining,
+        left: s.left,
         session: s.session,
         waiters: s.waiters,
         holders: s.holders,
@@ -326,7 +326,7 @@ proptest! {
                 id: status.holder.to_string(),
                 token: status.token,
                 held: status.held,
-                ttl: status.remaining,
+                left: status.left,
                 session: status.session,
                 mode: status.mode,
             }))

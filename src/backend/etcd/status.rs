@@ -82,7 +82,7 @@ fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockSta
         name: name.into(),
         holder: h.value.id.as_str().into(),
         token: base + h.rev as Token,
-        remaining: h.left(now()),
+        left: h.left(now()),
         held: Duration::from_millis(at.saturating_sub(h.value.granted_ms)),
         session: h.value.session_ms.is_some(),
         waiters: ns.queue.len(),

@@ -71,7 +71,7 @@ fn table(rows: &[HeldLine]) -> String {
             h.mode.to_string(),
             holder_and_others(h),
             h.token.to_string(),
-            short_duration(h.ttl),
+            short_duration(h.left),
             yes_no(h.session),
             h.waiters.to_string(),
         ]);
@@ -115,7 +115,7 @@ fn readable_lock(lock: &LockDetail) -> String {
             h.id.clone(),
             h.token.to_string(),
             short_duration(h.held),
-            short_duration(h.ttl),
+            short_duration(h.left),
             yes_no(h.session),
             h.mode.to_string(),
         ]);
@@ -177,7 +177,7 @@ fn json_held(h: &HeldLine, more: &str) -> String {
         json_string(&h.name),
         json_string(&h.id),
         h.token,
-        h.ttl.as_millis(),
+        h.left.as_millis(),
         h.session,
         h.waiters,
         h.holders,
@@ -196,7 +196,7 @@ fn json_lock(lock: &LockDetail) -> String {
                 json_string(&h.id),
                 h.token,
                 h.held.as_millis(),
-                h.ttl.as_millis(),
+                h.left.as_millis(),
                 h.session,
                 json_string(&h.mode.to_string())
             )
@@ -240,7 +240,7 @@ mod tests {
                 id: "h:1".into(),
                 token: 7,
                 held: Duration::from_millis(12_300),
-                ttl: Duration::from_millis(800),
+                left: Duration::from_millis(800),
                 session: true,
                 mode: Mode::Exclusive,
             }],

@@ -214,7 +214,7 @@ fn view(entries: &[Entry], height: Option<usize>) -> String {
                 h.mode.to_string(),
                 holder_and_others(h),
                 e.age.map_or_else(|| "-".into(), short_duration),
-                short_duration(h.ttl),
+                short_duration(h.left),
                 h.waiters.to_string(),
             ],
         });

@@ -596,7 +596,7 @@ fn status_of(now: u64, name: &str, e: &MEntry, h: &MHolder) -> LockStatus {
         name: Arc::from(name),
         holder: Arc::from(h.id.as_str()),
         token: h.token,
-        remaining: Duration::from_millis(h.deadline.saturating_sub(now)),
+        left: Duration::from_millis(h.deadline.saturating_sub(now)),
         held: Duration::from_millis(now - h.granted),
         session: h.session.is_some(),
         waiters: e.queue.len(),
