@@ -24,6 +24,7 @@
 mod keys;
 mod mirror;
 mod ops;
+mod sessions;
 mod tasks;
 
 use std::collections::HashMap;
@@ -82,6 +83,8 @@ struct State {
     fresh: HashMap<(String, i64), mirror::Holder>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
+    /// The session leases this front-end granted or bound, by connection.
+    bound: sessions::Bound,
 }
 
 impl State {
@@ -176,6 +179,7 @@ impl Cluster {
                 written: HashMap::new(),
                 fresh: HashMap::new(),
                 expiring: Default::default(),
+                bound: Default::default(),
             }),
             events,
             moved: Notify::new(),
@@ -262,7 +266,7 @@ impl Cluster {
         &self.metrics
     }
 
-    pub fn ready(&self) -> Result<(), &'static str> {
+    fn ready(&self) -> Result<(), &'static str> {
         if !self.healthy.load(Ordering::Relaxed) {
             Err("the etcd cluster cannot be reached or has no quorum")
         } else if !self.leased.load(Ordering::Relaxed) {

@@ -307,6 +307,11 @@ impl Cluster {
         let applied = {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev, now());
+            for event in &applied.events {
+                if event.kind != EventKind::Acquired {
+                    g.bound.ended(event.token);
+                }
+            }
             let seen = g.mirror.rev;
             g.written.retain(|_, (at, _)| *at > seen);
             g.fresh.retain(|(_, rev), _| *rev > seen);
@@ -815,6 +820,10 @@ fn deliver(
         deadline,
         handover,
     });
+    if sent.is_ok() && local.req.session.is_some() {
+        // The backend ends it when its connection closes.
+        g.bound.add(local.req.conn, token, name);
+    }
     sent.is_err().then(back)
 }
 
