@@ -176,3 +176,39 @@ impl super::State {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Bound;
+
+    fn tokens(b: &Bound, conn: u64) -> Vec<u64> {
+        let mut t: Vec<u64> = b
+            .by_conn
+            .get(&conn)
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default();
+        t.sort_unstable();
+        t
+    }
+
+    #[test]
+    fn a_lease_is_under_the_connection_it_was_last_bound_to() {
+        let mut b = Bound::default();
+        b.add(1, 10, "a");
+        b.add(1, 11, "b");
+        b.add(2, 12, "a");
+        assert_eq!(tokens(&b, 1), [10, 11]);
+        // Rebound (a RENEW in its grace, or the same id's LOCK) through connection 2.
+        b.add(2, 10, "a");
+        assert_eq!(tokens(&b, 1), [11]);
+        assert_eq!(tokens(&b, 2), [10, 12]);
+        // Ended (an UNLOCK, or the watch showing its end).
+        b.ended(11);
+        assert!(!b.by_conn.contains_key(&1));
+        // A close takes what is left, once.
+        let taken = b.take(2);
+        assert_eq!(taken.len(), 2);
+        assert!(b.take(2).is_empty());
+        assert!(b.by_conn.is_empty() && b.conn_of.is_empty());
+    }
+}
