@@ -208,7 +208,7 @@ pub struct Wait {
     waiter: WaiterId,
     rx: Option<oneshot::Receiver<WaitResult>>,
     /// A grant received and not returned yet: it is returned once durable up to this mark.
-    unsure: Option<(WaitResult, Seq)>,
+    arrived: Option<(WaitResult, Seq)>,
 }
 
 impl Wait {
@@ -221,7 +221,7 @@ impl Wait {
     /// [`WaitResult::Failed`] with [`BackendError::NotDurable`]). Cancel-safe: a grant that
     /// arrived stays here until this returns it, and dropping the wait then gives it back.
     pub async fn result(&mut self) -> WaitResult {
-        if self.unsure.is_none() {
+        if self.arrived.is_none() {
             let result = match self.rx.as_mut() {
                 Some(rx) => rx.await,
                 None => std::future::pending().await,
@@ -234,14 +234,14 @@ impl Wait {
             }
             match self.backend.durable_mark() {
                 None => return result,
-                Some(mark) => self.unsure = Some((result, mark)),
+                Some(mark) => self.arrived = Some((result, mark)),
             }
         }
-        let Some(mark) = self.unsure.as_ref().map(|(_, mark)| *mark) else {
+        let Some(mark) = self.arrived.as_ref().map(|(_, mark)| *mark) else {
             return std::future::pending().await;
         };
         let durable = self.backend.durable(mark).await;
-        let Some((result, _)) = self.unsure.take() else {
+        let Some((result, _)) = self.arrived.take() else {
             return std::future::pending().await;
         };
         match durable {
@@ -270,7 +270,7 @@ impl Drop for Wait {
                 token, handover, ..
             },
             _,
-        )) = self.unsure.take()
+        )) = self.arrived.take()
         {
             self.backend.give_back(&self.name, token, handover);
         }
@@ -435,7 +435,7 @@ impl Backend {
                 name,
                 waiter,
                 rx: Some(rx),
-                unsure: None,
+                arrived: None,
             })),
         }
     }
