@@ -598,3 +598,160 @@ pub(crate) fn log_event(e: &Event) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::locks::{Mode, NO_USER};
+    use crate::store::{Journal, Store};
+
+    /// A data directory of its own, removed when dropped.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(what: &str) -> Dir {
+            let unique = format!("lockd-seam-{what}-{}-{}", std::process::id(), unix_ms());
+            Dir(std::env::temp_dir().join(unique))
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn durable_backend(dir: &Dir) -> (Store, Journal, Arc<Embedded>) {
+        let (store, recovered) = Store::open(&dir.0, Default::default()).expect("data dir");
+        let journal = store.journal();
+        let embedded = Embedded::new_durable(
+            Limits::default(),
+            1,
+            16,
+            store.journal(),
+            &recovered,
+            None,
+            Default::default(),
+        );
+        (store, journal, embedded)
+    }
+
+    /// Whether every change made so far is on disk already.
+    async fn durable_now(journal: &Journal) -> bool {
+        let all = journal.durable(journal.appended());
+        tokio::time::timeout(Duration::ZERO, all).await.is_ok()
+    }
+
+    fn req(name: &str, id: &str, conn: ConnId, session: bool) -> LockRequest {
+        LockRequest {
+            name: name.into(),
+            id: id.into(),
+            ttl: Some(Duration::from_secs(60)),
+            wait: None,
+            session: session.then_some(Duration::ZERO),
+            conn,
+            mode: Mode::Exclusive,
+            user: NO_USER,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_is_durable_when_its_call_returns() {
+        let dir = Dir::new("calls");
+        let (mut store, journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(embedded);
+        let Ok(Locked::Granted { token, .. }) = backend.lock(req("x", "a", 1, false)).await else {
+            panic!("not granted");
+        };
+        assert!(durable_now(&journal).await);
+        backend.renew("x", token, None, 1, NO_USER).await.unwrap();
+        assert!(durable_now(&journal).await);
+        backend.unlock("x", token, NO_USER).await.unwrap();
+        assert!(durable_now(&journal).await);
+        store.close().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_waiter_hears_of_its_grant_once_it_is_durable_and_its_close_ends_it() {
+        let dir = Dir::new("wait");
+        let (mut store, journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(Arc::clone(&embedded));
+        let Ok(Locked::Granted { token, .. }) = backend.lock(req("x", "a", 1, false)).await else {
+            panic!("not granted");
+        };
+        let Ok(Locked::Waiting(mut wait)) = backend.lock(req("x", "b", 2, true)).await else {
+            panic!("not queued");
+        };
+        assert!(!backend.holds_sessions(2));
+        // Released behind the seam's back: the grant is queued for the disk, not on it yet.
+        embedded.unlock("x", token, NO_USER).unwrap();
+        let WaitResult::Granted { token: next, .. } = wait.result().await else {
+            panic!("not granted");
+        };
+        assert!(durable_now(&journal).await);
+        drop(wait);
+        // Its session lease is bound to connection 2, and ends with it.
+        assert!(backend.holds_sessions(2));
+        assert_eq!(
+            backend.status("x").await.unwrap().map(|s| s.token),
+            Some(next)
+        );
+        backend.closed(2);
+        assert!(!backend.holds_sessions(2));
+        assert!(backend.status("x").await.unwrap().is_none());
+        store.close().unwrap();
+    }
+
+    /// A wait whose grant has arrived, made to wait for a mark the disk never reaches.
+    async fn arrived_never_durable(backend: &Backend, embedded: &Embedded) -> Wait {
+        let Ok(Locked::Granted { token, .. }) = backend.lock(req("x", "a", 1, false)).await else {
+            panic!("not granted");
+        };
+        let Ok(Locked::Waiting(mut wait)) = backend.lock(req("x", "b", 2, false)).await else {
+            panic!("not queued");
+        };
+        embedded.unlock("x", token, NO_USER).unwrap();
+        let grant = wait.rx.take().expect("a receiver").await.expect("a grant");
+        assert!(matches!(grant, WaitResult::Granted { .. }));
+        wait.arrived = Some((grant, Seq::MAX));
+        wait
+    }
+
+    #[tokio::test]
+    async fn a_wait_dropped_before_its_grant_is_durable_gives_it_back() {
+        let dir = Dir::new("drop");
+        let (mut store, _journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(Arc::clone(&embedded));
+        let mut wait = arrived_never_durable(&backend, &embedded).await;
+        // Not reported while it is not durable, and kept across a cancelled look.
+        let first = tokio::time::timeout(Duration::ZERO, wait.result()).await;
+        assert!(first.is_err());
+        assert!(wait.arrived.is_some());
+        // The client was never told: dropped, the grant is taken back.
+        drop(wait);
+        assert!(backend.status("x").await.unwrap().is_none());
+        store.close().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_grant_that_can_never_be_durable_is_not_reported() {
+        let dir = Dir::new("stop");
+        let (mut store, _journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(Arc::clone(&embedded));
+        let mut wait = arrived_never_durable(&backend, &embedded).await;
+        // The store stops (as when a write failed): the wait answers NotDurable.
+        store.close().unwrap();
+        let result = wait.result().await;
+        assert!(matches!(
+            result,
+            WaitResult::Failed(BackendError::NotDurable)
+        ));
+        assert!(matches!(
+            backend.lock(req("y", "c", 3, false)).await,
+            Err(BackendError::NotDurable)
+        ));
+    }
+}
