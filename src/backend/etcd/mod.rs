@@ -21,7 +21,7 @@
 //!   front-end renews, checks, releases or expires them. Session leases and waiters hang on
 //!   their front-end's etcd lease, so they end within `--etcd-lease-ttl` of its death. The
 //!   front-end keeps an index of the session leases it granted or bound, by connection
-//!   ([`sessions`]), to end a connection's when it closes.
+//!   (`sessions.rs`), to end a connection's when it closes.
 
 mod keys;
 mod mirror;
