@@ -97,7 +97,7 @@ async fn readyz(State(ep): State<Endpoint>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "starting: recovering state\n",
         ),
-        Some(backend) => match backend.ready() {
+        Some(backend) => match backend.health().ready {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(why) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -115,11 +115,9 @@ async fn metrics(State(ep): State<Endpoint>) -> Response {
     let (held, waiters) = backend.counts();
     m.held.set(held as i64);
     m.waiters.set(waiters as i64);
-    m.journal_backlog.set(
-        backend
-            .journal_backlog()
-            .map_or(0.0, |age| age.as_secs_f64()),
-    );
+    let health = backend.health();
+    m.journal_backlog
+        .set(health.journal_backlog.map_or(0.0, |age| age.as_secs_f64()));
     for name in ep.names.iter() {
         let key = [("name", name.clone())];
         let status = backend.status(name).await.ok().flatten();

@@ -11,7 +11,9 @@
 //!   common name.
 //! - [`backend`]: the seam sessions talk to, and the two places locks live behind it: the
 //!   embedded table (behind a mutex, with its expiry timer, waiter hand-off and watch events)
-//!   and, with the `etcd` feature, an etcd cluster shared by several lockd front-ends.
+//!   and, with the `etcd` feature, an etcd cluster shared by several lockd front-ends. One
+//!   call per request, answered once its change is durable; the backend knows which session
+//!   leases each connection holds and ends them when it closes (`Backend::closed`).
 //! - [`session`]: one client connection: read, parse, dispatch, reply.
 //! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
 //! - [`daemon`]: the `lockd` process from its flags ([`daemon::Flags`]: their defaults and

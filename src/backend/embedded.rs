@@ -8,11 +8,13 @@
 //! logging and broadcasting happen after it is dropped.
 //!
 //! With a data directory, the table's changes are queued to the [`Journal`] under the same
-//! guard (so the log's order is the table's order), and a session calls [`Embedded::durable`]
-//! before the `OK` that reports a change.
+//! guard (so the log's order is the table's order); the seam waits for
+//! [`Embedded::durable`] before a change it made returns (see [`super::Backend::lock`]).
+//!
+//! Which session leases are bound to which connection, the table itself knows (an index of
+//! them by open connection): [`Embedded::closed`] ends a closed connection's.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,11 +28,11 @@ use crate::locks::{
     UserId, WaiterId, GONE_USER,
 };
 use crate::metrics::Metrics;
-use crate::store::{Journal, Recovered, Stopped};
+use crate::store::{Journal, Recovered, Seq};
 
 use super::{
-    now, unix_ms, Detail, HandOver, LockStart, Published, Renewed, StatusSnapshot, StatusView,
-    WaitResult,
+    now, unix_ms, BackendError, Detail, HandOver, Health, LockStart, Published, Renewed,
+    StatusSnapshot, StatusView, WaitResult,
 };
 
 struct Inner {
@@ -147,18 +149,19 @@ impl Embedded {
         &self.metrics
     }
 
-    /// Ready to grant: with a data directory, its writer has not failed.
-    pub fn ready(&self) -> Result<(), &'static str> {
-        match &self.journal {
+    /// Ready to grant: with a data directory, its writer has not failed. And how long the
+    /// oldest change not yet on disk has waited (`None` without a data directory or when
+    /// nothing waits).
+    pub fn health(&self) -> Health {
+        let ready = match &self.journal {
             Some(journal) if journal.is_failed() => Err("the data directory cannot be written"),
             _ => Ok(()),
+        };
+        let journal_backlog = self.journal.as_ref().and_then(Journal::oldest_pending);
+        Health {
+            ready,
+            journal_backlog,
         }
-    }
-
-    /// How long the oldest change not yet on disk has waited (`None` without a data directory
-    /// or when nothing waits), for the metrics scrape.
-    pub fn journal_backlog(&self) -> Option<Duration> {
-        self.journal.as_ref()?.oldest_pending()
     }
 
     /// Held locks and queued waiters, for the metrics scrape.
@@ -167,13 +170,23 @@ impl Embedded {
         (g.table.len(), g.waiting.len())
     }
 
-    /// Waits until every change made so far is on disk: call it after a change and before
-    /// the `OK` that reports it. `None` when there is nothing to wait for (no data directory),
-    /// so the in-memory path pays one branch. `Err` means it never will be: the server is
-    /// stopping.
-    pub fn durable(&self) -> Option<impl Future<Output = Result<(), Stopped>> + '_> {
-        let journal = self.journal.as_ref()?;
-        Some(journal.durable(journal.appended()))
+    /// The journal's mark of every change made so far, to wait for with
+    /// [`Embedded::durable`]; `None` without a data directory (nothing to wait for, so the
+    /// in-memory path pays one branch).
+    pub fn durable_mark(&self) -> Option<Seq> {
+        self.journal.as_ref().map(Journal::appended)
+    }
+
+    /// Waits until every change up to `mark` is on disk. `NotDurable`: it never will be,
+    /// the server is stopping.
+    pub async fn durable(&self, mark: Seq) -> Result<(), BackendError> {
+        match &self.journal {
+            Some(journal) => journal
+                .durable(mark)
+                .await
+                .map_err(|_| BackendError::NotDurable),
+            None => Ok(()),
+        }
     }
 
     /// Queues the table's changes for the disk, in the table's order.
@@ -392,26 +405,21 @@ impl Embedded {
         self.settle(g);
     }
 
-    /// Ends the session leases a closing connection still holds.
-    pub fn drop_sessions(&self, conn: ConnId, leases: &HashMap<Token, String>) {
-        if leases.is_empty() {
+    /// Connection `conn` closed: the session leases still bound to it end, or start their
+    /// grace (the table finds them by its index, without a scan).
+    pub fn closed(&self, conn: ConnId) {
+        let mut g = self.guard();
+        if !g.table.holds_sessions(conn) {
             return;
         }
-        let mut g = self.guard();
-        let at = now();
-        for (token, name) in leases {
-            g.table.drop_session(at, name, *token, conn);
-        }
+        g.table.close_connection(now(), conn);
         self.settle(g);
     }
 
-    /// Keeps only the session leases that are still live, so a long-lived connection's list
-    /// stays as small as what it holds.
-    pub fn retain_live(&self, leases: &mut HashMap<Token, String>) {
-        let mut g = self.guard();
-        let at = now();
-        leases.retain(|token, name| g.table.check(at, name, *token).is_ok());
-        self.settle(g);
+    /// Whether a session lease is still bound to connection `conn`.
+    pub fn holds_sessions(&self, conn: ConnId) -> bool {
+        let (g, _) = self.read_guard();
+        g.table.holds_sessions(conn)
     }
 
     /// Events from now on; a receiver more than `watch_buffer` behind gets `Lagged`.

@@ -12,17 +12,28 @@
 //! vtable per request, so the default backend pays one branch for the seam), and the etcd
 //! variant disappears entirely from a build without the feature.
 //!
-//! Calls a connection makes while it is being torn down ([`Backend::abandon_wait`],
-//! [`Backend::drop_sessions`]) are synchronous so that `Drop` can make them: a backend that
-//! must talk to the network for them does so on a task of its own.
+//! The seam asks nothing of its callers beyond the request itself:
+//! - a call that changes a lease (LOCK, UNLOCK, RENEW) returns once its change is durable
+//!   (with `--data-dir`, on disk; in etcd, once its quorum answered), and a queued LOCK's
+//!   [`Wait::result`] returns a grant only once that grant is durable, so an `OK` sent after
+//!   it never reports a change a crash could undo. If the change never can be durable (the
+//!   store failed and the server is stopping), the call answers [`BackendError::NotDurable`];
+//! - the backend knows which session leases are bound to which connection: a closing
+//!   connection says so ([`Backend::closed`]) and the backend ends them or starts their grace;
+//! - a grant whose client is gone before it could be told is given back with
+//!   [`Backend::revoke`], the one call besides the request's own;
+//! - how the backend is doing, for `/readyz` and the metrics scrape, is one answer,
+//!   [`Backend::health`].
+//!
+//! Calls a connection makes while it is being torn down ([`Backend::closed`], and dropping
+//! a [`Wait`]) are synchronous so that `Drop` can make them: a backend that must talk to the
+//! network for them does so on a task of its own.
 
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 
-use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,7 +45,7 @@ use crate::locks::{
 };
 use crate::metrics::Metrics;
 use crate::proto::ProtoError;
-use crate::store::Stopped;
+use crate::store::Seq;
 
 pub use embedded::Embedded;
 
@@ -54,6 +65,9 @@ pub enum BackendError {
     /// The backend can't be reached or has no quorum. A write that timed out may still have
     /// been made: the client tries again (a LOCK with the same id then gets that grant).
     Unavailable(String),
+    /// The change was made but can never be made durable: the store failed and the server is
+    /// stopping. The connection answers `ERR SHUTDOWN` and closes.
+    NotDurable,
 }
 
 impl From<TableError> for BackendError {
@@ -68,7 +82,13 @@ impl BackendError {
         match self {
             BackendError::Table(e) => ProtoError::table(name, e),
             BackendError::Unavailable(why) => ProtoError::unavailable(why),
+            BackendError::NotDurable => ProtoError::not_durable(),
         }
+    }
+
+    /// Whether the connection closes after answering it.
+    pub fn ends_connection(&self) -> bool {
+        matches!(self, BackendError::NotDurable)
     }
 }
 
@@ -77,6 +97,7 @@ impl fmt::Display for BackendError {
         match self {
             BackendError::Table(e) => e.fmt(f),
             BackendError::Unavailable(why) => write!(f, "backend unavailable: {why}"),
+            BackendError::NotDurable => f.write_str("the change can't be made durable"),
         }
     }
 }
@@ -145,19 +166,115 @@ pub struct Renewed {
     pub bound: bool,
 }
 
-/// What a LOCK did at once.
+/// What a backend's LOCK did at once, before the seam makes it durable and wraps a wait in
+/// a [`Wait`].
 #[derive(Debug)]
 pub enum LockStart {
     Granted {
         token: Token,
         handover: HandOver,
     },
-    /// Queued: `rx` receives the outcome. Give it back through [`Backend::abandon_wait`] if
-    /// the connection goes first.
+    /// Queued: `rx` receives the outcome.
     Waiting {
         waiter: WaiterId,
         rx: oneshot::Receiver<WaitResult>,
     },
+}
+
+/// What a LOCK did at once, as [`Backend::lock`] answers it.
+#[derive(Debug)]
+pub enum Locked {
+    /// Granted, and durable.
+    Granted { token: Token, handover: HandOver },
+    /// Queued.
+    Waiting(Wait),
+}
+
+/// How the backend is doing, for `/readyz` and the metrics scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// Ready to grant: the journal writes, or the cluster is reachable; if not, why.
+    pub ready: Result<(), &'static str>,
+    /// How long the oldest change not yet durable has waited (`None`: none waits, or changes
+    /// are durable once made).
+    pub journal_backlog: Option<Duration>,
+}
+
+/// A queued LOCK. Dropping it (the connection went, the task was cancelled) takes the waiter
+/// out of the queue, or gives back a grant its client was never told of.
+pub struct Wait {
+    backend: Backend,
+    name: String,
+    waiter: WaiterId,
+    rx: Option<oneshot::Receiver<WaitResult>>,
+    /// A grant received and not returned yet: it is returned once durable up to this mark.
+    arrived: Option<(WaitResult, Seq)>,
+}
+
+impl Wait {
+    /// The name waited for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the wait ends; a grant only once it is durable (if it never will be:
+    /// [`WaitResult::Failed`] with [`BackendError::NotDurable`]). Cancel-safe: a grant that
+    /// arrived stays here until this returns it, and dropping the wait then gives it back.
+    pub async fn result(&mut self) -> WaitResult {
+        if self.arrived.is_none() {
+            let result = match self.rx.as_mut() {
+                Some(rx) => rx.await,
+                None => std::future::pending().await,
+            };
+            self.rx = None;
+            // The sender is only dropped unused when the server is going away.
+            let result = result.unwrap_or(WaitResult::Ended(WaitEnd::TimedOut));
+            if !matches!(result, WaitResult::Granted { .. }) {
+                return result;
+            }
+            match self.backend.durable_mark() {
+                None => return result,
+                Some(mark) => self.arrived = Some((result, mark)),
+            }
+        }
+        let Some(mark) = self.arrived.as_ref().map(|(_, mark)| *mark) else {
+            return std::future::pending().await;
+        };
+        let durable = self.backend.durable(mark).await;
+        let Some((result, _)) = self.arrived.take() else {
+            return std::future::pending().await;
+        };
+        match durable {
+            Ok(()) => result,
+            Err(e) => WaitResult::Failed(e),
+        }
+    }
+}
+
+impl fmt::Debug for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wait")
+            .field("name", &self.name)
+            .field("waiter", &self.waiter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Wait {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            self.backend.abandon_wait(&self.name, self.waiter, rx);
+        }
+        if let Some((
+            WaitResult::Granted {
+                token, handover, ..
+            },
+            _,
+        )) = self.arrived.take()
+        {
+            self.backend.give_back(&self.name, token, handover);
+        }
+    }
 }
 
 /// An event as watchers see it: what happened and when (wall clock, for people).
@@ -261,19 +378,9 @@ impl Backend {
         each!(self, b => b.metrics())
     }
 
-    /// Ready to grant: the journal writes, or the cluster is reachable; if not, why.
-    pub fn ready(&self) -> Result<(), &'static str> {
-        each!(self, b => b.ready())
-    }
-
-    /// How long the oldest change not yet on disk has waited (embedded with a data
-    /// directory only), for the metrics scrape.
-    pub fn journal_backlog(&self) -> Option<Duration> {
-        match self {
-            Backend::Embedded(b) => b.journal_backlog(),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(_) => None,
-        }
+    /// Whether it is ready to grant, and how far behind its journal is.
+    pub fn health(&self) -> Health {
+        each!(self, b => b.health())
     }
 
     /// Held locks and queued waiters, for the metrics scrape.
@@ -281,15 +388,22 @@ impl Backend {
         each!(self, b => b.counts())
     }
 
-    /// Waits until every change made so far is durable: call it after a change and before
-    /// the `OK` that reports it. `None` when a change is durable once it is made (in memory,
-    /// or in etcd, whose answer comes after its quorum wrote it). `Err`: it never will be, the
-    /// server is stopping.
-    pub fn durable(&self) -> Option<impl Future<Output = Result<(), Stopped>> + '_> {
-        match self {
-            Backend::Embedded(b) => b.durable(),
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(_) => None,
+    /// What to wait for so that every change made so far is durable; `None` when a change
+    /// is durable once it is made.
+    fn durable_mark(&self) -> Option<Seq> {
+        each!(self, b => b.durable_mark())
+    }
+
+    /// Waits until the changes up to `mark` are durable.
+    async fn durable(&self, mark: Seq) -> Result<(), BackendError> {
+        each!(self, b => b.durable(mark).await)
+    }
+
+    /// Waits until every change made so far is durable.
+    async fn made_durable(&self) -> Result<(), BackendError> {
+        match self.durable_mark() {
+            Some(mark) => self.durable(mark).await,
+            None => Ok(()),
         }
     }
 
@@ -302,25 +416,42 @@ impl Backend {
         each!(self, b => b.limits())
     }
 
-    /// LOCK.
-    pub async fn lock(&self, req: LockRequest) -> Result<LockStart, BackendError> {
-        match self {
-            Backend::Embedded(b) => Ok(b.lock(req)?),
+    /// LOCK: granted (once durable), or queued. A session lease is bound to `req.conn`:
+    /// [`Backend::closed`] ends it.
+    pub async fn lock(&self, req: LockRequest) -> Result<Locked, BackendError> {
+        let name = req.name.clone();
+        let start = match self {
+            Backend::Embedded(b) => b.lock(req)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.lock(req).await,
+            Backend::Etcd(b) => b.lock_bound(req).await?,
+        };
+        match start {
+            LockStart::Granted { token, handover } => {
+                self.made_durable().await?;
+                Ok(Locked::Granted { token, handover })
+            }
+            LockStart::Waiting { waiter, rx } => Ok(Locked::Waiting(Wait {
+                backend: self.clone(),
+                name,
+                waiter,
+                rx: Some(rx),
+                arrived: None,
+            })),
         }
     }
 
-    /// UNLOCK by `user`.
+    /// UNLOCK by `user`; returns once the release is durable.
     pub async fn unlock(&self, name: &str, token: Token, user: UserId) -> Result<(), BackendError> {
         match self {
-            Backend::Embedded(b) => Ok(b.unlock(name, token, user)?),
+            Backend::Embedded(b) => b.unlock(name, token, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.unlock(name, token, user).await,
+            Backend::Etcd(b) => b.unlock_bound(name, token, user).await?,
         }
+        self.made_durable().await
     }
 
-    /// RENEW by `user` on connection `conn`.
+    /// RENEW by `user` on connection `conn`; returns once the renewal is durable. A session
+    /// lease in its grace is bound to `conn` from now on.
     pub async fn renew(
         &self,
         name: &str,
@@ -329,11 +460,13 @@ impl Backend {
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
-        match self {
-            Backend::Embedded(b) => Ok(b.renew(name, token, ttl, conn, user)?),
+        let renewed = match self {
+            Backend::Embedded(b) => b.renew(name, token, ttl, conn, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.renew(name, token, ttl, conn, user).await,
-        }
+            Backend::Etcd(b) => b.renew_bound(name, token, ttl, conn, user).await?,
+        };
+        self.made_durable().await?;
+        Ok(renewed)
     }
 
     /// CHECK: the lease's time left.
@@ -396,19 +529,35 @@ impl Backend {
 
     /// A waiting connection is going away. If it was granted in the meantime (the grant sits
     /// unread in `rx`), its client never learned the token, so the lock is released at once.
-    pub fn abandon_wait(&self, name: &str, waiter: WaiterId, rx: oneshot::Receiver<WaitResult>) {
+    fn abandon_wait(&self, name: &str, waiter: WaiterId, rx: oneshot::Receiver<WaitResult>) {
         each!(self, b => b.abandon_wait(name, waiter, rx))
     }
 
-    /// Ends the session leases a closing connection still holds (or starts their grace).
-    pub fn drop_sessions(&self, conn: ConnId, leases: &HashMap<Token, String>) {
-        each!(self, b => b.drop_sessions(conn, leases))
+    /// [`Backend::revoke`] without waiting for it, for `Drop`.
+    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
+    fn give_back(&self, name: &str, token: Token, handover: HandOver) {
+        match self {
+            Backend::Embedded(b) => {
+                b.revoke(name, token);
+            }
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(b) => {
+                let (b, name) = (Arc::clone(b), name.to_owned());
+                tokio::spawn(async move { b.take_back(&name, token, handover).await });
+            }
+        }
     }
 
-    /// Keeps only the session leases that are still live, so a long-lived connection's list
-    /// stays as small as what it holds.
-    pub fn retain_live(&self, leases: &mut HashMap<Token, String>) {
-        each!(self, b => b.retain_live(leases))
+    /// Connection `conn` closed: the session leases still bound to it end (event `dropped`)
+    /// or start their grace. Synchronous, for `Drop`; calling it again does nothing.
+    pub fn closed(&self, conn: ConnId) {
+        each!(self, b => b.closed(conn))
+    }
+
+    /// Whether a session lease is bound to connection `conn` (its client must keep it open,
+    /// so it is not closed for being idle).
+    pub fn holds_sessions(&self, conn: ConnId) -> bool {
+        each!(self, b => b.holds_sessions(conn))
     }
 
     /// The backend's own background work (expiry timers; for etcd, its watch and keep-alive)
@@ -447,5 +596,162 @@ pub(crate) fn log_event(e: &Event) {
         EventKind::Revoked => {
             tracing::info!(name, id, token, "grant taken back: the waiter was gone")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::locks::{Mode, NO_USER};
+    use crate::store::{Journal, Store};
+
+    /// A data directory of its own, removed when dropped.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(what: &str) -> Dir {
+            let unique = format!("lockd-seam-{what}-{}-{}", std::process::id(), unix_ms());
+            Dir(std::env::temp_dir().join(unique))
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn durable_backend(dir: &Dir) -> (Store, Journal, Arc<Embedded>) {
+        let (store, recovered) = Store::open(&dir.0, Default::default()).expect("data dir");
+        let journal = store.journal();
+        let embedded = Embedded::new_durable(
+            Limits::default(),
+            1,
+            16,
+            store.journal(),
+            &recovered,
+            None,
+            Default::default(),
+        );
+        (store, journal, embedded)
+    }
+
+    /// Whether every change made so far is on disk already.
+    async fn durable_now(journal: &Journal) -> bool {
+        let all = journal.durable(journal.appended());
+        tokio::time::timeout(Duration::ZERO, all).await.is_ok()
+    }
+
+    fn req(name: &str, id: &str, conn: ConnId, session: bool) -> LockRequest {
+        LockRequest {
+            name: name.into(),
+            id: id.into(),
+            ttl: Some(Duration::from_secs(60)),
+            wait: None,
+            session: session.then_some(Duration::ZERO),
+            conn,
+            mode: Mode::Exclusive,
+            user: NO_USER,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_is_durable_when_its_call_returns() {
+        let dir = Dir::new("calls");
+        let (mut store, journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(embedded);
+        let Ok(Locked::Granted { token, .. }) = backend.lock(req("x", "a", 1, false)).await else {
+            panic!("not granted");
+        };
+        assert!(durable_now(&journal).await);
+        backend.renew("x", token, None, 1, NO_USER).await.unwrap();
+        assert!(durable_now(&journal).await);
+        backend.unlock("x", token, NO_USER).await.unwrap();
+        assert!(durable_now(&journal).await);
+        store.close().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_waiter_hears_of_its_grant_once_it_is_durable_and_its_close_ends_it() {
+        let dir = Dir::new("wait");
+        let (mut store, journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(Arc::clone(&embedded));
+        let Ok(Locked::Granted { token, .. }) = backend.lock(req("x", "a", 1, false)).await else {
+            panic!("not granted");
+        };
+        let Ok(Locked::Waiting(mut wait)) = backend.lock(req("x", "b", 2, true)).await else {
+            panic!("not queued");
+        };
+        assert!(!backend.holds_sessions(2));
+        // Released behind the seam's back: the grant is queued for the disk, not on it yet.
+        embedded.unlock("x", token, NO_USER).unwrap();
+        let WaitResult::Granted { token: next, .. } = wait.result().await else {
+            panic!("not granted");
+        };
+        assert!(durable_now(&journal).await);
+        drop(wait);
+        // Its session lease is bound to connection 2, and ends with it.
+        assert!(backend.holds_sessions(2));
+        assert_eq!(
+            backend.status("x").await.unwrap().map(|s| s.token),
+            Some(next)
+        );
+        backend.closed(2);
+        assert!(!backend.holds_sessions(2));
+        assert!(backend.status("x").await.unwrap().is_none());
+        store.close().unwrap();
+    }
+
+    /// A wait whose grant has arrived, made to wait for a mark the disk never reaches.
+    async fn arrived_never_durable(backend: &Backend, embedded: &Embedded) -> Wait {
+        let Ok(Locked::Granted { token, .. }) = backend.lock(req("x", "a", 1, false)).await else {
+            panic!("not granted");
+        };
+        let Ok(Locked::Waiting(mut wait)) = backend.lock(req("x", "b", 2, false)).await else {
+            panic!("not queued");
+        };
+        embedded.unlock("x", token, NO_USER).unwrap();
+        let grant = wait.rx.take().expect("a receiver").await.expect("a grant");
+        assert!(matches!(grant, WaitResult::Granted { .. }));
+        wait.arrived = Some((grant, Seq::MAX));
+        wait
+    }
+
+    #[tokio::test]
+    async fn a_wait_dropped_before_its_grant_is_durable_gives_it_back() {
+        let dir = Dir::new("drop");
+        let (mut store, _journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(Arc::clone(&embedded));
+        let mut wait = arrived_never_durable(&backend, &embedded).await;
+        // Not reported while it is not durable, and kept across a cancelled look.
+        let first = tokio::time::timeout(Duration::ZERO, wait.result()).await;
+        assert!(first.is_err());
+        assert!(wait.arrived.is_some());
+        // The client was never told: dropped, the grant is taken back.
+        drop(wait);
+        assert!(backend.status("x").await.unwrap().is_none());
+        store.close().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_grant_that_can_never_be_durable_is_not_reported() {
+        let dir = Dir::new("stop");
+        let (mut store, _journal, embedded) = durable_backend(&dir);
+        let backend = Backend::Embedded(Arc::clone(&embedded));
+        let mut wait = arrived_never_durable(&backend, &embedded).await;
+        // The store stops (as when a write failed): the wait answers NotDurable.
+        store.close().unwrap();
+        let result = wait.result().await;
+        assert!(matches!(
+            result,
+            WaitResult::Failed(BackendError::NotDurable)
+        ));
+        assert!(matches!(
+            backend.lock(req("y", "c", 3, false)).await,
+            Err(BackendError::NotDurable)
+        ));
     }
 }

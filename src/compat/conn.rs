@@ -79,17 +79,10 @@ async fn handle(stream: &mut TcpStream, peer: SocketAddr, kind: Kind, ctx: &Conn
     {
         return;
     }
-    let answer = answer.await;
-    // With --data-dir, the change is on disk before the client hears of it, as on the line
-    // protocol; if it never will be (the store failed), the client hears nothing.
-    if matches!(answer, Ok(Answer::Locked(_) | Answer::Unlocked)) {
-        if let Some(durable) = ctx.backend.durable() {
-            if durable.await.is_err() {
-                return;
-            }
-        }
-    }
-    match answer {
+    // With --data-dir, the change is on disk before the answer says it was made (the backend
+    // returns once it is), as on the line protocol; if it never will be (the store failed),
+    // the client hears nothing.
+    match answer.await {
         Ok(Answer::Locked(token)) => {
             if write_reply(stream, b"oklocked\n", ctx.read_timeout)
                 .await

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::backend::{Backend, LockStart, Published};
+use crate::backend::{Backend, Locked, Published};
 use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token, NO_USER};
 use crate::metrics::Protocol;
 
@@ -358,15 +358,13 @@ impl Compat {
             user: NO_USER,
         };
         match self.backend.lock(req).await {
-            Ok(LockStart::Granted { token, .. }) => {
+            Ok(Locked::Granted { token, .. }) => {
                 self.granted = Some(token);
                 Answer::Locked(token)
             }
-            Ok(LockStart::Waiting { waiter, rx }) => {
-                // wait=0 never queues; if it ever did, leave the queue rather than hold it.
-                self.backend.abandon_wait(name, waiter, rx);
-                Answer::Nothing
-            }
+            // wait=0 never queues; if it ever did, leave the queue rather than hold it (the
+            // dropped wait leaves it).
+            Ok(Locked::Waiting(_)) => Answer::Nothing,
             Err(e) => {
                 tracing::info!("lock not granted to {id}: {e}");
                 Answer::Nothing

@@ -115,7 +115,9 @@ impl Holder {
     }
 
     /// Binds the lease as a LOCK asked: a session lease to `conn` with `grace`, or plain.
-    pub(super) fn bind(&mut self, session: Option<Duration>, conn: ConnId) {
+    /// Returns the connection it was bound to before, if any.
+    pub(super) fn bind(&mut self, session: Option<Duration>, conn: ConnId) -> Option<ConnId> {
+        let was = self.open_conn();
         match session {
             Some(grace) => {
                 self.bond = Bond::Open;
@@ -128,6 +130,7 @@ impl Holder {
                 self.grace_ms = 0;
             }
         }
+        was
     }
 }
 

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 mod layout;
 pub mod rules;
+mod sessions;
 mod types;
 
 use layout::{nanos, Bond, Clock, Entry, Holder, Slab, TableView, Timer, Waiter, WaiterPlace};
@@ -62,6 +63,8 @@ pub struct Locks {
     timers: BTreeSet<(u64, Timer)>,
     /// Where each waiter stands: its entry's slot and its ticket.
     waiters: HashMap<WaiterId, (u32, u64)>,
+    /// The session leases bound to each open connection, for [`Locks::close_connection`].
+    bound: sessions::Bound,
     next_token: Token,
     /// Leases held, over all names (a semaphore's holders count one each).
     leases: usize,
@@ -85,6 +88,7 @@ impl Locks {
             id_ops: 0,
             timers: BTreeSet::new(),
             waiters: HashMap::new(),
+            bound: sessions::Bound::default(),
             next_token: first_token.max(1),
             leases: 0,
             next_waiter: 1,
@@ -257,7 +261,8 @@ impl Locks {
         self.timers.remove(&(existing.deadline, timer));
         existing.ttl = nanos(ttl);
         existing.deadline = deadline_ticks;
-        existing.bind(req.session, req.conn);
+        let was = existing.bind(req.session, req.conn);
+        self.bound.moved(token, slot, was, existing.open_conn());
         self.timers.insert((deadline_ticks, timer));
         if self.journal {
             self.changes.push(Change::Grant {
@@ -388,6 +393,7 @@ impl Locks {
             .filter(|(_, ticks)| *ticks < holder.deadline);
         holder.bond = Bond::Orphan { cut: cut.is_some() };
         holder.conn = 0;
+        self.bound.remove(conn, token);
         if let Some((deadline, ticks)) = cut {
             let timer = Timer::Lease(token, slot);
             self.timers.remove(&(holder.deadline, timer));
@@ -402,6 +408,25 @@ impl Locks {
                 });
             }
         }
+    }
+
+    /// Connection `conn` closed: every session lease still bound to it ends (event `dropped`)
+    /// or starts its grace, as [`Locks::drop_session`] does for one. Found through an index of
+    /// the session leases by connection, not a scan of the table.
+    pub fn close_connection(&mut self, now: Instant, conn: ConnId) {
+        self.expire(now);
+        for (token, slot) in self.bound.take(conn) {
+            let Some(name) = self.slab.get(slot).map(|e| Arc::clone(&e.name)) else {
+                continue;
+            };
+            self.drop_session(now, &name, token, conn);
+        }
+    }
+
+    /// Whether a session lease is bound to connection `conn` (as of the last call that was
+    /// given a `now`: one that expired since still counts until then).
+    pub fn holds_sessions(&self, conn: ConnId) -> bool {
+        self.bound.holds(conn)
     }
 
     /// Takes back a grant whose client is known to be gone (its connection was reset before
@@ -449,6 +474,7 @@ impl Locks {
         if bound {
             holder.bond = Bond::Open;
             holder.conn = conn;
+            self.bound.add(conn, token, slot);
         }
         if self.journal {
             self.changes.push(Change::Renew {
@@ -661,6 +687,9 @@ impl Locks {
         let Some(holder) = holder else {
             return token;
         };
+        if let Some(conn) = holder.open_conn() {
+            self.bound.add(conn, token, slot);
+        }
         if self.journal {
             self.changes.push(Change::Grant {
                 name: Arc::clone(&name),
@@ -718,6 +747,9 @@ impl Locks {
         let Some(entry) = self.slab.get_mut(slot) else {
             return;
         };
+        if let Some(conn) = entry.holder(token).and_then(Holder::open_conn) {
+            self.bound.remove(conn, token);
+        }
         let old = if entry.holder.token == token {
             let next = entry
                 .more

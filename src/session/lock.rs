@@ -3,17 +3,12 @@
 use std::io;
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
-
 use crate::auth::Right;
-use crate::backend::{Backend, HandOver, LockStart, WaitResult};
-use crate::locks::{LockRequest, Token, WaitEnd, WaiterId};
+use crate::backend::{BackendError, HandOver, Locked, Wait, WaitResult};
+use crate::locks::{LockRequest, Token, WaitEnd};
 use crate::proto::{ProtoError, Reply, Subject, Tie};
 
 use super::{reloaded, Flow, Session};
-
-/// Session leases a connection may track before it prunes the ended ones.
-const SESSION_LEASES_PRUNE_AT: usize = 256;
 
 /// How often [`Session::confirm_delivery`] looks at the socket while it watches.
 const PROBE_POLL: Duration = Duration::from_millis(10);
@@ -36,31 +31,13 @@ impl Session {
                     token: None,
                 };
                 self.refuse_about(e.refusal(&name), about).await?;
-                Ok(Flow::Continue)
+                Ok(flow_after(&e))
             }
-            Ok(LockStart::Granted { token, handover }) => {
-                self.granted(name, tie, token, handover, false).await
+            Ok(Locked::Granted { token, handover }) => {
+                self.granted(name, token, handover, false).await
             }
-            Ok(LockStart::Waiting { waiter, rx }) => {
-                let pending = Pending {
-                    backend: self.backend.clone(),
-                    name,
-                    id,
-                    waiter,
-                    rx: Some(rx),
-                };
-                self.wait_for_grant(pending, tie, wait).await
-            }
+            Ok(Locked::Waiting(wait_for)) => self.wait_for_grant(wait_for, id, tie, wait).await,
         }
-    }
-
-    /// Remembers a session lease bound to this connection, to end it when the connection
-    /// closes.
-    pub(super) fn track_session_lease(&mut self, name: &str, token: Token) {
-        if self.leases.len() >= SESSION_LEASES_PRUNE_AT {
-            self.backend.retain_live(&mut self.leases);
-        }
-        self.leases.insert(token, name.to_owned());
     }
 
     /// Sends a grant. `probe`: the client had closed its sending side while it waited, so
@@ -68,17 +45,10 @@ impl Session {
     pub(super) async fn granted(
         &mut self,
         name: String,
-        tie: Tie,
         token: Token,
         handover: HandOver,
         probe: bool,
     ) -> io::Result<Flow> {
-        if tie.session().is_some() {
-            self.track_session_lease(&name, token);
-        }
-        if !self.durable().await? {
-            return Ok(Flow::Close);
-        }
         if let Err(e) = self.conn.send(Reply::Token(token)).await {
             // The client can't have learned the token: give the lock to the next in line.
             self.backend.revoke(&name, token, handover).await;
@@ -144,10 +114,12 @@ impl Session {
         }
     }
 
-    /// Waits for a queued LOCK's turn while watching the connection and the server.
+    /// Waits for a queued LOCK's turn while watching the connection and the server. `id`
+    /// names the client in the log line if the wait ends in a refusal.
     pub(super) async fn wait_for_grant(
         &mut self,
-        mut pending: Pending,
+        mut pending: Wait,
+        id: String,
         tie: Tie,
         wait: Option<Duration>,
     ) -> io::Result<Flow> {
@@ -156,8 +128,8 @@ impl Session {
             // Keep reading to notice a close, but don't buffer without bound.
             let can_read = !self.conn.is_eof() && self.conn.buffered() <= 2 * self.limits.max_line;
             tokio::select! {
-                result = pending.recv() => {
-                    let name = std::mem::take(&mut pending.name);
+                result = pending.result() => {
+                    let name = pending.name().to_owned();
                     return match result {
                         WaitResult::Granted { token, handover, .. } => {
                             // The grant and the client's close may have come in the same
@@ -170,22 +142,22 @@ impl Session {
                                 return Ok(Flow::Close);
                             }
                             let probe = self.conn.is_eof();
-                            self.granted(name, tie, token, handover, probe).await
+                            self.granted(name, token, handover, probe).await
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
-                            let about = Subject { name: &name, id: &pending.id, token: None };
+                            let about = Subject { name: &name, id: &id, token: None };
                             self.refuse_about(ProtoError::wait_over(&name, waited), about)
                                 .await?;
                             Ok(Flow::Continue)
                         }
                         WaitResult::Failed(e) => {
-                            let about = Subject { name: &name, id: &pending.id, token: None };
+                            let about = Subject { name: &name, id: &id, token: None };
                             self.refuse_about(e.refusal(&name), about).await?;
-                            Ok(Flow::Continue)
+                            Ok(flow_after(&e))
                         }
                         WaitResult::Ended(WaitEnd::Replaced) => {
-                            let about = Subject { name: &name, id: &pending.id, token: None };
+                            let about = Subject { name: &name, id: &id, token: None };
                             self.refuse_about(ProtoError::replaced(&name), about).await?;
                             Ok(Flow::Continue)
                         }
@@ -208,10 +180,10 @@ impl Session {
                         self.refuse(e).await?;
                         return Ok(Flow::Close);
                     }
-                    if !self.may(Right::Lock, &pending.name) {
+                    if !self.may(Right::Lock, pending.name()) {
                         let user = self.login.as_ref().and_then(|l| l.user.as_ref());
                         let user = user.map_or("", |(_, name)| name.as_str());
-                        let e = ProtoError::denied(user, Right::Lock.as_str(), &pending.name);
+                        let e = ProtoError::denied(user, Right::Lock.as_str(), pending.name());
                         self.refuse(e).await?;
                         return Ok(Flow::Continue);
                     }
@@ -221,34 +193,12 @@ impl Session {
     }
 }
 
-/// A queued LOCK. Dropping it (the connection went, the task was cancelled) takes the waiter
-/// out of the queue, or releases the grant its client never saw.
-pub(super) struct Pending {
-    backend: Backend,
-    name: String,
-    /// The client's id, for the log line if the wait ends in a refusal.
-    id: String,
-    waiter: WaiterId,
-    rx: Option<oneshot::Receiver<WaitResult>>,
-}
-
-impl Pending {
-    /// Cancel-safe: the receiver stays in place until a value arrives.
-    async fn recv(&mut self) -> WaitResult {
-        let result = match self.rx.as_mut() {
-            Some(rx) => rx.await,
-            None => std::future::pending().await,
-        };
-        self.rx = None;
-        // The sender is only dropped unused when the server is going away.
-        result.unwrap_or(WaitResult::Ended(WaitEnd::TimedOut))
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        if let Some(rx) = self.rx.take() {
-            self.backend.abandon_wait(&self.name, self.waiter, rx);
-        }
+/// Whether to keep serving after answering refusal `e`: a change that can never be made
+/// durable closes the connection (the server is stopping).
+pub(super) fn flow_after(e: &BackendError) -> Flow {
+    if e.ends_connection() {
+        Flow::Close
+    } else {
+        Flow::Continue
     }
 }

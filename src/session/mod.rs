@@ -12,7 +12,6 @@
 //! [`lock`]: a LOCK's grant or wait and the delivery of a grant; in [`login`]: AUTH and
 //! rights; in [`streams`]: the answers that stream (STATUS of every lock, WATCH).
 
-use std::collections::HashMap;
 use std::io;
 use std::time::Duration;
 
@@ -58,13 +57,11 @@ pub struct SessionLimits {
 pub struct Session {
     backend: Backend,
     conn: Connection,
-    /// This connection's number, to which its session leases are bound.
+    /// This connection's number, to which its session leases are bound (the backend knows
+    /// which: [`Backend::closed`] ends them).
     number: ConnId,
     shutdown: CancellationToken,
     limits: SessionLimits,
-    /// Session leases bound to this connection, by token (one connection may hold several
-    /// slots of one semaphore): ended when it closes.
-    leases: HashMap<Token, String>,
     /// With an auth file: who this connection is. `None` serves everyone as [`NO_USER`].
     login: Option<Login>,
     /// Since when the bytes of an unfinished line have been waiting for the rest of it.
@@ -113,7 +110,6 @@ impl Session {
             number,
             shutdown,
             limits,
-            leases: HashMap::new(),
             login,
             partial_since: None,
         }
@@ -239,7 +235,7 @@ impl Session {
                         let e = ProtoError::line_not_finished(self.limits.line_timeout);
                         return Ok(Next::Expired(e));
                     }
-                    if self.holds_session_lease() {
+                    if self.backend.holds_sessions(self.number) {
                         // Its client must keep it open; look again an idle period later.
                         idle_since = now;
                         continue;
@@ -248,14 +244,6 @@ impl Session {
                 }
             }
         }
-    }
-
-    /// Whether a session lease is still bound to this connection.
-    fn holds_session_lease(&mut self) -> bool {
-        if !self.leases.is_empty() {
-            self.backend.retain_live(&mut self.leases);
-        }
-        !self.leases.is_empty()
     }
 
     /// Answers `ERR ...`: every refusal goes through here, to be counted.
@@ -309,33 +297,18 @@ impl Session {
             }
             Request::Unlock { name, token } => {
                 let result = backend.unlock(&name, token, self.user()).await;
-                if result.is_ok() {
-                    self.leases.remove(&token);
-                    if !self.durable().await? {
-                        return Ok(Flow::Close);
-                    }
-                }
-                self.reply(&name, token, result.map(|()| Reply::Done))
-                    .await?;
+                return self.reply(&name, token, result.map(|()| Reply::Done)).await;
             }
             Request::Renew { name, token, ttl } => {
                 let result = backend
                     .renew(&name, token, ttl, self.number, self.user())
                     .await;
-                if let Ok(renewed) = &result {
-                    if renewed.bound {
-                        self.track_session_lease(&name, token);
-                    }
-                    if !self.durable().await? {
-                        return Ok(Flow::Close);
-                    }
-                }
-                self.reply(&name, token, result.map(|r| Reply::Lease(r.left)))
-                    .await?;
+                let result = result.map(|r| Reply::Lease(r.left));
+                return self.reply(&name, token, result).await;
             }
             Request::Check { name, token } => {
                 let result = backend.check(&name, token).await.map(Reply::Lease);
-                self.reply(&name, token, result).await?;
+                return self.reply(&name, token, result).await;
             }
             Request::Status { name: Some(name) } => match backend.status(&name).await {
                 Ok(status) => {
@@ -383,43 +356,30 @@ impl Session {
         name: &str,
         token: Token,
         result: Result<Reply<'_>, BackendError>,
-    ) -> io::Result<()> {
+    ) -> io::Result<Flow> {
         match result {
-            Ok(reply) => self.conn.queue(reply).await,
+            Ok(reply) => self.conn.queue(reply).await?,
             Err(e) => {
                 let about = Subject {
                     name,
                     id: "",
                     token: Some(token),
                 };
-                self.refuse_about(e.refusal(name), about).await
+                self.refuse_about(e.refusal(name), about).await?;
+                return Ok(lock::flow_after(&e));
             }
         }
+        Ok(Flow::Continue)
     }
 
-    /// Waits until the changes made so far are on disk (at once without a data directory).
-    /// Before an `OK` that reports a change; false (after an `ERR SHUTDOWN` reply) if they
-    /// never will be, because the store failed and the server is stopping.
-    async fn durable(&mut self) -> io::Result<bool> {
-        let Some(wait) = self.backend.durable() else {
-            return Ok(true);
-        };
-        if wait.await.is_ok() {
-            return Ok(true);
-        }
-        self.refuse(ProtoError::not_durable()).await?;
-        Ok(false)
-    }
-
-    /// Ends the session leases this connection still holds: its client is gone. Not when
+    /// Ends the session leases still bound to this connection: its client is gone. Not when
     /// the server itself is shutting down: the session leases stay (with --data-dir they
     /// come back as plain leases after the restart, so a holder such as `lockctl run` renews
     /// and carries on).
     fn release_sessions(&mut self) {
         if !self.shutdown.is_cancelled() {
-            self.backend.drop_sessions(self.number, &self.leases);
+            self.backend.closed(self.number);
         }
-        self.leases.clear();
     }
 }
 

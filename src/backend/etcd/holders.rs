@@ -1,8 +1,6 @@
 //! One holder of a name: found by its token, owned by its user, renewed, checked, and its
 //! session lease ended (or its grace started) when its connection closes.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Compare, GetOptions, Txn, TxnOp};
@@ -171,21 +169,9 @@ impl Cluster {
         Ok(left)
     }
 
-    /// Ends (or starts the grace of) the session leases of a closing connection.
-    pub fn drop_sessions(self: &Arc<Self>, conn: ConnId, leases: &HashMap<Token, String>) {
-        if leases.is_empty() {
-            return;
-        }
-        let leases: Vec<(Token, String)> = leases.iter().map(|(t, n)| (*t, n.clone())).collect();
-        let me = Arc::clone(self);
-        tokio::spawn(async move {
-            for (token, name) in leases {
-                me.session_closed(&name, token, conn).await;
-            }
-        });
-    }
-
-    async fn session_closed(&self, name: &str, token: Token, conn: ConnId) {
+    /// Connection `conn`, to which session lease `token` was bound, closed: the lease ends
+    /// now, or starts its grace, if it is still bound to it.
+    pub(super) async fn session_closed(&self, name: &str, token: Token, conn: ConnId) {
         let Ok(holder) = self.find_holder(name, token).await else {
             return;
         };
@@ -210,21 +196,6 @@ impl Cluster {
                 self.cleanup(txn).await;
             }
         }
-    }
-
-    /// Keeps the session leases still held (as the mirror has them).
-    pub fn retain_live(&self, leases: &mut HashMap<Token, String>) {
-        let g = self.guard();
-        leases.retain(|token, name| {
-            g.mirror.rev_of(*token).is_some_and(|rev| {
-                // A grant the watch has not shown yet is live too: dropping it from the list
-                // would leave its session lease behind when the connection closes.
-                rev > g.mirror.rev
-                    || g.mirror
-                        .name(name)
-                        .is_some_and(|ns| ns.holder_by_rev(rev).is_some())
-            })
-        });
     }
 }
 

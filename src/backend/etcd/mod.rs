@@ -19,7 +19,9 @@
 //!   in grant order across all names and front-ends;
 //! - plain leases are keys without an etcd lease: they outlive their front-end, and any
 //!   front-end renews, checks, releases or expires them. Session leases and waiters hang on
-//!   their front-end's etcd lease, so they end within `--etcd-lease-ttl` of its death.
+//!   their front-end's etcd lease, so they end within `--etcd-lease-ttl` of its death. The
+//!   front-end keeps an index of the session leases it granted or bound, by connection
+//!   (`sessions`), to end a connection's when it closes.
 //!
 //! # Map (one concept a file)
 //! - `keys`: the key layout and the values stored under it; `mirror`: the prefix as the
@@ -31,7 +33,7 @@
 //!   every other end, granting the head waiter in the same write), `status`.
 //! - Background: `watch` (keeps the mirror, starts the rest), `handover` (grants to this
 //!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
-//!   lease), `expiry` (the timer); `fresh` (how current the mirror is for one name) and
+//!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection); `fresh` (how current the mirror is for one name) and
 //!   `log` (a change logged and counted, and its marker) serve them all.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
@@ -48,6 +50,7 @@ mod mirror;
 #[doc(hidden)]
 pub mod model;
 mod release;
+mod sessions;
 mod status;
 mod view;
 mod waiters;
@@ -109,6 +112,8 @@ struct State {
     fresh: HashMap<(String, i64), mirror::Holder>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
+    /// The session leases this front-end granted or bound, by connection.
+    bound: sessions::Bound,
 }
 
 impl State {
@@ -203,6 +208,7 @@ impl Cluster {
                 written: HashMap::new(),
                 fresh: HashMap::new(),
                 expiring: Default::default(),
+                bound: Default::default(),
             }),
             events,
             moved: Notify::new(),
@@ -262,7 +268,7 @@ impl Cluster {
         &self.metrics
     }
 
-    pub fn ready(&self) -> Result<(), &'static str> {
+    fn ready(&self) -> Result<(), &'static str> {
         if !self.healthy.load(Ordering::Relaxed) {
             Err("the etcd cluster cannot be reached or has no quorum")
         } else if !self.leased.load(Ordering::Relaxed) {

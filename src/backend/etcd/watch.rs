@@ -222,6 +222,11 @@ impl Cluster {
         let applied = {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev, now());
+            for event in &applied.events {
+                if event.kind != EventKind::Acquired {
+                    g.bound.ended(event.token);
+                }
+            }
             let seen = g.mirror.rev;
             g.written.retain(|_, (at, _)| *at > seen);
             g.fresh.retain(|(_, rev), _| *rev > seen);

@@ -1,0 +1,214 @@
+//! The session leases this front-end granted or bound, by connection: a closing connection's
+//! are ended (or start their grace) by the backend, not handed back by the session.
+//!
+//! The holder keys in etcd say which front-end and connection a session lease is bound to;
+//! this index finds a connection's without a scan of the mirror, and covers the grants the
+//! watch has not shown yet. An entry is added when a grant of a session lease is answered
+//! (at once, or delivered to a waiter) or a RENEW binds one, and leaves when the lease ends
+//! (an UNLOCK through this front-end, or the watch showing its end) or its connection
+//! closes. An entry that went stale otherwise (the lease rebound through another connection
+//! or front-end) does no harm: a close checks the holder key is still bound to it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{BackendError, Health, LockStart, Renewed};
+use crate::locks::{ConnId, LockRequest, Token, UserId};
+use crate::store::Seq;
+
+use super::Cluster;
+
+/// Session leases by connection, and the connection of each.
+#[derive(Debug, Default)]
+pub(super) struct Bound {
+    by_conn: HashMap<ConnId, HashMap<Token, String>>,
+    conn_of: HashMap<Token, ConnId>,
+}
+
+impl Bound {
+    /// Lease `token` of `name` is bound to `conn` from now on.
+    pub(super) fn add(&mut self, conn: ConnId, token: Token, name: &str) {
+        if let Some(old) = self.conn_of.insert(token, conn) {
+            if old != conn {
+                self.remove_from(old, token);
+            }
+        }
+        self.by_conn
+            .entry(conn)
+            .or_default()
+            .insert(token, name.to_owned());
+    }
+
+    /// Lease `token` ended.
+    pub(super) fn ended(&mut self, token: Token) {
+        if let Some(conn) = self.conn_of.remove(&token) {
+            self.remove_from(conn, token);
+        }
+    }
+
+    fn remove_from(&mut self, conn: ConnId, token: Token) {
+        if let Some(leases) = self.by_conn.get_mut(&conn) {
+            leases.remove(&token);
+            if leases.is_empty() {
+                self.by_conn.remove(&conn);
+            }
+        }
+    }
+
+    /// Takes out every lease bound to `conn`.
+    fn take(&mut self, conn: ConnId) -> HashMap<Token, String> {
+        let leases = self.by_conn.remove(&conn).unwrap_or_default();
+        for token in leases.keys() {
+            self.conn_of.remove(token);
+        }
+        leases
+    }
+}
+
+impl Cluster {
+    /// LOCK; a session lease granted at once is bound to the request's connection.
+    pub async fn lock_bound(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
+        let bind = req.session.map(|_| (req.conn, req.name.clone()));
+        let start = self.lock(req).await?;
+        if let (Some((conn, name)), LockStart::Granted { token, .. }) = (bind, &start) {
+            self.guard().bound.add(conn, *token, &name);
+        }
+        Ok(start)
+    }
+
+    /// UNLOCK; the lease is no longer bound to any connection.
+    pub async fn unlock_bound(
+        &self,
+        name: &str,
+        token: Token,
+        user: UserId,
+    ) -> Result<(), BackendError> {
+        self.unlock(name, token, user).await?;
+        self.guard().bound.ended(token);
+        Ok(())
+    }
+
+    /// RENEW; a session lease in its grace is bound to `conn` from now on.
+    pub async fn renew_bound(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewed, BackendError> {
+        let renewed = self.renew(name, token, ttl, conn, user).await?;
+        if renewed.bound {
+            self.guard().bound.add(conn, token, name);
+        }
+        Ok(renewed)
+    }
+
+    /// Connection `conn` closed: its session leases end (or start their grace), on a task
+    /// of their own (each is a write to etcd).
+    pub fn closed(self: &Arc<Self>, conn: ConnId) {
+        let leases = {
+            let mut g = self.guard();
+            let mut leases = g.bound.take(conn);
+            leases.retain(|token, name| g.live(*token, name));
+            leases
+        };
+        if leases.is_empty() {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            for (token, name) in leases {
+                me.session_closed(&name, token, conn).await;
+            }
+        });
+    }
+
+    /// Whether a live session lease is bound to `conn` (as the mirror has it).
+    pub fn holds_sessions(&self, conn: ConnId) -> bool {
+        let mut g = self.guard();
+        let Some(leases) = g.bound.by_conn.get(&conn) else {
+            return false;
+        };
+        let gone: Vec<Token> = leases
+            .iter()
+            .filter(|(token, name)| !g.live(**token, name))
+            .map(|(token, _)| *token)
+            .collect();
+        for token in gone {
+            g.bound.ended(token);
+        }
+        g.bound.by_conn.contains_key(&conn)
+    }
+
+    /// Ready to grant (etcd reachable, this front-end's lease live); no journal of its own:
+    /// a change is durable once etcd answered it.
+    pub fn health(&self) -> Health {
+        Health {
+            ready: self.ready(),
+            journal_backlog: None,
+        }
+    }
+
+    /// Nothing to wait for: etcd answers a write once its quorum has it.
+    pub fn durable_mark(&self) -> Option<Seq> {
+        None
+    }
+
+    /// Durable already (see [`Cluster::durable_mark`]).
+    pub async fn durable(&self, _mark: Seq) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+impl super::State {
+    /// Whether lease `token` of `name` is still held, as the mirror has it. A grant the watch
+    /// has not shown yet is live too: forgetting it would leave its session lease behind when
+    /// the connection closes.
+    fn live(&self, token: Token, name: &str) -> bool {
+        self.mirror.rev_of(token).is_some_and(|rev| {
+            rev > self.mirror.rev
+                || self
+                    .mirror
+                    .name(name)
+                    .is_some_and(|ns| ns.holder_by_rev(rev).is_some())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bound;
+
+    fn tokens(b: &Bound, conn: u64) -> Vec<u64> {
+        let mut t: Vec<u64> = b
+            .by_conn
+            .get(&conn)
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default();
+        t.sort_unstable();
+        t
+    }
+
+    #[test]
+    fn a_lease_is_under_the_connection_it_was_last_bound_to() {
+        let mut b = Bound::default();
+        b.add(1, 10, "a");
+        b.add(1, 11, "b");
+        b.add(2, 12, "a");
+        assert_eq!(tokens(&b, 1), [10, 11]);
+        // Rebound (a RENEW in its grace, or the same id's LOCK) through connection 2.
+        b.add(2, 10, "a");
+        assert_eq!(tokens(&b, 1), [11]);
+        assert_eq!(tokens(&b, 2), [10, 12]);
+        // Ended (an UNLOCK, or the watch showing its end).
+        b.ended(11);
+        assert!(!b.by_conn.contains_key(&1));
+        // A close takes what is left, once.
+        let taken = b.take(2);
+        assert_eq!(taken.len(), 2);
+        assert!(b.take(2).is_empty());
+        assert!(b.by_conn.is_empty() && b.conn_of.is_empty());
+    }
+}
