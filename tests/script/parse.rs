@@ -37,6 +37,9 @@ pub enum Action {
     Closed,
     /// Nothing is pending on it: a PING sent now is answered by the very next line.
     Quiet,
+    /// Nothing arrives on it for a moment (for a connection whose LOCK waits, where a PING
+    /// would wait too): fails only if a line does arrive, never because the server is slow.
+    Silent,
     /// Send the bytes as written, without a newline.
     SendRaw(String),
     /// Read lines, dropping them, until one matches the pattern.
@@ -104,6 +107,7 @@ fn parse_action(conn: &str, rest: &str) -> Result<Step, String> {
         ("eof", "") => Action::Eof,
         ("closed", "") => Action::Closed,
         ("quiet", "") => Action::Quiet,
+        ("silent", "") => Action::Silent,
         ("send", raw) if !raw.is_empty() => Action::SendRaw(arg.to_owned()),
         ("skip-until", p) if !p.is_empty() => Action::SkipUntil(p.to_owned()),
         ("stop", "") if conn == "server" => return Ok(Step::StopServer),

@@ -145,10 +145,45 @@ fn match_word(pieces: &[Piece], text: &[char], vars: &mut Vars) -> bool {
     }
 }
 
+/// A pattern with each `${text*N}` written out: `text` repeated `N` times, taken literally.
+fn repeat_in_pattern(pattern: &str) -> String {
+    let mut out = String::new();
+    let mut rest = pattern;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let expanded = after.find('}').and_then(|end| {
+            let (text, n) = after[..end].rsplit_once('*')?;
+            let n: usize = n.parse().ok()?;
+            let literal: String = text
+                .chars()
+                .flat_map(|c| match c {
+                    '*' | '$' | '\\' => vec!['\\', c],
+                    c => vec![c],
+                })
+                .collect();
+            Some((literal.repeat(n), end))
+        });
+        match expanded {
+            Some((text, end)) => {
+                out.push_str(&text);
+                rest = &after[end + 1..];
+            }
+            None => {
+                out.push_str("${");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Does `line` match `pattern`? Words are compared one by one (the line split at single
 /// spaces, so its spacing is checked too); a last pattern word `...` takes the rest of the
 /// line, however many words (none included). New captures are kept only on a match.
 pub fn matches(pattern: &str, line: &str, vars: &mut Vars) -> bool {
+    let pattern = repeat_in_pattern(pattern);
     let want: Vec<&str> = pattern.split_whitespace().collect();
     let got: Vec<&str> = if line.is_empty() {
         Vec::new()
@@ -190,6 +225,7 @@ mod tests {
         assert!(!matches("OK $u x", "OK 5 y", &mut v));
         assert!(!v.contains_key("u"), "a failed match keeps no capture");
         assert!(matches(r"OK \*", "OK *", &mut v));
+        assert!(matches("OK ${ab*2}c ${**2}", "OK ababc **", &mut v));
     }
 
     #[test]

@@ -11,6 +11,9 @@ use tokio::net::{TcpSocket, TcpStream};
 use super::parse::{Action, Line, Step};
 use super::pattern::{expand, matches, Vars};
 
+/// How long `silent` listens. Only a line that does arrive fails it; a slow server passes.
+const SILENT: Duration = Duration::from_millis(100);
+
 /// How a script run ends badly: where, and what was seen.
 pub struct Failure {
     pub line: usize,
@@ -284,6 +287,19 @@ impl Run {
                 match c.read(guard).await {
                     Read::Line(l) if l == "OK PONG" => Ok(()),
                     got => Err(format!("expected nothing pending (PING answered next); got {got}")),
+                }
+            }
+            Action::Silent => {
+                let c = self.conn(conn).await?;
+                let peek = tokio::time::timeout(SILENT, c.stream.fill_buf()).await;
+                match peek {
+                    Err(_) => Ok(()),
+                    Ok(Ok([])) => Err("expected silence; got end of stream".into()),
+                    Ok(Ok(bytes)) => Err(format!(
+                        "expected silence; got {:?}",
+                        String::from_utf8_lossy(bytes)
+                    )),
+                    Ok(Err(e)) => Err(format!("expected silence; got connection error ({e})")),
                 }
             }
             Action::SendRaw(text) => {
