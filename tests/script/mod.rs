@@ -133,6 +133,14 @@ fn start(target: &Target, script: &Script, scratch: &Path) -> Result<Server, Str
     }
 }
 
+/// How many lines of the conversation a failure quotes: `LOCKD_TEST_SCRIPT_TAIL`, else 20.
+fn transcript_lines() -> usize {
+    std::env::var("LOCKD_TEST_SCRIPT_TAIL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+}
+
 /// Runs one script on `target`; `Err` is the report of its failure.
 fn run_one(target: &Target, script: &Script) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!(
@@ -169,7 +177,7 @@ fn run_one(target: &Target, script: &Script) -> Result<(), String> {
         f.line,
         f.source,
         f.what,
-        tail(&run.transcript, 20),
+        tail(&run.transcript, transcript_lines()),
         tail(&server.process().log(), 15),
     ))
 }
@@ -205,7 +213,10 @@ pub fn run_all(target: &Target, jobs: usize) {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(script) = scripts.get(i) else { break };
                 let result = run_one(target, script);
-                results.lock().expect("results").push((script.name.clone(), result));
+                results
+                    .lock()
+                    .expect("results")
+                    .push((script.name.clone(), result));
             });
         }
     });

@@ -23,6 +23,10 @@ impl BackendKind {
 pub enum Action {
     /// Open the connection now (it is opened on first use anyway).
     Connect,
+    /// Open it, and open it again while the server refuses it with `ERR LIMIT` (a slot still
+    /// taken by a connection the server has not yet seen closed, such as the harness's own
+    /// start probe): for scripts about connection limits. Costs a PING round trip.
+    ConnectServed,
     /// Open it with a small receive buffer (a client that reads slowly fills it at once).
     ConnectSmall,
     /// Close it (both directions); the name may be used again for a new connection.
@@ -49,9 +53,15 @@ pub enum Action {
 #[derive(Clone, Debug)]
 pub enum Step {
     /// `a> line`: send the line and a `\n`.
-    Send { conn: String, text: String },
+    Send {
+        conn: String,
+        text: String,
+    },
     /// `a< pattern`: the next line `a` receives matches.
-    Expect { conn: String, pattern: String },
+    Expect {
+        conn: String,
+        pattern: String,
+    },
     /// `a? request => pattern`: send the request again and again until its (one line)
     /// reply matches.
     Poll {
@@ -59,16 +69,26 @@ pub enum Step {
         request: String,
         pattern: String,
     },
-    Act { conn: String, action: Action },
+    Act {
+        conn: String,
+        action: Action,
+    },
     /// `sleep <dur>`: only to let time pass (a lease run out); never to assert a timing.
     Sleep(Duration),
     /// `assert <a> <op> <b>`: captured values or numbers compared.
-    Assert { a: String, op: String, b: String },
+    Assert {
+        a: String,
+        op: String,
+        b: String,
+    },
     /// `server: stop`: SIGTERM to lockd (it starts shutting down; the script reads on).
     StopServer,
     /// `repeat N` ... `end`: the body N times, `$i` counting from 0; what the body captures
     /// is forgotten after each round.
-    Repeat { count: usize, body: Vec<Line> },
+    Repeat {
+        count: usize,
+        body: Vec<Line>,
+    },
 }
 
 /// A step and the line of the script it came from.
@@ -101,6 +121,7 @@ fn parse_action(conn: &str, rest: &str) -> Result<Step, String> {
     let action = match (word, arg.trim()) {
         ("connect", "") => Action::Connect,
         ("connect", "small") => Action::ConnectSmall,
+        ("connect", "served") => Action::ConnectServed,
         ("close", "") => Action::Close,
         ("reset", "") => Action::Reset,
         ("shutdown", "") => Action::Shutdown,
@@ -230,8 +251,9 @@ pub fn parse(name: &str, text: &str) -> Result<Script, String> {
             continue;
         }
         if trimmed == "end" {
-            let (number, source, count, body) =
-                stack.pop().ok_or_else(|| at("`end` without `repeat`".into()))?;
+            let (number, source, count, body) = stack
+                .pop()
+                .ok_or_else(|| at("`end` without `repeat`".into()))?;
             let step = Line {
                 number,
                 source,

@@ -180,32 +180,52 @@ fn repeat_in_pattern(pattern: &str) -> String {
 }
 
 /// Does `line` match `pattern`? Words are compared one by one (the line split at single
-/// spaces, so its spacing is checked too); a last pattern word `...` takes the rest of the
-/// line, however many words (none included). New captures are kept only on a match.
+/// spaces, so its spacing is checked too); a pattern word `...` takes any number of words
+/// (none included). New captures are kept only on a match.
 pub fn matches(pattern: &str, line: &str, vars: &mut Vars) -> bool {
     let pattern = repeat_in_pattern(pattern);
-    let want: Vec<&str> = pattern.split_whitespace().collect();
-    let got: Vec<&str> = if line.is_empty() {
+    let want: Vec<Vec<Piece>> = pattern
+        .split_whitespace()
+        .map(|w| if w == "..." { Vec::new() } else { pieces(w) })
+        .collect();
+    let got: Vec<Vec<char>> = if line.is_empty() {
         Vec::new()
     } else {
-        line.split(' ').collect()
+        line.split(' ').map(|w| w.chars().collect()).collect()
     };
-    let (want, rest_ok) = match want.split_last() {
-        Some((&"...", head)) => (head, true),
-        _ => (&want[..], false),
-    };
-    if got.len() < want.len() || (!rest_ok && got.len() != want.len()) {
-        return false;
-    }
     let mut trial = vars.clone();
-    for (w, g) in want.iter().zip(&got) {
-        let text: Vec<char> = g.chars().collect();
-        if !match_word(&pieces(w), &text, &mut trial) {
-            return false;
-        }
+    if match_words(&want, &got, &mut trial) {
+        *vars = trial;
+        true
+    } else {
+        false
     }
-    *vars = trial;
-    true
+}
+
+/// Pattern words against line words; an empty pattern word stands for `...`.
+fn match_words(want: &[Vec<Piece>], got: &[Vec<char>], vars: &mut Vars) -> bool {
+    let Some((first, rest)) = want.split_first() else {
+        return got.is_empty();
+    };
+    if first.is_empty() {
+        return (0..=got.len()).any(|k| {
+            let mut trial = vars.clone();
+            let ok = match_words(rest, &got[k..], &mut trial);
+            if ok {
+                *vars = trial;
+            }
+            ok
+        });
+    }
+    let Some((word, more)) = got.split_first() else {
+        return false;
+    };
+    let mut trial = vars.clone();
+    if match_word(first, word, &mut trial) && match_words(rest, more, &mut trial) {
+        *vars = trial;
+        return true;
+    }
+    false
 }
 
 #[cfg(test)]
@@ -217,14 +237,29 @@ mod tests {
         let mut v = Vars::new();
         assert!(matches("OK $t", "OK 17", &mut v));
         assert_eq!(v["t"], "17");
-        assert!(matches("OK x held id=a token=$t ttl_ms=* ...", "OK x held id=a token=17 ttl_ms=5 session=0", &mut v));
-        assert!(!matches("OK x held id=a token=$t", "OK x held id=a token=18", &mut v));
+        assert!(matches(
+            "OK x held id=a token=$t ttl_ms=* ...",
+            "OK x held id=a token=17 ttl_ms=5 session=0",
+            &mut v
+        ));
+        assert!(!matches(
+            "OK x held id=a token=$t",
+            "OK x held id=a token=18",
+            &mut v
+        ));
         assert!(!matches("OK *", "OK", &mut v));
         assert!(matches("ERR NOTHELD ...", "ERR NOTHELD", &mut v));
         assert!(!matches("OK", "OK  ", &mut v));
         assert!(!matches("OK $u x", "OK 5 y", &mut v));
         assert!(!v.contains_key("u"), "a failed match keeps no capture");
         assert!(matches(r"OK \*", "OK *", &mut v));
+        assert!(matches(
+            "OK ... holders=2 ...",
+            "OK a b holders=2 mode=x",
+            &mut v
+        ));
+        assert!(matches("OK ... holders=2", "OK a b holders=2", &mut v));
+        assert!(!matches("OK ... holders=2", "OK a b holders=3", &mut v));
         assert!(matches("OK ${ab*2}c ${**2}", "OK ababc **", &mut v));
     }
 

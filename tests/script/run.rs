@@ -172,15 +172,20 @@ impl Run {
                     c.send(&bytes, guard).await?;
                     let got = c.read(guard).await;
                     if let Read::Line(l) = &got {
+                        if ["INFO ", "HOLDER ", "WAITER "]
+                            .iter()
+                            .any(|p| l.starts_with(p))
+                        {
+                            return Err(format!("a poll takes one-line replies only; got {l:?}"));
+                        }
                         if matches(pattern, l, &mut self.vars) {
-                            self.note(format!("{conn}? {request} => {l}"));
+                            let sent = String::from_utf8_lossy(&bytes);
+                            self.note(format!("{conn}? {} => {l}", sent.trim_end()));
                             return Ok(());
                         }
                     }
                     if !matches!(got, Read::Line(_)) || tokio::time::Instant::now() > deadline {
-                        return Err(format!(
-                            "polled until: {pattern}\n  last:     {got}"
-                        ));
+                        return Err(format!("polled until: {pattern}\n  last:     {got}"));
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -232,9 +237,9 @@ impl Run {
                 for i in 0..*count {
                     let before: Vec<String> = self.vars.keys().cloned().collect();
                     self.vars.insert("i".into(), i.to_string());
-                    Box::pin(self.steps(body))
-                        .await
-                        .map_err(|f| format!("round {i}, line {}: {}\n  {}", f.line, f.source, f.what))?;
+                    Box::pin(self.steps(body)).await.map_err(|f| {
+                        format!("round {i}, line {}: {}\n  {}", f.line, f.source, f.what)
+                    })?;
                     self.vars.retain(|k, _| before.contains(k));
                 }
                 Ok(())
@@ -247,6 +252,26 @@ impl Run {
         self.note(format!("{conn}: {action:?}"));
         match action {
             Action::Connect => self.conn(conn).await.map(|_| ()),
+            Action::ConnectServed => {
+                let deadline = tokio::time::Instant::now() + guard;
+                loop {
+                    let mut c = Conn::open(self.addr, false, guard).await?;
+                    c.send(b"PING\n", guard).await?;
+                    let got = c.read(guard).await;
+                    match &got {
+                        Read::Line(l) if l == "OK PONG" => {
+                            self.conns.insert(conn.to_owned(), c);
+                            return Ok(());
+                        }
+                        Read::Line(l) if l.starts_with("ERR LIMIT ") => {}
+                        _ => return Err(format!("connect served: PING answered {got}")),
+                    }
+                    if tokio::time::Instant::now() > deadline {
+                        return Err(format!("still refused after the guard: {got}"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
             Action::ConnectSmall => {
                 let c = Conn::open(self.addr, true, guard).await?;
                 self.conns.insert(conn.to_owned(), c);
@@ -286,7 +311,9 @@ impl Run {
                 c.send(b"PING\n", guard).await?;
                 match c.read(guard).await {
                     Read::Line(l) if l == "OK PONG" => Ok(()),
-                    got => Err(format!("expected nothing pending (PING answered next); got {got}")),
+                    got => Err(format!(
+                        "expected nothing pending (PING answered next); got {got}"
+                    )),
                 }
             }
             Action::Silent => {
