@@ -16,6 +16,54 @@ fn scripts_on_embedded() {
     script::run_all(&Target::Embedded, JOBS);
 }
 
+/// Every command, LOCK option, ERR code and limit flag of proto.md that one server can produce is
+/// exercised by some script, and tests/scripts/README.md lists exactly which.
+#[test]
+fn coverage_is_complete_and_listed() {
+    use script::coverage;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let proto = std::fs::read_to_string(root.join("proto.md")).expect("proto.md");
+    let scripts: Vec<script::Script> = script::load_all()
+        .into_iter()
+        .map(|(name, s)| s.unwrap_or_else(|e| panic!("{name}: {e}")))
+        .collect();
+    let codes = coverage::proto_codes(&proto);
+    let commands = coverage::proto_commands(&proto);
+    let flags = coverage::proto_limit_flags(&proto);
+    assert!(codes.len() >= 15, "proto.md's Errors table: {codes:?}");
+    assert!(commands.len() >= 10, "proto.md's commands: {commands:?}");
+    assert!(flags.len() >= 10, "proto.md's limit flags: {flags:?}");
+    let rows = coverage::rows(&scripts, &commands, &codes, &flags);
+    let table = coverage::table(&rows);
+    let missing: Vec<&str> = rows
+        .iter()
+        .filter(|(what, names)| {
+            names.is_empty()
+                && !coverage::NOT_SCRIPTED
+                    .iter()
+                    .any(|(code, _)| what.trim_matches('`') == format!("ERR {code}"))
+                && !coverage::FLAGS_NOT_SCRIPTED
+                    .iter()
+                    .any(|(flag, _)| what.trim_matches('`') == *flag)
+        })
+        .map(|(what, _)| what.as_str())
+        .collect();
+    assert!(missing.is_empty(), "no script exercises {missing:?}");
+    let readme = std::fs::read_to_string(script::dir().join("README.md")).expect("README.md");
+    let listed = readme
+        .split(coverage::BEGIN)
+        .nth(1)
+        .and_then(|r| r.split(coverage::END).next())
+        .map(str::trim)
+        .unwrap_or("");
+    assert_eq!(
+        listed,
+        table.trim(),
+        "tests/scripts/README.md's coverage table is out of date; between its markers it \
+         should read:\n{table}"
+    );
+}
+
 #[cfg(feature = "etcd")]
 #[test]
 fn scripts_on_etcd() {

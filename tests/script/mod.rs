@@ -4,6 +4,7 @@
 //! cluster. The grammar is in tests/scripts/README.md; [`parse`] reads a script, [`pattern`]
 //! matches lines, `run` drives the connections.
 
+pub mod coverage;
 pub mod parse;
 pub mod pattern;
 mod run;

@@ -25,8 +25,9 @@ pub enum Action {
     Connect,
     /// Open it, and open it again while the server refuses it with `ERR LIMIT` (a slot still
     /// taken by a connection the server has not yet seen closed, such as the harness's own
-    /// start probe): for scripts about connection limits. Costs a PING round trip.
-    ConnectServed,
+    /// start probe): for scripts about connection limits. Costs a PING round trip. `true`:
+    /// with a small receive buffer, as `connect small`.
+    ConnectServed(bool),
     /// Open it with a small receive buffer (a client that reads slowly fills it at once).
     ConnectSmall,
     /// Close it (both directions); the name may be used again for a new connection.
@@ -46,6 +47,12 @@ pub enum Action {
     Silent,
     /// Send the bytes as written, without a newline.
     SendRaw(String),
+    /// Send the bytes as written, without a newline, for a script that expects the server to
+    /// stop taking them (a client that does not read): a send that fails or stalls past the
+    /// guard is not a failure.
+    TrySend(String),
+    /// Read to the end of the connection (end of stream or a reset), dropping the lines.
+    Drain,
     /// Read lines, dropping them, until one matches the pattern.
     SkipUntil(String),
 }
@@ -121,7 +128,8 @@ fn parse_action(conn: &str, rest: &str) -> Result<Step, String> {
     let action = match (word, arg.trim()) {
         ("connect", "") => Action::Connect,
         ("connect", "small") => Action::ConnectSmall,
-        ("connect", "served") => Action::ConnectServed,
+        ("connect", "served") => Action::ConnectServed(false),
+        ("connect", "small served") => Action::ConnectServed(true),
         ("close", "") => Action::Close,
         ("reset", "") => Action::Reset,
         ("shutdown", "") => Action::Shutdown,
@@ -130,6 +138,8 @@ fn parse_action(conn: &str, rest: &str) -> Result<Step, String> {
         ("quiet", "") => Action::Quiet,
         ("silent", "") => Action::Silent,
         ("send", raw) if !raw.is_empty() => Action::SendRaw(arg.to_owned()),
+        ("try-send", raw) if !raw.is_empty() => Action::TrySend(arg.to_owned()),
+        ("drain", "") => Action::Drain,
         ("skip-until", p) if !p.is_empty() => Action::SkipUntil(p.to_owned()),
         ("stop", "") if conn == "server" => return Ok(Step::StopServer),
         _ => return Err(format!("unknown action {rest:?}")),

@@ -53,7 +53,7 @@ pub fn expand(template: &str, vars: &Vars) -> Result<Vec<u8>, String> {
                 let n: usize = n
                     .parse()
                     .map_err(|_| format!("`${{{inner}}}`: {n:?} is not a count"))?;
-                out.extend_from_slice(text.repeat(n).as_bytes());
+                out.extend_from_slice(&expand(text, vars)?.repeat(n));
                 i = end + 1;
             }
             '$' => {
@@ -269,6 +269,7 @@ mod tests {
         v.insert("t".into(), "42".into());
         assert_eq!(expand(r"UNLOCK x $t\r", &v).unwrap(), b"UNLOCK x 42\r");
         assert_eq!(expand("${ab*3}c", &v).unwrap(), b"abababc");
+        assert_eq!(expand(r"${P\n*2}", &v).unwrap(), b"P\nP\n");
         assert_eq!(expand(r"\xff\t\$", &v).unwrap(), b"\xff\t$");
         assert!(expand("$nope", &v).is_err());
     }

@@ -252,10 +252,10 @@ impl Run {
         self.note(format!("{conn}: {action:?}"));
         match action {
             Action::Connect => self.conn(conn).await.map(|_| ()),
-            Action::ConnectServed => {
+            Action::ConnectServed(small) => {
                 let deadline = tokio::time::Instant::now() + guard;
                 loop {
-                    let mut c = Conn::open(self.addr, false, guard).await?;
+                    let mut c = Conn::open(self.addr, *small, guard).await?;
                     c.send(b"PING\n", guard).await?;
                     let got = c.read(guard).await;
                     match &got {
@@ -332,6 +332,27 @@ impl Run {
             Action::SendRaw(text) => {
                 let bytes = expand(text, &self.vars)?;
                 self.conn(conn).await?.send(&bytes, guard).await
+            }
+            Action::TrySend(text) => {
+                let bytes = expand(text, &self.vars)?;
+                let _ = self.conn(conn).await?.send(&bytes, guard).await;
+                Ok(())
+            }
+            Action::Drain => {
+                let mut lines = 0usize;
+                loop {
+                    match self.conn(conn).await?.read(guard).await {
+                        Read::Line(_) => lines += 1,
+                        Read::Eof | Read::Reset(_) => {
+                            self.note(format!("{conn}: drained {lines} lines to its end"));
+                            self.conns.remove(conn);
+                            return Ok(());
+                        }
+                        Read::Hang => {
+                            return Err(format!("still open after {lines} lines and the guard"))
+                        }
+                    }
+                }
             }
             Action::SkipUntil(pattern) => {
                 let mut skipped = 0usize;
