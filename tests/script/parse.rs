@@ -90,6 +90,9 @@ pub enum Step {
     },
     /// `server: stop`: SIGTERM to lockd (it starts shutting down; the script reads on).
     StopServer,
+    /// `server: users <spec> | <spec> ...`: the auth file rewritten with these users (none:
+    /// `server: users` alone), then SIGHUP to lockd, which reloads it.
+    ReloadUsers(Vec<String>),
     /// `repeat N` ... `end`: the body N times, `$i` counting from 0; what the body captures
     /// is forgotten after each round.
     Repeat {
@@ -119,6 +122,14 @@ pub struct Script {
     pub steps: Vec<Line>,
 }
 
+impl Script {
+    /// Whether the script says `# <backend> differs:` (and so is not run there as a test).
+    pub fn differs_on(&self, backend: BackendKind) -> bool {
+        let mark = format!("{} differs:", backend.name());
+        self.notes.iter().any(|n| n.starts_with(&mark))
+    }
+}
+
 fn conn_name(s: &str) -> bool {
     !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
@@ -142,6 +153,16 @@ fn parse_action(conn: &str, rest: &str) -> Result<Step, String> {
         ("drain", "") => Action::Drain,
         ("skip-until", p) if !p.is_empty() => Action::SkipUntil(p.to_owned()),
         ("stop", "") if conn == "server" => return Ok(Step::StopServer),
+        ("users", specs) if conn == "server" => {
+            return Ok(Step::ReloadUsers(
+                specs
+                    .split('|')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            ))
+        }
         _ => return Err(format!("unknown action {rest:?}")),
     };
     Ok(Step::Act {

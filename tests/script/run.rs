@@ -21,6 +21,14 @@ pub struct Failure {
     pub what: String,
 }
 
+/// The lockd under test, as `server:` steps drive it.
+pub trait ServerControl {
+    /// SIGTERM: lockd starts shutting down.
+    fn stop(&mut self);
+    /// The auth file rewritten with these users, then SIGHUP.
+    fn reload_users(&mut self, specs: &[String]) -> Result<(), String>;
+}
+
 /// One client connection of a script.
 struct Conn {
     stream: BufReader<TcpStream>,
@@ -98,19 +106,19 @@ pub struct Run {
     vars: Vars,
     /// What was sent and received, for a failure's report.
     pub transcript: Vec<String>,
-    /// Asked by `server: stop`; the caller sends the signal.
-    stop: Box<dyn FnMut() + Send>,
+    /// What `server:` steps ask of the lockd under test.
+    server: Box<dyn ServerControl>,
 }
 
 impl Run {
-    pub fn new(addr: SocketAddr, guard: Duration, stop: Box<dyn FnMut() + Send>) -> Run {
+    pub fn new(addr: SocketAddr, guard: Duration, server: Box<dyn ServerControl>) -> Run {
         Run {
             addr,
             guard,
             conns: HashMap::new(),
             vars: Vars::new(),
             transcript: Vec::new(),
-            stop,
+            server,
         }
     }
 
@@ -230,8 +238,12 @@ impl Run {
             }
             Step::StopServer => {
                 self.note("server: stop".into());
-                (self.stop)();
+                self.server.stop();
                 Ok(())
+            }
+            Step::ReloadUsers(specs) => {
+                self.note(format!("server: users {}", specs.join(" | ")));
+                self.server.reload_users(specs)
             }
             Step::Repeat { count, body } => {
                 for i in 0..*count {
