@@ -198,7 +198,10 @@ impl Run {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
-            Step::Act { conn, action } => self.act(conn, action).await,
+            Step::Act { conn, action } => {
+                self.note(line.source.clone());
+                self.act(conn, action).await
+            }
             Step::Sleep(d) => {
                 tokio::time::sleep(*d).await;
                 Ok(())
@@ -261,7 +264,6 @@ impl Run {
 
     async fn act(&mut self, conn: &str, action: &Action) -> Result<(), String> {
         let guard = self.guard;
-        self.note(format!("{conn}: {action:?}"));
         match action {
             Action::Connect => self.conn(conn).await.map(|_| ()),
             Action::ConnectServed(small) => {
@@ -295,8 +297,7 @@ impl Run {
             }
             Action::Reset => {
                 if let Some(c) = self.conns.remove(conn) {
-                    #[allow(deprecated)]
-                    let _ = c.stream.get_ref().set_linger(Some(Duration::ZERO));
+                    let _ = c.stream.get_ref().set_zero_linger();
                 }
                 Ok(())
             }
