@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::common::etcd::LockdFrontEnd;
-use crate::common::{try_spawn_lockd_at, LockdProcess};
+use crate::common::{Lockd, LockdProcess};
 pub use parse::{BackendKind, Script};
 
 /// The secret of a script's user `<name>` (`# user:`): `AUTH <name> <name>-secret-0123456789abcdef`.
@@ -81,7 +81,7 @@ impl Target {
 /// The lockd a script talks to.
 enum Server {
     Child(LockdProcess),
-    Front(LockdFrontEnd),
+    Front(Box<LockdFrontEnd>),
 }
 
 impl Server {
@@ -142,12 +142,11 @@ fn start(target: &Target, script: &Script, users: &Path) -> Result<Server, Strin
         args.push(users.to_string_lossy().into_owned());
     }
     match target {
-        Target::Embedded => {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            try_spawn_lockd_at("127.0.0.1:0", &args)
-                .map(Server::Child)
-                .map_err(|log| format!("lockd did not start: {log:#?}"))
-        }
+        Target::Embedded => Lockd::new()
+            .args(&args)
+            .try_spawn()
+            .map(Server::Child)
+            .map_err(|log| format!("lockd did not start: {log:#?}")),
         Target::Etcd { endpoints, prefix } => {
             let mut all = vec![
                 "--etcd".to_string(),
@@ -157,7 +156,7 @@ fn start(target: &Target, script: &Script, users: &Path) -> Result<Server, Strin
             ];
             all.extend(args);
             // The harness panics when lockd does not start: that is this script's failure.
-            std::panic::catch_unwind(|| LockdFrontEnd::spawn(all))
+            std::panic::catch_unwind(|| Box::new(LockdFrontEnd::spawn(all)))
                 .map(Server::Front)
                 .map_err(|_| "lockd front-end did not start (see above)".to_string())
         }
