@@ -146,6 +146,8 @@ impl NameState {
 #[derive(Debug, Default)]
 pub struct Applied {
     pub events: Vec<Event>,
+    /// The revision of each of `events`, to order them once all are in.
+    event_revs: Vec<i64>,
     pub touched: HashSet<String>,
     /// Waiter keys deleted (by a grant, a replacement, a timeout or their lease's end).
     pub waiters_gone: Vec<(String, String)>,
@@ -154,6 +156,29 @@ pub struct Applied {
     /// Waiter keys rewritten to another connection or front-end (a LOCK of the same id took
     /// over their place): name, uid and the front-end that now waits on them.
     pub adopted: Vec<(String, String, String)>,
+}
+
+impl Applied {
+    /// An event of the change made at revision `rev`.
+    fn event(&mut self, rev: i64, event: Event) {
+        self.events.push(event);
+        self.event_revs.push(rev);
+    }
+
+    /// Puts the events in the order they happened: by revision, and within one write (a
+    /// release that grants the next waiter puts the new holder's key before it deletes the
+    /// old one's) the end of a lease before the grant it made room for, as one server tells
+    /// its watchers.
+    fn order_events(&mut self) {
+        let revs = std::mem::take(&mut self.event_revs);
+        let mut events: Vec<(i64, bool, Event)> = revs
+            .into_iter()
+            .zip(self.events.drain(..))
+            .map(|(rev, e)| (rev, e.kind == EventKind::Acquired, e))
+            .collect();
+        events.sort_by_key(|(rev, acquired, _)| (*rev, *acquired));
+        self.events = events.into_iter().map(|(_, _, e)| e).collect();
+    }
 }
 
 /// The mirror itself.
@@ -284,6 +309,7 @@ impl Mirror {
             }
         }
         self.rev = self.rev.max(at_rev);
+        out.order_events();
         for name in &out.touched {
             if self.names.get(name).is_some_and(NameState::is_empty) {
                 self.names.remove(name);
@@ -324,14 +350,17 @@ impl Mirror {
             } else {
                 out.granted.push(Granted::of(base, &name, &holder));
                 let value = &holder.value;
-                out.events.push(Event {
-                    kind: EventKind::Acquired,
-                    name: name.as_str().into(),
-                    id: value.id.as_str().into(),
-                    token: base + rev as Token,
-                    held: std::time::Duration::ZERO,
-                    waited: value.waited_ms.map(std::time::Duration::from_millis),
-                });
+                out.event(
+                    c.mod_rev,
+                    Event {
+                        kind: EventKind::Acquired,
+                        name: name.as_str().into(),
+                        id: value.id.as_str().into(),
+                        token: base + rev as Token,
+                        held: std::time::Duration::ZERO,
+                        waited: value.waited_ms.map(std::time::Duration::from_millis),
+                    },
+                );
             }
             self.ends.insert((holder.ends_at, name.clone(), rev));
             ns.holders.insert(rev, holder);
@@ -349,14 +378,17 @@ impl Mirror {
                 _ => EventKind::Dropped,
             };
             let held_ms = super::wall_ms().saturating_sub(old.value.granted_ms);
-            out.events.push(Event {
-                kind,
-                name: Arc::from(name.as_str()),
-                id: old.value.id.as_str().into(),
-                token: base + rev as Token,
-                held: std::time::Duration::from_millis(held_ms),
-                waited: None,
-            });
+            out.event(
+                c.mod_rev,
+                Event {
+                    kind,
+                    name: Arc::from(name.as_str()),
+                    id: old.value.id.as_str().into(),
+                    token: base + rev as Token,
+                    held: std::time::Duration::from_millis(held_ms),
+                    waited: None,
+                },
+            );
         }
     }
 }
