@@ -43,7 +43,8 @@ impl Cluster {
         for _ in 0..STALE_TRIES {
             let plan = {
                 let g = self.guard();
-                let (leases, _) = g.mirror.counts();
+                // With this front-end's own grants the watch has not shown yet.
+                let leases = g.mirror.counts().0 + g.fresh.len();
                 let free = NameState::default();
                 let ns = read.as_ref().or_else(|| g.mirror.name(&req.name));
                 self.plan(ns.unwrap_or(&free), &req, &user, leases)
