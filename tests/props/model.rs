@@ -549,11 +549,19 @@ impl Harness {
                         user: *user,
                     },
                 );
+                // Both backends' decisions are judged, each on its own: a wrong rule shows
+                // in both, a wrong view of a name in one.
+                #[cfg(feature = "etcd")]
+                let cluster = self.cluster_agrees(cluster, &want);
                 if got != want {
+                    #[cfg(feature = "etcd")]
+                    if let Err(e) = &cluster {
+                        return Err(format!("lock: table {got:?}, model {want:?}; and {e}"));
+                    }
                     return Err(format!("lock: table {got:?}, model {want:?}"));
                 }
                 #[cfg(feature = "etcd")]
-                self.cluster_agrees(cluster, &want)?;
+                cluster?;
                 match &got {
                     Ok(LockOutcome::Queued { waiter }) => {
                         self.waiters.push(*waiter);

@@ -73,7 +73,7 @@ impl Target {
     fn guard(&self) -> Duration {
         match self {
             Target::Embedded => Duration::from_secs(10),
-            Target::Etcd { .. } => Duration::from_secs(20),
+            Target::Etcd { .. } => Duration::from_secs(60),
         }
     }
 }
