@@ -148,6 +148,9 @@ enum Op {
         tok: TokPick,
         conn: ConnPick,
     },
+    /// Connection `conn` closed: every session lease bound to it ends or starts its grace
+    /// (`Locks::close_connection`, what the backend does when a connection closes).
+    CloseConnection(ConnId),
     Status {
         name: usize,
     },
@@ -242,6 +245,7 @@ fn op() -> impl Strategy<Value = Op> {
             3 => Just(ConnPick::Holder),
             1 => (1u64..=3).prop_map(ConnPick::Conn),
         ]).prop_map(|(name, tok, conn)| Op::DropSession { name, tok, conn }),
+        1 => (1u64..=3).prop_map(Op::CloseConnection),
         1 => name.prop_map(|name| Op::Status { name }),
         8 => prop_oneof![
             4 => (0u64..=25).prop_map(Advance::By),
@@ -483,6 +487,21 @@ impl Harness {
         Ok(())
     }
 
+    /// Whether the table's index of session leases by connection says what the model's
+    /// holders say: a session lease is bound to `conn`.
+    fn sessions_agree(&self, conn: ConnId) -> Result<(), String> {
+        let want = self.model.entries.values().any(|e| {
+            e.holders
+                .iter()
+                .any(|h| h.session.and_then(|s| s.conn) == Some(conn))
+        });
+        let got = self.table.holds_sessions(conn);
+        if got != want {
+            return Err(format!("holds_sessions({conn}): table {got}, model {want}"));
+        }
+        Ok(())
+    }
+
     /// Compares the effects of one step, then lets the observer judge them.
     fn effects(&mut self, call: Call<'_>) -> Result<(), String> {
         let got = self.table.take_effects();
@@ -683,6 +702,30 @@ impl Harness {
                 self.table.drop_session(at, NAMES[*name], token, conn);
                 self.model.drop_session(now, NAMES[*name], token, conn);
                 self.effects(Call::Other)?;
+            }
+            Op::CloseConnection(conn) => {
+                self.table.expire(at);
+                self.model.process(now);
+                self.sessions_agree(*conn)?;
+                // The model ends them one by one, in the order they were granted.
+                let mut bound: Vec<(Token, String)> = self
+                    .model
+                    .entries
+                    .iter()
+                    .flat_map(|(name, e)| {
+                        e.holders
+                            .iter()
+                            .filter(|h| h.session.and_then(|s| s.conn) == Some(*conn))
+                            .map(move |h| (h.token, name.clone()))
+                    })
+                    .collect();
+                bound.sort();
+                self.table.close_connection(at, *conn);
+                for (token, name) in bound {
+                    self.model.drop_session(now, &name, token, *conn);
+                }
+                self.effects(Call::Other)?;
+                self.sessions_agree(*conn)?;
             }
             Op::Status { name } => {
                 let got = self.table.status(at, NAMES[*name]);
