@@ -7,9 +7,11 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::Args;
 
+use crate::proto::HumanDuration;
+
 use super::{
     CompatConfig, DEFAULT_COMPAT_LISTEN, DEFAULT_HOST, DEFAULT_LOCK_PORT, DEFAULT_NAME,
-    DEFAULT_UNLOCK_PORT,
+    DEFAULT_READ_TIMEOUT, DEFAULT_UNLOCK_PORT, DEFAULT_UNLOCK_TIMEOUT,
 };
 
 #[derive(Args, Clone, Debug)]
@@ -36,8 +38,8 @@ pub struct CompatArgs {
 
     /// Lease of a lock taken through the lock port: released if no unlock comes within it.
     /// Plain seconds as the old server took them (30), or a duration (90s, 5m).
-    #[arg(long, env = "UNLOCK_PORT_TIMEOUT", default_value = "30", value_parser = duration)]
-    pub unlock_timeout: Duration,
+    #[arg(long, env = "UNLOCK_PORT_TIMEOUT", default_value_t = HumanDuration(DEFAULT_UNLOCK_TIMEOUT))]
+    pub unlock_timeout: HumanDuration,
 
     /// The lock in the table the two ports stand for (line-protocol clients use this name).
     #[arg(long, env = "LOCKD_COMPAT_NAME", default_value = DEFAULT_NAME)]
@@ -51,12 +53,9 @@ pub struct CompatArgs {
 
     /// How long a connection to either port may take to send its message before it is
     /// closed unanswered.
-    #[arg(long, env = "LOCKD_COMPAT_READ_TIMEOUT", default_value = "5s", value_parser = duration)]
-    pub compat_read_timeout: Duration,
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    crate::proto::parse_duration("duration", s).map_err(|e| e.message)
+    #[arg(long, env = "LOCKD_COMPAT_READ_TIMEOUT",
+          default_value_t = HumanDuration(DEFAULT_READ_TIMEOUT))]
+    pub compat_read_timeout: HumanDuration,
 }
 
 impl CompatArgs {
@@ -69,9 +68,9 @@ impl CompatArgs {
             host: self.host.clone(),
             lock_port: self.lock_port,
             unlock_port: self.unlock_port,
-            unlock_timeout: self.unlock_timeout,
+            unlock_timeout: self.unlock_timeout.0,
             name: self.compat_name.clone(),
-            read_timeout: self.compat_read_timeout,
+            read_timeout: self.compat_read_timeout.0,
         };
         config.validate(max_ttl)?;
         Ok(Some(config))

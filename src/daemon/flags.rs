@@ -2,9 +2,7 @@
 //! defaults (the crate's `DEFAULT_*` constants, and nowhere else), the checks a start makes
 //! before it touches the network ([`Flags::validate`]) and the [`server::Config`] they make.
 
-use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
@@ -13,6 +11,7 @@ use clap::Args;
 use crate::backend::EtcdConfig;
 use crate::compat::CompatArgs;
 use crate::locks::Limits;
+use crate::proto::HumanDuration;
 use crate::server;
 
 /// Most names `--metrics-names` may list: each adds series to every scrape.
@@ -20,43 +19,6 @@ const MAX_METRICS_NAMES: usize = 100;
 
 /// The shortest `--etcd-lease-ttl`: etcd leases are granted in whole seconds.
 const MIN_ETCD_LEASE_TTL: Duration = Duration::from_secs(1);
-
-/// A duration flag's value. Its own type so that clap's `default_value_t` can take the
-/// crate's `Duration` constants and `--help` still shows them as they are typed (`30s`,
-/// `24h`, `500ms`): `Duration` has no `Display`, and a string literal beside each flag would
-/// be a second copy of every default.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct HumanDuration(pub Duration);
-
-impl fmt::Display for HumanDuration {
-    /// In its largest whole unit (`24h`, `10m`, `30s`, `500ms`), as a flag is written.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let d = self.0;
-        if !d.subsec_nanos().is_multiple_of(1_000_000) {
-            return write!(f, "{}", humantime::format_duration(d));
-        }
-        let ms = d.as_millis();
-        let (n, unit) = match ms {
-            0 => (0, "s"),
-            _ if ms.is_multiple_of(3_600_000) => (ms / 3_600_000, "h"),
-            _ if ms.is_multiple_of(60_000) => (ms / 60_000, "m"),
-            _ if ms.is_multiple_of(1000) => (ms / 1000, "s"),
-            _ => (ms, "ms"),
-        };
-        write!(f, "{n}{unit}")
-    }
-}
-
-impl FromStr for HumanDuration {
-    type Err = String;
-
-    /// As lockd reads every duration: `250ms`, `30s`, `5m` or plain seconds.
-    fn from_str(s: &str) -> Result<Self, String> {
-        crate::proto::parse_duration("duration", s)
-            .map(HumanDuration)
-            .map_err(|e| e.message)
-    }
-}
 
 /// Every flag of the server itself, as `lockd` parses them (its binary adds only the flags
 /// that print something and exit, and the logging ones). A library type, so that the checks
@@ -280,10 +242,10 @@ impl Default for Flags {
                 host: compat::DEFAULT_HOST.into(),
                 lock_port: compat::DEFAULT_LOCK_PORT,
                 unlock_port: compat::DEFAULT_UNLOCK_PORT,
-                unlock_timeout: compat::DEFAULT_UNLOCK_TIMEOUT,
+                unlock_timeout: HumanDuration(compat::DEFAULT_UNLOCK_TIMEOUT),
                 compat_name: compat::DEFAULT_NAME.into(),
                 compat_no_auth: false,
-                compat_read_timeout: compat::DEFAULT_READ_TIMEOUT,
+                compat_read_timeout: HumanDuration(compat::DEFAULT_READ_TIMEOUT),
             },
         }
     }

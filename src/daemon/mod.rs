@@ -19,7 +19,8 @@ mod fd_limit;
 mod flags;
 mod signals;
 
-pub use flags::{Flags, HumanDuration};
+pub use crate::proto::HumanDuration;
+pub use flags::Flags;
 
 /// Why `lockd` did not start, or stopped with an error: the message it prints (after
 /// `lockd: `) and which exit status it is, as the man page's EXIT STATUS lists them.

@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use crate::locks::{Mode, Token};
 
+mod duration;
 pub mod error;
 pub mod reply;
 
+pub use duration::HumanDuration;
 pub use error::{ErrorCode, ProtoError};
 pub use reply::{
     field, parse_mode, parse_reply, Asked, BadReply, EventLine, HeldLine, HolderLine, Received,
