@@ -1,0 +1,69 @@
+//! Unit tests of `keys.rs`.
+
+use super::*;
+
+#[test]
+fn keys_round_trip_whatever_the_name_holds() {
+    let l = Layout::new("/lockd");
+    for name in ["job", "a/b", "100%", "ünï", "x=y z"] {
+        let k = l.holder(name, "fe1.7");
+        assert_eq!(
+            l.parse(k.as_bytes()),
+            Some(Key::Holder {
+                name: name.into(),
+                uid: "fe1.7".into()
+            })
+        );
+        assert_eq!(
+            l.parse(l.marker(name).as_bytes()),
+            Some(Key::Marker { name: name.into() })
+        );
+        assert!(k.starts_with(&l.holders(name)));
+    }
+    assert_eq!(l.parse(b"/other/h/x/y"), None);
+    assert_eq!(l.parse(l.base().as_bytes()), Some(Key::Base));
+}
+
+#[test]
+fn a_name_prefix_never_covers_another_name() {
+    let l = Layout::new("/lockd/");
+    assert!(!l.holder("ab", "u").starts_with(&l.holders("a")));
+}
+
+#[test]
+fn values_round_trip() {
+    let h = HolderValue {
+        id: "host:1 x".into(),
+        user: "ci".into(),
+        mode: Mode::Limit(3),
+        ttl_ms: 30_000,
+        deadline_ms: 99,
+        session_ms: Some(500),
+        fe: "fe=1".into(),
+        conn: 4,
+        cut_ms: 0,
+        granted_ms: 7,
+        waited_ms: Some(3),
+        at_ms: 9,
+    };
+    assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
+    let w = WaiterValue {
+        id: "w".into(),
+        user: String::new(),
+        mode: Mode::Shared,
+        ttl_ms: 30_000,
+        session_ms: Some(0),
+        fe: "f".into(),
+        conn: 3,
+        lease: 77,
+        queued_ms: 1,
+    };
+    assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));
+    let m = MarkerValue {
+        kind: EventKind::Expired,
+        rev: 12,
+        fe: "f".into(),
+    };
+    assert_eq!(MarkerValue::decode(m.encode().as_bytes()), Some(m));
+    assert_eq!(HolderValue::decode(b"garbage"), None);
+}
