@@ -221,15 +221,34 @@ impl Cluster {
             leased: AtomicBool::new(false),
             config,
         });
+        // Each step is tried again while etcd answers "unavailable" (a cluster electing its
+        // leader as this front-end starts says "no leader"), until the connect timeout.
+        let last = Mutex::new(None::<String>);
         let startup = async {
-            cluster.take_lease().await?;
-            cluster.load_base().await?;
-            cluster.resync().await
+            loop {
+                let step = async {
+                    if !cluster.leased.load(Ordering::Relaxed) {
+                        cluster.take_lease().await?;
+                    }
+                    cluster.load_base().await?;
+                    cluster.resync().await
+                };
+                match step.await {
+                    Err(BackendError::Unavailable(why)) => {
+                        *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                        tokio::time::sleep(RETRY).await;
+                    }
+                    done => return done,
+                }
+            }
         };
-        tokio::time::timeout(cluster.config.connect_timeout, startup)
-            .await
-            .map_err(|_| format!("etcd at {endpoints}: no quorum (timed out)"))?
-            .map_err(|e| format!("etcd at {endpoints}: {e}"))?;
+        let started = tokio::time::timeout(cluster.config.connect_timeout, startup).await;
+        let Ok(started) = started else {
+            let last = last.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let why = last.map_or_else(String::new, |why| format!(": {why}"));
+            return Err(format!("etcd at {endpoints}: no quorum (timed out){why}"));
+        };
+        started.map_err(|e| format!("etcd at {endpoints}: {e}"))?;
         cluster.healthy.store(true, Ordering::Relaxed);
         tracing::info!(
             fe = cluster.fe,
