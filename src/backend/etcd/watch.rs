@@ -61,18 +61,7 @@ impl Cluster {
             .await
             .map_err(unavailable)?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        let changes: Vec<Change> = resp
-            .kvs()
-            .iter()
-            .map(|kv| Change {
-                put: true,
-                key: kv.key().to_vec(),
-                value: kv.value().to_vec(),
-                create_rev: kv.create_revision(),
-                mod_rev: kv.mod_revision(),
-                lease: kv.lease(),
-            })
-            .collect();
+        let changes: Vec<Change> = resp.kvs().iter().map(|kv| change(kv, true)).collect();
         let mut next = Vec::new();
         let touched: Vec<String> = {
             let mut g = self.guard();
@@ -203,17 +192,7 @@ impl Cluster {
         let changes: Vec<Change> = resp
             .events()
             .iter()
-            .filter_map(|e| {
-                let kv = e.kv()?;
-                Some(Change {
-                    put: e.event_type() == EventType::Put,
-                    key: kv.key().to_vec(),
-                    value: kv.value().to_vec(),
-                    create_rev: kv.create_revision(),
-                    mod_rev: kv.mod_revision(),
-                    lease: kv.lease(),
-                })
-            })
+            .filter_map(|e| Some(change(e.kv()?, e.event_type() == EventType::Put)))
             .collect();
         if changes.is_empty() {
             return;
@@ -293,5 +272,18 @@ impl Cluster {
         for name in &applied.touched {
             self.evaluate(name);
         }
+    }
+}
+
+/// A key as etcd sent it (a read, or a watch event: `put` false for a delete), as the mirror
+/// applies it.
+pub(super) fn change(kv: &etcd_client::KeyValue, put: bool) -> Change {
+    Change {
+        put,
+        key: kv.key().to_vec(),
+        value: kv.value().to_vec(),
+        create_rev: kv.create_revision(),
+        mod_rev: kv.mod_revision(),
+        lease: kv.lease(),
     }
 }
