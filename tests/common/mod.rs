@@ -143,6 +143,20 @@ impl Raw {
             .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
     }
 
+    /// Connects from the local address `from` (port chosen by the kernel) within [`GUARD`];
+    /// fails the test if it can't.
+    pub async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> Raw {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::new(from, 0))
+            .expect("bind the client side");
+        let stream = tokio::time::timeout(GUARD, socket.connect(addr))
+            .await
+            .expect("connect timed out")
+            .expect("connect");
+        Raw::from_stream(stream)
+    }
+
     /// Connects within `within` (`None`: the system's own timeout); the error (`TimedOut`
     /// after `within`), for a caller whose server may be down.
     pub async fn try_connect(addr: SocketAddr, within: Option<Duration>) -> io::Result<Raw> {
