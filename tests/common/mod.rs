@@ -3,8 +3,8 @@
 //! - [`start`]: the one way to start lockd, the [`Lockd`] builder (in-process or a child
 //!   process; memory, a data directory or etcd; extra flags);
 //! - here: the one free-port helper ([`free_port`], [`free_ports`], [`dead_addr`]), the
-//!   line client [`Raw`] for async tests (its blocking twin, for threads and child-process
-//!   tests, is [`line::Line`]), reply helpers and an HTTP GET;
+//!   one line client [`Raw`] (async; [`line::Line`] is its blocking facade, for threads and
+//!   child-process tests), reply helpers and an HTTP GET;
 //! - [`blocking`]: a server for tests that drive programs synchronously (bash, Python) and a
 //!   proxy that cuts connections; [`durable`]: lockd processes on a data directory that
 //!   tests crash and restart; [`lockctl`]: lockctl as a child process against an in-process
@@ -41,6 +41,7 @@ pub use start::{config, Lockd, LockdProcess, TestServer};
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -72,25 +73,83 @@ pub fn dead_addr() -> String {
     format!("127.0.0.1:{}", free_port())
 }
 
-/// A raw line client: writes what it is told, reads one line at a time.
+/// A raw line client: writes what it is told, reads one line at a time. The one line client
+/// of the tests: [`line::Line`] is its blocking facade, and the script runner's connections
+/// are `Raw`s.
+///
+/// Every read waits at most its read guard ([`GUARD`] unless [`Raw::set_read_guard`] says
+/// otherwise); every write of [`Raw::send_raw`] at most [`GUARD`].
 pub struct Raw {
     stream: BufReader<TcpStream>,
+    /// The read guard in nanoseconds; [`NO_GUARD`]: reads wait as long as it takes.
+    read_guard: AtomicU64,
+}
+
+/// [`Raw::read_guard`] of a connection whose reads wait as long as it takes.
+const NO_GUARD: u64 = u64::MAX;
+
+/// What one read of a line gave, told apart (the script runner reports each in its own
+/// words).
+pub enum Read {
+    /// A line, without its `\n` (bytes that are not UTF-8 replaced).
+    Line(String),
+    /// End of stream.
+    Eof,
+    /// The connection failed (a reset).
+    Reset(io::Error),
+    /// Nothing within the guard.
+    Hang,
+}
+
+impl std::fmt::Display for Read {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Read::Line(l) => write!(f, "{l:?}"),
+            Read::Eof => write!(f, "end of stream"),
+            Read::Reset(e) => write!(f, "connection error ({e})"),
+            Read::Hang => write!(f, "nothing within the guard"),
+        }
+    }
+}
+
+/// `io` within `guard` (`None`: as long as it takes); `None` if the guard ran out first.
+async fn within<T>(
+    guard: Option<Duration>,
+    io: impl std::future::Future<Output = io::Result<T>>,
+) -> Option<io::Result<T>> {
+    match guard {
+        Some(guard) => tokio::time::timeout(guard, io).await.ok(),
+        None => Some(io.await),
+    }
+}
+
+fn timed_out(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, what.to_string())
 }
 
 impl Raw {
+    /// Connects within [`GUARD`]; fails the test if it can't.
     pub async fn connect(addr: SocketAddr) -> Raw {
-        let stream = tokio::time::timeout(GUARD, TcpStream::connect(addr))
+        Raw::try_connect(addr, Some(GUARD))
             .await
-            .expect("connect timed out")
-            .expect("connect");
-        Raw::from_stream(stream)
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
     }
 
     /// Connects with a receive buffer of about `bytes`, so a client that does not read fills
     /// its side with little data.
     pub async fn connect_small(addr: SocketAddr, bytes: u32) -> Raw {
+        Raw::try_connect_small(addr, bytes, Some(GUARD))
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
+    }
+
+    /// Connects from the local address `from` (port chosen by the kernel) within [`GUARD`];
+    /// fails the test if it can't.
+    pub async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> Raw {
         let socket = TcpSocket::new_v4().expect("socket");
-        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        socket
+            .bind(SocketAddr::new(from, 0))
+            .expect("bind the client side");
         let stream = tokio::time::timeout(GUARD, socket.connect(addr))
             .await
             .expect("connect timed out")
@@ -98,15 +157,68 @@ impl Raw {
         Raw::from_stream(stream)
     }
 
+    /// Connects within `within` (`None`: the system's own timeout); the error (`TimedOut`
+    /// after `within`), for a caller whose server may be down.
+    pub async fn try_connect(addr: SocketAddr, within: Option<Duration>) -> io::Result<Raw> {
+        Raw::open(addr, None, within).await
+    }
+
+    /// [`Raw::connect_small`] within `within`; the error, as [`Raw::try_connect`].
+    pub async fn try_connect_small(
+        addr: SocketAddr,
+        bytes: u32,
+        within: Option<Duration>,
+    ) -> io::Result<Raw> {
+        Raw::open(addr, Some(bytes), within).await
+    }
+
+    async fn open(
+        addr: SocketAddr,
+        recv_buffer: Option<u32>,
+        within: Option<Duration>,
+    ) -> io::Result<Raw> {
+        let connect = async {
+            match recv_buffer {
+                Some(bytes) => {
+                    let socket = TcpSocket::new_v4()?;
+                    socket.set_recv_buffer_size(bytes)?;
+                    socket.connect(addr).await
+                }
+                None => TcpStream::connect(addr).await,
+            }
+        };
+        let stream = self::within(within, connect)
+            .await
+            .unwrap_or_else(|| Err(timed_out("no connection within the guard")))?;
+        Ok(Raw::from_stream(stream))
+    }
+
     pub fn from_stream(stream: TcpStream) -> Raw {
         let _ = stream.set_nodelay(true);
         Raw {
             stream: BufReader::new(stream),
+            read_guard: AtomicU64::new(GUARD.as_nanos() as u64),
         }
     }
 
     pub fn stream(&self) -> &TcpStream {
         self.stream.get_ref()
+    }
+
+    /// How long a read waits (`None`: as long as it takes).
+    pub fn read_guard(&self) -> Option<Duration> {
+        match self.read_guard.load(Ordering::Relaxed) {
+            NO_GUARD => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// Changes how long a read waits (`None`: as long as it takes).
+    pub fn set_read_guard(&self, guard: Option<Duration>) {
+        let nanos = guard.map_or(NO_GUARD, |g| {
+            u64::try_from(g.as_nanos()).unwrap_or(NO_GUARD - 1)
+        });
+        self.read_guard.store(nanos, Ordering::Relaxed);
     }
 
     /// Sends `line` and a `\n`.
@@ -116,7 +228,7 @@ impl Raw {
 
     /// Sends bytes exactly as given.
     pub async fn send_raw(&mut self, bytes: &[u8]) {
-        tokio::time::timeout(GUARD, self.stream.get_mut().write_all(bytes))
+        self.send_within(bytes, GUARD)
             .await
             .expect("write timed out")
             .expect("write");
@@ -127,13 +239,62 @@ impl Raw {
         self.stream.get_mut().write_all(bytes).await
     }
 
+    /// Sends bytes exactly as given; `None` if the server took nothing within `guard`.
+    pub async fn send_within(&mut self, bytes: &[u8], guard: Duration) -> Option<io::Result<()>> {
+        within(Some(guard), self.stream.get_mut().write_all(bytes)).await
+    }
+
+    /// Appends what comes up to and including the next `\n` to `buf`, within `guard`: how
+    /// many bytes (0 at end of stream), or `None` if the guard ran out first, when the part of
+    /// the line read so far stays in `buf`. The one reader of lines.
+    async fn next_line(
+        &mut self,
+        buf: &mut Vec<u8>,
+        guard: Option<Duration>,
+    ) -> Option<io::Result<usize>> {
+        within(guard, self.stream.read_until(b'\n', buf)).await
+    }
+
+    /// Appends what comes up to and including the next `\n` to `buf` (`Ok(0)` at end of
+    /// stream); after the read guard (`TimedOut`), the part of a line already read stays in
+    /// `buf`.
+    pub async fn read_line_into(&mut self, buf: &mut Vec<u8>) -> io::Result<usize> {
+        let guard = self.read_guard();
+        self.next_line(buf, guard)
+            .await
+            .unwrap_or_else(|| Err(timed_out("no line within the guard")))
+    }
+
+    /// Reads one line within `guard`, telling end of stream, a failed connection and nothing
+    /// at all apart.
+    pub async fn read_within(&mut self, guard: Duration) -> Read {
+        let mut buf = Vec::new();
+        match self.next_line(&mut buf, Some(guard)).await {
+            None => Read::Hang,
+            Some(Err(e)) => Read::Reset(e),
+            Some(Ok(0)) => Read::Eof,
+            Some(Ok(_)) => {
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                }
+                Read::Line(String::from_utf8_lossy(&buf).into_owned())
+            }
+        }
+    }
+
+    /// What has arrived and not been read yet, without reading it, waiting at most `within`
+    /// for something: empty at end of stream, `None` if nothing came.
+    pub async fn peek_within(&mut self, within: Duration) -> Option<io::Result<Vec<u8>>> {
+        tokio::time::timeout(within, self.stream.fill_buf())
+            .await
+            .ok()
+            .map(|got| got.map(<[u8]>::to_vec))
+    }
+
     /// Reads one line (without its `\n`); `None` at EOF.
     pub async fn try_line(&mut self) -> io::Result<Option<String>> {
         let mut buf = Vec::new();
-        let n = tokio::time::timeout(GUARD, self.stream.read_until(b'\n', &mut buf))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no line within the guard"))??;
-        if n == 0 {
+        if self.read_line_into(&mut buf).await? == 0 {
             return Ok(None);
         }
         if buf.last() == Some(&b'\n') {
@@ -193,11 +354,12 @@ impl Raw {
     /// unread input, so the kernel may answer with a reset).
     pub async fn expect_closed(&mut self) {
         let mut sink = [0u8; 64 * 1024];
+        let guard = self.read_guard();
         loop {
-            match tokio::time::timeout(GUARD, self.stream.read(&mut sink)).await {
-                Err(_) => panic!("connection still open after the guard"),
-                Ok(Ok(0)) | Ok(Err(_)) => return,
-                Ok(Ok(_)) => {}
+            match within(guard, self.stream.read(&mut sink)).await {
+                None => panic!("connection still open after the guard"),
+                Some(Ok(0)) | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
             }
         }
     }
@@ -207,12 +369,13 @@ impl Raw {
     pub async fn read_to_end(&mut self) -> (Vec<String>, bool) {
         let mut data = Vec::new();
         let mut buf = [0u8; 64 * 1024];
+        let guard = self.read_guard();
         let reset = loop {
-            match tokio::time::timeout(GUARD, self.stream.read(&mut buf)).await {
-                Err(_) => panic!("connection still open after the guard"),
-                Ok(Ok(0)) => break false,
-                Ok(Ok(n)) => data.extend_from_slice(&buf[..n]),
-                Ok(Err(_)) => break true,
+            match within(guard, self.stream.read(&mut buf)).await {
+                None => panic!("connection still open after the guard"),
+                Some(Ok(0)) => break false,
+                Some(Ok(n)) => data.extend_from_slice(&buf[..n]),
+                Some(Err(_)) => break true,
             }
         };
         let text = String::from_utf8_lossy(&data);
@@ -221,13 +384,22 @@ impl Raw {
 
     /// Closes our sending side; the server sees end of input.
     pub async fn shutdown_write(&mut self) {
-        self.stream.get_mut().shutdown().await.expect("shutdown");
+        self.try_shutdown_write().await.expect("shutdown");
+    }
+
+    /// [`Raw::shutdown_write`]; the error.
+    pub async fn try_shutdown_write(&mut self) -> io::Result<()> {
+        self.stream.get_mut().shutdown().await
     }
 
     /// Drops the connection with a reset instead of a FIN.
     pub fn reset(self) {
-        self.stream().set_zero_linger().expect("SO_LINGER 0");
-        drop(self);
+        self.try_reset().expect("SO_LINGER 0");
+    }
+
+    /// [`Raw::reset`]; the error of setting SO_LINGER 0 (the connection is dropped anyway).
+    pub fn try_reset(self) -> io::Result<()> {
+        self.stream().set_zero_linger()
     }
 }
 

@@ -5,11 +5,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
-use tokio::net::{TcpSocket, TcpStream};
-
 use super::parse::{Action, Line, Step};
 use super::pattern::{expand, matches, Vars};
+use crate::common::{Raw, Read};
 
 /// How long `silent` listens. Only a line that does arrive fails it; a slow server passes.
 const SILENT: Duration = Duration::from_millis(100);
@@ -29,72 +27,37 @@ pub trait ServerControl {
     fn reload_users(&mut self, specs: &[String]) -> Result<(), String>;
 }
 
-/// One client connection of a script.
+/// One client connection of a script: the tests' one line client.
 struct Conn {
-    stream: BufReader<TcpStream>,
-}
-
-/// What one read gave.
-enum Read {
-    Line(String),
-    Eof,
-    Reset(std::io::Error),
-    Hang,
-}
-
-impl std::fmt::Display for Read {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Read::Line(l) => write!(f, "{l:?}"),
-            Read::Eof => write!(f, "end of stream"),
-            Read::Reset(e) => write!(f, "connection error ({e})"),
-            Read::Hang => write!(f, "nothing within the guard"),
-        }
-    }
+    raw: Raw,
 }
 
 impl Conn {
     async fn open(addr: SocketAddr, small: bool, guard: Duration) -> Result<Conn, String> {
-        let connect = async {
-            if small {
-                let socket = TcpSocket::new_v4()?;
-                socket.set_recv_buffer_size(4096)?;
-                socket.connect(addr).await
-            } else {
-                TcpStream::connect(addr).await
-            }
+        let raw = if small {
+            Raw::try_connect_small(addr, 4096, Some(guard)).await
+        } else {
+            Raw::try_connect(addr, Some(guard)).await
         };
-        let stream = tokio::time::timeout(guard, connect)
-            .await
-            .map_err(|_| "connect: no answer within the guard".to_string())?
-            .map_err(|e| format!("connect: {e}"))?;
-        let _ = stream.set_nodelay(true);
-        Ok(Conn {
-            stream: BufReader::new(stream),
-        })
+        match raw {
+            Ok(raw) => Ok(Conn { raw }),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                Err("connect: no answer within the guard".to_string())
+            }
+            Err(e) => Err(format!("connect: {e}")),
+        }
     }
 
     async fn send(&mut self, bytes: &[u8], guard: Duration) -> Result<(), String> {
-        match tokio::time::timeout(guard, self.stream.get_mut().write_all(bytes)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("send failed: {e}")),
-            Err(_) => Err("send: the server took nothing within the guard".into()),
+        match self.raw.send_within(bytes, guard).await {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(format!("send failed: {e}")),
+            None => Err("send: the server took nothing within the guard".into()),
         }
     }
 
     async fn read(&mut self, guard: Duration) -> Read {
-        let mut buf = Vec::new();
-        match tokio::time::timeout(guard, self.stream.read_until(b'\n', &mut buf)).await {
-            Err(_) => Read::Hang,
-            Ok(Err(e)) => Read::Reset(e),
-            Ok(Ok(0)) => Read::Eof,
-            Ok(Ok(_)) => {
-                if buf.last() == Some(&b'\n') {
-                    buf.pop();
-                }
-                Read::Line(String::from_utf8_lossy(&buf).into_owned())
-            }
-        }
+        self.raw.read_within(guard).await
     }
 }
 
@@ -297,16 +260,15 @@ impl Run {
             }
             Action::Reset => {
                 if let Some(c) = self.conns.remove(conn) {
-                    let _ = c.stream.get_ref().set_zero_linger();
+                    let _ = c.raw.try_reset();
                 }
                 Ok(())
             }
             Action::Shutdown => self
                 .conn(conn)
                 .await?
-                .stream
-                .get_mut()
-                .shutdown()
+                .raw
+                .try_shutdown_write()
                 .await
                 .map_err(|e| format!("shutdown: {e}")),
             Action::Eof | Action::Closed => {
@@ -331,15 +293,16 @@ impl Run {
             }
             Action::Silent => {
                 let c = self.conn(conn).await?;
-                let peek = tokio::time::timeout(SILENT, c.stream.fill_buf()).await;
-                match peek {
-                    Err(_) => Ok(()),
-                    Ok(Ok([])) => Err("expected silence; got end of stream".into()),
-                    Ok(Ok(bytes)) => Err(format!(
+                match c.raw.peek_within(SILENT).await {
+                    None => Ok(()),
+                    Some(Ok(bytes)) if bytes.is_empty() => {
+                        Err("expected silence; got end of stream".into())
+                    }
+                    Some(Ok(bytes)) => Err(format!(
                         "expected silence; got {:?}",
-                        String::from_utf8_lossy(bytes)
+                        String::from_utf8_lossy(&bytes)
                     )),
-                    Ok(Err(e)) => Err(format!("expected silence; got connection error ({e})")),
+                    Some(Err(e)) => Err(format!("expected silence; got connection error ({e})")),
                 }
             }
             Action::SendRaw(text) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{config, field, status_shape, token, Lockd, Raw, TestServer, GUARD};
 use lockd::server::Config;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 /// A server with one lock `keep` held (by the returned connection, lease long enough for
 /// any test), and the exact `STATUS` (all) it answers then.
@@ -470,13 +470,7 @@ async fn watcher_that_never_reads_is_disconnected_not_waited_for() {
     let server = Lockd::new().config(cfg).serve().await;
 
     // A small receive window, so the watcher's socket fills with few events.
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stream = tokio::time::timeout(GUARD, socket.connect(server.addr))
-        .await
-        .unwrap()
-        .unwrap();
-    let mut watcher = Raw::from_stream(stream);
+    let mut watcher = Raw::connect_small(server.addr, 4096).await;
     assert_eq!(watcher.req("WATCH").await, "OK watching *");
 
     // Long names and ids make big events; pipelined batches make many of them fast. Far more

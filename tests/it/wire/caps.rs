@@ -8,19 +8,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{config, token, wait_status, wait_waiters, Lockd, Raw, GUARD};
-use tokio::net::TcpSocket;
 
 /// A connection to `addr` from the local address `from` (port chosen by the kernel).
 async fn connect_from(from: &str, addr: SocketAddr) -> Raw {
-    let socket = TcpSocket::new_v4().expect("socket");
-    socket
-        .bind(format!("{from}:0").parse().expect("address"))
-        .expect("bind the client side");
-    let stream = tokio::time::timeout(GUARD, socket.connect(addr))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
-    Raw::from_stream(stream)
+    Raw::connect_from(from.parse().expect("address"), addr).await
 }
 
 /// Asserts `c` is told exactly `want` and then closed cleanly.
