@@ -1,5 +1,5 @@
 //! Users and their rights (`--auth-file`): the file parsed, a secret checked, and the one
-//! question the session asks before every command: may this user do this to this name?
+//! question the connection handler asks before every command: may this user do this to this name?
 //!
 //! Pure apart from [`load`], which reads the file. The table never sees a user's name or
 //! rights, only its number ([`UserId`]), to tell whose a lease is.

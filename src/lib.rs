@@ -9,12 +9,13 @@
 //! - [`connection`]: bounded line framing over a [`stream`]: plain TCP or TLS over TCP.
 //! - [`tls`]: rustls set-up (server acceptor, client connector) and a client certificate's
 //!   common name.
-//! - [`backend`]: the seam sessions talk to, and the two places locks live behind it: the
+//! - [`backend`]: the seam connection handlers talk to, and the two places locks live behind it: the
 //!   embedded table (behind a mutex, with its expiry timer, waiter hand-off and watch events)
 //!   and, with the `etcd` feature, an etcd cluster shared by several lockd front-ends. One
 //!   call per request, answered once its change is durable; the backend knows which session
 //!   leases each connection holds and ends them when it closes (`Backend::closed`).
-//! - [`session`]: one client connection: read, parse, dispatch, reply.
+//! - [`handler`]: one client connection (its handler): read, parse, dispatch, reply. ("Session"
+//!   is a lease kind in proto.md, never this.)
 //! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
 //! - [`daemon`]: the `lockd` process from its flags ([`daemon::Flags`]: their defaults and
 //!   checks): users and their SIGHUP reload, the open-files limit, listeners, the metrics
@@ -36,14 +37,14 @@
 //! -> `locks` (the user number), `proto` (what a valid name is). `store` -> `locks` (its
 //! change and lease types), `metrics`; `backend` -> `locks`, `store`, `metrics`, `auth`,
 //! `proto` (the `ERR` a refusal becomes);
-//! `session` -> `backend`, `proto`, `connection`, `auth`, `tls`; `compat` -> `backend`,
-//! `locks`; `http` -> `backend`; `server` -> `session`, `backend`, `compat`, `store`, `http`,
+//! `handler` -> `backend`, `proto`, `connection`, `auth`, `tls`; `compat` -> `backend`,
+//! `locks`; `http` -> `backend`; `server` -> `handler`, `backend`, `compat`, `store`, `http`,
 //! `auth`, `per_ip`, `tls`; `daemon` -> `server`, `auth`, `http`, `compat` (its flags),
 //! `backend` (the etcd settings), `locks` (the limits), `tls`, `proto` (durations, names);
 //! `client` -> `proto`, `connection`, `locks` (the token and mode types), `tls`, `stream`
 //! (inside it, `connect` -> `tls`, `auth` and the connection; `tls` and `auth` -> the
 //! connection). The table and the protocol never see a socket or a file, and `lockctl` never
-//! reaches `server`, `backend`, `session` or `store`. Nothing in the crate imports `daemon`:
+//! reaches `server`, `backend`, `handler` or `store`. Nothing in the crate imports `daemon`:
 //! only the `lockd` binary calls it.
 
 use std::time::Duration;
@@ -61,7 +62,7 @@ pub mod metrics;
 pub mod per_ip;
 pub mod proto;
 pub mod server;
-pub mod session;
+pub mod handler;
 pub mod store;
 pub mod stream;
 pub mod tls;

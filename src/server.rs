@@ -23,7 +23,7 @@ use crate::locks::Limits;
 use crate::metrics::{Metrics, Protocol};
 use crate::per_ip::PerIp;
 use crate::proto::{ProtoError, Reply};
-use crate::session::{Session, SessionLimits};
+use crate::handler::{Handler, HandlerLimits};
 use crate::store::Store;
 use crate::stream::Stream;
 use crate::tls::ServerTls;
@@ -110,8 +110,8 @@ impl Default for Config {
 }
 
 impl Config {
-    fn session_limits(&self) -> SessionLimits {
-        SessionLimits {
+    fn handler_limits(&self) -> HandlerLimits {
+        HandlerLimits {
             max_line: self.max_line,
             max_name: self.max_name.min(crate::proto::MAX_NAME_LEN),
             watch_buffer: self.watch_buffer,
@@ -302,7 +302,7 @@ pub async fn serve(
                 let (shutdown, force) = (shutdown.clone(), force.clone());
                 let counted = backend.metrics().connection(Protocol::Line);
                 tracker.spawn(async move {
-                    // Past the shutdown grace, the session is dropped wherever it is: in its
+                    // Past the shutdown grace, the handler is dropped wherever it is: in its
                     // TLS handshake, or in a write to a client that never reads.
                     tokio::select! {
                         _ = serve_connection(stream, backend, &config, shutdown) => {}
@@ -372,7 +372,7 @@ async fn serve_connection(
     };
     let conn = Connection::new(stream, config.max_line).with_write_timeout(config.write_timeout);
     let gate = config.auth.as_deref();
-    Session::new(backend, conn, config.session_limits(), shutdown, gate)
+    Handler::new(backend, conn, config.handler_limits(), shutdown, gate)
         .run()
         .await;
 }

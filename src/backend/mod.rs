@@ -1,6 +1,6 @@
 //! The seam between the protocol layers and where the locks live.
 //!
-//! Sessions, the compat mode, the server and the metrics endpoint talk to a [`Backend`] and
+//! Connection handlers, the compat mode, the server and the metrics endpoint talk to a [`Backend`] and
 //! nothing else: LOCK, UNLOCK, RENEW, CHECK, STATUS, WATCH and the ends of connections and
 //! waits, with typed outcomes. Two backends exist: [`Embedded`], the lock table in this
 //! process (the default, with `--data-dir` for durability), and, with the cargo feature

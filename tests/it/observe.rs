@@ -71,6 +71,13 @@ async fn observed(config: Config) -> (common::TestServer, std::net::SocketAddr) 
         })
         .serve()
         .await;
+    // The server hands the endpoint its backend once it serves: scrape only from then on
+    // (before, /metrics answers 503 "starting", which the readyz test covers).
+    let ready_by = std::time::Instant::now() + Duration::from_secs(10);
+    while get(addr, "/readyz").await.0 != 200 {
+        assert!(std::time::Instant::now() < ready_by, "/readyz never became ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     (server, addr)
 }
 
@@ -214,7 +221,7 @@ async fn json_logs_carry_name_id_token_and_times() {
             .args(["--log-format", "json"])
             .command(),
     )
-    .env("RUST_LOG", "info,lockd::session=debug")
+    .env("RUST_LOG", "info,lockd::handler=debug")
     .stderr(Stdio::piped())
     .kill_on_drop(true)
     .spawn()

@@ -1,5 +1,5 @@
 //! The session leases this front-end granted or bound, by connection: a closing connection's
-//! are ended (or start their grace) by the backend, not handed back by the session.
+//! are ended (or start their grace) by the backend, not handed back by the connection handler.
 //!
 //! The holder keys in etcd say which front-end and connection a session lease is bound to;
 //! this index finds a connection's without a scan of the mirror, and covers the grants the

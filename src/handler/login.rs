@@ -9,11 +9,11 @@ use crate::auth::{Right, Users};
 use crate::locks::{UserId, NO_USER};
 use crate::proto::{ProtoError, Reply, Request, Secret};
 
-use super::{Flow, Session};
+use super::{Flow, Handler};
 
 /// A connection's standing on a server with an auth file.
 pub(super) struct Login {
-    /// The users in force; a reload replaces them and wakes the session.
+    /// The users in force; a reload replaces them and wakes the handler.
     pub(super) users: watch::Receiver<Arc<Users>>,
     /// The user this connection authenticated as, and its name; `None` until AUTH.
     pub(super) user: Option<(UserId, String)>,
@@ -21,7 +21,7 @@ pub(super) struct Login {
     pub(super) failures: u32,
 }
 
-/// Whether a request may run: what [`Session::admit`] decides before every command.
+/// Whether a request may run: what [`Handler::admit`] decides before every command.
 pub(super) enum Admit {
     Yes,
     /// `ERR ...`, nothing changes, the connection stays.
@@ -30,7 +30,7 @@ pub(super) enum Admit {
     Close(ProtoError),
 }
 
-impl Session {
+impl Handler {
     /// Who this connection acts as in the table: its user, or [`NO_USER`] without an auth
     /// file.
     pub(super) fn user(&self) -> UserId {

@@ -11,9 +11,9 @@ use crate::backend::Published;
 use crate::connection::{Frame, WRITE_CHUNK};
 use crate::proto::{ProtoError, Reply};
 
-use super::{reloaded, Flow, Session};
+use super::{reloaded, Flow, Handler};
 
-impl Session {
+impl Handler {
     /// STATUS of every lock: streamed from a snapshot shared with other STATUS requests, a
     /// [`WRITE_CHUNK`] at a time, so a client that does not read holds a reference to the
     /// snapshot and a bounded buffer, never a copy of its own.

@@ -2,11 +2,11 @@
 //!
 //! Requests on a connection are answered in order, one at a time; a waiting LOCK holds the
 //! connection until it is answered (later lines stay buffered, up to a bound). While it waits,
-//! the session keeps reading so it notices the client going away. End of input is a
+//! the handler keeps reading so it notices the client going away. End of input is a
 //! half-close, not a departure: the client still gets every reply it asked for, a pending LOCK
 //! included, unless that LOCK is tied to the connection (`session` or `detach`). A plain LOCK
 //! granted after its client half-closed is watched for a short while: a dead client answers
-//! the grant with a reset, and the grant is taken back (see `Session::confirm_delivery`).
+//! the grant with a reset, and the grant is taken back (see `Handler::confirm_delivery`).
 //!
 //! Here: the connection's loop (framing, idle and unfinished-line timeouts, dispatch). In
 //! [`lock`]: a LOCK's grant or wait and the delivery of a grant; in [`login`]: AUTH and
@@ -38,7 +38,7 @@ enum Flow {
 
 /// Per-connection limits, from the server's flags.
 #[derive(Clone, Copy, Debug)]
-pub struct SessionLimits {
+pub struct HandlerLimits {
     /// Longest request line, in bytes.
     pub max_line: usize,
     /// Longest name or id, in bytes (at most [`proto::MAX_NAME_LEN`]).
@@ -54,21 +54,21 @@ pub struct SessionLimits {
 }
 
 /// One connection's state.
-pub struct Session {
+pub struct Handler {
     backend: Backend,
     conn: Connection,
     /// This connection's number, to which its session leases are bound (the backend knows
     /// which: [`Backend::closed`] ends them).
     number: ConnId,
     shutdown: CancellationToken,
-    limits: SessionLimits,
+    limits: HandlerLimits,
     /// With an auth file: who this connection is. `None` serves everyone as [`NO_USER`].
     login: Option<Login>,
     /// Since when the bytes of an unfinished line have been waiting for the rest of it.
     partial_since: Option<tokio::time::Instant>,
 }
 
-/// What [`Session::next_frame`] got.
+/// What [`Handler::next_frame`] got.
 enum Next {
     Frame(Frame),
     /// The server is shutting down.
@@ -79,13 +79,13 @@ enum Next {
     Reloaded,
 }
 
-impl Session {
+impl Handler {
     /// A session for `conn`; with a `gate`, its client must AUTH before anything but PING,
     /// HELP and QUIT, and may only do what its user's rights allow.
     pub fn new(
         backend: Backend,
         conn: Connection,
-        limits: SessionLimits,
+        limits: HandlerLimits,
         shutdown: CancellationToken,
         gate: Option<&Gate>,
     ) -> Self {
@@ -104,7 +104,7 @@ impl Session {
                 login.user = Some((user, cn));
             }
         }
-        Session {
+        Handler {
             backend,
             conn,
             number,
@@ -251,13 +251,13 @@ impl Session {
         self.refuse_about(e, Subject::default()).await
     }
 
-    /// [`Session::refuse`] for a request about a lock: the log line names it.
+    /// [`Handler::refuse`] for a request about a lock: the log line names it.
     async fn refuse_about(&mut self, e: ProtoError, about: Subject<'_>) -> io::Result<()> {
         self.count_refusal(&e, about);
         self.conn.queue(Reply::Error(&e)).await
     }
 
-    /// [`Session::refuse`] for loops that write from their output buffer themselves.
+    /// [`Handler::refuse`] for loops that write from their output buffer themselves.
     fn push_refusal(&mut self, e: ProtoError) {
         self.count_refusal(&e, Subject::default());
         self.conn.push(Reply::Error(&e));
@@ -383,7 +383,7 @@ impl Session {
     }
 }
 
-impl Drop for Session {
+impl Drop for Handler {
     fn drop(&mut self) {
         self.release_sessions();
     }

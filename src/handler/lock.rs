@@ -8,12 +8,12 @@ use crate::backend::{BackendError, HandOver, Locked, Wait, WaitResult};
 use crate::locks::{LockRequest, Token, WaitEnd};
 use crate::proto::{ProtoError, Reply, Subject, Tie};
 
-use super::{reloaded, Flow, Session};
+use super::{reloaded, Flow, Handler};
 
-/// How often [`Session::confirm_delivery`] looks at the socket while it watches.
+/// How often [`Handler::confirm_delivery`] looks at the socket while it watches.
 const PROBE_POLL: Duration = Duration::from_millis(10);
 
-impl Session {
+impl Handler {
     pub(super) async fn lock(&mut self, req: LockRequest, tie: Tie) -> io::Result<Flow> {
         let (name, wait) = (req.name.clone(), req.wait);
         // The id only names the client in the log line of a refusal (at debug): no copy of it
@@ -41,7 +41,7 @@ impl Session {
     }
 
     /// Sends a grant. `probe`: the client had closed its sending side while it waited, so
-    /// it may be gone; see [`Session::confirm_delivery`].
+    /// it may be gone; see [`Handler::confirm_delivery`].
     pub(super) async fn granted(
         &mut self,
         name: String,
