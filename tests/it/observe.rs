@@ -75,7 +75,10 @@ async fn observed(config: Config) -> (common::TestServer, std::net::SocketAddr) 
     // (before, /metrics answers 503 "starting", which the readyz test covers).
     let ready_by = std::time::Instant::now() + Duration::from_secs(10);
     while get(addr, "/readyz").await.0 != 200 {
-        assert!(std::time::Instant::now() < ready_by, "/readyz never became ready");
+        assert!(
+            std::time::Instant::now() < ready_by,
+            "/readyz never became ready"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     (server, addr)
