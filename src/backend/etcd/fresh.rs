@@ -6,7 +6,7 @@ use etcd_client::{GetOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError};
 
-use super::mirror::{Change, Mirror, NameState};
+use super::mirror::{KeyChange, Mirror, NameState};
 use super::{unavailable, Cluster};
 
 impl Cluster {
@@ -23,7 +23,7 @@ impl Cluster {
         let mut changes = Vec::new();
         for op in resp.op_responses() {
             if let etcd_client::TxnOpResponse::Get(got) = op {
-                changes.extend(got.kvs().iter().map(|kv| Change {
+                changes.extend(got.kvs().iter().map(|kv| KeyChange {
                     put: true,
                     key: kv.key().to_vec(),
                     value: kv.value().to_vec(),

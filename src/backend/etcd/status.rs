@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::backend::{now, BackendError, Detail, StatusView};
 use crate::locks::{LockStatus, Token, WaiterStatus};
 
-use super::mirror::{Holder, NameState};
+use super::mirror::{HolderRecord, NameState};
 use super::{wall_ms, Cluster};
 
 impl Cluster {
@@ -76,7 +76,7 @@ impl Cluster {
     }
 }
 
-fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockStatus {
+fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> LockStatus {
     let at = wall_ms();
     LockStatus {
         name: name.into(),

@@ -11,7 +11,7 @@ use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
 use crate::locks::EventKind;
 
 use super::handover::{on_grant, taken_over};
-use super::mirror::{Change, Granted, Mirror};
+use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
 use super::RETRY;
 use super::{guards, unavailable, Cluster};
@@ -61,10 +61,10 @@ impl Cluster {
             .await
             .map_err(unavailable)?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        let changes: Vec<Change> = resp
+        let changes: Vec<KeyChange> = resp
             .kvs()
             .iter()
-            .map(|kv| Change {
+            .map(|kv| KeyChange {
                 put: true,
                 key: kv.key().to_vec(),
                 value: kv.value().to_vec(),
@@ -200,12 +200,12 @@ impl Cluster {
 
     fn on_watch(self: &Arc<Self>, resp: WatchResponse) {
         let rev = resp.header().map_or(0, |h| h.revision());
-        let changes: Vec<Change> = resp
+        let changes: Vec<KeyChange> = resp
             .events()
             .iter()
             .filter_map(|e| {
                 let kv = e.kv()?;
-                Some(Change {
+                Some(KeyChange {
                     put: e.event_type() == EventType::Put,
                     key: kv.key().to_vec(),
                     value: kv.value().to_vec(),
