@@ -83,6 +83,7 @@ impl From<ProtoError> for ClientError {
     }
 }
 
+/// What every client call returns.
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 /// The answer to `STATUS <name> detail` as text, each line without its first word: for tests

@@ -12,6 +12,9 @@ use super::{
     DEFAULT_UNLOCK_PORT,
 };
 
+// The compat flags, flattened into `daemon::Flags`. Not a doc comment: clap may take that as
+// help text (the about of the command it is flattened into).
+#[allow(missing_docs)]
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Compatibility mode (the old two-port bash/netcat protocol)")]
 pub struct CompatArgs {

@@ -182,6 +182,7 @@ impl Store {
         ))
     }
 
+    /// A handle for the lock table to append its changes through.
     pub fn journal(&self) -> Journal {
         Journal(Arc::clone(&self.inner))
     }
