@@ -35,13 +35,6 @@
 //! crate names them. The other modules are public because the binaries or the tests
 //! use them.
 //!
-//! `missing_docs` warns in `auth`, `client`, `compat`, `connection`, `daemon`, `docgen`,
-//! `http`, `server`, `store`, `tls`, `locks::rules` and `proto::error` (the attribute on each).
-//! Not yet crate-wide: `locks` (its value types in `locks/types.rs`), the rest of `proto` (the
-//! request and reply variants and their fields) and `backend` leave about 150 public items
-//! (156 with `etcd`) without a doc comment, mostly enum variants and fields whose names say
-//! what they are.
-//!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `per_ip`
 //! nothing; `stream` and `tls` only each other; `connection` -> `stream`; `metrics` only the table's event types and `proto`'s error codes; `auth`
@@ -58,34 +51,26 @@
 //! reaches `server`, `backend`, `handler` or `store`. Nothing in the crate imports `daemon`:
 //! only the `lockd` binary calls it.
 
+#![warn(missing_docs)]
+
 use std::time::Duration;
 
-#[warn(missing_docs)]
 pub mod auth;
 pub mod backend;
-#[warn(missing_docs)]
 pub mod client;
-#[warn(missing_docs)]
 pub mod compat;
-#[warn(missing_docs)]
 pub mod connection;
-#[warn(missing_docs)]
 pub mod daemon;
-#[warn(missing_docs)]
 pub mod docgen;
 pub(crate) mod handler;
-#[warn(missing_docs)]
 pub mod http;
 pub mod locks;
 pub(crate) mod metrics;
 pub(crate) mod per_ip;
 pub mod proto;
-#[warn(missing_docs)]
 pub mod server;
-#[warn(missing_docs)]
 pub mod store;
 pub(crate) mod stream;
-#[warn(missing_docs)]
 pub mod tls;
 
 /// Address lockd listens on unless told otherwise.

@@ -145,6 +145,7 @@ impl Embedded {
         })
     }
 
+    /// The handles this backend's counters are bumped through.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -165,6 +166,7 @@ impl Embedded {
     }
 
     /// Held locks and queued waiters, for the metrics scrape.
+    /// Held leases and queued waiters, as the mirror shows them.
     pub fn counts(&self) -> (usize, usize) {
         let g = self.guard();
         (g.table.len(), g.waiting.len())
@@ -202,10 +204,12 @@ impl Embedded {
     }
 
     /// A number for a new connection.
+    /// A number for a new connection.
     pub fn connection_id(&self) -> ConnId {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The limits in force.
     pub fn limits(&self) -> Limits {
         self.guard().table.limits().clone()
     }
@@ -307,6 +311,7 @@ impl Embedded {
         }
     }
 
+    /// `STATUS <name>`: `None` while it is free.
     pub fn status(&self, name: &str) -> Option<LockStatus> {
         let (mut g, at) = self.read_guard();
         g.table.status(at, name)
@@ -423,6 +428,7 @@ impl Embedded {
     }
 
     /// Events from now on; a receiver more than `watch_buffer` behind gets `Lagged`.
+    /// A receiver of every event from now on (WATCH).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
         self.events.subscribe()
     }

@@ -8,8 +8,6 @@
 //!
 //! Pure: no clock, no I/O; the views are borrowed, nothing is copied but the answer.
 
-#![warn(missing_docs)]
-
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,8 +1,6 @@
 //! The refusals: every `ERR <code> <message>` the server sends is formed here, so its code and
 //! wording live in one place (proto.md's Errors table is the contract).
 
-#![warn(missing_docs)]
-
 use std::fmt;
 use std::time::Duration;
 

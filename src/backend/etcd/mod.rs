@@ -264,6 +264,7 @@ impl Cluster {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The handles this backend's counters are bumped through.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -278,14 +279,17 @@ impl Cluster {
         }
     }
 
+    /// Held leases and queued waiters, as the mirror shows them.
     pub fn counts(&self) -> (usize, usize) {
         self.guard().mirror.counts()
     }
 
+    /// A number for a new connection.
     pub fn connection_id(&self) -> ConnId {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The limits in force.
     pub fn limits(&self) -> Limits {
         self.limits.clone()
     }
@@ -293,6 +297,7 @@ impl Cluster {
     /// STATUS copies are made per request from the mirror; nothing to bound beyond that.
     pub fn limit_status_copies(&self, _copies: usize) {}
 
+    /// A receiver of every event from now on (WATCH).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
         self.events.subscribe()
     }

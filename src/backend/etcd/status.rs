@@ -27,6 +27,7 @@ impl Cluster {
         Some(holder_status(base, name, first, ns))
     }
 
+    /// `STATUS <name> detail` from the mirror, with at most `max` waiters; `None` while free.
     pub async fn status_detail(
         &self,
         name: &str,
@@ -62,6 +63,7 @@ impl Cluster {
         }))
     }
 
+    /// Every lock, for `STATUS` without a name, from the mirror.
     pub async fn status_snapshot(&self) -> Result<StatusView, BackendError> {
         let base = self.base_token();
         let locks = {
