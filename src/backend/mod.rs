@@ -29,7 +29,7 @@
 //! a [`Wait`]) are synchronous so that `Drop` can make them: a backend that must talk to the
 //! network for them does so on a task of its own.
 
-pub mod embedded;
+mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 
