@@ -39,8 +39,7 @@ use crate::metrics::Protocol;
 use conn::{Answer, CompatRequest, ConnCtx};
 
 pub use args::CompatArgs;
-pub use message::{parse, Kind, Message};
-pub use port::bind;
+pub(crate) use message::{Kind, Message};
 
 /// `SERVER_ADDR`'s default: the host the two ports are bound on.
 pub const DEFAULT_HOST: &str = "localhost";
