@@ -42,11 +42,14 @@ const SCHEME: &str = "sha256";
 /// WATCH. Neither implies the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Right {
+    /// `lock`: LOCK, UNLOCK and RENEW.
     Lock,
+    /// `read`: STATUS, CHECK and WATCH.
     Read,
 }
 
 impl Right {
+    /// The right as the auth file spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Right::Lock => "lock",
@@ -88,6 +91,7 @@ impl Pattern {
         })
     }
 
+    /// Whether lock `name` falls under this pattern.
     pub fn matches(&self, name: &str) -> bool {
         match self {
             Pattern::All => true,
@@ -200,6 +204,7 @@ impl User {
 pub struct ParseError {
     /// 1-based.
     pub line: usize,
+    /// What is wrong with it, without the line number.
     pub message: String,
 }
 
@@ -264,6 +269,7 @@ impl Users {
         self.users.len()
     }
 
+    /// Whether the file has no users (then nobody can log in).
     pub fn is_empty(&self) -> bool {
         self.users.is_empty()
     }
@@ -411,6 +417,7 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// A gate that lets `users` in until a reload replaces them.
     pub fn new(users: Users) -> Arc<Gate> {
         Arc::new(Gate {
             users: watch::Sender::new(Arc::new(users)),

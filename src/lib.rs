@@ -6,7 +6,7 @@
 //!   type (pure); `proto.md` is its public contract.
 //! - [`auth`]: users, their hashed secrets and rights (`--auth-file`), and the shared handle
 //!   a reload replaces them through.
-//! - [`connection`]: bounded line framing over a [`stream`]: plain TCP or TLS over TCP.
+//! - [`connection`]: bounded line framing over a `stream`: plain TCP or TLS over TCP.
 //! - [`tls`]: rustls set-up (server acceptor, client connector) and a client certificate's
 //!   common name.
 //! - [`backend`]: the seam connection handlers talk to, and the two places locks live behind it: the
@@ -14,13 +14,13 @@
 //!   and, with the `etcd` feature, an etcd cluster shared by several lockd front-ends. One
 //!   call per request, answered once its change is durable; the backend knows which session
 //!   leases each connection holds and ends them when it closes (`Backend::closed`).
-//! - [`handler`]: one client connection (its handler): read, parse, dispatch, reply. ("Session"
+//! - `handler`: one client connection (its handler): read, parse, dispatch, reply. ("Session"
 //!   is a lease kind in proto.md, never this.)
 //! - [`server`]: accept loop, connection limits, graceful shutdown; [`server::Config`].
 //! - [`daemon`]: the `lockd` process from its flags ([`daemon::Flags`]: their defaults and
 //!   checks): users and their SIGHUP reload, the open-files limit, listeners, the metrics
 //!   endpoint, the shutdown signals, then [`server::run`]. The binary only parses and calls it.
-//! - [`per_ip`]: open connections counted per client address (`--max-connections-per-ip`).
+//! - `per_ip`: open connections counted per client address (`--max-connections-per-ip`).
 //! - [`store`]: durable state for `--data-dir`: a log with snapshots and a group-commit writer.
 //! - [`client`]: an async client for `lockctl`, the tests and any Rust program: a connection
 //!   whose answers are `proto`'s types (`client/mod.rs`), and its `connect` (several
@@ -28,8 +28,12 @@
 //!   (AUTH and what its refusals mean).
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
-//! - [`metrics`]: the Prometheus registry and the handles the hot path bumps.
+//! - `metrics`: the Prometheus registry and the handles the hot path bumps.
 //! - [`http`]: the operators' endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`.
+//!
+//! `handler`, `metrics`, `per_ip` and `stream` are internal (`pub(crate)`): nothing outside the
+//! crate names them. The other modules are public because the binaries or the tests
+//! use them.
 //!
 //! # Dependency rule
 //! `locks` imports nothing of the crate; `proto` only the table's value types; `per_ip`
@@ -47,6 +51,8 @@
 //! reaches `server`, `backend`, `handler` or `store`. Nothing in the crate imports `daemon`:
 //! only the `lockd` binary calls it.
 
+#![warn(missing_docs)]
+
 use std::time::Duration;
 
 pub mod auth;
@@ -56,15 +62,15 @@ pub mod compat;
 pub mod connection;
 pub mod daemon;
 pub mod docgen;
-pub mod handler;
+pub(crate) mod handler;
 pub mod http;
 pub mod locks;
-pub mod metrics;
-pub mod per_ip;
+pub(crate) mod metrics;
+pub(crate) mod per_ip;
 pub mod proto;
 pub mod server;
 pub mod store;
-pub mod stream;
+pub(crate) mod stream;
 pub mod tls;
 
 /// Address lockd listens on unless told otherwise.

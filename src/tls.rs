@@ -19,6 +19,7 @@ pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The server's TLS: certificate, key, and the CA client certificates must be signed by.
 #[derive(Clone)]
 pub struct ServerTls {
+    /// Accepts a connection's TLS handshake with the certificate and key.
     pub acceptor: TlsAcceptor,
     /// Clients must present a certificate signed by `--tls-client-ca`.
     pub mutual: bool,

@@ -35,7 +35,7 @@ use super::{
     StatusSnapshot, StatusView, WaitResult,
 };
 
-struct Inner {
+struct TableState {
     table: Locks,
     waiting: HashMap<WaiterId, oneshot::Sender<WaitResult>>,
     /// The deadline the timer task sleeps until, so others wake it only when it must.
@@ -49,7 +49,7 @@ struct Inner {
 
 /// The lock table as every connection of this process shares it.
 pub struct Embedded {
-    inner: Mutex<Inner>,
+    inner: Mutex<TableState>,
     timer: Notify,
     events: broadcast::Sender<Arc<Published>>,
     next_conn: AtomicU64,
@@ -125,7 +125,7 @@ impl Embedded {
     ) -> Arc<Self> {
         let (events, _) = broadcast::channel(watch_buffer.max(1));
         Arc::new(Embedded {
-            inner: Mutex::new(Inner {
+            inner: Mutex::new(TableState {
                 table,
                 waiting: HashMap::new(),
                 armed: None,
@@ -145,6 +145,7 @@ impl Embedded {
         })
     }
 
+    /// The handles this backend's counters are bumped through.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -165,6 +166,7 @@ impl Embedded {
     }
 
     /// Held locks and queued waiters, for the metrics scrape.
+    /// Held leases and queued waiters, as the mirror shows them.
     pub fn counts(&self) -> (usize, usize) {
         let g = self.guard();
         (g.table.len(), g.waiting.len())
@@ -190,7 +192,7 @@ impl Embedded {
     }
 
     /// Queues the table's changes for the disk, in the table's order.
-    fn record(&self, g: &mut Inner) {
+    fn record(&self, g: &mut TableState) {
         if let Some(journal) = &self.journal {
             g.table.drain_changes_into(&mut g.changes);
             if !g.changes.is_empty() {
@@ -202,15 +204,17 @@ impl Embedded {
     }
 
     /// A number for a new connection.
+    /// A number for a new connection.
     pub fn connection_id(&self) -> ConnId {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The limits in force.
     pub fn limits(&self) -> Limits {
         self.guard().table.limits().clone()
     }
 
-    fn guard(&self) -> MutexGuard<'_, Inner> {
+    fn guard(&self) -> MutexGuard<'_, TableState> {
         // A panic while holding the guard can't leave the table half-changed in a way a
         // second panic would fix; keep serving rather than poisoning every connection.
         self.inner
@@ -295,7 +299,7 @@ impl Embedded {
 
     /// The table brought up to now for a read, and that now. It settles (and so counts as a
     /// change) only when expiry did something: reads alone leave the generation as it was.
-    fn read_guard(&self) -> (MutexGuard<'_, Inner>, Instant) {
+    fn read_guard(&self) -> (MutexGuard<'_, TableState>, Instant) {
         loop {
             let mut g = self.guard();
             let at = now();
@@ -307,6 +311,7 @@ impl Embedded {
         }
     }
 
+    /// `STATUS <name>`: `None` while it is free.
     pub fn status(&self, name: &str) -> Option<LockStatus> {
         let (mut g, at) = self.read_guard();
         g.table.status(at, name)
@@ -423,13 +428,14 @@ impl Embedded {
     }
 
     /// Events from now on; a receiver more than `watch_buffer` behind gets `Lagged`.
+    /// A receiver of every event from now on (WATCH).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
         self.events.subscribe()
     }
 
     /// Carries out the table's effects and publishes their events, then releases the guard,
     /// logs, and wakes the timer if the next deadline moved earlier.
-    fn settle(&self, mut g: MutexGuard<'_, Inner>) {
+    fn settle(&self, mut g: MutexGuard<'_, TableState>) {
         g.generation = g.generation.wrapping_add(1);
         let mut effects = std::mem::take(&mut g.scratch);
         let mut events = Vec::new();

@@ -29,7 +29,7 @@
 //! a [`Wait`]) are synchronous so that `Drop` can make them: a backend that must talk to the
 //! network for them does so on a task of its own.
 
-pub mod embedded;
+mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 
@@ -52,7 +52,9 @@ pub use embedded::Embedded;
 /// Where the locks live; cheap to clone (a handle).
 #[derive(Clone)]
 pub enum Backend {
+    /// The lock table in this process (`--data-dir` makes it durable).
     Embedded(Arc<Embedded>),
+    /// An etcd cluster shared with other lockd front-ends (`--etcd`).
     #[cfg(feature = "etcd")]
     Etcd(Arc<etcd::Cluster>),
 }
@@ -113,11 +115,16 @@ pub struct HandOver(pub i64);
 /// How a queued LOCK ends.
 #[derive(Debug)]
 pub enum WaitResult {
+    /// The lock is this waiter's now.
     Granted {
+        /// Its fencing token.
         token: Token,
+        /// When the lease ends, on this process's monotonic clock.
         deadline: Instant,
+        /// Which hand-over it was, for a take-back if the client is gone.
         handover: HandOver,
     },
+    /// It ended without the lock: its `wait=` ran out, or a newer LOCK took its place.
     Ended(WaitEnd),
     /// The backend lost the wait (etcd unreachable for longer than the front-end's lease).
     Failed(BackendError),
@@ -126,11 +133,13 @@ pub enum WaitResult {
 /// How to reach an etcd cluster (`--etcd`) and how long to wait for it.
 #[derive(Clone, Debug)]
 pub struct EtcdConfig {
+    /// `host:port` of the members to try.
     pub endpoints: Vec<String>,
     /// Every key of this deployment is under it, so several can share one etcd.
     pub prefix: String,
     /// Each request's limit: past it, `ERR UNAVAILABLE`.
     pub request_timeout: Duration,
+    /// How long to keep trying to reach the cluster at start.
     pub connect_timeout: Duration,
     /// The front-end's etcd lease: how long its session leases and waiters outlive it.
     pub lease_ttl: Duration,
@@ -151,8 +160,11 @@ impl Default for EtcdConfig {
 /// `STATUS <name> detail`: the lock as STATUS shows it, every holder, and the queue's head.
 #[derive(Debug)]
 pub struct Detail {
+    /// The lock as `STATUS <name>` shows it.
     pub status: LockStatus,
+    /// Every holder, in the order they were granted.
     pub holders: Vec<LockStatus>,
+    /// The queue's head (as many as asked for), first in line first.
     pub queue: Vec<WaiterStatus>,
 }
 
@@ -170,13 +182,18 @@ pub struct Renewed {
 /// a [`Wait`].
 #[derive(Debug)]
 pub enum LockStart {
+    /// Granted at once (not durable yet).
     Granted {
+        /// Its fencing token.
         token: Token,
+        /// Which hand-over it was.
         handover: HandOver,
     },
     /// Queued: `rx` receives the outcome.
     Waiting {
+        /// The wait, to cancel it by.
         waiter: WaiterId,
+        /// Where its outcome arrives.
         rx: oneshot::Receiver<WaitResult>,
     },
 }
@@ -185,7 +202,12 @@ pub enum LockStart {
 #[derive(Debug)]
 pub enum Locked {
     /// Granted, and durable.
-    Granted { token: Token, handover: HandOver },
+    Granted {
+        /// Its fencing token.
+        token: Token,
+        /// Which hand-over it was.
+        handover: HandOver,
+    },
     /// Queued.
     Waiting(Wait),
 }
@@ -280,7 +302,9 @@ impl Drop for Wait {
 /// An event as watchers see it: what happened and when (wall clock, for people).
 #[derive(Debug)]
 pub struct Published {
+    /// What happened.
     pub event: Event,
+    /// When it was published, in milliseconds since the Unix epoch.
     pub unix_ms: u64,
 }
 
@@ -323,6 +347,7 @@ impl StatusView {
         self.snapshot.locks.len()
     }
 
+    /// Whether no lock is held.
     pub fn is_empty(&self) -> bool {
         self.snapshot.locks.is_empty()
     }
@@ -374,6 +399,7 @@ macro_rules! each {
 }
 
 impl Backend {
+    /// The handles this backend's counters are bumped through.
     pub fn metrics(&self) -> &Metrics {
         each!(self, b => b.metrics())
     }
@@ -412,6 +438,7 @@ impl Backend {
         each!(self, b => b.connection_id())
     }
 
+    /// The limits in force (`--max-locks`, `--max-ttl`, ...).
     pub fn limits(&self) -> Limits {
         each!(self, b => b.limits())
     }

@@ -83,12 +83,13 @@ impl From<ProtoError> for ClientError {
     }
 }
 
+/// What every client call returns.
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 /// The answer to `STATUS <name> detail` as text, each line without its first word: for tests
 /// that look at the wire itself; [`Client::detail`] reads it as types.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Detail {
+pub struct DetailLines {
     /// `<name> id=.. token=.. held_ms=.. ...`, one per holder, in token order.
     pub holders: Vec<String>,
     /// `<name> <position> id=.. waited_ms=.. ...`, in queue order.
@@ -392,12 +393,12 @@ impl Client {
         }
     }
 
-    /// `STATUS <name> detail` as text (see [`Detail`]).
-    pub async fn status_detail(&mut self, name: &str) -> Result<Detail> {
+    /// `STATUS <name> detail` as text (see [`DetailLines`]).
+    pub async fn status_detail(&mut self, name: &str) -> Result<DetailLines> {
         let req = Request::StatusDetail { name: name.into() };
         req.validate()?;
         self.conn.send(&req).await?;
-        let mut detail = Detail::default();
+        let mut detail = DetailLines::default();
         loop {
             let line = self.read_line().await?;
             match proto::parse_reply(&line) {

@@ -14,6 +14,9 @@ use super::{
     DEFAULT_READ_TIMEOUT, DEFAULT_UNLOCK_PORT, DEFAULT_UNLOCK_TIMEOUT,
 };
 
+// The compat flags, flattened into `daemon::Flags`. Not a doc comment: clap may take that as
+// help text (the about of the command it is flattened into).
+#[allow(missing_docs)]
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Compatibility mode (the old two-port bash/netcat protocol)")]
 pub struct CompatArgs {

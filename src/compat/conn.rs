@@ -19,7 +19,7 @@ use crate::locks::{Token, NO_USER};
 const MAX_MESSAGE: usize = 512;
 
 /// A well-formed message, handed to the owning task; `done` carries what to answer.
-pub(super) struct Request {
+pub(super) struct CompatRequest {
     pub kind: Kind,
     pub msg: Message,
     pub done: oneshot::Sender<Answer>,
@@ -42,7 +42,7 @@ pub(super) struct ConnCtx {
     pub backend: Backend,
     pub name: Arc<str>,
     pub read_timeout: Duration,
-    pub requests: mpsc::Sender<Request>,
+    pub requests: mpsc::Sender<CompatRequest>,
     pub shutdown: CancellationToken,
 }
 
@@ -73,7 +73,7 @@ async fn handle(stream: &mut TcpStream, peer: SocketAddr, kind: Kind, ctx: &Conn
     let (done, answer) = oneshot::channel();
     if ctx
         .requests
-        .send(Request { kind, msg, done })
+        .send(CompatRequest { kind, msg, done })
         .await
         .is_err()
     {

@@ -6,7 +6,9 @@ use std::fmt;
 /// Which port a connection came in on, and so which message it must send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// The lock port: `lock:<client-id>:<unix-time>`.
     Lock,
+    /// The unlock port: `unlock:<client-id>:<unix-time>`.
     Unlock,
 }
 

@@ -36,11 +36,10 @@ use crate::backend::{Backend, Locked, Published};
 use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token, NO_USER};
 use crate::metrics::Protocol;
 
-use conn::{Answer, ConnCtx, Request};
+use conn::{Answer, CompatRequest, ConnCtx};
 
 pub use args::CompatArgs;
-pub use message::{parse, Kind, Message};
-pub use port::bind;
+pub(crate) use message::{Kind, Message};
 
 /// `SERVER_ADDR`'s default: the host the two ports are bound on.
 pub const DEFAULT_HOST: &str = "localhost";
@@ -133,8 +132,8 @@ pub struct Compat {
     lock_port: port::Port,
     unlock_port: port::Port,
     events: broadcast::Receiver<Arc<Published>>,
-    requests_tx: mpsc::Sender<Request>,
-    requests: mpsc::Receiver<Request>,
+    requests_tx: mpsc::Sender<CompatRequest>,
+    requests: mpsc::Receiver<CompatRequest>,
     /// The token of the lease granted through the lock port, while it lasts: the only lease
     /// an unlock message may release.
     granted: Option<Token>,
@@ -328,7 +327,7 @@ impl Compat {
 
     /// Carries out a well-formed message against the table, brings the ports up to date,
     /// and only then tells the connection what to answer.
-    async fn on_request(&mut self, req: Request) {
+    async fn on_request(&mut self, req: CompatRequest) {
         let Message { id, at } = &req.msg;
         let answer = match req.kind {
             Kind::Lock => self.lock(id, at).await,

@@ -372,7 +372,7 @@ mod tests {
 
     /// The flags as the binary has them, for parsing in tests.
     #[derive(Parser)]
-    struct Cli {
+    struct TestCli {
         #[command(flatten)]
         flags: Flags,
     }
@@ -392,7 +392,7 @@ mod tests {
     fn the_defaults_are_clap_defaults_and_valid() {
         // No LOCKD_* variable is read here: every flag with one is given on the line
         // below only if the test's environment sets it, which CI does not.
-        let parsed = Cli::try_parse_from(["lockd"]).expect("parses").flags;
+        let parsed = TestCli::try_parse_from(["lockd"]).expect("parses").flags;
         assert_eq!(format!("{parsed:?}"), format!("{:?}", Flags::default()));
         Flags::default().validate().expect("the defaults are valid");
         let config = Flags::default().server_config().expect("a config");
@@ -413,7 +413,7 @@ mod tests {
             .parse::<HumanDuration>()
             .unwrap_err()
             .contains("not a duration"));
-        let flags = Cli::try_parse_from(["lockd", "--default-ttl", "5m"])
+        let flags = TestCli::try_parse_from(["lockd", "--default-ttl", "5m"])
             .unwrap()
             .flags;
         assert_eq!(flags.default_ttl, secs(300));

@@ -25,7 +25,7 @@ pub use flags::Flags;
 /// Why `lockd` did not start, or stopped with an error: the message it prints (after
 /// `lockd: `) and which exit status it is, as the man page's EXIT STATUS lists them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
+pub enum RunError {
     /// A bad flag combination or a file a flag names that can't be used (`--auth-file`,
     /// the TLS files): exit status 2, as clap's own usage errors.
     Usage(String),
@@ -33,34 +33,34 @@ pub enum Failure {
     Run(String),
 }
 
-impl Failure {
+impl RunError {
     /// The process's exit status for this failure.
     pub fn exit_status(&self) -> u8 {
         match self {
-            Failure::Usage(_) => 2,
-            Failure::Run(_) => 1,
+            RunError::Usage(_) => 2,
+            RunError::Run(_) => 1,
         }
     }
 }
 
-impl fmt::Display for Failure {
+impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(message) | Failure::Run(message) => f.write_str(message),
+            RunError::Usage(message) | RunError::Run(message) => f.write_str(message),
         }
     }
 }
 
 /// Runs the server `flags` describe until SIGINT or SIGTERM (then shuts down gracefully).
 /// Logging should be set up first: the start logs what it loaded and what it warns about.
-pub async fn run(flags: Flags) -> Result<(), Failure> {
+pub async fn run(flags: Flags) -> Result<(), RunError> {
     if let (false, Some(dir)) = (flags.etcd.is_empty(), &flags.data_dir) {
         tracing::warn!(dir = %dir.display(), "cluster mode: --data-dir is not used (etcd keeps the locks)");
     }
-    let mut config = flags.server_config().map_err(Failure::Usage)?;
+    let mut config = flags.server_config().map_err(RunError::Usage)?;
     let mut reloadable = None;
     if let Some(path) = &flags.auth_file {
-        let gate = load_users(path).map_err(Failure::Usage)?;
+        let gate = load_users(path).map_err(RunError::Usage)?;
         reloadable = Some((Arc::clone(&gate), path.clone()));
         config.auth = Some(gate);
     }
@@ -70,12 +70,12 @@ pub async fn run(flags: Flags) -> Result<(), Failure> {
     fd_limit::raise(config.max_connections);
     let listener = TcpListener::bind(listen)
         .await
-        .map_err(|e| Failure::Run(format!("cannot listen on {listen}: {e}")))?;
+        .map_err(|e| RunError::Run(format!("cannot listen on {listen}: {e}")))?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = &flags.metrics_listen {
         let metrics_listener = TcpListener::bind(addr)
             .await
-            .map_err(|e| Failure::Run(format!("cannot listen for metrics on {addr}: {e}")))?;
+            .map_err(|e| RunError::Run(format!("cannot listen for metrics on {addr}: {e}")))?;
         let endpoint = Endpoint::new(flags.metrics_names.clone());
         config.endpoint = Some(endpoint.clone());
         let stop = shutdown.clone();
@@ -88,7 +88,7 @@ pub async fn run(flags: Flags) -> Result<(), Failure> {
     tokio::spawn(signals::cancel_on_signal(shutdown.clone()));
     server::run(config, listener, shutdown)
         .await
-        .map_err(|e| Failure::Run(e.to_string()))
+        .map_err(|e| RunError::Run(e.to_string()))
 }
 
 /// Loads `--auth-file`, for the start: its users, or why not.
@@ -144,10 +144,10 @@ mod tests {
 
     #[test]
     fn failures_have_the_exit_status_of_the_man_page() {
-        assert_eq!(Failure::Usage("bad".into()).exit_status(), 2);
-        assert_eq!(Failure::Run("no".into()).exit_status(), 1);
+        assert_eq!(RunError::Usage("bad".into()).exit_status(), 2);
+        assert_eq!(RunError::Run("no".into()).exit_status(), 1);
         assert_eq!(
-            Failure::Run("cannot listen".into()).to_string(),
+            RunError::Run("cannot listen".into()).to_string(),
             "cannot listen"
         );
     }
@@ -169,7 +169,9 @@ mod tests {
         };
         assert_eq!(
             run(flags).await,
-            Err(Failure::Usage("--write-timeout must be more than 0".into()))
+            Err(RunError::Usage(
+                "--write-timeout must be more than 0".into()
+            ))
         );
     }
 
@@ -182,7 +184,7 @@ mod tests {
             ..Flags::default()
         };
         match run(flags).await {
-            Err(Failure::Usage(e)) => assert!(e.starts_with("--auth-file"), "{e}"),
+            Err(RunError::Usage(e)) => assert!(e.starts_with("--auth-file"), "{e}"),
             other => panic!("{other:?}"),
         }
     }
@@ -195,7 +197,7 @@ mod tests {
             ..Flags::default()
         };
         match run(flags).await {
-            Err(Failure::Run(e)) => {
+            Err(RunError::Run(e)) => {
                 assert!(e.starts_with(&format!("cannot listen on {addr}: ")), "{e}")
             }
             other => panic!("{other:?}"),

@@ -12,7 +12,7 @@ use crate::proto::{ProtoError, Reply, Request, Secret};
 use super::{Flow, Handler};
 
 /// A connection's standing on a server with an auth file.
-pub(super) struct Login {
+pub(super) struct LoginState {
     /// The users in force; a reload replaces them and wakes the handler.
     pub(super) users: watch::Receiver<Arc<Users>>,
     /// The user this connection authenticated as, and its name; `None` until AUTH.
@@ -132,7 +132,7 @@ impl Handler {
 
 /// Resolves when the users in force are replaced (a reload); never without an auth file, or
 /// before this connection has a user (a reload changes nothing for it until then).
-pub(super) async fn reloaded(login: &mut Option<Login>) {
+pub(super) async fn reloaded(login: &mut Option<LoginState>) {
     match login {
         Some(login) if login.user.is_some() => {
             if login.users.changed().await.is_err() {

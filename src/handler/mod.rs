@@ -27,7 +27,7 @@ mod lock;
 mod login;
 mod streams;
 
-use login::{reloaded, Admit, Login};
+use login::{reloaded, Admit, LoginState};
 
 /// Whether to keep reading requests.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,13 +63,13 @@ pub struct Handler {
     shutdown: CancellationToken,
     limits: HandlerLimits,
     /// With an auth file: who this connection is. `None` serves everyone as [`NO_USER`].
-    login: Option<Login>,
+    login: Option<LoginState>,
     /// Since when the bytes of an unfinished line have been waiting for the rest of it.
     partial_since: Option<tokio::time::Instant>,
 }
 
 /// What [`Handler::next_frame`] got.
-enum Next {
+enum Incoming {
     Frame(Frame),
     /// The server is shutting down.
     Shutdown,
@@ -90,7 +90,7 @@ impl Handler {
         gate: Option<&Gate>,
     ) -> Self {
         let number = backend.connection_id();
-        let mut login = gate.map(|gate| Login {
+        let mut login = gate.map(|gate| LoginState {
             users: gate.subscribe(),
             user: None,
             failures: 0,
@@ -147,10 +147,10 @@ impl Handler {
                 self.conn.flush().await?;
             }
             let frame = match self.next_frame().await? {
-                Next::Frame(frame) => frame,
-                Next::Shutdown => return Ok(()),
-                Next::Expired(e) => return self.refuse(e).await,
-                Next::Reloaded => {
+                Incoming::Frame(frame) => frame,
+                Incoming::Shutdown => return Ok(()),
+                Incoming::Expired(e) => return self.refuse(e).await,
+                Incoming::Reloaded => {
                     if let Some(e) = self.removed() {
                         self.refuse(e).await?;
                         return Ok(());
@@ -201,12 +201,12 @@ impl Handler {
     /// no line comes at all and the connection holds no session lease (waiting and watching
     /// happen elsewhere: they never get here). Idle time counts from the call, that is from
     /// the end of the previous request, however long that took.
-    async fn next_frame(&mut self) -> io::Result<Next> {
+    async fn next_frame(&mut self) -> io::Result<Incoming> {
         let mut idle_since = tokio::time::Instant::now();
         loop {
             if let Some(frame) = self.conn.next_frame() {
                 self.partial_since = None;
-                return Ok(Next::Frame(frame));
+                return Ok(Incoming::Frame(frame));
             }
             if self.conn.buffered() > 0 {
                 self.partial_since
@@ -221,8 +221,8 @@ impl Handler {
             let due = line_due.into_iter().chain(idle_due).min();
             tokio::select! {
                 read = self.conn.fill() => read?,
-                _ = self.shutdown.cancelled() => return Ok(Next::Shutdown),
-                () = reloaded(&mut self.login) => return Ok(Next::Reloaded),
+                _ = self.shutdown.cancelled() => return Ok(Incoming::Shutdown),
+                () = reloaded(&mut self.login) => return Ok(Incoming::Reloaded),
                 _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
                     if due.is_some() => {
                     // The rest may have come in the same instant.
@@ -233,14 +233,14 @@ impl Handler {
                     let now = tokio::time::Instant::now();
                     if line_due.is_some_and(|at| at <= now) {
                         let e = ProtoError::line_not_finished(self.limits.line_timeout);
-                        return Ok(Next::Expired(e));
+                        return Ok(Incoming::Expired(e));
                     }
                     if self.backend.holds_sessions(self.number) {
                         // Its client must keep it open; look again an idle period later.
                         idle_since = now;
                         continue;
                     }
-                    return Ok(Next::Expired(ProtoError::idle(self.limits.idle_timeout)));
+                    return Ok(Incoming::Expired(ProtoError::idle(self.limits.idle_timeout)));
                 }
             }
         }

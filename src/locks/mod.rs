@@ -154,6 +154,7 @@ impl Locks {
         self.next_token = self.next_token.max(token);
     }
 
+    /// The limits it enforces.
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
@@ -189,6 +190,7 @@ impl Locks {
         self.index.len()
     }
 
+    /// Whether no name is held.
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
     }

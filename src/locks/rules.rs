@@ -17,8 +17,11 @@ use super::{ConnId, Limits, Mode, TableError};
 pub struct HolderView<'a, U: ?Sized, K> {
     /// How the backend finds this holder again (a token, a key revision).
     pub key: K,
+    /// The client's id (`LOCK <name> <id>`).
     pub id: &'a str,
+    /// The user it authenticated as.
     pub user: &'a U,
+    /// The mode it holds the name in.
     pub mode: Mode,
     /// The open connection of this server a session lease is bound to: only that
     /// connection may take it up again by the same id. `None` for a plain lease, a session
@@ -30,9 +33,13 @@ pub struct HolderView<'a, U: ?Sized, K> {
 
 /// A waiter of the name, as a [`NameView`] shows it.
 pub struct WaiterView<'a, U: ?Sized, K> {
+    /// How the backend finds this waiter again (a ticket, a key revision).
     pub key: K,
+    /// The client's id.
     pub id: &'a str,
+    /// The user it authenticated as.
     pub user: &'a U,
+    /// The mode it asks for.
     pub mode: Mode,
 }
 
@@ -40,10 +47,14 @@ pub struct WaiterView<'a, U: ?Sized, K> {
 pub trait NameView {
     /// Who a request is from: the same id is the same client only within one user.
     type User: PartialEq + ?Sized;
+    /// What [`HolderView::key`] is.
     type HolderKey;
+    /// What [`WaiterView::key`] is.
     type WaiterKey;
 
+    /// The holders, in the order they were granted.
     fn holders(&self) -> impl Iterator<Item = HolderView<'_, Self::User, Self::HolderKey>>;
+    /// The waiters, first in line first.
     fn queue(&self) -> impl Iterator<Item = WaiterView<'_, Self::User, Self::WaiterKey>>;
     /// How many wait (the queue's length, without walking it).
     fn waiters(&self) -> usize;
@@ -51,8 +62,11 @@ pub trait NameView {
 
 /// The part of a LOCK the rules look at.
 pub struct Ask<'a, U: ?Sized> {
+    /// The client's id.
     pub id: &'a str,
+    /// The user it authenticated as.
     pub user: &'a U,
+    /// The mode it asks for.
     pub mode: Mode,
     /// The connection it came on.
     pub conn: ConnId,
@@ -69,7 +83,10 @@ pub enum Decision<H, W> {
     Grant,
     /// Wait in line; `replaces`: the same id's older request, whose place it takes (that
     /// request is answered `ERR REPLACED`).
-    Queue { replaces: Option<W> },
+    Queue {
+        /// The older request's key, if any.
+        replaces: Option<W>,
+    },
 }
 
 /// Decides a LOCK `ask` on the name `view` shows. `leases`: how many leases are held in all

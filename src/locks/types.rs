@@ -29,8 +29,10 @@ pub const GONE_USER: UserId = UserId::MAX;
 /// limit), so a name has one mode while it is held.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Mode {
+    /// The whole lock, alone (a plain LOCK).
     #[default]
     Exclusive,
+    /// A share, beside other shared holders (`shared`).
     Shared,
     /// A slot of a semaphore of this many (at least 2; one slot is [`Mode::Exclusive`]).
     Limit(u32),
@@ -126,15 +128,20 @@ impl Limits {
 /// One LOCK request, as the table needs it.
 #[derive(Clone, Debug)]
 pub struct LockRequest {
+    /// The lock's name.
     pub name: String,
+    /// The client's id (see `user` for what the same id means).
     pub id: String,
+    /// The lease's length; `None` for the default.
     pub ttl: Option<Duration>,
     /// `None` waits without bound; `Some(ZERO)` tries once.
     pub wait: Option<Duration>,
     /// `Some(grace)`: a session lease, ending `grace` after `conn` closes (at once for zero)
     /// unless a RENEW binds it to another connection first. `None`: a plain lease.
     pub session: Option<Duration>,
+    /// The connection it came on.
     pub conn: ConnId,
+    /// How it would hold the lock.
     pub mode: Mode,
     /// Who asks. The same-id rules (retry, `CONFLICT`, `REPLACED`) apply within one user
     /// only: another user's LOCK with the same id is just another client.
@@ -155,20 +162,37 @@ pub struct Renewal {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockOutcome {
     /// Granted now (also a repeat LOCK by the holder's own id, with the same token).
-    Granted { token: Token, deadline: Instant },
+    Granted {
+        /// The fencing token.
+        token: Token,
+        /// When the lease ends.
+        deadline: Instant,
+    },
     /// Queued: the answer comes later as [`Effect::Granted`] or [`Effect::WaitEnded`].
-    Queued { waiter: WaiterId },
+    Queued {
+        /// The waiter's number in those effects, and to cancel it by.
+        waiter: WaiterId,
+    },
 }
 
 /// Why a request changed nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TableError {
     /// ttl is under [`crate::MIN_TTL`] or above the maximum.
-    BadTtl { max: Duration },
+    BadTtl {
+        /// The maximum ttl.
+        max: Duration,
+    },
     /// A session lease's grace is above the maximum ttl.
-    BadGrace { max: Duration },
+    BadGrace {
+        /// The maximum ttl.
+        max: Duration,
+    },
     /// `wait=0` and the lock is held by someone else.
-    WouldBlock { holder: Arc<str> },
+    WouldBlock {
+        /// The first holder's id; `(queue)` when waiters alone stand in the way.
+        holder: Arc<str>,
+    },
     /// The token is not the live lease of that name.
     NotHeld,
     /// The token is the live lease of another user: only its own user may renew or release it.
@@ -177,11 +201,22 @@ pub enum TableError {
     Conflict,
     /// The name is held or waited for in a mode this LOCK can't join (a semaphore of another
     /// limit, a semaphore against a read/write lock), or the id holds it in another mode.
-    WrongMode { held: Mode, asked: Mode },
+    WrongMode {
+        /// The mode the name (or the id) is held or waited for in.
+        held: Mode,
+        /// The mode this LOCK asked for.
+        asked: Mode,
+    },
     /// `max_locks` names are already held.
-    TooManyLocks { max: usize },
+    TooManyLocks {
+        /// `max_locks`.
+        max: usize,
+    },
     /// The name already has `max_waiters` waiters, and this LOCK would have been one more.
-    TooManyWaiters { max: usize },
+    TooManyWaiters {
+        /// `max_waiters`.
+        max: usize,
+    },
 }
 
 impl fmt::Display for TableError {
@@ -232,8 +267,11 @@ pub enum WaitEnd {
 /// What happened to a lock, for watchers and logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
+    /// A lease was granted (at once or to a waiter).
     Acquired,
+    /// UNLOCK ended a lease.
     Released,
+    /// A lease's time ran out.
     Expired,
     /// A session lease ended because its connection closed (at once, or after its grace).
     Dropped,
@@ -243,6 +281,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// The kind as WATCH shows it (`Revoked` is `dropped` there).
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::Acquired => "acquired",
@@ -256,9 +295,13 @@ impl EventKind {
 /// A change of holder.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
+    /// What happened.
     pub kind: EventKind,
+    /// The lock's name.
     pub name: Arc<str>,
+    /// The id of the holder it happened to.
     pub id: Arc<str>,
+    /// The lease's fencing token.
     pub token: Token,
     /// How long the lease had been held when it ended (zero for `Acquired`).
     pub held: Duration,
@@ -272,16 +315,23 @@ pub struct Event {
 pub enum Effect {
     /// Wake this waiter with its grant.
     Granted {
+        /// The waiter [`LockOutcome::Queued`] named.
         waiter: WaiterId,
+        /// The lock's name.
         name: Arc<str>,
+        /// The fencing token.
         token: Token,
+        /// When the lease ends.
         deadline: Instant,
     },
     /// Fail this waiter.
     WaitEnded {
+        /// The waiter [`LockOutcome::Queued`] named.
         waiter: WaiterId,
+        /// Why it ended.
         why: WaitEnd,
     },
+    /// Tell watchers (and logs, and metrics).
     Event(Event),
 }
 
@@ -293,28 +343,34 @@ pub enum Effect {
 pub enum Change {
     /// `id` holds `name` with `token` until `deadline` (a new grant, or a repeat LOCK by the
     /// holder that restarted the lease).
+    #[allow(missing_docs)] // the variant's doc names each field
     Grant {
         name: Arc<str>,
         id: Arc<str>,
         token: Token,
+        /// The lease's length.
         ttl: Duration,
         deadline: Instant,
         mode: Mode,
         user: UserId,
     },
     /// The lease `token` of `name` now ends at `deadline`.
+    #[allow(missing_docs)] // the variant's doc names each field
     Renew {
         name: Arc<str>,
         token: Token,
+        /// The length it was renewed for.
         ttl: Duration,
         deadline: Instant,
     },
     /// The lease `token` of `name` ended before its deadline (UNLOCK, or its session closed).
+    #[allow(missing_docs)] // the variant's doc names each field
     Release { name: Arc<str>, token: Token },
 }
 
 /// A lease read back from a durable store after a restart.
 #[derive(Clone, Debug)]
+#[allow(missing_docs)] // the fields of `Change::Grant`, read back
 pub struct RestoredLease {
     pub name: String,
     pub id: String,
@@ -328,26 +384,35 @@ pub struct RestoredLease {
 /// One waiter of a lock, in queue order, for `STATUS <name> detail`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WaiterStatus {
+    /// The id it asked with.
     pub id: Arc<str>,
     /// How long it has waited so far.
     pub waited: Duration,
     /// It asked for a session lease.
     pub session: bool,
+    /// The mode it asked for.
     pub mode: Mode,
 }
 
 /// A snapshot of one lock, for STATUS.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockStatus {
+    /// The lock's name.
     pub name: Arc<str>,
+    /// The holder's id (the first holder's, for several).
     pub holder: Arc<str>,
+    /// The holder's fencing token.
     pub token: Token,
+    /// The time the lease has left.
     pub left: Duration,
     /// How long the holder has held it (since its grant, or since a restart restored it).
     pub held: Duration,
+    /// It is a session lease.
     pub session: bool,
+    /// How many wait.
     pub waiters: usize,
     /// How many hold it (more than one only for a shared lock or a semaphore).
     pub holders: usize,
+    /// The mode it is held in.
     pub mode: Mode,
 }

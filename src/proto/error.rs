@@ -45,6 +45,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code (what [`ErrorCode::parse`] looks through).
     pub const ALL: [ErrorCode; 15] = [
         ErrorCode::Syntax,
         ErrorCode::Unknown,
@@ -63,6 +64,7 @@ impl ErrorCode {
         ErrorCode::Unavailable,
     ];
 
+    /// The code as it is sent after `ERR`.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::Syntax => "SYNTAX",
@@ -94,6 +96,7 @@ impl ErrorCode {
         )
     }
 
+    /// The code `code` spells (as sent after `ERR`); `None` for a word that is none.
     pub fn parse(code: &str) -> Option<ErrorCode> {
         ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
     }
@@ -108,12 +111,15 @@ impl fmt::Display for ErrorCode {
 /// An `ERR` reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProtoError {
+    /// The word after `ERR`.
     pub code: ErrorCode,
+    /// The rest of the line: for people, not programs.
     pub message: String,
 }
 
 /// Every refusal the server sends is made here, so its code and wording live in one place.
 impl ProtoError {
+    /// An `ERR <code> <message>`; a line break (CR or LF) in `message` becomes a space.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ProtoError {
             code,
@@ -129,6 +135,7 @@ impl ProtoError {
         )
     }
 
+    /// A line that is not UTF-8.
     pub fn bad_utf8() -> Self {
         Self::new(ErrorCode::Encoding, "line is not valid UTF-8")
     }
@@ -170,6 +177,7 @@ impl ProtoError {
         )
     }
 
+    /// `ERR SHUTDOWN`: the server is shutting down.
     pub fn shutdown() -> Self {
         Self::new(ErrorCode::Shutdown, "server is shutting down")
     }

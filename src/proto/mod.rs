@@ -59,44 +59,71 @@ impl Tie {
 /// One request line, parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
+    /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]`.
     Lock {
+        /// The lock.
         name: String,
+        /// The client's id.
         id: String,
+        /// `ttl=`; `None` for the server's default.
         ttl: Option<Duration>,
+        /// `wait=`; `None` waits as long as it takes, zero tries once.
         wait: Option<Duration>,
+        /// `session` or `detach`, or neither.
         tie: Tie,
+        /// `shared` or `limit=<n>`, or neither (exclusive).
         mode: Mode,
     },
+    /// `UNLOCK <name> <token>`.
     Unlock {
+        /// The lock.
         name: String,
+        /// The lease's fencing token.
         token: Token,
     },
+    /// `RENEW <name> <token> [ttl=]`.
     Renew {
+        /// The lock.
         name: String,
+        /// The lease's fencing token.
         token: Token,
+        /// `ttl=`; `None` renews for the lease's own ttl.
         ttl: Option<Duration>,
     },
+    /// `CHECK <name> <token>`.
     Check {
+        /// The lock.
         name: String,
+        /// The lease's fencing token.
         token: Token,
     },
+    /// `STATUS [<name>]`.
     Status {
+        /// The lock; `None` for every lock.
         name: Option<String>,
     },
     /// `STATUS <name> detail`: the holder and the queue, "why am I waiting".
     StatusDetail {
+        /// The lock.
         name: String,
     },
+    /// `WATCH [<name>]`.
     Watch {
+        /// The lock; `None` for every lock.
         name: Option<String>,
     },
     /// `AUTH <user> <secret>`.
     Auth {
+        /// The user to log in as.
         user: String,
+        /// Its secret (never displayed).
         secret: Secret,
     },
+    /// `PING`.
     Ping,
+    /// `HELP`.
     Help,
+    /// `QUIT`.
     Quit,
 }
 
@@ -106,6 +133,7 @@ pub enum Request {
 pub struct Secret(String);
 
 impl Secret {
+    /// Wraps a secret.
     pub fn new(secret: impl Into<String>) -> Secret {
         Secret(secret.into())
     }
@@ -130,7 +158,9 @@ impl fmt::Debug for Secret {
 
 /// The AUTH line as a client sends it, secret included (a [`Request::Auth`] displays `***`).
 pub struct AuthLine<'a> {
+    /// The user to log in as.
     pub user: &'a str,
+    /// Its secret, written out as it is.
     pub secret: &'a str,
 }
 
@@ -465,8 +495,11 @@ impl fmt::Display for Request {
 /// token, where it has them.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Subject<'a> {
+    /// The lock name; empty for a request without one.
     pub name: &'a str,
+    /// The client id; empty for a request without one.
     pub id: &'a str,
+    /// The token, for UNLOCK, RENEW and CHECK.
     pub token: Option<Token>,
 }
 

@@ -193,9 +193,11 @@ fn write_event<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, e: &EventLine<S>) -> f
 /// formats it from borrowed names and a client reads it into owned ones, with one grammar.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldLine<S = String> {
+    /// The lock's name.
     pub name: S,
     /// The first holder's client id.
     pub id: S,
+    /// The first holder's fencing token.
     pub token: Token,
     /// The first holder's lease time left (`ttl_ms`).
     pub left: Duration,
@@ -239,27 +241,36 @@ impl StatusLine {
 /// One `HOLDER` line of `STATUS <name> detail`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HolderLine<S = String> {
+    /// The lock's name.
     pub name: S,
+    /// The holder's client id.
     pub id: S,
+    /// Its fencing token.
     pub token: Token,
     /// How long it has held the lock (`held_ms`).
     pub held: Duration,
     /// Lease time left (`ttl_ms`).
     pub left: Duration,
+    /// `session=1`: a session lease.
     pub session: bool,
+    /// The mode it holds the lock in.
     pub mode: Mode,
 }
 
 /// One `WAITER` line of `STATUS <name> detail`: `position` 1 is granted next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WaiterLine<S = String> {
+    /// The lock's name.
     pub name: S,
+    /// Its place in the queue, from 1.
     pub position: usize,
+    /// The waiter's client id.
     pub id: S,
     /// How long it has waited so far (`waited_ms`).
     pub waited: Duration,
     /// It asked for a session lease.
     pub session: bool,
+    /// The mode it asked for.
     pub mode: Mode,
 }
 
@@ -267,9 +278,13 @@ pub struct WaiterLine<S = String> {
 /// wire says `dropped` for both.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventLine<S = String> {
+    /// What happened.
     pub kind: EventKind,
+    /// The lock's name.
     pub name: S,
+    /// The client id of the holder it happened to.
     pub id: S,
+    /// The lease's fencing token.
     pub token: Token,
     /// The server's wall clock when it happened, in milliseconds since the Unix epoch.
     pub unix_ms: u64,
@@ -317,9 +332,13 @@ impl<S: AsRef<str>> fmt::Display for EventLine<S> {
 /// a count after STATUS, `OK alice` a user after AUTH.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Asked {
+    /// `LOCK`: `OK <token>`.
     Lock,
+    /// `UNLOCK`.
     Unlock,
+    /// `RENEW`: `OK ttl_ms=<ms>`.
     Renew,
+    /// `CHECK`: `OK ttl_ms=<ms>`.
     Check,
     /// `STATUS <name>`.
     Status,
@@ -329,9 +348,13 @@ pub enum Asked {
     Detail,
     /// `WATCH [<name>]`: `OK watching ..`, then `EVENT` lines.
     Watch,
+    /// `AUTH`: `OK <user>`.
     Auth,
+    /// `PING`.
     Ping,
+    /// `HELP`.
     Help,
+    /// `QUIT`.
     Quit,
 }
 
@@ -654,8 +677,11 @@ impl EventLine {
 /// [`Received::parse`] reads it whole.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplyLine<'a> {
+    /// `OK`, and the text after it.
     Ok(&'a str),
+    /// `ERR`, read.
     Err(ProtoError),
+    /// Any other line, whole.
     Other(&'a str),
 }
 

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::format::{self, Frame, Lease, Record, Snapshot};
+use super::format::{self, Lease, LogFrame, Record, Snapshot};
 
 /// Records in the log before compaction is considered...
 const COMPACT_AFTER: u64 = 64 * 1024;
@@ -33,12 +33,12 @@ pub fn unix_ms() -> u64 {
 /// The leases as the log says they are, by token (a semaphore's name has several), and the
 /// highest token ever granted.
 #[derive(Debug, Default)]
-pub struct State {
+pub struct LogState {
     pub leases: HashMap<u64, Lease>,
     pub high_token: u64,
 }
 
-impl State {
+impl LogState {
     fn apply(&mut self, record: Record) {
         match record {
             Record::Grant(lease) => {
@@ -78,7 +78,7 @@ pub struct DataDir {
     generation: u64,
     log: File,
     log_path: PathBuf,
-    state: State,
+    state: LogState,
     records_in_log: u64,
     next_check: u64,
     frame: Vec<u8>,
@@ -164,7 +164,7 @@ impl DataDir {
         }
 
         let snapshot_path = dir.join(SNAPSHOT);
-        let mut state = State::default();
+        let mut state = LogState::default();
         let mut generation = 0;
         match fs::read(&snapshot_path) {
             Ok(bytes) => {
@@ -216,7 +216,7 @@ impl DataDir {
         })
     }
 
-    pub fn state(&self) -> &State {
+    pub fn state(&self) -> &LogState {
         &self.state
     }
 
@@ -327,7 +327,7 @@ fn remove_other_logs(dir: &Path, generation: u64) -> io::Result<()> {
 }
 
 /// Applies the log at `path` (if any) to `state`; returns how many records it held.
-fn read_log(path: &Path, state: &mut State) -> io::Result<u64> {
+fn read_log(path: &Path, state: &mut LogState) -> io::Result<u64> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
@@ -342,7 +342,7 @@ fn read_log(path: &Path, state: &mut State) -> io::Result<u64> {
     let mut records = Vec::new();
     while at < bytes.len() {
         match format::check_frame(&bytes[at..]) {
-            Frame::Good { size, payload_at } => {
+            LogFrame::Good { size, payload_at } => {
                 let payload = &bytes[at + payload_at..at + size];
                 format::decode_records(payload, &mut records).map_err(|d| {
                     err(
@@ -356,9 +356,9 @@ fn read_log(path: &Path, state: &mut State) -> io::Result<u64> {
                 })?;
                 at += size;
             }
-            Frame::Bad => {
+            LogFrame::Bad => {
                 if let Some(good) = (at + 1..bytes.len())
-                    .find(|&p| matches!(format::check_frame(&bytes[p..]), Frame::Good { .. }))
+                    .find(|&p| matches!(format::check_frame(&bytes[p..]), LogFrame::Good { .. }))
                 {
                     return Err(err(
                         io::ErrorKind::InvalidData,
@@ -394,21 +394,21 @@ fn read_log(path: &Path, state: &mut State) -> io::Result<u64> {
 mod tests {
     use super::*;
 
-    struct Dir(PathBuf);
+    struct TempDir(PathBuf);
 
-    impl Dir {
-        fn new(name: &str) -> Dir {
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
             let path = std::env::temp_dir().join(format!(
                 "lockd-files-{name}-{}-{}",
                 std::process::id(),
                 unix_ms()
             ));
             let _ = fs::remove_dir_all(&path);
-            Dir(path)
+            TempDir(path)
         }
     }
 
-    impl Drop for Dir {
+    impl Drop for TempDir {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
@@ -428,7 +428,7 @@ mod tests {
 
     #[test]
     fn compaction_keeps_live_leases_and_the_token_high_water_mark() {
-        let dir = Dir::new("compact");
+        let dir = TempDir::new("compact");
         let later = unix_ms() + 3_600_000;
         let mut data = DataDir::open(&dir.0).unwrap();
         data.append(&mut vec![grant("kept", 1, later)]).unwrap();
@@ -473,7 +473,7 @@ mod tests {
 
     #[test]
     fn a_newer_log_with_records_is_refused() {
-        let dir = Dir::new("newer");
+        let dir = TempDir::new("newer");
         let mut data = DataDir::open(&dir.0).unwrap();
         data.append(&mut vec![grant("a", 1, unix_ms() + 60_000)])
             .unwrap();

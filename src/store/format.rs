@@ -207,7 +207,7 @@ pub fn encode_frame(records: &[Record], split_at: usize, out: &mut Vec<u8>) -> u
 
 /// What is at the front of a log's bytes.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Frame {
+pub enum LogFrame {
     /// A good frame of this many bytes (header included).
     Good { size: usize, payload_at: usize },
     /// Not a whole, good frame: torn or damaged.
@@ -215,19 +215,19 @@ pub enum Frame {
 }
 
 /// Checks the frame at the front of `bytes` (which must not be empty).
-pub fn check_frame(bytes: &[u8]) -> Frame {
+pub fn check_frame(bytes: &[u8]) -> LogFrame {
     if bytes.len() < FRAME_HEADER {
-        return Frame::Bad;
+        return LogFrame::Bad;
     }
     let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
     let crc = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
     if len == 0 || len > MAX_FRAME || len > bytes.len() - FRAME_HEADER {
-        return Frame::Bad;
+        return LogFrame::Bad;
     }
     if crc32(&bytes[FRAME_HEADER..FRAME_HEADER + len]) != crc {
-        return Frame::Bad;
+        return LogFrame::Bad;
     }
-    Frame::Good {
+    LogFrame::Good {
         size: FRAME_HEADER + len,
         payload_at: FRAME_HEADER,
     }
@@ -392,7 +392,7 @@ mod tests {
         ];
         let mut bytes = Vec::new();
         assert_eq!(encode_frame(&records, SPLIT_FRAME_AT, &mut bytes), 3);
-        let Frame::Good { size, payload_at } = check_frame(&bytes) else {
+        let LogFrame::Good { size, payload_at } = check_frame(&bytes) else {
             panic!("good frame read as bad");
         };
         assert_eq!(size, bytes.len());
@@ -400,11 +400,11 @@ mod tests {
         decode_records(&bytes[payload_at..size], &mut back).unwrap();
         assert_eq!(back, records);
         for cut in 1..bytes.len() {
-            assert_eq!(check_frame(&bytes[..cut]), Frame::Bad, "cut at {cut}");
+            assert_eq!(check_frame(&bytes[..cut]), LogFrame::Bad, "cut at {cut}");
         }
         let mut flipped = bytes.clone();
         flipped[12] ^= 1;
-        assert_eq!(check_frame(&flipped), Frame::Bad);
+        assert_eq!(check_frame(&flipped), LogFrame::Bad);
     }
 
     #[test]

@@ -48,7 +48,7 @@ struct Progress {
 }
 
 #[derive(Default)]
-struct Queue {
+struct CommitQueue {
     records: Vec<Record>,
     /// The number of the last change queued.
     seq: Seq,
@@ -62,8 +62,8 @@ struct Queue {
     syncing_since: Option<std::time::Instant>,
 }
 
-struct Inner {
-    queue: Mutex<Queue>,
+struct WriterState {
+    queue: Mutex<CommitQueue>,
     wake: Condvar,
     progress: watch::Sender<Progress>,
     /// The same as `queue.seq`, readable without the lock.
@@ -72,8 +72,8 @@ struct Inner {
     failure: Mutex<Option<String>>,
 }
 
-impl Inner {
-    fn queue(&self) -> MutexGuard<'_, Queue> {
+impl WriterState {
+    fn queue(&self) -> MutexGuard<'_, CommitQueue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -85,7 +85,7 @@ impl Inner {
 
 /// The handle the lock table's shell appends changes through.
 #[derive(Clone)]
-pub struct Journal(Arc<Inner>);
+pub struct Journal(Arc<WriterState>);
 
 /// What a data directory held when it was opened.
 #[derive(Debug)]
@@ -143,7 +143,7 @@ impl Recovered {
 
 /// An open data directory and its writer thread.
 pub struct Store {
-    inner: Arc<Inner>,
+    inner: Arc<WriterState>,
     writer: Option<JoinHandle<()>>,
     dir: PathBuf,
 }
@@ -159,8 +159,8 @@ impl Store {
             next_token: data.state().high_token.saturating_add(1),
         };
         let (progress, _) = watch::channel(Progress::default());
-        let inner = Arc::new(Inner {
-            queue: Mutex::new(Queue::default()),
+        let inner = Arc::new(WriterState {
+            queue: Mutex::new(CommitQueue::default()),
             wake: Condvar::new(),
             progress,
             appended: AtomicU64::new(0),
@@ -182,6 +182,7 @@ impl Store {
         ))
     }
 
+    /// A handle for the lock table to append its changes through.
     pub fn journal(&self) -> Journal {
         Journal(Arc::clone(&self.inner))
     }
@@ -357,7 +358,7 @@ fn ceil_ms(d: Duration) -> u64 {
 
 /// The writer: take everything queued, write it in one go, sync, publish; until closed or a
 /// write fails.
-fn write_loop(inner: &Inner, mut data: DataDir, metrics: &Metrics) {
+fn write_loop(inner: &WriterState, mut data: DataDir, metrics: &Metrics) {
     let mut batch = Vec::new();
     loop {
         let upto = {

@@ -83,7 +83,7 @@ impl Cluster {
         name: &str,
         token: crate::locks::Token,
         kind: EventKind,
-        holder: super::mirror::Holder,
+        holder: super::mirror::HolderRecord,
     ) {
         // Unless renewed meanwhile (a renewal rewrites the key).
         let guard = guards::unchanged(&holder.key, holder.mod_rev);

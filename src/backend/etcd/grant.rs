@@ -12,7 +12,7 @@ use crate::locks::rules::Decision;
 use crate::locks::{EventKind, LockRequest, TableError};
 
 use super::keys::HolderValue;
-use super::mirror::{Holder, NameState};
+use super::mirror::{HolderRecord, NameState};
 use super::view::decide;
 use super::{guards, unavailable, wall_ms, Cluster};
 
@@ -160,7 +160,7 @@ impl Cluster {
             let mut g = self.guard();
             // Until the watch brings it: an UNLOCK or RENEW right after needs no read.
             if rev > g.mirror.rev {
-                let holder = Holder {
+                let holder = HolderRecord {
                     key,
                     uid,
                     rev,
@@ -184,7 +184,7 @@ impl Cluster {
     async fn lock_again(
         &self,
         req: &LockRequest,
-        holder: Holder,
+        holder: HolderRecord,
         ttl: Duration,
     ) -> Result<Option<LockStart>, BackendError> {
         let mut value = holder.value.clone();
@@ -213,7 +213,7 @@ impl Cluster {
 /// What a LOCK does, decided from the mirror.
 enum Plan {
     /// The id already holds it: same token, new lease.
-    Again(Box<Holder>),
+    Again(Box<HolderRecord>),
     /// Free and nobody waits: grant at once if the marker is still at this revision.
     Fresh { marker_rev: i64 },
     /// Held, or others wait: queue.

@@ -14,21 +14,21 @@ use crate::locks::{EventKind, Token, WaitEnd};
 use super::mirror::Granted;
 use super::waiters::key_gone;
 use super::RETRY;
-use super::{guards, wall_ms, Cluster, State};
+use super::{guards, wall_ms, Cluster, ClusterState};
 
 impl Cluster {
     /// Carries out what [`on_grant`] decided, off the guard.
-    pub(super) fn after_grants(self: &Arc<Self>, next: Vec<Next>) {
+    pub(super) fn after_grants(self: &Arc<Self>, next: Vec<GrantAction>) {
         for step in next {
             let me = Arc::clone(self);
             match step {
-                Next::Nothing => {}
-                Next::TakeBack(back) => {
+                GrantAction::Nothing => {}
+                GrantAction::TakeBack(back) => {
                     tokio::spawn(async move {
                         me.take_back(&back.name, back.token, back.handover).await;
                     });
                 }
-                Next::Confirm(gr) => {
+                GrantAction::Confirm(gr) => {
                     tokio::spawn(async move { me.confirm(gr).await });
                 }
             }
@@ -251,7 +251,7 @@ pub(super) struct TakeBack {
 }
 
 /// What to do with a grant to a waiter of this front-end.
-pub(super) enum Next {
+pub(super) enum GrantAction {
     Nothing,
     TakeBack(TakeBack),
     Confirm(Granted),
@@ -259,7 +259,7 @@ pub(super) enum Next {
 
 /// A waiter of this front-end whose key another front-end rewrote for a LOCK of the same id
 /// (its place taken over): its request is answered `ERR REPLACED`, as on one server.
-pub(super) fn taken_over(g: &mut State, uid: &str) {
+pub(super) fn taken_over(g: &mut ClusterState, uid: &str) {
     let Some(&waiter) = g.by_uid.get(uid) else {
         g.left.remove(uid);
         return;
@@ -279,21 +279,21 @@ pub(super) fn taken_over(g: &mut State, uid: &str) {
 /// Decides what a grant to waiter `gr.uid` of this front-end, just shown by the watch or a
 /// read, leads to: delivered to its waiter now, confirmed first (a plain lease on this
 /// front-end's etcd lease), or taken back (its waiter left; only as it was handed over).
-pub(super) fn on_grant(g: &mut State, gr: &Granted) -> Next {
+pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted) -> GrantAction {
     let handover = HandOver(gr.mod_rev);
     if gr.unconfirmed() {
         let waiter = g.by_uid.get(&gr.uid).copied();
         return match waiter.and_then(|w| g.waiting.get_mut(&w)) {
-            Some(l) if l.confirming => Next::Nothing,
+            Some(l) if l.confirming => GrantAction::Nothing,
             Some(l) => {
                 l.confirming = true;
-                Next::Confirm(gr.clone())
+                GrantAction::Confirm(gr.clone())
             }
             // Its waiter left, or nobody waits for it here any more (the wait was lost
             // with an etcd lease): never told, so taken back.
             None => {
                 g.left.remove(&gr.uid);
-                Next::TakeBack(TakeBack {
+                GrantAction::TakeBack(TakeBack {
                     name: gr.name.clone(),
                     token: gr.token,
                     handover,
@@ -302,8 +302,8 @@ pub(super) fn on_grant(g: &mut State, gr: &Granted) -> Next {
         };
     }
     match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover) {
-        Some(back) => Next::TakeBack(back),
-        None => Next::Nothing,
+        Some(back) => GrantAction::TakeBack(back),
+        None => GrantAction::Nothing,
     }
 }
 
@@ -314,7 +314,7 @@ pub(super) fn on_grant(g: &mut State, gr: &Granted) -> Next {
 /// the older one's leaving no longer counts (taking the grant back after handing it over
 /// would leave a client told it holds a lock that passed on).
 fn deliver(
-    g: &mut State,
+    g: &mut ClusterState,
     uid: &str,
     name: &str,
     token: Token,

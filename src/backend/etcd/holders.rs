@@ -9,7 +9,7 @@ use crate::backend::{now, BackendError, Renewed};
 use crate::locks::{ConnId, EventKind, TableError, Token, UserId};
 
 use super::keys::HolderValue;
-use super::mirror::Holder;
+use super::mirror::HolderRecord;
 use super::{guards, unavailable, wall_ms, Cluster};
 
 impl Cluster {
@@ -19,7 +19,7 @@ impl Cluster {
         &self,
         name: &str,
         token: Token,
-    ) -> Result<Holder, BackendError> {
+    ) -> Result<HolderRecord, BackendError> {
         let rev = {
             let g = self.guard();
             let Some(rev) = g.mirror.rev_of(token) else {
@@ -40,7 +40,7 @@ impl Cluster {
     }
 
     /// A linearizable read of one holder.
-    async fn read_holder(&self, name: &str, rev: i64) -> Result<Holder, BackendError> {
+    async fn read_holder(&self, name: &str, rev: i64) -> Result<HolderRecord, BackendError> {
         let resp = self
             .get(
                 self.layout.holders(name),
@@ -59,7 +59,7 @@ impl Cluster {
                 let left = value
                     .left_ms()
                     .min(value.ends_ms().saturating_sub(wall_ms()));
-                return Ok(Holder {
+                return Ok(HolderRecord {
                     uid: super::keys::decode(uid).unwrap_or_default(),
                     key,
                     rev,
@@ -73,7 +73,7 @@ impl Cluster {
         Err(TableError::NotHeld.into())
     }
 
-    pub(super) fn owned_by(&self, holder: &Holder, user: UserId) -> Result<(), BackendError> {
+    pub(super) fn owned_by(&self, holder: &HolderRecord, user: UserId) -> Result<(), BackendError> {
         if holder.left(now()).is_zero() {
             return Err(TableError::NotHeld.into());
         }
@@ -88,7 +88,7 @@ impl Cluster {
 
     /// Writes `value` over `holder` unless it changed since it was read (renewed, ended,
     /// its grace started): the token stays (the key's create revision does not move).
-    pub(super) fn rewrite(&self, holder: &Holder, value: &HolderValue) -> Txn {
+    pub(super) fn rewrite(&self, holder: &HolderRecord, value: &HolderValue) -> Txn {
         Txn::new()
             .when([guards::unchanged(&holder.key, holder.mod_rev)])
             .and_then([TxnOp::put(
@@ -200,6 +200,6 @@ impl Cluster {
 }
 
 /// "It is still this grant" (a renewal does not change it).
-pub(super) fn created(holder: &Holder) -> Compare {
+pub(super) fn created(holder: &HolderRecord) -> Compare {
     guards::same_key(&holder.key, holder.rev)
 }

@@ -16,7 +16,7 @@ use super::keys::{HolderValue, Key, Layout, MarkerValue, WaiterValue};
 
 /// One key change, as the watch (or a range read) reports it.
 #[derive(Debug, Clone)]
-pub struct Change {
+pub struct KeyChange {
     pub put: bool,
     pub key: Vec<u8>,
     pub value: Vec<u8>,
@@ -27,7 +27,7 @@ pub struct Change {
 }
 
 #[derive(Debug, Clone)]
-pub struct Holder {
+pub struct HolderRecord {
     pub key: String,
     pub uid: String,
     /// Create revision: the token is the base plus this.
@@ -46,7 +46,7 @@ pub struct Holder {
     pub ends_at: Instant,
 }
 
-impl Holder {
+impl HolderRecord {
     /// How long it has left, as this front-end counts it.
     pub fn left(&self, now: Instant) -> Duration {
         self.ends_at.saturating_duration_since(now)
@@ -71,7 +71,7 @@ pub struct Granted {
 }
 
 impl Granted {
-    pub fn of(base: Token, name: &str, h: &Holder) -> Granted {
+    pub fn of(base: Token, name: &str, h: &HolderRecord) -> Granted {
         Granted {
             uid: h.uid.clone(),
             name: name.to_owned(),
@@ -95,7 +95,7 @@ impl Granted {
 }
 
 #[derive(Debug, Clone)]
-pub struct Waiter {
+pub struct WaiterRecord {
     pub key: String,
     pub uid: String,
     /// Create revision: its place in the queue.
@@ -114,8 +114,8 @@ pub struct NameState {
     pub marker: Option<MarkerValue>,
     /// The revision the marker was last written or deleted at.
     pub marker_changed: i64,
-    pub holders: BTreeMap<i64, Holder>,
-    pub queue: BTreeMap<i64, Waiter>,
+    pub holders: BTreeMap<i64, HolderRecord>,
+    pub queue: BTreeMap<i64, WaiterRecord>,
     /// The revision of the last change to this name, to know whether a failed transaction
     /// may be tried again already.
     pub last_rev: i64,
@@ -137,7 +137,7 @@ impl NameState {
         rules::admits(staying.map(|h| h.value.mode), mode)
     }
 
-    pub fn holder_by_rev(&self, rev: i64) -> Option<&Holder> {
+    pub fn holder_by_rev(&self, rev: i64) -> Option<&HolderRecord> {
         self.holders.get(&rev)
     }
 }
@@ -188,7 +188,7 @@ pub struct Mirror {
     pub rev: i64,
     pub names: HashMap<String, NameState>,
     pub front_ends: HashSet<String>,
-    /// Holders by when they end ([`Holder::ends_at`]): the expiry timer's structure.
+    /// Holders by when they end ([`HolderRecord::ends_at`]): the expiry timer's structure.
     pub ends: BTreeSet<(Instant, String, i64)>,
     pub base: Token,
 }
@@ -225,7 +225,7 @@ impl Mirror {
     pub fn apply(
         &mut self,
         layout: &Layout,
-        changes: &[Change],
+        changes: &[KeyChange],
         at_rev: i64,
         now: Instant,
     ) -> Applied {
@@ -288,7 +288,7 @@ impl Mirror {
                             }
                             ns.queue.insert(
                                 rev,
-                                Waiter {
+                                WaiterRecord {
                                     key,
                                     uid,
                                     rev,
@@ -323,7 +323,7 @@ impl Mirror {
         name: String,
         uid: String,
         key: String,
-        c: &Change,
+        c: &KeyChange,
         now: Instant,
         out: &mut Applied,
     ) {
@@ -336,7 +336,7 @@ impl Mirror {
                 return;
             };
             let rev = c.create_rev;
-            let holder = Holder {
+            let holder = HolderRecord {
                 key,
                 uid,
                 rev,

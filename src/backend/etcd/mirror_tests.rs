@@ -2,8 +2,8 @@
 
 use super::*;
 
-fn put(key: String, value: String, create: i64, modr: i64) -> Change {
-    Change {
+fn put(key: String, value: String, create: i64, modr: i64) -> KeyChange {
+    KeyChange {
         put: true,
         key: key.into_bytes(),
         value: value.into_bytes(),
@@ -13,8 +13,8 @@ fn put(key: String, value: String, create: i64, modr: i64) -> Change {
     }
 }
 
-fn del(key: String, rev: i64) -> Change {
-    Change {
+fn del(key: String, rev: i64) -> KeyChange {
+    KeyChange {
         put: false,
         key: key.into_bytes(),
         value: Vec::new(),
@@ -111,7 +111,7 @@ fn modes_admit_as_the_table_does() {
     v.mode = Mode::Limit(2);
     ns.holders.insert(
         1,
-        Holder {
+        HolderRecord {
             key: String::new(),
             uid: "a".into(),
             rev: 1,

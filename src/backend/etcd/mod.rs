@@ -96,7 +96,7 @@ struct Local {
     confirming: bool,
 }
 
-struct State {
+struct ClusterState {
     mirror: Mirror,
     waiting: HashMap<WaiterId, Local>,
     by_uid: HashMap<String, WaiterId>,
@@ -109,14 +109,14 @@ struct State {
     written: HashMap<String, (i64, bool)>,
     /// Grants made at once by this front-end that the mirror has not shown yet (by name and
     /// create revision).
-    fresh: HashMap<(String, i64), mirror::Holder>,
+    fresh: HashMap<(String, i64), mirror::HolderRecord>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     expiring: std::collections::HashSet<(String, i64)>,
     /// The session leases this front-end granted or bound, by connection.
-    bound: sessions::Bound,
+    bound: sessions::BoundLeases,
 }
 
-impl State {
+impl ClusterState {
     /// A waiter of this front-end leaves (its wait ran out, its connection went): out of the
     /// local tables, and remembered as gone in case its grant is being made right now.
     fn leave(&mut self, waiter: WaiterId) -> Option<Local> {
@@ -134,7 +134,7 @@ pub struct Cluster {
     /// This front-end's id, unique per process.
     fe: String,
     lease: AtomicI64,
-    state: Mutex<State>,
+    state: Mutex<ClusterState>,
     events: broadcast::Sender<Arc<Published>>,
     /// The mirror moved: the expiry timer looks again.
     moved: Notify,
@@ -200,7 +200,7 @@ impl Cluster {
             layout,
             fe,
             lease: AtomicI64::new(0),
-            state: Mutex::new(State {
+            state: Mutex::new(ClusterState {
                 mirror: Mirror::default(),
                 waiting: HashMap::new(),
                 by_uid: HashMap::new(),
@@ -279,10 +279,11 @@ impl Cluster {
         Ok(())
     }
 
-    fn guard(&self) -> MutexGuard<'_, State> {
+    fn guard(&self) -> MutexGuard<'_, ClusterState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The handles this backend's counters are bumped through.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -297,14 +298,17 @@ impl Cluster {
         }
     }
 
+    /// Held leases and queued waiters, as the mirror shows them.
     pub fn counts(&self) -> (usize, usize) {
         self.guard().mirror.counts()
     }
 
+    /// A number for a new connection.
     pub fn connection_id(&self) -> ConnId {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The limits in force.
     pub fn limits(&self) -> Limits {
         self.limits.clone()
     }
@@ -312,6 +316,7 @@ impl Cluster {
     /// STATUS copies are made per request from the mirror; nothing to bound beyond that.
     pub fn limit_status_copies(&self, _copies: usize) {}
 
+    /// A receiver of every event from now on (WATCH).
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
         self.events.subscribe()
     }

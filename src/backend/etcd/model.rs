@@ -9,7 +9,7 @@ use crate::locks::rules::Decision;
 use crate::locks::{ConnId, Limits, LockRequest, Mode, TableError};
 
 use super::keys::{HolderValue, WaiterValue};
-use super::mirror::{Holder, NameState, Waiter};
+use super::mirror::{HolderRecord, NameState, WaiterRecord};
 use super::view;
 
 /// The front-end the decision is made on; holders bound to its connections name it.
@@ -61,7 +61,7 @@ pub fn decide(
             at_ms: 0,
         };
         let uid = format!("h{rev}");
-        let holder = Holder {
+        let holder = HolderRecord {
             key: uid.clone(),
             uid,
             rev,
@@ -87,7 +87,7 @@ pub fn decide(
             queued_ms: 0,
         };
         let uid = format!("w{rev}");
-        let waiter = Waiter {
+        let waiter = WaiterRecord {
             key: uid.clone(),
             uid,
             rev,

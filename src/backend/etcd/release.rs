@@ -10,7 +10,7 @@ use crate::locks::{EventKind, TableError, Token, UserId};
 
 use super::holders::created;
 use super::keys::HolderValue;
-use super::mirror::Holder;
+use super::mirror::HolderRecord;
 use super::{guards, unavailable, wall_ms, Cluster};
 
 impl Cluster {
@@ -34,7 +34,7 @@ impl Cluster {
         name: &str,
         token: Token,
         kind: EventKind,
-        holder: Holder,
+        holder: HolderRecord,
     ) -> bool {
         let ended = self.end_txn(name, kind, &holder, created(&holder));
         match self.cleanup(ended.txn.clone()).await {
@@ -60,7 +60,7 @@ impl Cluster {
         &self,
         name: &str,
         kind: EventKind,
-        holder: &Holder,
+        holder: &HolderRecord,
         guard: Compare,
     ) -> Ended {
         let marker = self.layout.marker(name);
@@ -128,8 +128,8 @@ impl Cluster {
     fn head_after(
         &self,
         name: &str,
-        holder: &Holder,
-    ) -> Option<(super::mirror::Waiter, i64, Option<i64>)> {
+        holder: &HolderRecord,
+    ) -> Option<(super::mirror::WaiterRecord, i64, Option<i64>)> {
         let g = self.guard();
         let ns = g.mirror.name(name)?;
         let head = ns.queue.values().next()?;
@@ -157,7 +157,7 @@ impl Cluster {
         name: &str,
         token: Token,
         kind: EventKind,
-        holder: &Holder,
+        holder: &HolderRecord,
         ended: &Ended,
         resp: &etcd_client::TxnResponse,
     ) -> bool {

@@ -21,12 +21,12 @@ use super::Cluster;
 
 /// Session leases by connection, and the connection of each.
 #[derive(Debug, Default)]
-pub(super) struct Bound {
+pub(super) struct BoundLeases {
     by_conn: HashMap<ConnId, HashMap<Token, String>>,
     conn_of: HashMap<Token, ConnId>,
 }
 
-impl Bound {
+impl BoundLeases {
     /// Lease `token` of `name` is bound to `conn` from now on.
     pub(super) fn add(&mut self, conn: ConnId, token: Token, name: &str) {
         if let Some(old) = self.conn_of.insert(token, conn) {
@@ -162,7 +162,7 @@ impl Cluster {
     }
 }
 
-impl super::State {
+impl super::ClusterState {
     /// Whether lease `token` of `name` is still held, as the mirror has it. A grant the watch
     /// has not shown yet is live too: forgetting it would leave its session lease behind when
     /// the connection closes.
@@ -179,9 +179,9 @@ impl super::State {
 
 #[cfg(test)]
 mod tests {
-    use super::Bound;
+    use super::BoundLeases;
 
-    fn tokens(b: &Bound, conn: u64) -> Vec<u64> {
+    fn tokens(b: &BoundLeases, conn: u64) -> Vec<u64> {
         let mut t: Vec<u64> = b
             .by_conn
             .get(&conn)
@@ -193,7 +193,7 @@ mod tests {
 
     #[test]
     fn a_lease_is_under_the_connection_it_was_last_bound_to() {
-        let mut b = Bound::default();
+        let mut b = BoundLeases::default();
         b.add(1, 10, "a");
         b.add(1, 11, "b");
         b.add(2, 12, "a");

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::backend::{now, BackendError, Detail, StatusView};
 use crate::locks::{LockStatus, Token, WaiterStatus};
 
-use super::mirror::{Holder, NameState};
+use super::mirror::{HolderRecord, NameState};
 use super::{wall_ms, Cluster};
 
 impl Cluster {
@@ -27,6 +27,7 @@ impl Cluster {
         Some(holder_status(base, name, first, ns))
     }
 
+    /// `STATUS <name> detail` from the mirror, with at most `max` waiters; `None` while free.
     pub async fn status_detail(
         &self,
         name: &str,
@@ -62,6 +63,7 @@ impl Cluster {
         }))
     }
 
+    /// Every lock, for `STATUS` without a name, from the mirror.
     pub async fn status_snapshot(&self) -> Result<StatusView, BackendError> {
         let base = self.base_token();
         let locks = {
@@ -76,7 +78,7 @@ impl Cluster {
     }
 }
 
-fn holder_status(base: Token, name: &str, h: &Holder, ns: &NameState) -> LockStatus {
+fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> LockStatus {
     let at = wall_ms();
     LockStatus {
         name: name.into(),

@@ -49,7 +49,7 @@ impl Cluster {
             lease: self.lease_id(),
             queued_ms: wall_ms(),
         };
-        let mut same: Vec<super::mirror::Waiter> = {
+        let mut same: Vec<super::mirror::WaiterRecord> = {
             let g = self.guard();
             read.or_else(|| g.mirror.name(&req.name))
                 .map_or_else(Vec::new, |ns| {
@@ -226,7 +226,7 @@ impl Cluster {
 /// A waiter's own write was answered at revision `at`. The watch leaves a waiter alone until
 /// then, so if the mirror is past `at` and its key is no longer there as written, it is told
 /// now. Whether it still waits.
-fn settle_answered(g: &mut super::State, waiter: WaiterId, at: i64) -> bool {
+fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at: i64) -> bool {
     let Some(local) = g.waiting.get(&waiter) else {
         return false;
     };

@@ -11,7 +11,7 @@ use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
 use crate::locks::EventKind;
 
 use super::handover::{on_grant, taken_over};
-use super::mirror::{Change, Granted, Mirror};
+use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
 use super::RETRY;
 use super::{guards, unavailable, Cluster};
@@ -61,7 +61,7 @@ impl Cluster {
             .await
             .map_err(unavailable)?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        let changes: Vec<Change> = resp.kvs().iter().map(|kv| change(kv, true)).collect();
+        let changes: Vec<KeyChange> = resp.kvs().iter().map(|kv| change(kv, true)).collect();
         let mut next = Vec::new();
         let touched: Vec<String> = {
             let mut g = self.guard();
@@ -189,7 +189,7 @@ impl Cluster {
 
     fn on_watch(self: &Arc<Self>, resp: WatchResponse) {
         let rev = resp.header().map_or(0, |h| h.revision());
-        let changes: Vec<Change> = resp
+        let changes: Vec<KeyChange> = resp
             .events()
             .iter()
             .filter_map(|e| Some(change(e.kv()?, e.event_type() == EventType::Put)))
@@ -277,8 +277,8 @@ impl Cluster {
 
 /// A key as etcd sent it (a read, or a watch event: `put` false for a delete), as the mirror
 /// applies it.
-pub(super) fn change(kv: &etcd_client::KeyValue, put: bool) -> Change {
-    Change {
+pub(super) fn change(kv: &etcd_client::KeyValue, put: bool) -> KeyChange {
+    KeyChange {
         put,
         key: kv.key().to_vec(),
         value: kv.value().to_vec(),

@@ -23,7 +23,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// The lock being held.
 #[derive(Clone, Debug)]
-pub struct Lease {
+pub struct HeldLease {
     pub name: String,
     pub token: Token,
     pub ttl: Duration,
@@ -174,7 +174,7 @@ impl Link {
     /// One RENEW, on a new connection if need be; returns when it was sent and the lease left.
     async fn renew(
         &mut self,
-        lease: &Lease,
+        lease: &HeldLease,
         limit: Duration,
     ) -> Result<(Instant, Duration), RenewError> {
         let mut client = self
@@ -209,7 +209,7 @@ impl Link {
     }
 
     /// UNLOCK, on a new connection if the old one fails.
-    pub async fn release(&mut self, lease: &Lease) -> Released {
+    pub async fn release(&mut self, lease: &HeldLease) -> Released {
         let limit = self.server.connect_timeout();
         let mut last = String::new();
         for _ in 0..2 {
@@ -244,14 +244,14 @@ impl Keeper {
     /// Starts renewing. `deadline` is the lease's end as far as lockctl can be sure of it.
     pub fn spawn(
         link: Link,
-        lease: Lease,
+        lease: HeldLease,
         timing: Timing,
         deadline: Instant,
         next_renew: Instant,
     ) -> Keeper {
         let (lost_tx, lost) = mpsc::channel(1);
         let (stop, stop_rx) = oneshot::channel();
-        let state = State {
+        let state = KeeperState {
             link,
             lease,
             timing,
@@ -285,21 +285,21 @@ impl Keeper {
     }
 }
 
-struct State {
+struct KeeperState {
     link: Link,
-    lease: Lease,
+    lease: HeldLease,
     timing: Timing,
     deadline: Instant,
     next_renew: Instant,
 }
 
-enum Step {
+enum KeeperStep {
     Stop,
     DeadlineNear,
     Renewed(Result<(Instant, Duration), RenewError>),
 }
 
-impl State {
+impl KeeperState {
     async fn keep(
         mut self,
         lost_tx: mpsc::Sender<Lost>,
@@ -314,15 +314,15 @@ impl State {
             let attempt_limit = self.timing.interval.max(Duration::from_millis(100));
             let step = tokio::select! {
                 biased;
-                _ = &mut stop => Step::Stop,
-                _ = sleep_until(term_at), if !lost => Step::DeadlineNear,
+                _ = &mut stop => KeeperStep::Stop,
+                _ = sleep_until(term_at), if !lost => KeeperStep::DeadlineNear,
                 r = async {
                     self.link.idle_until(self.next_renew).await;
                     self.link.renew(&self.lease, attempt_limit).await
-                }, if !lost => Step::Renewed(r),
+                }, if !lost => KeeperStep::Renewed(r),
             };
             let lost_now = match step {
-                Step::Stop => {
+                KeeperStep::Stop => {
                     // One budget for the whole release: an unreachable server must not keep
                     // lockctl from reporting the command's end for long.
                     let budget = self.link.server.connect_timeout();
@@ -331,7 +331,7 @@ impl State {
                         Err(_) => Released::Failed("no reply to UNLOCK".into()),
                     };
                 }
-                Step::DeadlineNear => {
+                KeeperStep::DeadlineNear => {
                     let why = match &last_error {
                         Some(e) => format!("could not renew the lease before it ends: {e}"),
                         None => "could not renew the lease before it ends".into(),
@@ -341,7 +341,7 @@ impl State {
                         kill_at: self.timing.kill_at(self.deadline),
                     })
                 }
-                Step::Renewed(Ok((sent, left))) => {
+                KeeperStep::Renewed(Ok((sent, left))) => {
                     self.deadline = self.timing.deadline(sent, left);
                     self.next_renew = self.timing.next_renew(sent);
                     retry = FIRST_RETRY;
@@ -357,11 +357,11 @@ impl State {
                     }
                     None
                 }
-                Step::Renewed(Err(RenewError::NotHeld(e))) => Some(Lost {
+                KeeperStep::Renewed(Err(RenewError::NotHeld(e))) => Some(Lost {
                     why: format!("the server no longer holds it for this token ({e})"),
                     kill_at: Instant::now() + self.timing.grace,
                 }),
-                Step::Renewed(Err(RenewError::Failed(e))) => {
+                KeeperStep::Renewed(Err(RenewError::Failed(e))) => {
                     if verbose {
                         let left = self.deadline.saturating_duration_since(Instant::now());
                         eprintln!(

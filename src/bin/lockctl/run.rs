@@ -11,7 +11,7 @@ use crate::child::{exit_code, Child, Program, Signals};
 use crate::cli::{ModeArgs, OnLost, RunArgs, WaitArgs};
 use crate::fail::{signal_code, Failure, LOST, UNTIL_TIMEOUT};
 use crate::holder::{say_conflict, say_if_waiting};
-use crate::keeper::{Keeper, Lease, Link, Released, Timing};
+use crate::keeper::{HeldLease, Keeper, Link, Released, Timing};
 use crate::net::Server;
 use crate::request::{self, Terms};
 
@@ -41,7 +41,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     let mut signals = Signals::new()?;
     let timing = Timing::new(args.ttl, session_grace, args.kill_grace);
 
-    let ask = Ask {
+    let ask = LockAsk {
         name: &args.name,
         id,
         ttl: args.ttl,
@@ -58,12 +58,12 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
             return Ok(signal_code(sig));
         }
     };
-    let Granted {
+    let Acquired {
         mut client,
         token,
         sent,
     } = granted;
-    let lease = Lease {
+    let lease = HeldLease {
         name: args.name.clone(),
         token,
         ttl: args.ttl,
@@ -102,7 +102,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         deadline,
         next_renew,
     );
-    let mut holder = Holder {
+    let mut holder = Supervisor {
         signals,
         keeper,
         lease: &lease,
@@ -147,7 +147,7 @@ fn program(args: &RunArgs) -> Result<Program, Failure> {
     }
 }
 
-struct Granted {
+struct Acquired {
     client: Client,
     token: Token,
     /// When the granted LOCK was sent: the lease began no earlier.
@@ -155,7 +155,7 @@ struct Granted {
 }
 
 /// What `run` asks the server for.
-struct Ask<'a> {
+struct LockAsk<'a> {
     name: &'a str,
     id: &'a str,
     ttl: Duration,
@@ -167,7 +167,7 @@ struct Ask<'a> {
 /// LOCK with `session=<grace>`, so that the server frees the lock soon if lockctl dies, but a
 /// dropped connection can be ridden out. If the connection fails while waiting, it reconnects
 /// and asks again for the rest of the wait.
-async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
+async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Acquired, Failure> {
     let started = Instant::now();
     let mut client = server.connect().await?;
     loop {
@@ -186,7 +186,7 @@ async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
         let reply = say_if_waiting(server, ask.name, ask.id, lock).await;
         match reply {
             Ok(token) => {
-                return Ok(Granted {
+                return Ok(Acquired {
                     client,
                     token,
                     sent,
@@ -220,10 +220,10 @@ async fn lock(server: &Server, ask: &Ask<'_>) -> Result<Granted, Failure> {
 }
 
 /// Everything needed while the lock is held.
-struct Holder<'a> {
+struct Supervisor<'a> {
     signals: Signals,
     keeper: Keeper,
-    lease: &'a Lease,
+    lease: &'a HeldLease,
     /// Between SIGTERM and SIGKILL.
     grace: Duration,
     verbose: bool,
@@ -240,7 +240,7 @@ struct Outcome {
     timed_out: bool,
 }
 
-enum Step {
+enum SuperviseStep {
     Exited(std::io::Result<std::process::ExitStatus>),
     Signal(i32),
     Lost(crate::keeper::Lost),
@@ -248,7 +248,7 @@ enum Step {
     Kill,
 }
 
-impl Holder<'_> {
+impl Supervisor<'_> {
     /// Runs the command, then the --until test if it exited 0.
     async fn work(
         &mut self,
@@ -290,22 +290,22 @@ impl Holder<'_> {
         let mut kill_at: Option<Instant> = None;
         let status = loop {
             let step = tokio::select! {
-                s = child.wait() => Step::Exited(s),
-                sig = self.signals.recv() => Step::Signal(sig),
-                l = self.keeper.lost(), if !lost => Step::Lost(l),
+                s = child.wait() => SuperviseStep::Exited(s),
+                sig = self.signals.recv() => SuperviseStep::Signal(sig),
+                l = self.keeper.lost(), if !lost => SuperviseStep::Lost(l),
                 _ = sleep_until(stop_at.unwrap_or_else(Instant::now)),
-                    if stop_at.is_some() && !timed_out => Step::OutOfTime,
+                    if stop_at.is_some() && !timed_out => SuperviseStep::OutOfTime,
                 _ = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
-                    Step::Kill
+                    SuperviseStep::Kill
                 }
             };
             match step {
-                Step::Exited(s) => break s,
-                Step::Signal(sig) => {
+                SuperviseStep::Exited(s) => break s,
+                SuperviseStep::Signal(sig) => {
                     signalled = Some(sig);
                     child.signal_group(sig);
                 }
-                Step::Lost(l) => {
+                SuperviseStep::Lost(l) => {
                     lost = true;
                     if on_lost == OnLost::Kill {
                         let grace = l.kill_at.saturating_duration_since(Instant::now());
@@ -327,13 +327,13 @@ impl Holder<'_> {
                         );
                     }
                 }
-                Step::OutOfTime => {
+                SuperviseStep::OutOfTime => {
                     timed_out = true;
                     child.signal_group(libc::SIGTERM);
                     let at = Instant::now() + self.grace;
                     kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                 }
-                Step::Kill => {
+                SuperviseStep::Kill => {
                     child.signal_group(libc::SIGKILL);
                     kill_at = None;
                 }
@@ -445,7 +445,7 @@ impl Outcome {
     }
 }
 
-fn lost_failure(lease: &Lease, why: &str) -> Failure {
+fn lost_failure(lease: &HeldLease, why: &str) -> Failure {
     Failure::new(
         LOST,
         format!("lock lost: {} token {}: {why}", lease.name, lease.token),

@@ -24,7 +24,7 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 const CLEAR: &str = "\x1b[H\x1b[2J";
 
 /// One line of the view: a lock, and how long it has been held if its detail was asked for.
-struct Entry {
+struct ViewLine {
     row: StatusLine,
     age: Option<Duration>,
 }
@@ -82,7 +82,7 @@ async fn take(
     server: &Server,
     client: &mut Option<Client>,
     args: &TopArgs,
-) -> Result<Vec<Entry>, Failure> {
+) -> Result<Vec<ViewLine>, Failure> {
     let limit = args.interval.max(ONE_SHOT_CONNECT);
     let mut c = match client.take() {
         Some(c) => c,
@@ -125,7 +125,7 @@ async fn snapshot(
     server: &Server,
     client: &mut Client,
     args: &TopArgs,
-) -> Result<Vec<Entry>, Failure> {
+) -> Result<Vec<ViewLine>, Failure> {
     let mut entries = Vec::new();
     if args.names.is_empty() {
         let mut rows: Vec<StatusLine> = list(client, server)
@@ -136,14 +136,14 @@ async fn snapshot(
         rows.sort_by_cached_key(order);
         for (i, row) in rows.into_iter().enumerate() {
             if i >= args.detail {
-                entries.push(Entry { row, age: None });
+                entries.push(ViewLine { row, age: None });
                 continue;
             }
             // Newer than the list: it may have changed, or been freed, since.
             let lock = detail(client, server, row.name()).await?;
             if lock.status.held().is_some() {
                 let age = lock.age();
-                entries.push(Entry {
+                entries.push(ViewLine {
                     row: lock.status,
                     age,
                 });
@@ -153,7 +153,7 @@ async fn snapshot(
         for name in &args.names {
             let lock = detail(client, server, name).await?;
             let age = lock.age();
-            entries.push(Entry {
+            entries.push(ViewLine {
                 row: lock.status,
                 age,
             });
@@ -170,7 +170,7 @@ fn order(row: &StatusLine) -> (Reverse<usize>, String) {
 }
 
 /// `lockd at <addr>, <time>: 3 held, 5 waiting (every 1s; Ctrl-C quits)`.
-fn header(server: &Server, args: &TopArgs, entries: Option<&[Entry]>) -> String {
+fn header(server: &Server, args: &TopArgs, entries: Option<&[ViewLine]>) -> String {
     let now = humantime::format_rfc3339_seconds(SystemTime::now());
     let counts = match entries {
         Some(entries) => {
@@ -192,7 +192,7 @@ fn header(server: &Server, args: &TopArgs, entries: Option<&[Entry]>) -> String 
 }
 
 /// The table; cut to `height` lines (the terminal's), with a last line that says so.
-fn view(entries: &[Entry], height: Option<usize>) -> String {
+fn view(entries: &[ViewLine], height: Option<usize>) -> String {
     if entries.is_empty() {
         return "no locks held".into();
     }
@@ -238,8 +238,8 @@ fn terminal_rows() -> Option<usize> {
 mod tests {
     use super::*;
 
-    fn entry(line: &str, age_ms: Option<u64>) -> Entry {
-        Entry {
+    fn entry(line: &str, age_ms: Option<u64>) -> ViewLine {
+        ViewLine {
             row: StatusLine::parse(line).unwrap(),
             age: age_ms.map(Duration::from_millis),
         }
@@ -262,7 +262,7 @@ mod tests {
 
     #[test]
     fn the_view_fits_the_terminal() {
-        let entries: Vec<Entry> = (0..10)
+        let entries: Vec<ViewLine> = (0..10)
             .map(|i| {
                 entry(
                     &format!("l{i} held id=h token={i} ttl_ms=1500 session=0 waiters=0"),
