@@ -297,3 +297,39 @@ fn a_stopped_front_end_takes_its_waiters_out_and_leaves_its_session_leases_to_mo
     assert_eq!(b.request(&format!("UNLOCK stopping {held}")), "OK");
     assert_eq!(moved.req(&format!("UNLOCK moving {ts}")), "OK");
 }
+
+/// A front-end started while etcd has no leader (no quorum yet, as while a cluster boots)
+/// waits for one within `--etcd-connect-timeout`, instead of exiting at the first "no leader".
+#[test]
+fn a_front_end_started_before_etcd_has_a_leader_waits_for_one() {
+    let mut etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let endpoints = etcd.endpoints();
+    etcd.kill(0);
+    etcd.kill(1);
+    let starting = std::thread::spawn(move || {
+        LockdFrontEnd::spawn(
+            [
+                "--etcd",
+                endpoints.as_str(),
+                "--etcd-prefix",
+                prefix.as_str(),
+                "--etcd-connect-timeout",
+                "60s",
+                "--etcd-request-timeout",
+                "1s",
+            ]
+            .map(String::from)
+            .to_vec(),
+        )
+    });
+    // Long enough for its first steps to be answered "no leader" (or not at all).
+    std::thread::sleep(Duration::from_secs(2));
+    etcd.restart(0);
+    etcd.restart(1);
+    let a = starting
+        .join()
+        .expect("the front-end started once etcd had a leader");
+    let t = token(&a.request("LOCK boot me"));
+    assert_eq!(a.request(&format!("UNLOCK boot {t}")), "OK");
+}
