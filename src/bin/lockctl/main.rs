@@ -31,6 +31,7 @@ mod out;
 mod request;
 mod run;
 mod status;
+mod supervise;
 mod tls;
 mod top;
 mod watch;
