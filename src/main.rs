@@ -12,7 +12,7 @@ use lockd::daemon::{self, Flags};
 /// A small, fast lock server: named locks with leases, FIFO waiters and fencing tokens over a
 /// line protocol (see proto.md). Try it with `nc 127.0.0.1 5001` and type HELP.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("LOCKD_COMMIT"), ")"), about, long_about = None)]
 struct Args {
     #[command(flatten)]
     server: Flags,

@@ -6,6 +6,12 @@
 //! change at all: the scrape reads them from the table ([`Metrics::encode`]'s caller sets
 //! them), so they cost nothing between scrapes. No series is labelled by lock name unless
 //! the operator lists the names to track (`--metrics-names`): names are unbounded.
+//!
+//! In cluster mode every front-end sees the whole cluster's table through its etcd watch, so
+//! the table's gauges are the same on every front-end: they are exported under other names
+//! (`lockd_cluster_locks_held`, ...), which dashboards aggregate with `max()`, so that a
+//! `sum()` over front-ends of `lockd_locks_held` can't count one lock three times. Counters
+//! (grants, releases, refusals) count this front-end's own traffic in every mode, and add up.
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
@@ -36,6 +42,42 @@ fn release_kind(kind: EventKind) -> Option<usize> {
 }
 const RELEASE_KINDS: [&str; 4] = ["unlock", "expired", "session_end", "dropped"];
 
+/// Where the locks live, as the `backend` label of `lockd_build_info`; in cluster mode the
+/// table's gauges are the cluster's (see the module's doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deployment {
+    /// In memory only (the default).
+    Memory,
+    /// In memory, journaled to `--data-dir`.
+    DataDir,
+    /// In etcd (`--etcd`), shared with the other front-ends.
+    Etcd,
+}
+
+impl Deployment {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Deployment::Memory => "memory",
+            Deployment::DataDir => "data-dir",
+            Deployment::Etcd => "etcd",
+        }
+    }
+}
+
+/// Why the server closed a connection that did nothing wrong but wait, as the `reason` label
+/// of `lockd_timeout_closes_total`. They are told `ERR LIMIT` but are not refusals: an idle
+/// connection's client went quiet, and counting it with `--max-connections` refusals would
+/// page operators of healthy fleets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeoutClose {
+    /// `--idle-timeout`: no request for that long.
+    Idle,
+    /// `--line-timeout`: a request line left unfinished for that long.
+    Line,
+}
+const TIMEOUT_CLOSES: [&str; 2] = ["idle", "line"];
+
 /// Which protocol a connection speaks, as the `protocol` label of `lockd_connections`.
 #[derive(Clone, Copy, Debug)]
 pub enum Protocol {
@@ -50,6 +92,7 @@ pub struct Metrics {
     grants_queued: Counter,
     releases: [Counter; 4],
     refusals: [Counter; ErrorCode::ALL.len()],
+    timeout_closes: [Counter; 2],
     wait: Histogram,
     hold: Histogram,
     connections: [Gauge; 2],
@@ -59,9 +102,9 @@ pub struct Metrics {
     journal_batch: Histogram,
     /// Set by the scrape from the journal: the age of the oldest change not yet on disk.
     pub journal_backlog: Gauge<f64, AtomicU64>,
-    /// Set by the scrape from the table.
+    /// Set by the scrape from the table (the cluster's, in cluster mode).
     pub held: Gauge,
-    /// Set by the scrape from the table.
+    /// Set by the scrape from the table (the cluster's, in cluster mode).
     pub waiters: Gauge,
     /// Per tracked name (`--metrics-names`), set by the scrape: its holders.
     pub name_held: Family<[(&'static str, String); 1], Gauge>,
@@ -79,13 +122,27 @@ impl fmt::Debug for Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(Deployment::Memory)
     }
 }
 
+/// The commit lockd was built from (`build.rs`: `git`, or `LOCKD_COMMIT` for a build from a
+/// source tarball), "unknown" without either.
+const COMMIT: &str = env!("LOCKD_COMMIT");
+
 impl Metrics {
-    pub fn new() -> Self {
+    /// The series of a server whose locks live as `deployment` says.
+    pub fn new(deployment: Deployment) -> Self {
         let mut registry = Registry::with_prefix("lockd");
+        // The table's gauges: this server's, or the cluster's under names of their own.
+        let (table, whose, aggregate) = match deployment {
+            Deployment::Etcd => (
+                "cluster_",
+                "in the whole cluster, as this front-end's etcd watch sees it",
+                " (the same on every front-end: aggregate with max(), not sum())",
+            ),
+            Deployment::Memory | Deployment::DataDir => ("", "on this server", ""),
+        };
         let grants = Family::<Labels, Counter>::default();
         registry.register(
             "grants",
@@ -102,8 +159,16 @@ impl Metrics {
         let refusals = Family::<Labels, Counter>::default();
         registry.register(
             "refusals",
-            "Requests answered ERR, by code",
+            "Requests answered ERR, by code (not the idle and unfinished-line closes: \
+             lockd_timeout_closes_total)",
             refusals.clone(),
+        );
+        let timeout_closes = Family::<Labels, Counter>::default();
+        registry.register(
+            "timeout_closes",
+            "Connections closed for waiting too long, by reason: idle (--idle-timeout), \
+             line (--line-timeout); told ERR LIMIT, but not refusals",
+            timeout_closes.clone(),
         );
         // 1 ms to about 70 minutes: "why did my job wait 20 minutes" must fall in a bucket.
         let wait = Histogram::new(exponential_buckets(0.001, 4.0, 12));
@@ -157,32 +222,51 @@ impl Metrics {
             journal_backlog.clone(),
         );
         let held = Gauge::default();
-        registry.register("locks_held", "Locks held now", held.clone());
+        registry.register(
+            format!("{table}locks_held"),
+            format!("Locks held now {whose}{aggregate}"),
+            held.clone(),
+        );
         let waiters = Gauge::default();
-        registry.register("waiters", "LOCK requests waiting now", waiters.clone());
+        registry.register(
+            format!("{table}waiters"),
+            format!("LOCK requests waiting now {whose}{aggregate}"),
+            waiters.clone(),
+        );
         let name_held = Family::default();
         registry.register(
-            "lock_holders",
-            "Holders of the tracked lock (--metrics-names): 0 or 1, more for a shared lock or a semaphore",
+            format!("{table}lock_holders"),
+            format!(
+                "Holders of the tracked lock (--metrics-names) {whose}: 0 or 1, more for a \
+                 shared lock or a semaphore{aggregate}"
+            ),
             name_held.clone(),
         );
         let name_waiters = Family::default();
         registry.register(
-            "lock_waiters",
-            "Queue length of the tracked lock (--metrics-names)",
+            format!("{table}lock_waiters"),
+            format!("Queue length of the tracked lock (--metrics-names) {whose}{aggregate}"),
             name_waiters.clone(),
         );
         let name_held_seconds = Family::default();
         registry.register_with_unit(
-            "lock_held",
-            "How long the tracked lock's holder has held it (--metrics-names)",
+            format!("{table}lock_held"),
+            format!(
+                "How long the tracked lock's holder has held it (--metrics-names), \
+                 {whose}{aggregate}"
+            ),
             Unit::Seconds,
             name_held_seconds.clone(),
         );
         registry.register(
             "build",
-            "lockd's version",
-            Info::new([("version", env!("CARGO_PKG_VERSION"))]),
+            "lockd's version, the commit it was built from, and where its locks live \
+             (memory, data-dir, etcd)",
+            Info::new([
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", COMMIT),
+                ("backend", deployment.as_str()),
+            ]),
         );
 
         let series = |family: &Family<Labels, Counter>, key, value| {
@@ -193,6 +277,7 @@ impl Metrics {
             grants_queued: series(&grants, "wait", "queued"),
             releases: RELEASE_KINDS.map(|kind| series(&releases, "kind", kind)),
             refusals: ErrorCode::ALL.map(|code| series(&refusals, "code", code.as_str())),
+            timeout_closes: TIMEOUT_CLOSES.map(|why| series(&timeout_closes, "reason", why)),
             wait,
             hold,
             connections: ["line", "compat"]
@@ -233,6 +318,11 @@ impl Metrics {
         if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == code) {
             self.refusals[i].inc();
         }
+    }
+
+    /// A connection was told `ERR LIMIT` and closed for waiting too long.
+    pub fn timeout_close(&self, why: TimeoutClose) {
+        self.timeout_closes[why as usize].inc();
     }
 
     /// A connection opened; the returned guard counts it until dropped.

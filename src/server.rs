@@ -21,7 +21,7 @@ use crate::connection::Connection;
 use crate::handler::{Handler, HandlerLimits};
 use crate::http::Endpoint;
 use crate::locks::Limits;
-use crate::metrics::{Metrics, Protocol};
+use crate::metrics::{Deployment, Metrics, Protocol};
 use crate::per_ip::PerIp;
 use crate::proto::{ProtoError, Reply};
 use crate::store::Store;
@@ -140,7 +140,7 @@ pub async fn run(
         config.limits.clone(),
         backend::first_token(),
         config.watch_buffer,
-        Arc::new(Metrics::new()),
+        Arc::new(Metrics::new(Deployment::Memory)),
     );
     serve(config, Backend::Embedded(embedded), listener, shutdown).await
 }
@@ -158,7 +158,7 @@ async fn run_cluster(
         config.limits.clone(),
         config.watch_buffer,
         config.auth.clone(),
-        Arc::new(Metrics::new()),
+        Arc::new(Metrics::new(Deployment::Etcd)),
     )
     .await
     .map_err(io::Error::other)?;
@@ -185,7 +185,7 @@ async fn run_durable(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new(Deployment::DataDir));
     let (mut store, recovered) = {
         let (dir, metrics) = (dir.to_path_buf(), Arc::clone(&metrics));
         tokio::task::spawn_blocking(move || Store::open(&dir, metrics))

@@ -21,6 +21,7 @@ use crate::auth::Gate;
 use crate::backend::{Backend, BackendError};
 use crate::connection::{Connection, Frame};
 use crate::locks::{ConnId, LockRequest, Token};
+use crate::metrics::TimeoutClose;
 use crate::proto::{self, ProtoError, Reply, Request, Subject};
 
 mod lock;
@@ -74,7 +75,7 @@ enum Incoming {
     /// The server is shutting down.
     Shutdown,
     /// The connection outstayed `--idle-timeout` or `--line-timeout`: tell it and close.
-    Expired(ProtoError),
+    Expired(ProtoError, TimeoutClose),
     /// The auth file was reloaded: this connection's user may be gone.
     Reloaded,
 }
@@ -149,7 +150,12 @@ impl Handler {
             let frame = match self.next_frame().await? {
                 Incoming::Frame(frame) => frame,
                 Incoming::Shutdown => return Ok(()),
-                Incoming::Expired(e) => return self.refuse(e).await,
+                Incoming::Expired(e, why) => {
+                    // Told ERR LIMIT, but not a refusal: counted apart (`lockd_timeout_closes_total`).
+                    self.backend.metrics().timeout_close(why);
+                    tracing::debug!(conn = self.number, reason = %e.message, "closed");
+                    return self.conn.queue(Reply::Error(&e)).await;
+                }
                 Incoming::Reloaded => {
                     if let Some(e) = self.removed() {
                         self.refuse(e).await?;
@@ -233,14 +239,15 @@ impl Handler {
                     let now = tokio::time::Instant::now();
                     if line_due.is_some_and(|at| at <= now) {
                         let e = ProtoError::line_not_finished(self.limits.line_timeout);
-                        return Ok(Incoming::Expired(e));
+                        return Ok(Incoming::Expired(e, TimeoutClose::Line));
                     }
                     if self.backend.holds_sessions(self.number) {
                         // Its client must keep it open; look again an idle period later.
                         idle_since = now;
                         continue;
                     }
-                    return Ok(Incoming::Expired(ProtoError::idle(self.limits.idle_timeout)));
+                    let e = ProtoError::idle(self.limits.idle_timeout);
+                    return Ok(Incoming::Expired(e, TimeoutClose::Idle));
                 }
             }
         }

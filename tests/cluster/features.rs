@@ -123,14 +123,14 @@ fn metrics_and_readyz_follow_the_cluster() {
     let t = token(&fe.request("LOCK m me"));
     eventually(PATIENCE, "ready", || http_get(metrics, "/readyz").0 == 200);
     // The gauge counts what the front-end's watch has shown: a moment after the grant.
-    eventually(PATIENCE, "lockd_locks_held 1", || {
+    eventually(PATIENCE, "lockd_cluster_locks_held 1", || {
         let (code, body) = http_get(metrics, "/metrics");
         assert_eq!(code, 200);
         let held = body
             .lines()
-            .find(|l| l.starts_with("lockd_locks_held "))
-            .unwrap_or_else(|| panic!("no lockd_locks_held in {body}"));
-        held == "lockd_locks_held 1"
+            .find(|l| l.starts_with("lockd_cluster_locks_held "))
+            .unwrap_or_else(|| panic!("no lockd_cluster_locks_held in {body}"));
+        held == "lockd_cluster_locks_held 1"
     });
     etcd.kill(0);
     etcd.kill(1);

@@ -13,5 +13,6 @@ mod features;
 mod flapping;
 mod history_checker;
 mod netsplit;
+mod observability;
 mod partition;
 mod skew;

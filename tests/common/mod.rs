@@ -33,6 +33,7 @@ pub mod link;
 pub mod lockctl;
 pub mod netsplit;
 pub mod pki;
+pub mod promql;
 pub mod start;
 
 // Each test binary uses its own subset.

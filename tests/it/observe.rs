@@ -100,7 +100,14 @@ async fn metrics_move_with_grants_waits_expiries_and_refusals() {
     let (server, http) = observed(config()).await;
     let m = scrape(http).await;
     assert_eq!(sample(&m, "lockd_grants_total{wait=\"immediate\"}"), 0.0);
-    assert_eq!(sample(&m, "lockd_build_info{version=\"0.1.0\"}"), 1.0);
+    let build = m
+        .keys()
+        .find(|k| k.starts_with("lockd_build_info{"))
+        .unwrap_or_else(|| panic!("no lockd_build_info in {:?}", m.keys()));
+    assert!(build.contains("backend=\"memory\""), "{build}");
+    assert!(build.contains("version=\"0.1.0\""), "{build}");
+    assert!(build.contains("commit=\""), "{build}");
+    assert!(!build.contains("commit=\"\""), "{build}");
 
     // A grant at once, then its expiry.
     let mut a = server.raw().await;
@@ -135,6 +142,37 @@ async fn metrics_move_with_grants_waits_expiries_and_refusals() {
     assert_eq!(sample(&m, "lockd_hold_seconds_count{}"), 2.0);
     assert_eq!(sample(&m, "lockd_refusals_total{code=\"NOTHELD\"}"), 1.0);
     assert_eq!(sample(&m, "lockd_waiters{}"), 0.0);
+    server.shutdown().await;
+}
+
+/// Idle and unfinished-line closes are told `ERR LIMIT` but are not refusals: counted apart,
+/// so that an alert on refused connections or locks does not page for clients that went
+/// quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_line_timeout_closes_are_counted_apart_from_refusals() {
+    let mut cfg = config();
+    cfg.idle_timeout = Duration::from_millis(200);
+    cfg.line_timeout = Duration::from_millis(200);
+    let (server, http) = observed(cfg).await;
+    let mut idle = server.raw().await;
+    assert_eq!(idle.req("PING").await, "OK PONG");
+    let mut trickle = server.raw().await;
+    trickle.send_raw(b"PIN").await;
+    assert!(idle.line().await.starts_with("ERR LIMIT idle"));
+    assert!(trickle
+        .line()
+        .await
+        .starts_with("ERR LIMIT line not finished"));
+    let m = scrape(http).await;
+    assert_eq!(
+        sample(&m, "lockd_timeout_closes_total{reason=\"idle\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&m, "lockd_timeout_closes_total{reason=\"line\"}"),
+        1.0
+    );
+    assert_eq!(sample(&m, "lockd_refusals_total{code=\"LIMIT\"}"), 0.0);
     server.shutdown().await;
 }
 
