@@ -132,7 +132,7 @@ fn hanging(label: &str, width: usize, text: &str) -> String {
 #[derive(Parser, Debug)]
 #[command(
     name = "lockctl",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("LOCKD_COMMIT"), ")"),
     after_help = after_help(),
     subcommand_required = false,
     arg_required_else_help = true

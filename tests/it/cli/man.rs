@@ -214,3 +214,29 @@ fn completions_in_one_form_for_both() {
     assert_eq!(run(LOCKCTL, &["--completions", "bash", "--man"]).code, 2);
     assert_eq!(run(LOCKD, &["--man", "--completions", "bash"]).code, 2);
 }
+
+/// `--version` of both binaries names the version and the commit they were built from (the
+/// checkout's HEAD here; "unknown" only where there is no git and no LOCKD_COMMIT).
+#[test]
+fn both_binaries_name_their_version_and_commit() {
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    for (bin, name) in [(LOCKD, "lockd"), (LOCKCTL, "lockctl")] {
+        let out = Command::new(bin).arg("--version").output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let want = format!("{name} {} (commit ", env!("CARGO_PKG_VERSION"));
+        assert!(text.starts_with(&want), "{text}");
+        if let Some(head) = &head {
+            assert!(
+                text.contains(head.as_str()),
+                "{text} does not name HEAD {head}"
+            );
+        }
+    }
+}
