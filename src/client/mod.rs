@@ -21,7 +21,7 @@ use crate::connection::{Connection, Frame};
 use crate::locks::{Mode, Token};
 use crate::proto::{
     self, Asked, BadReply, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received,
-    ReplyLine, Request, StatusLine, Tie, WaiterLine,
+    EtcdAge, ReplyLine, Request, StatusLine, Tie, WaiterLine,
 };
 
 pub mod auth;
@@ -315,12 +315,19 @@ impl Client {
 
     /// `STATUS`: every held lock, sorted by name.
     pub async fn held_locks(&mut self) -> Result<Vec<HeldLine>> {
+        Ok(self.held_locks_aged().await?.0)
+    }
+
+    /// `STATUS`: every held lock, sorted by name, and from a cluster front-end how old its
+    /// view may be.
+    pub async fn held_locks_aged(&mut self) -> Result<(Vec<HeldLine>, Option<EtcdAge>)> {
         let mut reply = self.ask(&Request::Status { name: None }).await?;
         let mut locks = Vec::new();
         loop {
             match reply {
                 Received::Info(held) => locks.push(held),
-                Received::Count(_) => return Ok(locks),
+                Received::Count(_) => return Ok((locks, None)),
+                Received::CountAged(_, aged) => return Ok((locks, Some(aged))),
                 other => return Err(unexpected(other)),
             }
             reply = self.read_reply(Asked::StatusAll).await?;

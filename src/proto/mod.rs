@@ -17,7 +17,7 @@ pub mod reply;
 pub use duration::HumanDuration;
 pub use error::{ErrorCode, ProtoError};
 pub use reply::{
-    field, parse_mode, parse_reply, Asked, BadReply, EventLine, HeldLine, HolderLine, Received,
+    field, parse_mode, parse_reply, Asked, BadReply, EtcdAge, EventLine, HeldLine, HolderLine, Received,
     Reply, ReplyLine, StatusLine, WaiterLine,
 };
 
