@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn bound_is_a_third_of_the_lease_at_least_a_second() {
-        assert_eq!(bound(Duration::from_secs(5)), Duration::from_millis(1666));
+        assert_eq!(bound(Duration::from_secs(5)), Duration::from_nanos(1_666_666_666));
         assert_eq!(bound(Duration::from_secs(30)), Duration::from_secs(10));
         assert_eq!(bound(Duration::from_secs(1)), Duration::from_secs(1));
     }
