@@ -369,7 +369,11 @@ async fn serve_connection(
                     tracing::debug!(?peer, "plain text on the TLS port; told so, closing");
                     let mut conn = Connection::new(plain, config.max_line)
                         .with_write_timeout(config.write_timeout);
-                    if conn.send(Reply::Error(&ProtoError::tls_port())).await.is_ok() {
+                    if conn
+                        .send(Reply::Error(&ProtoError::tls_port()))
+                        .await
+                        .is_ok()
+                    {
                         let _ = conn.close().await;
                     }
                     return;

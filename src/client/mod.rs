@@ -20,8 +20,8 @@ use crate::stream::Stream;
 use crate::connection::{Connection, Frame};
 use crate::locks::{Mode, Token};
 use crate::proto::{
-    self, Asked, BadReply, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received,
-    EtcdAge, ReplyLine, Request, StatusLine, Tie, WaiterLine,
+    self, Asked, BadReply, ErrorCode, EtcdAge, EventLine, HeldLine, HolderLine, ProtoError,
+    Received, ReplyLine, Request, StatusLine, Tie, WaiterLine,
 };
 
 pub mod auth;

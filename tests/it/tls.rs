@@ -9,10 +9,10 @@ use common::pki::Pki;
 use common::{config, Lockd, Raw, TestServer, GUARD};
 use lockd::client::Client;
 use lockd::proto::ErrorCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 use lockd::server::Config;
 use lockd::tls;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 /// A server speaking TLS with a certificate from `pki`, requiring client certificates from
 /// `client_ca` if given.
@@ -165,7 +165,9 @@ async fn a_plain_client_reading_tls_records_says_so() {
         let mut buf = [0u8; 64];
         let _ = s.read(&mut buf).await;
         // A fatal TLS 1.2 alert record: decode_error.
-        let _ = s.write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
+        let _ = s
+            .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])
+            .await;
         let _ = s.shutdown().await;
         let _ = s.read(&mut buf).await;
     });

@@ -128,7 +128,10 @@ pub fn classify(
     } else if m.contains("server stopped") {
         (Kind::Unavailable, "the etcd member is stopping".to_owned())
     } else if m.contains("too many requests") {
-        (Kind::Other, "etcd is overloaded (too many requests)".to_owned())
+        (
+            Kind::Other,
+            "etcd is overloaded (too many requests)".to_owned(),
+        )
     } else if m.contains("space exceeded") {
         (
             Kind::Other,
@@ -158,7 +161,10 @@ pub fn classify(
         )
     } else {
         let said = message.strip_prefix("etcdserver: ").unwrap_or(message);
-        (Kind::Other, format!("etcd refused the request ({})", first_line(said)))
+        (
+            Kind::Other,
+            format!("etcd refused the request ({})", first_line(said)),
+        )
     };
     Cause { kind, sentence }
 }
@@ -243,7 +249,10 @@ mod tests {
             "etcdserver: request timed out, possibly due to connection lost",
         ] {
             let c = of(Some(UNAVAILABLE), m, None);
-            assert_eq!((c.kind, c.sentence.as_str()), (Kind::Unavailable, "etcd lost quorum"));
+            assert_eq!(
+                (c.kind, c.sentence.as_str()),
+                (Kind::Unavailable, "etcd lost quorum")
+            );
         }
     }
 
@@ -287,7 +296,9 @@ mod tests {
         let timed_out = io::Error::new(io::ErrorKind::TimedOut, "deadline has elapsed");
         let c = of_error(etcd_client::Error::GRpcStatus(timed_out.into()));
         assert_eq!(c.kind, Kind::Timeout);
-        let c = of_error(etcd_client::Error::WatchError("etcdserver: no leader".into()));
+        let c = of_error(etcd_client::Error::WatchError(
+            "etcdserver: no leader".into(),
+        ));
         assert_eq!(c.sentence, "etcd has no leader");
         let c = of_error(etcd_client::Error::InvalidArgs("bad\nsecond line".into()));
         assert_eq!(c.kind, Kind::Other);
@@ -298,7 +309,11 @@ mod tests {
     fn other_server_messages_are_plain() {
         let c = of(Some(9), "etcdserver: mvcc: database space exceeded", None);
         assert_eq!(c.sentence, "etcd is out of space (database space exceeded)");
-        let c = of(Some(3), "etcdserver: too many operations in txn request", None);
+        let c = of(
+            Some(3),
+            "etcdserver: too many operations in txn request",
+            None,
+        );
         assert_eq!(c.kind, Kind::Other);
         assert_eq!(
             c.sentence,

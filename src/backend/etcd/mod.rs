@@ -174,7 +174,6 @@ pub(crate) fn wall_ms() -> u64 {
         .unwrap_or(0)
 }
 
-
 impl Cluster {
     /// Connects, takes this front-end's etcd lease, reads (or chooses) the token base and
     /// loads the mirror. Fails if etcd can't be reached within the connect timeout.
@@ -291,7 +290,10 @@ impl Cluster {
             .and_then([TxnOp::put(key.clone(), first, None)])
             .or_else([TxnOp::get(key.clone(), None)]);
         self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
-        let got = self.get(key, None).await.map_err(|e| self.unavailable(&e))?;
+        let got = self
+            .get(key, None)
+            .await
+            .map_err(|e| self.unavailable(&e))?;
         let base = got
             .kvs()
             .first()

@@ -140,7 +140,10 @@ mod tests {
 
     #[test]
     fn bound_is_a_third_of_the_lease_at_least_a_second() {
-        assert_eq!(bound(Duration::from_secs(5)), Duration::from_nanos(1_666_666_666));
+        assert_eq!(
+            bound(Duration::from_secs(5)),
+            Duration::from_nanos(1_666_666_666)
+        );
         assert_eq!(bound(Duration::from_secs(30)), Duration::from_secs(10));
         assert_eq!(bound(Duration::from_secs(1)), Duration::from_secs(1));
     }
@@ -157,7 +160,11 @@ mod tests {
         let why = q.stale().expect("stale past 1s");
         assert!(why.starts_with("etcd: no quorum answer for 1.5s"), "{why}");
         assert!(why.ends_with(": etcd has no leader"), "{why}");
-        assert_eq!(q.answered(), Some(Duration::from_millis(1500)), "ready again");
+        assert_eq!(
+            q.answered(),
+            Some(Duration::from_millis(1500)),
+            "ready again"
+        );
         assert!(q.fresh());
         assert_eq!(q.age(), Duration::ZERO);
     }

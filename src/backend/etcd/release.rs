@@ -20,7 +20,10 @@ impl Cluster {
         self.owned_by(&holder, user)?;
         // One try: without etcd, the client hears UNAVAILABLE now and may try again.
         let ended = self.end_txn(name, EventKind::Released, &holder, created(&holder));
-        let resp = self.txn(ended.txn.clone()).await.map_err(|e| self.unavailable(&e))?;
+        let resp = self
+            .txn(ended.txn.clone())
+            .await
+            .map_err(|e| self.unavailable(&e))?;
         if self.ended(name, token, EventKind::Released, &holder, &ended, &resp) {
             Ok(())
         } else {
