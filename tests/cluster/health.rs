@@ -104,6 +104,10 @@ fn a_cut_off_front_end_is_not_ready_says_why_and_comes_back() {
     assert!(!stderr.contains("warning"), "{stderr}");
     // The etcd series exist, and say it is up.
     assert_eq!(series(metrics, "lockd_etcd_up").as_deref(), Some("1"));
+    // Idle, the watch has delivered every revision etcd reported (its progress is asked for).
+    eventually(PATIENCE, "the watch is caught up", || {
+        series(metrics, "lockd_etcd_watch_lag_revisions").as_deref() == Some("0")
+    });
     for name in [
         "lockd_etcd_confirmed_age_seconds",
         "lockd_etcd_watch_lag_revisions",

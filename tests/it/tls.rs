@@ -5,6 +5,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::lockctl;
 use common::pki::Pki;
 use common::{config, Lockd, Raw, TestServer, GUARD};
 use lockd::client::Client;
@@ -128,6 +129,14 @@ async fn a_plain_client_on_the_tls_port_is_told_and_closed_promptly() {
         .ping()
         .await
         .expect("PING over TLS");
+    // lockctl without --tls shows the server's line.
+    let out = lockctl::output(lockctl::lockctl_at(&server.addr.to_string(), &["status"])).await;
+    let stderr = lockctl::stderr(&out);
+    assert!(
+        stderr.contains("this port speaks TLS: connect with TLS (lockctl --tls or --tls-ca)"),
+        "{stderr}"
+    );
+    assert_ne!(lockctl::code(&out), 0, "{stderr}");
     // Says nothing: closed after the handshake timeout.
     let mut silent = Raw::connect(server.addr).await;
     tokio::time::timeout(GUARD, silent.expect_closed())
@@ -160,17 +169,31 @@ async fn a_tls_client_on_a_plain_port_gets_an_error() {
 async fn a_plain_client_reading_tls_records_says_so() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
+    // Every connection: read what the client says, answer a fatal TLS 1.2 alert record
+    // (decode_error), close.
     let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.expect("accept");
-        let mut buf = [0u8; 64];
-        let _ = s.read(&mut buf).await;
-        // A fatal TLS 1.2 alert record: decode_error.
-        let _ = s
-            .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])
-            .await;
-        let _ = s.shutdown().await;
-        let _ = s.read(&mut buf).await;
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 64];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])
+                    .await;
+                let _ = s.shutdown().await;
+                let _ = s.read(&mut buf).await;
+            });
+        }
     });
+    // lockctl shows it (each of its connections gets the alert).
+    let out = lockctl::output(lockctl::lockctl_at(&addr.to_string(), &["status"])).await;
+    let stderr = lockctl::stderr(&out);
+    assert!(
+        stderr.contains("this lockd speaks TLS: add --tls or --tls-ca"),
+        "{stderr}"
+    );
     let mut c = Client::connect(&addr.to_string()).await.expect("connect");
     let err = tokio::time::timeout(GUARD, c.ping())
         .await
