@@ -23,7 +23,7 @@ use crate::http::Endpoint;
 use crate::locks::Limits;
 use crate::metrics::{Metrics, Protocol};
 use crate::per_ip::PerIp;
-use crate::proto::{ProtoError, Reply};
+use crate::proto::{ErrorCode, ProtoError, Reply};
 use crate::store::Store;
 use crate::stream::Stream;
 use crate::tls::ServerTls;
@@ -367,6 +367,7 @@ async fn serve_connection(
             match handshake {
                 Ok(Err(plain)) => {
                     tracing::debug!(?peer, "plain text on the TLS port; told so, closing");
+                    backend.metrics().refused(ErrorCode::Tls);
                     let mut conn = Connection::new(plain, config.max_line)
                         .with_write_timeout(config.write_timeout);
                     if conn

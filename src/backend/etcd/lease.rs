@@ -45,6 +45,7 @@ impl Cluster {
         loop {
             let mut client = self.client.clone();
             let id = self.lease_id();
+            let opened = std::time::Instant::now();
             let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
                 Ok(pair) => pair,
                 Err(e) if lease_gone(&e) => {
@@ -53,7 +54,7 @@ impl Cluster {
                 }
                 Err(e) => {
                     self.leased.store(false, Ordering::Relaxed);
-                    let why = self.request_failed(std::time::Instant::now(), &e);
+                    let why = self.request_failed(opened, &e);
                     self.unhealthy(&why);
                     tokio::time::sleep(RETRY).await;
                     continue;

@@ -338,20 +338,26 @@ impl Cluster {
             .scrape(Some(self.quorum.age()), self.quorum.fresh(), lag);
     }
 
-    /// Why `e` failed, in one plain sentence; the client's own text goes to a debug line.
-    fn explain(&self, e: &etcd_client::Error) -> cause::Cause {
+    /// Why `e` failed, in one plain sentence.
+    fn cause_of(&self, e: &etcd_client::Error) -> cause::Cause {
         let cx = cause::Context {
             endpoints: &self.config.endpoints,
             request_timeout: self.config.request_timeout,
         };
-        let cause = cause::cause(e, &cx);
+        cause::cause(e, &cx)
+    }
+
+    /// [`Cluster::cause_of`], with the client's own text on a debug line (once per failure:
+    /// where it happened, the request wrappers and the watch).
+    fn explain(&self, e: &etcd_client::Error) -> cause::Cause {
+        let cause = self.cause_of(e);
         tracing::debug!(error = ?e, cause = cause.sentence, "etcd request failed");
         cause
     }
 
     /// `e` as the client is told it: `ERR UNAVAILABLE <sentence>; try again`.
     pub(super) fn unavailable(&self, e: &etcd_client::Error) -> BackendError {
-        BackendError::Unavailable(self.explain(e).sentence)
+        BackendError::Unavailable(self.cause_of(e).sentence)
     }
 
     /// An etcd request sent at `started` was answered by a quorum, at revision `rev`.
@@ -501,7 +507,7 @@ impl Cluster {
             match self.txn(txn.clone()).await {
                 Ok(resp) => return Some(resp),
                 Err(e) => {
-                    self.unhealthy(&self.explain(&e).sentence);
+                    self.unhealthy(&self.cause_of(&e).sentence);
                     tokio::time::sleep(CLEANUP_PAUSE).await;
                 }
             }

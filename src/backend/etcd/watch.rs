@@ -14,10 +14,10 @@ use super::handover::{on_grant, taken_over};
 use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
 use super::RETRY;
+use super::{guards, Cluster};
 
 /// How often the watch is asked for its progress.
 const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
-use super::{guards, Cluster};
 
 impl Cluster {
     /// Runs the watch, the keep-alive and the expiry timer until `shutdown`. Then this
@@ -169,7 +169,10 @@ impl Cluster {
                 let message = tokio::select! {
                     message = stream.message() => message,
                     _ = progress.tick() => {
-                        let _ = requests.request_progress().await;
+                        // Bounded: the request channel of a stalled stream may be full, and
+                        // the stream must still be read meanwhile.
+                        let ask = requests.request_progress();
+                        let _ = tokio::time::timeout(PROGRESS, ask).await;
                         continue;
                     }
                 };
