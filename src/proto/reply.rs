@@ -117,6 +117,16 @@ impl fmt::Display for Reply<'_> {
 const LEASE_KEY: &str = "ttl_ms";
 const ETCD_AGE_KEY: &str = "etcd_age_ms";
 const ETCD_BOUND_KEY: &str = "etcd_bound_ms";
+const PONG: &str = "PONG";
+const BYE: &str = "bye";
+const WATCHING: &str = "watching";
+const ALL: &str = "*";
+const FREE: &str = "free";
+const HELD: &str = "held";
+const INFO: &str = "INFO";
+const HOLDER: &str = "HOLDER";
+const WAITER: &str = "WAITER";
+const EVENT: &str = "EVENT";
 
 /// How old a cluster front-end's view of etcd may be, as the end of a STATUS of all locks says
 /// it: the age of its last answer from an etcd quorum, and the bound past which the
@@ -145,16 +155,6 @@ impl Reply<'_> {
         }
     }
 }
-const PONG: &str = "PONG";
-const BYE: &str = "bye";
-const WATCHING: &str = "watching";
-const ALL: &str = "*";
-const FREE: &str = "free";
-const HELD: &str = "held";
-const INFO: &str = "INFO";
-const HOLDER: &str = "HOLDER";
-const WAITER: &str = "WAITER";
-const EVENT: &str = "EVENT";
 
 fn held_of(s: &LockStatus) -> HeldLine<&str> {
     HeldLine {
