@@ -116,6 +116,7 @@ async fn metrics(State(ep): State<Endpoint>) -> Response {
     m.held.set(held as i64);
     m.waiters.set(waiters as i64);
     let health = backend.health();
+    backend.scrape();
     m.journal_backlog
         .set(health.journal_backlog.map_or(0.0, |age| age.as_secs_f64()));
     for name in ep.names.iter() {

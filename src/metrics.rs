@@ -17,7 +17,7 @@ use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -112,6 +112,9 @@ pub struct Metrics {
     pub name_waiters: Family<[(&'static str, String); 1], Gauge>,
     /// Per tracked name, set by the scrape: how long the current holder has held it.
     pub name_held_seconds: Family<[(&'static str, String); 1], Gauge<f64, AtomicU64>>,
+    /// A backend's own series, registered once it exists (the etcd backend's `lockd_etcd_*`,
+    /// only in cluster mode): exported after these.
+    attached: std::sync::OnceLock<Registry>,
 }
 
 impl fmt::Debug for Metrics {
@@ -292,6 +295,7 @@ impl Metrics {
             name_held,
             name_waiters,
             name_held_seconds,
+            attached: std::sync::OnceLock::new(),
             registry,
         }
     }
@@ -348,8 +352,18 @@ impl Metrics {
     /// The exposition in the Prometheus/OpenMetrics text format.
     pub fn encode(&self) -> Result<String, fmt::Error> {
         let mut out = String::new();
-        encode(&mut out, &self.registry)?;
+        encode_registry(&mut out, &self.registry)?;
+        if let Some(attached) = self.attached.get() {
+            encode_registry(&mut out, attached)?;
+        }
+        encode_eof(&mut out)?;
         Ok(out)
+    }
+
+    /// Exports `registry`'s series too (the hook for a backend's own; one per process: a
+    /// second is ignored, and false).
+    pub fn attach(&self, registry: Registry) -> bool {
+        self.attached.set(registry).is_ok()
     }
 }
 

@@ -23,7 +23,7 @@ use crate::http::Endpoint;
 use crate::locks::Limits;
 use crate::metrics::{Deployment, Metrics, Protocol};
 use crate::per_ip::PerIp;
-use crate::proto::{ProtoError, Reply};
+use crate::proto::{ErrorCode, ProtoError, Reply};
 use crate::store::Store;
 use crate::stream::Stream;
 use crate::tls::ServerTls;
@@ -352,14 +352,35 @@ async fn serve_connection(
         None => Stream::Plain(stream),
         Some(tls) => {
             let peer = stream.peer_addr().ok();
-            // A client that sends no handshake (or plain text) is closed promptly.
+            // A client that sends no handshake is closed promptly; one that sends plain text
+            // is told so in plain text first.
+            let handshake = async {
+                if !starts_tls(&stream).await {
+                    return Err(stream);
+                }
+                Ok(tls.acceptor.accept(stream).await)
+            };
             let handshake = tokio::select! {
-                hs = tokio::time::timeout(config.tls_handshake_timeout, tls.acceptor.accept(stream)) => hs,
+                hs = tokio::time::timeout(config.tls_handshake_timeout, handshake) => hs,
                 _ = shutdown.cancelled() => return,
             };
             match handshake {
-                Ok(Ok(tls)) => Stream::Server(Box::new(tls)),
-                Ok(Err(e)) => {
+                Ok(Err(plain)) => {
+                    tracing::debug!(?peer, "plain text on the TLS port; told so, closing");
+                    backend.metrics().refused(ErrorCode::Tls);
+                    let mut conn = Connection::new(plain, config.max_line)
+                        .with_write_timeout(config.write_timeout);
+                    if conn
+                        .send(Reply::Error(&ProtoError::tls_port()))
+                        .await
+                        .is_ok()
+                    {
+                        let _ = conn.close().await;
+                    }
+                    return;
+                }
+                Ok(Ok(Ok(tls))) => Stream::Server(Box::new(tls)),
+                Ok(Ok(Err(e))) => {
                     tracing::debug!(?peer, error = %e, "TLS handshake failed");
                     return;
                 }
@@ -375,6 +396,20 @@ async fn serve_connection(
     Handler::new(backend, conn, config.handler_limits(), shutdown, gate)
         .run()
         .await;
+}
+
+/// Whether the first byte the client sent can start a TLS handshake (a handshake record,
+/// 0x16), without taking it from the socket. True for a client that closed or failed before
+/// sending anything: the handshake then fails at once, as it always did.
+async fn starts_tls(stream: &TcpStream) -> bool {
+    /// The content type of a TLS handshake record: every ClientHello starts with it.
+    const HANDSHAKE_RECORD: u8 = 0x16;
+    let mut first = [0u8; 1];
+    match stream.peek(&mut first).await {
+        Ok(1) => first[0] == HANDSHAKE_RECORD,
+        // End of input, or an error: the handshake fails at once either way.
+        _ => true,
+    }
 }
 
 /// Tells a connection over a limit why it is closed (`e`), without holding up the accept loop.

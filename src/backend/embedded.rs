@@ -155,13 +155,16 @@ impl Embedded {
     /// nothing waits).
     pub fn health(&self) -> Health {
         let ready = match &self.journal {
-            Some(journal) if journal.is_failed() => Err("the data directory cannot be written"),
+            Some(journal) if journal.is_failed() => {
+                Err("the data directory cannot be written".into())
+            }
             _ => Ok(()),
         };
         let journal_backlog = self.journal.as_ref().and_then(Journal::oldest_pending);
         Health {
             ready,
             journal_backlog,
+            confirmed: None,
         }
     }
 

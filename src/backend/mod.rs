@@ -212,14 +212,19 @@ pub enum Locked {
     Waiting(Wait),
 }
 
-/// How the backend is doing, for `/readyz` and the metrics scrape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the backend is doing, for `/readyz`, STATUS and the metrics scrape.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
-    /// Ready to grant: the journal writes, or the cluster is reachable; if not, why.
-    pub ready: Result<(), &'static str>,
+    /// Ready to grant: the journal writes, or an etcd quorum answered this front-end within
+    /// the bound; if not, why (one line, for people).
+    pub ready: Result<(), std::borrow::Cow<'static, str>>,
     /// How long the oldest change not yet durable has waited (`None`: none waits, or changes
     /// are durable once made).
     pub journal_backlog: Option<Duration>,
+    /// Cluster mode: how old this front-end's view of etcd may be (the age of its last
+    /// quorum answer) and the bound past which it is not ready. `None`: the embedded
+    /// backend, whose table is never stale.
+    pub confirmed: Option<crate::proto::EtcdAge>,
 }
 
 /// A queued LOCK. Dropping it (the connection went, the task was cancelled) takes the waiter
@@ -412,6 +417,15 @@ impl Backend {
     /// Held locks and queued waiters, for the metrics scrape.
     pub fn counts(&self) -> (usize, usize) {
         each!(self, b => b.counts())
+    }
+
+    /// Sets the backend's own gauges before a scrape (the etcd backend's `lockd_etcd_*`).
+    pub fn scrape(&self) {
+        match self {
+            Backend::Embedded(_) => {}
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(b) => b.scrape(),
+        }
     }
 
     /// What to wait for so that every change made so far is durable; `None` when a change

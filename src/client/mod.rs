@@ -20,8 +20,8 @@ use crate::stream::Stream;
 use crate::connection::{Connection, Frame};
 use crate::locks::{Mode, Token};
 use crate::proto::{
-    self, Asked, BadReply, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received,
-    ReplyLine, Request, StatusLine, Tie, WaiterLine,
+    self, Asked, BadReply, ErrorCode, EtcdAge, EventLine, HeldLine, HolderLine, ProtoError,
+    Received, ReplyLine, Request, StatusLine, Tie, WaiterLine,
 };
 
 pub mod auth;
@@ -116,6 +116,16 @@ impl LockDetail {
     }
 }
 
+/// What a plain client says when the server answers in TLS records.
+const TLS_SERVER: &str = "this lockd speaks TLS: add --tls or --tls-ca";
+
+/// Whether `bytes` start like a TLS record (an alert, 0x15, or a handshake, 0x16, then
+/// version 3.x): what a TLS server (or a TLS proxy in front of lockd) sends a client that
+/// spoke plain text to it. No reply line starts with a control character.
+fn is_tls_record(bytes: &[u8]) -> bool {
+    matches!(bytes, [0x15 | 0x16, 0x03, ..])
+}
+
 /// One connection to lockd.
 pub struct Client {
     conn: Connection,
@@ -205,6 +215,9 @@ impl Client {
     /// Reads one reply line.
     pub async fn read_line(&mut self) -> Result<String> {
         match self.conn.read_frame().await? {
+            Frame::Line(line) if is_tls_record(line.as_bytes()) => Err(ClientError::Io(
+                io::Error::new(io::ErrorKind::InvalidData, TLS_SERVER),
+            )),
             Frame::Line(line) => Ok(line),
             Frame::Eof => Err(ClientError::Closed),
             Frame::TooLong => Err(ClientError::Unexpected("over-long line".into())),
@@ -315,12 +328,19 @@ impl Client {
 
     /// `STATUS`: every held lock, sorted by name.
     pub async fn held_locks(&mut self) -> Result<Vec<HeldLine>> {
+        Ok(self.held_locks_aged().await?.0)
+    }
+
+    /// `STATUS`: every held lock, sorted by name, and from a cluster front-end how old its
+    /// view may be.
+    pub async fn held_locks_aged(&mut self) -> Result<(Vec<HeldLine>, Option<EtcdAge>)> {
         let mut reply = self.ask(&Request::Status { name: None }).await?;
         let mut locks = Vec::new();
         loop {
             match reply {
                 Received::Info(held) => locks.push(held),
-                Received::Count(_) => return Ok(locks),
+                Received::Count(_) => return Ok((locks, None)),
+                Received::CountAged(_, aged) => return Ok((locks, Some(aged))),
                 other => return Err(unexpected(other)),
             }
             reply = self.read_reply(Asked::StatusAll).await?;

@@ -41,7 +41,9 @@ impl Handler {
                 shown += 1;
             }
         }
-        self.conn.queue(Reply::Count(shown)).await?;
+        // In cluster mode, how old the view may be (proto.md, STATUS).
+        let confirmed = self.backend.health().confirmed;
+        self.conn.queue(Reply::summary(shown, confirmed)).await?;
         Ok(Flow::Continue)
     }
 

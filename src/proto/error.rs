@@ -42,11 +42,13 @@ pub enum ErrorCode {
     /// The backend that keeps the locks (an etcd cluster) can't be reached or has no
     /// quorum; the request may be tried again.
     Unavailable,
+    /// Plain text on a port that speaks TLS: the one line before the server closes.
+    Tls,
 }
 
 impl ErrorCode {
     /// Every code (what [`ErrorCode::parse`] looks through).
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::Syntax,
         ErrorCode::Unknown,
         ErrorCode::BadArg,
@@ -62,6 +64,7 @@ impl ErrorCode {
         ErrorCode::NoAuth,
         ErrorCode::Denied,
         ErrorCode::Unavailable,
+        ErrorCode::Tls,
     ];
 
     /// The code as it is sent after `ERR`.
@@ -82,6 +85,7 @@ impl ErrorCode {
             ErrorCode::NoAuth => "NOAUTH",
             ErrorCode::Denied => "DENIED",
             ErrorCode::Unavailable => "UNAVAILABLE",
+            ErrorCode::Tls => "TLS",
         }
     }
 
@@ -92,7 +96,11 @@ impl ErrorCode {
     pub fn may_close(self) -> bool {
         matches!(
             self,
-            ErrorCode::TooLong | ErrorCode::Lagged | ErrorCode::Shutdown | ErrorCode::Limit
+            ErrorCode::TooLong
+                | ErrorCode::Lagged
+                | ErrorCode::Shutdown
+                | ErrorCode::Limit
+                | ErrorCode::Tls
         )
     }
 
@@ -151,6 +159,15 @@ impl ProtoError {
             TableError::NotOwner => ErrorCode::Denied,
         };
         Self::new(code, format!("{name}: {e}"))
+    }
+
+    /// A plain-text client on a TLS port (its first byte can't start a TLS handshake); the
+    /// connection is closed.
+    pub fn tls_port() -> Self {
+        Self::new(
+            ErrorCode::Tls,
+            "this port speaks TLS: connect with TLS (lockctl --tls or --tls-ca)",
+        )
     }
 
     /// The backend could not do it (no quorum, unreachable): `why` says what failed.

@@ -17,8 +17,8 @@ pub mod reply;
 pub use duration::HumanDuration;
 pub use error::{ErrorCode, ProtoError};
 pub use reply::{
-    field, parse_mode, parse_reply, Asked, BadReply, EventLine, HeldLine, HolderLine, Received,
-    Reply, ReplyLine, StatusLine, WaiterLine,
+    field, parse_mode, parse_reply, Asked, BadReply, EtcdAge, EventLine, HeldLine, HolderLine,
+    Received, Reply, ReplyLine, StatusLine, WaiterLine,
 };
 
 /// Longest name or id, in bytes.

@@ -34,6 +34,9 @@ pub enum Reply<'a> {
     Info(&'a LockStatus),
     /// `OK <count>`: ends a STATUS of all locks.
     Count(usize),
+    /// `OK <count> etcd_age_ms=<ms> etcd_bound_ms=<ms>`: ends a STATUS of all locks in
+    /// cluster mode, saying how old the front-end's view may be.
+    CountAged(usize, EtcdAge),
     /// `HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. mode=..`: STATUS detail,
     /// one per holder.
     Holder(&'a LockStatus),
@@ -66,6 +69,12 @@ impl fmt::Display for Reply<'_> {
                 write_held(f, &held_of(s))
             }
             Reply::Count(n) => write!(f, "OK {n}"),
+            Reply::CountAged(n, aged) => write!(
+                f,
+                "OK {n} {ETCD_AGE_KEY}={} {ETCD_BOUND_KEY}={}",
+                aged.age.as_millis(),
+                aged.bound.as_millis()
+            ),
             Reply::Holder(s) => write_holder(
                 f,
                 &HolderLine {
@@ -106,6 +115,8 @@ impl fmt::Display for Reply<'_> {
 
 // The fixed words of the reply lines.
 const LEASE_KEY: &str = "ttl_ms";
+const ETCD_AGE_KEY: &str = "etcd_age_ms";
+const ETCD_BOUND_KEY: &str = "etcd_bound_ms";
 const PONG: &str = "PONG";
 const BYE: &str = "bye";
 const WATCHING: &str = "watching";
@@ -116,6 +127,34 @@ const INFO: &str = "INFO";
 const HOLDER: &str = "HOLDER";
 const WAITER: &str = "WAITER";
 const EVENT: &str = "EVENT";
+
+/// How old a cluster front-end's view of etcd may be, as the end of a STATUS of all locks says
+/// it: the age of its last answer from an etcd quorum, and the bound past which the
+/// front-end is not ready (`/readyz` 503) and a client should call the view stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EtcdAge {
+    /// Since the front-end's last answer from an etcd quorum.
+    pub age: Duration,
+    /// The front-end's readiness bound (`max(1s, --etcd-lease-ttl / 3)`).
+    pub bound: Duration,
+}
+
+impl EtcdAge {
+    /// Whether the view is older than the bound.
+    pub fn stale(&self) -> bool {
+        self.age > self.bound
+    }
+}
+
+impl Reply<'_> {
+    /// The end of a STATUS of `count` locks, with how old the view is in cluster mode.
+    pub fn summary(count: usize, confirmed: Option<EtcdAge>) -> Reply<'static> {
+        match confirmed {
+            Some(aged) => Reply::CountAged(count, aged),
+            None => Reply::Count(count),
+        }
+    }
+}
 
 fn held_of(s: &LockStatus) -> HeldLine<&str> {
     HeldLine {
@@ -404,6 +443,8 @@ pub enum Received {
     Info(HeldLine),
     /// `OK <count>`: ends a STATUS of all locks.
     Count(usize),
+    /// `OK <count> etcd_age_ms=.. etcd_bound_ms=..`: the same, from a cluster front-end.
+    CountAged(usize, EtcdAge),
     /// `HOLDER ...`.
     Holder(HolderLine),
     /// `WAITER ...`.
@@ -429,6 +470,7 @@ impl fmt::Display for Received {
             Received::Status(s) => write!(f, "OK {s}"),
             Received::Info(h) => write!(f, "{INFO} {h}"),
             Received::Count(n) => Reply::Count(*n).fmt(f),
+            Received::CountAged(n, aged) => Reply::CountAged(*n, *aged).fmt(f),
             Received::Holder(h) => h.fmt(f),
             Received::Waiter(w) => w.fmt(f),
             Received::Event(e) => e.fmt(f),
@@ -488,7 +530,7 @@ fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
             Some(Received::Lease(Duration::from_millis(number(ms)?)))
         }
         Asked::Status | Asked::Detail => Some(Received::Status(StatusLine::parse(rest)?)),
-        Asked::StatusAll => Some(Received::Count(number(rest)?)),
+        Asked::StatusAll => count_line(rest),
         Asked::Watch => match rest.strip_prefix(WATCHING)?.strip_prefix(' ')? {
             ALL => Some(Received::Watching(None)),
             name => Some(Received::Watching(Some(word(name)?.to_owned()))),
@@ -499,6 +541,26 @@ fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
         Asked::Quit => (rest == BYE).then_some(Received::Bye),
         Asked::Unlock => None,
     }
+}
+
+/// The end of a STATUS of all locks: `<count>`, then (cluster mode) how old the view is.
+/// Other fields a newer server adds are passed over.
+fn count_line(rest: &str) -> Option<Received> {
+    let (count, fields) = rest.split_once(' ').unwrap_or((rest, ""));
+    let count = number(count)?;
+    let age = field(fields, ETCD_AGE_KEY).map(millis);
+    let bound = field(fields, ETCD_BOUND_KEY).map(millis);
+    Some(match (age, bound) {
+        (None, None) => Received::Count(count),
+        (Some(age), Some(bound)) => Received::CountAged(
+            count,
+            EtcdAge {
+                age: age?,
+                bound: bound?,
+            },
+        ),
+        _ => return None,
+    })
 }
 
 /// One non-empty word.
@@ -829,6 +891,23 @@ mod tests {
         let r = |line, asked| Received::parse(line, asked).unwrap();
         assert_eq!(r("OK 12", Asked::Lock), Received::Token(12));
         assert_eq!(r("OK 12", Asked::StatusAll), Received::Count(12));
+        let aged = EtcdAge {
+            age: Duration::from_millis(4200),
+            bound: Duration::from_millis(1666),
+        };
+        assert_eq!(
+            r("OK 3 etcd_age_ms=4200 etcd_bound_ms=1666", Asked::StatusAll),
+            Received::CountAged(3, aged)
+        );
+        assert_eq!(
+            Reply::summary(3, Some(aged)).to_string(),
+            "OK 3 etcd_age_ms=4200 etcd_bound_ms=1666"
+        );
+        assert_eq!(Reply::summary(3, None).to_string(), "OK 3");
+        assert!(aged.stale());
+        assert_eq!(r("OK 3 later=1", Asked::StatusAll), Received::Count(3));
+        assert!(Received::parse("OK 3 etcd_age_ms=x etcd_bound_ms=1", Asked::StatusAll).is_err());
+        assert!(Received::parse("OK 3 etcd_age_ms=1", Asked::StatusAll).is_err());
         assert_eq!(r("OK", Asked::Renew), Received::Done);
         assert_eq!(
             r("OK ttl_ms=250", Asked::Check),

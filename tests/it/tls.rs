@@ -5,11 +5,15 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::lockctl;
 use common::pki::Pki;
 use common::{config, Lockd, Raw, TestServer, GUARD};
 use lockd::client::Client;
+use lockd::proto::ErrorCode;
 use lockd::server::Config;
 use lockd::tls;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 /// A server speaking TLS with a certificate from `pki`, requiring client certificates from
 /// `client_ca` if given.
@@ -101,13 +105,38 @@ async fn mutual_tls_wants_a_client_certificate_from_its_ca() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_client_on_the_tls_port_is_closed_promptly() {
+async fn a_plain_client_on_the_tls_port_is_told_and_closed_promptly() {
     let pki = Pki::new("tls-plain");
     let server = tls_server(&pki, None).await;
-    // Speaks the line protocol: rustls refuses it at once.
+    // Speaks the line protocol: one plain line says why, then the server closes.
     let mut talker = Raw::connect(server.addr).await;
     talker.send("PING").await;
-    talker.expect_closed().await;
+    talker
+        .expect("ERR TLS this port speaks TLS: connect with TLS (lockctl --tls or --tls-ca)")
+        .await;
+    talker.expect_eof().await;
+    // The library's plain client reads it as a refusal with that code.
+    let mut plain = Client::connect(&server.addr.to_string())
+        .await
+        .expect("TCP connect");
+    let refused = plain.ping().await.expect_err("plain text on a TLS port");
+    assert_eq!(refused.code(), Some(ErrorCode::Tls), "{refused}");
+    // A TLS client still gets a handshake: the first byte is only peeked at.
+    let connector = tls::client(Some(&pki.ca()), None).expect("client TLS");
+    Client::connect_tls(&server.addr.to_string(), &connector)
+        .await
+        .expect("TLS connect")
+        .ping()
+        .await
+        .expect("PING over TLS");
+    // lockctl without --tls shows the server's line.
+    let out = lockctl::output(lockctl::lockctl_at(&server.addr.to_string(), &["status"])).await;
+    let stderr = lockctl::stderr(&out);
+    assert!(
+        stderr.contains("this port speaks TLS: connect with TLS (lockctl --tls or --tls-ca)"),
+        "{stderr}"
+    );
+    assert_ne!(lockctl::code(&out), 0, "{stderr}");
     // Says nothing: closed after the handshake timeout.
     let mut silent = Raw::connect(server.addr).await;
     tokio::time::timeout(GUARD, silent.expect_closed())
@@ -132,6 +161,50 @@ async fn a_tls_client_on_a_plain_port_gets_an_error() {
         "a TLS handshake with a plain server succeeded"
     );
     server.shutdown().await;
+}
+
+/// A plain client whose server answers in TLS records (a TLS proxy in front of lockd, or
+/// any TLS server: an alert for the plain text it could not read) says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_client_reading_tls_records_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Every connection: read what the client says, answer a fatal TLS 1.2 alert record
+    // (decode_error), close.
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 64];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32])
+                    .await;
+                let _ = s.shutdown().await;
+                let _ = s.read(&mut buf).await;
+            });
+        }
+    });
+    // lockctl shows it (each of its connections gets the alert).
+    let out = lockctl::output(lockctl::lockctl_at(&addr.to_string(), &["status"])).await;
+    let stderr = lockctl::stderr(&out);
+    assert!(
+        stderr.contains("this lockd speaks TLS: add --tls or --tls-ca"),
+        "{stderr}"
+    );
+    let mut c = Client::connect(&addr.to_string()).await.expect("connect");
+    let err = tokio::time::timeout(GUARD, c.ping())
+        .await
+        .expect("an answer")
+        .expect_err("a TLS record is no reply");
+    assert!(
+        err.to_string()
+            .contains("this lockd speaks TLS: add --tls or --tls-ca"),
+        "{err}"
+    );
+    server.abort();
 }
 
 #[test]

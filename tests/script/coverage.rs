@@ -7,10 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::parse::{Action, Line, Script, Step};
 
 /// Codes of proto.md's Errors table that no script can produce on a single healthy server.
-pub const NOT_SCRIPTED: &[(&str, &str)] = &[(
-    "UNAVAILABLE",
-    "cluster mode only, when etcd can't be reached or has no quorum",
-)];
+pub const NOT_SCRIPTED: &[(&str, &str)] = &[
+    (
+        "UNAVAILABLE",
+        "cluster mode only, when etcd can't be reached or has no quorum",
+    ),
+    ("TLS", "TLS ports only: the scripts speak plain TCP"),
+];
 
 /// Flags of proto.md's Limits table that no script sets, and why.
 pub const FLAGS_NOT_SCRIPTED: &[(&str, &str)] = &[

@@ -7,7 +7,7 @@ use etcd_client::{GetOptions, Txn, TxnOp};
 use crate::backend::{now, BackendError};
 
 use super::mirror::{Mirror, NameState};
-use super::{unavailable, Cluster};
+use super::Cluster;
 
 impl Cluster {
     /// The name as etcd has it now (a linearizable read of its marker, holders and queue).
@@ -18,7 +18,7 @@ impl Cluster {
             TxnOp::get(self.layout.holders(name), prefix()),
             TxnOp::get(self.layout.waiters(name), prefix()),
         ]);
-        let resp = self.txn(txn).await.map_err(unavailable)?;
+        let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut changes = Vec::new();
         for op in resp.op_responses() {

@@ -14,7 +14,7 @@ use crate::locks::{EventKind, LockRequest, TableError};
 use super::keys::HolderValue;
 use super::mirror::{HolderRecord, NameState};
 use super::view::decide;
-use super::{guards, unavailable, wall_ms, Cluster};
+use super::{guards, wall_ms, Cluster};
 
 /// How often a LOCK whose write found the name changed decides again before it answers
 /// `ERR UNAVAILABLE` (the name is changing faster than it can be decided).
@@ -150,7 +150,7 @@ impl Cluster {
                     (lease != 0).then(|| PutOptions::new().with_lease(lease)),
                 ),
             ]);
-        let resp = self.txn(txn).await.map_err(unavailable)?;
+        let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         if !resp.succeeded() {
             return Ok(None);
         }
@@ -197,7 +197,7 @@ impl Cluster {
         value.conn = req.conn;
         value.cut_ms = 0;
         let txn = self.rewrite(&holder, &value);
-        let resp = self.txn(txn).await.map_err(unavailable)?;
+        let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         if !resp.succeeded() {
             // Renewed, released or expired meanwhile: decide again.
             return Ok(None);

@@ -10,7 +10,7 @@ use crate::locks::{ConnId, EventKind, TableError, Token, UserId};
 
 use super::keys::HolderValue;
 use super::mirror::HolderRecord;
-use super::{guards, unavailable, wall_ms, Cluster};
+use super::{guards, wall_ms, Cluster};
 
 impl Cluster {
     /// The holder of `name` with `token`: from the mirror, or read from etcd if the mirror
@@ -47,7 +47,7 @@ impl Cluster {
                 Some(GetOptions::new().with_prefix()),
             )
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.unavailable(&e))?;
         for kv in resp.kvs() {
             if kv.create_revision() == rev {
                 let value = HolderValue::decode(kv.value())
@@ -127,7 +127,7 @@ impl Cluster {
                 value.conn = conn;
             }
             let txn = self.rewrite(&holder, &value);
-            let resp = self.txn(txn).await.map_err(unavailable)?;
+            let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
             if resp.succeeded() {
                 self.wrote(name, &resp);
                 return Ok(Renewed {

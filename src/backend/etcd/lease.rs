@@ -8,7 +8,7 @@ use crate::backend::{BackendError, WaitResult};
 
 use etcd_client::{PutOptions, Txn, TxnOp};
 
-use super::{not_sent, unavailable, Cluster, RETRY};
+use super::{not_sent, Cluster, RETRY};
 
 impl Cluster {
     /// Grants this front-end's etcd lease and announces the front-end on it.
@@ -17,19 +17,22 @@ impl Cluster {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         let lease = loop {
-            match client.lease_grant(ttl, None).await {
+            let started = std::time::Instant::now();
+            let result = client.lease_grant(ttl, None).await;
+            self.record(started, &result, |r| r.header());
+            match result {
                 Err(e) if not_sent(&e) && tries < self.resends() => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(5 * tries)).await;
                 }
-                granted => break granted.map_err(unavailable)?,
+                granted => break granted.map_err(|e| self.unavailable(&e))?,
             }
         };
         self.lease.store(lease.id(), Ordering::Relaxed);
         let opts = PutOptions::new().with_lease(lease.id());
         let announce =
             Txn::new().and_then([TxnOp::put(self.layout.front_end(&self.fe), "", Some(opts))]);
-        self.txn(announce).await.map_err(unavailable)?;
+        self.txn(announce).await.map_err(|e| self.unavailable(&e))?;
         self.leased.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -42,6 +45,7 @@ impl Cluster {
         loop {
             let mut client = self.client.clone();
             let id = self.lease_id();
+            let opened = std::time::Instant::now();
             let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
                 Ok(pair) => pair,
                 Err(e) if lease_gone(&e) => {
@@ -50,18 +54,21 @@ impl Cluster {
                 }
                 Err(e) => {
                     self.leased.store(false, Ordering::Relaxed);
-                    self.unhealthy(&format!("keep-alive: {e}"));
+                    let why = self.request_failed(opened, &e);
+                    self.unhealthy(&why);
                     tokio::time::sleep(RETRY).await;
                     continue;
                 }
             };
             loop {
+                let started = std::time::Instant::now();
                 if keeper.keep_alive().await.is_err() {
                     break;
                 }
                 match tokio::time::timeout(self.config.request_timeout, stream.message()).await {
+                    // Answered by the leader: a quorum answer, as a linearizable read is.
                     Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
-                        self.healthy.store(true, Ordering::Relaxed);
+                        self.answered(started, resp.header().map_or(0, |h| h.revision()));
                         self.leased.store(true, Ordering::Relaxed);
                     }
                     Ok(Ok(Some(_))) => {
@@ -72,9 +79,21 @@ impl Cluster {
                         self.lease_lost().await;
                         break;
                     }
-                    _ => {
+                    Ok(Err(e)) => {
                         self.leased.store(false, Ordering::Relaxed);
-                        self.unhealthy("keep-alive unanswered");
+                        let why = self.request_failed(started, &e);
+                        self.unhealthy(&why);
+                        break;
+                    }
+                    Ok(Ok(None)) | Err(_) => {
+                        self.leased.store(false, Ordering::Relaxed);
+                        let why = format!(
+                            "etcd did not answer the lease keep-alive within {}",
+                            humantime::format_duration(self.config.request_timeout)
+                        );
+                        self.quorum.failed(&why);
+                        self.stats.error(super::cause::Kind::Timeout);
+                        self.unhealthy(&why);
                         break;
                     }
                 }

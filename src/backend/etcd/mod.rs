@@ -33,10 +33,14 @@
 //!   every other end, granting the head waiter in the same write), `status`.
 //! - Background: `watch` (keeps the mirror, starts the rest), `handover` (grants to this
 //!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
-//!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection); `fresh` (how current the mirror is for one name) and
-//!   `log` (a change logged and counted, and its marker) serve them all.
+//!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
+//!   `quorum` (when a quorum last answered: readiness, and the probe that asks when nothing
+//!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
+//!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
+//!   (the `lockd_etcd_*` series) serve them all.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
+mod cause;
 mod expiry;
 mod fresh;
 mod grant;
@@ -49,8 +53,10 @@ mod log;
 mod mirror;
 #[doc(hidden)]
 pub mod model;
+mod quorum;
 mod release;
 mod sessions;
+mod stats;
 mod status;
 mod view;
 mod waiters;
@@ -143,8 +149,16 @@ pub struct Cluster {
     limits: Limits,
     metrics: Arc<Metrics>,
     users: Option<Arc<Gate>>,
-    /// Whether the last contact with etcd (keep-alive, watch) worked.
+    /// Whether the last contact with etcd worked, so that an outage is logged once (readiness
+    /// is [`Cluster::quorum`]'s).
     healthy: AtomicBool,
+    /// When a quorum last answered.
+    quorum: quorum::Quorum,
+    stats: stats::EtcdStats,
+    /// The newest revision etcd reported in any answer, and the last one the watch
+    /// delivered (its header's): their difference is the mirror's lag.
+    seen_rev: AtomicI64,
+    watch_rev: AtomicI64,
     /// Whether etcd confirmed this front-end's etcd lease live at the last keep-alive: false
     /// while keep-alives go unanswered, and from the moment etcd says the lease is gone until
     /// a new one is taken (no session lease or wait can be had meanwhile).
@@ -158,10 +172,6 @@ pub(crate) fn wall_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-fn unavailable(e: etcd_client::Error) -> BackendError {
-    BackendError::Unavailable(format!("etcd: {e}"))
 }
 
 impl Cluster {
@@ -186,7 +196,14 @@ impl Cluster {
         )
         .await
         .map_err(|_| format!("etcd at {endpoints}: no answer"))?
-        .map_err(|e| format!("etcd at {endpoints}: {e}"))?;
+        .map_err(|e| {
+            let cx = cause::Context {
+                endpoints: &config.endpoints,
+                request_timeout: config.request_timeout,
+            };
+            tracing::debug!(error = ?e, "etcd connect failed");
+            format!("etcd at {endpoints}: {}", cause::cause(&e, &cx).sentence)
+        })?;
         let layout = Layout::new(&config.prefix);
         let fe = format!(
             "{}-{}-{:x}",
@@ -215,9 +232,13 @@ impl Cluster {
             next_conn: AtomicU64::new(1),
             next_uid: AtomicU64::new(1),
             limits,
-            metrics,
+            metrics: Arc::clone(&metrics),
             users,
             healthy: AtomicBool::new(false),
+            quorum: quorum::Quorum::new(config.lease_ttl),
+            stats: stats::EtcdStats::register(&metrics),
+            seen_rev: AtomicI64::new(0),
+            watch_rev: AtomicI64::new(0),
             leased: AtomicBool::new(false),
             config,
         });
@@ -268,8 +289,11 @@ impl Cluster {
             .when([guards::absent(&key)])
             .and_then([TxnOp::put(key.clone(), first, None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        self.txn(txn).await.map_err(unavailable)?;
-        let got = self.get(key, None).await.map_err(unavailable)?;
+        self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
+        let got = self
+            .get(key, None)
+            .await
+            .map_err(|e| self.unavailable(&e))?;
         let base = got
             .kvs()
             .first()
@@ -288,13 +312,89 @@ impl Cluster {
         &self.metrics
     }
 
-    fn ready(&self) -> Result<(), &'static str> {
-        if !self.healthy.load(Ordering::Relaxed) {
-            Err("the etcd cluster cannot be reached or has no quorum")
+    fn ready(&self) -> Result<(), std::borrow::Cow<'static, str>> {
+        if let Some(why) = self.quorum.stale() {
+            Err(why.into())
         } else if !self.leased.load(Ordering::Relaxed) {
-            Err("this front-end's etcd lease is not confirmed live (keep-alive unanswered, or it ran out and a new one is being taken)")
+            Err("this front-end's etcd lease is not confirmed live (keep-alive unanswered, or it ran out and a new one is being taken)".into())
         } else {
             Ok(())
+        }
+    }
+
+    /// How old this front-end's view is: the age of its last quorum answer, and the bound
+    /// past which it is not ready.
+    pub fn freshness(&self) -> crate::proto::EtcdAge {
+        crate::proto::EtcdAge {
+            age: self.quorum.age(),
+            bound: self.quorum.bound(),
+        }
+    }
+
+    /// Sets the `lockd_etcd_*` gauges, for a scrape.
+    pub fn scrape(&self) {
+        let lag = self.seen_rev.load(Ordering::Relaxed) - self.watch_rev.load(Ordering::Relaxed);
+        self.stats
+            .scrape(Some(self.quorum.age()), self.quorum.fresh(), lag);
+    }
+
+    /// Why `e` failed, in one plain sentence.
+    fn cause_of(&self, e: &etcd_client::Error) -> cause::Cause {
+        let cx = cause::Context {
+            endpoints: &self.config.endpoints,
+            request_timeout: self.config.request_timeout,
+        };
+        cause::cause(e, &cx)
+    }
+
+    /// [`Cluster::cause_of`], with the client's own text on a debug line (once per failure:
+    /// where it happened, the request wrappers and the watch).
+    fn explain(&self, e: &etcd_client::Error) -> cause::Cause {
+        let cause = self.cause_of(e);
+        tracing::debug!(error = ?e, cause = cause.sentence, "etcd request failed");
+        cause
+    }
+
+    /// `e` as the client is told it: `ERR UNAVAILABLE <sentence>; try again`.
+    pub(super) fn unavailable(&self, e: &etcd_client::Error) -> BackendError {
+        BackendError::Unavailable(self.cause_of(e).sentence)
+    }
+
+    /// An etcd request sent at `started` was answered by a quorum, at revision `rev`.
+    pub(super) fn answered(&self, started: Instant, rev: i64) {
+        self.stats.request(started.elapsed());
+        self.seen_rev.fetch_max(rev, Ordering::Relaxed);
+        if let Some(after) = self.quorum.answered() {
+            tracing::info!(
+                after = %humantime::format_duration(Duration::from_millis(after.as_millis() as u64)),
+                "etcd quorum answers again"
+            );
+        }
+        self.healthy.store(true, Ordering::Relaxed);
+    }
+
+    /// An etcd request sent at `started` failed with `e`: counted, remembered as the reason
+    /// `/readyz` gives, and returned in one sentence.
+    pub(super) fn request_failed(&self, started: Instant, e: &etcd_client::Error) -> String {
+        self.stats.request(started.elapsed());
+        let cause = self.explain(e);
+        self.stats.error(cause.kind);
+        self.quorum.failed(&cause.sentence);
+        cause.sentence
+    }
+
+    /// Records the outcome of one etcd request sent at `started`.
+    fn record<T>(
+        &self,
+        started: Instant,
+        result: &Result<T, etcd_client::Error>,
+        header: impl Fn(&T) -> Option<&etcd_client::ResponseHeader>,
+    ) {
+        match result {
+            Ok(resp) => self.answered(started, header(resp).map_or(0, |h| h.revision())),
+            Err(e) => {
+                self.request_failed(started, e);
+            }
         }
     }
 
@@ -355,7 +455,13 @@ impl Cluster {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         loop {
-            match client.txn(txn.clone()).await {
+            let started = Instant::now();
+            let result = client.txn(txn.clone()).await;
+            self.record(started, &result, |r| r.header());
+            if matches!(&result, Ok(r) if !r.succeeded()) {
+                self.stats.error(cause::Kind::Conflict);
+            }
+            match result {
                 Err(e) if not_sent(&e) && tries < self.resends() => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(5 * tries)).await;
@@ -374,7 +480,10 @@ impl Cluster {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         loop {
-            match client.get(key.clone(), options.clone()).await {
+            let started = Instant::now();
+            let result = client.get(key.clone(), options.clone()).await;
+            self.record(started, &result, |r| r.header());
+            match result {
                 Err(e) if not_sent(&e) && tries < self.resends() => {
                     tries += 1;
                     tokio::time::sleep(Duration::from_millis(5 * tries)).await;
@@ -398,7 +507,7 @@ impl Cluster {
             match self.txn(txn.clone()).await {
                 Ok(resp) => return Some(resp),
                 Err(e) => {
-                    self.unhealthy(&e.to_string());
+                    self.unhealthy(&self.cause_of(&e).sentence);
                     tokio::time::sleep(CLEANUP_PAUSE).await;
                 }
             }

@@ -11,7 +11,7 @@ use crate::locks::{EventKind, TableError, Token, UserId};
 use super::holders::created;
 use super::keys::HolderValue;
 use super::mirror::HolderRecord;
-use super::{guards, unavailable, wall_ms, Cluster};
+use super::{guards, wall_ms, Cluster};
 
 impl Cluster {
     /// UNLOCK.
@@ -20,7 +20,10 @@ impl Cluster {
         self.owned_by(&holder, user)?;
         // One try: without etcd, the client hears UNAVAILABLE now and may try again.
         let ended = self.end_txn(name, EventKind::Released, &holder, created(&holder));
-        let resp = self.txn(ended.txn.clone()).await.map_err(unavailable)?;
+        let resp = self
+            .txn(ended.txn.clone())
+            .await
+            .map_err(|e| self.unavailable(&e))?;
         if self.ended(name, token, EventKind::Released, &holder, &ended, &resp) {
             Ok(())
         } else {

@@ -142,12 +142,13 @@ impl Cluster {
         g.bound.by_conn.contains_key(&conn)
     }
 
-    /// Ready to grant (etcd reachable, this front-end's lease live); no journal of its own:
-    /// a change is durable once etcd answered it.
+    /// Ready to grant (a quorum answered within the bound, this front-end's lease live); no
+    /// journal of its own: a change is durable once etcd answered it.
     pub fn health(&self) -> Health {
         Health {
             ready: self.ready(),
             journal_backlog: None,
+            confirmed: Some(self.freshness()),
         }
     }
 

@@ -14,7 +14,7 @@ use crate::locks::{LockRequest, WaitEnd, WaiterId};
 use super::keys::WaiterValue;
 use super::mirror::{Mirror, NameState};
 use super::view::ask;
-use super::{guards, unavailable, wall_ms, Cluster, Local};
+use super::{guards, wall_ms, Cluster, Local};
 
 impl Cluster {
     /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
@@ -133,7 +133,7 @@ impl Cluster {
                 let mut g = self.guard();
                 g.waiting.remove(&waiter);
                 g.by_uid.retain(|_, w| *w != waiter);
-                return Err(unavailable(e));
+                return Err(self.unavailable(&e));
             }
         };
         if !resp.succeeded() {

@@ -14,7 +14,10 @@ use super::handover::{on_grant, taken_over};
 use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
 use super::RETRY;
-use super::{guards, unavailable, Cluster};
+use super::{guards, Cluster};
+
+/// How often the watch is asked for its progress.
+const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Cluster {
     /// Runs the watch, the keep-alive and the expiry timer until `shutdown`. Then this
@@ -27,6 +30,7 @@ impl Cluster {
             _ = Arc::clone(&self).watch_loop() => {}
             _ = Arc::clone(&self).keep_alive_loop() => {}
             _ = Arc::clone(&self).expiry_loop() => {}
+            _ = Arc::clone(&self).probe_loop() => {}
             _ = shutdown.cancelled() => {}
         }
         // Each waiter key only if it is still this front-end's write (not taken over).
@@ -59,8 +63,10 @@ impl Cluster {
                 Some(GetOptions::new().with_prefix()),
             )
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| self.unavailable(&e))?;
         let rev = resp.header().map_or(0, |h| h.revision());
+        self.watch_rev.fetch_max(rev, Ordering::Relaxed);
+        self.seen_rev.fetch_max(rev, Ordering::Relaxed);
         let changes: Vec<KeyChange> = resp.kvs().iter().map(|kv| change(kv, true)).collect();
         let mut next = Vec::new();
         let touched: Vec<String> = {
@@ -145,20 +151,38 @@ impl Cluster {
             let opts = WatchOptions::new().with_prefix().with_start_revision(from);
             let mut client = self.client.clone();
             let stream = client.watch(self.layout.prefix(), Some(opts)).await;
-            let mut stream = match stream {
-                Ok(s) => s,
+            let (mut requests, mut stream) = match stream {
+                Ok(s) => s.split(),
                 Err(e) => {
-                    self.unhealthy(&format!("watch: {e}"));
+                    let why = self.explain(&e).sentence;
+                    self.unhealthy(&format!("the etcd watch failed: {why}"));
                     tokio::time::sleep(RETRY).await;
                     continue;
                 }
             };
+            // Asked now and then where the watch is (a progress answer carries the current
+            // revision once everything before it was delivered), so the lag gauge shows the
+            // mirror's real lag, not revisions of keys outside the prefix.
+            let mut progress = tokio::time::interval(PROGRESS);
+            progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                match stream.message().await {
+                let message = tokio::select! {
+                    message = stream.message() => message,
+                    _ = progress.tick() => {
+                        // Bounded: the request channel of a stalled stream may be full, and
+                        // the stream must still be read meanwhile.
+                        let ask = requests.request_progress();
+                        let _ = tokio::time::timeout(PROGRESS, ask).await;
+                        continue;
+                    }
+                };
+                match message {
                     Ok(Some(resp)) => {
                         if resp.compact_revision() > 0 || resp.canceled() {
+                            let reason = resp.cancel_reason();
                             tracing::warn!(
                                 compacted = resp.compact_revision(),
+                                reason = reason.strip_prefix("etcdserver: ").unwrap_or(reason),
                                 "etcd watch cancelled; reading every lock again"
                             );
                             while let Err(e) = self.resync().await {
@@ -167,12 +191,12 @@ impl Cluster {
                             }
                             break;
                         }
-                        self.healthy.store(true, Ordering::Relaxed);
                         self.on_watch(resp);
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        self.unhealthy(&format!("watch: {e}"));
+                        let why = self.explain(&e).sentence;
+                        self.unhealthy(&format!("the etcd watch failed: {why}"));
                         tokio::time::sleep(RETRY).await;
                         break;
                     }
@@ -181,14 +205,19 @@ impl Cluster {
         }
     }
 
+    /// Logs the start of an outage once (`why`: one plain sentence).
     pub(super) fn unhealthy(&self, why: &str) {
         if self.healthy.swap(false, Ordering::Relaxed) {
-            tracing::warn!(error = why, "etcd unreachable or without quorum");
+            tracing::warn!(cause = why, "etcd unreachable or without quorum");
         }
     }
 
     fn on_watch(self: &Arc<Self>, resp: WatchResponse) {
         let rev = resp.header().map_or(0, |h| h.revision());
+        // Everything up to the header's revision is delivered (a progress answer carries no
+        // event and says just that).
+        self.watch_rev.fetch_max(rev, Ordering::Relaxed);
+        self.seen_rev.fetch_max(rev, Ordering::Relaxed);
         let changes: Vec<KeyChange> = resp
             .events()
             .iter()

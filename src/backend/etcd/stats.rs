@@ -1,0 +1,108 @@
+//! The etcd series, exported in cluster mode only (a registry of their own, attached to the
+//! process's metrics once the backend exists: [`crate::metrics::Metrics::attach`]). Their
+//! names are fixed: dashboards and alerts are written against them.
+//!
+//! - `lockd_etcd_up`: 1 while this front-end's last answer from an etcd quorum is within the
+//!   readiness bound (what `/readyz` says), else 0;
+//! - `lockd_etcd_confirmed_age_seconds`: the age of that answer;
+//! - `lockd_etcd_request_duration_seconds`: every etcd request of this front-end (each try);
+//! - `lockd_etcd_errors_total{kind}`: failed requests by [`Kind`]; `conflict` counts guarded
+//!   transactions that failed their comparison (another front-end got there first: normal
+//!   under contention, a storm of them is not);
+//! - `lockd_etcd_watch_lag_revisions`: the newest revision etcd reported in any answer minus
+//!   the last one the watch has delivered (the mirror's lag).
+//!
+//! The gauges are set at the scrape ([`EtcdStats::scrape`]), so they cost nothing between.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::metrics::Metrics;
+
+use super::cause::Kind;
+
+/// The handles of the etcd series.
+pub struct EtcdStats {
+    up: Gauge,
+    confirmed_age: Gauge<f64, AtomicU64>,
+    requests: Histogram,
+    errors: [Counter; Kind::ALL.len()],
+    watch_lag: Gauge,
+}
+
+impl EtcdStats {
+    /// Makes the series and attaches them to `metrics` (a second cluster in one process,
+    /// as some tests start, keeps its handles but is not exported).
+    pub fn register(metrics: &Metrics) -> EtcdStats {
+        let mut registry = Registry::with_prefix("lockd");
+        let up = Gauge::default();
+        registry.register(
+            "etcd_up",
+            "1 while the last answer from an etcd quorum is within the readiness bound",
+            up.clone(),
+        );
+        let confirmed_age = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "etcd_confirmed_age",
+            "Age of this front-end's last answer from an etcd quorum",
+            Unit::Seconds,
+            confirmed_age.clone(),
+        );
+        // 0.5 ms to about 8 s.
+        let requests = Histogram::new(exponential_buckets(0.0005, 2.0, 15));
+        registry.register_with_unit(
+            "etcd_request_duration",
+            "This front-end's etcd requests, each try",
+            Unit::Seconds,
+            requests.clone(),
+        );
+        let family = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        registry.register(
+            "etcd_errors",
+            "Failed etcd requests, by kind",
+            family.clone(),
+        );
+        let watch_lag = Gauge::default();
+        registry.register(
+            "etcd_watch_lag_revisions",
+            "Newest etcd revision seen in any answer minus the last one the watch delivered",
+            watch_lag.clone(),
+        );
+        let errors = Kind::ALL.map(|k| family.get_or_create(&[("kind", k.label())]).clone());
+        metrics.attach(registry);
+        EtcdStats {
+            up,
+            confirmed_age,
+            requests,
+            errors,
+            watch_lag,
+        }
+    }
+
+    /// One etcd request took `took` (answered or not).
+    pub fn request(&self, took: Duration) {
+        self.requests.observe(took.as_secs_f64());
+    }
+
+    /// One etcd request failed.
+    pub fn error(&self, kind: Kind) {
+        if let Some(i) = Kind::ALL.iter().position(|k| *k == kind) {
+            self.errors[i].inc();
+        }
+    }
+
+    /// Sets the gauges: `age` of the last quorum answer (`None`: never), whether it is
+    /// within the readiness bound, and the watch's lag in revisions.
+    pub fn scrape(&self, age: Option<Duration>, up: bool, lag: i64) {
+        self.up.set(i64::from(up));
+        self.confirmed_age
+            .set(age.map_or(f64::INFINITY, |a| a.as_secs_f64()));
+        self.watch_lag.set(lag.max(0));
+    }
+}
