@@ -7,6 +7,13 @@
 //! lease at some moment after that send, so the ttl cannot run out earlier; and it still had
 //! the connection then, so if it sees the connection close, the grace cannot start earlier.
 //! Renewing every third of the window keeps that deadline ahead, across dropped connections.
+//!
+//! A front-end that cannot serve the RENEW (a cluster front-end cut off from etcd answers
+//! `ERR UNAVAILABLE` after its `--etcd-request-timeout`, or not at all) is left for the next
+//! address at once: the lease moves to the front-end that renews it (proto.md). Each try is
+//! bounded by half an interval, connection included, so that a try stuck on a cut-off
+//! front-end from its renewal time still leaves the next address a sixth of the window (less
+//! the margin and the kill grace) before the command must be stopped.
 
 use std::time::Duration;
 
@@ -90,6 +97,15 @@ impl Timing {
         deadline.checked_sub(self.margin).unwrap_or(deadline)
     }
 
+    /// The longest one RENEW may take, connecting included, before the keeper tries the next
+    /// address: half an interval, so that one stuck from its renewal time (at a third of the
+    /// window) is given up at half the window, and the next try still comes well before
+    /// [`Timing::term_at`] (at least 65% of the window: the margin is at most a tenth and the
+    /// kill grace at most a quarter).
+    pub fn attempt_limit(&self) -> Duration {
+        (self.interval / 2).max(Duration::from_millis(100))
+    }
+
     fn max_retry(&self) -> Duration {
         (self.window / 10).clamp(FIRST_RETRY, Duration::from_secs(2))
     }
@@ -171,24 +187,29 @@ impl Link {
         }
     }
 
-    /// One RENEW, on a new connection if need be; returns when it was sent and the lease left.
+    /// One RENEW, on a new connection if need be, all within `limit`; returns when it was
+    /// sent and the lease left. A failure names the address it came from. One that the next
+    /// address may not share (`ERR UNAVAILABLE`, no reply in time, a lost connection) leaves
+    /// this connection behind, so that the next try goes to the next address; with a single
+    /// address an `ERR UNAVAILABLE` keeps the connection, which is still good.
     async fn renew(
         &mut self,
         lease: &HeldLease,
         limit: Duration,
     ) -> Result<(Instant, Duration), RenewError> {
+        let started = Instant::now();
         let mut client = self
             .client(limit.min(self.server.connect_timeout()))
             .await
             .map_err(RenewError::Failed)?;
+        let addr = self.server.addr().to_owned();
         let sent = Instant::now();
-        match timeout(
-            limit,
-            client.renew(&lease.name, lease.token, Some(lease.ttl)),
-        )
-        .await
-        {
-            Err(_) => Err(RenewError::Failed("no reply to RENEW".into())),
+        let left = limit.saturating_sub(started.elapsed());
+        match timeout(left, client.renew(&lease.name, lease.token, Some(lease.ttl))).await {
+            Err(_) => Err(RenewError::Failed(format!(
+                "lockd at {addr} did not answer RENEW within {}",
+                humantime::format_duration(round_ms(limit))
+            ))),
             Ok(Ok(left)) => {
                 self.client = Some(client);
                 Ok((sent, left))
@@ -199,12 +220,16 @@ impl Link {
                     self.client = Some(client);
                     return Err(RenewError::NotHeld(text));
                 }
-                if !e.code.may_close() {
+                let move_on = e.code == ErrorCode::Unavailable && self.server.addrs().len() > 1;
+                if !e.code.may_close() && !move_on {
                     self.client = Some(client);
                 }
-                Err(RenewError::Failed(text))
+                Err(RenewError::Failed(format!("lockd at {addr} answered ERR {text}")))
             }
-            Ok(Err(e)) => Err(RenewError::Failed(e.to_string())),
+            Ok(Err(ClientError::Closed)) => Err(RenewError::Failed(format!(
+                "lockd at {addr} closed the connection"
+            ))),
+            Ok(Err(e)) => Err(RenewError::Failed(format!("lockd at {addr}: {e}"))),
         }
     }
 
@@ -311,7 +336,7 @@ impl KeeperState {
         let mut retry = FIRST_RETRY;
         loop {
             let term_at = self.timing.term_at(self.deadline);
-            let attempt_limit = self.timing.interval.max(Duration::from_millis(100));
+            let attempt_limit = self.timing.attempt_limit();
             let step = tokio::select! {
                 biased;
                 _ = &mut stop => KeeperStep::Stop,
@@ -364,9 +389,16 @@ impl KeeperState {
                 KeeperStep::Renewed(Err(RenewError::Failed(e))) => {
                     if verbose {
                         let left = self.deadline.saturating_duration_since(Instant::now());
+                        // No connection: the next try starts at the next address.
+                        let next = match self.link.client.is_some() {
+                            true => self.link.server.addr().to_owned(),
+                            false => self.link.server.next_addr().to_owned(),
+                        };
                         eprintln!(
-                            "lockctl: renewing {} failed: {e}; retrying ({} of lease left)",
+                            "lockctl: renewing {} failed: {e}; trying {next} in {} ({} of \
+                             lease left)",
                             self.lease.name,
+                            humantime::format_duration(round_ms(retry)),
                             humantime::format_duration(round_ms(left))
                         );
                     }

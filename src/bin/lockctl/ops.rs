@@ -5,7 +5,6 @@ use lockd::proto::{ErrorCode, Tie};
 
 use crate::cli::{AcquireArgs, RenewArgs, TokenArgs};
 use crate::fail::{Failure, LOST};
-use crate::holder::{say_conflict, say_if_waiting};
 use crate::net::Server;
 use crate::out::{print_line, Printed};
 use crate::request::{self, Terms};
@@ -16,44 +15,29 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
     if args.ttl.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--ttl must be more than 0"));
     }
-    let mut client = server.connect().await?;
     let terms = Terms {
         ttl: args.ttl,
-        wait: args.wait.server_wait(),
+        wait: None,
         tie: Tie::Detach,
         mode: args.mode,
     };
-    let lock = request::lock(&mut client, &args.name, id, terms);
-    let reply = say_if_waiting(server, &args.name, id, lock).await;
-    match reply {
-        Ok(token) => {
-            if server.verbose {
-                let ttl = match args.ttl {
-                    Some(t) => format!("ttl {}", humantime::format_duration(t)),
-                    None => "the server's default ttl".into(),
-                };
-                eprintln!(
-                    "lockctl: acquired {} token {token} ({}, a plain lease, {ttl}: release \
-                     or renew it with this token)",
-                    args.name,
-                    args.mode.describe()
-                );
-            }
-            print_line(&token.to_string())?;
-            Ok(0)
-        }
-        Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
-            if server.verbose {
-                say_conflict(&mut client, &args.name, &args.wait).await;
-            }
-            Err(Failure::silent(args.wait.conflict_exit_code))
-        }
-        Err(e) => Err(Failure::request(
-            &format!("acquire {}", args.name),
-            server.addr(),
-            e,
-        )),
+    let what = format!("acquire {}", args.name);
+    let granted = request::lock_retrying(server, &what, (&args.name, id), terms, &args.wait).await?;
+    let token = granted.token;
+    if server.verbose {
+        let ttl = match args.ttl {
+            Some(t) => format!("ttl {}", humantime::format_duration(t)),
+            None => "the server's default ttl".into(),
+        };
+        eprintln!(
+            "lockctl: acquired {} token {token} ({}, a plain lease, {ttl}: release \
+             or renew it with this token)",
+            args.name,
+            args.mode.describe()
+        );
     }
+    print_line(&token.to_string())?;
+    Ok(0)
 }
 
 pub async fn release(server: &Server, args: &TokenArgs) -> Result<u8, Failure> {
