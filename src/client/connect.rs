@@ -16,6 +16,7 @@ use super::auth::{Credentials, LoggedIn};
 use super::retry::Retry;
 use super::tls::Tls;
 use super::{Client, ClientError};
+use crate::proto::ErrorCode;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -251,6 +252,52 @@ impl Connector {
     /// one it went to.
     pub async fn reconnect_once(&self, limit: Duration) -> Result<Client, ConnectError> {
         self.once(self.next(), limit).await
+    }
+
+    /// Whether the front-end of the latest connection can still serve the LOCK waiting on it,
+    /// asked on a connection of its own every `every`; resolves only when it can't. A cluster
+    /// front-end cut off from etcd answers its waiters only once it learns that its etcd
+    /// lease is gone, which it learns only when etcd is back, so a client waiting there would
+    /// wait out its whole wait although another front-end could serve it. The question is a
+    /// CHECK of the lock's holder (its token from STATUS), which a front-end answers from etcd
+    /// itself, or `ERR UNAVAILABLE` within its `--etcd-request-timeout` when it can't reach
+    /// etcd: that, or no answer within `every`, is what this resolves to. A free lock, a
+    /// front-end that can't be reached for the question, or any other answer says nothing.
+    pub async fn until_cut_off(&self, name: &str, every: Duration) -> ClientError {
+        loop {
+            sleep(every).await;
+            if let Some(e) = self.cut_off(name, every).await {
+                return e;
+            }
+        }
+    }
+
+    async fn cut_off(&self, name: &str, limit: Duration) -> Option<ClientError> {
+        let addr = self.addr().to_owned();
+        let started = Instant::now();
+        let mut client = self.attempt(&addr, limit).await.ok()?;
+        let left = limit.saturating_sub(started.elapsed());
+        let asked = timeout(left, async {
+            let status = client.lock_status(name).await?;
+            match status.held() {
+                Some(held) => client.check(name, held.token).await.map(|_| ()),
+                None => Ok(()),
+            }
+        })
+        .await;
+        match asked {
+            Err(_) => Some(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer to a CHECK within {} while the LOCK waited there",
+                    humantime::format_duration(limit)
+                ),
+            ))),
+            Ok(Err(ClientError::Refused(e))) if e.code == ErrorCode::Unavailable => {
+                Some(ClientError::Refused(e))
+            }
+            Ok(_) => None,
+        }
     }
 
     async fn patient(&self, start: usize, limit: Duration) -> Result<Client, ConnectError> {

@@ -58,7 +58,11 @@ impl Backoff {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        Backoff::seeded(first, max, u64::from(nanos) ^ u64::from(std::process::id()) << 32)
+        Backoff::seeded(
+            first,
+            max,
+            u64::from(nanos) ^ u64::from(std::process::id()) << 32,
+        )
     }
 
     /// The same with a given seed: the same pauses every time (for tests).
@@ -270,7 +274,10 @@ mod tests {
         let start = Instant::now();
         let mut tries = 0;
         while let Some(pause) = r.failed("lockd at a:1 answered ERR UNAVAILABLE") {
-            assert!(Instant::now() + pause <= start + wait, "pauses past the wait");
+            assert!(
+                Instant::now() + pause <= start + wait,
+                "pauses past the wait"
+            );
             tokio::time::advance(pause).await;
             tries += 1;
             assert!(tries < 100, "never gives up");

@@ -205,7 +205,12 @@ impl Link {
         let addr = self.server.addr().to_owned();
         let sent = Instant::now();
         let left = limit.saturating_sub(started.elapsed());
-        match timeout(left, client.renew(&lease.name, lease.token, Some(lease.ttl))).await {
+        match timeout(
+            left,
+            client.renew(&lease.name, lease.token, Some(lease.ttl)),
+        )
+        .await
+        {
             Err(_) => Err(RenewError::Failed(format!(
                 "lockd at {addr} did not answer RENEW within {}",
                 humantime::format_duration(round_ms(limit))
@@ -224,7 +229,9 @@ impl Link {
                 if !e.code.may_close() && !move_on {
                     self.client = Some(client);
                 }
-                Err(RenewError::Failed(format!("lockd at {addr} answered ERR {text}")))
+                Err(RenewError::Failed(format!(
+                    "lockd at {addr} answered ERR {text}"
+                )))
             }
             Ok(Err(ClientError::Closed)) => Err(RenewError::Failed(format!(
                 "lockd at {addr} closed the connection"

@@ -84,6 +84,12 @@ impl Server {
         self.connector.reconnect_once(limit).await.map_err(failure)
     }
 
+    /// [`Connector::until_cut_off`]: resolves once the current front-end can't serve the
+    /// LOCK waiting on it.
+    pub async fn until_cut_off(&self, name: &str, every: Duration) -> ClientError {
+        self.connector.until_cut_off(name, every).await
+    }
+
     /// [`Connector::reconnect_for`]: the connection for the next try of `retry`.
     pub async fn reconnect_for(&self, retry: &Retry) -> Result<Client, Failure> {
         self.connector.reconnect_for(retry).await.map_err(failure)

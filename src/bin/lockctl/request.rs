@@ -23,6 +23,11 @@ pub struct Terms {
     pub mode: ModeArgs,
 }
 
+/// How often a LOCK waiting on one of several front-ends checks that its front-end still
+/// reaches the cluster ([`lockd::client::Connector::until_cut_off`]): a CHECK, one etcd read,
+/// per waiting lockctl every so often.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+
 /// A granted LOCK.
 pub struct Granted {
     /// The connection it was granted on (a session lease is bound to it).
@@ -69,7 +74,15 @@ pub async fn lock_retrying(
             ..terms
         };
         let sent = Instant::now();
-        let reply = say_if_waiting(server, name, id, lock(&mut c, name, id, terms)).await;
+        let asked = say_if_waiting(server, name, id, lock(&mut c, name, id, terms));
+        // With somewhere else to go, a front-end cut off from etcd is not waited on.
+        let reply = match server.addrs().len() > 1 && !retry.answers_at_once() {
+            true => tokio::select! {
+                r = asked => r,
+                e = server.until_cut_off(name, PROBE_EVERY) => Err(e),
+            },
+            false => asked.await,
+        };
         match reply {
             Ok(token) => {
                 return Ok(Granted {

@@ -185,7 +185,10 @@ async fn only_unavailable_front_ends_is_exit_5_after_the_wait() {
         let started = Instant::now();
         let out = output(lockctl_at(&bad.addr, &args)).await;
         assert_eq!(code(&out), 5, "{args:?}: {}", stderr(&out));
-        assert!(started.elapsed() >= wait, "{args:?} gave up before its wait");
+        assert!(
+            started.elapsed() >= wait,
+            "{args:?} gave up before its wait"
+        );
         let err = stderr(&out);
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains("unavailable for the whole wait (2s)"), "{err}");
