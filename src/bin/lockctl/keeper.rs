@@ -6,7 +6,8 @@
 //! the window is the ttl, or the session grace if that is shorter. The server extended the
 //! lease at some moment after that send, so the ttl cannot run out earlier; and it still had
 //! the connection then, so if it sees the connection close, the grace cannot start earlier.
-//! Renewing every third of the window keeps that deadline ahead, across dropped connections.
+//! Renewing every third of the window (at most every 2s with several addresses, see
+//! [`CLUSTER_INTERVAL`]) keeps that deadline ahead, across dropped connections.
 //!
 //! A front-end that cannot serve the RENEW (a cluster front-end cut off from etcd answers
 //! `ERR UNAVAILABLE` after its `--etcd-request-timeout`, or not at all) is left for the next
@@ -27,6 +28,14 @@ use tokio::time::{sleep_until, timeout, Instant};
 use crate::net::Server;
 
 const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// The longest renewal interval with several addresses (a cluster's front-ends). A session
+/// lease hangs on its front-end's etcd lease (`--etcd-lease-ttl`, 5s by default), which lasts
+/// at least two thirds of its ttl after that front-end is cut off (it is kept alive every
+/// third): 3.3s by default. A renewal stuck on the cut-off front-end is given up after half an
+/// interval, so the next address is renewing through 1.5 intervals and a retry after the cut
+/// at worst: 3.1s with this cap, in time.
+const CLUSTER_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The lock being held.
 #[derive(Clone, Debug)]
@@ -56,15 +65,27 @@ impl Timing {
     /// connection close, which lockctl cannot bound, so only the ttl counts. `kill_grace` is
     /// capped at a quarter of the window: SIGTERM must not come before lockctl has had a fair
     /// chance to renew, and SIGKILL must still land before the deadline.
-    pub fn new(ttl: Duration, session_grace: Duration, kill_grace: Duration) -> Timing {
+    ///
+    /// With several `front_ends`, renewals come at least every [`CLUSTER_INTERVAL`], so that
+    /// they can move to another front-end before a cut-off one's etcd lease ends.
+    pub fn new(
+        ttl: Duration,
+        session_grace: Duration,
+        kill_grace: Duration,
+        front_ends: usize,
+    ) -> Timing {
         let window = match session_grace.is_zero() {
             true => ttl,
             false => ttl.min(session_grace),
         };
+        let interval = match front_ends > 1 {
+            true => (window / 3).min(CLUSTER_INTERVAL),
+            false => window / 3,
+        };
         Timing {
             ttl,
             window,
-            interval: window / 3,
+            interval,
             margin: (window / 10).clamp(Duration::from_millis(20), Duration::from_secs(2)),
             grace: kill_grace.min(window / 4),
         }
@@ -425,4 +446,45 @@ impl KeeperState {
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// A RENEW sent at its time to a front-end that never answers, given up after its limit,
+    /// then sent to the next address after the first retry pause: that one starts well
+    /// before the command must be stopped, whatever the window (from 3s up).
+    #[test]
+    fn a_renew_stuck_for_its_limit_leaves_the_next_address_time() {
+        for window in [S(3), S(6), S(10), S(30), S(60), S(3600)] {
+            for front_ends in [1, 3] {
+                let t = Timing::new(window, window, S(5), front_ends);
+                let renewed = Instant::now();
+                let next_try = t.next_renew(renewed) + t.attempt_limit() + FIRST_RETRY;
+                let term = t.term_at(t.deadline(renewed, window));
+                assert!(
+                    next_try + window / 20 <= term,
+                    "window {window:?}: the next address tried at {:?}, SIGTERM at {:?}",
+                    next_try - renewed,
+                    term - renewed
+                );
+            }
+        }
+    }
+
+    /// With several front-ends the renewals move within two thirds of the default
+    /// `--etcd-lease-ttl` (5s) after a cut, however long the lease.
+    #[test]
+    fn with_several_front_ends_renewals_move_before_an_etcd_lease_can_end() {
+        for ttl in [S(6), S(30), S(3600)] {
+            let t = Timing::new(ttl, S(10).min(ttl), S(5), 3);
+            let moved = t.interval + t.attempt_limit() + FIRST_RETRY;
+            assert!(moved < S(5) * 2 / 3, "ttl {ttl:?}: moved after {moved:?}");
+        }
+        // One address: nowhere to move, the renewals as before.
+        assert_eq!(Timing::new(S(30), S(10), S(5), 1).interval, S(10) / 3);
+    }
 }

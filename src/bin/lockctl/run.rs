@@ -35,7 +35,12 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
             None => DEFAULT_SESSION_GRACE.min(args.ttl),
         };
     let mut signals = Signals::new()?;
-    let timing = Timing::new(args.ttl, session_grace, args.kill_grace);
+    let timing = Timing::new(
+        args.ttl,
+        session_grace,
+        args.kill_grace,
+        server.addrs().len(),
+    );
 
     let ask = LockAsk {
         name: &args.name,
