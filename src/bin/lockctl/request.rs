@@ -28,6 +28,10 @@ pub struct Terms {
 /// per waiting lockctl every so often.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 
+/// How long the connection of a LOCK left on a cut-off front-end stays open once the same
+/// LOCK was sent through the next one: time for that one to take its place.
+const HANDED_OVER: Duration = Duration::from_secs(2);
+
 /// A granted LOCK.
 pub struct Granted {
     /// The connection it was granted on (a session lease is bound to it).
@@ -60,6 +64,10 @@ pub async fn lock_retrying(
         w => Retry::within(w),
     };
     let mut client = Some(server.connect().await?);
+    // The connection of a LOCK still waiting on a cut-off front-end, kept open for a moment
+    // after the same LOCK went to the next one (see below).
+    let mut previous: Option<Client> = None;
+    let several = server.addrs().len() > 1 && !retry.answers_at_once();
     loop {
         let mut c = match client.take() {
             Some(c) => c,
@@ -74,14 +82,21 @@ pub async fn lock_retrying(
             ..terms
         };
         let sent = Instant::now();
-        let asked = say_if_waiting(server, name, id, lock(&mut c, name, id, terms));
         // With somewhere else to go, a front-end cut off from etcd is not waited on.
-        let reply = match server.addrs().len() > 1 && !retry.answers_at_once() {
-            true => tokio::select! {
-                r = asked => r,
-                e = server.until_cut_off(name, PROBE_EVERY) => Err(e),
-            },
-            false => asked.await,
+        let mut cut_off = false;
+        let reply = {
+            let asked = say_if_waiting(server, name, id, lock(&mut c, name, id, terms));
+            tokio::pin!(asked);
+            loop {
+                tokio::select! {
+                    r = &mut asked => break r,
+                    e = server.until_cut_off(name, PROBE_EVERY), if several => {
+                        cut_off = true;
+                        break Err(e);
+                    }
+                    _ = sleep(HANDED_OVER), if previous.is_some() => previous = None,
+                }
+            }
         };
         match reply {
             Ok(token) => {
@@ -106,8 +121,15 @@ pub async fn lock_retrying(
                 // connection could find a session lease granted meanwhile still bound to
                 // this one, and be refused). Otherwise it is closed now, so that the server
                 // has seen it go by the time the same id comes back.
+                //
+                // Left because its front-end is cut off, the LOCK still waits there: its
+                // connection stays open until the same LOCK, sent through the next front-end,
+                // has taken its place in the queue (were it closed first, a front-end that
+                // can reach etcd after all would take the place out of the queue before).
                 if server.addrs().len() == 1 && e.code() == Some(ErrorCode::Unavailable) {
                     client = Some(c);
+                } else if cut_off {
+                    previous = Some(c);
                 } else {
                     drop(c);
                 }
