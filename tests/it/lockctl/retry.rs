@@ -6,8 +6,8 @@
 //! and its command runs on.
 //!
 //! The front-end that can't serve is [`Flaky`]: a line proxy in front of a real lockd that
-//! answers LOCK and RENEW itself with `ERR UNAVAILABLE` when told to, and passes everything
-//! else (and everything while it is healthy) through.
+//! answers LOCK, RENEW and UNLOCK itself with `ERR UNAVAILABLE` when told to, and passes
+//! everything else (and everything while it is healthy) through.
 
 use crate::common;
 
@@ -25,7 +25,7 @@ use common::lockctl::*;
 /// What [`Flaky`] answers the server itself says when etcd does not answer.
 const UNAVAILABLE: &str = "ERR UNAVAILABLE etcd did not answer within 2s; try again";
 
-/// How [`Flaky`] treats LOCK and RENEW.
+/// How [`Flaky`] treats LOCK, RENEW and UNLOCK.
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 enum Mode {
@@ -109,7 +109,9 @@ async fn serve(
     });
     let mut lines = BufReader::new(cr).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let asks = line.starts_with("LOCK ") || line.starts_with("RENEW ");
+        let asks = ["LOCK ", "RENEW ", "UNLOCK "]
+            .iter()
+            .any(|verb| line.starts_with(verb));
         let now = mode.load(Ordering::SeqCst);
         if asks && now == Mode::Unavailable as u8 {
             if tx.send(format!("{UNAVAILABLE}\n")).await.is_err() {
@@ -315,4 +317,93 @@ async fn renewals_move_to_the_next_address_on_unavailable() {
     let status = timeout(GUARD, child.wait()).await.unwrap().unwrap();
     assert_eq!(status.code(), Some(0));
     assert_eq!(d.holder("rn").await, None);
+}
+
+/// The one-shot `renew` and `release` send their request again through the next address
+/// when a front-end answers `ERR UNAVAILABLE`; with only such a front-end they give up after
+/// their short connect timeout with exit code 5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_and_release_try_the_next_address() {
+    let d = lockd().await;
+    let bad = Flaky::new(d.addr.clone(), Mode::Unavailable).await;
+    let list = format!("{},{}", bad.addr, d.addr);
+    let mut c = d.client().await;
+    let token = c
+        .lock(
+            "os",
+            "me",
+            Some(Duration::from_secs(60)),
+            None,
+            lockd::proto::Tie::Plain,
+        )
+        .await
+        .unwrap()
+        .to_string();
+
+    for args in [
+        vec!["renew", "os", token.as_str(), "--ttl", "2m"],
+        vec!["release", "os", token.as_str()],
+    ] {
+        let started = Instant::now();
+        let out = output(lockctl_at(&bad.addr, &args)).await;
+        assert_eq!(code(&out), 5, "{args:?}: {}", stderr(&out));
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        let err = stderr(&out);
+        assert!(err.contains("answered ERR UNAVAILABLE"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    assert_eq!(d.holder("os").await, Some(token.parse().unwrap()));
+
+    let out = output(lockctl_at(&list, &["renew", "os", &token, "--ttl", "2m"])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = output(lockctl_at(&list, &["release", "os", &token])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(d.holder("os").await, None);
+}
+
+/// `watch` whose front-end goes away carries on through the next address: it goes on
+/// printing events instead of exiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_carries_on_through_the_next_address() {
+    use tokio::io::AsyncReadExt as _;
+
+    let d = lockd().await;
+    let p = proxy(d.addr.clone()).await;
+    let list = format!("{},{}", p.addr, d.addr);
+    let mut child = spawn(lockctl_at(&list, &["watch", "wn"]));
+    let mut events = child.stdout.take().unwrap();
+    let mut c = d.client().await;
+    // Events until one shows with id `id`.
+    async fn seen(
+        c: &mut lockd::client::Client,
+        events: &mut tokio::process::ChildStdout,
+        id: &str,
+    ) {
+        let mut text = String::new();
+        let give_up = Instant::now() + GUARD;
+        while !text.contains(&format!(" acquired wn id={id} ")) {
+            assert!(Instant::now() < give_up, "no events: {text:?}");
+            let t = c
+                .lock("wn", id, None, None, lockd::proto::Tie::Plain)
+                .await
+                .unwrap();
+            c.unlock("wn", t).await.unwrap();
+            let mut buf = [0u8; 1024];
+            if let Ok(Ok(n)) = timeout(Duration::from_millis(200), events.read(&mut buf)).await {
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+    }
+    seen(&mut c, &mut events, "before").await;
+    p.refuse(true);
+    p.cut();
+    seen(&mut c, &mut events, "after").await;
+    assert!(child.try_wait().unwrap().is_none(), "watch ended");
+    signal(&child, libc::SIGINT);
+    let status = timeout(GUARD, child.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0));
 }
