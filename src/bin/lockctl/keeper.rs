@@ -11,10 +11,10 @@
 //!
 //! A front-end that cannot serve the RENEW (a cluster front-end cut off from etcd answers
 //! `ERR UNAVAILABLE` after its `--etcd-request-timeout`, or not at all) is left for the next
-//! address at once: the lease moves to the front-end that renews it (proto.md). Each try is
-//! bounded by half an interval, connection included, so that a try stuck on a cut-off
-//! front-end from its renewal time still leaves the next address a sixth of the window (less
-//! the margin and the kill grace) before the command must be stopped.
+//! address at once: the lease moves to the front-end that renews it (proto.md). With several
+//! addresses each try is bounded by half an interval, connection included, so that a try
+//! stuck on a cut-off front-end from its renewal time still leaves the next address a sixth
+//! of the window (less the margin and the kill grace) before the command must be stopped.
 
 use std::time::Duration;
 
@@ -58,6 +58,8 @@ pub struct Timing {
     margin: Duration,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// Whether there are other addresses to renew through.
+    several: bool,
 }
 
 impl Timing {
@@ -88,6 +90,7 @@ impl Timing {
             interval,
             margin: (window / 10).clamp(Duration::from_millis(20), Duration::from_secs(2)),
             grace: kill_grace.min(window / 4),
+            several: front_ends > 1,
         }
     }
 
@@ -118,13 +121,18 @@ impl Timing {
         deadline.checked_sub(self.margin).unwrap_or(deadline)
     }
 
-    /// The longest one RENEW may take, connecting included, before the keeper tries the next
-    /// address: half an interval, so that one stuck from its renewal time (at a third of the
-    /// window) is given up at half the window, and the next try still comes well before
-    /// [`Timing::term_at`] (at least 65% of the window: the margin is at most a tenth and the
-    /// kill grace at most a quarter).
+    /// The longest one RENEW may take, connecting included, before the keeper tries again.
+    /// With several addresses, half an interval, so that one stuck on a front-end from its
+    /// renewal time (at a third of the window) is given up at half the window, and the next
+    /// address is tried well before [`Timing::term_at`] (at least 65% of the window: the
+    /// margin is at most a tenth and the kill grace at most a quarter). With one there is no
+    /// other to try: a whole interval, for a slow answer to come.
     pub fn attempt_limit(&self) -> Duration {
-        (self.interval / 2).max(Duration::from_millis(100))
+        let limit = match self.several {
+            true => self.interval / 2,
+            false => self.interval,
+        };
+        limit.max(Duration::from_millis(100))
     }
 
     fn max_retry(&self) -> Duration {
@@ -460,7 +468,7 @@ mod tests {
     #[test]
     fn a_renew_stuck_for_its_limit_leaves_the_next_address_time() {
         for window in [S(3), S(6), S(10), S(30), S(60), S(3600)] {
-            for front_ends in [1, 3] {
+            for front_ends in [2, 3] {
                 let t = Timing::new(window, window, S(5), front_ends);
                 let renewed = Instant::now();
                 let next_try = t.next_renew(renewed) + t.attempt_limit() + FIRST_RETRY;
@@ -484,7 +492,9 @@ mod tests {
             let moved = t.interval + t.attempt_limit() + FIRST_RETRY;
             assert!(moved < S(5) * 2 / 3, "ttl {ttl:?}: moved after {moved:?}");
         }
-        // One address: nowhere to move, the renewals as before.
-        assert_eq!(Timing::new(S(30), S(10), S(5), 1).interval, S(10) / 3);
+        // One address: nowhere to move, the renewals (and their patience) as before.
+        let one = Timing::new(S(30), S(10), S(5), 1);
+        assert_eq!(one.interval, S(10) / 3);
+        assert_eq!(one.attempt_limit(), S(10) / 3);
     }
 }
