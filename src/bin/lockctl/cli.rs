@@ -38,7 +38,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
         "5",
         "lockd could not serve the request for the whole wait: every try, through every \
          address, was answered ERR UNAVAILABLE (cluster mode: etcd out of reach) or lost its \
-         connection, until -w ran out (with -n: at its one try per address)",
+         connection, until -w ran out (with -n: at its one try per address; release and \
+         renew: for --connect-timeout)",
     ),
     (
         "124",
