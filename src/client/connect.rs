@@ -13,12 +13,17 @@ use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::auth::{Credentials, LoggedIn};
+use super::retry::Retry;
 use super::tls::Tls;
 use super::{Client, ClientError};
+use crate::proto::ErrorCode;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 const TIMED_OUT: &str = "connection attempt timed out";
+/// The least time [`Connector::reconnect_for`] gives a connection, even at the very end of a
+/// wait.
+const MIN_TRY: Duration = Duration::from_millis(200);
 
 /// The addresses of one lockd: one `host:port`, or several, each a front-end of the same
 /// lockd cluster, so that any of them can serve any request and knows every token. Never
@@ -170,6 +175,12 @@ impl Connector {
         self.addrs.get(self.current.load(Ordering::Relaxed))
     }
 
+    /// The address after the current one: where a reconnect starts (the same one when there
+    /// is only one).
+    pub fn next_addr(&self) -> &str {
+        self.addrs.get(self.next())
+    }
+
     /// The index of the address after the current one: where a reconnect starts.
     fn next(&self) -> usize {
         self.current.load(Ordering::Relaxed) + 1
@@ -187,13 +198,48 @@ impl Connector {
     /// refused client certificate, a plain port) or a refused login ends it at once: trying
     /// again would fail the same way.
     pub async fn connect(&self) -> Result<Client, ConnectError> {
-        self.patient(0).await
+        self.patient(0, self.connect_timeout).await
     }
 
     /// [`Connector::connect`] after the connection was lost: from the address after the one
     /// it went to, which is tried last.
     pub async fn reconnect(&self) -> Result<Client, ConnectError> {
-        self.patient(self.next()).await
+        self.patient(self.next(), self.connect_timeout).await
+    }
+
+    /// The connection for the next try of `retry`, after a try failed: from the address after
+    /// the current one (the one that failed is tried last), for up to the connect timeout but
+    /// not past the end of `retry`'s wait (though never for less than [`MIN_TRY`], so that the
+    /// last try still gets a fair chance); a single round when `retry` answers at once.
+    pub async fn reconnect_for(&self, retry: &Retry) -> Result<Client, ConnectError> {
+        if retry.answers_at_once() {
+            return self.reconnect_once(self.connect_timeout).await;
+        }
+        let limit = match retry.left() {
+            Some(left) => left.max(MIN_TRY).min(self.connect_timeout),
+            None => self.connect_timeout,
+        };
+        self.patient(self.next(), limit).await
+    }
+
+    /// A request on the current connection failed with `e` (one that [`super::retryable`]
+    /// allows): records it in `retry` as `lockd at <addr> answered ERR ...`, tells it (which
+    /// address comes next, and when) and returns the pause before the next try, or `None` when
+    /// `retry` is over. `what` names the request for the note (`lock deploy`).
+    pub fn retry_after(&self, retry: &mut Retry, what: &str, e: &ClientError) -> Option<Duration> {
+        let cause = format!("lockd at {} {}", self.addr(), said(e));
+        let pause = retry.failed(cause.clone());
+        match pause {
+            Some(p) => self.note(|| {
+                format!(
+                    "{what}: {cause}; trying {} in {}",
+                    self.addrs.get(self.next()),
+                    humantime::format_duration(round_ms(p))
+                )
+            }),
+            None => self.note(|| format!("{what}: {cause}; giving up")),
+        }
+        pause
     }
 
     /// One round over the addresses from the current one, bounded by `limit`.
@@ -208,8 +254,54 @@ impl Connector {
         self.once(self.next(), limit).await
     }
 
-    async fn patient(&self, start: usize) -> Result<Client, ConnectError> {
-        let give_up = Instant::now() + self.connect_timeout;
+    /// Whether the front-end of the latest connection can still serve the LOCK waiting on it,
+    /// asked on a connection of its own every `every`; resolves only when it can't. A cluster
+    /// front-end cut off from etcd answers its waiters only once it learns that its etcd
+    /// lease is gone, which it learns only when etcd is back, so a client waiting there would
+    /// wait out its whole wait although another front-end could serve it. The question is a
+    /// CHECK of the lock's holder (its token from STATUS), which a front-end answers from etcd
+    /// itself, or `ERR UNAVAILABLE` within its `--etcd-request-timeout` when it can't reach
+    /// etcd: that, or no answer within `every`, is what this resolves to. A free lock, a
+    /// front-end that can't be reached for the question, or any other answer says nothing.
+    pub async fn until_cut_off(&self, name: &str, every: Duration) -> ClientError {
+        loop {
+            sleep(every).await;
+            if let Some(e) = self.cut_off(name, every).await {
+                return e;
+            }
+        }
+    }
+
+    async fn cut_off(&self, name: &str, limit: Duration) -> Option<ClientError> {
+        let addr = self.addr().to_owned();
+        let started = Instant::now();
+        let mut client = self.attempt(&addr, limit).await.ok()?;
+        let left = limit.saturating_sub(started.elapsed());
+        let asked = timeout(left, async {
+            let status = client.lock_status(name).await?;
+            match status.held() {
+                Some(held) => client.check(name, held.token).await.map(|_| ()),
+                None => Ok(()),
+            }
+        })
+        .await;
+        match asked {
+            Err(_) => Some(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "no answer to a CHECK within {} while the LOCK waited there",
+                    humantime::format_duration(limit)
+                ),
+            ))),
+            Ok(Err(ClientError::Refused(e))) if e.code == ErrorCode::Unavailable => {
+                Some(ClientError::Refused(e))
+            }
+            Ok(_) => None,
+        }
+    }
+
+    async fn patient(&self, start: usize, limit: Duration) -> Result<Client, ConnectError> {
+        let give_up = Instant::now() + limit;
         let mut backoff = FIRST_BACKOFF;
         loop {
             let failed = match self.round(start, give_up).await {
@@ -234,7 +326,7 @@ impl Connector {
                 return Err(ConnectError::Unreachable(format!(
                     "{} (tried for {})",
                     unreachable(&failed),
-                    humantime::format_duration(self.connect_timeout)
+                    humantime::format_duration(limit)
                 )));
             }
             if let Some((addr, error)) = failed.last() {
@@ -336,6 +428,21 @@ impl Connector {
         tls.open(addr, stream, limit.saturating_sub(started.elapsed()))
             .await
     }
+}
+
+/// What the server did, after `lockd at <addr>`: `answered ERR UNAVAILABLE ...`, `closed the
+/// connection`.
+fn said(e: &ClientError) -> String {
+    match e {
+        ClientError::Refused(e) => format!("answered ERR {} {}", e.code, e.message),
+        ClientError::Closed => "closed the connection".into(),
+        ClientError::Io(e) => format!("failed: {e}"),
+        ClientError::Unexpected(line) => format!("answered {line:?}"),
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `cannot reach lockd at a:1: <error>`, and `; nor at b:1: <error>` for every other address

@@ -5,6 +5,9 @@
 //!   same grammar the server writes them with.
 //! - [`connect`]: [`Connector`], one lockd at one address or several (a cluster's
 //!   front-ends), with failover, retry and backoff, over [`tls`] and logged in by [`auth`].
+//! - [`retry`]: what may be tried again (`ERR UNAVAILABLE`, a lost connection) and for how
+//!   long: [`Retry`], [`Backoff`], used with [`Connector::retry_after`] and
+//!   [`Connector::reconnect_for`].
 //! - [`tls`]: the TLS settings of a connection, and what a failed handshake means.
 //! - [`auth`]: AUTH as a user, and what its refusals mean.
 
@@ -26,10 +29,12 @@ use crate::proto::{
 
 pub mod auth;
 pub mod connect;
+pub mod retry;
 pub mod tls;
 
 pub use auth::{Credentials, LoggedIn, LoginError};
 pub use connect::{Addrs, ConnectError, Connector, Notes};
+pub use retry::{retryable, Backoff, Retry};
 pub use tls::Tls;
 
 /// Longest reply line a client accepts.

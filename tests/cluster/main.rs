@@ -11,6 +11,7 @@ mod etcd_harness;
 mod failover;
 mod features;
 mod flapping;
+mod fronts;
 mod health;
 mod history_checker;
 mod netsplit;

@@ -35,6 +35,13 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
          or release/renew was given a token that is not the live lease",
     ),
     (
+        "5",
+        "lockd could not serve the request for the whole wait: every try, through every \
+         address, was answered ERR UNAVAILABLE (cluster mode: etcd out of reach) or lost its \
+         connection, until -w ran out (with -n: at its one try per address; release and \
+         renew: for --connect-timeout)",
+    ),
+    (
         "124",
         "run --until: the --until test did not pass within --until-timeout \
          (the lock was released)",
@@ -141,7 +148,9 @@ pub struct Cli {
     /// lockd address as host:port (an IPv6 address in brackets, as [::1]:5001), or several,
     /// comma-separated without spaces (a:5001,b:5001,c:5001), the front-ends of one lockd
     /// cluster: lockctl connects to the first that answers, trying them in turn, and after a
-    /// lost connection reconnects to the next one (the one it lost is tried last). Not for
+    /// lost connection reconnects to the next one (the one it lost is tried last); a request
+    /// answered ERR UNAVAILABLE is sent again through the next one, with backoff, for the
+    /// rest of the wait (exit 5 if none could serve it). Not for
     /// separate lockd servers: they do not know each other's locks. It has no short form: -s
     /// is --shared, as in flock(1).
     #[arg(long, global = true, env = "LOCKD_ADDR", default_value = lockd::DEFAULT_LISTEN,
@@ -150,7 +159,7 @@ pub struct Cli {
 
     /// How long to keep trying to reach the server (with backoff) before exit code 3
     /// [default: 10s for run, acquire and watch, which wait anyway; 2s for status, release,
-    /// renew and acquire -n, so that a script learns at once that the server is down].
+    /// renew, run -n and acquire -n, so that a script learns at once that the server is down].
     #[arg(long, global = true, value_parser = duration)]
     pub connect_timeout: Option<Duration>,
 

@@ -9,6 +9,10 @@ pub const USAGE: u8 = 2;
 pub const UNREACHABLE: u8 = 3;
 /// The lease was lost (or a token given to release/renew is not the live lease).
 pub const LOST: u8 = 4;
+/// lockd was reached but could not serve the request for the whole wait (-w; -n's one try
+/// per address; --connect-timeout for release and renew): every try was answered `ERR
+/// UNAVAILABLE` (or its connection lost), through every address given.
+pub const UNAVAILABLE: u8 = 5;
 /// `run --until`: the test did not pass within --until-timeout (as timeout(1)'s 124).
 pub const UNTIL_TIMEOUT: u8 = 124;
 /// The command exists but could not be started (as the shell's 126).

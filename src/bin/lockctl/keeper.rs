@@ -6,7 +6,15 @@
 //! the window is the ttl, or the session grace if that is shorter. The server extended the
 //! lease at some moment after that send, so the ttl cannot run out earlier; and it still had
 //! the connection then, so if it sees the connection close, the grace cannot start earlier.
-//! Renewing every third of the window keeps that deadline ahead, across dropped connections.
+//! Renewing every third of the window (at most every 2s with several addresses, see
+//! [`CLUSTER_INTERVAL`]) keeps that deadline ahead, across dropped connections.
+//!
+//! A front-end that cannot serve the RENEW (a cluster front-end cut off from etcd answers
+//! `ERR UNAVAILABLE` after its `--etcd-request-timeout`, or not at all) is left for the next
+//! address at once: the lease moves to the front-end that renews it (proto.md). With several
+//! addresses each try is bounded by half an interval, connection included, so that a try
+//! stuck on a cut-off front-end from its renewal time still leaves the next address a sixth
+//! of the window (less the margin and the kill grace) before the command must be stopped.
 
 use std::time::Duration;
 
@@ -20,6 +28,14 @@ use tokio::time::{sleep_until, timeout, Instant};
 use crate::net::Server;
 
 const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// The longest renewal interval with several addresses (a cluster's front-ends). A session
+/// lease hangs on its front-end's etcd lease (`--etcd-lease-ttl`, 5s by default), which lasts
+/// at least two thirds of its ttl after that front-end is cut off (it is kept alive every
+/// third): 3.3s by default. A renewal stuck on the cut-off front-end is given up after half an
+/// interval, so the next address is renewing through 1.5 intervals and a retry after the cut
+/// at worst: 3.1s with this cap, in time.
+const CLUSTER_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The lock being held.
 #[derive(Clone, Debug)]
@@ -42,6 +58,8 @@ pub struct Timing {
     margin: Duration,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
+    /// Whether there are other addresses to renew through.
+    several: bool,
 }
 
 impl Timing {
@@ -49,17 +67,30 @@ impl Timing {
     /// connection close, which lockctl cannot bound, so only the ttl counts. `kill_grace` is
     /// capped at a quarter of the window: SIGTERM must not come before lockctl has had a fair
     /// chance to renew, and SIGKILL must still land before the deadline.
-    pub fn new(ttl: Duration, session_grace: Duration, kill_grace: Duration) -> Timing {
+    ///
+    /// With several `front_ends`, renewals come at least every [`CLUSTER_INTERVAL`], so that
+    /// they can move to another front-end before a cut-off one's etcd lease ends.
+    pub fn new(
+        ttl: Duration,
+        session_grace: Duration,
+        kill_grace: Duration,
+        front_ends: usize,
+    ) -> Timing {
         let window = match session_grace.is_zero() {
             true => ttl,
             false => ttl.min(session_grace),
         };
+        let interval = match front_ends > 1 {
+            true => (window / 3).min(CLUSTER_INTERVAL),
+            false => window / 3,
+        };
         Timing {
             ttl,
             window,
-            interval: window / 3,
+            interval,
             margin: (window / 10).clamp(Duration::from_millis(20), Duration::from_secs(2)),
             grace: kill_grace.min(window / 4),
+            several: front_ends > 1,
         }
     }
 
@@ -88,6 +119,20 @@ impl Timing {
     /// When SIGKILL must go out, if the command is still running.
     fn kill_at(&self, deadline: Instant) -> Instant {
         deadline.checked_sub(self.margin).unwrap_or(deadline)
+    }
+
+    /// The longest one RENEW may take, connecting included, before the keeper tries again.
+    /// With several addresses, half an interval, so that one stuck on a front-end from its
+    /// renewal time (at a third of the window) is given up at half the window, and the next
+    /// address is tried well before [`Timing::term_at`] (at least 65% of the window: the
+    /// margin is at most a tenth and the kill grace at most a quarter). With one there is no
+    /// other to try: a whole interval, for a slow answer to come.
+    pub fn attempt_limit(&self) -> Duration {
+        let limit = match self.several {
+            true => self.interval / 2,
+            false => self.interval,
+        };
+        limit.max(Duration::from_millis(100))
     }
 
     fn max_retry(&self) -> Duration {
@@ -171,24 +216,34 @@ impl Link {
         }
     }
 
-    /// One RENEW, on a new connection if need be; returns when it was sent and the lease left.
+    /// One RENEW, on a new connection if need be, all within `limit`; returns when it was
+    /// sent and the lease left. A failure names the address it came from. One that the next
+    /// address may not share (`ERR UNAVAILABLE`, no reply in time, a lost connection) leaves
+    /// this connection behind, so that the next try goes to the next address; with a single
+    /// address an `ERR UNAVAILABLE` keeps the connection, which is still good.
     async fn renew(
         &mut self,
         lease: &HeldLease,
         limit: Duration,
     ) -> Result<(Instant, Duration), RenewError> {
+        let started = Instant::now();
         let mut client = self
             .client(limit.min(self.server.connect_timeout()))
             .await
             .map_err(RenewError::Failed)?;
+        let addr = self.server.addr().to_owned();
         let sent = Instant::now();
+        let left = limit.saturating_sub(started.elapsed());
         match timeout(
-            limit,
+            left,
             client.renew(&lease.name, lease.token, Some(lease.ttl)),
         )
         .await
         {
-            Err(_) => Err(RenewError::Failed("no reply to RENEW".into())),
+            Err(_) => Err(RenewError::Failed(format!(
+                "lockd at {addr} did not answer RENEW within {}",
+                humantime::format_duration(round_ms(limit))
+            ))),
             Ok(Ok(left)) => {
                 self.client = Some(client);
                 Ok((sent, left))
@@ -199,12 +254,18 @@ impl Link {
                     self.client = Some(client);
                     return Err(RenewError::NotHeld(text));
                 }
-                if !e.code.may_close() {
+                let move_on = e.code == ErrorCode::Unavailable && self.server.addrs().len() > 1;
+                if !e.code.may_close() && !move_on {
                     self.client = Some(client);
                 }
-                Err(RenewError::Failed(text))
+                Err(RenewError::Failed(format!(
+                    "lockd at {addr} answered ERR {text}"
+                )))
             }
-            Ok(Err(e)) => Err(RenewError::Failed(e.to_string())),
+            Ok(Err(ClientError::Closed)) => Err(RenewError::Failed(format!(
+                "lockd at {addr} closed the connection"
+            ))),
+            Ok(Err(e)) => Err(RenewError::Failed(format!("lockd at {addr}: {e}"))),
         }
     }
 
@@ -311,7 +372,7 @@ impl KeeperState {
         let mut retry = FIRST_RETRY;
         loop {
             let term_at = self.timing.term_at(self.deadline);
-            let attempt_limit = self.timing.interval.max(Duration::from_millis(100));
+            let attempt_limit = self.timing.attempt_limit();
             let step = tokio::select! {
                 biased;
                 _ = &mut stop => KeeperStep::Stop,
@@ -364,9 +425,16 @@ impl KeeperState {
                 KeeperStep::Renewed(Err(RenewError::Failed(e))) => {
                     if verbose {
                         let left = self.deadline.saturating_duration_since(Instant::now());
+                        // No connection: the next try starts at the next address.
+                        let next = match self.link.client.is_some() {
+                            true => self.link.server.addr().to_owned(),
+                            false => self.link.server.next_addr().to_owned(),
+                        };
                         eprintln!(
-                            "lockctl: renewing {} failed: {e}; retrying ({} of lease left)",
+                            "lockctl: renewing {} failed: {e}; trying {next} in {} ({} of \
+                             lease left)",
                             self.lease.name,
+                            humantime::format_duration(round_ms(retry)),
                             humantime::format_duration(round_ms(left))
                         );
                     }
@@ -386,4 +454,47 @@ impl KeeperState {
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// A RENEW sent at its time to a front-end that never answers, given up after its limit,
+    /// then sent to the next address after the first retry pause: that one starts well
+    /// before the command must be stopped, whatever the window (from 3s up).
+    #[test]
+    fn a_renew_stuck_for_its_limit_leaves_the_next_address_time() {
+        for window in [S(3), S(6), S(10), S(30), S(60), S(3600)] {
+            for front_ends in [2, 3] {
+                let t = Timing::new(window, window, S(5), front_ends);
+                let renewed = Instant::now();
+                let next_try = t.next_renew(renewed) + t.attempt_limit() + FIRST_RETRY;
+                let term = t.term_at(t.deadline(renewed, window));
+                assert!(
+                    next_try + window / 20 <= term,
+                    "window {window:?}: the next address tried at {:?}, SIGTERM at {:?}",
+                    next_try - renewed,
+                    term - renewed
+                );
+            }
+        }
+    }
+
+    /// With several front-ends the renewals move within two thirds of the default
+    /// `--etcd-lease-ttl` (5s) after a cut, however long the lease.
+    #[test]
+    fn with_several_front_ends_renewals_move_before_an_etcd_lease_can_end() {
+        for ttl in [S(6), S(30), S(3600)] {
+            let t = Timing::new(ttl, S(10).min(ttl), S(5), 3);
+            let moved = t.interval + t.attempt_limit() + FIRST_RETRY;
+            assert!(moved < S(5) * 2 / 3, "ttl {ttl:?}: moved after {moved:?}");
+        }
+        // One address: nowhere to move, the renewals (and their patience) as before.
+        let one = Timing::new(S(30), S(10), S(5), 1);
+        assert_eq!(one.interval, S(10) / 3);
+        assert_eq!(one.attempt_limit(), S(10) / 3);
+    }
 }

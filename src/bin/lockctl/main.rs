@@ -14,9 +14,10 @@
 //! as `proto`'s types, and no module here parses a line.
 //!
 //! Its modules import each other in one direction (no cycle): `cli`, `fail` and `out` import
-//! none of them; `child` -> `fail`; `auth`, `tls`, `docs` -> `cli`, `fail`; `request` -> `cli`;
-//! `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`; `status` ->
-//! `cli`, `fail`, `net`, `out`; `ops`, `run`, `top`, `watch` -> those below them.
+//! none of them; `child` -> `fail`; `auth`, `tls`, `docs` -> `cli`, `fail`; `net` -> `auth`,
+//! `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`; `request` -> `cli`, `fail`,
+//! `holder`, `net`; `status` -> `cli`, `fail`, `net`, `out`; `ops`, `run`, `top`, `watch` ->
+//! those below them.
 
 mod auth;
 mod child;
@@ -115,7 +116,9 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
 /// Commands that wait anyway are patient with the server; a one-shot question is not.
 fn default_connect_timeout(command: &Command) -> std::time::Duration {
     match command {
-        Command::Run(_) | Command::Watch(_) => PATIENT_CONNECT,
+        // -n answers at once, even when the server is down.
+        Command::Run(a) if !a.wait.nonblock => PATIENT_CONNECT,
+        Command::Watch(_) => PATIENT_CONNECT,
         Command::Acquire(a) if !a.wait.nonblock => PATIENT_CONNECT,
         _ => ONE_SHOT_CONNECT,
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockd::client::{Addrs, Client, ConnectError, Connector, Tls};
+use lockd::client::{Addrs, Client, ClientError, ConnectError, Connector, Retry, Tls};
 use lockd::proto::ErrorCode;
 
 use crate::auth::Login;
@@ -62,15 +62,15 @@ impl Server {
         self.connector.addr()
     }
 
+    /// The address a reconnect goes to first.
+    pub fn next_addr(&self) -> &str {
+        self.connector.next_addr()
+    }
+
     /// [`Connector::connect`]: gives up with exit code 3 naming every address; a TLS failure
     /// ends it at once, also with 3; a refused login at once with 2.
     pub async fn connect(&self) -> Result<Client, Failure> {
         self.connector.connect().await.map_err(failure)
-    }
-
-    /// [`Connector::reconnect`].
-    pub async fn reconnect(&self) -> Result<Client, Failure> {
-        self.connector.reconnect().await.map_err(failure)
     }
 
     /// [`Connector::connect_once`]: a refused login is exit 2 and [`Failure::is_denied`];
@@ -82,6 +82,23 @@ impl Server {
     /// [`Connector::reconnect_once`].
     pub async fn reconnect_once(&self, limit: Duration) -> Result<Client, Failure> {
         self.connector.reconnect_once(limit).await.map_err(failure)
+    }
+
+    /// [`Connector::until_cut_off`]: resolves once the current front-end can't serve the
+    /// LOCK waiting on it.
+    pub async fn until_cut_off(&self, name: &str, every: Duration) -> ClientError {
+        self.connector.until_cut_off(name, every).await
+    }
+
+    /// [`Connector::reconnect_for`]: the connection for the next try of `retry`.
+    pub async fn reconnect_for(&self, retry: &Retry) -> Result<Client, Failure> {
+        self.connector.reconnect_for(retry).await.map_err(failure)
+    }
+
+    /// [`Connector::retry_after`]: records a retryable failure of `what`, says it with -v, and
+    /// returns the pause before the next try (`None`: `retry` is over).
+    pub fn retry_after(&self, retry: &mut Retry, what: &str, e: &ClientError) -> Option<Duration> {
+        self.connector.retry_after(retry, what, e)
     }
 }
 

@@ -1,11 +1,11 @@
 //! The one-request commands: acquire, release, renew.
 
-use lockd::client::ClientError;
+use lockd::client::{self, retryable, Client, ClientError, Retry};
 use lockd::proto::{ErrorCode, Tie};
+use tokio::time::sleep;
 
 use crate::cli::{AcquireArgs, RenewArgs, TokenArgs};
-use crate::fail::{Failure, LOST};
-use crate::holder::{say_conflict, say_if_waiting};
+use crate::fail::{Failure, LOST, UNAVAILABLE};
 use crate::net::Server;
 use crate::out::{print_line, Printed};
 use crate::request::{self, Terms};
@@ -16,57 +16,54 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
     if args.ttl.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--ttl must be more than 0"));
     }
-    let mut client = server.connect().await?;
     let terms = Terms {
         ttl: args.ttl,
-        wait: args.wait.server_wait(),
+        wait: None,
         tie: Tie::Detach,
         mode: args.mode,
     };
-    let lock = request::lock(&mut client, &args.name, id, terms);
-    let reply = say_if_waiting(server, &args.name, id, lock).await;
-    match reply {
-        Ok(token) => {
-            if server.verbose {
-                let ttl = match args.ttl {
-                    Some(t) => format!("ttl {}", humantime::format_duration(t)),
-                    None => "the server's default ttl".into(),
-                };
-                eprintln!(
-                    "lockctl: acquired {} token {token} ({}, a plain lease, {ttl}: release \
-                     or renew it with this token)",
-                    args.name,
-                    args.mode.describe()
-                );
-            }
-            print_line(&token.to_string())?;
-            Ok(0)
-        }
-        Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
-            if server.verbose {
-                say_conflict(&mut client, &args.name, &args.wait).await;
-            }
-            Err(Failure::silent(args.wait.conflict_exit_code))
-        }
-        Err(e) => Err(Failure::request(
-            &format!("acquire {}", args.name),
-            server.addr(),
-            e,
-        )),
+    let what = format!("acquire {}", args.name);
+    let granted =
+        request::lock_retrying(server, &what, (&args.name, id), terms, &args.wait).await?;
+    let token = granted.token;
+    if server.verbose {
+        let ttl = match args.ttl {
+            Some(t) => format!("ttl {}", humantime::format_duration(t)),
+            None => "the server's default ttl".into(),
+        };
+        eprintln!(
+            "lockctl: acquired {} token {token} ({}, a plain lease, {ttl}: release \
+             or renew it with this token)",
+            args.name,
+            args.mode.describe()
+        );
     }
+    print_line(&token.to_string())?;
+    Ok(0)
 }
 
 pub async fn release(server: &Server, args: &TokenArgs) -> Result<u8, Failure> {
-    let mut client = server.connect().await?;
     let what = format!("release {} {}", args.name, args.token);
-    match client.unlock(&args.name, args.token).await {
+    let unlock = async |c: &mut Client| c.unlock(&args.name, args.token).await;
+    match one_shot(server, &what, unlock).await? {
         Ok(()) => {
             if server.verbose {
                 eprintln!("lockctl: released {} token {}", args.name, args.token);
             }
             Ok(0)
         }
-        Err(e) => Err(not_held_is_lost(&what, server.addr(), e)),
+        // An earlier UNLOCK answered ERR UNAVAILABLE may have been carried out all the same.
+        Err((e, retry)) if retry.failures() > 0 && e.code() == Some(ErrorCode::NotHeld) => {
+            let mut f = not_held_is_lost(&what, server.addr(), e);
+            if let Some(m) = f.message.as_mut() {
+                m.push_str(&format!(
+                    " (an earlier try, {}, may have released it)",
+                    retry.last_cause().unwrap_or("unanswered")
+                ));
+            }
+            Err(f)
+        }
+        Err((e, _)) => Err(not_held_is_lost(&what, server.addr(), e)),
     }
 }
 
@@ -75,9 +72,9 @@ pub async fn renew(server: &Server, args: &RenewArgs) -> Result<u8, Failure> {
         return Err(Failure::usage("--ttl must be more than 0"));
     }
     let lock = &args.lock;
-    let mut client = server.connect().await?;
     let what = format!("renew {} {}", lock.name, lock.token);
-    match client.renew(&lock.name, lock.token, args.ttl).await {
+    let renew = async |c: &mut Client| c.renew(&lock.name, lock.token, args.ttl).await;
+    match one_shot(server, &what, renew).await? {
         Ok(left) => {
             if server.verbose {
                 eprintln!(
@@ -89,7 +86,45 @@ pub async fn renew(server: &Server, args: &RenewArgs) -> Result<u8, Failure> {
             }
             Ok(0)
         }
-        Err(e) => Err(not_held_is_lost(&what, server.addr(), e)),
+        Err((e, _)) => Err(not_held_is_lost(&what, server.addr(), e)),
+    }
+}
+
+/// The request of a one-shot command (release, renew), sent again through the next address
+/// while what comes back may be mended by trying again ([`retryable`]: `ERR UNAVAILABLE`, a
+/// lost connection), with backoff, for up to --connect-timeout: a script that asks is told
+/// soon. Gives up with [`UNAVAILABLE`] naming the last front-end and what it said; any other
+/// answer is returned, with the retries it took.
+async fn one_shot<T>(
+    server: &Server,
+    what: &str,
+    mut ask: impl AsyncFnMut(&mut Client) -> client::Result<T>,
+) -> Result<Result<T, (ClientError, Retry)>, Failure> {
+    let mut retry = Retry::within(Some(server.connect_timeout()));
+    let mut client = server.connect().await?;
+    loop {
+        let e = match ask(&mut client).await {
+            Ok(answer) => return Ok(Ok(answer)),
+            Err(e) if retryable(&e) => e,
+            Err(e) => return Ok(Err((e, retry))),
+        };
+        let Some(pause) = server.retry_after(&mut retry, what, &e) else {
+            return Err(Failure::new(
+                UNAVAILABLE,
+                format!(
+                    "{what}: lockd was unavailable for {}: last, {}",
+                    humantime::format_duration(server.connect_timeout()),
+                    retry.last_cause().unwrap_or("no answer")
+                ),
+            ));
+        };
+        // The next address, or with one address the same connection (it stays open after
+        // ERR UNAVAILABLE).
+        let keep = server.addrs().len() == 1 && e.code() == Some(ErrorCode::Unavailable);
+        sleep(pause).await;
+        if !keep {
+            client = server.reconnect_for(&retry).await?;
+        }
     }
 }
 

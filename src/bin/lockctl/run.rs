@@ -2,18 +2,16 @@
 
 use std::time::Duration;
 
-use lockd::client::{Client, ClientError};
-use lockd::locks::Token;
+use lockd::client::ClientError;
 use lockd::proto::{ErrorCode, Tie};
-use tokio::time::Instant;
+use tokio::time::{timeout, Instant};
 
 use crate::child::{Program, Signals};
 use crate::cli::{ModeArgs, OnLost, RunArgs, WaitArgs};
 use crate::fail::{signal_code, Failure, LOST};
-use crate::holder::{say_conflict, say_if_waiting};
 use crate::keeper::{HeldLease, Keeper, Link, Timing};
 use crate::net::Server;
-use crate::request::{self, Terms};
+use crate::request::{self, Granted, Terms};
 use crate::supervise::Supervisor;
 
 /// --session-grace unless given (never more than the ttl): long enough for a reconnect across
@@ -37,7 +35,12 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
             None => DEFAULT_SESSION_GRACE.min(args.ttl),
         };
     let mut signals = Signals::new()?;
-    let timing = Timing::new(args.ttl, session_grace, args.kill_grace);
+    let timing = Timing::new(
+        args.ttl,
+        session_grace,
+        args.kill_grace,
+        server.addrs().len(),
+    );
 
     let ask = LockAsk {
         name: &args.name,
@@ -56,7 +59,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
             return Ok(signal_code(sig));
         }
     };
-    let Acquired {
+    let Granted {
         mut client,
         token,
         sent,
@@ -82,7 +85,12 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     let mut next_renew = timing.next_renew(sent);
     if timing.needs_early_renew(sent.elapsed()) {
         let renew_sent = Instant::now();
-        match client.renew(&lease.name, token, Some(args.ttl)).await {
+        let renewed = timeout(
+            timing.attempt_limit(),
+            client.renew(&lease.name, token, Some(args.ttl)),
+        )
+        .await;
+        match renewed.unwrap_or(Err(ClientError::Closed)) {
             Ok(left) => {
                 deadline = timing.deadline(renew_sent, left);
                 next_renew = timing.next_renew(renew_sent);
@@ -145,13 +153,6 @@ fn program(args: &RunArgs) -> Result<Program, Failure> {
     }
 }
 
-struct Acquired {
-    client: Client,
-    token: Token,
-    /// When the granted LOCK was sent: the lease began no earlier.
-    sent: Instant,
-}
-
 /// What `run` asks the server for.
 struct LockAsk<'a> {
     name: &'a str,
@@ -163,58 +164,18 @@ struct LockAsk<'a> {
 }
 
 /// LOCK with `session=<grace>`, so that the server frees the lock soon if lockctl dies, but a
-/// dropped connection can be ridden out. If the connection fails while waiting, it reconnects
-/// and asks again for the rest of the wait.
-async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Acquired, Failure> {
-    let started = Instant::now();
-    let mut client = server.connect().await?;
-    loop {
-        let wait = ask
-            .wait
-            .server_wait()
-            .map(|w| w.saturating_sub(started.elapsed()));
-        let terms = Terms {
-            ttl: Some(ask.ttl),
-            wait,
-            tie: Tie::Session(ask.session_grace),
-            mode: ask.mode,
-        };
-        let sent = Instant::now();
-        let lock = request::lock(&mut client, ask.name, ask.id, terms);
-        let reply = say_if_waiting(server, ask.name, ask.id, lock).await;
-        match reply {
-            Ok(token) => {
-                return Ok(Acquired {
-                    client,
-                    token,
-                    sent,
-                })
-            }
-            Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
-                if server.verbose {
-                    say_conflict(&mut client, ask.name, ask.wait).await;
-                }
-                return Err(Failure::silent(ask.wait.conflict_exit_code));
-            }
-            Err(ClientError::Refused(e)) if e.code != ErrorCode::Shutdown => {
-                return Err(Failure::request(
-                    &format!("lock {}", ask.name),
-                    server.addr(),
-                    ClientError::Refused(e),
-                ));
-            }
-            Err(e) => {
-                if server.verbose {
-                    eprintln!(
-                        "lockctl: lost the connection while waiting for {} ({e}); reconnecting",
-                        ask.name
-                    );
-                }
-                // To the next address first: the one just lost may be the one that is down.
-                client = server.reconnect().await?;
-            }
-        }
-    }
+/// dropped connection can be ridden out. What can be mended by trying again (`ERR
+/// UNAVAILABLE`, a lost connection) is tried again through the next address, for the rest of
+/// the wait ([`request::lock_retrying`]).
+async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Granted, Failure> {
+    let terms = Terms {
+        ttl: Some(ask.ttl),
+        wait: None,
+        tie: Tie::Session(ask.session_grace),
+        mode: ask.mode,
+    };
+    let what = format!("lock {}", ask.name);
+    request::lock_retrying(server, &what, (ask.name, ask.id), terms, ask.wait).await
 }
 
 fn lost_failure(lease: &HeldLease, why: &str) -> Failure {

@@ -7,7 +7,7 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, SystemTime};
 
 use lockd::client::Client;
-use lockd::proto::StatusLine;
+use lockd::proto::{ErrorCode, StatusLine};
 use tokio::time::{interval, timeout, MissedTickBehavior};
 
 use crate::child::Signals;
@@ -105,7 +105,14 @@ async fn take(
             Ok(entries)
         }
         Ok(Err(f)) => {
-            if f.code != UNREACHABLE {
+            // A front-end that can't serve now (etcd out of its reach, shutting down) is
+            // left for the next address at the next refresh, as a lost connection is.
+            let move_on = match f.refusal {
+                Some(ErrorCode::Shutdown) => true,
+                Some(ErrorCode::Unavailable) => server.addrs().len() > 1,
+                _ => false,
+            };
+            if f.code != UNREACHABLE && !move_on {
                 *client = Some(c);
             }
             Err(f)

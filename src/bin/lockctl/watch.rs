@@ -2,8 +2,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockd::client::ClientError;
+use lockd::client::{retryable, ClientError, Retry};
 use lockd::proto::{BadReply, ErrorCode, EventLine};
+use tokio::time::sleep;
 
 use crate::child::Signals;
 use crate::cli::WatchArgs;
@@ -11,13 +12,14 @@ use crate::fail::{Failure, UNREACHABLE};
 use crate::net::Server;
 use crate::out::{json_string, print_line};
 
+/// Watches until interrupted. A front-end that can't go on (`ERR UNAVAILABLE`, `ERR
+/// SHUTDOWN`, a lost connection) is left for the next address, with backoff, as long as it
+/// takes; the events in between are missed (-v says so). Nothing reachable for
+/// --connect-timeout is exit 3, as at the start.
 pub async fn watch(server: &Server, args: &WatchArgs) -> Result<u8, Failure> {
     let mut signals = Signals::new()?;
-    let mut client = server.connect().await?;
-    client
-        .watch(args.name.as_deref())
-        .await
-        .map_err(|e| Failure::request("watch", server.addr(), e))?;
+    let mut retry = Retry::within(None);
+    let mut client = Some(server.connect().await?);
     let show = |event: Result<&EventLine, &str>| match (args.json, event) {
         (true, Ok(e)) => json_event(e),
         (true, Err(line)) => json_other(line),
@@ -25,28 +27,67 @@ pub async fn watch(server: &Server, args: &WatchArgs) -> Result<u8, Failure> {
         (false, Err(line)) => line.to_owned(),
     };
     loop {
-        let event = tokio::select! {
-            e = client.next_event() => e,
+        let mut c = match client.take() {
+            Some(c) => c,
+            None => tokio::select! {
+                c = server.reconnect_for(&retry) => c?,
+                _ = signals.recv() => return Ok(0),
+            },
+        };
+        let started = tokio::select! {
+            r = c.watch(args.name.as_deref()) => r,
             _ = signals.recv() => return Ok(0),
         };
-        match event {
-            Ok(Ok(e)) => print_line(&show(Ok(&e)))?,
-            // A line that is no event is shown as it came.
-            Ok(Err(BadReply(line))) => print_line(&show(Err(&line)))?,
+        let (ended, watching) = match started {
+            Ok(()) => {
+                if retry.failures() > 0 && server.verbose {
+                    eprintln!(
+                        "lockctl: watching again through lockd at {} (events meanwhile were \
+                         missed)",
+                        server.addr()
+                    );
+                }
+                retry.succeeded();
+                loop {
+                    let event = tokio::select! {
+                        e = c.next_event() => e,
+                        _ = signals.recv() => return Ok(0),
+                    };
+                    match event {
+                        Ok(Ok(e)) => print_line(&show(Ok(&e)))?,
+                        // A line that is no event is shown as it came.
+                        Ok(Err(BadReply(line))) => print_line(&show(Err(&line)))?,
+                        Err(e) => break (e, true),
+                    }
+                }
+            }
+            Err(e) => (e, false),
+        };
+        match ended {
+            e if retryable(&e) => {
+                let Some(pause) = server.retry_after(&mut retry, "watch", &e) else {
+                    return Err(Failure::request("watch", server.addr(), e));
+                };
+                drop(c);
+                tokio::select! {
+                    _ = sleep(pause) => {}
+                    _ = signals.recv() => return Ok(0),
+                }
+            }
             // The user was removed from the auth file, or lost the read right.
-            Err(ClientError::Refused(e)) if e.code == ErrorCode::Denied => {
+            ClientError::Refused(e) if watching && e.code == ErrorCode::Denied => {
                 return Err(Failure::refused(
                     e.code,
                     format!("watch: lockd ended the watch: {} {}", e.code, e.message),
                 ))
             }
-            Err(ClientError::Refused(e)) => {
+            ClientError::Refused(e) if watching => {
                 return Err(Failure::new(
                     UNREACHABLE,
                     format!("watch: lockd ended the watch: {} {}", e.code, e.message),
                 ))
             }
-            Err(e) => return Err(Failure::request("watch", server.addr(), e)),
+            e => return Err(Failure::request("watch", server.addr(), e)),
         }
     }
 }

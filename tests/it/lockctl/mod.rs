@@ -8,6 +8,7 @@ mod failover;
 mod liveness;
 mod modes;
 mod restart;
+mod retry;
 mod status;
 mod tls;
 mod tty;
