@@ -39,7 +39,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
         "lockd could not serve the request for the whole wait: every try, through every \
          address, was answered ERR UNAVAILABLE (cluster mode: etcd out of reach) or lost its \
          connection, until -w ran out (with -n: at its one try per address; release and \
-         renew: for --connect-timeout)",
+         renew: for --connect-timeout); status: the cluster front-end that answered has not \
+         heard from etcd lately, so what it shows may be stale (a warning says so)",
     ),
     (
         "124",

@@ -6,7 +6,7 @@ use lockd::locks::Mode;
 use lockd::proto::{HeldLine, StatusLine};
 
 use crate::cli::StatusArgs;
-use crate::fail::Failure;
+use crate::fail::{Failure, UNAVAILABLE};
 use crate::net::Server;
 use crate::out::{columns, json_string, mode_words, print_line, short_duration, yes_no};
 
@@ -38,10 +38,6 @@ pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
     print_line(&text)?;
     Ok(0)
 }
-
-/// "The cluster was unavailable": the exit code fail.rs gives it (kept here until that
-/// constant is on this branch).
-const UNAVAILABLE: u8 = 5;
 
 /// After the table: a cluster front-end that has not heard from an etcd quorum within its
 /// readiness bound may show holders that are gone (or miss new ones). The table is still
