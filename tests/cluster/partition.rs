@@ -201,11 +201,16 @@ fn a_front_end_cut_off_longer_than_its_lease_recovers() {
     eventually(PATIENCE, "not ready while cut off", || {
         http_get(metrics, "/readyz").0 == 503
     });
+    // Its waiter is told while the link is still down (once the front-end has heard from no
+    // quorum for longer than its etcd lease), so that it can go to another front-end.
+    let lost = waiter
+        .line_within(PATIENCE)
+        .expect("the cut-off waiter is told before the heal");
+    assert!(lost.starts_with("ERR UNAVAILABLE "), "{lost}");
+    assert!(lost.contains("--etcd-lease-ttl"), "{lost}");
     cut.heal();
 
-    // Those who had them are told, as proto.md says.
-    let lost = waiter.line();
-    assert!(lost.starts_with("ERR UNAVAILABLE "), "{lost}");
+    // Those who had session leases are told, as proto.md says.
     let renew = session.req(&format!("RENEW s {ts}"));
     assert!(renew.starts_with("ERR NOTHELD"), "{renew}");
 

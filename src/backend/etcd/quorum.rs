@@ -111,12 +111,17 @@ pub fn bound(lease_ttl: Duration) -> Duration {
 impl Cluster {
     /// Asks etcd for a quorum answer whenever nothing else brought one for a quarter of the
     /// bound, so the age `/readyz` and STATUS report is never older than that while etcd is
-    /// well.
+    /// well; and once none came for longer than the etcd lease, ends this front-end's waits
+    /// ([`Cluster::end_waits_cut_off`]).
     pub(super) async fn probe_loop(self: Arc<Self>) {
         let period = (self.quorum.bound() / 4).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(period).await;
-            if self.quorum.age() < period {
+            let age = self.quorum.age();
+            if age > self.config.lease_ttl {
+                self.end_waits_cut_off(age);
+            }
+            if age < period {
                 continue;
             }
             let key = self.layout.base();

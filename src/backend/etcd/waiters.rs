@@ -201,6 +201,44 @@ impl Cluster {
         });
     }
 
+    /// This front-end has heard from no etcd quorum for longer than its etcd lease: that
+    /// lease, and its waiters' places with it, are gone or about to be, and no grant can
+    /// reach them while the link is down. So its waiters are told `ERR UNAVAILABLE` now
+    /// (proto.md: send the same LOCK again, through another front-end if there is one)
+    /// rather than when the link is back; each leaves as a waiter whose connection went
+    /// does, so a grant made for it meanwhile is taken back. Waiters whose own write, grant
+    /// or confirmation is still out are left to the answer of that request.
+    pub(super) fn end_waits_cut_off(self: &Arc<Self>, silent: Duration) {
+        let ended: Vec<Local> = {
+            let mut g = self.guard();
+            let quiet: Vec<WaiterId> = g
+                .waiting
+                .iter()
+                .filter(|(_, l)| l.mod_rev != 0 && !l.in_flight && !l.confirming)
+                .map(|(w, _)| *w)
+                .collect();
+            quiet.into_iter().filter_map(|w| g.leave(w)).collect()
+        };
+        if ended.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            fe = self.fe,
+            waiters = ended.len(),
+            silent_ms = silent.as_millis() as u64,
+            "no etcd quorum answer for longer than the front-end's etcd lease: its waiters are told ERR UNAVAILABLE"
+        );
+        for l in ended {
+            let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(format!(
+                "this front-end has not heard from etcd for {:.1}s, longer than its \
+                 --etcd-lease-ttl: the wait ended (send the same LOCK again, through another \
+                 front-end if you have one)",
+                silent.as_secs_f64()
+            ))));
+            self.forget_waiter_key(l.key, l.mod_rev);
+        }
+    }
+
     /// A waiting connection went away; a grant it never read is given back.
     pub fn abandon_wait(
         self: &Arc<Self>,
