@@ -74,6 +74,9 @@ pub struct Locks {
     /// Whether to record [`Change`]s; off for a table that lives only in memory.
     journal: bool,
     changes: Vec<Change>,
+    /// The wall clock the caller last told ([`Locks::wall_clock`]), in Unix milliseconds:
+    /// what a grant records as its time for people. 0 until told.
+    wall_ms: u64,
 }
 
 impl Locks {
@@ -96,7 +99,15 @@ impl Locks {
             effects: Vec::new(),
             journal: false,
             changes: Vec::new(),
+            wall_ms: 0,
         }
+    }
+
+    /// The wall clock at the `now` of the calls that follow, in Unix milliseconds: each
+    /// grant records it (STATUS shows it as `granted=`). The table reads no clock, so the
+    /// caller tells it, as it passes `now`; a table never told records 0, "not known".
+    pub fn wall_clock(&mut self, unix_ms: u64) {
+        self.wall_ms = unix_ms;
     }
 
     /// From now on, record every [`Change`] for [`Locks::drain_changes_into`].
@@ -124,8 +135,9 @@ impl Locks {
             nanos(lease.ttl.min(self.limits.max_ttl)),
             // Past 584 years from now: as good as never.
             self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
-            self.clock.ticks(now).unwrap_or(0),
+            (self.clock.ticks(now).unwrap_or(0), lease.granted_unix_ms),
             lease.user,
+            lease.origin,
         );
         holder.token = lease.token;
         let deadline = holder.deadline;
@@ -264,6 +276,8 @@ impl Locks {
         existing.ttl = nanos(ttl);
         existing.deadline = deadline_ticks;
         let was = existing.bind(req.session, req.conn);
+        // The client that asked last holds it now: its address is the one to show.
+        existing.origin = req.origin.clone();
         self.bound.moved(token, slot, was, existing.open_conn());
         self.timers.insert((deadline_ticks, timer));
         if self.journal {
@@ -275,6 +289,8 @@ impl Locks {
                 deadline,
                 mode,
                 user: existing.user,
+                origin: existing.origin.clone(),
+                granted_unix_ms: existing.granted_unix_ms,
             });
         }
         Ok(())
@@ -334,6 +350,7 @@ impl Locks {
                 queued: self.clock.ticks(now).unwrap_or(0),
                 mode: req.mode,
                 user: req.user,
+                origin: req.origin,
             },
         );
         if let Some(at) = wait_deadline {
@@ -604,7 +621,14 @@ impl Locks {
     ) -> Holder {
         let granted = self.clock.ticks(now).unwrap_or(0);
         let id = self.intern(&req.id);
-        let mut holder = Holder::new(id, nanos(ttl), deadline_ticks, granted, req.user);
+        let mut holder = Holder::new(
+            id,
+            nanos(ttl),
+            deadline_ticks,
+            (granted, self.wall_ms),
+            req.user,
+            req.origin.clone(),
+        );
         holder.bind(req.session, req.conn);
         holder
     }
@@ -701,6 +725,8 @@ impl Locks {
                 deadline,
                 mode,
                 user: holder.user,
+                origin: holder.origin.clone(),
+                granted_unix_ms: holder.granted_unix_ms,
             });
         }
         self.timers
@@ -712,6 +738,7 @@ impl Locks {
             token,
             held: Duration::ZERO,
             waited,
+            origin: holder.origin.clone(),
         }));
         token
     }
@@ -782,6 +809,7 @@ impl Locks {
                                 token: holder.token,
                                 held,
                                 waited: None,
+                                origin: holder.origin,
                             }));
                         }
                         return;
@@ -806,6 +834,7 @@ impl Locks {
             token: old.token,
             held: self.clock.held(now, old.granted),
             waited: None,
+            origin: old.origin,
         }));
         self.grant_fitting(now, slot);
         self.sweep_ids_if_due();
@@ -826,6 +855,7 @@ impl Locks {
             token: old.token,
             held: self.clock.held(now, old.granted),
             waited: None,
+            origin: old.origin,
         }));
         self.grant_waiter(now, slot, next, None, deadline);
     }
@@ -842,8 +872,9 @@ impl Locks {
             Arc::clone(&next.id),
             nanos(next.ttl),
             deadline_ticks,
-            granted,
+            (granted, self.wall_ms),
             next.user,
+            next.origin.clone(),
         );
         holder.bind(next.session, next.conn);
         (deadline, holder)
@@ -974,5 +1005,7 @@ fn holder_status(clock: Clock, now: Instant, entry: &Entry, holder: &Holder) -> 
         waiters: entry.waiters(),
         holders: entry.holder_count(),
         mode: entry.mode(),
+        origin: holder.origin.clone(),
+        granted_unix_ms: holder.granted_unix_ms,
     }
 }

@@ -274,6 +274,8 @@ fn lock_status() -> impl Strategy<Value = LockStatus> {
         waiters: h.waiters,
         holders: h.holders,
         mode: h.mode,
+        origin: Default::default(),
+        granted_unix_ms: 0,
     })
 }
 
@@ -352,6 +354,7 @@ proptest! {
             token,
             held: Duration::ZERO,
             waited: None,
+            origin: Default::default(),
         };
         prop_assert_eq!(
             parse(Reply::Event(&e, unix_ms), Asked::Watch),
