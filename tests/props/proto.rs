@@ -213,9 +213,12 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             millis(),
             millis(),
             any::<bool>(),
-            mode()
+            mode(),
+            prop::option::of(name()),
+            prop::option::of(any::<u64>()),
+            prop::option::of(name()),
         )
-            .prop_map(|(name, id, token, held, left, session, mode)| (
+            .prop_map(|(name, id, token, held, left, session, mode, user, granted, peer)| (
                 Received::Holder(HolderLine {
                     name,
                     id,
@@ -223,7 +226,10 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
                     held,
                     left,
                     session,
-                    mode
+                    mode,
+                    user,
+                    granted_unix_ms: granted,
+                    peer,
                 }),
                 Asked::Detail
             )),
@@ -331,6 +337,9 @@ proptest! {
                 left: status.left,
                 session: status.session,
                 mode: status.mode,
+                user: None,
+                granted_unix_ms: None,
+                peer: None,
             }))
         );
         let (id, position, waited, session, mode) = waiter;

@@ -115,6 +115,7 @@ impl Cluster {
             granted_ms: at,
             waited_ms: None,
             at_ms: at,
+            peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
         }
     }
 
@@ -173,7 +174,7 @@ impl Cluster {
             }
             g.mirror.token(rev)
         };
-        self.granted_log(&req.name, &req.id, token, None);
+        self.granted_log(&req.name, &req.id, token, None, &req.origin);
         Ok(Some(LockStart::Granted {
             token,
             handover: HandOver(rev),

@@ -90,5 +90,7 @@ fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> L
         waiters: ns.queue.len(),
         holders: ns.holders.len(),
         mode: h.value.mode,
+        origin: h.value.origin(),
+        granted_unix_ms: h.value.granted_ms,
     }
 }
