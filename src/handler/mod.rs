@@ -288,7 +288,9 @@ impl Handler {
         let peer = PeerField(self.peer);
         let user = self.origin.user().unwrap_or("-");
         match e.code {
-            ErrorCode::Denied => {
+            // About a lock: a right the user lacks, another user's lease. (A wrong AUTH is
+            // DENIED too, and logs its own line.)
+            ErrorCode::Denied if !name.is_empty() => {
                 tracing::info!(conn, name, id, token, user, %peer, reason = %e.message, "denied")
             }
             ErrorCode::NoAuth => tracing::info!(conn, %peer, "refused before AUTH"),
