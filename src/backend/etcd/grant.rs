@@ -197,6 +197,10 @@ impl Cluster {
         value.fe = self.fe.clone();
         value.conn = req.conn;
         value.cut_ms = 0;
+        // As on the embedded table: the grant's time stays, the client that asked last shows.
+        if let Some(peer) = req.origin.peer() {
+            value.peer = peer.to_string();
+        }
         let txn = self.rewrite(&holder, &value);
         let resp = self.txn(txn).await.map_err(unavailable)?;
         if !resp.succeeded() {

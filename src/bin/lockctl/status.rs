@@ -107,25 +107,25 @@ fn readable_lock(lock: &LockDetail) -> String {
     let mut cells = vec![vec![
         "HOLDER".to_owned(),
         "TOKEN".into(),
+        "USER".into(),
+        "PEER".into(),
+        "GRANTED".into(),
         "HELD FOR".into(),
         "TTL LEFT".into(),
         "SESSION".into(),
         "MODE".into(),
-        "USER".into(),
-        "GRANTED".into(),
-        "PEER".into(),
     ]];
     for h in &lock.holders {
         cells.push(vec![
             h.id.clone(),
             h.token.to_string(),
+            h.user.clone().unwrap_or_else(|| "-".into()),
+            h.peer.clone().unwrap_or_else(|| "-".into()),
+            granted_at(h).unwrap_or_else(|| "-".into()),
             short_duration(h.held),
             short_duration(h.left),
             yes_no(h.session),
             h.mode.to_string(),
-            h.user.clone().unwrap_or_else(|| "-".into()),
-            granted_at(h).unwrap_or_else(|| "-".into()),
-            h.peer.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
     out.push_str(&columns(&cells));
@@ -306,15 +306,29 @@ mod tests {
     }
 
     #[test]
+    fn an_older_servers_holder_says_nothing_of_who_or_when() {
+        let mut lock = held_lock();
+        let h = HolderLine::parse("HOLDER d id=h:1 token=7 held_ms=5 ttl_ms=8 session=0").unwrap();
+        lock.holders = vec![h];
+        assert!(json_lock(&lock).contains(
+            r#""mode":"exclusive","user":null,"granted_at":null,"granted_unix_ms":null,"peer":null}"#
+        ));
+        let text = readable_lock(&lock);
+        let row: Vec<&str> = text.lines().nth(3).unwrap().split_whitespace().collect();
+        assert_eq!(row[..5], ["h:1", "7", "-", "-", "-"], "{text}");
+    }
+
+    #[test]
     fn readable_lock_says_who_holds_and_who_waits() {
         let text = readable_lock(&held_lock());
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "d: held exclusive, 1 holder, 3 waiting");
-        assert!(lines[2].starts_with("HOLDER  TOKEN  HELD FOR"), "{text}");
-        assert!(lines[3].starts_with("h:1     7      12.3s"), "{text}");
-        assert!(lines[2].ends_with("USER   GRANTED               PEER"), "{text}");
         assert!(
-            lines[3].ends_with("alice  2026-12-01T03:32:00Z  10.0.0.7:41234"),
+            lines[2].starts_with("HOLDER  TOKEN  USER   PEER            GRANTED               HELD FOR"),
+            "{text}"
+        );
+        assert!(
+            lines[3].starts_with("h:1     7      alice  10.0.0.7:41234  2026-12-01T03:32:00Z  12.3s"),
             "{text}"
         );
         assert!(lines[5].starts_with("#  WAITER  WAITED FOR"), "{text}");

@@ -67,8 +67,8 @@ async fn status_of_a_name_shows_the_holder_and_the_queue_in_order() {
     assert_eq!(
         words(lines[2]),
         [
-            "HOLDER", "TOKEN", "HELD", "FOR", "TTL", "LEFT", "SESSION", "MODE", "USER", "GRANTED",
-            "PEER"
+            "HOLDER", "TOKEN", "USER", "PEER", "GRANTED", "HELD", "FOR", "TTL", "LEFT", "SESSION",
+            "MODE"
         ],
         "{text}"
     );
@@ -78,11 +78,11 @@ async fn status_of_a_name_shows_the_holder_and_the_queue_in_order() {
         ["holder".to_owned(), token.to_string()],
         "{text}"
     );
-    assert_eq!(holder[4..6], ["no", "exclusive"], "{text}");
-    // No auth file: no user; the grant's time as RFC 3339 UTC, and the holder's address.
-    assert_eq!(holder[6], "-", "{text}");
-    assert!(is_rfc3339_utc(&holder[7]), "{text}");
-    assert!(holder[8].starts_with("127.0.0.1:"), "{text}");
+    // No auth file: no user; the holder's address, and the grant's time as RFC 3339 UTC.
+    assert_eq!(holder[2], "-", "{text}");
+    assert!(holder[3].starts_with("127.0.0.1:"), "{text}");
+    assert!(is_rfc3339_utc(&holder[4]), "{text}");
+    assert_eq!(holder[7..], ["no", "exclusive"], "{text}");
     assert_eq!(
         words(lines[5]),
         ["#", "WAITER", "WAITED", "FOR", "SESSION", "MODE"],
@@ -184,10 +184,9 @@ async fn status_of_a_name_says_which_user_took_it_and_when() {
     let lines: Vec<&str> = text.lines().collect();
     let holder: Vec<&str> = lines[3].split_whitespace().collect();
     assert_eq!(holder[0], "ci-7", "{text}");
-    let n = holder.len();
-    assert_eq!(holder[n - 3], "ops", "{text}");
-    assert!(is_rfc3339_utc(holder[n - 2]), "{text}");
-    assert!(holder[n - 1].starts_with("127.0.0.1:"), "{text}");
+    assert_eq!(holder[2], "ops", "{text}");
+    assert!(holder[3].starts_with("127.0.0.1:"), "{text}");
+    assert!(is_rfc3339_utc(holder[4]), "{text}");
 
     let out = output(as_ops(&["status", "deploy-prod", "--json"])).await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -200,7 +199,7 @@ async fn status_of_a_name_says_which_user_took_it_and_when() {
     let at = humantime::parse_rfc3339(h["granted_at"].as_str().unwrap()).unwrap();
     let at_s = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     assert_eq!(at_s, granted / 1000, "{v}");
-    assert_eq!(holder[n - 2], h["granted_at"], "{text}");
+    assert_eq!(holder[4], h["granted_at"], "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
