@@ -124,8 +124,12 @@ impl Handler {
         // pose as an address.
         let ip = self.peer.map(|p| p.ip());
         match ip {
-            Some(ip) => tracing::warn!(%ip, %peer, conn = self.number, user = name.as_str(), failures, "authentication failed"),
-            None => tracing::warn!(%peer, conn = self.number, user = name.as_str(), failures, "authentication failed"),
+            Some(ip) => {
+                tracing::warn!(%ip, %peer, conn = self.number, user = name.as_str(), failures, "authentication failed")
+            }
+            None => {
+                tracing::warn!(%peer, conn = self.number, user = name.as_str(), failures, "authentication failed")
+            }
         }
         self.conn.flush().await?;
         tokio::select! {

@@ -115,7 +115,10 @@ impl Record {
         match self {
             Record::Grant(l) if l.granted_ms != 0 || l.peer.is_some() => {
                 out.push(GRANT_ORIGIN);
-                put_u64s(out, &[l.token, l.ttl_ms, l.deadline_ms, l.mode, l.granted_ms]);
+                put_u64s(
+                    out,
+                    &[l.token, l.ttl_ms, l.deadline_ms, l.mode, l.granted_ms],
+                );
                 put_str(out, &l.name);
                 put_str(out, &l.id);
                 put_str(out, l.user.as_deref().unwrap_or(""));

@@ -218,21 +218,23 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             prop::option::of(any::<u64>()),
             prop::option::of(name()),
         )
-            .prop_map(|(name, id, token, held, left, session, mode, user, granted, peer)| (
-                Received::Holder(HolderLine {
-                    name,
-                    id,
-                    token,
-                    held,
-                    left,
-                    session,
-                    mode,
-                    user,
-                    granted_unix_ms: granted,
-                    peer,
-                }),
-                Asked::Detail
-            )),
+            .prop_map(
+                |(name, id, token, held, left, session, mode, user, granted, peer)| (
+                    Received::Holder(HolderLine {
+                        name,
+                        id,
+                        token,
+                        held,
+                        left,
+                        session,
+                        mode,
+                        user,
+                        granted_unix_ms: granted,
+                        peer,
+                    }),
+                    Asked::Detail
+                )
+            ),
         (
             name(),
             1usize..100_000,

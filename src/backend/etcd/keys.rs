@@ -273,7 +273,6 @@ impl WaiterValue {
         })
     }
 
-
     /// The holder it becomes when granted at `now_ms` (wall clock).
     pub fn holder(&self, now_ms: u64) -> HolderValue {
         HolderValue {

@@ -80,7 +80,10 @@ fn values_without_who_took_them_still_decode() {
     assert_eq!(h.origin(), crate::locks::Origin::default());
     let w = WaiterValue::decode(b"id=w user=ci mode=s ttl=30000 fe=f conn=3 lease=7 queued=1")
         .expect("an older waiter");
-    assert_eq!((w.peer.as_str(), w.holder(5).origin().user()), ("", Some("ci")));
+    assert_eq!(
+        (w.peer.as_str(), w.holder(5).origin().user()),
+        ("", Some("ci"))
+    );
     let new = HolderValue {
         user: "ci".into(),
         peer: "10.0.0.7:41234".into(),

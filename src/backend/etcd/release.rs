@@ -168,7 +168,14 @@ impl Cluster {
         // A release's plain write empties the name when its outer transaction succeeds.
         self.wrote_as(name, resp, kind == EventKind::Released && depth == plain);
         let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
-        self.ended_log(name, &holder.value.id, token, kind, held, &holder.value.origin());
+        self.ended_log(
+            name,
+            &holder.value.id,
+            token,
+            kind,
+            held,
+            &holder.value.origin(),
+        );
         if let (0, Some((id, value))) = (depth, &ended.head) {
             let rev = resp.header().map_or(0, |h| h.revision());
             let granted = self.guard().mirror.token(rev);

@@ -324,11 +324,14 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "d: held exclusive, 1 holder, 3 waiting");
         assert!(
-            lines[2].starts_with("HOLDER  TOKEN  USER   PEER            GRANTED               HELD FOR"),
+            lines[2].starts_with(
+                "HOLDER  TOKEN  USER   PEER            GRANTED               HELD FOR"
+            ),
             "{text}"
         );
         assert!(
-            lines[3].starts_with("h:1     7      alice  10.0.0.7:41234  2026-12-01T03:32:00Z  12.3s"),
+            lines[3]
+                .starts_with("h:1     7      alice  10.0.0.7:41234  2026-12-01T03:32:00Z  12.3s"),
             "{text}"
         );
         assert!(lines[5].starts_with("#  WAITER  WAITED FOR"), "{text}");

@@ -120,9 +120,21 @@ async fn status_of_a_name_shows_the_holder_and_the_queue_in_order() {
     assert!(holders[0]["held_ms"].is_u64(), "{v}");
     assert_eq!(holders[0]["session"], false);
     assert_eq!(holders[0]["user"], Value::Null, "{v}");
-    assert!(is_rfc3339_utc(holders[0]["granted_at"].as_str().unwrap()), "{v}");
-    assert!(holders[0]["granted_unix_ms"].as_u64().unwrap() > 1_700_000_000_000, "{v}");
-    assert!(holders[0]["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{v}");
+    assert!(
+        is_rfc3339_utc(holders[0]["granted_at"].as_str().unwrap()),
+        "{v}"
+    );
+    assert!(
+        holders[0]["granted_unix_ms"].as_u64().unwrap() > 1_700_000_000_000,
+        "{v}"
+    );
+    assert!(
+        holders[0]["peer"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{v}"
+    );
     let queue = v["queue"].as_array().unwrap();
     let order: Vec<(u64, &str, bool)> = queue
         .iter()
@@ -155,7 +167,10 @@ fn is_rfc3339_utc(text: &str) -> bool {
 async fn status_of_a_name_says_which_user_took_it_and_when() {
     use lockd::auth::{user_line, Gate, Users};
     const SECRET: &str = "ops-secret-0123456789abcdef-status";
-    let users = Users::parse(&user_line("ops lock=* read=*", SECRET, [3; 16]).unwrap(), None);
+    let users = Users::parse(
+        &user_line("ops lock=* read=*", SECRET, [3; 16]).unwrap(),
+        None,
+    );
     let config = lockd::server::Config {
         auth: Some(Gate::new(users.unwrap())),
         ..lockd::server::Config::default()
@@ -174,7 +189,15 @@ async fn status_of_a_name_says_which_user_took_it_and_when() {
         since.unwrap().as_millis() as u64
     };
     let before = unix_ms();
-    let out = output(as_ops(&["acquire", "deploy-prod", "--id", "ci-7", "--ttl", "1m"])).await;
+    let out = output(as_ops(&[
+        "acquire",
+        "deploy-prod",
+        "--id",
+        "ci-7",
+        "--ttl",
+        "1m",
+    ]))
+    .await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let after = unix_ms();
 
@@ -195,7 +218,10 @@ async fn status_of_a_name_says_which_user_took_it_and_when() {
     assert_eq!(h["id"], "ci-7", "{v}");
     assert_eq!(h["user"], "ops", "{v}");
     let granted = h["granted_unix_ms"].as_u64().unwrap();
-    assert!((before..=after).contains(&granted), "{before} {granted} {after}");
+    assert!(
+        (before..=after).contains(&granted),
+        "{before} {granted} {after}"
+    );
     let at = humantime::parse_rfc3339(h["granted_at"].as_str().unwrap()).unwrap();
     let at_s = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     assert_eq!(at_s, granted / 1000, "{v}");
