@@ -16,9 +16,11 @@
 //!
 //! # Layout: memory per held lock
 //! A server may hold a million locks, so the table is laid out to cost under 256 bytes of heap
-//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 210 B at 200,000
-//! locks and 230 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
-//! - the entries live in a `Slab` of 96-byte slots (88 until holders recorded their user),
+//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 226 B at 200,000
+//! locks, against 290 B for a `HashMap<Arc<str>, Entry>`):
+//! - the entries live in a `Slab` of 112-byte slots (88 until holders recorded their user, 96
+//!   until they recorded who took them and when: an [`Origin`] pointer shared by all of a
+//!   connection's records, and the grant's wall clock),
 //!   grown 4096 slots at a time and reused once freed; a `HashMap<Arc<str>, u32>` (24-byte
 //!   buckets) maps a name to its slot. A hash map of whole entries would pay its spare buckets
 //!   (up to half the table) at entry size.
