@@ -3,7 +3,8 @@
 //! (`peer`, the client's `ip:port`: here the test's own side of each connection), read back
 //! from lockd's stderr as JSON; a failed login's text line is what the fail2ban filter in
 //! `contrib/fail2ban/` matches; and a lease brought back from `--data-dir` still says who
-//! took it, when and from where.
+//! took it, when and from where; in cluster mode (feature `etcd`), every front-end shows and
+//! logs them.
 
 use crate::common;
 
@@ -311,4 +312,92 @@ async fn a_lease_restored_from_the_data_dir_still_says_who_took_it_when_and_from
     assert_eq!(alice.req(&format!("UNLOCK deploy-prod {t}")).await, "OK");
     lockd.stop();
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The JSON lines with `message` about `token` in the logs of all of `front_ends`.
+#[cfg(feature = "etcd")]
+fn lines_about(front_ends: &[&LockdProcess], message: &str, token: u64) -> Vec<Value> {
+    let of = |fe: &&LockdProcess| lines_of(fe, message);
+    let lines = front_ends.iter().flat_map(of);
+    lines.filter(|v| v["token"] == token).collect()
+}
+
+/// In cluster mode the holder's record in etcd carries its user and address: a grant made on
+/// one front-end shows them in every front-end's STATUS, and a waiter granted by another
+/// front-end's release is logged once, with its own user and address.
+#[cfg(feature = "etcd")]
+#[test]
+fn in_cluster_mode_every_front_end_says_who_took_a_lease() {
+    use common::etcd::{EtcdCluster, LockdFrontEnd};
+    let (dir, file) = users_file("cluster");
+    // The harness's etcd and front-ends block: they start and stop outside the runtime.
+    let etcd = EtcdCluster::start(1);
+    let front_end = || {
+        let lockd = common::Lockd::new()
+            .etcd(&etcd.endpoints(), &etcd.prefix())
+            .args(["--auth-file", file.to_str().unwrap()])
+            .args(["-v", "--log-format", "json"]);
+        LockdFrontEnd::of(lockd)
+    };
+    let (fe1, fe2) = (front_end(), front_end());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(cluster_trail(fe1.process(), fe2.process()));
+    drop((fe1, fe2, etcd));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[cfg(feature = "etcd")]
+async fn cluster_trail(p1: &LockdProcess, p2: &LockdProcess) {
+    let (mut alice, alice_at) = login(p1, "alice", ALICE).await;
+    let (mut mallory, mallory_at) = login(p2, "mallory", MALLORY).await;
+    let t1 = alice.lock("deploy-prod job-7 ttl=1m").await;
+    for p in [p1, p2] {
+        let (mut bob, _) = login(p, "bob", BOB).await;
+        let give_up = Instant::now() + GUARD;
+        let line = loop {
+            bob.send("STATUS deploy-prod detail").await;
+            let first = bob.line().await;
+            if first.starts_with("HOLDER ") {
+                bob.line().await;
+                break first;
+            }
+            assert!(Instant::now() < give_up, "never held: {first}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(line.contains(&format!(" token={t1} ")), "{line}");
+        assert!(line.contains(" user=alice granted="), "{line}");
+        assert!(line.ends_with(&format!(" peer={alice_at}")), "{line}");
+    }
+    mallory.send("LOCK deploy-prod m").await;
+    common::wait_waiters(&mut alice, "deploy-prod", 1).await;
+    assert_eq!(alice.req(&format!("UNLOCK deploy-prod {t1}")).await, "OK");
+    let t2 = common::token(&mallory.line().await);
+
+    let give_up = Instant::now() + GUARD;
+    while lines_about(&[p1, p2], "granted", t2).is_empty()
+        || lines_about(&[p1, p2], "released", t1).is_empty()
+    {
+        assert!(Instant::now() < give_up, "{:#?} {:#?}", p1.log(), p2.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (message, token, user, peer) in [
+        ("granted", t1, "alice", alice_at),
+        ("released", t1, "alice", alice_at),
+        ("granted", t2, "mallory", mallory_at),
+    ] {
+        let lines = lines_about(&[p1, p2], message, token);
+        assert_eq!(
+            lines.len(),
+            1,
+            "one {message:?} line for {token}: {lines:#?}"
+        );
+        assert_eq!(lines[0]["user"], user, "{lines:#?}");
+        assert_eq!(lines[0]["peer"], peer.to_string(), "{lines:#?}");
+    }
+    drop((alice, mallory));
 }
