@@ -31,7 +31,9 @@ const GRANT_MODE: u8 = 4;
 const GRANT_USER: u8 = 5;
 /// A grant that says who took it and when, for the audit trail: [`GRANT_USER`] plus the
 /// grant's wall-clock time and the client's address (the user's name may be empty: none).
-/// Older lockd can't read it; records of older lockd read as ever.
+/// Every grant of a lockd that knows the time is written so, which older lockd can't read (an
+/// unknown record type is damage to them): the audit trail's price. Records of older lockd
+/// read as ever.
 const GRANT_ORIGIN: u8 = 6;
 
 /// `Lease::mode` of an exclusive hold; 0 is shared, n >= 2 a slot of a semaphore of n.
