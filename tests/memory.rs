@@ -96,6 +96,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 mode: Default::default(),
                 // As with --auth-file: every holder records its user.
                 user: 1,
+                origin: Default::default(),
             },
         );
         match outcome {

@@ -220,9 +220,13 @@ impl Embedded {
     fn guard(&self) -> MutexGuard<'_, TableState> {
         // A panic while holding the guard can't leave the table half-changed in a way a
         // second panic would fix; keep serving rather than poisoning every connection.
-        self.inner
+        let mut g = self
+            .inner
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The table reads no clock: grants made under this guard record this wall time.
+        g.table.wall_clock(unix_ms());
+        g
     }
 
     /// LOCK.

@@ -617,26 +617,49 @@ impl Backend {
     }
 }
 
-/// The log line of a lease event (both backends log alike).
+/// A client's address as a log field: `-` where it is not known, so that every audit line
+/// has the same fields.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerField(pub(crate) Option<std::net::SocketAddr>);
+
+impl fmt::Display for PeerField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(peer) => peer.fmt(f),
+            None => f.write_str("-"),
+        }
+    }
+}
+
+/// The log line of a lease event (both backends log alike): one per grant and per end, with
+/// who took the lease (`user`, `-` without one; `peer`, the client's `ip:port`, `-` where not
+/// known): the holder carries them, as an expiry has no request in flight.
 pub(crate) fn log_event(e: &Event) {
     let (name, id, token) = (&*e.name, &*e.id, e.token);
+    let user = e.origin.user().unwrap_or("-");
+    let peer = PeerField(e.origin.peer());
     let held_ms = e.held.as_millis() as u64;
     match e.kind {
-        EventKind::Acquired => match e.waited {
-            Some(waited) => {
-                let waited_ms = waited.as_millis() as u64;
-                tracing::info!(name, id, token, waited_ms, "granted")
-            }
-            None => tracing::info!(name, id, token, waited_ms = 0u64, "granted"),
-        },
-        EventKind::Released => tracing::info!(name, id, token, held_ms, "released"),
-        EventKind::Expired => tracing::info!(name, id, token, held_ms, "lease expired"),
+        EventKind::Acquired => {
+            let waited_ms = e.waited.map_or(0, |w| w.as_millis() as u64);
+            tracing::info!(name, id, token, user, %peer, waited_ms, "granted")
+        }
+        EventKind::Released => tracing::info!(name, id, token, user, %peer, held_ms, "released"),
+        EventKind::Expired => {
+            tracing::info!(name, id, token, user, %peer, held_ms, "lease expired")
+        }
         EventKind::Dropped => {
-            tracing::info!(name, id, token, held_ms, "session closed, released")
+            tracing::info!(name, id, token, user, %peer, held_ms, "session closed, released")
         }
-        EventKind::Revoked => {
-            tracing::info!(name, id, token, "grant taken back: the waiter was gone")
-        }
+        EventKind::Revoked => tracing::info!(
+            name,
+            id,
+            token,
+            user,
+            %peer,
+            held_ms,
+            "grant taken back: the waiter was gone"
+        ),
     }
 }
 
@@ -696,6 +719,7 @@ mod tests {
             conn,
             mode: Mode::Exclusive,
             user: NO_USER,
+            origin: Default::default(),
         }
     }
 

@@ -22,6 +22,8 @@ const MAX_MESSAGE: usize = 512;
 pub(super) struct CompatRequest {
     pub kind: Kind,
     pub msg: Message,
+    /// The client's address, for the log and the lease's record.
+    pub peer: SocketAddr,
     pub done: oneshot::Sender<Answer>,
 }
 
@@ -73,7 +75,12 @@ async fn handle(stream: &mut TcpStream, peer: SocketAddr, kind: Kind, ctx: &Conn
     let (done, answer) = oneshot::channel();
     if ctx
         .requests
-        .send(CompatRequest { kind, msg, done })
+        .send(CompatRequest {
+            kind,
+            msg,
+            peer,
+            done,
+        })
         .await
         .is_err()
     {

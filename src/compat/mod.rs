@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{Backend, Locked, Published};
-use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Token, NO_USER};
+use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Origin, Token, NO_USER};
 use crate::metrics::Protocol;
 
 use conn::{Answer, CompatRequest, ConnCtx};
@@ -330,19 +330,19 @@ impl Compat {
     async fn on_request(&mut self, req: CompatRequest) {
         let Message { id, at } = &req.msg;
         let answer = match req.kind {
-            Kind::Lock => self.lock(id, at).await,
-            Kind::Unlock => self.unlock(id, at).await,
+            Kind::Lock => self.lock(id, at, req.peer).await,
+            Kind::Unlock => self.unlock(id, at, req.peer).await,
         };
         self.sync_ports().await;
         let _ = req.done.send(answer);
     }
 
-    async fn lock(&mut self, id: &str, at: &str) -> Answer {
-        tracing::info!("lock requested by {id} at {at}");
+    async fn lock(&mut self, id: &str, at: &str, peer: SocketAddr) -> Answer {
+        tracing::info!(%peer, "lock requested by {id} at {at}");
         let name = &self.config.name;
         // A connection accepted just before the port closed: the lock is taken already.
         if let Ok(Some(status)) = self.backend.status(name).await {
-            tracing::info!(holder = &*status.holder, "lock held; not granted to {id}");
+            tracing::info!(%peer, holder = &*status.holder, "lock held; not granted to {id}");
             return Answer::Nothing;
         }
         let req = LockRequest {
@@ -355,6 +355,7 @@ impl Compat {
             conn: self.conn,
             // The old protocol has no users: its lease belongs to none.
             user: NO_USER,
+            origin: Origin::new(None, Some(peer)),
         };
         match self.backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => {
@@ -365,20 +366,21 @@ impl Compat {
             // dropped wait leaves it).
             Ok(Locked::Waiting(_)) => Answer::Nothing,
             Err(e) => {
-                tracing::info!("lock not granted to {id}: {e}");
+                tracing::info!(%peer, "lock not granted to {id}: {e}");
                 Answer::Nothing
             }
         }
     }
 
-    async fn unlock(&mut self, id: &str, at: &str) -> Answer {
+    async fn unlock(&mut self, id: &str, at: &str, peer: SocketAddr) -> Answer {
         let name = &self.config.name;
         let Ok(Some(status)) = self.backend.status(name).await else {
-            tracing::info!("unlock requested by {id} at {at}, but the lock is free");
+            tracing::info!(%peer, "unlock requested by {id} at {at}, but the lock is free");
             return Answer::Nothing;
         };
         if self.granted != Some(status.token) {
             tracing::warn!(
+                %peer,
                 holder = &*status.holder,
                 token = status.token,
                 "unlock requested by {id} at {at} refused: a line-protocol client holds the lock"
@@ -389,14 +391,14 @@ impl Compat {
             Ok(()) => {
                 self.granted = None;
                 if *status.holder == *id {
-                    tracing::info!("lock released by {id} at {at}");
+                    tracing::info!(%peer, "lock released by {id} at {at}");
                 } else {
-                    tracing::info!(holder = &*status.holder, "lock released by {id} at {at}");
+                    tracing::info!(%peer, holder = &*status.holder, "lock released by {id} at {at}");
                 }
                 Answer::Unlocked
             }
             Err(e) => {
-                tracing::info!("unlock requested by {id} at {at} not done: {e}");
+                tracing::info!(%peer, "unlock requested by {id} at {at} not done: {e}");
                 Answer::Nothing
             }
         }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::auth::{Right, Users};
-use crate::locks::{UserId, NO_USER};
+use crate::backend::PeerField;
+use crate::locks::{Origin, UserId, NO_USER};
 use crate::proto::{ProtoError, Reply, Request, Secret};
 
 use super::{Flow, Handler};
@@ -107,16 +108,29 @@ impl Handler {
             return Ok(Flow::Continue);
         }
         let found = login.users.borrow().authenticate(&name, secret.expose());
+        let peer = PeerField(self.peer);
         if let Some(user) = found {
-            tracing::info!(conn = self.number, user = %name, "authenticated");
+            tracing::info!(conn = self.number, user = name.as_str(), %peer, "authenticated");
             self.conn.queue(Reply::Authenticated(&name)).await?;
+            self.origin = Origin::new(Some(&name), self.peer);
             login.user = Some((user, name));
             return Ok(Flow::Continue);
         }
         login.failures += 1;
         let failures = login.failures;
         let closing = failures >= crate::AUTH_FAILURES;
-        tracing::warn!(conn = self.number, user = %name, failures, "authentication failed");
+        // One stable shape for fail2ban (`contrib/fail2ban/lockd.conf`): the address first,
+        // right after the message, before the name the client chose (quoted), so a name can't
+        // pose as an address.
+        let ip = self.peer.map(|p| p.ip());
+        match ip {
+            Some(ip) => {
+                tracing::warn!(%ip, %peer, conn = self.number, user = name.as_str(), failures, "authentication failed")
+            }
+            None => {
+                tracing::warn!(%peer, conn = self.number, user = name.as_str(), failures, "authentication failed")
+            }
+        }
         self.conn.flush().await?;
         tokio::select! {
             _ = tokio::time::sleep(crate::AUTH_FAILURE_DELAY) => {}

@@ -13,16 +13,17 @@
 //! rights; in [`streams`]: the answers that stream (STATUS of every lock, WATCH).
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, PeerField};
 use crate::connection::{Connection, Frame};
-use crate::locks::{ConnId, LockRequest, Token};
+use crate::locks::{ConnId, LockRequest, Origin, Token};
 use crate::metrics::TimeoutClose;
-use crate::proto::{self, ProtoError, Reply, Request, Subject};
+use crate::proto::{self, ErrorCode, ProtoError, Reply, Request, Subject};
 
 mod lock;
 mod login;
@@ -67,6 +68,12 @@ pub struct Handler {
     login: Option<LoginState>,
     /// Since when the bytes of an unfinished line have been waiting for the rest of it.
     partial_since: Option<tokio::time::Instant>,
+    /// The client's address, for the audit trail.
+    peer: Option<SocketAddr>,
+    /// Who this connection is (its user once authenticated, and `peer`): every holder and
+    /// waiter it makes shares this one record, so the log can say who took a lease when the
+    /// lease ends long after this connection did.
+    origin: Origin,
 }
 
 /// What [`Handler::next_frame`] got.
@@ -91,6 +98,7 @@ impl Handler {
         gate: Option<&Gate>,
     ) -> Self {
         let number = backend.connection_id();
+        let peer = conn.tcp().peer_addr().ok();
         let mut login = gate.map(|gate| LoginState {
             users: gate.subscribe(),
             user: None,
@@ -101,10 +109,13 @@ impl Handler {
         if let (Some(login), Some(cn)) = (login.as_mut(), crate::tls::client_cn(conn.stream())) {
             let found = login.users.borrow().find(&cn);
             if let Some(user) = found {
-                tracing::info!(conn = number, user = %cn, "authenticated by client certificate");
+                let peer = PeerField(peer);
+                tracing::info!(conn = number, user = cn.as_str(), %peer, "authenticated by client certificate");
                 login.user = Some((user, cn));
             }
         }
+        let user = login.as_ref().and_then(|l| l.user.as_ref());
+        let origin = Origin::new(user.map(|(_, name)| name.as_str()), peer);
         Handler {
             backend,
             conn,
@@ -113,6 +124,8 @@ impl Handler {
             limits,
             login,
             partial_since: None,
+            peer,
+            origin,
         }
     }
 
@@ -271,12 +284,27 @@ impl Handler {
     }
 
     /// Every refusal is counted and logged (at debug: refusals are the clients' business,
-    /// and a flood of them must not flood the log at the default level).
+    /// and a flood of them must not flood the log at the default level). A denial (rights,
+    /// another user's lease) and a request before AUTH are the audit trail's business too:
+    /// those say who and from where, at info.
     fn count_refusal(&self, e: &ProtoError, about: Subject<'_>) {
         self.backend.metrics().refused(e.code);
         let Subject { name, id, token } = about;
         let token = token.unwrap_or(0);
-        tracing::debug!(conn = self.number, code = %e.code, name, id, token, reason = %e.message, "refused");
+        let conn = self.number;
+        let peer = PeerField(self.peer);
+        let user = self.origin.user().unwrap_or("-");
+        match e.code {
+            // About a lock: a right the user lacks, another user's lease. (A wrong AUTH is
+            // DENIED too, and logs its own line.)
+            ErrorCode::Denied if !name.is_empty() => {
+                tracing::info!(conn, name, id, token, user, %peer, reason = %e.message, "denied")
+            }
+            ErrorCode::NoAuth => tracing::info!(conn, %peer, "refused before AUTH"),
+            _ => {
+                tracing::debug!(conn, code = %e.code, name, id, token, reason = %e.message, "refused")
+            }
+        }
     }
 
     async fn dispatch(&mut self, request: Request) -> io::Result<Flow> {
@@ -299,6 +327,7 @@ impl Handler {
                     conn: self.number,
                     mode,
                     user: self.user(),
+                    origin: self.origin.clone(),
                 };
                 return self.lock(req, tie).await;
             }

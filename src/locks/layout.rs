@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::rules::{HolderView, NameView, WaiterView};
-use super::types::{ConnId, Mode, Token, UserId, WaiterId};
+use super::types::{ConnId, Mode, Origin, Token, UserId, WaiterId};
 
 /// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
 /// that passed one. 8 bytes instead of an `Instant`'s 16, and exact: an `Instant` at or after
@@ -77,6 +77,11 @@ pub(super) struct Holder {
     /// Who holds it ([`super::NO_USER`]: nobody in particular).
     pub(super) user: UserId,
     pub(super) bond: Bond,
+    /// Who took it, by name and address: shared with its connection's other records.
+    pub(super) origin: Origin,
+    /// The wall clock of the grant in Unix milliseconds (0: not known), as the caller told
+    /// the table ([`super::Locks::wall_clock`]); `granted` is on the monotonic clock.
+    pub(super) granted_unix_ms: u64,
 }
 
 /// How a holder's lease is tied to a connection.
@@ -93,9 +98,17 @@ pub(super) enum Bond {
 }
 
 impl Holder {
-    /// A plain lease of `user`'s `id` (times in [`Clock`] ticks); its token is set when it is
-    /// granted, a session binding by [`Holder::bind`].
-    pub(super) fn new(id: Arc<str>, ttl: u64, deadline: u64, granted: u64, user: UserId) -> Holder {
+    /// A plain lease of `user`'s `id` (times in [`Clock`] ticks; `granted` with its wall
+    /// clock), taken by `origin`; its token is set when it is granted, a session binding by
+    /// [`Holder::bind`].
+    pub(super) fn new(
+        id: Arc<str>,
+        ttl: u64,
+        deadline: u64,
+        (granted, granted_unix_ms): (u64, u64),
+        user: UserId,
+        origin: Origin,
+    ) -> Holder {
         Holder {
             id,
             token: 0,
@@ -106,6 +119,8 @@ impl Holder {
             grace_ms: 0,
             user,
             bond: Bond::Plain,
+            origin,
+            granted_unix_ms,
         }
     }
 
@@ -148,12 +163,14 @@ pub(super) struct Waiter {
     pub(super) queued: u64,
     pub(super) mode: Mode,
     pub(super) user: UserId,
+    /// Who asked: 8 bytes, the connection's shared record.
+    pub(super) origin: Origin,
 }
 
 /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
 pub(super) type Queue = BTreeMap<u64, Waiter>;
 
-/// One held name: 96 bytes in the slab.
+/// One held name: 112 bytes in the slab (96 until holders recorded who took them and when).
 #[derive(Debug)]
 pub(super) struct Entry {
     /// The same allocation as the index's key.
@@ -241,7 +258,8 @@ impl Entry {
 }
 
 // The layout above is what keeps a held lock under 256 bytes: growing these is a choice.
-const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 96);
+// The audit trail took 16 bytes of a holder: its origin (a shared pointer) and wall clock.
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 112);
 const _: () = assert!(std::mem::size_of::<(u64, Timer)>() <= 24);
 
 /// What a timer is for; the `u32` is the slot of the lease's entry. `Wait` sorts before
@@ -254,7 +272,7 @@ pub(super) enum Timer {
     Lease(Token, u32),
 }
 
-/// Slots per slab chunk: 320 KiB of entries. Past the first chunk the slab grows a chunk at a
+/// Slots per slab chunk: 448 KiB of entries. Past the first chunk the slab grows a chunk at a
 /// time, so its spare capacity stays under one chunk instead of up to the whole table.
 const SLAB_CHUNK: usize = 4096;
 

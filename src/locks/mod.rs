@@ -16,9 +16,11 @@
 //!
 //! # Layout: memory per held lock
 //! A server may hold a million locks, so the table is laid out to cost under 256 bytes of heap
-//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 210 B at 200,000
-//! locks and 230 B at 1,000,000, against 290 and 380 B for a `HashMap<Arc<str>, Entry>`):
-//! - the entries live in a `Slab` of 96-byte slots (88 until holders recorded their user),
+//! per held lock with 16-byte names (`tests/memory.rs` measures it; about 226 B at 200,000
+//! locks, against 290 B for a `HashMap<Arc<str>, Entry>`):
+//! - the entries live in a `Slab` of 112-byte slots (88 until holders recorded their user, 96
+//!   until they recorded who took them and when: an [`Origin`] pointer shared by all of a
+//!   connection's records, and the grant's wall clock),
 //!   grown 4096 slots at a time and reused once freed; a `HashMap<Arc<str>, u32>` (24-byte
 //!   buckets) maps a name to its slot. A hash map of whole entries would pay its spare buckets
 //!   (up to half the table) at entry size.
@@ -74,6 +76,9 @@ pub struct Locks {
     /// Whether to record [`Change`]s; off for a table that lives only in memory.
     journal: bool,
     changes: Vec<Change>,
+    /// The wall clock the caller last told ([`Locks::wall_clock`]), in Unix milliseconds:
+    /// what a grant records as its time for people. 0 until told.
+    wall_ms: u64,
 }
 
 impl Locks {
@@ -96,7 +101,15 @@ impl Locks {
             effects: Vec::new(),
             journal: false,
             changes: Vec::new(),
+            wall_ms: 0,
         }
+    }
+
+    /// The wall clock at the `now` of the calls that follow, in Unix milliseconds: each
+    /// grant records it (STATUS shows it as `granted=`). The table reads no clock, so the
+    /// caller tells it, as it passes `now`; a table never told records 0, "not known".
+    pub fn wall_clock(&mut self, unix_ms: u64) {
+        self.wall_ms = unix_ms;
     }
 
     /// From now on, record every [`Change`] for [`Locks::drain_changes_into`].
@@ -124,8 +137,9 @@ impl Locks {
             nanos(lease.ttl.min(self.limits.max_ttl)),
             // Past 584 years from now: as good as never.
             self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
-            self.clock.ticks(now).unwrap_or(0),
+            (self.clock.ticks(now).unwrap_or(0), lease.granted_unix_ms),
             lease.user,
+            lease.origin,
         );
         holder.token = lease.token;
         let deadline = holder.deadline;
@@ -264,6 +278,8 @@ impl Locks {
         existing.ttl = nanos(ttl);
         existing.deadline = deadline_ticks;
         let was = existing.bind(req.session, req.conn);
+        // The client that asked last holds it now: its address is the one to show.
+        existing.origin = req.origin.clone();
         self.bound.moved(token, slot, was, existing.open_conn());
         self.timers.insert((deadline_ticks, timer));
         if self.journal {
@@ -275,6 +291,8 @@ impl Locks {
                 deadline,
                 mode,
                 user: existing.user,
+                origin: existing.origin.clone(),
+                granted_unix_ms: existing.granted_unix_ms,
             });
         }
         Ok(())
@@ -334,6 +352,7 @@ impl Locks {
                 queued: self.clock.ticks(now).unwrap_or(0),
                 mode: req.mode,
                 user: req.user,
+                origin: req.origin,
             },
         );
         if let Some(at) = wait_deadline {
@@ -604,7 +623,14 @@ impl Locks {
     ) -> Holder {
         let granted = self.clock.ticks(now).unwrap_or(0);
         let id = self.intern(&req.id);
-        let mut holder = Holder::new(id, nanos(ttl), deadline_ticks, granted, req.user);
+        let mut holder = Holder::new(
+            id,
+            nanos(ttl),
+            deadline_ticks,
+            (granted, self.wall_ms),
+            req.user,
+            req.origin.clone(),
+        );
         holder.bind(req.session, req.conn);
         holder
     }
@@ -701,6 +727,8 @@ impl Locks {
                 deadline,
                 mode,
                 user: holder.user,
+                origin: holder.origin.clone(),
+                granted_unix_ms: holder.granted_unix_ms,
             });
         }
         self.timers
@@ -712,6 +740,7 @@ impl Locks {
             token,
             held: Duration::ZERO,
             waited,
+            origin: holder.origin.clone(),
         }));
         token
     }
@@ -782,6 +811,7 @@ impl Locks {
                                 token: holder.token,
                                 held,
                                 waited: None,
+                                origin: holder.origin,
                             }));
                         }
                         return;
@@ -806,6 +836,7 @@ impl Locks {
             token: old.token,
             held: self.clock.held(now, old.granted),
             waited: None,
+            origin: old.origin,
         }));
         self.grant_fitting(now, slot);
         self.sweep_ids_if_due();
@@ -826,6 +857,7 @@ impl Locks {
             token: old.token,
             held: self.clock.held(now, old.granted),
             waited: None,
+            origin: old.origin,
         }));
         self.grant_waiter(now, slot, next, None, deadline);
     }
@@ -842,8 +874,9 @@ impl Locks {
             Arc::clone(&next.id),
             nanos(next.ttl),
             deadline_ticks,
-            granted,
+            (granted, self.wall_ms),
             next.user,
+            next.origin.clone(),
         );
         holder.bind(next.session, next.conn);
         (deadline, holder)
@@ -974,5 +1007,7 @@ fn holder_status(clock: Clock, now: Instant, entry: &Entry, holder: &Holder) -> 
         waiters: entry.waiters(),
         holders: entry.holder_count(),
         mode: entry.mode(),
+        origin: holder.origin.clone(),
+        granted_unix_ms: holder.granted_unix_ms,
     }
 }

@@ -125,6 +125,7 @@ mod tests {
             conn,
             mode,
             user: NO_USER,
+            origin: Default::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The table's value types: what goes in, what comes out, and its limits.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,40 @@ pub const NO_USER: UserId = 0;
 /// file: it belongs to someone nobody can be any more, so nobody renews or releases it, and
 /// it ends with its ttl.
 pub const GONE_USER: UserId = UserId::MAX;
+
+/// Who asked for a lease, for the audit trail (logs and STATUS): the authenticated user's
+/// name and the client's address. One per connection (and per AUTH), shared by every holder
+/// and waiter it made, so a record pays a pointer for it, not a copy. The table never looks
+/// inside: who may do what is [`UserId`]'s business.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin(Option<Arc<Who>>);
+
+#[derive(Debug, PartialEq, Eq)]
+struct Who {
+    user: Option<Box<str>>,
+    peer: Option<SocketAddr>,
+}
+
+impl Origin {
+    /// `user` (empty: none) from `peer`; the empty origin when neither is known.
+    pub fn new(user: Option<&str>, peer: Option<SocketAddr>) -> Origin {
+        let user = user.filter(|u| !u.is_empty()).map(Box::from);
+        if user.is_none() && peer.is_none() {
+            return Origin(None);
+        }
+        Origin(Some(Arc::new(Who { user, peer })))
+    }
+
+    /// The authenticated user's name, if there was one.
+    pub fn user(&self) -> Option<&str> {
+        self.0.as_ref()?.user.as_deref()
+    }
+
+    /// The client's address, if known.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        self.0.as_ref()?.peer
+    }
+}
 
 /// What a holder holds: the whole lock, a share of it, or one of a semaphore's slots.
 ///
@@ -146,6 +181,8 @@ pub struct LockRequest {
     /// Who asks. The same-id rules (retry, `CONFLICT`, `REPLACED`) apply within one user
     /// only: another user's LOCK with the same id is just another client.
     pub user: UserId,
+    /// Who asks, by name and address, for the audit trail: the holder records it.
+    pub origin: Origin,
 }
 
 /// What a RENEW did.
@@ -308,6 +345,9 @@ pub struct Event {
     /// For `Acquired` after waiting in the queue: how long the request waited. `None` for a
     /// grant made at once, and for the other kinds.
     pub waited: Option<Duration>,
+    /// Who took the lease (user and address), for the log line: an expiry or a session's
+    /// end happens with no request in flight, so the holder carries it.
+    pub origin: Origin,
 }
 
 /// Work for the caller, in the order it must happen.
@@ -353,6 +393,10 @@ pub enum Change {
         deadline: Instant,
         mode: Mode,
         user: UserId,
+        /// Who took it, kept across a restart (the user's name, the client's address).
+        origin: Origin,
+        /// The wall clock of the grant, in Unix milliseconds (0: not known).
+        granted_unix_ms: u64,
     },
     /// The lease `token` of `name` now ends at `deadline`.
     #[allow(missing_docs)] // the variant's doc names each field
@@ -379,6 +423,8 @@ pub struct RestoredLease {
     pub deadline: Instant,
     pub mode: Mode,
     pub user: UserId,
+    pub origin: Origin,
+    pub granted_unix_ms: u64,
 }
 
 /// One waiter of a lock, in queue order, for `STATUS <name> detail`.
@@ -415,4 +461,9 @@ pub struct LockStatus {
     pub holders: usize,
     /// The mode it is held in.
     pub mode: Mode,
+    /// Who took the lease: its user and the client's address, where known.
+    pub origin: Origin,
+    /// The wall clock of the grant, in Unix milliseconds; 0 where not known (a table never
+    /// told the time, a lease an older lockd granted).
+    pub granted_unix_ms: u64,
 }

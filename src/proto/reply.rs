@@ -75,18 +75,24 @@ impl fmt::Display for Reply<'_> {
                 aged.age.as_millis(),
                 aged.bound.as_millis()
             ),
-            Reply::Holder(s) => write_holder(
-                f,
-                &HolderLine {
-                    name: &s.name,
-                    id: &s.holder,
-                    token: s.token,
-                    held: s.held,
-                    left: s.left,
-                    session: s.session,
-                    mode: s.mode,
-                },
-            ),
+            Reply::Holder(s) => {
+                let peer = s.origin.peer().map(|p| p.to_string());
+                write_holder(
+                    f,
+                    &HolderLine {
+                        name: &*s.name,
+                        id: &*s.holder,
+                        token: s.token,
+                        held: s.held,
+                        left: s.left,
+                        session: s.session,
+                        mode: s.mode,
+                        user: s.origin.user(),
+                        granted_unix_ms: (s.granted_unix_ms != 0).then_some(s.granted_unix_ms),
+                        peer: peer.as_deref(),
+                    },
+                )
+            }
             Reply::Waiter(name, position, w) => write_waiter(
                 f,
                 &WaiterLine {
@@ -199,7 +205,17 @@ fn write_holder<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HolderLine<S>) ->
         h.left.as_millis(),
         u8::from(h.session),
         h.mode
-    )
+    )?;
+    if let Some(user) = &h.user {
+        write!(f, " user={}", user.as_ref())?;
+    }
+    if let Some(granted) = h.granted_unix_ms {
+        write!(f, " granted={granted}")?;
+    }
+    if let Some(peer) = &h.peer {
+        write!(f, " peer={}", peer.as_ref())?;
+    }
+    Ok(())
 }
 
 fn write_waiter<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, w: &WaiterLine<S>) -> fmt::Result {
@@ -294,6 +310,14 @@ pub struct HolderLine<S = String> {
     pub session: bool,
     /// The mode it holds the lock in.
     pub mode: Mode,
+    /// `user=`: the authenticated user that took the lease; `None` for a lease of no user
+    /// (no `--auth-file`), and from servers older than the field.
+    pub user: Option<S>,
+    /// `granted=`: the server's wall clock at the grant, in Unix milliseconds; `None` where
+    /// the server does not know it (a lease restored from an older journal) or is older.
+    pub granted_unix_ms: Option<u64>,
+    /// `peer=`: the `ip:port` of the client that took the lease, where known.
+    pub peer: Option<S>,
 }
 
 /// One `WAITER` line of `STATUS <name> detail`: `position` 1 is granted next.
@@ -673,7 +697,9 @@ impl StatusLine {
 }
 
 impl HolderLine {
-    /// Reads `HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. [mode=..]`.
+    /// Reads `HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. [mode=..]
+    /// [user=..] [granted=..] [peer=..]`: an older server's line, without the last three,
+    /// reads too.
     pub fn parse(line: &str) -> Option<HolderLine> {
         let mut words = line.split(' ');
         if words.next()? != HOLDER {
@@ -689,6 +715,12 @@ impl HolderLine {
             left: millis(f.get("ttl_ms")?)?,
             session: flag(f.get("session")?)?,
             mode: f.mode()?,
+            user: f.text("user"),
+            granted_unix_ms: match f.get("granted") {
+                Some(ms) => Some(number(ms)?),
+                None => None,
+            },
+            peer: f.text("peer"),
         })
     }
 }
@@ -884,6 +916,27 @@ mod tests {
             (w.position, w.id.as_str(), w.mode),
             (2, "w:2", Mode::Limit(3))
         );
+    }
+
+    #[test]
+    fn holder_lines_say_who_took_the_lease_when_and_from_where() {
+        let line = "HOLDER d id=h token=7 held_ms=5 ttl_ms=8 session=0 mode=exclusive \
+                    user=alice granted=1796094720000 peer=10.0.0.7:41234";
+        let Ok(Received::Holder(h)) = Received::parse(line, Asked::Detail) else {
+            panic!("{line}")
+        };
+        assert_eq!(h.user.as_deref(), Some("alice"));
+        assert_eq!(h.granted_unix_ms, Some(1_796_094_720_000));
+        assert_eq!(h.peer.as_deref(), Some("10.0.0.7:41234"));
+        assert_eq!(h.to_string(), line);
+        // An older server's line has none of them, and the line it reads back to says so.
+        let old = "HOLDER d id=h token=7 held_ms=5 ttl_ms=8 session=0 mode=exclusive";
+        let Ok(Received::Holder(h)) = Received::parse(old, Asked::Detail) else {
+            panic!("{old}")
+        };
+        assert_eq!((h.user, h.granted_unix_ms, h.peer), (None, None, None));
+        let bad = "HOLDER d id=h token=7 held_ms=5 ttl_ms=8 session=0 granted=soon";
+        assert!(Received::parse(bad, Asked::Detail).is_err());
     }
 
     #[test]

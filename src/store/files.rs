@@ -423,6 +423,8 @@ mod tests {
             deadline_ms,
             mode: super::super::format::EXCLUSIVE,
             user: None,
+            granted_ms: 0,
+            peer: None,
         })
     }
 

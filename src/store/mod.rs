@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::{Change, Mode, RestoredLease, Token, UserId, NO_USER};
+use crate::locks::{Change, Mode, Origin, RestoredLease, Token, UserId, NO_USER};
 use crate::metrics::Metrics;
 use files::{unix_ms, DataDir};
 use format::{Lease, Record};
@@ -120,6 +120,13 @@ impl Recovered {
                         n => Mode::limit(u32::try_from(n).unwrap_or(u32::MAX)),
                     },
                     user: l.user.as_deref().map_or(NO_USER, &user),
+                    // The name as it was stored, even of a user the file no longer has:
+                    // the audit trail says who took it.
+                    origin: Origin::new(
+                        l.user.as_deref(),
+                        l.peer.as_deref().and_then(|p| p.parse().ok()),
+                    ),
+                    granted_unix_ms: l.granted_ms,
                 })
             })
             .collect();
@@ -246,6 +253,8 @@ impl Journal {
                     deadline,
                     mode,
                     user,
+                    origin,
+                    granted_unix_ms,
                 } => Record::Grant(Lease {
                     name: name.to_string(),
                     id: id.to_string(),
@@ -258,6 +267,8 @@ impl Journal {
                         Mode::Limit(n) => u64::from(n),
                     },
                     user: (user != NO_USER).then(|| user_name(user)).flatten(),
+                    granted_ms: granted_unix_ms,
+                    peer: origin.peer().map(|p| p.to_string()),
                 }),
                 Change::Renew {
                     name,

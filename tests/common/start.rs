@@ -201,9 +201,11 @@ impl Lockd {
                 for line in io::BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
                     // The line protocol's "listening addr=..." (not the compat ports' lines).
+                    // With --log-format json: "addr":"127.0.0.1:7000".
                     if line.contains("listening") {
-                        if let Some(addr) =
-                            field(&line, "addr").filter(|a| a.parse::<SocketAddr>().is_ok())
+                        if let Some(addr) = field(&line, "addr")
+                            .or_else(|| json_addr(&line))
+                            .filter(|a| a.parse::<SocketAddr>().is_ok())
                         {
                             let _ = tx.send(Some(addr));
                         }
@@ -230,6 +232,13 @@ impl Lockd {
             reader: Some(reader),
         })
     }
+}
+
+/// The `addr` of a JSON log line (`"addr":"127.0.0.1:7000"`), for a lockd started with
+/// `--log-format json`.
+fn json_addr(line: &str) -> Option<String> {
+    let rest = line.split_once(r#""addr":""#)?.1;
+    Some(rest.split_once('"')?.0.to_owned())
 }
 
 /// A server running on the test's runtime.

@@ -26,6 +26,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         conn: 1,
         mode: Default::default(),
         user: NO_USER,
+        origin: Default::default(),
     }
 }
 

@@ -551,6 +551,7 @@ impl Harness {
                     conn: *conn,
                     mode: *mode,
                     user: *user,
+                    origin: Default::default(),
                 };
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_decision(now, &req);
@@ -865,6 +866,7 @@ fn req(
         conn,
         mode: Mode::Exclusive,
         user: NO_USER,
+        origin: Default::default(),
     }
 }
 
@@ -896,6 +898,7 @@ fn ev(kind: EventKind, name: &str, id: &str, token: Token) -> Effect {
         token,
         held: Duration::ZERO,
         waited: None,
+        origin: Default::default(),
     })
 }
 

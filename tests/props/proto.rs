@@ -213,20 +213,28 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             millis(),
             millis(),
             any::<bool>(),
-            mode()
+            mode(),
+            prop::option::of(name()),
+            prop::option::of(any::<u64>()),
+            prop::option::of(name()),
         )
-            .prop_map(|(name, id, token, held, left, session, mode)| (
-                Received::Holder(HolderLine {
-                    name,
-                    id,
-                    token,
-                    held,
-                    left,
-                    session,
-                    mode
-                }),
-                Asked::Detail
-            )),
+            .prop_map(
+                |(name, id, token, held, left, session, mode, user, granted, peer)| (
+                    Received::Holder(HolderLine {
+                        name,
+                        id,
+                        token,
+                        held,
+                        left,
+                        session,
+                        mode,
+                        user,
+                        granted_unix_ms: granted,
+                        peer,
+                    }),
+                    Asked::Detail
+                )
+            ),
         (
             name(),
             1usize..100_000,
@@ -274,6 +282,8 @@ fn lock_status() -> impl Strategy<Value = LockStatus> {
         waiters: h.waiters,
         holders: h.holders,
         mode: h.mode,
+        origin: Default::default(),
+        granted_unix_ms: 0,
     })
 }
 
@@ -329,6 +339,9 @@ proptest! {
                 left: status.left,
                 session: status.session,
                 mode: status.mode,
+                user: None,
+                granted_unix_ms: None,
+                peer: None,
             }))
         );
         let (id, position, waited, session, mode) = waiter;
@@ -352,6 +365,7 @@ proptest! {
             token,
             held: Duration::ZERO,
             waited: None,
+            origin: Default::default(),
         };
         prop_assert_eq!(
             parse(Reply::Event(&e, unix_ms), Asked::Watch),

@@ -115,6 +115,7 @@ impl Cluster {
             granted_ms: at,
             waited_ms: None,
             at_ms: at,
+            peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
         }
     }
 
@@ -173,7 +174,7 @@ impl Cluster {
             }
             g.mirror.token(rev)
         };
-        self.granted_log(&req.name, &req.id, token, None);
+        self.granted_log(&req.name, &req.id, token, None, &req.origin);
         Ok(Some(LockStart::Granted {
             token,
             handover: HandOver(rev),
@@ -196,6 +197,10 @@ impl Cluster {
         value.fe = self.fe.clone();
         value.conn = req.conn;
         value.cut_ms = 0;
+        // As on the embedded table: the grant's time stays, the client that asked last shows.
+        if let Some(peer) = req.origin.peer() {
+            value.peer = peer.to_string();
+        }
         let txn = self.rewrite(&holder, &value);
         let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         if !resp.succeeded() {

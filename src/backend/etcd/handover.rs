@@ -222,7 +222,7 @@ impl Cluster {
             let back = deliver(&mut g, &a.uid, &a.name, token, a.value.ttl_ms, handover);
             (token, back)
         };
-        self.granted_log(&a.name, &a.id, token, Some(a.waited));
+        self.granted_log(&a.name, &a.id, token, Some(a.waited), &a.value.origin());
         if let Some(back) = back {
             self.take_back(&back.name, back.token, back.handover).await;
         }

@@ -20,7 +20,7 @@
 
 use std::fmt::Write as _;
 
-use crate::locks::{EventKind, Mode};
+use crate::locks::{EventKind, Mode, Origin};
 
 /// The key of one holder, waiter or name marker, parsed back from etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +131,9 @@ pub struct HolderValue {
     /// on the same clock, so their distance from it is the time the lease had left when it
     /// was written, whatever the other front-ends' clocks say (see [`HolderValue::left_ms`]).
     pub at_ms: u64,
+    /// The `ip:port` of the client that took it, for the audit trail (every front-end's
+    /// STATUS and logs); empty where not known (a record of an older lockd).
+    pub peer: String,
 }
 
 /// A waiter's record: all it asked for, so that whichever front-end releases the lock can
@@ -148,6 +151,8 @@ pub struct WaiterValue {
     /// Its front-end's etcd lease, which a session lease granted to it hangs on.
     pub lease: i64,
     pub queued_ms: u64,
+    /// The client's `ip:port`, which the holder it becomes carries on; empty: not known.
+    pub peer: String,
 }
 
 /// What the last change of a name was, with the holder it was about.
@@ -179,6 +184,9 @@ impl HolderValue {
             word(&mut s, "waited", &waited.to_string());
         }
         word(&mut s, "at", &self.at_ms.to_string());
+        if !self.peer.is_empty() {
+            word(&mut s, "peer", &self.peer);
+        }
         s
     }
 
@@ -202,7 +210,13 @@ impl HolderValue {
             at_ms: w
                 .num("at")
                 .unwrap_or_else(|| deadline_ms.saturating_sub(ttl_ms)),
+            peer: w.get("peer").unwrap_or_default(),
         })
+    }
+
+    /// Who took it, as the log and STATUS show it.
+    pub fn origin(&self) -> Origin {
+        Origin::new(Some(&self.user), self.peer.parse().ok())
     }
 
     /// How long the lease had left when this record was written (its deadline, or the end
@@ -237,6 +251,9 @@ impl WaiterValue {
         word(&mut s, "conn", &self.conn.to_string());
         word(&mut s, "lease", &self.lease.to_string());
         word(&mut s, "queued", &self.queued_ms.to_string());
+        if !self.peer.is_empty() {
+            word(&mut s, "peer", &self.peer);
+        }
         s
     }
 
@@ -252,6 +269,7 @@ impl WaiterValue {
             conn: w.num("conn").unwrap_or(0),
             lease: w.num("lease").unwrap_or(0),
             queued_ms: w.num("queued").unwrap_or(0),
+            peer: w.get("peer").unwrap_or_default(),
         })
     }
 
@@ -270,6 +288,7 @@ impl WaiterValue {
             granted_ms: now_ms,
             waited_ms: Some(now_ms.saturating_sub(self.queued_ms)),
             at_ms: now_ms,
+            peer: self.peer.clone(),
         }
     }
 }

@@ -45,6 +45,7 @@ fn values_round_trip() {
         granted_ms: 7,
         waited_ms: Some(3),
         at_ms: 9,
+        peer: "10.0.0.7:41234".into(),
     };
     assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
     let w = WaiterValue {
@@ -57,6 +58,7 @@ fn values_round_trip() {
         conn: 3,
         lease: 77,
         queued_ms: 1,
+        peer: "[::1]:5".into(),
     };
     assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));
     let m = MarkerValue {
@@ -66,4 +68,28 @@ fn values_round_trip() {
     };
     assert_eq!(MarkerValue::decode(m.encode().as_bytes()), Some(m));
     assert_eq!(HolderValue::decode(b"garbage"), None);
+}
+
+/// A holder value written before records said who took them (no `peer`) still reads, and
+/// says nobody is known; one that says reads back its user and address.
+#[test]
+fn values_without_who_took_them_still_decode() {
+    let old = b"id=a user= mode=x ttl=1000 deadline=5000 fe=f conn=1 cut=0 granted=7 at=9";
+    let h = HolderValue::decode(old).expect("an older value");
+    assert_eq!((h.peer.as_str(), h.granted_ms), ("", 7));
+    assert_eq!(h.origin(), crate::locks::Origin::default());
+    let w = WaiterValue::decode(b"id=w user=ci mode=s ttl=30000 fe=f conn=3 lease=7 queued=1")
+        .expect("an older waiter");
+    assert_eq!(
+        (w.peer.as_str(), w.holder(5).origin().user()),
+        ("", Some("ci"))
+    );
+    let new = HolderValue {
+        user: "ci".into(),
+        peer: "10.0.0.7:41234".into(),
+        ..h
+    };
+    let back = HolderValue::decode(new.encode().as_bytes()).expect("a new value");
+    assert_eq!(back.origin().user(), Some("ci"));
+    assert_eq!(back.origin().peer(), "10.0.0.7:41234".parse().ok());
 }

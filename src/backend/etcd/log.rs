@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::locks::{EventKind, Token};
+use crate::locks::{EventKind, Origin, Token};
 
 use super::keys::MarkerValue;
 use super::Cluster;
@@ -18,8 +18,15 @@ impl Cluster {
         .encode()
     }
 
-    /// Logs and counts a grant this front-end made.
-    pub(super) fn granted_log(&self, name: &str, id: &str, token: Token, waited: Option<Duration>) {
+    /// Logs and counts a grant this front-end made to `origin`.
+    pub(super) fn granted_log(
+        &self,
+        name: &str,
+        id: &str,
+        token: Token,
+        waited: Option<Duration>,
+        origin: &Origin,
+    ) {
         let event = crate::locks::Event {
             kind: EventKind::Acquired,
             name: name.into(),
@@ -27,6 +34,7 @@ impl Cluster {
             token,
             held: Duration::ZERO,
             waited,
+            origin: origin.clone(),
         };
         crate::backend::log_event(&event);
         self.metrics.lease_event(&event);
@@ -39,6 +47,7 @@ impl Cluster {
         token: Token,
         kind: EventKind,
         held: Duration,
+        origin: &Origin,
     ) {
         let event = crate::locks::Event {
             kind,
@@ -47,6 +56,7 @@ impl Cluster {
             token,
             held,
             waited: None,
+            origin: origin.clone(),
         };
         crate::backend::log_event(&event);
         self.metrics.lease_event(&event);

@@ -359,6 +359,7 @@ impl Mirror {
                         token: base + rev as Token,
                         held: std::time::Duration::ZERO,
                         waited: value.waited_ms.map(std::time::Duration::from_millis),
+                        origin: value.origin(),
                     },
                 );
             }
@@ -387,6 +388,7 @@ impl Mirror {
                     token: base + rev as Token,
                     held: std::time::Duration::from_millis(held_ms),
                     waited: None,
+                    origin: old.value.origin(),
                 },
             );
         }

@@ -38,6 +38,7 @@ fn holder(id: &str) -> String {
         granted_ms: 0,
         waited_ms: None,
         at_ms: 0,
+        peer: String::new(),
     }
     .encode()
 }

@@ -59,6 +59,7 @@ pub fn decide(
             granted_ms: 0,
             waited_ms: None,
             at_ms: 0,
+            peer: String::new(),
         };
         let uid = format!("h{rev}");
         let holder = HolderRecord {
@@ -85,6 +86,7 @@ pub fn decide(
             conn: 0,
             lease: 1,
             queued_ms: 0,
+            peer: String::new(),
         };
         let uid = format!("w{rev}");
         let waiter = WaiterRecord {

@@ -171,12 +171,19 @@ impl Cluster {
         // A release's plain write empties the name when its outer transaction succeeds.
         self.wrote_as(name, resp, kind == EventKind::Released && depth == plain);
         let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
-        self.ended_log(name, &holder.value.id, token, kind, held);
+        self.ended_log(
+            name,
+            &holder.value.id,
+            token,
+            kind,
+            held,
+            &holder.value.origin(),
+        );
         if let (0, Some((id, value))) = (depth, &ended.head) {
             let rev = resp.header().map_or(0, |h| h.revision());
             let granted = self.guard().mirror.token(rev);
             let waited = value.waited_ms.map(Duration::from_millis);
-            self.granted_log(name, id, granted, waited);
+            self.granted_log(name, id, granted, waited, &value.origin());
         }
         true
     }

@@ -47,7 +47,10 @@ impl Cluster {
             holders: ns
                 .holders
                 .values()
-                .map(|h| holder_status(base, name, h, ns))
+                .map(|h| LockStatus {
+                    origin: h.value.origin(),
+                    ..holder_status(base, name, h, ns)
+                })
                 .collect(),
             queue: ns
                 .queue
@@ -90,5 +93,9 @@ fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> L
         waiters: ns.queue.len(),
         holders: ns.holders.len(),
         mode: h.value.mode,
+        // Only the HOLDER lines of a detail show who took it (see `status_detail`): a STATUS
+        // of every lock does not pay for a copy of each holder's user and address.
+        origin: Default::default(),
+        granted_unix_ms: h.value.granted_ms,
     }
 }

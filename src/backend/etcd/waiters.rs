@@ -48,6 +48,7 @@ impl Cluster {
             conn: req.conn,
             lease: self.lease_id(),
             queued_ms: wall_ms(),
+            peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
         };
         let mut same: Vec<super::mirror::WaiterRecord> = {
             let g = self.guard();

@@ -1,9 +1,11 @@
 //! `lockctl status`: STATUS as tables for people or JSON for scripts. With a name it asks for
 //! the detail, "why am I waiting?": every holder and the queue in the order it will be granted.
 
+use std::time::{Duration, UNIX_EPOCH};
+
 use lockd::client::{Client, LockDetail};
 use lockd::locks::Mode;
-use lockd::proto::{HeldLine, StatusLine};
+use lockd::proto::{HeldLine, HolderLine, StatusLine};
 
 use crate::cli::StatusArgs;
 use crate::fail::{Failure, UNAVAILABLE};
@@ -126,6 +128,9 @@ fn readable_lock(lock: &LockDetail) -> String {
     let mut cells = vec![vec![
         "HOLDER".to_owned(),
         "TOKEN".into(),
+        "USER".into(),
+        "PEER".into(),
+        "GRANTED".into(),
         "HELD FOR".into(),
         "TTL LEFT".into(),
         "SESSION".into(),
@@ -135,6 +140,9 @@ fn readable_lock(lock: &LockDetail) -> String {
         cells.push(vec![
             h.id.clone(),
             h.token.to_string(),
+            h.user.clone().unwrap_or_else(|| "-".into()),
+            h.peer.clone().unwrap_or_else(|| "-".into()),
+            granted_at(h).unwrap_or_else(|| "-".into()),
             short_duration(h.held),
             short_duration(h.left),
             yes_no(h.session),
@@ -169,6 +177,18 @@ fn readable_lock(lock: &LockDetail) -> String {
         out.push_str(&format!("\n... and {unlisted} more waiting"));
     }
     out
+}
+
+/// When the holder was granted, on the server's wall clock, as RFC 3339 UTC to the second
+/// (`2026-12-01T03:12:00Z`); `None` where the server did not say.
+fn granted_at(h: &HolderLine) -> Option<String> {
+    let at = UNIX_EPOCH.checked_add(Duration::from_millis(h.granted_unix_ms?))?;
+    Some(humantime::format_rfc3339_seconds(at).to_string())
+}
+
+/// A JSON string, or `null` for `None`.
+fn json_opt(s: Option<&str>) -> String {
+    s.map_or_else(|| "null".to_owned(), json_string)
 }
 
 fn json_array(rows: &[HeldLine]) -> String {
@@ -213,13 +233,18 @@ fn json_lock(lock: &LockDetail) -> String {
         .iter()
         .map(|h| {
             format!(
-                r#"{{"id":{},"token":{},"held_ms":{},"ttl_ms":{},"session":{},"mode":{}}}"#,
+                r#"{{"id":{},"token":{},"held_ms":{},"ttl_ms":{},"session":{},"mode":{},"user":{},"granted_at":{},"granted_unix_ms":{},"peer":{}}}"#,
                 json_string(&h.id),
                 h.token,
                 h.held.as_millis(),
                 h.left.as_millis(),
                 h.session,
-                json_string(&h.mode.to_string())
+                json_string(&h.mode.to_string()),
+                json_opt(h.user.as_deref()),
+                json_opt(granted_at(h).as_deref()),
+                h.granted_unix_ms
+                    .map_or_else(|| "null".to_owned(), |ms| ms.to_string()),
+                json_opt(h.peer.as_deref()),
             )
         })
         .collect();
@@ -250,7 +275,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use lockd::proto::{HolderLine, WaiterLine};
+    use lockd::proto::WaiterLine;
 
     fn held_lock() -> LockDetail {
         LockDetail {
@@ -264,6 +289,9 @@ mod tests {
                 left: Duration::from_millis(800),
                 session: true,
                 mode: Mode::Exclusive,
+                user: Some("alice".into()),
+                granted_unix_ms: Some(1_796_095_920_000),
+                peer: Some("10.0.0.7:41234".into()),
             }],
             waiters: vec![WaiterLine {
                 name: "d".into(),
@@ -294,8 +322,21 @@ mod tests {
     fn json_of_a_held_lock() {
         assert_eq!(
             json_lock(&held_lock()),
-            r#"{"name":"d","held":true,"id":"h:1","token":7,"ttl_ms":800,"session":true,"waiters":3,"holder_count":1,"mode":"exclusive","holders":[{"id":"h:1","token":7,"held_ms":12300,"ttl_ms":800,"session":true,"mode":"exclusive"}],"queue":[{"position":1,"id":"w\"1","waited_ms":300,"session":false,"mode":"exclusive"}]}"#
+            r#"{"name":"d","held":true,"id":"h:1","token":7,"ttl_ms":800,"session":true,"waiters":3,"holder_count":1,"mode":"exclusive","holders":[{"id":"h:1","token":7,"held_ms":12300,"ttl_ms":800,"session":true,"mode":"exclusive","user":"alice","granted_at":"2026-12-01T03:32:00Z","granted_unix_ms":1796095920000,"peer":"10.0.0.7:41234"}],"queue":[{"position":1,"id":"w\"1","waited_ms":300,"session":false,"mode":"exclusive"}]}"#
         );
+    }
+
+    #[test]
+    fn an_older_servers_holder_says_nothing_of_who_or_when() {
+        let mut lock = held_lock();
+        let h = HolderLine::parse("HOLDER d id=h:1 token=7 held_ms=5 ttl_ms=8 session=0").unwrap();
+        lock.holders = vec![h];
+        assert!(json_lock(&lock).contains(
+            r#""mode":"exclusive","user":null,"granted_at":null,"granted_unix_ms":null,"peer":null}"#
+        ));
+        let text = readable_lock(&lock);
+        let row: Vec<&str> = text.lines().nth(3).unwrap().split_whitespace().collect();
+        assert_eq!(row[..5], ["h:1", "7", "-", "-", "-"], "{text}");
     }
 
     #[test]
@@ -303,8 +344,17 @@ mod tests {
         let text = readable_lock(&held_lock());
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "d: held exclusive, 1 holder, 3 waiting");
-        assert!(lines[2].starts_with("HOLDER  TOKEN  HELD FOR"), "{text}");
-        assert!(lines[3].starts_with("h:1     7      12.3s"), "{text}");
+        assert!(
+            lines[2].starts_with(
+                "HOLDER  TOKEN  USER   PEER            GRANTED               HELD FOR"
+            ),
+            "{text}"
+        );
+        assert!(
+            lines[3]
+                .starts_with("h:1     7      alice  10.0.0.7:41234  2026-12-01T03:32:00Z  12.3s"),
+            "{text}"
+        );
         assert!(lines[5].starts_with("#  WAITER  WAITED FOR"), "{text}");
         assert!(lines[6].starts_with("1  w\"1     300ms"), "{text}");
         assert_eq!(lines[7], "... and 2 more waiting");

@@ -431,6 +431,9 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
                     deadline: now,
                     mode: Default::default(),
                     user: lockd::locks::NO_USER,
+                    // As an older lockd wrote it: who took it and when, not known.
+                    origin: Default::default(),
+                    granted_unix_ms: 0,
                 }],
                 now,
                 |_| None,

@@ -66,7 +66,10 @@ async fn status_of_a_name_shows_the_holder_and_the_queue_in_order() {
     let words = |l: &str| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
     assert_eq!(
         words(lines[2]),
-        ["HOLDER", "TOKEN", "HELD", "FOR", "TTL", "LEFT", "SESSION", "MODE"],
+        [
+            "HOLDER", "TOKEN", "USER", "PEER", "GRANTED", "HELD", "FOR", "TTL", "LEFT", "SESSION",
+            "MODE"
+        ],
         "{text}"
     );
     let holder = words(lines[3]);
@@ -75,7 +78,11 @@ async fn status_of_a_name_shows_the_holder_and_the_queue_in_order() {
         ["holder".to_owned(), token.to_string()],
         "{text}"
     );
-    assert_eq!(holder[4..], ["no", "exclusive"], "{text}");
+    // No auth file: no user; the holder's address, and the grant's time as RFC 3339 UTC.
+    assert_eq!(holder[2], "-", "{text}");
+    assert!(holder[3].starts_with("127.0.0.1:"), "{text}");
+    assert!(is_rfc3339_utc(&holder[4]), "{text}");
+    assert_eq!(holder[7..], ["no", "exclusive"], "{text}");
     assert_eq!(
         words(lines[5]),
         ["#", "WAITER", "WAITED", "FOR", "SESSION", "MODE"],
@@ -112,6 +119,22 @@ async fn status_of_a_name_shows_the_holder_and_the_queue_in_order() {
     assert!(holders[0]["ttl_ms"].as_u64().unwrap() <= 60_000, "{v}");
     assert!(holders[0]["held_ms"].is_u64(), "{v}");
     assert_eq!(holders[0]["session"], false);
+    assert_eq!(holders[0]["user"], Value::Null, "{v}");
+    assert!(
+        is_rfc3339_utc(holders[0]["granted_at"].as_str().unwrap()),
+        "{v}"
+    );
+    assert!(
+        holders[0]["granted_unix_ms"].as_u64().unwrap() > 1_700_000_000_000,
+        "{v}"
+    );
+    assert!(
+        holders[0]["peer"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{v}"
+    );
     let queue = v["queue"].as_array().unwrap();
     let order: Vec<(u64, &str, bool)> = queue
         .iter()
@@ -130,6 +153,79 @@ async fn status_of_a_name_shows_the_holder_and_the_queue_in_order() {
     for w in waiters {
         w.abort();
     }
+}
+
+/// `2026-12-01T03:12:00Z`: RFC 3339, UTC, to the second.
+fn is_rfc3339_utc(text: &str) -> bool {
+    text.len() == 20 && text.ends_with('Z') && humantime::parse_rfc3339(text).is_ok()
+}
+
+/// With an auth file, each holder's user shows in the table and the JSON, with when it was
+/// granted (RFC 3339 and Unix ms, which agree, and lie between the test's clock readings
+/// around the LOCK) and from which address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_a_name_says_which_user_took_it_and_when() {
+    use lockd::auth::{user_line, Gate, Users};
+    const SECRET: &str = "ops-secret-0123456789abcdef-status";
+    let users = Users::parse(
+        &user_line("ops lock=* read=*", SECRET, [3; 16]).unwrap(),
+        None,
+    );
+    let config = lockd::server::Config {
+        auth: Some(Gate::new(users.unwrap())),
+        ..lockd::server::Config::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let _server = common::Lockd::new().config(config).serve_on(listener);
+    let as_ops = |args: &[&str]| {
+        let mut cmd = lockctl_at(&addr, args);
+        cmd.env_remove("LOCKD_SECRET_FILE");
+        cmd.env("LOCKD_USER", "ops").env("LOCKD_SECRET", SECRET);
+        cmd
+    };
+    let unix_ms = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.unwrap().as_millis() as u64
+    };
+    let before = unix_ms();
+    let out = output(as_ops(&[
+        "acquire",
+        "deploy-prod",
+        "--id",
+        "ci-7",
+        "--ttl",
+        "1m",
+    ]))
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let after = unix_ms();
+
+    let out = output(as_ops(&["status", "deploy-prod"])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let holder: Vec<&str> = lines[3].split_whitespace().collect();
+    assert_eq!(holder[0], "ci-7", "{text}");
+    assert_eq!(holder[2], "ops", "{text}");
+    assert!(holder[3].starts_with("127.0.0.1:"), "{text}");
+    assert!(is_rfc3339_utc(holder[4]), "{text}");
+
+    let out = output(as_ops(&["status", "deploy-prod", "--json"])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let h = &v["holders"][0];
+    assert_eq!(h["id"], "ci-7", "{v}");
+    assert_eq!(h["user"], "ops", "{v}");
+    let granted = h["granted_unix_ms"].as_u64().unwrap();
+    assert!(
+        (before..=after).contains(&granted),
+        "{before} {granted} {after}"
+    );
+    let at = humantime::parse_rfc3339(h["granted_at"].as_str().unwrap()).unwrap();
+    let at_s = at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert_eq!(at_s, granted / 1000, "{v}");
+    assert_eq!(holder[4], h["granted_at"], "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -233,6 +233,7 @@ impl Model {
             token,
             held: Duration::from_millis(held),
             waited: waited.map(Duration::from_millis),
+            origin: Default::default(),
         }));
     }
 
@@ -602,5 +603,7 @@ fn status_of(now: u64, name: &str, e: &MEntry, h: &MHolder) -> LockStatus {
         waiters: e.queue.len(),
         holders: e.holders.len(),
         mode: e.mode,
+        origin: Default::default(),
+        granted_unix_ms: 0,
     }
 }
