@@ -259,14 +259,21 @@ mod linux {
             terminal: bool,
         ) -> Result<(Supervised, libc::pid_t), Failure> {
             let cannot = |e: io::Error| {
-                Failure::new(CANNOT_EXEC, format!("cannot start the job's supervisor: {e}"))
+                Failure::new(
+                    CANNOT_EXEC,
+                    format!("cannot start the job's supervisor: {e}"),
+                )
             };
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
             let theirs_fd = theirs.as_raw_fd();
             // Itself, even if the file was replaced or removed since it started.
             let mut cmd = tokio::process::Command::new("/proc/self/exe");
             cmd.arg0(JOB_ARGV0)
-                .arg(if terminal { "--terminal" } else { "--no-terminal" })
+                .arg(if terminal {
+                    "--terminal"
+                } else {
+                    "--no-terminal"
+                })
                 .arg("--")
                 .args(argv)
                 .envs(env.iter().map(|(k, v)| (k, v)))

@@ -130,10 +130,7 @@ fn spawn(
         } else {
             CANNOT_EXEC
         };
-        (
-            code,
-            format!("cannot run {}: {e}", first.to_string_lossy()),
-        )
+        (code, format!("cannot run {}: {e}", first.to_string_lossy()))
     })?;
     // Reaped by `Job`'s waitpid, never through `child`.
     libc::pid_t::try_from(child.id()).map_err(|e| (CANNOT_EXEC, e.to_string()))
@@ -151,10 +148,7 @@ impl Control {
     fn take() -> Result<Control, String> {
         // SAFETY: fcntl on a descriptor number; a closed one only fails.
         if unsafe { libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-            return Err(format!(
-                "no control socket: {}",
-                io::Error::last_os_error()
-            ));
+            return Err(format!("no control socket: {}", io::Error::last_os_error()));
         }
         Ok(Control {
             fd: CONTROL_FD,
@@ -236,7 +230,10 @@ impl ChildSignals {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGCHLD);
             if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-                return Err(format!("cannot block SIGCHLD: {}", io::Error::last_os_error()));
+                return Err(format!(
+                    "cannot block SIGCHLD: {}",
+                    io::Error::last_os_error()
+                ));
             }
             let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
             if fd < 0 {
