@@ -24,13 +24,15 @@ use crate::fail::{CANNOT_EXEC, NOT_FOUND};
 /// anything else in `main`, together with [`CONTROL_ENV`]).
 #[cfg(target_os = "linux")]
 pub const JOB_ARGV0: &str = "lockctl-job";
-/// Set to the control descriptor's number in the supervisor's environment (never in the
-/// command's): a stray argv[0] alone does not make a supervisor.
+/// Set to the number of the supervisor's end of the control socket in its environment (never
+/// in the command's): a stray argv[0] alone does not make a supervisor. The number is one that
+/// was free in lockctl, so that every descriptor lockctl was given (its stdio, and a `3>file`
+/// of the caller's) reaches the command as before.
 #[cfg(target_os = "linux")]
 pub const CONTROL_ENV: &str = "LOCKCTL_JOB_CONTROL";
-/// The supervisor's end of the control socket. Not 0-2: those are the command's.
+/// The lowest number the control descriptor may have: 0-2 are the command's stdio.
 #[cfg(target_os = "linux")]
-pub const CONTROL_FD: libc::c_int = 3;
+pub const CONTROL_FD_MIN: libc::c_int = 3;
 
 /// What to run: a program with arguments, or a line for `/bin/sh -c`.
 #[derive(Clone, Debug)]
@@ -230,14 +232,14 @@ impl Drop for Child {
 #[cfg(target_os = "linux")]
 mod linux {
     use std::io;
-    use std::os::fd::AsRawFd as _;
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
     use std::os::unix::process::ExitStatusExt as _;
     use std::process::ExitStatus;
 
     use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
     use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-    use super::{Event, CONTROL_ENV, CONTROL_FD, JOB_ARGV0};
+    use super::{Event, CONTROL_ENV, CONTROL_FD_MIN, JOB_ARGV0};
     use crate::fail::{Failure, CANNOT_EXEC};
 
     /// lockctl's end of the control socket to the job's supervisor.
@@ -265,6 +267,7 @@ mod linux {
                 )
             };
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
+            let theirs = above_stdio(theirs.into()).map_err(cannot)?;
             let theirs_fd = theirs.as_raw_fd();
             // Itself, even if the file was replaced or removed since it started.
             let mut cmd = tokio::process::Command::new("/proc/self/exe");
@@ -277,9 +280,9 @@ mod linux {
                 .arg("--")
                 .args(argv)
                 .envs(env.iter().map(|(k, v)| (k, v)))
-                .env(CONTROL_ENV, CONTROL_FD.to_string());
-            // SAFETY: runs in the forked child before exec; fcntl and dup2 are
-            // async-signal-safe, and nothing is allocated.
+                .env(CONTROL_ENV, theirs_fd.to_string());
+            // SAFETY: runs in the forked child before exec; fcntl is async-signal-safe, and
+            // nothing is allocated.
             unsafe {
                 cmd.pre_exec(move || pass_control(theirs_fd));
             }
@@ -369,17 +372,23 @@ mod linux {
         }
     }
 
-    /// In the forked supervisor: its end of the socket at [`CONTROL_FD`], kept across exec.
-    fn pass_control(fd: libc::c_int) -> io::Result<()> {
-        // SAFETY: async-signal-safe system calls on descriptors of this process.
-        let r = unsafe {
-            if fd == CONTROL_FD {
-                libc::fcntl(fd, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(fd, CONTROL_FD)
+    /// A copy of `fd` numbered [`CONTROL_FD_MIN`] or more (a lockctl started with stdin
+    /// closed could have been given 0 for it), close-on-exec like the original.
+    fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+        // SAFETY: fcntl on a descriptor we own; the copy is owned by the OwnedFd made of it.
+        unsafe {
+            let copy = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, CONTROL_FD_MIN);
+            if copy < 0 {
+                return Err(io::Error::last_os_error());
             }
-        };
-        if r < 0 {
+            Ok(OwnedFd::from_raw_fd(copy))
+        }
+    }
+
+    /// In the forked supervisor: its end of the socket kept across exec (the number stays).
+    fn pass_control(fd: libc::c_int) -> io::Result<()> {
+        // SAFETY: an async-signal-safe system call on a descriptor of this process.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())

@@ -5,7 +5,7 @@
 //! It is the child subreaper (`PR_SET_CHILD_SUBREAPER`) of the command: every process the
 //! command starts that loses its parent (a background job, a double-forked daemon, a setsid'd
 //! one) becomes its child, so that it reaps them all, and when it has no child left, none is
-//! left anywhere in the job. Over the control socket on [`CONTROL_FD`] it tells lockctl when
+//! left anywhere in the job. Over the control socket (the descriptor named by [`CONTROL_ENV`]) it tells lockctl when
 //! the command exits and when the last process is gone, and lockctl tells it to signal the
 //! job. If the socket closes before the job is gone, lockctl died (SIGKILL, the OOM killer):
 //! then it kills every process of the job at once, reaps them and exits, well within the
@@ -24,7 +24,7 @@ use std::io;
 use std::os::unix::process::CommandExt as _;
 use std::process::ExitCode;
 
-use crate::child::{in_child, CONTROL_ENV, CONTROL_FD, JOB_ARGV0};
+use crate::child::{in_child, CONTROL_ENV, CONTROL_FD_MIN, JOB_ARGV0};
 use crate::fail::{CANNOT_EXEC, NOT_FOUND, USAGE};
 
 /// Signals that would kill the supervisor if lockctl's whole process group got them (a shell
@@ -44,11 +44,13 @@ pub fn entry() -> Option<ExitCode> {
     if args.next()? != JOB_ARGV0 {
         return None;
     }
-    if std::env::var_os(CONTROL_ENV)? != OsString::from(CONTROL_FD.to_string()) {
-        return None;
-    }
+    let control = std::env::var_os(CONTROL_ENV)?
+        .to_str()?
+        .parse::<libc::c_int>()
+        .ok()
+        .filter(|fd| *fd >= CONTROL_FD_MIN)?;
     let args: Vec<OsString> = args.collect();
-    Some(match supervise(&args) {
+    Some(match supervise(control, &args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("lockctl: job supervisor: {message}");
@@ -57,14 +59,14 @@ pub fn entry() -> Option<ExitCode> {
     })
 }
 
-fn supervise(args: &[OsString]) -> Result<(), String> {
+fn supervise(control: libc::c_int, args: &[OsString]) -> Result<(), String> {
     let (terminal, argv) = match args {
         [flag, dashes, argv @ ..] if dashes == "--" && !argv.is_empty() => {
             (flag == "--terminal", argv)
         }
         _ => return Err("started without a command".into()),
     };
-    let control = Control::take()?;
+    let control = Control::take(control)?;
     // SAFETY: a NUL-terminated name of at most 16 bytes. (Seen in ps, instead of `exe`.)
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"lockctl-job".as_ptr(), 0, 0, 0);
@@ -145,13 +147,13 @@ struct Control {
 
 impl Control {
     /// The descriptor lockctl passed, kept from the command (close-on-exec).
-    fn take() -> Result<Control, String> {
+    fn take(fd: libc::c_int) -> Result<Control, String> {
         // SAFETY: fcntl on a descriptor number; a closed one only fails.
-        if unsafe { libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
             return Err(format!("no control socket: {}", io::Error::last_os_error()));
         }
         Ok(Control {
-            fd: CONTROL_FD,
+            fd,
             pending: Vec::new(),
         })
     }

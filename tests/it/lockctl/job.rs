@@ -305,3 +305,34 @@ async fn competing_jobs_with_background_children_never_overlap() {
     }
     assert_eq!(d.holder("stress").await, None);
 }
+
+/// The descriptors lockctl was given reach the command as before (the supervisor's own
+/// control socket takes a number that was free): `lockctl run ... 3>file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_descriptor_given_to_lockctl_reaches_the_command() {
+    use std::os::fd::AsRawFd as _;
+
+    let d = lockd().await;
+    let dir = scratch("job-fd3");
+    let path = dir.join("fd3");
+    let file = std::fs::File::create(&path).unwrap();
+    let fd = file.as_raw_fd();
+    let mut cmd = d.lockctl(&["run", "fd3", "-c", "echo through >&3"]);
+    // SAFETY: dup2 and fcntl are async-signal-safe; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = output(cmd).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "through\n");
+}
