@@ -5,11 +5,12 @@
 //! It is the child subreaper (`PR_SET_CHILD_SUBREAPER`) of the command: every process the
 //! command starts that loses its parent (a background job, a double-forked daemon, a setsid'd
 //! one) becomes its child, so that it reaps them all, and when it has no child left, none is
-//! left anywhere in the job. Over the control socket (the descriptor named by [`CONTROL_ENV`]) it tells lockctl when
-//! the command exits and when the last process is gone, and lockctl tells it to signal the
-//! job. If the socket closes before the job is gone, lockctl died (SIGKILL, the OOM killer):
-//! then it kills every process of the job at once, reaps them and exits, well within the
-//! session grace that keeps the lock held on the server.
+//! left anywhere in the job. Over the control socket (the descriptor named in
+//! [`CONTROL_ENV`]) it tells lockctl when the command exits and when the last process is
+//! gone, and lockctl tells it to signal the job. If the socket closes before the job is gone,
+//! lockctl died (SIGKILL, the OOM killer): then it kills every process of the job at once,
+//! reaps them and exits, well within the session grace that keeps the lock held on the
+//! server.
 //!
 //! One thread, no runtime, blocking system calls: it forks the command from a process with no
 //! other threads, and the command's death signal (`PR_SET_PDEATHSIG`) is tied to it.

@@ -16,9 +16,10 @@
 //! as `proto`'s types, and no module here parses a line.
 //!
 //! Its modules import each other in one direction (no cycle): `cli`, `fail` and `out` import
-//! none of them; `child` -> `fail`; `job` -> `child`, `fail`; `auth`, `tls`, `docs` -> `cli`, `fail`; `request` -> `cli`;
-//! `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`; `status` ->
-//! `cli`, `fail`, `net`, `out`; `ops`, `run`, `top`, `watch` -> those below them.
+//! none of them; `child` -> `fail`; `job` -> `child`, `fail`; `auth`, `tls`, `docs` -> `cli`,
+//! `fail`; `request` -> `cli`; `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`,
+//! `net`, `out`; `status` -> `cli`, `fail`, `net`, `out`; `ops`, `run`, `supervise`, `top`,
+//! `watch` -> those below them.
 
 mod auth;
 mod child;
