@@ -229,6 +229,8 @@ impl ChildSignals {
     fn block() -> Result<ChildSignals, String> {
         // SAFETY: sigset operations on a local set; the process has one thread.
         unsafe {
+            // An ignored SIGCHLD (inherited) would reap children unseen and never be read.
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGCHLD);
