@@ -434,6 +434,10 @@ fn descendants() -> Vec<Proc> {
 /// counted from its last `)`.
 fn stat(pid: libc::pid_t) -> Option<Proc> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(pid, &text)
+}
+
+fn parse_stat(pid: libc::pid_t, text: &str) -> Option<Proc> {
     let (_, rest) = text.rsplit_once(") ")?;
     let mut fields = rest.split(' ');
     let state = fields.next()?;
@@ -457,5 +461,13 @@ mod tests {
         // SAFETY: plain getppid.
         assert_eq!(me.ppid, unsafe { libc::getppid() });
         assert!(!me.zombie);
+    }
+
+    #[test]
+    fn a_name_with_spaces_and_parentheses_does_not_shift_the_fields() {
+        let p = parse_stat(42, "42 (a) b (c)) Z 7 9 9 0 -1").unwrap();
+        assert_eq!((p.pid, p.ppid, p.pgrp, p.zombie), (42, 7, 9, true));
+        assert!(parse_stat(42, "42 (cut").is_none());
+        assert!(parse_stat(42, "42 (x) S notapid 1").is_none());
     }
 }
