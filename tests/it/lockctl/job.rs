@@ -336,3 +336,40 @@ async fn a_descriptor_given_to_lockctl_reaches_the_command() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "through\n");
 }
+
+/// A job that keeps forking while it is stopped (each child ignores SIGTERM and sleeps): the
+/// SIGKILL sweep is repeated until none is left, so no child forked during the kill survives,
+/// and lockctl exits only then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_forks_while_it_is_killed_leaves_no_process_behind() {
+    let d = lockd().await;
+    let dir = scratch("job-forks");
+    let pids = dir.join("pids");
+    let script = format!(
+        "trap '' TERM; while :; do sh -c 'trap \"\" TERM; echo $$ >> {pids}; exec sleep 300' & \
+         sleep 0.01; done",
+        pids = pids.display()
+    );
+    let mut child = spawn(d.lockctl(&["run", "forks", "--kill-grace", "300ms", "-c", &script]));
+    let give_up = tokio::time::Instant::now() + GUARD;
+    while std::fs::read_to_string(&pids).map_or(0, |t| t.lines().count()) < 5 {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the job never forked"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    signal(&child, libc::SIGTERM);
+    assert_eq!(exits(&mut child).await, 128 + libc::SIGKILL);
+    let text = std::fs::read_to_string(&pids).unwrap();
+    let left: Vec<i32> = text
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|&p| alive(p))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "still alive after lockctl exited: {left:?}"
+    );
+    assert_eq!(d.holder("forks").await, None);
+}
