@@ -296,3 +296,34 @@ pub fn alive(pid: i32) -> bool {
         Err(_) => false,
     }
 }
+
+/// The pid a test's command wrote to `path` (`echo $$ > path`).
+pub async fn read_pid(path: &Path) -> i32 {
+    let text = wait_for_file(path).await;
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{}: not a pid: {text:?}", path.display()))
+}
+
+/// Polls until none of `pids` is alive; the unix-ms when that was first seen (no earlier than
+/// the last of them died).
+pub async fn wait_dead(pids: &[i32]) -> u128 {
+    let give_up = Instant::now() + GUARD;
+    while pids.iter().any(|&p| alive(p)) {
+        assert!(Instant::now() < give_up, "still alive: {pids:?}");
+        sleep(Duration::from_millis(5)).await;
+    }
+    now_ms()
+}
+
+/// The server's unix-ms of the next `kind` event on a watch connection (`WATCH` sent), of
+/// holder `id` if given.
+pub async fn event_at(watch: &mut Client, kind: &str, id: Option<&str>) -> u128 {
+    loop {
+        let line = timeout(GUARD, watch.read_line()).await.unwrap().unwrap();
+        let w: Vec<&str> = line.split(' ').collect();
+        if w.get(1) == Some(&kind) && id.is_none_or(|id| w.get(3) == Some(&id)) {
+            return w[5].parse().unwrap();
+        }
+    }
+}

@@ -292,16 +292,25 @@ pub enum Command {
     /// lockctl waits its turn for the lock (first come, first served; -w and -n limit the
     /// wait), runs the command with LOCKD_NAME, LOCKD_TOKEN (the fencing token) and LOCKD_ADDR
     /// in its environment, renews the lease while it runs, releases the lock when the command
-    /// exits, and exits with the command's exit code.
+    /// and every process it started have exited (as flock holds it while any process that
+    /// inherited it lives), and exits with the command's exit code.
     ///
-    /// The command never outlives the lease: if the server says the lease is gone, or
-    /// renewals keep failing, lockctl stops the command's process group (SIGTERM, then SIGKILL
-    /// after --kill-grace) before the lease can end on the server, and exits 4.
+    /// The job is the command and every process it starts: children, grandchildren,
+    /// background jobs, double-forked daemons and setsid'd processes (on Linux, through a
+    /// supervisor process, lockctl-job, that is their subreaper; elsewhere only the command's
+    /// process group, held until the command itself exits). Processes started through another
+    /// service (systemd-run, at, cron, ssh, a container runtime) are not part of it.
+    ///
+    /// The job never outlives the lease: if the server says the lease is gone, or renewals
+    /// keep failing, lockctl stops every process of the job (SIGTERM, then SIGKILL after
+    /// --kill-grace, also to what ignores SIGTERM) before the lease can end on the server, and
+    /// exits 4. SIGINT, SIGTERM and SIGHUP sent to lockctl go to every process of the job too,
+    /// and what is left after --kill-grace is killed.
     ///
     /// The lease is a session lease with a grace (--session-grace): if the connection drops,
     /// lockctl reconnects (to the next address, if --server lists several) and renews within
-    /// the grace, and the command runs on; if lockctl is killed, the command is killed with it
-    /// (on Linux) and the server frees the lock when the grace ends.
+    /// the grace, and the job runs on; if lockctl is killed, even with SIGKILL, the whole job
+    /// is killed at once (on Linux) and the server frees the lock when the grace ends.
     #[command(after_help = after_help())]
     Run(RunArgs),
     /// Wait for <name> (unless -n or -w), take it with a plain lease and print its token.
@@ -407,9 +416,9 @@ pub struct ModeArgs {
 /// What to do when the lease is lost while the command runs.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnLost {
-    /// Stop the command's process group (SIGTERM, then SIGKILL) before the lease can end; exit 4.
+    /// Stop every process of the job (SIGTERM, then SIGKILL) before the lease can end; exit 4.
     Kill,
-    /// Only print a warning; the command runs on and its exit code is passed through.
+    /// Only print a warning; the job runs on and the command's exit code is passed through.
     Warn,
 }
 
@@ -448,7 +457,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = OnLost::Kill)]
     pub on_lost: OnLost,
 
-    /// Time between SIGTERM and SIGKILL when the command must be stopped (capped at a quarter
+    /// Time between SIGTERM and SIGKILL when the job must be stopped (capped at a quarter
     /// of the shorter of --ttl and --session-grace, so that the SIGKILL still lands before the
     /// lease can end).
     #[arg(long, default_value = "5s", value_parser = duration)]

@@ -2,8 +2,10 @@
 //!
 //! - [`cli`]: flags and `--help`, with every exit code; [`fail`]: the exit codes and failures.
 //! - [`request`]: the LOCK request `run` and `acquire` send.
-//! - [`run`]: `lockctl run`, with [`child`] (the command, its process group, signals) and
-//!   [`keeper`] (renewals, reconnection, the lease deadline).
+//! - [`run`]: `lockctl run`, with [`supervise`] (the lock held while the job runs), [`child`]
+//!   (the job: the command and everything it starts, signals), [`job`] (on Linux, the job's
+//!   supervisor process, lockctl re-executed) and [`keeper`] (renewals, reconnection, the
+//!   lease deadline).
 //! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`out`] (tables, JSON);
 //!   [`holder`] says who holds a lock, for -v.
 //! - [`net`]: lockctl's settings for the library's `Connector` (addresses, failover, TLS,
@@ -14,10 +16,10 @@
 //! as `proto`'s types, and no module here parses a line.
 //!
 //! Its modules import each other in one direction (no cycle): `cli`, `fail` and `out` import
-//! none of them; `child` -> `fail`; `auth`, `tls`, `docs` -> `cli`, `fail`; `net` -> `auth`,
-//! `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`; `request` -> `cli`, `fail`,
-//! `holder`, `net`; `status` -> `cli`, `fail`, `net`, `out`; `ops`, `run`, `top`, `watch` ->
-//! those below them.
+//! none of them; `child` -> `fail`; `job` -> `child`, `fail`; `auth`, `tls`, `docs` -> `cli`,
+//! `fail`; `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`;
+//! `request` -> `cli`, `fail`, `holder`, `net`; `status` -> `cli`, `fail`, `net`, `out`; `ops`,
+//! `run`, `supervise`, `top`, `watch` -> those below them.
 
 mod auth;
 mod child;
@@ -25,6 +27,8 @@ mod cli;
 mod docs;
 mod fail;
 mod holder;
+#[cfg(target_os = "linux")]
+mod job;
 mod keeper;
 mod net;
 mod ops;
@@ -46,6 +50,11 @@ use fail::{Failure, USAGE};
 use net::{Server, ONE_SHOT_CONNECT, PATIENT_CONNECT};
 
 fn main() -> ExitCode {
+    // lockctl re-executed as the supervisor of a `run` job: before any runtime or thread.
+    #[cfg(target_os = "linux")]
+    if let Some(code) = job::entry() {
+        return code;
+    }
     let args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
@@ -54,8 +63,8 @@ fn main() -> ExitCode {
         return ExitCode::from(USAGE);
     }
     let cli = Cli::parse();
-    // One thread: the command is spawned from the main thread, which PR_SET_PDEATHSIG ties its
-    // life to (a worker thread that exits would kill the command).
+    // One thread: the command (outside Linux; there, its supervisor) is spawned from the main
+    // thread, so no worker thread that comes and goes is anyone's parent.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

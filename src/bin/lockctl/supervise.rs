@@ -1,17 +1,15 @@
-//! Holding the lock while the command runs: signals passed on, the lease watched, the command
-//! stopped when the lease is lost or its time runs out.
+//! Holding the lock while the job runs (the command and every process it starts, see
+//! [`crate::child`]): signals passed on, the lease watched, the whole job stopped when the
+//! lease is lost or its time runs out.
 
 use std::time::Duration;
 
 use tokio::time::{sleep, sleep_until, Instant};
 
-use crate::child::{exit_code, Child, Program, Signals};
+use crate::child::{exit_code, Child, Event, Program, Signals};
 use crate::cli::{OnLost, RunArgs};
 use crate::fail::{signal_code, Failure, LOST, UNTIL_TIMEOUT};
 use crate::keeper::{HeldLease, Keeper, Released};
-
-/// How long lockctl waits for stragglers in the group between SIGTERM and SIGKILL.
-const GROUP_POLL: Duration = Duration::from_millis(20);
 
 /// Everything needed while the lock is held.
 pub struct Supervisor<'a> {
@@ -35,7 +33,7 @@ pub struct Outcome {
 }
 
 enum SuperviseStep {
-    Exited(std::io::Result<std::process::ExitStatus>),
+    Job(std::io::Result<Event>),
     Signal(i32),
     Lost(crate::keeper::Lost),
     OutOfTime,
@@ -50,7 +48,7 @@ impl Supervisor<'_> {
         args: &RunArgs,
         env: &[(&str, String)],
     ) -> Result<Outcome, Failure> {
-        let child = Child::spawn(program, env)?;
+        let child = Child::spawn(program, env).await?;
         let outcome = self.supervise(child, args.on_lost, None).await?;
         match &args.until {
             Some(test) if outcome.code == 0 && !outcome.lost => {
@@ -70,8 +68,9 @@ impl Supervisor<'_> {
         }
     }
 
-    /// Waits for the command, passing on signals, and stops its group if the lease is lost or
-    /// `stop_at` comes.
+    /// Waits for the job (the command and every process it started) to end, passing on
+    /// signals, and stops it if the lease is lost or `stop_at` comes. The lock is held until
+    /// the last process is gone, as flock(1) holds it; the exit code is the command's.
     async fn supervise(
         &mut self,
         mut child: Child,
@@ -82,9 +81,10 @@ impl Supervisor<'_> {
         let mut timed_out = false;
         let mut signalled = None;
         let mut kill_at: Option<Instant> = None;
-        let status = loop {
+        let mut status = None;
+        loop {
             let step = tokio::select! {
-                s = child.wait() => SuperviseStep::Exited(s),
+                e = child.next() => SuperviseStep::Job(e),
                 sig = self.signals.recv() => SuperviseStep::Signal(sig),
                 l = self.keeper.lost(), if !lost => SuperviseStep::Lost(l),
                 _ = sleep_until(stop_at.unwrap_or_else(Instant::now)),
@@ -94,10 +94,30 @@ impl Supervisor<'_> {
                 }
             };
             match step {
-                SuperviseStep::Exited(s) => break s,
+                SuperviseStep::Job(Err(e)) => {
+                    return Err(Failure::usage(format!("waiting for the command: {e}")))
+                }
+                SuperviseStep::Job(Ok(Event::Exited { status: s, running })) => {
+                    status = Some(s);
+                    if running > 0 && self.verbose {
+                        eprintln!(
+                            "lockctl: the command exited {}, but {running} process{} it \
+                             started still run{}; holding {} until they are gone",
+                            exit_code(s),
+                            if running == 1 { "" } else { "es" },
+                            if running == 1 { "s" } else { "" },
+                            self.lease.name
+                        );
+                    }
+                }
+                SuperviseStep::Job(Ok(Event::Gone)) => break,
                 SuperviseStep::Signal(sig) => {
+                    // Told to stop: the whole job is, and what ignores the signal is killed
+                    // after the grace.
                     signalled = Some(sig);
-                    child.signal_group(sig);
+                    child.signal_job(sig);
+                    let at = Instant::now() + self.grace;
+                    kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                 }
                 SuperviseStep::Lost(l) => {
                     lost = true;
@@ -111,7 +131,7 @@ impl Supervisor<'_> {
                             l.why,
                             humantime::format_duration(round_ms(grace.min(self.grace)))
                         );
-                        child.signal_group(libc::SIGTERM);
+                        child.signal_job(libc::SIGTERM);
                         kill_at = Some(kill_at.map_or(l.kill_at, |k| k.min(l.kill_at)));
                     } else {
                         eprintln!(
@@ -123,26 +143,25 @@ impl Supervisor<'_> {
                 }
                 SuperviseStep::OutOfTime => {
                     timed_out = true;
-                    child.signal_group(libc::SIGTERM);
+                    child.signal_job(libc::SIGTERM);
                     let at = Instant::now() + self.grace;
                     kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
                 }
                 SuperviseStep::Kill => {
-                    child.signal_group(libc::SIGKILL);
+                    child.signal_job(libc::SIGKILL);
                     kill_at = None;
                 }
             }
-        };
-        let status = status.map_err(|e| Failure::usage(format!("waiting for the command: {e}")))?;
-        if (lost && on_lost == OnLost::Kill) || timed_out {
-            // The leader is gone; whatever is left in its group must be gone before the
-            // deadline too.
-            let until = kill_at.unwrap_or_else(Instant::now);
-            while child.group_alive() && Instant::now() < until {
-                sleep(GROUP_POLL).await;
-            }
-            child.signal_group(libc::SIGKILL);
         }
+        let Some(status) = status else {
+            return Err(Failure::usage(
+                "waiting for the command: its exit status never came",
+            ));
+        };
+        let stopped = (lost && on_lost == OnLost::Kill) || timed_out;
+        child
+            .finish(stopped.then(|| kill_at.unwrap_or_else(Instant::now)))
+            .await;
         Ok(Outcome {
             code: if timed_out {
                 UNTIL_TIMEOUT
@@ -166,7 +185,7 @@ impl Supervisor<'_> {
     ) -> Result<Outcome, Failure> {
         let program = Program::Shell(test.to_owned());
         loop {
-            let child = Child::spawn(&program, env)?;
+            let child = Child::spawn(&program, env).await?;
             let o = self.supervise(child, OnLost::Kill, Some(give_up)).await?;
             if o.lost || o.timed_out || o.code == 0 {
                 return Ok(o);

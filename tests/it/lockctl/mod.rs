@@ -5,6 +5,8 @@ use crate::common;
 
 mod auth;
 mod failover;
+#[cfg(target_os = "linux")]
+mod job;
 mod liveness;
 mod modes;
 mod restart;
