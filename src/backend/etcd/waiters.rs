@@ -230,12 +230,13 @@ impl Cluster {
             "no etcd quorum answer for longer than the front-end's etcd lease: its waiters are told ERR UNAVAILABLE"
         );
         for l in ended {
-            let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(format!(
-                "this front-end has not heard from etcd for {:.1}s, longer than its \
+            let _ =
+                l.tx.send(WaitResult::Failed(BackendError::Unavailable(format!(
+                    "this front-end has not heard from etcd for {:.1}s, longer than its \
                  --etcd-lease-ttl: the wait ended (send the same LOCK again, through another \
                  front-end if you have one)",
-                silent.as_secs_f64()
-            ))));
+                    silent.as_secs_f64()
+                ))));
             self.forget_waiter_key(l.key, l.mod_rev);
         }
     }
