@@ -19,6 +19,7 @@ use std::time::Duration;
 use common::blocking::eventually;
 use common::etcd::{EtcdCluster, LinkedFrontEnd, LockdFrontEnd};
 use common::field;
+use common::lockctl::token_after;
 
 const PATIENCE: Duration = Duration::from_secs(40);
 
@@ -132,12 +133,7 @@ fn lockctl_moves_to_the_next_front_end_when_its_own_is_cut_off() {
     let mut seen1 = String::new();
     lines1.wait_for(&format!("connected to lockd at {}", a.addr()), &mut seen1);
     let acquired = lines1.wait_for("acquired fronts token ", &mut seen1);
-    let token = acquired
-        .split("token ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .unwrap_or_else(|| panic!("{acquired}"))
-        .to_owned();
+    let token = token_after(&acquired).to_string();
     eventually(PATIENCE, "job 1's command runs", || busy.exists());
 
     let second = format!(

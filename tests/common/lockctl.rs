@@ -327,3 +327,12 @@ pub async fn event_at(watch: &mut Client, kind: &str, id: Option<&str>) -> u128 
         }
     }
 }
+
+/// The token in one of lockctl's `-v` lines (`lockctl: acquired NAME token N (...)`).
+pub fn token_after(line: &str) -> u64 {
+    line.split("token ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no token in {line:?}"))
+}

@@ -141,12 +141,7 @@ async fn run_reconnects_to_the_next_address_and_renews_there() {
     let mut err = stderr_lines(&mut child);
     line_with(&mut err, &format!("connected to lockd at {}", p.addr)).await;
     let acquired = line_with(&mut err, "acquired next token ").await;
-    let token: u64 = acquired
-        .split("token ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("{acquired}"));
+    let token = token_after(&acquired);
 
     p.refuse(true);
     p.cut();
@@ -226,12 +221,7 @@ async fn run_fails_over_to_another_front_end_that_knows_its_token() {
     ));
     let mut err = stderr_lines(&mut child);
     let acquired = line_with(&mut err, "acquired nightly token ").await;
-    let token = acquired
-        .split("token ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .unwrap_or_else(|| panic!("{acquired}"))
-        .to_owned();
+    let token = token_after(&acquired).to_string();
     // Once the command runs, lockctl has its OK, so the grant is on disk.
     wait_for_file_to_exist(&started).await;
 

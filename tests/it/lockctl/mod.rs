@@ -590,11 +590,7 @@ async fn run_verbose_says_who_it_waits_behind_its_token_each_renewal_and_the_rel
     );
     first.unlock("v", t1).await.unwrap();
     let acquired = line_with(&mut err, "acquired v token ").await;
-    let token = acquired
-        .split("token ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .unwrap();
+    let token = token_after(&acquired).to_string();
     assert_eq!(d.holder("v").await, Some(token.parse().unwrap()));
     // Renewed every third of the ttl: two in a row show it keeps at it.
     for _ in 0..2 {

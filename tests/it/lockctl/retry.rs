@@ -285,12 +285,7 @@ async fn renewals_move_to_the_next_address_on_unavailable() {
     ));
     let mut err = stderr_lines(&mut child);
     let acquired = line_with(&mut err, "acquired rn token ").await;
-    let token: u64 = acquired
-        .split("token ")
-        .nth(1)
-        .and_then(|t| t.split(' ').next())
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("{acquired}"));
+    let token = token_after(&acquired);
     line_with(&mut err, &format!("renewed rn token {token}")).await;
 
     flaky.set(Mode::Unavailable);
