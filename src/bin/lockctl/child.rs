@@ -97,8 +97,12 @@ impl Child {
         let event = self.supervised.next().await;
         if event.is_err() {
             // The supervisor is gone without a word: whatever is left of the command's
-            // group goes too (its other processes are out of reach).
+            // group goes, and so does every other process of the job, which came to lockctl
+            // (its subreaper) when the supervisor died. Only then is the lock released.
             self.kill_group_now();
+            while crate::job::kill_descendants() > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
         }
         event
     }
@@ -266,6 +270,7 @@ mod linux {
                     format!("cannot start the job's supervisor: {e}"),
                 )
             };
+            crate::job::become_subreaper().map_err(cannot)?;
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
             let theirs = above_stdio(theirs.into()).map_err(cannot)?;
             let theirs_fd = theirs.as_raw_fd();

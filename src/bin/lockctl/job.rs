@@ -386,6 +386,31 @@ impl Job {
     }
 }
 
+/// lockctl's last line of defence, should its job's supervisor die without a word (killed
+/// with -9 itself): lockctl is the subreaper above it ([`become_subreaper`]), so what the job
+/// left running is re-parented to lockctl. SIGKILLs every live process below this one and
+/// says how many there were; called until it says none, before the lock is released.
+pub fn kill_descendants() -> usize {
+    let live: Vec<Proc> = live(&descendants()).copied().collect();
+    for p in &live {
+        // SAFETY: plain kill of a process below this one.
+        unsafe {
+            libc::kill(p.pid, libc::SIGKILL);
+        }
+    }
+    live.len()
+}
+
+/// Makes this process (lockctl) the subreaper of what it starts: if the job's supervisor dies,
+/// the job's orphans come to lockctl rather than to init, within [`kill_descendants`]' reach.
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: plain prctl on this process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// One process, from /proc/<pid>/stat.
 #[derive(Clone, Copy, Debug)]
 struct Proc {

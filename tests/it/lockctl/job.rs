@@ -198,6 +198,62 @@ async fn killed_lockctl_takes_the_whole_job_down_before_the_next_grant() {
     timeout(GUARD, waiting).await.unwrap().unwrap().unwrap();
 }
 
+/// The supervisor of lockctl's job, by its name among lockctl's children.
+fn supervisor_of(lockctl: u32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        let ppid: u32 = rest.split(' ').nth(1)?.parse().ok()?;
+        (ppid == lockctl && name == "lockctl-job").then_some(pid)
+    })
+}
+
+/// The job's supervisor itself killed with SIGKILL (lockctl lives on): what the job left
+/// running outside the command's group (a setsid'd daemon) comes to lockctl, its subreaper,
+/// which kills it before it releases the lock: the next holder is granted only after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_supervisor_leaves_lockctl_to_kill_the_job_before_the_release() {
+    let d = lockd().await;
+    let mut watch = d.client().await;
+    watch.watch(Some("orphans")).await.unwrap();
+    let dir = scratch("job-supervisor-kill9");
+    let (grandchild, daemon) = (dir.join("grandchild"), dir.join("daemon"));
+    let script = format!(
+        "sh -c 'sleep 300 & echo $! > {g}; wait' & \
+         (setsid sh -c 'echo $$ > {d}; exec sleep 300' &); wait",
+        g = grandchild.display(),
+        d = daemon.display()
+    );
+    let mut child = spawn(d.lockctl(&["run", "orphans", "--ttl", "60s", "-c", &script]));
+    let pids = [read_pid(&grandchild).await, read_pid(&daemon).await];
+    d.wait_held("orphans").await;
+    let mut next = d.client().await;
+    let waiting = tokio::spawn(async move {
+        let wait = Some(Duration::from_secs(30));
+        next.lock("orphans", "next", None, wait, Tie::Plain).await
+    });
+    d.wait_waiters("orphans", 1).await;
+    let lockctl = child.id().expect("lockctl runs");
+    let supervisor = supervisor_of(lockctl).expect("lockctl's job has a supervisor");
+    // SAFETY: plain kill of the test's own grandchild.
+    unsafe {
+        libc::kill(supervisor, libc::SIGKILL);
+    }
+    let dead_at = wait_dead(&pids).await;
+    let granted_at = event_at(&mut watch, "acquired", Some("next")).await;
+    assert!(
+        dead_at < granted_at,
+        "the job outlived the lock: all dead at {dead_at}, next granted at {granted_at}"
+    );
+    assert_eq!(
+        exits(&mut child).await,
+        2,
+        "lockctl says the supervisor died"
+    );
+    timeout(GUARD, waiting).await.unwrap().unwrap().unwrap();
+}
+
 /// The lease lost to a network cut (lockctl cannot renew, the server ends the lease one grace
 /// after it saw the connection close): every process of the job, in the command's group or
 /// not, is dead before the next holder is granted the lock.
