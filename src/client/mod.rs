@@ -112,6 +112,9 @@ pub struct LockDetail {
     pub waiters: Vec<WaiterLine>,
     /// The same line as `STATUS <name>` answers: its `waiters` counts the whole queue.
     pub status: StatusLine,
+    /// From a cluster front-end: how old its view is (the holders shown may be gone, or
+    /// new ones missing, when it is past its bound).
+    pub aged: Option<EtcdAge>,
 }
 
 impl LockDetail {
@@ -326,7 +329,7 @@ impl Client {
             name: Some(name.into()),
         };
         match self.ask(&req).await? {
-            Received::Status(status) => Ok(status),
+            Received::Status(status) | Received::StatusAged(status, _) => Ok(status),
             other => Err(unexpected(other)),
         }
     }
@@ -367,6 +370,15 @@ impl Client {
                         holders,
                         waiters,
                         status,
+                        aged: None,
+                    })
+                }
+                Received::StatusAged(status, aged) => {
+                    return Ok(LockDetail {
+                        holders,
+                        waiters,
+                        status,
+                        aged: Some(aged),
                     })
                 }
                 other => return Err(unexpected(other)),

@@ -348,8 +348,9 @@ impl Handler {
             }
             Request::Status { name: Some(name) } => match backend.status(&name).await {
                 Ok(status) => {
+                    let confirmed = backend.health().confirmed;
                     self.conn
-                        .queue(Reply::Status(&name, status.as_ref()))
+                        .queue(Reply::status(&name, status.as_ref(), confirmed))
                         .await?
                 }
                 Err(e) => self.refuse(e.refusal(&name)).await?,
@@ -371,7 +372,10 @@ impl Handler {
                     }
                 }
                 let status = detail.as_ref().map(|d| &d.status);
-                self.conn.queue(Reply::Status(&name, status)).await?;
+                let confirmed = backend.health().confirmed;
+                self.conn
+                    .queue(Reply::status(&name, status, confirmed))
+                    .await?;
             }
             Request::Status { name: None } => return self.status_all().await,
             Request::Watch { name } => return self.watch(name).await,

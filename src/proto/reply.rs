@@ -30,6 +30,9 @@ pub enum Reply<'a> {
     Watching(Option<&'a str>),
     /// `OK <name> free` or `OK <name> held ...`.
     Status(&'a str, Option<&'a LockStatus>),
+    /// `STATUS <name>`'s line from a cluster front-end: the same, then how old its view is
+    /// (`etcd_age_ms=<ms> etcd_bound_ms=<ms>`).
+    StatusAged(&'a str, Option<&'a LockStatus>, EtcdAge),
     /// `INFO <name> held ...`: one line of a STATUS of all locks.
     Info(&'a LockStatus),
     /// `OK <count>`: ends a STATUS of all locks.
@@ -64,17 +67,19 @@ impl fmt::Display for Reply<'_> {
                 f.write_str("OK ")?;
                 write_held(f, &held_of(s))
             }
+            Reply::StatusAged(name, status, aged) => {
+                Reply::Status(name, *status).fmt(f)?;
+                write_aged(f, aged)
+            }
             Reply::Info(s) => {
                 f.write_str("INFO ")?;
                 write_held(f, &held_of(s))
             }
             Reply::Count(n) => write!(f, "OK {n}"),
-            Reply::CountAged(n, aged) => write!(
-                f,
-                "OK {n} {ETCD_AGE_KEY}={} {ETCD_BOUND_KEY}={}",
-                aged.age.as_millis(),
-                aged.bound.as_millis()
-            ),
+            Reply::CountAged(n, aged) => {
+                write!(f, "OK {n}")?;
+                write_aged(f, aged)
+            }
             Reply::Holder(s) => {
                 let peer = s.origin.peer().map(|p| p.to_string());
                 write_holder(
@@ -149,6 +154,30 @@ impl EtcdAge {
     /// Whether the view is older than the bound.
     pub fn stale(&self) -> bool {
         self.age > self.bound
+    }
+}
+
+/// ` etcd_age_ms=<ms> etcd_bound_ms=<ms>`: how old a cluster front-end's view is.
+fn write_aged(f: &mut fmt::Formatter<'_>, aged: &EtcdAge) -> fmt::Result {
+    write!(
+        f,
+        " {ETCD_AGE_KEY}={} {ETCD_BOUND_KEY}={}",
+        aged.age.as_millis(),
+        aged.bound.as_millis()
+    )
+}
+
+impl<'a> Reply<'a> {
+    /// `STATUS <name>`'s line, with how old the view is in cluster mode.
+    pub fn status(
+        name: &'a str,
+        status: Option<&'a LockStatus>,
+        confirmed: Option<EtcdAge>,
+    ) -> Reply<'a> {
+        match confirmed {
+            Some(aged) => Reply::StatusAged(name, status, aged),
+            None => Reply::Status(name, status),
+        }
     }
 }
 
@@ -463,6 +492,8 @@ pub enum Received {
     Watching(Option<String>),
     /// `OK <name> free` or `OK <name> held ...`.
     Status(StatusLine),
+    /// The same from a cluster front-end, with how old its view is.
+    StatusAged(StatusLine, EtcdAge),
     /// `INFO <name> held ...`.
     Info(HeldLine),
     /// `OK <count>`: ends a STATUS of all locks.
@@ -492,6 +523,10 @@ impl fmt::Display for Received {
             Received::Bye => Reply::Bye.fmt(f),
             Received::Watching(name) => Reply::Watching(name.as_deref()).fmt(f),
             Received::Status(s) => write!(f, "OK {s}"),
+            Received::StatusAged(s, aged) => {
+                write!(f, "OK {s}")?;
+                write_aged(f, aged)
+            }
             Received::Info(h) => write!(f, "{INFO} {h}"),
             Received::Count(n) => Reply::Count(*n).fmt(f),
             Received::CountAged(n, aged) => Reply::CountAged(*n, *aged).fmt(f),
@@ -553,7 +588,7 @@ fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
             let ms = rest.strip_prefix(LEASE_KEY)?.strip_prefix('=')?;
             Some(Received::Lease(Duration::from_millis(number(ms)?)))
         }
-        Asked::Status | Asked::Detail => Some(Received::Status(StatusLine::parse(rest)?)),
+        Asked::Status | Asked::Detail => status_line(rest),
         Asked::StatusAll => count_line(rest),
         Asked::Watch => match rest.strip_prefix(WATCHING)?.strip_prefix(' ')? {
             ALL => Some(Received::Watching(None)),
@@ -565,6 +600,20 @@ fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
         Asked::Quit => (rest == BYE).then_some(Received::Bye),
         Asked::Unlock => None,
     }
+}
+
+/// `<name> free` or `<name> held ...`, then (cluster mode) how old the view is.
+fn status_line(rest: &str) -> Option<Received> {
+    let Some(at) = rest.find(&format!(" {ETCD_AGE_KEY}=")) else {
+        return Some(Received::Status(StatusLine::parse(rest)?));
+    };
+    let (line, fields) = rest.split_at(at);
+    let age = millis(field(fields, ETCD_AGE_KEY)?)?;
+    let bound = millis(field(fields, ETCD_BOUND_KEY)?)?;
+    Some(Received::StatusAged(
+        StatusLine::parse(line)?,
+        EtcdAge { age, bound },
+    ))
 }
 
 /// The end of a STATUS of all locks: `<count>`, then (cluster mode) how old the view is.
@@ -961,6 +1010,28 @@ mod tests {
         assert_eq!(r("OK 3 later=1", Asked::StatusAll), Received::Count(3));
         assert!(Received::parse("OK 3 etcd_age_ms=x etcd_bound_ms=1", Asked::StatusAll).is_err());
         assert!(Received::parse("OK 3 etcd_age_ms=1", Asked::StatusAll).is_err());
+        // One lock's line, free or held, from a cluster front-end.
+        assert_eq!(
+            r(
+                "OK a free etcd_age_ms=4200 etcd_bound_ms=1666",
+                Asked::Status
+            ),
+            Received::StatusAged(StatusLine::Free("a".into()), aged)
+        );
+        assert_eq!(
+            Reply::status("a", None, Some(aged)).to_string(),
+            "OK a free etcd_age_ms=4200 etcd_bound_ms=1666"
+        );
+        assert_eq!(Reply::status("a", None, None).to_string(), "OK a free");
+        let held = "OK a held id=me token=7 ttl_ms=10 session=0 waiters=0";
+        let aged_held = format!("{held} etcd_age_ms=4200 etcd_bound_ms=1666");
+        match Received::parse(&aged_held, Asked::Detail) {
+            Ok(Received::StatusAged(StatusLine::Held(h), a)) => {
+                assert_eq!((h.id.as_str(), h.token, a), ("me", 7, aged));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Received::parse("OK a free etcd_age_ms=1", Asked::Status).is_err());
         assert_eq!(r("OK", Asked::Renew), Received::Done);
         assert_eq!(
             r("OK ttl_ms=250", Asked::Check),

@@ -159,6 +159,30 @@ fn a_cut_off_front_end_is_not_ready_says_why_and_comes_back() {
         "{stderr}"
     );
 
+    // So do STATUS of one lock, its detail, and lockctl status of one lock.
+    for ask in ["STATUS one", "STATUS one detail"] {
+        let line = Line::connect(cut.addr()).req(ask);
+        assert!(
+            line.starts_with("OK one free etcd_age_ms="),
+            "{ask}: {line}"
+        );
+        let age: u64 = field(&line, "etcd_age_ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!(age > BOUND_MS, "{ask}: {line}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["status", "one"])
+        .env("LOCKD_ADDR", cut.addr().to_string())
+        .output()
+        .expect("run lockctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("the holders shown may be stale"),
+        "{stderr}"
+    );
+
     // A LOCK is refused in plain words.
     assert_plain_unavailable(&cut.request("LOCK h me wait=0"));
 

@@ -14,14 +14,14 @@ use crate::out::{columns, json_string, mode_words, print_line, short_duration, y
 
 pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
     let mut client = server.connect().await?;
-    let text = match &args.name {
+    let (text, aged) = match &args.name {
         Some(name) => {
             let lock = detail(&mut client, server, name).await?;
-            if args.json {
-                json_lock(&lock)
-            } else {
-                readable_lock(&lock)
-            }
+            let text = match args.json {
+                true => json_lock(&lock),
+                false => readable_lock(&lock),
+            };
+            (text, lock.aged)
         }
         None => {
             let (rows, aged) = client
@@ -33,12 +33,11 @@ pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
                 (false, true) => "no locks held".to_owned(),
                 (false, false) => table(&rows),
             };
-            print_line(&text)?;
-            return Ok(stale_view(aged));
+            (text, aged)
         }
     };
     print_line(&text)?;
-    Ok(0)
+    Ok(stale_view(aged))
 }
 
 /// After the table: a cluster front-end that has not heard from an etcd quorum within its
@@ -279,6 +278,7 @@ mod tests {
 
     fn held_lock() -> LockDetail {
         LockDetail {
+            aged: None,
             status: StatusLine::parse("d held id=h:1 token=7 ttl_ms=800 session=1 waiters=3")
                 .unwrap(),
             holders: vec![HolderLine {
@@ -307,6 +307,7 @@ mod tests {
     #[test]
     fn json_of_a_free_lock_has_empty_arrays() {
         let lock = LockDetail {
+            aged: None,
             status: StatusLine::parse("x free").unwrap(),
             holders: vec![],
             waiters: vec![],
