@@ -16,7 +16,7 @@ use super::auth::{Credentials, LoggedIn};
 use super::retry::Retry;
 use super::tls::Tls;
 use super::{Client, ClientError};
-use crate::proto::ErrorCode;
+use crate::proto::{ErrorCode, ProtoError};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
@@ -256,13 +256,15 @@ impl Connector {
 
     /// Whether the front-end of the latest connection can still serve the LOCK waiting on it,
     /// asked on a connection of its own every `every`; resolves only when it can't. A cluster
-    /// front-end cut off from etcd answers its waiters only once it learns that its etcd
-    /// lease is gone, which it learns only when etcd is back, so a client waiting there would
-    /// wait out its whole wait although another front-end could serve it. The question is a
-    /// CHECK of the lock's holder (its token from STATUS), which a front-end answers from etcd
-    /// itself, or `ERR UNAVAILABLE` within its `--etcd-request-timeout` when it can't reach
-    /// etcd: that, or no answer within `every`, is what this resolves to. A free lock, a
-    /// front-end that can't be reached for the question, or any other answer says nothing.
+    /// front-end cut off from etcd tells its waiters `ERR UNAVAILABLE` only once the cut has
+    /// outlasted its etcd lease, and one that is merely stuck never does, so a client with
+    /// other front-ends would wait there in vain. The question is `STATUS <name>`: a cluster
+    /// front-end ends it with how old its view is, and one past its readiness bound has not
+    /// heard from an etcd quorum (no etcd read is spent on the question). An older server says
+    /// no age: then a CHECK of the lock's holder, which a front-end answers from etcd itself,
+    /// or `ERR UNAVAILABLE` within its `--etcd-request-timeout`. A stale view, that answer, or
+    /// no answer within `every`, is what this resolves to; a front-end that can't be reached
+    /// for the question, or any other answer, says nothing.
     pub async fn until_cut_off(&self, name: &str, every: Duration) -> ClientError {
         loop {
             sleep(every).await;
@@ -278,10 +280,20 @@ impl Connector {
         let mut client = self.attempt(&addr, limit).await.ok()?;
         let left = limit.saturating_sub(started.elapsed());
         let asked = timeout(left, async {
-            let status = client.lock_status(name).await?;
-            match status.held() {
-                Some(held) => client.check(name, held.token).await.map(|_| ()),
-                None => Ok(()),
+            let (status, aged) = client.lock_status_aged(name).await?;
+            match (aged, status.held()) {
+                // A cluster front-end says how old its view is: past its readiness bound it
+                // has not heard from an etcd quorum, and the LOCK waiting there is stuck.
+                (Some(aged), _) if aged.stale() => Err(ClientError::Refused(ProtoError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "this front-end has not heard from etcd for {:.1}s",
+                        aged.age.as_secs_f64()
+                    ),
+                ))),
+                (Some(_), _) | (None, None) => Ok(()),
+                // An older server: a CHECK reads etcd itself.
+                (None, Some(held)) => client.check(name, held.token).await.map(|_| ()),
             }
         })
         .await;

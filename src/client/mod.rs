@@ -325,11 +325,17 @@ impl Client {
 
     /// `STATUS <name>`: whether the lock is free, and who holds it.
     pub async fn lock_status(&mut self, name: &str) -> Result<StatusLine> {
+        Ok(self.lock_status_aged(name).await?.0)
+    }
+
+    /// `STATUS <name>`, and from a cluster front-end how old its view may be.
+    pub async fn lock_status_aged(&mut self, name: &str) -> Result<(StatusLine, Option<EtcdAge>)> {
         let req = Request::Status {
             name: Some(name.into()),
         };
         match self.ask(&req).await? {
-            Received::Status(status) | Received::StatusAged(status, _) => Ok(status),
+            Received::Status(status) => Ok((status, None)),
+            Received::StatusAged(status, aged) => Ok((status, Some(aged))),
             other => Err(unexpected(other)),
         }
     }

@@ -802,10 +802,13 @@ impl LockdFrontEnd {
         self.process.is_some()
     }
 
-    /// One request on a fresh connection; the first reply line. For requests answered at
-    /// once: the reply may take [`super::GUARD`] at most.
+    /// One request on a fresh connection; the first reply line, without a STATUS line's
+    /// etcd age ([`super::without_etcd_age`]). For requests answered at once: the reply may
+    /// take [`super::GUARD`] at most.
     pub fn request(&self, line: &str) -> String {
-        request(self.addr(), line).unwrap_or_else(|e| panic!("{line:?} to {}: {e}", self.addr()))
+        let reply = request(self.addr(), line)
+            .unwrap_or_else(|e| panic!("{line:?} to {}: {e}", self.addr()));
+        super::without_etcd_age(reply)
     }
 
     /// SIGKILL (kill -9): no goodbye to etcd, its lease must run out. Returns its log.

@@ -504,3 +504,26 @@ pub async fn try_http_get(addr: std::net::SocketAddr, path: &str) -> io::Result<
         .ok_or_else(bad)?;
     Ok((status, body.to_string()))
 }
+
+/// `line` without a trailing ` etcd_age_ms=<n> etcd_bound_ms=<n>` on an `OK` line: the age of
+/// a cluster front-end's view, which changes by the millisecond, for tests that compare
+/// STATUS lines whole (`tests/cluster/health.rs` checks the age itself).
+pub fn without_etcd_age(line: String) -> String {
+    let Some(at) = line
+        .find(" etcd_age_ms=")
+        .filter(|_| line.starts_with("OK "))
+    else {
+        return line;
+    };
+    let rest: Vec<&str> = line[at + 1..].split(' ').collect();
+    let number = |w: &str, key: &str| {
+        w.strip_prefix(key)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    match rest.as_slice() {
+        [age, bound] if number(age, "etcd_age_ms=") && number(bound, "etcd_bound_ms=") => {
+            line[..at].to_owned()
+        }
+        _ => line,
+    }
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::parse::{Action, Line, Step};
 use super::pattern::{expand, matches, Vars};
-use crate::common::{Raw, Read};
+use crate::common::{without_etcd_age, Raw, Read};
 
 /// How long `silent` listens. Only a line that does arrive fails it; a slow server passes.
 const SILENT: Duration = Duration::from_millis(100);
@@ -62,7 +62,7 @@ impl Conn {
     /// both backends. `tests/cluster/health.rs` checks the age itself.
     async fn read(&mut self, guard: Duration) -> Read {
         match self.raw.read_within(guard).await {
-            Read::Line(l) => Read::Line(without_age(l)),
+            Read::Line(l) => Read::Line(without_etcd_age(l)),
             other => other,
         }
     }
@@ -356,26 +356,5 @@ impl Run {
                 }
             }
         }
-    }
-}
-
-/// `line` without a trailing ` etcd_age_ms=<n> etcd_bound_ms=<n>` on an `OK` line.
-fn without_age(line: String) -> String {
-    let Some(at) = line
-        .find(" etcd_age_ms=")
-        .filter(|_| line.starts_with("OK "))
-    else {
-        return line;
-    };
-    let rest: Vec<&str> = line[at + 1..].split(' ').collect();
-    let number = |w: &str, key: &str| {
-        w.strip_prefix(key)
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    };
-    match rest.as_slice() {
-        [age, bound] if number(age, "etcd_age_ms=") && number(bound, "etcd_bound_ms=") => {
-            line[..at].to_owned()
-        }
-        _ => line,
     }
 }
