@@ -6,6 +6,7 @@
 //! Durations are printed (`--nocapture`) for people sizing cluster tests; nothing asserts them.
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Command, Stdio};
@@ -46,6 +47,9 @@ fn wait_status_agrees(cluster: &mut EtcdCluster) -> usize {
 
 #[test]
 fn a_killed_leader_is_replaced_and_rejoins_after_a_restart() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let started = Instant::now();
     let mut cluster = EtcdCluster::start(3);
     eprintln!("3-member cluster healthy in {:?}", started.elapsed());
@@ -92,6 +96,9 @@ fn a_killed_leader_is_replaced_and_rejoins_after_a_restart() {
 
 #[test]
 fn without_a_quorum_members_are_unhealthy_until_it_is_back() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut cluster = EtcdCluster::start(3);
     cluster.wait_leader();
 
@@ -124,6 +131,9 @@ fn without_a_quorum_members_are_unhealthy_until_it_is_back() {
 
 #[test]
 fn a_stopped_leader_hands_over_and_rejoins() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut cluster = EtcdCluster::start(3);
     let leader = cluster.wait_leader();
     let stopped = Instant::now();
@@ -141,6 +151,9 @@ fn a_stopped_leader_hands_over_and_rejoins() {
 
 #[test]
 fn a_single_member_cluster_takes_extra_flags() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut cluster = EtcdCluster::start_with(
         1,
         &[
@@ -169,6 +182,9 @@ fn process_with_arg(needle: &str) -> bool {
 
 #[test]
 fn dropping_the_cluster_kills_its_members_and_removes_its_files() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let cluster = EtcdCluster::start(3);
     let root = cluster.root().to_path_buf();
     // The cluster token is on every member's command line and names the directory.
@@ -205,6 +221,9 @@ fn helper_starts_a_cluster_and_waits_to_be_killed() {
 
 #[test]
 fn a_killed_test_process_leaves_no_etcd_behind() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut helper = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "--exact",

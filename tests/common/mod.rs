@@ -9,7 +9,9 @@
 //!   proxy that cuts connections; [`durable`]: lockd processes on a data directory that
 //!   tests crash and restart; [`lockctl`]: lockctl as a child process against an in-process
 //!   server; [`detail`]: `STATUS <name> detail` helpers; [`pki`]: certificates made at run
-//!   time;
+//!   time; [`needs`]: the tools beyond Rust a test needs, skipped with a message where missing
+//!   (a failure with `LOCKD_TEST_STRICT`, as in CI); [`promql`]: the dashboard's and alert
+//!   rules' checks against a real exposition;
 //! - for cluster mode: [`etcd`], a real etcd cluster of child processes that tests kill and
 //!   restart, and lockd front-ends on it; [`link`], a link between two processes that a test
 //!   cuts and heals while both run; [`history`], the record of a chaos run and the checker of
@@ -31,6 +33,7 @@ pub mod history;
 pub mod line;
 pub mod link;
 pub mod lockctl;
+pub mod needs;
 pub mod netsplit;
 pub mod pki;
 pub mod promql;

@@ -3,6 +3,7 @@
 //! read; `detach`; and session leases with a grace (`session=<dur>`).
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -39,6 +40,9 @@ async fn wait_in_grace(admin: &mut common::Raw, name: &str, grace_ms: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_waiter_is_never_left_holding_the_lock() {
+    if !have(Need::Nc) {
+        return;
+    }
     let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut watcher = server.raw().await;
@@ -78,6 +82,9 @@ async fn a_killed_waiter_is_never_left_holding_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_closed_reader_waits_and_keeps_its_grant() {
+    if !have(Need::Nc) {
+        return;
+    }
     let server = Lockd::new().serve().await;
     let mut admin = server.raw().await;
     let mut holder = server.raw().await;

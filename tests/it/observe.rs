@@ -3,6 +3,7 @@
 //! and `--log-format json`.
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -97,6 +98,9 @@ fn sample(m: &HashMap<String, f64>, key: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_with_grants_waits_expiries_and_refusals() {
+    if !have(Need::PythonPrometheus) {
+        return;
+    }
     let (server, http) = observed(config()).await;
     let m = scrape(http).await;
     assert_eq!(sample(&m, "lockd_grants_total{wait=\"immediate\"}"), 0.0);
@@ -150,6 +154,9 @@ async fn metrics_move_with_grants_waits_expiries_and_refusals() {
 /// quiet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_line_timeout_closes_are_counted_apart_from_refusals() {
+    if !have(Need::PythonPrometheus) {
+        return;
+    }
     let mut cfg = config();
     cfg.idle_timeout = Duration::from_millis(200);
     cfg.line_timeout = Duration::from_millis(200);

@@ -3,6 +3,7 @@
 //! `tests/cluster/observability.rs`), and the checks' own scanner.
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -28,6 +29,9 @@ async fn the_dashboard_shows_every_lockd_series_and_only_those() {
 /// cluster queue raises one alert, not one per front-end.
 #[test]
 fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
+    if !have(Need::Promtool) {
+        return;
+    }
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/prometheus");
     for args in [
         ["check", "rules", "lockd-alerts.yml"],
@@ -50,6 +54,9 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_alert_rules_ask_only_for_lockd_series_and_tell_what_to_do() {
+    if !have(Need::PythonYaml) {
+        return;
+    }
     let problems = alert_problems(&scrape_embedded().await);
     assert!(
         problems.is_empty(),

@@ -2,6 +2,7 @@
 //! and Ctrl-C reaches it. Driven through a real pseudo-terminal by `script(1)`.
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,6 +29,9 @@ fn at_terminal(lockd: &Server, args: &str) -> std::process::Child {
 
 #[test]
 fn the_command_reads_from_the_terminal() {
+    if !have(Need::Script) {
+        return;
+    }
     let lockd = Server::start();
     let child = at_terminal(
         &lockd,
@@ -47,6 +51,9 @@ fn the_command_reads_from_the_terminal() {
 
 #[test]
 fn ctrl_c_at_the_terminal_stops_the_command_and_releases() {
+    if !have(Need::Script) {
+        return;
+    }
     let lockd = Server::start();
     let ready = std::env::temp_dir().join(format!("lockd-tty-ready-{}", std::process::id()));
     let _ = std::fs::remove_file(&ready);
@@ -73,6 +80,9 @@ fn ctrl_c_at_the_terminal_stops_the_command_and_releases() {
 
 #[test]
 fn top_at_the_terminal_redraws_and_ctrl_c_ends_it_with_0() {
+    if !have(Need::Script) {
+        return;
+    }
     use std::io::{Read as _, Write as _};
 
     let lockd = Server::start();
