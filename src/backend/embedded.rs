@@ -169,7 +169,6 @@ impl Embedded {
     }
 
     /// Held locks and queued waiters, for the metrics scrape.
-    /// Held leases and queued waiters, as the mirror shows them.
     pub fn counts(&self) -> (usize, usize) {
         let g = self.guard();
         (g.table.len(), g.waiting.len())

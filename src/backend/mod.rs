@@ -414,6 +414,16 @@ impl Backend {
         each!(self, b => b.health())
     }
 
+    /// How old a cluster front-end's view of the locks is (`None`: the embedded table, never
+    /// behind). Cheap: for every STATUS line.
+    pub fn view_age(&self) -> Option<crate::proto::EtcdAge> {
+        match self {
+            Backend::Embedded(_) => None,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(c) => Some(c.freshness()),
+        }
+    }
+
     /// Held locks and queued waiters, for the metrics scrape.
     pub fn counts(&self) -> (usize, usize) {
         each!(self, b => b.counts())

@@ -348,7 +348,7 @@ impl Handler {
             }
             Request::Status { name: Some(name) } => match backend.status(&name).await {
                 Ok(status) => {
-                    let confirmed = backend.health().confirmed;
+                    let confirmed = backend.view_age();
                     self.conn
                         .queue(Reply::status(&name, status.as_ref(), confirmed))
                         .await?
@@ -372,7 +372,7 @@ impl Handler {
                     }
                 }
                 let status = detail.as_ref().map(|d| &d.status);
-                let confirmed = backend.health().confirmed;
+                let confirmed = backend.view_age();
                 self.conn
                     .queue(Reply::status(&name, status, confirmed))
                     .await?;

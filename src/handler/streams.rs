@@ -42,7 +42,7 @@ impl Handler {
             }
         }
         // In cluster mode, how old the view may be (proto.md, STATUS).
-        let confirmed = self.backend.health().confirmed;
+        let confirmed = self.backend.view_age();
         self.conn.queue(Reply::summary(shown, confirmed)).await?;
         Ok(Flow::Continue)
     }
