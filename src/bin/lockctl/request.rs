@@ -24,8 +24,9 @@ pub struct Terms {
 }
 
 /// How often a LOCK waiting on one of several front-ends checks that its front-end still
-/// reaches the cluster ([`lockd::client::Connector::until_cut_off`]): a CHECK, one etcd read,
-/// per waiting lockctl every so often.
+/// reaches the cluster ([`lockd::client::Connector::until_cut_off`]): a STATUS on a
+/// connection of its own (the front-end answers from its view; older servers, a CHECK, one
+/// etcd read), per waiting lockctl every so often.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// How long the connection of a LOCK left on a cut-off front-end stays open once the same
