@@ -146,3 +146,32 @@ fn metrics_and_readyz_follow_the_cluster() {
     });
     assert_eq!(fe.request(&format!("UNLOCK m {t}")), "OK");
 }
+
+/// A cluster front-end ends STATUS's `OK` line with how old its view is: the Python client
+/// still reads a free lock as free and a held one with its holder, with and without detail.
+#[test]
+fn the_python_client_reads_a_front_end_s_status() {
+    let etcd = EtcdCluster::start(1);
+    let fe = LockdFrontEnd::start(&etcd, &etcd.prefix(), &[]);
+    let t = token(&fe.request("LOCK held me ttl=1m"));
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/python");
+    let script = "import sys\n\
+        from lockd_client import Client\n\
+        c = Client(sys.argv[1], id='py')\n\
+        print(c.status('free'), c.detail('free'))\n\
+        s = c.status('held')\n\
+        d = c.detail('held')\n\
+        print(s.id, s.token, d.status.id, len(d.holders))\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, &fe.addr().to_string()])
+        .current_dir(&dir)
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, format!("None None\nme {t} me 1\n"));
+}

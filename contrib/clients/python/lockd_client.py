@@ -903,7 +903,7 @@ class Client:
         if name is not None:
             rest = self._call("STATUS %s" % _word("name", name))
             words = rest.split()
-            if words[1:] == ["free"]:
+            if words[1:2] == ["free"]:  # a cluster front-end adds how old its view is
                 return None
             return _parse_status(words)
         return self._request("STATUS", read=self._read_status_lines)
@@ -924,7 +924,7 @@ class Client:
             else:
                 break
         words = self._ok(line).split()
-        if words[1:] == ["free"]:
+        if words[1:2] == ["free"]:
             return None
         return LockDetail(_parse_status(words), holders, waiters)
 
