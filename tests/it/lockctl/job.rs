@@ -152,50 +152,76 @@ async fn a_lost_lease_kills_a_background_child_that_ignores_sigterm() {
     );
 }
 
+/// A job under `lockctl run <name>` with a grandchild and a double-forked setsid'd daemon
+/// (outside the command's process group), while another client waits for the lock: what the
+/// kill tests below take down.
+struct TreeJob {
+    lockctl: Child,
+    /// The grandchild's and the daemon's.
+    pids: [i32; 2],
+    watch: lockd::client::Client,
+    next: tokio::task::JoinHandle<Result<lockd::locks::Token, lockd::client::ClientError>>,
+}
+
+impl TreeJob {
+    async fn start(d: &Server, name: &str, options: &[&str]) -> TreeJob {
+        let mut watch = d.client().await;
+        watch.watch(Some(name)).await.unwrap();
+        let dir = scratch(&format!("job-tree-{name}"));
+        let (grandchild, daemon) = (dir.join("grandchild"), dir.join("daemon"));
+        let script = format!(
+            "sh -c 'sleep 300 & echo $! > {g}; wait' & \
+             (setsid sh -c 'echo $$ > {d}; exec sleep 300' &); wait",
+            g = grandchild.display(),
+            d = daemon.display()
+        );
+        let mut args = vec!["run", name, "--ttl", "60s"];
+        args.extend(options);
+        args.extend(["-c", &script]);
+        let lockctl = spawn(d.lockctl(&args));
+        let pids = [read_pid(&grandchild).await, read_pid(&daemon).await];
+        d.wait_held(name).await;
+        let mut client = d.client().await;
+        let owned = name.to_owned();
+        let next = tokio::spawn(async move {
+            let wait = Some(Duration::from_secs(30));
+            client.lock(&owned, "next", None, wait, Tie::Plain).await
+        });
+        d.wait_waiters(name, 1).await;
+        TreeJob {
+            lockctl,
+            pids,
+            watch,
+            next,
+        }
+    }
+
+    /// Every process of the job is dead before the waiting client is granted the lock.
+    async fn gone_before_the_next_grant(&mut self) {
+        let dead_at = wait_dead(&self.pids).await;
+        let granted_at = event_at(&mut self.watch, "acquired", Some("next")).await;
+        assert!(
+            dead_at < granted_at,
+            "the job outlived the lock: all dead at {dead_at}, next granted at {granted_at}"
+        );
+        timeout(GUARD, &mut self.next)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// lockctl killed with SIGKILL (the OOM killer): its supervisor kills the whole job at once,
 /// a grandchild and a double-forked setsid'd daemon included, before the session grace ends
 /// and the server grants the lock to the next in line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_lockctl_takes_the_whole_job_down_before_the_next_grant() {
     let d = lockd().await;
-    let mut watch = d.client().await;
-    watch.watch(Some("killed")).await.unwrap();
-    let dir = scratch("job-kill9");
-    let (grandchild, daemon) = (dir.join("grandchild"), dir.join("daemon"));
-    let script = format!(
-        "sh -c 'sleep 300 & echo $! > {g}; wait' & \
-         (setsid sh -c 'echo $$ > {d}; exec sleep 300' &); wait",
-        g = grandchild.display(),
-        d = daemon.display()
-    );
-    let args = [
-        "run",
-        "killed",
-        "--ttl",
-        "60s",
-        "--session-grace",
-        "2s",
-        "-c",
-        &script,
-    ];
-    let mut child = spawn(d.lockctl(&args));
-    let pids = [read_pid(&grandchild).await, read_pid(&daemon).await];
-    d.wait_held("killed").await;
-    let mut next = d.client().await;
-    let waiting = tokio::spawn(async move {
-        let wait = Some(Duration::from_secs(30));
-        next.lock("killed", "next", None, wait, Tie::Plain).await
-    });
-    d.wait_waiters("killed", 1).await;
-    signal(&child, libc::SIGKILL);
-    let _ = timeout(GUARD, child.wait()).await.unwrap();
-    let dead_at = wait_dead(&pids).await;
-    let granted_at = event_at(&mut watch, "acquired", Some("next")).await;
-    assert!(
-        dead_at < granted_at,
-        "the job outlived the lock: all dead at {dead_at}, next granted at {granted_at}"
-    );
-    timeout(GUARD, waiting).await.unwrap().unwrap().unwrap();
+    let mut job = TreeJob::start(&d, "killed", &["--session-grace", "2s"]).await;
+    signal(&job.lockctl, libc::SIGKILL);
+    let _ = timeout(GUARD, job.lockctl.wait()).await.unwrap();
+    job.gone_before_the_next_grant().await;
 }
 
 /// The supervisor of lockctl's job, by its name among lockctl's children.
@@ -215,43 +241,19 @@ fn supervisor_of(lockctl: u32) -> Option<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_supervisor_leaves_lockctl_to_kill_the_job_before_the_release() {
     let d = lockd().await;
-    let mut watch = d.client().await;
-    watch.watch(Some("orphans")).await.unwrap();
-    let dir = scratch("job-supervisor-kill9");
-    let (grandchild, daemon) = (dir.join("grandchild"), dir.join("daemon"));
-    let script = format!(
-        "sh -c 'sleep 300 & echo $! > {g}; wait' & \
-         (setsid sh -c 'echo $$ > {d}; exec sleep 300' &); wait",
-        g = grandchild.display(),
-        d = daemon.display()
-    );
-    let mut child = spawn(d.lockctl(&["run", "orphans", "--ttl", "60s", "-c", &script]));
-    let pids = [read_pid(&grandchild).await, read_pid(&daemon).await];
-    d.wait_held("orphans").await;
-    let mut next = d.client().await;
-    let waiting = tokio::spawn(async move {
-        let wait = Some(Duration::from_secs(30));
-        next.lock("orphans", "next", None, wait, Tie::Plain).await
-    });
-    d.wait_waiters("orphans", 1).await;
-    let lockctl = child.id().expect("lockctl runs");
+    let mut job = TreeJob::start(&d, "orphans", &[]).await;
+    let lockctl = job.lockctl.id().expect("lockctl runs");
     let supervisor = supervisor_of(lockctl).expect("lockctl's job has a supervisor");
     // SAFETY: plain kill of the test's own grandchild.
     unsafe {
         libc::kill(supervisor, libc::SIGKILL);
     }
-    let dead_at = wait_dead(&pids).await;
-    let granted_at = event_at(&mut watch, "acquired", Some("next")).await;
-    assert!(
-        dead_at < granted_at,
-        "the job outlived the lock: all dead at {dead_at}, next granted at {granted_at}"
-    );
+    job.gone_before_the_next_grant().await;
     assert_eq!(
-        exits(&mut child).await,
+        exits(&mut job.lockctl).await,
         2,
         "lockctl says the supervisor died"
     );
-    timeout(GUARD, waiting).await.unwrap().unwrap().unwrap();
 }
 
 /// The lease lost to a network cut (lockctl cannot renew, the server ends the lease one grace
