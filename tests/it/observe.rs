@@ -157,30 +157,39 @@ async fn idle_and_line_timeout_closes_are_counted_apart_from_refusals() {
     if !have(Need::PythonPrometheus) {
         return;
     }
-    let mut cfg = config();
-    cfg.idle_timeout = Duration::from_millis(200);
-    cfg.line_timeout = Duration::from_millis(200);
-    let (server, http) = observed(cfg).await;
-    let mut idle = server.raw().await;
+    // One server for each timeout, the other off: a busy machine that delays the trickled
+    // bytes must not turn the unfinished line into an idle connection.
+    let one = |idle, line| {
+        let mut cfg = config();
+        (cfg.idle_timeout, cfg.line_timeout) = (idle, line);
+        cfg
+    };
+    // The line timer starts at the line's first byte; the idle one at the connection, so
+    // it has room for the PING first.
+    let (idle_server, idle_http) = observed(one(Duration::from_secs(1), Duration::ZERO)).await;
+    let (line_server, line_http) = observed(one(Duration::ZERO, Duration::from_millis(200))).await;
+    let mut idle = idle_server.raw().await;
     assert_eq!(idle.req("PING").await, "OK PONG");
-    let mut trickle = server.raw().await;
+    let mut trickle = line_server.raw().await;
     trickle.send_raw(b"PIN").await;
     assert!(idle.line().await.starts_with("ERR LIMIT idle"));
     assert!(trickle
         .line()
         .await
         .starts_with("ERR LIMIT line not finished"));
-    let m = scrape(http).await;
-    assert_eq!(
-        sample(&m, "lockd_timeout_closes_total{reason=\"idle\"}"),
-        1.0
-    );
-    assert_eq!(
-        sample(&m, "lockd_timeout_closes_total{reason=\"line\"}"),
-        1.0
-    );
-    assert_eq!(sample(&m, "lockd_refusals_total{code=\"LIMIT\"}"), 0.0);
-    server.shutdown().await;
+    for (http, reason) in [(idle_http, "idle"), (line_http, "line")] {
+        let m = scrape(http).await;
+        assert_eq!(
+            sample(
+                &m,
+                &format!("lockd_timeout_closes_total{{reason=\"{reason}\"}}")
+            ),
+            1.0
+        );
+        assert_eq!(sample(&m, "lockd_refusals_total{code=\"LIMIT\"}"), 0.0);
+    }
+    idle_server.shutdown().await;
+    line_server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
