@@ -322,3 +322,44 @@ fn again_while_unavailable(c: &mut Line, line: &str) -> String {
     }
     panic!("{line}: UNAVAILABLE 20 times in a row");
 }
+
+/// A LOCK that takes over its id's place in the queue (through another front-end, as a
+/// client whose front-end died does) while the lock is released on that front-end: the
+/// release can land between the takeover's write and its answer. The waiter must still be
+/// granted. Before the fix, a grant tried in that gap used the key the request was about to
+/// give up, failed, and was not tried again until the name changed: the lock stayed free
+/// with its waiters queued (found by the bash client's failover test, which hung in CI).
+#[test]
+fn a_place_taken_over_as_the_lock_is_released_is_still_granted() {
+    let fes = front_ends(2);
+    for i in 0..80 {
+        let name = format!("takeover{i}");
+        let mut holder = Line::connect(fes[1].addr());
+        let t = holder.lock(&format!("{name} h"));
+        let mut old = Line::connect(fes[0].addr());
+        old.send(&format!("LOCK {name} x"));
+        wait_waiters(&fes[1], &name, 1);
+        let mut again = Line::connect(fes[1].addr());
+        // Both at once, on the same front-end: the takeover and the release race.
+        again.send(&format!("LOCK {name} x"));
+        holder.send(&format!("UNLOCK {name} {t}"));
+        assert_eq!(holder.line(), "OK");
+        let granted = again.line();
+        assert!(
+            granted.starts_with("OK "),
+            "round {i}: the LOCK that took the place over got {granted:?}"
+        );
+        assert!(token(&granted) > t);
+        // The request it replaced hears so (or, if the grant came first, that very grant:
+        // the same id's grant is both requests').
+        let replaced = old.line();
+        assert!(
+            replaced.starts_with("ERR REPLACED") || replaced == granted,
+            "round {i}: the replaced LOCK got {replaced:?}"
+        );
+        assert_eq!(
+            again.req(&format!("UNLOCK {name} {}", token(&granted))),
+            "OK"
+        );
+    }
+}

@@ -528,9 +528,20 @@ fn a_client_keeps_its_place(name: &str, client: impl FnOnce(&str) -> std::proces
     eventually(PATIENCE, "B waits behind it", || waiters(&fe2, name) == 2);
     fe1.kill();
     assert_eq!(fe2.request(&format!("UNLOCK {name} {h}")), "OK");
-    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).expect("the client's token");
+    // Read on a thread of its own, so that a client that never answers fails the test
+    // instead of hanging it.
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+        let _ = tx.send(line);
+    });
+    let Ok(line) = rx.recv_timeout(PATIENCE) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the client printed no token within {PATIENCE:?}");
+    };
     let t: u64 = line
         .trim()
         .parse()
@@ -542,7 +553,19 @@ fn a_client_keeps_its_place(name: &str, client: impl FnOnce(&str) -> std::proces
         "B was granted ahead of the client"
     );
     drop(child.stdin.take());
-    assert!(child.wait().expect("the client exits").success());
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the client's status") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the client did not exit within {PATIENCE:?} of the end of its input");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
     assert!(token(&b.line()) > t);
 }
 

@@ -38,8 +38,9 @@ impl Cluster {
     /// Takes a plain lease that another front-end granted to a waiter of this one off this
     /// front-end's etcd lease, and then tells the waiter (see [`Granted::unconfirmed`]):
     /// from then on it outlives this front-end, as a plain lease does. A waiter that left
-    /// meanwhile has its grant taken back instead; a grant that changed or went before it
-    /// was confirmed (this front-end's etcd lease ran out) is answered `ERR UNAVAILABLE`.
+    /// meanwhile has its grant taken back instead; a grant that went before it was
+    /// confirmed (this front-end's etcd lease ran out) is answered `ERR UNAVAILABLE`, one
+    /// that a LOCK of the same id rewrote meanwhile (it took the grant over) `ERR REPLACED`.
     pub(super) async fn confirm(self: Arc<Self>, gr: Granted) {
         let holder = {
             let g = self.guard();
@@ -52,11 +53,22 @@ impl Cluster {
             Some(h) => {
                 let txn = Txn::new()
                     .when([guards::unchanged(&h.key, gr.mod_rev)])
-                    .and_then([TxnOp::put(h.key.clone(), h.value.encode(), None)]);
+                    .and_then([TxnOp::put(h.key.clone(), h.value.encode(), None)])
+                    .or_else([TxnOp::get(h.key.clone(), None)]);
                 self.cleanup(txn).await
             }
             None => None,
         };
+        // Not confirmed, but the grant is still there, rewritten: a LOCK of the same id
+        // (through another connection or front-end) took it over, as it takes over a place
+        // in the queue, and was told of it. This request was replaced, not cut off.
+        let rewritten = resp.as_ref().is_some_and(|r| {
+            !r.succeeded()
+                && r.op_responses().iter().any(|op| {
+                    matches!(op, etcd_client::TxnOpResponse::Get(got)
+                        if got.kvs().iter().any(|kv| kv.create_revision() == gr.rev))
+                })
+        });
         let confirmed = resp.filter(|r| r.succeeded()).map(|r| {
             self.wrote(&gr.name, &r);
             HandOver(r.header().map_or(0, |h| h.revision()))
@@ -77,9 +89,13 @@ impl Cluster {
                     g.left.remove(&gr.uid);
                     if let Some(waiter) = g.by_uid.remove(&gr.uid) {
                         if let Some(l) = g.waiting.remove(&waiter) {
-                            let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
-                                "the grant could not be confirmed with etcd".into(),
-                            )));
+                            let _ = l.tx.send(if rewritten {
+                                WaitResult::Ended(WaitEnd::Replaced)
+                            } else {
+                                WaitResult::Failed(BackendError::Unavailable(
+                                    "the grant could not be confirmed with etcd".into(),
+                                ))
+                            });
                         }
                     }
                     None
@@ -121,7 +137,11 @@ impl Cluster {
             let Some(local) = g.waiting.get_mut(&waiter) else {
                 return;
             };
-            if local.in_flight || local.tried_at == Some(last_rev) {
+            // A request whose own write is not answered yet may be taking over an older
+            // request's place: until the answer says which key is its own, a grant tried
+            // now would use the wrong one, fail, and not be tried again before the name
+            // changes. The answer evaluates the name again (`enqueue`).
+            if local.mod_rev == 0 || local.in_flight || local.tried_at == Some(last_rev) {
                 return;
             }
             local.in_flight = true;
