@@ -35,6 +35,9 @@ const CLOSE_DRAIN_TIME: Duration = Duration::from_secs(1);
 /// At close, how many bytes of input are read and discarded at most.
 const CLOSE_DRAIN_BYTES: usize = 256 * 1024;
 
+/// How much [`Connection::drain`] reads at a time (into the input buffer, for the close).
+const DRAIN_CHUNK: usize = 4096;
+
 /// What the peer sent next.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame {
@@ -314,13 +317,20 @@ impl Connection {
     /// discarding what it still sends. Closing a socket whose input has not all been read
     /// makes the kernel send a reset, and a reset can destroy replies the peer has not read
     /// yet; after this, the close is an orderly one unless the peer keeps sending.
+    ///
+    /// It reads into the input buffer, which it empties after each read: a buffer of its own
+    /// on the stack would sit in every connection's task for the connection's whole life
+    /// (a task is as large as its largest await point), 4 KiB per connection to close it.
     pub async fn drain(&mut self) {
         self.input.clear();
         let deadline = Instant::now() + CLOSE_DRAIN_TIME;
         let mut left = CLOSE_DRAIN_BYTES;
-        let mut sink = [0u8; 4096];
         while !self.eof && left > 0 {
-            match tokio::time::timeout_at(deadline, self.stream.read(&mut sink)).await {
+            self.input.reserve(DRAIN_CHUNK);
+            let mut input = (&mut self.input).limit(DRAIN_CHUNK);
+            let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut input)).await;
+            self.input.clear();
+            match read {
                 Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
                 Ok(Ok(n)) => left = left.saturating_sub(n),
             }
