@@ -2,6 +2,7 @@
 //! defaults (the crate's `DEFAULT_*` constants, and nowhere else), the checks a start makes
 //! before it touches the network ([`Flags::validate`]) and the [`server::Config`] they make.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -198,6 +199,14 @@ pub struct Flags {
     #[arg(long, env = "LOCKD_AUTH_FILE", value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
 
+    /// Serve the network without authentication: without it, lockd refuses to start when
+    /// --listen (or --compat-addr) is not a loopback address and neither --auth-file nor
+    /// --tls-client-ca makes clients prove who they are, since anyone who reaches the port
+    /// could then take and release any lock. For trusted, firewalled networks; logged as a
+    /// warning at start.
+    #[arg(long, env = "LOCKD_INSECURE_OPEN", value_parser = clap::builder::BoolishValueParser::new())]
+    pub insecure_open: bool,
+
     /// The old two-port protocol (`--compat` and its flags, under a heading of their own).
     #[command(flatten)]
     pub compat: CompatArgs,
@@ -237,6 +246,7 @@ impl Default for Flags {
             metrics_listen: None,
             metrics_names: Vec::new(),
             auth_file: None,
+            insecure_open: false,
             compat: CompatArgs {
                 compat: false,
                 host: compat::DEFAULT_HOST.into(),
@@ -307,7 +317,68 @@ impl Flags {
                 return Err("--etcd-prefix must not be empty".into());
             }
         }
-        self.compat.config(max_ttl).map(drop)
+        self.compat.config(max_ttl).map(drop)?;
+        let listen = literal_ip(self.listen());
+        let compat = literal_ip(&self.compat.host).filter(|_| self.compat.compat);
+        self.open_to_the_network(listen.as_slice(), compat.as_slice())
+            .map(drop)
+    }
+
+    /// Whether clients must prove who they are before they may touch a lock: `--auth-file`,
+    /// or mutual TLS (a certificate the client CA signed is needed to send a single line).
+    pub fn authenticates(&self) -> bool {
+        self.auth_file.is_some() || self.tls_client_ca.is_some()
+    }
+
+    /// Refuses to serve the network without authentication unless told to: `listen` are the
+    /// addresses the line protocol listens on, `compat` those of the `--compat` ports (which
+    /// never authenticate). A loopback address is this machine's own business. Given the
+    /// addresses known before any lookup by [`Flags::validate`], and the bound and resolved
+    /// ones by the daemon (a host name is only known then). `Ok`: the warnings to log, one
+    /// per listener served open because `--insecure-open` (or `--compat-no-auth`) said so.
+    pub fn open_to_the_network(
+        &self,
+        listen: &[IpAddr],
+        compat: &[IpAddr],
+    ) -> Result<Vec<String>, String> {
+        let mut warnings = Vec::new();
+        if let Some(ip) = listen.iter().find(|ip| !is_loopback(ip)) {
+            if !self.authenticates() {
+                if !self.insecure_open {
+                    return Err(format!(
+                        "--listen {} is reachable from the network ({ip}) and nothing \
+                         authenticates its clients: anyone who reaches it could take and \
+                         release any lock. Add --auth-file (or --tls-client-ca), listen on \
+                         127.0.0.1, or add --insecure-open (LOCKD_INSECURE_OPEN=1) on a \
+                         trusted network",
+                        self.listen()
+                    ));
+                }
+                warnings.push(format!(
+                    "--insecure-open: serving {} ({ip}) without authentication; anyone who \
+                     reaches it may take and release any lock",
+                    self.listen()
+                ));
+            }
+        }
+        if let Some(ip) = compat.iter().find(|ip| !is_loopback(ip)) {
+            if !self.insecure_open && !self.compat.compat_no_auth {
+                return Err(format!(
+                    "--compat-addr {} is reachable from the network ({ip}), and the old \
+                     two-port protocol has no authentication: anyone who reaches its ports \
+                     could take and release the lock --compat-name. Use --compat-addr \
+                     127.0.0.1, or add --compat-no-auth (LOCKD_COMPAT_NO_AUTH=1) or \
+                     --insecure-open with the ports firewalled to trusted clients",
+                    self.compat.host
+                ));
+            }
+            warnings.push(format!(
+                "serving the --compat ports on {} ({ip}) without authentication; anyone who \
+                 reaches them may take and release the lock {}",
+                self.compat.host, self.compat.compat_name
+            ));
+        }
+        Ok(warnings)
     }
 
     /// The server's settings: [`Flags::validate`], then the TLS files read (an error names
@@ -363,6 +434,20 @@ impl Flags {
             .as_deref()
             .unwrap_or(self.compat.default_listen())
     }
+}
+
+/// The address `addr` names without a lookup (`0.0.0.0:5001`, `[::1]:5001`, `10.0.0.1`), if
+/// it names one.
+fn literal_ip(addr: &str) -> Option<IpAddr> {
+    addr.parse::<SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| addr.trim_start_matches('[').trim_end_matches(']').parse())
+        .ok()
+}
+
+/// Whether only this machine can reach `ip` (an IPv4 loopback address in IPv6 clothes too).
+fn is_loopback(ip: &IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 #[cfg(test)]
