@@ -646,6 +646,92 @@ mod tests {
     }
 
     #[test]
+    fn bad_lines_name_the_field_by_position_never_by_its_text() {
+        const PASTED: &str = "pasted-secret-0123456789abcdef";
+        let hash = Hash::new(SALT, SECRET).to_string();
+        let cases = [
+            // The secret as the user name, a right in the hash's place.
+            (
+                format!("user {PASTED} lock=*"),
+                "field 3 is not a valid salted hash",
+            ),
+            // The secret in the hash's place.
+            (
+                format!("user alice {PASTED} lock=*"),
+                "field 3 is not a valid salted hash",
+            ),
+            // The secret as an extra word.
+            (
+                format!("user alice {hash} {PASTED}"),
+                "field 4 is neither lock=",
+            ),
+            (
+                format!("user alice {hash} lock=* {PASTED}"),
+                "field 5 is neither lock=",
+            ),
+            (
+                format!("user alice {hash} lock=a,{PASTED}*x"),
+                "field 4: pattern 2 of lock=",
+            ),
+            (
+                format!("user alice {hash} read=* read={PASTED}"),
+                "field 5: read= is given twice",
+            ),
+            (format!("{PASTED} alice {hash}"), "field 1 is not `user`"),
+            (
+                format!("user {PASTED}\u{7} {hash}"),
+                "field 2 (the user name) has control",
+            ),
+            (
+                format!("user {PASTED} {hash}\nuser {PASTED} {hash}"),
+                "field 2: that user is already defined on line 1",
+            ),
+        ];
+        for (text, expected) in cases {
+            let e = Users::parse(&text, None).expect_err(&text);
+            let shown = e.to_string();
+            assert!(shown.contains(expected), "{text:?}: {shown}");
+            assert!(!shown.contains(PASTED), "{text:?}: {shown}");
+        }
+    }
+
+    #[test]
+    fn permissions_group_may_read_nobody_else_may_write() {
+        assert_eq!(Exposure::of_mode(0o100600), Exposure::Private);
+        assert_eq!(Exposure::of_mode(0o100640), Exposure::Private);
+        assert_eq!(Exposure::of_mode(0o100644), Exposure::ReadableByOthers);
+        assert_eq!(Exposure::of_mode(0o100604), Exposure::ReadableByOthers);
+        assert_eq!(Exposure::of_mode(0o100660), Exposure::Writable);
+        assert_eq!(Exposure::of_mode(0o100602), Exposure::Writable);
+        assert_eq!(Exposure::of_mode(0o100666), Exposure::Writable);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_others_may_write_is_refused_at_load() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("lockd-auth-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("users");
+        std::fs::write(&file, line("alice", "lock=*")).unwrap();
+        for (mode, ok) in [(0o600, true), (0o644, true), (0o620, false), (0o646, false)] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            match load(&file, None) {
+                Ok(users) => assert!(ok && users.len() == 1, "{mode:o}"),
+                Err(e) => {
+                    assert!(!ok, "{mode:o}: {e}");
+                    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+                    assert!(
+                        e.to_string().contains("group or others may write it"),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn numbers_survive_a_reload_even_for_a_user_removed_and_added_back() {
         let both = format!("{}\n{}", line("alice", ""), line("bob", ""));
         let first = Users::parse(&both, None).unwrap();

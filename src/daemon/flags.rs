@@ -649,6 +649,95 @@ mod tests {
         flags.validate().expect("not cluster mode");
     }
 
+    fn listening(addr: &str, change: impl FnOnce(&mut Flags)) -> Result<(), String> {
+        let mut flags = Flags {
+            listen: Some(addr.into()),
+            ..Flags::default()
+        };
+        change(&mut flags);
+        flags.validate()
+    }
+
+    #[test]
+    fn refuses_the_network_without_authentication_unless_told() {
+        for addr in [
+            "0.0.0.0:5001",
+            "[::]:5001",
+            "10.0.0.1:5001",
+            "[::ffff:10.0.0.1]:5001",
+        ] {
+            let e = listening(addr, |_| {}).expect_err(addr);
+            assert!(
+                e.starts_with(&format!("--listen {addr} is reachable")),
+                "{e}"
+            );
+            assert!(e.contains("--insecure-open") && !e.contains('\n'), "{e}");
+            listening(addr, |f| f.insecure_open = true).expect("told so");
+            listening(addr, |f| f.auth_file = Some("users".into())).expect("--auth-file");
+            listening(addr, |f| {
+                f.tls_cert = Some("c.pem".into());
+                f.tls_key = Some("k.pem".into());
+                f.tls_client_ca = Some("ca.pem".into());
+            })
+            .expect("mutual TLS");
+        }
+        for addr in [
+            "127.0.0.1:5001",
+            "127.1.2.3:0",
+            "[::1]:5001",
+            "[::ffff:127.0.0.1]:0",
+        ] {
+            listening(addr, |_| {}).expect(addr);
+        }
+        // A host name is judged once it is bound (`daemon::run`).
+        listening("lockd.example.com:5001", |_| {}).expect("not known yet");
+    }
+
+    #[test]
+    fn only_open_listeners_served_anyway_are_warned_about() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let any: IpAddr = "0.0.0.0".parse().unwrap();
+        let told = Flags {
+            insecure_open: true,
+            ..Flags::default()
+        };
+        assert_eq!(told.open_to_the_network(&[lo], &[]), Ok(vec![]));
+        let warnings = told.open_to_the_network(&[any], &[]).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("without authentication"),
+            "{warnings:?}"
+        );
+        let users = Flags {
+            auth_file: Some("users".into()),
+            ..Flags::default()
+        };
+        assert_eq!(users.open_to_the_network(&[any], &[]), Ok(vec![]));
+    }
+
+    #[test]
+    fn refuses_compat_ports_on_the_network_unless_told() {
+        let compat = |host: &str, change: fn(&mut Flags)| {
+            listening("127.0.0.1:5003", |f| {
+                f.compat.compat = true;
+                f.compat.host = host.into();
+                change(f);
+            })
+        };
+        let e = compat("0.0.0.0", |_| {}).expect_err("open compat ports");
+        assert!(e.starts_with("--compat-addr 0.0.0.0 is reachable"), "{e}");
+        compat("0.0.0.0", |f| f.insecure_open = true).expect("told so");
+        compat("0.0.0.0", |f| f.compat.compat_no_auth = true).expect("told so");
+        // --auth-file does not cover the old protocol.
+        compat("0.0.0.0", |f| {
+            f.auth_file = Some("users".into());
+            f.compat.compat_no_auth = true;
+        })
+        .expect("told so");
+        compat("127.0.0.1", |_| {}).expect("loopback");
+        compat("localhost", |_| {}).expect("resolved at start");
+    }
+
     #[test]
     fn a_tls_file_that_cannot_be_read_is_named() {
         let flags = Flags {
