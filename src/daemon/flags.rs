@@ -194,16 +194,18 @@ pub struct Flags {
 
     /// Require clients to authenticate: the users, their hashed secrets and their rights, one
     /// `user <name> <hash> [lock=<patterns>] [read=<patterns>]` line each (see proto.md).
-    /// Before AUTH only PING, HELP and QUIT work. SIGHUP reloads the file. Without it, every
-    /// client may do everything: for trusted networks only.
+    /// Before AUTH only PING, HELP and QUIT work. SIGHUP reloads the file. A file its group
+    /// or others may write is refused; one others may read is warned about. Without it, every
+    /// client may do everything: for trusted networks only (see --insecure-open).
     #[arg(long, env = "LOCKD_AUTH_FILE", value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
 
     /// Serve the network without authentication: without it, lockd refuses to start when
     /// --listen (or --compat-addr) is not a loopback address and neither --auth-file nor
     /// --tls-client-ca makes clients prove who they are, since anyone who reaches the port
-    /// could then take and release any lock. For trusted, firewalled networks; logged as a
-    /// warning at start.
+    /// could then take and release any lock (for the --compat ports, --compat-no-auth says
+    /// so too). For trusted, firewalled networks: logged as a warning at start, and shown as
+    /// lockd_open_without_auth 1 in /metrics. The metrics endpoint is not checked.
     #[arg(long, env = "LOCKD_INSECURE_OPEN", value_parser = clap::builder::BoolishValueParser::new())]
     pub insecure_open: bool,
 
