@@ -28,11 +28,11 @@ pub(super) struct LoginState {
 
 impl LoginState {
     /// The standing of connection `number` from `peer` when it opens, on a server whose users
-    /// `gate` has; `cns`: the common names of its verified client certificate ([`crate::tls::client_cns`]).
-    /// Mutual TLS: a verified client certificate whose common name is
-    /// a user logs the connection in as that user, no secret sent; any other name must AUTH.
-    /// A certificate with more than one CN names nobody for sure (lockd would have to pick
-    /// one): the connection is refused, whatever the names are.
+    /// `gate` has; `cns` are the common names of its verified client certificate
+    /// ([`crate::tls::client_cns`]). Mutual TLS: a certificate whose one common name is a
+    /// user logs the connection in as that user, no secret sent; any other name must AUTH. A
+    /// certificate with more than one CN names nobody for sure (lockd would have to pick
+    /// one): every request of the connection, AUTH included, is refused and closes it.
     pub(super) fn new(
         gate: &Gate,
         cns: Option<Vec<String>>,
