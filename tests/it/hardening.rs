@@ -341,6 +341,28 @@ async fn a_failed_auth_logs_only_a_known_user_name() {
             "{secret}: {log:#?}"
         );
     }
+
+    // The same in JSON.
+    let lockd = Lockd::new()
+        .args([
+            "--auth-file",
+            file.to_str().unwrap(),
+            "--log-format",
+            "json",
+        ])
+        .spawn();
+    let mut c = lockd.raw().await;
+    c.send(&format!("AUTH {ALICE} alice")).await;
+    c.expect_prefix("ERR DENIED bad user or secret").await;
+    let log = lockd.stop();
+    let failed: Vec<serde_json::Value> = log
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "authentication failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{log:#?}");
+    assert_eq!(failed[0]["user"], "?", "{log:#?}");
+    assert!(!log.iter().any(|l| l.contains(ALICE)), "{log:#?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
