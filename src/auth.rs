@@ -70,6 +70,8 @@ pub enum Pattern {
 }
 
 impl Pattern {
+    /// A pattern of an auth-file line. The error does not repeat the pattern: the caller
+    /// says where it is (a secret may have been pasted there).
     fn parse(word: &str) -> Result<Pattern, String> {
         if word == "*" {
             return Ok(Pattern::All);
@@ -79,11 +81,9 @@ impl Pattern {
             None => (word, false),
         };
         if text.contains('*') {
-            return Err(format!(
-                "pattern {word:?}: `*` may only end a pattern (`*`, `prefix*` or a name)"
-            ));
+            return Err("`*` may only end a pattern (`*`, `prefix*` or a name)".into());
         }
-        crate::proto::validate_name("pattern", text).map_err(|e| e.message)?;
+        name_problem(text)?;
         Ok(if prefix {
             Pattern::Prefix(text.to_owned())
         } else {
@@ -122,8 +122,8 @@ impl Hash {
     fn parse(word: &str) -> Result<Hash, String> {
         let bad = || {
             format!(
-                "the hash is not {SCHEME}:<salt-hex>:<digest-hex> ({} and {} hex digits; \
-                 make one with lockd --auth-hash)",
+                "is not a valid salted hash: expected {SCHEME}:<salt-hex>:<digest-hex> \
+                 ({} and {} hex digits; make one with lockd --auth-hash)",
                 2 * SALT_LEN,
                 2 * DIGEST_LEN
             )
@@ -253,8 +253,7 @@ impl Users {
             let user = parse_user(line).map_err(at)?;
             if let Some(first) = lines_of.insert(user.name.clone(), i + 1) {
                 return Err(at(format!(
-                    "user {} is already defined on line {first}",
-                    user.name
+                    "field 2: that user is already defined on line {first}"
                 )));
             }
             let next = numbers.len() as UserId + 1;
@@ -314,16 +313,18 @@ impl Users {
     }
 }
 
+/// One `user` line. Every error names the field by its position on the line (1 is `user`),
+/// never by its text: a secret pasted into the wrong field must not reach the log.
 fn parse_user(line: &str) -> Result<User, String> {
     let mut words = line.split_whitespace();
     if words.next() != Some("user") {
-        return Err(USAGE_LINE.into());
+        return Err(format!("field 1 is not `user`; {USAGE_LINE}"));
     }
     let (Some(name), Some(hash)) = (words.next(), words.next()) else {
-        return Err(USAGE_LINE.into());
+        return Err(format!("fewer than 3 fields; {USAGE_LINE}"));
     };
-    crate::proto::validate_name("user name", name).map_err(|e| e.message)?;
-    let hash = Hash::parse(hash).map_err(|e| format!("user {name}: {e}"))?;
+    name_problem(name).map_err(|e| format!("field 2 (the user name) {e}"))?;
+    let hash = Hash::parse(hash).map_err(|e| format!("field 3 {e}"))?;
     let mut user = User {
         name: name.to_owned(),
         hash,
@@ -331,26 +332,27 @@ fn parse_user(line: &str) -> Result<User, String> {
         read: Vec::new(),
     };
     let mut seen = [false; 2];
-    for word in words {
+    for (at, word) in (4..).zip(words) {
         let (key, value) = word.split_once('=').unwrap_or((word, ""));
         let (right, i) = match key {
             "lock" => (Right::Lock, 0),
             "read" => (Right::Read, 1),
             _ => {
                 return Err(format!(
-                    "user {name}: unknown word {:?}; {USAGE_LINE}",
-                    key.chars().take(40).collect::<String>()
+                    "field {at} is neither lock=<patterns> nor read=<patterns>; {USAGE_LINE}"
                 ))
             }
         };
         if std::mem::replace(&mut seen[i], true) {
-            return Err(format!("user {name}: {key}= is given twice"));
+            return Err(format!("field {at}: {key}= is given twice"));
         }
-        let patterns = value
-            .split(',')
-            .map(|p| match p {
-                "" => Err(format!("user {name}: {key}= has an empty pattern")),
-                p => Pattern::parse(p).map_err(|e| format!("user {name}: {e}")),
+        let patterns = (1..)
+            .zip(value.split(','))
+            .map(|(n, p)| match p {
+                "" => Err(format!("field {at}: {key}= has an empty pattern")),
+                p => {
+                    Pattern::parse(p).map_err(|e| format!("field {at}: pattern {n} of {key}=: {e}"))
+                }
             })
             .collect::<Result<Vec<_>, _>>()?;
         match right {
@@ -361,10 +363,90 @@ fn parse_user(line: &str) -> Result<User, String> {
     Ok(user)
 }
 
-/// Reads and parses the auth file at `path`. Errors name the file (and the line).
+/// What is wrong with a user name or a pattern's name, said without repeating it.
+fn name_problem(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err("is empty".into());
+    }
+    if text.len() > crate::proto::MAX_NAME_LEN {
+        return Err(format!(
+            "is {} bytes; at most {}",
+            text.len(),
+            crate::proto::MAX_NAME_LEN
+        ));
+    }
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("has control characters".into());
+    }
+    Ok(())
+}
+
+/// What the permissions of an auth file say, on unix: group or others may change it (then
+/// anyone of them could give themselves every right), or others may read it (the hashes can't
+/// be turned back into secrets, but they are nobody else's business).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Exposure {
+    /// Only its owner (and its group, to read) may use it.
+    Private,
+    /// Others may read it: a warning.
+    ReadableByOthers,
+    /// Its group or others may write it: refused.
+    Writable,
+}
+
+impl Exposure {
+    /// The exposure of a file with permission bits `mode` (as `st_mode`). Group-readable is
+    /// private: that is how a file is shared with a service's group (root:lockd 0640).
+    fn of_mode(mode: u32) -> Exposure {
+        if mode & 0o022 != 0 {
+            Exposure::Writable
+        } else if mode & 0o004 != 0 {
+            Exposure::ReadableByOthers
+        } else {
+            Exposure::Private
+        }
+    }
+}
+
+#[cfg(unix)]
+fn exposure(file: &std::fs::File) -> io::Result<Exposure> {
+    use std::os::unix::fs::PermissionsExt as _;
+    Ok(Exposure::of_mode(file.metadata()?.permissions().mode()))
+}
+
+#[cfg(not(unix))]
+fn exposure(_file: &std::fs::File) -> io::Result<Exposure> {
+    Ok(Exposure::Private)
+}
+
+/// Reads and parses the auth file at `path`. Errors name the file (and the line). A file its
+/// group or others may write is refused; one others may read is loaded with a warning in the
+/// log. The permissions checked are those of the file read (one open), at every load: the
+/// start and each reload.
 pub fn load(path: &Path, previous: Option<&Users>) -> io::Result<Users> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    use std::io::Read as _;
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    let mut file = std::fs::File::open(path).map_err(named)?;
+    match exposure(&file).map_err(named)? {
+        Exposure::Writable => {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{}: group or others may write it, and so give themselves any right; \
+                     chmod go-w it",
+                    path.display()
+                ),
+            ))
+        }
+        Exposure::ReadableByOthers => tracing::warn!(
+            target: "lockd::auth",
+            file = %path.display(),
+            "the auth file is readable by other users; chmod o-r it (its group may read it)"
+        ),
+        Exposure::Private => {}
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(named)?;
     Users::parse(&text, previous).map_err(|e| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -561,6 +643,92 @@ mod tests {
         assert!(err(&format!("{good}\n{good}"))
             .message
             .contains("already defined on line 1"));
+    }
+
+    #[test]
+    fn bad_lines_name_the_field_by_position_never_by_its_text() {
+        const PASTED: &str = "pasted-secret-0123456789abcdef";
+        let hash = Hash::new(SALT, SECRET).to_string();
+        let cases = [
+            // The secret as the user name, a right in the hash's place.
+            (
+                format!("user {PASTED} lock=*"),
+                "field 3 is not a valid salted hash",
+            ),
+            // The secret in the hash's place.
+            (
+                format!("user alice {PASTED} lock=*"),
+                "field 3 is not a valid salted hash",
+            ),
+            // The secret as an extra word.
+            (
+                format!("user alice {hash} {PASTED}"),
+                "field 4 is neither lock=",
+            ),
+            (
+                format!("user alice {hash} lock=* {PASTED}"),
+                "field 5 is neither lock=",
+            ),
+            (
+                format!("user alice {hash} lock=a,{PASTED}*x"),
+                "field 4: pattern 2 of lock=",
+            ),
+            (
+                format!("user alice {hash} read=* read={PASTED}"),
+                "field 5: read= is given twice",
+            ),
+            (format!("{PASTED} alice {hash}"), "field 1 is not `user`"),
+            (
+                format!("user {PASTED}\u{7} {hash}"),
+                "field 2 (the user name) has control",
+            ),
+            (
+                format!("user {PASTED} {hash}\nuser {PASTED} {hash}"),
+                "field 2: that user is already defined on line 1",
+            ),
+        ];
+        for (text, expected) in cases {
+            let e = Users::parse(&text, None).expect_err(&text);
+            let shown = e.to_string();
+            assert!(shown.contains(expected), "{text:?}: {shown}");
+            assert!(!shown.contains(PASTED), "{text:?}: {shown}");
+        }
+    }
+
+    #[test]
+    fn permissions_group_may_read_nobody_else_may_write() {
+        assert_eq!(Exposure::of_mode(0o100600), Exposure::Private);
+        assert_eq!(Exposure::of_mode(0o100640), Exposure::Private);
+        assert_eq!(Exposure::of_mode(0o100644), Exposure::ReadableByOthers);
+        assert_eq!(Exposure::of_mode(0o100604), Exposure::ReadableByOthers);
+        assert_eq!(Exposure::of_mode(0o100660), Exposure::Writable);
+        assert_eq!(Exposure::of_mode(0o100602), Exposure::Writable);
+        assert_eq!(Exposure::of_mode(0o100666), Exposure::Writable);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_others_may_write_is_refused_at_load() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("lockd-auth-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("users");
+        std::fs::write(&file, line("alice", "lock=*")).unwrap();
+        for (mode, ok) in [(0o600, true), (0o644, true), (0o620, false), (0o646, false)] {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+            match load(&file, None) {
+                Ok(users) => assert!(ok && users.len() == 1, "{mode:o}"),
+                Err(e) => {
+                    assert!(!ok, "{mode:o}: {e}");
+                    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+                    assert!(
+                        e.to_string().contains("group or others may write it"),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

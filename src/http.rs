@@ -25,6 +25,9 @@ pub struct Endpoint {
     /// Names whose own series are exported (`--metrics-names`).
     names: Arc<Vec<String>>,
     stopping: CancellationToken,
+    /// A listener serves the network without authentication (`--insecure-open`): shown as
+    /// `lockd_open_without_auth 1` and in `/healthz`, so that it is seen, not only logged.
+    open_without_auth: bool,
 }
 
 impl Endpoint {
@@ -34,6 +37,12 @@ impl Endpoint {
             names: Arc::new(names),
             ..Endpoint::default()
         }
+    }
+
+    /// Says whether a listener serves the network without authentication.
+    pub fn open_without_auth(mut self, open: bool) -> Self {
+        self.open_without_auth = open;
+        self
     }
 
     /// The table is recovered and the server accepts connections.
@@ -87,6 +96,12 @@ async fn healthz(State(ep): State<Endpoint>) -> Response {
     if ep.stopping.is_cancelled() {
         return text(StatusCode::SERVICE_UNAVAILABLE, "stopping\n");
     }
+    if ep.open_without_auth {
+        return text(
+            StatusCode::OK,
+            "ok; open without authentication (--insecure-open)\n",
+        );
+    }
     text(StatusCode::OK, "ok\n")
 }
 
@@ -113,6 +128,7 @@ async fn metrics(State(ep): State<Endpoint>) -> Response {
     };
     let m = backend.metrics();
     let (held, waiters) = backend.counts();
+    m.open_without_auth.set(i64::from(ep.open_without_auth));
     m.held.set(held as i64);
     m.waiters.set(waiters as i64);
     let health = backend.health();

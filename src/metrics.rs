@@ -106,6 +106,9 @@ pub struct Metrics {
     pub held: Gauge,
     /// Set by the scrape from the table (the cluster's, in cluster mode).
     pub waiters: Gauge,
+    /// Set by the scrape: 1 while a listener serves the network without authentication
+    /// (`--insecure-open`), for an alert.
+    pub open_without_auth: Gauge,
     /// Per tracked name (`--metrics-names`), set by the scrape: its holders.
     pub name_held: Family<[(&'static str, String); 1], Gauge>,
     /// Per tracked name, set by the scrape: the queue's length.
@@ -236,6 +239,12 @@ impl Metrics {
             format!("LOCK requests waiting now {whose}{aggregate}"),
             waiters.clone(),
         );
+        let open_without_auth = Gauge::default();
+        registry.register(
+            "open_without_auth",
+            "1 while a listener serves the network without authentication (--insecure-open)",
+            open_without_auth.clone(),
+        );
         let name_held = Family::default();
         registry.register(
             format!("{table}lock_holders"),
@@ -292,6 +301,7 @@ impl Metrics {
             journal_backlog,
             held,
             waiters,
+            open_without_auth,
             name_held,
             name_waiters,
             name_held_seconds,

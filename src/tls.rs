@@ -122,20 +122,32 @@ pub fn server_name(host: &str) -> io::Result<ServerName<'static>> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{host}: {e}")))
 }
 
-/// The common name of the client certificate a server-side TLS stream verified (mutual TLS);
-/// `None` for plain streams, and for TLS without client certificates.
-pub fn client_cn(stream: &crate::stream::Stream) -> Option<String> {
+/// The common names of the client certificate a server-side TLS stream verified (mutual
+/// TLS), in the subject's order; `None` for plain streams, for TLS without client
+/// certificates, and for a subject this can't read.
+pub fn client_cns(stream: &crate::stream::Stream) -> Option<Vec<String>> {
     let crate::stream::Stream::Server(tls) = stream else {
         return None;
     };
     let cert = tls.get_ref().1.peer_certificates()?.first()?;
-    subject_cn(cert.as_ref())
+    subject_cns(cert.as_ref())
 }
 
 /// The common name (CN) in a certificate's subject: the user a client certificate stands for.
-/// `der` is a certificate the TLS layer already verified; this only reads it, and gives
-/// `None` for anything it does not understand.
+/// `None` without one, and with more than one: a subject that names two users names none (a
+/// login never picks one of them; see [`subject_cns`]).
 pub fn subject_cn(der: &[u8]) -> Option<String> {
+    let mut cns = subject_cns(der)?;
+    match cns.len() {
+        1 => cns.pop(),
+        _ => None,
+    }
+}
+
+/// Every common name (CN) in a certificate's subject, in order. `der` is a certificate the
+/// TLS layer already verified; this only reads it, and gives `None` for anything it does not
+/// understand (a CN that is not UTF-8 included).
+pub fn subject_cns(der: &[u8]) -> Option<Vec<String>> {
     // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL,
     //   serialNumber, signature, issuer, validity, subject, ... } ... }
     let (cert, _) = der_take(der, 0x30)?;
@@ -149,7 +161,7 @@ pub fn subject_cn(der: &[u8]) -> Option<String> {
     }
     let (mut subject, _) = der_take(tbs, 0x30)?;
     // Name ::= SEQUENCE OF RelativeDistinguishedName (SET OF AttributeTypeAndValue)
-    let mut cn = None;
+    let mut cns = Vec::new();
     while !subject.is_empty() {
         let (mut rdn, rest) = der_take(subject, 0x31)?;
         subject = rest;
@@ -161,11 +173,11 @@ pub fn subject_cn(der: &[u8]) -> Option<String> {
             if oid == [0x55, 0x04, 0x03] {
                 let (&tag, _) = value.split_first()?;
                 let (text, _) = der_take(value, tag)?;
-                cn = Some(String::from_utf8(text.to_vec()).ok()?);
+                cns.push(String::from_utf8(text.to_vec()).ok()?);
             }
         }
     }
-    cn
+    Some(cns)
 }
 
 /// Splits one DER element with tag `tag` off the front of `der`: its contents and the rest.

@@ -2,6 +2,7 @@
 //! defaults (the crate's `DEFAULT_*` constants, and nowhere else), the checks a start makes
 //! before it touches the network ([`Flags::validate`]) and the [`server::Config`] they make.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -193,10 +194,20 @@ pub struct Flags {
 
     /// Require clients to authenticate: the users, their hashed secrets and their rights, one
     /// `user <name> <hash> [lock=<patterns>] [read=<patterns>]` line each (see proto.md).
-    /// Before AUTH only PING, HELP and QUIT work. SIGHUP reloads the file. Without it, every
-    /// client may do everything: for trusted networks only.
+    /// Before AUTH only PING, HELP and QUIT work. SIGHUP reloads the file. A file its group
+    /// or others may write is refused; one others may read is warned about. Without it, every
+    /// client may do everything: for trusted networks only (see --insecure-open).
     #[arg(long, env = "LOCKD_AUTH_FILE", value_name = "FILE")]
     pub auth_file: Option<PathBuf>,
+
+    /// Serve the network without authentication: without it, lockd refuses to start when
+    /// --listen (or --compat-addr) is not a loopback address and neither --auth-file nor
+    /// --tls-client-ca makes clients prove who they are, since anyone who reaches the port
+    /// could then take and release any lock (for the --compat ports, --compat-no-auth says
+    /// so too). For trusted, firewalled networks: logged as a warning at start, and shown as
+    /// lockd_open_without_auth 1 in /metrics. The metrics endpoint is not checked.
+    #[arg(long, env = "LOCKD_INSECURE_OPEN", value_parser = clap::builder::BoolishValueParser::new())]
+    pub insecure_open: bool,
 
     /// The old two-port protocol (`--compat` and its flags, under a heading of their own).
     #[command(flatten)]
@@ -237,6 +248,7 @@ impl Default for Flags {
             metrics_listen: None,
             metrics_names: Vec::new(),
             auth_file: None,
+            insecure_open: false,
             compat: CompatArgs {
                 compat: false,
                 host: compat::DEFAULT_HOST.into(),
@@ -307,7 +319,68 @@ impl Flags {
                 return Err("--etcd-prefix must not be empty".into());
             }
         }
-        self.compat.config(max_ttl).map(drop)
+        self.compat.config(max_ttl).map(drop)?;
+        let listen = literal_ip(self.listen());
+        let compat = literal_ip(&self.compat.host).filter(|_| self.compat.compat);
+        self.open_to_the_network(listen.as_slice(), compat.as_slice())
+            .map(drop)
+    }
+
+    /// Whether clients must prove who they are before they may touch a lock: `--auth-file`,
+    /// or mutual TLS (a certificate the client CA signed is needed to send a single line).
+    pub fn authenticates(&self) -> bool {
+        self.auth_file.is_some() || self.tls_client_ca.is_some()
+    }
+
+    /// Refuses to serve the network without authentication unless told to: `listen` are the
+    /// addresses the line protocol listens on, `compat` those of the `--compat` ports (which
+    /// never authenticate). A loopback address is this machine's own business. Given the
+    /// addresses known before any lookup by [`Flags::validate`], and the bound and resolved
+    /// ones by the daemon (a host name is only known then). `Ok`: the warnings to log, one
+    /// per listener served open because `--insecure-open` (or `--compat-no-auth`) said so.
+    pub fn open_to_the_network(
+        &self,
+        listen: &[IpAddr],
+        compat: &[IpAddr],
+    ) -> Result<Vec<String>, String> {
+        let mut warnings = Vec::new();
+        if let Some(ip) = listen.iter().find(|ip| !is_loopback(ip)) {
+            if !self.authenticates() {
+                if !self.insecure_open {
+                    return Err(format!(
+                        "--listen {} is reachable from the network ({ip}) and nothing \
+                         authenticates its clients: anyone who reaches it could take and \
+                         release any lock. Add --auth-file (or --tls-client-ca), listen on \
+                         127.0.0.1, or add --insecure-open (LOCKD_INSECURE_OPEN=1) on a \
+                         trusted network",
+                        self.listen()
+                    ));
+                }
+                warnings.push(format!(
+                    "--insecure-open: serving {} ({ip}) without authentication; anyone who \
+                     reaches it may take and release any lock",
+                    self.listen()
+                ));
+            }
+        }
+        if let Some(ip) = compat.iter().find(|ip| !is_loopback(ip)) {
+            if !self.insecure_open && !self.compat.compat_no_auth {
+                return Err(format!(
+                    "--compat-addr {} is reachable from the network ({ip}), and the old \
+                     two-port protocol has no authentication: anyone who reaches its ports \
+                     could take and release the lock --compat-name. Use --compat-addr \
+                     127.0.0.1, or add --compat-no-auth (LOCKD_COMPAT_NO_AUTH=1) or \
+                     --insecure-open with the ports firewalled to trusted clients",
+                    self.compat.host
+                ));
+            }
+            warnings.push(format!(
+                "serving the --compat ports on {} ({ip}) without authentication; anyone who \
+                 reaches them may take and release the lock {}",
+                self.compat.host, self.compat.compat_name
+            ));
+        }
+        Ok(warnings)
     }
 
     /// The server's settings: [`Flags::validate`], then the TLS files read (an error names
@@ -363,6 +436,20 @@ impl Flags {
             .as_deref()
             .unwrap_or(self.compat.default_listen())
     }
+}
+
+/// The address `addr` names without a lookup (`0.0.0.0:5001`, `[::1]:5001`, `10.0.0.1`), if
+/// it names one.
+fn literal_ip(addr: &str) -> Option<IpAddr> {
+    addr.parse::<SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| addr.trim_start_matches('[').trim_end_matches(']').parse())
+        .ok()
+}
+
+/// Whether only this machine can reach `ip` (an IPv4 loopback address in IPv6 clothes too).
+fn is_loopback(ip: &IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 #[cfg(test)]
@@ -562,6 +649,95 @@ mod tests {
             ..Flags::default()
         };
         flags.validate().expect("not cluster mode");
+    }
+
+    fn listening(addr: &str, change: impl FnOnce(&mut Flags)) -> Result<(), String> {
+        let mut flags = Flags {
+            listen: Some(addr.into()),
+            ..Flags::default()
+        };
+        change(&mut flags);
+        flags.validate()
+    }
+
+    #[test]
+    fn refuses_the_network_without_authentication_unless_told() {
+        for addr in [
+            "0.0.0.0:5001",
+            "[::]:5001",
+            "10.0.0.1:5001",
+            "[::ffff:10.0.0.1]:5001",
+        ] {
+            let e = listening(addr, |_| {}).expect_err(addr);
+            assert!(
+                e.starts_with(&format!("--listen {addr} is reachable")),
+                "{e}"
+            );
+            assert!(e.contains("--insecure-open") && !e.contains('\n'), "{e}");
+            listening(addr, |f| f.insecure_open = true).expect("told so");
+            listening(addr, |f| f.auth_file = Some("users".into())).expect("--auth-file");
+            listening(addr, |f| {
+                f.tls_cert = Some("c.pem".into());
+                f.tls_key = Some("k.pem".into());
+                f.tls_client_ca = Some("ca.pem".into());
+            })
+            .expect("mutual TLS");
+        }
+        for addr in [
+            "127.0.0.1:5001",
+            "127.1.2.3:0",
+            "[::1]:5001",
+            "[::ffff:127.0.0.1]:0",
+        ] {
+            listening(addr, |_| {}).expect(addr);
+        }
+        // A host name is judged once it is bound (`daemon::run`).
+        listening("lockd.example.com:5001", |_| {}).expect("not known yet");
+    }
+
+    #[test]
+    fn only_open_listeners_served_anyway_are_warned_about() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let any: IpAddr = "0.0.0.0".parse().unwrap();
+        let told = Flags {
+            insecure_open: true,
+            ..Flags::default()
+        };
+        assert_eq!(told.open_to_the_network(&[lo], &[]), Ok(vec![]));
+        let warnings = told.open_to_the_network(&[any], &[]).unwrap();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("without authentication"),
+            "{warnings:?}"
+        );
+        let users = Flags {
+            auth_file: Some("users".into()),
+            ..Flags::default()
+        };
+        assert_eq!(users.open_to_the_network(&[any], &[]), Ok(vec![]));
+    }
+
+    #[test]
+    fn refuses_compat_ports_on_the_network_unless_told() {
+        let compat = |host: &str, change: fn(&mut Flags)| {
+            listening("127.0.0.1:5003", |f| {
+                f.compat.compat = true;
+                f.compat.host = host.into();
+                change(f);
+            })
+        };
+        let e = compat("0.0.0.0", |_| {}).expect_err("open compat ports");
+        assert!(e.starts_with("--compat-addr 0.0.0.0 is reachable"), "{e}");
+        compat("0.0.0.0", |f| f.insecure_open = true).expect("told so");
+        compat("0.0.0.0", |f| f.compat.compat_no_auth = true).expect("told so");
+        // --auth-file does not cover the old protocol.
+        compat("0.0.0.0", |f| {
+            f.auth_file = Some("users".into());
+            f.compat.compat_no_auth = true;
+        })
+        .expect("told so");
+        compat("127.0.0.1", |_| {}).expect("loopback");
+        compat("localhost", |_| {}).expect("resolved at start");
     }
 
     #[test]

@@ -71,12 +71,13 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| RunError::Run(format!("cannot listen on {listen}: {e}")))?;
+    let open = check_open(&flags, &listener).await?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = &flags.metrics_listen {
         let metrics_listener = TcpListener::bind(addr)
             .await
             .map_err(|e| RunError::Run(format!("cannot listen for metrics on {addr}: {e}")))?;
-        let endpoint = Endpoint::new(flags.metrics_names.clone());
+        let endpoint = Endpoint::new(flags.metrics_names.clone()).open_without_auth(open);
         config.endpoint = Some(endpoint.clone());
         let stop = shutdown.clone();
         tokio::spawn(async move {
@@ -89,6 +90,28 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
     server::run(config, listener, shutdown)
         .await
         .map_err(|e| RunError::Run(e.to_string()))
+}
+
+/// [`Flags::open_to_the_network`] for the addresses as bound and resolved (`--listen` or
+/// `--compat-addr` may be a host name), before anything is served: a refusal is a usage
+/// failure, and each listener served open anyway is a warning. Whether any is.
+async fn check_open(flags: &Flags, listener: &TcpListener) -> Result<bool, RunError> {
+    let listen: Vec<_> = listener.local_addr().map(|a| a.ip()).into_iter().collect();
+    let mut compat = Vec::new();
+    if flags.compat.compat {
+        // A host that does not resolve fails where the compat ports are bound, saying so.
+        let host = (flags.compat.host.as_str(), flags.compat.lock_port);
+        if let Ok(addrs) = tokio::net::lookup_host(host).await {
+            compat.extend(addrs.map(|a| a.ip()));
+        }
+    }
+    let warnings = flags
+        .open_to_the_network(&listen, &compat)
+        .map_err(RunError::Usage)?;
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(!warnings.is_empty())
 }
 
 /// Loads `--auth-file`, for the start: its users, or why not.

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use crate::auth::Right;
 use crate::backend::{BackendError, HandOver, Locked, Wait, WaitResult};
-use crate::locks::{LockRequest, Token, WaitEnd};
-use crate::proto::{ProtoError, Reply, Subject, Tie};
+use crate::locks::{LockRequest, TableError, Token, WaitEnd};
+use crate::proto::{ErrorCode, ProtoError, Reply, Subject, Tie};
 
 use super::{reloaded, Flow, Handler};
 
@@ -30,13 +30,26 @@ impl Handler {
                     id: &id,
                     token: None,
                 };
-                self.refuse_about(e.refusal(&name), about).await?;
+                self.refuse_about(self.lock_refusal(&e, &name), about)
+                    .await?;
                 Ok(flow_after(&e))
             }
             Ok(Locked::Granted { token, handover }) => {
                 self.granted(name, token, handover, false).await
             }
             Ok(Locked::Waiting(wait_for)) => self.wait_for_grant(wait_for, id, tie, wait).await,
+        }
+    }
+
+    /// The refusal of a LOCK of `name`. Who stands in the way (the holder's id) is for a
+    /// user who may read `name` only: `lock` alone lets a user take the lock, not learn who
+    /// has it (STATUS would not tell it either). Everyone else gets the same code without it.
+    fn lock_refusal(&self, e: &BackendError, name: &str) -> ProtoError {
+        match e {
+            BackendError::Table(TableError::WouldBlock { .. }) if !self.may(Right::Read, name) => {
+                ProtoError::new(ErrorCode::Timeout, format!("{name}: held"))
+            }
+            _ => e.refusal(name),
         }
     }
 
@@ -153,7 +166,7 @@ impl Handler {
                         }
                         WaitResult::Failed(e) => {
                             let about = Subject { name: &name, id: &id, token: None };
-                            self.refuse_about(e.refusal(&name), about).await?;
+                            self.refuse_about(self.lock_refusal(&e, &name), about).await?;
                             Ok(flow_after(&e))
                         }
                         WaitResult::Ended(WaitEnd::Replaced) => {

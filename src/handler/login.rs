@@ -1,14 +1,15 @@
 //! A connection on a server with an auth file: who it is, what it may do, its AUTH.
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::auth::{Right, Users};
+use crate::auth::{Gate, Right, Users};
 use crate::backend::PeerField;
-use crate::locks::{Origin, UserId, NO_USER};
-use crate::proto::{ProtoError, Reply, Request, Secret};
+use crate::locks::{ConnId, Origin, UserId, NO_USER};
+use crate::proto::{ErrorCode, ProtoError, Reply, Request, Secret};
 
 use super::{Flow, Handler};
 
@@ -20,6 +21,54 @@ pub(super) struct LoginState {
     pub(super) user: Option<(UserId, String)>,
     /// Wrong AUTHs so far.
     pub(super) failures: u32,
+    /// Why this connection may do nothing at all (its client certificate names several
+    /// users): the answer to its first request, which closes it.
+    pub(super) refusal: Option<ProtoError>,
+}
+
+impl LoginState {
+    /// The standing of connection `number` from `peer` when it opens, on a server whose users
+    /// `gate` has; `cns` are the common names of its verified client certificate
+    /// ([`crate::tls::client_cns`]). Mutual TLS: a certificate whose one common name is a
+    /// user logs the connection in as that user, no secret sent; any other name must AUTH. A
+    /// certificate with more than one CN names nobody for sure (lockd would have to pick
+    /// one): every request of the connection, AUTH included, is refused and closes it.
+    pub(super) fn new(
+        gate: &Gate,
+        cns: Option<Vec<String>>,
+        number: ConnId,
+        peer: Option<SocketAddr>,
+    ) -> Self {
+        let mut login = LoginState {
+            users: gate.subscribe(),
+            user: None,
+            failures: 0,
+            refusal: None,
+        };
+        let peer = PeerField(peer);
+        match cns.as_deref() {
+            Some([cn]) => {
+                let found = login.users.borrow().find(cn);
+                if let Some(user) = found {
+                    tracing::info!(conn = number, user = cn.as_str(), %peer, "authenticated by client certificate");
+                    login.user = Some((user, cn.clone()));
+                }
+            }
+            Some(cns) if cns.len() > 1 => {
+                tracing::warn!(conn = number, %peer, common_names = cns.len(), "client certificate refused: more than one common name (CN)");
+                login.refusal = Some(ProtoError::new(
+                    ErrorCode::Denied,
+                    format!(
+                        "the client certificate has {} common names (CN); lockd logs in \
+                         a certificate with one only; closing",
+                        cns.len()
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        login
+    }
 }
 
 /// Whether a request may run: what [`Handler::admit`] decides before every command.
@@ -68,6 +117,9 @@ impl Handler {
         let Some(login) = &self.login else {
             return Admit::Yes;
         };
+        if let Some(e) = &login.refusal {
+            return Admit::Close(e.clone());
+        }
         let (right, name) = match request {
             Request::Auth { .. } | Request::Ping | Request::Help | Request::Quit => {
                 return Admit::Yes
@@ -107,7 +159,13 @@ impl Handler {
             self.refuse(e).await?;
             return Ok(Flow::Continue);
         }
-        let found = login.users.borrow().authenticate(&name, secret.expose());
+        let (found, known) = {
+            let users = login.users.borrow();
+            (
+                users.authenticate(&name, secret.expose()),
+                users.find(&name).is_some(),
+            )
+        };
         let peer = PeerField(self.peer);
         if let Some(user) = found {
             tracing::info!(conn = self.number, user = name.as_str(), %peer, "authenticated");
@@ -121,14 +179,19 @@ impl Handler {
         let closing = failures >= crate::AUTH_FAILURES;
         // One stable shape for fail2ban (`contrib/fail2ban/lockd.conf`): the address first,
         // right after the message, before the name the client chose (quoted), so a name can't
-        // pose as an address.
+        // pose as an address. A name that is no user is not logged (`user=?`): it may be the
+        // secret, sent in the user's place.
         let ip = self.peer.map(|p| p.ip());
-        match ip {
-            Some(ip) => {
-                tracing::warn!(%ip, %peer, conn = self.number, user = name.as_str(), failures, "authentication failed")
-            }
-            None => {
-                tracing::warn!(%peer, conn = self.number, user = name.as_str(), failures, "authentication failed")
+        {
+            let unknown = tracing::field::display("?");
+            let user: &dyn tracing::Value = if known { &name.as_str() } else { &unknown };
+            match ip {
+                Some(ip) => {
+                    tracing::warn!(%ip, %peer, conn = self.number, user, failures, "authentication failed")
+                }
+                None => {
+                    tracing::warn!(%peer, conn = self.number, user, failures, "authentication failed")
+                }
             }
         }
         self.conn.flush().await?;

@@ -99,21 +99,10 @@ impl Handler {
     ) -> Self {
         let number = backend.connection_id();
         let peer = conn.tcp().peer_addr().ok();
-        let mut login = gate.map(|gate| LoginState {
-            users: gate.subscribe(),
-            user: None,
-            failures: 0,
+        let login = gate.map(|gate| {
+            let cns = crate::tls::client_cns(conn.stream());
+            LoginState::new(gate, cns, number, peer)
         });
-        // Mutual TLS: a verified client certificate whose common name is a user of the auth
-        // file logs the connection in as that user, no secret sent. Any other name must AUTH.
-        if let (Some(login), Some(cn)) = (login.as_mut(), crate::tls::client_cn(conn.stream())) {
-            let found = login.users.borrow().find(&cn);
-            if let Some(user) = found {
-                let peer = PeerField(peer);
-                tracing::info!(conn = number, user = cn.as_str(), %peer, "authenticated by client certificate");
-                login.user = Some((user, cn));
-            }
-        }
         let user = login.as_ref().and_then(|l| l.user.as_ref());
         let origin = Origin::new(user.map(|(_, name)| name.as_str()), peer);
         Handler {

@@ -13,6 +13,7 @@ mod compat;
 mod contrib;
 mod durability;
 mod expiry;
+mod hardening;
 mod liveness;
 mod lockctl;
 mod observe;
