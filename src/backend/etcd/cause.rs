@@ -10,7 +10,10 @@
 
 use std::error::Error as _;
 use std::io;
+use std::path::Path;
 use std::time::Duration;
+
+use tokio_rustls::rustls;
 
 /// gRPC status codes (the gRPC spec's numbers).
 const CANCELLED: i32 = 1;
@@ -198,6 +201,182 @@ fn io_kind(mut source: Option<&(dyn std::error::Error + 'static)>) -> Option<io:
 fn first_line(text: &str) -> String {
     let line = text.lines().next().unwrap_or("");
     line.chars().take(200).collect()
+}
+
+// Refusals: TLS and authentication (`--etcd-ca`, `--etcd-cert`, `--etcd-user`). A start
+// that etcd refuses for one of these reasons ends at once with the sentence (no retry mends
+// it). Kept apart from the causes above, which are all worth a retry.
+
+/// What a refusal names: the flags an operator would change.
+pub struct Who<'a> {
+    pub ca: Option<&'a Path>,
+    pub cert: Option<&'a Path>,
+    pub user: Option<&'a str>,
+    pub prefix: &'a str,
+}
+
+/// How a TLS handshake with etcd failed, as far as a sentence tells them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// etcd's certificate is not signed by `--etcd-ca`.
+    UnknownIssuer,
+    /// etcd's certificate does not name the address in `--etcd`.
+    WrongName,
+    /// etcd's certificate has expired, or is not valid yet.
+    Expired,
+    /// etcd ended the handshake over this front-end's certificate (or the lack of one).
+    ClientRefused,
+    /// The other end does not speak TLS (an `http://` client URL).
+    NotTls,
+}
+
+/// Why etcd refused this front-end for good, in one plain sentence; `None` if `e` is no
+/// such refusal (it may be worth a retry).
+pub fn refusal(e: &etcd_client::Error, who: &Who<'_>) -> Option<String> {
+    use etcd_client::Error as E;
+    let (message, source): (String, Option<&(dyn std::error::Error + 'static)>) = match e {
+        E::GRpcStatus(status) => (status.message().to_owned(), status.source()),
+        E::TransportError(t) => (t.to_string(), t.source()),
+        E::IoError(io) => (
+            io.to_string(),
+            Some(io as &(dyn std::error::Error + 'static)),
+        ),
+        _ => return None,
+    };
+    refusal_of(tls_failure(&message, source), &message, who)
+}
+
+/// The refusal from its parts: the TLS failure under the error, if any, and its message.
+pub fn refusal_of(tls: Option<TlsFailure>, message: &str, who: &Who<'_>) -> Option<String> {
+    let ca = who.ca.map_or("(none)".into(), |p| p.display().to_string());
+    if let Some(tls) = tls {
+        return Some(match tls {
+            TlsFailure::UnknownIssuer => format!("etcd's certificate is not signed by --etcd-ca {ca}"),
+            TlsFailure::WrongName => format!(
+                "etcd's certificate does not name the address in --etcd (the host lockd connects to must be among its subject alternative names)"
+            ),
+            TlsFailure::Expired => "etcd's certificate has expired or is not valid yet".into(),
+            TlsFailure::ClientRefused => match who.cert {
+                Some(cert) => format!(
+                    "etcd refused the client certificate --etcd-cert {} (is it signed by the CA of etcd's --trusted-ca-file, and valid?)",
+                    cert.display()
+                ),
+                None => "etcd requires a client certificate: give --etcd-cert and --etcd-key".into(),
+            },
+            TlsFailure::NotTls => "etcd does not speak TLS there: its client URLs are http:// (use http:// endpoints without --etcd-ca, or turn on TLS in etcd)".into(),
+        });
+    }
+    let m = message.to_ascii_lowercase();
+    let user = who.user.unwrap_or("(none)");
+    if m.contains("authentication failed") || m.contains("invalid user id or password") {
+        Some(format!("etcd refused user {user}: wrong user or password"))
+    } else if m.contains("user name is empty") {
+        Some(format!(
+            "etcd requires a user: give --etcd-user, with its password in {} or --etcd-password-file (or a client certificate whose common name is an etcd user)",
+            crate::backend::ETCD_PASSWORD_ENV
+        ))
+    } else if m.contains("user name not found") {
+        Some(match who.user {
+            Some(user) => format!("etcd has no user {user}"),
+            None => "etcd has no user named by the client certificate's common name".into(),
+        })
+    } else if m.contains("authentication is not enabled") {
+        Some(format!(
+            "etcd has authentication turned off, so --etcd-user {user} means nothing to it: turn it on (etcdctl auth enable) or drop --etcd-user"
+        ))
+    } else if m.contains("permission denied") {
+        let prefix = who.prefix;
+        Some(match who.user {
+            Some(user) => format!(
+                "etcd user {user} may not read and write --etcd-prefix {prefix} (permission denied): its role needs readwrite on that prefix"
+            ),
+            None => format!(
+                "etcd denied this front-end --etcd-prefix {prefix} (permission denied): the etcd user it authenticates as (the client certificate's common name) needs a role with readwrite on that prefix"
+            ),
+        })
+    } else {
+        None
+    }
+}
+
+/// The TLS failure in an error: a rustls error anywhere in its source chain (an I/O error's
+/// inner error included, which its `source` skips), else the words rustls would have used
+/// in the message.
+fn tls_failure(
+    message: &str,
+    mut source: Option<&(dyn std::error::Error + 'static)>,
+) -> Option<TlsFailure> {
+    let mut words = message.to_owned();
+    while let Some(e) = source {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>().and_then(rustls_failure) {
+            return Some(tls);
+        }
+        if let Some(inner) = e.downcast_ref::<io::Error>().and_then(io::Error::get_ref) {
+            if let Some(tls) = inner
+                .downcast_ref::<rustls::Error>()
+                .and_then(rustls_failure)
+            {
+                return Some(tls);
+            }
+            words.push_str(&format!(": {inner}"));
+        }
+        words.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    tls_words(&words)
+}
+
+/// A rustls error as a [`TlsFailure`]; `None` for one no certificate or flag explains.
+fn rustls_failure(e: &rustls::Error) -> Option<TlsFailure> {
+    use rustls::{AlertDescription as A, CertificateError as C, Error as R};
+    Some(match e {
+        R::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => TlsFailure::UnknownIssuer,
+        R::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            TlsFailure::WrongName
+        }
+        R::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => TlsFailure::Expired,
+        R::AlertReceived(
+            A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnknownCA
+            | A::AccessDenied
+            | A::CertificateRequired,
+        ) => TlsFailure::ClientRefused,
+        R::InvalidMessage(_) => TlsFailure::NotTls,
+        _ => return None,
+    })
+}
+
+/// [`rustls_failure`] from the words of rustls's `Display`, for an error chain that kept
+/// only its text.
+fn tls_words(text: &str) -> Option<TlsFailure> {
+    let t = text.to_ascii_lowercase();
+    if t.contains("unknownissuer") || t.contains("unknown issuer") || t.contains("badsignature") {
+        Some(TlsFailure::UnknownIssuer)
+    } else if t.contains("notvalidforname") || t.contains("not valid for name") {
+        Some(TlsFailure::WrongName)
+    } else if t.contains("certificate expired")
+        || t.contains("notvalidyet")
+        || t.contains("invalid peer certificate: expired")
+    {
+        Some(TlsFailure::Expired)
+    } else if t.contains("received fatal alert: badcertificate")
+        || t.contains("received fatal alert: certificaterequired")
+        || t.contains("received fatal alert: unknownca")
+        || t.contains("received fatal alert: certificateunknown")
+        || t.contains("received fatal alert: accessdenied")
+    {
+        Some(TlsFailure::ClientRefused)
+    } else if t.contains("received corrupt message") {
+        Some(TlsFailure::NotTls)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
