@@ -334,3 +334,57 @@ fn killing_the_etcd_leader_over_tls_loses_nothing_and_grants_nothing_twice() {
         last == "OK"
     });
 }
+
+/// The README's setup: TLS with client certificates and etcd's authentication on, where
+/// etcd takes a certificate's common name as its user, so lockd needs no `--etcd-user`.
+/// The role of `lockd` covers the prefix; `stranger`'s covers another.
+#[test]
+fn with_etcd_auth_over_tls_the_certificate_s_common_name_is_the_user() {
+    let (pki, etcd) = tls_cluster(1, "etcd-tls-cn");
+    let prefix = etcd.prefix();
+    let elsewhere = format!("{}elsewhere/", prefix.trim_end_matches('/'));
+    let root = pki.client("root");
+    let ctl = |args: &[&str]| {
+        if let Err(e) = etcd.etcdctl(args, Some((&root.0, &root.1))) {
+            panic!("etcdctl {args:?}: {e}");
+        }
+    };
+    ctl(&["user", "add", "root:root-secret"]);
+    ctl(&["role", "add", "lockd"]);
+    ctl(&[
+        "role",
+        "grant-permission",
+        "lockd",
+        "--prefix=true",
+        "readwrite",
+        &prefix,
+    ]);
+    // A password nobody uses: the certificate is the login.
+    ctl(&["user", "add", "lockd:unused-9f2c41"]);
+    ctl(&["user", "grant-role", "lockd", "lockd"]);
+    ctl(&["role", "add", "other"]);
+    ctl(&[
+        "role",
+        "grant-permission",
+        "other",
+        "--prefix=true",
+        "readwrite",
+        &elsewhere,
+    ]);
+    ctl(&["user", "add", "stranger:unused-77b0e3"]);
+    ctl(&["user", "grant-role", "stranger", "other"]);
+    ctl(&["auth", "enable"]);
+
+    let on_etcd = |args: Vec<String>| Lockd::new().etcd(&etcd.endpoints(), &prefix).args(args);
+    let fe = LockdFrontEnd::of(on_etcd(tls_args(&pki.ca(), Some(pki.client("lockd")))));
+    let t = token(&fe.request("LOCK cn me ttl=60s"));
+    assert_eq!(fe.request(&format!("UNLOCK cn {t}")), "OK");
+
+    let why = refused_start(on_etcd(tls_args(&pki.ca(), Some(pki.client("stranger")))));
+    assert!(
+        why.contains(&format!(
+            "etcd denied this front-end --etcd-prefix {prefix} (permission denied)"
+        )),
+        "{why}"
+    );
+}

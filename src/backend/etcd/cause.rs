@@ -252,9 +252,7 @@ pub fn refusal_of(tls: Option<TlsFailure>, message: &str, who: &Who<'_>) -> Opti
     if let Some(tls) = tls {
         return Some(match tls {
             TlsFailure::UnknownIssuer => format!("etcd's certificate is not signed by --etcd-ca {ca}"),
-            TlsFailure::WrongName => format!(
-                "etcd's certificate does not name the address in --etcd (the host lockd connects to must be among its subject alternative names)"
-            ),
+            TlsFailure::WrongName => "etcd's certificate does not name the address in --etcd (the host lockd connects to must be among its subject alternative names)".into(),
             TlsFailure::Expired => "etcd's certificate has expired or is not valid yet".into(),
             TlsFailure::ClientRefused => match who.cert {
                 Some(cert) => format!(
