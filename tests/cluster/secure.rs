@@ -190,7 +190,9 @@ fn ctl(etcd: &EtcdCluster, args: &[&str]) {
 
 #[test]
 fn a_user_whose_role_covers_the_prefix_is_served_and_any_other_is_refused_with_why() {
-    let etcd = EtcdCluster::start(1);
+    // Tokens that expire within the test (the default is five minutes): a front-end must
+    // log in again by itself and carry on.
+    let etcd = EtcdCluster::start_with(1, &["--auth-token-ttl", "1"]);
     let prefix = etcd.prefix();
     let elsewhere = format!("{}elsewhere/", prefix.trim_end_matches('/'));
     ctl(&etcd, &["user", "add", "root:root-secret"]);
@@ -253,6 +255,19 @@ fn a_user_whose_role_covers_the_prefix_is_served_and_any_other_is_refused_with_w
     let t = token(&next.line());
     assert!(t > held);
     assert_eq!(next.req(&format!("UNLOCK authed {t}")), "OK");
+
+    // Past the tokens' life: both front-ends still serve, a hand-over included.
+    std::thread::sleep(Duration::from_secs(3));
+    let held = token(&b.request("LOCK later holder ttl=60s"));
+    let mut next = Line::connect(a.addr());
+    next.send("LOCK later next");
+    eventually(PATIENCE, "queued after the tokens expired", || {
+        field(&b.request("STATUS later"), "waiters").as_deref() == Some("1")
+    });
+    assert_eq!(b.request(&format!("UNLOCK later {held}")), "OK");
+    let t = token(&next.line());
+    assert!(t > held);
+    assert_eq!(next.req(&format!("UNLOCK later {t}")), "OK");
 
     let why = refused_start(
         lockd()

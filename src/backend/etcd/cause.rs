@@ -511,4 +511,100 @@ mod tests {
             }
         }
     }
+
+    fn who<'a>(user: Option<&'a str>, cert: Option<&'a Path>) -> Who<'a> {
+        Who {
+            ca: Some(Path::new("/etc/lockd/etcd/ca.pem")),
+            cert,
+            user,
+            prefix: "/lockd/",
+        }
+    }
+
+    #[test]
+    fn tls_refusals_name_the_flag() {
+        let plain = who(None, None);
+        assert_eq!(
+            refusal_of(Some(TlsFailure::UnknownIssuer), "", &plain).as_deref(),
+            Some("etcd's certificate is not signed by --etcd-ca /etc/lockd/etcd/ca.pem")
+        );
+        assert_eq!(
+            refusal_of(Some(TlsFailure::ClientRefused), "", &plain).as_deref(),
+            Some("etcd requires a client certificate: give --etcd-cert and --etcd-key")
+        );
+        let cert = Path::new("fe.pem");
+        let with_cert = who(None, Some(cert));
+        let c = refusal_of(Some(TlsFailure::ClientRefused), "", &with_cert).expect("refused");
+        assert!(
+            c.starts_with("etcd refused the client certificate --etcd-cert fe.pem"),
+            "{c}"
+        );
+        for tls in [
+            TlsFailure::WrongName,
+            TlsFailure::Expired,
+            TlsFailure::NotTls,
+        ] {
+            let c = refusal_of(Some(tls), "", &plain).expect("a refusal");
+            assert!(c.starts_with("etcd"), "{c}");
+        }
+    }
+
+    #[test]
+    fn tls_failures_are_read_from_rustls_errors_or_their_words() {
+        use rustls::{AlertDescription, CertificateError};
+        let unknown = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
+        // Inside an I/O error, as tokio-rustls reports it: `source` skips the inner error.
+        let io = io::Error::new(io::ErrorKind::InvalidData, unknown.clone());
+        assert_eq!(
+            tls_failure("transport error", Some(&io)),
+            Some(TlsFailure::UnknownIssuer)
+        );
+        let alert = rustls::Error::AlertReceived(AlertDescription::BadCertificate);
+        assert_eq!(
+            tls_failure("", Some(&alert)),
+            Some(TlsFailure::ClientRefused)
+        );
+        assert_eq!(
+            tls_failure(&format!("error trying to connect: {unknown}"), None),
+            Some(TlsFailure::UnknownIssuer)
+        );
+        assert_eq!(
+            tls_failure("received fatal alert: CertificateRequired", None),
+            Some(TlsFailure::ClientRefused)
+        );
+        let closed = rustls::Error::AlertReceived(AlertDescription::CloseNotify);
+        assert_eq!(tls_failure("connection reset", Some(&closed)), None);
+    }
+
+    #[test]
+    fn auth_refusals_name_the_user_and_the_prefix() {
+        let user = who(Some("lockd"), None);
+        let said = |m: &str, w: &Who<'_>| refusal_of(None, m, w);
+        assert_eq!(
+            said(
+                "etcdserver: authentication failed, invalid user ID or password",
+                &user
+            )
+            .as_deref(),
+            Some("etcd refused user lockd: wrong user or password")
+        );
+        let c = said("etcdserver: permission denied", &user).expect("denied");
+        assert!(
+            c.starts_with("etcd user lockd may not read and write --etcd-prefix /lockd/"),
+            "{c}"
+        );
+        let c = said("etcdserver: permission denied", &who(None, None)).expect("denied");
+        assert!(c.contains("common name"), "{c}");
+        let c = said("etcdserver: user name is empty", &who(None, None)).expect("no user");
+        assert!(
+            c.starts_with("etcd requires a user: give --etcd-user"),
+            "{c}"
+        );
+        let c = said("etcdserver: authentication is not enabled", &user).expect("off");
+        assert!(c.starts_with("etcd has authentication turned off"), "{c}");
+        // What is worth a retry is no refusal.
+        for m in ["etcdserver: no leader", "etcdserver: request timed out", ""] {
+            assert_eq!(said(m, &user), None, "{m}");
+        }
+    }
 }
