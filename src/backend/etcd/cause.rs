@@ -89,6 +89,9 @@ impl Context<'_> {
 /// The cause of `e`, in one plain sentence.
 pub fn cause(e: &etcd_client::Error, cx: &Context<'_>) -> Cause {
     use etcd_client::Error as E;
+    if let Some(tls) = tls_cause(e) {
+        return tls;
+    }
     match e {
         E::GRpcStatus(status) => classify(
             Some(i32::from(status.code())),
@@ -233,8 +236,14 @@ pub enum TlsFailure {
 /// Why etcd refused this front-end for good, in one plain sentence; `None` if `e` is no
 /// such refusal (it may be worth a retry).
 pub fn refusal(e: &etcd_client::Error, who: &Who<'_>) -> Option<String> {
+    let (message, source) = parts(e)?;
+    refusal_of(tls_failure(&message, source), &message, who)
+}
+
+/// An error's message and the start of its source chain, for the kinds that carry them.
+fn parts(e: &etcd_client::Error) -> Option<(String, Option<&(dyn std::error::Error + 'static)>)> {
     use etcd_client::Error as E;
-    let (message, source): (String, Option<&(dyn std::error::Error + 'static)>) = match e {
+    Some(match e {
         E::GRpcStatus(status) => (status.message().to_owned(), status.source()),
         E::TransportError(t) => (t.to_string(), t.source()),
         E::IoError(io) => (
@@ -242,16 +251,41 @@ pub fn refusal(e: &etcd_client::Error, who: &Who<'_>) -> Option<String> {
             Some(io as &(dyn std::error::Error + 'static)),
         ),
         _ => return None,
+    })
+}
+
+/// A TLS failure after the start (a certificate expired or replaced since), for
+/// [`cause`]: the refusal's sentence, without the files the start named.
+fn tls_cause(e: &etcd_client::Error) -> Option<Cause> {
+    let (message, source) = parts(e)?;
+    let sentence = match tls_failure(&message, source)? {
+        TlsFailure::ClientRefused => {
+            "etcd refused this front-end's client certificate (--etcd-cert)".to_owned()
+        }
+        tls => {
+            let who = Who {
+                ca: None,
+                cert: None,
+                user: None,
+                prefix: "",
+            };
+            refusal_of(Some(tls), "", &who)?
+        }
     };
-    refusal_of(tls_failure(&message, source), &message, who)
+    Some(Cause {
+        kind: Kind::Unavailable,
+        sentence,
+    })
 }
 
 /// The refusal from its parts: the TLS failure under the error, if any, and its message.
 pub fn refusal_of(tls: Option<TlsFailure>, message: &str, who: &Who<'_>) -> Option<String> {
-    let ca = who.ca.map_or("(none)".into(), |p| p.display().to_string());
+    let ca = who
+        .ca
+        .map_or_else(String::new, |p| format!(" {}", p.display()));
     if let Some(tls) = tls {
         return Some(match tls {
-            TlsFailure::UnknownIssuer => format!("etcd's certificate is not signed by --etcd-ca {ca}"),
+            TlsFailure::UnknownIssuer => format!("etcd's certificate is not signed by --etcd-ca{ca}"),
             TlsFailure::WrongName => "etcd's certificate does not name the address in --etcd (the host lockd connects to must be among its subject alternative names)".into(),
             TlsFailure::Expired => "etcd's certificate has expired or is not valid yet".into(),
             TlsFailure::ClientRefused => match who.cert {
@@ -574,6 +608,18 @@ mod tests {
         );
         let closed = rustls::Error::AlertReceived(AlertDescription::CloseNotify);
         assert_eq!(tls_failure("connection reset", Some(&closed)), None);
+    }
+
+    #[test]
+    fn a_tls_failure_after_the_start_is_a_plain_unavailable() {
+        let expired = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
+        let io = io::Error::new(io::ErrorKind::InvalidData, expired);
+        let c = of_error(etcd_client::Error::IoError(io));
+        assert_eq!(c.kind, Kind::Unavailable);
+        assert_eq!(
+            c.sentence,
+            "etcd's certificate has expired or is not valid yet"
+        );
     }
 
     #[test]
