@@ -71,10 +71,17 @@ const MAN_PAGE: lockd::docgen::ManPage = lockd::docgen::ManPage {
          the client. Every flag can also be set by an environment variable (see \
          ENVIRONMENT).",
     ),
-    environment: &[(
-        "RUST_LOG",
-        "Log filter (as lockd=debug); when set, it takes precedence over -v.",
-    )],
+    environment: &[
+        (
+            "RUST_LOG",
+            "Log filter (as lockd=debug); when set, it takes precedence over -v.",
+        ),
+        (
+            "LOCKD_ETCD_PASSWORD",
+            "The password of --etcd-user (or --etcd-password-file): no flag carries it, \
+             because a process's flags show in ps.",
+        ),
+    ],
     exit_status: &[
         ("0", "shut down cleanly (SIGINT or SIGTERM)"),
         (
@@ -84,7 +91,9 @@ const MAN_PAGE: lockd::docgen::ManPage = lockd::docgen::ManPage {
         (
             "2",
             "usage error: a bad flag or flag value, an --auth-file that can't be read or \
-             parsed, or --compat with --auth-file without --compat-no-auth",
+             parsed, --compat with --auth-file without --compat-no-auth, or etcd refusing \
+             this front-end at start (its certificates, --etcd-user or its password, the \
+             rights on --etcd-prefix, or a file of --etcd-ca and the like that can't be used)",
         ),
     ],
     see_also: &["lockctl(1)"],

@@ -143,7 +143,45 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// The front-end's etcd lease: how long its session leases and waiters outlive it.
     pub lease_ttl: Duration,
+    /// TLS and authentication toward etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-user`).
+    pub security: EtcdSecurity,
 }
+
+/// How a front-end checks etcd and proves itself to it: files and names only, as the flags
+/// give them. `etcd/secure.rs` reads and checks them at connect, so a refusal names the flag.
+/// No password here: it is read from [`ETCD_PASSWORD_ENV`] or the file at connect, so that
+/// no copy of it is printed with a config.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdSecurity {
+    /// `--etcd-ca`: etcd's server certificate must be signed by this CA (PEM); TLS on.
+    pub ca: Option<std::path::PathBuf>,
+    /// `--etcd-cert` and `--etcd-key`: the client certificate (PEM) for etcd's
+    /// `--client-cert-auth`.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// `--etcd-user`, for etcd's own authentication.
+    pub user: Option<String>,
+    /// `--etcd-password-file`: the password of `user` is its first line (else it is in
+    /// [`ETCD_PASSWORD_ENV`]).
+    pub password_file: Option<std::path::PathBuf>,
+}
+
+/// The environment variable that carries `--etcd-user`'s password. There is deliberately
+/// no flag for it: a process's arguments show in `ps` to every user of the machine.
+pub const ETCD_PASSWORD_ENV: &str = "LOCKD_ETCD_PASSWORD";
+
+/// etcd refused this front-end at start for a reason no retry mends (its certificates, its
+/// user or password, its rights on the prefix; or a file of `--etcd-ca` and the like that
+/// can't be used): `lockd` exits 2, as for a bad flag, with this one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdRefused(pub String);
+
+impl fmt::Display for EtcdRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EtcdRefused {}
 
 impl Default for EtcdConfig {
     fn default() -> Self {
@@ -153,6 +191,7 @@ impl Default for EtcdConfig {
             request_timeout: crate::DEFAULT_ETCD_REQUEST_TIMEOUT,
             connect_timeout: crate::DEFAULT_ETCD_CONNECT_TIMEOUT,
             lease_ttl: crate::DEFAULT_ETCD_LEASE_TTL,
+            security: EtcdSecurity::default(),
         }
     }
 }

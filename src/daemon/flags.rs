@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use clap::Args;
 
-use crate::backend::EtcdConfig;
+use crate::backend::{EtcdConfig, EtcdSecurity, ETCD_PASSWORD_ENV};
 use crate::compat::CompatArgs;
 use crate::locks::Limits;
 use crate::proto::HumanDuration;
@@ -152,6 +152,34 @@ pub struct Flags {
           default_value_t = HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL))]
     pub etcd_lease_ttl: HumanDuration,
 
+    /// Talk to etcd over TLS, checking its certificate against this CA (PEM): --etcd URLs
+    /// are then https:// (or bare host:port). Needed for https:// URLs: lockd does not trust
+    /// the system's CAs for etcd.
+    #[arg(long, env = "LOCKD_ETCD_CA", value_name = "PEM")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// A client certificate for etcd's --client-cert-auth (PEM; the chain, leaf first).
+    /// Needs --etcd-key and --etcd-ca. With etcd's authentication on, its common name (CN) is
+    /// the etcd user this front-end acts as (unless --etcd-user).
+    #[arg(long, env = "LOCKD_ETCD_CERT", value_name = "PEM")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// The private key of --etcd-cert (PEM).
+    #[arg(long, env = "LOCKD_ETCD_KEY", value_name = "PEM")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// Log in to etcd as this user (etcd's own authentication: etcdctl auth enable); its role
+    /// needs readwrite on --etcd-prefix. The password is the environment variable
+    /// LOCKD_ETCD_PASSWORD or the first line of --etcd-password-file. There is no password
+    /// flag on purpose: a process's flags show in ps to every user of the machine.
+    #[arg(long, env = "LOCKD_ETCD_USER", value_name = "NAME")]
+    pub etcd_user: Option<String>,
+
+    /// The password of --etcd-user is the first line of this file (readable by lockd
+    /// alone). Not together with LOCKD_ETCD_PASSWORD.
+    #[arg(long, env = "LOCKD_ETCD_PASSWORD_FILE", value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+
     /// Serve the line protocol over TLS with this certificate (PEM; the chain, leaf first).
     /// Needs --tls-key. The --compat ports stay plain.
     #[arg(long, env = "LOCKD_TLS_CERT", value_name = "PEM", requires = "tls_key")]
@@ -241,6 +269,11 @@ impl Default for Flags {
             etcd_request_timeout: HumanDuration(crate::DEFAULT_ETCD_REQUEST_TIMEOUT),
             etcd_connect_timeout: HumanDuration(crate::DEFAULT_ETCD_CONNECT_TIMEOUT),
             etcd_lease_ttl: HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL),
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
+            etcd_user: None,
+            etcd_password_file: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -318,6 +351,8 @@ impl Flags {
             if self.etcd_prefix.is_empty() {
                 return Err("--etcd-prefix must not be empty".into());
             }
+            let password_in_env = std::env::var_os(ETCD_PASSWORD_ENV).is_some();
+            self.validate_etcd_security(password_in_env)?;
         }
         self.compat.config(max_ttl).map(drop)?;
         let listen = literal_ip(self.listen());
@@ -383,6 +418,87 @@ impl Flags {
         Ok(warnings)
     }
 
+    /// The TLS and authentication flags toward etcd, with the endpoints they must agree
+    /// with; `password_in_env`: whether [`ETCD_PASSWORD_ENV`] is set.
+    fn validate_etcd_security(&self, password_in_env: bool) -> Result<(), String> {
+        let (mut http, mut https) = (false, false);
+        for endpoint in &self.etcd {
+            let (scheme, rest) = match endpoint.split_once("://") {
+                Some((scheme, rest)) => (Some(scheme), rest),
+                None => (None, endpoint.as_str()),
+            };
+            let authority = rest.split('/').next().unwrap_or("");
+            if let Some((_, host)) = authority.rsplit_once('@') {
+                // Never the user or the password themselves: this line is logged.
+                let shown = scheme.map_or(host.to_owned(), |s| format!("{s}://{host}"));
+                return Err(format!(
+                    "--etcd {shown}: a user or password in the URL is not used; give \
+                     --etcd-user, with the password in {ETCD_PASSWORD_ENV} or \
+                     --etcd-password-file"
+                ));
+            }
+            match scheme {
+                Some("http") => http = true,
+                Some("https") => https = true,
+                _ => {}
+            }
+        }
+        if http && https {
+            return Err(
+                "--etcd mixes http:// and https:// URLs: reach every member the same way".into(),
+            );
+        }
+        if https && self.etcd_ca.is_none() {
+            return Err(
+                "https:// URLs in --etcd need --etcd-ca, the CA that signed etcd's \
+                        certificates (lockd does not trust the system's CAs for etcd)"
+                    .into(),
+            );
+        }
+        if http && (self.etcd_ca.is_some() || self.etcd_cert.is_some()) {
+            return Err(
+                "--etcd-ca and --etcd-cert are for https:// URLs, and --etcd has \
+                        http:// ones: write https://, or drop the TLS flags"
+                    .into(),
+            );
+        }
+        if self.etcd_cert.is_some() != self.etcd_key.is_some() {
+            return Err("--etcd-cert and --etcd-key go together: give both or neither".into());
+        }
+        if self.etcd_cert.is_some() && self.etcd_ca.is_none() {
+            return Err(
+                "--etcd-cert needs --etcd-ca, the CA etcd's certificate is checked against".into(),
+            );
+        }
+        match (&self.etcd_user, &self.etcd_password_file, password_in_env) {
+            (Some(user), _, _) if user.is_empty() => Err("--etcd-user must not be empty".into()),
+            (Some(_), None, false) => Err(format!(
+                "--etcd-user needs its password: in {ETCD_PASSWORD_ENV} or the first line of \
+                 --etcd-password-file (there is no password flag: flags show in ps)"
+            )),
+            (Some(_), Some(_), true) => Err(format!(
+                "the etcd password is given twice: {ETCD_PASSWORD_ENV} and \
+                 --etcd-password-file; keep one"
+            )),
+            (None, Some(_), _) => Err("--etcd-password-file needs --etcd-user".into()),
+            (None, None, true) => Err(format!(
+                "{ETCD_PASSWORD_ENV} is set but --etcd-user is not: give the user too, or \
+                 unset it"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The TLS and authentication flags toward etcd, as the backend takes them.
+    fn etcd_security(&self) -> EtcdSecurity {
+        EtcdSecurity {
+            ca: self.etcd_ca.clone(),
+            identity: self.etcd_cert.clone().zip(self.etcd_key.clone()),
+            user: self.etcd_user.clone(),
+            password_file: self.etcd_password_file.clone(),
+        }
+    }
+
     /// The server's settings: [`Flags::validate`], then the TLS files read (an error names
     /// the file). The users of `--auth-file` and the metrics endpoint are the daemon's to add
     /// ([`crate::daemon::run`]): they outlive a check.
@@ -415,6 +531,7 @@ impl Flags {
                 request_timeout: self.etcd_request_timeout.0,
                 connect_timeout: self.etcd_connect_timeout.0,
                 lease_ttl: self.etcd_lease_ttl.0,
+                security: self.etcd_security(),
             }),
             endpoint: None,
             auth: None,
@@ -639,6 +756,153 @@ mod tests {
             config.etcd.expect("cluster").prefix,
             crate::DEFAULT_ETCD_PREFIX
         );
+    }
+
+    /// The etcd security check of `Flags::default()` with `endpoints` and `change`, the
+    /// password in the environment or not.
+    fn etcd_security(
+        endpoints: &[&str],
+        env: bool,
+        change: impl FnOnce(&mut Flags),
+    ) -> Result<(), String> {
+        let mut flags = Flags {
+            etcd: endpoints.iter().map(|e| e.to_string()).collect(),
+            ..Flags::default()
+        };
+        change(&mut flags);
+        flags.validate_etcd_security(env)
+    }
+
+    const HTTPS: &[&str] = &["https://10.0.0.1:2379", "https://10.0.0.2:2379"];
+    const HTTP: &[&str] = &["http://10.0.0.1:2379"];
+
+    fn tls(f: &mut Flags) {
+        f.etcd_ca = Some("ca.pem".into());
+        f.etcd_cert = Some("fe.pem".into());
+        f.etcd_key = Some("fe.key".into());
+    }
+
+    #[test]
+    fn etcd_over_tls_with_a_client_certificate_is_valid() {
+        etcd_security(HTTPS, false, tls).expect("mutual TLS");
+        etcd_security(HTTPS, false, |f| f.etcd_ca = Some("ca.pem".into())).expect("TLS");
+        // Bare host:port with --etcd-ca is TLS too.
+        etcd_security(&["10.0.0.1:2379"], false, tls).expect("bare");
+        etcd_security(HTTP, false, |_| {}).expect("plain");
+        let flags = Flags {
+            etcd: HTTPS.iter().map(|e| e.to_string()).collect(),
+            ..Flags::default()
+        };
+        let mut flags = flags;
+        tls(&mut flags);
+        let security = flags.etcd_security();
+        assert_eq!(security.ca, Some("ca.pem".into()));
+        assert_eq!(security.identity, Some(("fe.pem".into(), "fe.key".into())));
+    }
+
+    #[test]
+    fn https_needs_an_etcd_ca() {
+        let e = etcd_security(HTTPS, false, |_| {}).expect_err("no CA");
+        assert!(
+            e.starts_with("https:// URLs in --etcd need --etcd-ca"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn http_with_tls_flags_is_refused() {
+        for change in [
+            (|f: &mut Flags| f.etcd_ca = Some("ca.pem".into())) as fn(&mut Flags),
+            tls,
+        ] {
+            let e = etcd_security(HTTP, false, change).expect_err("mixing");
+            assert!(
+                e.starts_with("--etcd-ca and --etcd-cert are for https:// URLs"),
+                "{e}"
+            );
+        }
+        let e = etcd_security(&[HTTP[0], HTTPS[0]], false, tls).expect_err("both schemes");
+        assert!(e.starts_with("--etcd mixes http:// and https://"), "{e}");
+    }
+
+    #[test]
+    fn a_client_certificate_needs_its_key_and_a_ca() {
+        let e = etcd_security(HTTPS, false, |f| {
+            tls(f);
+            f.etcd_key = None;
+        })
+        .expect_err("no key");
+        assert_eq!(
+            e,
+            "--etcd-cert and --etcd-key go together: give both or neither"
+        );
+        let e = etcd_security(HTTPS, false, |f| {
+            tls(f);
+            f.etcd_cert = None;
+        })
+        .expect_err("no cert");
+        assert_eq!(
+            e,
+            "--etcd-cert and --etcd-key go together: give both or neither"
+        );
+        let e = etcd_security(&["10.0.0.1:2379"], false, |f| {
+            tls(f);
+            f.etcd_ca = None;
+        })
+        .expect_err("no CA");
+        assert!(e.starts_with("--etcd-cert needs --etcd-ca"), "{e}");
+    }
+
+    #[test]
+    fn credentials_in_an_etcd_url_are_refused_without_being_shown() {
+        let e = etcd_security(&["http://lockd:hunter2@10.0.0.1:2379"], false, |_| {})
+            .expect_err("credentials");
+        assert!(
+            e.starts_with("--etcd http://10.0.0.1:2379: a user or password in the URL"),
+            "{e}"
+        );
+        assert!(
+            e.contains("--etcd-user") && e.contains("LOCKD_ETCD_PASSWORD"),
+            "{e}"
+        );
+        assert!(e.contains("--etcd-password-file"), "{e}");
+        assert!(!e.contains("hunter2") && !e.contains("lockd:"), "{e}");
+        let e = etcd_security(&["root@10.0.0.1:2379"], false, |_| {}).expect_err("bare");
+        assert!(e.starts_with("--etcd 10.0.0.1:2379: a user"), "{e}");
+    }
+
+    #[test]
+    fn the_etcd_password_comes_from_one_place() {
+        let user = |f: &mut Flags| f.etcd_user = Some("lockd".into());
+        let file = |f: &mut Flags| {
+            f.etcd_user = Some("lockd".into());
+            f.etcd_password_file = Some("pw".into());
+        };
+        etcd_security(HTTP, true, user).expect("from the environment");
+        etcd_security(HTTP, false, file).expect("from the file");
+        let e = etcd_security(HTTP, false, user).expect_err("no password");
+        assert!(e.starts_with("--etcd-user needs its password"), "{e}");
+        assert!(e.contains("flags show in ps"), "{e}");
+        let e = etcd_security(HTTP, true, file).expect_err("twice");
+        assert!(e.starts_with("the etcd password is given twice"), "{e}");
+        let e = etcd_security(HTTP, false, |f| f.etcd_password_file = Some("pw".into()))
+            .expect_err("no user");
+        assert_eq!(e, "--etcd-password-file needs --etcd-user");
+        let e = etcd_security(HTTP, true, |_| {}).expect_err("env, no user");
+        assert!(
+            e.starts_with("LOCKD_ETCD_PASSWORD is set but --etcd-user is not"),
+            "{e}"
+        );
+        let e =
+            etcd_security(HTTP, true, |f| f.etcd_user = Some(String::new())).expect_err("empty");
+        assert_eq!(e, "--etcd-user must not be empty");
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn validate_checks_the_etcd_security_flags() {
+        assert!(cluster(|f| f.etcd_ca = Some("ca.pem".into()))
+            .starts_with("--etcd-ca and --etcd-cert are for https:// URLs"));
     }
 
     #[test]

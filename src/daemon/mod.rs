@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
+use crate::backend::EtcdRefused;
 use crate::http::Endpoint;
 use crate::server;
 
@@ -87,9 +88,15 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
         });
     }
     tokio::spawn(signals::cancel_on_signal(shutdown.clone()));
-    server::run(config, listener, shutdown)
-        .await
-        .map_err(|e| RunError::Run(e.to_string()))
+    server::run(config, listener, shutdown).await.map_err(|e| {
+        // etcd refusing this front-end's certificates, user or rights is a
+        // configuration to fix, like a bad flag: exit 2.
+        let refused = e.get_ref().and_then(|e| e.downcast_ref::<EtcdRefused>());
+        match refused {
+            Some(refused) => RunError::Usage(refused.to_string()),
+            None => RunError::Run(e.to_string()),
+        }
+    })
 }
 
 /// [`Flags::open_to_the_network`] for the addresses as bound and resolved (`--listen` or

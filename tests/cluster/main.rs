@@ -17,4 +17,5 @@ mod history_checker;
 mod netsplit;
 mod observability;
 mod partition;
+mod secure;
 mod skew;

@@ -146,11 +146,26 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> io::Result<(u16, Str
     Ok((status, body))
 }
 
+/// TLS on a cluster's client URLs ([`EtcdCluster::start_tls`]): etcd's own certificate, and
+/// the CA whose client certificates it accepts (`--client-cert-auth`). Peer links stay plain
+/// http on loopback.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// etcd's certificate and key (for 127.0.0.1).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Client certificates must be signed by this CA.
+    pub client_ca: PathBuf,
+}
+
 /// One etcd member: its ports and files never change, so it can be restarted as it was.
 struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// With TLS on the client URL: the files, and a plain http port for /health and
+    /// /metrics (`--listen-metrics-urls`), which the harness reads without a certificate.
+    tls: Option<(EtcdTls, u16)>,
     /// The Unix user it runs as (`None`: the test's own), so packet filters can tell its
     /// connections from the other members' ([`super::netsplit`]).
     uid: Option<u32>,
@@ -161,7 +176,15 @@ struct Member {
 
 impl Member {
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Where /health and /metrics are served over plain http.
+    fn http_port(&self) -> u16 {
+        self.tls
+            .as_ref()
+            .map_or(self.client_port, |(_, port)| *port)
     }
 
     fn peer_url(&self) -> String {
@@ -212,8 +235,19 @@ impl Member {
             // Elections in about a tenth of a second instead of one or two, so tests that
             // kill leaders stay quick. Loopback keeps 10 ms heartbeats comfortable.
             .args(["--heartbeat-interval", "10", "--election-timeout", "100"])
-            .args(extra)
-            .stdin(Stdio::null())
+            .args(extra);
+        if let Some((tls, metrics_port)) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.client_ca)
+                .arg("--client-cert-auth")
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{metrics_port}"));
+        }
+        cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log file"))
             .stderr(log);
         // A test process killed outright (a CI timeout, an abort) runs no Drop: without this
@@ -307,7 +341,24 @@ impl EtcdCluster {
         EtcdCluster::start_as(n, &[], Some(first_uid))
     }
 
+    /// [`EtcdCluster::start`] with TLS on every member's client URL (https, client
+    /// certificates required); `/health` and `/metrics` move to a plain http port of their
+    /// own, so the harness's waits work as before. [`EtcdCluster::status`] is not served
+    /// there: it answers `None` on such a cluster.
+    pub fn start_tls(n: usize, tls: &EtcdTls) -> EtcdCluster {
+        EtcdCluster::start_full(n, &[], None, Some(tls))
+    }
+
     fn start_as(n: usize, extra: &[&str], first_uid: Option<u32>) -> EtcdCluster {
+        EtcdCluster::start_full(n, extra, first_uid, None)
+    }
+
+    fn start_full(
+        n: usize,
+        extra: &[&str],
+        first_uid: Option<u32>,
+        tls: Option<&EtcdTls>,
+    ) -> EtcdCluster {
         assert!(n > 0, "a cluster needs a member");
         let token = unique("lockd-test");
         let root = std::env::temp_dir().join(&token);
@@ -319,12 +370,15 @@ impl EtcdCluster {
             members: Vec::new(),
         };
         for attempt in 1..=START_ATTEMPTS {
-            let ports = free_ports(2 * n);
+            // A third port per member for /health and /metrics under TLS.
+            let per = if tls.is_some() { 3 } else { 2 };
+            let ports = free_ports(per * n);
             cluster.members = (0..n)
                 .map(|i| Member {
                     name: format!("m{i}"),
-                    client_port: ports[2 * i],
-                    peer_port: ports[2 * i + 1],
+                    client_port: ports[per * i],
+                    peer_port: ports[per * i + 1],
+                    tls: tls.map(|tls| (tls.clone(), ports[per * i + 2])),
                     uid: first_uid.map(|u| u + i as u32),
                     data: cluster.root.join(format!("m{i}.data")),
                     log: cluster.root.join(format!("m{i}.log")),
@@ -477,6 +531,48 @@ impl EtcdCluster {
         ]
     }
 
+    /// `etcdctl <args>` against every member (v3 API; over TLS with `identity`, a client
+    /// certificate and key, on a TLS cluster): its standard output, or its standard error
+    /// as the `Err`. For setting up users, roles and `auth enable` as an operator would.
+    pub fn etcdctl(
+        &self,
+        args: &[&str],
+        identity: Option<(&Path, &Path)>,
+    ) -> Result<String, String> {
+        let mut cmd = Command::new(
+            std::env::var_os("LOCKD_TEST_ETCDCTL").unwrap_or_else(|| "etcdctl".into()),
+        );
+        cmd.arg("--endpoints")
+            .arg(self.endpoints())
+            .arg("--dial-timeout=5s")
+            .arg("--command-timeout=10s");
+        if let Some((tls, _)) = &self.members[0].tls {
+            // etcd's own certificate is signed by the same test CA as the clients'.
+            cmd.arg("--cacert").arg(&tls.client_ca);
+            if let Some((cert, key)) = identity {
+                cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+            }
+        }
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("ETCDCTL_") {
+                cmd.env_remove(key);
+            }
+        }
+        let out = cmd
+            .env("ETCDCTL_API", "3")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run etcdctl ({e}): install it (Debian: etcd-client) or set LOCKD_TEST_ETCDCTL")
+            });
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
     /// Whether member `i`'s process is running (it may still be without a leader).
     pub fn is_running(&mut self, i: usize) -> bool {
         self.members[i].is_running()
@@ -520,7 +616,7 @@ impl EtcdCluster {
         if !self.is_running(i) {
             return None;
         }
-        let (status, body) = http(self.members[i].client_port, "GET", "/health", "").ok()?;
+        let (status, body) = http(self.members[i].http_port(), "GET", "/health", "").ok()?;
         let json: serde_json::Value = serde_json::from_str(&body).ok()?;
         // The value is the string "true" (etcd 3.4), not a JSON boolean; 503 when unhealthy.
         Some(status == 200 && json["health"] == "true")
@@ -530,7 +626,7 @@ impl EtcdCluster {
     /// gateway: ids are decimal strings, `leader` is the leader's `header.member_id`, and
     /// `errors` has "etcdserver: no leader" without one); `None` if it gives no answer.
     pub fn status(&mut self, i: usize) -> Option<serde_json::Value> {
-        if !self.is_running(i) {
+        if !self.is_running(i) || self.members[i].tls.is_some() {
             return None;
         }
         let (status, body) = http(
@@ -552,7 +648,7 @@ impl EtcdCluster {
         if !self.is_running(i) {
             return None;
         }
-        let (_, body) = http(self.members[i].client_port, "GET", "/metrics", "").ok()?;
+        let (_, body) = http(self.members[i].http_port(), "GET", "/metrics", "").ok()?;
         let value = body
             .lines()
             .find_map(|l| l.strip_prefix("etcd_server_is_leader "))?;

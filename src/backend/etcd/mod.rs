@@ -38,6 +38,7 @@
 //!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
 //!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
 //!   (the `lockd_etcd_*` series) serve them all.
+//! - `secure`: TLS and authentication toward etcd, and the start's first request.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
 mod cause;
@@ -55,6 +56,7 @@ mod mirror;
 pub mod model;
 mod quorum;
 mod release;
+mod secure;
 mod sessions;
 mod stats;
 mod status;
@@ -176,34 +178,23 @@ pub(crate) fn wall_ms() -> u64 {
 
 impl Cluster {
     /// Connects, takes this front-end's etcd lease, reads (or chooses) the token base and
-    /// loads the mirror. Fails if etcd can't be reached within the connect timeout.
+    /// loads the mirror. Fails if etcd can't be reached within the connect timeout, or at
+    /// once, as a [`super::EtcdRefused`], if etcd refuses its certificates, user or rights.
     pub async fn connect(
         config: EtcdConfig,
         limits: Limits,
         watch_buffer: usize,
         users: Option<Arc<Gate>>,
         metrics: Arc<Metrics>,
-    ) -> Result<Arc<Cluster>, String> {
+    ) -> Result<Arc<Cluster>, Box<dyn std::error::Error + Send + Sync>> {
         let options = ConnectOptions::new()
             .with_timeout(config.request_timeout)
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(Duration::from_secs(5), config.request_timeout)
             .with_require_leader(true);
         let endpoints = config.endpoints.join(",");
-        let client = tokio::time::timeout(
-            config.connect_timeout,
-            Client::connect(&config.endpoints, Some(options)),
-        )
-        .await
-        .map_err(|_| format!("etcd at {endpoints}: no answer"))?
-        .map_err(|e| {
-            let cx = cause::Context {
-                endpoints: &config.endpoints,
-                request_timeout: config.request_timeout,
-            };
-            tracing::debug!(error = ?e, "etcd connect failed");
-            format!("etcd at {endpoints}: {}", cause::cause(&e, &cx).sentence)
-        })?;
+        // TLS, the user, and a first request that proves the rights on the prefix.
+        let client = secure::connect(&config, options).await?;
         let layout = Layout::new(&config.prefix);
         let fe = format!(
             "{}-{}-{:x}",
@@ -267,7 +258,7 @@ impl Cluster {
         let Ok(started) = started else {
             let last = last.lock().unwrap_or_else(|p| p.into_inner()).take();
             let why = last.map_or_else(String::new, |why| format!(": {why}"));
-            return Err(format!("etcd at {endpoints}: no quorum (timed out){why}"));
+            return Err(format!("etcd at {endpoints}: no quorum (timed out){why}").into());
         };
         started.map_err(|e| format!("etcd at {endpoints}: {e}"))?;
         cluster.healthy.store(true, Ordering::Relaxed);

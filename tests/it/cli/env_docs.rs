@@ -13,7 +13,7 @@ use std::process::Command;
 const NOT_SETTINGS: &[&str] = &["--help", "--version", "--completions", "--man", "--verbose"];
 
 /// Variables lockd.env may set that are not a flag's.
-const NOT_FLAGS: &[&str] = &["RUST_LOG"];
+const NOT_FLAGS: &[&str] = &["RUST_LOG", "LOCKD_ETCD_PASSWORD"];
 
 /// One option of a --help text.
 #[derive(Debug)]
