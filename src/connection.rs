@@ -147,9 +147,17 @@ impl Connection {
 
     /// Reads what the peer has sent into the buffer without framing it, so a server busy
     /// with a waiting request still notices a close. Cancel-safe.
+    ///
+    /// Without a buffer (see [`Connection::release_input`]), a plain socket is awaited
+    /// readable first, so the buffer is only made once there is something to put in it.
     pub async fn fill(&mut self) -> io::Result<()> {
         if self.eof {
             return Ok(());
+        }
+        if self.input.capacity() == 0 {
+            if let Stream::Plain(s) = &self.stream {
+                s.readable().await?;
+            }
         }
         self.input.reserve(READ_CHUNK);
         let mut input = (&mut self.input).limit(READ_CHUNK);
@@ -157,6 +165,15 @@ impl Connection {
             self.eof = true;
         }
         Ok(())
+    }
+
+    /// Gives the input buffer's memory back while it holds nothing, for a connection about
+    /// to wait long (a queued LOCK): thousands of waiters would otherwise keep a read chunk
+    /// each for nothing. The next [`Connection::fill`] makes it again.
+    pub fn release_input(&mut self) {
+        if self.input.is_empty() {
+            self.input = BytesMut::new();
+        }
     }
 
     /// Takes in what has already arrived, without waiting: so a close (or reset) that came

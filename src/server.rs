@@ -350,52 +350,67 @@ async fn serve_connection(
 ) {
     let stream = match &config.tls {
         None => Stream::Plain(stream),
-        Some(tls) => {
-            let peer = stream.peer_addr().ok();
-            // A client that sends no handshake is closed promptly; one that sends plain text
-            // is told so in plain text first.
-            let handshake = async {
-                if !starts_tls(&stream).await {
-                    return Err(stream);
-                }
-                Ok(tls.acceptor.accept(stream).await)
-            };
-            let handshake = tokio::select! {
-                hs = tokio::time::timeout(config.tls_handshake_timeout, handshake) => hs,
-                _ = shutdown.cancelled() => return,
-            };
-            match handshake {
-                Ok(Err(plain)) => {
-                    tracing::debug!(?peer, "plain text on the TLS port; told so, closing");
-                    backend.metrics().refused(ErrorCode::Tls);
-                    let mut conn = Connection::new(plain, config.max_line)
-                        .with_write_timeout(config.write_timeout);
-                    if conn
-                        .send(Reply::Error(&ProtoError::tls_port()))
-                        .await
-                        .is_ok()
-                    {
-                        let _ = conn.close().await;
-                    }
-                    return;
-                }
-                Ok(Ok(Ok(tls))) => Stream::Server(Box::new(tls)),
-                Ok(Ok(Err(e))) => {
-                    tracing::debug!(?peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(?peer, "no TLS handshake in time; closing");
-                    return;
-                }
-            }
-        }
+        // Boxed, and freed once it is done: a task is as large as its largest await point
+        // for as long as it lives, and a handshake's state (a rustls connection, about 1.2
+        // KiB) would otherwise stay in every connection's task, TLS or not.
+        Some(tls) => match Box::pin(accept_tls(stream, tls, &backend, config, &shutdown)).await {
+            Some(stream) => stream,
+            None => return,
+        },
     };
     let conn = Connection::new(stream, config.max_line).with_write_timeout(config.write_timeout);
     let gate = config.auth.as_deref();
-    Handler::new(backend, conn, config.handler_limits(), shutdown, gate)
-        .run()
-        .await;
+    let mut handler = Handler::new(backend, conn, config.handler_limits(), shutdown, gate);
+    handler.run().await;
+}
+
+/// The TLS handshake of a new connection: the stream to serve, or `None` when the connection
+/// ends here (no handshake in time, a failed one, or plain text, which is told so).
+async fn accept_tls(
+    stream: TcpStream,
+    tls: &ServerTls,
+    backend: &Backend,
+    config: &Config,
+    shutdown: &CancellationToken,
+) -> Option<Stream> {
+    let peer = stream.peer_addr().ok();
+    // A client that sends no handshake is closed promptly; one that sends plain text is told
+    // so in plain text first.
+    let handshake = async {
+        if !starts_tls(&stream).await {
+            return Err(stream);
+        }
+        Ok(tls.acceptor.accept(stream).await)
+    };
+    let handshake = tokio::select! {
+        hs = tokio::time::timeout(config.tls_handshake_timeout, handshake) => hs,
+        _ = shutdown.cancelled() => return None,
+    };
+    match handshake {
+        Ok(Err(plain)) => {
+            tracing::debug!(?peer, "plain text on the TLS port; told so, closing");
+            backend.metrics().refused(ErrorCode::Tls);
+            let mut conn =
+                Connection::new(plain, config.max_line).with_write_timeout(config.write_timeout);
+            if conn
+                .send(Reply::Error(&ProtoError::tls_port()))
+                .await
+                .is_ok()
+            {
+                let _ = conn.close().await;
+            }
+            None
+        }
+        Ok(Ok(Ok(tls))) => Some(Stream::Server(Box::new(tls))),
+        Ok(Ok(Err(e))) => {
+            tracing::debug!(?peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(?peer, "no TLS handshake in time; closing");
+            None
+        }
+    }
 }
 
 /// Whether the first byte the client sent can start a TLS handshake (a handshake record,

@@ -306,7 +306,9 @@ impl Wait {
         let Some(mark) = self.arrived.as_ref().map(|(_, mark)| *mark) else {
             return std::future::pending().await;
         };
-        let durable = self.backend.durable(mark).await;
+        // Boxed: only a grant on a --data-dir server waits here, and only for a moment;
+        // inline, its state would be in every waiting connection's task all along.
+        let durable = Box::pin(self.backend.durable(mark)).await;
         let Some((result, _)) = self.arrived.take() else {
             return std::future::pending().await;
         };

@@ -37,7 +37,15 @@ impl Handler {
             Ok(Locked::Granted { token, handover }) => {
                 self.granted(name, token, handover, false).await
             }
-            Ok(Locked::Waiting(wait_for)) => self.wait_for_grant(wait_for, id, tie, wait).await,
+            Ok(Locked::Waiting(pending)) => {
+                let mut waiting = Waiting {
+                    pending,
+                    id,
+                    tie,
+                    wait,
+                };
+                self.wait_for_grant(&mut waiting).await
+            }
         }
     }
 
@@ -62,13 +70,15 @@ impl Handler {
         handover: HandOver,
         probe: bool,
     ) -> io::Result<Flow> {
+        // The two rare paths are boxed, so that they add nothing to every waiting
+        // connection's task (which is as large as its largest await point).
         if let Err(e) = self.conn.send(Reply::Token(token)).await {
             // The client can't have learned the token: give the lock to the next in line.
-            self.backend.revoke(&name, token, handover).await;
+            Box::pin(self.backend.revoke(&name, token, handover)).await;
             return Err(e);
         }
         if probe && !self.limits.half_close_probe.is_zero() {
-            self.confirm_delivery(&name, token, handover).await;
+            Box::pin(self.confirm_delivery(&name, token, handover)).await;
         }
         Ok(Flow::Continue)
     }
@@ -127,16 +137,17 @@ impl Handler {
         }
     }
 
-    /// Waits for a queued LOCK's turn while watching the connection and the server. `id`
-    /// names the client in the log line if the wait ends in a refusal.
-    pub(super) async fn wait_for_grant(
-        &mut self,
-        mut pending: Wait,
-        id: String,
-        tie: Tie,
-        wait: Option<Duration>,
-    ) -> io::Result<Flow> {
+    /// Waits for a queued LOCK's turn while watching the connection and the server.
+    pub(super) async fn wait_for_grant(&mut self, waiting: &mut Waiting) -> io::Result<Flow> {
+        let Waiting {
+            pending,
+            id,
+            tie,
+            wait,
+        } = waiting;
+        let (id, tie, wait) = (id.as_str(), *tie, *wait);
         self.conn.flush().await?;
+        self.conn.release_input();
         loop {
             // Keep reading to notice a close, but don't buffer without bound.
             let can_read = !self.conn.is_eof() && self.conn.buffered() <= 2 * self.limits.max_line;
@@ -159,18 +170,18 @@ impl Handler {
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
-                            let about = Subject { name: &name, id: &id, token: None };
+                            let about = Subject { name: &name, id, token: None };
                             self.refuse_about(ProtoError::wait_over(&name, waited), about)
                                 .await?;
                             Ok(Flow::Continue)
                         }
                         WaitResult::Failed(e) => {
-                            let about = Subject { name: &name, id: &id, token: None };
+                            let about = Subject { name: &name, id, token: None };
                             self.refuse_about(self.lock_refusal(&e, &name), about).await?;
                             Ok(flow_after(&e))
                         }
                         WaitResult::Ended(WaitEnd::Replaced) => {
-                            let about = Subject { name: &name, id: &id, token: None };
+                            let about = Subject { name: &name, id, token: None };
                             self.refuse_about(ProtoError::replaced(&name), about).await?;
                             Ok(Flow::Continue)
                         }
@@ -204,6 +215,17 @@ impl Handler {
             }
         }
     }
+}
+
+/// A queued LOCK, for [`Handler::wait_for_grant`]: by reference, in the caller's frame,
+/// because an async fn keeps two copies of what it takes by value for as long as it runs, and
+/// a waiting LOCK runs for as long as it waits, in every waiting connection's task.
+pub(super) struct Waiting {
+    pending: Wait,
+    /// Names the client in the log line if the wait ends in a refusal.
+    id: String,
+    tie: Tie,
+    wait: Option<Duration>,
 }
 
 /// Whether to keep serving after answering refusal `e`: a change that can never be made
