@@ -1,0 +1,413 @@
+//! The clients' conformance scenarios (contrib/clients/conformance/scenarios.json; its README
+//! says the format) played by the library's own client (`lockd::client`) against the real
+//! `lockd` binary, one per scenario. The same file is played by the Go, Node, Ruby, Python and
+//! bash runners, so every client is held to the same behaviour.
+//!
+//! The library has no held-lock helper (lockctl's keeper lives in the binary), so the
+//! scenarios that need one (`hold`) are skipped here, with a line saying so.
+//! `LOCKD_CONFORMANCE=<name>,...` plays only those scenarios.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::pki::Pki;
+use common::{Lockd, LockdProcess};
+use lockd::client::{Addrs, Client, ClientError, ConnectError, Connector, Credentials, Tls};
+use lockd::locks::{Mode, Token};
+use lockd::proto::{Secret, StatusLine, Tie};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+/// What this runner's client can do beyond requests and replies (the scenarios' `needs`).
+const HAS: &[&str] = &["watch", "tls"];
+/// Longest wait for anything a step waits for: only a guard against a hang.
+const GUARD: Duration = Duration::from_secs(10);
+
+/// A LOCK sent in the background: the client it went on, and its answer to come.
+type Pending = (String, JoinHandle<(Client, Result<Token, ClientError>)>);
+
+/// One scenario's world: its lockd, its clients and their background LOCKs.
+struct World<'a> {
+    doc: &'a Value,
+    lockd: Option<LockdProcess>,
+    args: Vec<String>,
+    pki: Option<Pki>,
+    clients: HashMap<String, Client>,
+    tokens: HashMap<String, Token>,
+    pending: HashMap<String, Pending>,
+}
+
+fn code(e: &ClientError) -> String {
+    match e.code() {
+        Some(code) => code.to_string(),
+        None => format!("no ERR code ({e})"),
+    }
+}
+
+impl World<'_> {
+    fn addr(&self) -> String {
+        self.lockd.as_ref().expect("lockd runs").addr.to_string()
+    }
+
+    fn token(&self, v: &Value) -> Token {
+        match v {
+            Value::Number(n) => n.as_u64().expect("a token number"),
+            Value::String(s) => self.tokens[s.as_str()],
+            other => panic!("not a token: {other}"),
+        }
+    }
+
+    fn client(&mut self, step: &Value) -> &mut Client {
+        let name = step["client"].as_str().expect("client");
+        self.clients
+            .get_mut(name)
+            .unwrap_or_else(|| panic!("client {name} is busy or not connected"))
+    }
+
+    async fn connect(&mut self, step: &Value) -> Result<(), String> {
+        let name = step["client"].as_str().expect("client").to_string();
+        let live = self.addr();
+        let addrs: Vec<String> = match step["addrs"].as_array() {
+            Some(list) => list
+                .iter()
+                .map(|a| match a.as_str() {
+                    Some("dead") => common::dead_addr(),
+                    _ => live.clone(),
+                })
+                .collect(),
+            None => vec![live],
+        };
+        let mut connector = Connector::new(Addrs::new(addrs).expect("addrs"), GUARD);
+        if let Some(pki) = &self.pki {
+            let (cert, key) = pki.client("conformance-client");
+            let tls = Tls::new(Some(&pki.ca()), Some((&cert, &key)))?;
+            connector = connector.tls(Some(tls));
+        }
+        if let Some(user) = step["user"].as_str() {
+            // The library takes the secret as a value: where it comes from (LOCKD_SECRET, a
+            // file) is its caller's business, so "env" and "file" are the same here.
+            let secret = match step["secret"].as_str() {
+                Some("wrong") => "not-the-secret-0123456789".to_string(),
+                _ => self.doc["users"][user]["secret"]
+                    .as_str()
+                    .expect("secret")
+                    .to_string(),
+            };
+            connector = connector.auth(Some(Credentials::new(user.into(), Secret::new(secret))));
+        }
+        match (connector.connect().await, step["expect"].as_str()) {
+            (Ok(client), None) => {
+                self.clients.insert(name, client);
+                Ok(())
+            }
+            (Err(ConnectError::Denied(_)), Some("DENIED")) => Ok(()),
+            (Ok(_), Some(want)) => Err(format!("connected; expected {want}")),
+            (Err(e), want) => Err(format!("connect failed: {e}; expected {want:?}")),
+        }
+    }
+
+    async fn lock(&mut self, step: &Value) -> Result<(), String> {
+        let ms = |key: &str| step[key].as_u64().map(Duration::from_millis);
+        let name = step["name"].as_str().expect("name").to_string();
+        let id = step["client"].as_str().expect("client").to_string();
+        let tie = if step["session"].as_bool() == Some(true) {
+            Tie::Session(ms("grace_ms").unwrap_or_default())
+        } else if step["detach"].as_bool() == Some(true) {
+            Tie::Detach
+        } else {
+            Tie::Plain
+        };
+        let mode = match (step["shared"].as_bool(), step["limit"].as_u64()) {
+            (Some(true), _) => Mode::Shared,
+            (_, Some(n)) => Mode::limit(n as u32),
+            _ => Mode::Exclusive,
+        };
+        let (ttl, wait) = (ms("ttl_ms"), ms("wait_ms"));
+        let mut client = self
+            .clients
+            .remove(&id)
+            .unwrap_or_else(|| panic!("client {id} is busy or not connected"));
+        let owner = id.clone();
+        let task = tokio::spawn(async move {
+            let got = client.lock_mode(&name, &id, ttl, wait, tie, mode).await;
+            (client, got)
+        });
+        let label = step["as"].as_str().unwrap_or("_").to_string();
+        self.pending.insert(label.clone(), (owner, task));
+        if step["async"].as_bool() == Some(true) {
+            return Ok(());
+        }
+        self.await_lock(&label, step["expect"].as_str()).await
+    }
+
+    async fn await_lock(&mut self, of: &str, want: Option<&str>) -> Result<(), String> {
+        let (owner, task) = self.pending.remove(of).expect("a LOCK under way");
+        let (client, got) = tokio::time::timeout(GUARD, task)
+            .await
+            .map_err(|_| format!("LOCK {of} not answered within {GUARD:?}"))?
+            .expect("LOCK task");
+        self.clients.insert(owner, client);
+        match (got, want) {
+            (Ok(token), None) => {
+                self.tokens.insert(of.to_string(), token);
+                Ok(())
+            }
+            (Err(e), Some(want)) if code(&e) == want => Ok(()),
+            (Ok(token), Some(want)) => Err(format!("granted {token}; expected {want}")),
+            (Err(e), want) => Err(format!("{e}; expected {want:?}")),
+        }
+    }
+
+    async fn step(&mut self, step: &Value) -> Result<(), String> {
+        let want = step["expect"].as_str();
+        let name = step["name"].as_str().unwrap_or_default().to_string();
+        let op = step["op"].as_str().expect("op");
+        let outcome: Result<Value, ClientError> = match op {
+            "connect" => return self.connect(step).await,
+            "lock" => return self.lock(step).await,
+            "await" => {
+                let of = step["of"].as_str().expect("of").to_string();
+                return self.await_lock(&of, want).await;
+            }
+            "pending" => {
+                let pause = step["ms"].as_u64().unwrap_or(300);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let of = step["of"].as_str().expect("of");
+                return match self.pending[of].1.is_finished() {
+                    false => Ok(()),
+                    true => Err(format!("LOCK {of} was answered; it should still wait")),
+                };
+            }
+            "sleep" => {
+                let pause = step["ms"].as_u64().expect("ms");
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                return Ok(());
+            }
+            "freeze" => {
+                let pid = self.lockd.as_ref().expect("lockd").pid() as libc::pid_t;
+                // SAFETY: kill(2) on our own child's pid; no memory is involved.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                tokio::time::sleep(Duration::from_millis(step["ms"].as_u64().expect("ms"))).await;
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                return Ok(());
+            }
+            "restart" => {
+                let addr = self.addr();
+                drop(self.lockd.take().map(LockdProcess::kill));
+                self.lockd = Some(Lockd::new().listen(addr).args(&self.args).spawn());
+                return Ok(());
+            }
+            "unlock" => {
+                let token = self.token(&step["token"]);
+                self.client(step).unlock(&name, token).await.map(|()| Value::Null)
+            }
+            "renew" | "check" => {
+                let token = self.token(&step["token"]);
+                let ttl = step["ttl_ms"].as_u64().map(Duration::from_millis);
+                let c = self.client(step);
+                let left = match op {
+                    "renew" => c.renew(&name, token, ttl).await,
+                    _ => c.check(&name, token).await,
+                };
+                left.map(|d| Value::from(d.as_millis() as u64))
+            }
+            "status" => self.client(step).lock_status(&name).await.map(|s| match s {
+                StatusLine::Free(_) => serde_json::json!({"free": true}),
+                StatusLine::Held(h) => serde_json::json!({"id": h.id, "token": h.token,
+                    "waiters": h.waiters, "session": h.session, "mode": h.mode.to_string(),
+                    "holders": h.holders}),
+            }),
+            "status_all" => self.client(step).held_locks().await.map(|held| {
+                serde_json::json!({"names": held.iter().map(|h| h.name.clone()).collect::<Vec<_>>()})
+            }),
+            "detail" => self.client(step).detail(&name).await.map(|d| match d.status {
+                StatusLine::Free(_) => serde_json::json!({"free": true}),
+                StatusLine::Held(_) => serde_json::json!({
+                    "holders": d.holders.iter().map(|h| serde_json::json!(
+                        {"id": h.id, "token": h.token, "mode": h.mode.to_string()})).collect::<Vec<_>>(),
+                    "waiters": d.waiters.iter().map(|w| serde_json::json!(
+                        {"id": w.id, "position": w.position, "mode": w.mode.to_string()})).collect::<Vec<_>>(),
+                }),
+            }),
+            "watch" => {
+                let name = step["name"].as_str();
+                self.client(step).watch(name).await.map(|()| Value::Null)
+            }
+            "event" => match tokio::time::timeout(GUARD, self.client(step).next_event()).await {
+                Err(_) => return Err("no event within the guard".into()),
+                Ok(got) => got.map(|e| match e {
+                    Ok(e) => serde_json::json!({"kind": format!("{:?}", e.kind).to_lowercase(),
+                        "name": e.name, "id": e.id, "token": e.token}),
+                    Err(bad) => serde_json::json!({"bad": bad.0}),
+                }),
+            },
+            other => panic!("unknown op {other}"),
+        };
+        match (outcome, want) {
+            (Ok(got), None) => self.compare(op, &got, &step["result"]),
+            (Err(e), Some(want)) if code(&e) == want => Ok(()),
+            (Ok(got), Some(want)) => Err(format!("answered {got}; expected {want}")),
+            (Err(e), want) => Err(format!("{e}; expected {want:?}")),
+        }
+    }
+
+    /// The fields of `result` in `got` (tokens named in `result` compared as their values).
+    fn compare(&self, op: &str, got: &Value, result: &Value) -> Result<(), String> {
+        if matches!(op, "renew" | "check") && got.as_u64() == Some(0) {
+            return Err("no lease left".into());
+        }
+        let want = self.resolve(result);
+        let fits = match (&want, got) {
+            (Value::Null, _) => true,
+            (Value::Object(want), Value::Object(got)) => {
+                want.iter().all(|(k, v)| got.get(k) == Some(v))
+            }
+            _ => false,
+        };
+        fits.then_some(())
+            .ok_or_else(|| format!("answered {got}; expected {want}"))
+    }
+
+    fn resolve(&self, v: &Value) -> Value {
+        match v {
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| match (k.as_str(), v) {
+                        ("token", Value::String(t)) => {
+                            (k.clone(), Value::from(self.tokens[t.as_str()]))
+                        }
+                        _ => (k.clone(), self.resolve(v)),
+                    })
+                    .collect(),
+            ),
+            Value::Array(list) => Value::Array(list.iter().map(|v| self.resolve(v)).collect()),
+            other => other.clone(),
+        }
+    }
+}
+
+async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
+    let server = &scenario["server"];
+    let mut args = Vec::new();
+    let mut pki = None;
+    let dir = std::env::temp_dir().join(format!("lockd-conformance-{}", std::process::id()));
+    if server["tls"].as_bool() == Some(true) {
+        let p = Pki::new("conformance");
+        let (cert, key) = p.server();
+        for (flag, path) in [
+            ("--tls-cert", cert),
+            ("--tls-key", key),
+            ("--tls-client-ca", p.ca()),
+        ] {
+            args.extend([flag.to_string(), path.display().to_string()]);
+        }
+        pki = Some(p);
+    }
+    if server["auth"].as_bool() == Some(true) {
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = auth_file(doc, &dir);
+        args.extend(["--auth-file".to_string(), file.display().to_string()]);
+    }
+    let lockd = Lockd::new().args(&args).spawn();
+    let mut world = World {
+        doc,
+        lockd: Some(lockd),
+        args,
+        pki,
+        clients: HashMap::new(),
+        tokens: HashMap::new(),
+        pending: HashMap::new(),
+    };
+    for (i, step) in scenario["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .enumerate()
+    {
+        world
+            .step(step)
+            .await
+            .map_err(|e| format!("step {} {step}: {e}", i + 1))?;
+    }
+    for (_, (_, task)) in world.pending.drain() {
+        task.abort();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The auth file of the scenarios' users, each line made by `lockd --auth-hash`.
+fn auth_file(doc: &Value, dir: &std::path::Path) -> PathBuf {
+    use std::io::Write as _;
+    let mut text = String::new();
+    for (user, u) in doc["users"].as_object().expect("users") {
+        let spec = format!("{user} {}", u["rights"].as_str().expect("rights"));
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["--auth-hash", &spec])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("lockd --auth-hash");
+        let secret = u["secret"].as_str().expect("secret");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("{secret}\n").as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("lockd --auth-hash");
+        assert!(out.status.success(), "lockd --auth-hash {spec} failed");
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let file = dir.join("users");
+    std::fs::write(&file, text).expect("write the auth file");
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scenario_of_the_conformance_suite() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("contrib/clients/conformance/scenarios.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("scenarios.json"))
+        .expect("scenarios.json is JSON");
+    let only = std::env::var("LOCKD_CONFORMANCE").ok();
+    let mut failed = Vec::new();
+    let mut played = 0;
+    for scenario in doc["scenarios"].as_array().expect("scenarios") {
+        let name = scenario["name"].as_str().expect("name");
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|n| n == name))
+        {
+            continue;
+        }
+        let needs: Vec<&str> = scenario["needs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if let Some(lack) = needs.iter().find(|n| !HAS.contains(n)) {
+            eprintln!("conformance: skipped {name}: the library client has no {lack:?}");
+            continue;
+        }
+        played += 1;
+        match play(&doc, scenario).await {
+            Ok(()) => eprintln!("conformance: passed {name}"),
+            Err(e) => {
+                eprintln!("conformance: FAILED {name}: {e}");
+                failed.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    assert!(played > 0, "no scenario played");
+    assert!(
+        failed.is_empty(),
+        "failed scenarios:\n{}",
+        failed.join("\n")
+    );
+}
