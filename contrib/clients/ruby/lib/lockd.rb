@@ -73,7 +73,7 @@ module Lockd
   Event = Struct.new(:kind, :name, :id, :token, :unix_ms, keyword_init: true)
 
   def self.word(what, value)
-    if !value.is_a?(String) || value.empty? || value.bytesize > 255 || value.match?(/[\s\x00-\x1f\x7f]/)
+    if !value.is_a?(String) || value.empty? || value.bytesize > 255 || value.match?(/[\x00-\x20\x7f]/)
       raise ArgumentError, "#{what} must be 1 to 255 bytes without whitespace or control characters: #{value.inspect}"
     end
 
