@@ -431,10 +431,16 @@ module Lockd
       end
       return nil unless tls || ca || cert
 
+      # One context per kind of host: OpenSSL checks a name itself, an IP address is checked
+      # after the handshake (post_connection_check), as SNI can't carry one.
+      { name: ssl_context(ca, cert, key, true), ip: ssl_context(ca, cert, key, false) }
+    end
+
+    def ssl_context(ca, cert, key, verify_hostname)
       ctx = OpenSSL::SSL::SSLContext.new
       ctx.min_version = OpenSSL::SSL::TLS1_2_VERSION
       ctx.verify_mode = OpenSSL::SSL::VERIFY_PEER
-      ctx.verify_hostname = true
+      ctx.verify_hostname = verify_hostname
       store = OpenSSL::X509::Store.new
       ca ? store.add_file(ca) : store.set_default_paths
       ctx.cert_store = store
@@ -494,8 +500,9 @@ module Lockd
     end
 
     def secure(sock, host, text)
-      ssl = OpenSSL::SSL::SSLSocket.new(sock, @tls)
-      ssl.hostname = host unless host.match?(/\A[\d.]+\z|:/)
+      ip = host.match?(/\A[\d.]+\z|:/)
+      ssl = OpenSSL::SSL::SSLSocket.new(sock, @tls[ip ? :ip : :name])
+      ssl.hostname = host unless ip
       ssl.sync_close = true
       ssl.connect_nonblock(exception: false).then do |r|
         until r == ssl
@@ -504,7 +511,7 @@ module Lockd
           r = ssl.connect_nonblock(exception: false)
         end
       end
-      ssl.post_connection_check(host) if @tls.verify_hostname && !ssl.hostname
+      ssl.post_connection_check(host) if ip
       ssl
     rescue OpenSSL::SSL::SSLError => e
       sock.close

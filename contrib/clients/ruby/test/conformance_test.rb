@@ -72,6 +72,8 @@ module Conformance
   end
 
   class World
+    attr_reader :addr
+
     def initialize(scenario, tmp)
       @tmp = tmp
       @args = []
