@@ -411,3 +411,26 @@ async fn every_scenario_of_the_conformance_suite() {
         failed.join("\n")
     );
 }
+
+/// The examples contrib/clients/README.md shows are the ones the clients' own tests run: the
+/// lines between `README begin` and `README end` of each example file are in it as they are.
+#[test]
+fn the_readme_shows_the_tested_examples() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients");
+    let readme = std::fs::read_to_string(dir.join("README.md")).expect("contrib/clients/README.md");
+    for file in ["go/example_test.go", "node/example.mjs", "ruby/example.rb"] {
+        let text = std::fs::read_to_string(dir.join(file)).expect("example file");
+        let block: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.contains("README begin"))
+            .skip(1)
+            .take_while(|l| !l.contains("README end"))
+            .collect();
+        assert!(!block.is_empty(), "{file} has no README begin/end lines");
+        let block = block.join("\n");
+        assert!(
+            readme.contains(&block),
+            "{file}'s example is not in the README as it is:\n{block}"
+        );
+    }
+}
