@@ -3,15 +3,21 @@
 //! `lockd` binary, one per scenario. The same file is played by the Go, Node, Ruby, Python and
 //! bash runners, so every client is held to the same behaviour.
 //!
-//! The library has no held-lock helper (lockctl's keeper lives in the binary), so the
-//! scenarios that need one (`hold`) are skipped here, with a line saying so.
+//! The library has no held-lock helper: the Rust one is `lockctl run`'s keeper, in the
+//! binary. So a `hold` is `lockctl run` as a child process, whose job records the token and,
+//! when lockctl stops it (SIGTERM: the lease is lost), the time.
 //! `LOCKD_CONFORMANCE=<name>,...` plays only those scenarios.
 
 mod common;
 
 use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::pki::Pki;
 use common::{Lockd, LockdProcess};
@@ -22,12 +28,74 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 
 /// What this runner's client can do beyond requests and replies (the scenarios' `needs`).
-const HAS: &[&str] = &["watch", "tls"];
+const HAS: &[&str] = &["watch", "tls", "hold"];
 /// Longest wait for anything a step waits for: only a guard against a hang.
 const GUARD: Duration = Duration::from_secs(10);
 
-/// A LOCK sent in the background: the client it went on, and its answer to come.
-type Pending = (String, JoinHandle<(Client, Result<Token, ClientError>)>);
+/// A LOCK sent in the background: the client it went on, and its answer to come (with the
+/// wall clock's milliseconds when it came, to compare with a `lockctl run` job's).
+type Pending = (
+    String,
+    JoinHandle<(Client, Result<Token, ClientError>, u128)>,
+);
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// `lockctl run` holding a lock for a `hold` step: its job's files start with `files`.
+struct Held {
+    child: Child,
+    files: PathBuf,
+    ttl_ms: u128,
+}
+
+/// A TCP forwarder to lockd that, once cut, passes nothing and closes nothing.
+struct Proxy {
+    addr: String,
+    cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(target: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address").to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&cut);
+        std::thread::spawn(move || {
+            for inner in listener.incoming().flatten() {
+                let Ok(outer) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (inner.try_clone(), outer.try_clone()),
+                    (outer.try_clone(), inner.try_clone()),
+                ]
+                .into_iter()
+                .filter_map(|(a, b)| a.ok().zip(b.ok()))
+                {
+                    let flag = Arc::clone(&flag);
+                    std::thread::spawn(move || {
+                        let mut buf = [0; 4096];
+                        while let Ok(n @ 1..) = from.read(&mut buf) {
+                            if flag.load(Ordering::SeqCst) {
+                                // Cut: the bytes go nowhere, the sockets stay open.
+                                std::thread::sleep(Duration::from_secs(3600));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Proxy { addr, cut }
+    }
+}
 
 /// One scenario's world: its lockd, its clients and their background LOCKs.
 struct World<'a> {
@@ -38,6 +106,11 @@ struct World<'a> {
     clients: HashMap<String, Client>,
     tokens: HashMap<String, Token>,
     pending: HashMap<String, Pending>,
+    granted_at: HashMap<String, u128>,
+    holds: HashMap<String, Held>,
+    proxy: Option<Proxy>,
+    froze_at: u128,
+    tmp: PathBuf,
 }
 
 fn code(e: &ClientError) -> String {
@@ -133,7 +206,7 @@ impl World<'_> {
         let owner = id.clone();
         let task = tokio::spawn(async move {
             let got = client.lock_mode(&name, &id, ttl, wait, tie, mode).await;
-            (client, got)
+            (client, got, unix_ms())
         });
         let label = step["as"].as_str().unwrap_or("_").to_string();
         self.pending.insert(label.clone(), (owner, task));
@@ -145,7 +218,7 @@ impl World<'_> {
 
     async fn await_lock(&mut self, of: &str, want: Option<&str>) -> Result<(), String> {
         let (owner, task) = self.pending.remove(of).expect("a LOCK under way");
-        let (client, got) = tokio::time::timeout(GUARD, task)
+        let (client, got, at) = tokio::time::timeout(GUARD, task)
             .await
             .map_err(|_| format!("LOCK {of} not answered within {GUARD:?}"))?
             .expect("LOCK task");
@@ -153,12 +226,120 @@ impl World<'_> {
         match (got, want) {
             (Ok(token), None) => {
                 self.tokens.insert(of.to_string(), token);
+                self.granted_at.insert(of.to_string(), at);
                 Ok(())
             }
             (Err(e), Some(want)) if code(&e) == want => Ok(()),
             (Ok(token), Some(want)) => Err(format!("granted {token}; expected {want}")),
             (Err(e), want) => Err(format!("{e}; expected {want:?}")),
         }
+    }
+
+    /// `lockctl run` on the lock, its job a shell that writes the token, then waits for the
+    /// end (a file) or lockctl's SIGTERM (the lease is lost), whose time it writes.
+    async fn hold(&mut self, step: &Value) -> Result<(), String> {
+        let label = step["as"].as_str().expect("as").to_string();
+        let ttl_ms = u128::from(step["ttl_ms"].as_u64().expect("ttl_ms"));
+        let addr = match step["via"].as_str() {
+            Some("proxy") => {
+                let live = self.addr();
+                self.proxy
+                    .get_or_insert_with(|| Proxy::start(live))
+                    .addr
+                    .clone()
+            }
+            _ => self.addr(),
+        };
+        let files = self.tmp.join(format!("hold-{label}"));
+        let job = r#"trap 'date +%s%3N >"$0.lost"; exit 143' TERM
+            echo "$LOCKD_TOKEN" >"$0.token"
+            while [ ! -e "$0.end" ]; do sleep 0.02; done"#;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockctl"));
+        cmd.args([
+            "run",
+            "--server",
+            &addr,
+            "--id",
+            step["client"].as_str().expect("client"),
+        ])
+        .args(["--ttl", &format!("{ttl_ms}ms"), "--kill-grace", "100ms"])
+        .args([step["name"].as_str().expect("name"), "--", "sh", "-c", job])
+        .arg(&files)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        for (key, _) in std::env::vars() {
+            if key.starts_with("LOCKD_") {
+                cmd.env_remove(key);
+            }
+        }
+        let child = cmd.spawn().map_err(|e| format!("lockctl run: {e}"))?;
+        let token_file = files.with_extension("token");
+        self.holds.insert(
+            label.clone(),
+            Held {
+                child,
+                files: files.clone(),
+                ttl_ms,
+            },
+        );
+        let token = eventually(|| {
+            std::fs::read_to_string(&token_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<Token>().ok())
+        })
+        .await
+        .ok_or("lockctl run did not get the lock")?;
+        self.tokens.insert(label, token);
+        Ok(())
+    }
+
+    /// `end`: the job ends and lockctl exits 0; `lost`: lockctl stops the job (in time) and
+    /// exits 4.
+    async fn held_end(&mut self, op: &str, step: &Value) -> Result<(), String> {
+        let of = step["of"].as_str().expect("of");
+        let held = self.holds.get_mut(of).expect("a hold");
+        if op == "end" {
+            std::fs::write(held.files.with_extension("end"), "").expect("write the end file");
+        }
+        let status = eventually(|| held.child.try_wait().ok().flatten())
+            .await
+            .ok_or("lockctl run did not exit")?;
+        if op == "end" {
+            return match status.code() {
+                Some(0) => Ok(()),
+                other => Err(format!("lockctl run exited {other:?}")),
+            };
+        }
+        if status.code() != Some(4) {
+            return Err(format!(
+                "lockctl run exited {:?}, not 4 (lease lost)",
+                status.code()
+            ));
+        }
+        let lost_at: u128 = std::fs::read_to_string(held.files.with_extension("lost"))
+            .map_err(|_| "the job was never told the lease was lost")?
+            .trim()
+            .parse()
+            .expect("a time");
+        if let Some(before) = step["before"].as_str() {
+            let granted = self.granted_at[before];
+            if lost_at >= granted {
+                return Err(format!(
+                    "the job was stopped {}ms after {before} was granted",
+                    lost_at - granted
+                ));
+            }
+        }
+        if step["within_ttl_of_freeze"].as_bool() == Some(true)
+            && lost_at > self.froze_at + held.ttl_ms
+        {
+            return Err(format!(
+                "the job was stopped {}ms after the freeze",
+                lost_at - self.froze_at
+            ));
+        }
+        Ok(())
     }
 
     async fn step(&mut self, step: &Value) -> Result<(), String> {
@@ -186,7 +367,15 @@ impl World<'_> {
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 return Ok(());
             }
+            "hold" => return self.hold(step).await,
+            "end" | "lost" => return self.held_end(op, step).await,
+            "cut" => {
+                let proxy = self.proxy.as_ref().expect("a hold through the proxy");
+                proxy.cut.store(true, Ordering::SeqCst);
+                return Ok(());
+            }
             "freeze" => {
+                self.froze_at = unix_ms();
                 let pid = self.lockd.as_ref().expect("lockd").pid() as libc::pid_t;
                 // SAFETY: kill(2) on our own child's pid; no memory is involved.
                 unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -294,7 +483,12 @@ async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
     let server = &scenario["server"];
     let mut args = Vec::new();
     let mut pki = None;
-    let dir = std::env::temp_dir().join(format!("lockd-conformance-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "lockd-conformance-{}-{}",
+        std::process::id(),
+        scenario["name"].as_str().unwrap_or("scenario")
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
     if server["tls"].as_bool() == Some(true) {
         let p = Pki::new("conformance");
         let (cert, key) = p.server();
@@ -308,7 +502,6 @@ async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
         pki = Some(p);
     }
     if server["auth"].as_bool() == Some(true) {
-        std::fs::create_dir_all(&dir).expect("temp dir");
         let file = auth_file(doc, &dir);
         args.extend(["--auth-file".to_string(), file.display().to_string()]);
     }
@@ -321,6 +514,11 @@ async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
         clients: HashMap::new(),
         tokens: HashMap::new(),
         pending: HashMap::new(),
+        granted_at: HashMap::new(),
+        holds: HashMap::new(),
+        proxy: None,
+        froze_at: 0,
+        tmp: dir.clone(),
     };
     for (i, step) in scenario["steps"]
         .as_array()
@@ -338,6 +536,20 @@ async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// Polls `probe` every 20ms until it gives something, for at most the guard.
+async fn eventually<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        if let Some(found) = probe() {
+            return Some(found);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The auth file of the scenarios' users, each line made by `lockd --auth-hash`.
