@@ -17,6 +17,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -67,6 +68,8 @@ type world struct {
 	frozeAt time.Time
 	proxy   net.Listener
 	cut     chan struct{} // closed by the cut step
+	mu      sync.Mutex
+	through []net.Conn // every connection through the proxy, both sides
 }
 
 // startProxy forwards 127.0.0.1:<port> to lockd until the cut, after which it passes nothing
@@ -85,6 +88,9 @@ func (w *world) startProxy() string {
 					in.Close()
 					continue
 				}
+				w.mu.Lock()
+				w.through = append(w.through, in, out)
+				w.mu.Unlock()
 				pump := func(dst, src net.Conn) {
 					buf := make([]byte, 4096)
 					for {
@@ -176,7 +182,9 @@ func (w *world) options(name string, step map[string]any) lockd.Options {
 	if addrs, ok := step["addrs"].([]any); ok {
 		o.Addrs = nil
 		for _, a := range addrs {
-			if a == "dead" {
+			if a == "proxy" {
+				o.Addrs = append(o.Addrs, w.startProxy())
+			} else if a == "dead" {
 				l, _ := net.Listen("tcp", "127.0.0.1:0")
 				o.Addrs = append(o.Addrs, l.Addr().String())
 				l.Close()
@@ -419,6 +427,14 @@ func (w *world) step(step map[string]any) error {
 		return w.cmd.Process.Signal(syscall.SIGCONT)
 	case "cut":
 		close(w.cut)
+		return nil
+	case "drop":
+		w.mu.Lock()
+		for _, c := range w.through {
+			c.Close()
+		}
+		w.through = nil
+		w.mu.Unlock()
 		return nil
 	case "restart":
 		w.stop()

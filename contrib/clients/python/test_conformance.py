@@ -22,7 +22,7 @@ import lockd_client as lc
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..", "..")
 SCENARIOS = json.load(open(os.path.join(HERE, "..", "conformance", "scenarios.json")))
-HAS = {"hold", "tls"}
+HAS = {"hold", "tls", "resend"}
 GUARD = 10.0
 
 #: Scenarios this client is known to fail, each with why (unittest's expectedFailure: if it
@@ -52,6 +52,7 @@ class Proxy:
 
     def __init__(self, target):
         self.cut = threading.Event()
+        self.through = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
         self.target = target
@@ -64,8 +65,19 @@ class Proxy:
                 outer = socket.create_connection(self.target)
             except OSError:
                 return
+            self.through += [inner, outer]
             for a, b in ((inner, outer), (outer, inner)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def drop(self):
+        """Closes every connection through it, both sides."""
+        for sock in self.through:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            except OSError:
+                pass
+        self.through = []
 
     def _pump(self, src, dst):
         while True:
@@ -121,21 +133,26 @@ class World:
         for client in self.clients.values():
             client.close()
 
+    def _proxy(self):
+        if self.proxy is None:
+            self.proxy = Proxy(lc._split_addr(self.addr))
+        return self.proxy
+
     def options(self, name, step):
         addrs = [self.addr]
         if "addrs" in step:
             addrs = []
             for a in step["addrs"]:
-                if a == "dead":
+                if a == "proxy":
+                    addrs.append(self._proxy().addr)
+                elif a == "dead":
                     s = socket.create_server(("127.0.0.1", 0))
                     addrs.append("127.0.0.1:%d" % s.getsockname()[1])
                     s.close()
                 else:
                     addrs.append(self.addr)
         if step.get("via") == "proxy":
-            if self.proxy is None:
-                self.proxy = Proxy(lc._split_addr(self.addr))
-            addrs = [self.proxy.addr]
+            addrs = [self._proxy().addr]
         o = {"server": ",".join(addrs), "id": name, "timeout": 5.0, "tls": False}
         if self.pki:
             o.update(tls=True, ca=self.pki + "/ca.pem", cert=self.pki + "/client.pem",
@@ -284,6 +301,8 @@ class World:
             self.proc.send_signal(signal.SIGCONT)
         elif op == "cut":
             self.proxy.cut.set()
+        elif op == "drop":
+            self.proxy.drop()
         elif op == "restart":
             self.proc.kill()
             self.proc.wait()

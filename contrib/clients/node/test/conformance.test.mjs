@@ -93,7 +93,8 @@ class World {
     if (step.addrs) {
       addrs = [];
       for (const a of step.addrs) {
-        if (a !== "dead") addrs.push(this.addr);
+        if (a === "proxy") addrs.push(await this.startProxy());
+        else if (a !== "dead") addrs.push(this.addr);
         else {
           const s = net.createServer();
           await new Promise((r) => s.listen(0, "127.0.0.1", r));
@@ -236,6 +237,9 @@ class World {
         return;
       case "cut":
         this.cut = true;
+        return;
+      case "drop":
+        for (const sock of this.sockets.splice(0)) sock.destroy();
         return;
       case "restart":
         this.proc.kill("SIGKILL");

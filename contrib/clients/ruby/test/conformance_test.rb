@@ -44,10 +44,13 @@ module Conformance
       @server = TCPServer.new("127.0.0.1", 0)
       @addr = "127.0.0.1:#{@server.addr[1]}"
       @cut = false
+      @mutex = Mutex.new
+      @through = []
       @thread = Thread.new do
         loop do
           inner = @server.accept
           outer = TCPSocket.new(host, port)
+          @mutex.synchronize { @through.push(inner, outer) }
           [[inner, outer], [outer, inner]].each { |a, b| Thread.new { pump(a, b) } }
         end
       rescue IOError, SystemCallError
@@ -64,6 +67,11 @@ module Conformance
       end
     rescue IOError, SystemCallError
       dst.close unless @cut
+    end
+
+    # Closes every connection through it, both sides.
+    def drop
+      @mutex.synchronize { @through.each(&:close).clear }
     end
 
     def close
@@ -126,17 +134,19 @@ module Conformance
       Process.wait(@pid)
     end
 
+    def proxy
+      @proxy ||= Proxy.new(*@addr.split(":").then { |h, p| [h, p.to_i] })
+    end
+
     def options(name, step)
       addrs = (step["addrs"] || ["lockd"]).map do |a|
+        next proxy.addr if a == "proxy"
         next @addr unless a == "dead"
 
         s = TCPServer.new("127.0.0.1", 0)
         "127.0.0.1:#{s.addr[1]}".tap { s.close }
       end
-      if step["via"] == "proxy"
-        @proxy ||= Proxy.new(*@addr.split(":").then { |h, p| [h, p.to_i] })
-        addrs = [@proxy.addr]
-      end
+      addrs = [proxy.addr] if step["via"] == "proxy"
       o = { addrs: addrs, id: name, timeout: 5.0, tls: false }
       o.merge!(tls: true, ca: "#{@pki}/ca.pem", cert: "#{@pki}/client.pem", key: "#{@pki}/client.key") if @pki
       if (user = step["user"])
@@ -286,6 +296,7 @@ module Conformance
         sleep(s["ms"] / 1000.0)
         Process.kill("CONT", @pid)
       when "cut" then @proxy.cut = true
+      when "drop" then @proxy.drop
       when "restart"
         Process.kill("KILL", @pid)
         Process.wait(@pid)
