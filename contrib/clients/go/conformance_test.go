@@ -70,6 +70,34 @@ type world struct {
 	cut     chan struct{} // closed by the cut step
 	mu      sync.Mutex
 	through []net.Conn // every connection through the proxy, both sides
+	fakes   []net.Listener
+}
+
+// startUnavailable is a fake front-end cut off from etcd: OK PONG to PING, ERR UNAVAILABLE
+// to everything else.
+func (w *world) startUnavailable() string {
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	w.fakes = append(w.fakes, l)
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				lines := bufio.NewScanner(conn)
+				for lines.Scan() {
+					reply := "ERR UNAVAILABLE etcd has no leader; try again\n"
+					if strings.EqualFold(strings.TrimSpace(lines.Text()), "PING") {
+						reply = "OK PONG\n"
+					}
+					conn.Write([]byte(reply))
+				}
+			}()
+		}
+	}()
+	return l.Addr().String()
 }
 
 // startProxy forwards 127.0.0.1:<port> to lockd until the cut, after which it passes nothing
@@ -184,6 +212,8 @@ func (w *world) options(name string, step map[string]any) lockd.Options {
 		for _, a := range addrs {
 			if a == "proxy" {
 				o.Addrs = append(o.Addrs, w.startProxy())
+			} else if a == "unavailable" {
+				o.Addrs = append(o.Addrs, w.startUnavailable())
 			} else if a == "dead" {
 				l, _ := net.Listen("tcp", "127.0.0.1:0")
 				o.Addrs = append(o.Addrs, l.Addr().String())
@@ -518,6 +548,9 @@ func TestConformance(t *testing.T) {
 			defer func() {
 				if w.proxy != nil {
 					w.proxy.Close()
+				}
+				for _, l := range w.fakes {
+					l.Close()
 				}
 			}()
 			for i, step := range sc.Steps {

@@ -103,6 +103,12 @@ func (c *Client) Lock(ctx context.Context, name string, options ...LockOption) (
 		if !retryable(err) || ctx.Err() != nil || outOfTime || (len(c.addrs) < 2 && !o.hasWait) || tries > 4*len(c.addrs) {
 			return 0, err
 		}
+		if !errors.Is(err, ErrConnection) {
+			// This front-end can't serve it now (UNAVAILABLE, SHUTDOWN): the next one may.
+			c.mu.Lock()
+			c.drop(true)
+			c.mu.Unlock()
+		}
 		select { // a pause, then the same LOCK through the next front-end
 		case <-time.After(50 * time.Millisecond * time.Duration(tries)):
 		case <-ctx.Done():

@@ -309,6 +309,8 @@ export class Client {
       } catch (e) {
         const outOfTime = until !== null && performance.now() >= until;
         if (!retryable(e) || signal?.aborted || outOfTime || (this.addrs.length < 2 && until === null) || tries > 4 * this.addrs.length) throw e;
+        // This front-end can't serve it now (UNAVAILABLE, SHUTDOWN): the next one may.
+        if (e instanceof LockdError) this.drop(true);
         await sleep(50 * tries, signal);
       }
     }

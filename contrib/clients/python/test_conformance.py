@@ -36,6 +36,10 @@ KNOWN = {
         "Lease's renewal that times out is tried once more on a new connection (another reply "
         "timeout) before the loss is declared, so a silent lockd keeps it waiting past the "
         "lease's end",
+    "lock_resent_after_err_unavailable":
+        "Client.lock sends the LOCK again through the next address only when the connection "
+        "is lost; an ERR UNAVAILABLE is raised as a ServerError (this client has no class for "
+        "the code)",
 }
 
 
@@ -93,6 +97,24 @@ class Proxy:
             dst.sendall(data)
 
 
+def unavailable():
+    """A fake front-end cut off from etcd: OK PONG to PING, ERR UNAVAILABLE to everything
+    else. Its port; it ends with the run."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve(conn):
+        with conn, conn.makefile("rb") as lines:
+            for line in lines:
+                conn.sendall(b"OK PONG\n" if line.strip().upper() == b"PING"
+                             else b"ERR UNAVAILABLE etcd has no leader; try again\n")
+
+    def accept():
+        while True:
+            threading.Thread(target=serve, args=(server.accept()[0],), daemon=True).start()
+    threading.Thread(target=accept, daemon=True).start()
+    return "127.0.0.1:%d" % server.getsockname()[1]
+
+
 class World:
     def __init__(self, scenario, tmp):
         self.tmp, self.args, self.pki = tmp, [], None
@@ -145,6 +167,8 @@ class World:
             for a in step["addrs"]:
                 if a == "proxy":
                     addrs.append(self._proxy().addr)
+                elif a == "unavailable":
+                    addrs.append(unavailable())
                 elif a == "dead":
                     s = socket.create_server(("127.0.0.1", 0))
                     addrs.append("127.0.0.1:%d" % s.getsockname()[1])

@@ -29,7 +29,7 @@ function lockdBin() {
 
 class World {
   constructor(scenario, tmp) {
-    Object.assign(this, { tmp, args: [], pki: null, clients: {}, tokens: {}, pending: {}, holds: {}, watches: {}, proxy: null, cut: false, sockets: [] });
+    Object.assign(this, { tmp, args: [], pki: null, clients: {}, tokens: {}, pending: {}, holds: {}, watches: {}, proxy: null, cut: false, sockets: [], fakes: [] });
     const server = scenario.server ?? {};
     if (server.tls) {
       this.pki = tmp;
@@ -68,8 +68,30 @@ class World {
     for (const w of Object.values(this.watches)) w.close();
     for (const s of this.sockets) s.destroy();
     this.proxy?.close();
+    for (const f of this.fakes) f.close();
     this.proc.kill("SIGCONT");
     this.proc.kill("SIGKILL");
+  }
+
+  // A fake front-end cut off from etcd: OK PONG to PING, ERR UNAVAILABLE to everything else.
+  async startUnavailable() {
+    const fake = net.createServer((sock) => {
+      this.sockets.push(sock);
+      let buf = "";
+      sock.on("data", (d) => {
+        buf += d;
+        let i;
+        while ((i = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, i).trim();
+          buf = buf.slice(i + 1);
+          sock.write(line.toUpperCase() === "PING" ? "OK PONG\n" : "ERR UNAVAILABLE etcd has no leader; try again\n");
+        }
+      });
+      sock.on("error", () => {});
+    });
+    this.fakes.push(fake);
+    await new Promise((r) => fake.listen(0, "127.0.0.1", r));
+    return `127.0.0.1:${fake.address().port}`;
   }
 
   async startProxy() {
@@ -94,6 +116,7 @@ class World {
       addrs = [];
       for (const a of step.addrs) {
         if (a === "proxy") addrs.push(await this.startProxy());
+        else if (a === "unavailable") addrs.push(await this.startUnavailable());
         else if (a !== "dead") addrs.push(this.addr);
         else {
           const s = net.createServer();

@@ -172,6 +172,9 @@ module Lockd
         out_of_time = deadline && Lockd.now >= deadline
         raise if !Lockd.retryable?(e) || out_of_time || (@addrs.size < 2 && !deadline) || tries > 4 * @addrs.size
 
+        # This front-end can't serve it now (UNAVAILABLE, SHUTDOWN): the next one may.
+        @monitor.synchronize { drop(true) } if e.is_a?(ServerError)
+
         sleep(0.05 * tries)
         retry
       end

@@ -129,9 +129,31 @@ module Conformance
       @clients.each_value(&:close)
       @watches.each_value(&:close)
       @proxy&.close
+      @fakes&.each(&:close)
       Process.kill("CONT", @pid)
       Process.kill("KILL", @pid)
       Process.wait(@pid)
+    end
+
+    # A fake front-end cut off from etcd: OK PONG to PING, ERR UNAVAILABLE to everything else.
+    def unavailable
+      fake = TCPServer.new("127.0.0.1", 0)
+      (@fakes ||= []) << fake
+      Thread.new do
+        loop do
+          conn = fake.accept
+          Thread.new do
+            conn.each_line do |line|
+              conn.write(line.strip.casecmp?("PING") ? "OK PONG\n" : "ERR UNAVAILABLE etcd has no leader; try again\n")
+            end
+          rescue IOError, SystemCallError
+            nil
+          end
+        end
+      rescue IOError, SystemCallError
+        nil
+      end
+      "127.0.0.1:#{fake.addr[1]}"
     end
 
     def proxy
@@ -141,6 +163,7 @@ module Conformance
     def options(name, step)
       addrs = (step["addrs"] || ["lockd"]).map do |a|
         next proxy.addr if a == "proxy"
+        next unavailable if a == "unavailable"
         next @addr unless a == "dead"
 
         s = TCPServer.new("127.0.0.1", 0)
