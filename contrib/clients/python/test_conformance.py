@@ -29,13 +29,12 @@ GUARD = 10.0
 #: passes one day, the run says so, and the entry goes).
 KNOWN = {
     "lost_lease_signalled_before_the_next_grant":
-        "Lease declares the loss only once a renewal has failed (its reply timed out, 1.5s at "
-        "ttl=1.5s) and the time since the last reply is past the ttl: after lockd has ended the "
-        "lease and granted the next waiter",
+        "Lease waits for a renewal's reply up to a reply timeout (1.5s at ttl=1.5s), then "
+        "tries once more on a new connection (as long again), and only then compares the time "
+        "since the last reply with the lease: the loss comes after lockd has ended the lease "
+        "and granted the next waiter",
     "lost_lease_while_the_server_is_frozen":
-        "Lease's renewal that times out is tried once more on a new connection (another reply "
-        "timeout) before the loss is declared, so a silent lockd keeps it waiting past the "
-        "lease's end",
+        "the same: a silent lockd keeps Lease waiting past the lease's end",
     "lock_resent_after_err_unavailable":
         "Client.lock sends the LOCK again through the next address only when the connection "
         "is lost; an ERR UNAVAILABLE is raised as a ServerError (this client has no class for "
