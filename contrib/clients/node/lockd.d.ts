@@ -1,0 +1,145 @@
+// Types of lockd.js (hand-written: no TypeScript compiler is needed to use the client).
+// Durations are milliseconds; tokens are numbers (proto.md: they fit in 53 bits).
+
+export const DEFAULT_ADDR: string;
+export const DEFAULT_TTL: number;
+export const DEFAULT_GRACE: number;
+
+/** The ERR codes of proto.md. */
+export type ErrorCode =
+  | "SYNTAX" | "UNKNOWN" | "BADARG" | "ENCODING" | "TOOLONG" | "TIMEOUT" | "NOTHELD" | "CONFLICT"
+  | "REPLACED" | "LIMIT" | "LAGGED" | "SHUTDOWN" | "NOAUTH" | "DENIED" | "UNAVAILABLE" | "TLS";
+
+/** An ERR reply. */
+export class LockdError extends Error {
+  readonly code: ErrorCode | string;
+  /** The text after the code, for people. */
+  readonly detail: string;
+}
+
+/** No connection to lockd, or no reply from it; `final` when trying again would fail alike. */
+export class ConnectionError extends Error {
+  readonly final: boolean;
+}
+
+/** The lease ended while withLock's function ran. */
+export class LeaseLost extends Error {
+  readonly lock: string;
+  readonly token: number;
+  readonly reason: string;
+}
+
+export interface ClientOptions {
+  /** "host:port", several comma-separated, or a list: one lockd or the front-ends of a cluster. Default $LOCKD_ADDR, then 127.0.0.1:5001. */
+  addrs?: string | string[];
+  /** The id LOCK sends (default `<hostname>:<pid>`). */
+  id?: string;
+  /** Bound of each connection attempt and each reply that should come at once (default 10000). */
+  timeout?: number;
+  /** TLS: `true` for the system's CAs; or a CA file, and a client certificate and key (mutual TLS). Default $LOCKD_TLS_CA, $LOCKD_CLIENT_CERT, $LOCKD_CLIENT_KEY; `false` ignores them. */
+  tls?: boolean;
+  ca?: string;
+  cert?: string;
+  key?: string;
+  /** AUTH on every connection, with `secret` or the first line of `secretFile`. Default $LOCKD_USER with $LOCKD_SECRET or $LOCKD_SECRET_FILE. */
+  user?: string;
+  secret?: string;
+  secretFile?: string;
+}
+
+export interface Signalled {
+  signal?: AbortSignal;
+}
+
+export interface LockOptions extends Signalled {
+  ttl?: number;
+  /** How long to wait in the queue (0: try once); without it, as long as it takes. */
+  wait?: number;
+  /** A session lease; `grace` (ms) or a number here: how long it outlives its connection. */
+  session?: boolean | number;
+  grace?: number;
+  /** Only the wait is tied to the connection (the default). */
+  detach?: boolean;
+  /** Neither session nor detach. */
+  plain?: boolean;
+  shared?: boolean;
+  limit?: number;
+}
+
+export interface Status {
+  name: string;
+  free: boolean;
+  id?: string;
+  token?: number;
+  ttlMs?: number;
+  session?: boolean;
+  waiters?: number;
+  holders?: number;
+  /** "exclusive", "shared" or "limit:<n>". */
+  mode?: string;
+}
+
+export interface Holder {
+  name: string;
+  id: string;
+  token: number;
+  heldMs: number;
+  ttlMs: number;
+  session: boolean;
+  mode: string;
+  user?: string;
+}
+
+export interface Waiter {
+  name: string;
+  position: number;
+  id: string;
+  waitedMs: number;
+  session: boolean;
+  mode: string;
+}
+
+export interface Detail {
+  status: Status;
+  holders: Holder[];
+  waiters: Waiter[];
+}
+
+export interface LockEvent {
+  kind: "acquired" | "released" | "expired" | "dropped";
+  name: string;
+  id: string;
+  token: number;
+  unixMs: number;
+}
+
+export class Watch implements AsyncIterable<LockEvent> {
+  next(options?: Signalled): Promise<LockEvent>;
+  close(): void;
+  [Symbol.asyncIterator](): AsyncIterator<LockEvent>;
+}
+
+export interface WithLockOptions extends Signalled {
+  ttl?: number;
+  grace?: number;
+  wait?: number;
+  shared?: boolean;
+  limit?: number;
+}
+
+export class Client {
+  constructor(options?: ClientOptions);
+  readonly id: string;
+  clone(): Client;
+  close(): void;
+  connect(options?: Signalled): Promise<void>;
+  lock(name: string, options?: LockOptions): Promise<number>;
+  unlock(name: string, token: number, options?: Signalled): Promise<void>;
+  renew(name: string, token: number, options?: Signalled & { ttl?: number }): Promise<number>;
+  check(name: string, token: number, options?: Signalled): Promise<number>;
+  status(name: string, options?: Signalled): Promise<Status>;
+  statusAll(options?: Signalled): Promise<Status[]>;
+  detail(name: string, options?: Signalled): Promise<Detail>;
+  watch(name?: string, options?: Signalled): Promise<Watch>;
+  withLock<T>(name: string, fn: (token: number, signal: AbortSignal) => Promise<T> | T, options?: WithLockOptions): Promise<T>;
+}

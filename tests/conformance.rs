@@ -1,0 +1,656 @@
+//! The clients' conformance scenarios (contrib/clients/conformance/scenarios.json; its README
+//! says the format) played by the library's own client (`lockd::client`) against the real
+//! `lockd` binary, one per scenario. The same file is played by the Go, Node, Ruby, Python and
+//! bash runners, so every client is held to the same behaviour.
+//!
+//! The library has no held-lock helper: the Rust one is `lockctl run`'s keeper, in the
+//! binary. So a `hold` is `lockctl run` as a child process, whose job records the token and,
+//! when lockctl stops it (SIGTERM: the lease is lost), the time.
+//! `LOCKD_CONFORMANCE=<name>,...` plays only those scenarios.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::pki::Pki;
+use common::{Lockd, LockdProcess};
+use lockd::client::{Addrs, Client, ClientError, ConnectError, Connector, Credentials, Tls};
+use lockd::locks::{Mode, Token};
+use lockd::proto::{Secret, StatusLine, Tie};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+/// What this runner's client can do beyond requests and replies (the scenarios' `needs`).
+const HAS: &[&str] = &["watch", "tls", "hold"];
+/// Longest wait for anything a step waits for: only a guard against a hang.
+const GUARD: Duration = Duration::from_secs(10);
+
+/// A LOCK sent in the background: the client it went on, and its answer to come (with the
+/// wall clock's milliseconds when it came, to compare with a `lockctl run` job's).
+type Pending = (
+    String,
+    JoinHandle<(Client, Result<Token, ClientError>, u128)>,
+);
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// `lockctl run` holding a lock for a `hold` step: its job's files start with `files`.
+struct Held {
+    child: Child,
+    files: PathBuf,
+    ttl_ms: u128,
+}
+
+/// A TCP forwarder to lockd that, once cut, passes nothing and closes nothing.
+struct Proxy {
+    addr: String,
+    cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(target: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address").to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&cut);
+        std::thread::spawn(move || {
+            for inner in listener.incoming().flatten() {
+                let Ok(outer) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (inner.try_clone(), outer.try_clone()),
+                    (outer.try_clone(), inner.try_clone()),
+                ]
+                .into_iter()
+                .filter_map(|(a, b)| a.ok().zip(b.ok()))
+                {
+                    let flag = Arc::clone(&flag);
+                    std::thread::spawn(move || {
+                        let mut buf = [0; 4096];
+                        while let Ok(n @ 1..) = from.read(&mut buf) {
+                            if flag.load(Ordering::SeqCst) {
+                                // Cut: the bytes go nowhere, the sockets stay open.
+                                std::thread::sleep(Duration::from_secs(3600));
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Proxy { addr, cut }
+    }
+}
+
+/// One scenario's world: its lockd, its clients and their background LOCKs.
+struct World<'a> {
+    doc: &'a Value,
+    lockd: Option<LockdProcess>,
+    args: Vec<String>,
+    pki: Option<Pki>,
+    clients: HashMap<String, Client>,
+    tokens: HashMap<String, Token>,
+    pending: HashMap<String, Pending>,
+    granted_at: HashMap<String, u128>,
+    holds: HashMap<String, Held>,
+    proxy: Option<Proxy>,
+    froze_at: u128,
+    tmp: PathBuf,
+}
+
+fn code(e: &ClientError) -> String {
+    match e.code() {
+        Some(code) => code.to_string(),
+        None => format!("no ERR code ({e})"),
+    }
+}
+
+impl World<'_> {
+    fn addr(&self) -> String {
+        self.lockd.as_ref().expect("lockd runs").addr.to_string()
+    }
+
+    fn token(&self, v: &Value) -> Token {
+        match v {
+            Value::Number(n) => n.as_u64().expect("a token number"),
+            Value::String(s) => self.tokens[s.as_str()],
+            other => panic!("not a token: {other}"),
+        }
+    }
+
+    fn client(&mut self, step: &Value) -> &mut Client {
+        let name = step["client"].as_str().expect("client");
+        self.clients
+            .get_mut(name)
+            .unwrap_or_else(|| panic!("client {name} is busy or not connected"))
+    }
+
+    async fn connect(&mut self, step: &Value) -> Result<(), String> {
+        let name = step["client"].as_str().expect("client").to_string();
+        let live = self.addr();
+        let addrs: Vec<String> = match step["addrs"].as_array() {
+            Some(list) => list
+                .iter()
+                .map(|a| match a.as_str() {
+                    Some("dead") => common::dead_addr(),
+                    _ => live.clone(),
+                })
+                .collect(),
+            None => vec![live],
+        };
+        let mut connector = Connector::new(Addrs::new(addrs).expect("addrs"), GUARD);
+        if let Some(pki) = &self.pki {
+            let (cert, key) = pki.client("conformance-client");
+            let tls = Tls::new(Some(&pki.ca()), Some((&cert, &key)))?;
+            connector = connector.tls(Some(tls));
+        }
+        if let Some(user) = step["user"].as_str() {
+            // The library takes the secret as a value: where it comes from (LOCKD_SECRET, a
+            // file) is its caller's business, so "env" and "file" are the same here.
+            let secret = match step["secret"].as_str() {
+                Some("wrong") => "not-the-secret-0123456789".to_string(),
+                _ => self.doc["users"][user]["secret"]
+                    .as_str()
+                    .expect("secret")
+                    .to_string(),
+            };
+            connector = connector.auth(Some(Credentials::new(user.into(), Secret::new(secret))));
+        }
+        match (connector.connect().await, step["expect"].as_str()) {
+            (Ok(client), None) => {
+                self.clients.insert(name, client);
+                Ok(())
+            }
+            (Err(ConnectError::Denied(_)), Some("DENIED")) => Ok(()),
+            (Ok(_), Some(want)) => Err(format!("connected; expected {want}")),
+            (Err(e), want) => Err(format!("connect failed: {e}; expected {want:?}")),
+        }
+    }
+
+    async fn lock(&mut self, step: &Value) -> Result<(), String> {
+        let ms = |key: &str| step[key].as_u64().map(Duration::from_millis);
+        let name = step["name"].as_str().expect("name").to_string();
+        let id = step["client"].as_str().expect("client").to_string();
+        let tie = if step["session"].as_bool() == Some(true) {
+            Tie::Session(ms("grace_ms").unwrap_or_default())
+        } else if step["detach"].as_bool() == Some(true) {
+            Tie::Detach
+        } else {
+            Tie::Plain
+        };
+        let mode = match (step["shared"].as_bool(), step["limit"].as_u64()) {
+            (Some(true), _) => Mode::Shared,
+            (_, Some(n)) => Mode::limit(n as u32),
+            _ => Mode::Exclusive,
+        };
+        let (ttl, wait) = (ms("ttl_ms"), ms("wait_ms"));
+        let mut client = self
+            .clients
+            .remove(&id)
+            .unwrap_or_else(|| panic!("client {id} is busy or not connected"));
+        let owner = id.clone();
+        let task = tokio::spawn(async move {
+            let got = client.lock_mode(&name, &id, ttl, wait, tie, mode).await;
+            (client, got, unix_ms())
+        });
+        let label = step["as"].as_str().unwrap_or("_").to_string();
+        self.pending.insert(label.clone(), (owner, task));
+        if step["async"].as_bool() == Some(true) {
+            return Ok(());
+        }
+        self.await_lock(&label, step["expect"].as_str()).await
+    }
+
+    async fn await_lock(&mut self, of: &str, want: Option<&str>) -> Result<(), String> {
+        let (owner, task) = self.pending.remove(of).expect("a LOCK under way");
+        let (client, got, at) = tokio::time::timeout(GUARD, task)
+            .await
+            .map_err(|_| format!("LOCK {of} not answered within {GUARD:?}"))?
+            .expect("LOCK task");
+        self.clients.insert(owner, client);
+        match (got, want) {
+            (Ok(token), None) => {
+                self.tokens.insert(of.to_string(), token);
+                self.granted_at.insert(of.to_string(), at);
+                Ok(())
+            }
+            (Err(e), Some(want)) if code(&e) == want => Ok(()),
+            (Ok(token), Some(want)) => Err(format!("granted {token}; expected {want}")),
+            (Err(e), want) => Err(format!("{e}; expected {want:?}")),
+        }
+    }
+
+    /// `lockctl run` on the lock, its job a shell that writes the token, then waits for the
+    /// end (a file) or lockctl's SIGTERM (the lease is lost), whose time it writes.
+    async fn hold(&mut self, step: &Value) -> Result<(), String> {
+        let label = step["as"].as_str().expect("as").to_string();
+        let ttl_ms = u128::from(step["ttl_ms"].as_u64().expect("ttl_ms"));
+        let addr = match step["via"].as_str() {
+            Some("proxy") => {
+                let live = self.addr();
+                self.proxy
+                    .get_or_insert_with(|| Proxy::start(live))
+                    .addr
+                    .clone()
+            }
+            _ => self.addr(),
+        };
+        let files = self.tmp.join(format!("hold-{label}"));
+        let job = r#"trap 'date +%s%3N >"$0.lost"; exit 143' TERM
+            echo "$LOCKD_TOKEN" >"$0.token"
+            while [ ! -e "$0.end" ]; do sleep 0.02; done"#;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockctl"));
+        cmd.args([
+            "run",
+            "--server",
+            &addr,
+            "--id",
+            step["client"].as_str().expect("client"),
+        ])
+        .args(["--ttl", &format!("{ttl_ms}ms"), "--kill-grace", "100ms"])
+        .args([step["name"].as_str().expect("name"), "--", "sh", "-c", job])
+        .arg(&files)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        for (key, _) in std::env::vars() {
+            if key.starts_with("LOCKD_") {
+                cmd.env_remove(key);
+            }
+        }
+        let child = cmd.spawn().map_err(|e| format!("lockctl run: {e}"))?;
+        let token_file = files.with_extension("token");
+        self.holds.insert(
+            label.clone(),
+            Held {
+                child,
+                files: files.clone(),
+                ttl_ms,
+            },
+        );
+        let token = eventually(|| {
+            std::fs::read_to_string(&token_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<Token>().ok())
+        })
+        .await
+        .ok_or("lockctl run did not get the lock")?;
+        self.tokens.insert(label, token);
+        Ok(())
+    }
+
+    /// `end`: the job ends and lockctl exits 0; `lost`: lockctl stops the job (in time) and
+    /// exits 4.
+    async fn held_end(&mut self, op: &str, step: &Value) -> Result<(), String> {
+        let of = step["of"].as_str().expect("of");
+        let held = self.holds.get_mut(of).expect("a hold");
+        if op == "end" {
+            std::fs::write(held.files.with_extension("end"), "").expect("write the end file");
+        }
+        let status = eventually(|| held.child.try_wait().ok().flatten())
+            .await
+            .ok_or("lockctl run did not exit")?;
+        if op == "end" {
+            return match status.code() {
+                Some(0) => Ok(()),
+                other => Err(format!("lockctl run exited {other:?}")),
+            };
+        }
+        if status.code() != Some(4) {
+            return Err(format!(
+                "lockctl run exited {:?}, not 4 (lease lost)",
+                status.code()
+            ));
+        }
+        let lost_at: u128 = std::fs::read_to_string(held.files.with_extension("lost"))
+            .map_err(|_| "the job was never told the lease was lost")?
+            .trim()
+            .parse()
+            .expect("a time");
+        if let Some(before) = step["before"].as_str() {
+            let granted = self.granted_at[before];
+            if lost_at >= granted {
+                return Err(format!(
+                    "the job was stopped {}ms after {before} was granted",
+                    lost_at - granted
+                ));
+            }
+        }
+        if step["within_ttl_of_freeze"].as_bool() == Some(true)
+            && lost_at > self.froze_at + held.ttl_ms
+        {
+            return Err(format!(
+                "the job was stopped {}ms after the freeze",
+                lost_at - self.froze_at
+            ));
+        }
+        Ok(())
+    }
+
+    async fn step(&mut self, step: &Value) -> Result<(), String> {
+        let want = step["expect"].as_str();
+        let name = step["name"].as_str().unwrap_or_default().to_string();
+        let op = step["op"].as_str().expect("op");
+        let outcome: Result<Value, ClientError> = match op {
+            "connect" => return self.connect(step).await,
+            "lock" => return self.lock(step).await,
+            "await" => {
+                let of = step["of"].as_str().expect("of").to_string();
+                return self.await_lock(&of, want).await;
+            }
+            "pending" => {
+                let pause = step["ms"].as_u64().unwrap_or(300);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let of = step["of"].as_str().expect("of");
+                return match self.pending[of].1.is_finished() {
+                    false => Ok(()),
+                    true => Err(format!("LOCK {of} was answered; it should still wait")),
+                };
+            }
+            "sleep" => {
+                let pause = step["ms"].as_u64().expect("ms");
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                return Ok(());
+            }
+            "hold" => return self.hold(step).await,
+            "end" | "lost" => return self.held_end(op, step).await,
+            "cut" => {
+                let proxy = self.proxy.as_ref().expect("a hold through the proxy");
+                proxy.cut.store(true, Ordering::SeqCst);
+                return Ok(());
+            }
+            "freeze" => {
+                self.froze_at = unix_ms();
+                let pid = self.lockd.as_ref().expect("lockd").pid() as libc::pid_t;
+                // SAFETY: kill(2) on our own child's pid; no memory is involved.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                tokio::time::sleep(Duration::from_millis(step["ms"].as_u64().expect("ms"))).await;
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                return Ok(());
+            }
+            "restart" => {
+                let addr = self.addr();
+                drop(self.lockd.take().map(LockdProcess::kill));
+                self.lockd = Some(Lockd::new().listen(addr).args(&self.args).spawn());
+                return Ok(());
+            }
+            "unlock" => {
+                let token = self.token(&step["token"]);
+                self.client(step).unlock(&name, token).await.map(|()| Value::Null)
+            }
+            "renew" | "check" => {
+                let token = self.token(&step["token"]);
+                let ttl = step["ttl_ms"].as_u64().map(Duration::from_millis);
+                let c = self.client(step);
+                let left = match op {
+                    "renew" => c.renew(&name, token, ttl).await,
+                    _ => c.check(&name, token).await,
+                };
+                left.map(|d| Value::from(d.as_millis() as u64))
+            }
+            "status" => self.client(step).lock_status(&name).await.map(|s| match s {
+                StatusLine::Free(_) => serde_json::json!({"free": true}),
+                StatusLine::Held(h) => serde_json::json!({"id": h.id, "token": h.token,
+                    "waiters": h.waiters, "session": h.session, "mode": h.mode.to_string(),
+                    "holders": h.holders}),
+            }),
+            "status_all" => self.client(step).held_locks().await.map(|held| {
+                serde_json::json!({"names": held.iter().map(|h| h.name.clone()).collect::<Vec<_>>()})
+            }),
+            "detail" => self.client(step).detail(&name).await.map(|d| match d.status {
+                StatusLine::Free(_) => serde_json::json!({"free": true}),
+                StatusLine::Held(_) => serde_json::json!({
+                    "holders": d.holders.iter().map(|h| serde_json::json!(
+                        {"id": h.id, "token": h.token, "mode": h.mode.to_string()})).collect::<Vec<_>>(),
+                    "waiters": d.waiters.iter().map(|w| serde_json::json!(
+                        {"id": w.id, "position": w.position, "mode": w.mode.to_string()})).collect::<Vec<_>>(),
+                }),
+            }),
+            "watch" => {
+                let name = step["name"].as_str();
+                self.client(step).watch(name).await.map(|()| Value::Null)
+            }
+            "event" => match tokio::time::timeout(GUARD, self.client(step).next_event()).await {
+                Err(_) => return Err("no event within the guard".into()),
+                Ok(got) => got.map(|e| match e {
+                    Ok(e) => serde_json::json!({"kind": format!("{:?}", e.kind).to_lowercase(),
+                        "name": e.name, "id": e.id, "token": e.token}),
+                    Err(bad) => serde_json::json!({"bad": bad.0}),
+                }),
+            },
+            other => panic!("unknown op {other}"),
+        };
+        match (outcome, want) {
+            (Ok(got), None) => self.compare(op, &got, &step["result"]),
+            (Err(e), Some(want)) if code(&e) == want => Ok(()),
+            (Ok(got), Some(want)) => Err(format!("answered {got}; expected {want}")),
+            (Err(e), want) => Err(format!("{e}; expected {want:?}")),
+        }
+    }
+
+    /// The fields of `result` in `got` (tokens named in `result` compared as their values).
+    fn compare(&self, op: &str, got: &Value, result: &Value) -> Result<(), String> {
+        if matches!(op, "renew" | "check") && got.as_u64() == Some(0) {
+            return Err("no lease left".into());
+        }
+        let want = self.resolve(result);
+        let fits = match (&want, got) {
+            (Value::Null, _) => true,
+            (Value::Object(want), Value::Object(got)) => {
+                want.iter().all(|(k, v)| got.get(k) == Some(v))
+            }
+            _ => false,
+        };
+        fits.then_some(())
+            .ok_or_else(|| format!("answered {got}; expected {want}"))
+    }
+
+    fn resolve(&self, v: &Value) -> Value {
+        match v {
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| match (k.as_str(), v) {
+                        ("token", Value::String(t)) => {
+                            (k.clone(), Value::from(self.tokens[t.as_str()]))
+                        }
+                        _ => (k.clone(), self.resolve(v)),
+                    })
+                    .collect(),
+            ),
+            Value::Array(list) => Value::Array(list.iter().map(|v| self.resolve(v)).collect()),
+            other => other.clone(),
+        }
+    }
+}
+
+async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
+    let server = &scenario["server"];
+    let mut args = Vec::new();
+    let mut pki = None;
+    let dir = std::env::temp_dir().join(format!(
+        "lockd-conformance-{}-{}",
+        std::process::id(),
+        scenario["name"].as_str().unwrap_or("scenario")
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    if server["tls"].as_bool() == Some(true) {
+        let p = Pki::new("conformance");
+        let (cert, key) = p.server();
+        for (flag, path) in [
+            ("--tls-cert", cert),
+            ("--tls-key", key),
+            ("--tls-client-ca", p.ca()),
+        ] {
+            args.extend([flag.to_string(), path.display().to_string()]);
+        }
+        pki = Some(p);
+    }
+    if server["auth"].as_bool() == Some(true) {
+        let file = auth_file(doc, &dir);
+        args.extend(["--auth-file".to_string(), file.display().to_string()]);
+    }
+    let lockd = Lockd::new().args(&args).spawn();
+    let mut world = World {
+        doc,
+        lockd: Some(lockd),
+        args,
+        pki,
+        clients: HashMap::new(),
+        tokens: HashMap::new(),
+        pending: HashMap::new(),
+        granted_at: HashMap::new(),
+        holds: HashMap::new(),
+        proxy: None,
+        froze_at: 0,
+        tmp: dir.clone(),
+    };
+    for (i, step) in scenario["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .enumerate()
+    {
+        world
+            .step(step)
+            .await
+            .map_err(|e| format!("step {} {step}: {e}", i + 1))?;
+    }
+    for (_, (_, task)) in world.pending.drain() {
+        task.abort();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Polls `probe` every 20ms until it gives something, for at most the guard.
+async fn eventually<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        if let Some(found) = probe() {
+            return Some(found);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The auth file of the scenarios' users, each line made by `lockd --auth-hash`.
+fn auth_file(doc: &Value, dir: &std::path::Path) -> PathBuf {
+    use std::io::Write as _;
+    let mut text = String::new();
+    for (user, u) in doc["users"].as_object().expect("users") {
+        let spec = format!("{user} {}", u["rights"].as_str().expect("rights"));
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["--auth-hash", &spec])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("lockd --auth-hash");
+        let secret = u["secret"].as_str().expect("secret");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(format!("{secret}\n").as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("lockd --auth-hash");
+        assert!(out.status.success(), "lockd --auth-hash {spec} failed");
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    let file = dir.join("users");
+    std::fs::write(&file, text).expect("write the auth file");
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scenario_of_the_conformance_suite() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("contrib/clients/conformance/scenarios.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("scenarios.json"))
+        .expect("scenarios.json is JSON");
+    let only = std::env::var("LOCKD_CONFORMANCE").ok();
+    let mut failed = Vec::new();
+    let mut played = 0;
+    for scenario in doc["scenarios"].as_array().expect("scenarios") {
+        let name = scenario["name"].as_str().expect("name");
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|n| n == name))
+        {
+            continue;
+        }
+        let needs: Vec<&str> = scenario["needs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if needs.contains(&"resend") {
+            // Client::lock_mode is one try on one connection; Connector::reconnect_for and
+            // Retry are the pieces lockctl's request::lock_retrying resends a LOCK with.
+            eprintln!(
+                "conformance: skipped {name}: the library client's LOCK is not resent by itself"
+            );
+            continue;
+        }
+        if let Some(lack) = needs.iter().find(|n| !HAS.contains(n)) {
+            eprintln!("conformance: skipped {name}: the library client has no {lack:?}");
+            continue;
+        }
+        played += 1;
+        match play(&doc, scenario).await {
+            Ok(()) => eprintln!("conformance: passed {name}"),
+            Err(e) => {
+                eprintln!("conformance: FAILED {name}: {e}");
+                failed.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    assert!(played > 0, "no scenario played");
+    assert!(
+        failed.is_empty(),
+        "failed scenarios:\n{}",
+        failed.join("\n")
+    );
+}
+
+/// The examples contrib/clients/README.md shows are the ones the clients' own tests run: the
+/// lines between `README begin` and `README end` of each example file are in it as they are.
+#[test]
+fn the_readme_shows_the_tested_examples() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients");
+    let readme = std::fs::read_to_string(dir.join("README.md")).expect("contrib/clients/README.md");
+    for file in ["go/example_test.go", "node/example.mjs", "ruby/example.rb"] {
+        let text = std::fs::read_to_string(dir.join(file)).expect("example file");
+        let block: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.contains("README begin"))
+            .skip(1)
+            .take_while(|l| !l.contains("README end"))
+            .collect();
+        assert!(!block.is_empty(), "{file} has no README begin/end lines");
+        let block = block.join("\n");
+        assert!(
+            readme.contains(&block),
+            "{file}'s example is not in the README as it is:\n{block}"
+        );
+    }
+}
