@@ -4,13 +4,15 @@
 //! The etcd client's own `Display` is gRPC debug text (`code: 'The operation was cancelled',
 //! ... tonic::transport::Error(Transport, TimeoutExpired(()))`): nothing a user can act on.
 //! The cause is read from what the error carries instead: the gRPC code (by number: the codes
-//! are fixed by the gRPC spec, and lockd does not depend on tonic itself), etcd's own message
+//! are fixed by the gRPC spec, so the sentences don't follow tonic's names), etcd's own message
 //! (`etcdserver: no leader`, ...) and an I/O error anywhere in its source chain. The debug
 //! text is kept for a `debug!` line.
 
 use std::error::Error as _;
 use std::io;
 use std::time::Duration;
+
+use super::rpc;
 
 /// gRPC status codes (the gRPC spec's numbers).
 const CANCELLED: i32 = 1;
@@ -84,8 +86,8 @@ impl Context<'_> {
 }
 
 /// The cause of `e`, in one plain sentence.
-pub fn cause(e: &etcd_client::Error, cx: &Context<'_>) -> Cause {
-    use etcd_client::Error as E;
+pub fn cause(e: &rpc::Error, cx: &Context<'_>) -> Cause {
+    use rpc::Error as E;
     match e {
         E::GRpcStatus(status) => classify(
             Some(i32::from(status.code())),
@@ -224,7 +226,7 @@ mod tests {
         )
     }
 
-    fn of_error(e: etcd_client::Error) -> Cause {
+    fn of_error(e: rpc::Error) -> Cause {
         let (endpoints, request_timeout) = cx();
         cause(
             &e,
@@ -287,20 +289,18 @@ mod tests {
     #[test]
     fn constructed_errors() {
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "os error 111");
-        let c = of_error(etcd_client::Error::IoError(refused));
+        let c = of_error(rpc::Error::IoError(refused));
         assert_eq!(
             c.sentence,
             "cannot reach etcd at 127.0.0.1:2379: connection refused"
         );
         // A gRPC status made from an I/O error keeps the code tonic gives it.
         let timed_out = io::Error::new(io::ErrorKind::TimedOut, "deadline has elapsed");
-        let c = of_error(etcd_client::Error::GRpcStatus(timed_out.into()));
+        let c = of_error(rpc::Error::GRpcStatus(timed_out.into()));
         assert_eq!(c.kind, Kind::Timeout);
-        let c = of_error(etcd_client::Error::WatchError(
-            "etcdserver: no leader".into(),
-        ));
+        let c = of_error(rpc::Error::WatchError("etcdserver: no leader".into()));
         assert_eq!(c.sentence, "etcd has no leader");
-        let c = of_error(etcd_client::Error::InvalidArgs("bad\nsecond line".into()));
+        let c = of_error(rpc::Error::InvalidArgs("bad\nsecond line".into()));
         assert_eq!(c.kind, Kind::Other);
         assert!(!c.sentence.contains('\n'), "{}", c.sentence);
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Txn, TxnOp};
+use super::rpc::{Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, WaitResult};
 use crate::locks::{EventKind, Token, WaitEnd};
