@@ -25,6 +25,9 @@ pub enum Need {
     PythonPrometheus,
     /// Debian's python3 with PyYAML, to read the alert rules.
     PythonYaml,
+    /// protoc (`PROTOC`, else on PATH), to regenerate the etcd gRPC code and compare it with
+    /// the checked-in one (building lockd never needs it).
+    Protoc,
 }
 
 impl Need {
@@ -39,6 +42,7 @@ impl Need {
                 "python3-prometheus-client",
             ),
             Need::PythonYaml => ("/usr/bin/python3 with yaml", "python3-yaml"),
+            Need::Protoc => ("protoc", "protobuf-compiler"),
         }
     }
 
@@ -52,13 +56,16 @@ impl Need {
             Need::Promtool => on_path("promtool"),
             Need::PythonPrometheus => python_imports("prometheus_client"),
             Need::PythonYaml => python_imports("yaml"),
+            Need::Protoc => std::env::var_os("PROTOC")
+                .map(|p| Path::new(&p).is_file())
+                .unwrap_or_else(|| on_path("protoc")),
         }
     }
 }
 
 /// Whether `need` is here (see the module's doc for what happens when it is not).
 pub fn have(need: Need) -> bool {
-    static SEEN: [OnceLock<bool>; 6] = [const { OnceLock::new() }; 6];
+    static SEEN: [OnceLock<bool>; 7] = [const { OnceLock::new() }; 7];
     let present = *SEEN[need as usize].get_or_init(|| need.present());
     if present {
         return true;
