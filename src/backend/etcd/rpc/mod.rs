@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 #[allow(
     clippy::all,
@@ -136,6 +136,72 @@ pub struct ConnectOptions {
     /// HTTP/2 keep-alive: (interval, timeout).
     keep_alive: Option<(Duration, Duration)>,
     require_leader: bool,
+    tls: Option<TlsOptions>,
+    user: Option<Credentials>,
+}
+
+/// TLS to etcd: the CA that signed the members' certificates, and this client's own
+/// certificate and key when etcd asks for one (`--client-cert-auth`). All PEM.
+#[derive(Clone, Default)]
+pub struct TlsOptions {
+    ca: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca", &self.ca.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+#[allow(dead_code)] // Until the --etcd-ca/--etcd-cert/--etcd-key flags use it.
+impl TlsOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trust the members' certificates this CA signed (and no other: lockd has no system
+    /// roots for etcd).
+    pub fn with_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca = Some(pem.into());
+        self
+    }
+
+    /// Show etcd this certificate (chain, leaf first) and prove it with this key.
+    pub fn with_identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    fn config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca {
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        config
+    }
+}
+
+/// An etcd user and its password: never shown by `Debug`.
+#[derive(Clone)]
+struct Credentials {
+    name: String,
+    password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("name", &self.name)
+            .field("password", &"<hidden>")
+            .finish()
+    }
 }
 
 impl ConnectOptions {
@@ -167,11 +233,31 @@ impl ConnectOptions {
         self.require_leader = require_leader;
         self
     }
+
+    /// TLS to every member: an endpoint without a scheme becomes `https://`, and an
+    /// `http://` one is refused (it would send the credentials in the clear).
+    #[allow(dead_code)] // Until the --etcd-ca/--etcd-cert/--etcd-key flags use it.
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Authenticate as this etcd user: [`Client::connect`] asks for a token, every call
+    /// carries it, and a call refused for an expired or unknown token gets a new one and
+    /// is sent once more.
+    #[allow(dead_code)] // Until the --etcd-user flag uses it.
+    pub fn with_user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(Credentials {
+            name: name.into(),
+            password: password.into(),
+        });
+        self
+    }
 }
 
 /// The channel to etcd: balanced over every endpoint (each one connected lazily, reconnected
 /// when it drops; a request goes to a member whose connection is up). The one place a
-/// channel is built, so that TLS settings go here.
+/// channel is built.
 pub fn connect<E: AsRef<str>>(endpoints: &[E], options: &ConnectOptions) -> Result<Channel, Error> {
     let mut list = Vec::with_capacity(endpoints.len());
     for e in endpoints {
@@ -183,15 +269,31 @@ pub fn connect<E: AsRef<str>>(endpoints: &[E], options: &ConnectOptions) -> Resu
     Ok(Channel::balance_list(list.into_iter()))
 }
 
-/// One member's endpoint, `http://` assumed when the URL has no scheme.
+/// One member's endpoint: `http://` assumed when the URL has no scheme (`https://` with TLS).
 fn endpoint(url: &str, options: &ConnectOptions) -> Result<Endpoint, Error> {
     let url = if url.contains("://") {
         url.to_owned()
+    } else if options.tls.is_some() {
+        format!("https://{url}")
     } else {
         format!("http://{url}")
     };
+    let https = url.starts_with("https://");
+    if options.tls.is_some() && !https {
+        return Err(Error::InvalidArgs(format!(
+            "etcd endpoint {url}: TLS is set, so the endpoint must be https://"
+        )));
+    }
+    if https && options.tls.is_none() {
+        return Err(Error::InvalidArgs(format!(
+            "etcd endpoint {url}: https needs the CA that signed etcd's certificate"
+        )));
+    }
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| Error::InvalidArgs(format!("etcd endpoint {url}: {e}")))?;
+    if let Some(tls) = &options.tls {
+        endpoint = endpoint.tls_config(tls.config())?;
+    }
     if let Some((interval, timeout)) = options.keep_alive {
         endpoint = endpoint
             .keep_alive_while_idle(true)
@@ -240,35 +342,113 @@ impl tonic::service::Interceptor for Metadata {
 
 type Svc = InterceptedService<Channel, Metadata>;
 
-/// A client of one etcd cluster; cheap to clone (clones share the channel).
+/// Whether etcd refused a call for its token (expired, or unknown to this member after a
+/// restart): a new token helps, and the call was not applied.
+fn token_refused(status: &tonic::Status) -> bool {
+    let m = status.message();
+    status.code() == tonic::Code::Unauthenticated
+        || m.contains("invalid auth token")
+        || m.contains("auth token is expired")
+}
+
+/// The user a client authenticates as, and where its token goes.
+struct Auth {
+    credentials: Credentials,
+    client: AuthClient<Svc>,
+    token: Arc<RwLock<Option<AsciiMetadataValue>>>,
+    /// One re-authentication at a time: calls refused together wait for one new token.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl Auth {
+    /// Asks etcd for a token, unless another call got a new one since `stale` was sent.
+    async fn refresh(&self, stale: Option<AsciiMetadataValue>) -> Result<(), Error> {
+        let _one = self.refreshing.lock().await;
+        let current = self.token.read().map(|t| t.clone()).unwrap_or_default();
+        if current.is_some() && current != stale {
+            return Ok(());
+        }
+        let req = pb::AuthenticateRequest {
+            name: self.credentials.name.clone(),
+            password: self.credentials.password.clone(),
+        };
+        let token = self
+            .client
+            .clone()
+            .authenticate(req)
+            .await?
+            .into_inner()
+            .token;
+        let token = AsciiMetadataValue::try_from(token.as_str())
+            .map_err(|_| Error::InvalidArgs("etcd returned a token that is no header".into()))?;
+        if let Ok(mut slot) = self.token.write() {
+            *slot = Some(token);
+        }
+        Ok(())
+    }
+
+    fn current(&self) -> Option<AsciiMetadataValue> {
+        self.token.read().map(|t| t.clone()).unwrap_or_default()
+    }
+}
+
+/// A client of one etcd cluster; cheap to clone (clones share the channel and the token).
 #[derive(Clone)]
 pub struct Client {
     kv: KvClient<Svc>,
     watch: WatchClient<Svc>,
     lease: LeaseClient<Svc>,
-    #[allow(dead_code)]
-    auth: AuthClient<Svc>,
+    auth: Option<Arc<Auth>>,
 }
 
 impl Client {
-    /// A client over [`connect`]'s channel. Nothing is sent yet: the first request connects.
+    /// A client over [`connect`]'s channel. Without a user nothing is sent yet (the first
+    /// request connects); with one, its token is asked for here.
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
         endpoints: S,
         options: Option<ConnectOptions>,
     ) -> Result<Self, Error> {
         let options = options.unwrap_or_default();
         let channel = connect(endpoints.as_ref(), &options)?;
+        let token = Arc::new(RwLock::new(None));
         let metadata = Metadata {
             require_leader: options.require_leader,
-            token: Arc::default(),
+            token: Arc::clone(&token),
         };
         let svc = InterceptedService::new(channel, metadata);
+        let auth = options.user.map(|credentials| {
+            Arc::new(Auth {
+                credentials,
+                client: AuthClient::new(svc.clone()),
+                token,
+                refreshing: tokio::sync::Mutex::new(()),
+            })
+        });
+        if let Some(auth) = &auth {
+            auth.refresh(None).await?;
+        }
         Ok(Client {
             kv: KvClient::new(svc.clone()),
             watch: WatchClient::new(svc.clone()),
-            lease: LeaseClient::new(svc.clone()),
-            auth: AuthClient::new(svc),
+            lease: LeaseClient::new(svc),
+            auth,
         })
+    }
+
+    /// Makes a call, and once more with a new token if etcd refused the one it carried.
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, Error>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let sent_with = self.auth.as_ref().and_then(|a| a.current());
+        match (call().await, &self.auth) {
+            (Err(status), Some(auth)) if token_refused(&status) => {
+                auth.refresh(sent_with).await?;
+                Ok(call().await?.into_inner())
+            }
+            (result, _) => Ok(result?.into_inner()),
+        }
     }
 
     /// Reads one key, or a range (see [`GetOptions`]).
@@ -278,21 +458,35 @@ impl Client {
         options: Option<GetOptions>,
     ) -> Result<GetResponse, Error> {
         let req = options.unwrap_or_default().request(key.into());
-        Ok(self.kv.range(req).await?.into_inner())
+        self.call(|| {
+            let mut kv = self.kv.clone();
+            let req = req.clone();
+            async move { kv.range(req).await }
+        })
+        .await
     }
 
     pub async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
-        Ok(self.kv.txn(txn.req).await?.into_inner())
+        self.call(|| {
+            let mut kv = self.kv.clone();
+            let req = txn.req.clone();
+            async move { kv.txn(req).await }
+        })
+        .await
     }
 
-    /// A new lease of `ttl` seconds (the id etcd chooses, unless the options give one).
+    /// A new lease of `ttl` seconds (the id etcd chooses).
     pub async fn lease_grant(
         &mut self,
         ttl: i64,
         _options: Option<LeaseGrantOptions>,
     ) -> Result<LeaseGrantResponse, Error> {
         let req = pb::LeaseGrantRequest { ttl, id: 0 };
-        Ok(self.lease.lease_grant(req).await?.into_inner())
+        self.call(|| {
+            let mut lease = self.lease.clone();
+            async move { lease.lease_grant(req).await }
+        })
+        .await
     }
 
     /// Opens the keep-alive stream of lease `id` and sends its first keep-alive. Fails with
@@ -301,16 +495,19 @@ impl Client {
         &mut self,
         id: i64,
     ) -> Result<(LeaseKeeper, LeaseKeepAliveStream), Error> {
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let mut keeper = LeaseKeeper { id, tx };
-        keeper.keep_alive().await?;
-        let mut stream = LeaseKeepAliveStream {
-            inner: self
-                .lease
-                .lease_keep_alive(ReceiverStream::new(rx))
-                .await?
-                .into_inner(),
-        };
+        let (keeper, mut stream) = self
+            .call(|| {
+                let mut lease = self.lease.clone();
+                async move {
+                    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+                    let mut keeper = LeaseKeeper { id, tx };
+                    // Queued before the stream opens: the channel has room.
+                    let _ = keeper.keep_alive().await;
+                    let opened = lease.lease_keep_alive(ReceiverStream::new(rx)).await?;
+                    Ok(opened.map(|inner| (keeper, LeaseKeepAliveStream { inner })))
+                }
+            })
+            .await?;
         match stream.message().await? {
             Some(resp) if resp.ttl > 0 => Ok((keeper, stream)),
             Some(_) => Err(Error::LeaseKeepAliveError("lease not found".into())),
@@ -327,18 +524,25 @@ impl Client {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<WatchStream, Error> {
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let mut requests = WatchRequestSender(tx);
-        requests.watch(key, options).await?;
-        let inner = self
-            .watch
-            .watch(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        Ok(WatchStream {
-            requests,
-            responses: WatchResponseStream(inner),
+        let create = options.unwrap_or_default().request(key.into());
+        self.call(|| {
+            let mut watch = self.watch.clone();
+            let create = create.clone();
+            async move {
+                let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+                let requests = WatchRequestSender(tx);
+                // Queued before the stream opens: the channel has room.
+                let _ = requests
+                    .send(pb::watch_request::RequestUnion::CreateRequest(create))
+                    .await;
+                let opened = watch.watch(ReceiverStream::new(rx)).await?;
+                Ok(opened.map(|inner| WatchStream {
+                    requests,
+                    responses: WatchResponseStream(inner),
+                }))
+            }
         })
+        .await
     }
 }
 
@@ -398,17 +602,6 @@ impl WatchRequestSender {
             .send(req)
             .await
             .map_err(|_| Error::WatchError("the watch stream is closed".into()))
-    }
-
-    /// Creates one more watch on this stream.
-    pub async fn watch(
-        &mut self,
-        key: impl Into<Vec<u8>>,
-        options: Option<WatchOptions>,
-    ) -> Result<(), Error> {
-        let create = options.unwrap_or_default().request(key.into());
-        self.send(pb::watch_request::RequestUnion::CreateRequest(create))
-            .await
     }
 
     /// Asks for a progress answer: no events, and a header whose revision every event before
