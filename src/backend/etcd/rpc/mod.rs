@@ -10,15 +10,16 @@
 //! cargo run -p etcd-proto-gen
 //! ```
 //!
-//! (it needs protoc); the test `etcd_proto` checks that the checked-in code is what the
+//! (it needs protoc); `tests/it/etcd_proto.rs` checks that the checked-in code is what the
 //! protos give.
 //!
 //! Behaviour kept from the client lockd used before: one channel balanced over every
 //! endpoint (a dead member is left out until it answers again), a per-request timeout, a
 //! connect timeout, HTTP/2 keep-alives (also while idle), and `hasleader: true` on every call
 //! when a leader is required, so that a member cut off from the others refuses at once
-//! instead of waiting for a leader. Where a channel is made is [`connect`] alone: TLS goes
-//! there.
+//! instead of waiting for a leader. A channel is made in [`connect`] alone (with TLS when
+//! [`ConnectOptions::with_tls`] gives it); [`ConnectOptions::with_user`] adds etcd's
+//! user/password authentication, its token on every call.
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
