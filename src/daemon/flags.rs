@@ -123,8 +123,8 @@ pub struct Flags {
 
     /// Cluster mode: keep every lock in this etcd cluster (client URLs, comma separated, e.g.
     /// http://10.0.0.1:2379,http://10.0.0.2:2379), so that any number of lockd front-ends
-    /// serve the same locks and losing one machine loses no lock. Needs a lockd built with
-    /// the `etcd` feature. Without it, locks live in this process (see --data-dir).
+    /// serve the same locks and losing one machine loses no lock (the `etcd` cargo feature,
+    /// on by default). Without it, locks live in this process (see --data-dir).
     #[arg(long, env = "LOCKD_ETCD", value_name = "URLS", value_delimiter = ',')]
     pub etcd: Vec<String>,
 
@@ -337,7 +337,7 @@ impl Flags {
         if !self.etcd.is_empty() {
             if !cfg!(feature = "etcd") {
                 return Err("--etcd needs a lockd built with the etcd feature \
-                            (cargo build --release --features etcd; it needs protoc)"
+                            (a default build has it: cargo build --release)"
                     .into());
             }
             if self.etcd_request_timeout.0.is_zero() || self.etcd_connect_timeout.0.is_zero() {

@@ -4,6 +4,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -56,6 +57,9 @@ fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
 
 #[test]
 fn waiters_on_different_front_ends_are_granted_in_queue_order() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(3);
     let mut holder = Line::connect(fes[0].addr());
     let mut last = holder.lock("job h");
@@ -86,6 +90,9 @@ fn waiters_on_different_front_ends_are_granted_in_queue_order() {
 
 #[test]
 fn a_release_wakes_only_the_head_waiter() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(2);
     let mut holder = Line::connect(fes[0].addr());
     let t = holder.lock("one h");
@@ -106,6 +113,9 @@ fn a_release_wakes_only_the_head_waiter() {
 
 #[test]
 fn tokens_grow_in_grant_order_across_names_and_front_ends() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(3);
     let mut last = 0;
     for i in 0..30 {
@@ -119,6 +129,9 @@ fn tokens_grow_in_grant_order_across_names_and_front_ends() {
 
 #[test]
 fn a_plain_lease_is_renewed_checked_and_released_through_another_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(2);
     let t = token(&fes[0].request("LOCK plain me ttl=30s"));
     // Right after the grant: the other front-end reads etcd when its mirror has not caught up.
@@ -144,6 +157,9 @@ fn a_plain_lease_is_renewed_checked_and_released_through_another_front_end() {
 
 #[test]
 fn status_and_watch_through_any_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(2);
     let mut watch = Line::connect(fes[1].addr());
     assert_eq!(watch.req("WATCH"), "OK watching *");
@@ -177,6 +193,9 @@ fn status_and_watch_through_any_front_end() {
 
 #[test]
 fn wait_zero_and_timeouts_answer_as_on_one_server() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(2);
     let t = token(&fes[0].request("LOCK busy a"));
     let refused = fes[1].request("LOCK busy b wait=0");
@@ -199,6 +218,9 @@ fn wait_zero_and_timeouts_answer_as_on_one_server() {
 
 #[test]
 fn a_semaphore_spans_front_ends() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(2);
     let mut a = Line::connect(fes[0].addr());
     let mut b = Line::connect(fes[1].addr());
@@ -216,6 +238,9 @@ fn a_semaphore_spans_front_ends() {
 
 #[test]
 fn a_session_lease_ends_with_its_connection_and_its_grace_rides_a_move() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let fes = front_ends(2);
     let mut s = Line::connect(fes[0].addr());
     let t = s.lock("sess me session");
@@ -250,6 +275,9 @@ fn a_session_lease_ends_with_its_connection_and_its_grace_rides_a_move() {
 
 #[test]
 fn a_lock_right_after_an_unlock_finds_the_name_free() {
+    if !have(Need::Etcd) {
+        return;
+    }
     // A front-end's view of etcd is a watch a moment behind its own writes: a LOCK must not
     // be decided on the holder its client just released.
     let fes = front_ends(2);
@@ -264,6 +292,9 @@ fn a_lock_right_after_an_unlock_finds_the_name_free() {
 
 #[test]
 fn cluster_tokens_continue_above_an_embedded_servers() {
+    if !have(Need::Etcd) {
+        return;
+    }
     // A deployment moving from one lockd to a cluster: the fenced resources saw the embedded
     // server's tokens, and must take the cluster's.
     let embedded = common::Lockd::new().spawn();
@@ -281,6 +312,9 @@ fn cluster_tokens_continue_above_an_embedded_servers() {
 
 #[test]
 fn waiters_released_at_once_after_their_grant_hand_over_cleanly() {
+    if !have(Need::Etcd) {
+        return;
+    }
     // Holders that release the moment they are granted, on two front-ends: the release
     // often reaches a front-end whose view still shows the releaser waiting.
     let fes = front_ends(2);

@@ -6,6 +6,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::net::SocketAddr;
 use std::thread;
@@ -19,6 +20,9 @@ const CHAOS: Duration = Duration::from_secs(20);
 
 #[test]
 fn a_fenced_counter_sees_no_double_grant_while_processes_die() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut fes: Vec<LockdFrontEnd> = (0..3)

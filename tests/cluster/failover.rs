@@ -4,6 +4,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,6 +27,9 @@ fn front_end(etcd: &EtcdCluster, prefix: &str) -> LockdFrontEnd {
 
 #[test]
 fn a_killed_front_end_loses_its_sessions_and_waiters_in_bounded_time_not_its_plain_leases() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut a = front_end(&etcd, &prefix);
@@ -77,6 +81,9 @@ fn a_killed_front_end_loses_its_sessions_and_waiters_in_bounded_time_not_its_pla
 
 #[test]
 fn a_plain_lease_granted_by_a_dead_front_end_still_expires() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut a = front_end(&etcd, &prefix);
@@ -91,6 +98,9 @@ fn a_plain_lease_granted_by_a_dead_front_end_still_expires() {
 
 #[test]
 fn killing_the_etcd_leader_loses_nothing_and_grants_nothing_twice() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let a = front_end(&etcd, &prefix);
@@ -137,6 +147,9 @@ fn killing_the_etcd_leader_loses_nothing_and_grants_nothing_twice() {
 
 #[test]
 fn without_quorum_requests_are_unavailable_and_nothing_is_granted_then_service_resumes() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let a = LockdFrontEnd::start(
@@ -174,6 +187,9 @@ fn without_quorum_requests_are_unavailable_and_nothing_is_granted_then_service_r
 
 #[test]
 fn lockctl_run_rides_out_the_death_of_its_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut a = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "3s"]);
@@ -218,6 +234,9 @@ fn lockctl_run_rides_out_the_death_of_its_front_end() {
 
 #[test]
 fn with_one_etcd_member_down_every_request_is_served() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let a = front_end(&etcd, &prefix);
@@ -235,6 +254,9 @@ fn with_one_etcd_member_down_every_request_is_served() {
 
 #[test]
 fn a_front_end_that_loses_its_etcd_lease_tells_its_waiters_unavailable() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let a = front_end(&etcd, &prefix);
@@ -267,6 +289,9 @@ fn a_front_end_that_loses_its_etcd_lease_tells_its_waiters_unavailable() {
 
 #[test]
 fn a_stopped_front_end_takes_its_waiters_out_and_leaves_its_session_leases_to_move() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     // A long etcd lease, so that only the stop itself can explain a prompt end.
@@ -302,6 +327,9 @@ fn a_stopped_front_end_takes_its_waiters_out_and_leaves_its_session_leases_to_mo
 /// waits for one within `--etcd-connect-timeout`, instead of exiting at the first "no leader".
 #[test]
 fn a_front_end_started_before_etcd_has_a_leader_waits_for_one() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let endpoints = etcd.endpoints();

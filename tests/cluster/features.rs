@@ -4,6 +4,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -22,6 +23,9 @@ const MALLORY: &str = "mallory-secret-0123456789abcdef";
 
 #[test]
 fn a_lease_belongs_to_its_user_on_every_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let dir = std::env::temp_dir().join(format!("lockd-cluster-auth-{}", std::process::id()));
@@ -63,6 +67,9 @@ fn a_lease_belongs_to_its_user_on_every_front_end() {
 
 #[test]
 fn the_two_port_protocol_works_on_a_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let (lock_port, unlock_port) = (free_port(), free_port());
@@ -107,6 +114,9 @@ fn the_two_port_protocol_works_on_a_front_end() {
 
 #[test]
 fn metrics_and_readyz_follow_the_cluster() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -151,6 +161,9 @@ fn metrics_and_readyz_follow_the_cluster() {
 /// still reads a free lock as free and a held one with its holder, with and without detail.
 #[test]
 fn the_python_client_reads_a_front_end_s_status() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(1);
     let fe = LockdFrontEnd::start(&etcd, &etcd.prefix(), &[]);
     let t = token(&fe.request("LOCK held me ttl=1m"));

@@ -8,6 +8,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +44,9 @@ fn flap(fe: Arc<LinkedFrontEnd>, seed: u64, stop: Arc<AtomicBool>) -> usize {
 
 #[test]
 fn a_fenced_counter_sees_no_double_grant_while_links_flap() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let fes: Vec<Arc<LinkedFrontEnd>> = (0..3)

@@ -9,6 +9,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::io::{BufRead as _, BufReader};
 use std::path::Path;
@@ -108,6 +109,9 @@ fn read(path: &Path) -> String {
 /// running). Both exit 0.
 #[test]
 fn lockctl_moves_to_the_next_front_end_when_its_own_is_cut_off() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let a = LinkedFrontEnd::start(&etcd, &prefix, &FRONT_END_TIMING);

@@ -6,6 +6,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -95,6 +96,9 @@ fn series(metrics: SocketAddr, name: &str) -> Option<String> {
 
 #[test]
 fn a_cut_off_front_end_is_not_ready_says_why_and_comes_back() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -201,6 +205,9 @@ fn a_cut_off_front_end_is_not_ready_says_why_and_comes_back() {
 
 #[test]
 fn without_quorum_the_last_member_standing_is_not_enough() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let mut etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));

@@ -1,6 +1,6 @@
-//! Cluster mode (`lockd --etcd`, cargo feature `etcd`) against real etcd clusters of child
-//! processes: `cargo test --features etcd --test cluster`. The etcd test harness itself and
-//! the chaos runs' history checker need no feature and run with plain `cargo test` too.
+//! Cluster mode (`lockd --etcd`, cargo feature `etcd`, on by default) against real etcd
+//! clusters of child processes: `cargo test --test cluster`. The etcd test harness itself and
+//! the chaos runs' history checker need no feature and run with `--no-default-features` too.
 
 #[path = "../common/mod.rs"]
 mod common;

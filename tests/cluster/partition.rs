@@ -7,6 +7,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -85,6 +86,9 @@ fn a_waits_cut_off_b_behind(
 /// waiter that had left and takes it back: that must not end the lease A was told about.
 #[test]
 fn a_grant_confirmed_through_another_front_end_is_never_taken_back() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let cut = LinkedFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
@@ -117,6 +121,9 @@ fn a_grant_confirmed_through_another_front_end_is_never_taken_back() {
 /// the lock, B is not granted until A releases. A race, so several rounds.
 #[test]
 fn the_same_lock_right_after_the_heal_never_makes_two_holders() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let cut = LinkedFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "20s"]);
@@ -154,6 +161,9 @@ fn the_same_lock_right_after_the_heal_never_makes_two_holders() {
 /// serves session LOCKs and queued LOCKs again; `/readyz` says ready only then.
 #[test]
 fn a_front_end_cut_off_longer_than_its_lease_recovers() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
@@ -237,6 +247,9 @@ fn a_front_end_cut_off_longer_than_its_lease_recovers() {
 /// are granted within the dead front-end bound.
 #[test]
 fn a_dead_front_ends_waiters_do_not_keep_the_lock() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "3s"]);
@@ -305,6 +318,9 @@ const PLACE_KEPT_FOR: &str = "5s";
 /// behind it, instead of going to the back.
 #[test]
 fn a_waiter_whose_front_end_died_keeps_its_place_through_another() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", PLACE_KEPT_FOR]);
@@ -327,6 +343,9 @@ fn a_waiter_whose_front_end_died_keeps_its_place_through_another() {
 /// back the old request is answered `ERR REPLACED`, as on one server.
 #[test]
 fn a_waiter_whose_front_end_is_cut_off_keeps_its_place_through_another() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let cut = LinkedFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", PLACE_KEPT_FOR]);
@@ -355,6 +374,9 @@ fn a_waiter_whose_front_end_is_cut_off_keeps_its_place_through_another() {
 /// queues at the back.
 #[test]
 fn a_waiter_that_comes_back_too_late_queues_at_the_back() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", "1s"]);
@@ -392,6 +414,9 @@ fn alive(pid: u32) -> bool {
 /// holder's grant arrived, over several runs.
 #[test]
 fn lockctl_run_stops_its_command_before_a_cut_off_lease_passes_on() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let fe1 = LockdFrontEnd::start(&etcd, &prefix, &[]);
@@ -475,6 +500,9 @@ fn lockctl_run_stops_its_command_before_a_cut_off_lease_passes_on() {
 /// its place ahead of the waiter that queued behind it.
 #[test]
 fn lockctl_run_keeps_its_place_when_its_front_end_dies() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let etcd = EtcdCluster::start(3);
     let prefix = etcd.prefix();
     let mut fe1 = LockdFrontEnd::start(&etcd, &prefix, &["--etcd-lease-ttl", PLACE_KEPT_FOR]);
@@ -579,6 +607,9 @@ fn piped(cmd: &mut std::process::Command) -> std::process::Child {
 /// The Python client does it on failover too: `Client.lock`.
 #[test]
 fn the_python_client_keeps_its_place_when_its_front_end_dies() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/python");
     let script = "import sys\n\
         from lockd_client import Client\n\
@@ -599,6 +630,9 @@ fn the_python_client_keeps_its_place_when_its_front_end_dies() {
 /// And the bash client: `lockd_lock`, with LOCKD_ADDR listing both front-ends.
 #[test]
 fn the_bash_client_keeps_its_place_when_its_front_end_dies() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let client = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/lockd.sh");
     let script = format!(
         "source {}; t=$(lockd_lock shplace ttl=30s) || exit $?; echo \"$t\"; read -r _; \

@@ -6,6 +6,7 @@
 #![cfg(feature = "etcd")]
 
 use crate::common;
+use crate::common::needs::{have, Need};
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -91,6 +92,9 @@ fn refused_start(lockd: Lockd) -> String {
 
 #[test]
 fn front_ends_over_tls_with_client_certificates_serve_locks_in_fifo_order() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let (pki, etcd) = tls_cluster(3, "etcd-tls-fifo");
     let prefix = etcd.prefix();
     let args = tls_args(&pki.ca(), Some(pki.client("lockd")));
@@ -127,6 +131,9 @@ fn front_ends_over_tls_with_client_certificates_serve_locks_in_fifo_order() {
 
 #[test]
 fn a_front_end_that_etcd_refuses_over_tls_exits_2_saying_why() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let (pki, etcd) = tls_cluster(1, "etcd-tls-refusals");
     let prefix = etcd.prefix();
     let other = Pki::new("etcd-tls-other");
@@ -190,6 +197,9 @@ fn ctl(etcd: &EtcdCluster, args: &[&str]) {
 
 #[test]
 fn a_user_whose_role_covers_the_prefix_is_served_and_any_other_is_refused_with_why() {
+    if !(have(Need::Etcd) && have(Need::Etcdctl)) {
+        return;
+    }
     // Tokens that expire within the test (the default is five minutes): a front-end must
     // log in again by itself and carry on.
     let etcd = EtcdCluster::start_with(1, &["--auth-token-ttl", "1"]);
@@ -305,6 +315,9 @@ fn a_user_whose_role_covers_the_prefix_is_served_and_any_other_is_refused_with_w
 /// through a new handshake, and the hand-over still happens once.
 #[test]
 fn killing_the_etcd_leader_over_tls_loses_nothing_and_grants_nothing_twice() {
+    if !have(Need::Etcd) {
+        return;
+    }
     let (pki, mut etcd) = tls_cluster(3, "etcd-tls-failover");
     let prefix = etcd.prefix();
     let mut args = tls_args(&pki.ca(), Some(pki.client("lockd")));
@@ -355,6 +368,9 @@ fn killing_the_etcd_leader_over_tls_loses_nothing_and_grants_nothing_twice() {
 /// The role of `lockd` covers the prefix; `stranger`'s covers another.
 #[test]
 fn with_etcd_auth_over_tls_the_certificate_s_common_name_is_the_user() {
+    if !(have(Need::Etcd) && have(Need::Etcdctl)) {
+        return;
+    }
     let (pki, etcd) = tls_cluster(1, "etcd-tls-cn");
     let prefix = etcd.prefix();
     let elsewhere = format!("{}elsewhere/", prefix.trim_end_matches('/'));

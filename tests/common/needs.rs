@@ -25,6 +25,11 @@ pub enum Need {
     PythonPrometheus,
     /// Debian's python3 with PyYAML, to read the alert rules.
     PythonYaml,
+    /// etcdctl, to set up etcd users and roles.
+    Etcdctl,
+    /// protoc (`PROTOC`, else on PATH), to regenerate the etcd gRPC code and compare it with
+    /// the checked-in one (building lockd never needs it).
+    Protoc,
 }
 
 impl Need {
@@ -39,6 +44,8 @@ impl Need {
                 "python3-prometheus-client",
             ),
             Need::PythonYaml => ("/usr/bin/python3 with yaml", "python3-yaml"),
+            Need::Etcdctl => ("etcdctl", "etcd-client"),
+            Need::Protoc => ("protoc", "protobuf-compiler"),
         }
     }
 
@@ -52,13 +59,17 @@ impl Need {
             Need::Promtool => on_path("promtool"),
             Need::PythonPrometheus => python_imports("prometheus_client"),
             Need::PythonYaml => python_imports("yaml"),
+            Need::Etcdctl => on_path("etcdctl"),
+            Need::Protoc => std::env::var_os("PROTOC")
+                .map(|p| Path::new(&p).is_file())
+                .unwrap_or_else(|| on_path("protoc")),
         }
     }
 }
 
 /// Whether `need` is here (see the module's doc for what happens when it is not).
 pub fn have(need: Need) -> bool {
-    static SEEN: [OnceLock<bool>; 6] = [const { OnceLock::new() }; 6];
+    static SEEN: [OnceLock<bool>; 8] = [const { OnceLock::new() }; 8];
     let present = *SEEN[need as usize].get_or_init(|| need.present());
     if present {
         return true;

@@ -328,6 +328,9 @@ fn lines_about(front_ends: &[&LockdProcess], message: &str, token: u64) -> Vec<V
 #[cfg(feature = "etcd")]
 #[test]
 fn in_cluster_mode_every_front_end_says_who_took_a_lease() {
+    if !crate::common::needs::have(crate::common::needs::Need::Etcd) {
+        return;
+    }
     use common::etcd::{EtcdCluster, LockdFrontEnd};
     let (dir, file) = users_file("cluster");
     // The harness's etcd and front-ends block: they start and stop outside the runtime.

@@ -12,6 +12,7 @@ mod cli;
 mod compat;
 mod contrib;
 mod durability;
+mod etcd_proto;
 mod expiry;
 mod hardening;
 mod liveness;

@@ -4,7 +4,7 @@
 //! The etcd client's own `Display` is gRPC debug text (`code: 'The operation was cancelled',
 //! ... tonic::transport::Error(Transport, TimeoutExpired(()))`): nothing a user can act on.
 //! The cause is read from what the error carries instead: the gRPC code (by number: the codes
-//! are fixed by the gRPC spec, and lockd does not depend on tonic itself), etcd's own message
+//! are fixed by the gRPC spec, so the sentences don't follow tonic's names), etcd's own message
 //! (`etcdserver: no leader`, ...) and an I/O error anywhere in its source chain. The debug
 //! text is kept for a `debug!` line.
 
@@ -13,6 +13,7 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
+use super::rpc;
 use tokio_rustls::rustls;
 
 /// gRPC status codes (the gRPC spec's numbers).
@@ -87,8 +88,8 @@ impl Context<'_> {
 }
 
 /// The cause of `e`, in one plain sentence.
-pub fn cause(e: &etcd_client::Error, cx: &Context<'_>) -> Cause {
-    use etcd_client::Error as E;
+pub fn cause(e: &rpc::Error, cx: &Context<'_>) -> Cause {
+    use rpc::Error as E;
     if let Some(tls) = tls_cause(e) {
         return tls;
     }
@@ -235,14 +236,14 @@ pub enum TlsFailure {
 
 /// Why etcd refused this front-end for good, in one plain sentence; `None` if `e` is no
 /// such refusal (it may be worth a retry).
-pub fn refusal(e: &etcd_client::Error, who: &Who<'_>) -> Option<String> {
+pub fn refusal(e: &rpc::Error, who: &Who<'_>) -> Option<String> {
     let (message, source) = parts(e)?;
     refusal_of(tls_failure(&message, source), &message, who)
 }
 
 /// An error's message and the start of its source chain, for the kinds that carry them.
-fn parts(e: &etcd_client::Error) -> Option<(String, Option<&(dyn std::error::Error + 'static)>)> {
-    use etcd_client::Error as E;
+fn parts(e: &rpc::Error) -> Option<(String, Option<&(dyn std::error::Error + 'static)>)> {
+    use rpc::Error as E;
     Some(match e {
         E::GRpcStatus(status) => (status.message().to_owned(), status.source()),
         E::TransportError(t) => (t.to_string(), t.source()),
@@ -256,7 +257,7 @@ fn parts(e: &etcd_client::Error) -> Option<(String, Option<&(dyn std::error::Err
 
 /// A TLS failure after the start (a certificate expired or replaced since), for
 /// [`cause`]: the refusal's sentence, without the files the start named.
-fn tls_cause(e: &etcd_client::Error) -> Option<Cause> {
+fn tls_cause(e: &rpc::Error) -> Option<Cause> {
     let (message, source) = parts(e)?;
     let sentence = match tls_failure(&message, source)? {
         TlsFailure::ClientRefused => {
@@ -435,7 +436,7 @@ mod tests {
         )
     }
 
-    fn of_error(e: etcd_client::Error) -> Cause {
+    fn of_error(e: rpc::Error) -> Cause {
         let (endpoints, request_timeout) = cx();
         cause(
             &e,
@@ -498,20 +499,18 @@ mod tests {
     #[test]
     fn constructed_errors() {
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "os error 111");
-        let c = of_error(etcd_client::Error::IoError(refused));
+        let c = of_error(rpc::Error::IoError(refused));
         assert_eq!(
             c.sentence,
             "cannot reach etcd at 127.0.0.1:2379: connection refused"
         );
         // A gRPC status made from an I/O error keeps the code tonic gives it.
         let timed_out = io::Error::new(io::ErrorKind::TimedOut, "deadline has elapsed");
-        let c = of_error(etcd_client::Error::GRpcStatus(timed_out.into()));
+        let c = of_error(rpc::Error::GRpcStatus(timed_out.into()));
         assert_eq!(c.kind, Kind::Timeout);
-        let c = of_error(etcd_client::Error::WatchError(
-            "etcdserver: no leader".into(),
-        ));
+        let c = of_error(rpc::Error::WatchError("etcdserver: no leader".into()));
         assert_eq!(c.sentence, "etcd has no leader");
-        let c = of_error(etcd_client::Error::InvalidArgs("bad\nsecond line".into()));
+        let c = of_error(rpc::Error::InvalidArgs("bad\nsecond line".into()));
         assert_eq!(c.kind, Kind::Other);
         assert!(!c.sentence.contains('\n'), "{}", c.sentence);
     }
@@ -614,7 +613,7 @@ mod tests {
     fn a_tls_failure_after_the_start_is_a_plain_unavailable() {
         let expired = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
         let io = io::Error::new(io::ErrorKind::InvalidData, expired);
-        let c = of_error(etcd_client::Error::IoError(io));
+        let c = of_error(rpc::Error::IoError(io));
         assert_eq!(c.kind, Kind::Unavailable);
         assert_eq!(
             c.sentence,

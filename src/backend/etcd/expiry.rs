@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Txn, TxnOp};
+use super::rpc::{Txn, TxnOp};
 
 use crate::backend::now;
 use crate::locks::EventKind;

@@ -2,7 +2,7 @@
 //! own writes the watch has not shown yet (a client's LOCK right after its UNLOCK is decided on
 //! the state that UNLOCK left).
 
-use etcd_client::{GetOptions, Txn, TxnOp};
+use super::rpc::{GetOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError};
 
@@ -22,7 +22,7 @@ impl Cluster {
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut changes = Vec::new();
         for op in resp.op_responses() {
-            if let etcd_client::TxnOpResponse::Get(got) = op {
+            if let super::rpc::TxnOpResponse::Get(got) = op {
                 changes.extend(got.kvs().iter().map(|kv| super::watch::change(kv, true)));
             }
         }
@@ -55,13 +55,13 @@ impl Cluster {
     }
 
     /// Remembers that this front-end wrote `name` at `rev` (see [`Cluster::own_writes_seen`]).
-    pub(super) fn wrote(&self, name: &str, resp: &etcd_client::TxnResponse) {
+    pub(super) fn wrote(&self, name: &str, resp: &super::rpc::TxnResponse) {
         self.wrote_as(name, resp, false);
     }
 
     /// [`Cluster::wrote`]; `emptied`: the write left the name with no holder, waiter or
     /// marker.
-    pub(super) fn wrote_as(&self, name: &str, resp: &etcd_client::TxnResponse, emptied: bool) {
+    pub(super) fn wrote_as(&self, name: &str, resp: &super::rpc::TxnResponse, emptied: bool) {
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut g = self.guard();
         if rev > g.mirror.rev {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{PutOptions, Txn, TxnOp};
+use super::rpc::{PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules::Decision;

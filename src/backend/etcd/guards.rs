@@ -3,7 +3,7 @@
 //! decision made on a stale mirror fails one of them and is made again: they, not the
 //! mirror, are what keeps a second holder out.
 
-use etcd_client::{Compare, CompareOp};
+use super::rpc::{Compare, CompareOp};
 
 use super::keys::Layout;
 

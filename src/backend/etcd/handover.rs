@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Txn, TxnOp};
+use super::rpc::{Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, WaitResult};
 use crate::locks::{EventKind, Token, WaitEnd};
@@ -65,7 +65,7 @@ impl Cluster {
         let rewritten = resp.as_ref().is_some_and(|r| {
             !r.succeeded()
                 && r.op_responses().iter().any(|op| {
-                    matches!(op, etcd_client::TxnOpResponse::Get(got)
+                    matches!(op, super::rpc::TxnOpResponse::Get(got)
                         if got.kvs().iter().any(|kv| kv.create_revision() == gr.rev))
                 })
         });

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, GetOptions, Txn, TxnOp};
+use super::rpc::{Compare, GetOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, Renewed};
 use crate::locks::{ConnId, EventKind, TableError, Token, UserId};

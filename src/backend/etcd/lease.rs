@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::backend::{BackendError, WaitResult};
 
-use etcd_client::{PutOptions, Txn, TxnOp};
+use super::rpc::{PutOptions, Txn, TxnOp};
 
 use super::{not_sent, Cluster, RETRY};
 
@@ -128,10 +128,10 @@ impl Cluster {
 
 /// Whether etcd says the lease kept alive no longer exists (it ran out while this front-end
 /// could not reach etcd): then only a new lease helps, retrying the old one never does.
-fn lease_gone(e: &etcd_client::Error) -> bool {
+fn lease_gone(e: &super::rpc::Error) -> bool {
     match e {
-        etcd_client::Error::LeaseKeepAliveError(why) => why.contains("not found"),
-        etcd_client::Error::GRpcStatus(status) => status.message().contains("lease not found"),
+        super::rpc::Error::LeaseKeepAliveError(why) => why.contains("not found"),
+        super::rpc::Error::GRpcStatus(status) => status.message().contains("lease not found"),
         _ => false,
     }
 }

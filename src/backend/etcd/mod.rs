@@ -56,6 +56,7 @@ mod mirror;
 pub mod model;
 mod quorum;
 mod release;
+mod rpc;
 mod secure;
 mod sessions;
 mod stats;
@@ -69,7 +70,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Client, ConnectOptions, Txn, TxnOp};
+use rpc::{Client, ConnectOptions, Txn, TxnOp};
 use tokio::sync::{broadcast, oneshot, Notify};
 
 use crate::auth::Gate;
@@ -330,7 +331,7 @@ impl Cluster {
     }
 
     /// Why `e` failed, in one plain sentence.
-    fn cause_of(&self, e: &etcd_client::Error) -> cause::Cause {
+    fn cause_of(&self, e: &rpc::Error) -> cause::Cause {
         let cx = cause::Context {
             endpoints: &self.config.endpoints,
             request_timeout: self.config.request_timeout,
@@ -340,14 +341,14 @@ impl Cluster {
 
     /// [`Cluster::cause_of`], with the client's own text on a debug line (once per failure:
     /// where it happened, the request wrappers and the watch).
-    fn explain(&self, e: &etcd_client::Error) -> cause::Cause {
+    fn explain(&self, e: &rpc::Error) -> cause::Cause {
         let cause = self.cause_of(e);
         tracing::debug!(error = ?e, cause = cause.sentence, "etcd request failed");
         cause
     }
 
     /// `e` as the client is told it: `ERR UNAVAILABLE <sentence>; try again`.
-    pub(super) fn unavailable(&self, e: &etcd_client::Error) -> BackendError {
+    pub(super) fn unavailable(&self, e: &rpc::Error) -> BackendError {
         BackendError::Unavailable(self.cause_of(e).sentence)
     }
 
@@ -366,7 +367,7 @@ impl Cluster {
 
     /// An etcd request sent at `started` failed with `e`: counted, remembered as the reason
     /// `/readyz` gives, and returned in one sentence.
-    pub(super) fn request_failed(&self, started: Instant, e: &etcd_client::Error) -> String {
+    pub(super) fn request_failed(&self, started: Instant, e: &rpc::Error) -> String {
         self.stats.request(started.elapsed());
         let cause = self.explain(e);
         self.stats.error(cause.kind);
@@ -378,8 +379,8 @@ impl Cluster {
     fn record<T>(
         &self,
         started: Instant,
-        result: &Result<T, etcd_client::Error>,
-        header: impl Fn(&T) -> Option<&etcd_client::ResponseHeader>,
+        result: &Result<T, rpc::Error>,
+        header: impl Fn(&T) -> Option<&rpc::ResponseHeader>,
     ) {
         match result {
             Ok(resp) => self.answered(started, header(resp).map_or(0, |h| h.revision())),
@@ -439,10 +440,7 @@ impl Cluster {
     /// One transaction. A request that never reached a member (connection refused: that
     /// member is down) is sent again at once: the client spreads requests over every
     /// endpoint and may pick a dead one, and it has no fail-over of its own.
-    pub(super) async fn txn(
-        &self,
-        txn: Txn,
-    ) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+    pub(super) async fn txn(&self, txn: Txn) -> Result<rpc::TxnResponse, rpc::Error> {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         loop {
@@ -466,8 +464,8 @@ impl Cluster {
     pub(super) async fn get(
         &self,
         key: String,
-        options: Option<etcd_client::GetOptions>,
-    ) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+        options: Option<rpc::GetOptions>,
+    ) -> Result<rpc::GetResponse, rpc::Error> {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         loop {
@@ -493,7 +491,7 @@ impl Cluster {
     /// away for a while: a waiter key left behind would stop its queue for as long as this
     /// front-end lives. Tried until etcd answers (the transaction's comparisons make a retry
     /// of a write that did land a no-op), or until [`CLEANUP_TRIES`] failures in a row.
-    async fn cleanup(&self, txn: Txn) -> Option<etcd_client::TxnResponse> {
+    async fn cleanup(&self, txn: Txn) -> Option<rpc::TxnResponse> {
         for _ in 0..CLEANUP_TRIES {
             match self.txn(txn.clone()).await {
                 Ok(resp) => return Some(resp),
@@ -518,10 +516,10 @@ const CLEANUP_PAUSE: Duration = Duration::from_millis(250);
 /// Whether a request failed before any member saw it (its connection was refused), so that
 /// sending it again can't apply it twice. The client reports this as a transport error, or
 /// as an `Unavailable` status whose message is the connector's.
-pub(super) fn not_sent(e: &etcd_client::Error) -> bool {
+pub(super) fn not_sent(e: &rpc::Error) -> bool {
     match e {
-        etcd_client::Error::TransportError(_) => true,
-        etcd_client::Error::GRpcStatus(status) => status.message().contains("connect error"),
+        rpc::Error::TransportError(_) => true,
+        rpc::Error::GRpcStatus(status) => status.message().contains("connect error"),
         _ => false,
     }
 }

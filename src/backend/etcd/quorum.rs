@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::GetOptions;
+use super::rpc::GetOptions;
 
 use crate::backend::now;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, PutOptions, Txn, TxnOp};
+use super::rpc::{Compare, PutOptions, Txn, TxnOp};
 
 use crate::backend::{BackendError, HandOver};
 use crate::locks::{EventKind, TableError, Token, UserId};
@@ -162,7 +162,7 @@ impl Cluster {
         kind: EventKind,
         holder: &HolderRecord,
         ended: &Ended,
-        resp: &etcd_client::TxnResponse,
+        resp: &super::rpc::TxnResponse,
     ) -> bool {
         let Some(depth) = success_depth(resp) else {
             return false;
@@ -221,12 +221,12 @@ pub(super) struct Ended {
 
 /// Which branch of a transaction with nested ones succeeded: 0 the outer one, 1 the one
 /// nested in its else, and so on; `None`: none did.
-fn success_depth(resp: &etcd_client::TxnResponse) -> Option<usize> {
+fn success_depth(resp: &super::rpc::TxnResponse) -> Option<usize> {
     if resp.succeeded() {
         return Some(0);
     }
     resp.op_responses().iter().find_map(|op| match op {
-        etcd_client::TxnOpResponse::Txn(t) => success_depth(t).map(|d| d + 1),
+        super::rpc::TxnOpResponse::Txn(t) => success_depth(t).map(|d| d + 1),
         _ => None,
     })
 }

@@ -17,10 +17,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Instant;
 
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
-    TxnOp,
-};
+use super::rpc::{Client, Compare, CompareOp, ConnectOptions, GetOptions, TlsOptions, Txn, TxnOp};
 use tokio_rustls::rustls::crypto::ring::default_provider;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -173,9 +170,9 @@ fn password(file: Option<&Path>, env: Option<String>) -> Result<String, EtcdRefu
 pub fn apply(options: ConnectOptions, loaded: &Loaded) -> ConnectOptions {
     let mut options = options;
     if let Some(ca) = &loaded.ca {
-        let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+        let mut tls = TlsOptions::new().with_ca_pem(ca.clone());
         if let Some((cert, key)) = &loaded.identity {
-            tls = tls.identity(Identity::from_pem(cert, key));
+            tls = tls.with_identity_pem(cert.clone(), key.clone());
         }
         options = options.with_tls(tls);
     }
@@ -186,9 +183,8 @@ pub fn apply(options: ConnectOptions, loaded: &Loaded) -> ConnectOptions {
                 "--etcd-user over http://: the password crosses the network in clear text (use https:// with --etcd-ca)"
             );
         }
-        options = options
-            .with_user(user.clone(), password.clone())
-            .with_auto_token_refresh(true);
+        // The client asks for a new token when etcd refuses an expired one.
+        options = options.with_user(user.clone(), password.clone());
     }
     options
 }
@@ -225,7 +221,7 @@ pub async fn connect(
         let attempt = async {
             let client = Client::connect(&config.endpoints, Some(options.clone())).await?;
             first_request(&client, layout.prefix()).await?;
-            Ok::<_, etcd_client::Error>(client)
+            Ok::<_, super::rpc::Error>(client)
         };
         let e = match tokio::time::timeout(left, attempt).await {
             Ok(Ok(client)) => return Ok(client),
@@ -256,7 +252,7 @@ pub async fn connect(
 /// needs write on the prefix, the range read of the other branch read on all of it. So a
 /// role without readwrite on the whole prefix is told here, by name, instead of as the
 /// first grant's "permission denied".
-async fn first_request(client: &Client, prefix: &str) -> Result<(), etcd_client::Error> {
+async fn first_request(client: &Client, prefix: &str) -> Result<(), super::rpc::Error> {
     let txn = Txn::new()
         .when([Compare::create_revision(prefix, CompareOp::Less, 0)])
         .and_then([TxnOp::put(prefix, "", None)])
@@ -264,7 +260,7 @@ async fn first_request(client: &Client, prefix: &str) -> Result<(), etcd_client:
             prefix,
             Some(GetOptions::new().with_prefix().with_count_only()),
         )]);
-    client.kv_client().txn(txn).await.map(drop)
+    client.clone().txn(txn).await.map(drop)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{PutOptions, Txn, TxnOp};
+use super::rpc::{PutOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
 use crate::backend::{now, BackendError, LockStart, WaitResult};

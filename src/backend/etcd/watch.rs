@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use etcd_client::{EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchResponse};
+use super::rpc::{EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchResponse};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
@@ -306,7 +306,7 @@ impl Cluster {
 
 /// A key as etcd sent it (a read, or a watch event: `put` false for a delete), as the mirror
 /// applies it.
-pub(super) fn change(kv: &etcd_client::KeyValue, put: bool) -> KeyChange {
+pub(super) fn change(kv: &super::rpc::KeyValue, put: bool) -> KeyChange {
     KeyChange {
         put,
         key: kv.key().to_vec(),
