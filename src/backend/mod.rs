@@ -434,6 +434,11 @@ pub fn unix_ms() -> u64 {
 }
 
 /// Dispatches to the backend; `$call` is an expression on `b`, the backend's own handle.
+// The cluster backend's request futures are boxed where they are awaited below: each of them
+// (etcd transactions through tonic) is several KiB, and inline they would size every
+// connection's task (a future is as large as its largest await point) in every mode, the
+// embedded one too; a request to etcd costs a round trip, next to which the allocation is
+// nothing.
 macro_rules! each {
     ($self:expr, $b:ident => $call:expr) => {
         match $self {
@@ -515,7 +520,7 @@ impl Backend {
         let start = match self {
             Backend::Embedded(b) => b.lock(req)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.lock_bound(req).await?,
+            Backend::Etcd(b) => Box::pin(b.lock_bound(req)).await?,
         };
         match start {
             LockStart::Granted { token, handover } => {
@@ -537,7 +542,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => b.unlock(name, token, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.unlock_bound(name, token, user).await?,
+            Backend::Etcd(b) => Box::pin(b.unlock_bound(name, token, user)).await?,
         }
         self.made_durable().await
     }
@@ -555,7 +560,7 @@ impl Backend {
         let renewed = match self {
             Backend::Embedded(b) => b.renew(name, token, ttl, conn, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.renew_bound(name, token, ttl, conn, user).await?,
+            Backend::Etcd(b) => Box::pin(b.renew_bound(name, token, ttl, conn, user)).await?,
         };
         self.made_durable().await?;
         Ok(renewed)
@@ -566,7 +571,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => Ok(b.check(name, token)?),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.check(name, token).await,
+            Backend::Etcd(b) => Box::pin(b.check(name, token)).await,
         }
     }
 
@@ -578,7 +583,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => b.revoke(name, token),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.take_back(name, token, handover).await,
+            Backend::Etcd(b) => Box::pin(b.take_back(name, token, handover)).await,
         }
     }
 
@@ -587,7 +592,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => Ok(b.status(name)),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.status(name).await,
+            Backend::Etcd(b) => Box::pin(b.status(name)).await,
         }
     }
 
@@ -600,7 +605,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => Ok(b.status_detail(name, max)),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.status_detail(name, max).await,
+            Backend::Etcd(b) => Box::pin(b.status_detail(name, max)).await,
         }
     }
 
@@ -610,7 +615,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => Ok(b.status_snapshot().await),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => b.status_snapshot().await,
+            Backend::Etcd(b) => Box::pin(b.status_snapshot()).await,
         }
     }
 
