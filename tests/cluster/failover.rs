@@ -105,6 +105,17 @@ fn killing_the_etcd_leader_loses_nothing_and_grants_nothing_twice() {
     let prefix = etcd.prefix();
     let a = front_end(&etcd, &prefix);
     let b = front_end(&etcd, &prefix);
+    leader_killed_loses_nothing(&mut etcd, &a, &b);
+}
+
+/// Holder on `a`, a waiter on `b`; the etcd leader is killed: service resumes, the holder
+/// renews, the hand-over happens once, to the waiter, and nobody else holds the lock
+/// meanwhile. Also over TLS (tests/cluster/secure.rs).
+pub(crate) fn leader_killed_loses_nothing(
+    etcd: &mut EtcdCluster,
+    a: &LockdFrontEnd,
+    b: &LockdFrontEnd,
+) {
     let held = token(&a.request("LOCK kept me ttl=120s"));
     let mut waiter = Line::connect(b.addr());
     waiter.send("LOCK kept you");

@@ -325,42 +325,7 @@ fn killing_the_etcd_leader_over_tls_loses_nothing_and_grants_nothing_twice() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let a = LockdFrontEnd::start(&etcd, &prefix, &args);
     let b = LockdFrontEnd::start(&etcd, &prefix, &args);
-    let held = token(&a.request("LOCK kept me ttl=120s"));
-    let mut waiter = Line::connect(b.addr());
-    waiter.send("LOCK kept you");
-    eventually(PATIENCE, "queued", || {
-        field(&a.request("STATUS kept"), "waiters").as_deref() == Some("1")
-    });
-
-    let leader = etcd.wait_leader();
-    etcd.kill(leader);
-    etcd.wait_leader();
-    eventually(PATIENCE, "the holder renews after the election", || {
-        a.request(&format!("RENEW kept {held}")).starts_with("OK ")
-    });
-    eventually(PATIENCE, "the release goes through", || {
-        let reply = b.request(&format!("UNLOCK kept {held}"));
-        reply == "OK" || reply.starts_with("ERR NOTHELD")
-    });
-    let granted = token(&waiter.line());
-    assert!(granted > held);
-    eventually(PATIENCE, "STATUS shows the waiter holding", || {
-        field(&a.request("STATUS kept"), "id").as_deref() == Some("you")
-    });
-    // Nobody else holds it meanwhile.
-    let again = a.request("LOCK kept third wait=0");
-    assert!(again.starts_with("ERR TIMEOUT"), "{again}");
-    etcd.restart(leader);
-    etcd.wait_healthy();
-    let mut last = String::new();
-    eventually(PATIENCE, "the release after the restart", || {
-        last = b.request(&format!("UNLOCK kept {granted}"));
-        assert!(
-            last == "OK" || last.starts_with("ERR UNAVAILABLE"),
-            "{last}"
-        );
-        last == "OK"
-    });
+    crate::failover::leader_killed_loses_nothing(&mut etcd, &a, &b);
 }
 
 /// The README's setup: TLS with client certificates and etcd's authentication on, where
