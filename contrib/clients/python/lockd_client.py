@@ -961,7 +961,9 @@ class Lease:
     The thread renews every third of the time the lease surely lives without a renewal (the
     grace, or the ttl if shorter). ``lease.lost`` turns True, and ``lease.check()`` starts
     raising LeaseLost, as soon as the thread finds the lease gone: a renewal answered NOTHELD,
-    or none got through for that long. Then ``on_lost(lease)`` is called once (in the
+    or none got through for that long, counted from when the last one that did was sent, less
+    a margin (a tenth of it, at most half a second). No renewal attempt may outlast that, so
+    the loss is known before the server can pass the lock on. Then ``on_lost(lease)`` is called once (in the
     renewal thread), and leaving the ``with`` raises LeaseLost if the body itself ended
     normally (an exception from the body is left to propagate; ``lease.lost`` tells).
     """
@@ -985,6 +987,7 @@ class Lease:
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread = None
+        self._sent = None
 
     @staticmethod
     def _capped(session, ttl):
@@ -1023,7 +1026,9 @@ class Lease:
             self.token = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
                                            session=self.session, shared=self.shared,
                                            limit=self.limit)
-            # A first renewal at once gives the lease's length in ms, whatever form ttl took.
+            # A first renewal at once gives the lease's length in ms, whatever form ttl took,
+            # and the time the lease surely lives from (when it was sent).
+            self._sent = time.monotonic()
             ttl_ms = self._renew()
         except BaseException:
             if self.token is not None:
@@ -1046,12 +1051,18 @@ class Lease:
             raise LeaseLost(self.name, self.token, self.reason)
         return False
 
-    def _renew(self):
+    def _renew(self, deadline=None):
         """RENEWs the lease and returns its ttl in ms. If the connection has dropped, renews once
-        more on a new one (the client reconnects), which the server then ties the lease to."""
+        more on a new one (the client reconnects), which the server then ties the lease to;
+        with a ``deadline`` (monotonic), only while there is time left before it."""
         try:
             return self._client.renew(self.name, self.token)
         except ConnectionLost:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                self._client.timeout = min(self._client.timeout, left)
             return self._client.renew(self.name, self.token)
 
     def _release(self):
@@ -1067,21 +1078,32 @@ class Lease:
                 return  # the lease ends by its grace or ttl anyway
 
     def _renew_loop(self, ttl_ms):
-        last_ok = time.monotonic()
+        # The lease surely lives ``hold_ms`` from when a renewal that got through was *sent*
+        # (the server counts from when it read it, which is later). The loss is told before
+        # that, whatever a renewal in flight does: no attempt may outlast it, so another
+        # holder can't be granted while the body still runs.
+        last_ok = self._sent
         while True:
             hold_ms = self._hold_ms(ttl_ms)
             every_ms = hold_ms or ttl_ms
-            # A renewal must not wait longer than this for its reply (or to connect), so a
-            # silent server cannot keep the thread from noticing the lease may be gone.
-            self._client.timeout = min(self._timeout, every_ms / 3000.0 + 1.0)
+            deadline = last_ok + hold_ms / 1000.0 - min(0.5, hold_ms / 10000.0)
             if self._stop.wait(max(every_ms / 3000.0, 0.05)):
                 return
+            sent = time.monotonic()
+            left = deadline - sent
+            if hold_ms and left <= 0:
+                self._mark_lost("no renewal got through within %d ms" % hold_ms)
+                return
+            # A renewal must not wait longer than this for its reply (or to connect), so a
+            # silent server cannot keep the thread from noticing the lease may be gone.
+            timeout = min(self._timeout, every_ms / 3000.0 + 1.0)
+            self._client.timeout = min(timeout, left) if hold_ms else timeout
             try:
-                ttl_ms = self._renew()
-                last_ok = time.monotonic()
+                ttl_ms = self._renew(deadline if hold_ms else None)
+                last_ok = sent
             except ConnectionLost as e:
                 # The server may be restarting: retry while the lease surely lives.
-                if (time.monotonic() - last_ok) * 1000.0 >= hold_ms:
+                if time.monotonic() >= deadline:
                     self._mark_lost("no renewal got through within %d ms (%s)" % (hold_ms, e))
                     return
             except LockdError as e:

@@ -28,13 +28,6 @@ GUARD = 10.0
 #: Scenarios this client is known to fail, each with why (unittest's expectedFailure: if it
 #: passes one day, the run says so, and the entry goes).
 KNOWN = {
-    "lost_lease_signalled_before_the_next_grant":
-        "Lease waits for a renewal's reply up to a reply timeout (1.5s at ttl=1.5s), then "
-        "tries once more on a new connection (as long again), and only then compares the time "
-        "since the last reply with the lease: the loss comes after lockd has ended the lease "
-        "and granted the next waiter",
-    "lost_lease_while_the_server_is_frozen":
-        "the same: a silent lockd keeps Lease waiting past the lease's end",
     "lock_resent_after_err_unavailable":
         "Client.lock sends the LOCK again through the next address only when the connection "
         "is lost; an ERR UNAVAILABLE is raised as a ServerError (this client has no class for "
