@@ -819,6 +819,12 @@ lockd_run() {
     lockd__disconnect
     local cmd_rc=0
     while :; do
+        # A trapped signal caught before this wait (while the command was being started)
+        # does not interrupt it: pass it on first, or the command would run to its end.
+        if [[ -n $lockd__stopping && -z $forwarded ]]; then
+            forwarded=1
+            kill "-$lockd__stopping" "$cmd_pid" 2>/dev/null || true
+        fi
         cmd_rc=0
         wait "$cmd_pid" 2>/dev/null || cmd_rc=$?
         if [[ -n $lockd__stopping && -z $forwarded ]]; then
