@@ -260,11 +260,13 @@ async fn a_lock_past_max_waiters_is_refused_and_changes_nothing() {
     let server = Lockd::new().config(cfg).serve().await;
     let mut holder = server.raw().await;
     let held = holder.lock("w h ttl=60s").await;
+    let mut admin = server.raw().await;
+    // One at a time: two connections' requests reach the queue in no fixed order.
     let mut first = server.raw().await;
     first.send("LOCK w a ttl=60s").await;
+    wait_waiters(&mut admin, "w", 1).await;
     let mut second = server.raw().await;
     second.send("LOCK w b ttl=60s").await;
-    let mut admin = server.raw().await;
     wait_waiters(&mut admin, "w", 2).await;
 
     let mut third = server.raw().await;
