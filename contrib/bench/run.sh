@@ -29,6 +29,18 @@
 #
 #   COMPARE_ONLY=1 TLS_COMPARE=1 contrib/bench/run.sh   # TLS against plain: about 4 minutes
 #
+# The closest peer, dflockd (a Go FIFO lock server), when its binary is given:
+#   DFLOCKD=path              also run `lockbench peer`: lockd, dflockd and Redis on fresh
+#                             servers, PEER_ROUNDS (3; 1 with QUICK) interleaved rounds of the
+#                             mutex scenarios (uncontended C=1/64, contended C=16/64 held 0 and
+#                             100 µs), the systems' order rotating each round; a table of
+#                             medians, ranges, ratios and server CPU per operation. Without
+#                             DFLOCKD nothing of it runs.
+#   PEER_ONLY=1               with DFLOCKD: skip the Redis table and the comparisons
+#   DFLOCKD_PORT (16388)
+#
+#   DFLOCKD=../shared/peers/dflockd PEER_ONLY=1 contrib/bench/run.sh   # about 10 minutes
+#
 # Cluster mode (lockd --etcd) against etcd's own lock API has a script of its own, which starts a
 # 3-member etcd cluster and lockd front-ends on it: contrib/bench/etcd.sh (see its header).
 set -euo pipefail
@@ -43,6 +55,21 @@ baseline_name=${LOCKD_BASELINE_NAME:-$baseline_bin}
 metrics_compare=${METRICS_COMPARE:-0}
 tls_compare=${TLS_COMPARE:-0}
 compare_only=${COMPARE_ONLY:-0}
+dflockd_bin=${DFLOCKD:-}
+dflockd_port=${DFLOCKD_PORT:-16388}
+peer_only=${PEER_ONLY:-0}
+peer_rounds=${PEER_ROUNDS:-3}
+if [ -n "$dflockd_bin" ] && [ ! -x "$dflockd_bin" ]; then
+  echo "run.sh: DFLOCKD=$dflockd_bin is not an executable" >&2
+  exit 2
+fi
+if [ "$peer_only" != 0 ] && [ -z "$dflockd_bin" ]; then
+  echo "run.sh: PEER_ONLY=1 needs DFLOCKD" >&2
+  exit 2
+fi
+if [ "$peer_only" != 0 ]; then
+  compare_only=1
+fi
 default_parts=unc,con,sem
 if [ "$tls_compare" != 0 ] && [ -z "$baseline_bin" ] && [ "$metrics_compare" = 0 ]; then
   default_parts=unc,con,conn
@@ -58,6 +85,7 @@ if [ "${QUICK:-0}" != 0 ]; then
   quick=(--quick)
   rounds=${ROUNDS:-1}
   compare_rounds=${COMPARE_ROUNDS:-1}
+  peer_rounds=${PEER_ROUNDS:-1}
 fi
 if [ -n "$baseline_bin" ] && [ ! -x "$baseline_bin" ]; then
   echo "run.sh: LOCKD_BASELINE_BIN=$baseline_bin is not an executable" >&2
@@ -71,13 +99,15 @@ comparing=0
 if [ -n "$baseline_bin" ] || [ "$metrics_compare" != 0 ] || [ "$tls_compare" != 0 ]; then
   comparing=1
 fi
-if [ "$compare_only" != 0 ] && [ "$comparing" = 0 ]; then
+if [ "$compare_only" != 0 ] && [ "$comparing" = 0 ] && [ "$peer_only" = 0 ]; then
   echo "run.sh: COMPARE_ONLY=1 needs LOCKD_BASELINE_BIN, METRICS_COMPARE=1 or TLS_COMPARE=1" >&2
   exit 2
 fi
 out=${OUT:-$(mktemp -d /tmp/lockbench.XXXXXX)}
 mkdir -p "$out"
 rows=$out/rows.tsv
+peer_rows=$out/peer.tsv
+: >"$peer_rows"
 compare_rows=$out/compare.tsv
 : >"$rows"
 : >"$compare_rows"
@@ -89,7 +119,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 log() { echo "run.sh: $*" >&2; }
 log "open-files limit: $(ulimit -n)"
 
-if [ "$compare_only" = 0 ] && ! command -v redis-server >/dev/null 2>&1; then
+if { [ "$compare_only" = 0 ] || [ -n "$dflockd_bin" ]; } && ! command -v redis-server >/dev/null 2>&1; then
   log "installing redis-server"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -111,13 +141,15 @@ fi
 
 lockd_pid=""
 redis_pid=""
+dflockd_pid=""
 stop_servers() {
-  for pid in $lockd_pid $redis_pid; do
+  for pid in $lockd_pid $redis_pid $dflockd_pid; do
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
   lockd_pid=""
   redis_pid=""
+  dflockd_pid=""
 }
 trap stop_servers EXIT
 trap 'stop_servers; exit 130' INT TERM
@@ -231,6 +263,24 @@ if [ "$comparing" = 1 ]; then
     done
   done
 fi
+peer_loads=""
+if [ -n "$dflockd_bin" ]; then
+  log "peer comparison: lockd, dflockd and Redis, $peer_rounds interleaved round(s)"
+  peer_loads="$(loadavg)"
+  start_servers
+  # dflockd's defaults would skew it: 1024 keys at most, idle connections closed after 23 s
+  # (releasing their locks); it logs a line per expiry and disconnect, sent away here.
+  "$dflockd_bin" --host 127.0.0.1 --port "$dflockd_port" --max-locks 1000000 \
+    --read-timeout 600 2>/dev/null &
+  dflockd_pid=$!
+  wait_port "$dflockd_port"
+  "$bench" peer --lockd "127.0.0.1:$lockd_port" --lockd-pid "$lockd_pid" \
+    --redis "127.0.0.1:$redis_port" --redis-pid "$redis_pid" \
+    --dflockd "127.0.0.1:$dflockd_port" --dflockd-pid "$dflockd_pid" \
+    --rounds "$peer_rounds" "${quick[@]}" >>"$peer_rows"
+  stop_servers
+  peer_loads="$peer_loads; after it: $(loadavg)"
+fi
 load_after=$(loadavg)
 
 cores=$(nproc)
@@ -262,10 +312,16 @@ commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?')
     echo
     "$bench" compare "$compare_rows"
   fi
-  echo
-  if [ "$comparing" = 1 ]; then
-    echo "Took $(( $(date +%s) - started )) s. Rows: $rows and $compare_rows"
-  else
-    echo "Took $(( $(date +%s) - started )) s. Rows: $rows"
+  if [ -n "$dflockd_bin" ]; then
+    echo
+    echo "Peers, same servers throughout, $peer_rounds interleaved round(s): lockd $commit, dflockd ($("$dflockd_bin" --version 2>/dev/null | head -1 || true)), $(redis-server --version | awk '{print $1, $2, $3}')."
+    echo "Load average before the peer rounds: $peer_loads."
+    echo
+    "$bench" peer-table "$peer_rows"
   fi
+  echo
+  all_rows=$rows
+  if [ "$comparing" = 1 ]; then all_rows="$all_rows, $compare_rows"; fi
+  if [ -n "$dflockd_bin" ]; then all_rows="$all_rows, $peer_rows"; fi
+  echo "Took $(( $(date +%s) - started )) s. Rows: $all_rows"
 }

@@ -4,6 +4,9 @@
 //!                     [--tls-ca CA.pem] [--redis ADDR --redis-pid PID] [--quick]
 //!     lockbench table ROWS.tsv
 //!     lockbench compare ROWS.tsv
+//!     lockbench peer --lockd ADDR --lockd-pid PID [--dflockd ADDR --dflockd-pid PID]
+//!                    [--redis ADDR --redis-pid PID] [--rounds N] [--quick]
+//!     lockbench peer-table ROWS.tsv
 //!     lockbench certs DIR
 //!     lockbench cluster|cluster-table|etcd-status|etcd-compact ...   (see cluster.rs)
 //!
@@ -22,6 +25,7 @@
 
 mod certs;
 mod cluster;
+mod peer;
 mod perf;
 mod scale;
 mod scrape;
@@ -41,6 +45,15 @@ use perf::{Contention, Hold};
 pub enum Target {
     Lockd(SocketAddr),
     Redis(SocketAddr),
+    /// dflockd (`lockbench peer` only): uncontended and contended mutex scenarios.
+    Dflockd(SocketAddr),
+}
+
+impl Target {
+    /// The refusal of a scenario this target has no part in.
+    pub fn lacks(self, what: &str) -> io::Error {
+        io::Error::other(format!("no {what} scenario for {self:?} in this benchmark"))
+    }
 }
 
 /// Where the rows of one system's run go.
@@ -66,6 +79,8 @@ struct Args {
     group: String,
     lockd: Option<(SocketAddr, u32)>,
     redis: Option<(SocketAddr, u32)>,
+    dflockd: Option<(SocketAddr, u32)>,
+    rounds: usize,
     label: Option<String>,
     scrape: Option<SocketAddr>,
     tls_ca: Option<String>,
@@ -80,6 +95,8 @@ fn parse_args() -> Result<Args, String> {
         .next()
         .ok_or("usage: lockbench perf|waiters|held|expiry|table|compare|certs ...")?;
     let (mut lockd, mut lockd_pid, mut redis, mut redis_pid) = (None, None, None, None);
+    let (mut dflockd, mut dflockd_pid) = (None, None);
+    args.rounds = 3;
     let mut scrape = None;
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
@@ -88,6 +105,13 @@ fn parse_args() -> Result<Args, String> {
             "--lockd-pid" => lockd_pid = Some(value("--lockd-pid")?),
             "--redis" => redis = Some(value("--redis")?),
             "--redis-pid" => redis_pid = Some(value("--redis-pid")?),
+            "--dflockd" => dflockd = Some(value("--dflockd")?),
+            "--dflockd-pid" => dflockd_pid = Some(value("--dflockd-pid")?),
+            "--rounds" => {
+                args.rounds = value("--rounds")?
+                    .parse()
+                    .map_err(|e| format!("--rounds: {e}"))?
+            }
             "--label" => args.label = Some(value("--label")?),
             "--scrape" => scrape = Some(value("--scrape")?),
             "--tls-ca" => args.tls_ca = Some(value("--tls-ca")?),
@@ -116,6 +140,7 @@ fn parse_args() -> Result<Args, String> {
     };
     args.lockd = server(lockd, lockd_pid, "lockd")?;
     args.redis = server(redis, redis_pid, "redis")?;
+    args.dflockd = server(dflockd, dflockd_pid, "dflockd")?;
     args.scrape = scrape.map(|a| loopback(&a, "scrape")).transpose()?;
     Ok(args)
 }
@@ -214,7 +239,9 @@ async fn perf(t: Target, parts: &[&str], plan: &Plan, label: &str, out: &Out) ->
                 retry: Duration::ZERO,
             };
             match t {
-                Target::Lockd(_) => perf::contended(t, mutex, warm, run, out, &key).await?,
+                Target::Lockd(_) | Target::Dflockd(_) => {
+                    perf::contended(t, mutex, warm, run, out, &key).await?
+                }
                 Target::Redis(_) => {
                     for r in [1u64, 10, 100] {
                         let out = Out::new(format!("{label}-r{r}"));
@@ -258,6 +285,28 @@ const SEMAPHORE_LIMIT: u32 = 8;
 
 async fn run(args: Args) -> io::Result<()> {
     let plan = Plan::new(args.quick);
+    if args.group == "peer" {
+        let mut systems = Vec::new();
+        let add = |systems: &mut Vec<peer::System>,
+                   s: Option<(SocketAddr, u32)>,
+                   t: fn(SocketAddr) -> Target,
+                   label: &str| {
+            if let Some((addr, pid)) = s {
+                systems.push(peer::System {
+                    target: t(addr),
+                    pid,
+                    label: label.into(),
+                });
+            }
+        };
+        add(&mut systems, args.lockd, Target::Lockd, "lockd");
+        add(&mut systems, args.dflockd, Target::Dflockd, "dflockd");
+        add(&mut systems, args.redis, Target::Redis, "redis");
+        if args.lockd.is_none() {
+            return Err(io::Error::other("peer needs --lockd"));
+        }
+        return peer::run(&systems, args.rounds, plan.warm, plan.run).await;
+    }
     let mut targets = Vec::new();
     if let Some((addr, pid)) = args.lockd {
         let label = args.label.clone().unwrap_or_else(|| "lockd".into());
@@ -346,14 +395,16 @@ fn main() -> ExitCode {
             }
         }
     }
-    if args.group == "table" || args.group == "compare" {
+    if args.group == "table" || args.group == "compare" || args.group == "peer-table" {
         let Some(file) = args.file.as_deref() else {
             eprintln!("lockbench: {} needs the rows file", args.group);
             return ExitCode::from(2);
         };
         return match std::fs::read_to_string(file) {
             Ok(rows) => {
-                if args.group == "table" {
+                if args.group == "peer-table" {
+                    print!("{}", peer::table(&rows));
+                } else if args.group == "table" {
                     print!("{}", table::render(&rows, args.quick));
                 } else {
                     print!("{}", table::compare(&rows));

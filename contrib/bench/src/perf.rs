@@ -12,13 +12,16 @@ use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 use crate::stats::{self, spin, Held, XorShift};
-use crate::wire::{Line, Redis};
+use crate::wire::{Dflockd, Line, Redis};
 use crate::{Out, Target};
 
 /// How long a run may overrun its deadline before it is called failed.
 const OVERRUN: Duration = Duration::from_secs(30);
 /// The lease every benchmark lock asks for: far longer than any hold.
 const TTL_MS: u64 = 30_000;
+/// How long a dflockd client waits in its queue (a lockd client waits without a bound): far
+/// longer than any run.
+const DFLOCKD_WAIT_S: u64 = 120;
 
 /// The measured window of a run, on one process clock.
 #[derive(Clone, Copy)]
@@ -161,6 +164,7 @@ pub async fn floor(
                     }
                 }
             }
+            Target::Dflockd(_) => return Err(t.lacks("PING")),
         }
         Ok(lat)
     })
@@ -212,6 +216,7 @@ pub async fn connects(t: Target, dur: Duration, out: &Out, key: &str) -> io::Res
                             lat.push(w.ns() - t0);
                         }
                     }
+                    Target::Dflockd(_) => return Err(t.lacks("PING")),
                 }
             }
             Ok(lat)
@@ -269,6 +274,24 @@ pub async fn uncontended(
                         return Err(io::Error::other(format!("{name} unexpectedly held")));
                     }
                     if !conn.unlock(&name, &value).await? {
+                        return Err(io::Error::other(format!("{name} lost before release")));
+                    }
+                    if w.counts(t0) {
+                        lat.push(w.ns() - t0);
+                    }
+                }
+            }
+            Target::Dflockd(addr) => {
+                let mut conn = Dflockd::connect(addr).await?;
+                barrier.wait().await;
+                barrier.wait().await;
+                let w = window_of(&window);
+                while !w.over() {
+                    let t0 = w.ns();
+                    let Some(token) = conn.lock(&name, 0, TTL_MS / 1000).await? else {
+                        return Err(io::Error::other(format!("{name} unexpectedly held")));
+                    };
+                    if !conn.unlock(&name, &token).await? {
                         return Err(io::Error::other(format!("{name} lost before release")));
                     }
                     if w.counts(t0) {
@@ -362,8 +385,8 @@ pub async fn contended(
         hold,
         retry,
     } = how;
-    if limit > 1 && matches!(t, Target::Redis(_)) {
-        return Err(io::Error::other("no semaphore for Redis in this benchmark"));
+    if limit > 1 && !matches!(t, Target::Lockd(_)) {
+        return Err(t.lacks("semaphore"));
     }
     let name = if limit > 1 {
         "bench-semaphore"
@@ -430,6 +453,26 @@ pub async fn contended(
                     }
                     me.held.push(Held { start, end });
                     me.grants.push((asked, start, requests + 1));
+                }
+            }
+            Target::Dflockd(addr) => {
+                let mut conn = Dflockd::connect(addr).await?;
+                barrier.wait().await;
+                barrier.wait().await;
+                let w = window_of(&window);
+                while !w.over() {
+                    let asked = w.ns();
+                    let Some(token) = conn.lock(name, DFLOCKD_WAIT_S, TTL_MS / 1000).await? else {
+                        return Err(io::Error::other("dflockd: wait ran out"));
+                    };
+                    let start = w.ns();
+                    hold.pass().await;
+                    let end = w.ns();
+                    if !conn.unlock(name, &token).await? {
+                        return Err(io::Error::other("dflockd lock lost before release"));
+                    }
+                    me.held.push(Held { start, end });
+                    me.grants.push((asked, start, 2));
                 }
             }
         }

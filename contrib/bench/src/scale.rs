@@ -85,6 +85,7 @@ pub async fn waiters(
     let asked = Arc::new(AtomicUsize::new(0));
     let mut set = JoinSet::new();
     let drained = match t {
+        Target::Dflockd(_) => return Err(t.lacks("scale")),
         Target::Lockd(addr) => {
             let mut holder = Line::connect(addr).await?;
             holder.send(&format!("LOCK {NAME} holder ttl=1h")).await?;
@@ -221,6 +222,7 @@ pub async fn held(t: Target, n: usize, pid: u32, out: &Out) -> io::Result<()> {
             let names = (k..n).step_by(FILLERS).collect::<Vec<_>>();
             let mut buf = Vec::with_capacity(BATCH * 48);
             match t {
+                Target::Dflockd(_) => return Err(t.lacks("scale")),
                 Target::Lockd(addr) => {
                     let mut conn = Line::connect(addr).await?;
                     for chunk in names.chunks(BATCH) {
@@ -304,6 +306,7 @@ pub async fn expiry(
             let permit = connecting.acquire_owned().await.map_err(io::Error::other)?;
             let name = format!("exp-{i:012}");
             let granted = match t {
+                Target::Dflockd(_) => return Err(t.lacks("scale")),
                 Target::Lockd(addr) => {
                     let mut conn = Line::connect(addr).await?;
                     drop(permit);
@@ -352,6 +355,7 @@ pub async fn expiry(
     let leasing = tokio::time::Instant::now();
     let pace = |k: usize| leasing + spread.mul_f64(k as f64 / batches as f64);
     match t {
+        Target::Dflockd(_) => return Err(t.lacks("scale")),
         Target::Lockd(addr) => {
             let mut conn = Line::connect(addr).await?;
             let mut buf = Vec::new();

@@ -1,6 +1,6 @@
-//! The two wire protocols, by hand: lockd's line protocol (over plain TCP or TLS) and the
-//! sliver of Redis RESP a lock needs. Each connection counts the requests it sends, for
-//! "requests per grant".
+//! The wire protocols, by hand: lockd's line protocol (over plain TCP or TLS), the sliver of
+//! Redis RESP a lock needs, and dflockd's three-line requests (the optional peer of
+//! `lockbench peer`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -273,5 +273,63 @@ impl Redis {
             Resp::Simple(s) if s == "PONG" => Ok(()),
             other => Err(bad(format!("PING: unexpected reply {other:?}"))),
         }
+    }
+}
+
+/// A dflockd connection: each request is three lines (`l`, the key, `<wait-s> <ttl-s>` to
+/// acquire; `r`, the key, the token to release), each reply one line.
+pub struct Dflockd {
+    rd: BufReader<OwnedReadHalf>,
+    wr: OwnedWriteHalf,
+    out: Vec<u8>,
+    line: String,
+}
+
+impl Dflockd {
+    pub async fn connect(addr: SocketAddr) -> io::Result<Self> {
+        let (rd, wr) = open(addr).await?;
+        Ok(Dflockd {
+            rd,
+            wr,
+            out: Vec::with_capacity(128),
+            line: String::with_capacity(128),
+        })
+    }
+
+    async fn call(&mut self, op: &str, key: &str, arg: &str) -> io::Result<&str> {
+        self.out.clear();
+        for part in [op, key, arg] {
+            self.out.extend_from_slice(part.as_bytes());
+            self.out.push(b'\n');
+        }
+        self.wr.write_all(&self.out).await?;
+        self.line.clear();
+        if self.rd.read_line(&mut self.line).await? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "dflockd closed",
+            ));
+        }
+        Ok(self.line.trim_end())
+    }
+
+    /// Waits up to `wait_s` in dflockd's FIFO queue for `key` with a lease of `ttl_s`: the
+    /// token (dflockd's are strings), or `None` if the wait ran out.
+    pub async fn lock(&mut self, key: &str, wait_s: u64, ttl_s: u64) -> io::Result<Option<String>> {
+        let arg = format!("{wait_s} {ttl_s}");
+        let reply = self.call("l", key, &arg).await?;
+        if reply == "timeout" {
+            return Ok(None);
+        }
+        match reply.strip_prefix("ok ").and_then(|r| r.split(' ').next()) {
+            Some(token) => Ok(Some(token.to_owned())),
+            None => Err(bad(format!("dflockd acquire: unexpected reply {reply:?}"))),
+        }
+    }
+
+    /// Releases `key` held with `token`: whether dflockd still had it so.
+    pub async fn unlock(&mut self, key: &str, token: &str) -> io::Result<bool> {
+        let reply = self.call("r", key, token).await?;
+        Ok(reply == "ok")
     }
 }
