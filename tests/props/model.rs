@@ -552,6 +552,7 @@ impl Harness {
                     mode: *mode,
                     user: *user,
                     origin: Default::default(),
+                    note: None,
                 };
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_decision(now, &req);
@@ -867,6 +868,7 @@ fn req(
         mode: Mode::Exclusive,
         user: NO_USER,
         origin: Default::default(),
+        note: None,
     }
 }
 
@@ -899,6 +901,7 @@ fn ev(kind: EventKind, name: &str, id: &str, token: Token) -> Effect {
         held: Duration::ZERO,
         waited: None,
         origin: Default::default(),
+        note: None,
     })
 }
 

@@ -284,6 +284,7 @@ fn lock_status() -> impl Strategy<Value = LockStatus> {
         mode: h.mode,
         origin: Default::default(),
         granted_unix_ms: 0,
+        note: None,
     })
 }
 
@@ -366,6 +367,7 @@ proptest! {
             held: Duration::ZERO,
             waited: None,
             origin: Default::default(),
+            note: None,
         };
         prop_assert_eq!(
             parse(Reply::Event(&e, unix_ms), Asked::Watch),

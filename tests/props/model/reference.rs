@@ -234,6 +234,7 @@ impl Model {
             held: Duration::from_millis(held),
             waited: waited.map(Duration::from_millis),
             origin: Default::default(),
+            note: None,
         }));
     }
 
@@ -605,5 +606,6 @@ fn status_of(now: u64, name: &str, e: &MEntry, h: &MHolder) -> LockStatus {
         mode: e.mode,
         origin: Default::default(),
         granted_unix_ms: 0,
+        note: None,
     }
 }
