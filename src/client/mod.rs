@@ -288,7 +288,7 @@ impl Client {
                 wait,
                 tie,
                 mode,
-                note: note.filter(|n| !n.is_empty()).map(str::to_owned),
+                note: note.filter(|n| !n.is_empty()).map(Box::from),
             })
             .await?
         {

@@ -37,7 +37,7 @@ pub fn split_note(line: &str) -> (&str, Option<&str>) {
 
 /// Checks a note as a LOCK gave it: no control characters (a tab, an escape), so that it
 /// prints as it was typed. `None` for an empty note: no note.
-pub fn valid_note(note: &str) -> Result<Option<String>, ProtoError> {
+pub fn valid_note(note: &str) -> Result<Option<Box<str>>, ProtoError> {
     if note.is_empty() {
         return Ok(None);
     }
@@ -47,7 +47,7 @@ pub fn valid_note(note: &str) -> Result<Option<String>, ProtoError> {
             "note has a control character; a note is printable text",
         ));
     }
-    Ok(Some(note.to_owned()))
+    Ok(Some(note.into()))
 }
 
 /// A note as one word of a reply: a space is `%20`, `%` is `%25`, and every other byte

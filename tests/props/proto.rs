@@ -94,7 +94,7 @@ fn request() -> impl Strategy<Value = Request> {
                 wait,
                 tie,
                 mode,
-                note
+                note: note.map(Box::from)
             }),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
         (name(), 1u64..u64::MAX, prop::option::of(duration()))
@@ -420,7 +420,9 @@ proptest! {
     fn a_lock_s_note_is_the_rest_of_its_line(head in "LOCK [a-z]{1,5} [a-z]{1,5}( ttl=1s)?", note in note()) {
         let line = format!("{head} note={note} \t ");
         match proto::parse(&line) {
-            Ok(Request::Lock { note: got, .. }) => prop_assert_eq!(got.as_deref(), Some(note.as_str())),
+            Ok(Request::Lock { note: got, .. }) => {
+                prop_assert_eq!(got.as_deref(), Some(note.as_str()))
+            }
             other => prop_assert!(false, "{:?}", other),
         }
     }
