@@ -102,6 +102,8 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_LINE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest request line, in bytes, line ending included.
 pub const DEFAULT_MAX_LINE: usize = 1024;
+/// Longest note a LOCK may carry (`note=`), in bytes.
+pub const DEFAULT_MAX_NOTE: usize = 256;
 /// Events a watcher may fall behind before it is disconnected.
 pub const DEFAULT_WATCH_BUFFER: usize = 1024;
 /// How long a grant to a waiter that half-closed is watched for a reset (its client gone).

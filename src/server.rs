@@ -81,6 +81,8 @@ pub struct Config {
     pub tls: Option<ServerTls>,
     /// How long a TLS client may take to complete its handshake.
     pub tls_handshake_timeout: Duration,
+    /// Longest note a LOCK may carry, in bytes; longer ones are answered `ERR BADARG`.
+    pub max_note: usize,
 }
 
 impl Default for Config {
@@ -105,6 +107,7 @@ impl Default for Config {
             auth: None,
             tls: None,
             tls_handshake_timeout: crate::DEFAULT_TLS_HANDSHAKE_TIMEOUT,
+            max_note: crate::DEFAULT_MAX_NOTE,
         }
     }
 }
@@ -118,6 +121,7 @@ impl Config {
             half_close_probe: self.half_close_probe,
             idle_timeout: self.idle_timeout,
             line_timeout: self.line_timeout,
+            max_note: self.max_note,
         }
     }
 }

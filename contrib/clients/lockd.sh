@@ -22,6 +22,10 @@
 #   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid of this shell>)
 #   LOCKD_IO_TIMEOUT  seconds to wait for a reply that should come at once (default 10)
 #   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10)
+#   LOCKD_NOTE        a note for people sent with every LOCK of lockd_lock, lockd_try and
+#                     lockd_run ("release 1.4.2 by ci job 8812"): printable text, at most the
+#                     server's --max-note bytes; STATUS, WATCH and refused LOCKs show it with
+#                     the holder (proto.md, "Notes and blocked-by answers"). Empty: none.
 #   LOCKD_USER        log in as this user (a lockd started with --auth-file): every
 #                     connection, the renewer's reconnects included, starts with
 #                     AUTH <user> <secret>; needs one of:
@@ -45,7 +49,8 @@
 #   lockd_check NAME TOKEN                 is TOKEN the live lease? prints ttl_ms on stdout
 #   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
-#                                          LOCKD_WAITERS
+#                                          LOCKD_WAITERS and LOCKD_HOLDER_NOTE (the first
+#                                          holder's note, decoded; empty for none)
 #   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] -- CMD [ARGS...]
 #                                          runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
@@ -102,6 +107,7 @@ LOCKD_ERROR=
 LOCKD_MODE=
 LOCKD_HOLDERS=0
 LOCKD_WAITERS=0
+LOCKD_HOLDER_NOTE=
 # The address of LOCKD_ADDR of the latest connection, and its index in the list.
 lockd__addr=
 lockd__at=0
@@ -421,6 +427,11 @@ lockd__lock_line() {
 # the queue, or the grant made to it meanwhile (proto.md, cluster mode).
 lockd__lock_exchange() {
     local base=$1 wait_ms='' left='' rc sent=0 list=() started=${EPOCHREALTIME/./}
+    local note=${LOCKD_NOTE:-}
+    if [[ $note == *[[:cntrl:]]* ]]; then
+        lockd__fail 2 "LOCKD_NOTE has a control character; a note is printable text"
+        return
+    fi
     IFS=, read -r -a list <<<"${LOCKD_ADDR:-127.0.0.1:5001}"
     if [[ -n $lockd__wait && -n $started ]]; then
         wait_ms=$(lockd__ms "$lockd__wait") || wait_ms=''
@@ -434,6 +445,8 @@ lockd__lock_exchange() {
         elif [[ -n $lockd__wait ]]; then
             line+=" wait=$lockd__wait"
         fi
+        # Last: note= takes the rest of the line.
+        [[ -n $note ]] && line+=" note=$note"
         rc=0
         lockd__exchange "$line" wait || rc=$?
         ((sent += 1))
@@ -567,7 +580,7 @@ lockd_check() { lockd__with_token CHECK "$@"; }
 # when free), LOCKD_HOLDERS and LOCKD_WAITERS (how many). Without NAME: one INFO line per
 # held lock, then `OK COUNT`. LOCKD_REPLY holds the OK line.
 lockd_status() {
-    LOCKD_ERROR='' LOCKD_MODE='' LOCKD_HOLDERS=0 LOCKD_WAITERS=0
+    LOCKD_ERROR='' LOCKD_MODE='' LOCKD_HOLDERS=0 LOCKD_WAITERS=0 LOCKD_HOLDER_NOTE=''
     local line=STATUS holder_lines=0 lockd__fd='' rc=0
     if (($# > 1)); then
         lockd__fail 2 "usage: lockd_status [NAME]"
@@ -608,6 +621,11 @@ lockd_status() {
         [[ $LOCKD_REPLY =~ \ mode=([^ ]+) ]] && LOCKD_MODE=${BASH_REMATCH[1]}
         [[ $LOCKD_REPLY =~ \ holders=([0-9]+) ]] && LOCKD_HOLDERS=${BASH_REMATCH[1]}
         [[ $LOCKD_REPLY =~ \ waiters=([0-9]+) ]] && LOCKD_WAITERS=${BASH_REMATCH[1]}
+        # The note is percent-encoded (%XX): printf %b reads \xXX.
+        if [[ $LOCKD_REPLY =~ \ note=([^ ]+)$ ]]; then
+            local encoded=${BASH_REMATCH[1]//\\/%5C}
+            printf -v LOCKD_HOLDER_NOTE '%b' "${encoded//%/\\x}"
+        fi
     fi
     return 0
 }

@@ -265,6 +265,21 @@ impl Client {
         tie: Tie,
         mode: Mode,
     ) -> Result<Token> {
+        self.lock_noted(name, id, (ttl, wait), tie, mode, None)
+            .await
+    }
+
+    /// LOCK in `mode` with a note for people (`note=`, sent last; `None` or empty: none);
+    /// returns the fencing token.
+    pub async fn lock_noted(
+        &mut self,
+        name: &str,
+        id: &str,
+        (ttl, wait): (Option<Duration>, Option<Duration>),
+        tie: Tie,
+        mode: Mode,
+        note: Option<&str>,
+    ) -> Result<Token> {
         match self
             .ask(&Request::Lock {
                 name: name.into(),
@@ -273,6 +288,7 @@ impl Client {
                 wait,
                 tie,
                 mode,
+                note: note.filter(|n| !n.is_empty()).map(Box::from),
             })
             .await?
         {

@@ -240,6 +240,12 @@ pub struct Flags {
     /// The old two-port protocol (`--compat` and its flags, under a heading of their own).
     #[command(flatten)]
     pub compat: CompatArgs,
+
+    /// Longest note a LOCK may carry (note=<text>), in bytes; a longer one gets ERR BADARG.
+    /// Below --max-line: a note travels in a LOCK line.
+    #[arg(long, env = "LOCKD_MAX_NOTE", default_value_t = crate::DEFAULT_MAX_NOTE,
+          value_parser = clap::value_parser!(u32).range(1..=65_535).map(|v| v as usize))]
+    pub max_note: usize,
 }
 
 impl Default for Flags {
@@ -292,6 +298,7 @@ impl Default for Flags {
                 compat_no_auth: false,
                 compat_read_timeout: HumanDuration(compat::DEFAULT_READ_TIMEOUT),
             },
+            max_note: crate::DEFAULT_MAX_NOTE,
         }
     }
 }
@@ -316,6 +323,12 @@ impl Flags {
         }
         if self.tls_handshake_timeout.0.is_zero() {
             return Err("--tls-handshake-timeout must be more than 0".into());
+        }
+        if self.max_note >= self.max_line {
+            return Err(format!(
+                "--max-note ({}) must be less than --max-line ({}): a note travels in a LOCK line",
+                self.max_note, self.max_line
+            ));
         }
         if self.metrics_names.len() > MAX_METRICS_NAMES {
             return Err(format!(
@@ -522,6 +535,7 @@ impl Flags {
             status_copies: self.status_copies,
             shutdown_grace: self.shutdown_grace.0,
             half_close_probe: self.half_close_probe.0,
+            max_note: self.max_note,
             compat: self.compat.config(self.max_ttl.0)?,
             // In cluster mode etcd is the durable store (warned about in `daemon::run`).
             data_dir: self.data_dir.clone().filter(|_| self.etcd.is_empty()),
@@ -644,6 +658,22 @@ mod tests {
             refusal(|f| f.default_ttl = HumanDuration(crate::DEFAULT_MAX_TTL + crate::MIN_TTL)),
             "--default-ttl must not exceed --max-ttl"
         );
+    }
+
+    #[test]
+    fn refuses_a_max_note_not_below_max_line() {
+        let flags = Flags {
+            max_note: 1024,
+            max_line: 1024,
+            ..Flags::default()
+        };
+        let e = flags.validate().unwrap_err();
+        assert!(e.contains("--max-note"), "{e}");
+        let flags = Flags {
+            max_note: 1023,
+            ..flags
+        };
+        assert_eq!(flags.validate(), Ok(()));
     }
 
     #[test]

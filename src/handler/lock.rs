@@ -30,8 +30,17 @@ impl Handler {
                     id: &id,
                     token: None,
                 };
-                self.refuse_about(self.lock_refusal(&e, &name), about)
-                    .await?;
+                let refusal = match &e {
+                    // Boxed: the rare path adds nothing to every connection's task.
+                    BackendError::Table(TableError::WouldBlock { .. })
+                        if self.may(Right::Read, &name) =>
+                    {
+                        let plain = e.refusal(&name);
+                        Box::pin(self.blocked_by(&name, None, plain)).await
+                    }
+                    _ => self.lock_refusal(&e, &name),
+                };
+                self.refuse_about(refusal, about).await?;
                 Ok(flow_after(&e))
             }
             Ok(Locked::Granted { token, handover }) => {
@@ -59,6 +68,24 @@ impl Handler {
             }
             _ => e.refusal(name),
         }
+    }
+
+    /// The refusal of a LOCK of `name` that found it held (`waited`: after its `wait=` ran
+    /// out; `None`: `wait=0`), for a user who may read `name`: who holds it, for how long,
+    /// with what note and how many wait, as STATUS would tell that user. The holder is looked
+    /// up as the refusal is sent, so it is a snapshot; a name that became free (or that only
+    /// waiters hold up) meanwhile gets `plain`, the refusal without those details.
+    async fn blocked_by(
+        &self,
+        name: &str,
+        waited: Option<Duration>,
+        plain: ProtoError,
+    ) -> ProtoError {
+        let Ok(Some(detail)) = self.backend.status_detail(name, 0).await else {
+            return plain;
+        };
+        let user = detail.holders.first().and_then(|h| h.origin.user());
+        ProtoError::blocked_by(name, waited, &detail.status, user)
     }
 
     /// Sends a grant. `probe`: the client had closed its sending side while it waited, so
@@ -171,8 +198,11 @@ impl Handler {
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
                             let about = Subject { name: &name, id, token: None };
-                            self.refuse_about(ProtoError::wait_over(&name, waited), about)
-                                .await?;
+                            let mut e = ProtoError::wait_over(&name, waited);
+                            if self.may(Right::Read, &name) {
+                                e = Box::pin(self.blocked_by(&name, Some(waited), e)).await;
+                            }
+                            self.refuse_about(e, about).await?;
                             Ok(Flow::Continue)
                         }
                         WaitResult::Failed(e) => {

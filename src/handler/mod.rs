@@ -53,6 +53,8 @@ pub struct HandlerLimits {
     pub idle_timeout: Duration,
     /// How long the start of a line may wait for its end; zero: no limit.
     pub line_timeout: Duration,
+    /// Longest note a LOCK may carry, in bytes (`--max-note`).
+    pub max_note: usize,
 }
 
 /// One connection's state.
@@ -182,6 +184,7 @@ impl Handler {
                 }
                 Frame::Line(line) => match proto::parse(&line)
                     .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
+                    .and_then(|r| r.check_note_len(self.limits.max_note).map(|()| r))
                 {
                     Ok(request) => match self.admit(&request) {
                         // LOCK is awaited here rather than inside `dispatch`: waiting for a
@@ -316,6 +319,7 @@ impl Handler {
             wait,
             tie,
             mode,
+            note,
         } = request
         else {
             return Err(request);
@@ -330,6 +334,7 @@ impl Handler {
             mode,
             user: self.user(),
             origin: self.origin.clone(),
+            note: note.map(Into::into),
         };
         Ok((req, tie))
     }

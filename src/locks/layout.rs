@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::rules::{HolderView, NameView, WaiterView};
-use super::types::{ConnId, Mode, Origin, Token, UserId, WaiterId};
+use super::types::{ConnId, Mode, Note, Origin, Token, UserId, WaiterId};
 
 /// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
 /// that passed one. 8 bytes instead of an `Instant`'s 16, and exact: an `Instant` at or after
@@ -82,6 +82,10 @@ pub(super) struct Holder {
     /// The wall clock of the grant in Unix milliseconds (0: not known), as the caller told
     /// the table ([`super::Locks::wall_clock`]); `granted` is on the monotonic clock.
     pub(super) granted_unix_ms: u64,
+    /// The holder's note: boxed once more so that it is a thin 8-byte pointer, and a holder
+    /// without one (most) pays 8 bytes, not the 16 of an `Option<Arc<str>>`.
+    #[allow(clippy::redundant_allocation)]
+    pub(super) note: Option<Box<Note>>,
 }
 
 /// How a holder's lease is tied to a connection.
@@ -121,7 +125,18 @@ impl Holder {
             bond: Bond::Plain,
             origin,
             granted_unix_ms,
+            note: None,
         }
+    }
+
+    /// The holder's note, shared.
+    pub(super) fn note(&self) -> Option<Note> {
+        self.note.as_deref().cloned()
+    }
+
+    /// Sets the note (`None`: none).
+    pub(super) fn set_note(&mut self, note: Option<Note>) {
+        self.note = note.map(Box::new);
     }
 
     /// The connection a lease is bound to right now, if any.
@@ -165,12 +180,15 @@ pub(super) struct Waiter {
     pub(super) user: UserId,
     /// Who asked: 8 bytes, the connection's shared record.
     pub(super) origin: Origin,
+    /// The note it will hold with, carried until its grant.
+    pub(super) note: Option<Note>,
 }
 
 /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
 pub(super) type Queue = BTreeMap<u64, Waiter>;
 
-/// One held name: 112 bytes in the slab (96 until holders recorded who took them and when).
+/// One held name: 120 bytes in the slab (112 until holders kept a note, 96 until they recorded
+/// who took them and when).
 #[derive(Debug)]
 pub(super) struct Entry {
     /// The same allocation as the index's key.
@@ -258,8 +276,9 @@ impl Entry {
 }
 
 // The layout above is what keeps a held lock under 256 bytes: growing these is a choice.
-// The audit trail took 16 bytes of a holder: its origin (a shared pointer) and wall clock.
-const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 112);
+// The audit trail took 16 bytes of a holder: its origin (a shared pointer) and wall clock;
+// the note 8 more (a thin pointer, null without a note).
+const _: () = assert!(std::mem::size_of::<Option<Entry>>() <= 120);
 const _: () = assert!(std::mem::size_of::<(u64, Timer)>() <= 24);
 
 /// What a timer is for; the `u32` is the slot of the lease's entry. `Wait` sorts before

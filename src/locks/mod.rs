@@ -18,9 +18,10 @@
 //! A server may hold a million locks, so the table is laid out to cost under 256 bytes of heap
 //! per held lock with 16-byte names (`tests/memory.rs` measures it; about 226 B at 200,000
 //! locks, against 290 B for a `HashMap<Arc<str>, Entry>`):
-//! - the entries live in a `Slab` of 112-byte slots (88 until holders recorded their user, 96
+//! - the entries live in a `Slab` of 120-byte slots (88 until holders recorded their user, 96
 //!   until they recorded who took them and when: an [`Origin`] pointer shared by all of a
-//!   connection's records, and the grant's wall clock),
+//!   connection's records, and the grant's wall clock; 112 until they kept a note, a thin
+//!   pointer),
 //!   grown 4096 slots at a time and reused once freed; a `HashMap<Arc<str>, u32>` (24-byte
 //!   buckets) maps a name to its slot. A hash map of whole entries would pay its spare buckets
 //!   (up to half the table) at entry size.
@@ -142,6 +143,7 @@ impl Locks {
             lease.origin,
         );
         holder.token = lease.token;
+        holder.set_note(lease.note);
         let deadline = holder.deadline;
         let slot = match self.index.get(lease.name.as_str()) {
             None => self.add_entry(lease.name.into(), holder, lease.mode),
@@ -280,6 +282,8 @@ impl Locks {
         let was = existing.bind(req.session, req.conn);
         // The client that asked last holds it now: its address is the one to show.
         existing.origin = req.origin.clone();
+        let note = rules::note_again(existing.note.as_deref(), req.note.as_ref()).cloned();
+        existing.set_note(note);
         self.bound.moved(token, slot, was, existing.open_conn());
         self.timers.insert((deadline_ticks, timer));
         if self.journal {
@@ -293,6 +297,7 @@ impl Locks {
                 user: existing.user,
                 origin: existing.origin.clone(),
                 granted_unix_ms: existing.granted_unix_ms,
+                note: existing.note(),
             });
         }
         Ok(())
@@ -316,9 +321,12 @@ impl Locks {
         let Some(entry) = self.slab.get_mut(slot) else {
             return Err(TableError::NotHeld);
         };
+        let mut note = req.note;
         let ticket = match replaces {
             Some((ticket, old, old_deadline)) => {
-                entry.more_mut().queue.remove(&ticket);
+                let replaced = entry.more_mut().queue.remove(&ticket);
+                let had = replaced.as_ref().and_then(|w| w.note.as_ref());
+                note = rules::note_again(had, note.as_ref()).cloned();
                 self.waiters.remove(&old);
                 if let Some(at) = old_deadline {
                     self.timers.remove(&(at, Timer::Wait(old)));
@@ -353,6 +361,7 @@ impl Locks {
                 mode: req.mode,
                 user: req.user,
                 origin: req.origin,
+                note,
             },
         );
         if let Some(at) = wait_deadline {
@@ -631,6 +640,7 @@ impl Locks {
             req.user,
             req.origin.clone(),
         );
+        holder.set_note(req.note.clone());
         holder.bind(req.session, req.conn);
         holder
     }
@@ -729,6 +739,7 @@ impl Locks {
                 user: holder.user,
                 origin: holder.origin.clone(),
                 granted_unix_ms: holder.granted_unix_ms,
+                note: holder.note(),
             });
         }
         self.timers
@@ -741,6 +752,7 @@ impl Locks {
             held: Duration::ZERO,
             waited,
             origin: holder.origin.clone(),
+            note: holder.note(),
         }));
         token
     }
@@ -812,6 +824,7 @@ impl Locks {
                                 held,
                                 waited: None,
                                 origin: holder.origin,
+                                note: None,
                             }));
                         }
                         return;
@@ -837,6 +850,7 @@ impl Locks {
             held: self.clock.held(now, old.granted),
             waited: None,
             origin: old.origin,
+            note: None,
         }));
         self.grant_fitting(now, slot);
         self.sweep_ids_if_due();
@@ -858,6 +872,7 @@ impl Locks {
             held: self.clock.held(now, old.granted),
             waited: None,
             origin: old.origin,
+            note: None,
         }));
         self.grant_waiter(now, slot, next, None, deadline);
     }
@@ -878,6 +893,7 @@ impl Locks {
             next.user,
             next.origin.clone(),
         );
+        holder.set_note(next.note.clone());
         holder.bind(next.session, next.conn);
         (deadline, holder)
     }
@@ -1009,5 +1025,6 @@ fn holder_status(clock: Clock, now: Instant, entry: &Entry, holder: &Holder) -> 
         mode: entry.mode(),
         origin: holder.origin.clone(),
         granted_unix_ms: holder.granted_unix_ms,
+        note: holder.note(),
     }
 }

@@ -191,6 +191,14 @@ pub fn admits(holding: impl Iterator<Item = Mode>, mode: Mode) -> bool {
         }
 }
 
+/// The note a holder keeps when its own id LOCKs again (a retry, [`Decision::Again`]), and
+/// a waiter when its id's newer LOCK takes its place: the new LOCK's note if it carries one,
+/// else the one it had. A retry that forgot its note must not wipe what people read in
+/// STATUS; one that says something new is the holder's latest word.
+pub fn note_again<'n, N: ?Sized>(had: Option<&'n N>, asked: Option<&'n N>) -> Option<&'n N> {
+    asked.or(had)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,6 +334,14 @@ mod tests {
             decide(&queued, &again, &limits(1), 1),
             Ok(Decision::Queue { replaces: Some(0) })
         );
+    }
+
+    #[test]
+    fn a_retry_keeps_its_note_unless_it_brings_one() {
+        assert_eq!(note_again(Some("old"), None), Some("old"));
+        assert_eq!(note_again(Some("old"), Some("new")), Some("new"));
+        assert_eq!(note_again::<str>(None, None), None);
+        assert_eq!(note_again(None, Some("new")), Some("new"));
     }
 
     #[test]

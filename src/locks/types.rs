@@ -183,7 +183,15 @@ pub struct LockRequest {
     pub user: UserId,
     /// Who asks, by name and address, for the audit trail: the holder records it.
     pub origin: Origin,
+    /// `note=`: the holder's free text for people (checked by the protocol); `None`: none.
+    /// A repeat LOCK by the holder keeps the note it has unless it carries one
+    /// ([`rules::note_again`](super::rules::note_again)).
+    pub note: Option<Note>,
 }
+
+/// A holder's note (`LOCK ... note=<text>`): shared by the holder, its events and its
+/// journal record, so passing it on copies a pointer.
+pub type Note = Arc<str>;
 
 /// What a RENEW did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,6 +356,8 @@ pub struct Event {
     /// Who took the lease (user and address), for the log line: an expiry or a session's
     /// end happens with no request in flight, so the holder carries it.
     pub origin: Origin,
+    /// The holder's note, for `acquired` (WATCH shows it); `None` for the other kinds.
+    pub note: Option<Note>,
 }
 
 /// Work for the caller, in the order it must happen.
@@ -397,6 +407,8 @@ pub enum Change {
         origin: Origin,
         /// The wall clock of the grant, in Unix milliseconds (0: not known).
         granted_unix_ms: u64,
+        /// The holder's note, kept across a restart.
+        note: Option<Note>,
     },
     /// The lease `token` of `name` now ends at `deadline`.
     #[allow(missing_docs)] // the variant's doc names each field
@@ -425,6 +437,7 @@ pub struct RestoredLease {
     pub user: UserId,
     pub origin: Origin,
     pub granted_unix_ms: u64,
+    pub note: Option<Note>,
 }
 
 /// One waiter of a lock, in queue order, for `STATUS <name> detail`.
@@ -466,4 +479,6 @@ pub struct LockStatus {
     /// The wall clock of the grant, in Unix milliseconds; 0 where not known (a table never
     /// told the time, a lease an older lockd granted).
     pub granted_unix_ms: u64,
+    /// The holder's note (`LOCK ... note=`), if it gave one.
+    pub note: Option<Note>,
 }

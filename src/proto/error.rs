@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::locks::TableError;
+use crate::locks::{LockStatus, TableError};
 
 /// The error codes of `ERR <code> <message>`, as proto.md lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -184,6 +184,40 @@ impl ProtoError {
                 humantime::format_duration(waited)
             ),
         )
+    }
+
+    /// A LOCK refused because `name` is held, said to a user who may read `name`: who holds
+    /// it (the first holder), for how long, how many wait, and its note, as `key=value`
+    /// fields. `waited`: the LOCK's `wait=` ran out after that long; `None`: `wait=0`.
+    /// `user`: the holder's user, where authentication names one.
+    pub fn blocked_by(
+        name: &str,
+        waited: Option<Duration>,
+        holder: &LockStatus,
+        user: Option<&str>,
+    ) -> Self {
+        use std::fmt::Write as _;
+        let mut message = match waited {
+            Some(waited) => format!(
+                "{name} still held after waiting {}; held by {}",
+                humantime::format_duration(waited),
+                holder.holder
+            ),
+            None => format!("{name}: held by {}", holder.holder),
+        };
+        if let Some(user) = user {
+            let _ = write!(message, " user={user}");
+        }
+        let _ = write!(
+            message,
+            " held_ms={} waiters={}",
+            holder.held.as_millis(),
+            holder.waiters
+        );
+        if let Some(note) = &holder.note {
+            let _ = write!(message, " note={}", super::note::Encoded(note));
+        }
+        Self::new(ErrorCode::Timeout, message)
     }
 
     /// A waiting LOCK was taken over by a newer one with the same id.

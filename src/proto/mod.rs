@@ -12,6 +12,7 @@ use crate::locks::{Mode, Token};
 
 mod duration;
 pub mod error;
+pub mod note;
 pub mod reply;
 
 pub use duration::HumanDuration;
@@ -59,7 +60,8 @@ impl Tie {
 /// One request line, parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]`.
+    /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]
+    /// [note=<text>]`.
     Lock {
         /// The lock.
         name: String,
@@ -73,6 +75,9 @@ pub enum Request {
         tie: Tie,
         /// `shared` or `limit=<n>`, or neither (exclusive).
         mode: Mode,
+        /// `note=<text>`, last: the rest of the line; `None` without one (or an empty one).
+        /// Boxed: a LOCK without a note, most, pays 16 bytes for it, not 24.
+        note: Option<Box<str>>,
     },
     /// `UNLOCK <name> <token>`.
     Unlock {
@@ -172,13 +177,13 @@ impl fmt::Display for AuthLine<'_> {
 
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] | \
+[session[=<grace>] | detach] [shared | limit=<n>] [note=<text>, last] | \
 UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
 STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>]";
+[session[=<grace>] | detach] [shared | limit=<n>] [note=<text>, last]";
 
 /// Most slots a semaphore may have.
 pub const MAX_LIMIT: u32 = 100_000;
@@ -191,6 +196,12 @@ const USAGE_AUTH: &str = "usage: AUTH <user> <secret>";
 
 /// Parses one request line (without its line ending).
 pub fn parse(line: &str) -> Result<Request, ProtoError> {
+    // A LOCK's note takes the rest of the line, spaces and all: split it off first.
+    let first = line.split([' ', '\t']).find(|w| !w.is_empty());
+    let (line, note) = match first {
+        Some(c) if c.eq_ignore_ascii_case("LOCK") => note::split_note(line),
+        _ => (line, None),
+    };
     let mut words = line.split([' ', '\t']).filter(|w| !w.is_empty());
     let Some(command) = words.next() else {
         return Err(ProtoError::new(
@@ -201,7 +212,7 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
     let args: Vec<&str> = words.collect();
     let cmd = command.to_ascii_uppercase();
     match cmd.as_str() {
-        "LOCK" => parse_lock(&args),
+        "LOCK" => parse_lock(&args, note),
         "UNLOCK" => {
             let [name, token] = exact(&args, USAGE_UNLOCK)?;
             Ok(Request::Unlock {
@@ -263,7 +274,7 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
     }
 }
 
-fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
+fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> {
     if args.len() < 2 {
         return Err(syntax(USAGE_LOCK));
     }
@@ -279,6 +290,10 @@ fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
         wait: opts.wait,
         tie: opts.tie,
         mode: opts.mode,
+        note: match note {
+            Some(note) => note::valid_note(note)?,
+            None => None,
+        },
     })
 }
 
@@ -449,6 +464,7 @@ impl fmt::Display for Request {
                 wait,
                 tie,
                 mode,
+                note,
             } => {
                 write!(f, "LOCK {name} {id}")?;
                 match mode {
@@ -463,10 +479,15 @@ impl fmt::Display for Request {
                     write!(f, " wait={}ms", wait.as_millis())?;
                 }
                 match tie {
-                    Tie::Plain => Ok(()),
-                    Tie::Detach => f.write_str(" detach"),
-                    Tie::Session(grace) if grace.is_zero() => f.write_str(" session"),
-                    Tie::Session(grace) => write!(f, " session={}ms", grace.as_millis().max(1)),
+                    Tie::Plain => {}
+                    Tie::Detach => f.write_str(" detach")?,
+                    Tie::Session(grace) if grace.is_zero() => f.write_str(" session")?,
+                    Tie::Session(grace) => write!(f, " session={}ms", grace.as_millis().max(1))?,
+                }
+                // Last: it takes the rest of the line.
+                match note {
+                    Some(note) => write!(f, " note={note}"),
+                    None => Ok(()),
                 }
             }
             Request::Unlock { name, token } => write!(f, "UNLOCK {name} {token}"),
@@ -523,9 +544,13 @@ impl Request {
     /// second line or a word split.
     pub fn validate(&self) -> Result<(), ProtoError> {
         match self {
-            Request::Lock { name, id, .. } => {
+            Request::Lock { name, id, note, .. } => {
                 validate_name("name", name)?;
-                validate_name("id", id)
+                validate_name("id", id)?;
+                match note {
+                    Some(note) => note::valid_note(note).map(drop),
+                    None => Ok(()),
+                }
             }
             Request::Unlock { name, .. }
             | Request::Renew { name, .. }
@@ -534,6 +559,21 @@ impl Request {
             | Request::StatusDetail { name }
             | Request::Watch { name: Some(name) } => validate_name("name", name),
             Request::Auth { user, .. } => validate_name("user", user),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Request {
+    /// Refuses a LOCK's note longer than `max` bytes (`--max-note`).
+    pub fn check_note_len(&self, max: usize) -> Result<(), ProtoError> {
+        match self {
+            Request::Lock {
+                note: Some(note), ..
+            } if note.len() > max => Err(bad_arg(format!(
+                "note is {} bytes; this server allows at most {max}",
+                note.len()
+            ))),
             _ => Ok(()),
         }
     }
@@ -584,10 +624,36 @@ mod tests {
                 wait: Some(Duration::from_millis(250)),
                 tie: Tie::Session(Duration::ZERO),
                 mode: Mode::Exclusive,
+                note: None,
             }
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");
         assert_eq!(parse(&r.to_string()).unwrap(), r);
+    }
+
+    #[test]
+    fn lock_note_is_last_and_takes_the_rest_of_the_line() {
+        let note = |line: &str| match parse(line) {
+            Ok(Request::Lock { note, .. }) => Ok(note.map(String::from)),
+            Ok(other) => panic!("not a LOCK: {other:?}"),
+            Err(e) => Err(e.code),
+        };
+        assert_eq!(
+            note("LOCK deploy ci-42 ttl=5m note=release 1.4.2 by ci job 8812"),
+            Ok(Some("release 1.4.2 by ci job 8812".into()))
+        );
+        assert_eq!(
+            note("LOCK a b note=x wait=0  \t"),
+            Ok(Some("x wait=0".into()))
+        );
+        assert_eq!(note("LOCK a b note=   "), Ok(None));
+        assert_eq!(note("LOCK a b note=a\u{7}b"), Err(ErrorCode::BadArg));
+        assert_eq!(note("LOCK a b"), Ok(None));
+        let r = parse("LOCK a b wait=0 note=  two  spaces").unwrap();
+        assert_eq!(r.to_string(), "LOCK a b wait=0ms note=  two  spaces");
+        assert_eq!(parse(&r.to_string()).unwrap(), r);
+        assert_eq!(r.check_note_len(12).unwrap_err().code, ErrorCode::BadArg);
+        assert!(r.check_note_len(13).is_ok());
     }
 
     #[test]

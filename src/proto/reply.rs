@@ -6,6 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::note::{decode_note, Encoded, NOTE_KEY};
 use super::{ErrorCode, ProtoError, HELP};
 use crate::locks::{Event, EventKind, LockStatus, Mode, Token, WaiterStatus};
 
@@ -65,15 +66,24 @@ impl fmt::Display for Reply<'_> {
             Reply::Status(name, None) => write!(f, "OK {name} {FREE}"),
             Reply::Status(_, Some(s)) => {
                 f.write_str("OK ")?;
-                write_held(f, &held_of(s))
+                write_held(f, &held_of(s))?;
+                write_note(f, s.note.as_deref())
             }
-            Reply::StatusAged(name, status, aged) => {
-                Reply::Status(name, *status).fmt(f)?;
+            Reply::StatusAged(name, None, aged) => {
+                Reply::Status(name, None).fmt(f)?;
                 write_aged(f, aged)
+            }
+            Reply::StatusAged(_, Some(s), aged) => {
+                // The note is the line's last field, after the cluster's too.
+                f.write_str("OK ")?;
+                write_held(f, &held_of(s))?;
+                write_aged(f, aged)?;
+                write_note(f, s.note.as_deref())
             }
             Reply::Info(s) => {
                 f.write_str("INFO ")?;
-                write_held(f, &held_of(s))
+                write_held(f, &held_of(s))?;
+                write_note(f, s.note.as_deref())
             }
             Reply::Count(n) => write!(f, "OK {n}"),
             Reply::CountAged(n, aged) => {
@@ -95,6 +105,7 @@ impl fmt::Display for Reply<'_> {
                         user: s.origin.user(),
                         granted_unix_ms: (s.granted_unix_ms != 0).then_some(s.granted_unix_ms),
                         peer: peer.as_deref(),
+                        note: s.note.as_deref(),
                     },
                 )
             }
@@ -117,6 +128,7 @@ impl fmt::Display for Reply<'_> {
                     id: &e.id,
                     token: e.token,
                     unix_ms: *unix_ms,
+                    note: e.note.as_ref().filter(|_| e.kind == EventKind::Acquired),
                 },
             ),
             Reply::Error(e) => e.fmt(f),
@@ -191,6 +203,22 @@ impl Reply<'_> {
     }
 }
 
+/// ` note=<encoded>`, the last field of a line, where there is a note.
+fn write_note<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, note: Option<S>) -> fmt::Result {
+    match note {
+        Some(note) => write!(f, " {NOTE_KEY}={}", Encoded(note.as_ref())),
+        None => Ok(()),
+    }
+}
+
+/// A line's `note=`: `Some(None)` without one, `None` for one that does not decode.
+fn read_note(value: Option<&str>) -> Option<Option<String>> {
+    match value {
+        None => Some(None),
+        Some(v) => decode_note(v).map(Some),
+    }
+}
+
 fn held_of(s: &LockStatus) -> HeldLine<&str> {
     HeldLine {
         name: &s.name,
@@ -201,6 +229,8 @@ fn held_of(s: &LockStatus) -> HeldLine<&str> {
         waiters: s.waiters,
         holders: s.holders,
         mode: s.mode,
+        // The server's lines write the note themselves: it goes after the cluster fields.
+        note: None,
     }
 }
 
@@ -244,7 +274,7 @@ fn write_holder<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HolderLine<S>) ->
     if let Some(peer) = &h.peer {
         write!(f, " peer={}", peer.as_ref())?;
     }
-    Ok(())
+    write_note(f, h.note.as_ref())
 }
 
 fn write_waiter<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, w: &WaiterLine<S>) -> fmt::Result {
@@ -269,7 +299,8 @@ fn write_event<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, e: &EventLine<S>) -> f
         e.id.as_ref(),
         e.token,
         e.unix_ms
-    )
+    )?;
+    write_note(f, e.note.as_ref())
 }
 
 /// A held lock as a STATUS line (`OK` or `INFO`) describes it: its first holder (the lowest
@@ -293,6 +324,9 @@ pub struct HeldLine<S = String> {
     pub holders: usize,
     /// `exclusive` where the line does not say (an exclusive lock, or an older server).
     pub mode: Mode,
+    /// `note=`, decoded: the first holder's note; `None` without one (or from an older
+    /// server).
+    pub note: Option<S>,
 }
 
 /// The answer to `STATUS <name>`, and the last line of `STATUS <name> detail`.
@@ -347,6 +381,8 @@ pub struct HolderLine<S = String> {
     pub granted_unix_ms: Option<u64>,
     /// `peer=`: the `ip:port` of the client that took the lease, where known.
     pub peer: Option<S>,
+    /// `note=`, decoded: the holder's note, if it gave one.
+    pub note: Option<S>,
 }
 
 /// One `WAITER` line of `STATUS <name> detail`: `position` 1 is granted next.
@@ -380,12 +416,15 @@ pub struct EventLine<S = String> {
     pub token: Token,
     /// The server's wall clock when it happened, in milliseconds since the Unix epoch.
     pub unix_ms: u64,
+    /// `note=`, decoded: the new holder's note, on `acquired` only, if it gave one.
+    pub note: Option<S>,
 }
 
 impl<S: AsRef<str>> fmt::Display for HeldLine<S> {
     /// The line's text after `OK ` or `INFO `.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_held(f, self)
+        write_held(f, self)?;
+        write_note(f, self.note.as_ref())
     }
 }
 
@@ -394,7 +433,7 @@ impl fmt::Display for StatusLine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StatusLine::Free(name) => write!(f, "{name} {FREE}"),
-            StatusLine::Held(h) => write_held(f, h),
+            StatusLine::Held(h) => h.fmt(f),
         }
     }
 }
@@ -523,6 +562,12 @@ impl fmt::Display for Received {
             Received::Bye => Reply::Bye.fmt(f),
             Received::Watching(name) => Reply::Watching(name.as_deref()).fmt(f),
             Received::Status(s) => write!(f, "OK {s}"),
+            Received::StatusAged(StatusLine::Held(h), aged) => {
+                f.write_str("OK ")?;
+                write_held(f, h)?;
+                write_aged(f, aged)?;
+                write_note(f, h.note.as_ref())
+            }
             Received::StatusAged(s, aged) => {
                 write!(f, "OK {s}")?;
                 write_aged(f, aged)
@@ -610,10 +655,12 @@ fn status_line(rest: &str) -> Option<Received> {
     let (line, fields) = rest.split_at(at);
     let age = millis(field(fields, ETCD_AGE_KEY)?)?;
     let bound = millis(field(fields, ETCD_BOUND_KEY)?)?;
-    Some(Received::StatusAged(
-        StatusLine::parse(line)?,
-        EtcdAge { age, bound },
-    ))
+    let mut status = StatusLine::parse(line)?;
+    // The note comes after the cluster's fields.
+    if let (StatusLine::Held(h), Some(note)) = (&mut status, field(fields, NOTE_KEY)) {
+        h.note = Some(decode_note(note)?);
+    }
+    Some(Received::StatusAged(status, EtcdAge { age, bound }))
 }
 
 /// The end of a STATUS of all locks: `<count>`, then (cluster mode) how old the view is.
@@ -731,6 +778,7 @@ impl HeldLine {
                 None => 1,
             },
             mode,
+            note: read_note(f.get(NOTE_KEY))?,
         })
     }
 }
@@ -770,6 +818,7 @@ impl HolderLine {
                 None => None,
             },
             peer: f.text("peer"),
+            note: read_note(f.get(NOTE_KEY))?,
         })
     }
 }
@@ -796,17 +845,23 @@ impl WaiterLine {
 }
 
 impl EventLine {
-    /// Reads `EVENT <kind> <name> <id> <token> <unix-ms>`; anything else is a [`BadReply`].
+    /// Reads `EVENT <kind> <name> <id> <token> <unix-ms> [note=<encoded>]` (and passes over
+    /// other `key=value` fields a newer server adds); anything else is a [`BadReply`].
     pub fn parse(line: &str) -> Result<EventLine, BadReply> {
         let words: Vec<&str> = line.split(' ').collect();
         let event = match words.as_slice() {
-            [EVENT, kind, name, id, token, unix_ms] => (|| {
+            [EVENT, kind, name, id, token, unix_ms, more @ ..] => (|| {
+                if more.iter().any(|w| !w.contains('=')) {
+                    return None;
+                }
+                let f = Fields::of(more.iter().copied());
                 Some(EventLine {
                     kind: event_kind(kind)?,
                     name: word(name)?.to_owned(),
                     id: word(id)?.to_owned(),
                     token: number(token)?,
                     unix_ms: number(unix_ms)?,
+                    note: read_note(f.get(NOTE_KEY))?,
                 })
             })(),
             _ => None,

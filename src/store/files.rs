@@ -425,6 +425,7 @@ mod tests {
             user: None,
             granted_ms: 0,
             peer: None,
+            note: None,
         })
     }
 

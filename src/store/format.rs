@@ -35,6 +35,9 @@ const GRANT_USER: u8 = 5;
 /// unknown record type is damage to them): the audit trail's price. Records of older lockd
 /// read as ever.
 const GRANT_ORIGIN: u8 = 6;
+/// A grant with its holder's note (`LOCK ... note=`): [`GRANT_ORIGIN`] plus the note. Written
+/// only for a grant that has a note, so a data directory without notes stays as it was.
+const GRANT_NOTE: u8 = 7;
 
 /// `Lease::mode` of an exclusive hold; 0 is shared, n >= 2 a slot of a semaphore of n.
 pub const EXCLUSIVE: u64 = 1;
@@ -55,6 +58,8 @@ pub struct Lease {
     pub granted_ms: u64,
     /// The client's `ip:port`; `None` where not known.
     pub peer: Option<String>,
+    /// The holder's note; `None` without one (and in every record but [`GRANT_NOTE`]).
+    pub note: Option<String>,
 }
 
 /// One change, as it is stored.
@@ -115,6 +120,18 @@ impl Record {
     /// Appends this record's payload bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
+            Record::Grant(l) if l.note.is_some() => {
+                out.push(GRANT_NOTE);
+                put_u64s(
+                    out,
+                    &[l.token, l.ttl_ms, l.deadline_ms, l.mode, l.granted_ms],
+                );
+                put_str(out, &l.name);
+                put_str(out, &l.id);
+                put_str(out, l.user.as_deref().unwrap_or(""));
+                put_str(out, l.peer.as_deref().unwrap_or(""));
+                put_str(out, l.note.as_deref().unwrap_or(""));
+            }
             Record::Grant(l) if l.granted_ms != 0 || l.peer.is_some() => {
                 out.push(GRANT_ORIGIN);
                 put_u64s(
@@ -166,18 +183,23 @@ impl Record {
     /// Reads one record from the front of `r`.
     fn decode(r: &mut Reader<'_>) -> Result<Record, Damaged> {
         Ok(match r.u8()? {
-            tag @ (GRANT | GRANT_MODE | GRANT_USER | GRANT_ORIGIN) => {
+            tag @ (GRANT | GRANT_MODE | GRANT_USER | GRANT_ORIGIN | GRANT_NOTE) => {
                 let (token, ttl_ms, deadline_ms) = (r.u64()?, r.u64()?, r.u64()?);
                 let mode = if tag == GRANT { EXCLUSIVE } else { r.u64()? };
-                let granted_ms = if tag == GRANT_ORIGIN { r.u64()? } else { 0 };
+                let audited = matches!(tag, GRANT_ORIGIN | GRANT_NOTE);
+                let granted_ms = if audited { r.u64()? } else { 0 };
                 let (name, id) = (r.str()?, r.str()?);
                 let user = match tag {
                     GRANT_USER => Some(r.str()?),
-                    GRANT_ORIGIN => Some(r.str()?).filter(|u| !u.is_empty()),
+                    GRANT_ORIGIN | GRANT_NOTE => Some(r.str()?).filter(|u| !u.is_empty()),
                     _ => None,
                 };
                 let peer = match tag {
-                    GRANT_ORIGIN => Some(r.str()?).filter(|p| !p.is_empty()),
+                    GRANT_ORIGIN | GRANT_NOTE => Some(r.str()?).filter(|p| !p.is_empty()),
+                    _ => None,
+                };
+                let note = match tag {
+                    GRANT_NOTE => Some(r.str()?).filter(|n| !n.is_empty()),
                     _ => None,
                 };
                 Record::Grant(Lease {
@@ -190,6 +212,7 @@ impl Record {
                     user,
                     granted_ms,
                     peer,
+                    note,
                 })
             }
             RENEW => {
@@ -396,6 +419,7 @@ mod tests {
             user: None,
             granted_ms: 0,
             peer: None,
+            note: None,
         }
     }
 
@@ -423,12 +447,18 @@ mod tests {
             peer: Some("[::1]:5".into()),
             ..lease("e", 5)
         };
+        let noted = Lease {
+            granted_ms: 1_700_000_000_789,
+            note: Some("release 1.4.2 by ci job 8812 ☃".into()),
+            ..lease("f", 6)
+        };
         for (l, tag) in [
             (&plain, GRANT),
             (&shared, GRANT_MODE),
             (&owned, GRANT_USER),
             (&audited, GRANT_ORIGIN),
             (&anonymous, GRANT_ORIGIN),
+            (&noted, GRANT_NOTE),
         ] {
             let mut bytes = Vec::new();
             Record::Grant(l.clone()).encode(&mut bytes);

@@ -127,6 +127,7 @@ impl Recovered {
                         l.peer.as_deref().and_then(|p| p.parse().ok()),
                     ),
                     granted_unix_ms: l.granted_ms,
+                    note: l.note.as_deref().map(Into::into),
                 })
             })
             .collect();
@@ -255,6 +256,7 @@ impl Journal {
                     user,
                     origin,
                     granted_unix_ms,
+                    note,
                 } => Record::Grant(Lease {
                     name: name.to_string(),
                     id: id.to_string(),
@@ -269,6 +271,7 @@ impl Journal {
                     user: (user != NO_USER).then(|| user_name(user)).flatten(),
                     granted_ms: granted_unix_ms,
                     peer: origin.peer().map(|p| p.to_string()),
+                    note: note.map(|n| n.to_string()),
                 }),
                 Change::Renew {
                     name,

@@ -15,6 +15,7 @@ mod fronts;
 mod health;
 mod history_checker;
 mod netsplit;
+mod notes;
 mod observability;
 mod partition;
 mod secure;

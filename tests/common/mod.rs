@@ -508,7 +508,8 @@ pub async fn try_http_get(addr: std::net::SocketAddr, path: &str) -> io::Result<
     Ok((status, body.to_string()))
 }
 
-/// `line` without a trailing ` etcd_age_ms=<n> etcd_bound_ms=<n>` on an `OK` line: the age of
+/// `line` without a trailing ` etcd_age_ms=<n> etcd_bound_ms=<n>` (or those two before a last
+/// `note=`) on an `OK` line: the age of
 /// a cluster front-end's view, which changes by the millisecond, for tests that compare
 /// STATUS lines whole (`tests/cluster/health.rs` checks the age itself).
 pub fn without_etcd_age(line: String) -> String {
@@ -526,6 +527,14 @@ pub fn without_etcd_age(line: String) -> String {
     match rest.as_slice() {
         [age, bound] if number(age, "etcd_age_ms=") && number(bound, "etcd_bound_ms=") => {
             line[..at].to_owned()
+        }
+        // A holder's note comes after them, last.
+        [age, bound, note]
+            if number(age, "etcd_age_ms=")
+                && number(bound, "etcd_bound_ms=")
+                && note.starts_with("note=") =>
+        {
+            format!("{} {note}", &line[..at])
         }
         _ => line,
     }

@@ -525,17 +525,24 @@ async fn who_holds_a_lock_is_told_only_to_users_who_may_read_it() {
         locker.req("LOCK app-10 l-1 wait=0").await,
         "ERR TIMEOUT app-10: held"
     );
-    assert_eq!(
-        reader.req("LOCK app-10 r-1 wait=0").await,
-        "ERR TIMEOUT app-10: held by alice-10"
+    // The reader is told who blocks (proto.md, Blocked-by answers).
+    let reply = reader.req("LOCK app-10 r-1 wait=0").await;
+    assert!(
+        reply.starts_with("ERR TIMEOUT app-10: held by alice-10 user=owner held_ms="),
+        "{reply}"
     );
-    // A wait that runs out names nobody, for either.
-    for c in [&mut locker, &mut reader] {
-        assert_eq!(
-            c.req("LOCK app-10 w-1 wait=50ms").await,
-            "ERR TIMEOUT app-10 still held after waiting 50ms"
-        );
-    }
+    // A wait that runs out names nobody to the locker; the reader is told who blocks.
+    assert_eq!(
+        locker.req("LOCK app-10 w-1 wait=50ms").await,
+        "ERR TIMEOUT app-10 still held after waiting 50ms"
+    );
+    let reply = reader.req("LOCK app-10 w-1 wait=50ms").await;
+    assert!(
+        reply.starts_with(
+            "ERR TIMEOUT app-10 still held after waiting 50ms; held by alice-10 user=owner "
+        ),
+        "{reply}"
+    );
     // STATUS says nothing to the locker either.
     locker.send("STATUS app-10").await;
     locker
@@ -547,9 +554,10 @@ async fn who_holds_a_lock_is_told_only_to_users_who_may_read_it() {
     let mut a = open.raw().await;
     a.lock("app-10 alice-10 ttl=1m").await;
     let mut b = open.raw().await;
-    assert_eq!(
-        b.req("LOCK app-10 b-1 wait=0").await,
-        "ERR TIMEOUT app-10: held by alice-10"
+    let reply = b.req("LOCK app-10 b-1 wait=0").await;
+    assert!(
+        reply.starts_with("ERR TIMEOUT app-10: held by alice-10 held_ms="),
+        "{reply}"
     );
     server.shutdown().await;
     open.shutdown().await;

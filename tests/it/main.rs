@@ -17,6 +17,7 @@ mod expiry;
 mod hardening;
 mod liveness;
 mod lockctl;
+mod notes;
 mod observe;
 mod robust;
 mod semaphores;

@@ -33,6 +33,8 @@ use reference::{MLimits, MLock, Model};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 const IDS: [&str; 4] = ["p", "q", "r", "s"];
+/// Notes a LOCK may carry (or none): the model checks which one a holder ends up with.
+const NOTES: [&str; 2] = ["first note", "100% ☃"];
 
 #[derive(Clone, Debug)]
 enum TtlPick {
@@ -121,6 +123,8 @@ enum Op {
         conn: ConnId,
         mode: Mode,
         user: UserId,
+        /// Index into [`NOTES`]; `None`: no note.
+        note: Option<usize>,
     },
     Unlock {
         name: usize,
@@ -226,9 +230,9 @@ fn op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
         10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3,
-               mode_pick(), user())
-            .prop_map(|(name, id, ttl, wait, session, conn, mode, user)| Op::Lock {
-                name, id, ttl, wait, session, conn, mode, user
+               mode_pick(), user(), proptest::option::of(0..NOTES.len()))
+            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, note)| Op::Lock {
+                name, id, ttl, wait, session, conn, mode, user, note
             }),
         3 => (name.clone(), tok_pick(), user_pick())
             .prop_map(|(name, tok, user)| Op::Unlock { name, tok, user }),
@@ -528,8 +532,10 @@ impl Harness {
                 conn,
                 mode,
                 user,
+                note,
             } => {
                 let ttl = self.ttl(ttl);
+                let note = note.map(|i| NOTES[i]);
                 let max_ttl = self.model.limits.max_ttl;
                 let session = match session {
                     SessionPick::Plain => None,
@@ -552,6 +558,7 @@ impl Harness {
                     mode: *mode,
                     user: *user,
                     origin: Default::default(),
+                    note: note.map(Into::into),
                 };
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_decision(now, &req);
@@ -567,6 +574,7 @@ impl Harness {
                         conn: *conn,
                         mode: *mode,
                         user: *user,
+                        note: note.map(str::to_owned),
                     },
                 );
                 // Both backends' decisions are judged, each on its own: a wrong rule shows
@@ -867,6 +875,7 @@ fn req(
         mode: Mode::Exclusive,
         user: NO_USER,
         origin: Default::default(),
+        note: None,
     }
 }
 
@@ -899,6 +908,7 @@ fn ev(kind: EventKind, name: &str, id: &str, token: Token) -> Effect {
         held: Duration::ZERO,
         waited: None,
         origin: Default::default(),
+        note: None,
     })
 }
 

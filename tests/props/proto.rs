@@ -56,6 +56,13 @@ fn name() -> impl Strategy<Value = String> {
     "[a-zA-Z0-9:._/-]{1,40}"
 }
 
+/// A note a LOCK may carry: printable text, spaces inside, not at its end (a LOCK's trailing
+/// blanks are dropped).
+fn note() -> impl Strategy<Value = String> {
+    prop_oneof!["[ -~]{0,30}[!-~]", "\\PC{0,30}[!-~]"]
+        .prop_filter("printable", |n| !n.chars().any(char::is_control))
+}
+
 fn duration() -> impl Strategy<Value = Duration> {
     (1u64..86_400_000).prop_map(Duration::from_millis)
 }
@@ -77,15 +84,17 @@ fn request() -> impl Strategy<Value = Request> {
                 Just(Mode::Exclusive),
                 Just(Mode::Shared),
                 (2u32..=proto::MAX_LIMIT).prop_map(Mode::Limit),
-            ]
+            ],
+            prop::option::of(note()),
         )
-            .prop_map(|(name, id, ttl, wait, tie, mode)| Request::Lock {
+            .prop_map(|(name, id, ttl, wait, tie, mode, note)| Request::Lock {
                 name,
                 id,
                 ttl,
                 wait,
                 tie,
-                mode
+                mode,
+                note: note.map(Box::from)
             }),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
         (name(), 1u64..u64::MAX, prop::option::of(duration()))
@@ -150,9 +159,10 @@ fn held_line() -> impl Strategy<Value = HeldLine> {
         any::<usize>(),
         2usize..1_000_000,
         mode(),
+        prop::option::of(note()),
     )
         .prop_map(
-            |(name, id, token, left, session, waiters, holders, mode)| HeldLine {
+            |(name, id, token, left, session, waiters, holders, mode, note)| HeldLine {
                 name,
                 id,
                 token,
@@ -162,6 +172,7 @@ fn held_line() -> impl Strategy<Value = HeldLine> {
                 // An exclusive lock has one holder; its line does not say.
                 holders: if mode == Mode::Exclusive { 1 } else { holders },
                 mode,
+                note,
             },
         )
 }
@@ -217,9 +228,10 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             prop::option::of(name()),
             prop::option::of(any::<u64>()),
             prop::option::of(name()),
+            prop::option::of(note()),
         )
             .prop_map(
-                |(name, id, token, held, left, session, mode, user, granted, peer)| (
+                |(name, id, token, held, left, session, mode, user, granted, peer, note)| (
                     Received::Holder(HolderLine {
                         name,
                         id,
@@ -231,6 +243,7 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
                         user,
                         granted_unix_ms: granted,
                         peer,
+                        note,
                     }),
                     Asked::Detail
                 )
@@ -254,18 +267,25 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
                 }),
                 Asked::Detail
             )),
-        (event_kind(), name(), name(), 1u64..u64::MAX, any::<u64>()).prop_map(
-            |(kind, name, id, token, unix_ms)| (
+        (
+            event_kind(),
+            name(),
+            name(),
+            1u64..u64::MAX,
+            any::<u64>(),
+            prop::option::of(note())
+        )
+            .prop_map(|(kind, name, id, token, unix_ms, note)| (
                 Received::Event(EventLine {
                     kind,
                     name,
                     id,
                     token,
-                    unix_ms
+                    unix_ms,
+                    note
                 }),
                 Asked::Watch
-            )
-        ),
+            )),
         (error_code(), message())
             .prop_map(|(code, m)| (Received::Error(ProtoError::new(code, m)), Asked::Lock)),
     ]
@@ -284,6 +304,7 @@ fn lock_status() -> impl Strategy<Value = LockStatus> {
         mode: h.mode,
         origin: Default::default(),
         granted_unix_ms: 0,
+        note: h.note.map(Into::into),
     })
 }
 
@@ -297,6 +318,7 @@ fn as_held(s: &LockStatus) -> HeldLine {
         waiters: s.waiters,
         holders: s.holders,
         mode: s.mode,
+        note: s.note.as_deref().map(str::to_owned),
     }
 }
 
@@ -342,6 +364,7 @@ proptest! {
                 user: None,
                 granted_unix_ms: None,
                 peer: None,
+                note: status.note.as_deref().map(str::to_owned),
             }))
         );
         let (id, position, waited, session, mode) = waiter;
@@ -366,6 +389,7 @@ proptest! {
             held: Duration::ZERO,
             waited: None,
             origin: Default::default(),
+            note: status.note.clone(),
         };
         prop_assert_eq!(
             parse(Reply::Event(&e, unix_ms), Asked::Watch),
@@ -375,8 +399,32 @@ proptest! {
                 id: status.holder.to_string(),
                 token,
                 unix_ms,
+                // Only an acquired event shows its holder's note.
+                note: status
+                    .note
+                    .as_deref()
+                    .filter(|_| kind == EventKind::Acquired)
+                    .map(str::to_owned),
             }))
         );
+    }
+
+    #[test]
+    fn any_note_encodes_to_one_printable_word_and_back(text in any::<String>()) {
+        let word = proto::note::Encoded(&text).to_string();
+        prop_assert!(word.bytes().all(|b| (b'!'..=b'~').contains(&b)), "{}", word);
+        prop_assert_eq!(proto::note::decode_note(&word), Some(text));
+    }
+
+    #[test]
+    fn a_lock_s_note_is_the_rest_of_its_line(head in "LOCK [a-z]{1,5} [a-z]{1,5}( ttl=1s)?", note in note()) {
+        let line = format!("{head} note={note} \t ");
+        match proto::parse(&line) {
+            Ok(Request::Lock { note: got, .. }) => {
+                prop_assert_eq!(got.as_deref(), Some(note.as_str()))
+            }
+            other => prop_assert!(false, "{:?}", other),
+        }
     }
 
     #[test]

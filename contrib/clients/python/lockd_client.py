@@ -115,6 +115,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.parse
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -292,6 +293,8 @@ class _Record:
     __slots__ = ()
 
     def __init__(self, *values):
+        # A field added later (a holder's note) is None unless given.
+        values = values + (None,) * (len(self.__slots__) - len(values))
         for key, value in zip(self.__slots__, values):
             setattr(self, key, value)
 
@@ -307,19 +310,21 @@ class _Record:
 class LockStatus(_Record):
     """One held lock, as STATUS reports it: the holder granted first (``id``, ``token``,
     ``ttl_ms``, ``session``), the queue length ``waiters``, how many hold it (``holders``) and
-    its ``mode``: ``"exclusive"``, ``"shared"`` or ``"limit:<n>"`` (a semaphore of n)."""
+    its ``mode``: ``"exclusive"``, ``"shared"`` or ``"limit:<n>"`` (a semaphore of n), and that
+    holder's ``note`` (``LOCK ... note=``, decoded), or None."""
 
-    __slots__ = ("name", "id", "token", "ttl_ms", "session", "waiters", "holders", "mode")
+    __slots__ = ("name", "id", "token", "ttl_ms", "session", "waiters", "holders", "mode", "note")
 
-    def __init__(self, name, id, token, ttl_ms, session, waiters, holders=1, mode="exclusive"):
-        super().__init__(name, id, token, ttl_ms, session, waiters, holders, mode)
+    def __init__(self, name, id, token, ttl_ms, session, waiters, holders=1, mode="exclusive",
+                 note=None):
+        super().__init__(name, id, token, ttl_ms, session, waiters, holders, mode, note)
 
 
 class Holder(_Record):
     """One holder of a lock, a ``HOLDER`` line of ``STATUS <name> detail``; ``mode`` as in
-    :class:`LockStatus`."""
+    :class:`LockStatus`; ``note`` its note, or None."""
 
-    __slots__ = ("name", "id", "token", "held_ms", "ttl_ms", "session", "mode")
+    __slots__ = ("name", "id", "token", "held_ms", "ttl_ms", "session", "mode", "note")
 
 
 class Waiter(_Record):
@@ -350,6 +355,28 @@ def _field(line, fields, key, kind):
         raise ProtocolError("bad reply line: %r" % line) from None
 
 
+def _note(line, value):
+    """A reply's ``note=`` value, percent-decoded (proto.md, Notes); None without one."""
+    if value is None:
+        return None
+    if re.search(r"%(?![0-9A-Fa-f]{2})", value):
+        raise ProtocolError("bad note in reply line: %r" % line)
+    try:
+        return urllib.parse.unquote(value, errors="strict")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad note in reply line: %r" % line) from None
+
+
+def _note_option(note):
+    """`` note=<text>`` for a LOCK (last: it takes the rest of the line), or "" for none."""
+    if note is None:
+        return ""
+    note = str(note).rstrip(" \t")
+    if any(ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 for c in note):
+        raise ValueError("note %r has a control character; a note is printable text" % note)
+    return " note=" + note if note else ""
+
+
 def _parse_status(words):
     """``<name> held id=.. token=.. ttl_ms=.. session=.. waiters=.. [holders=.. mode=..]`` ->
     LockStatus."""
@@ -359,16 +386,18 @@ def _parse_status(words):
     get = _fields(line, words[2:])
     # An exclusive lock's line has neither holders= nor mode=.
     shape = ((get("holders", int), get("mode")) if "mode=" in line else (1, "exclusive"))
+    note = _note(line, dict(w.split("=", 1) for w in words[2:] if "=" in w).get("note"))
     return LockStatus(words[0], get("id"), get("token", int), get("ttl_ms", int),
-                      get("session") == "1", get("waiters", int), *shape)
+                      get("session") == "1", get("waiters", int), *shape, note)
 
 
 def _parse_holder(line):
     """``HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. mode=..`` -> Holder."""
     words = line.split()
     get = _fields(line, words[2:])
+    note = _note(line, dict(w.split("=", 1) for w in words[2:] if "=" in w).get("note"))
     return Holder(words[1], get("id"), get("token", int), get("held_ms", int),
-                  get("ttl_ms", int), get("session") == "1", get("mode"))
+                  get("ttl_ms", int), get("session") == "1", get("mode"), note)
 
 
 def _parse_waiter(line):
@@ -815,7 +844,7 @@ class Client:
             raise
 
     def lock(self, name, ttl=None, wait=None, session=False, detach=True, shared=False,
-             limit=None):
+             limit=None, note=None):
         """Takes the lock and returns its fencing token; waits in the FIFO queue while held.
 
         The lock is exclusive by default; ``shared=True`` holds it beside any other shared
@@ -836,11 +865,17 @@ class Client:
         waiting is not the end of the wait: the same LOCK (same id) is sent again through the
         next front-end, for the rest of ``wait``. The cluster then gives it back its place in
         the queue, or the grant made to it meanwhile (proto.md, cluster mode).
+
+        ``note`` is a short text for people ("release 1.4.2 by ci job 8812", at most the
+        server's ``--max-note`` bytes, printable), shown with the holder by STATUS and WATCH and
+        to those a LOCK refused; the Timeout of a refused LOCK says who holds it, for how long,
+        and with what note, when the user may read the lock.
         """
         head = "LOCK %s %s" % (_word("name", name), self.id)
         if ttl is not None:
             head += " ttl=" + _duration("ttl", ttl)
-        tail = _session_option(session, detach) + _mode_option(shared, limit)
+        # The note comes last: it takes the rest of the line.
+        tail = _session_option(session, detach) + _mode_option(shared, limit) + _note_option(note)
         word = None if wait is None else _duration("wait", wait)
         wait_ms = None if wait is None else _ms(wait)
         until = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
@@ -867,11 +902,12 @@ class Client:
                 raise ProtocolError("unexpected reply to LOCK: %r" % rest)
             return int(rest)
 
-    def try_lock(self, name, ttl=None, session=False, shared=False, limit=None):
+    def try_lock(self, name, ttl=None, session=False, shared=False, limit=None, note=None):
         """One try: the token, or None if the lock is held (in a way this LOCK does not fit
         beside, or others wait for it first)."""
         try:
-            return self.lock(name, ttl=ttl, wait=0, session=session, shared=shared, limit=limit)
+            return self.lock(name, ttl=ttl, wait=0, session=session, shared=shared, limit=limit,
+                             note=note)
         except Timeout:
             return None
 

@@ -172,6 +172,28 @@ class ClientTest(ServerTest):
         self.a.unlock(name, token)
         self.assertIsNone(self.a.status(name))
 
+    def test_a_note_round_trips_and_a_refusal_names_the_holder(self):
+        name = self.name("note")
+        note = "release 1.4.2 by ci job 8812: 100% \u2603"
+        token = self.a.lock(name, ttl=30, note=note)
+        self.assertEqual(self.a.status(name).note, note)
+        self.assertEqual([s.note for s in self.b.status() if s.name == name], [note])
+        detail = self.b.detail(name)
+        self.assertEqual((detail.status.note, detail.holders[0].note), (note, note))
+        with self.assertRaises(Timeout) as cm:
+            self.b.lock(name, wait=0)
+        self.assertIn("held by %s " % self.a.id, cm.exception.message)
+        self.assertIn("note=release%201.4.2", cm.exception.message)
+        with self.assertRaises(ValueError):
+            self.b.lock(name, note="tab\tinside")
+        # A retry without a note keeps it.
+        self.assertEqual(self.a.lock(name, ttl=30), token)
+        self.assertEqual(self.a.status(name).note, note)
+        self.a.unlock(name, token)
+        token = self.a.lock(name)
+        self.assertIsNone(self.a.status(name).note)
+        self.a.unlock(name, token)
+
     def test_waiter_is_granted_when_the_holder_unlocks(self):
         name = self.name("fifo")
         token = self.a.lock(name)

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::rpc::{PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, LockStart};
-use crate::locks::rules::Decision;
+use crate::locks::rules::{self, Decision};
 use crate::locks::{EventKind, LockRequest, TableError};
 
 use super::keys::HolderValue;
@@ -116,6 +116,7 @@ impl Cluster {
             waited_ms: None,
             at_ms: at,
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
+            note: req.note.as_deref().unwrap_or_default().to_owned(),
         }
     }
 
@@ -201,6 +202,9 @@ impl Cluster {
         if let Some(peer) = req.origin.peer() {
             value.peer = peer.to_string();
         }
+        let had = Some(value.note.as_str()).filter(|n| !n.is_empty());
+        let note = rules::note_again(had, req.note.as_deref()).unwrap_or_default();
+        value.note = note.to_owned();
         let txn = self.rewrite(&holder, &value);
         let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         if !resp.succeeded() {

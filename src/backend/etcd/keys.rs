@@ -134,6 +134,8 @@ pub struct HolderValue {
     /// The `ip:port` of the client that took it, for the audit trail (every front-end's
     /// STATUS and logs); empty where not known (a record of an older lockd).
     pub peer: String,
+    /// The holder's note (`LOCK ... note=`); empty for none (and in an older lockd's record).
+    pub note: String,
 }
 
 /// A waiter's record: all it asked for, so that whichever front-end releases the lock can
@@ -153,6 +155,8 @@ pub struct WaiterValue {
     pub queued_ms: u64,
     /// The client's `ip:port`, which the holder it becomes carries on; empty: not known.
     pub peer: String,
+    /// The note the holder it becomes will have; empty for none.
+    pub note: String,
 }
 
 /// What the last change of a name was, with the holder it was about.
@@ -187,6 +191,9 @@ impl HolderValue {
         if !self.peer.is_empty() {
             word(&mut s, "peer", &self.peer);
         }
+        if !self.note.is_empty() {
+            word(&mut s, "note", &self.note);
+        }
         s
     }
 
@@ -211,7 +218,13 @@ impl HolderValue {
                 .num("at")
                 .unwrap_or_else(|| deadline_ms.saturating_sub(ttl_ms)),
             peer: w.get("peer").unwrap_or_default(),
+            note: w.get("note").unwrap_or_default(),
         })
+    }
+
+    /// Its note, as STATUS and WATCH show it; `None` for none.
+    pub fn note(&self) -> Option<crate::locks::Note> {
+        (!self.note.is_empty()).then(|| self.note.as_str().into())
     }
 
     /// Who took it, as the log and STATUS show it.
@@ -254,6 +267,9 @@ impl WaiterValue {
         if !self.peer.is_empty() {
             word(&mut s, "peer", &self.peer);
         }
+        if !self.note.is_empty() {
+            word(&mut s, "note", &self.note);
+        }
         s
     }
 
@@ -270,6 +286,7 @@ impl WaiterValue {
             lease: w.num("lease").unwrap_or(0),
             queued_ms: w.num("queued").unwrap_or(0),
             peer: w.get("peer").unwrap_or_default(),
+            note: w.get("note").unwrap_or_default(),
         })
     }
 
@@ -289,6 +306,7 @@ impl WaiterValue {
             waited_ms: Some(now_ms.saturating_sub(self.queued_ms)),
             at_ms: now_ms,
             peer: self.peer.clone(),
+            note: self.note.clone(),
         }
     }
 }

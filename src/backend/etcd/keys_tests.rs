@@ -46,6 +46,7 @@ fn values_round_trip() {
         waited_ms: Some(3),
         at_ms: 9,
         peer: "10.0.0.7:41234".into(),
+        note: String::new(),
     };
     assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
     let w = WaiterValue {
@@ -59,6 +60,7 @@ fn values_round_trip() {
         lease: 77,
         queued_ms: 1,
         peer: "[::1]:5".into(),
+        note: String::new(),
     };
     assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));
     let m = MarkerValue {

@@ -35,6 +35,7 @@ impl Cluster {
             held: Duration::ZERO,
             waited,
             origin: origin.clone(),
+            note: None,
         };
         crate::backend::log_event(&event);
         self.metrics.lease_event(&event);
@@ -57,6 +58,7 @@ impl Cluster {
             held,
             waited: None,
             origin: origin.clone(),
+            note: None,
         };
         crate::backend::log_event(&event);
         self.metrics.lease_event(&event);

@@ -360,6 +360,7 @@ impl Mirror {
                         held: std::time::Duration::ZERO,
                         waited: value.waited_ms.map(std::time::Duration::from_millis),
                         origin: value.origin(),
+                        note: value.note(),
                     },
                 );
             }
@@ -389,6 +390,7 @@ impl Mirror {
                     held: std::time::Duration::from_millis(held_ms),
                     waited: None,
                     origin: old.value.origin(),
+                    note: None,
                 },
             );
         }

@@ -39,6 +39,7 @@ fn holder(id: &str) -> String {
         waited_ms: None,
         at_ms: 0,
         peer: String::new(),
+        note: String::new(),
     }
     .encode()
 }

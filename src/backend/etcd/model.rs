@@ -60,6 +60,7 @@ pub fn decide(
             waited_ms: None,
             at_ms: 0,
             peer: String::new(),
+            note: String::new(),
         };
         let uid = format!("h{rev}");
         let holder = HolderRecord {
@@ -87,6 +88,7 @@ pub fn decide(
             lease: 1,
             queued_ms: 0,
             peer: String::new(),
+            note: String::new(),
         };
         let uid = format!("w{rev}");
         let waiter = WaiterRecord {

@@ -97,5 +97,6 @@ fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> L
         // of every lock does not pay for a copy of each holder's user and address.
         origin: Default::default(),
         granted_unix_ms: h.value.granted_ms,
+        note: h.value.note(),
     }
 }

@@ -49,6 +49,7 @@ impl Cluster {
             lease: self.lease_id(),
             queued_ms: wall_ms(),
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
+            note: req.note.as_deref().unwrap_or_default().to_owned(),
         };
         let mut same: Vec<super::mirror::WaiterRecord> = {
             let g = self.guard();
@@ -64,6 +65,9 @@ impl Cluster {
         let adopt = (!same.is_empty()).then(|| same.remove(0));
         if let Some(old) = &adopt {
             value.queued_ms = old.value.queued_ms;
+            let had = Some(old.value.note.as_str()).filter(|n| !n.is_empty());
+            let note = rules::note_again(had, req.note.as_deref()).unwrap_or_default();
+            value.note = note.to_owned();
         }
         let (tx, rx) = oneshot::channel();
         let lease = value.lease;

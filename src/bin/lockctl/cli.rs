@@ -480,6 +480,13 @@ pub struct RunArgs {
     /// The command and its arguments (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+
+    /// A note for people, shown with the holder by status, top, watch and a refused LOCK
+    /// ("release 1.4.2 by ci job 8812"): printable text, at most the server's --max-note
+    /// (256 bytes unless configured). '' sends none [default: the command line, cut to 256
+    /// bytes].
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -497,6 +504,12 @@ pub struct AcquireArgs {
     /// it with `lockctl renew` or release it with `lockctl release`.
     #[arg(long, value_parser = duration)]
     pub ttl: Option<Duration>,
+
+    /// A note for people, shown with the holder by status, top, watch and a refused LOCK:
+    /// printable text, at most the server's --max-note (256 bytes unless configured)
+    /// [default: none].
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -529,7 +542,8 @@ pub struct StatusArgs {
     /// name, one such object (or {"name","held":false}) with two arrays more: "holders"
     /// [{"id","token","held_ms","ttl_ms","session","mode"}] and "queue"
     /// [{"position","id","waited_ms","session","mode"}] in the order it will be granted (at
-    /// most the first 1000; "waiters" counts them all).
+    /// most the first 1000; "waiters" counts them all). A holder that gave a note (LOCK ...
+    /// note=, lockctl --note) has "note" too, in the lock's object and in its holder's.
     #[arg(long)]
     pub json: bool,
 }

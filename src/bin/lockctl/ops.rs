@@ -21,6 +21,7 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
         wait: None,
         tie: Tie::Detach,
         mode: args.mode,
+        note: request::static_note(args.note.clone()),
     };
     let what = format!("acquire {}", args.name);
     let granted =

@@ -21,6 +21,31 @@ pub struct Terms {
     pub wait: Option<Duration>,
     pub tie: Tie,
     pub mode: ModeArgs,
+    /// `note=`: for people; `None` (or empty) sends none. `'static` so that the terms stay
+    /// `Copy` for every retry: a lockctl sends one note in its life.
+    pub note: Option<&'static str>,
+}
+
+/// The longest note lockctl makes up itself (`run`'s command line): the server's default
+/// --max-note.
+pub const DEFAULT_NOTE_MAX: usize = 256;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub fn cut_note(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A note as [`Terms`] carry it: kept for the rest of the process.
+pub fn static_note(note: Option<String>) -> Option<&'static str> {
+    note.filter(|n| !n.is_empty())
+        .map(|n| &*Box::leak(n.into_boxed_str()))
 }
 
 /// How often a LOCK waiting on one of several front-ends checks that its front-end still
@@ -110,6 +135,8 @@ pub async fn lock_retrying(
             Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
                 if server.verbose {
                     say_conflict(&mut c, name, wait).await;
+                    // The server's own answer: who blocks, for how long, with what note.
+                    eprintln!("lockctl: {e}");
                 }
                 return Err(Failure::silent(wait.conflict_exit_code));
             }
@@ -179,13 +206,13 @@ pub async fn lock(
     terms: Terms,
 ) -> client::Result<Token> {
     client
-        .lock_mode(
+        .lock_noted(
             name,
             id,
-            terms.ttl,
-            terms.wait,
+            (terms.ttl, terms.wait),
             terms.tie,
             terms.mode.mode(),
+            terms.note,
         )
         .await
 }

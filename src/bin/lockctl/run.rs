@@ -49,6 +49,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         session_grace,
         wait: &args.wait,
         mode: args.mode,
+        note: request::static_note(default_note(args)),
     };
     let granted = tokio::select! {
         g = lock(server, &ask) => g?,
@@ -161,6 +162,27 @@ struct LockAsk<'a> {
     session_grace: Duration,
     wait: &'a WaitArgs,
     mode: ModeArgs,
+    note: Option<&'static str>,
+}
+
+/// `--note`, or by default the command line (its words joined by spaces, or the -c text), cut
+/// to [`request::DEFAULT_NOTE_MAX`] bytes: what a person reading STATUS wants to know first.
+/// Control characters (a newline in a -c script) become spaces: the server takes printable
+/// text only.
+fn default_note(args: &RunArgs) -> Option<String> {
+    if let Some(note) = &args.note {
+        return Some(note.clone());
+    }
+    let line = match &args.shell {
+        Some(shell) => shell.clone(),
+        None => args.command.join(" "),
+    };
+    let line: String = line
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let line = line.trim_end();
+    Some(request::cut_note(line, request::DEFAULT_NOTE_MAX).to_owned())
 }
 
 /// LOCK with `session=<grace>`, so that the server frees the lock soon if lockctl dies, but a
@@ -173,6 +195,7 @@ async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Granted, Failure> {
         wait: None,
         tie: Tie::Session(ask.session_grace),
         mode: ask.mode,
+        note: ask.note,
     };
     let what = format!("lock {}", ask.name);
     request::lock_retrying(server, &what, (ask.name, ask.id), terms, ask.wait).await

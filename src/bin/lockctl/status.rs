@@ -98,7 +98,24 @@ fn table(rows: &[HeldLine]) -> String {
             h.waiters.to_string(),
         ]);
     }
+    with_notes(&mut cells, rows.iter().map(|h| h.note.as_deref()));
     columns(&cells)
+}
+
+/// Adds a NOTE column to a table (header first, one cell per row of `notes`), if any row has
+/// a note: tables of locks without notes stay as they were.
+pub fn with_notes<'a>(cells: &mut [Vec<String>], notes: impl Iterator<Item = Option<&'a str>>) {
+    let notes: Vec<Option<&str>> = notes.collect();
+    if notes.iter().all(Option::is_none) {
+        return;
+    }
+    let Some((header, rows)) = cells.split_first_mut() else {
+        return;
+    };
+    header.push("NOTE".into());
+    for (row, note) in rows.iter_mut().zip(notes) {
+        row.push(note.unwrap_or("-").to_owned());
+    }
 }
 
 /// The first holder, and how many more there are: `h:1`, `h:1 +2`.
@@ -148,6 +165,7 @@ fn readable_lock(lock: &LockDetail) -> String {
             h.mode.to_string(),
         ]);
     }
+    with_notes(&mut cells, lock.holders.iter().map(|h| h.note.as_deref()));
     out.push_str(&columns(&cells));
     out.push_str("\n\n");
     if lock.waiters.is_empty() {
@@ -212,8 +230,13 @@ fn json_held(h: &HeldLine, more: &str) -> String {
         Mode::Limit(n) => format!(r#","limit":{n}"#),
         _ => String::new(),
     };
+    // Only a lock with a note has the field: objects of locks without one are as they were.
+    let note = match &h.note {
+        Some(note) => format!(r#","note":{}"#, json_string(note)),
+        None => String::new(),
+    };
     format!(
-        r#"{{"name":{},"held":true,"id":{},"token":{},"ttl_ms":{},"session":{},"waiters":{},"holder_count":{},"mode":{}{limit}{more}}}"#,
+        r#"{{"name":{},"held":true,"id":{},"token":{},"ttl_ms":{},"session":{},"waiters":{},"holder_count":{},"mode":{}{limit}{note}{more}}}"#,
         json_string(&h.name),
         json_string(&h.id),
         h.token,
@@ -231,8 +254,12 @@ fn json_lock(lock: &LockDetail) -> String {
         .holders
         .iter()
         .map(|h| {
+            let note = match &h.note {
+                Some(note) => format!(r#","note":{}"#, json_string(note)),
+                None => String::new(),
+            };
             format!(
-                r#"{{"id":{},"token":{},"held_ms":{},"ttl_ms":{},"session":{},"mode":{},"user":{},"granted_at":{},"granted_unix_ms":{},"peer":{}}}"#,
+                r#"{{"id":{},"token":{},"held_ms":{},"ttl_ms":{},"session":{},"mode":{},"user":{},"granted_at":{},"granted_unix_ms":{},"peer":{}{note}}}"#,
                 json_string(&h.id),
                 h.token,
                 h.held.as_millis(),
@@ -292,6 +319,7 @@ mod tests {
                 user: Some("alice".into()),
                 granted_unix_ms: Some(1_796_095_920_000),
                 peer: Some("10.0.0.7:41234".into()),
+                note: None,
             }],
             waiters: vec![WaiterLine {
                 name: "d".into(),
@@ -359,6 +387,36 @@ mod tests {
         assert!(lines[5].starts_with("#  WAITER  WAITED FOR"), "{text}");
         assert!(lines[6].starts_with("1  w\"1     300ms"), "{text}");
         assert_eq!(lines[7], "... and 2 more waiting");
+    }
+
+    #[test]
+    fn notes_show_where_there_are_some() {
+        let mut lock = held_lock();
+        lock.holders[0].note = Some("release 1.4.2".into());
+        if let StatusLine::Held(h) = &mut lock.status {
+            h.note = Some("release 1.4.2".into());
+        }
+        let json = json_lock(&lock);
+        assert!(
+            json.contains(r#""mode":"exclusive","note":"release 1.4.2","holders":"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""peer":"10.0.0.7:41234","note":"release 1.4.2"}"#),
+            "{json}"
+        );
+        let text = readable_lock(&lock);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[2].ends_with("MODE       NOTE"), "{text}");
+        assert!(lines[3].ends_with("exclusive  release 1.4.2"), "{text}");
+        let StatusLine::Held(h) = lock.status else {
+            panic!()
+        };
+        assert!(table(&[h])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .ends_with("release 1.4.2"));
     }
 
     #[test]

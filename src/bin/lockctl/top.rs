@@ -15,7 +15,7 @@ use crate::cli::TopArgs;
 use crate::fail::{Failure, UNREACHABLE};
 use crate::net::{Server, ONE_SHOT_CONNECT};
 use crate::out::{columns, print_line, short_duration};
-use crate::status::{detail, holder_and_others, list};
+use crate::status::{detail, holder_and_others, list, with_notes};
 
 /// The shortest --interval: a refresh costs the server a STATUS of the whole table.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -226,6 +226,11 @@ fn view(entries: &[ViewLine], height: Option<usize>) -> String {
             ],
         });
     }
+    let shown = entries.iter().take(room);
+    with_notes(
+        &mut cells,
+        shown.map(|e| e.row.held().and_then(|h| h.note.as_deref())),
+    );
     let mut text = columns(&cells);
     if entries.len() > room {
         text.push_str(&format!("\n... and {} more", entries.len() - room));

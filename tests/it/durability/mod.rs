@@ -434,6 +434,7 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
                     // As an older lockd wrote it: who took it and when, not known.
                     origin: Default::default(),
                     granted_unix_ms: 0,
+                    note: None,
                 }],
                 now,
                 |_| None,

@@ -32,6 +32,8 @@ pub struct MHolder {
     /// When it was granted.
     pub granted: u64,
     pub user: UserId,
+    /// Its note: the LOCK's, or its retry's if that brought one.
+    pub note: Option<String>,
 }
 
 /// A session lease's binding.
@@ -67,6 +69,8 @@ pub struct MWaiter {
     pub queued: u64,
     pub mode: Mode,
     pub user: UserId,
+    /// The note it will hold with.
+    pub note: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +112,7 @@ pub struct MLock {
     pub conn: ConnId,
     pub mode: Mode,
     pub user: UserId,
+    pub note: Option<String>,
 }
 
 /// Something due: which comes first at one instant is part of the contract (waits first).
@@ -226,6 +231,21 @@ impl Model {
         held: u64,
         waited: Option<u64>,
     ) {
+        self.noted_event(kind, name, id, token, held, waited, None);
+    }
+
+    /// An event with the holder's note (an acquired one shows it).
+    #[allow(clippy::too_many_arguments)]
+    fn noted_event(
+        &mut self,
+        kind: EventKind,
+        name: &str,
+        id: &str,
+        token: Token,
+        held: u64,
+        waited: Option<u64>,
+        note: Option<&str>,
+    ) {
         self.effects.push(Effect::Event(Event {
             kind,
             name: Arc::from(name),
@@ -234,6 +254,7 @@ impl Model {
             held: Duration::from_millis(held),
             waited: waited.map(Duration::from_millis),
             origin: Default::default(),
+            note: note.map(Arc::from),
         }));
     }
 
@@ -255,13 +276,14 @@ impl Model {
             token,
             deadline: self.at(deadline),
         });
-        self.event(
+        self.noted_event(
             EventKind::Acquired,
             name,
             &next.id,
             token,
             0,
             Some(now - next.queued),
+            next.note.as_deref(),
         );
         let entry = self.entries.get_mut(name).expect("a held name");
         if entry.holders.is_empty() {
@@ -275,6 +297,7 @@ impl Model {
             granted: now,
             session: MSession::bound(next.session, next.conn),
             user: next.user,
+            note: next.note,
         });
     }
 
@@ -342,13 +365,23 @@ impl Model {
             session: MSession::bound(req.session, req.conn),
             granted: now,
             user: req.user,
+            note: req.note.clone(),
         };
         let Some(entry) = self.entries.get(&req.name) else {
             if self.leases() >= self.limits.max_locks {
                 return Err(too_many);
             }
             let token = self.grant_token();
-            self.event(EventKind::Acquired, &req.name, &req.id, token, 0, None);
+            let note = req.note.as_deref();
+            self.noted_event(
+                EventKind::Acquired,
+                &req.name,
+                &req.id,
+                token,
+                0,
+                None,
+                note,
+            );
             self.entries.insert(
                 req.name.clone(),
                 MEntry {
@@ -391,6 +424,10 @@ impl Model {
             h.ttl = ttl;
             h.deadline = deadline;
             h.session = MSession::bound(req.session, req.conn);
+            // A retry with a note replaces the holder's; without one it keeps it.
+            if req.note.is_some() {
+                h.note = req.note.clone();
+            }
             return Ok(LockOutcome::Granted {
                 token: h.token,
                 deadline: at_deadline,
@@ -401,7 +438,16 @@ impl Model {
                 return Err(too_many);
             }
             let token = self.grant_token();
-            self.event(EventKind::Acquired, &req.name, &req.id, token, 0, None);
+            let note = req.note.as_deref();
+            self.noted_event(
+                EventKind::Acquired,
+                &req.name,
+                &req.id,
+                token,
+                0,
+                None,
+                note,
+            );
             let entry = self.entries.get_mut(&req.name).expect("held");
             entry.holders.push(MHolder { token, ..holder });
             return Ok(LockOutcome::Granted {
@@ -435,6 +481,7 @@ impl Model {
             queued: now,
             mode: req.mode,
             user: req.user,
+            note: req.note.clone(),
         };
         let entry = self.entries.get_mut(&req.name).expect("held");
         match entry
@@ -443,6 +490,11 @@ impl Model {
             .position(|w| w.id == req.id && w.user == req.user)
         {
             Some(i) => {
+                let mut new = new;
+                // The place's note stays unless the new LOCK brings one.
+                if new.note.is_none() {
+                    new.note = entry.queue[i].note.clone();
+                }
                 let old = std::mem::replace(&mut entry.queue[i], new);
                 self.effects.push(Effect::WaitEnded {
                     waiter: old.waiter,
@@ -605,5 +657,6 @@ fn status_of(now: u64, name: &str, e: &MEntry, h: &MHolder) -> LockStatus {
         mode: e.mode,
         origin: Default::default(),
         granted_unix_ms: 0,
+        note: h.note.as_deref().map(Arc::from),
     }
 }
