@@ -359,6 +359,11 @@ impl Handler {
                 let result = backend.check(&name, token).await.map(Reply::Lease);
                 return self.reply(&name, token, result).await;
             }
+            Request::Break { name, token } => {
+                let result = backend.break_lock(&name, token, &self.origin).await;
+                let result = result.map(Reply::Broken);
+                return self.reply(&name, token.unwrap_or(0), result).await;
+            }
             Request::Ping => self.conn.queue(Reply::Pong).await?,
             Request::Help => self.conn.queue(Reply::Help).await?,
             Request::Quit => {

@@ -153,7 +153,8 @@ impl ProtoError {
         let code = match e {
             TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
             TableError::WouldBlock { .. } => ErrorCode::Timeout,
-            TableError::NotHeld => ErrorCode::NotHeld,
+            // A broken lease is a lost one: the code every client already reads as "lost".
+            TableError::NotHeld | TableError::Broken { .. } => ErrorCode::NotHeld,
             TableError::Conflict | TableError::WrongMode { .. } => ErrorCode::Conflict,
             TableError::TooManyLocks { .. } | TableError::TooManyWaiters { .. } => ErrorCode::Limit,
             TableError::NotOwner => ErrorCode::Denied,

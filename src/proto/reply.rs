@@ -49,6 +49,8 @@ pub enum Reply<'a> {
     Event(&'a Event, u64),
     /// `ERR <code> <message>`.
     Error(&'a ProtoError),
+    /// `OK broken=<n>`: BREAK ended `n` leases.
+    Broken(usize),
 }
 
 impl fmt::Display for Reply<'_> {
@@ -109,17 +111,22 @@ impl fmt::Display for Reply<'_> {
                     mode: w.mode,
                 },
             ),
-            Reply::Event(e, unix_ms) => write_event(
-                f,
-                &EventLine {
-                    kind: e.kind,
-                    name: &e.name,
-                    id: &e.id,
-                    token: e.token,
-                    unix_ms: *unix_ms,
-                },
-            ),
+            Reply::Event(e, unix_ms) => {
+                let by = (e.kind == EventKind::Broken).then(|| e.broken_by.who());
+                write_event(
+                    f,
+                    &EventLine {
+                        kind: e.kind,
+                        name: &*e.name,
+                        id: &*e.id,
+                        token: e.token,
+                        unix_ms: *unix_ms,
+                        by: by.as_deref(),
+                    },
+                )
+            }
             Reply::Error(e) => e.fmt(f),
+            Reply::Broken(n) => write!(f, "OK {BROKEN_KEY}={n}"),
         }
     }
 }
@@ -138,6 +145,8 @@ const INFO: &str = "INFO";
 const HOLDER: &str = "HOLDER";
 const WAITER: &str = "WAITER";
 const EVENT: &str = "EVENT";
+const BROKEN_KEY: &str = "broken";
+const BY_KEY: &str = "by";
 
 /// How old a cluster front-end's view of etcd may be, as the end of a STATUS of all locks says
 /// it: the age of its last answer from an etcd quorum, and the bound past which the
@@ -269,7 +278,11 @@ fn write_event<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, e: &EventLine<S>) -> f
         e.id.as_ref(),
         e.token,
         e.unix_ms
-    )
+    )?;
+    if let Some(by) = &e.by {
+        write!(f, " {BY_KEY}={}", by.as_ref())?;
+    }
+    Ok(())
 }
 
 /// A held lock as a STATUS line (`OK` or `INFO`) describes it: its first holder (the lowest
@@ -380,6 +393,8 @@ pub struct EventLine<S = String> {
     pub token: Token,
     /// The server's wall clock when it happened, in milliseconds since the Unix epoch.
     pub unix_ms: u64,
+    /// `by=<who>`, on a `broken` event: who sent the BREAK (its user, else its `ip:port`).
+    pub by: Option<S>,
 }
 
 impl<S: AsRef<str>> fmt::Display for HeldLine<S> {
@@ -448,6 +463,8 @@ pub enum Asked {
     Help,
     /// `QUIT`.
     Quit,
+    /// `BREAK`: `OK broken=<n>`.
+    Break,
 }
 
 impl From<&super::Request> for Asked {
@@ -466,6 +483,7 @@ impl From<&super::Request> for Asked {
             R::Ping => Asked::Ping,
             R::Help => Asked::Help,
             R::Quit => Asked::Quit,
+            R::Break { .. } => Asked::Break,
         }
     }
 }
@@ -508,6 +526,8 @@ pub enum Received {
     Event(EventLine),
     /// `ERR <code> <message>`: any request may get one.
     Error(ProtoError),
+    /// `OK broken=<n>`: BREAK ended `n` leases.
+    Broken(usize),
 }
 
 impl fmt::Display for Received {
@@ -534,6 +554,7 @@ impl fmt::Display for Received {
             Received::Waiter(w) => w.fmt(f),
             Received::Event(e) => e.fmt(f),
             Received::Error(e) => e.fmt(f),
+            Received::Broken(n) => Reply::Broken(*n).fmt(f),
         }
     }
 }
@@ -599,6 +620,10 @@ fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
         Asked::Help => Some(Received::Help),
         Asked::Quit => (rest == BYE).then_some(Received::Bye),
         Asked::Unlock => None,
+        Asked::Break => {
+            let n = rest.strip_prefix(BROKEN_KEY)?.strip_prefix('=')?;
+            Some(Received::Broken(number(n)?))
+        }
     }
 }
 
@@ -679,6 +704,7 @@ fn event_kind(text: &str) -> Option<EventKind> {
         EventKind::Released,
         EventKind::Expired,
         EventKind::Dropped,
+        EventKind::Broken,
     ]
     .into_iter()
     .find(|k| k.as_str() == text)
@@ -796,17 +822,27 @@ impl WaiterLine {
 }
 
 impl EventLine {
-    /// Reads `EVENT <kind> <name> <id> <token> <unix-ms>`; anything else is a [`BadReply`].
+    /// Reads `EVENT <kind> <name> <id> <token> <unix-ms> [by=<who>]`; anything else is a
+    /// [`BadReply`].
     pub fn parse(line: &str) -> Result<EventLine, BadReply> {
         let words: Vec<&str> = line.split(' ').collect();
         let event = match words.as_slice() {
-            [EVENT, kind, name, id, token, unix_ms] => (|| {
+            // Fields after the fixed words (`by=` of a `broken` event, and any a newer server
+            // adds) are looked up by key.
+            [EVENT, kind, name, id, token, unix_ms, ref fields @ ..] => (|| {
+                let by = fields
+                    .iter()
+                    .find_map(|w| w.strip_prefix(BY_KEY)?.strip_prefix('='));
                 Some(EventLine {
                     kind: event_kind(kind)?,
                     name: word(name)?.to_owned(),
                     id: word(id)?.to_owned(),
                     token: number(token)?,
                     unix_ms: number(unix_ms)?,
+                    by: match by {
+                        Some(by) => Some(word(by)?.to_owned()),
+                        None => None,
+                    },
                 })
             })(),
             _ => None,
