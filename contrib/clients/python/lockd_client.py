@@ -879,6 +879,22 @@ class Client:
         """Releases the lease. Raises NotHeld if ``token`` no longer held it."""
         self._call("UNLOCK %s %d" % (_word("name", name), int(token)))
 
+    def break_lock(self, name, token=None):
+        """Force-releases ``name`` (``BREAK``): ends every holder's lease, or only ``token``'s;
+        returns how many leases it ended. The next waiter is granted with a higher token, and
+        the broken holder's next renew or check raises NotHeld saying who broke it. Needs the
+        ``admin`` right on the name when the server has an auth file. Raises NotHeld if
+        nothing (or no lease with ``token``) holds the name. Not sent again by this client
+        after a lost answer: a BREAK that was carried out would break the next holder too.
+        """
+        line = "BREAK %s" % _word("name", name)
+        if token is not None:
+            line += " %d" % int(token)
+        rest = self._call(line)
+        if not rest.startswith("broken=") or not rest[7:].isdigit():
+            raise ProtocolError("unexpected reply to BREAK: %r" % (rest,))
+        return int(rest[7:])
+
     def _ttl_ms(self, verb, rest):
         if not rest.startswith("ttl_ms=") or not rest[7:].isdigit():
             raise ProtocolError("unexpected reply to %s: %r" % (verb, rest))

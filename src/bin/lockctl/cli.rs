@@ -355,6 +355,17 @@ pub enum Command {
     /// object per line. SIGINT or SIGTERM ends the watch with exit code 0.
     #[command(after_help = after_help())]
     Watch(WatchArgs),
+    /// Force-release <name>: end its holder's lease now (every holder's, or --token's only).
+    ///
+    /// For an operator freeing a lock whose holder is stuck but still renewing: the lease
+    /// ends at once (no waiting for its ttl), the next waiter is granted with a higher token
+    /// (so fencing still refuses the old holder), and the broken holder's next renewal is
+    /// refused with who broke it (a `lockctl run` holding it stops its command, exit 4). With
+    /// --auth-file on the server it needs the admin right on the name. At a terminal it shows
+    /// the holder and asks first, unless -y; elsewhere -y is required. Exit 0 once broken, 4
+    /// if nothing (or no lease with --token) held the name.
+    #[command(after_help = after_help())]
+    Break(BreakArgs),
     /// Print shell completions (the same as --completions SHELL).
     #[command(hide = true)]
     Completions {
@@ -506,6 +517,20 @@ pub struct TokenArgs {
     /// The token `acquire` printed.
     #[arg(value_parser = token)]
     pub token: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct BreakArgs {
+    /// Lock name.
+    pub name: String,
+
+    /// Break only the lease with this token (as STATUS shows it), not every holder's.
+    #[arg(long, value_parser = token)]
+    pub token: Option<u64>,
+
+    /// Do not ask: break it (required when stdin is not a terminal).
+    #[arg(short = 'y', long)]
+    pub yes: bool,
 }
 
 #[derive(Args, Debug)]
