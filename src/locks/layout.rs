@@ -270,8 +270,6 @@ const _: () = assert!(std::mem::size_of::<(u64, Timer)>() <= 24);
 pub(super) enum Timer {
     Wait(WaiterId),
     Lease(Token, u32),
-    /// The end of a broken lease's record: the deadline the lease had when broken.
-    Broken(Token),
 }
 
 /// Slots per slab chunk: 448 KiB of entries. Past the first chunk the slab grows a chunk at a

@@ -79,9 +79,13 @@ pub struct Locks {
     /// The wall clock the caller last told ([`Locks::wall_clock`]), in Unix milliseconds:
     /// what a grant records as its time for people. 0 until told.
     wall_ms: u64,
-    /// The leases a BREAK ended, by token, until the deadline each had then (a
-    /// [`Timer::Broken`] each): their holder's RENEW or CHECK is told who broke it.
+    /// The leases a BREAK ended, by token, until the deadline each had then: their holder's
+    /// RENEW or CHECK is told who broke it.
     broken: HashMap<Token, Broken>,
+    /// When each record of `broken` ends, soonest first: its timers, apart from `timers` so
+    /// that they wake nobody (a record past its deadline goes at the next call, unseen,
+    /// and [`Locks::next_deadline`] stays the next lease's or wait's end).
+    broken_timers: BTreeSet<(u64, Token)>,
     /// The tokens of `broken`, oldest break first: past [`Limits::max_locks`] records the
     /// oldest is forgotten (its holder then hears a plain `NotHeld`).
     broken_order: VecDeque<Token>,
@@ -120,6 +124,7 @@ impl Locks {
             wall_ms: 0,
             broken: HashMap::new(),
             broken_order: VecDeque::new(),
+            broken_timers: BTreeSet::new(),
         }
     }
 
@@ -494,7 +499,7 @@ impl Locks {
                 break;
             };
             if let Some(old) = self.broken.remove(&oldest) {
-                self.timers.remove(&(old.deadline, Timer::Broken(oldest)));
+                self.broken_timers.remove(&(old.deadline, oldest));
             }
         }
         let record = Broken {
@@ -504,11 +509,11 @@ impl Locks {
             deadline,
         };
         if let Some(old) = self.broken.insert(token, record) {
-            self.timers.remove(&(old.deadline, Timer::Broken(token)));
+            self.broken_timers.remove(&(old.deadline, token));
         } else {
             self.broken_order.push_back(token);
         }
-        self.timers.insert((deadline, Timer::Broken(token)));
+        self.broken_timers.insert((deadline, token));
     }
 
     /// Connection `conn`, to which the session lease `token` is bound, closed. Without a
@@ -732,17 +737,26 @@ impl Locks {
                         self.release_and_hand_over(now, slot, token, kind);
                     }
                 }
-                Timer::Broken(token) => {
-                    self.broken.remove(&token);
-                    // Its place in `broken_order` goes lazily: the order is compacted once
-                    // it is over twice the records, so each expiry pays a constant share.
-                    if self.broken_order.front() == Some(&token) {
-                        self.broken_order.pop_front();
-                    } else if self.broken_order.len() > 2 * self.broken.len() + 64 {
-                        let broken = &self.broken;
-                        self.broken_order.retain(|t| broken.contains_key(t));
-                    }
-                }
+            }
+        }
+        self.forget_breaks(now_ticks);
+    }
+
+    /// Forgets the broken leases whose deadline is at or before `now_ticks`.
+    fn forget_breaks(&mut self, now_ticks: u64) {
+        while let Some(&(at, token)) = self.broken_timers.first() {
+            if at > now_ticks {
+                break;
+            }
+            self.broken_timers.pop_first();
+            self.broken.remove(&token);
+            // Its place in `broken_order` goes lazily: the order is compacted once it is
+            // over twice the records, so each expiry pays a constant share.
+            if self.broken_order.front() == Some(&token) {
+                self.broken_order.pop_front();
+            } else if self.broken_order.len() > 2 * self.broken.len() + 64 {
+                let broken = &self.broken;
+                self.broken_order.retain(|t| broken.contains_key(t));
             }
         }
     }

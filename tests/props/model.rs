@@ -142,6 +142,11 @@ enum Op {
         name: usize,
         tok: TokPick,
     },
+    /// BREAK of every holder, or of one token's.
+    Break {
+        name: usize,
+        tok: Option<TokPick>,
+    },
     CancelWait(WaiterPick),
     DropSession {
         name: usize,
@@ -236,6 +241,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(name, tok, ttl, conn, user)| Op::Renew { name, tok, ttl, conn, user }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Revoke { name, tok }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Check { name, tok }),
+        1 => (name.clone(), proptest::option::of(tok_pick()))
+            .prop_map(|(name, tok)| Op::Break { name, tok }),
         2 => prop_oneof![
             4 => (0usize..64).prop_map(WaiterPick::Live),
             3 => (0usize..64).prop_map(WaiterPick::Seen),
@@ -654,6 +661,23 @@ impl Harness {
                 }
                 self.effects(Call::Other)?;
             }
+            Op::Break { name, tok } => {
+                let token = tok.as_ref().map(|p| self.token(NAMES[*name], p));
+                let by = lockd::locks::Origin::default();
+                let got = self.table.break_lock(at, NAMES[*name], token, &by);
+                let want = self.model.break_lock(now, NAMES[*name], token);
+                if got != want {
+                    return Err(format!("break {token:?}: table {got:?}, model {want:?}"));
+                }
+                // The last lease it ended is remembered as broken (its holder is told so).
+                if let Some(&last) = got.as_ref().ok().and_then(|ended| ended.last()) {
+                    let why = self.table.broken(at, NAMES[*name], last);
+                    if !matches!(why, TableError::Broken { token, .. } if token == last) {
+                        return Err(format!("break {last}: then told {why:?}"));
+                    }
+                }
+                self.effects(Call::Other)?;
+            }
             Op::Check { name, tok } => {
                 let token = self.token(NAMES[*name], tok);
                 let got = self.table.check(at, NAMES[*name], token);
@@ -899,6 +923,7 @@ fn ev(kind: EventKind, name: &str, id: &str, token: Token) -> Effect {
         held: Duration::ZERO,
         waited: None,
         origin: Default::default(),
+        broken_by: Default::default(),
     })
 }
 

@@ -261,7 +261,8 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
                     name,
                     id,
                     token,
-                    unix_ms
+                    unix_ms,
+                    by: None,
                 }),
                 Asked::Watch
             )
@@ -366,6 +367,7 @@ proptest! {
             held: Duration::ZERO,
             waited: None,
             origin: Default::default(),
+            broken_by: Default::default(),
         };
         prop_assert_eq!(
             parse(Reply::Event(&e, unix_ms), Asked::Watch),
@@ -375,6 +377,7 @@ proptest! {
                 id: status.holder.to_string(),
                 token,
                 unix_ms,
+                by: None,
             }))
         );
     }
