@@ -562,7 +562,13 @@ impl Backend {
         let ended = match self {
             Backend::Embedded(b) => b.break_lock(name, token, by)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => Box::pin(b.break_bound(name, token, by)).await?,
+            Backend::Etcd(b) => {
+                let result = Box::pin(b.break_bound(name, token, by)).await;
+                match token {
+                    Some(token) => etcd_why_not_held(b, name, token, result).await?,
+                    None => result?,
+                }
+            }
         };
         self.made_durable().await?;
         Ok(ended)
