@@ -43,6 +43,8 @@
 #   lockd_unlock NAME TOKEN                releases the lease
 #   lockd_renew NAME TOKEN [ttl=DUR]       extends the lease; prints ttl_ms on stdout
 #   lockd_check NAME TOKEN                 is TOKEN the live lease? prints ttl_ms on stdout
+#   lockd_break NAME [TOKEN]               force-releases NAME (every holder, or TOKEN's
+#                                          lease); prints how many leases it ended
 #   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
 #                                          LOCKD_WAITERS
