@@ -349,7 +349,7 @@ pub enum Command {
     /// tries again. SIGINT (Ctrl-C) or SIGTERM ends it with exit code 0.
     #[command(after_help = after_help())]
     Top(TopArgs),
-    /// Print lock events (acquired, released, expired, dropped) as they happen, until interrupted.
+    /// Print lock events (acquired, released, expired, dropped, broken) as they happen.
     ///
     /// One line per event: its time, kind, lock, holder id and token; with --json, one JSON
     /// object per line. SIGINT or SIGTERM ends the watch with exit code 0.
