@@ -32,7 +32,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "4",
         "the lock was lost: lost while the command ran (the command was stopped), \
-         or release/renew was given a token that is not the live lease",
+         or release/renew was given a token that is not the live lease, \
+         or break found nothing of the name (or of --token) to break",
     ),
     (
         "5",
@@ -362,8 +363,10 @@ pub enum Command {
     /// (so fencing still refuses the old holder), and the broken holder's next renewal is
     /// refused with who broke it (a `lockctl run` holding it stops its command, exit 4). With
     /// --auth-file on the server it needs the admin right on the name. At a terminal it shows
-    /// the holder and asks first, unless -y; elsewhere -y is required. Exit 0 once broken, 4
-    /// if nothing (or no lease with --token) held the name.
+    /// the holder and asks first, unless -y; elsewhere -y is required. Exit 0 once broken, 1
+    /// if the answer at the terminal was not yes, 4 if nothing (or no lease with --token) held
+    /// the name. It is sent once: after a lost answer, look with `lockctl status` before
+    /// breaking again (a BREAK that was carried out, sent again, breaks the next holder).
     #[command(after_help = after_help())]
     Break(BreakArgs),
     /// Print shell completions (the same as --completions SHELL).
