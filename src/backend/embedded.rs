@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
 use crate::locks::{
-    Change, ConnId, Effect, Limits, LockOutcome, LockRequest, LockStatus, Locks, Origin, TableError,
-    Token, UserId, WaiterId, GONE_USER,
+    Change, ConnId, Effect, Limits, LockOutcome, LockRequest, LockStatus, Locks, Origin,
+    TableError, Token, UserId, WaiterId, GONE_USER,
 };
 use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Seq};

@@ -481,7 +481,13 @@ impl Locks {
             return;
         }
         let deadline = self.clock.ticks(lease.deadline).unwrap_or(u64::MAX);
-        self.remember_break(lease.name, lease.token, lease.by, lease.at_unix_ms, deadline);
+        self.remember_break(
+            lease.name,
+            lease.token,
+            lease.by,
+            lease.at_unix_ms,
+            deadline,
+        );
     }
 
     /// Records a broken lease until `deadline` (ticks), forgetting the oldest record past

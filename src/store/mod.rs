@@ -27,9 +27,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::{
-    BrokenLease, Change, Mode, Origin, RestoredLease, Token, UserId, NO_USER,
-};
+use crate::locks::{BrokenLease, Change, Mode, Origin, RestoredLease, Token, UserId, NO_USER};
 use crate::metrics::Metrics;
 use files::{unix_ms, DataDir};
 use format::{Lease, Record};

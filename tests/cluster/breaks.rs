@@ -91,14 +91,22 @@ fn a_break_through_one_front_end_ends_a_holder_of_another_and_grants_the_next() 
     while saw.len() < 3 {
         saw.push(watch_b.line());
     }
-    assert!(saw[0].starts_with(&format!("EVENT acquired deploy stuck {t1} ")), "{saw:?}");
+    assert!(
+        saw[0].starts_with(&format!("EVENT acquired deploy stuck {t1} ")),
+        "{saw:?}"
+    );
     assert!(
         saw[1].starts_with(&format!("EVENT broken deploy stuck {t1} "))
             && saw[1].ends_with(&format!(" by={who}")),
         "{saw:?}"
     );
-    assert!(saw[2].starts_with(&format!("EVENT acquired deploy next {t2} ")), "{saw:?}");
-    assert!(waiter.req(&format!("CHECK deploy {t2}")).starts_with("OK ttl_ms="));
+    assert!(
+        saw[2].starts_with(&format!("EVENT acquired deploy next {t2} ")),
+        "{saw:?}"
+    );
+    assert!(waiter
+        .req(&format!("CHECK deploy {t2}"))
+        .starts_with("OK ttl_ms="));
 }
 
 #[test]
@@ -122,7 +130,10 @@ fn one_slot_of_a_semaphore_broken_elsewhere_goes_to_the_waiter_on_the_holders_fr
     assert!(q.req(&format!("CHECK pool {tq}")).starts_with("OK ttl_ms="));
     let who = assert_broken(&p.req(&format!("RENEW pool {tp}")), "pool", tp);
     // Nothing of that token is left to break, and the answer says why.
-    assert_eq!(assert_broken(&op.req(&format!("BREAK pool {tp}")), "pool", tp), who);
+    assert_eq!(
+        assert_broken(&op.req(&format!("BREAK pool {tp}")), "pool", tp),
+        who
+    );
     // Every holder at once: the name is free after.
     assert_eq!(op.req("BREAK pool"), "OK broken=2");
     eventually(PATIENCE, "pool free", || {

@@ -82,10 +82,23 @@ async fn a_break_hands_an_exclusive_lock_on_with_a_higher_token_and_says_who() {
     let renewed = holder.req(&format!("RENEW deploy {t1}")).await;
     let at = assert_broken(&renewed, "deploy", t1, &by);
     assert!(at > 1_600_000_000_000, "{renewed}");
-    assert_broken(&holder.req(&format!("CHECK deploy {t1}")).await, "deploy", t1, &by);
-    assert_broken(&holder.req(&format!("UNLOCK deploy {t1}")).await, "deploy", t1, &by);
+    assert_broken(
+        &holder.req(&format!("CHECK deploy {t1}")).await,
+        "deploy",
+        t1,
+        &by,
+    );
+    assert_broken(
+        &holder.req(&format!("UNLOCK deploy {t1}")).await,
+        "deploy",
+        t1,
+        &by,
+    );
     // The new holder is untouched.
-    assert!(waiter.req(&format!("CHECK deploy {t2}")).await.starts_with("OK ttl_ms="));
+    assert!(waiter
+        .req(&format!("CHECK deploy {t2}"))
+        .await
+        .starts_with("OK ttl_ms="));
 
     // The counter, and the audit line.
     let (status, body) = common::http_get(metrics, "/metrics").await;
@@ -117,7 +130,11 @@ async fn log_line(lockd: &LockdProcess, message: &str) -> Value {
         if let Some(line) = found {
             return line;
         }
-        assert!(Instant::now() < give_up, "no {message:?}: {:#?}", lockd.log());
+        assert!(
+            Instant::now() < give_up,
+            "no {message:?}: {:#?}",
+            lockd.log()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -136,8 +153,14 @@ async fn one_token_of_a_semaphore_or_every_holder_of_a_shared_lock() {
     assert_eq!(op.req(&format!("BREAK pool {tp}")).await, "OK broken=1");
     let tw = common::token(&w.line().await);
     assert!(tw > tq, "{tw} after {tq}");
-    assert!(q.req(&format!("CHECK pool {tq}")).await.starts_with("OK ttl_ms="));
-    assert!(p.req(&format!("RENEW pool {tp}")).await.starts_with("ERR NOTHELD pool: lease"));
+    assert!(q
+        .req(&format!("CHECK pool {tq}"))
+        .await
+        .starts_with("OK ttl_ms="));
+    assert!(p
+        .req(&format!("RENEW pool {tp}"))
+        .await
+        .starts_with("ERR NOTHELD pool: lease"));
     // That token again: it is not a live lease any more, and the answer says why.
     let who = op.stream().local_addr().unwrap().to_string();
     assert_broken(&op.req(&format!("BREAK pool {tp}")).await, "pool", tp, &who);
@@ -168,14 +191,23 @@ async fn nothing_to_break_and_bad_breaks() {
     // The right name matters too: a token of another name is not this one's.
     let other = c.req(&format!("BREAK elsewhere {t}")).await;
     assert!(other.starts_with("ERR NOTHELD elsewhere: "), "{other}");
-    assert_eq!(c.req("BREAK").await, "ERR SYNTAX usage: BREAK <name> [<token>]");
-    assert_eq!(c.req("BREAK a 1 2").await, "ERR SYNTAX usage: BREAK <name> [<token>]");
+    assert_eq!(
+        c.req("BREAK").await,
+        "ERR SYNTAX usage: BREAK <name> [<token>]"
+    );
+    assert_eq!(
+        c.req("BREAK a 1 2").await,
+        "ERR SYNTAX usage: BREAK <name> [<token>]"
+    );
     let bad = c.req("BREAK a x").await;
     assert!(bad.starts_with("ERR BADARG "), "{bad}");
     let zero = c.req("BREAK a 0").await;
     assert!(zero.starts_with("ERR BADARG "), "{zero}");
     // Still held: none of these broke anything.
-    assert!(c.req(&format!("CHECK held {t}")).await.starts_with("OK ttl_ms="));
+    assert!(c
+        .req(&format!("CHECK held {t}"))
+        .await
+        .starts_with("OK ttl_ms="));
 }
 
 fn users(dir: &std::path::Path, dev_admin: bool) -> PathBuf {
@@ -186,7 +218,11 @@ fn users(dir: &std::path::Path, dev_admin: bool) -> PathBuf {
         "dev lock=* read=*"
     };
     let file = dir.join("users");
-    std::fs::write(&file, [line("ops admin=deploy*", OPS), line(dev, DEV)].join("\n")).unwrap();
+    std::fs::write(
+        &file,
+        [line("ops admin=deploy*", OPS), line(dev, DEV)].join("\n"),
+    )
+    .unwrap();
     file
 }
 
@@ -228,7 +264,12 @@ async fn breaking_needs_the_admin_right_which_is_neither_lock_nor_read_and_reloa
     );
     assert_eq!(ops.req("BREAK deploy-web").await, "OK broken=1");
     // With users, who broke it is the user.
-    assert_broken(&dev.req(&format!("RENEW deploy-web {t}")).await, "deploy-web", t, "ops");
+    assert_broken(
+        &dev.req(&format!("RENEW deploy-web {t}")).await,
+        "deploy-web",
+        t,
+        "ops",
+    );
 
     // A reload gives dev the right.
     let t = dev.lock("build dev-job ttl=1m").await;
@@ -237,7 +278,10 @@ async fn breaking_needs_the_admin_right_which_is_neither_lock_nor_read_and_reloa
     unsafe {
         libc::kill(lockd.pid() as libc::pid_t, libc::SIGHUP);
     }
-    let reply = until(&mut dev, &format!("BREAK build {t}"), |r| !r.starts_with("ERR DENIED")).await;
+    let reply = until(&mut dev, &format!("BREAK build {t}"), |r| {
+        !r.starts_with("ERR DENIED")
+    })
+    .await;
     assert_eq!(reply, "OK broken=1");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -258,8 +302,18 @@ async fn a_break_is_durable_the_lease_stays_gone_and_its_renew_says_broken() {
     let lockd = Lockd::new().data_dir(&data).spawn();
     let mut c = lockd.raw().await;
     assert_eq!(c.req("STATUS nightly").await, "OK nightly free");
-    assert_broken(&c.req(&format!("RENEW nightly {t}")).await, "nightly", t, &who);
-    assert_broken(&c.req(&format!("CHECK nightly {t}")).await, "nightly", t, &who);
+    assert_broken(
+        &c.req(&format!("RENEW nightly {t}")).await,
+        "nightly",
+        t,
+        &who,
+    );
+    assert_broken(
+        &c.req(&format!("CHECK nightly {t}")).await,
+        "nightly",
+        t,
+        &who,
+    );
     let next = c.lock("nightly again").await;
     assert!(next > t, "{next} after {t}");
     lockd.stop();
@@ -277,10 +331,17 @@ async fn lockctl_break_asks_unless_y_and_says_what_it_did() {
     let out = output(lockctl_at(&addr, &["break", "release-train"])).await;
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("give -y"), "{}", stderr(&out));
-    assert!(holder.req(&format!("CHECK release-train {t}")).await.starts_with("OK ttl_ms="));
+    assert!(holder
+        .req(&format!("CHECK release-train {t}"))
+        .await
+        .starts_with("OK ttl_ms="));
 
     let token = t.to_string();
-    let out = output(lockctl_at(&addr, &["break", "release-train", "--token", &token, "-y"])).await;
+    let out = output(lockctl_at(
+        &addr,
+        &["break", "release-train", "--token", &token, "-y"],
+    ))
+    .await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(holder
         .req(&format!("RENEW release-train {t}"))

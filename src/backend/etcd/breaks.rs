@@ -71,7 +71,10 @@ impl Cluster {
         let key = self.layout.broken(name, token);
         // Its own etcd lease, so that etcd forgets it about when the lease would have ended
         // (a deadline checked on read covers what etcd's rounding adds).
-        let left_s = record.deadline_ms.saturating_sub(record.at_ms).div_ceil(1000);
+        let left_s = record
+            .deadline_ms
+            .saturating_sub(record.at_ms)
+            .div_ceil(1000);
         let ttl = i64::try_from(left_s.saturating_add(1)).unwrap_or(i64::MAX);
         let lease = {
             let mut client = self.client.clone();
@@ -88,15 +91,15 @@ impl Cluster {
         )]);
         self.txn(put).await.map_err(|e| self.unavailable(&e))?;
 
-        self.breaking_guard()
-            .push((holder.rev, token, by.clone()));
+        self.breaking_guard().push((holder.rev, token, by.clone()));
         let ended = self.end_txn(name, EventKind::Broken, holder, created(holder));
         let resp = self.txn(ended.txn.clone()).await;
         let done = match &resp {
             Ok(resp) => self.ended(name, token, EventKind::Broken, holder, &ended, resp),
             Err(_) => false,
         };
-        self.breaking_guard().retain(|(rev, _, _)| *rev != holder.rev);
+        self.breaking_guard()
+            .retain(|(rev, _, _)| *rev != holder.rev);
         if !done {
             // It was not ended by this BREAK (it ended meanwhile): no record of a break.
             let _ = self

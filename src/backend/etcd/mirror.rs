@@ -383,10 +383,9 @@ impl Mirror {
             };
             // A BREAK's marker says who sent it, for every front-end's watchers.
             let broken_by = match &ns.marker {
-                Some(m) if kind == EventKind::Broken => Origin::new(
-                    Some(m.by_user.as_str()),
-                    m.by_peer.parse().ok(),
-                ),
+                Some(m) if kind == EventKind::Broken => {
+                    Origin::new(Some(m.by_user.as_str()), m.by_peer.parse().ok())
+                }
                 _ => Origin::default(),
             };
             let held_ms = super::wall_ms().saturating_sub(old.value.granted_ms);

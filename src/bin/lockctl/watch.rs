@@ -127,7 +127,11 @@ fn json_event(e: &EventLine) -> String {
         json_string(&time(e))
     );
     match &e.by {
-        Some(by) => format!(r#"{},"by":{}}}"#, &object[..object.len() - 1], json_string(by)),
+        Some(by) => format!(
+            r#"{},"by":{}}}"#,
+            &object[..object.len() - 1],
+            json_string(by)
+        ),
         None => object,
     }
 }

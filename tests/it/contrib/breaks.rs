@@ -88,6 +88,12 @@ echo ok
         .spawn()
         .expect("bash must be installed");
     let out = finish(child, "", GUARD);
-    assert!(out.status.success(), "{:?}\n{}\n{}", out.status, out.stdout, out.stderr);
+    assert!(
+        out.status.success(),
+        "{:?}\n{}\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
     assert_eq!(out.stdout.trim(), "ok", "{}", out.stderr);
 }
