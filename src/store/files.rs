@@ -485,6 +485,53 @@ mod tests {
     }
 
     #[test]
+    fn a_break_outlives_compaction_and_ends_at_its_deadline() {
+        let dir = TempDir::new("compact-break");
+        let later = unix_ms() + 3_600_000;
+        let mut data = DataDir::open(&dir.0).unwrap();
+        let broken = |token, deadline_ms| {
+            Record::Break(Broken {
+                name: "stuck".into(),
+                token,
+                by: "ops".into(),
+                at_ms: 1,
+                deadline_ms,
+            })
+        };
+        data.append(&mut vec![
+            grant("stuck", 1, later),
+            broken(1, later),
+            Record::Release {
+                name: "stuck".into(),
+                token: 1,
+            },
+            // Ended already: nothing to keep.
+            broken(2, 1),
+        ])
+        .unwrap();
+        let mut token = 2;
+        while data.generation == 0 {
+            let mut batch = Vec::new();
+            for _ in 0..4096 {
+                token += 1;
+                batch.push(grant("churn", token, later));
+                batch.push(Record::Release {
+                    name: "churn".into(),
+                    token,
+                });
+            }
+            data.append(&mut batch).unwrap();
+            assert!(token < 1_000_000, "never compacted");
+        }
+        drop(data);
+        let data = DataDir::open(&dir.0).unwrap();
+        assert!(data.state().leases.is_empty());
+        let kept: Vec<u64> = data.state().breaks.keys().copied().collect();
+        assert_eq!(kept, [1]);
+        assert_eq!(data.state().breaks[&1].by, "ops");
+    }
+
+    #[test]
     fn a_newer_log_with_records_is_refused() {
         let dir = TempDir::new("newer");
         let mut data = DataDir::open(&dir.0).unwrap();

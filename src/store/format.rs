@@ -491,6 +491,25 @@ mod tests {
     }
 
     #[test]
+    fn a_break_record_round_trips() {
+        let records = vec![Record::Break(Broken {
+            name: "deploy prod".into(),
+            token: 7,
+            by: "127.0.0.1:5".into(),
+            at_ms: 11,
+            deadline_ms: 13,
+        })];
+        let mut bytes = Vec::new();
+        encode_frame(&records, SPLIT_FRAME_AT, &mut bytes);
+        let LogFrame::Good { size, payload_at } = check_frame(&bytes) else {
+            panic!("good frame read as bad");
+        };
+        let mut back = Vec::new();
+        decode_records(&bytes[payload_at..size], &mut back).unwrap();
+        assert_eq!(back, records);
+    }
+
+    #[test]
     fn frames_round_trip_and_damage_is_seen() {
         let records = vec![
             Record::Grant(lease("a", 7)),

@@ -384,3 +384,33 @@ async fn lockctl_run_whose_lease_is_broken_stops_its_command_and_says_by_whom() 
     assert!(!marker.exists(), "the command still runs");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_leases_are_remembered_until_their_deadline_and_at_most_max_locks() {
+    let lockd = Lockd::new().args(["--max-locks", "2"]).spawn();
+    let mut c = lockd.raw().await;
+    let who = c.stream().local_addr().unwrap().to_string();
+    let plain =
+        |name: &str| format!("ERR NOTHELD {name}: token is not the current holder's live lease");
+    // Three breaks, two remembered: the oldest is forgotten first.
+    let a = c.lock("a me ttl=1m").await;
+    assert_eq!(c.req("BREAK a").await, "OK broken=1");
+    let b = c.lock("b me ttl=1m").await;
+    assert_eq!(c.req("BREAK b").await, "OK broken=1");
+    let d = c.lock("d me ttl=1m").await;
+    assert_eq!(c.req("BREAK d").await, "OK broken=1");
+    assert_eq!(c.req(&format!("RENEW a {a}")).await, plain("a"));
+    assert_broken(&c.req(&format!("RENEW b {b}")).await, "b", b, &who);
+    assert_broken(&c.req(&format!("RENEW d {d}")).await, "d", d, &who);
+    // A token of another name is not that name's broken lease.
+    assert_eq!(c.req(&format!("CHECK b {d}")).await, plain("b"));
+
+    // Past the deadline the lease had, the plain answer it would have had anyway.
+    let e = c.lock("e me ttl=1s").await;
+    assert_eq!(c.req("BREAK e").await, "OK broken=1");
+    let reply = until(&mut c, &format!("CHECK e {e}"), |r| {
+        !r.contains("was broken")
+    })
+    .await;
+    assert_eq!(reply, plain("e"));
+}

@@ -4,7 +4,7 @@
 //! broken lease (`P b/<name>/<token>`, on an etcd lease of its own) tells its holder, through
 //! any front-end, who broke it.
 
-use super::rpc::{PutOptions, Txn, TxnOp};
+use super::rpc::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError};
 use crate::locks::{rules, EventKind, Origin, TableError, Token};
@@ -89,7 +89,8 @@ impl Cluster {
             record.encode(),
             Some(PutOptions::new().with_lease(lease)),
         )]);
-        self.txn(put).await.map_err(|e| self.unavailable(&e))?;
+        let put = self.txn(put).await.map_err(|e| self.unavailable(&e))?;
+        let written = put.header().map_or(0, |h| h.revision());
 
         self.breaking_guard().push((holder.rev, token, by.clone()));
         let ended = self.end_txn(name, EventKind::Broken, holder, created(holder));
@@ -101,9 +102,11 @@ impl Cluster {
         self.breaking_guard()
             .retain(|(rev, _, _)| *rev != holder.rev);
         if !done {
-            // It was not ended by this BREAK (it ended meanwhile): no record of a break.
+            // It was not ended by this BREAK (it ended meanwhile): no record of a break,
+            // unless another BREAK has written its own since.
+            let ours = Compare::mod_revision(key.clone(), CompareOp::Equal, written);
             let _ = self
-                .txn(Txn::new().and_then([TxnOp::delete(key, None)]))
+                .txn(Txn::new().when([ours]).and_then([TxnOp::delete(key, None)]))
                 .await;
         }
         match resp {
