@@ -200,6 +200,11 @@ impl ProtoError {
         Self::new(ErrorCode::Shutdown, "server is shutting down")
     }
 
+    /// BREAK of every holder of a name nobody holds.
+    pub fn nothing_to_break(name: &str) -> Self {
+        Self::new(ErrorCode::NotHeld, format!("{name}: nothing holds it"))
+    }
+
     /// A change was made but can never be made durable: the store failed.
     pub fn not_durable() -> Self {
         Self::new(

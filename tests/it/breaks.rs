@@ -183,8 +183,10 @@ async fn one_token_of_a_semaphore_or_every_holder_of_a_shared_lock() {
 async fn nothing_to_break_and_bad_breaks() {
     let lockd = Lockd::new().spawn();
     let mut c = lockd.raw().await;
-    let free = c.req("BREAK nobody").await;
-    assert!(free.starts_with("ERR NOTHELD nobody: "), "{free}");
+    assert_eq!(
+        c.req("BREAK nobody").await,
+        "ERR NOTHELD nobody: nothing holds it"
+    );
     let t = c.lock("held me").await;
     let wrong = c.req(&format!("BREAK held {}", t + 100)).await;
     assert!(wrong.starts_with("ERR NOTHELD held: "), "{wrong}");
@@ -241,6 +243,7 @@ async fn breaking_needs_the_admin_right_which_is_neither_lock_nor_read_and_reloa
     let file = users(&dir, false);
     let lockd = Lockd::new()
         .args(["--auth-file", file.to_str().unwrap()])
+        .args(["-v", "--log-format", "json"])
         .spawn();
     let mut dev = login(&lockd, "dev", DEV).await;
     let t = dev.lock("deploy-web dev-job ttl=1m").await;
@@ -263,7 +266,11 @@ async fn breaking_needs_the_admin_right_which_is_neither_lock_nor_read_and_reloa
         "ERR DENIED build: user ops has no admin right on it"
     );
     assert_eq!(ops.req("BREAK deploy-web").await, "OK broken=1");
-    // With users, who broke it is the user.
+    // With users, who broke it is the user; the audit line names both users.
+    let line = log_line(&lockd, "lock broken").await;
+    assert_eq!(line["holder_user"], "dev", "{line}");
+    assert_eq!(line["by_user"], "ops", "{line}");
+    assert_eq!(line["token"], t, "{line}");
     assert_broken(
         &dev.req(&format!("RENEW deploy-web {t}")).await,
         "deploy-web",

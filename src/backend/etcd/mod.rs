@@ -30,7 +30,8 @@
 //!   `guards`: every comparison a write is guarded by, built once from named parts.
 //! - Requests: `grant` (LOCK at once or again), `waiters` (a queued LOCK and its end),
 //!   `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK and
-//!   every other end, granting the head waiter in the same write), `status`.
+//!   every other end, granting the head waiter in the same write), `status`, `breaks`
+//!   (BREAK: ends leases by `release`'s write, and keeps a record of each for its holder).
 //! - Background: `watch` (keeps the mirror, starts the rest), `handover` (grants to this
 //!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
 //!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
