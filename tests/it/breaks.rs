@@ -421,3 +421,45 @@ async fn broken_leases_are_remembered_until_their_deadline_and_at_most_max_locks
     .await;
     assert_eq!(reply, plain("e"));
 }
+
+/// `lockctl <args>` in a pseudo-terminal (through `script(1)`): what is written to the
+/// child's stdin is typed at that terminal.
+fn at_terminal(addr: &str, args: &str) -> std::process::Child {
+    let lockctl = env!("CARGO_BIN_EXE_lockctl");
+    let line = format!("exec {lockctl} --server {addr} {args}");
+    std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1) must be installed (util-linux; CI installs bsdutils)")
+}
+
+#[test]
+fn lockctl_break_at_a_terminal_shows_the_holder_and_breaks_only_on_yes() {
+    use common::needs::{have, Need};
+    if !have(Need::Script) {
+        return;
+    }
+    let lockd = common::blocking::Server::start();
+    let addr = lockd.addr.to_string();
+    let held = lockd.request("LOCK tty-deploy stuck-job ttl=1m");
+    let token = common::token(&held);
+    let question = format!("break tty-deploy held by stuck-job (token {token})? [y/N]");
+
+    let out = common::blocking::finish(at_terminal(&addr, "break tty-deploy"), "n\n", GUARD);
+    assert_eq!(out.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains(&question), "{}", out.stdout);
+    assert_eq!(lockd.holder_token("tty-deploy"), Some(token));
+
+    let out = common::blocking::finish(at_terminal(&addr, "break tty-deploy"), "y\n", GUARD);
+    assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains(&question), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("broke tty-deploy (1 lease ended)"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lockd.holder_token("tty-deploy"), None);
+}
