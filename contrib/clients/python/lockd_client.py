@@ -32,6 +32,7 @@ The full client::
     c.renew("deploy", token)                      # -> ttl_ms; raises NotHeld if lost
     c.unlock("deploy", token)
     c.status("deploy")                            # LockStatus, or None if free
+    c.break_lock("deploy")                        # an operator's force-release -> leases ended
 
 Several addresses, the front-ends of one lockd cluster (any of them serves any request and
 knows every token), as lockctl's ``--server a:5001,b:5001``: ``server="a:5001,b:5001"`` (no
