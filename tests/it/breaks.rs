@@ -462,4 +462,14 @@ fn lockctl_break_at_a_terminal_shows_the_holder_and_breaks_only_on_yes() {
         out.stdout
     );
     assert_eq!(lockd.holder_token("tty-deploy"), None);
+
+    // --token names that lease's holder, not the first one.
+    lockd.request("LOCK tty-docs first shared ttl=1m");
+    let second = common::token(&lockd.request("LOCK tty-docs second shared ttl=1m"));
+    let args = format!("break tty-docs --token {second}");
+    let out = common::blocking::finish(at_terminal(&addr, &args), "y\n", GUARD);
+    assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+    let question = format!("break tty-docs held by second (token {second})? [y/N]");
+    assert!(out.stdout.contains(&question), "{}", out.stdout);
+    assert_eq!(lockd.holders("tty-docs"), 1);
 }
