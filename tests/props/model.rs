@@ -410,6 +410,38 @@ impl Harness {
         }
     }
 
+    /// What the etcd backend's BREAK of `name` (or of `token` only) ends on the name as the
+    /// reference model has it now, read back as tokens.
+    #[cfg(feature = "etcd")]
+    fn cluster_breaks(
+        &mut self,
+        now: u64,
+        name: &str,
+        token: Option<Token>,
+    ) -> Result<Vec<Token>, TableError> {
+        use lockd::backend::etcd::model::{breaks, HolderPart};
+        self.model.process(now);
+        let users: Vec<String> = (0..=UserId::from(u8::MAX)).map(|u| u.to_string()).collect();
+        let user = |u: UserId| users.get(u as usize).map_or("?", String::as_str);
+        let entry = self.model.entries.get(name);
+        let tokens: Vec<Token> =
+            entry.map_or_else(Vec::new, |e| e.holders.iter().map(|h| h.token).collect());
+        let holders: Vec<HolderPart<'_>> = entry.map_or_else(Vec::new, |e| {
+            e.holders
+                .iter()
+                .map(|h| HolderPart {
+                    id: &h.id,
+                    user: user(h.user),
+                    mode: e.mode,
+                    session: h.session.map(|s| s.conn),
+                })
+                .collect()
+        });
+        let only = token.map(|t| tokens.iter().position(|x| *x == t).unwrap_or(usize::MAX));
+        let ended = breaks(&holders, only)?;
+        Ok(ended.into_iter().map(|i| tokens[i]).collect())
+    }
+
     /// What the etcd backend decides of `req` on the name as the reference model has it
     /// now (its holders and queue shown through the cluster's own view of a name), with
     /// the holders' tokens and the waiters' (id, user), to read the decision by.
@@ -664,10 +696,18 @@ impl Harness {
             Op::Break { name, tok } => {
                 let token = tok.as_ref().map(|p| self.token(NAMES[*name], p));
                 let by = lockd::locks::Origin::default();
+                #[cfg(feature = "etcd")]
+                let cluster = self.cluster_breaks(now, NAMES[*name], token);
                 let got = self.table.break_lock(at, NAMES[*name], token, &by);
                 let want = self.model.break_lock(now, NAMES[*name], token);
                 if got != want {
                     return Err(format!("break {token:?}: table {got:?}, model {want:?}"));
+                }
+                #[cfg(feature = "etcd")]
+                if cluster != want {
+                    return Err(format!(
+                        "break {token:?}: cluster {cluster:?}, model {want:?}"
+                    ));
                 }
                 // The last lease it ended is remembered as broken (its holder is told so).
                 if let Some(&last) = got.as_ref().ok().and_then(|ended| ended.last()) {
