@@ -9,6 +9,7 @@
 //!
 //! ```text
 //! user <name> sha256:<salt-hex>:<digest-hex> [lock=<pattern>,...] [read=<pattern>,...]
+//!      [admin=<pattern>,...]
 //! ```
 //!
 //! The digest is SHA-256 of the salt's bytes followed by the secret's. A fast salted hash is
@@ -39,13 +40,15 @@ const DIGEST_LEN: usize = 32;
 const SCHEME: &str = "sha256";
 
 /// What a command needs: `lock` for LOCK, UNLOCK and RENEW; `read` for STATUS, CHECK and
-/// WATCH. Neither implies the other.
+/// WATCH; `admin` for BREAK. None implies another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Right {
     /// `lock`: LOCK, UNLOCK and RENEW.
     Lock,
     /// `read`: STATUS, CHECK and WATCH.
     Read,
+    /// `admin`: BREAK, ending other users' leases (an operator's right).
+    Admin,
 }
 
 impl Right {
@@ -54,6 +57,7 @@ impl Right {
         match self {
             Right::Lock => "lock",
             Right::Read => "read",
+            Right::Admin => "admin",
         }
     }
 }
@@ -188,6 +192,7 @@ struct User {
     hash: Hash,
     lock: Vec<Pattern>,
     read: Vec<Pattern>,
+    admin: Vec<Pattern>,
 }
 
 impl User {
@@ -195,6 +200,7 @@ impl User {
         match right {
             Right::Lock => &self.lock,
             Right::Read => &self.read,
+            Right::Admin => &self.admin,
         }
     }
 }
@@ -232,7 +238,8 @@ impl fmt::Debug for Users {
     }
 }
 
-const USAGE_LINE: &str = "expected `user <name> <hash> [lock=<pattern>,...] [read=<pattern>,...]`";
+const USAGE_LINE: &str =
+    "expected `user <name> <hash> [lock=<pattern>,...] [read=<pattern>,...] [admin=<pattern>,...]`";
 
 impl Users {
     /// Parses an auth file's text. Users also in `previous` (the file in force before a
@@ -330,16 +337,19 @@ fn parse_user(line: &str) -> Result<User, String> {
         hash,
         lock: Vec::new(),
         read: Vec::new(),
+        admin: Vec::new(),
     };
-    let mut seen = [false; 2];
+    let mut seen = [false; 3];
     for (at, word) in (4..).zip(words) {
         let (key, value) = word.split_once('=').unwrap_or((word, ""));
         let (right, i) = match key {
             "lock" => (Right::Lock, 0),
             "read" => (Right::Read, 1),
+            "admin" => (Right::Admin, 2),
             _ => {
                 return Err(format!(
-                    "field {at} is neither lock=<patterns> nor read=<patterns>; {USAGE_LINE}"
+                    "field {at} is neither lock=<patterns>, read=<patterns> \
+                     nor admin=<patterns>; {USAGE_LINE}"
                 ))
             }
         };
@@ -358,6 +368,7 @@ fn parse_user(line: &str) -> Result<User, String> {
         match right {
             Right::Lock => user.lock = patterns,
             Right::Read => user.read = patterns,
+            Right::Admin => user.admin = patterns,
         }
     }
     Ok(user)

@@ -38,9 +38,10 @@ fn release_kind(kind: EventKind) -> Option<usize> {
         EventKind::Expired => Some(1),
         EventKind::Dropped => Some(2),
         EventKind::Revoked => Some(3),
+        EventKind::Broken => Some(4),
     }
 }
-const RELEASE_KINDS: [&str; 4] = ["unlock", "expired", "session_end", "dropped"];
+const RELEASE_KINDS: [&str; 5] = ["unlock", "expired", "session_end", "dropped", "broken"];
 
 /// Where the locks live, as the `backend` label of `lockd_build_info`; in cluster mode the
 /// table's gauges are the cluster's (see the module's doc).
@@ -90,7 +91,7 @@ pub struct Metrics {
     registry: Registry,
     grants_immediate: Counter,
     grants_queued: Counter,
-    releases: [Counter; 4],
+    releases: [Counter; 5],
     refusals: [Counter; ErrorCode::ALL.len()],
     timeout_closes: [Counter; 2],
     wait: Histogram,
@@ -118,6 +119,8 @@ pub struct Metrics {
     /// A backend's own series, registered once it exists (the etcd backend's `lockd_etcd_*`,
     /// only in cluster mode): exported after these.
     attached: std::sync::OnceLock<Registry>,
+    /// Leases ended by a BREAK (also counted in `lockd_releases_total{kind="broken"}`).
+    breaks: Counter,
 }
 
 impl fmt::Debug for Metrics {
@@ -159,7 +162,7 @@ impl Metrics {
         registry.register(
             "releases",
             "Leases ended, by kind: unlock, expired, session_end (a session lease's connection \
-             closed), dropped (a grant taken back: its waiter was gone)",
+             closed), dropped (a grant taken back: its waiter was gone), broken (a BREAK)",
             releases.clone(),
         );
         let refusals = Family::<Labels, Counter>::default();
@@ -281,6 +284,13 @@ impl Metrics {
             ]),
         );
 
+        let breaks = Counter::default();
+        registry.register(
+            "breaks",
+            "Leases ended by BREAK (an operator's force-release), one per lease",
+            breaks.clone(),
+        );
+
         let series = |family: &Family<Labels, Counter>, key, value| {
             family.get_or_create(&[(key, value)]).clone()
         };
@@ -306,12 +316,16 @@ impl Metrics {
             name_waiters,
             name_held_seconds,
             attached: std::sync::OnceLock::new(),
+            breaks,
             registry,
         }
     }
 
     /// A lease began (a grant, at once or after waiting) or ended (after being held).
     pub fn lease_event(&self, event: &Event) {
+        if event.kind == EventKind::Broken {
+            self.breaks.inc();
+        }
         match (release_kind(event.kind), event.waited) {
             (Some(i), _) => {
                 self.releases[i].inc();

@@ -47,6 +47,8 @@
 #   lockd_unlock NAME TOKEN                releases the lease
 #   lockd_renew NAME TOKEN [ttl=DUR]       extends the lease; prints ttl_ms on stdout
 #   lockd_check NAME TOKEN                 is TOKEN the live lease? prints ttl_ms on stdout
+#   lockd_break NAME [TOKEN]               force-releases NAME (every holder, or TOKEN's
+#                                          lease); prints how many leases it ended
 #   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
 #                                          LOCKD_WAITERS and LOCKD_HOLDER_NOTE (the first
@@ -572,6 +574,38 @@ lockd_renew() { lockd__with_token RENEW "$@"; }
 # lockd_check NAME TOKEN: returns 0 (and prints the ttl left in ms) if TOKEN is the live lease,
 # 4 if it is not.
 lockd_check() { lockd__with_token CHECK "$@"; }
+
+# lockd_break NAME [TOKEN]: force-releases NAME (BREAK): ends every holder's lease, or only
+# TOKEN's; prints how many leases it ended. The next waiter is granted with a higher token;
+# the broken holder's next renewal returns 4 with who broke it in LOCKD_ERROR. Needs the admin
+# right on NAME when the server has an auth file. Returns 4 if nothing (or no lease with
+# TOKEN) holds NAME.
+lockd_break() {
+    local name=${1:-} token=${2:-} line
+    LOCKD_ERROR=
+    if (($# < 1 || $# > 2)); then
+        lockd__fail 2 "usage: lockd_break NAME [TOKEN]"
+        return
+    fi
+    lockd__word name "$name" || return
+    line="BREAK $name"
+    if (($# == 2)); then
+        if [[ ! $token =~ ^[0-9]+$ ]]; then
+            lockd__fail 2 "token must be a positive integer: '$token'"
+            return
+        fi
+        line+=" $token"
+    fi
+    lockd__roundtrip "$line" || return
+    case $LOCKD_REPLY in
+        "OK broken="*)
+            printf '%s\n' "${LOCKD_REPLY#OK broken=}"
+            return 0
+            ;;
+        ERR*) lockd__refused ;;
+        *) lockd__fail 2 "unexpected reply to BREAK: $LOCKD_REPLY" ;;
+    esac
+}
 
 # lockd_status [NAME]: prints the server's answer to `STATUS NAME detail`, one line each: a
 # HOLDER line per holder (in grant order), a WAITER line per waiter (in queue order), each

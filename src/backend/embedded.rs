@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
 use crate::locks::{
-    Change, ConnId, Effect, Limits, LockOutcome, LockRequest, LockStatus, Locks, TableError, Token,
-    UserId, WaiterId, GONE_USER,
+    Change, ConnId, Effect, Limits, LockOutcome, LockRequest, LockStatus, Locks, Origin,
+    TableError, Token, UserId, WaiterId, GONE_USER,
 };
 use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Seq};
@@ -64,6 +64,21 @@ pub struct Embedded {
     /// One permit per copy of the table that STATUS answers may hold at once.
     status_copies: Arc<Semaphore>,
     status_copies_max: AtomicUsize,
+}
+
+/// A `NotHeld` refusal of `token` on `name`, told as a BREAK's while the table remembers
+/// one (the holder hears who broke it); any other refusal as it is.
+fn why_not_held(
+    table: &mut Locks,
+    at: Instant,
+    name: &str,
+    token: Token,
+    e: TableError,
+) -> TableError {
+    match e {
+        TableError::NotHeld => table.broken(at, name, token),
+        e => e,
+    }
 }
 
 /// Above this many held locks, a STATUS snapshot is sorted on a blocking thread, so it does
@@ -111,6 +126,9 @@ impl Embedded {
         };
         for lease in recovered.leases(at, user) {
             table.restore(at, lease);
+        }
+        for broken in recovered.breaks(at) {
+            table.restore_break(at, broken);
         }
         table.journal_changes();
         Self::build(table, watch_buffer, Some(journal), users, metrics)
@@ -249,9 +267,30 @@ impl Embedded {
     /// UNLOCK by `user`.
     pub fn unlock(&self, name: &str, token: Token, user: UserId) -> Result<(), TableError> {
         let mut g = self.guard();
-        let result = g.table.unlock(now(), name, token, user);
+        let at = now();
+        let result = g.table.unlock(at, name, token, user);
+        let result = result.map_err(|e| why_not_held(&mut g.table, at, name, token, e));
         self.settle(g);
         result
+    }
+
+    /// BREAK by `by` (its right is checked before): ends every lease of `name`, or only
+    /// `token`'s; returns how many it ended.
+    pub fn break_lock(
+        &self,
+        name: &str,
+        token: Option<Token>,
+        by: &Origin,
+    ) -> Result<usize, TableError> {
+        let mut g = self.guard();
+        let at = now();
+        let result = g.table.break_lock(at, name, token, by);
+        let result = match (result, token) {
+            (Err(e), Some(token)) => Err(why_not_held(&mut g.table, at, name, token, e)),
+            (result, _) => result,
+        };
+        self.settle(g);
+        result.map(|ended| ended.len())
     }
 
     /// RENEW by `user` on connection `conn`.
@@ -266,6 +305,7 @@ impl Embedded {
         let mut g = self.guard();
         let at = now();
         let result = g.table.renew(at, name, token, ttl, conn, user);
+        let result = result.map_err(|e| why_not_held(&mut g.table, at, name, token, e));
         self.settle(g);
         result.map(|r| Renewed {
             left: r.deadline.saturating_duration_since(at),
@@ -287,6 +327,7 @@ impl Embedded {
         let mut g = self.guard();
         let at = now();
         let result = g.table.check(at, name, token);
+        let result = result.map_err(|e| why_not_held(&mut g.table, at, name, token, e));
         self.settle(g);
         result.map(|deadline| deadline.saturating_duration_since(at))
     }

@@ -40,8 +40,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{broadcast, oneshot, OwnedSemaphorePermit};
 
 use crate::locks::{
-    ConnId, Event, EventKind, Limits, LockRequest, LockStatus, TableError, Token, UserId, WaitEnd,
-    WaiterId, WaiterStatus,
+    ConnId, Event, EventKind, Limits, LockRequest, LockStatus, Origin, TableError, Token, UserId,
+    WaitEnd, WaiterId, WaiterStatus,
 };
 use crate::metrics::Metrics;
 use crate::proto::ProtoError;
@@ -542,9 +542,36 @@ impl Backend {
         match self {
             Backend::Embedded(b) => b.unlock(name, token, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => Box::pin(b.unlock_bound(name, token, user)).await?,
+            Backend::Etcd(b) => {
+                let result = Box::pin(b.unlock_bound(name, token, user)).await;
+                etcd_why_not_held(b, name, token, result).await?
+            }
         }
         self.made_durable().await
+    }
+
+    /// BREAK by `by` (an operator's force-release; the `admin` right is the caller's to
+    /// check): ends every lease of `name`, or only `token`'s, and the queue moves on as
+    /// after a release. Returns how many leases it ended, once that is durable.
+    pub async fn break_lock(
+        &self,
+        name: &str,
+        token: Option<Token>,
+        by: &Origin,
+    ) -> Result<usize, BackendError> {
+        let ended = match self {
+            Backend::Embedded(b) => b.break_lock(name, token, by)?,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(b) => {
+                let result = Box::pin(b.break_bound(name, token, by)).await;
+                match token {
+                    Some(token) => etcd_why_not_held(b, name, token, result).await?,
+                    None => result?,
+                }
+            }
+        };
+        self.made_durable().await?;
+        Ok(ended)
     }
 
     /// RENEW by `user` on connection `conn`; returns once the renewal is durable. A session
@@ -560,7 +587,10 @@ impl Backend {
         let renewed = match self {
             Backend::Embedded(b) => b.renew(name, token, ttl, conn, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => Box::pin(b.renew_bound(name, token, ttl, conn, user)).await?,
+            Backend::Etcd(b) => {
+                let result = Box::pin(b.renew_bound(name, token, ttl, conn, user)).await;
+                etcd_why_not_held(b, name, token, result).await?
+            }
         };
         self.made_durable().await?;
         Ok(renewed)
@@ -571,7 +601,10 @@ impl Backend {
         match self {
             Backend::Embedded(b) => Ok(b.check(name, token)?),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => Box::pin(b.check(name, token)).await,
+            Backend::Etcd(b) => {
+                let result = Box::pin(b.check(name, token)).await;
+                etcd_why_not_held(b, name, token, result).await
+            }
         }
     }
 
@@ -673,6 +706,23 @@ impl Backend {
     }
 }
 
+/// A cluster's `NotHeld` refusal of `token` on `name`, told as a BREAK's while its record
+/// says so (the holder hears who broke it); any other answer as it is.
+#[cfg(feature = "etcd")]
+async fn etcd_why_not_held<T>(
+    b: &etcd::Cluster,
+    name: &str,
+    token: Token,
+    result: Result<T, BackendError>,
+) -> Result<T, BackendError> {
+    match result {
+        Err(BackendError::Table(TableError::NotHeld)) => {
+            Err(Box::pin(b.why_not_held(name, token)).await)
+        }
+        other => other,
+    }
+}
+
 /// A client's address as a log field: `-` where it is not known, so that every audit line
 /// has the same fields.
 #[derive(Clone, Copy, Debug)]
@@ -716,6 +766,23 @@ pub(crate) fn log_event(e: &Event) {
             held_ms,
             "grant taken back: the waiter was gone"
         ),
+        // The audit line of a force-release: whose lease it was, and who broke it.
+        // (The holder's note goes here too once holders carry one.)
+        EventKind::Broken => {
+            let by_user = e.broken_by.user().unwrap_or("-");
+            let by_peer = PeerField(e.broken_by.peer());
+            tracing::info!(
+                name,
+                id,
+                token,
+                holder_user = user,
+                holder_peer = %peer,
+                by_user,
+                by_peer = %by_peer,
+                held_ms,
+                "lock broken"
+            )
+        }
     }
 }
 

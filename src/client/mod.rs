@@ -311,6 +311,22 @@ impl Client {
         }
     }
 
+    /// BREAK (an operator's force-release; needs the `admin` right with `--auth-file`):
+    /// ends every lease of `name`, or only `token`'s; returns how many it ended. A free name
+    /// or a token that is not a live lease of it: [`ErrorCode::NotHeld`].
+    pub async fn break_lock(&mut self, name: &str, token: Option<Token>) -> Result<u32> {
+        match self
+            .ask(&Request::Break {
+                name: name.into(),
+                token,
+            })
+            .await?
+        {
+            Received::Broken(n) => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// RENEW; returns the time the lease has left.
     pub async fn renew(
         &mut self,

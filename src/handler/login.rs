@@ -132,6 +132,7 @@ impl Handler {
             | Request::Status { name: Some(name) }
             | Request::Watch { name: Some(name) } => (Right::Read, Some(name)),
             Request::Status { name: None } | Request::Watch { name: None } => (Right::Read, None),
+            Request::Break { name, .. } => (Right::Admin, Some(name)),
         };
         let Some((_, user)) = &login.user else {
             return Admit::Refuse(ProtoError::no_auth());

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Gate;
 use crate::backend::{Backend, BackendError, PeerField};
 use crate::connection::{Connection, Frame};
-use crate::locks::{ConnId, LockRequest, Origin, Token};
+use crate::locks::{ConnId, LockRequest, Origin, TableError, Token};
 use crate::metrics::TimeoutClose;
 use crate::proto::{self, ErrorCode, ProtoError, Reply, Request, Subject, Tie};
 
@@ -363,6 +363,23 @@ impl Handler {
             Request::Check { name, token } => {
                 let result = backend.check(&name, token).await.map(Reply::Lease);
                 return self.reply(&name, token, result).await;
+            }
+            Request::Break { name, token } => {
+                let result = backend.break_lock(&name, token, &self.origin).await;
+                if token.is_none()
+                    && matches!(result, Err(BackendError::Table(TableError::NotHeld)))
+                {
+                    let about = Subject {
+                        name: &name,
+                        id: "",
+                        token: None,
+                    };
+                    let e = ProtoError::nothing_to_break(&name);
+                    self.refuse_about(e, about).await?;
+                    return Ok(Flow::Continue);
+                }
+                let result = result.map(Reply::Broken);
+                return self.reply(&name, token.unwrap_or(0), result).await;
             }
             Request::Ping => self.conn.queue(Reply::Pong).await?,
             Request::Help => self.conn.queue(Reply::Help).await?,

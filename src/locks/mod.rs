@@ -37,7 +37,7 @@
 //! When the table empties after having been large, it hands its slab, index and unused ids
 //! back to the allocator.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -80,6 +80,26 @@ pub struct Locks {
     /// The wall clock the caller last told ([`Locks::wall_clock`]), in Unix milliseconds:
     /// what a grant records as its time for people. 0 until told.
     wall_ms: u64,
+    /// The leases a BREAK ended, by token, until the deadline each had then: their holder's
+    /// RENEW or CHECK is told who broke it.
+    broken: HashMap<Token, Broken>,
+    /// When each record of `broken` ends, soonest first: its timers, apart from `timers` so
+    /// that they wake nobody (a record past its deadline goes at the next call, unseen,
+    /// and [`Locks::next_deadline`] stays the next lease's or wait's end).
+    broken_timers: BTreeSet<(u64, Token)>,
+    /// The tokens of `broken`, oldest break first: past [`Limits::max_locks`] records the
+    /// oldest is forgotten (its holder then hears a plain `NotHeld`).
+    broken_order: VecDeque<Token>,
+}
+
+/// What the table remembers of a broken lease.
+#[derive(Debug)]
+struct Broken {
+    name: Arc<str>,
+    by: Arc<str>,
+    at_unix_ms: u64,
+    /// The lease's deadline when it was broken, in [`Clock`] ticks.
+    deadline: u64,
 }
 
 impl Locks {
@@ -103,6 +123,9 @@ impl Locks {
             journal: false,
             changes: Vec::new(),
             wall_ms: 0,
+            broken: HashMap::new(),
+            broken_order: VecDeque::new(),
+            broken_timers: BTreeSet::new(),
         }
     }
 
@@ -393,6 +416,121 @@ impl Locks {
         self.end_lease(now, name, token, EventKind::Released, None)
     }
 
+    /// BREAK (an operator's force-release): ends every lease of `name`, or only `token`'s,
+    /// as [`rules::breaks`] says, whoever holds them; `by` sent it. Each ends as by a
+    /// release (event `broken`, the queue moves on at once), and is remembered until the
+    /// deadline it had, so that its holder's RENEW or CHECK is told who broke it
+    /// ([`Locks::broken`]). Returns the tokens it ended, in grant order. Who may break a
+    /// name is the caller's business (the `admin` right).
+    pub fn break_lock(
+        &mut self,
+        now: Instant,
+        name: &str,
+        token: Option<Token>,
+        by: &Origin,
+    ) -> Result<Vec<Token>, TableError> {
+        self.expire(now);
+        let slot = self.index.get(name).copied();
+        let view = TableView(slot.and_then(|slot| self.slab.get(slot)));
+        let ended = rules::breaks(&view, token.as_ref())?;
+        let slot = slot.ok_or(TableError::NotHeld)?;
+        let who: Arc<str> = by.who().into();
+        for &token in &ended {
+            let Some(entry) = self.slab.get(slot) else {
+                break;
+            };
+            let entry_name = Arc::clone(&entry.name);
+            let Some(deadline) = entry.holder(token).map(|h| h.deadline) else {
+                continue;
+            };
+            if self.journal {
+                self.changes.push(Change::Break {
+                    name: Arc::clone(&entry_name),
+                    token,
+                    by: Arc::clone(&who),
+                    at_unix_ms: self.wall_ms,
+                    deadline: self.clock.instant(deadline).unwrap_or(now),
+                });
+            }
+            self.remember_break(entry_name, token, Arc::clone(&who), self.wall_ms, deadline);
+            let mark = self.effects.len();
+            self.end_lease(now, name, token, EventKind::Broken, None)?;
+            for effect in &mut self.effects[mark..] {
+                if let Effect::Event(e) = effect {
+                    if e.kind == EventKind::Broken && e.token == token {
+                        e.broken_by = by.clone();
+                    }
+                }
+            }
+        }
+        Ok(ended)
+    }
+
+    /// Why `token` is not a live lease of `name`: `Broken` while the table remembers a
+    /// BREAK of it, else `NotHeld`. A backend asks after a RENEW, CHECK or UNLOCK was
+    /// refused `NotHeld`.
+    pub fn broken(&mut self, now: Instant, name: &str, token: Token) -> TableError {
+        self.expire(now);
+        match self.broken.get(&token) {
+            Some(b) if &*b.name == name => TableError::Broken {
+                token,
+                by: Arc::clone(&b.by),
+                at_unix_ms: b.at_unix_ms,
+            },
+            _ => TableError::NotHeld,
+        }
+    }
+
+    /// Puts back what a previous run remembered of a broken lease (nothing once its
+    /// deadline has passed).
+    pub fn restore_break(&mut self, now: Instant, lease: BrokenLease) {
+        self.raise_next_token(lease.token.saturating_add(1));
+        self.clock.start(now);
+        if lease.deadline <= now {
+            return;
+        }
+        let deadline = self.clock.ticks(lease.deadline).unwrap_or(u64::MAX);
+        self.remember_break(
+            lease.name,
+            lease.token,
+            lease.by,
+            lease.at_unix_ms,
+            deadline,
+        );
+    }
+
+    /// Records a broken lease until `deadline` (ticks), forgetting the oldest record past
+    /// [`Limits::max_locks`] of them: the memory is bounded like the leases it outlives.
+    fn remember_break(
+        &mut self,
+        name: Arc<str>,
+        token: Token,
+        by: Arc<str>,
+        at_unix_ms: u64,
+        deadline: u64,
+    ) {
+        while self.broken.len() >= self.limits.max_locks.max(1) {
+            let Some(oldest) = self.broken_order.pop_front() else {
+                break;
+            };
+            if let Some(old) = self.broken.remove(&oldest) {
+                self.broken_timers.remove(&(old.deadline, oldest));
+            }
+        }
+        let record = Broken {
+            name,
+            by,
+            at_unix_ms,
+            deadline,
+        };
+        if let Some(old) = self.broken.insert(token, record) {
+            self.broken_timers.remove(&(old.deadline, token));
+        } else {
+            self.broken_order.push_back(token);
+        }
+        self.broken_timers.insert((deadline, token));
+    }
+
     /// Connection `conn`, to which the session lease `token` is bound, closed. Without a
     /// grace the lease ends now (event `dropped`); with one, it ends `grace` from now (or at
     /// its own deadline, if sooner) unless a RENEW binds it to another connection first. A
@@ -616,6 +754,26 @@ impl Locks {
                 }
             }
         }
+        self.forget_breaks(now_ticks);
+    }
+
+    /// Forgets the broken leases whose deadline is at or before `now_ticks`.
+    fn forget_breaks(&mut self, now_ticks: u64) {
+        while let Some(&(at, token)) = self.broken_timers.first() {
+            if at > now_ticks {
+                break;
+            }
+            self.broken_timers.pop_first();
+            self.broken.remove(&token);
+            // Its place in `broken_order` goes lazily: the order is compacted once it is
+            // over twice the records, so each expiry pays a constant share.
+            if self.broken_order.front() == Some(&token) {
+                self.broken_order.pop_front();
+            } else if self.broken_order.len() > 2 * self.broken.len() + 64 {
+                let broken = &self.broken;
+                self.broken_order.retain(|t| broken.contains_key(t));
+            }
+        }
     }
 
     fn check_ttl(&self, ttl: Option<Duration>) -> Result<Duration, TableError> {
@@ -753,6 +911,7 @@ impl Locks {
             waited,
             origin: holder.origin.clone(),
             note: holder.note(),
+            broken_by: Origin::default(),
         }));
         token
     }
@@ -825,6 +984,7 @@ impl Locks {
                                 waited: None,
                                 origin: holder.origin,
                                 note: None,
+                                broken_by: Origin::default(),
                             }));
                         }
                         return;
@@ -851,6 +1011,7 @@ impl Locks {
             waited: None,
             origin: old.origin,
             note: None,
+            broken_by: Origin::default(),
         }));
         self.grant_fitting(now, slot);
         self.sweep_ids_if_due();
@@ -873,6 +1034,7 @@ impl Locks {
             waited: None,
             origin: old.origin,
             note: None,
+            broken_by: Origin::default(),
         }));
         self.grant_waiter(now, slot, next, None, deadline);
     }

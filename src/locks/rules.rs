@@ -160,6 +160,27 @@ pub fn decide<V: NameView>(
     Ok(Decision::Queue { replaces })
 }
 
+/// Which leases a BREAK of the name `view` shows ends: every holder's, or with `only` the
+/// one holder whose key it is. A free name, or a key that is not one of its holders:
+/// `NotHeld`. The queue then moves as after a release (each backend's release does it).
+pub fn breaks<V: NameView>(
+    view: &V,
+    only: Option<&V::HolderKey>,
+) -> Result<Vec<V::HolderKey>, TableError>
+where
+    V::HolderKey: PartialEq,
+{
+    let ended: Vec<_> = view
+        .holders()
+        .map(|h| h.key)
+        .filter(|key| only.is_none_or(|only| key == only))
+        .collect();
+    if ended.is_empty() {
+        return Err(TableError::NotHeld);
+    }
+    Ok(ended)
+}
+
 /// The waiters of the same id (and user) as `ask`, first in line first: a LOCK takes the
 /// first one's place. (A cluster may briefly show more than one, written through two
 /// front-ends at once; the ones after the first go.)
@@ -342,6 +363,18 @@ mod tests {
         assert_eq!(note_again(Some("old"), Some("new")), Some("new"));
         assert_eq!(note_again::<str>(None, None), None);
         assert_eq!(note_again(None, Some("new")), Some("new"));
+    }
+
+    #[test]
+    fn a_break_ends_every_holder_or_the_one_named() {
+        let shared = Plain {
+            holders: vec![("p", 0, Mode::Shared, None), ("q", 0, Mode::Shared, None)],
+            queue: vec![("w", 0, Mode::Exclusive)],
+        };
+        assert_eq!(breaks(&shared, None), Ok(vec![0, 1]));
+        assert_eq!(breaks(&shared, Some(&1)), Ok(vec![1]));
+        assert_eq!(breaks(&shared, Some(&7)), Err(TableError::NotHeld));
+        assert_eq!(breaks(&Plain::default(), None), Err(TableError::NotHeld));
     }
 
     #[test]

@@ -55,6 +55,16 @@ impl Origin {
     pub fn peer(&self) -> Option<SocketAddr> {
         self.0.as_ref()?.peer
     }
+
+    /// Who this is in one word, as a BREAK names its breaker: the user where there is one,
+    /// else the client's `ip:port`, else `-`.
+    pub fn who(&self) -> String {
+        match (self.user(), self.peer()) {
+            (Some(user), _) => user.to_owned(),
+            (None, Some(peer)) => peer.to_string(),
+            (None, None) => "-".to_owned(),
+        }
+    }
 }
 
 /// What a holder holds: the whole lock, a share of it, or one of a semaphore's slots.
@@ -262,6 +272,16 @@ pub enum TableError {
         /// `max_waiters`.
         max: usize,
     },
+    /// The token was a lease of the name that a BREAK ended (not long ago: before the
+    /// deadline it had then). Answered `NOTHELD`, as a lost lease, with who broke it.
+    Broken {
+        /// The broken lease's token.
+        token: Token,
+        /// Who broke it ([`Origin::who`]).
+        by: Arc<str>,
+        /// When, in Unix milliseconds.
+        at_unix_ms: u64,
+    },
 }
 
 impl fmt::Display for TableError {
@@ -288,6 +308,11 @@ impl fmt::Display for TableError {
             TableError::TooManyWaiters { max } => {
                 write!(f, "too many waiters for this lock (max {max})")
             }
+            TableError::Broken {
+                token,
+                by,
+                at_unix_ms,
+            } => write!(f, "lease {token} was broken by {by} at {at_unix_ms}"),
             TableError::WrongMode { held, asked } => {
                 write!(
                     f,
@@ -323,6 +348,8 @@ pub enum EventKind {
     /// A grant was taken back: its waiter was gone before it could read it. Shown to
     /// clients as `dropped` too; told apart for metrics and logs.
     Revoked,
+    /// A BREAK (an operator's force-release) ended the lease; [`Event::broken_by`] says who.
+    Broken,
 }
 
 impl EventKind {
@@ -333,6 +360,7 @@ impl EventKind {
             EventKind::Released => "released",
             EventKind::Expired => "expired",
             EventKind::Dropped | EventKind::Revoked => "dropped",
+            EventKind::Broken => "broken",
         }
     }
 }
@@ -358,6 +386,8 @@ pub struct Event {
     pub origin: Origin,
     /// The holder's note, for `acquired` (WATCH shows it); `None` for the other kinds.
     pub note: Option<Note>,
+    /// For `Broken`: who sent the BREAK (user and address); empty for the other kinds.
+    pub broken_by: Origin,
 }
 
 /// Work for the caller, in the order it must happen.
@@ -422,6 +452,30 @@ pub enum Change {
     /// The lease `token` of `name` ended before its deadline (UNLOCK, or its session closed).
     #[allow(missing_docs)] // the variant's doc names each field
     Release { name: Arc<str>, token: Token },
+    /// A BREAK is about to end the lease `token` of `name` (its `Release` follows): its
+    /// holder's RENEW and CHECK are told so until `deadline`, the deadline the lease had.
+    #[allow(missing_docs)] // the variant's doc names each field
+    Break {
+        name: Arc<str>,
+        token: Token,
+        /// Who broke it ([`Origin::who`]).
+        by: Arc<str>,
+        /// When, in Unix milliseconds.
+        at_unix_ms: u64,
+        deadline: Instant,
+    },
+}
+
+/// A broken lease the table still remembers (see [`Locks::broken`]), as a durable store
+/// reads it back after a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[allow(missing_docs)] // the fields of `Change::Break`, read back
+pub struct BrokenLease {
+    pub name: Arc<str>,
+    pub token: Token,
+    pub by: Arc<str>,
+    pub at_unix_ms: u64,
+    pub deadline: Instant,
 }
 
 /// A lease read back from a durable store after a restart.

@@ -153,7 +153,8 @@ impl ProtoError {
         let code = match e {
             TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
             TableError::WouldBlock { .. } => ErrorCode::Timeout,
-            TableError::NotHeld => ErrorCode::NotHeld,
+            // A broken lease is a lost one: the code every client already reads as "lost".
+            TableError::NotHeld | TableError::Broken { .. } => ErrorCode::NotHeld,
             TableError::Conflict | TableError::WrongMode { .. } => ErrorCode::Conflict,
             TableError::TooManyLocks { .. } | TableError::TooManyWaiters { .. } => ErrorCode::Limit,
             TableError::NotOwner => ErrorCode::Denied,
@@ -231,6 +232,11 @@ impl ProtoError {
     /// `ERR SHUTDOWN`: the server is shutting down.
     pub fn shutdown() -> Self {
         Self::new(ErrorCode::Shutdown, "server is shutting down")
+    }
+
+    /// BREAK of every holder of a name nobody holds.
+    pub fn nothing_to_break(name: &str) -> Self {
+        Self::new(ErrorCode::NotHeld, format!("{name}: nothing holds it"))
     }
 
     /// A change was made but can never be made durable: the store failed.

@@ -130,6 +130,14 @@ pub enum Request {
     Help,
     /// `QUIT`.
     Quit,
+    /// `BREAK <name> [<token>]`: an operator's force-release of every lease of the name, or
+    /// of the one with `<token>` (needs the `admin` right).
+    Break {
+        /// The lock.
+        name: String,
+        /// Only this lease; `None` for every holder's.
+        token: Option<Token>,
+    },
 }
 
 /// AUTH's secret. It is shown as `***` by `Display` and `Debug`, so a request that is logged or
@@ -179,7 +187,8 @@ impl fmt::Display for AuthLine<'_> {
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
 [session[=<grace>] | detach] [shared | limit=<n>] [note=<text>, last] | \
 UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
-STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | PING | HELP | QUIT; \
+STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | BREAK <name> [<token>] | \
+PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
@@ -193,6 +202,7 @@ const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
 const USAGE_STATUS: &str = "usage: STATUS [<name> [detail]]";
 const USAGE_WATCH: &str = "usage: WATCH [<name>]";
 const USAGE_AUTH: &str = "usage: AUTH <user> <secret>";
+const USAGE_BREAK: &str = "usage: BREAK <name> [<token>]";
 
 /// Parses one request line (without its line ending).
 pub fn parse(line: &str) -> Result<Request, ProtoError> {
@@ -257,6 +267,17 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
                 secret: Secret::new(secret),
             })
         }
+        "BREAK" => match args[..] {
+            [name] => Ok(Request::Break {
+                name: valid_name("name", name)?,
+                token: None,
+            }),
+            [name, token] => Ok(Request::Break {
+                name: valid_name("name", name)?,
+                token: Some(parse_token(token)?),
+            }),
+            _ => Err(syntax(USAGE_BREAK)),
+        },
         "PING" | "HELP" | "QUIT" => {
             if !args.is_empty() {
                 return Err(syntax(format!("usage: {cmd}")));
@@ -508,6 +529,11 @@ impl fmt::Display for Request {
             Request::Ping => f.write_str("PING"),
             Request::Help => f.write_str("HELP"),
             Request::Quit => f.write_str("QUIT"),
+            Request::Break { name, token: None } => write!(f, "BREAK {name}"),
+            Request::Break {
+                name,
+                token: Some(token),
+            } => write!(f, "BREAK {name} {token}"),
         }
     }
 }
@@ -532,6 +558,7 @@ impl Request {
             Request::Unlock { name, token }
             | Request::Renew { name, token, .. }
             | Request::Check { name, token } => (name.as_str(), "", Some(*token)),
+            Request::Break { name, token } => (name.as_str(), "", *token),
             Request::Status { name: Some(name) }
             | Request::StatusDetail { name }
             | Request::Watch { name: Some(name) } => (name.as_str(), "", None),
@@ -557,7 +584,8 @@ impl Request {
             | Request::Check { name, .. }
             | Request::Status { name: Some(name) }
             | Request::StatusDetail { name }
-            | Request::Watch { name: Some(name) } => validate_name("name", name),
+            | Request::Watch { name: Some(name) }
+            | Request::Break { name, .. } => validate_name("name", name),
             Request::Auth { user, .. } => validate_name("user", user),
             _ => Ok(()),
         }
@@ -588,7 +616,8 @@ impl Request {
             Request::Unlock { name, .. }
             | Request::Renew { name, .. }
             | Request::Check { name, .. }
-            | Request::StatusDetail { name } => [("name", Some(name)), ("id", None)],
+            | Request::StatusDetail { name }
+            | Request::Break { name, .. } => [("name", Some(name)), ("id", None)],
             Request::Status { name } | Request::Watch { name } => {
                 [("name", name.as_deref()), ("id", None)]
             }

@@ -50,6 +50,8 @@ pub enum Reply<'a> {
     Event(&'a Event, u64),
     /// `ERR <code> <message>`.
     Error(&'a ProtoError),
+    /// `OK broken=<n>`: BREAK ended `n` leases.
+    Broken(usize),
 }
 
 impl fmt::Display for Reply<'_> {
@@ -120,18 +122,23 @@ impl fmt::Display for Reply<'_> {
                     mode: w.mode,
                 },
             ),
-            Reply::Event(e, unix_ms) => write_event(
-                f,
-                &EventLine {
-                    kind: e.kind,
-                    name: &e.name,
-                    id: &e.id,
-                    token: e.token,
-                    unix_ms: *unix_ms,
-                    note: e.note.as_ref().filter(|_| e.kind == EventKind::Acquired),
-                },
-            ),
+            Reply::Event(e, unix_ms) => {
+                let by = (e.kind == EventKind::Broken).then(|| e.broken_by.who());
+                write_event(
+                    f,
+                    &EventLine {
+                        kind: e.kind,
+                        name: &*e.name,
+                        id: &*e.id,
+                        token: e.token,
+                        unix_ms: *unix_ms,
+                        note: e.note.as_deref().filter(|_| e.kind == EventKind::Acquired),
+                        by: by.as_deref(),
+                    },
+                )
+            }
             Reply::Error(e) => e.fmt(f),
+            Reply::Broken(n) => write!(f, "OK {BROKEN_KEY}={n}"),
         }
     }
 }
@@ -150,6 +157,8 @@ const INFO: &str = "INFO";
 const HOLDER: &str = "HOLDER";
 const WAITER: &str = "WAITER";
 const EVENT: &str = "EVENT";
+const BROKEN_KEY: &str = "broken";
+const BY_KEY: &str = "by";
 
 /// How old a cluster front-end's view of etcd may be, as the end of a STATUS of all locks says
 /// it: the age of its last answer from an etcd quorum, and the bound past which the
@@ -300,6 +309,9 @@ fn write_event<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, e: &EventLine<S>) -> f
         e.token,
         e.unix_ms
     )?;
+    if let Some(by) = &e.by {
+        write!(f, " {BY_KEY}={}", by.as_ref())?;
+    }
     write_note(f, e.note.as_ref())
 }
 
@@ -418,6 +430,8 @@ pub struct EventLine<S = String> {
     pub unix_ms: u64,
     /// `note=`, decoded: the new holder's note, on `acquired` only, if it gave one.
     pub note: Option<S>,
+    /// `by=<who>`, on a `broken` event: who sent the BREAK (its user, else its `ip:port`).
+    pub by: Option<S>,
 }
 
 impl<S: AsRef<str>> fmt::Display for HeldLine<S> {
@@ -487,6 +501,8 @@ pub enum Asked {
     Help,
     /// `QUIT`.
     Quit,
+    /// `BREAK`: `OK broken=<n>`.
+    Break,
 }
 
 impl From<&super::Request> for Asked {
@@ -505,6 +521,7 @@ impl From<&super::Request> for Asked {
             R::Ping => Asked::Ping,
             R::Help => Asked::Help,
             R::Quit => Asked::Quit,
+            R::Break { .. } => Asked::Break,
         }
     }
 }
@@ -547,6 +564,8 @@ pub enum Received {
     Event(EventLine),
     /// `ERR <code> <message>`: any request may get one.
     Error(ProtoError),
+    /// `OK broken=<n>`: BREAK ended `n` leases.
+    Broken(usize),
 }
 
 impl fmt::Display for Received {
@@ -579,6 +598,7 @@ impl fmt::Display for Received {
             Received::Waiter(w) => w.fmt(f),
             Received::Event(e) => e.fmt(f),
             Received::Error(e) => e.fmt(f),
+            Received::Broken(n) => Reply::Broken(*n).fmt(f),
         }
     }
 }
@@ -644,6 +664,10 @@ fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
         Asked::Help => Some(Received::Help),
         Asked::Quit => (rest == BYE).then_some(Received::Bye),
         Asked::Unlock => None,
+        Asked::Break => {
+            let n = rest.strip_prefix(BROKEN_KEY)?.strip_prefix('=')?;
+            Some(Received::Broken(number(n)?))
+        }
     }
 }
 
@@ -726,6 +750,7 @@ fn event_kind(text: &str) -> Option<EventKind> {
         EventKind::Released,
         EventKind::Expired,
         EventKind::Dropped,
+        EventKind::Broken,
     ]
     .into_iter()
     .find(|k| k.as_str() == text)
@@ -845,8 +870,9 @@ impl WaiterLine {
 }
 
 impl EventLine {
-    /// Reads `EVENT <kind> <name> <id> <token> <unix-ms> [note=<encoded>]` (and passes over
-    /// other `key=value` fields a newer server adds); anything else is a [`BadReply`].
+    /// Reads `EVENT <kind> <name> <id> <token> <unix-ms> [by=<who>] [note=<encoded>]` (and
+    /// passes over other `key=value` fields a newer server adds); anything else is a
+    /// [`BadReply`].
     pub fn parse(line: &str) -> Result<EventLine, BadReply> {
         let words: Vec<&str> = line.split(' ').collect();
         let event = match words.as_slice() {
@@ -862,6 +888,10 @@ impl EventLine {
                     token: number(token)?,
                     unix_ms: number(unix_ms)?,
                     note: read_note(f.get(NOTE_KEY))?,
+                    by: match f.get(BY_KEY) {
+                        Some(by) => Some(word(by)?.to_owned()),
+                        None => None,
+                    },
                 })
             })(),
             _ => None,

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::format::{self, Lease, LogFrame, Record, Snapshot};
+use super::format::{self, Broken, Lease, LogFrame, Record, Snapshot};
 
 /// Records in the log before compaction is considered...
 const COMPACT_AFTER: u64 = 64 * 1024;
@@ -36,6 +36,8 @@ pub fn unix_ms() -> u64 {
 pub struct LogState {
     pub leases: HashMap<u64, Lease>,
     pub high_token: u64,
+    /// The broken leases still remembered, by token.
+    pub breaks: HashMap<u64, Broken>,
 }
 
 impl LogState {
@@ -61,12 +63,17 @@ impl LogState {
                     self.leases.remove(&token);
                 }
             }
+            Record::Break(broken) => {
+                self.high_token = self.high_token.max(broken.token);
+                self.breaks.insert(broken.token, broken);
+            }
         }
     }
 
     /// Forgets leases that ended by `now_ms`: they need no record of their end.
     fn prune(&mut self, now_ms: u64) {
         self.leases.retain(|_, l| l.deadline_ms > now_ms);
+        self.breaks.retain(|_, b| b.deadline_ms > now_ms);
     }
 }
 
@@ -184,6 +191,9 @@ impl DataDir {
                 for lease in snap.leases {
                     state.leases.insert(lease.token, lease);
                 }
+                for broken in snap.breaks {
+                    state.breaks.insert(broken.token, broken);
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -263,6 +273,7 @@ impl DataDir {
             generation,
             high_token: self.state.high_token,
             leases: self.state.leases.values().cloned().collect(),
+            breaks: self.state.breaks.values().cloned().collect(),
         };
         let tmp = self.dir.join(SNAPSHOT_TMP);
         let mut file = File::create(&tmp)?;
@@ -472,6 +483,53 @@ mod tests {
         let kept = &data.state().leases[&1];
         assert_eq!(kept.name, "kept");
         assert_eq!((kept.token, kept.deadline_ms), (1, later + 1));
+    }
+
+    #[test]
+    fn a_break_outlives_compaction_and_ends_at_its_deadline() {
+        let dir = TempDir::new("compact-break");
+        let later = unix_ms() + 3_600_000;
+        let mut data = DataDir::open(&dir.0).unwrap();
+        let broken = |token, deadline_ms| {
+            Record::Break(Broken {
+                name: "stuck".into(),
+                token,
+                by: "ops".into(),
+                at_ms: 1,
+                deadline_ms,
+            })
+        };
+        data.append(&mut vec![
+            grant("stuck", 1, later),
+            broken(1, later),
+            Record::Release {
+                name: "stuck".into(),
+                token: 1,
+            },
+            // Ended already: nothing to keep.
+            broken(2, 1),
+        ])
+        .unwrap();
+        let mut token = 2;
+        while data.generation == 0 {
+            let mut batch = Vec::new();
+            for _ in 0..4096 {
+                token += 1;
+                batch.push(grant("churn", token, later));
+                batch.push(Record::Release {
+                    name: "churn".into(),
+                    token,
+                });
+            }
+            data.append(&mut batch).unwrap();
+            assert!(token < 1_000_000, "never compacted");
+        }
+        drop(data);
+        let data = DataDir::open(&dir.0).unwrap();
+        assert!(data.state().leases.is_empty());
+        let kept: Vec<u64> = data.state().breaks.keys().copied().collect();
+        assert_eq!(kept, [1]);
+        assert_eq!(data.state().breaks[&1].by, "ops");
     }
 
     #[test]

@@ -38,6 +38,9 @@ const GRANT_ORIGIN: u8 = 6;
 /// A grant with its holder's note (`LOCK ... note=`): [`GRANT_ORIGIN`] plus the note. Written
 /// only for a grant that has a note, so a data directory without notes stays as it was.
 const GRANT_NOTE: u8 = 7;
+/// A BREAK of a lease (its `RELEASE` follows): who broke it and when, and the deadline the
+/// lease had, until which its holder is told so. Older lockd can't read it (damage to them).
+const BREAK: u8 = 8;
 
 /// `Lease::mode` of an exclusive hold; 0 is shared, n >= 2 a slot of a semaphore of n.
 pub const EXCLUSIVE: u64 = 1;
@@ -76,6 +79,20 @@ pub enum Record {
         name: String,
         token: u64,
     },
+    Break(Broken),
+}
+
+/// A broken lease as it is stored: remembered until `deadline_ms`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Broken {
+    pub name: String,
+    pub token: u64,
+    /// Who broke it (a user's name, or a client's `ip:port`).
+    pub by: String,
+    /// When, in wall-clock milliseconds.
+    pub at_ms: u64,
+    /// The deadline the lease had when it was broken.
+    pub deadline_ms: u64,
 }
 
 /// Bytes that are not what the writer wrote.
@@ -177,6 +194,12 @@ impl Record {
                 put_u64s(out, &[*token]);
                 put_str(out, name);
             }
+            Record::Break(b) => {
+                out.push(BREAK);
+                put_u64s(out, &[b.token, b.at_ms, b.deadline_ms]);
+                put_str(out, &b.name);
+                put_str(out, &b.by);
+            }
         }
     }
 
@@ -230,6 +253,16 @@ impl Record {
                     name: r.str()?,
                     token,
                 }
+            }
+            BREAK => {
+                let (token, at_ms, deadline_ms) = (r.u64()?, r.u64()?, r.u64()?);
+                Record::Break(Broken {
+                    name: r.str()?,
+                    by: r.str()?,
+                    token,
+                    at_ms,
+                    deadline_ms,
+                })
             }
             _ => return Err(Damaged("unknown record type")),
         })
@@ -302,6 +335,9 @@ pub struct Snapshot {
     pub generation: u64,
     pub high_token: u64,
     pub leases: Vec<Lease>,
+    /// The broken leases still remembered; written after the leases, in the same count
+    /// (a snapshot without any reads as an older lockd's).
+    pub breaks: Vec<Broken>,
 }
 
 impl Snapshot {
@@ -309,10 +345,17 @@ impl Snapshot {
         let mut payload = Vec::new();
         put_u64s(
             &mut payload,
-            &[self.generation, self.high_token, self.leases.len() as u64],
+            &[
+                self.generation,
+                self.high_token,
+                (self.leases.len() + self.breaks.len()) as u64,
+            ],
         );
         for lease in &self.leases {
             Record::Grant(lease.clone()).encode(&mut payload);
+        }
+        for broken in &self.breaks {
+            Record::Break(broken.clone()).encode(&mut payload);
         }
         let mut out = Vec::with_capacity(payload.len() + 16);
         out.extend_from_slice(SNAPSHOT_MAGIC);
@@ -338,11 +381,12 @@ impl Snapshot {
             return Err(Damaged("checksum mismatch"));
         }
         let (generation, high_token, count) = (r.u64()?, r.u64()?, r.u64()?);
-        let mut leases = Vec::new();
+        let (mut leases, mut breaks) = (Vec::new(), Vec::new());
         for _ in 0..count {
             match Record::decode(&mut r)? {
                 Record::Grant(lease) => leases.push(lease),
-                _ => return Err(Damaged("a snapshot holds only leases")),
+                Record::Break(broken) => breaks.push(broken),
+                _ => return Err(Damaged("a snapshot holds only leases and breaks")),
             }
         }
         if !r.0.is_empty() {
@@ -352,6 +396,7 @@ impl Snapshot {
             generation,
             high_token,
             leases,
+            breaks,
         })
     }
 }
@@ -476,6 +521,25 @@ mod tests {
     }
 
     #[test]
+    fn a_break_record_round_trips() {
+        let records = vec![Record::Break(Broken {
+            name: "deploy prod".into(),
+            token: 7,
+            by: "127.0.0.1:5".into(),
+            at_ms: 11,
+            deadline_ms: 13,
+        })];
+        let mut bytes = Vec::new();
+        encode_frame(&records, SPLIT_FRAME_AT, &mut bytes);
+        let LogFrame::Good { size, payload_at } = check_frame(&bytes) else {
+            panic!("good frame read as bad");
+        };
+        let mut back = Vec::new();
+        decode_records(&bytes[payload_at..size], &mut back).unwrap();
+        assert_eq!(back, records);
+    }
+
+    #[test]
     fn frames_round_trip_and_damage_is_seen() {
         let records = vec![
             Record::Grant(lease("a", 7)),
@@ -523,6 +587,13 @@ mod tests {
             generation: 3,
             high_token: 99,
             leases: vec![lease("a", 1), lease("b", 2)],
+            breaks: vec![Broken {
+                name: "c".into(),
+                token: 3,
+                by: "ops".into(),
+                at_ms: 5,
+                deadline_ms: 7,
+            }],
         };
         let bytes = snap.encode();
         assert_eq!(Snapshot::decode(&bytes).unwrap(), snap);

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::{Change, Mode, Origin, RestoredLease, Token, UserId, NO_USER};
+use crate::locks::{BrokenLease, Change, Mode, Origin, RestoredLease, Token, UserId, NO_USER};
 use crate::metrics::Metrics;
 use files::{unix_ms, DataDir};
 use format::{Lease, Record};
@@ -91,11 +91,32 @@ pub struct Journal(Arc<WriterState>);
 #[derive(Debug)]
 pub struct Recovered {
     leases: Vec<Lease>,
+    /// The broken leases the previous run still remembered.
+    breaks: Vec<format::Broken>,
     /// Above every token ever recorded.
     pub next_token: Token,
 }
 
 impl Recovered {
+    /// The broken leases still remembered (until the deadline each had when it was
+    /// broken), for the table's [`crate::locks::Locks::restore_break`].
+    pub fn breaks(&self, now: Instant) -> Vec<BrokenLease> {
+        let now_ms = unix_ms();
+        self.breaks
+            .iter()
+            .filter(|b| b.deadline_ms > now_ms)
+            .filter_map(|b| {
+                Some(BrokenLease {
+                    name: b.name.as_str().into(),
+                    token: b.token,
+                    by: b.by.as_str().into(),
+                    at_unix_ms: b.at_ms,
+                    deadline: now.checked_add(Duration::from_millis(b.deadline_ms - now_ms))?,
+                })
+            })
+            .collect()
+    }
+
     /// The leases that have not ended, as the table restores them: each keeps its wall-clock
     /// deadline, turned into an `Instant` on the table's clock (`now`).
     ///
@@ -164,6 +185,7 @@ impl Store {
         let data = DataDir::open(dir)?;
         let recovered = Recovered {
             leases: data.state().leases.values().cloned().collect(),
+            breaks: data.state().breaks.values().cloned().collect(),
             next_token: data.state().high_token.saturating_add(1),
         };
         let (progress, _) = watch::channel(Progress::default());
@@ -288,6 +310,19 @@ impl Journal {
                     name: name.to_string(),
                     token,
                 },
+                Change::Break {
+                    name,
+                    token,
+                    by,
+                    at_unix_ms,
+                    deadline,
+                } => Record::Break(format::Broken {
+                    name: name.to_string(),
+                    token,
+                    by: by.to_string(),
+                    at_ms: at_unix_ms,
+                    deadline_ms: until(deadline),
+                }),
             };
             q.records.push(record);
         }

@@ -6,6 +6,7 @@
 mod common;
 
 mod basics;
+mod breaks;
 mod chaos;
 mod etcd_harness;
 mod failover;

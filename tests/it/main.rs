@@ -8,6 +8,7 @@ mod common;
 
 mod audit;
 mod auth;
+mod breaks;
 mod cli;
 mod compat;
 mod contrib;

@@ -146,6 +146,11 @@ enum Op {
         name: usize,
         tok: TokPick,
     },
+    /// BREAK of every holder, or of one token's.
+    Break {
+        name: usize,
+        tok: Option<TokPick>,
+    },
     CancelWait(WaiterPick),
     DropSession {
         name: usize,
@@ -240,6 +245,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(name, tok, ttl, conn, user)| Op::Renew { name, tok, ttl, conn, user }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Revoke { name, tok }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Check { name, tok }),
+        1 => (name.clone(), proptest::option::of(tok_pick()))
+            .prop_map(|(name, tok)| Op::Break { name, tok }),
         2 => prop_oneof![
             4 => (0usize..64).prop_map(WaiterPick::Live),
             3 => (0usize..64).prop_map(WaiterPick::Seen),
@@ -405,6 +412,38 @@ impl Harness {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// What the etcd backend's BREAK of `name` (or of `token` only) ends on the name as the
+    /// reference model has it now, read back as tokens.
+    #[cfg(feature = "etcd")]
+    fn cluster_breaks(
+        &mut self,
+        now: u64,
+        name: &str,
+        token: Option<Token>,
+    ) -> Result<Vec<Token>, TableError> {
+        use lockd::backend::etcd::model::{breaks, HolderPart};
+        self.model.process(now);
+        let users: Vec<String> = (0..=UserId::from(u8::MAX)).map(|u| u.to_string()).collect();
+        let user = |u: UserId| users.get(u as usize).map_or("?", String::as_str);
+        let entry = self.model.entries.get(name);
+        let tokens: Vec<Token> =
+            entry.map_or_else(Vec::new, |e| e.holders.iter().map(|h| h.token).collect());
+        let holders: Vec<HolderPart<'_>> = entry.map_or_else(Vec::new, |e| {
+            e.holders
+                .iter()
+                .map(|h| HolderPart {
+                    id: &h.id,
+                    user: user(h.user),
+                    mode: e.mode,
+                    session: h.session.map(|s| s.conn),
+                })
+                .collect()
+        });
+        let only = token.map(|t| tokens.iter().position(|x| *x == t).unwrap_or(usize::MAX));
+        let ended = breaks(&holders, only)?;
+        Ok(ended.into_iter().map(|i| tokens[i]).collect())
     }
 
     /// What the etcd backend decides of `req` on the name as the reference model has it
@@ -662,6 +701,31 @@ impl Harness {
                 }
                 self.effects(Call::Other)?;
             }
+            Op::Break { name, tok } => {
+                let token = tok.as_ref().map(|p| self.token(NAMES[*name], p));
+                let by = lockd::locks::Origin::default();
+                #[cfg(feature = "etcd")]
+                let cluster = self.cluster_breaks(now, NAMES[*name], token);
+                let got = self.table.break_lock(at, NAMES[*name], token, &by);
+                let want = self.model.break_lock(now, NAMES[*name], token);
+                if got != want {
+                    return Err(format!("break {token:?}: table {got:?}, model {want:?}"));
+                }
+                #[cfg(feature = "etcd")]
+                if cluster != want {
+                    return Err(format!(
+                        "break {token:?}: cluster {cluster:?}, model {want:?}"
+                    ));
+                }
+                // The last lease it ended is remembered as broken (its holder is told so).
+                if let Some(&last) = got.as_ref().ok().and_then(|ended| ended.last()) {
+                    let why = self.table.broken(at, NAMES[*name], last);
+                    if !matches!(why, TableError::Broken { token, .. } if token == last) {
+                        return Err(format!("break {last}: then told {why:?}"));
+                    }
+                }
+                self.effects(Call::Other)?;
+            }
             Op::Check { name, tok } => {
                 let token = self.token(NAMES[*name], tok);
                 let got = self.table.check(at, NAMES[*name], token);
@@ -909,6 +973,7 @@ fn ev(kind: EventKind, name: &str, id: &str, token: Token) -> Effect {
         waited: None,
         origin: Default::default(),
         note: None,
+        broken_by: Default::default(),
     })
 }
 

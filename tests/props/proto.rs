@@ -105,6 +105,8 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Ping),
         Just(Request::Help),
         Just(Request::Quit),
+        (name(), prop::option::of(1u64..u64::MAX))
+            .prop_map(|(name, token)| Request::Break { name, token }),
     ]
 }
 
@@ -206,6 +208,21 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
     prop_oneof![
         (1u64..u64::MAX).prop_map(|t| (Received::Token(t), Asked::Lock)),
         Just((Received::Done, Asked::Unlock)),
+        (0usize..1000).prop_map(|n| (Received::Broken(n), Asked::Break)),
+        (name(), name(), 1u64..u64::MAX, any::<u64>(), name()).prop_map(
+            |(name, id, token, unix_ms, by)| (
+                Received::Event(EventLine {
+                    kind: EventKind::Broken,
+                    name,
+                    id,
+                    token,
+                    unix_ms,
+                    note: None,
+                    by: Some(by),
+                }),
+                Asked::Watch
+            )
+        ),
         prop_oneof![Just(Asked::Renew), Just(Asked::Check)]
             .prop_flat_map(|a| millis().prop_map(move |d| (Received::Lease(d), a))),
         Just((Received::Pong, Asked::Ping)),
@@ -282,7 +299,8 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
                     id,
                     token,
                     unix_ms,
-                    note
+                    note,
+                    by: None,
                 }),
                 Asked::Watch
             )),
@@ -390,6 +408,7 @@ proptest! {
             waited: None,
             origin: Default::default(),
             note: status.note.clone(),
+            broken_by: Default::default(),
         };
         prop_assert_eq!(
             parse(Reply::Event(&e, unix_ms), Asked::Watch),
@@ -405,6 +424,7 @@ proptest! {
                     .as_deref()
                     .filter(|_| kind == EventKind::Acquired)
                     .map(str::to_owned),
+                by: None,
             }))
         );
     }
@@ -431,7 +451,7 @@ proptest! {
     fn any_reply_text_is_read_or_refused(text in any::<String>(), asked in prop_oneof![
         Just(Asked::Lock), Just(Asked::Unlock), Just(Asked::Renew), Just(Asked::Status),
         Just(Asked::StatusAll), Just(Asked::Detail), Just(Asked::Watch), Just(Asked::Auth),
-        Just(Asked::Ping), Just(Asked::Quit),
+        Just(Asked::Ping), Just(Asked::Quit), Just(Asked::Break),
     ]) {
         let _ = Received::parse(&text, asked);
         for prefix in ["OK ", "INFO ", "HOLDER ", "WAITER ", "EVENT ", "OK a held "] {

@@ -32,6 +32,7 @@ The full client::
     c.renew("deploy", token)                      # -> ttl_ms; raises NotHeld if lost
     c.unlock("deploy", token)
     c.status("deploy")                            # LockStatus, or None if free
+    c.break_lock("deploy")                        # an operator's force-release -> leases ended
 
 Several addresses, the front-ends of one lockd cluster (any of them serves any request and
 knows every token), as lockctl's ``--server a:5001,b:5001``: ``server="a:5001,b:5001"`` (no
@@ -914,6 +915,22 @@ class Client:
     def unlock(self, name, token):
         """Releases the lease. Raises NotHeld if ``token`` no longer held it."""
         self._call("UNLOCK %s %d" % (_word("name", name), int(token)))
+
+    def break_lock(self, name, token=None):
+        """Force-releases ``name`` (``BREAK``): ends every holder's lease, or only ``token``'s;
+        returns how many leases it ended. The next waiter is granted with a higher token, and
+        the broken holder's next renew or check raises NotHeld saying who broke it. Needs the
+        ``admin`` right on the name when the server has an auth file. Raises NotHeld if
+        nothing (or no lease with ``token``) holds the name. Not sent again by this client
+        after a lost answer: a BREAK that was carried out would break the next holder too.
+        """
+        line = "BREAK %s" % _word("name", name)
+        if token is not None:
+            line += " %d" % int(token)
+        rest = self._call(line)
+        if not rest.startswith("broken=") or not rest[7:].isdigit():
+            raise ProtocolError("unexpected reply to BREAK: %r" % (rest,))
+        return int(rest[7:])
 
     def _ttl_ms(self, verb, rest):
         if not rest.startswith("ttl_ms=") or not rest[7:].isdigit():

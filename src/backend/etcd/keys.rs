@@ -12,6 +12,10 @@
 //!   it in the same transaction, so a grant can be made conditional on "no holder came or
 //!   went since I looked" with one comparison; its value says what the last change was
 //!   (released, expired, dropped), for watchers on every front-end.
+//! - `P b/<name>/<token>`: a lease a BREAK ended (who, when, and the deadline it had), on an
+//!   etcd lease of its own that runs out about then: its holder's RENEW or CHECK is told who
+//!   broke it. The mirror passes over these keys; they are read when a RENEW or CHECK is
+//!   refused.
 //! - `P fe/<id>`: a live front-end, on its etcd lease.
 //! - `P meta/base`: the token base, chosen once.
 //!
@@ -71,6 +75,11 @@ impl Layout {
 
     pub fn marker(&self, name: &str) -> String {
         format!("{}n/{}", self.prefix, encode(name))
+    }
+
+    /// The record of the broken lease `token` of `name`.
+    pub fn broken(&self, name: &str, token: u64) -> String {
+        format!("{}b/{}/{token}", self.prefix, encode(name))
     }
 
     pub fn front_end(&self, id: &str) -> String {
@@ -167,6 +176,39 @@ pub struct MarkerValue {
     pub rev: i64,
     /// The front-end that made the change (it logs and counts it).
     pub fe: String,
+    /// For a BREAK: who sent it (its user, its client's `ip:port`); empty otherwise.
+    pub by_user: String,
+    pub by_peer: String,
+}
+
+/// A broken lease's record (`P b/<name>/<token>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokenValue {
+    /// Who broke it, as the holder is told ([`Origin::who`]).
+    pub by: String,
+    /// When, in wall-clock milliseconds.
+    pub at_ms: u64,
+    /// The deadline the lease had: past it the record says nothing any more.
+    pub deadline_ms: u64,
+}
+
+impl BrokenValue {
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        word(&mut s, "by", &self.by);
+        word(&mut s, "at", &self.at_ms.to_string());
+        word(&mut s, "deadline", &self.deadline_ms.to_string());
+        s
+    }
+
+    pub fn decode(text: &[u8]) -> Option<BrokenValue> {
+        let w = Words::parse(text)?;
+        Some(BrokenValue {
+            by: w.get("by")?,
+            at_ms: w.num("at")?,
+            deadline_ms: w.num("deadline")?,
+        })
+    }
 }
 
 impl HolderValue {
@@ -320,10 +362,17 @@ impl MarkerValue {
             EventKind::Expired => "expired",
             EventKind::Dropped => "dropped",
             EventKind::Revoked => "revoked",
+            EventKind::Broken => "broken",
         };
         word(&mut s, "kind", kind);
         word(&mut s, "rev", &self.rev.to_string());
         word(&mut s, "fe", &self.fe);
+        if !self.by_user.is_empty() {
+            word(&mut s, "by_user", &self.by_user);
+        }
+        if !self.by_peer.is_empty() {
+            word(&mut s, "by_peer", &self.by_peer);
+        }
         s
     }
 
@@ -335,12 +384,15 @@ impl MarkerValue {
             "expired" => EventKind::Expired,
             "dropped" => EventKind::Dropped,
             "revoked" => EventKind::Revoked,
+            "broken" => EventKind::Broken,
             _ => return None,
         };
         Some(MarkerValue {
             kind,
             rev: w.num("rev")?,
             fe: w.get("fe").unwrap_or_default(),
+            by_user: w.get("by_user").unwrap_or_default(),
+            by_peer: w.get("by_peer").unwrap_or_default(),
         })
     }
 }

@@ -67,6 +67,16 @@ fn values_round_trip() {
         kind: EventKind::Expired,
         rev: 12,
         fe: "f".into(),
+        by_user: String::new(),
+        by_peer: String::new(),
+    };
+    assert_eq!(MarkerValue::decode(m.encode().as_bytes()), Some(m));
+    let m = MarkerValue {
+        kind: EventKind::Broken,
+        rev: 12,
+        fe: "f".into(),
+        by_user: "ops".into(),
+        by_peer: "127.0.0.1:9".into(),
     };
     assert_eq!(MarkerValue::decode(m.encode().as_bytes()), Some(m));
     assert_eq!(HolderValue::decode(b"garbage"), None);

@@ -10,10 +10,17 @@ use super::Cluster;
 
 impl Cluster {
     pub(super) fn marker(&self, kind: EventKind, rev: i64) -> String {
+        // A BREAK in progress through this front-end says who sent it (`breaks.rs`).
+        let by = match kind {
+            EventKind::Broken => self.breaker(rev),
+            _ => Origin::default(),
+        };
         MarkerValue {
             kind,
             rev,
             fe: self.fe.clone(),
+            by_user: by.user().unwrap_or_default().to_owned(),
+            by_peer: by.peer().map(|p| p.to_string()).unwrap_or_default(),
         }
         .encode()
     }
@@ -36,6 +43,7 @@ impl Cluster {
             waited,
             origin: origin.clone(),
             note: None,
+            broken_by: Origin::default(),
         };
         crate::backend::log_event(&event);
         self.metrics.lease_event(&event);
@@ -59,6 +67,10 @@ impl Cluster {
             waited: None,
             origin: origin.clone(),
             note: None,
+            broken_by: match kind {
+                EventKind::Broken => self.breaker_of(token),
+                _ => Origin::default(),
+            },
         };
         crate::backend::log_event(&event);
         self.metrics.lease_event(&event);

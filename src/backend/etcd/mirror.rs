@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::locks::{rules, Event, EventKind, Mode, Token};
+use crate::locks::{rules, Event, EventKind, Mode, Origin, Token};
 
 use super::keys::{HolderValue, Key, Layout, MarkerValue, WaiterValue};
 
@@ -264,6 +264,8 @@ impl Mirror {
                             kind: EventKind::Released,
                             rev: 0,
                             fe: String::new(),
+                            by_user: String::new(),
+                            by_peer: String::new(),
                         });
                     }
                     out.touched.insert(name);
@@ -361,6 +363,7 @@ impl Mirror {
                         waited: value.waited_ms.map(std::time::Duration::from_millis),
                         origin: value.origin(),
                         note: value.note(),
+                        broken_by: Origin::default(),
                     },
                 );
             }
@@ -379,6 +382,13 @@ impl Mirror {
                 Some(m) if ns.marker_changed == c.mod_rev => m.kind,
                 _ => EventKind::Dropped,
             };
+            // A BREAK's marker says who sent it, for every front-end's watchers.
+            let broken_by = match &ns.marker {
+                Some(m) if kind == EventKind::Broken => {
+                    Origin::new(Some(m.by_user.as_str()), m.by_peer.parse().ok())
+                }
+                _ => Origin::default(),
+            };
             let held_ms = super::wall_ms().saturating_sub(old.value.granted_ms);
             out.event(
                 c.mod_rev,
@@ -391,6 +401,7 @@ impl Mirror {
                     waited: None,
                     origin: old.value.origin(),
                     note: None,
+                    broken_by,
                 },
             );
         }

@@ -49,6 +49,8 @@ fn marker(kind: EventKind, rev: i64) -> String {
         kind,
         rev,
         fe: "a".into(),
+        by_user: String::new(),
+        by_peer: String::new(),
     }
     .encode()
 }

@@ -30,7 +30,8 @@
 //!   `guards`: every comparison a write is guarded by, built once from named parts.
 //! - Requests: `grant` (LOCK at once or again), `waiters` (a queued LOCK and its end),
 //!   `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK and
-//!   every other end, granting the head waiter in the same write), `status`.
+//!   every other end, granting the head waiter in the same write), `status`, `breaks`
+//!   (BREAK: ends leases by `release`'s write, and keeps a record of each for its holder).
 //! - Background: `watch` (keeps the mirror, starts the rest), `handover` (grants to this
 //!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
 //!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
@@ -41,6 +42,7 @@
 //! - `secure`: TLS and authentication toward etcd, and the start's first request.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
+mod breaks;
 mod cause;
 mod expiry;
 mod fresh;
@@ -167,6 +169,9 @@ pub struct Cluster {
     /// a new one is taken (no session lease or wait can be had meanwhile).
     leased: AtomicBool,
     config: EtcdConfig,
+    /// The BREAKs this front-end is making: (holder's create revision, its token, who
+    /// sent it), for the marker and the log line of each (`breaks.rs`).
+    breaking: Mutex<Vec<(i64, crate::locks::Token, crate::locks::Origin)>>,
 }
 
 /// Wall-clock milliseconds: deadlines in etcd are wall clock, shared by every front-end.
@@ -233,6 +238,7 @@ impl Cluster {
             watch_rev: AtomicI64::new(0),
             leased: AtomicBool::new(false),
             config,
+            breaking: Mutex::new(Vec::new()),
         });
         // Each step is tried again while etcd answers "unavailable" (a cluster electing its
         // leader as this front-end starts says "no leader"), until the connect timeout.

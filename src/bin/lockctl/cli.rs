@@ -32,7 +32,8 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
     (
         "4",
         "the lock was lost: lost while the command ran (the command was stopped), \
-         or release/renew was given a token that is not the live lease",
+         or release/renew was given a token that is not the live lease, \
+         or break found nothing of the name (or of --token) to break",
     ),
     (
         "5",
@@ -349,12 +350,25 @@ pub enum Command {
     /// tries again. SIGINT (Ctrl-C) or SIGTERM ends it with exit code 0.
     #[command(after_help = after_help())]
     Top(TopArgs),
-    /// Print lock events (acquired, released, expired, dropped) as they happen, until interrupted.
+    /// Print lock events (acquired, released, expired, dropped, broken) as they happen.
     ///
     /// One line per event: its time, kind, lock, holder id and token; with --json, one JSON
     /// object per line. SIGINT or SIGTERM ends the watch with exit code 0.
     #[command(after_help = after_help())]
     Watch(WatchArgs),
+    /// Force-release <name>: end its holder's lease now (every holder's, or --token's only).
+    ///
+    /// For an operator freeing a lock whose holder is stuck but still renewing: the lease
+    /// ends at once (no waiting for its ttl), the next waiter is granted with a higher token
+    /// (so fencing still refuses the old holder), and the broken holder's next renewal is
+    /// refused with who broke it (a `lockctl run` holding it stops its command, exit 4). With
+    /// --auth-file on the server it needs the admin right on the name. At a terminal it shows
+    /// the holder and asks first, unless -y; elsewhere -y is required. Exit 0 once broken, 1
+    /// if the answer at the terminal was not yes, 4 if nothing (or no lease with --token) held
+    /// the name. It is sent once: after a lost answer, look with `lockctl status` before
+    /// breaking again (a BREAK that was carried out, sent again, breaks the next holder).
+    #[command(after_help = after_help())]
+    Break(BreakArgs),
     /// Print shell completions (the same as --completions SHELL).
     #[command(hide = true)]
     Completions {
@@ -519,6 +533,20 @@ pub struct TokenArgs {
     /// The token `acquire` printed.
     #[arg(value_parser = token)]
     pub token: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct BreakArgs {
+    /// Lock name.
+    pub name: String,
+
+    /// Break only the lease with this token (as STATUS shows it), not every holder's.
+    #[arg(long, value_parser = token)]
+    pub token: Option<u64>,
+
+    /// Do not ask: break it (required when stdin is not a terminal).
+    #[arg(short = 'y', long)]
+    pub yes: bool,
 }
 
 #[derive(Args, Debug)]

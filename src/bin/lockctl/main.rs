@@ -22,6 +22,7 @@
 //! `run`, `supervise`, `top`, `watch` -> those below them.
 
 mod auth;
+mod breaking;
 mod child;
 mod cli;
 mod docs;
@@ -118,6 +119,7 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Status(args) => status::status(&server, args).await,
         Command::Top(args) => top::top(&server, args).await,
         Command::Watch(args) => watch::watch(&server, args).await,
+        Command::Break(args) => breaking::break_lock(&server, args).await,
         Command::Completions { .. } | Command::Man => Ok(0),
     }
 }
@@ -141,6 +143,7 @@ fn lock_name(command: &Command) -> Option<&str> {
         Command::Renew(a) => Some(&a.lock.name),
         Command::Status(a) => a.name.as_deref(),
         Command::Watch(a) => a.name.as_deref(),
+        Command::Break(a) => Some(&a.name),
         Command::Top(_) | Command::Completions { .. } | Command::Man => None,
     }
 }

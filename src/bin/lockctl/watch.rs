@@ -98,21 +98,26 @@ fn time(e: &EventLine) -> String {
     humantime::format_rfc3339_millis(at.max(SystemTime::UNIX_EPOCH)).to_string()
 }
 
-/// `2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7`.
+/// `2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7` (a `broken` event ends with
+/// `by=<who>`).
 fn readable_event(e: &EventLine) -> String {
-    format!(
+    let line = format!(
         "{} {} {} id={} token={}",
         time(e),
         e.kind.as_str(),
         e.name,
         e.id,
         e.token
-    )
+    );
+    match &e.by {
+        Some(by) => format!("{line} by={by}"),
+        None => line,
+    }
 }
 
-/// An event as one JSON object.
+/// An event as one JSON object (a `broken` event with `"by"` too).
 fn json_event(e: &EventLine) -> String {
-    format!(
+    let object = format!(
         r#"{{"event":{},"name":{},"id":{},"token":{},"unix_ms":{},"time":{}}}"#,
         json_string(e.kind.as_str()),
         json_string(&e.name),
@@ -120,7 +125,15 @@ fn json_event(e: &EventLine) -> String {
         e.token,
         e.unix_ms,
         json_string(&time(e))
-    )
+    );
+    match &e.by {
+        Some(by) => format!(
+            r#"{},"by":{}}}"#,
+            &object[..object.len() - 1],
+            json_string(by)
+        ),
+        None => object,
+    }
 }
 
 /// A line that is not an event as `{"line":"..."}`, so that a script reading JSON never meets
@@ -166,5 +179,18 @@ mod tests {
             r#"{"event":"released","name":"de\"p","id":"h\\1","token":7,"unix_ms":1700000000000,"time":"2023-11-14T22:13:20.000Z"}"#
         );
         assert_eq!(super::json("EVENT odd"), r#"{"line":"EVENT odd"}"#);
+    }
+
+    #[test]
+    fn a_broken_event_says_who_broke_it() {
+        let line = "EVENT broken deploy h:1 7 1700000000000 by=ops";
+        assert_eq!(
+            super::readable(line),
+            "2023-11-14T22:13:20.000Z broken deploy id=h:1 token=7 by=ops"
+        );
+        assert_eq!(
+            super::json(line),
+            r#"{"event":"broken","name":"deploy","id":"h:1","token":7,"unix_ms":1700000000000,"time":"2023-11-14T22:13:20.000Z","by":"ops"}"#
+        );
     }
 }

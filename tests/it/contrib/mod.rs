@@ -2,6 +2,7 @@
 //! checker, and the Grafana dashboard and Prometheus alert rules against a real /metrics.
 
 mod bash;
+mod breaks;
 mod observability;
 mod python;
 mod verify;

@@ -255,6 +255,7 @@ impl Model {
             waited: waited.map(Duration::from_millis),
             origin: Default::default(),
             note: note.map(Arc::from),
+            broken_by: Default::default(),
         }));
     }
 
@@ -557,6 +558,32 @@ impl Model {
         if s.cut {
             h.deadline = now + s.grace;
         }
+    }
+
+    /// BREAK: every holder of `name` (or only `token`'s) goes, in grant order, each as a
+    /// release does (event `broken`); nobody's lease is safe from it, whoever's it is.
+    pub fn break_lock(
+        &mut self,
+        now: u64,
+        name: &str,
+        token: Option<Token>,
+    ) -> Result<Vec<Token>, TableError> {
+        self.process(now);
+        let ended: Vec<Token> = self
+            .entries
+            .get(name)
+            .map(|e| e.holders.iter().map(|h| h.token).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| token.is_none_or(|only| only == *t))
+            .collect();
+        if ended.is_empty() {
+            return Err(TableError::NotHeld);
+        }
+        for &t in &ended {
+            self.release(now, name, t, EventKind::Broken);
+        }
+        Ok(ended)
     }
 
     pub fn revoke(&mut self, now: u64, name: &str, token: Token) -> Result<(), TableError> {

@@ -1,0 +1,164 @@
+//! BREAK (an operator's force-release) in cluster mode: each lease it ends is ended by the
+//! write a release makes (`release.rs`: guarded like it, granting the head waiter in the same
+//! write when it can), with the marker saying `broken` and who sent it; and a record of the
+//! broken lease (`P b/<name>/<token>`, on an etcd lease of its own) tells its holder, through
+//! any front-end, who broke it.
+
+use super::rpc::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+use crate::backend::{now, BackendError};
+use crate::locks::{rules, EventKind, Origin, TableError, Token};
+
+use super::holders::created;
+use super::keys::BrokenValue;
+use super::mirror::HolderRecord;
+use super::{wall_ms, Cluster};
+
+impl Cluster {
+    /// BREAK by `by` (its right checked before): ends every live lease of `name`, or only
+    /// `token`'s, as [`rules::breaks`] says over the name as etcd has it now. Returns how
+    /// many it ended.
+    pub async fn break_bound(
+        &self,
+        name: &str,
+        token: Option<Token>,
+        by: &Origin,
+    ) -> Result<usize, BackendError> {
+        // A linearizable read: a grant made through another front-end a moment ago counts;
+        // a lease whose time is up is not one to break.
+        let mut ns = self.read_name(name).await?;
+        let at = now();
+        ns.holders.retain(|_, h| !h.left(at).is_zero());
+        let only = match token {
+            Some(token) => Some(
+                self.guard()
+                    .mirror
+                    .rev_of(token)
+                    .ok_or(BackendError::Table(TableError::NotHeld))?,
+            ),
+            None => None,
+        };
+        let revs = rules::breaks(&ns.view(&self.fe), only.as_ref())?;
+        let mut ended = 0;
+        for rev in revs {
+            let Some(holder) = ns.holders.get(&rev) else {
+                continue;
+            };
+            if self.break_one(name, holder, by).await? {
+                ended += 1;
+            }
+        }
+        if ended == 0 {
+            return Err(TableError::NotHeld.into());
+        }
+        Ok(ended)
+    }
+
+    /// Ends one holder for a BREAK: its record first (so that its holder, renewing at once,
+    /// is told who broke it), then the release's write. Whether it ended it.
+    async fn break_one(
+        &self,
+        name: &str,
+        holder: &HolderRecord,
+        by: &Origin,
+    ) -> Result<bool, BackendError> {
+        let token = self.guard().mirror.token(holder.rev);
+        let record = BrokenValue {
+            by: by.who(),
+            at_ms: wall_ms(),
+            deadline_ms: holder.value.ends_ms(),
+        };
+        let key = self.layout.broken(name, token);
+        // Its own etcd lease, so that etcd forgets it about when the lease would have ended
+        // (a deadline checked on read covers what etcd's rounding adds).
+        let left_s = record
+            .deadline_ms
+            .saturating_sub(record.at_ms)
+            .div_ceil(1000);
+        let ttl = i64::try_from(left_s.saturating_add(1)).unwrap_or(i64::MAX);
+        let lease = {
+            let mut client = self.client.clone();
+            client
+                .lease_grant(ttl, None)
+                .await
+                .map_err(|e| self.unavailable(&e))?
+                .id()
+        };
+        let put = Txn::new().and_then([TxnOp::put(
+            key.clone(),
+            record.encode(),
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+        let put = self.txn(put).await.map_err(|e| self.unavailable(&e))?;
+        let written = put.header().map_or(0, |h| h.revision());
+
+        self.breaking_guard().push((holder.rev, token, by.clone()));
+        let ended = self.end_txn(name, EventKind::Broken, holder, created(holder));
+        let resp = self.txn(ended.txn.clone()).await;
+        let done = match &resp {
+            Ok(resp) => self.ended(name, token, EventKind::Broken, holder, &ended, resp),
+            Err(_) => false,
+        };
+        self.breaking_guard()
+            .retain(|(rev, _, _)| *rev != holder.rev);
+        if !done {
+            // It was not ended by this BREAK (it ended meanwhile): no record of a break,
+            // unless another BREAK has written its own since.
+            let ours = Compare::mod_revision(key.clone(), CompareOp::Equal, written);
+            let _ = self
+                .txn(Txn::new().when([ours]).and_then([TxnOp::delete(key, None)]))
+                .await;
+        }
+        match resp {
+            Ok(_) => Ok(done),
+            Err(e) => Err(self.unavailable(&e)),
+        }
+    }
+
+    /// Why `token` is not a live lease of `name`: `Broken` while its record says so (read
+    /// from etcd: the BREAK may have come through another front-end), else `NotHeld`.
+    pub async fn why_not_held(&self, name: &str, token: Token) -> BackendError {
+        let Ok(resp) = self.get(self.layout.broken(name, token), None).await else {
+            return TableError::NotHeld.into();
+        };
+        let record = resp
+            .kvs()
+            .first()
+            .and_then(|kv| BrokenValue::decode(kv.value()))
+            .filter(|b| b.deadline_ms > wall_ms());
+        match record {
+            Some(b) => TableError::Broken {
+                token,
+                by: b.by.as_str().into(),
+                at_unix_ms: b.at_ms,
+            }
+            .into(),
+            None => TableError::NotHeld.into(),
+        }
+    }
+
+    /// Who is breaking the holder of create revision `rev` through this front-end, if a
+    /// BREAK is.
+    pub(super) fn breaker(&self, rev: i64) -> Origin {
+        self.breaking_guard()
+            .iter()
+            .find(|(r, _, _)| *r == rev)
+            .map(|(_, _, by)| by.clone())
+            .unwrap_or_default()
+    }
+
+    /// The same, by the lease's token.
+    pub(super) fn breaker_of(&self, token: Token) -> Origin {
+        self.breaking_guard()
+            .iter()
+            .find(|(_, t, _)| *t == token)
+            .map(|(_, _, by)| by.clone())
+            .unwrap_or_default()
+    }
+
+    fn breaking_guard(&self) -> std::sync::MutexGuard<'_, Vec<(i64, Token, Origin)>> {
+        self.breaking
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
