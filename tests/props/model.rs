@@ -1,7 +1,7 @@
 //! Model test of the pure lock table (`lockd::locks::Locks`).
 //!
-//! Random histories of LOCK / UNLOCK / RENEW / CHECK / cancelled waits / closed sessions /
-//! passing time are run against the table and against a small reference model
+//! Random histories of LOCK / UNLOCK / RENEW / CHECK / BREAK / cancelled waits / closed
+//! sessions / passing time are run against the table and against a small reference model
 //! (`model/reference.rs`) in lockstep, with exact time (a base instant plus whole
 //! milliseconds, often landing exactly on a deadline). Every return value and every effect
 //! must be equal, and after every step the documented invariants are checked again from the
@@ -1357,4 +1357,46 @@ fn a_queue_at_max_waiters_refuses_a_new_waiter_but_not_a_replacing_one() {
     // Another name has a queue of its own.
     granted(t.lock(base, req("y", "p", 1000, None, false, 1)));
     queued(t.lock(base, req("y", "s", 1000, None, false, 4)));
+}
+
+#[test]
+fn a_break_hands_over_with_a_higher_token_and_is_remembered_until_the_old_deadline() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 10, None, false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 50, None, true, 2)));
+    effects(&mut t);
+    let by = lockd::locks::Origin::new(Some("ops"), None);
+    assert_eq!(t.break_lock(ms(base, 2), "x", None, &by), Ok(vec![token]));
+    let after = effects(&mut t);
+    assert_eq!(grants(&after), vec![q]);
+    let broken = after.iter().find_map(|e| match e {
+        Effect::Event(e) if e.kind == EventKind::Broken => Some(e.clone()),
+        _ => None,
+    });
+    let broken = broken.expect("a broken event");
+    assert_eq!(
+        (broken.token, broken.broken_by.user()),
+        (token, Some("ops"))
+    );
+    let next = t.status(ms(base, 2), "x").map(|s| s.token);
+    assert!(next > Some(token), "{next:?} after {token}");
+    // The broken lease is gone: told why until its old deadline (10ms), plainly after.
+    assert_eq!(
+        t.renew(ms(base, 3), "x", token, None, 1, NO_USER),
+        Err(TableError::NotHeld)
+    );
+    assert!(matches!(
+        t.broken(ms(base, 9), "x", token),
+        TableError::Broken { by, .. } if &*by == "ops"
+    ));
+    assert_eq!(t.broken(ms(base, 10), "x", token), TableError::NotHeld);
+    // Nothing left of that token, or on a free name.
+    assert_eq!(
+        t.break_lock(ms(base, 11), "x", Some(token), &by),
+        Err(TableError::NotHeld)
+    );
+    assert_eq!(
+        t.break_lock(ms(base, 11), "free", None, &by),
+        Err(TableError::NotHeld)
+    );
 }

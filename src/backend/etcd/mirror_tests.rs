@@ -94,6 +94,46 @@ fn grant_then_expiry_are_events_with_their_kind() {
 }
 
 #[test]
+fn a_break_is_an_event_that_says_who_broke_it_and_its_record_is_passed_over() {
+    let l = Layout::new("/p/");
+    let mut m = Mirror::default();
+    m.apply(
+        &l,
+        &[
+            put(l.marker("x"), marker(EventKind::Acquired, 0), 5, 5),
+            put(l.holder("x", "u1"), holder("me"), 5, 5),
+        ],
+        5,
+        Instant::now(),
+    );
+    let broke = MarkerValue {
+        kind: EventKind::Broken,
+        rev: 5,
+        fe: "b".into(),
+        by_user: "ops".into(),
+        by_peer: "127.0.0.1:9".into(),
+    };
+    let a = m.apply(
+        &l,
+        &[
+            put(l.broken("x", 5), "by=ops at=1 deadline=2".into(), 8, 8),
+            put(l.marker("x"), broke.encode(), 5, 9),
+            del(l.holder("x", "u1"), 9),
+        ],
+        9,
+        Instant::now(),
+    );
+    assert_eq!(a.events.len(), 1);
+    let e = &a.events[0];
+    assert_eq!(e.kind, EventKind::Broken);
+    assert_eq!(e.broken_by.user(), Some("ops"));
+    assert_eq!(
+        e.broken_by.peer().map(|p| p.to_string()).as_deref(),
+        Some("127.0.0.1:9")
+    );
+}
+
+#[test]
 fn a_holder_gone_with_its_lease_is_dropped() {
     let l = Layout::new("/p/");
     let mut m = Mirror::default();

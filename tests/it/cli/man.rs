@@ -8,8 +8,8 @@ const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 const LOCKCTL: &str = env!("CARGO_BIN_EXE_lockctl");
 
 /// lockctl's commands, each with a page of its own.
-const COMMANDS: [&str; 7] = [
-    "run", "acquire", "release", "renew", "status", "top", "watch",
+const COMMANDS: [&str; 8] = [
+    "run", "acquire", "release", "renew", "status", "top", "watch", "break",
 ];
 
 struct Ran {
