@@ -98,10 +98,15 @@ fn time(e: &EventLine) -> String {
     humantime::format_rfc3339_millis(at.max(SystemTime::UNIX_EPOCH)).to_string()
 }
 
-/// `2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7`.
+/// `2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7`, and for a holder that gave a
+/// note ` note: <its text>` (last: it may have spaces).
 fn readable_event(e: &EventLine) -> String {
+    let note = e
+        .note
+        .as_ref()
+        .map_or_else(String::new, |n| format!(" note: {n}"));
     format!(
-        "{} {} {} id={} token={}",
+        "{} {} {} id={} token={}{note}",
         time(e),
         e.kind.as_str(),
         e.name,
@@ -112,8 +117,13 @@ fn readable_event(e: &EventLine) -> String {
 
 /// An event as one JSON object.
 fn json_event(e: &EventLine) -> String {
+    // Only an event with a note has the field.
+    let note = e
+        .note
+        .as_ref()
+        .map_or_else(String::new, |n| format!(r#","note":{}"#, json_string(n)));
     format!(
-        r#"{{"event":{},"name":{},"id":{},"token":{},"unix_ms":{},"time":{}}}"#,
+        r#"{{"event":{},"name":{},"id":{},"token":{},"unix_ms":{},"time":{}{note}}}"#,
         json_string(e.kind.as_str()),
         json_string(&e.name),
         json_string(&e.id),
@@ -157,6 +167,12 @@ mod tests {
             "2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7"
         );
         assert_eq!(super::readable("EVENT odd"), "EVENT odd");
+        assert_eq!(
+            super::readable("EVENT acquired deploy h:1 7 1700000000000 note=release%201.4.2"),
+            "2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7 note: release 1.4.2"
+        );
+        assert!(super::json("EVENT acquired d h 7 1700000000000 note=a%20b")
+            .ends_with(r#""time":"2023-11-14T22:13:20.000Z","note":"a b"}"#));
     }
 
     #[test]
