@@ -170,7 +170,8 @@ pub struct Cli {
     pub id: Option<String>,
 
     /// Say what is happening on stderr: waiting (and behind whom), acquired (with the token),
-    /// each renewal, released.
+    /// each renewal, released; when -n or -w gives up, lockd's own answer too (who holds the
+    /// lock, for how long, with what note, how many wait).
     #[arg(short, long, global = true)]
     pub verbose: bool,
 

@@ -99,9 +99,10 @@ fn time(e: &EventLine) -> String {
 }
 
 /// `2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7` (a `broken` event ends with
-/// `by=<who>`).
+/// `by=<who>`), and for a holder that gave a note ` note: <its text>` (last: it may have
+/// spaces).
 fn readable_event(e: &EventLine) -> String {
-    let line = format!(
+    let mut line = format!(
         "{} {} {} id={} token={}",
         time(e),
         e.kind.as_str(),
@@ -109,16 +110,24 @@ fn readable_event(e: &EventLine) -> String {
         e.id,
         e.token
     );
-    match &e.by {
-        Some(by) => format!("{line} by={by}"),
-        None => line,
+    if let Some(by) = &e.by {
+        line.push_str(&format!(" by={by}"));
     }
+    if let Some(note) = &e.note {
+        line.push_str(&format!(" note: {note}"));
+    }
+    line
 }
 
 /// An event as one JSON object (a `broken` event with `"by"` too).
 fn json_event(e: &EventLine) -> String {
+    // Only an event with a note has the field.
+    let note = e
+        .note
+        .as_ref()
+        .map_or_else(String::new, |n| format!(r#","note":{}"#, json_string(n)));
     let object = format!(
-        r#"{{"event":{},"name":{},"id":{},"token":{},"unix_ms":{},"time":{}}}"#,
+        r#"{{"event":{},"name":{},"id":{},"token":{},"unix_ms":{},"time":{}{note}}}"#,
         json_string(e.kind.as_str()),
         json_string(&e.name),
         json_string(&e.id),
@@ -170,6 +179,12 @@ mod tests {
             "2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7"
         );
         assert_eq!(super::readable("EVENT odd"), "EVENT odd");
+        assert_eq!(
+            super::readable("EVENT acquired deploy h:1 7 1700000000000 note=release%201.4.2"),
+            "2023-11-14T22:13:20.000Z acquired deploy id=h:1 token=7 note: release 1.4.2"
+        );
+        assert!(super::json("EVENT acquired d h 7 1700000000000 note=a%20b")
+            .ends_with(r#""time":"2023-11-14T22:13:20.000Z","note":"a b"}"#));
     }
 
     #[test]
