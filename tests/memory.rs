@@ -97,6 +97,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 // As with --auth-file: every holder records its user.
                 user: 1,
                 origin: Default::default(),
+                supersede: false,
             },
         );
         match outcome {

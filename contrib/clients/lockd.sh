@@ -36,7 +36,7 @@
 #                     traced by `set -x`.
 #
 # Functions and what they return:
-#   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE]
+#   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE] [supersede]
 #                                          waits for NAME (forever, or up to wait=); prints
 #                                          the fencing token on stdout and sets LOCKD_TOKEN
 #   lockd_try NAME [ttl=DUR] [MODE]        lockd_lock with wait=0: one try, no waiting
@@ -46,7 +46,7 @@
 #   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
 #                                          LOCKD_WAITERS
-#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] -- CMD [ARGS...]
+#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] [supersede] -- CMD [ARGS...]
 #                                          runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
 #                                          CMD sees LOCKD_NAME and LOCKD_TOKEN
@@ -71,6 +71,7 @@
 #   3  no server: cannot connect, or the connection ended or timed out without a reply
 #   4  lock lost: UNLOCK/RENEW/CHECK found TOKEN is not the live lease (ERR NOTHELD), or
 #      lockd_run lost its lease while CMD ran (and stopped CMD)
+#   6  superseded: a newer `supersede` request took this waiting one's place (ERR SUPERSEDED)
 # lockd_run returns CMD's exit status when it ran and the lease held to its end (126/127 if
 # CMD could not be run / was not found, 128+N if signal N ended it); so, as with flock(1),
 # pick commands whose own codes you can tell apart, or look at LOCKD_ERROR (empty after a
@@ -339,6 +340,7 @@ lockd__refused() {
     case $code in
         TIMEOUT) lockd__fail 1 "$LOCKD_REPLY" ;;
         NOTHELD) lockd__fail 4 "$LOCKD_REPLY" ;;
+        SUPERSEDED) lockd__fail 6 "$LOCKD_REPLY" ;;
         NOAUTH)
             lockd__fail 2 "$LOCKD_REPLY (set LOCKD_USER, and LOCKD_SECRET or LOCKD_SECRET_FILE)"
             ;;
@@ -368,8 +370,10 @@ lockd__options() {
     local allowed=$1 opt mode_word='' expected
     shift
     lockd__ttl='' lockd__wait='' lockd__try='' lockd__session='' lockd__mode=''
+    lockd__supersede=''
     for opt in "$@"; do
         case $opt in
+            supersede) [[ $allowed == *supersede* ]] && lockd__supersede=1 && continue ;;
             ttl=*) [[ $allowed == *ttl* ]] && lockd__ttl=${opt#ttl=} && continue ;;
             wait=*) [[ $allowed == *wait* ]] && lockd__wait=${opt#wait=} && continue ;;
             session=*)
@@ -411,6 +415,7 @@ lockd__lock_line() {
     line="LOCK $1 $id"
     [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
     [[ -n $lockd__mode ]] && line+=" $lockd__mode"
+    [[ -n ${lockd__supersede:-} ]] && line+=" supersede"
     return 0
 }
 
@@ -468,21 +473,23 @@ lockd__id() {
     lockd__word id "$id"
 }
 
-# lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N]: waits for the lock
+# lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N] [supersede]: waits for the lock
 # (forever without wait=), then prints its fencing token on stdout and sets LOCKD_TOKEN.
 # Returns 1 if wait= ran out. The lease is plain (it outlives this call), but the wait is not:
 # `detach` ends it if the script dies. `shared` holds the lock beside other shared holders,
 # `limit=N` takes one of N slots of a semaphore; exclusive, alone, is the default.
+# `supersede`: newest wins (proto.md): if the lock is held, every request waiting for it is
+# refused (ERR SUPERSEDED, return code 6 for each) and this one waits first in line.
 lockd_lock() {
     LOCKD_ERROR='' LOCKD_TOKEN=''
     local name=${1:-} id line
     if (($# < 1)); then
-        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N]"
+        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N] [supersede]"
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode
-    lockd__options "ttl wait mode" "$@" || return
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede
+    lockd__options "ttl wait mode supersede" "$@" || return
     lockd__word name "$name" || return
     lockd__id || return
     lockd__lock_line "$name"
@@ -736,7 +743,7 @@ lockd_run() {
     LOCKD_ERROR=
     local name=${1:-}
     local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR]"
-    usage+=" [exclusive | shared | limit=N] -- CMD [ARGS...]"
+    usage+=" [exclusive | shared | limit=N] [supersede] -- CMD [ARGS...]"
     if (($# < 1)); then
         lockd__fail 2 "$usage"
         return
@@ -752,9 +759,9 @@ lockd_run() {
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode id
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede id
     local grace_ms=$LOCKD__DEFAULT_GRACE_MS
-    lockd__options "ttl wait try session mode" ${opts[@]+"${opts[@]}"} || return
+    lockd__options "ttl wait try session mode supersede" ${opts[@]+"${opts[@]}"} || return
     if [[ -n $lockd__try && -n $lockd__wait ]]; then
         lockd__fail 2 "lockd_run: use try or wait=, not both"
         return

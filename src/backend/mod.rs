@@ -776,6 +776,7 @@ mod tests {
             mode: Mode::Exclusive,
             user: NO_USER,
             origin: Default::default(),
+            supersede: false,
         }
     }
 

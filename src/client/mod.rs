@@ -265,6 +265,22 @@ impl Client {
         tie: Tie,
         mode: Mode,
     ) -> Result<Token> {
+        self.lock_with(name, id, ttl, wait, tie, mode, false).await
+    }
+
+    /// LOCK in `mode`, with `supersede` if asked (a wait takes the whole queue: those
+    /// waiting are answered `ERR SUPERSEDED`); returns the fencing token.
+    #[allow(clippy::too_many_arguments)] // the LOCK's words, one each
+    pub async fn lock_with(
+        &mut self,
+        name: &str,
+        id: &str,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+        tie: Tie,
+        mode: Mode,
+        supersede: bool,
+    ) -> Result<Token> {
         match self
             .ask(&Request::Lock {
                 name: name.into(),
@@ -273,6 +289,7 @@ impl Client {
                 wait,
                 tie,
                 mode,
+                supersede,
             })
             .await?
         {

@@ -356,6 +356,7 @@ impl Compat {
             // The old protocol has no users: its lease belongs to none.
             user: NO_USER,
             origin: Origin::new(None, Some(peer)),
+            supersede: false,
         };
         match self.backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => {

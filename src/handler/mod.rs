@@ -316,6 +316,7 @@ impl Handler {
             wait,
             tie,
             mode,
+            supersede,
         } = request
         else {
             return Err(request);
@@ -330,6 +331,7 @@ impl Handler {
             mode,
             user: self.user(),
             origin: self.origin.clone(),
+            supersede,
         };
         Ok((req, tie))
     }

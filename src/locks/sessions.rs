@@ -126,6 +126,7 @@ mod tests {
             mode,
             user: NO_USER,
             origin: Default::default(),
+            supersede: false,
         }
     }
 

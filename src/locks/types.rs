@@ -183,6 +183,9 @@ pub struct LockRequest {
     pub user: UserId,
     /// Who asks, by name and address, for the audit trail: the holder records it.
     pub origin: Origin,
+    /// `supersede`: if it must wait, every request waiting on the name is answered
+    /// [`WaitEnd::Superseded`] and this one waits at the head (newest wins).
+    pub supersede: bool,
 }
 
 /// What a RENEW did.
@@ -293,12 +296,17 @@ impl fmt::Display for TableError {
 }
 
 /// Why a waiter stopped waiting without a grant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WaitEnd {
     /// Its `wait=` ran out.
     TimedOut,
     /// A newer LOCK with the same id took its place in the queue.
     Replaced,
+    /// A newer `supersede` LOCK, by the id `by`, took the whole queue.
+    Superseded {
+        /// The id of the superseding LOCK.
+        by: Arc<str>,
+    },
 }
 
 /// What happened to a lock, for watchers and logs.

@@ -59,7 +59,8 @@ impl Tie {
 /// One request line, parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]`.
+    /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]
+    /// [supersede]`.
     Lock {
         /// The lock.
         name: String,
@@ -73,6 +74,9 @@ pub enum Request {
         tie: Tie,
         /// `shared` or `limit=<n>`, or neither (exclusive).
         mode: Mode,
+        /// `supersede`: if it must wait, it takes the whole queue (the waiters are answered
+        /// `ERR SUPERSEDED`).
+        supersede: bool,
     },
     /// `UNLOCK <name> <token>`.
     Unlock {
@@ -172,13 +176,13 @@ impl fmt::Display for AuthLine<'_> {
 
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] | \
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede] | \
 UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
 STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>]";
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede]";
 
 /// Most slots a semaphore may have.
 pub const MAX_LIMIT: u32 = 100_000;
@@ -269,7 +273,15 @@ fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
     }
     let opts = Options::parse(
         &args[2..],
-        &["ttl", "wait", "session", "detach", "shared", "limit"],
+        &[
+            "ttl",
+            "wait",
+            "session",
+            "detach",
+            "shared",
+            "limit",
+            "supersede",
+        ],
         USAGE_LOCK,
     )?;
     Ok(Request::Lock {
@@ -279,6 +291,7 @@ fn parse_lock(args: &[&str]) -> Result<Request, ProtoError> {
         wait: opts.wait,
         tie: opts.tie,
         mode: opts.mode,
+        supersede: opts.supersede,
     })
 }
 
@@ -288,6 +301,7 @@ struct Options {
     wait: Option<Duration>,
     tie: Tie,
     mode: Mode,
+    supersede: bool,
 }
 
 impl Options {
@@ -319,6 +333,10 @@ impl Options {
                 ("session", None) => opts.tie = Tie::Session(Duration::ZERO),
                 ("session", Some(v)) => opts.tie = Tie::Session(parse_duration("session", v)?),
                 ("detach", None) => opts.tie = Tie::Detach,
+                ("supersede", None) => opts.supersede = true,
+                ("supersede", Some(_)) => {
+                    return Err(syntax(format!("supersede takes no value; {usage}")))
+                }
                 ("shared", None) => opts.mode = Mode::Shared,
                 ("shared", Some(_)) => {
                     return Err(syntax(format!("shared takes no value; {usage}")))
@@ -449,6 +467,7 @@ impl fmt::Display for Request {
                 wait,
                 tie,
                 mode,
+                supersede,
             } => {
                 write!(f, "LOCK {name} {id}")?;
                 match mode {
@@ -463,11 +482,15 @@ impl fmt::Display for Request {
                     write!(f, " wait={}ms", wait.as_millis())?;
                 }
                 match tie {
-                    Tie::Plain => Ok(()),
-                    Tie::Detach => f.write_str(" detach"),
-                    Tie::Session(grace) if grace.is_zero() => f.write_str(" session"),
-                    Tie::Session(grace) => write!(f, " session={}ms", grace.as_millis().max(1)),
+                    Tie::Plain => {}
+                    Tie::Detach => f.write_str(" detach")?,
+                    Tie::Session(grace) if grace.is_zero() => f.write_str(" session")?,
+                    Tie::Session(grace) => write!(f, " session={}ms", grace.as_millis().max(1))?,
                 }
+                if *supersede {
+                    f.write_str(" supersede")?;
+                }
+                Ok(())
             }
             Request::Unlock { name, token } => write!(f, "UNLOCK {name} {token}"),
             Request::Renew { name, token, ttl } => {
@@ -584,6 +607,7 @@ mod tests {
                 wait: Some(Duration::from_millis(250)),
                 tie: Tie::Session(Duration::ZERO),
                 mode: Mode::Exclusive,
+                supersede: false,
             }
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");
@@ -607,12 +631,15 @@ mod tests {
         assert_eq!(tie("LOCK a b detach session=1s"), Err(ErrorCode::Syntax));
         assert_eq!(tie("LOCK a b detach=1"), Err(ErrorCode::Syntax));
         assert_eq!(tie("LOCK a b session=soon"), Err(ErrorCode::BadArg));
+        assert_eq!(tie("LOCK a b supersede=1"), Err(ErrorCode::Syntax));
+        assert_eq!(tie("LOCK a b supersede supersede"), Err(ErrorCode::Syntax));
         for line in [
             "LOCK a b detach",
             "LOCK a b session=1500ms",
             "LOCK a b session",
             "LOCK a b shared",
             "LOCK a b limit=3 session",
+            "LOCK a b shared wait=2s supersede",
         ] {
             let r = parse(line).unwrap();
             assert_eq!(parse(&r.to_string()).unwrap(), r, "{line}");

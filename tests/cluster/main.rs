@@ -19,3 +19,4 @@ mod observability;
 mod partition;
 mod secure;
 mod skew;
+mod supersede;

@@ -27,6 +27,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         mode: Default::default(),
         user: NO_USER,
         origin: Default::default(),
+        supersede: false,
     }
 }
 

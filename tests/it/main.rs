@@ -22,5 +22,6 @@ mod robust;
 mod semaphores;
 mod sessions;
 mod stress;
+mod supersede;
 mod tls;
 mod wire;

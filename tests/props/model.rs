@@ -121,6 +121,8 @@ enum Op {
         conn: ConnId,
         mode: Mode,
         user: UserId,
+        /// `supersede`: a wait takes the whole queue.
+        supersede: bool,
     },
     Unlock {
         name: usize,
@@ -226,9 +228,9 @@ fn op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
         10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3,
-               mode_pick(), user())
-            .prop_map(|(name, id, ttl, wait, session, conn, mode, user)| Op::Lock {
-                name, id, ttl, wait, session, conn, mode, user
+               mode_pick(), user(), proptest::bool::weighted(0.2))
+            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, supersede)| Op::Lock {
+                name, id, ttl, wait, session, conn, mode, user, supersede
             }),
         3 => (name.clone(), tok_pick(), user_pick())
             .prop_map(|(name, tok, user)| Op::Unlock { name, tok, user }),
@@ -285,6 +287,7 @@ struct ClusterDecision {
     decision: Result<lockd::locks::rules::Decision<usize, usize>, TableError>,
     tokens: Vec<Token>,
     same_waiter: Option<usize>,
+    superseded: Vec<usize>,
 }
 
 struct Harness {
@@ -449,10 +452,18 @@ impl Harness {
                 .iter()
                 .position(|w| w.id == req.id && w.user == req.user)
         });
+        // A supersede takes every waiter but the one it replaces.
+        let queued = entry.map_or(0, |e| e.queue.len());
+        let superseded = if req.supersede {
+            (0..queued).filter(|i| Some(*i) != same_waiter).collect()
+        } else {
+            Vec::new()
+        };
         ClusterDecision {
             decision,
             tokens,
             same_waiter,
+            superseded,
         }
     }
 
@@ -476,6 +487,7 @@ impl Harness {
             }
             Ok(LockOutcome::Queued { .. }) => Ok(Decision::Queue {
                 replaces: cluster.same_waiter,
+                superseded: cluster.superseded.clone(),
             }),
         };
         if cluster.decision != expected {
@@ -528,6 +540,7 @@ impl Harness {
                 conn,
                 mode,
                 user,
+                supersede,
             } => {
                 let ttl = self.ttl(ttl);
                 let max_ttl = self.model.limits.max_ttl;
@@ -552,6 +565,7 @@ impl Harness {
                     mode: *mode,
                     user: *user,
                     origin: Default::default(),
+                    supersede: *supersede,
                 };
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_decision(now, &req);
@@ -567,6 +581,7 @@ impl Harness {
                         conn: *conn,
                         mode: *mode,
                         user: *user,
+                        supersede: *supersede,
                     },
                 );
                 // Both backends' decisions are judged, each on its own: a wrong rule shows
@@ -867,6 +882,7 @@ fn req(
         mode: Mode::Exclusive,
         user: NO_USER,
         origin: Default::default(),
+        supersede: false,
     }
 }
 

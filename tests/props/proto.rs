@@ -77,16 +77,20 @@ fn request() -> impl Strategy<Value = Request> {
                 Just(Mode::Exclusive),
                 Just(Mode::Shared),
                 (2u32..=proto::MAX_LIMIT).prop_map(Mode::Limit),
-            ]
+            ],
+            any::<bool>()
         )
-            .prop_map(|(name, id, ttl, wait, tie, mode)| Request::Lock {
-                name,
-                id,
-                ttl,
-                wait,
-                tie,
-                mode
-            }),
+            .prop_map(
+                |(name, id, ttl, wait, tie, mode, supersede)| Request::Lock {
+                    name,
+                    id,
+                    ttl,
+                    wait,
+                    tie,
+                    mode,
+                    supersede
+                }
+            ),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
         (name(), 1u64..u64::MAX, prop::option::of(duration()))
             .prop_map(|(name, token, ttl)| Request::Renew { name, token, ttl }),

@@ -119,7 +119,14 @@ pub fn rows(
         match c.as_str() {
             "LOCK" => wanted.extend(
                 [
-                    "ttl=", "wait=", "session", "session=", "detach", "shared", "limit=",
+                    "ttl=",
+                    "wait=",
+                    "session",
+                    "session=",
+                    "detach",
+                    "shared",
+                    "limit=",
+                    "supersede",
                 ]
                 .iter()
                 .map(|o| format!("`LOCK {o}`")),

@@ -104,7 +104,8 @@ Every error has an ``exit_code``, the exit code lockctl and lockd.sh use for the
 so a script can end with ``sys.exit(e.exit_code)``: 1 the lock is held by someone else or the
 wait ran out (Timeout), 2 usage or a refusal by the server (ServerError, ProtocolError), 3 the
 server is unreachable or the connection was lost (ConnectionLost), 4 the lock was lost or a
-token is not the live lease (NotHeld, LeaseLost). Arguments this client refuses itself raise
+token is not the live lease (NotHeld, LeaseLost), 6 a newer ``supersede`` request took this
+waiting one's place in the queue (Superseded). Arguments this client refuses itself raise
 ValueError or TypeError, which are usage errors (2).
 """
 
@@ -123,6 +124,7 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_UNREACHABLE",
     "EXIT_LOST",
+    "EXIT_SUPERSEDED",
     "LockdError",
     "ConnectionLost",
     "TlsError",
@@ -143,6 +145,7 @@ __all__ = [
     "NoAuth",
     "Denied",
     "LeaseLost",
+    "Superseded",
     "LockStatus",
     "Holder",
     "Waiter",
@@ -166,6 +169,8 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 #: The lock was lost, or a token is not the live lease.
 EXIT_LOST = 4
+#: A newer ``supersede`` request took this waiting request's place in the queue.
+EXIT_SUPERSEDED = 6
 #: Longest reply line we accept; the server's replies are far shorter.
 _MAX_REPLY = 64 * 1024
 
@@ -244,6 +249,13 @@ class Replaced(ServerError):
     """ERR REPLACED: a newer LOCK with the same id took this waiting LOCK's place."""
 
 
+class Superseded(ServerError):
+    """ERR SUPERSEDED: a newer LOCK with ``supersede`` (of another id) took the whole queue,
+    this waiting LOCK's place with it; the holder keeps the lock."""
+
+    exit_code = EXIT_SUPERSEDED
+
+
 class Limit(ServerError):
     """ERR LIMIT: too many connections or held locks on the server."""
 
@@ -267,7 +279,7 @@ class Denied(ServerError):
 _ERRORS = {
     cls.__name__.upper(): cls
     for cls in (Syntax, Unknown, BadArg, Encoding, TooLong, Timeout, NotHeld, Conflict,
-                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied)
+                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied, Superseded)
 }
 
 #: The most of a secret file read: a secret is one short line.
@@ -815,7 +827,7 @@ class Client:
             raise
 
     def lock(self, name, ttl=None, wait=None, session=False, detach=True, shared=False,
-             limit=None):
+             limit=None, supersede=False):
         """Takes the lock and returns its fencing token; waits in the FIFO queue while held.
 
         The lock is exclusive by default; ``shared=True`` holds it beside any other shared
@@ -836,11 +848,17 @@ class Client:
         waiting is not the end of the wait: the same LOCK (same id) is sent again through the
         next front-end, for the rest of ``wait``. The cluster then gives it back its place in
         the queue, or the grant made to it meanwhile (proto.md, cluster mode).
+
+        ``supersede=True``: newest wins. If the lock is held, every request waiting for it is
+        refused (each raises Superseded), the holder keeps it and this one waits first in line;
+        a newer ``supersede`` request raises Superseded here in turn.
         """
         head = "LOCK %s %s" % (_word("name", name), self.id)
         if ttl is not None:
             head += " ttl=" + _duration("ttl", ttl)
         tail = _session_option(session, detach) + _mode_option(shared, limit)
+        if supersede:
+            tail += " supersede"
         word = None if wait is None else _duration("wait", wait)
         wait_ms = None if wait is None else _ms(wait)
         until = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
@@ -956,7 +974,9 @@ class Lease:
     it. ``session=True`` (or 0) ends the lease as soon as the connection closes;
     ``session=False`` takes a plain lease instead, which outlives the process until its ttl.
     ``shared`` and ``limit`` are :meth:`Client.lock`'s: a shared hold, or one slot of a
-    semaphore; exclusive by default.
+    semaphore; exclusive by default. ``supersede=True`` takes the queue if the lock is held
+    (newest wins, see :meth:`Client.lock`): entering raises Superseded if a newer request
+    takes it first.
 
     The thread renews every third of the time the lease surely lives without a renewal (the
     grace, or the ttl if shorter). ``lease.lost`` turns True, and ``lease.check()`` starts
@@ -970,8 +990,10 @@ class Lease:
 
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
                  on_lost=None, timeout=10.0, shared=False, limit=None, tls=None, ca=None,
-                 cert=None, key=None, user=None, secret=None, secret_file=None):
+                 cert=None, key=None, user=None, secret=None, secret_file=None,
+                 supersede=False):
         self.name = _word("name", name)
+        self.supersede = supersede
         self.ttl = ttl
         self.wait = wait
         _mode_option(shared, limit)  # a mode that can't be asked for fails here, not in ``with``
@@ -1025,7 +1047,7 @@ class Lease:
         try:
             self.token = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
                                            session=self.session, shared=self.shared,
-                                           limit=self.limit)
+                                           limit=self.limit, supersede=self.supersede)
             # A first renewal at once gives the lease's length in ms, whatever form ttl took,
             # and the time the lease surely lives from (when it was sent).
             self._sent = time.monotonic()
@@ -1122,7 +1144,7 @@ class Lease:
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
          timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None,
-         user=None, secret=None, secret_file=None):
+         user=None, secret=None, secret_file=None, supersede=False):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
     ``server`` (one address or several, as :class:`Client` takes it) defaults to $LOCKD_ADDR,
@@ -1135,4 +1157,5 @@ def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, o
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,
-                 cert=cert, key=key, user=user, secret=secret, secret_file=secret_file)
+                 cert=cert, key=key, user=user, secret=secret, secret_file=secret_file,
+                 supersede=supersede)

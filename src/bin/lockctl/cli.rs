@@ -43,6 +43,10 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
          heard from etcd lately, so what it shows may be stale (a warning says so)",
     ),
     (
+        "6",
+        "superseded: a newer request (--supersede) took its place in the queue",
+    ),
+    (
         "124",
         "run --until: the --until test did not pass within --until-timeout \
          (the lock was released)",
@@ -380,6 +384,12 @@ pub struct WaitArgs {
     /// Exit code when the lock is held (-n) or the wait ran out (-w).
     #[arg(short = 'E', long, default_value_t = 1)]
     pub conflict_exit_code: u8,
+
+    /// Newest wins: if the lock is held, take the whole queue (every request waiting for it is
+    /// refused as superseded, the holder keeps it) and wait first in line. A lockctl whose
+    /// request is superseded by a newer one exits 6.
+    #[arg(long)]
+    pub supersede: bool,
 }
 
 impl WaitArgs {

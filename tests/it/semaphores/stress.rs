@@ -156,6 +156,7 @@ async fn ghost(addr: SocketAddr, name: &str, i: usize, mode: Mode, rng: &mut Rng
         wait: None,
         tie: Tie::Session(Duration::ZERO),
         mode,
+        supersede: false,
     };
     ghost.send(&lock.to_string()).await;
     for _ in 0..rng.below(3) {

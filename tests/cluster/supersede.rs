@@ -1,0 +1,131 @@
+//! Cluster mode: newest-wins queues (`supersede`) across front-ends. The superseding LOCK's
+//! one transaction takes every waiter's key out of the queue, and each waiter's own front-end
+//! answers it `ERR SUPERSEDED` (not `ERR UNAVAILABLE`, not silence).
+#![cfg(feature = "etcd")]
+
+use crate::common;
+use crate::common::needs::{have, Need};
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::blocking::eventually;
+use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::line::Line;
+use common::{field, token};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// One etcd cluster for this file's tests (as basics.rs: started on a thread that lives as
+/// long as the test process).
+fn etcd() -> &'static EtcdCluster {
+    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(EtcdCluster::start(3));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("the etcd cluster started")
+    })
+}
+
+/// `n` front-ends sharing a prefix of their own.
+fn front_ends(n: usize, extra: &[&str]) -> Vec<LockdFrontEnd> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let prefix = format!(
+        "{}supersede{}/",
+        etcd().prefix(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    (0..n)
+        .map(|_| LockdFrontEnd::start(etcd(), &prefix, extra))
+        .collect()
+}
+
+fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
+    eventually(PATIENCE, &format!("{waiters} waiters on {name}"), || {
+        let status = fe.request(&format!("STATUS {name}"));
+        field(&status, "waiters").as_deref() == Some(&waiters.to_string())
+    });
+}
+
+#[test]
+fn waiters_on_two_front_ends_are_superseded_from_a_third() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(3, &["--etcd-lease-ttl", "5s"]);
+    let mut holder = Line::connect(fes[0].addr());
+    let th = holder.lock("deploy h");
+    let mut a = Line::connect(fes[0].addr());
+    a.send("LOCK deploy a");
+    for fe in &fes {
+        wait_waiters(fe, "deploy", 1);
+    }
+    let mut b = Line::connect(fes[1].addr());
+    b.send("LOCK deploy b wait=1m");
+    for fe in &fes {
+        wait_waiters(fe, "deploy", 2);
+    }
+    // wait=0 finds it held: nothing changes.
+    let mut c = Line::connect(fes[2].addr());
+    assert!(c
+        .req("LOCK deploy c wait=0 supersede")
+        .starts_with("ERR TIMEOUT "));
+    wait_waiters(&fes[2], "deploy", 2);
+
+    c.send("LOCK deploy c supersede");
+    assert_eq!(
+        a.line(),
+        "ERR SUPERSEDED deploy: a newer LOCK by c took the queue"
+    );
+    assert_eq!(
+        b.line(),
+        "ERR SUPERSEDED deploy: a newer LOCK by c took the queue"
+    );
+    for fe in &fes {
+        wait_waiters(fe, "deploy", 1);
+    }
+    // The holder kept it; the superseded connections stay open.
+    let status = fes[1].request("STATUS deploy");
+    assert_eq!(field(&status, "token"), Some(th.to_string()), "{status}");
+    assert_eq!(field(&status, "id").as_deref(), Some("h"), "{status}");
+    assert_eq!(a.req("PING"), "OK PONG");
+    assert_eq!(b.req("PING"), "OK PONG");
+
+    assert_eq!(holder.req(&format!("UNLOCK deploy {th}")), "OK");
+    let tc = token(&c.line());
+    assert!(tc > th, "{tc} after {th}");
+    let status = fes[0].request("STATUS deploy");
+    assert_eq!(field(&status, "id").as_deref(), Some("c"), "{status}");
+    assert_eq!(c.req(&format!("UNLOCK deploy {tc}")), "OK");
+}
+
+#[test]
+fn the_same_id_waiting_elsewhere_is_replaced_by_its_supersede() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2, &["--etcd-lease-ttl", "5s"]);
+    let mut holder = Line::connect(fes[0].addr());
+    let th = holder.lock("s h");
+    let mut old = Line::connect(fes[0].addr());
+    old.send("LOCK s me");
+    wait_waiters(&fes[1], "s", 1);
+    let mut other = Line::connect(fes[0].addr());
+    other.send("LOCK s other");
+    wait_waiters(&fes[1], "s", 2);
+    let mut new = Line::connect(fes[1].addr());
+    new.send("LOCK s me supersede");
+    assert!(old.line().starts_with("ERR REPLACED "));
+    assert_eq!(
+        other.line(),
+        "ERR SUPERSEDED s: a newer LOCK by me took the queue"
+    );
+    assert_eq!(holder.req(&format!("UNLOCK s {th}")), "OK");
+    assert!(token(&new.line()) > th);
+}
