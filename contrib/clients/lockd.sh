@@ -46,10 +46,13 @@
 #   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
 #                                          LOCKD_WAITERS
-#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] [supersede] -- CMD [ARGS...]
-#                                          runs CMD holding NAME, renewing the lease in the
+#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] [supersede] [at_least=DUR]
+#             -- CMD [ARGS...]             runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
-#                                          CMD sees LOCKD_NAME and LOCKD_TOKEN
+#                                          CMD sees LOCKD_NAME and LOCKD_TOKEN. at_least=:
+#                                          if CMD ends sooner than DUR after the grant, NAME
+#                                          stays held until then (once per window, as
+#                                          lockctl run --at-least; needs bash 5)
 #   lockd_request LINE                     sends one raw protocol line; sets LOCKD_REPLY
 #
 # MODE, as lockctl's --exclusive, --shared and --limit N (proto.md, "Shared locks and
@@ -370,9 +373,12 @@ lockd__options() {
     local allowed=$1 opt mode_word='' expected
     shift
     lockd__ttl='' lockd__wait='' lockd__try='' lockd__session='' lockd__mode=''
-    lockd__supersede=''
+    lockd__supersede='' lockd__at_least=''
     for opt in "$@"; do
         case $opt in
+            at_least=*)
+                [[ $allowed == *at_least* ]] && lockd__at_least=${opt#at_least=} && continue
+                ;;
             supersede) [[ $allowed == *supersede* ]] && lockd__supersede=1 && continue ;;
             ttl=*) [[ $allowed == *ttl* ]] && lockd__ttl=${opt#ttl=} && continue ;;
             wait=*) [[ $allowed == *wait* ]] && lockd__wait=${opt#wait=} && continue ;;
@@ -401,6 +407,11 @@ lockd__options() {
     if [[ -n $lockd__ttl ]]; then lockd__word ttl "$lockd__ttl" || return; fi
     if [[ -n $lockd__wait ]]; then lockd__word wait "$lockd__wait" || return; fi
     if [[ -n $lockd__session ]]; then lockd__word session "$lockd__session" || return; fi
+    if [[ -n $lockd__at_least ]] && { ! lockd__ms "$lockd__at_least" >/dev/null ||
+        [[ -z ${EPOCHREALTIME:-} ]]; }; then
+        lockd__fail 2 "at_least= must be a duration such as 50m or 90s (and needs bash 5): '$lockd__at_least'"
+        return
+    fi
     local limit=${lockd__mode#limit=}
     if [[ $lockd__mode == limit=* && ! $limit =~ ^[0-9]{1,9}$ ]]; then
         lockd__fail 2 "limit= must be a whole number of holders, 1 to 100000: '$limit'"
@@ -743,7 +754,7 @@ lockd_run() {
     LOCKD_ERROR=
     local name=${1:-}
     local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR]"
-    usage+=" [exclusive | shared | limit=N] [supersede] -- CMD [ARGS...]"
+    usage+=" [exclusive | shared | limit=N] [supersede] [at_least=DUR] -- CMD [ARGS...]"
     if (($# < 1)); then
         lockd__fail 2 "$usage"
         return
@@ -760,8 +771,10 @@ lockd_run() {
     fi
     shift
     local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede id
+    local lockd__at_least granted_us=''
     local grace_ms=$LOCKD__DEFAULT_GRACE_MS
-    lockd__options "ttl wait try session mode supersede" ${opts[@]+"${opts[@]}"} || return
+    lockd__options "ttl wait try session mode supersede at_least" ${opts[@]+"${opts[@]}"} ||
+        return
     if [[ -n $lockd__try && -n $lockd__wait ]]; then
         lockd__fail 2 "lockd_run: use try or wait=, not both"
         return
@@ -793,6 +806,8 @@ lockd_run() {
     lockd__connect || rc=$?
     if ((rc == 0)); then lockd__lock_exchange "$line" || rc=$?; fi
     if ((rc == 0)); then lockd__granted || rc=$?; fi
+    # at_least= counts from here, no earlier than the grant.
+    granted_us=${EPOCHREALTIME/./}
     if ((rc == 0)); then
         token=$LOCKD_TOKEN
         # A first renewal right away tells us the lease length in ms, whatever form ttl= took.
@@ -855,6 +870,21 @@ lockd_run() {
     if ((renew_rc != 0 && renew_rc != 143)); then
         lockd__fail 4 "lease on $name may have lapsed: its renewal job ended (status $renew_rc)"
         return
+    fi
+    # at_least=: a job that ended before its window is over leaves the lock held, as a plain
+    # lease that lockd ends when the window is (RENEW ... detach; nobody renews it).
+    if [[ -n $lockd__at_least && -z $lockd__stopping && -n $granted_us ]]; then
+        local window_ms left_ms
+        window_ms=$(lockd__ms "$lockd__at_least")
+        left_ms=$((window_ms - (${EPOCHREALTIME/./} - granted_us) / 1000))
+        if ((left_ms > 0)); then
+            if lockd_request "RENEW $name $token ttl=${left_ms}ms detach" 2>/dev/null; then
+                LOCKD_ERROR=
+                return "$cmd_rc"
+            fi
+            printf 'lockd_run: at_least=%s: could not keep %s held (%s); releasing it\n' \
+                "$lockd__at_least" "$name" "${LOCKD_REPLY:-$LOCKD_ERROR}" >&2
+        fi
     fi
     lockd_unlock "$name" "$token" >/dev/null || true
     LOCKD_ERROR=

@@ -324,6 +324,26 @@ impl Client {
                 name: name.into(),
                 token,
                 ttl,
+                detach: false,
+            })
+            .await?;
+        lease_left(reply)
+    }
+
+    /// `RENEW ... detach`: renews, and a session lease becomes a plain one that no longer
+    /// ends with any connection (it lasts until UNLOCK or its ttl); returns the time left.
+    pub async fn renew_detach(
+        &mut self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+    ) -> Result<Duration> {
+        let reply = self
+            .ask(&Request::Renew {
+                name: name.into(),
+                token,
+                ttl,
+                detach: true,
             })
             .await?;
         lease_left(reply)

@@ -350,9 +350,26 @@ impl Handler {
                 let result = backend.unlock(&name, token, self.user()).await;
                 return self.reply(&name, token, result.map(|()| Reply::Done)).await;
             }
-            Request::Renew { name, token, ttl } => {
+            Request::Renew {
+                name,
+                token,
+                ttl,
+                detach: false,
+            } => {
                 let result = backend
                     .renew(&name, token, ttl, self.number, self.user())
+                    .await;
+                let result = result.map(|r| Reply::Lease(r.left));
+                return self.reply(&name, token, result).await;
+            }
+            Request::Renew {
+                name,
+                token,
+                ttl,
+                detach: true,
+            } => {
+                let result = backend
+                    .renew_detach(&name, token, ttl, self.number, self.user())
                     .await;
                 let result = result.map(|r| Reply::Lease(r.left));
                 return self.reply(&name, token, result).await;

@@ -539,6 +539,39 @@ impl Locks {
         Ok(Renewal { deadline, bound })
     }
 
+    /// RENEW ... detach: [`Locks::renew`], then a session lease becomes a plain one: it is
+    /// bound to no connection and lasts until UNLOCK or its deadline (a grace it was in is
+    /// over: the renewal set its deadline). A plain lease only gets its new deadline. The
+    /// journal needs nothing more: it keeps no session flag (a restart restores every lease
+    /// as a plain one).
+    pub fn renew_detach(
+        &mut self,
+        now: Instant,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewal, TableError> {
+        let renewal = self.renew(now, name, token, ttl, conn, user)?;
+        let holder = self
+            .index
+            .get(name)
+            .copied()
+            .and_then(|slot| self.slab.get_mut(slot))
+            .and_then(|entry| entry.holder_mut(token));
+        if let Some(holder) = holder {
+            let was = holder.bind(None, conn);
+            if let Some(c) = was {
+                self.bound.remove(c, token);
+            }
+        }
+        Ok(Renewal {
+            bound: false,
+            ..renewal
+        })
+    }
+
     /// CHECK: the deadline of `token`'s lease on `name`, if it is live.
     pub fn check(&mut self, now: Instant, name: &str, token: Token) -> Result<Instant, TableError> {
         self.expire(now);

@@ -85,7 +85,7 @@ pub enum Request {
         /// The lease's fencing token.
         token: Token,
     },
-    /// `RENEW <name> <token> [ttl=]`.
+    /// `RENEW <name> <token> [ttl=] [detach]`.
     Renew {
         /// The lock.
         name: String,
@@ -93,6 +93,9 @@ pub enum Request {
         token: Token,
         /// `ttl=`; `None` renews for the lease's own ttl.
         ttl: Option<Duration>,
+        /// `detach`: a session lease becomes a plain one (it no longer ends with a
+        /// connection).
+        detach: bool,
     },
     /// `CHECK <name> <token>`.
     Check {
@@ -177,7 +180,7 @@ impl fmt::Display for AuthLine<'_> {
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
 [session[=<grace>] | detach] [shared | limit=<n>] [supersede] | \
-UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
+UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] [detach] | CHECK <name> <token> | \
 STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
@@ -187,7 +190,7 @@ const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
 /// Most slots a semaphore may have.
 pub const MAX_LIMIT: u32 = 100_000;
 const USAGE_UNLOCK: &str = "usage: UNLOCK <name> <token>";
-const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>]";
+const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>] [detach]";
 const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
 const USAGE_STATUS: &str = "usage: STATUS [<name> [detail]]";
 const USAGE_WATCH: &str = "usage: WATCH [<name>]";
@@ -217,11 +220,12 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
             if args.len() < 2 {
                 return Err(syntax(USAGE_RENEW));
             }
-            let opts = Options::parse(&args[2..], &["ttl"], USAGE_RENEW)?;
+            let opts = Options::parse(&args[2..], &["ttl", "detach"], USAGE_RENEW)?;
             Ok(Request::Renew {
                 name: valid_name("name", args[0])?,
                 token: parse_token(args[1])?,
                 ttl: opts.ttl,
+                detach: opts.tie == Tie::Detach,
             })
         }
         "CHECK" => {
@@ -493,10 +497,18 @@ impl fmt::Display for Request {
                 Ok(())
             }
             Request::Unlock { name, token } => write!(f, "UNLOCK {name} {token}"),
-            Request::Renew { name, token, ttl } => {
+            Request::Renew {
+                name,
+                token,
+                ttl,
+                detach,
+            } => {
                 write!(f, "RENEW {name} {token}")?;
                 if let Some(ttl) = ttl {
                     write!(f, " ttl={}ms", ttl.as_millis().max(1))?;
+                }
+                if *detach {
+                    f.write_str(" detach")?;
                 }
                 Ok(())
             }
@@ -640,6 +652,8 @@ mod tests {
             "LOCK a b shared",
             "LOCK a b limit=3 session",
             "LOCK a b shared wait=2s supersede",
+            "RENEW a 7 detach",
+            "RENEW a 7 ttl=5s detach",
         ] {
             let r = parse(line).unwrap();
             assert_eq!(parse(&r.to_string()).unwrap(), r, "{line}");

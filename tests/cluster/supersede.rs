@@ -129,3 +129,47 @@ fn the_same_id_waiting_elsewhere_is_replaced_by_its_supersede() {
     assert_eq!(holder.req(&format!("UNLOCK s {th}")), "OK");
     assert!(token(&new.line()) > th);
 }
+
+/// RENEW ... detach in cluster mode: the holder key no longer hangs on its front-end's etcd
+/// lease, so the lease outlives its connection and its front-end.
+#[test]
+fn a_detached_lease_outlives_its_connection_and_its_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let mut fes = front_ends(2, &["--etcd-lease-ttl", "2s"]);
+    let mut a = Line::connect(fes[0].addr());
+    let t = a.lock("w a session ttl=1m");
+    assert_eq!(
+        a.req(&format!("RENEW w {t} ttl=40s detach")),
+        "OK ttl_ms=40000"
+    );
+    // Controls: a session lease closed with it, and one left open on the same front-end.
+    let mut c = Line::connect(fes[0].addr());
+    c.lock("ctl c session");
+    let mut s = Line::connect(fes[0].addr());
+    s.lock("other s session=30s ttl=1m");
+    drop(a);
+    drop(c);
+    eventually(
+        PATIENCE,
+        "the control lease ends with its connection",
+        || fes[1].request("STATUS ctl") == "OK ctl free",
+    );
+    let status = fes[1].request("STATUS w");
+    assert_eq!(field(&status, "token"), Some(t.to_string()), "{status}");
+    assert_eq!(field(&status, "session").as_deref(), Some("0"), "{status}");
+
+    // The front-end dies: its etcd lease ends, and the session lease on it with it.
+    fes[0].kill();
+    eventually(
+        PATIENCE,
+        "the session lease ends with its front-end",
+        || fes[1].request("STATUS other") == "OK other free",
+    );
+    let status = fes[1].request("STATUS w");
+    assert_eq!(field(&status, "token"), Some(t.to_string()), "{status}");
+    let mut b = Line::connect(fes[1].addr());
+    assert_eq!(b.req(&format!("UNLOCK w {t}")), "OK");
+    drop(s);
+}

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod at_least;
 mod audit;
 mod auth;
 mod cli;

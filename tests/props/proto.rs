@@ -92,8 +92,18 @@ fn request() -> impl Strategy<Value = Request> {
                 }
             ),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
-        (name(), 1u64..u64::MAX, prop::option::of(duration()))
-            .prop_map(|(name, token, ttl)| Request::Renew { name, token, ttl }),
+        (
+            name(),
+            1u64..u64::MAX,
+            prop::option::of(duration()),
+            any::<bool>()
+        )
+            .prop_map(|(name, token, ttl, detach)| Request::Renew {
+                name,
+                token,
+                ttl,
+                detach
+            }),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Check { name, token }),
         prop::option::of(name()).prop_map(|name| Request::Status { name }),
         prop::option::of(name()).prop_map(|name| Request::Watch { name }),

@@ -902,14 +902,18 @@ class Client:
             raise ProtocolError("unexpected reply to %s: %r" % (verb, rest))
         return int(rest[7:])
 
-    def renew(self, name, token, ttl=None):
+    def renew(self, name, token, ttl=None, detach=False):
         """Extends the lease (to ``ttl`` from now, default its own ttl); returns the ttl in ms.
 
         Raises NotHeld if the lease is gone: the caller has lost the lock and must stop.
+        ``detach=True`` also makes a session lease a plain one: it no longer ends with any
+        connection, only by ``unlock`` or its ttl.
         """
         line = "RENEW %s %d" % (_word("name", name), int(token))
         if ttl is not None:
             line += " ttl=" + _duration("ttl", ttl)
+        if detach:
+            line += " detach"
         return self._ttl_ms("RENEW", self._call(line))
 
     def check(self, name, token):
@@ -978,6 +982,13 @@ class Lease:
     (newest wins, see :meth:`Client.lock`): entering raises Superseded if a newer request
     takes it first.
 
+    ``at_least`` (seconds, or a duration string): once per window. If the body ends normally
+    sooner than that after the grant, leaving the ``with`` does not release the lock: it stays
+    held, a plain lease the server ends ``at_least`` after the grant (nobody renews it), so
+    that another host's ``wait=0`` try finds it held. ``lease.kept`` tells. A body that raised,
+    or a lost lease, ends as without it; a window the server refuses (over its --max-ttl) is
+    released as usual.
+
     The thread renews every third of the time the lease surely lives without a renewal (the
     grace, or the ttl if shorter). ``lease.lost`` turns True, and ``lease.check()`` starts
     raising LeaseLost, as soon as the thread finds the lease gone: a renewal answered NOTHELD,
@@ -991,9 +1002,15 @@ class Lease:
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
                  on_lost=None, timeout=10.0, shared=False, limit=None, tls=None, ca=None,
                  cert=None, key=None, user=None, secret=None, secret_file=None,
-                 supersede=False):
+                 supersede=False, at_least=None):
         self.name = _word("name", name)
         self.supersede = supersede
+        self.at_least = None if at_least is None else _ms(at_least)
+        if at_least is not None and not self.at_least:
+            raise ValueError("at_least must be a positive duration: %r" % (at_least,))
+        self._granted = None
+        #: True once leaving the ``with`` kept the lock held for ``at_least`` (not released).
+        self.kept = False
         self.ttl = ttl
         self.wait = wait
         _mode_option(shared, limit)  # a mode that can't be asked for fails here, not in ``with``
@@ -1048,6 +1065,7 @@ class Lease:
             self.token = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
                                            session=self.session, shared=self.shared,
                                            limit=self.limit, supersede=self.supersede)
+            self._granted = time.monotonic()
             # A first renewal at once gives the lease's length in ms, whatever form ttl took,
             # and the time the lease surely lives from (when it was sent).
             self._sent = time.monotonic()
@@ -1066,7 +1084,7 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if not self.lost:
+        if not self.lost and not (exc_type is None and self._keep()):
             self._release()
         self._client.close()
         if self.lost and exc_type is None:
@@ -1086,6 +1104,27 @@ class Lease:
                     raise
                 self._client.timeout = min(self._client.timeout, left)
             return self._client.renew(self.name, self.token)
+
+    def _keep(self):
+        """``at_least``: a body that ended sooner than ``at_least`` after the grant leaves the
+        lock held until then, as a plain lease the server ends (``RENEW ... detach``; nobody
+        renews it). Whether it was kept; if the server refuses (a window over its --max-ttl),
+        the lock is released as usual."""
+        if self.at_least is None or self._granted is None:
+            return False
+        left_ms = self.at_least - int((time.monotonic() - self._granted) * 1000)
+        if left_ms <= 0:
+            return False
+        for _ in range(2):  # a second try on a new connection if this one has dropped
+            try:
+                self._client.renew(self.name, self.token, ttl="%dms" % left_ms, detach=True)
+                self.kept = True
+                return True
+            except ConnectionLost:
+                continue
+            except LockdError:
+                return False
+        return False
 
     def _release(self):
         for _ in range(2):  # a second try on a new connection if this one has dropped
@@ -1144,7 +1183,7 @@ class Lease:
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
          timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None,
-         user=None, secret=None, secret_file=None, supersede=False):
+         user=None, secret=None, secret_file=None, supersede=False, at_least=None):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
     ``server`` (one address or several, as :class:`Client` takes it) defaults to $LOCKD_ADDR,
@@ -1158,4 +1197,4 @@ def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, o
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,
                  cert=cert, key=key, user=user, secret=secret, secret_file=secret_file,
-                 supersede=supersede)
+                 supersede=supersede, at_least=at_least)

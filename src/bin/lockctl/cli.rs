@@ -490,6 +490,14 @@ pub struct RunArgs {
     /// The command and its arguments (after `--`).
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+
+    /// Hold the lock at least this long from its grant (e.g. 50m): if the job ends sooner, the
+    /// lock is not released but stays held until then (lockd ends it; nobody renews it), so
+    /// that a late host's `run -n` finds it held and skips: once per window. lockctl still
+    /// exits with the command's code. Only after a normal end of the job; at most the
+    /// server's --max-ttl (else it is released, with a warning).
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub at_least: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
