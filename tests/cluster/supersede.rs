@@ -173,3 +173,53 @@ fn a_detached_lease_outlives_its_connection_and_its_front_end() {
     assert_eq!(b.req(&format!("UNLOCK w {t}")), "OK");
     drop(s);
 }
+
+fn lockctl(servers: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--server", servers])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("lockctl")
+}
+
+/// `lockctl run --at-least` through a cluster: the job's lock is kept (a plain lease) after
+/// lockctl exits, a late `-n` finds it held, and it ends by its ttl. `--supersede` exits 6.
+#[test]
+fn lockctl_at_least_and_supersede_through_a_cluster() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2, &["--etcd-lease-ttl", "2s"]);
+    let servers = format!("{},{}", fes[0].addr(), fes[1].addr());
+    let out = lockctl(
+        &servers,
+        &["run", "hourly", "--at-least", "8s", "--", "true"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let status = fes[1].request("STATUS hourly");
+    assert_eq!(field(&status, "session").as_deref(), Some("0"), "{status}");
+    let late = lockctl(&servers, &["run", "-n", "hourly", "--", "true"]);
+    assert_eq!(late.status.code(), Some(1));
+    eventually(PATIENCE, "the window ends", || {
+        fes[0].request("STATUS hourly") == "OK hourly free"
+    });
+
+    let mut holder = Line::connect(fes[0].addr());
+    let th = holder.lock("deploy h");
+    let waiting = std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--server", &servers, "run", "deploy", "--", "true"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lockctl");
+    wait_waiters(&fes[1], "deploy", 1);
+    let mut newer = Line::connect(fes[1].addr());
+    newer.send("LOCK deploy newer supersede");
+    let out = waiting.wait_with_output().expect("lockctl ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert_eq!(holder.req(&format!("UNLOCK deploy {th}")), "OK");
+    assert!(token(&newer.line()) > th);
+}

@@ -100,7 +100,7 @@ async fn run_at_least_keeps_the_lock_after_the_job_until_its_window_ends() {
             "run",
             "hourly",
             "--at-least",
-            "3s",
+            "8s",
             "--",
             "sh",
             "-c",
@@ -221,7 +221,7 @@ fn the_python_and_bash_clients_keep_the_lock_for_at_least() {
     let py = client(
         "python3",
         &addr,
-        "lease = lockd_client.lock('py-window', ttl=10, at_least=2)\n\
+        "lease = lockd_client.lock('py-window', ttl=10, at_least=8)\n\
          with lease as token:\n    pass\n\
          print('kept' if lease.kept else 'released')",
     );
@@ -235,7 +235,7 @@ fn the_python_and_bash_clients_keep_the_lock_for_at_least() {
     let sh = client(
         "bash",
         &addr,
-        "lockd_run sh-window ttl=10s at_least=2s -- sh -c 'exit 5'; echo \"rc=$?\"",
+        "lockd_run sh-window ttl=10s at_least=8s -- sh -c 'exit 5'; echo \"rc=$?\"",
     );
     let out = common::blocking::finish(sh, "", guard);
     assert!(out.stdout.contains("rc=5"), "{} {}", out.stdout, out.stderr);
