@@ -98,6 +98,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 user: 1,
                 origin: Default::default(),
                 note: None,
+                supersede: false,
             },
         );
         match outcome {

@@ -40,7 +40,7 @@
 #                     traced by `set -x`.
 #
 # Functions and what they return:
-#   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE]
+#   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE] [supersede]
 #                                          waits for NAME (forever, or up to wait=); prints
 #                                          the fencing token on stdout and sets LOCKD_TOKEN
 #   lockd_try NAME [ttl=DUR] [MODE]        lockd_lock with wait=0: one try, no waiting
@@ -53,10 +53,13 @@
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
 #                                          LOCKD_WAITERS and LOCKD_HOLDER_NOTE (the first
 #                                          holder's note, decoded; empty for none)
-#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] -- CMD [ARGS...]
-#                                          runs CMD holding NAME, renewing the lease in the
+#   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] [supersede] [at_least=DUR]
+#             -- CMD [ARGS...]             runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
-#                                          CMD sees LOCKD_NAME and LOCKD_TOKEN
+#                                          CMD sees LOCKD_NAME and LOCKD_TOKEN. at_least=:
+#                                          if CMD ends sooner than DUR after the grant, NAME
+#                                          stays held until then (once per window, as
+#                                          lockctl run --at-least; needs bash 5)
 #   lockd_request LINE                     sends one raw protocol line; sets LOCKD_REPLY
 #
 # MODE, as lockctl's --exclusive, --shared and --limit N (proto.md, "Shared locks and
@@ -78,6 +81,7 @@
 #   3  no server: cannot connect, or the connection ended or timed out without a reply
 #   4  lock lost: UNLOCK/RENEW/CHECK found TOKEN is not the live lease (ERR NOTHELD), or
 #      lockd_run lost its lease while CMD ran (and stopped CMD)
+#   6  superseded: a newer `supersede` request took this waiting one's place (ERR SUPERSEDED)
 # lockd_run returns CMD's exit status when it ran and the lease held to its end (126/127 if
 # CMD could not be run / was not found, 128+N if signal N ended it); so, as with flock(1),
 # pick commands whose own codes you can tell apart, or look at LOCKD_ERROR (empty after a
@@ -347,6 +351,7 @@ lockd__refused() {
     case $code in
         TIMEOUT) lockd__fail 1 "$LOCKD_REPLY" ;;
         NOTHELD) lockd__fail 4 "$LOCKD_REPLY" ;;
+        SUPERSEDED) lockd__fail 6 "$LOCKD_REPLY" ;;
         NOAUTH)
             lockd__fail 2 "$LOCKD_REPLY (set LOCKD_USER, and LOCKD_SECRET or LOCKD_SECRET_FILE)"
             ;;
@@ -376,8 +381,13 @@ lockd__options() {
     local allowed=$1 opt mode_word='' expected
     shift
     lockd__ttl='' lockd__wait='' lockd__try='' lockd__session='' lockd__mode=''
+    lockd__supersede='' lockd__at_least=''
     for opt in "$@"; do
         case $opt in
+            at_least=*)
+                [[ $allowed == *at_least* ]] && lockd__at_least=${opt#at_least=} && continue
+                ;;
+            supersede) [[ $allowed == *supersede* ]] && lockd__supersede=1 && continue ;;
             ttl=*) [[ $allowed == *ttl* ]] && lockd__ttl=${opt#ttl=} && continue ;;
             wait=*) [[ $allowed == *wait* ]] && lockd__wait=${opt#wait=} && continue ;;
             session=*)
@@ -405,6 +415,11 @@ lockd__options() {
     if [[ -n $lockd__ttl ]]; then lockd__word ttl "$lockd__ttl" || return; fi
     if [[ -n $lockd__wait ]]; then lockd__word wait "$lockd__wait" || return; fi
     if [[ -n $lockd__session ]]; then lockd__word session "$lockd__session" || return; fi
+    if [[ -n $lockd__at_least ]] && { ! lockd__ms "$lockd__at_least" >/dev/null ||
+        [[ -z ${EPOCHREALTIME:-} ]]; }; then
+        lockd__fail 2 "at_least= must be a duration such as 50m or 90s (and needs bash 5): '$lockd__at_least'"
+        return
+    fi
     local limit=${lockd__mode#limit=}
     if [[ $lockd__mode == limit=* && ! $limit =~ ^[0-9]{1,9}$ ]]; then
         lockd__fail 2 "limit= must be a whole number of holders, 1 to 100000: '$limit'"
@@ -419,6 +434,7 @@ lockd__lock_line() {
     line="LOCK $1 $id"
     [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
     [[ -n $lockd__mode ]] && line+=" $lockd__mode"
+    [[ -n ${lockd__supersede:-} ]] && line+=" supersede"
     return 0
 }
 
@@ -483,21 +499,23 @@ lockd__id() {
     lockd__word id "$id"
 }
 
-# lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N]: waits for the lock
+# lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N] [supersede]: waits for the lock
 # (forever without wait=), then prints its fencing token on stdout and sets LOCKD_TOKEN.
 # Returns 1 if wait= ran out. The lease is plain (it outlives this call), but the wait is not:
 # `detach` ends it if the script dies. `shared` holds the lock beside other shared holders,
 # `limit=N` takes one of N slots of a semaphore; exclusive, alone, is the default.
+# `supersede`: newest wins (proto.md): if the lock is held, every request waiting for it is
+# refused (ERR SUPERSEDED, return code 6 for each) and this one waits first in line.
 lockd_lock() {
     LOCKD_ERROR='' LOCKD_TOKEN=''
     local name=${1:-} id line
     if (($# < 1)); then
-        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N]"
+        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N] [supersede]"
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode
-    lockd__options "ttl wait mode" "$@" || return
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede
+    lockd__options "ttl wait mode supersede" "$@" || return
     lockd__word name "$name" || return
     lockd__id || return
     lockd__lock_line "$name"
@@ -788,7 +806,7 @@ lockd_run() {
     LOCKD_ERROR=
     local name=${1:-}
     local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR]"
-    usage+=" [exclusive | shared | limit=N] -- CMD [ARGS...]"
+    usage+=" [exclusive | shared | limit=N] [supersede] [at_least=DUR] -- CMD [ARGS...]"
     if (($# < 1)); then
         lockd__fail 2 "$usage"
         return
@@ -804,9 +822,11 @@ lockd_run() {
         return
     fi
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode id
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede id
+    local lockd__at_least granted_us=''
     local grace_ms=$LOCKD__DEFAULT_GRACE_MS
-    lockd__options "ttl wait try session mode" ${opts[@]+"${opts[@]}"} || return
+    lockd__options "ttl wait try session mode supersede at_least" ${opts[@]+"${opts[@]}"} ||
+        return
     if [[ -n $lockd__try && -n $lockd__wait ]]; then
         lockd__fail 2 "lockd_run: use try or wait=, not both"
         return
@@ -838,6 +858,8 @@ lockd_run() {
     lockd__connect || rc=$?
     if ((rc == 0)); then lockd__lock_exchange "$line" || rc=$?; fi
     if ((rc == 0)); then lockd__granted || rc=$?; fi
+    # at_least= counts from here, no earlier than the grant.
+    granted_us=${EPOCHREALTIME/./}
     if ((rc == 0)); then
         token=$LOCKD_TOKEN
         # A first renewal right away tells us the lease length in ms, whatever form ttl= took.
@@ -900,6 +922,21 @@ lockd_run() {
     if ((renew_rc != 0 && renew_rc != 143)); then
         lockd__fail 4 "lease on $name may have lapsed: its renewal job ended (status $renew_rc)"
         return
+    fi
+    # at_least=: a job that ended before its window is over leaves the lock held, as a plain
+    # lease that lockd ends when the window is (RENEW ... detach; nobody renews it).
+    if [[ -n $lockd__at_least && -z $lockd__stopping && -n $granted_us ]]; then
+        local window_ms left_ms
+        window_ms=$(lockd__ms "$lockd__at_least")
+        left_ms=$((window_ms - (${EPOCHREALTIME/./} - granted_us) / 1000))
+        if ((left_ms > 0)); then
+            if lockd_request "RENEW $name $token ttl=${left_ms}ms detach" 2>/dev/null; then
+                LOCKD_ERROR=
+                return "$cmd_rc"
+            fi
+            printf 'lockd_run: at_least=%s: could not keep %s held (%s); releasing it\n' \
+                "$lockd__at_least" "$name" "${LOCKD_REPLY:-$LOCKD_ERROR}" >&2
+        fi
     fi
     lockd_unlock "$name" "$token" >/dev/null || true
     LOCKD_ERROR=

@@ -313,6 +313,25 @@ impl Embedded {
         })
     }
 
+    /// RENEW ... detach by `user` on connection `conn`: renewed, and a plain lease from now.
+    pub fn renew_detach(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewed, TableError> {
+        let mut g = self.guard();
+        let at = now();
+        let result = g.table.renew_detach(at, name, token, ttl, conn, user);
+        self.settle(g);
+        result.map(|r| Renewed {
+            left: r.deadline.saturating_duration_since(at),
+            bound: r.bound,
+        })
+    }
+
     /// Takes back a grant whose client is gone before it could read it (event `dropped`);
     /// the next waiter is granted. False if `token` was no longer the live lease.
     pub fn revoke(&self, name: &str, token: Token) -> bool {

@@ -596,6 +596,26 @@ impl Backend {
         Ok(renewed)
     }
 
+    /// RENEW ... detach: as [`Backend::renew`], and a session lease becomes a plain one
+    /// (it lasts until UNLOCK or its ttl, whatever becomes of any connection); returns once
+    /// that is durable.
+    pub async fn renew_detach(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewed, BackendError> {
+        let renewed = match self {
+            Backend::Embedded(b) => b.renew_detach(name, token, ttl, conn, user)?,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(b) => Box::pin(b.renew_detach(name, token, ttl, conn, user)).await?,
+        };
+        self.made_durable().await?;
+        Ok(renewed)
+    }
+
     /// CHECK: the lease's time left.
     pub async fn check(&self, name: &str, token: Token) -> Result<Duration, BackendError> {
         match self {
@@ -844,6 +864,7 @@ mod tests {
             user: NO_USER,
             origin: Default::default(),
             note: None,
+            supersede: false,
         }
     }
 

@@ -265,19 +265,21 @@ impl Client {
         tie: Tie,
         mode: Mode,
     ) -> Result<Token> {
-        self.lock_noted(name, id, (ttl, wait), tie, mode, None)
+        self.lock_with(name, id, (ttl, wait), tie, mode, false, None)
             .await
     }
 
-    /// LOCK in `mode` with a note for people (`note=`, sent last; `None` or empty: none);
-    /// returns the fencing token.
-    pub async fn lock_noted(
+    /// LOCK in `mode`, with `supersede` if asked (a wait takes the whole queue: those
+    /// waiting are answered `ERR SUPERSEDED`) and a note for people (`note=`, sent last;
+    /// `None` or empty: none); returns the fencing token.
+    pub async fn lock_with(
         &mut self,
         name: &str,
         id: &str,
         (ttl, wait): (Option<Duration>, Option<Duration>),
         tie: Tie,
         mode: Mode,
+        supersede: bool,
         note: Option<&str>,
     ) -> Result<Token> {
         match self
@@ -289,6 +291,7 @@ impl Client {
                 tie,
                 mode,
                 note: note.filter(|n| !n.is_empty()).map(Box::from),
+                supersede,
             })
             .await?
         {
@@ -339,6 +342,26 @@ impl Client {
                 name: name.into(),
                 token,
                 ttl,
+                detach: false,
+            })
+            .await?;
+        lease_left(reply)
+    }
+
+    /// `RENEW ... detach`: renews, and a session lease becomes a plain one that no longer
+    /// ends with any connection (it lasts until UNLOCK or its ttl); returns the time left.
+    pub async fn renew_detach(
+        &mut self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+    ) -> Result<Duration> {
+        let reply = self
+            .ask(&Request::Renew {
+                name: name.into(),
+                token,
+                ttl,
+                detach: true,
             })
             .await?;
         lease_left(reply)

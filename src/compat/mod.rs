@@ -357,6 +357,7 @@ impl Compat {
             user: NO_USER,
             origin: Origin::new(None, Some(peer)),
             note: None,
+            supersede: false,
         };
         match self.backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => {

@@ -215,6 +215,11 @@ impl Handler {
                             self.refuse_about(ProtoError::replaced(&name), about).await?;
                             Ok(Flow::Continue)
                         }
+                        WaitResult::Ended(WaitEnd::Superseded { by }) => {
+                            let about = Subject { name: &name, id, token: None };
+                            self.refuse_about(ProtoError::superseded(&name, &by), about).await?;
+                            Ok(Flow::Continue)
+                        }
                     };
                 }
                 read = self.conn.fill(), if can_read => {

@@ -320,6 +320,7 @@ impl Handler {
             tie,
             mode,
             note,
+            supersede,
         } = request
         else {
             return Err(request);
@@ -335,6 +336,7 @@ impl Handler {
             user: self.user(),
             origin: self.origin.clone(),
             note: note.map(Into::into),
+            supersede,
         };
         Ok((req, tie))
     }
@@ -353,9 +355,26 @@ impl Handler {
                 let result = backend.unlock(&name, token, self.user()).await;
                 return self.reply(&name, token, result.map(|()| Reply::Done)).await;
             }
-            Request::Renew { name, token, ttl } => {
+            Request::Renew {
+                name,
+                token,
+                ttl,
+                detach: false,
+            } => {
                 let result = backend
                     .renew(&name, token, ttl, self.number, self.user())
+                    .await;
+                let result = result.map(|r| Reply::Lease(r.left));
+                return self.reply(&name, token, result).await;
+            }
+            Request::Renew {
+                name,
+                token,
+                ttl,
+                detach: true,
+            } => {
+                let result = backend
+                    .renew_detach(&name, token, ttl, self.number, self.user())
                     .await;
                 let result = result.map(|r| Reply::Lease(r.left));
                 return self.reply(&name, token, result).await;

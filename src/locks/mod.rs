@@ -250,6 +250,7 @@ impl Locks {
             mode: req.mode,
             conn: req.conn,
             wait: req.wait,
+            supersede: req.supersede,
         };
         let view = TableView(slot.and_then(|slot| self.slab.get(slot)));
         let decision = rules::decide(&view, &ask, &self.limits, self.leases)?;
@@ -275,7 +276,11 @@ impl Locks {
                 self.grant_again(slot, token, &req, ttl, (deadline, deadline_ticks))?;
                 Ok(LockOutcome::Granted { token, deadline })
             }
-            Decision::Queue { replaces } => {
+            Decision::Queue {
+                replaces,
+                superseded,
+            } => {
+                self.supersede(slot, &req.id, superseded);
                 let waiter = self.enqueue(now, slot, req, ttl, replaces)?;
                 Ok(LockOutcome::Queued { waiter })
             }
@@ -394,6 +399,32 @@ impl Locks {
         // A replacing request in another mode may fit where the one it replaced did not.
         self.grant_fitting(now, slot);
         Ok(waiter)
+    }
+
+    /// Ends the waits of `superseded` (waiters of `slot`) with [`WaitEnd::Superseded`] by
+    /// `by`: a `supersede` LOCK takes the queue. The caller queues that LOCK next, so nobody
+    /// behind them is granted meanwhile.
+    fn supersede(&mut self, slot: u32, by: &str, superseded: Vec<WaiterPlace>) {
+        if superseded.is_empty() {
+            return;
+        }
+        let by: Arc<str> = self.intern(by);
+        for (ticket, waiter, deadline) in superseded {
+            let Some(entry) = self.slab.get_mut(slot) else {
+                return;
+            };
+            entry.more_mut().queue.remove(&ticket);
+            self.waiters.remove(&waiter);
+            if let Some(at) = deadline {
+                self.timers.remove(&(at, Timer::Wait(waiter)));
+            }
+            self.effects.push(Effect::WaitEnded {
+                waiter,
+                why: WaitEnd::Superseded {
+                    by: Arc::clone(&by),
+                },
+            });
+        }
     }
 
     /// UNLOCK by `user`: release if `token` is the live lease and `user` may (see
@@ -653,6 +684,39 @@ impl Locks {
             });
         }
         Ok(Renewal { deadline, bound })
+    }
+
+    /// RENEW ... detach: [`Locks::renew`], then a session lease becomes a plain one: it is
+    /// bound to no connection and lasts until UNLOCK or its deadline (a grace it was in is
+    /// over: the renewal set its deadline). A plain lease only gets its new deadline. The
+    /// journal needs nothing more: it keeps no session flag (a restart restores every lease
+    /// as a plain one).
+    pub fn renew_detach(
+        &mut self,
+        now: Instant,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewal, TableError> {
+        let renewal = self.renew(now, name, token, ttl, conn, user)?;
+        let holder = self
+            .index
+            .get(name)
+            .copied()
+            .and_then(|slot| self.slab.get_mut(slot))
+            .and_then(|entry| entry.holder_mut(token));
+        if let Some(holder) = holder {
+            let was = holder.bind(None, conn);
+            if let Some(c) = was {
+                self.bound.remove(c, token);
+            }
+        }
+        Ok(Renewal {
+            bound: false,
+            ..renewal
+        })
     }
 
     /// CHECK: the deadline of `token`'s lease on `name`, if it is live.

@@ -72,6 +72,8 @@ pub struct Ask<'a, U: ?Sized> {
     pub conn: ConnId,
     /// `None` waits without bound; zero does not wait.
     pub wait: Option<Duration>,
+    /// `supersede`: if it has to wait, it takes the whole queue (newest wins).
+    pub supersede: bool,
 }
 
 /// What a LOCK does.
@@ -86,6 +88,9 @@ pub enum Decision<H, W> {
     Queue {
         /// The older request's key, if any.
         replaces: Option<W>,
+        /// For a `supersede` LOCK, every other waiter of the name, first in line first: each
+        /// is answered `ERR SUPERSEDED`, and this request waits at the head.
+        superseded: Vec<W>,
     },
 }
 
@@ -152,12 +157,43 @@ pub fn decide<V: NameView>(
     // A LOCK by an id that already waits takes over that place; only a new one lengthens
     // the queue.
     let replaces = same_waiters(view, ask).next();
+    if ask.supersede {
+        // Newest wins: the whole queue goes (the same id's own older request as REPLACED,
+        // the others as SUPERSEDED), so it never grows past this one request.
+        let superseded = superseded_waiters(view, ask).collect();
+        return Ok(Decision::Queue {
+            replaces,
+            superseded,
+        });
+    }
     if replaces.is_none() && view.waiters() >= limits.max_waiters {
         return Err(TableError::TooManyWaiters {
             max: limits.max_waiters,
         });
     }
-    Ok(Decision::Queue { replaces })
+    Ok(Decision::Queue {
+        replaces,
+        superseded: Vec::new(),
+    })
+}
+
+/// The waiters a `supersede` LOCK `ask` ends as SUPERSEDED: every waiter but the same id's
+/// (and user's) first one, which it replaces. (Further waiters of the same id, which a
+/// cluster may briefly show, are superseded too: one of them is the request it replaces.)
+pub fn superseded_waiters<'v, V: NameView>(
+    view: &'v V,
+    ask: &'v Ask<'_, V::User>,
+) -> impl Iterator<Item = V::WaiterKey> + 'v {
+    let mut first_same = true;
+    view.queue()
+        .filter(move |w| {
+            if first_same && w.id == ask.id && w.user == ask.user {
+                first_same = false;
+                return false;
+            }
+            true
+        })
+        .map(|w| w.key)
 }
 
 /// Which leases a BREAK of the name `view` shows ends: every holder's, or with `only` the
@@ -280,6 +316,7 @@ mod tests {
             mode,
             conn: 1,
             wait,
+            supersede: false,
         }
     }
 
@@ -334,7 +371,10 @@ mod tests {
         let x = ask("q", Mode::Exclusive, None);
         assert_eq!(
             decide(&shared, &x, &limits(1), 1),
-            Ok(Decision::Queue { replaces: None })
+            Ok(Decision::Queue {
+                replaces: None,
+                superseded: vec![]
+            })
         );
         let sem = ask("q", Mode::Limit(2), None);
         assert!(matches!(
@@ -353,7 +393,10 @@ mod tests {
         let again = ask("w", Mode::Exclusive, None);
         assert_eq!(
             decide(&queued, &again, &limits(1), 1),
-            Ok(Decision::Queue { replaces: Some(0) })
+            Ok(Decision::Queue {
+                replaces: Some(0),
+                superseded: vec![]
+            })
         );
     }
 
@@ -375,6 +418,51 @@ mod tests {
         assert_eq!(breaks(&shared, Some(&1)), Ok(vec![1]));
         assert_eq!(breaks(&shared, Some(&7)), Err(TableError::NotHeld));
         assert_eq!(breaks(&Plain::default(), None), Err(TableError::NotHeld));
+    }
+
+    #[test]
+    fn supersede_takes_the_queue_but_never_a_grant() {
+        let queued = Plain {
+            holders: vec![("p", 0, Mode::Exclusive, None)],
+            queue: vec![
+                ("a", 0, Mode::Exclusive),
+                ("me", 0, Mode::Exclusive),
+                ("b", 0, Mode::Exclusive),
+            ],
+        };
+        let me = Ask {
+            supersede: true,
+            ..ask("me", Mode::Exclusive, None)
+        };
+        // A full queue (max 1) is no refusal: the queue becomes this one request.
+        assert_eq!(
+            decide(&queued, &me, &limits(1), 1),
+            Ok(Decision::Queue {
+                replaces: Some(1),
+                superseded: vec![0, 2]
+            })
+        );
+        // wait=0 refuses, and a refused request supersedes nobody.
+        let now = Ask {
+            wait: Some(Duration::ZERO),
+            ..me
+        };
+        assert!(matches!(
+            decide(&queued, &now, &limits(1), 1),
+            Err(TableError::WouldBlock { .. })
+        ));
+        // The shape is checked first.
+        let sem = Ask {
+            supersede: true,
+            ..ask("me", Mode::Limit(2), None)
+        };
+        assert!(matches!(
+            decide(&queued, &sem, &limits(1), 1),
+            Err(TableError::WrongMode { .. })
+        ));
+        // On a free name it is a plain grant.
+        let free = Plain::default();
+        assert_eq!(decide(&free, &me, &limits(1), 0), Ok(Decision::Grant));
     }
 
     #[test]

@@ -127,6 +127,7 @@ mod tests {
             user: NO_USER,
             origin: Default::default(),
             note: None,
+            supersede: false,
         }
     }
 

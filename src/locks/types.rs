@@ -197,6 +197,9 @@ pub struct LockRequest {
     /// A repeat LOCK by the holder keeps the note it has unless it carries one
     /// ([`rules::note_again`](super::rules::note_again)).
     pub note: Option<Note>,
+    /// `supersede`: if it must wait, every request waiting on the name is answered
+    /// [`WaitEnd::Superseded`] and this one waits at the head (newest wins).
+    pub supersede: bool,
 }
 
 /// A holder's note (`LOCK ... note=<text>`): shared by the holder, its events and its
@@ -326,12 +329,17 @@ impl fmt::Display for TableError {
 }
 
 /// Why a waiter stopped waiting without a grant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WaitEnd {
     /// Its `wait=` ran out.
     TimedOut,
     /// A newer LOCK with the same id took its place in the queue.
     Replaced,
+    /// A newer `supersede` LOCK, by the id `by`, took the whole queue.
+    Superseded {
+        /// The id of the superseding LOCK.
+        by: Arc<str>,
+    },
 }
 
 /// What happened to a lock, for watchers and logs.

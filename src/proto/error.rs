@@ -44,11 +44,13 @@ pub enum ErrorCode {
     Unavailable,
     /// Plain text on a port that speaks TLS: the one line before the server closes.
     Tls,
+    /// A newer `supersede` LOCK took the whole queue, this waiting LOCK's place with it.
+    Superseded,
 }
 
 impl ErrorCode {
     /// Every code (what [`ErrorCode::parse`] looks through).
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::Syntax,
         ErrorCode::Unknown,
         ErrorCode::BadArg,
@@ -65,6 +67,7 @@ impl ErrorCode {
         ErrorCode::Denied,
         ErrorCode::Unavailable,
         ErrorCode::Tls,
+        ErrorCode::Superseded,
     ];
 
     /// The code as it is sent after `ERR`.
@@ -86,6 +89,7 @@ impl ErrorCode {
             ErrorCode::Denied => "DENIED",
             ErrorCode::Unavailable => "UNAVAILABLE",
             ErrorCode::Tls => "TLS",
+            ErrorCode::Superseded => "SUPERSEDED",
         }
     }
 
@@ -226,6 +230,14 @@ impl ProtoError {
         Self::new(
             ErrorCode::Replaced,
             format!("a newer LOCK {name} with the same id took this one's place"),
+        )
+    }
+
+    /// A waiting LOCK was superseded: a newer `supersede` LOCK by `by` took the queue.
+    pub fn superseded(name: &str, by: &str) -> Self {
+        Self::new(
+            ErrorCode::Superseded,
+            format!("{name}: a newer LOCK by {by} took the queue"),
         )
     }
 

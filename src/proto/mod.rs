@@ -61,7 +61,7 @@ impl Tie {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]
-    /// [note=<text>]`.
+    /// [supersede] [note=<text>]`.
     Lock {
         /// The lock.
         name: String,
@@ -78,6 +78,9 @@ pub enum Request {
         /// `note=<text>`, last: the rest of the line; `None` without one (or an empty one).
         /// Boxed: a LOCK without a note, most, pays 16 bytes for it, not 24.
         note: Option<Box<str>>,
+        /// `supersede`: if it must wait, it takes the whole queue (the waiters are answered
+        /// `ERR SUPERSEDED`).
+        supersede: bool,
     },
     /// `UNLOCK <name> <token>`.
     Unlock {
@@ -86,7 +89,7 @@ pub enum Request {
         /// The lease's fencing token.
         token: Token,
     },
-    /// `RENEW <name> <token> [ttl=]`.
+    /// `RENEW <name> <token> [ttl=] [detach]`.
     Renew {
         /// The lock.
         name: String,
@@ -94,6 +97,9 @@ pub enum Request {
         token: Token,
         /// `ttl=`; `None` renews for the lease's own ttl.
         ttl: Option<Duration>,
+        /// `detach`: a session lease becomes a plain one (it no longer ends with a
+        /// connection).
+        detach: bool,
     },
     /// `CHECK <name> <token>`.
     Check {
@@ -185,19 +191,19 @@ impl fmt::Display for AuthLine<'_> {
 
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] [note=<text>, last] | \
-UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] | CHECK <name> <token> | \
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [note=<text>, last] | \
+UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] [detach] | CHECK <name> <token> | \
 STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | BREAK <name> [<token>] | \
 PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] [note=<text>, last]";
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [note=<text>, last]";
 
 /// Most slots a semaphore may have.
 pub const MAX_LIMIT: u32 = 100_000;
 const USAGE_UNLOCK: &str = "usage: UNLOCK <name> <token>";
-const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>]";
+const USAGE_RENEW: &str = "usage: RENEW <name> <token> [ttl=<dur>] [detach]";
 const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
 const USAGE_STATUS: &str = "usage: STATUS [<name> [detail]]";
 const USAGE_WATCH: &str = "usage: WATCH [<name>]";
@@ -234,11 +240,12 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
             if args.len() < 2 {
                 return Err(syntax(USAGE_RENEW));
             }
-            let opts = Options::parse(&args[2..], &["ttl"], USAGE_RENEW)?;
+            let opts = Options::parse(&args[2..], &["ttl", "detach"], USAGE_RENEW)?;
             Ok(Request::Renew {
                 name: valid_name("name", args[0])?,
                 token: parse_token(args[1])?,
                 ttl: opts.ttl,
+                detach: opts.tie == Tie::Detach,
             })
         }
         "CHECK" => {
@@ -301,7 +308,15 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
     }
     let opts = Options::parse(
         &args[2..],
-        &["ttl", "wait", "session", "detach", "shared", "limit"],
+        &[
+            "ttl",
+            "wait",
+            "session",
+            "detach",
+            "shared",
+            "limit",
+            "supersede",
+        ],
         USAGE_LOCK,
     )?;
     Ok(Request::Lock {
@@ -315,6 +330,7 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
             Some(note) => note::valid_note(note)?,
             None => None,
         },
+        supersede: opts.supersede,
     })
 }
 
@@ -324,6 +340,7 @@ struct Options {
     wait: Option<Duration>,
     tie: Tie,
     mode: Mode,
+    supersede: bool,
 }
 
 impl Options {
@@ -355,6 +372,10 @@ impl Options {
                 ("session", None) => opts.tie = Tie::Session(Duration::ZERO),
                 ("session", Some(v)) => opts.tie = Tie::Session(parse_duration("session", v)?),
                 ("detach", None) => opts.tie = Tie::Detach,
+                ("supersede", None) => opts.supersede = true,
+                ("supersede", Some(_)) => {
+                    return Err(syntax(format!("supersede takes no value; {usage}")))
+                }
                 ("shared", None) => opts.mode = Mode::Shared,
                 ("shared", Some(_)) => {
                     return Err(syntax(format!("shared takes no value; {usage}")))
@@ -486,6 +507,7 @@ impl fmt::Display for Request {
                 tie,
                 mode,
                 note,
+                supersede,
             } => {
                 write!(f, "LOCK {name} {id}")?;
                 match mode {
@@ -505,6 +527,9 @@ impl fmt::Display for Request {
                     Tie::Session(grace) if grace.is_zero() => f.write_str(" session")?,
                     Tie::Session(grace) => write!(f, " session={}ms", grace.as_millis().max(1))?,
                 }
+                if *supersede {
+                    f.write_str(" supersede")?;
+                }
                 // Last: it takes the rest of the line.
                 match note {
                     Some(note) => write!(f, " note={note}"),
@@ -512,10 +537,18 @@ impl fmt::Display for Request {
                 }
             }
             Request::Unlock { name, token } => write!(f, "UNLOCK {name} {token}"),
-            Request::Renew { name, token, ttl } => {
+            Request::Renew {
+                name,
+                token,
+                ttl,
+                detach,
+            } => {
                 write!(f, "RENEW {name} {token}")?;
                 if let Some(ttl) = ttl {
                     write!(f, " ttl={}ms", ttl.as_millis().max(1))?;
+                }
+                if *detach {
+                    f.write_str(" detach")?;
                 }
                 Ok(())
             }
@@ -654,6 +687,7 @@ mod tests {
                 tie: Tie::Session(Duration::ZERO),
                 mode: Mode::Exclusive,
                 note: None,
+                supersede: false,
             }
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");
@@ -702,12 +736,17 @@ mod tests {
         assert_eq!(tie("LOCK a b detach session=1s"), Err(ErrorCode::Syntax));
         assert_eq!(tie("LOCK a b detach=1"), Err(ErrorCode::Syntax));
         assert_eq!(tie("LOCK a b session=soon"), Err(ErrorCode::BadArg));
+        assert_eq!(tie("LOCK a b supersede=1"), Err(ErrorCode::Syntax));
+        assert_eq!(tie("LOCK a b supersede supersede"), Err(ErrorCode::Syntax));
         for line in [
             "LOCK a b detach",
             "LOCK a b session=1500ms",
             "LOCK a b session",
             "LOCK a b shared",
             "LOCK a b limit=3 session",
+            "LOCK a b shared wait=2s supersede",
+            "RENEW a 7 detach",
+            "RENEW a 7 ttl=5s detach",
         ] {
             let r = parse(line).unwrap();
             assert_eq!(parse(&r.to_string()).unwrap(), r, "{line}");

@@ -21,3 +21,4 @@ mod observability;
 mod partition;
 mod secure;
 mod skew;
+mod supersede;

@@ -28,6 +28,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         user: NO_USER,
         origin: Default::default(),
         note: None,
+        supersede: false,
     }
 }
 

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod at_least;
 mod audit;
 mod auth;
 mod breaks;
@@ -24,5 +25,6 @@ mod robust;
 mod semaphores;
 mod sessions;
 mod stress;
+mod supersede;
 mod tls;
 mod wire;

@@ -125,6 +125,8 @@ enum Op {
         user: UserId,
         /// Index into [`NOTES`]; `None`: no note.
         note: Option<usize>,
+        /// `supersede`: a wait takes the whole queue.
+        supersede: bool,
     },
     Unlock {
         name: usize,
@@ -235,9 +237,10 @@ fn op() -> impl Strategy<Value = Op> {
     let name = 0..NAMES.len();
     prop_oneof![
         10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3,
-               mode_pick(), user(), proptest::option::of(0..NOTES.len()))
-            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, note)| Op::Lock {
-                name, id, ttl, wait, session, conn, mode, user, note
+               mode_pick(), user(), proptest::option::of(0..NOTES.len()),
+               proptest::bool::weighted(0.2))
+            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, note, supersede)| Op::Lock {
+                name, id, ttl, wait, session, conn, mode, user, note, supersede
             }),
         3 => (name.clone(), tok_pick(), user_pick())
             .prop_map(|(name, tok, user)| Op::Unlock { name, tok, user }),
@@ -296,6 +299,7 @@ struct ClusterDecision {
     decision: Result<lockd::locks::rules::Decision<usize, usize>, TableError>,
     tokens: Vec<Token>,
     same_waiter: Option<usize>,
+    superseded: Vec<usize>,
 }
 
 struct Harness {
@@ -492,10 +496,18 @@ impl Harness {
                 .iter()
                 .position(|w| w.id == req.id && w.user == req.user)
         });
+        // A supersede takes every waiter but the one it replaces.
+        let queued = entry.map_or(0, |e| e.queue.len());
+        let superseded = if req.supersede {
+            (0..queued).filter(|i| Some(*i) != same_waiter).collect()
+        } else {
+            Vec::new()
+        };
         ClusterDecision {
             decision,
             tokens,
             same_waiter,
+            superseded,
         }
     }
 
@@ -519,6 +531,7 @@ impl Harness {
             }
             Ok(LockOutcome::Queued { .. }) => Ok(Decision::Queue {
                 replaces: cluster.same_waiter,
+                superseded: cluster.superseded.clone(),
             }),
         };
         if cluster.decision != expected {
@@ -572,6 +585,7 @@ impl Harness {
                 mode,
                 user,
                 note,
+                supersede,
             } => {
                 let ttl = self.ttl(ttl);
                 let note = note.map(|i| NOTES[i]);
@@ -598,6 +612,7 @@ impl Harness {
                     user: *user,
                     origin: Default::default(),
                     note: note.map(Into::into),
+                    supersede: *supersede,
                 };
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_decision(now, &req);
@@ -614,6 +629,7 @@ impl Harness {
                         mode: *mode,
                         user: *user,
                         note: note.map(str::to_owned),
+                        supersede: *supersede,
                     },
                 );
                 // Both backends' decisions are judged, each on its own: a wrong rule shows
@@ -940,6 +956,7 @@ fn req(
         user: NO_USER,
         origin: Default::default(),
         note: None,
+        supersede: false,
     }
 }
 

@@ -86,19 +86,31 @@ fn request() -> impl Strategy<Value = Request> {
                 (2u32..=proto::MAX_LIMIT).prop_map(Mode::Limit),
             ],
             prop::option::of(note()),
+            any::<bool>()
         )
-            .prop_map(|(name, id, ttl, wait, tie, mode, note)| Request::Lock {
+            .prop_map(|(name, id, ttl, wait, tie, mode, note, supersede)| Request::Lock {
                 name,
                 id,
                 ttl,
                 wait,
                 tie,
                 mode,
+                supersede,
                 note: note.map(Box::from)
             }),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
-        (name(), 1u64..u64::MAX, prop::option::of(duration()))
-            .prop_map(|(name, token, ttl)| Request::Renew { name, token, ttl }),
+        (
+            name(),
+            1u64..u64::MAX,
+            prop::option::of(duration()),
+            any::<bool>()
+        )
+            .prop_map(|(name, token, ttl, detach)| Request::Renew {
+                name,
+                token,
+                ttl,
+                detach
+            }),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Check { name, token }),
         prop::option::of(name()).prop_map(|name| Request::Status { name }),
         prop::option::of(name()).prop_map(|name| Request::Watch { name }),

@@ -119,12 +119,22 @@ pub fn rows(
         match c.as_str() {
             "LOCK" => wanted.extend(
                 [
-                    "ttl=", "wait=", "session", "session=", "detach", "shared", "limit=",
+                    "ttl=",
+                    "wait=",
+                    "session",
+                    "session=",
+                    "detach",
+                    "shared",
+                    "limit=",
+                    "supersede",
                 ]
                 .iter()
                 .map(|o| format!("`LOCK {o}`")),
             ),
-            "RENEW" => wanted.push("`RENEW ttl=`".into()),
+            "RENEW" => {
+                wanted.push("`RENEW ttl=`".into());
+                wanted.push("`RENEW detach`".into());
+            }
             "STATUS" => {
                 wanted.push("`STATUS <name>`".into());
                 wanted.push("`STATUS <name> detail`".into());
@@ -202,7 +212,16 @@ fn request_forms(line: &str) -> Vec<String> {
                 out.push(format!("LOCK {form}"));
             }
         }
-        ("RENEW", 4) => out.push("RENEW ttl=".into()),
+        ("RENEW", n) if n > 3 => {
+            for opt in &words[3..] {
+                let opt = opt.to_ascii_lowercase();
+                match opt.split_once('=') {
+                    Some(("ttl", _)) => out.push("RENEW ttl=".into()),
+                    None if opt == "detach" => out.push("RENEW detach".into()),
+                    _ => {}
+                }
+            }
+        }
         ("STATUS", 2) => out.push("STATUS <name>".into()),
         ("STATUS", 3) => out.push("STATUS <name> detail".into()),
         ("WATCH", 2) => out.push("WATCH <name>".into()),

@@ -105,7 +105,8 @@ Every error has an ``exit_code``, the exit code lockctl and lockd.sh use for the
 so a script can end with ``sys.exit(e.exit_code)``: 1 the lock is held by someone else or the
 wait ran out (Timeout), 2 usage or a refusal by the server (ServerError, ProtocolError), 3 the
 server is unreachable or the connection was lost (ConnectionLost), 4 the lock was lost or a
-token is not the live lease (NotHeld, LeaseLost). Arguments this client refuses itself raise
+token is not the live lease (NotHeld, LeaseLost), 6 a newer ``supersede`` request took this
+waiting one's place in the queue (Superseded). Arguments this client refuses itself raise
 ValueError or TypeError, which are usage errors (2).
 """
 
@@ -125,6 +126,7 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_UNREACHABLE",
     "EXIT_LOST",
+    "EXIT_SUPERSEDED",
     "LockdError",
     "ConnectionLost",
     "TlsError",
@@ -145,6 +147,7 @@ __all__ = [
     "NoAuth",
     "Denied",
     "LeaseLost",
+    "Superseded",
     "LockStatus",
     "Holder",
     "Waiter",
@@ -168,6 +171,8 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 #: The lock was lost, or a token is not the live lease.
 EXIT_LOST = 4
+#: A newer ``supersede`` request took this waiting request's place in the queue.
+EXIT_SUPERSEDED = 6
 #: Longest reply line we accept; the server's replies are far shorter.
 _MAX_REPLY = 64 * 1024
 
@@ -246,6 +251,13 @@ class Replaced(ServerError):
     """ERR REPLACED: a newer LOCK with the same id took this waiting LOCK's place."""
 
 
+class Superseded(ServerError):
+    """ERR SUPERSEDED: a newer LOCK with ``supersede`` (of another id) took the whole queue,
+    this waiting LOCK's place with it; the holder keeps the lock."""
+
+    exit_code = EXIT_SUPERSEDED
+
+
 class Limit(ServerError):
     """ERR LIMIT: too many connections or held locks on the server."""
 
@@ -269,7 +281,7 @@ class Denied(ServerError):
 _ERRORS = {
     cls.__name__.upper(): cls
     for cls in (Syntax, Unknown, BadArg, Encoding, TooLong, Timeout, NotHeld, Conflict,
-                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied)
+                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied, Superseded)
 }
 
 #: The most of a secret file read: a secret is one short line.
@@ -845,7 +857,7 @@ class Client:
             raise
 
     def lock(self, name, ttl=None, wait=None, session=False, detach=True, shared=False,
-             limit=None, note=None):
+             limit=None, supersede=False, note=None):
         """Takes the lock and returns its fencing token; waits in the FIFO queue while held.
 
         The lock is exclusive by default; ``shared=True`` holds it beside any other shared
@@ -871,12 +883,18 @@ class Client:
         server's ``--max-note`` bytes, printable), shown with the holder by STATUS and WATCH and
         to those a LOCK refused; the Timeout of a refused LOCK says who holds it, for how long,
         and with what note, when the user may read the lock.
+        ``supersede=True``: newest wins. If the lock is held, every request waiting for it is
+        refused (each raises Superseded), the holder keeps it and this one waits first in line;
+        a newer ``supersede`` request raises Superseded here in turn.
         """
         head = "LOCK %s %s" % (_word("name", name), self.id)
         if ttl is not None:
             head += " ttl=" + _duration("ttl", ttl)
+        tail = _session_option(session, detach) + _mode_option(shared, limit)
+        if supersede:
+            tail += " supersede"
         # The note comes last: it takes the rest of the line.
-        tail = _session_option(session, detach) + _mode_option(shared, limit) + _note_option(note)
+        tail += _note_option(note)
         word = None if wait is None else _duration("wait", wait)
         wait_ms = None if wait is None else _ms(wait)
         until = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
@@ -937,14 +955,18 @@ class Client:
             raise ProtocolError("unexpected reply to %s: %r" % (verb, rest))
         return int(rest[7:])
 
-    def renew(self, name, token, ttl=None):
+    def renew(self, name, token, ttl=None, detach=False):
         """Extends the lease (to ``ttl`` from now, default its own ttl); returns the ttl in ms.
 
         Raises NotHeld if the lease is gone: the caller has lost the lock and must stop.
+        ``detach=True`` also makes a session lease a plain one: it no longer ends with any
+        connection, only by ``unlock`` or its ttl.
         """
         line = "RENEW %s %d" % (_word("name", name), int(token))
         if ttl is not None:
             line += " ttl=" + _duration("ttl", ttl)
+        if detach:
+            line += " detach"
         return self._ttl_ms("RENEW", self._call(line))
 
     def check(self, name, token):
@@ -1009,7 +1031,16 @@ class Lease:
     it. ``session=True`` (or 0) ends the lease as soon as the connection closes;
     ``session=False`` takes a plain lease instead, which outlives the process until its ttl.
     ``shared`` and ``limit`` are :meth:`Client.lock`'s: a shared hold, or one slot of a
-    semaphore; exclusive by default.
+    semaphore; exclusive by default. ``supersede=True`` takes the queue if the lock is held
+    (newest wins, see :meth:`Client.lock`): entering raises Superseded if a newer request
+    takes it first.
+
+    ``at_least`` (seconds, or a duration string): once per window. If the body ends normally
+    sooner than that after the grant, leaving the ``with`` does not release the lock: it stays
+    held, a plain lease the server ends ``at_least`` after the grant (nobody renews it), so
+    that another host's ``wait=0`` try finds it held. ``lease.kept`` tells. A body that raised,
+    or a lost lease, ends as without it; a window the server refuses (over its --max-ttl) is
+    released as usual.
 
     The thread renews every third of the time the lease surely lives without a renewal (the
     grace, or the ttl if shorter). ``lease.lost`` turns True, and ``lease.check()`` starts
@@ -1023,8 +1054,16 @@ class Lease:
 
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
                  on_lost=None, timeout=10.0, shared=False, limit=None, tls=None, ca=None,
-                 cert=None, key=None, user=None, secret=None, secret_file=None):
+                 cert=None, key=None, user=None, secret=None, secret_file=None,
+                 supersede=False, at_least=None):
         self.name = _word("name", name)
+        self.supersede = supersede
+        self.at_least = None if at_least is None else _ms(at_least)
+        if at_least is not None and not self.at_least:
+            raise ValueError("at_least must be a positive duration: %r" % (at_least,))
+        self._granted = None
+        #: True once leaving the ``with`` kept the lock held for ``at_least`` (not released).
+        self.kept = False
         self.ttl = ttl
         self.wait = wait
         _mode_option(shared, limit)  # a mode that can't be asked for fails here, not in ``with``
@@ -1078,7 +1117,8 @@ class Lease:
         try:
             self.token = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
                                            session=self.session, shared=self.shared,
-                                           limit=self.limit)
+                                           limit=self.limit, supersede=self.supersede)
+            self._granted = time.monotonic()
             # A first renewal at once gives the lease's length in ms, whatever form ttl took,
             # and the time the lease surely lives from (when it was sent).
             self._sent = time.monotonic()
@@ -1097,7 +1137,7 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if not self.lost:
+        if not self.lost and not (exc_type is None and self._keep()):
             self._release()
         self._client.close()
         if self.lost and exc_type is None:
@@ -1117,6 +1157,27 @@ class Lease:
                     raise
                 self._client.timeout = min(self._client.timeout, left)
             return self._client.renew(self.name, self.token)
+
+    def _keep(self):
+        """``at_least``: a body that ended sooner than ``at_least`` after the grant leaves the
+        lock held until then, as a plain lease the server ends (``RENEW ... detach``; nobody
+        renews it). Whether it was kept; if the server refuses (a window over its --max-ttl),
+        the lock is released as usual."""
+        if self.at_least is None or self._granted is None:
+            return False
+        left_ms = self.at_least - int((time.monotonic() - self._granted) * 1000)
+        if left_ms <= 0:
+            return False
+        for _ in range(2):  # a second try on a new connection if this one has dropped
+            try:
+                self._client.renew(self.name, self.token, ttl="%dms" % left_ms, detach=True)
+                self.kept = True
+                return True
+            except ConnectionLost:
+                continue
+            except LockdError:
+                return False
+        return False
 
     def _release(self):
         for _ in range(2):  # a second try on a new connection if this one has dropped
@@ -1175,7 +1236,7 @@ class Lease:
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
          timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None,
-         user=None, secret=None, secret_file=None):
+         user=None, secret=None, secret_file=None, supersede=False, at_least=None):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
 
     ``server`` (one address or several, as :class:`Client` takes it) defaults to $LOCKD_ADDR,
@@ -1188,4 +1249,5 @@ def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, o
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,
-                 cert=cert, key=key, user=user, secret=secret, secret_file=secret_file)
+                 cert=cert, key=key, user=user, secret=secret, secret_file=secret_file,
+                 supersede=supersede, at_least=at_least)

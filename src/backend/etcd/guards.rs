@@ -44,6 +44,12 @@ pub(super) fn unchanged(key: &str, mod_rev: i64) -> Compare {
     Compare::mod_revision(key.to_owned(), CompareOp::Equal, mod_rev)
 }
 
+/// No waiter key of `name` was written after revision `rev`: the queue is the one a
+/// decision saw at `rev` (or a part of it), nobody joined or moved since.
+pub(super) fn queue_unchanged_since(layout: &Layout, name: &str, rev: i64) -> Compare {
+    Compare::mod_revision(layout.waiters(name), CompareOp::Less, rev + 1).with_prefix()
+}
+
 /// `key` does not exist (yet).
 pub(super) fn absent(key: &str) -> Compare {
     Compare::version(key.to_owned(), CompareOp::Equal, 0)

@@ -209,7 +209,7 @@ impl Cluster {
                     // Its key went while the grant was tried (a newer LOCK of its id).
                     if let Some(l) = g.waiting.remove(&a.waiter) {
                         g.by_uid.remove(&l.uid);
-                        let why = key_gone(&g.mirror, &l);
+                        let why = key_gone(&mut g, &l);
                         let _ = l.tx.send(why);
                     }
                 }

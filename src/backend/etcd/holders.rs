@@ -107,6 +107,20 @@ impl Cluster {
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
+        self.renew_as(name, token, ttl, (conn, user), false).await
+    }
+
+    /// RENEW, and with `detach` a session lease becomes a plain one: its record says so and
+    /// its key no longer hangs on any front-end's etcd lease, so it outlives its connection
+    /// and its front-end.
+    pub(super) async fn renew_as(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        (conn, user): (ConnId, UserId),
+        detach: bool,
+    ) -> Result<Renewed, BackendError> {
         if ttl.is_some() {
             self.limits.ttl(ttl)?;
         }
@@ -126,6 +140,10 @@ impl Cluster {
                 value.fe = self.fe.clone();
                 value.conn = conn;
             }
+            if detach {
+                value.session_ms = None;
+            }
+            let bound = bound && !detach;
             let txn = self.rewrite(&holder, &value);
             let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
             if resp.succeeded() {

@@ -16,6 +16,10 @@
 //!   etcd lease of its own that runs out about then: its holder's RENEW or CHECK is told who
 //!   broke it. The mirror passes over these keys; they are read when a RENEW or CHECK is
 //!   refused.
+//! - `P s/<name>/<uid>`: the waiter `uid` of `name` was superseded: written in the same
+//!   transaction that deletes its waiter key (before the delete, so a watch sees it first),
+//!   naming the superseding LOCK's id, so that the waiter's front-end answers `ERR
+//!   SUPERSEDED` (or `ERR REPLACED` for the same id) rather than "lost"; deleted right after.
 //! - `P fe/<id>`: a live front-end, on its etcd lease.
 //! - `P meta/base`: the token base, chosen once.
 //!
@@ -34,6 +38,7 @@ pub enum Key {
     Marker { name: String },
     FrontEnd { id: String },
     Base,
+    Superseded { name: String, uid: String },
 }
 
 /// The key layout under one prefix.
@@ -82,6 +87,11 @@ impl Layout {
         format!("{}b/{}/{token}", self.prefix, encode(name))
     }
 
+    /// The mark that the waiter `uid` of `name` was superseded.
+    pub fn superseded(&self, name: &str, uid: &str) -> String {
+        format!("{}s/{}/{}", self.prefix, encode(name), encode(uid))
+    }
+
     pub fn front_end(&self, id: &str) -> String {
         format!("{}fe/{}", self.prefix, encode(id))
     }
@@ -110,6 +120,13 @@ impl Layout {
             }),
             "fe" => Some(Key::FrontEnd { id: decode(rest)? }),
             "meta" if rest == "base" => Some(Key::Base),
+            "s" => {
+                let (name, uid) = rest.split_once('/')?;
+                Some(Key::Superseded {
+                    name: decode(name)?,
+                    uid: decode(uid)?,
+                })
+            }
             _ => None,
         }
     }
@@ -393,6 +410,31 @@ impl MarkerValue {
             fe: w.get("fe").unwrap_or_default(),
             by_user: w.get("by_user").unwrap_or_default(),
             by_peer: w.get("by_peer").unwrap_or_default(),
+        })
+    }
+}
+
+/// A superseded waiter's mark: the superseding LOCK's id, and whether it was the waiter's own
+/// id (then its request was replaced, as a same-id LOCK replaces, not superseded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SupersededValue {
+    pub by: String,
+    pub same_id: bool,
+}
+
+impl SupersededValue {
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        word(&mut s, "by", &self.by);
+        word(&mut s, "same", if self.same_id { "1" } else { "0" });
+        s
+    }
+
+    pub fn decode(text: &[u8]) -> Option<SupersededValue> {
+        let w = Words::parse(text)?;
+        Some(SupersededValue {
+            by: w.get("by")?,
+            same_id: w.get("same").is_some_and(|v| v == "1"),
         })
     }
 }

@@ -105,3 +105,23 @@ fn values_without_who_took_them_still_decode() {
     assert_eq!(back.origin().user(), Some("ci"));
     assert_eq!(back.origin().peer(), "10.0.0.7:41234".parse().ok());
 }
+
+#[test]
+fn superseded_marks_round_trip() {
+    let l = Layout::new("/lockd");
+    let k = l.superseded("a/b c", "fe1.9");
+    assert_eq!(
+        l.parse(k.as_bytes()),
+        Some(Key::Superseded {
+            name: "a/b c".into(),
+            uid: "fe1.9".into()
+        })
+    );
+    // Not a waiter or holder key of any name.
+    assert!(!k.starts_with(&l.waiters("a/b c")));
+    let v = SupersededValue {
+        by: "ci 42".into(),
+        same_id: true,
+    };
+    assert_eq!(SupersededValue::decode(v.encode().as_bytes()), Some(v));
+}

@@ -243,6 +243,8 @@ impl Mirror {
                         self.base = base;
                     }
                 }
+                // Read by the watch itself (the waiter's front-end answers its client).
+                Key::Superseded { .. } => {}
                 Key::FrontEnd { id } => {
                     if c.put {
                         self.front_ends.insert(id);

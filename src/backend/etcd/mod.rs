@@ -125,6 +125,9 @@ struct ClusterState {
     expiring: std::collections::HashSet<(String, i64)>,
     /// The session leases this front-end granted or bound, by connection.
     bound: sessions::BoundLeases,
+    /// Waiters of this front-end (by uid) whose superseded mark the watch brought, until
+    /// their gone key is answered: how the wait ends, told apart from a lost etcd lease.
+    superseded: HashMap<String, crate::locks::WaitEnd>,
 }
 
 impl ClusterState {
@@ -133,6 +136,7 @@ impl ClusterState {
     fn leave(&mut self, waiter: WaiterId) -> Option<Local> {
         let local = self.waiting.remove(&waiter)?;
         self.by_uid.remove(&local.uid);
+        self.superseded.remove(&local.uid);
         self.left.insert(local.uid.clone());
         Some(local)
     }
@@ -223,6 +227,7 @@ impl Cluster {
                 fresh: HashMap::new(),
                 expiring: Default::default(),
                 bound: Default::default(),
+                superseded: HashMap::new(),
             }),
             events,
             moved: Notify::new(),

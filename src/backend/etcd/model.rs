@@ -104,8 +104,15 @@ pub fn decide(
     Ok(match view::decide(&ns, HERE, req, user, limits, leases)? {
         Decision::Grant => Decision::Grant,
         Decision::Again(rev) => Decision::Again(index(rev, 1)),
-        Decision::Queue { replaces } => Decision::Queue {
+        Decision::Queue {
+            replaces,
+            superseded,
+        } => Decision::Queue {
             replaces: replaces.map(|rev| index(rev, first_waiter)),
+            superseded: superseded
+                .into_iter()
+                .map(|rev| index(rev, first_waiter))
+                .collect(),
         },
     })
 }

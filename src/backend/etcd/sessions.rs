@@ -105,6 +105,20 @@ impl Cluster {
         Ok(renewed)
     }
 
+    /// RENEW ... detach: the lease is plain from now on, bound to no connection.
+    pub async fn renew_detach(
+        &self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewed, BackendError> {
+        let renewed = self.renew_as(name, token, ttl, (conn, user), true).await?;
+        self.guard().bound.ended(token);
+        Ok(renewed)
+    }
+
     /// Connection `conn` closed: its session leases end (or start their grace), on a task
     /// of their own (each is a write to etcd).
     pub fn closed(self: &Arc<Self>, conn: ConnId) {

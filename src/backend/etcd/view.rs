@@ -78,5 +78,6 @@ pub fn ask<'a>(req: &'a LockRequest, user: &'a str) -> rules::Ask<'a, str> {
         mode: req.mode,
         conn: req.conn,
         wait: req.wait,
+        supersede: req.supersede,
     }
 }

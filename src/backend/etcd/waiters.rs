@@ -51,7 +51,34 @@ impl Cluster {
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
         };
-        let mut same: Vec<super::mirror::WaiterRecord> = {
+        // `supersede`: the whole queue as this decision sees it (guarded below), each
+        // waiter with whether it is this id's own older request; and the name's marker.
+        let (superseded, marker_rev) = if req.supersede {
+            let g = self.guard();
+            let ns = read.or_else(|| g.mirror.name(&req.name));
+            let ask = ask(&req, &user);
+            let mut first_same =
+                ns.and_then(|ns| rules::same_waiters(&ns.view(&self.fe), &ask).next());
+            let all = ns.map_or_else(Vec::new, |ns| {
+                ns.queue
+                    .values()
+                    .map(|w| {
+                        let same = first_same == Some(w.rev);
+                        if same {
+                            first_same = None;
+                        }
+                        (w.clone(), same)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            (all, ns.map_or(0, |ns| ns.marker_rev))
+        } else {
+            (Vec::new(), 0)
+        };
+        let mut same: Vec<super::mirror::WaiterRecord> = if !superseded.is_empty() {
+            // Taken out with the rest, its request answered REPLACED by its mark.
+            Vec::new()
+        } else {
             let g = self.guard();
             read.or_else(|| g.mirror.name(&req.name))
                 .map_or_else(Vec::new, |ns| {
@@ -122,13 +149,53 @@ impl Cluster {
                 .chain(others())
                 .collect::<Vec<_>>()
         };
+        let marks: Vec<String> = superseded
+            .iter()
+            .map(|(w, _)| self.layout.superseded(&name_of_wait, &w.uid))
+            .collect();
         let txn = match &adopt {
             Some(old) => Txn::new()
                 .when([guards::same_key(&old.key, old.rev)])
                 .and_then(ops(&old.key)),
+            None if !superseded.is_empty() => {
+                // Newest wins, in one write guarded on the name as decided: no holder came
+                // or went, and nobody joined the queue or moved in it since. Each waiter's
+                // mark goes before its delete, so its front-end's watch sees why it went.
+                let seen = superseded.iter().map(|(w, _)| w.mod_rev).max().unwrap_or(0);
+                let by = value.id.clone();
+                let mut ops = vec![put(&key)];
+                for ((w, same_id), mark) in superseded.iter().zip(&marks) {
+                    let mark_value = super::keys::SupersededValue {
+                        by: by.clone(),
+                        same_id: *same_id,
+                    };
+                    ops.push(TxnOp::put(
+                        mark.clone(),
+                        mark_value.encode(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ));
+                    ops.push(TxnOp::delete(w.key.clone(), None));
+                }
+                Txn::new()
+                    .when([
+                        guards::marker_at(&self.layout, &name_of_wait, marker_rev),
+                        guards::queue_unchanged_since(&self.layout, &name_of_wait, seen),
+                    ])
+                    .and_then(ops)
+            }
             None => Txn::new().and_then(ops(&key)),
         };
         let result = self.txn(txn).await;
+        if !marks.is_empty() && result.as_ref().is_ok_and(|r| r.succeeded()) {
+            // The watch of every front-end has the marks now (it delivers each revision);
+            // nobody needs them kept.
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                let deletes: Vec<TxnOp> =
+                    marks.into_iter().map(|m| TxnOp::delete(m, None)).collect();
+                me.cleanup(Txn::new().and_then(deletes)).await;
+            });
+        }
         for old in replaced_here {
             let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
         }
@@ -285,23 +352,29 @@ fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at: i64) -> bo
     if g.mirror.rev < at || there {
         return true;
     }
-    let why = super::waiters::key_gone(&g.mirror, local);
     if let Some(l) = g.waiting.remove(&waiter) {
         g.by_uid.remove(&l.uid);
+        let why = key_gone(g, &l);
         let _ = l.tx.send(why);
     }
     false
 }
 
-/// How the wait of `l` ends when its key is gone without its grant: a newer LOCK of its id
-/// (and user) took its place, in the same write, or else its front-end's etcd lease ran out.
-pub(super) fn key_gone(mirror: &Mirror, l: &super::Local) -> WaitResult {
+/// How the wait of `l` ends when its key is gone without its grant: a `supersede` LOCK took
+/// the queue (its mark came first), a newer LOCK of its id (and user) took its place, in the
+/// same write, or else its front-end's etcd lease ran out.
+pub(super) fn key_gone(g: &mut super::ClusterState, l: &super::Local) -> WaitResult {
+    if let Some(why) = g.superseded.remove(&l.uid) {
+        return WaitResult::Ended(why);
+    }
+    let mirror: &Mirror = &g.mirror;
     let same = crate::locks::rules::Ask {
         id: &l.value.id,
         user: l.value.user.as_str(),
         mode: l.value.mode,
         conn: l.value.conn,
         wait: None,
+        supersede: false,
     };
     let replaced = mirror.name(&l.name).is_some_and(|ns| {
         let fe = &l.value.fe;

@@ -8,9 +8,10 @@ use super::rpc::{EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchResponse}
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
-use crate::locks::EventKind;
+use crate::locks::{EventKind, WaitEnd};
 
 use super::handover::{on_grant, taken_over};
+use super::keys::{Key, SupersededValue};
 use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
 use super::RETRY;
@@ -253,8 +254,23 @@ impl Cluster {
                     taken_over(&mut g, uid);
                 }
             }
-            // A waiter of ours whose key went without its grant: replaced, or lost with its
-            // etcd lease.
+            // Marks of waiters of ours that a `supersede` LOCK took the queue from (written
+            // before their keys' deletes, in the same transaction).
+            for c in changes.iter().filter(|c| c.put) {
+                if let Some(Key::Superseded { uid, .. }) = self.layout.parse(&c.key) {
+                    let mark = SupersededValue::decode(&c.value);
+                    if let (Some(mark), true) = (mark, g.by_uid.contains_key(&uid)) {
+                        let why = if mark.same_id {
+                            WaitEnd::Replaced
+                        } else {
+                            WaitEnd::Superseded { by: mark.by.into() }
+                        };
+                        g.superseded.insert(uid, why);
+                    }
+                }
+            }
+            // A waiter of ours whose key went without its grant: replaced, superseded, or
+            // lost with its etcd lease.
             for (_, uid) in &applied.waiters_gone {
                 g.left.remove(uid);
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
@@ -269,7 +285,7 @@ impl Cluster {
                 }
                 if let Some(l) = g.waiting.remove(&waiter) {
                     g.by_uid.remove(&l.uid);
-                    let why = key_gone(&g.mirror, &l);
+                    let why = key_gone(&mut g, &l);
                     let _ = l.tx.send(why);
                 }
             }

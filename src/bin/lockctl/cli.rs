@@ -44,6 +44,10 @@ pub const EXIT_STATUS: &[(&str, &str)] = &[
          heard from etcd lately, so what it shows may be stale (a warning says so)",
     ),
     (
+        "6",
+        "superseded: a newer request (--supersede) took its place in the queue",
+    ),
+    (
         "124",
         "run --until: the --until test did not pass within --until-timeout \
          (the lock was released)",
@@ -395,6 +399,12 @@ pub struct WaitArgs {
     /// Exit code when the lock is held (-n) or the wait ran out (-w).
     #[arg(short = 'E', long, default_value_t = 1)]
     pub conflict_exit_code: u8,
+
+    /// Newest wins: if the lock is held, take the whole queue (every request waiting for it is
+    /// refused as superseded, the holder keeps it) and wait first in line. A lockctl whose
+    /// request is superseded by a newer one exits 6.
+    #[arg(long)]
+    pub supersede: bool,
 }
 
 impl WaitArgs {
@@ -502,6 +512,13 @@ pub struct RunArgs {
     /// bytes].
     #[arg(long, value_name = "TEXT")]
     pub note: Option<String>,
+    /// Hold the lock at least this long from its grant (e.g. 50m): if the job ends sooner, the
+    /// lock is not released but stays held until then (lockd ends it; nobody renews it), so
+    /// that a late host's `run -n` finds it held and skips: once per window. lockctl still
+    /// exits with the command's code. Only after a normal end of the job; at most the
+    /// server's --max-ttl (else it is released, with a warning).
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub at_least: Option<Duration>,
 }
 
 #[derive(Args, Debug)]

@@ -13,6 +13,8 @@ pub const LOST: u8 = 4;
 /// per address; --connect-timeout for release and renew): every try was answered `ERR
 /// UNAVAILABLE` (or its connection lost), through every address given.
 pub const UNAVAILABLE: u8 = 5;
+/// A newer `--supersede` request took this waiting request's place in the queue.
+pub const SUPERSEDED: u8 = 6;
 /// `run --until`: the test did not pass within --until-timeout (as timeout(1)'s 124).
 pub const UNTIL_TIMEOUT: u8 = 124;
 /// The command exists but could not be started (as the shell's 126).

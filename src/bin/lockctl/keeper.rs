@@ -154,6 +154,13 @@ pub enum Released {
     /// The lease had already ended.
     NotHeld(String),
     Failed(String),
+    /// Not released: made a plain lease that lasts this long more (`run --at-least`).
+    Kept(Duration),
+    /// `run --at-least`: lockd did not keep it (`why`), so it was released, as `then` says.
+    NotKept {
+        why: String,
+        then: Box<Released>,
+    },
 }
 
 /// A connection that is re-opened when it fails. A request cut short drops the connection, so
@@ -269,6 +276,43 @@ impl Link {
         }
     }
 
+    /// `RENEW ... ttl=<ttl> detach`, on a new connection (or the next address) if the old
+    /// one fails: the lease becomes a plain one that ends `ttl` from now; the time left.
+    pub async fn renew_detach(
+        &mut self,
+        lease: &HeldLease,
+        ttl: Duration,
+    ) -> Result<Duration, String> {
+        let limit = self.server.connect_timeout();
+        let mut last = String::new();
+        for _ in 0..2 {
+            let mut client = self.client(limit).await?;
+            match timeout(
+                limit,
+                client.renew_detach(&lease.name, lease.token, Some(ttl)),
+            )
+            .await
+            {
+                Ok(Ok(left)) => {
+                    self.client = Some(client);
+                    return Ok(left);
+                }
+                Ok(Err(ClientError::Refused(e))) if e.code == ErrorCode::Unavailable => {
+                    last = format!("lockd answered ERR {} {}", e.code, e.message);
+                }
+                Ok(Err(ClientError::Refused(e))) => {
+                    if !e.code.may_close() {
+                        self.client = Some(client);
+                    }
+                    return Err(format!("lockd refused: {} {}", e.code, e.message));
+                }
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "no reply to RENEW".into(),
+            }
+        }
+        Err(last)
+    }
+
     /// UNLOCK, on a new connection if the old one fails.
     pub async fn release(&mut self, lease: &HeldLease) -> Released {
         let limit = self.server.connect_timeout();
@@ -297,7 +341,8 @@ impl Link {
 /// The handle of a running keeper.
 pub struct Keeper {
     lost: mpsc::Receiver<Lost>,
-    stop: Option<oneshot::Sender<()>>,
+    /// `None`: release; `Some(d)`: keep the lock `d` more as a plain lease (`--at-least`).
+    stop: Option<oneshot::Sender<Option<Duration>>>,
     task: JoinHandle<Released>,
 }
 
@@ -335,9 +380,19 @@ impl Keeper {
     }
 
     /// Stops renewing and releases the lock.
-    pub async fn release(mut self) -> Released {
+    pub async fn release(self) -> Released {
+        self.stop_with(None).await
+    }
+
+    /// Stops renewing and, rather than release the lock, makes its lease a plain one that
+    /// ends `more` from now (`run --at-least`); releases it if lockd refuses that.
+    pub async fn keep(self, more: Duration) -> Released {
+        self.stop_with(Some(more)).await
+    }
+
+    async fn stop_with(mut self, keep: Option<Duration>) -> Released {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(keep);
         }
         match self.task.await {
             Ok(r) => r,
@@ -355,7 +410,7 @@ struct KeeperState {
 }
 
 enum KeeperStep {
-    Stop,
+    Stop(Option<Duration>),
     DeadlineNear,
     Renewed(Result<(Instant, Duration), RenewError>),
 }
@@ -364,7 +419,7 @@ impl KeeperState {
     async fn keep(
         mut self,
         lost_tx: mpsc::Sender<Lost>,
-        mut stop: oneshot::Receiver<()>,
+        mut stop: oneshot::Receiver<Option<Duration>>,
     ) -> Released {
         let verbose = self.link.server.verbose;
         let mut lost = false;
@@ -375,7 +430,7 @@ impl KeeperState {
             let attempt_limit = self.timing.attempt_limit();
             let step = tokio::select! {
                 biased;
-                _ = &mut stop => KeeperStep::Stop,
+                keep = &mut stop => KeeperStep::Stop(keep.unwrap_or(None)),
                 _ = sleep_until(term_at), if !lost => KeeperStep::DeadlineNear,
                 r = async {
                     self.link.idle_until(self.next_renew).await;
@@ -383,13 +438,28 @@ impl KeeperState {
                 }, if !lost => KeeperStep::Renewed(r),
             };
             let lost_now = match step {
-                KeeperStep::Stop => {
+                KeeperStep::Stop(keep) => {
                     // One budget for the whole release: an unreachable server must not keep
                     // lockctl from reporting the command's end for long.
                     let budget = self.link.server.connect_timeout();
-                    return match timeout(budget, self.link.release(&self.lease)).await {
+                    let mut not_kept = None;
+                    if let Some(more) = keep.filter(|_| !lost) {
+                        match timeout(budget, self.link.renew_detach(&self.lease, more)).await {
+                            Ok(Ok(left)) => return Released::Kept(left),
+                            Ok(Err(why)) => not_kept = Some(why),
+                            Err(_) => not_kept = Some("no reply to RENEW".into()),
+                        }
+                    }
+                    let released = match timeout(budget, self.link.release(&self.lease)).await {
                         Ok(r) => r,
                         Err(_) => Released::Failed("no reply to UNLOCK".into()),
+                    };
+                    return match not_kept {
+                        Some(why) => Released::NotKept {
+                            why,
+                            then: Box::new(released),
+                        },
+                        None => released,
                     };
                 }
                 KeeperStep::DeadlineNear => {

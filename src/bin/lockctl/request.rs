@@ -9,7 +9,7 @@ use lockd::proto::{ErrorCode, Tie};
 use tokio::time::{sleep, Instant};
 
 use crate::cli::{ModeArgs, WaitArgs};
-use crate::fail::{Failure, UNAVAILABLE};
+use crate::fail::{Failure, SUPERSEDED, UNAVAILABLE};
 use crate::holder::{say_conflict, say_if_waiting};
 use crate::net::Server;
 
@@ -111,7 +111,12 @@ pub async fn lock_retrying(
         // With somewhere else to go, a front-end cut off from etcd is not waited on.
         let mut cut_off = false;
         let reply = {
-            let asked = say_if_waiting(server, name, id, lock(&mut c, name, id, terms));
+            let asked = say_if_waiting(
+                server,
+                name,
+                id,
+                lock_superseding(&mut c, name, id, terms, wait.supersede),
+            );
             tokio::pin!(asked);
             loop {
                 tokio::select! {
@@ -131,6 +136,12 @@ pub async fn lock_retrying(
                     token,
                     sent,
                 })
+            }
+            Err(ClientError::Refused(e)) if e.code == ErrorCode::Superseded => {
+                return Err(Failure::new(
+                    SUPERSEDED,
+                    format!("{what}: superseded: {}", e.message),
+                ));
             }
             Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
                 if server.verbose {
@@ -198,20 +209,22 @@ fn gave_up_connecting(f: Failure, retry: &Retry, what: &str, wait: &WaitArgs) ->
     gave_up
 }
 
-/// LOCK; returns the fencing token.
-pub async fn lock(
+/// LOCK, with `supersede` if asked; returns the fencing token.
+pub async fn lock_superseding(
     client: &mut Client,
     name: &str,
     id: &str,
     terms: Terms,
+    supersede: bool,
 ) -> client::Result<Token> {
     client
-        .lock_noted(
+        .lock_with(
             name,
             id,
             (terms.ttl, terms.wait),
             terms.tie,
             terms.mode.mode(),
+            supersede,
             terms.note,
         )
         .await

@@ -26,6 +26,9 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     if args.poll.is_zero() {
         return Err(Failure::usage("--poll must be more than 0"));
     }
+    if args.at_least.is_some_and(|d| d.is_zero()) {
+        return Err(Failure::usage("--at-least must be more than 0"));
+    }
     let session_grace =
         match args.session_grace {
             Some(g) if g > args.ttl => return Err(Failure::usage(
@@ -60,6 +63,9 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
             return Ok(signal_code(sig));
         }
     };
+    // `--at-least` counts from here: no earlier than the grant, so the lock is never let go
+    // before the window is over.
+    let granted_at = Instant::now();
     let Granted {
         mut client,
         token,
@@ -125,7 +131,16 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     env.extend(server.auth.iter().flat_map(|auth| auth.environment()));
     let outcome = holder.work(&program, args, &env).await;
     let lost = outcome.as_ref().is_ok_and(|o| o.lost);
-    holder.release(lost).await;
+    let keep = match (&outcome, args.at_least) {
+        (Ok(o), Some(window)) if o.ended_normally() => window
+            .checked_sub(granted_at.elapsed())
+            .filter(|more| *more >= Duration::from_millis(1)),
+        _ => None,
+    };
+    match keep {
+        Some(more) => holder.keep(more).await,
+        None => holder.release(lost).await,
+    }
     let outcome = outcome?;
     if outcome.lost && args.on_lost == OnLost::Kill {
         return Ok(LOST);

@@ -234,11 +234,52 @@ impl Supervisor<'_> {
                  when its lease ends",
                 lease.name, lease.token
             ),
+            // Only from `keep`.
+            Released::Kept(_) | Released::NotKept { .. } => {}
+        }
+    }
+
+    /// `run --at-least`: the job ended before its window was over, so the lock is not
+    /// released: its lease becomes a plain one that lockd ends `more` from now (nobody renews
+    /// it). If lockd refuses that (a window over `--max-ttl`), it is released, and stderr says
+    /// so.
+    pub async fn keep(self, more: Duration) {
+        let (lease, verbose) = (self.lease, self.verbose);
+        match self.keeper.keep(more).await {
+            Released::Kept(left) => {
+                if verbose {
+                    eprintln!(
+                        "lockctl: keeping {} token {} for {} more (--at-least); lockd ends it then",
+                        lease.name,
+                        lease.token,
+                        humantime::format_duration(Duration::from_millis(left.as_millis() as u64))
+                    );
+                }
+            }
+            Released::NotKept { why, then } => {
+                let how = match *then {
+                    Released::Done | Released::NotHeld(_) => "released it".to_owned(),
+                    Released::Failed(e) => {
+                        format!("could not release it either ({e}); the server frees it when its lease ends")
+                    }
+                    Released::Kept(_) | Released::NotKept { .. } => String::new(),
+                };
+                eprintln!(
+                    "lockctl: --at-least: could not keep {} token {} held ({why}); {how}",
+                    lease.name, lease.token
+                );
+            }
+            Released::Done | Released::NotHeld(_) | Released::Failed(_) => {}
         }
     }
 }
 
 impl Outcome {
+    /// The job ran to its own end: not stopped for a lost lease, a signal or --until-timeout.
+    pub fn ended_normally(&self) -> bool {
+        !self.lost && self.signalled.is_none() && !self.timed_out
+    }
+
     fn signalled(sig: i32) -> Outcome {
         Outcome {
             code: signal_code(sig),

@@ -157,6 +157,7 @@ async fn ghost(addr: SocketAddr, name: &str, i: usize, mode: Mode, rng: &mut Rng
         tie: Tie::Session(Duration::ZERO),
         mode,
         note: None,
+        supersede: false,
     };
     ghost.send(&lock.to_string()).await;
     for _ in 0..rng.below(3) {

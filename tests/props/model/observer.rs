@@ -89,6 +89,8 @@ impl Observer {
             self.left.insert(waiter);
         }
         let mut replaced_slot: Option<(String, usize)> = None;
+        // A `supersede` LOCK of this call emptied the queue of this name before it joined.
+        let mut superseded_on: Option<String> = None;
         // The mode of the grant whose Acquired event comes next.
         let mut granting: Option<Mode> = None;
         let mut i = 0;
@@ -115,7 +117,9 @@ impl Observer {
                             outcome: Some(LockOutcome::Queued { waiter: queued }),
                         } if queued == waiter
                             && *lock_name == &**name
-                            && matches!(&replaced_slot, Some((_, 0))) =>
+                            && (matches!(&replaced_slot, Some((_, 0)))
+                                || (superseded_on.as_deref() == Some(&**name)
+                                    && self.queues.get(&**name).is_none_or(|q| q.is_empty()))) =>
                         {
                             Some(*mode)
                         }
@@ -155,6 +159,17 @@ impl Observer {
                         q.remove(pos);
                     }
                     self.left.insert(*waiter);
+                    if matches!(why, WaitEnd::Superseded { .. }) {
+                        // Only a LOCK on the same name that then queues supersedes.
+                        match call {
+                            Call::Lock {
+                                name: lock_name,
+                                outcome: Some(LockOutcome::Queued { .. }),
+                                ..
+                            } if lock_name == name => superseded_on = Some(name.clone()),
+                            _ => return Err(format!("waiter {waiter} superseded outside a LOCK")),
+                        }
+                    }
                     if *why == WaitEnd::Replaced {
                         match call {
                             Call::Lock {

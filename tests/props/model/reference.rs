@@ -113,6 +113,9 @@ pub struct MLock {
     pub mode: Mode,
     pub user: UserId,
     pub note: Option<String>,
+    /// `supersede`: if it must wait, every waiter but its own id's older request is answered
+    /// SUPERSEDED and it waits at the head.
+    pub supersede: bool,
 }
 
 /// Something due: which comes first at one instant is part of the contract (waits first).
@@ -465,7 +468,25 @@ impl Model {
             .queue
             .iter()
             .any(|w| w.id == req.id && w.user == req.user);
-        if !replaces && entry.queue.len() >= self.limits.max_waiters {
+        if req.supersede {
+            let entry = self.entries.get_mut(&req.name).expect("held");
+            let mut kept = Vec::new();
+            for w in std::mem::take(&mut entry.queue) {
+                if w.id == req.id && w.user == req.user {
+                    kept.push(w);
+                } else {
+                    self.effects.push(Effect::WaitEnded {
+                        waiter: w.waiter,
+                        why: WaitEnd::Superseded {
+                            by: Arc::from(req.id.as_str()),
+                        },
+                    });
+                }
+            }
+            entry.queue = kept;
+        }
+        let entry = self.entries.get(&req.name).expect("held");
+        if !req.supersede && !replaces && entry.queue.len() >= self.limits.max_waiters {
             return Err(TableError::TooManyWaiters {
                 max: self.limits.max_waiters,
             });

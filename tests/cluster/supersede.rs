@@ -1,0 +1,225 @@
+//! Cluster mode: newest-wins queues (`supersede`) across front-ends. The superseding LOCK's
+//! one transaction takes every waiter's key out of the queue, and each waiter's own front-end
+//! answers it `ERR SUPERSEDED` (not `ERR UNAVAILABLE`, not silence).
+#![cfg(feature = "etcd")]
+
+use crate::common;
+use crate::common::needs::{have, Need};
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::blocking::eventually;
+use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::line::Line;
+use common::{field, token};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// One etcd cluster for this file's tests (as basics.rs: started on a thread that lives as
+/// long as the test process).
+fn etcd() -> &'static EtcdCluster {
+    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(EtcdCluster::start(3));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("the etcd cluster started")
+    })
+}
+
+/// `n` front-ends sharing a prefix of their own.
+fn front_ends(n: usize, extra: &[&str]) -> Vec<LockdFrontEnd> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let prefix = format!(
+        "{}supersede{}/",
+        etcd().prefix(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    (0..n)
+        .map(|_| LockdFrontEnd::start(etcd(), &prefix, extra))
+        .collect()
+}
+
+fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
+    eventually(PATIENCE, &format!("{waiters} waiters on {name}"), || {
+        let status = fe.request(&format!("STATUS {name}"));
+        field(&status, "waiters").as_deref() == Some(&waiters.to_string())
+    });
+}
+
+#[test]
+fn waiters_on_two_front_ends_are_superseded_from_a_third() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(3, &["--etcd-lease-ttl", "5s"]);
+    let mut holder = Line::connect(fes[0].addr());
+    let th = holder.lock("deploy h");
+    let mut a = Line::connect(fes[0].addr());
+    a.send("LOCK deploy a");
+    for fe in &fes {
+        wait_waiters(fe, "deploy", 1);
+    }
+    let mut b = Line::connect(fes[1].addr());
+    b.send("LOCK deploy b wait=1m");
+    for fe in &fes {
+        wait_waiters(fe, "deploy", 2);
+    }
+    // wait=0 finds it held: nothing changes.
+    let mut c = Line::connect(fes[2].addr());
+    assert!(c
+        .req("LOCK deploy c wait=0 supersede")
+        .starts_with("ERR TIMEOUT "));
+    wait_waiters(&fes[2], "deploy", 2);
+
+    c.send("LOCK deploy c supersede");
+    assert_eq!(
+        a.line(),
+        "ERR SUPERSEDED deploy: a newer LOCK by c took the queue"
+    );
+    assert_eq!(
+        b.line(),
+        "ERR SUPERSEDED deploy: a newer LOCK by c took the queue"
+    );
+    for fe in &fes {
+        wait_waiters(fe, "deploy", 1);
+    }
+    // The holder kept it; the superseded connections stay open.
+    let status = fes[1].request("STATUS deploy");
+    assert_eq!(field(&status, "token"), Some(th.to_string()), "{status}");
+    assert_eq!(field(&status, "id").as_deref(), Some("h"), "{status}");
+    assert_eq!(a.req("PING"), "OK PONG");
+    assert_eq!(b.req("PING"), "OK PONG");
+
+    assert_eq!(holder.req(&format!("UNLOCK deploy {th}")), "OK");
+    let tc = token(&c.line());
+    assert!(tc > th, "{tc} after {th}");
+    let status = fes[0].request("STATUS deploy");
+    assert_eq!(field(&status, "id").as_deref(), Some("c"), "{status}");
+    assert_eq!(c.req(&format!("UNLOCK deploy {tc}")), "OK");
+}
+
+#[test]
+fn the_same_id_waiting_elsewhere_is_replaced_by_its_supersede() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2, &["--etcd-lease-ttl", "5s"]);
+    let mut holder = Line::connect(fes[0].addr());
+    let th = holder.lock("s h");
+    let mut old = Line::connect(fes[0].addr());
+    old.send("LOCK s me");
+    wait_waiters(&fes[1], "s", 1);
+    let mut other = Line::connect(fes[0].addr());
+    other.send("LOCK s other");
+    wait_waiters(&fes[1], "s", 2);
+    let mut new = Line::connect(fes[1].addr());
+    new.send("LOCK s me supersede");
+    assert!(old.line().starts_with("ERR REPLACED "));
+    assert_eq!(
+        other.line(),
+        "ERR SUPERSEDED s: a newer LOCK by me took the queue"
+    );
+    assert_eq!(holder.req(&format!("UNLOCK s {th}")), "OK");
+    assert!(token(&new.line()) > th);
+}
+
+/// RENEW ... detach in cluster mode: the holder key no longer hangs on its front-end's etcd
+/// lease, so the lease outlives its connection and its front-end.
+#[test]
+fn a_detached_lease_outlives_its_connection_and_its_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let mut fes = front_ends(2, &["--etcd-lease-ttl", "2s"]);
+    let mut a = Line::connect(fes[0].addr());
+    let t = a.lock("w a session ttl=1m");
+    assert_eq!(
+        a.req(&format!("RENEW w {t} ttl=40s detach")),
+        "OK ttl_ms=40000"
+    );
+    // Controls: a session lease closed with it, and one left open on the same front-end.
+    let mut c = Line::connect(fes[0].addr());
+    c.lock("ctl c session");
+    let mut s = Line::connect(fes[0].addr());
+    s.lock("other s session=30s ttl=1m");
+    drop(a);
+    drop(c);
+    eventually(
+        PATIENCE,
+        "the control lease ends with its connection",
+        || fes[1].request("STATUS ctl") == "OK ctl free",
+    );
+    let status = fes[1].request("STATUS w");
+    assert_eq!(field(&status, "token"), Some(t.to_string()), "{status}");
+    assert_eq!(field(&status, "session").as_deref(), Some("0"), "{status}");
+
+    // The front-end dies: its etcd lease ends, and the session lease on it with it.
+    fes[0].kill();
+    eventually(
+        PATIENCE,
+        "the session lease ends with its front-end",
+        || fes[1].request("STATUS other") == "OK other free",
+    );
+    let status = fes[1].request("STATUS w");
+    assert_eq!(field(&status, "token"), Some(t.to_string()), "{status}");
+    let mut b = Line::connect(fes[1].addr());
+    assert_eq!(b.req(&format!("UNLOCK w {t}")), "OK");
+    drop(s);
+}
+
+fn lockctl(servers: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--server", servers])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("lockctl")
+}
+
+/// `lockctl run --at-least` through a cluster: the job's lock is kept (a plain lease) after
+/// lockctl exits, a late `-n` finds it held, and it ends by its ttl. `--supersede` exits 6.
+#[test]
+fn lockctl_at_least_and_supersede_through_a_cluster() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2, &["--etcd-lease-ttl", "2s"]);
+    let servers = format!("{},{}", fes[0].addr(), fes[1].addr());
+    let out = lockctl(
+        &servers,
+        &["run", "hourly", "--at-least", "8s", "--", "true"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let status = fes[1].request("STATUS hourly");
+    assert_eq!(field(&status, "session").as_deref(), Some("0"), "{status}");
+    let late = lockctl(&servers, &["run", "-n", "hourly", "--", "true"]);
+    assert_eq!(late.status.code(), Some(1));
+    eventually(PATIENCE, "the window ends", || {
+        fes[0].request("STATUS hourly") == "OK hourly free"
+    });
+
+    let mut holder = Line::connect(fes[0].addr());
+    let th = holder.lock("deploy h");
+    let waiting = std::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--server", &servers, "run", "deploy", "--", "true"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lockctl");
+    wait_waiters(&fes[1], "deploy", 1);
+    let mut newer = Line::connect(fes[1].addr());
+    newer.send("LOCK deploy newer supersede");
+    let out = waiting.wait_with_output().expect("lockctl ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(6), "{err}");
+    assert_eq!(holder.req(&format!("UNLOCK deploy {th}")), "OK");
+    assert!(token(&newer.line()) > th);
+}
