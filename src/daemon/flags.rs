@@ -17,6 +17,8 @@ use crate::server;
 
 /// Most names `--metrics-names` may list: each adds series to every scrape.
 const MAX_METRICS_NAMES: usize = 100;
+/// Longest --max-note: the journal keeps a note with a 16-bit length.
+const MAX_MAX_NOTE: usize = 65_535;
 
 /// The shortest `--etcd-lease-ttl`: etcd leases are granted in whole seconds.
 const MIN_ETCD_LEASE_TTL: Duration = Duration::from_secs(1);
@@ -241,10 +243,10 @@ pub struct Flags {
     #[command(flatten)]
     pub compat: CompatArgs,
 
-    /// Longest note a LOCK may carry (note=<text>), in bytes; a longer one gets ERR BADARG.
-    /// Below --max-line: a note travels in a LOCK line.
+    /// Longest note a LOCK may carry (note=<text>), in bytes (1 to 65535); a longer one gets
+    /// ERR BADARG. A note travels in a LOCK line, so --max-line bounds it too.
     #[arg(long, env = "LOCKD_MAX_NOTE", default_value_t = crate::DEFAULT_MAX_NOTE,
-          value_parser = clap::value_parser!(u32).range(1..=65_535).map(|v| v as usize))]
+          value_parser = clap::value_parser!(u32).range(1..=MAX_MAX_NOTE as i64).map(|v| v as usize))]
     pub max_note: usize,
 }
 
@@ -324,10 +326,12 @@ impl Flags {
         if self.tls_handshake_timeout.0.is_zero() {
             return Err("--tls-handshake-timeout must be more than 0".into());
         }
-        if self.max_note >= self.max_line {
+        // A note is journaled with a 16-bit length (`store/format.rs`). (Above --max-line is
+        // allowed, as with the default 256 and --max-line 64: no line can carry such a note.)
+        if !(1..=MAX_MAX_NOTE).contains(&self.max_note) {
             return Err(format!(
-                "--max-note ({}) must be less than --max-line ({}): a note travels in a LOCK line",
-                self.max_note, self.max_line
+                "--max-note must be from 1 to {MAX_MAX_NOTE} bytes, not {}",
+                self.max_note
             ));
         }
         if self.metrics_names.len() > MAX_METRICS_NAMES {
@@ -661,17 +665,19 @@ mod tests {
     }
 
     #[test]
-    fn refuses_a_max_note_not_below_max_line() {
+    fn refuses_a_max_note_out_of_range() {
+        for bad in [0, MAX_MAX_NOTE + 1] {
+            let flags = Flags {
+                max_note: bad,
+                ..Flags::default()
+            };
+            let e = flags.validate().unwrap_err();
+            assert!(e.contains("--max-note"), "{e}");
+        }
         let flags = Flags {
-            max_note: 1024,
-            max_line: 1024,
+            max_note: MAX_MAX_NOTE,
+            max_line: 64,
             ..Flags::default()
-        };
-        let e = flags.validate().unwrap_err();
-        assert!(e.contains("--max-note"), "{e}");
-        let flags = Flags {
-            max_note: 1023,
-            ..flags
         };
         assert_eq!(flags.validate(), Ok(()));
     }

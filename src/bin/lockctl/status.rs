@@ -112,8 +112,10 @@ pub fn with_notes<'a>(cells: &mut [Vec<String>], notes: impl Iterator<Item = Opt
     let Some((header, rows)) = cells.split_first_mut() else {
         return;
     };
+    let width = header.len();
     header.push("NOTE".into());
-    for (row, note) in rows.iter_mut().zip(notes) {
+    // A short row (a free lock in top) stays short.
+    for (row, note) in rows.iter_mut().zip(notes).filter(|(r, _)| r.len() == width) {
         row.push(note.unwrap_or("-").to_owned());
     }
 }

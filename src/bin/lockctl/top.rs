@@ -27,6 +27,8 @@ const CLEAR: &str = "\x1b[H\x1b[2J";
 struct ViewLine {
     row: StatusLine,
     age: Option<Duration>,
+    /// The first holder's user (`--auth-file`), where its detail was asked for and says one.
+    user: Option<String>,
 }
 
 pub async fn top(server: &Server, args: &TopArgs) -> Result<u8, Failure> {
@@ -143,16 +145,22 @@ async fn snapshot(
         rows.sort_by_cached_key(order);
         for (i, row) in rows.into_iter().enumerate() {
             if i >= args.detail {
-                entries.push(ViewLine { row, age: None });
+                entries.push(ViewLine {
+                    row,
+                    age: None,
+                    user: None,
+                });
                 continue;
             }
             // Newer than the list: it may have changed, or been freed, since.
             let lock = detail(client, server, row.name()).await?;
             if lock.status.held().is_some() {
                 let age = lock.age();
+                let user = first_user(&lock);
                 entries.push(ViewLine {
                     row: lock.status,
                     age,
+                    user,
                 });
             }
         }
@@ -160,14 +168,21 @@ async fn snapshot(
         for name in &args.names {
             let lock = detail(client, server, name).await?;
             let age = lock.age();
+            let user = first_user(&lock);
             entries.push(ViewLine {
                 row: lock.status,
                 age,
+                user,
             });
         }
     }
     entries.sort_by_cached_key(|e| order(&e.row));
     Ok(entries)
+}
+
+/// The user of the holder a STATUS line describes (the first one).
+fn first_user(lock: &lockd::client::LockDetail) -> Option<String> {
+    lock.holders.first().and_then(|h| h.user.clone())
 }
 
 /// Longest queue first, then by name.
@@ -226,10 +241,24 @@ fn view(entries: &[ViewLine], height: Option<usize>) -> String {
             ],
         });
     }
-    let shown = entries.iter().take(room);
+    let shown = || entries.iter().take(room);
+    // A USER column only where a holder has one (--auth-file), as NOTE only with notes.
+    if shown().any(|e| e.user.is_some()) {
+        let width = cells[0].len();
+        let rows = cells
+            .iter_mut()
+            .zip(std::iter::once(None).chain(shown().map(Some)));
+        // A free lock's short row stays short.
+        for (row, e) in rows.filter(|(r, _)| r.len() == width) {
+            row.push(match e {
+                None => "USER".into(),
+                Some(e) => e.user.clone().unwrap_or_else(|| "-".into()),
+            });
+        }
+    }
     with_notes(
         &mut cells,
-        shown.map(|e| e.row.held().and_then(|h| h.note.as_deref())),
+        shown().map(|e| e.row.held().and_then(|h| h.note.as_deref())),
     );
     let mut text = columns(&cells);
     if entries.len() > room {
@@ -254,6 +283,7 @@ mod tests {
         ViewLine {
             row: StatusLine::parse(line).unwrap(),
             age: age_ms.map(Duration::from_millis),
+            user: None,
         }
     }
 
@@ -289,5 +319,26 @@ mod tests {
         let cut = view(&entries, Some(6));
         assert_eq!(cut.lines().count(), 5, "{cut}");
         assert!(cut.ends_with("... and 7 more"), "{cut}");
+    }
+
+    #[test]
+    fn users_and_notes_get_columns_where_there_are_some() {
+        let plain = view(
+            &[entry(
+                "a held id=h token=1 ttl_ms=1500 session=0 waiters=0",
+                Some(1000),
+            )],
+            None,
+        );
+        assert!(plain.lines().next().unwrap().ends_with("QUEUE"), "{plain}");
+        let mut noted = entry(
+            "a held id=h token=1 ttl_ms=1500 session=0 waiters=0 note=release%201.4.2",
+            Some(1000),
+        );
+        noted.user = Some("alice".into());
+        let text = view(&[noted], None);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("QUEUE  USER   NOTE"), "{text}");
+        assert!(lines[1].ends_with("0      alice  release 1.4.2"), "{text}");
     }
 }

@@ -116,9 +116,11 @@ fn the_bash_client_sends_lockd_note_and_reads_it_back() {
 t=$(LOCKD_NOTE='deploy 1.4 100% \n é' lockd_lock n ttl=1m)
 lockd_status n >/dev/null
 echo "note=[$LOCKD_HOLDER_NOTE]"
-rc=0; LOCKD_ID=other lockd_try n 2>err || rc=$?
+err=$(mktemp)
+rc=0; LOCKD_ID=other lockd_try n 2>"$err" || rc=$?
 echo "try=$rc"
-cat err >&2
+cat "$err" >&2
+rm -f "$err"
 rc=0; LOCKD_NOTE=$'a\tb' lockd_lock m 2>/dev/null || rc=$?
 echo "bad=$rc"
 lockd_unlock n "$t"
