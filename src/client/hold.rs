@@ -103,18 +103,30 @@ impl Lease {
 /// future is then dropped, before lockd can grant the lock to anyone else); the LOCK's error
 /// if it was never granted.
 ///
-/// ```no_run
-/// # async fn deploy(_token: u64) {}
-/// # async fn demo() -> Result<(), lockd::client::LockError> {
+/// ```
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// # let addr = listener.local_addr()?.to_string();
+/// # let stop = tokio_util::sync::CancellationToken::new();
+/// # tokio::spawn(lockd::server::run(Default::default(), listener, stop.clone()));
 /// use std::time::Duration;
-/// use lockd::client::{hold, Addrs, Connector, LockOptions};
+/// use lockd::client::{hold, Addrs, Client, Connector, LockOptions};
 ///
-/// let lockd = Connector::new(Addrs::one("127.0.0.1:5001".into()), Duration::from_secs(10));
-/// let opts = LockOptions::new().ttl(Duration::from_secs(30)).session(Duration::from_secs(10));
-/// hold(&lockd, "deploy", "web-1", &opts, |lease| async move {
-///     deploy(lease.token()).await // dropped the moment the lease is lost
+/// let lockd = Connector::new(Addrs::one(addr.clone()), Duration::from_secs(10));
+/// let opts = LockOptions::new().ttl(Duration::from_secs(3)).session(Duration::from_secs(1));
+/// let token = hold(&lockd, "deploy", "web-1", &opts, |lease| async move {
+///     // Longer than the ttl: the lease is renewed meanwhile. The future is dropped the
+///     // moment the lease is lost (and `hold` returns `LockError::Lost`).
+///     tokio::time::sleep(Duration::from_secs(4)).await;
+///     lease.token()
 /// })
 /// .await?;
+/// // Released at the end.
+/// let mut check = Client::connect(&addr).await?;
+/// assert!(check.lock_status("deploy").await?.held().is_none());
+/// # assert!(token > 0);
+/// # stop.cancel();
 /// # Ok(()) }
 /// ```
 pub async fn hold<F, Fut, T>(

@@ -5,16 +5,31 @@
 //! answered `ERR UNAVAILABLE` may have been granted after all, and the same id again gets that
 //! grant back; a waiter whose front-end went away takes its place back through another).
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), lockd::client::LockError> {
+//! ```
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let live = listener.local_addr()?.to_string();
+//! # let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string();
+//! # let stop = tokio_util::sync::CancellationToken::new();
+//! # tokio::spawn(lockd::server::run(Default::default(), listener, stop.clone()));
 //! use std::time::Duration;
 //! use lockd::client::{Addrs, Connector, LockOptions};
+//! use lockd::proto::ErrorCode;
 //!
-//! let addrs = Addrs::new(vec!["10.0.0.1:5001".into(), "10.0.0.2:5001".into()]).unwrap();
+//! // The first front-end is down: the LOCK goes to the next one.
+//! let addrs = Addrs::new(vec![dead, live]).expect("two addresses");
 //! let lockd = Connector::new(addrs, Duration::from_secs(10));
 //! let opts = LockOptions::new().ttl(Duration::from_secs(60)).wait(Duration::from_secs(5));
 //! let mut locked = lockd.lock("deploy", "web-1", &opts).await?;
+//!
+//! // Taken: another LOCK that does not wait is refused, and says so in its type.
+//! let now = LockOptions::new().wait(Duration::ZERO);
+//! let refused = lockd.lock("deploy", "web-2", &now).await.unwrap_err();
+//! assert_eq!(refused.code(), Some(ErrorCode::Timeout));
+//!
 //! locked.client.unlock("deploy", locked.token).await?;
+//! # stop.cancel();
 //! # Ok(()) }
 //! ```
 

@@ -19,15 +19,22 @@
 //!
 //! A program's whole use of a lock, renewed for as long as the work takes:
 //!
-//! ```no_run
-//! # async fn deploy(_token: u64) {}
-//! # async fn demo() -> Result<(), lockd::client::LockError> {
+//! ```
+//! # async fn deploy(token: u64) -> u64 { token }
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let addr = listener.local_addr()?.to_string();
+//! # let stop = tokio_util::sync::CancellationToken::new();
+//! # tokio::spawn(lockd::server::run(Default::default(), listener, stop.clone()));
 //! use std::time::Duration;
 //! use lockd::client::{Addrs, Connector, LockOptions};
 //!
-//! let lockd = Connector::new(Addrs::one("127.0.0.1:5001".into()), Duration::from_secs(10));
-//! let opts = LockOptions::new().ttl(Duration::from_secs(30));
-//! lockd.hold("deploy", "web-1", &opts, |lease| async move { deploy(lease.token()).await }).await?;
+//! let lockd = Connector::new(Addrs::one(addr), Duration::from_secs(10)); // one address or several
+//! let opts = LockOptions::new().ttl(Duration::from_secs(30)).session(Duration::from_secs(10));
+//! let done = lockd.hold("deploy", "web-1", &opts, |lease| deploy(lease.token())).await?;
+//! # assert!(done > 0);
+//! # stop.cancel();
 //! # Ok(()) }
 //! ```
 

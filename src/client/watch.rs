@@ -1,18 +1,23 @@
 //! WATCH as a stream of typed events: [`Client::events`] gives the connection over to the
 //! watch, and [`Events::next`] returns each event as it comes.
 //!
-//! ```no_run
-//! # async fn demo() -> lockd::client::Result<()> {
+//! ```
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let addr = listener.local_addr()?.to_string();
+//! # let stop = tokio_util::sync::CancellationToken::new();
+//! # tokio::spawn(lockd::server::run(Default::default(), listener, stop.clone()));
 //! use lockd::client::Client;
 //! use lockd::locks::EventKind;
+//! use lockd::proto::Tie;
 //!
-//! let client = Client::connect("127.0.0.1:5001").await?;
-//! let mut events = client.events(Some("deploy")).await?;
-//! while let Ok(event) = events.next().await {
-//!     if event.kind == EventKind::Acquired {
-//!         println!("{} took {} (token {})", event.id, event.name, event.token);
-//!     }
-//! }
+//! let mut events = Client::connect(&addr).await?.events(Some("deploy")).await?;
+//! let mut other = Client::connect(&addr).await?;
+//! let token = other.lock("deploy", "web-1", None, None, Tie::Plain).await?;
+//! let event = events.next().await?;
+//! assert_eq!((event.kind, event.id.as_str(), event.token), (EventKind::Acquired, "web-1", token));
+//! # stop.cancel();
 //! # Ok(()) }
 //! ```
 

@@ -9,6 +9,7 @@ mod common;
 mod audit;
 mod auth;
 mod cli;
+mod client_hold;
 mod compat;
 mod contrib;
 mod durability;
