@@ -109,6 +109,7 @@ ValueError or TypeError, which are usage errors (2).
 """
 
 import os
+import random
 import re
 import select
 import socket
@@ -123,6 +124,7 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_UNREACHABLE",
     "EXIT_LOST",
+    "EXIT_UNAVAILABLE",
     "LockdError",
     "ConnectionLost",
     "TlsError",
@@ -142,6 +144,7 @@ __all__ = [
     "Shutdown",
     "NoAuth",
     "Denied",
+    "Unavailable",
     "LeaseLost",
     "LockStatus",
     "Holder",
@@ -166,6 +169,8 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 #: The lock was lost, or a token is not the live lease.
 EXIT_LOST = 4
+#: lockd was reached but could not serve the request for the whole wait (ERR UNAVAILABLE).
+EXIT_UNAVAILABLE = 5
 #: Longest reply line we accept; the server's replies are far shorter.
 _MAX_REPLY = 64 * 1024
 
@@ -256,6 +261,14 @@ class Shutdown(ServerError):
     """ERR SHUTDOWN: the server is stopping."""
 
 
+class Unavailable(ServerError):
+    """ERR UNAVAILABLE: this front-end cannot serve the request now (a cluster front-end cut
+    off from etcd, an election); another one, or the same one later, may. ``lock`` sends the
+    LOCK again through the next address for the rest of its wait before it raises this."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
 class NoAuth(ServerError):
     """ERR NOAUTH: the server needs a login first (give ``user`` and a secret)."""
 
@@ -267,7 +280,7 @@ class Denied(ServerError):
 _ERRORS = {
     cls.__name__.upper(): cls
     for cls in (Syntax, Unknown, BadArg, Encoding, TooLong, Timeout, NotHeld, Conflict,
-                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied)
+                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied, Unavailable)
 }
 
 #: The most of a secret file read: a secret is one short line.
@@ -835,7 +848,13 @@ class Client:
         With several addresses (the front-ends of one cluster), a connection lost while
         waiting is not the end of the wait: the same LOCK (same id) is sent again through the
         next front-end, for the rest of ``wait``. The cluster then gives it back its place in
-        the queue, or the grant made to it meanwhile (proto.md, cluster mode).
+        the queue, or the grant made to it meanwhile (proto.md, cluster mode). An ``ERR
+        UNAVAILABLE`` (or ``ERR SHUTDOWN``) is sent again the same way, with a backoff (50ms
+        doubling to 1s), through the next address (with one, on the same connection), for the
+        rest of ``wait`` (as long as it takes without one; each address once with
+        ``wait=0``): the LOCK may have been granted although its answer was lost, and the same
+        id gets that grant back. When the wait is over the last one is raised
+        (:class:`Unavailable`, exit code 5).
         """
         head = "LOCK %s %s" % (_word("name", name), self.id)
         if ttl is not None:
@@ -845,6 +864,8 @@ class Client:
         wait_ms = None if wait is None else _ms(wait)
         until = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
         lost = 0
+        refused = 0
+        pause = 0.05
         while True:
             line, reply_timeout = head, None
             if until is not None:
@@ -863,6 +884,26 @@ class Client:
                     raise
                 time.sleep(0.05)
                 continue  # the same LOCK through the next front-end
+            except (Unavailable, Shutdown):
+                refused += 1
+                now = time.monotonic()
+                if wait_ms == 0:
+                    # No waiting: one try per address, no pause.
+                    if refused >= len(self._addrs):
+                        raise
+                    pause = 0.0
+                elif until is not None and now >= until:
+                    raise
+                if len(self._addrs) > 1:
+                    # The next try goes to the next front-end: this one cannot serve it now.
+                    with self._mutex:
+                        self._lost()
+                sleep = pause * (0.5 + random.random() / 2)
+                if until is not None:
+                    sleep = min(sleep, max(0.0, until - now))
+                time.sleep(sleep)
+                pause = min(pause * 2, 1.0)
+                continue
             if not rest.isdigit():
                 raise ProtocolError("unexpected reply to LOCK: %r" % rest)
             return int(rest)

@@ -27,12 +27,7 @@ GUARD = 10.0
 
 #: Scenarios this client is known to fail, each with why (unittest's expectedFailure: if it
 #: passes one day, the run says so, and the entry goes).
-KNOWN = {
-    "lock_resent_after_err_unavailable":
-        "Client.lock sends the LOCK again through the next address only when the connection "
-        "is lost; an ERR UNAVAILABLE is raised as a ServerError (this client has no class for "
-        "the code)",
-}
+KNOWN = {}
 
 
 def lockd_bin():
