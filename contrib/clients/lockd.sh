@@ -71,6 +71,9 @@
 #   3  no server: cannot connect, or the connection ended or timed out without a reply
 #   4  lock lost: UNLOCK/RENEW/CHECK found TOKEN is not the live lease (ERR NOTHELD), or
 #      lockd_run lost its lease while CMD ran (and stopped CMD)
+#   5  lockd was reached but could not serve the request (ERR UNAVAILABLE: a cluster
+#      front-end cut off from etcd); lockd_lock and lockd_run send their LOCK again, through
+#      the next address of LOCKD_ADDR, for the rest of wait= before they return it
 # lockd_run returns CMD's exit status when it ran and the lease held to its end (126/127 if
 # CMD could not be run / was not found, 128+N if signal N ended it); so, as with flock(1),
 # pick commands whose own codes you can tell apart, or look at LOCKD_ERROR (empty after a
@@ -114,6 +117,17 @@ lockd__fail() {
     LOCKD_ERROR=$2
     printf 'lockd: %s\n' "$2" >&2
     return "$1"
+}
+
+# Prints the time in milliseconds: bash 5's EPOCHREALTIME (its decimal mark may be a comma),
+# else date(1).
+lockd__now_ms() {
+    if [[ -n ${EPOCHREALTIME:-} ]]; then
+        local us=${EPOCHREALTIME//[.,]/}
+        printf '%s\n' $((us / 1000))
+    else
+        date +%s%3N
+    fi
 }
 
 # A name, id, token or duration must be one non-empty word of printable characters: anything
@@ -327,9 +341,25 @@ lockd__read() {
 lockd__roundtrip() {
     local lockd__fd='' rc=0
     lockd__connect || return
-    lockd__exchange "$@" || rc=$?
+    lockd__exchange_round "$@" || rc=$?
     lockd__disconnect
     return "$rc"
+}
+
+# lockd__exchange on lockd__fd; answered ERR UNAVAILABLE (this front-end is cut off from etcd)
+# with several addresses in LOCKD_ADDR, the same line once through each of the others in turn,
+# as lockctl does: any front-end of a cluster serves any request. The last answer stays.
+lockd__exchange_round() {
+    local list=() tries=1
+    IFS=, read -r -a list <<<"${LOCKD_ADDR:-127.0.0.1:5001}"
+    lockd__exchange "$@" || return
+    while [[ $LOCKD_REPLY == "ERR UNAVAILABLE"* ]] && ((tries < ${#list[@]})); do
+        lockd__disconnect
+        lockd__connect $((lockd__at + 1)) || return
+        ((tries += 1))
+        lockd__exchange "$@" || return
+    done
+    return 0
 }
 
 # Maps LOCKD_REPLY (an ERR line) to a return code, with its message on stderr.
@@ -339,6 +369,7 @@ lockd__refused() {
     case $code in
         TIMEOUT) lockd__fail 1 "$LOCKD_REPLY" ;;
         NOTHELD) lockd__fail 4 "$LOCKD_REPLY" ;;
+        UNAVAILABLE) lockd__fail 5 "$LOCKD_REPLY" ;;
         NOAUTH)
             lockd__fail 2 "$LOCKD_REPLY (set LOCKD_USER, and LOCKD_SECRET or LOCKD_SECRET_FILE)"
             ;;
@@ -418,9 +449,15 @@ lockd__lock_line() {
 # reads its answer into LOCKD_REPLY, waiting as long as the LOCK does. If the connection drops
 # before the answer and LOCKD_ADDR lists several front-ends, the same LOCK (same id) is sent
 # through the next one for the rest of the wait: a lockd cluster gives it back its place in
-# the queue, or the grant made to it meanwhile (proto.md, cluster mode).
+# the queue, or the grant made to it meanwhile (proto.md, cluster mode). An ERR UNAVAILABLE
+# or ERR SHUTDOWN (this front-end cannot serve it now) is sent again the same way, with a
+# backoff (50ms doubling to 1s, jittered), through the next address (with one address, on
+# the same connection after an UNAVAILABLE), for the rest of the wait (as long as it takes
+# without one; each address once with wait=0): the same id gets back a grant whose answer
+# was lost. When the wait is over, the last answer is the one returned.
 lockd__lock_exchange() {
     local base=$1 wait_ms='' left='' rc sent=0 list=() started=${EPOCHREALTIME/./}
+    local pause_ms=50 nap_ms
     IFS=, read -r -a list <<<"${LOCKD_ADDR:-127.0.0.1:5001}"
     if [[ -n $lockd__wait && -n $started ]]; then
         wait_ms=$(lockd__ms "$lockd__wait") || wait_ms=''
@@ -437,6 +474,30 @@ lockd__lock_exchange() {
         rc=0
         lockd__exchange "$line" wait || rc=$?
         ((sent += 1))
+        if ((rc == 0)) && [[ -z ${lockd__stopping:-} ]] &&
+            [[ $LOCKD_REPLY == "ERR UNAVAILABLE"* || $LOCKD_REPLY == "ERR SHUTDOWN"* ]]; then
+            nap_ms=$((pause_ms / 2 + RANDOM % (pause_ms / 2 + 1)))
+            if [[ $wait_ms == 0 ]]; then
+                # No waiting: one try per address, no pause.
+                ((sent < ${#list[@]})) || return 0
+                nap_ms=0
+            elif [[ -n $wait_ms ]]; then
+                left=$((wait_ms - (${EPOCHREALTIME/./} - started) / 1000))
+                ((left > 0)) || return 0
+                ((nap_ms < left)) || nap_ms=$left
+            elif [[ -n $lockd__wait ]]; then
+                # A wait= without a clock to count it (bash < 5): a few rounds.
+                ((sent <= 2 * ${#list[@]})) || return 0
+            fi
+            if ((${#list[@]} > 1)) || [[ $LOCKD_REPLY == "ERR SHUTDOWN"* ]]; then
+                lockd__disconnect
+                lockd__connect $((lockd__at + 1)) || return
+            fi
+            ((nap_ms == 0)) || lockd__nap "$(lockd__ms_to_s "$nap_ms")"
+            pause_ms=$((pause_ms * 2))
+            ((pause_ms <= 1000)) || pause_ms=1000
+            continue
+        fi
         # Only a connection lost before the answer goes on, while there is time and another
         # address; every address tried twice in a row is enough.
         [[ $rc == 3 && -z $LOCKD_REPLY && -z ${lockd__stopping:-} ]] || return "$rc"
@@ -578,7 +639,7 @@ lockd_status() {
         line="STATUS $1 detail"
     fi
     lockd__connect || return
-    lockd__exchange "$line" || rc=$?
+    lockd__exchange_round "$line" || rc=$?
     while ((rc == 0)); do
         case $LOCKD_REPLY in
             "HOLDER "* | "WAITER "* | "INFO "*)
@@ -628,11 +689,11 @@ lockd__ms_to_s() {
     printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
 }
 
-# Stops CMD_PID: TERM, then KILL after LOCKD_KILL_AFTER seconds.
+# Stops CMD_PID: TERM, then KILL after GRACE_MS (default LOCKD_KILL_AFTER seconds).
 lockd__stop_command() {
-    local cmd_pid=$1 waited=0 grace=${LOCKD_KILL_AFTER:-10}
+    local cmd_pid=$1 waited=0 grace_ms=${2:-$((${LOCKD_KILL_AFTER:-10} * 1000))}
     kill -TERM "$cmd_pid" 2>/dev/null || true
-    while kill -0 "$cmd_pid" 2>/dev/null && ((waited < grace * 10)); do
+    while kill -0 "$cmd_pid" 2>/dev/null && ((waited < grace_ms / 100)); do
         lockd__nap 0.1
         waited=$((waited + 1))
     done
@@ -642,9 +703,10 @@ lockd__stop_command() {
 # RENEWs on the session connection (lockd__fd); if that connection is gone, reconnects and
 # RENEWs on the new one, which the server then ties the lease to. Sets ttl_ms of the caller.
 # The reconnect starts at the address after the one lost: with several front-ends, that one
-# may be the one that is down.
+# may be the one that is down. With UNTIL_MS (a time of lockd__now_ms), no reply is waited
+# for past it.
 lockd__renew_session() {
-    local name=$1 token=$2 patience=$3 rc=0
+    local name=$1 token=$2 patience=$3 until_ms=${4:-} rc=0 left_ms
     if [[ -n ${lockd__fd:-} ]]; then
         lockd__exchange "RENEW $name $token" "$patience" || rc=$?
     else
@@ -652,6 +714,14 @@ lockd__renew_session() {
     fi
     if ((rc == 3)); then
         lockd__disconnect
+        if [[ -n $until_ms ]]; then
+            left_ms=$((until_ms - $(lockd__now_ms)))
+            if ((left_ms <= 0)); then
+                lockd__fail 3 "no time left to renew on another connection"
+                return
+            fi
+            patience=$(lockd__ms_to_s "$left_ms")
+        fi
         lockd__connect $((lockd__at + 1)) || return
         rc=0
         lockd__exchange "RENEW $name $token" "$patience" || rc=$?
@@ -669,54 +739,84 @@ lockd__release() {
 }
 
 # The renewal loop of lockd_run, run as a background subshell that owns the session
-# connection (lockd__fd). It renews every third of the time the lease surely outlives a
-# dropped connection (the grace, or the ttl if shorter; the ttl for session=0). When the
-# lease may be gone (RENEW refused, or no RENEW got through for that long) it stops the
-# command and exits 4. When lockd_run's own shell (OWNER) is gone, killed, it stops the
-# command and releases the lock. A TERM from lockd_run ends it with 0, or with 4 if it had
+# connection (lockd__fd). It works to a deadline: the time the latest RENEW that got through
+# was sent (SENT_MS, first), plus how long the lease surely lives without another (the grace,
+# or the ttl if shorter; the ttl for session=0): the server extended the lease after that
+# send, and still had the connection then. It renews every third of that time, each reply
+# waited for no later than the moment the command must be stopped: a margin (a tenth, 20ms
+# to 2s) and the kill grace (LOCKD_KILL_AFTER, at most a quarter) before the deadline. When
+# the lease is refused, or that moment comes with no renewal through, it stops the command
+# (TERM, then KILL before the deadline) and exits 4: the command is stopped before lockd can
+# grant the lock to anyone else. When lockd_run's own shell (OWNER) is gone, killed, it stops
+# the command and releases the lock. A TERM from lockd_run ends it with 0, or with 4 if it had
 # already found the lease lost.
 lockd__renewer() {
-    local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 grace_ms=$5 owner=$6
-    local last_ok=$SECONDS why='' hold_ms every_ms rc
+    local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 grace_ms=$5 owner=$6 last_sent=$7
+    local why='' hold_ms every_ms margin_ms kill_ms stop_at next_at now sent left rc
+    local retry_ms=100 max_ms failed=''
     lockd__nap_pid='' lockd__lost=''
     trap 'if [[ -n $lockd__nap_pid ]]; then kill "$lockd__nap_pid" 2>/dev/null || true; fi
           if [[ -n $lockd__lost ]]; then exit 4; fi
           exit 0' TERM
+    # How long the lease surely lives without a RENEW getting through: the grace (none for
+    # session=0), but never past the ttl.
+    hold_ms=$ttl_ms every_ms=$ttl_ms
+    ((grace_ms > 0 && grace_ms < hold_ms)) && hold_ms=$grace_ms
+    ((grace_ms > 0 && grace_ms < every_ms)) && every_ms=$grace_ms
+    margin_ms=$((hold_ms / 10))
+    ((margin_ms >= 20)) || margin_ms=20
+    ((margin_ms <= 2000)) || margin_ms=2000
+    kill_ms=$((${LOCKD_KILL_AFTER:-10} * 1000))
+    ((kill_ms <= hold_ms / 4)) || kill_ms=$((hold_ms / 4))
     while :; do
-        # How long the lease surely lives without a RENEW getting through: the grace (none for
-        # session=0), but never past the ttl.
-        hold_ms=$ttl_ms every_ms=$ttl_ms
-        ((grace_ms < hold_ms)) && hold_ms=$grace_ms
-        ((grace_ms > 0 && grace_ms < every_ms)) && every_ms=$grace_ms
-        lockd__nap "$(lockd__ms_to_s $((every_ms / 3)))"
+        stop_at=$((last_sent + hold_ms - margin_ms - kill_ms))
+        if [[ -n $failed ]]; then
+            next_at=$(($(lockd__now_ms) + retry_ms))
+        else
+            next_at=$((last_sent + every_ms / 3))
+        fi
+        ((next_at <= stop_at)) || next_at=$stop_at
+        now=$(lockd__now_ms)
+        if ((next_at > now)); then
+            lockd__nap "$(lockd__ms_to_s $((next_at - now)))"
+        fi
         if ! kill -0 "$owner" 2>/dev/null; then
             printf 'lockd: lockd_run (pid %s) is gone; stopping its command (pid %s)\n' \
                 "$owner" "$cmd_pid" >&2
-            lockd__stop_command "$cmd_pid"
+            lockd__stop_command "$cmd_pid" "$kill_ms"
             lockd__release "$name" "$token"
             exit 0
         fi
-        rc=0
-        # A reply slower than the time between renewals (plus a second) counts as a failure,
-        # so a silent server cannot keep this loop in read until the lease is gone.
-        lockd__renew_session "$name" "$token" "$(lockd__ms_to_s $((every_ms / 3 + 1000)))" \
-            >/dev/null 2>&1 || rc=$?
-        case $rc in
-            0) last_ok=$SECONDS ;;
-            3)
-                # The server may be restarting: keep trying while the lease surely lives
-                # (SECONDS counts whole seconds, hence the one added).
-                if (((SECONDS - last_ok + 1) * 1000 >= hold_ms)); then
-                    why="no renewal got through for $((hold_ms / 1000))s: $LOCKD_ERROR"
-                fi
-                ;;
-            *) why="RENEW refused: $LOCKD_ERROR" ;;
-        esac
+        sent=$(lockd__now_ms)
+        left=$((stop_at - sent))
+        if ((left <= 0)); then
+            why="no renewal got through within $((hold_ms - margin_ms - kill_ms))ms${LOCKD_ERROR:+: $LOCKD_ERROR}"
+        else
+            rc=0
+            # No reply is waited for past the moment the command must be stopped.
+            lockd__renew_session "$name" "$token" "$(lockd__ms_to_s "$left")" "$stop_at" \
+                >/dev/null 2>&1 || rc=$?
+            case $rc in
+                0) last_sent=$sent failed='' retry_ms=100 ;;
+                3 | 5)
+                    # The server may be restarting, or another front-end may serve: again
+                    # soon, while the lease surely lives; after an ERR UNAVAILABLE through the
+                    # next address, if there is one.
+                    if ((rc == 5)) && [[ ${LOCKD_ADDR:-} == *,* ]]; then lockd__disconnect; fi
+                    failed=1
+                    max_ms=$((every_ms / 10))
+                    ((max_ms >= 100)) || max_ms=100
+                    retry_ms=$((retry_ms * 2))
+                    ((retry_ms <= max_ms)) || retry_ms=$max_ms
+                    ;;
+                *) why="RENEW refused: $LOCKD_ERROR" ;;
+            esac
+        fi
         if [[ -n $why ]]; then
             lockd__lost=1
             printf 'lockd: lease on %s lost (%s); stopping the command (pid %s)\n' \
                 "$name" "$why" "$cmd_pid" >&2
-            lockd__stop_command "$cmd_pid"
+            lockd__stop_command "$cmd_pid" "$kill_ms"
             exit 4
         fi
     done
@@ -786,9 +886,12 @@ lockd_run() {
     lockd__connect || rc=$?
     if ((rc == 0)); then lockd__lock_exchange "$line" || rc=$?; fi
     if ((rc == 0)); then lockd__granted || rc=$?; fi
+    local renewed_at=''
     if ((rc == 0)); then
         token=$LOCKD_TOKEN
-        # A first renewal right away tells us the lease length in ms, whatever form ttl= took.
+        # A first renewal right away tells us the lease length in ms, whatever form ttl= took,
+        # and a time the lease surely lives from (its send).
+        renewed_at=$(lockd__now_ms)
         lockd__renew_session "$name" "$token" "${LOCKD_IO_TIMEOUT:-10}" || rc=$?
     fi
     if ((rc != 0)) || [[ -n $lockd__stopping ]]; then
@@ -813,7 +916,7 @@ lockd_run() {
     # The words of a background command are expanded in its own process: take this shell's
     # pid first.
     local owner=$BASHPID
-    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" &
+    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" "$renewed_at" &
     local renew_pid=$!
     # The renewer owns the connection now; this shell releases on a connection of its own.
     lockd__disconnect
