@@ -884,4 +884,28 @@ fn the_readme_shows_the_tested_examples() {
             "{file}'s example is not in the README as it is:\n{block}"
         );
     }
+    // Rust's is the first doctest of the library's client module, without its hidden lines.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let module =
+        std::fs::read_to_string(root.join("src/client/mod.rs")).expect("src/client/mod.rs");
+    let block: Vec<&str> = module
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .skip_while(|l| !l.starts_with("```"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .filter(|l| !(l.starts_with("# ") || *l == "#"))
+        .collect();
+    assert!(block.len() >= 5, "no doctest in src/client/mod.rs");
+    let block = block.join("\n");
+    for doc in [
+        readme,
+        std::fs::read_to_string(root.join("README.md")).expect("README.md"),
+    ] {
+        assert!(
+            doc.contains(&block),
+            "the Rust example (src/client/mod.rs) is not in the README as it is:\n{block}"
+        );
+    }
 }
