@@ -32,6 +32,8 @@ The full client::
     c.renew("deploy", token)                      # -> ttl_ms; raises NotHeld if lost
     c.unlock("deploy", token)
     c.status("deploy")                            # LockStatus, or None if free
+    for event in Client().watch("deploy"):        # Event(kind, name, id, token, unix_ms)
+        print(event.kind, event.id, event.token)
 
 Several addresses, the front-ends of one lockd cluster (any of them serves any request and
 knows every token), as lockctl's ``--server a:5001,b:5001``: ``server="a:5001,b:5001"`` (no
@@ -150,6 +152,7 @@ __all__ = [
     "Holder",
     "Waiter",
     "LockDetail",
+    "Event",
     "Client",
     "Lease",
     "lock",
@@ -348,6 +351,23 @@ class LockDetail(_Record):
     first 1000; ``status.waiters`` counts them all)."""
 
     __slots__ = ("status", "holders", "waiters")
+
+
+class Event(_Record):
+    """One change of a watched lock, an ``EVENT`` line of ``WATCH``: ``kind`` (``"acquired"``,
+    ``"released"``, ``"expired"`` or ``"dropped"``: a session lease whose connection closed),
+    the lock's ``name``, the holder's ``id`` and ``token``, and the server's clock when it
+    happened, ``unix_ms``."""
+
+    __slots__ = ("kind", "name", "id", "token", "unix_ms")
+
+
+def _parse_event(line):
+    """``EVENT <kind> <name> <id> <token> <unix-ms>`` -> Event."""
+    words = line.split(" ")
+    if len(words) != 6 or words[0] != "EVENT" or not (words[4].isdigit() and words[5].isdigit()):
+        raise ProtocolError("bad event line: %r" % line)
+    return Event(words[1], words[2], words[3], int(words[4]), int(words[5]))
 
 
 def _fields(line, words):
@@ -980,6 +1000,45 @@ class Client:
             if not rest.isdigit() or int(rest) != len(held):
                 raise ProtocolError("STATUS ended with %r after %d INFO lines" % (line, len(held)))
             return held
+
+    def watch(self, name=None, timeout=None):
+        """WATCH ``name`` (every lock with ``None``): a generator of :class:`Event`, one per
+        change of the lock as it happens, from now on.
+
+        The connection is given over to the watch: use another client for requests meanwhile.
+        Each event is waited for as long as it takes, or ``timeout`` seconds (then
+        ConnectionLost). An ``ERR`` ends the watch with its ServerError: ``Lagged`` when this
+        watcher read too slowly and the server dropped it, ``Shutdown`` when it stops. Closing
+        the generator (or leaving the loop and dropping it) closes the connection; the client
+        reconnects on its next request.
+        """
+        line = "WATCH" if name is None else "WATCH " + _word("name", name)
+        # Sent now, not at the first next(): the events start with this call.
+        self._ok(self._request(line))
+        return self._events(timeout)
+
+    def _events(self, timeout):
+        try:
+            while True:
+                with self._mutex:
+                    if self._sock is None:
+                        raise ConnectionLost("the watch's connection to %s is gone" % self.address)
+                    try:
+                        self._sock.settimeout(timeout)
+                        reply = self._read_line()
+                    except socket.timeout:
+                        self._lost()
+                        raise ConnectionLost("no event from %s within %ss" % (self.address, timeout))
+                    except OSError as e:
+                        self._lost()
+                        raise ConnectionLost("%s: %s" % (self.address, e)) from e
+                if reply.startswith("EVENT "):
+                    yield _parse_event(reply)
+                elif reply.startswith("ERR "):
+                    self._ok(reply)
+                # Anything else (an OK of a newer server) is no event: read on.
+        finally:
+            self.close()
 
     def ping(self):
         """True if the server answers PING."""
