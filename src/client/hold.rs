@@ -35,6 +35,12 @@ use crate::proto::{ErrorCode, Tie};
 /// lease lives to renew it in time.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
+/// The session grace of a held lock whose [`LockOptions`] tie it to nothing (at most the
+/// ttl): a process that dies, even by SIGKILL, frees the lock this long after, not a whole
+/// ttl later; a dropped connection is ridden out by renewing on a new one within it. As the
+/// Go, Node, Ruby, Python and bash helpers do.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
 /// The longest renewal interval with several addresses (see `lockctl`'s keeper): renewals move
 /// to another front-end well within a cut-off one's etcd lease.
 const CLUSTER_INTERVAL: Duration = Duration::from_secs(2);
@@ -95,9 +101,11 @@ impl Lease {
 }
 
 /// Runs `block` under the lock `name`, taken as `id` with `opts` (sent again through the next
-/// address within its wait, as [`Connector::lock`]; the ttl [`DEFAULT_TTL`] if it names none),
-/// on a connection of its own; renews in the background (see the module); releases the lock
-/// when the block ends, or is dropped, or panics.
+/// address within its wait, as [`Connector::lock`]; the ttl [`DEFAULT_TTL`] if it names none,
+/// a session lease of grace [`DEFAULT_GRACE`] if it names no tie: [`LockOptions::detach`] for
+/// a lease that outlives this process until its ttl), on a connection of its own; renews in
+/// the background (see the module); releases the lock when the block ends, or is dropped, or
+/// panics.
 ///
 /// Returns the block's value; [`LockError::Lost`] if the lease was lost first (the block's
 /// future is then dropped, before lockd can grant the lock to anyone else); the LOCK's error
@@ -141,8 +149,13 @@ where
     Fut: Future<Output = T>,
 {
     let ttl = opts.ttl.unwrap_or(DEFAULT_TTL);
+    let tie = match opts.tie {
+        Tie::Plain => Tie::Session(DEFAULT_GRACE.min(ttl)),
+        tie => tie,
+    };
     let opts = LockOptions {
         ttl: Some(ttl),
+        tie,
         ..opts.clone()
     };
     let locked = connector.lock(name, id, &opts).await?;

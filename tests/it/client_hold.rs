@@ -119,3 +119,45 @@ async fn a_refused_renewal_stops_the_block_and_is_the_error() {
         .expect("free for the next");
     server.shutdown().await;
 }
+
+/// The default session lease: a connection cut (as a firewall's reset) is ridden out by
+/// renewing on a new one within the grace, and the block runs on; the lease is still this
+/// token's after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_is_ridden_out_within_the_grace() {
+    let server = Lockd::new().serve().await;
+    let proxy = crate::common::blocking::Proxy::start(server.addr);
+    let lockd = connector(proxy.addr);
+    let opts = LockOptions::new().ttl(Duration::from_secs(3));
+    let (token_tx, token_rx) = tokio::sync::oneshot::channel();
+    let (end, end_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        hold(&lockd, "c", "a", &opts, |lease| async move {
+            let _ = token_tx.send(lease.token());
+            let _ = end_rx.await;
+        })
+        .await
+    });
+    let token = token_rx.await.expect("the block got the lock");
+    let mut admin = Client::connect(&server.addr.to_string())
+        .await
+        .expect("connect");
+    let status = admin.lock_status("c").await.expect("status");
+    assert!(status.held().is_some_and(|h| h.session), "{status:?}");
+    proxy.cut();
+    // Past the 3s ttl and grace: renewed through new connections meanwhile.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!task.is_finished(), "the helper gave up after a cut");
+    assert!(admin.check("c", token).await.is_ok(), "the lease ended");
+    let _ = end.send(());
+    let got = tokio::time::timeout(GUARD, task)
+        .await
+        .expect("the helper returns")
+        .expect("no panic");
+    assert!(got.is_ok(), "{got:?}");
+    assert!(
+        eventually_free(server.addr, "c").await,
+        "not released at the end"
+    );
+    server.shutdown().await;
+}
