@@ -160,25 +160,45 @@ where
     };
     let locked = connector.lock(name, id, &opts).await?;
     let timing = Timing::new(ttl, opts.tie, connector.addrs().len());
+    let (mut client, token) = (locked.client, locked.token);
+    let (mut since, mut left) = (locked.sent, ttl);
+    // A LOCK that waited does not say when it was granted: counted from its send, the lease
+    // could seem over already. A renewal at once gives a deadline from its own send.
+    if locked.sent.elapsed() > timing.window / 10 {
+        let sent = Instant::now();
+        let renewed = timeout(
+            connector.connect_timeout(),
+            client.renew(name, token, Some(ttl)),
+        )
+        .await;
+        match renewed {
+            Ok(Ok(l)) => (since, left) = (sent, l),
+            failed => {
+                let _ = timeout(connector.connect_timeout(), client.unlock(name, token)).await;
+                return Err(match failed {
+                    Ok(Err(e)) => LockError::Request(e),
+                    _ => LockError::Lost(format!(
+                        "lockd at {} did not answer the first RENEW",
+                        connector.addr()
+                    )),
+                });
+            }
+        }
+    }
     let lease = Lease {
         name: name.to_owned(),
-        token: locked.token,
+        token,
         lost: CancellationToken::new(),
         why: Arc::new(Mutex::new(None)),
     };
     let mut keeper = Keeper {
         connector: connector.clone(),
-        client: Some(locked.client),
+        client: Some(client),
         lease: lease.clone(),
         timing,
-        deadline: timing.deadline(locked.sent, ttl),
-        next_renew: timing.next_renew(locked.sent),
+        deadline: timing.deadline(since, left),
+        next_renew: timing.next_renew(since),
     };
-    // A LOCK that waited does not say when it was granted: the lease may be well under way.
-    // A renewal at once tells a deadline no later than its send.
-    if locked.sent.elapsed() > timing.window / 10 {
-        keeper.next_renew = Instant::now();
-    }
     let (stop, stopped) = oneshot::channel();
     let (done_tx, done) = oneshot::channel();
     tokio::spawn(async move {

@@ -161,3 +161,35 @@ async fn a_cut_connection_is_ridden_out_within_the_grace() {
     );
     server.shutdown().await;
 }
+
+/// A LOCK that waited longer than its lease's window: the lease runs from its grant, not from
+/// the LOCK's send, so the helper holds it on (renewed) rather than counting it lost at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_that_waited_past_its_ttl_is_held_from_its_grant() {
+    let server = Lockd::new().serve().await;
+    let mut first = Client::connect(&server.addr.to_string())
+        .await
+        .expect("connect");
+    let t1 = first
+        .lock("w", "x", Some(Duration::from_secs(60)), None, Tie::Plain)
+        .await
+        .expect("lock");
+    let lockd = connector(server.addr);
+    let opts = LockOptions::new().ttl(Duration::from_secs(1));
+    let task = tokio::spawn(async move {
+        hold(&lockd, "w", "a", &opts, |lease| async move {
+            // Twice the ttl, under the lock.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            lease.is_lost()
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    first.unlock("w", t1).await.expect("unlock");
+    let got = tokio::time::timeout(GUARD, task)
+        .await
+        .expect("the helper returns")
+        .expect("no panic");
+    assert!(!got.expect("held to the end"), "the lease was lost");
+    server.shutdown().await;
+}
