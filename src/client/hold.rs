@@ -191,7 +191,7 @@ where
         lost: CancellationToken::new(),
         why: Arc::new(Mutex::new(None)),
     };
-    let mut keeper = Keeper {
+    let keeper = Keeper {
         connector: connector.clone(),
         client: Some(client),
         lease: lease.clone(),
