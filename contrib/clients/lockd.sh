@@ -34,6 +34,13 @@
 #                     secret: ERR DENIED) return 2, as does any call without LOCKD_USER to a
 #                     server that needs one (ERR NOAUTH). The secret is never printed, nor
 #                     traced by `set -x`.
+#   LOCKD_TLS_CA      connect over TLS, trusting the CA in this file (lockctl's --tls-ca);
+#   LOCKD_TLS=1       the same with the system's CAs (lockctl's --tls);
+#   LOCKD_CLIENT_CERT and LOCKD_CLIENT_KEY: present this client certificate (mutual TLS).
+#                     bash has no TLS of its own: each connection is an `openssl s_client`
+#                     (OpenSSL 3.0+) behind two pipes, which checks lockd's certificate
+#                     against the host of LOCKD_ADDR. A certificate that is refused either
+#                     way ends the connection: return code 3, openssl's reason in the message.
 #
 # Functions and what they return:
 #   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE]
@@ -177,6 +184,7 @@ lockd__ms() {
 # at every front-end.
 lockd__connect() {
     local list=${LOCKD_ADDR:-127.0.0.1:5001} start=${1:-0} addrs=() addr host port i k n rc
+    local probe=''
     if [[ $list == ,* || $list == *, || $list == *,,* || $list =~ [[:space:]] ]]; then
         lockd__fail 2 "LOCKD_ADDR must be host:port, or several comma-separated without spaces, not '$list'"
         return
@@ -198,9 +206,17 @@ lockd__connect() {
         port=${addr##*:}
         host=${host#[}
         host=${host%]}
+        if lockd__tls_wanted; then
+            # openssl connects in the background: with somewhere else to go, a TCP probe first
+            # tells a front-end that is down from one that is up.
+            if ((n > 1)) && ! { exec {probe}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
+                continue
+            fi
+            [[ -z ${probe:-} ]] || exec {probe}>&-
+            lockd__tls_open "$host" "$port" || return
         # The group's redirection hides bash's own "connect: ..." noise; the fd stays open
         # after.
-        if ! { exec {lockd__fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
+        elif ! { exec {lockd__fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
             continue
         fi
         lockd__addr=$addr lockd__at=$i
@@ -277,12 +293,79 @@ lockd__auth() {
     esac
 }
 
-# Closes the caller's lockd__fd, if open.
+# Closes the caller's lockd__fd, if open (and over TLS its openssl's output, lockd__rfd:
+# openssl ends the connection when the last copy of its input is closed).
 lockd__disconnect() {
     if [[ -n ${lockd__fd:-} ]]; then
         exec {lockd__fd}>&-
         lockd__fd=
     fi
+    if [[ -n ${lockd__rfd:-} ]]; then
+        exec {lockd__rfd}<&-
+        lockd__rfd=
+    fi
+    if [[ -n ${lockd__tls_dir:-} ]]; then
+        rm -rf "$lockd__tls_dir"
+        lockd__tls_dir=
+    fi
+}
+
+# Whether connections go over TLS (see the header).
+lockd__tls_wanted() {
+    [[ -n ${LOCKD_TLS_CA:-} || -n ${LOCKD_CLIENT_CERT:-} || ${LOCKD_TLS:-} == 1 ||
+        ${LOCKD_TLS:-} == true ]]
+}
+
+# Opens a TLS connection to HOST PORT: openssl s_client in the background, its input written
+# through the caller's lockd__fd and its output read through lockd__rfd (named pipes, unlinked
+# once open; its messages in lockd__tls_dir/err). lockd's certificate must be signed by
+# LOCKD_TLS_CA (else a CA of the system) and name HOST. openssl ends the connection at the end
+# of its input (-no_ign_eof): when the last copy of lockd__fd is closed.
+lockd__tls_open() {
+    local host=$1 port=$2 dir opts=(-quiet -no_ign_eof -verify_return_error)
+    if ! command -v openssl >/dev/null; then
+        lockd__fail 2 "TLS (LOCKD_TLS_CA, LOCKD_TLS or LOCKD_CLIENT_CERT) needs openssl, which is not installed"
+        return
+    fi
+    if [[ -n ${LOCKD_CLIENT_KEY:-} && -z ${LOCKD_CLIENT_CERT:-} ]]; then
+        lockd__fail 2 "LOCKD_CLIENT_KEY without LOCKD_CLIENT_CERT"
+        return
+    fi
+    local file
+    for file in "${LOCKD_TLS_CA:-}" "${LOCKD_CLIENT_CERT:-}" "${LOCKD_CLIENT_KEY:-}"; do
+        if [[ -n $file && ! -r $file ]]; then
+            lockd__fail 2 "cannot read $file"
+            return
+        fi
+    done
+    # A line that starts with R, Q or k is a command to s_client (renegotiate, quit, key
+    # update) unless it is told otherwise: RENEW and QUIT must go to lockd.
+    if [[ -z ${lockd__nocommands:-} ]]; then
+        lockd__nocommands=no
+        if openssl s_client -help 2>&1 | grep -q -- -nocommands; then lockd__nocommands=yes; fi
+    fi
+    if [[ $lockd__nocommands != yes ]]; then
+        lockd__fail 2 "TLS needs an openssl whose s_client has -nocommands (OpenSSL 3.0+)"
+        return
+    fi
+    opts+=(-nocommands -connect "$host:$port")
+    [[ -z ${LOCKD_TLS_CA:-} ]] || opts+=(-CAfile "$LOCKD_TLS_CA")
+    if [[ $host =~ ^[0-9.]+$ || $host == *:* ]]; then
+        opts+=(-verify_ip "$host")
+    else
+        opts+=(-verify_hostname "$host" -servername "$host")
+    fi
+    if [[ -n ${LOCKD_CLIENT_CERT:-} ]]; then
+        opts+=(-cert "$LOCKD_CLIENT_CERT" -key "${LOCKD_CLIENT_KEY:-$LOCKD_CLIENT_CERT}")
+    fi
+    if ! dir=$(mktemp -d) || ! mkfifo "$dir/in" "$dir/out"; then
+        lockd__fail 3 "cannot make the pipes to openssl"
+        return
+    fi
+    openssl s_client "${opts[@]}" <"$dir/in" >"$dir/out" 2>"$dir/err" &
+    exec {lockd__fd}>"$dir/in" {lockd__rfd}<"$dir/out"
+    rm -f "$dir/in" "$dir/out"
+    lockd__tls_dir=$dir
 }
 
 # Sends LINE on lockd__fd and reads one reply line into LOCKD_REPLY. PATIENCE is the number of
@@ -308,7 +391,7 @@ lockd__read() {
     if [[ $patience == wait ]]; then
         while :; do
             chunk='' rc=0
-            IFS= read -r -t 1 -u "$lockd__fd" chunk || rc=$?
+            IFS= read -r -t 1 -u "${lockd__rfd:-$lockd__fd}" chunk || rc=$?
             reply+=$chunk
             ((rc > 128)) || break # a whole line, or the end of the connection
             if [[ -n ${lockd__stopping:-} ]]; then
@@ -321,7 +404,7 @@ lockd__read() {
             fi
         done
     else
-        IFS= read -r -t "$patience" -u "$lockd__fd" reply || rc=$?
+        IFS= read -r -t "$patience" -u "${lockd__rfd:-$lockd__fd}" reply || rc=$?
     fi
     reply=${reply%$'\r'}
     LOCKD_REPLY=$reply
@@ -329,7 +412,11 @@ lockd__read() {
         if ((rc > 128)); then
             lockd__fail 3 "no reply from $addr within ${patience}s"
         else
-            lockd__fail 3 "$addr closed the connection without a reply"
+            local tls_why=''
+            if [[ -n ${lockd__tls_dir:-} && -s $lockd__tls_dir/err ]]; then
+                tls_why=$(grep -m1 -E ':error:|alert|verify error' "$lockd__tls_dir/err")
+            fi
+            lockd__fail 3 "$addr closed the connection without a reply${tls_why:+ (TLS: $tls_why)}"
         fi
         return
     fi
@@ -339,7 +426,7 @@ lockd__read() {
 # Sends LINE on a new connection and reads one reply line into LOCKD_REPLY (PATIENCE as for
 # lockd__exchange).
 lockd__roundtrip() {
-    local lockd__fd='' rc=0
+    local lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
     lockd__connect || return
     lockd__exchange_round "$@" || rc=$?
     lockd__disconnect
@@ -547,7 +634,7 @@ lockd_lock() {
     lockd__word name "$name" || return
     lockd__id || return
     lockd__lock_line "$name"
-    local lockd__fd='' rc=0
+    local lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
     lockd__connect || return
     lockd__lock_exchange "$line detach" || rc=$?
     lockd__disconnect
@@ -629,7 +716,7 @@ lockd_check() { lockd__with_token CHECK "$@"; }
 # held lock, then `OK COUNT`. LOCKD_REPLY holds the OK line.
 lockd_status() {
     LOCKD_ERROR='' LOCKD_MODE='' LOCKD_HOLDERS=0 LOCKD_WAITERS=0
-    local line=STATUS holder_lines=0 lockd__fd='' rc=0
+    local line=STATUS holder_lines=0 lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
     if (($# > 1)); then
         lockd__fail 2 "usage: lockd_status [NAME]"
         return
@@ -881,7 +968,7 @@ lockd_run() {
     trap 'lockd__stopping=INT' INT
     trap 'lockd__stopping=TERM' TERM
     trap 'lockd__stopping=HUP' HUP
-    local rc=0 token='' ttl_ms='' lockd__fd=''
+    local rc=0 token='' ttl_ms='' lockd__fd='' lockd__rfd='' lockd__tls_dir=''
     LOCKD_TOKEN=
     lockd__connect || rc=$?
     if ((rc == 0)); then lockd__lock_exchange "$line" || rc=$?; fi
@@ -908,6 +995,8 @@ lockd_run() {
     # it must close when lockd_run's renewer ends.
     (
         trap - INT QUIT
+        # Nor, over TLS, openssl's output.
+        if [[ -n $lockd__rfd ]]; then exec {lockd__rfd}<&-; fi
         export LOCKD_NAME=$name LOCKD_TOKEN=$token
         if [[ $(type -t -- "$1") == file ]]; then exec "$@"; fi
         "$@"
