@@ -57,6 +57,8 @@
 #                                          runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
 #                                          CMD sees LOCKD_NAME and LOCKD_TOKEN
+#   lockd_watch [NAME]                     prints each change of NAME (or of every lock)
+#                                          as it comes: KIND NAME ID TOKEN UNIX_MS
 #   lockd_request LINE                     sends one raw protocol line; sets LOCKD_REPLY
 #
 # MODE, as lockctl's --exclusive, --shared and --limit N (proto.md, "Shared locks and
@@ -758,6 +760,53 @@ lockd_status() {
         [[ $LOCKD_REPLY =~ \ waiters=([0-9]+) ]] && LOCKD_WAITERS=${BASH_REMATCH[1]}
     fi
     return 0
+}
+
+# lockd_watch [NAME]: WATCH NAME (every lock without one) on a connection of its own, and
+# prints each event on stdout as it comes, one line: KIND NAME ID TOKEN UNIX_MS (KIND is
+# acquired, released, expired or dropped: a session lease whose connection closed; UNIX_MS
+# the server's clock). Says "lockd: watching NAME" on stderr once lockd has confirmed the
+# watch (events from then on are seen). Runs until lockd ends the watch with an ERR (LAGGED:
+# this watcher read too slowly; SHUTDOWN: 2), the connection ends (3), or the script is gone.
+# For example: lockd_watch deploy | while read -r kind name id token ms; do ...; done
+lockd_watch() {
+    LOCKD_ERROR=
+    local line=WATCH lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
+    if (($# > 1)); then
+        lockd__fail 2 "usage: lockd_watch [NAME]"
+        return
+    fi
+    if (($# == 1)); then
+        lockd__word name "$1" || return
+        line="WATCH $1"
+    fi
+    lockd__connect || return
+    lockd__exchange_round "$line" || rc=$?
+    if ((rc == 0)) && [[ $LOCKD_REPLY != "OK watching"* ]]; then
+        if [[ $LOCKD_REPLY == ERR* ]]; then
+            lockd__refused || rc=$?
+        else
+            lockd__fail 2 "unexpected reply to WATCH: $LOCKD_REPLY" || rc=$?
+        fi
+    fi
+    if ((rc == 0)); then
+        printf 'lockd: %s\n' "${LOCKD_REPLY#OK }" >&2
+        while :; do
+            lockd__read wait || {
+                rc=$?
+                break
+            }
+            case $LOCKD_REPLY in
+                "EVENT "*) printf '%s\n' "${LOCKD_REPLY#EVENT }" ;;
+                ERR*)
+                    lockd__refused || rc=$?
+                    break
+                    ;;
+            esac
+        done
+    fi
+    lockd__disconnect
+    return "$rc"
 }
 
 # Sleeps SECONDS in a way that a TERM to this shell interrupts at once, without leaving a
