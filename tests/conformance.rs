@@ -266,16 +266,23 @@ impl World<'_> {
         }
         let mut connector = self.connector(addrs)?;
         if let Some(user) = step["user"].as_str() {
-            // The library takes the secret as a value: where it comes from (LOCKD_SECRET, a
-            // file) is its caller's business, so "env" and "file" are the same here.
-            let secret = match step["secret"].as_str() {
-                Some("wrong") => "not-the-secret-0123456789".to_string(),
-                _ => self.doc["users"][user]["secret"]
-                    .as_str()
-                    .expect("secret")
-                    .to_string(),
+            let secret = self.doc["users"][user]["secret"].as_str().expect("secret");
+            let credentials = match step["secret"].as_str() {
+                Some("env") => {
+                    // Only this runner's scenarios, one at a time, read the variable.
+                    std::env::set_var(lockd::client::auth::SECRET_VAR, secret);
+                    let got = Credentials::from_env(user);
+                    std::env::remove_var(lockd::client::auth::SECRET_VAR);
+                    got?
+                }
+                Some("file") => {
+                    let file = self.tmp.join(format!("{user}.secret"));
+                    std::fs::write(&file, format!("{secret}\n")).expect("write the secret");
+                    Credentials::from_file(user, &file)?
+                }
+                _ => Credentials::new(user.into(), Secret::new("not-the-secret-0123456789")),
             };
-            connector = connector.auth(Some(Credentials::new(user.into(), Secret::new(secret))));
+            connector = connector.auth(Some(credentials));
         }
         let connected = match connector.connect().await {
             Ok(mut client) => match client.ping().await {
