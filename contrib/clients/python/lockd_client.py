@@ -1201,8 +1201,13 @@ class Lease:
             try:
                 ttl_ms = self._renew(deadline if hold_ms else None)
                 last_ok = sent
-            except ConnectionLost as e:
-                # The server may be restarting: retry while the lease surely lives.
+            except (ConnectionLost, Unavailable, Shutdown) as e:
+                # The server may be restarting, or (ERR UNAVAILABLE, SHUTDOWN) this front-end
+                # can't serve it now and another may: retry, through the next address if there
+                # is one, while the lease surely lives.
+                if not isinstance(e, ConnectionLost) and len(self._client._addrs) > 1:
+                    with self._client._mutex:
+                        self._client._lost()
                 if time.monotonic() >= deadline:
                     self._mark_lost("no renewal got through within %d ms (%s)" % (hold_ms, e))
                     return
