@@ -21,7 +21,9 @@
 #                     would grant the same lock.
 #   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid of this shell>)
 #   LOCKD_IO_TIMEOUT  seconds to wait for a reply that should come at once (default 10)
-#   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10)
+#   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10; at
+#                     most a quarter of the lease's grace, so that CMD is gone before the
+#                     lease could end)
 #   LOCKD_USER        log in as this user (a lockd started with --auth-file): every
 #                     connection, the renewer's reconnects included, starts with
 #                     AUTH <user> <secret>; needs one of:
@@ -962,8 +964,10 @@ lockd__renewer() {
 # [ARGS...]: takes the lock (waiting, or once with `try`; exclusive, or as lockd_lock's shared
 # or limit=N) with a session lease of grace session= (default 10s, at most the ttl), runs CMD
 # while a background job renews the lease, then releases it. If the lease
-# is lost (renewal refused, or the connection down for the grace and not restored) CMD gets
-# SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later) and lockd_run returns 4. The signal goes
+# is lost (renewal refused, or none got through within the grace, less a tenth and the kill
+# grace: see lockd__renewer) CMD gets
+# SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later, at most a quarter of the grace: both
+# before lockd could grant the lock to anyone else) and lockd_run returns 4. The signal goes
 # to CMD's process only: a CMD that starts children of its own should pass it on to them (or
 # `exec` its last command). Otherwise lockd_run returns CMD's status. CMD keeps this shell's
 # stdin, stdout and stderr, and gets LOCKD_NAME and LOCKD_TOKEN in its environment (pass the
