@@ -193,3 +193,43 @@ async fn a_lock_that_waited_past_its_ttl_is_held_from_its_grant() {
     assert!(!got.expect("held to the end"), "the lease was lost");
     server.shutdown().await;
 }
+
+/// With two addresses, the renewals move to the second when the first front-end goes away
+/// (its connections cut, new ones refused): the block runs on past the lease's window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_move_to_the_next_address_when_a_front_end_goes() {
+    let server = Lockd::new().serve().await;
+    let proxy = crate::common::blocking::Proxy::start(server.addr);
+    let addrs = Addrs::new(vec![proxy.addr.to_string(), server.addr.to_string()]).expect("two");
+    let lockd = Connector::new(addrs, GUARD);
+    let opts = LockOptions::new().ttl(Duration::from_secs(3));
+    let (token_tx, token_rx) = tokio::sync::oneshot::channel();
+    let (end, end_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        hold(&lockd, "m", "a", &opts, |lease| async move {
+            let _ = token_tx.send(lease.token());
+            let _ = end_rx.await;
+        })
+        .await
+    });
+    let token = token_rx.await.expect("the block got the lock");
+    proxy.refuse(true);
+    proxy.cut();
+    // Past the 3s window: renewed through the second address meanwhile.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !task.is_finished(),
+        "the helper gave up when a front-end went"
+    );
+    let mut admin = Client::connect(&server.addr.to_string())
+        .await
+        .expect("connect");
+    assert!(admin.check("m", token).await.is_ok(), "the lease ended");
+    let _ = end.send(());
+    let got = tokio::time::timeout(GUARD, task)
+        .await
+        .expect("the helper returns")
+        .expect("no panic");
+    assert!(got.is_ok(), "{got:?}");
+    server.shutdown().await;
+}
