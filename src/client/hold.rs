@@ -475,3 +475,54 @@ impl Keeper {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// A renewal sent at its time to a front-end that never answers is given up after its
+    /// limit, and the next try (at the next address) still comes before the lease counts as
+    /// lost, whatever the window (from 1s up) and the tie.
+    #[test]
+    fn a_renewal_stuck_for_its_limit_leaves_time_for_another_before_the_loss() {
+        for ttl in [S(1), S(3), S(10), S(30), S(3600)] {
+            for tie in [Tie::Plain, Tie::Detach, Tie::Session(S(10).min(ttl))] {
+                for front_ends in [1, 2, 3] {
+                    let t = Timing::new(ttl, tie, front_ends);
+                    let renewed = Instant::now();
+                    let deadline = t.deadline(renewed, ttl);
+                    let next_try = t.next_renew(renewed) + t.attempt_limit() + FIRST_RETRY;
+                    assert!(
+                        next_try < t.give_up(deadline),
+                        "ttl {ttl:?} {tie:?} x{front_ends}: next try at {:?}, lost at {:?}",
+                        next_try - renewed,
+                        t.give_up(deadline) - renewed
+                    );
+                    assert!(t.give_up(deadline) < deadline);
+                }
+            }
+        }
+    }
+
+    /// The window is the grace when it is shorter than the ttl; a plain session ends with its
+    /// connection.
+    #[test]
+    fn the_window_is_the_shorter_of_the_ttl_and_the_grace() {
+        let now = Instant::now();
+        let t = Timing::new(S(30), Tie::Session(S(10)), 1);
+        assert_eq!(t.deadline(now, S(30)), now + S(10));
+        assert!(!t.ends_with_connection);
+        let t = Timing::new(S(30), Tie::Detach, 1);
+        assert_eq!(t.deadline(now, S(30)), now + S(30));
+        // The server's answer, if shorter (a --max-ttl), counts.
+        assert_eq!(t.deadline(now, S(5)), now + S(5));
+        assert!(Timing::new(S(30), Tie::Session(Duration::ZERO), 1).ends_with_connection);
+        // Several front-ends: at most every 2s.
+        assert_eq!(
+            Timing::new(S(30), Tie::Detach, 2).interval,
+            CLUSTER_INTERVAL
+        );
+    }
+}
