@@ -12,7 +12,9 @@
 //! margin before the deadline (a tenth of the window, 20ms to 2s) the lease counts as lost:
 //! [`Lease::lost`] resolves, the block's future is dropped, and [`hold`] returns
 //! [`LockError::Lost`]. A refused renewal (`ERR NOTHELD`: the lease ended, or lockd restarted
-//! without it) is a loss at once.
+//! without it) is a loss at once. Dropping a future stops it at its next `.await`: a block
+//! that computes for long between them (or hands work to other tasks or threads) must look
+//! at [`Lease::is_lost`] or [`Lease::cancellation`] itself, within the margin.
 //!
 //! However the block ends (its value, the loss, a panic, or the [`hold`] future itself
 //! dropped) the lock is released: UNLOCK, on a new connection if the old one is gone.
