@@ -126,7 +126,7 @@ impl LockOptions {
     }
 }
 
-/// Why a LOCK (or a held lock, [`super::hold`]) did not work out. Each kind is its own
+/// Why a LOCK (or a held lock, [`super::hold()`]) did not work out. Each kind is its own
 /// variant, and a refusal carries the server's code: a caller tells `TIMEOUT` from `NOTHELD`
 /// from `UNAVAILABLE` with [`LockError::code`], never by the text.
 #[derive(Debug)]
@@ -136,7 +136,7 @@ pub enum LockError {
     /// The server refused (`ERR <code>`; for `UNAVAILABLE`, every try within the wait was),
     /// the connection failed on the last try, or the reply made no sense.
     Request(ClientError),
-    /// [`super::hold`]: the lease was lost while held (a refused renewal, or none that got
+    /// [`super::hold()`]: the lease was lost while held (a refused renewal, or none that got
     /// through in time); the block was stopped. The text says why.
     Lost(String),
 }
