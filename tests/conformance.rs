@@ -876,7 +876,13 @@ async fn every_scenario_of_the_conformance_suite() {
 fn the_readme_shows_the_tested_examples() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients");
     let readme = std::fs::read_to_string(dir.join("README.md")).expect("contrib/clients/README.md");
-    for file in ["go/example_test.go", "node/example.mjs", "ruby/example.rb"] {
+    for file in [
+        "go/example_test.go",
+        "node/example.mjs",
+        "ruby/example.rb",
+        "python/example.py",
+        "example.sh",
+    ] {
         let text = std::fs::read_to_string(dir.join(file)).expect("example file");
         let block: Vec<&str> = text
             .lines()
