@@ -3,41 +3,65 @@
 //! `lockd` binary, one per scenario. The same file is played by the Go, Node, Ruby, Python and
 //! bash runners, so every client is held to the same behaviour.
 //!
-//! The library has no held-lock helper: the Rust one is `lockctl run`'s keeper, in the
-//! binary. So a `hold` is `lockctl run` as a child process, whose job records the token and,
-//! when lockctl stops it (SIGTERM: the lease is lost), the time.
+//! A `lock` is [`Connector::lock_on`] (sent again through the next address within its wait),
+//! a `hold` the library's helper, [`lockd::client::hold`], whose block records the token and
+//! the time its lease's loss was signalled. The `hold` scenarios are played a second time
+//! with `lockctl run` as a child process (its keeper is the binary's own), whose job records
+//! the token and, when lockctl stops it (SIGTERM: the lease is lost), the time.
 //! `LOCKD_CONFORMANCE=<name>,...` plays only those scenarios.
 
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read as _, Write as _};
+use std::io::{BufRead as _, Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::pki::Pki;
 use common::{Lockd, LockdProcess};
-use lockd::client::{Addrs, Client, ClientError, ConnectError, Connector, Credentials, Tls};
+use lockd::client::{
+    Addrs, Client, ClientError, ConnectError, Connector, Credentials, LockError, LockOptions, Tls,
+};
 use lockd::locks::{Mode, Token};
 use lockd::proto::{Secret, StatusLine, Tie};
 use serde_json::Value;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// What this runner's client can do beyond requests and replies (the scenarios' `needs`).
-const HAS: &[&str] = &["watch", "tls", "hold"];
+const HAS: &[&str] = &["watch", "tls", "hold", "resend"];
 /// Longest wait for anything a step waits for: only a guard against a hang.
 const GUARD: Duration = Duration::from_secs(10);
 
 /// A LOCK sent in the background: the client it went on, and its answer to come (with the
-/// wall clock's milliseconds when it came, to compare with a `lockctl run` job's).
+/// connection it leaves, and the wall clock's milliseconds when it came, to compare with the
+/// time a helper signalled its loss).
 type Pending = (
     String,
-    JoinHandle<(Client, Result<Token, ClientError>, u128)>,
+    JoinHandle<(Option<Client>, Result<Token, LockError>, u128)>,
 );
+
+/// Who plays the `hold` steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HoldBy {
+    /// [`lockd::client::hold`].
+    Library,
+    /// `lockctl run`, a child process.
+    Lockctl,
+}
+
+/// The library's helper holding a lock for a `hold` step.
+struct Helper {
+    task: JoinHandle<Result<(), LockError>>,
+    end: Option<oneshot::Sender<()>>,
+    /// The wall clock's milliseconds when the loss was signalled; 0 before.
+    lost_at: Arc<AtomicU64>,
+    ttl_ms: u128,
+}
 
 fn unix_ms() -> u128 {
     SystemTime::now()
@@ -52,10 +76,12 @@ struct Held {
     ttl_ms: u128,
 }
 
-/// A TCP forwarder to lockd that, once cut, passes nothing and closes nothing.
+/// A TCP forwarder to lockd that, once cut, passes nothing and closes nothing; told to drop,
+/// it closes every connection through it, both sides.
 struct Proxy {
     addr: String,
     cut: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Proxy {
@@ -63,12 +89,17 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address").to_string();
         let cut = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(Vec::new()));
         let flag = Arc::clone(&cut);
+        let open = Arc::clone(&conns);
         std::thread::spawn(move || {
             for inner in listener.incoming().flatten() {
                 let Ok(outer) = TcpStream::connect(&target) else {
                     continue;
                 };
+                if let (Ok(a), Ok(b)) = (inner.try_clone(), outer.try_clone()) {
+                    open.lock().expect("proxy list").extend([a, b]);
+                }
                 for (mut from, mut to) in [
                     (inner.try_clone(), outer.try_clone()),
                     (outer.try_clone(), inner.try_clone()),
@@ -93,8 +124,42 @@ impl Proxy {
                 }
             }
         });
-        Proxy { addr, cut }
+        Proxy { addr, cut, conns }
     }
+
+    /// Closes every connection through it, both sides: as a front-end that dies.
+    fn drop_all(&self) {
+        for conn in self.conns.lock().expect("proxy list").drain(..) {
+            let _ = conn.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// A fake cluster front-end cut off from etcd: `PING` is `OK PONG`, every other line `ERR
+/// UNAVAILABLE`.
+fn unavailable_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake front-end");
+    let addr = listener.local_addr().expect("its address").to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let Ok(mut out) = conn.try_clone() else {
+                    return;
+                };
+                for line in std::io::BufReader::new(conn).lines() {
+                    let Ok(line) = line else { return };
+                    let reply = match line.trim() {
+                        "PING" => "OK PONG\n",
+                        _ => "ERR UNAVAILABLE etcd has no leader; try again\n",
+                    };
+                    if out.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
 }
 
 /// One scenario's world: its lockd, its clients and their background LOCKs.
@@ -104,17 +169,38 @@ struct World<'a> {
     args: Vec<String>,
     pki: Option<Pki>,
     clients: HashMap<String, Client>,
+    connectors: HashMap<String, Connector>,
     tokens: HashMap<String, Token>,
     pending: HashMap<String, Pending>,
     granted_at: HashMap<String, u128>,
     holds: HashMap<String, Held>,
+    helpers: HashMap<String, Helper>,
+    hold_by: HoldBy,
     proxy: Option<Proxy>,
+    unavailable: Option<String>,
     froze_at: u128,
     tmp: PathBuf,
 }
 
-fn code(e: &ClientError) -> String {
-    match e.code() {
+/// An error's ERR code, read from its type.
+trait Coded: std::fmt::Display {
+    fn err_code(&self) -> Option<lockd::proto::ErrorCode>;
+}
+
+impl Coded for ClientError {
+    fn err_code(&self) -> Option<lockd::proto::ErrorCode> {
+        self.code()
+    }
+}
+
+impl Coded for LockError {
+    fn err_code(&self) -> Option<lockd::proto::ErrorCode> {
+        self.code()
+    }
+}
+
+fn code(e: &impl Coded) -> String {
+    match e.err_code() {
         Some(code) => code.to_string(),
         None => format!("no ERR code ({e})"),
     }
@@ -123,6 +209,26 @@ fn code(e: &ClientError) -> String {
 impl World<'_> {
     fn addr(&self) -> String {
         self.lockd.as_ref().expect("lockd runs").addr.to_string()
+    }
+
+    /// The runner's proxy to lockd (started the first time it is named).
+    fn proxy_addr(&mut self) -> String {
+        let live = self.addr();
+        self.proxy
+            .get_or_insert_with(|| Proxy::start(live))
+            .addr
+            .clone()
+    }
+
+    /// A connector to `addrs`, with the scenario's CA and client certificate if it has TLS.
+    fn connector(&self, addrs: Vec<String>) -> Result<Connector, String> {
+        let mut connector = Connector::new(Addrs::new(addrs).expect("addrs"), GUARD);
+        if let Some(pki) = &self.pki {
+            let (cert, key) = pki.client("conformance-client");
+            let tls = Tls::new(Some(&pki.ca()), Some((&cert, &key)))?;
+            connector = connector.tls(Some(tls));
+        }
+        Ok(connector)
     }
 
     fn token(&self, v: &Value) -> Token {
@@ -143,37 +249,52 @@ impl World<'_> {
     async fn connect(&mut self, step: &Value) -> Result<(), String> {
         let name = step["client"].as_str().expect("client").to_string();
         let live = self.addr();
-        let addrs: Vec<String> = match step["addrs"].as_array() {
-            Some(list) => list
-                .iter()
-                .map(|a| match a.as_str() {
-                    Some("dead") => common::dead_addr(),
-                    _ => live.clone(),
-                })
-                .collect(),
-            None => vec![live],
-        };
-        let mut connector = Connector::new(Addrs::new(addrs).expect("addrs"), GUARD);
-        if let Some(pki) = &self.pki {
-            let (cert, key) = pki.client("conformance-client");
-            let tls = Tls::new(Some(&pki.ca()), Some((&cert, &key)))?;
-            connector = connector.tls(Some(tls));
+        let mut addrs = Vec::new();
+        for a in step["addrs"].as_array().into_iter().flatten() {
+            addrs.push(match a.as_str() {
+                Some("dead") => common::dead_addr(),
+                Some("proxy") => self.proxy_addr(),
+                Some("unavailable") => self
+                    .unavailable
+                    .get_or_insert_with(unavailable_server)
+                    .clone(),
+                _ => live.clone(),
+            });
         }
+        if addrs.is_empty() {
+            addrs.push(live);
+        }
+        let mut connector = self.connector(addrs)?;
         if let Some(user) = step["user"].as_str() {
-            // The library takes the secret as a value: where it comes from (LOCKD_SECRET, a
-            // file) is its caller's business, so "env" and "file" are the same here.
-            let secret = match step["secret"].as_str() {
-                Some("wrong") => "not-the-secret-0123456789".to_string(),
-                _ => self.doc["users"][user]["secret"]
-                    .as_str()
-                    .expect("secret")
-                    .to_string(),
+            let secret = self.doc["users"][user]["secret"].as_str().expect("secret");
+            let credentials = match step["secret"].as_str() {
+                Some("env") => {
+                    // Only this runner's scenarios, one at a time, read the variable.
+                    std::env::set_var(lockd::client::auth::SECRET_VAR, secret);
+                    let got = Credentials::from_env(user);
+                    std::env::remove_var(lockd::client::auth::SECRET_VAR);
+                    got?
+                }
+                Some("file") => {
+                    let file = self.tmp.join(format!("{user}.secret"));
+                    std::fs::write(&file, format!("{secret}\n")).expect("write the secret");
+                    Credentials::from_file(user, &file)?
+                }
+                _ => Credentials::new(user.into(), Secret::new("not-the-secret-0123456789")),
             };
-            connector = connector.auth(Some(Credentials::new(user.into(), Secret::new(secret))));
+            connector = connector.auth(Some(credentials));
         }
-        match (connector.connect().await, step["expect"].as_str()) {
+        let connected = match connector.connect().await {
+            Ok(mut client) => match client.ping().await {
+                Ok(()) => Ok(client),
+                Err(e) => return Err(format!("PING failed: {e}")),
+            },
+            Err(e) => Err(e),
+        };
+        match (connected, step["expect"].as_str()) {
             (Ok(client), None) => {
-                self.clients.insert(name, client);
+                self.clients.insert(name.clone(), client);
+                self.connectors.insert(name, connector);
                 Ok(())
             }
             (Err(ConnectError::Denied(_)), Some("DENIED")) => Ok(()),
@@ -198,15 +319,27 @@ impl World<'_> {
             (_, Some(n)) => Mode::limit(n as u32),
             _ => Mode::Exclusive,
         };
-        let (ttl, wait) = (ms("ttl_ms"), ms("wait_ms"));
-        let mut client = self
+        let opts = LockOptions {
+            ttl: ms("ttl_ms"),
+            wait: ms("wait_ms"),
+            tie,
+            mode,
+        };
+        let client = self
             .clients
             .remove(&id)
             .unwrap_or_else(|| panic!("client {id} is busy or not connected"));
+        let connector = self.connectors[&id].clone();
         let owner = id.clone();
         let task = tokio::spawn(async move {
-            let got = client.lock_mode(&name, &id, ttl, wait, tie, mode).await;
-            (client, got, unix_ms())
+            match connector.lock_on(client, &name, &id, &opts).await {
+                Ok(locked) => (Some(locked.client), Ok(locked.token), unix_ms()),
+                // The connection went with the LOCK: a new one for the client's next step.
+                Err(e) => {
+                    let at = unix_ms();
+                    (connector.connect().await.ok(), Err(e), at)
+                }
+            }
         });
         let label = step["as"].as_str().unwrap_or("_").to_string();
         self.pending.insert(label.clone(), (owner, task));
@@ -222,7 +355,9 @@ impl World<'_> {
             .await
             .map_err(|_| format!("LOCK {of} not answered within {GUARD:?}"))?
             .expect("LOCK task");
-        self.clients.insert(owner, client);
+        if let Some(client) = client {
+            self.clients.insert(owner, client);
+        }
         match (got, want) {
             (Ok(token), None) => {
                 self.tokens.insert(of.to_string(), token);
@@ -237,17 +372,119 @@ impl World<'_> {
 
     /// `lockctl run` on the lock, its job a shell that writes the token, then waits for the
     /// end (a file) or lockctl's SIGTERM (the lease is lost), whose time it writes.
+    /// The library's helper on the lock: its block sends the token and waits for `end`; a
+    /// task of its own records when the lease's loss is signalled.
+    async fn hold_library(&mut self, step: &Value) -> Result<(), String> {
+        let label = step["as"].as_str().expect("as").to_string();
+        let ttl_ms = step["ttl_ms"].as_u64().expect("ttl_ms");
+        let addr = match step["via"].as_str() {
+            Some("proxy") => self.proxy_addr(),
+            _ => self.addr(),
+        };
+        let connector = self.connector(vec![addr])?;
+        let name = step["name"].as_str().expect("name").to_string();
+        let id = step["client"].as_str().expect("client").to_string();
+        let opts = LockOptions::new().ttl(Duration::from_millis(ttl_ms));
+        let (token_tx, token_rx) = oneshot::channel();
+        let (end, end_rx) = oneshot::channel::<()>();
+        let lost_at = Arc::new(AtomicU64::new(0));
+        let at = Arc::clone(&lost_at);
+        let task = tokio::spawn(async move {
+            connector
+                .hold(&name, &id, &opts, |lease| async move {
+                    let lost = lease.lost();
+                    tokio::spawn(async move {
+                        lost.await;
+                        at.store(unix_ms() as u64, Ordering::SeqCst);
+                    });
+                    let _ = token_tx.send(lease.token());
+                    let _ = end_rx.await;
+                })
+                .await
+        });
+        let token = tokio::time::timeout(GUARD, token_rx)
+            .await
+            .map_err(|_| "the helper did not get the lock".to_string())?
+            .map_err(|_| "the helper ended without the lock".to_string())?;
+        self.tokens.insert(label.clone(), token);
+        self.helpers.insert(
+            label,
+            Helper {
+                task,
+                end: Some(end),
+                lost_at,
+                ttl_ms: u128::from(ttl_ms),
+            },
+        );
+        Ok(())
+    }
+
+    /// `end`: the helper returns its block's value and has released the lock; `lost`: it
+    /// signalled the loss (in time) and returns it as its error.
+    async fn helper_end(&mut self, op: &str, step: &Value) -> Result<(), String> {
+        let of = step["of"].as_str().expect("of");
+        let helper = self.helpers.get_mut(of).expect("a hold");
+        if op == "end" {
+            if let Some(end) = helper.end.take() {
+                let _ = end.send(());
+            }
+        }
+        let got = tokio::time::timeout(GUARD, &mut helper.task)
+            .await
+            .map_err(|_| "the helper did not return".to_string())?
+            .map_err(|e| format!("the helper panicked: {e}"))?;
+        if op == "end" {
+            return match got {
+                Ok(()) => Ok(()),
+                Err(e) => Err(format!("the helper returned {e}")),
+            };
+        }
+        match got {
+            Err(e) if e.is_lost() => {}
+            Ok(()) => return Err("the helper returned without a loss".into()),
+            Err(e) => return Err(format!("the helper returned {e}, not the loss")),
+        }
+        // The task that records it may run a moment after the helper returned.
+        let at = &helper.lost_at;
+        let lost_at = eventually(|| match at.load(Ordering::SeqCst) {
+            0 => None,
+            ms => Some(u128::from(ms)),
+        })
+        .await
+        .ok_or("the block was never told the lease was lost")?;
+        let ttl_ms = helper.ttl_ms;
+        self.judge_loss(step, lost_at, ttl_ms)
+    }
+
+    /// Whether a loss signalled at `lost_at` came in time for the `lost` step.
+    fn judge_loss(&self, step: &Value, lost_at: u128, ttl_ms: u128) -> Result<(), String> {
+        if let Some(before) = step["before"].as_str() {
+            let granted = self.granted_at[before];
+            if lost_at >= granted {
+                return Err(format!(
+                    "the loss was signalled {}ms after {before} was granted",
+                    lost_at - granted
+                ));
+            }
+        }
+        if step["within_ttl_of_freeze"].as_bool() == Some(true) && lost_at > self.froze_at + ttl_ms
+        {
+            return Err(format!(
+                "the loss was signalled {}ms after the freeze",
+                lost_at - self.froze_at
+            ));
+        }
+        Ok(())
+    }
+
     async fn hold(&mut self, step: &Value) -> Result<(), String> {
+        if self.hold_by == HoldBy::Library {
+            return self.hold_library(step).await;
+        }
         let label = step["as"].as_str().expect("as").to_string();
         let ttl_ms = u128::from(step["ttl_ms"].as_u64().expect("ttl_ms"));
         let addr = match step["via"].as_str() {
-            Some("proxy") => {
-                let live = self.addr();
-                self.proxy
-                    .get_or_insert_with(|| Proxy::start(live))
-                    .addr
-                    .clone()
-            }
+            Some("proxy") => self.proxy_addr(),
             _ => self.addr(),
         };
         let files = self.tmp.join(format!("hold-{label}"));
@@ -297,6 +534,9 @@ impl World<'_> {
     /// `end`: the job ends and lockctl exits 0; `lost`: lockctl stops the job (in time) and
     /// exits 4.
     async fn held_end(&mut self, op: &str, step: &Value) -> Result<(), String> {
+        if self.hold_by == HoldBy::Library {
+            return self.helper_end(op, step).await;
+        }
         let of = step["of"].as_str().expect("of");
         let held = self.holds.get_mut(of).expect("a hold");
         if op == "end" {
@@ -322,24 +562,8 @@ impl World<'_> {
             .trim()
             .parse()
             .expect("a time");
-        if let Some(before) = step["before"].as_str() {
-            let granted = self.granted_at[before];
-            if lost_at >= granted {
-                return Err(format!(
-                    "the job was stopped {}ms after {before} was granted",
-                    lost_at - granted
-                ));
-            }
-        }
-        if step["within_ttl_of_freeze"].as_bool() == Some(true)
-            && lost_at > self.froze_at + held.ttl_ms
-        {
-            return Err(format!(
-                "the job was stopped {}ms after the freeze",
-                lost_at - self.froze_at
-            ));
-        }
-        Ok(())
+        let ttl_ms = held.ttl_ms;
+        self.judge_loss(step, lost_at, ttl_ms)
     }
 
     async fn step(&mut self, step: &Value) -> Result<(), String> {
@@ -372,6 +596,10 @@ impl World<'_> {
             "cut" => {
                 let proxy = self.proxy.as_ref().expect("a hold through the proxy");
                 proxy.cut.store(true, Ordering::SeqCst);
+                return Ok(());
+            }
+            "drop" => {
+                self.proxy.as_ref().expect("a proxy").drop_all();
                 return Ok(());
             }
             "freeze" => {
@@ -479,12 +707,12 @@ impl World<'_> {
     }
 }
 
-async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
+async fn play(doc: &Value, scenario: &Value, hold_by: HoldBy) -> Result<(), String> {
     let server = &scenario["server"];
     let mut args = Vec::new();
     let mut pki = None;
     let dir = std::env::temp_dir().join(format!(
-        "lockd-conformance-{}-{}",
+        "lockd-conformance-{}-{}-{hold_by:?}",
         std::process::id(),
         scenario["name"].as_str().unwrap_or("scenario")
     ));
@@ -512,11 +740,15 @@ async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
         args,
         pki,
         clients: HashMap::new(),
+        connectors: HashMap::new(),
         tokens: HashMap::new(),
         pending: HashMap::new(),
         granted_at: HashMap::new(),
         holds: HashMap::new(),
+        helpers: HashMap::new(),
+        hold_by,
         proxy: None,
+        unavailable: None,
         froze_at: 0,
         tmp: dir.clone(),
     };
@@ -533,6 +765,9 @@ async fn play(doc: &Value, scenario: &Value) -> Result<(), String> {
     }
     for (_, (_, task)) in world.pending.drain() {
         task.abort();
+    }
+    for (_, helper) in world.helpers.drain() {
+        helper.task.abort();
     }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
@@ -603,24 +838,27 @@ async fn every_scenario_of_the_conformance_suite() {
             .flatten()
             .filter_map(Value::as_str)
             .collect();
-        if needs.contains(&"resend") {
-            // Client::lock_mode is one try on one connection; Connector::reconnect_for and
-            // Retry are the pieces lockctl's request::lock_retrying resends a LOCK with.
-            eprintln!(
-                "conformance: skipped {name}: the library client's LOCK is not resent by itself"
-            );
-            continue;
-        }
         if let Some(lack) = needs.iter().find(|n| !HAS.contains(n)) {
             eprintln!("conformance: skipped {name}: the library client has no {lack:?}");
             continue;
         }
-        played += 1;
-        match play(&doc, scenario).await {
-            Ok(()) => eprintln!("conformance: passed {name}"),
-            Err(e) => {
-                eprintln!("conformance: FAILED {name}: {e}");
-                failed.push(format!("{name}: {e}"));
+        // The held-lock scenarios once more with `lockctl run`: its keeper is the binary's.
+        let by: &[HoldBy] = match needs.contains(&"hold") {
+            true => &[HoldBy::Library, HoldBy::Lockctl],
+            false => &[HoldBy::Library],
+        };
+        for &hold_by in by {
+            played += 1;
+            let label = match hold_by {
+                HoldBy::Library => name.to_string(),
+                HoldBy::Lockctl => format!("{name} (lockctl run)"),
+            };
+            match play(&doc, scenario, hold_by).await {
+                Ok(()) => eprintln!("conformance: passed {label}"),
+                Err(e) => {
+                    eprintln!("conformance: FAILED {label}: {e}");
+                    failed.push(format!("{label}: {e}"));
+                }
             }
         }
     }
@@ -638,7 +876,13 @@ async fn every_scenario_of_the_conformance_suite() {
 fn the_readme_shows_the_tested_examples() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients");
     let readme = std::fs::read_to_string(dir.join("README.md")).expect("contrib/clients/README.md");
-    for file in ["go/example_test.go", "node/example.mjs", "ruby/example.rb"] {
+    for file in [
+        "go/example_test.go",
+        "node/example.mjs",
+        "ruby/example.rb",
+        "python/example.py",
+        "example.sh",
+    ] {
         let text = std::fs::read_to_string(dir.join(file)).expect("example file");
         let block: Vec<&str> = text
             .lines()
@@ -651,6 +895,30 @@ fn the_readme_shows_the_tested_examples() {
         assert!(
             readme.contains(&block),
             "{file}'s example is not in the README as it is:\n{block}"
+        );
+    }
+    // Rust's is the first doctest of the library's client module, without its hidden lines.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let module =
+        std::fs::read_to_string(root.join("src/client/mod.rs")).expect("src/client/mod.rs");
+    let block: Vec<&str> = module
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .skip_while(|l| !l.starts_with("```"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .filter(|l| !(l.starts_with("# ") || *l == "#"))
+        .collect();
+    assert!(block.len() >= 5, "no doctest in src/client/mod.rs");
+    let block = block.join("\n");
+    for doc in [
+        readme,
+        std::fs::read_to_string(root.join("README.md")).expect("README.md"),
+    ] {
+        assert!(
+            doc.contains(&block),
+            "the Rust example (src/client/mod.rs) is not in the README as it is:\n{block}"
         );
     }
 }

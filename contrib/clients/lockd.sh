@@ -21,7 +21,9 @@
 #                     would grant the same lock.
 #   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid of this shell>)
 #   LOCKD_IO_TIMEOUT  seconds to wait for a reply that should come at once (default 10)
-#   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10)
+#   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10; at
+#                     most a quarter of the lease's grace, so that CMD is gone before the
+#                     lease could end)
 #   LOCKD_NOTE        a note for people sent with every LOCK of lockd_lock, lockd_try and
 #                     lockd_run ("release 1.4.2 by ci job 8812"): printable text, at most the
 #                     server's --max-note bytes; STATUS, WATCH and refused LOCKs show it with
@@ -38,6 +40,13 @@
 #                     secret: ERR DENIED) return 2, as does any call without LOCKD_USER to a
 #                     server that needs one (ERR NOAUTH). The secret is never printed, nor
 #                     traced by `set -x`.
+#   LOCKD_TLS_CA      connect over TLS, trusting the CA in this file (lockctl's --tls-ca);
+#   LOCKD_TLS=1       the same with the system's CAs (lockctl's --tls);
+#   LOCKD_CLIENT_CERT and LOCKD_CLIENT_KEY: present this client certificate (mutual TLS).
+#                     bash has no TLS of its own: each connection is an `openssl s_client`
+#                     (OpenSSL 3.0+) behind two pipes, which checks lockd's certificate
+#                     against the host of LOCKD_ADDR. A certificate that is refused either
+#                     way ends the connection: return code 3, openssl's reason in the message.
 #
 # Functions and what they return:
 #   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE] [supersede]
@@ -60,6 +69,8 @@
 #                                          if CMD ends sooner than DUR after the grant, NAME
 #                                          stays held until then (once per window, as
 #                                          lockctl run --at-least; needs bash 5)
+#   lockd_watch [NAME]                     prints each change of NAME (or of every lock)
+#                                          as it comes: KIND NAME ID TOKEN UNIX_MS
 #   lockd_request LINE                     sends one raw protocol line; sets LOCKD_REPLY
 #
 # MODE, as lockctl's --exclusive, --shared and --limit N (proto.md, "Shared locks and
@@ -81,6 +92,9 @@
 #   3  no server: cannot connect, or the connection ended or timed out without a reply
 #   4  lock lost: UNLOCK/RENEW/CHECK found TOKEN is not the live lease (ERR NOTHELD), or
 #      lockd_run lost its lease while CMD ran (and stopped CMD)
+#   5  lockd was reached but could not serve the request (ERR UNAVAILABLE: a cluster
+#      front-end cut off from etcd); lockd_lock and lockd_run send their LOCK again, through
+#      the next address of LOCKD_ADDR, for the rest of wait= before they return it
 #   6  superseded: a newer `supersede` request took this waiting one's place (ERR SUPERSEDED)
 # lockd_run returns CMD's exit status when it ran and the lease held to its end (126/127 if
 # CMD could not be run / was not found, 128+N if signal N ended it); so, as with flock(1),
@@ -126,6 +140,17 @@ lockd__fail() {
     LOCKD_ERROR=$2
     printf 'lockd: %s\n' "$2" >&2
     return "$1"
+}
+
+# Prints the time in milliseconds: bash 5's EPOCHREALTIME (its decimal mark may be a comma),
+# else date(1).
+lockd__now_ms() {
+    if [[ -n ${EPOCHREALTIME:-} ]]; then
+        local us=${EPOCHREALTIME//[.,]/}
+        printf '%s\n' $((us / 1000))
+    else
+        date +%s%3N
+    fi
 }
 
 # A name, id, token or duration must be one non-empty word of printable characters: anything
@@ -175,6 +200,7 @@ lockd__ms() {
 # at every front-end.
 lockd__connect() {
     local list=${LOCKD_ADDR:-127.0.0.1:5001} start=${1:-0} addrs=() addr host port i k n rc
+    local probe=''
     if [[ $list == ,* || $list == *, || $list == *,,* || $list =~ [[:space:]] ]]; then
         lockd__fail 2 "LOCKD_ADDR must be host:port, or several comma-separated without spaces, not '$list'"
         return
@@ -196,9 +222,17 @@ lockd__connect() {
         port=${addr##*:}
         host=${host#[}
         host=${host%]}
+        if lockd__tls_wanted; then
+            # openssl connects in the background: with somewhere else to go, a TCP probe first
+            # tells a front-end that is down from one that is up.
+            if ((n > 1)) && ! { exec {probe}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
+                continue
+            fi
+            [[ -z ${probe:-} ]] || exec {probe}>&-
+            lockd__tls_open "$host" "$port" || return
         # The group's redirection hides bash's own "connect: ..." noise; the fd stays open
         # after.
-        if ! { exec {lockd__fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
+        elif ! { exec {lockd__fd}<>"/dev/tcp/$host/$port"; } 2>/dev/null; then
             continue
         fi
         lockd__addr=$addr lockd__at=$i
@@ -275,12 +309,79 @@ lockd__auth() {
     esac
 }
 
-# Closes the caller's lockd__fd, if open.
+# Closes the caller's lockd__fd, if open (and over TLS its openssl's output, lockd__rfd:
+# openssl ends the connection when the last copy of its input is closed).
 lockd__disconnect() {
     if [[ -n ${lockd__fd:-} ]]; then
         exec {lockd__fd}>&-
         lockd__fd=
     fi
+    if [[ -n ${lockd__rfd:-} ]]; then
+        exec {lockd__rfd}<&-
+        lockd__rfd=
+    fi
+    if [[ -n ${lockd__tls_dir:-} ]]; then
+        rm -rf "$lockd__tls_dir"
+        lockd__tls_dir=
+    fi
+}
+
+# Whether connections go over TLS (see the header).
+lockd__tls_wanted() {
+    [[ -n ${LOCKD_TLS_CA:-} || -n ${LOCKD_CLIENT_CERT:-} || ${LOCKD_TLS:-} == 1 ||
+        ${LOCKD_TLS:-} == true ]]
+}
+
+# Opens a TLS connection to HOST PORT: openssl s_client in the background, its input written
+# through the caller's lockd__fd and its output read through lockd__rfd (named pipes, unlinked
+# once open; its messages in lockd__tls_dir/err). lockd's certificate must be signed by
+# LOCKD_TLS_CA (else a CA of the system) and name HOST. openssl ends the connection at the end
+# of its input (-no_ign_eof): when the last copy of lockd__fd is closed.
+lockd__tls_open() {
+    local host=$1 port=$2 dir opts=(-quiet -no_ign_eof -verify_return_error)
+    if ! command -v openssl >/dev/null; then
+        lockd__fail 2 "TLS (LOCKD_TLS_CA, LOCKD_TLS or LOCKD_CLIENT_CERT) needs openssl, which is not installed"
+        return
+    fi
+    if [[ -n ${LOCKD_CLIENT_KEY:-} && -z ${LOCKD_CLIENT_CERT:-} ]]; then
+        lockd__fail 2 "LOCKD_CLIENT_KEY without LOCKD_CLIENT_CERT"
+        return
+    fi
+    local file
+    for file in "${LOCKD_TLS_CA:-}" "${LOCKD_CLIENT_CERT:-}" "${LOCKD_CLIENT_KEY:-}"; do
+        if [[ -n $file && ! -r $file ]]; then
+            lockd__fail 2 "cannot read $file"
+            return
+        fi
+    done
+    # A line that starts with R, Q or k is a command to s_client (renegotiate, quit, key
+    # update) unless it is told otherwise: RENEW and QUIT must go to lockd.
+    if [[ -z ${lockd__nocommands:-} ]]; then
+        lockd__nocommands=no
+        if openssl s_client -help 2>&1 | grep -q -- -nocommands; then lockd__nocommands=yes; fi
+    fi
+    if [[ $lockd__nocommands != yes ]]; then
+        lockd__fail 2 "TLS needs an openssl whose s_client has -nocommands (OpenSSL 3.0+)"
+        return
+    fi
+    opts+=(-nocommands -connect "$host:$port")
+    [[ -z ${LOCKD_TLS_CA:-} ]] || opts+=(-CAfile "$LOCKD_TLS_CA")
+    if [[ $host =~ ^[0-9.]+$ || $host == *:* ]]; then
+        opts+=(-verify_ip "$host")
+    else
+        opts+=(-verify_hostname "$host" -servername "$host")
+    fi
+    if [[ -n ${LOCKD_CLIENT_CERT:-} ]]; then
+        opts+=(-cert "$LOCKD_CLIENT_CERT" -key "${LOCKD_CLIENT_KEY:-$LOCKD_CLIENT_CERT}")
+    fi
+    if ! dir=$(mktemp -d) || ! mkfifo "$dir/in" "$dir/out"; then
+        lockd__fail 3 "cannot make the pipes to openssl"
+        return
+    fi
+    openssl s_client "${opts[@]}" <"$dir/in" >"$dir/out" 2>"$dir/err" &
+    exec {lockd__fd}>"$dir/in" {lockd__rfd}<"$dir/out"
+    rm -f "$dir/in" "$dir/out"
+    lockd__tls_dir=$dir
 }
 
 # Sends LINE on lockd__fd and reads one reply line into LOCKD_REPLY. PATIENCE is the number of
@@ -306,7 +407,7 @@ lockd__read() {
     if [[ $patience == wait ]]; then
         while :; do
             chunk='' rc=0
-            IFS= read -r -t 1 -u "$lockd__fd" chunk || rc=$?
+            IFS= read -r -t 1 -u "${lockd__rfd:-$lockd__fd}" chunk || rc=$?
             reply+=$chunk
             ((rc > 128)) || break # a whole line, or the end of the connection
             if [[ -n ${lockd__stopping:-} ]]; then
@@ -319,7 +420,7 @@ lockd__read() {
             fi
         done
     else
-        IFS= read -r -t "$patience" -u "$lockd__fd" reply || rc=$?
+        IFS= read -r -t "$patience" -u "${lockd__rfd:-$lockd__fd}" reply || rc=$?
     fi
     reply=${reply%$'\r'}
     LOCKD_REPLY=$reply
@@ -327,7 +428,11 @@ lockd__read() {
         if ((rc > 128)); then
             lockd__fail 3 "no reply from $addr within ${patience}s"
         else
-            lockd__fail 3 "$addr closed the connection without a reply"
+            local tls_why=''
+            if [[ -n ${lockd__tls_dir:-} && -s $lockd__tls_dir/err ]]; then
+                tls_why=$(grep -m1 -E ':error:|alert|verify error' "$lockd__tls_dir/err")
+            fi
+            lockd__fail 3 "$addr closed the connection without a reply${tls_why:+ (TLS: $tls_why)}"
         fi
         return
     fi
@@ -337,11 +442,27 @@ lockd__read() {
 # Sends LINE on a new connection and reads one reply line into LOCKD_REPLY (PATIENCE as for
 # lockd__exchange).
 lockd__roundtrip() {
-    local lockd__fd='' rc=0
+    local lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
     lockd__connect || return
-    lockd__exchange "$@" || rc=$?
+    lockd__exchange_round "$@" || rc=$?
     lockd__disconnect
     return "$rc"
+}
+
+# lockd__exchange on lockd__fd; answered ERR UNAVAILABLE (this front-end is cut off from etcd)
+# with several addresses in LOCKD_ADDR, the same line once through each of the others in turn,
+# as lockctl does: any front-end of a cluster serves any request. The last answer stays.
+lockd__exchange_round() {
+    local list=() tries=1
+    IFS=, read -r -a list <<<"${LOCKD_ADDR:-127.0.0.1:5001}"
+    lockd__exchange "$@" || return
+    while [[ $LOCKD_REPLY == "ERR UNAVAILABLE"* ]] && ((tries < ${#list[@]})); do
+        lockd__disconnect
+        lockd__connect $((lockd__at + 1)) || return
+        ((tries += 1))
+        lockd__exchange "$@" || return
+    done
+    return 0
 }
 
 # Maps LOCKD_REPLY (an ERR line) to a return code, with its message on stderr.
@@ -352,6 +473,7 @@ lockd__refused() {
         TIMEOUT) lockd__fail 1 "$LOCKD_REPLY" ;;
         NOTHELD) lockd__fail 4 "$LOCKD_REPLY" ;;
         SUPERSEDED) lockd__fail 6 "$LOCKD_REPLY" ;;
+        UNAVAILABLE) lockd__fail 5 "$LOCKD_REPLY" ;;
         NOAUTH)
             lockd__fail 2 "$LOCKD_REPLY (set LOCKD_USER, and LOCKD_SECRET or LOCKD_SECRET_FILE)"
             ;;
@@ -442,7 +564,12 @@ lockd__lock_line() {
 # reads its answer into LOCKD_REPLY, waiting as long as the LOCK does. If the connection drops
 # before the answer and LOCKD_ADDR lists several front-ends, the same LOCK (same id) is sent
 # through the next one for the rest of the wait: a lockd cluster gives it back its place in
-# the queue, or the grant made to it meanwhile (proto.md, cluster mode).
+# the queue, or the grant made to it meanwhile (proto.md, cluster mode). An ERR UNAVAILABLE
+# or ERR SHUTDOWN (this front-end cannot serve it now) is sent again the same way, with a
+# backoff (50ms doubling to 1s, jittered), through the next address (with one address, on
+# the same connection after an UNAVAILABLE), for the rest of the wait (as long as it takes
+# without one; each address once with wait=0): the same id gets back a grant whose answer
+# was lost. When the wait is over, the last answer is the one returned.
 lockd__lock_exchange() {
     local base=$1 wait_ms='' left='' rc sent=0 list=() started=${EPOCHREALTIME/./}
     local note=${LOCKD_NOTE:-}
@@ -450,6 +577,7 @@ lockd__lock_exchange() {
         lockd__fail 2 "LOCKD_NOTE has a control character; a note is printable text"
         return
     fi
+    local pause_ms=50 nap_ms
     IFS=, read -r -a list <<<"${LOCKD_ADDR:-127.0.0.1:5001}"
     if [[ -n $lockd__wait && -n $started ]]; then
         wait_ms=$(lockd__ms "$lockd__wait") || wait_ms=''
@@ -468,6 +596,30 @@ lockd__lock_exchange() {
         rc=0
         lockd__exchange "$line" wait || rc=$?
         ((sent += 1))
+        if ((rc == 0)) && [[ -z ${lockd__stopping:-} ]] &&
+            [[ $LOCKD_REPLY == "ERR UNAVAILABLE"* || $LOCKD_REPLY == "ERR SHUTDOWN"* ]]; then
+            nap_ms=$((pause_ms / 2 + RANDOM % (pause_ms / 2 + 1)))
+            if [[ $wait_ms == 0 ]]; then
+                # No waiting: one try per address, no pause.
+                ((sent < ${#list[@]})) || return 0
+                nap_ms=0
+            elif [[ -n $wait_ms ]]; then
+                left=$((wait_ms - (${EPOCHREALTIME/./} - started) / 1000))
+                ((left > 0)) || return 0
+                ((nap_ms < left)) || nap_ms=$left
+            elif [[ -n $lockd__wait ]]; then
+                # A wait= without a clock to count it (bash < 5): a few rounds.
+                ((sent <= 2 * ${#list[@]})) || return 0
+            fi
+            if ((${#list[@]} > 1)) || [[ $LOCKD_REPLY == "ERR SHUTDOWN"* ]]; then
+                lockd__disconnect
+                lockd__connect $((lockd__at + 1)) || return
+            fi
+            ((nap_ms == 0)) || lockd__nap "$(lockd__ms_to_s "$nap_ms")"
+            pause_ms=$((pause_ms * 2))
+            ((pause_ms <= 1000)) || pause_ms=1000
+            continue
+        fi
         # Only a connection lost before the answer goes on, while there is time and another
         # address; every address tried twice in a row is enough.
         [[ $rc == 3 && -z $LOCKD_REPLY && -z ${lockd__stopping:-} ]] || return "$rc"
@@ -519,7 +671,7 @@ lockd_lock() {
     lockd__word name "$name" || return
     lockd__id || return
     lockd__lock_line "$name"
-    local lockd__fd='' rc=0
+    local lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
     lockd__connect || return
     lockd__lock_exchange "$line detach" || rc=$?
     lockd__disconnect
@@ -633,7 +785,7 @@ lockd_break() {
 # held lock, then `OK COUNT`. LOCKD_REPLY holds the OK line.
 lockd_status() {
     LOCKD_ERROR='' LOCKD_MODE='' LOCKD_HOLDERS=0 LOCKD_WAITERS=0 LOCKD_HOLDER_NOTE=''
-    local line=STATUS holder_lines=0 lockd__fd='' rc=0
+    local line=STATUS holder_lines=0 lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
     if (($# > 1)); then
         lockd__fail 2 "usage: lockd_status [NAME]"
         return
@@ -643,7 +795,7 @@ lockd_status() {
         line="STATUS $1 detail"
     fi
     lockd__connect || return
-    lockd__exchange "$line" || rc=$?
+    lockd__exchange_round "$line" || rc=$?
     while ((rc == 0)); do
         case $LOCKD_REPLY in
             "HOLDER "* | "WAITER "* | "INFO "*)
@@ -682,6 +834,53 @@ lockd_status() {
     return 0
 }
 
+# lockd_watch [NAME]: WATCH NAME (every lock without one) on a connection of its own, and
+# prints each event on stdout as it comes, one line: KIND NAME ID TOKEN UNIX_MS (KIND is
+# acquired, released, expired or dropped: a session lease whose connection closed; UNIX_MS
+# the server's clock). Says "lockd: watching NAME" on stderr once lockd has confirmed the
+# watch (events from then on are seen). Runs until lockd ends the watch with an ERR (LAGGED:
+# this watcher read too slowly; SHUTDOWN: 2), the connection ends (3), or the script is gone.
+# For example: lockd_watch deploy | while read -r kind name id token ms; do ...; done
+lockd_watch() {
+    LOCKD_ERROR=
+    local line=WATCH lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
+    if (($# > 1)); then
+        lockd__fail 2 "usage: lockd_watch [NAME]"
+        return
+    fi
+    if (($# == 1)); then
+        lockd__word name "$1" || return
+        line="WATCH $1"
+    fi
+    lockd__connect || return
+    lockd__exchange_round "$line" || rc=$?
+    if ((rc == 0)) && [[ $LOCKD_REPLY != "OK watching"* ]]; then
+        if [[ $LOCKD_REPLY == ERR* ]]; then
+            lockd__refused || rc=$?
+        else
+            lockd__fail 2 "unexpected reply to WATCH: $LOCKD_REPLY" || rc=$?
+        fi
+    fi
+    if ((rc == 0)); then
+        printf 'lockd: %s\n' "${LOCKD_REPLY#OK }" >&2
+        while :; do
+            lockd__read wait || {
+                rc=$?
+                break
+            }
+            case $LOCKD_REPLY in
+                "EVENT "*) printf '%s\n' "${LOCKD_REPLY#EVENT }" ;;
+                ERR*)
+                    lockd__refused || rc=$?
+                    break
+                    ;;
+            esac
+        done
+    fi
+    lockd__disconnect
+    return "$rc"
+}
+
 # Sleeps SECONDS in a way that a TERM to this shell interrupts at once, without leaving a
 # sleep process behind holding the caller's stdout or stderr open.
 lockd__nap() {
@@ -698,11 +897,11 @@ lockd__ms_to_s() {
     printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
 }
 
-# Stops CMD_PID: TERM, then KILL after LOCKD_KILL_AFTER seconds.
+# Stops CMD_PID: TERM, then KILL after GRACE_MS (default LOCKD_KILL_AFTER seconds).
 lockd__stop_command() {
-    local cmd_pid=$1 waited=0 grace=${LOCKD_KILL_AFTER:-10}
+    local cmd_pid=$1 waited=0 grace_ms=${2:-$((${LOCKD_KILL_AFTER:-10} * 1000))}
     kill -TERM "$cmd_pid" 2>/dev/null || true
-    while kill -0 "$cmd_pid" 2>/dev/null && ((waited < grace * 10)); do
+    while kill -0 "$cmd_pid" 2>/dev/null && ((waited < grace_ms / 100)); do
         lockd__nap 0.1
         waited=$((waited + 1))
     done
@@ -712,9 +911,10 @@ lockd__stop_command() {
 # RENEWs on the session connection (lockd__fd); if that connection is gone, reconnects and
 # RENEWs on the new one, which the server then ties the lease to. Sets ttl_ms of the caller.
 # The reconnect starts at the address after the one lost: with several front-ends, that one
-# may be the one that is down.
+# may be the one that is down. With UNTIL_MS (a time of lockd__now_ms), no reply is waited
+# for past it.
 lockd__renew_session() {
-    local name=$1 token=$2 patience=$3 rc=0
+    local name=$1 token=$2 patience=$3 until_ms=${4:-} rc=0 left_ms
     if [[ -n ${lockd__fd:-} ]]; then
         lockd__exchange "RENEW $name $token" "$patience" || rc=$?
     else
@@ -722,6 +922,14 @@ lockd__renew_session() {
     fi
     if ((rc == 3)); then
         lockd__disconnect
+        if [[ -n $until_ms ]]; then
+            left_ms=$((until_ms - $(lockd__now_ms)))
+            if ((left_ms <= 0)); then
+                lockd__fail 3 "no time left to renew on another connection"
+                return
+            fi
+            patience=$(lockd__ms_to_s "$left_ms")
+        fi
         lockd__connect $((lockd__at + 1)) || return
         rc=0
         lockd__exchange "RENEW $name $token" "$patience" || rc=$?
@@ -739,54 +947,84 @@ lockd__release() {
 }
 
 # The renewal loop of lockd_run, run as a background subshell that owns the session
-# connection (lockd__fd). It renews every third of the time the lease surely outlives a
-# dropped connection (the grace, or the ttl if shorter; the ttl for session=0). When the
-# lease may be gone (RENEW refused, or no RENEW got through for that long) it stops the
-# command and exits 4. When lockd_run's own shell (OWNER) is gone, killed, it stops the
-# command and releases the lock. A TERM from lockd_run ends it with 0, or with 4 if it had
+# connection (lockd__fd). It works to a deadline: the time the latest RENEW that got through
+# was sent (SENT_MS, first), plus how long the lease surely lives without another (the grace,
+# or the ttl if shorter; the ttl for session=0): the server extended the lease after that
+# send, and still had the connection then. It renews every third of that time, each reply
+# waited for no later than the moment the command must be stopped: a margin (a tenth, 20ms
+# to 2s) and the kill grace (LOCKD_KILL_AFTER, at most a quarter) before the deadline. When
+# the lease is refused, or that moment comes with no renewal through, it stops the command
+# (TERM, then KILL before the deadline) and exits 4: the command is stopped before lockd can
+# grant the lock to anyone else. When lockd_run's own shell (OWNER) is gone, killed, it stops
+# the command and releases the lock. A TERM from lockd_run ends it with 0, or with 4 if it had
 # already found the lease lost.
 lockd__renewer() {
-    local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 grace_ms=$5 owner=$6
-    local last_ok=$SECONDS why='' hold_ms every_ms rc
+    local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 grace_ms=$5 owner=$6 last_sent=$7
+    local why='' hold_ms every_ms margin_ms kill_ms stop_at next_at now sent left rc
+    local retry_ms=100 max_ms failed=''
     lockd__nap_pid='' lockd__lost=''
     trap 'if [[ -n $lockd__nap_pid ]]; then kill "$lockd__nap_pid" 2>/dev/null || true; fi
           if [[ -n $lockd__lost ]]; then exit 4; fi
           exit 0' TERM
+    # How long the lease surely lives without a RENEW getting through: the grace (none for
+    # session=0), but never past the ttl.
+    hold_ms=$ttl_ms every_ms=$ttl_ms
+    ((grace_ms > 0 && grace_ms < hold_ms)) && hold_ms=$grace_ms
+    ((grace_ms > 0 && grace_ms < every_ms)) && every_ms=$grace_ms
+    margin_ms=$((hold_ms / 10))
+    ((margin_ms >= 20)) || margin_ms=20
+    ((margin_ms <= 2000)) || margin_ms=2000
+    kill_ms=$((${LOCKD_KILL_AFTER:-10} * 1000))
+    ((kill_ms <= hold_ms / 4)) || kill_ms=$((hold_ms / 4))
     while :; do
-        # How long the lease surely lives without a RENEW getting through: the grace (none for
-        # session=0), but never past the ttl.
-        hold_ms=$ttl_ms every_ms=$ttl_ms
-        ((grace_ms < hold_ms)) && hold_ms=$grace_ms
-        ((grace_ms > 0 && grace_ms < every_ms)) && every_ms=$grace_ms
-        lockd__nap "$(lockd__ms_to_s $((every_ms / 3)))"
+        stop_at=$((last_sent + hold_ms - margin_ms - kill_ms))
+        if [[ -n $failed ]]; then
+            next_at=$(($(lockd__now_ms) + retry_ms))
+        else
+            next_at=$((last_sent + every_ms / 3))
+        fi
+        ((next_at <= stop_at)) || next_at=$stop_at
+        now=$(lockd__now_ms)
+        if ((next_at > now)); then
+            lockd__nap "$(lockd__ms_to_s $((next_at - now)))"
+        fi
         if ! kill -0 "$owner" 2>/dev/null; then
             printf 'lockd: lockd_run (pid %s) is gone; stopping its command (pid %s)\n' \
                 "$owner" "$cmd_pid" >&2
-            lockd__stop_command "$cmd_pid"
+            lockd__stop_command "$cmd_pid" "$kill_ms"
             lockd__release "$name" "$token"
             exit 0
         fi
-        rc=0
-        # A reply slower than the time between renewals (plus a second) counts as a failure,
-        # so a silent server cannot keep this loop in read until the lease is gone.
-        lockd__renew_session "$name" "$token" "$(lockd__ms_to_s $((every_ms / 3 + 1000)))" \
-            >/dev/null 2>&1 || rc=$?
-        case $rc in
-            0) last_ok=$SECONDS ;;
-            3)
-                # The server may be restarting: keep trying while the lease surely lives
-                # (SECONDS counts whole seconds, hence the one added).
-                if (((SECONDS - last_ok + 1) * 1000 >= hold_ms)); then
-                    why="no renewal got through for $((hold_ms / 1000))s: $LOCKD_ERROR"
-                fi
-                ;;
-            *) why="RENEW refused: $LOCKD_ERROR" ;;
-        esac
+        sent=$(lockd__now_ms)
+        left=$((stop_at - sent))
+        if ((left <= 0)); then
+            why="no renewal got through within $((hold_ms - margin_ms - kill_ms))ms${LOCKD_ERROR:+: $LOCKD_ERROR}"
+        else
+            rc=0
+            # No reply is waited for past the moment the command must be stopped.
+            lockd__renew_session "$name" "$token" "$(lockd__ms_to_s "$left")" "$stop_at" \
+                >/dev/null 2>&1 || rc=$?
+            case $rc in
+                0) last_sent=$sent failed='' retry_ms=100 ;;
+                3 | 5)
+                    # The server may be restarting, or another front-end may serve: again
+                    # soon, while the lease surely lives; after an ERR UNAVAILABLE through the
+                    # next address, if there is one.
+                    if ((rc == 5)) && [[ ${LOCKD_ADDR:-} == *,* ]]; then lockd__disconnect; fi
+                    failed=1
+                    max_ms=$((every_ms / 10))
+                    ((max_ms >= 100)) || max_ms=100
+                    retry_ms=$((retry_ms * 2))
+                    ((retry_ms <= max_ms)) || retry_ms=$max_ms
+                    ;;
+                *) why="RENEW refused: $LOCKD_ERROR" ;;
+            esac
+        fi
         if [[ -n $why ]]; then
             lockd__lost=1
             printf 'lockd: lease on %s lost (%s); stopping the command (pid %s)\n' \
                 "$name" "$why" "$cmd_pid" >&2
-            lockd__stop_command "$cmd_pid"
+            lockd__stop_command "$cmd_pid" "$kill_ms"
             exit 4
         fi
     done
@@ -796,8 +1034,10 @@ lockd__renewer() {
 # [ARGS...]: takes the lock (waiting, or once with `try`; exclusive, or as lockd_lock's shared
 # or limit=N) with a session lease of grace session= (default 10s, at most the ttl), runs CMD
 # while a background job renews the lease, then releases it. If the lease
-# is lost (renewal refused, or the connection down for the grace and not restored) CMD gets
-# SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later) and lockd_run returns 4. The signal goes
+# is lost (renewal refused, or none got through within the grace, less a tenth and the kill
+# grace: see lockd__renewer) CMD gets
+# SIGTERM (SIGKILL LOCKD_KILL_AFTER seconds later, at most a quarter of the grace: both
+# before lockd could grant the lock to anyone else) and lockd_run returns 4. The signal goes
 # to CMD's process only: a CMD that starts children of its own should pass it on to them (or
 # `exec` its last command). Otherwise lockd_run returns CMD's status. CMD keeps this shell's
 # stdin, stdout and stderr, and gets LOCKD_NAME and LOCKD_TOKEN in its environment (pass the
@@ -853,16 +1093,19 @@ lockd_run() {
     trap 'lockd__stopping=INT' INT
     trap 'lockd__stopping=TERM' TERM
     trap 'lockd__stopping=HUP' HUP
-    local rc=0 token='' ttl_ms='' lockd__fd=''
+    local rc=0 token='' ttl_ms='' lockd__fd='' lockd__rfd='' lockd__tls_dir=''
     LOCKD_TOKEN=
     lockd__connect || rc=$?
     if ((rc == 0)); then lockd__lock_exchange "$line" || rc=$?; fi
     if ((rc == 0)); then lockd__granted || rc=$?; fi
     # at_least= counts from here, no earlier than the grant.
     granted_us=${EPOCHREALTIME/./}
+    local renewed_at=''
     if ((rc == 0)); then
         token=$LOCKD_TOKEN
-        # A first renewal right away tells us the lease length in ms, whatever form ttl= took.
+        # A first renewal right away tells us the lease length in ms, whatever form ttl= took,
+        # and a time the lease surely lives from (its send).
+        renewed_at=$(lockd__now_ms)
         lockd__renew_session "$name" "$token" "${LOCKD_IO_TIMEOUT:-10}" || rc=$?
     fi
     if ((rc != 0)) || [[ -n $lockd__stopping ]]; then
@@ -879,6 +1122,8 @@ lockd_run() {
     # it must close when lockd_run's renewer ends.
     (
         trap - INT QUIT
+        # Nor, over TLS, openssl's output.
+        if [[ -n $lockd__rfd ]]; then exec {lockd__rfd}<&-; fi
         export LOCKD_NAME=$name LOCKD_TOKEN=$token
         if [[ $(type -t -- "$1") == file ]]; then exec "$@"; fi
         "$@"
@@ -887,7 +1132,7 @@ lockd_run() {
     # The words of a background command are expanded in its own process: take this shell's
     # pid first.
     local owner=$BASHPID
-    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" &
+    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" "$renewed_at" &
     local renew_pid=$!
     # The renewer owns the connection now; this shell releases on a connection of its own.
     lockd__disconnect

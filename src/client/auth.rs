@@ -66,6 +66,56 @@ impl Credentials {
         Credentials { user, secret }
     }
 
+    /// `user` with the secret in [`SECRET_VAR`] (`LOCKD_SECRET`), as `lockctl` takes it: never
+    /// a command-line argument, which every user of the machine can see.
+    ///
+    /// ```
+    /// use lockd::client::Credentials;
+    /// std::env::set_var("LOCKD_SECRET", "alice-secret-0123456789abcdef");
+    /// let alice = Credentials::from_env("alice").expect("LOCKD_SECRET is set");
+    /// assert_eq!(alice.user(), "alice");
+    /// assert!(!format!("{alice:?}").contains("alice-secret"));
+    /// ```
+    pub fn from_env(user: &str) -> Result<Credentials, String> {
+        match std::env::var(SECRET_VAR) {
+            Ok(secret) if !secret.is_empty() => {
+                Ok(Credentials::new(user.into(), Secret::new(secret)))
+            }
+            Ok(_) | Err(std::env::VarError::NotPresent) => Err(format!(
+                "{SECRET_VAR} is not set: the secret of user {user} comes from it"
+            )),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(format!("{SECRET_VAR} is not valid UTF-8"))
+            }
+        }
+    }
+
+    /// `user` with the secret on the first line of the file at `path` (as `lockctl
+    /// --secret-file`); the error names the file, never the secret.
+    pub fn from_file(user: &str, path: &std::path::Path) -> Result<Credentials, String> {
+        use std::io::Read as _;
+        // A secret is one short line: more than this is the wrong file (or /dev/zero).
+        const MAX_FILE: u64 = 64 * 1024;
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_FILE).read_to_end(&mut bytes))
+            .map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("the secret file {} is not UTF-8", path.display()))?;
+        let secret = text
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches('\r');
+        if secret.is_empty() {
+            return Err(format!(
+                "the secret file {} has no secret on its first line",
+                path.display()
+            ));
+        }
+        Ok(Credentials::new(user.into(), Secret::new(secret)))
+    }
+
     /// The user name: messages name it (the secret is never shown).
     pub fn user(&self) -> &str {
         &self.user

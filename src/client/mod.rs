@@ -10,6 +10,33 @@
 //!   [`Connector::reconnect_for`].
 //! - [`tls`]: the TLS settings of a connection, and what a failed handshake means.
 //! - [`auth`]: AUTH as a user, and what its refusals mean.
+//! - [`lock`]: every LOCK option ([`LockOptions`]), and [`Connector::lock`], the LOCK sent
+//!   again through the next address within its wait; its errors are [`LockError`]s, whose
+//!   [`LockError::code`] is the server's `ERR` code.
+//! - [`hold`](mod@hold): [`hold()`], a future run under a lock whose lease is renewed in the
+//!   background, stopped the moment the lease is lost, the lock released however it ends.
+//! - [`watch`]: [`Client::events`], WATCH as typed [`EventLine`]s.
+//!
+//! A program's whole use of a lock, renewed for as long as the work takes:
+//!
+//! ```
+//! # async fn deploy(token: u64) -> u64 { token }
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let addr = listener.local_addr()?.to_string();
+//! # let stop = tokio_util::sync::CancellationToken::new();
+//! # tokio::spawn(lockd::server::run(Default::default(), listener, stop.clone()));
+//! use std::time::Duration;
+//! use lockd::client::{Addrs, Connector, LockOptions};
+//!
+//! let lockd = Connector::new(Addrs::one(addr), Duration::from_secs(10)); // one address or several
+//! let opts = LockOptions::new().ttl(Duration::from_secs(30)).session(Duration::from_secs(10));
+//! let done = lockd.hold("deploy", "web-1", &opts, |lease| deploy(lease.token())).await?;
+//! # assert!(done > 0);
+//! # stop.cancel();
+//! # Ok(()) }
+//! ```
 
 use std::fmt;
 use std::io;
@@ -29,13 +56,19 @@ use crate::proto::{
 
 pub mod auth;
 pub mod connect;
+pub mod hold;
+pub mod lock;
 pub mod retry;
 pub mod tls;
+pub mod watch;
 
 pub use auth::{Credentials, LoggedIn, LoginError};
 pub use connect::{Addrs, ConnectError, Connector, Notes};
+pub use hold::{hold, Lease};
+pub use lock::{LockError, LockOptions, Locked};
 pub use retry::{retryable, Backoff, Retry};
 pub use tls::Tls;
+pub use watch::Events;
 
 /// Longest reply line a client accepts.
 const MAX_REPLY: usize = 64 * 1024;

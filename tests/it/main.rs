@@ -11,6 +11,7 @@ mod audit;
 mod auth;
 mod breaks;
 mod cli;
+mod client_hold;
 mod compat;
 mod contrib;
 mod durability;

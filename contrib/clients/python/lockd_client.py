@@ -33,6 +33,8 @@ The full client::
     c.unlock("deploy", token)
     c.status("deploy")                            # LockStatus, or None if free
     c.break_lock("deploy")                        # an operator's force-release -> leases ended
+    for event in Client().watch("deploy"):        # Event(kind, name, id, token, unix_ms)
+        print(event.kind, event.id, event.token)
 
 Several addresses, the front-ends of one lockd cluster (any of them serves any request and
 knows every token), as lockctl's ``--server a:5001,b:5001``: ``server="a:5001,b:5001"`` (no
@@ -111,6 +113,7 @@ ValueError or TypeError, which are usage errors (2).
 """
 
 import os
+import random
 import re
 import select
 import socket
@@ -127,6 +130,7 @@ __all__ = [
     "EXIT_UNREACHABLE",
     "EXIT_LOST",
     "EXIT_SUPERSEDED",
+    "EXIT_UNAVAILABLE",
     "LockdError",
     "ConnectionLost",
     "TlsError",
@@ -146,12 +150,14 @@ __all__ = [
     "Shutdown",
     "NoAuth",
     "Denied",
+    "Unavailable",
     "LeaseLost",
     "Superseded",
     "LockStatus",
     "Holder",
     "Waiter",
     "LockDetail",
+    "Event",
     "Client",
     "Lease",
     "lock",
@@ -171,6 +177,8 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 #: The lock was lost, or a token is not the live lease.
 EXIT_LOST = 4
+#: lockd was reached but could not serve the request for the whole wait (ERR UNAVAILABLE).
+EXIT_UNAVAILABLE = 5
 #: A newer ``supersede`` request took this waiting request's place in the queue.
 EXIT_SUPERSEDED = 6
 #: Longest reply line we accept; the server's replies are far shorter.
@@ -270,6 +278,14 @@ class Shutdown(ServerError):
     """ERR SHUTDOWN: the server is stopping."""
 
 
+class Unavailable(ServerError):
+    """ERR UNAVAILABLE: this front-end cannot serve the request now (a cluster front-end cut
+    off from etcd, an election); another one, or the same one later, may. ``lock`` sends the
+    LOCK again through the next address for the rest of its wait before it raises this."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
 class NoAuth(ServerError):
     """ERR NOAUTH: the server needs a login first (give ``user`` and a secret)."""
 
@@ -281,7 +297,7 @@ class Denied(ServerError):
 _ERRORS = {
     cls.__name__.upper(): cls
     for cls in (Syntax, Unknown, BadArg, Encoding, TooLong, Timeout, NotHeld, Conflict,
-                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied, Superseded)
+                Replaced, Limit, Lagged, Shutdown, NoAuth, Denied, Superseded, Unavailable)
 }
 
 #: The most of a secret file read: a secret is one short line.
@@ -353,6 +369,23 @@ class LockDetail(_Record):
     first 1000; ``status.waiters`` counts them all)."""
 
     __slots__ = ("status", "holders", "waiters")
+
+
+class Event(_Record):
+    """One change of a watched lock, an ``EVENT`` line of ``WATCH``: ``kind`` (``"acquired"``,
+    ``"released"``, ``"expired"`` or ``"dropped"``: a session lease whose connection closed),
+    the lock's ``name``, the holder's ``id`` and ``token``, and the server's clock when it
+    happened, ``unix_ms``."""
+
+    __slots__ = ("kind", "name", "id", "token", "unix_ms")
+
+
+def _parse_event(line):
+    """``EVENT <kind> <name> <id> <token> <unix-ms>`` -> Event."""
+    words = line.split(" ")
+    if len(words) != 6 or words[0] != "EVENT" or not (words[4].isdigit() and words[5].isdigit()):
+        raise ProtocolError("bad event line: %r" % line)
+    return Event(words[1], words[2], words[3], int(words[4]), int(words[5]))
 
 
 def _fields(line, words):
@@ -877,7 +910,13 @@ class Client:
         With several addresses (the front-ends of one cluster), a connection lost while
         waiting is not the end of the wait: the same LOCK (same id) is sent again through the
         next front-end, for the rest of ``wait``. The cluster then gives it back its place in
-        the queue, or the grant made to it meanwhile (proto.md, cluster mode).
+        the queue, or the grant made to it meanwhile (proto.md, cluster mode). An ``ERR
+        UNAVAILABLE`` (or ``ERR SHUTDOWN``) is sent again the same way, with a backoff (50ms
+        doubling to 1s), through the next address (with one, on the same connection), for the
+        rest of ``wait`` (as long as it takes without one; each address once with
+        ``wait=0``): the LOCK may have been granted although its answer was lost, and the same
+        id gets that grant back. When the wait is over the last one is raised
+        (:class:`Unavailable`, exit code 5).
 
         ``note`` is a short text for people ("release 1.4.2 by ci job 8812", at most the
         server's ``--max-note`` bytes, printable), shown with the holder by STATUS and WATCH and
@@ -899,6 +938,8 @@ class Client:
         wait_ms = None if wait is None else _ms(wait)
         until = None if wait_ms is None else time.monotonic() + wait_ms / 1000.0
         lost = 0
+        refused = 0
+        pause = 0.05
         while True:
             line, reply_timeout = head, None
             if until is not None:
@@ -917,6 +958,26 @@ class Client:
                     raise
                 time.sleep(0.05)
                 continue  # the same LOCK through the next front-end
+            except (Unavailable, Shutdown):
+                refused += 1
+                now = time.monotonic()
+                if wait_ms == 0:
+                    # No waiting: one try per address, no pause.
+                    if refused >= len(self._addrs):
+                        raise
+                    pause = 0.0
+                elif until is not None and now >= until:
+                    raise
+                if len(self._addrs) > 1:
+                    # The next try goes to the next front-end: this one cannot serve it now.
+                    with self._mutex:
+                        self._lost()
+                sleep = pause * (0.5 + random.random() / 2)
+                if until is not None:
+                    sleep = min(sleep, max(0.0, until - now))
+                time.sleep(sleep)
+                pause = min(pause * 2, 1.0)
+                continue
             if not rest.isdigit():
                 raise ProtocolError("unexpected reply to LOCK: %r" % rest)
             return int(rest)
@@ -1014,6 +1075,45 @@ class Client:
             if not rest.isdigit() or int(rest) != len(held):
                 raise ProtocolError("STATUS ended with %r after %d INFO lines" % (line, len(held)))
             return held
+
+    def watch(self, name=None, timeout=None):
+        """WATCH ``name`` (every lock with ``None``): a generator of :class:`Event`, one per
+        change of the lock as it happens, from now on.
+
+        The connection is given over to the watch: use another client for requests meanwhile.
+        Each event is waited for as long as it takes, or ``timeout`` seconds (then
+        ConnectionLost). An ``ERR`` ends the watch with its ServerError: ``Lagged`` when this
+        watcher read too slowly and the server dropped it, ``Shutdown`` when it stops. Closing
+        the generator (or leaving the loop and dropping it) closes the connection; the client
+        reconnects on its next request.
+        """
+        line = "WATCH" if name is None else "WATCH " + _word("name", name)
+        # Sent now, not at the first next(): the events start with this call.
+        self._ok(self._request(line))
+        return self._events(timeout)
+
+    def _events(self, timeout):
+        try:
+            while True:
+                with self._mutex:
+                    if self._sock is None:
+                        raise ConnectionLost("the watch's connection to %s is gone" % self.address)
+                    try:
+                        self._sock.settimeout(timeout)
+                        reply = self._read_line()
+                    except socket.timeout:
+                        self._lost()
+                        raise ConnectionLost("no event from %s within %ss" % (self.address, timeout))
+                    except OSError as e:
+                        self._lost()
+                        raise ConnectionLost("%s: %s" % (self.address, e)) from e
+                if reply.startswith("EVENT "):
+                    yield _parse_event(reply)
+                elif reply.startswith("ERR "):
+                    self._ok(reply)
+                # Anything else (an OK of a newer server) is no event: read on.
+        finally:
+            self.close()
 
     def ping(self):
         """True if the server answers PING."""
@@ -1215,8 +1315,13 @@ class Lease:
             try:
                 ttl_ms = self._renew(deadline if hold_ms else None)
                 last_ok = sent
-            except ConnectionLost as e:
-                # The server may be restarting: retry while the lease surely lives.
+            except (ConnectionLost, Unavailable, Shutdown) as e:
+                # The server may be restarting, or (ERR UNAVAILABLE, SHUTDOWN) this front-end
+                # can't serve it now and another may: retry, through the next address if there
+                # is one, while the lease surely lives.
+                if not isinstance(e, ConnectionLost) and len(self._client._addrs) > 1:
+                    with self._client._mutex:
+                        self._client._lost()
                 if time.monotonic() >= deadline:
                     self._mark_lost("no renewal got through within %d ms (%s)" % (hold_ms, e))
                     return

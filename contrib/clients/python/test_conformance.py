@@ -3,7 +3,7 @@ played by this client against a real lockd per scenario: ``python3 -m unittest
 test_conformance``. LOCKD_BIN names the binary (default: the repository's
 target/release/lockd, then target/debug/lockd).
 
-This client has no WATCH, so the scenarios that need one are skipped, saying so.
+A ``watch`` is ``Client.watch``, a generator of typed events.
 """
 
 import json
@@ -22,17 +22,12 @@ import lockd_client as lc
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..", "..")
 SCENARIOS = json.load(open(os.path.join(HERE, "..", "conformance", "scenarios.json")))
-HAS = {"hold", "tls", "resend"}
+HAS = {"hold", "tls", "resend", "watch"}
 GUARD = 10.0
 
 #: Scenarios this client is known to fail, each with why (unittest's expectedFailure: if it
 #: passes one day, the run says so, and the entry goes).
-KNOWN = {
-    "lock_resent_after_err_unavailable":
-        "Client.lock sends the LOCK again through the next address only when the connection "
-        "is lost; an ERR UNAVAILABLE is raised as a ServerError (this client has no class for "
-        "the code)",
-}
+KNOWN = {}
 
 
 def lockd_bin():
@@ -111,6 +106,7 @@ class World:
     def __init__(self, scenario, tmp):
         self.tmp, self.args, self.pki = tmp, [], None
         self.clients, self.tokens, self.pending, self.holds = {}, {}, {}, {}
+        self.watches = {}
         self.proxy, self.froze_at = None, None
         server = scenario.get("server", {})
         if server.get("tls"):
@@ -290,6 +286,13 @@ class World:
                         "waiters": [{"id": w.id, "position": w.position, "mode": w.mode}
                                     for w in d.waiters]}
             return self.outcome(s, detail)
+        elif op == "watch":
+            self.watches[s["client"]] = c.watch(name, timeout=GUARD)
+        elif op == "event":
+            def event():
+                e = next(self.watches[s["client"]])
+                return {"kind": e.kind, "name": e.name, "id": e.id, "token": e.token}
+            return self.outcome(s, event)
         elif op == "hold":
             self.hold(s)
         elif op == "end":
