@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -311,13 +312,17 @@ func (c *Client) Detail(ctx context.Context, name string) (Detail, error) {
 	return d, err
 }
 
-// Event is an EVENT line of a watch. Kind is "acquired", "released", "expired" or "dropped".
+// Event is an EVENT line of a watch. Kind is "acquired", "released", "expired", "dropped"
+// or "broken". Note is the new holder's note (acquired events only; "" for none), By who
+// broke the lease (broken events only).
 type Event struct {
 	Kind   string
 	Name   string
 	ID     string
 	Token  uint64
 	UnixMs uint64
+	Note   string
+	By     string
 }
 
 // Watcher is the stream of events of one WATCH, on a connection of its own.
@@ -361,12 +366,24 @@ func (w *Watcher) Next(ctx context.Context) (Event, error) {
 			return Event{}, e
 		}
 		words := strings.Fields(line)
-		if len(words) != 6 || words[0] != "EVENT" {
+		if len(words) < 6 || words[0] != "EVENT" {
 			continue // an OK (to a QUIT, say): not an event
 		}
 		token, _ := strconv.ParseUint(words[4], 10, 64)
 		at, _ := strconv.ParseUint(words[5], 10, 64)
-		return Event{Kind: words[1], Name: words[2], ID: words[3], Token: token, UnixMs: at}, nil
+		e := Event{Kind: words[1], Name: words[2], ID: words[3], Token: token, UnixMs: at}
+		// Fields after the fixed words are read by key (a newer lockd may add more).
+		for _, f := range words[6:] {
+			switch {
+			case strings.HasPrefix(f, "note="):
+				if note, err := url.PathUnescape(strings.TrimPrefix(f, "note=")); err == nil {
+					e.Note = note
+				}
+			case strings.HasPrefix(f, "by="):
+				e.By = strings.TrimPrefix(f, "by=")
+			}
+		}
+		return e, nil
 	}
 }
 

@@ -106,11 +106,15 @@ export interface Detail {
 }
 
 export interface LockEvent {
-  kind: "acquired" | "released" | "expired" | "dropped";
+  kind: "acquired" | "released" | "expired" | "dropped" | "broken";
   name: string;
   id: string;
   token: number;
   unixMs: number;
+  /** The new holder's note (acquired events only), decoded. */
+  note?: string;
+  /** Who broke the lease (broken events only). */
+  by?: string;
 }
 
 export class Watch implements AsyncIterable<LockEvent> {

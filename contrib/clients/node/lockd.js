@@ -462,7 +462,7 @@ export class Watch {
     this.client = client;
   }
 
-  /** The next event: {kind, name, id, token, unixMs}. An ERR (LAGGED, SHUTDOWN) ends the watch. */
+  /** The next event: {kind, name, id, token, unixMs, note?, by?}. An ERR (LAGGED, SHUTDOWN) ends the watch. */
   async next({ signal } = {}) {
     for (;;) {
       const conn = this.client.conn;
@@ -474,8 +474,21 @@ export class Watch {
         throw e;
       }
       const w = line.split(" ");
-      if (w.length === 6 && w[0] === "EVENT") {
-        return { kind: w[1], name: w[2], id: w[3], token: Number(w[4]), unixMs: Number(w[5]) };
+      if (w.length >= 6 && w[0] === "EVENT") {
+        const event = { kind: w[1], name: w[2], id: w[3], token: Number(w[4]), unixMs: Number(w[5]) };
+        // Fields after the fixed words are read by key (a newer lockd may add more).
+        for (const f of w.slice(6)) {
+          if (f.startsWith("note=")) {
+            try {
+              event.note = decodeURIComponent(f.slice(5));
+            } catch {
+              // Not percent-encoding: leave the note out rather than guess.
+            }
+          } else if (f.startsWith("by=")) {
+            event.by = f.slice(3);
+          }
+        }
+        return event;
       }
     }
   }

@@ -70,7 +70,9 @@ module Lockd
   Holder = Struct.new(:name, :id, :token, :held_ms, :ttl_ms, :session, :mode, :user, keyword_init: true)
   Waiter = Struct.new(:name, :position, :id, :waited_ms, :session, :mode, keyword_init: true)
   Detail = Struct.new(:status, :holders, :waiters, keyword_init: true)
-  Event = Struct.new(:kind, :name, :id, :token, :unix_ms, keyword_init: true)
+  # +note+: the new holder's note (acquired events only, nil for none); +by+: who broke the
+  # lease (broken events only).
+  Event = Struct.new(:kind, :name, :id, :token, :unix_ms, :note, :by, keyword_init: true)
 
   def self.word(what, value)
     if !value.is_a?(String) || value.empty? || value.bytesize > 255 || value.match?(/[\x00-\x20\x7f]/)
@@ -288,9 +290,13 @@ module Lockd
             raise Lockd.server_error(code, detail)
           end
           w = line.split(" ")
-          next unless w.size == 6 && w[0] == "EVENT"
+          next unless w.size >= 6 && w[0] == "EVENT"
 
-          return Event.new(kind: w[1], name: w[2], id: w[3], token: w[4].to_i, unix_ms: w[5].to_i)
+          # Fields after the fixed words are read by key (a newer lockd may add more).
+          extra = w[6..].filter_map { |f| f.split("=", 2) if f.include?("=") }.to_h
+          note = extra["note"]&.b&.gsub(/%(\h\h)/) { Regexp.last_match(1).hex.chr }&.force_encoding(Encoding::UTF_8)
+          return Event.new(kind: w[1], name: w[2], id: w[3], token: w[4].to_i, unix_ms: w[5].to_i,
+                           note: note, by: extra["by"])
         end
       end
     end
