@@ -419,6 +419,24 @@ mod tests {
         }
     }
 
+    /// Opens `dir` again after a `drop`: a process another test spawns meanwhile may hold a
+    /// copy of the lock's descriptor for the moment between its fork and its exec (the
+    /// descriptor is closed on exec), so a `WouldBlock` is tried again for a while.
+    fn open_again(dir: &Path) -> io::Result<DataDir> {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match DataDir::open(dir) {
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < until =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
     impl Drop for TempDir {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
@@ -444,7 +462,7 @@ mod tests {
     fn compaction_keeps_live_leases_and_the_token_high_water_mark() {
         let dir = TempDir::new("compact");
         let later = unix_ms() + 3_600_000;
-        let mut data = DataDir::open(&dir.0).unwrap();
+        let mut data = open_again(&dir.0).unwrap();
         data.append(&mut vec![grant("kept", 1, later)]).unwrap();
         let mut token = 1;
         while data.generation == 0 {
@@ -477,7 +495,7 @@ mod tests {
         assert!(names.contains(&"leases.1.log".to_string()), "{names:?}");
         assert!(!names.contains(&"leases.0.log".to_string()), "{names:?}");
 
-        let data = DataDir::open(&dir.0).unwrap();
+        let data = open_again(&dir.0).unwrap();
         assert_eq!(data.state().high_token, token);
         assert_eq!(data.state().leases.len(), 1);
         let kept = &data.state().leases[&1];
@@ -489,7 +507,7 @@ mod tests {
     fn a_break_outlives_compaction_and_ends_at_its_deadline() {
         let dir = TempDir::new("compact-break");
         let later = unix_ms() + 3_600_000;
-        let mut data = DataDir::open(&dir.0).unwrap();
+        let mut data = open_again(&dir.0).unwrap();
         let broken = |token, deadline_ms| {
             Record::Break(Broken {
                 name: "stuck".into(),
@@ -525,7 +543,7 @@ mod tests {
             assert!(token < 1_000_000, "never compacted");
         }
         drop(data);
-        let data = DataDir::open(&dir.0).unwrap();
+        let data = open_again(&dir.0).unwrap();
         assert!(data.state().leases.is_empty());
         let kept: Vec<u64> = data.state().breaks.keys().copied().collect();
         assert_eq!(kept, [1]);
@@ -535,18 +553,18 @@ mod tests {
     #[test]
     fn a_newer_log_with_records_is_refused() {
         let dir = TempDir::new("newer");
-        let mut data = DataDir::open(&dir.0).unwrap();
+        let mut data = open_again(&dir.0).unwrap();
         data.append(&mut vec![grant("a", 1, unix_ms() + 60_000)])
             .unwrap();
         drop(data);
         fs::copy(dir.0.join("leases.0.log"), dir.0.join("leases.3.log")).unwrap();
-        let e = DataDir::open(&dir.0)
+        let e = open_again(&dir.0)
             .err()
             .expect("opened with a stray newer log");
         assert!(e.to_string().contains("leases.3.log"), "{e}");
         // An empty newer log is what a compaction that stopped half-way leaves: removed.
         fs::write(dir.0.join("leases.3.log"), b"").unwrap();
-        let data = DataDir::open(&dir.0).unwrap();
+        let data = open_again(&dir.0).unwrap();
         assert_eq!(data.state().leases.len(), 1);
     }
 }

@@ -88,16 +88,18 @@ fn request() -> impl Strategy<Value = Request> {
             prop::option::of(note()),
             any::<bool>()
         )
-            .prop_map(|(name, id, ttl, wait, tie, mode, note, supersede)| Request::Lock {
-                name,
-                id,
-                ttl,
-                wait,
-                tie,
-                mode,
-                supersede,
-                note: note.map(Box::from)
-            }),
+            .prop_map(
+                |(name, id, ttl, wait, tie, mode, note, supersede)| Request::Lock {
+                    name,
+                    id,
+                    ttl,
+                    wait,
+                    tie,
+                    mode,
+                    supersede,
+                    note: note.map(Box::from)
+                }
+            ),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
         (
             name(),
