@@ -381,7 +381,11 @@ fn a_place_taken_over_as_the_lock_is_released_is_still_granted() {
         again.send(&format!("LOCK {name} x"));
         holder.send(&format!("UNLOCK {name} {t}"));
         assert_eq!(holder.line(), "OK");
-        let granted = again.line();
+        let mut granted = again.line();
+        if granted.starts_with("ERR UNAVAILABLE") {
+            // An etcd election on a loaded machine: the same LOCK again, as proto.md says.
+            granted = again_while_unavailable(&mut again, &format!("LOCK {name} x"));
+        }
         assert!(
             granted.starts_with("OK "),
             "round {i}: the LOCK that took the place over got {granted:?}"

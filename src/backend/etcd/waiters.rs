@@ -253,12 +253,26 @@ impl Cluster {
 
     /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,
     /// the grant finds the waiter gone and gives the lock back.
+    ///
+    /// The key is taken out before the client is told: a front-end killed between telling
+    /// its client and deleting would leave the place in the queue (until its etcd lease
+    /// ends) to be granted to a client that has gone. Only if etcd can't take the delete now
+    /// is the client told first, and the delete tried on as any clean-up is.
     fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
         let Some(local) = self.guard().leave(waiter) else {
             return;
         };
-        let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
-        self.forget_waiter_key(local.key, local.mod_rev);
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let txn = Txn::new()
+                .when([guards::unchanged(&local.key, local.mod_rev)])
+                .and_then([TxnOp::delete(local.key.clone(), None)]);
+            let deleted = me.txn(txn).await.is_ok();
+            let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
+            if !deleted {
+                me.forget_waiter_key(local.key, local.mod_rev);
+            }
+        });
     }
 
     /// Takes a waiter's key out of the queue, retrying while etcd is away; unless the key
