@@ -305,6 +305,7 @@ impl Client {
     /// LOCK in `mode`, with `supersede` if asked (a wait takes the whole queue: those
     /// waiting are answered `ERR SUPERSEDED`) and a note for people (`note=`, sent last;
     /// `None` or empty: none); returns the fencing token.
+    #[allow(clippy::too_many_arguments)] // the LOCK's words, one each
     pub async fn lock_with(
         &mut self,
         name: &str,
