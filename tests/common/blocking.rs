@@ -388,3 +388,32 @@ pub fn finish(mut child: Child, stdin: &str, guard: Duration) -> Output {
         stderr: err.join().expect("stderr"),
     }
 }
+
+/// A client process against `addr`: `bash` with `contrib/clients/lockd.sh` sourced, or
+/// `python3` with `contrib/clients/python`'s client importable, running `script`, its stdio
+/// piped.
+pub fn client_process(program: &str, addr: &str, script: &str) -> Child {
+    use std::process::{Command, Stdio};
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients");
+    let mut command = Command::new(program);
+    if program == "bash" {
+        let library = root.join("lockd.sh");
+        let full = format!("set -uo pipefail\n. '{}'\n{script}\n", library.display());
+        command.arg("-c").arg(full);
+    } else {
+        let full = format!("import os, sys, lockd_client\n{script}\n");
+        command
+            .arg("-c")
+            .arg(full)
+            .current_dir(root.join("python"))
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+    }
+    command
+        .env("LOCKD_ADDR", addr)
+        .env_remove("LOCKD_ID")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the client's interpreter must be installed")
+}

@@ -5,6 +5,7 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::blocking::client_process as client;
 use common::lockctl::{code, lockctl_at, output, scratch, stderr, GUARD};
 use common::{field, status_shape, Lockd, Raw, TestServer};
 use tokio::time::{sleep, Instant};
@@ -178,33 +179,6 @@ async fn a_raw_client_sees_renew_detach_refused_for_a_lost_lease() {
     c.send("RENEW gone 42 detach detach").await;
     c.expect_prefix("ERR SYNTAX ").await;
     server.shutdown().await;
-}
-
-/// A client process: bash with lockd.sh sourced, or python3 with the client importable.
-fn client(program: &str, addr: &str, script: &str) -> std::process::Child {
-    use std::process::{Command, Stdio};
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients");
-    let mut command = Command::new(program);
-    if program == "bash" {
-        let library = root.join("lockd.sh");
-        let full = format!("set -uo pipefail\n. '{}'\n{script}\n", library.display());
-        command.arg("-c").arg(full);
-    } else {
-        let full = format!("import os, sys, lockd_client\n{script}\n");
-        command
-            .arg("-c")
-            .arg(full)
-            .current_dir(root.join("python"))
-            .env("PYTHONDONTWRITEBYTECODE", "1");
-    }
-    command
-        .env("LOCKD_ADDR", addr)
-        .env_remove("LOCKD_ID")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the client's interpreter must be installed")
 }
 
 #[test]

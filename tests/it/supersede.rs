@@ -3,6 +3,7 @@
 
 use crate::common;
 
+use common::blocking::client_process as client;
 use common::lockctl::{code, finish, lockd, spawn, stderr};
 use common::{field, status_shape, token, wait_waiters, Lockd, TestServer};
 
@@ -218,37 +219,6 @@ async fn a_superseded_lockctl_exits_6() {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let tn = d.wait_held("job").await;
     assert!(tn > th);
-}
-
-/// A client process (bash with the library sourced, or python3 with the client importable)
-/// against `addr`.
-fn client(program: &str, addr: &str, script: &str) -> std::process::Child {
-    use std::process::{Command, Stdio};
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients");
-    let mut command = Command::new(program);
-    match program {
-        "bash" => {
-            let library = root.join("lockd.sh");
-            let full = format!("set -uo pipefail\n. '{}'\n{script}\n", library.display());
-            command.arg("-c").arg(full);
-        }
-        _ => {
-            let full = format!("import os, sys, lockd_client\n{script}\n");
-            command
-                .arg("-c")
-                .arg(full)
-                .current_dir(root.join("python"))
-                .env("PYTHONDONTWRITEBYTECODE", "1");
-        }
-    }
-    command
-        .env("LOCKD_ADDR", addr)
-        .env_remove("LOCKD_ID")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the client's interpreter must be installed")
 }
 
 #[test]
