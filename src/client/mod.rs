@@ -326,6 +326,7 @@ impl Client {
                 mode,
                 note: note.filter(|n| !n.is_empty()).map(Box::from),
                 supersede,
+                and: Box::default(),
             })
             .await?
         {
