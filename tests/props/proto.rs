@@ -235,6 +235,8 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
 fn received() -> impl Strategy<Value = (Received, Asked)> {
     prop_oneof![
         (1u64..u64::MAX).prop_map(|t| (Received::Token(t), Asked::Lock)),
+        prop::collection::vec(1u64..u64::MAX, 2..17)
+            .prop_map(|t| (Received::Tokens(t), Asked::Lock)),
         Just((Received::Done, Asked::Unlock)),
         (0usize..1000).prop_map(|n| (Received::Broken(n), Asked::Break)),
         (name(), name(), 1u64..u64::MAX, any::<u64>(), name()).prop_map(
