@@ -253,13 +253,7 @@ pub fn decide_set<V: NameView>(
         }
         return Ok(SetDecision::Grant);
     }
-    if ask.wait == Some(Duration::ZERO) {
-        // Each name that waits already refused in `decide`; this is a free name's queue
-        // that another set holds first place in.
-        return Err(TableError::WouldBlock {
-            holder: Arc::from("(queue)"),
-        });
-    }
+    // (With `wait=0` no name queues: `decide` refused it as `WouldBlock` above.)
     Ok(SetDecision::Queue { replaces })
 }
 
