@@ -324,6 +324,8 @@ impl World<'_> {
             wait: ms("wait_ms"),
             tie,
             mode,
+            supersede: step["supersede"].as_bool() == Some(true),
+            note: step["note"].as_str().map(str::to_string),
         };
         let client = self
             .clients
@@ -636,7 +638,7 @@ impl World<'_> {
                 StatusLine::Free(_) => serde_json::json!({"free": true}),
                 StatusLine::Held(h) => serde_json::json!({"id": h.id, "token": h.token,
                     "waiters": h.waiters, "session": h.session, "mode": h.mode.to_string(),
-                    "holders": h.holders}),
+                    "holders": h.holders, "note": h.note}),
             }),
             "status_all" => self.client(step).held_locks().await.map(|held| {
                 serde_json::json!({"names": held.iter().map(|h| h.name.clone()).collect::<Vec<_>>()})
@@ -644,8 +646,15 @@ impl World<'_> {
             "detail" => self.client(step).detail(&name).await.map(|d| match d.status {
                 StatusLine::Free(_) => serde_json::json!({"free": true}),
                 StatusLine::Held(_) => serde_json::json!({
-                    "holders": d.holders.iter().map(|h| serde_json::json!(
-                        {"id": h.id, "token": h.token, "mode": h.mode.to_string()})).collect::<Vec<_>>(),
+                    // A holder's note is named only where it has one (the lists compare whole).
+                    "holders": d.holders.iter().map(|h| {
+                        let mut one = serde_json::json!(
+                            {"id": h.id, "token": h.token, "mode": h.mode.to_string()});
+                        if let Some(note) = &h.note {
+                            one["note"] = note.clone().into();
+                        }
+                        one
+                    }).collect::<Vec<_>>(),
                     "waiters": d.waiters.iter().map(|w| serde_json::json!(
                         {"id": w.id, "position": w.position, "mode": w.mode.to_string()})).collect::<Vec<_>>(),
                 }),

@@ -54,7 +54,7 @@ const HANDED_OVER: Duration = Duration::from_secs(2);
 
 /// Every option a LOCK has (proto.md, "LOCK"): built with the methods, each one word of the
 /// request. The default is the server's: its default ttl, no wait limit, a plain lease, an
-/// exclusive hold.
+/// exclusive hold, no `supersede`, no note.
 ///
 /// ```
 /// use std::time::Duration;
@@ -65,8 +65,11 @@ const HANDED_OVER: Duration = Duration::from_secs(2);
 ///     .ttl(Duration::from_secs(30))
 ///     .wait(Duration::ZERO)
 ///     .session(Duration::from_secs(5))
-///     .limit(3);
+///     .limit(3)
+///     .supersede()
+///     .note("release 1.4.2 by ci job 8812");
 /// assert_eq!(opts.mode, Mode::limit(3));
+/// assert_eq!(opts.note.as_deref(), Some("release 1.4.2 by ci job 8812"));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockOptions {
@@ -79,6 +82,16 @@ pub struct LockOptions {
     pub tie: Tie,
     /// `shared`, `limit=<n>`, or exclusive.
     pub mode: Mode,
+    /// `supersede`: newest wins. A LOCK that must wait takes the whole queue: every request
+    /// waiting on the name is answered `ERR SUPERSEDED` ([`ErrorCode::Superseded`]), and this
+    /// one waits at its head (proto.md, "Newest-wins queues").
+    pub supersede: bool,
+    /// `note=`: a short note for people, shown with the holder by `STATUS` (decoded, in
+    /// [`crate::proto::StatusLine`]'s `note`), `STATUS <name> detail`, `WATCH`'s `acquired`
+    /// events and a refused LOCK. Sent as it is, the LOCK's last word (it takes the rest of the
+    /// line); printable UTF-8, at most the server's `--max-note` bytes (256 by default), else
+    /// `ERR BADARG`. `None` or empty: no note (a repeat LOCK by the holder keeps its note).
+    pub note: Option<String>,
 }
 
 impl LockOptions {
@@ -122,6 +135,21 @@ impl LockOptions {
     /// `limit=<n>`: one of `n` slots (a semaphore; 1 is exclusive).
     pub fn limit(mut self, n: u32) -> LockOptions {
         self.mode = Mode::limit(n);
+        self
+    }
+
+    /// `supersede`: newest wins; if this LOCK must wait, those waiting are answered
+    /// `ERR SUPERSEDED` and it waits alone, at the head of the queue (see
+    /// [`LockOptions::supersede`](LockOptions#structfield.supersede)).
+    pub fn supersede(mut self) -> LockOptions {
+        self.supersede = true;
+        self
+    }
+
+    /// `note=<text>`: a note for people, kept with the holder (see
+    /// [`LockOptions::note`](LockOptions#structfield.note)); an empty one is none.
+    pub fn note(mut self, note: impl Into<String>) -> LockOptions {
+        self.note = Some(note.into());
         self
     }
 }
@@ -262,7 +290,15 @@ impl Connector {
             let sent = Instant::now();
             let mut cut_off = false;
             let reply = {
-                let asked = c.lock_mode(name, id, opts.ttl, wait, opts.tie, opts.mode);
+                let asked = c.lock_with(
+                    name,
+                    id,
+                    (opts.ttl, wait),
+                    opts.tie,
+                    opts.mode,
+                    opts.supersede,
+                    opts.note.as_deref(),
+                );
                 tokio::pin!(asked);
                 loop {
                     tokio::select! {

@@ -304,7 +304,9 @@ impl Client {
 
     /// LOCK in `mode`, with `supersede` if asked (a wait takes the whole queue: those
     /// waiting are answered `ERR SUPERSEDED`) and a note for people (`note=`, sent last;
-    /// `None` or empty: none); returns the fencing token.
+    /// `None` or empty: none); returns the fencing token. A note with a control character
+    /// (a newline would end the request early) is refused here, as the server would:
+    /// [`ClientError::Refused`] with `ERR BADARG`, and nothing is sent.
     #[allow(clippy::too_many_arguments)] // the LOCK's words, one each
     pub async fn lock_with(
         &mut self,
@@ -316,6 +318,10 @@ impl Client {
         supersede: bool,
         note: Option<&str>,
     ) -> Result<Token> {
+        let note = match note {
+            Some(note) => proto::note::valid_note(note).map_err(ClientError::Refused)?,
+            None => None,
+        };
         match self
             .ask(&Request::Lock {
                 name: name.into(),
@@ -324,7 +330,7 @@ impl Client {
                 wait,
                 tie,
                 mode,
-                note: note.filter(|n| !n.is_empty()).map(Box::from),
+                note,
                 supersede,
                 and: Box::default(),
             })

@@ -272,6 +272,12 @@ func (w *world) lockOptions(step map[string]any) []lockd.LockOption {
 	if v, ok := step["limit"].(float64); ok {
 		o = append(o, lockd.Limit(int(v)))
 	}
+	if step["supersede"] == true {
+		o = append(o, lockd.Supersede())
+	}
+	if v, ok := step["note"].(string); ok {
+		o = append(o, lockd.Note(v))
+	}
 	return o
 }
 
@@ -323,7 +329,7 @@ func status(s lockd.Status) map[string]any {
 	if s.Free {
 		return map[string]any{"free": true}
 	}
-	return map[string]any{"id": s.ID, "token": s.Token, "waiters": s.Waiters, "holders": s.Holders, "session": s.Session, "mode": s.Mode}
+	return map[string]any{"id": s.ID, "token": s.Token, "waiters": s.Waiters, "holders": s.Holders, "session": s.Session, "mode": s.Mode, "note": s.Note}
 }
 
 func (w *world) step(step map[string]any) error {

@@ -65,6 +65,7 @@ var (
 	ErrNoAuth      = &Error{Code: "NOAUTH"}
 	ErrDenied      = &Error{Code: "DENIED"}
 	ErrUnavailable = &Error{Code: "UNAVAILABLE"}
+	ErrSuperseded  = &Error{Code: "SUPERSEDED"}
 	ErrTLS         = &Error{Code: "TLS"}
 )
 

@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// LockOption is one option of LOCK (proto.md): TTL, Wait, Session, Detach, Plain, Shared, Limit.
+// LockOption is one option of LOCK (proto.md): TTL, Wait, Session, Detach, Plain, Shared,
+// Limit, Supersede, Note.
 type LockOption func(*lockOpts)
 
 type lockOpts struct {
@@ -19,6 +20,8 @@ type lockOpts struct {
 	tie              string // "detach" (the default), "session", "plain"
 	shared           bool
 	limit            int
+	supersede        bool
+	note             string
 }
 
 // TTL is the lease (default: the server's --default-ttl, 30s).
@@ -47,6 +50,14 @@ func Shared() LockOption { return func(o *lockOpts) { o.shared = true } }
 // Limit takes one of n slots of a semaphore.
 func Limit(n int) LockOption { return func(o *lockOpts) { o.limit = n } }
 
+// Supersede makes a LOCK that must wait take the whole queue: every request waiting on the
+// name gets ErrSuperseded, and this one waits first in line (newest wins).
+func Supersede() LockOption { return func(o *lockOpts) { o.supersede = true } }
+
+// Note is a short text for people ("release 1.4.2 by ci job 8812"), shown with the holder by
+// STATUS and WATCH: printable, at most the server's --max-note bytes. "" sends none.
+func Note(text string) LockOption { return func(o *lockOpts) { o.note = text } }
+
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
 
 // Lock takes the lock name and returns its fencing token, waiting in the FIFO queue while it
@@ -65,6 +76,11 @@ func (c *Client) Lock(ctx context.Context, name string, options ...LockOption) (
 	if o.shared && o.limit != 0 {
 		return 0, errors.New("lockd: Shared and Limit exclude each other")
 	}
+	for _, r := range o.note {
+		if r < 0x20 || r == 0x7f {
+			return 0, errors.New("lockd: a note is printable text (no control characters)")
+		}
+	}
 	head := "LOCK " + name + " " + c.id
 	if o.ttl != 0 {
 		head += " ttl=" + ms(o.ttl)
@@ -80,6 +96,12 @@ func (c *Client) Lock(ctx context.Context, name string, options ...LockOption) (
 		tail += " shared"
 	} else if o.limit != 0 {
 		tail += " limit=" + strconv.Itoa(o.limit)
+	}
+	if o.supersede {
+		tail += " supersede"
+	}
+	if note := strings.TrimSpace(o.note); note != "" {
+		tail += " note=" + note // last: it takes the rest of the line
 	}
 	until := time.Now().Add(o.wait)
 	for tries := 1; ; tries++ {
@@ -175,6 +197,7 @@ type Status struct {
 	Waiters int
 	Holders int
 	Mode    string
+	Note    string // the first holder's note; empty for none
 }
 
 // Holder is a HOLDER line of STATUS <name> detail.
@@ -187,6 +210,7 @@ type Holder struct {
 	Session bool
 	Mode    string
 	User    string // empty for a lease of no user
+	Note    string // empty for none
 }
 
 // Waiter is a WAITER line of STATUS <name> detail: Position 1 is next.
@@ -217,6 +241,15 @@ func fields(words []string) map[string]string {
 	return f
 }
 
+// note reads a note= field (percent-encoded on the wire); empty for none.
+func note(f map[string]string) string {
+	n, err := url.PathUnescape(f["note"])
+	if err != nil {
+		return ""
+	}
+	return n
+}
+
 func num(f map[string]string, k string) uint64 { n, _ := strconv.ParseUint(f[k], 10, 64); return n }
 func dur(f map[string]string, k string) time.Duration {
 	return time.Duration(num(f, k)) * time.Millisecond
@@ -234,7 +267,8 @@ func parseStatus(text string) (Status, error) {
 	}
 	f := fields(words[2:])
 	s := Status{Name: words[0], ID: f["id"], Token: num(f, "token"), TTL: dur(f, "ttl_ms"),
-		Session: f["session"] == "1", Waiters: int(num(f, "waiters")), Holders: 1, Mode: "exclusive"}
+		Session: f["session"] == "1", Waiters: int(num(f, "waiters")), Holders: 1, Mode: "exclusive",
+		Note: note(f)}
 	if m, ok := f["mode"]; ok {
 		s.Mode, s.Holders = m, int(num(f, "holders"))
 	}
@@ -290,7 +324,8 @@ func (c *Client) Detail(ctx context.Context, name string) (Detail, error) {
 			case len(words) >= 2 && words[0] == "HOLDER":
 				f := fields(words[2:])
 				d.Holders = append(d.Holders, Holder{Name: words[1], ID: f["id"], Token: num(f, "token"),
-					Held: dur(f, "held_ms"), TTL: dur(f, "ttl_ms"), Session: f["session"] == "1", Mode: f["mode"], User: f["user"]})
+					Held: dur(f, "held_ms"), TTL: dur(f, "ttl_ms"), Session: f["session"] == "1", Mode: f["mode"], User: f["user"],
+					Note: note(f)})
 			case len(words) >= 3 && words[0] == "WAITER":
 				f := fields(words[3:])
 				pos, _ := strconv.Atoi(words[2])
@@ -376,9 +411,7 @@ func (w *Watcher) Next(ctx context.Context) (Event, error) {
 		for _, f := range words[6:] {
 			switch {
 			case strings.HasPrefix(f, "note="):
-				if note, err := url.PathUnescape(strings.TrimPrefix(f, "note=")); err == nil {
-					e.Note = note
-				}
+				e.Note = note(map[string]string{"note": strings.TrimPrefix(f, "note=")})
 			case strings.HasPrefix(f, "by="):
 				e.By = strings.TrimPrefix(f, "by=")
 			}

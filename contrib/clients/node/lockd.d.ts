@@ -5,10 +5,14 @@ export const DEFAULT_ADDR: string;
 export const DEFAULT_TTL: number;
 export const DEFAULT_GRACE: number;
 
-/** The ERR codes of proto.md. */
+/**
+ * The ERR codes of proto.md. SUPERSEDED: a waiting LOCK whose place a newer `supersede` LOCK
+ * (of another id) took; the connection stays usable.
+ */
 export type ErrorCode =
   | "SYNTAX" | "UNKNOWN" | "BADARG" | "ENCODING" | "TOOLONG" | "TIMEOUT" | "NOTHELD" | "CONFLICT"
-  | "REPLACED" | "LIMIT" | "LAGGED" | "SHUTDOWN" | "NOAUTH" | "DENIED" | "UNAVAILABLE" | "TLS";
+  | "REPLACED" | "LIMIT" | "LAGGED" | "SHUTDOWN" | "NOAUTH" | "DENIED" | "UNAVAILABLE" | "TLS"
+  | "SUPERSEDED";
 
 /** An ERR reply. */
 export class LockdError extends Error {
@@ -64,6 +68,18 @@ export interface LockOptions extends Signalled {
   plain?: boolean;
   shared?: boolean;
   limit?: number;
+  /**
+   * Newest wins: if the LOCK must wait, every request waiting on the name fails with
+   * LockdError code "SUPERSEDED" (one of this same id, "REPLACED") and this one waits alone at
+   * the head of the queue. The holder keeps the lock.
+   */
+  supersede?: boolean;
+  /**
+   * A note for people ("release 1.4.2 by ci job 8812"), shown with the holder (Status.note,
+   * Holder.note, LockEvent.note). Printable text: a control character is a TypeError; at most
+   * the server's --max-note bytes (256 by default) else "BADARG". "" (or only spaces) is none.
+   */
+  note?: string;
 }
 
 export interface Status {
@@ -77,6 +93,8 @@ export interface Status {
   holders?: number;
   /** "exclusive", "shared" or "limit:<n>". */
   mode?: string;
+  /** The (first) holder's note, decoded; absent without one. */
+  note?: string;
 }
 
 export interface Holder {
@@ -88,6 +106,8 @@ export interface Holder {
   session: boolean;
   mode: string;
   user?: string;
+  /** This holder's note, decoded; undefined without one. */
+  note?: string;
 }
 
 export interface Waiter {
@@ -129,6 +149,10 @@ export interface WithLockOptions extends Signalled {
   wait?: number;
   shared?: boolean;
   limit?: number;
+  /** As LockOptions.supersede. */
+  supersede?: boolean;
+  /** As LockOptions.note. */
+  note?: string;
 }
 
 export class Client {

@@ -15,7 +15,11 @@ export const DEFAULT_TTL = 30000;
 export const DEFAULT_GRACE = 10000;
 const MAX_REPLY = 64 * 1024;
 
-/** An ERR reply: `code` is the protocol's word (TIMEOUT, NOTHELD, UNAVAILABLE, ...). */
+/**
+ * An ERR reply: `code` is the protocol's word (TIMEOUT, NOTHELD, UNAVAILABLE, ...). A waiting
+ * lock() whose place a newer `supersede` LOCK of another id took fails with code SUPERSEDED
+ * (`e instanceof LockdError && e.code === "SUPERSEDED"`; its connection stays usable).
+ */
 export class LockdError extends Error {
   constructor(code, message) {
     super(message ? `ERR ${code} ${message}` : `ERR ${code}`);
@@ -50,6 +54,43 @@ function word(what, v) {
     throw new TypeError(`${what} must be 1 to 255 bytes without whitespace or control characters: ${JSON.stringify(v)}`);
   }
   return v;
+}
+
+// A note as LOCK sends it: printable text (no control character: a newline would end the
+// request), trailing blanks dropped as the server drops them; "" for none.
+function noteOption(note) {
+  if (note === undefined || note === null) return "";
+  if (typeof note !== "string") throw new TypeError(`a note is a string, not ${JSON.stringify(note)}`);
+  if (/[\x00-\x1f\x7f-\x9f]/.test(note)) throw new TypeError(`note ${JSON.stringify(note)} has a control character; a note is printable text`);
+  const text = note.replace(/ +$/, "");
+  return text ? ` note=${text}` : "";
+}
+
+/**
+ * A note= field of a reply or event, decoded (%XX are bytes, then UTF-8: proto.md, Notes);
+ * undefined without one, or for one that is not such an encoding (rather than guess).
+ */
+function decodeNote(value) {
+  if (value === undefined) return undefined;
+  const bytes = [];
+  for (let i = 0; i < value.length; ) {
+    if (value[i] === "%") {
+      const hex = value.slice(i + 1, i + 3);
+      if (!/^[0-9A-Fa-f]{2}$/.test(hex)) return undefined;
+      bytes.push(parseInt(hex, 16));
+      i += 3;
+    } else {
+      const c = value.charCodeAt(i);
+      if (c > 0x7f) return undefined; // never sent raw: encoded, every byte outside ASCII is %XX
+      bytes.push(c);
+      i += 1;
+    }
+  }
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(Uint8Array.from(bytes));
+  } catch {
+    return undefined;
+  }
 }
 
 function retryable(e) {
@@ -282,17 +323,28 @@ export class Client {
   /**
    * LOCK: the fencing token, after waiting in the FIFO queue while the lock is held. Options:
    * ttl, wait (0 tries once), session (true, or with grace ms), detach (the default), plain,
-   * shared, limit, signal (aborting it ends the wait). A LOCK whose connection is lost or that
-   * is answered ERR UNAVAILABLE or SHUTDOWN is sent again, same id, through the next address,
-   * for the rest of its wait.
+   * shared, limit, signal (aborting it ends the wait), and:
+   * - note: a text for people ("release 1.4.2 by ci job 8812"), kept with the holder and shown
+   *   by status() and detail() (`note`) and WATCH's acquired events; printable (a control
+   *   character is a TypeError), at most the server's --max-note bytes (else BADARG); "" is none.
+   *   A repeat LOCK of the same id with a note replaces the holder's note, without one keeps it.
+   * - supersede: newest wins. If the LOCK must wait, every request waiting on the name is
+   *   answered ERR SUPERSEDED (their lock() rejects with a LockdError of that code; one of this
+   *   same id, REPLACED) and this one waits alone at the head of the queue; the holder keeps
+   *   the lock. Granted at once when the lock is free, as without it.
+   * A LOCK whose connection is lost or that is answered ERR UNAVAILABLE or SHUTDOWN is sent
+   * again, same id, through the next address, for the rest of its wait.
    */
-  async lock(name, { ttl, wait, session, grace, detach, plain, shared, limit, signal } = {}) {
+  async lock(name, { ttl, wait, session, grace, detach, plain, shared, limit, supersede, note, signal } = {}) {
     word("name", name);
     if (shared && limit !== undefined) throw new TypeError("shared and limit exclude each other");
+    const noteText = noteOption(note);
     const head = `LOCK ${name} ${this.id}` + (ttl !== undefined ? ` ttl=${Math.round(ttl)}ms` : "");
     let tail = session ? ` session=${Math.round(grace ?? (typeof session === "number" ? session : 0))}ms` : plain ? "" : " detach";
     if (shared) tail += " shared";
     else if (limit !== undefined) tail += ` limit=${limit}`;
+    if (supersede) tail += " supersede";
+    tail += noteText; // last: note= takes the rest of the line
     const until = wait === undefined ? null : performance.now() + wait;
     for (let tries = 1; ; tries++) {
       let line = head;
@@ -330,7 +382,7 @@ export class Client {
     return leftMs(await this.request(`CHECK ${word("name", name)} ${token}`, { signal }));
   }
 
-  /** STATUS <name>: `{name, free: true}` or the first holder, waiters, holders and mode. */
+  /** STATUS <name>: `{name, free: true}` or the first holder, waiters, holders, mode and note (decoded; absent without one). */
   async status(name, { signal } = {}) {
     return parseStatus(await this.request(`STATUS ${word("name", name)}`, { signal }));
   }
@@ -351,7 +403,7 @@ export class Client {
     return held;
   }
 
-  /** STATUS <name> detail: `{status, holders, waiters}`, holders in grant order, waiters in queue order. */
+  /** STATUS <name> detail: `{status, holders, waiters}`, holders in grant order (each with its own note), waiters in queue order. */
   async detail(name, { signal } = {}) {
     const holders = [];
     const waiters = [];
@@ -362,7 +414,7 @@ export class Client {
           const w = line.split(/\s+/);
           if (w[0] === "HOLDER") {
             const f = fields(w.slice(2));
-            holders.push({ name: w[1], id: f.id, token: Number(f.token), heldMs: Number(f.held_ms), ttlMs: Number(f.ttl_ms), session: f.session === "1", mode: f.mode, user: f.user });
+            holders.push({ name: w[1], id: f.id, token: Number(f.token), heldMs: Number(f.held_ms), ttlMs: Number(f.ttl_ms), session: f.session === "1", mode: f.mode, user: f.user, note: decodeNote(f.note) });
           } else if (w[0] === "WAITER") {
             const f = fields(w.slice(3));
             waiters.push({ name: w[1], position: Number(w[2]), id: f.id, waitedMs: Number(f.waited_ms), session: f.session === "1", mode: f.mode });
@@ -388,9 +440,9 @@ export class Client {
    * lease surely lives without one. When the lease can no longer be trusted (a renewal refused,
    * or none got through before that time, less a margin) `signal` is aborted at once, with a
    * LeaseLost as its reason, before lockd can grant the lock to anyone else; withLock then
-   * rejects with that LeaseLost once `fn` has settled.
+   * rejects with that LeaseLost once `fn` has settled. `note` and `supersede` are lock()'s.
    */
-  async withLock(name, fn, { ttl = DEFAULT_TTL, grace = DEFAULT_GRACE, wait, shared, limit, signal } = {}) {
+  async withLock(name, fn, { ttl = DEFAULT_TTL, grace = DEFAULT_GRACE, wait, shared, limit, supersede, note, signal } = {}) {
     grace = Math.min(grace, ttl);
     const hold = grace > 0 ? grace : ttl;
     const margin = Math.max(hold / 10, 50);
@@ -401,7 +453,7 @@ export class Client {
     let lost = null;
     const stop = new AbortController();
     try {
-      const token = await rc.lock(name, { ttl, wait, session: true, grace, shared, limit, signal });
+      const token = await rc.lock(name, { ttl, wait, session: true, grace, shared, limit, supersede, note, signal });
       // A renewal at once: a LOCK that waited does not say when its lease began.
       let last = performance.now();
       await rc.renew(name, token, { signal });
@@ -479,11 +531,8 @@ export class Watch {
         // Fields after the fixed words are read by key (a newer lockd may add more).
         for (const f of w.slice(6)) {
           if (f.startsWith("note=")) {
-            try {
-              event.note = decodeURIComponent(f.slice(5));
-            } catch {
-              // Not percent-encoding: leave the note out rather than guess.
-            }
+            const note = decodeNote(f.slice(5));
+            if (note !== undefined) event.note = note;
           } else if (f.startsWith("by=")) {
             event.by = f.slice(3);
           }
@@ -535,8 +584,11 @@ function parseStatus(text) {
   if (w[1] === "free") return { name: w[0], free: true };
   if (w[1] !== "held") throw new ConnectionError(`unexpected STATUS line ${text}`);
   const f = fields(w.slice(2));
-  return {
+  const status = {
     name: w[0], free: false, id: f.id, token: Number(f.token), ttlMs: Number(f.ttl_ms), session: f.session === "1",
     waiters: Number(f.waiters), holders: f.mode ? Number(f.holders) : 1, mode: f.mode ?? "exclusive",
   };
+  const note = decodeNote(f.note);
+  if (note !== undefined) status.note = note;
+  return status;
 }

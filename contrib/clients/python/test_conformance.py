@@ -211,7 +211,8 @@ class World:
             try:
                 box["token"] = c.lock(s["name"], ttl=ms(s.get("ttl_ms")), wait=ms(s.get("wait_ms")),
                                       session=ms(s.get("grace_ms")) or True if s.get("session") else False,
-                                      shared=s.get("shared", False), limit=s.get("limit"))
+                                      shared=s.get("shared", False), limit=s.get("limit"),
+                                      supersede=s.get("supersede", False), note=s.get("note"))
             except lc.LockdError as e:
                 box["error"] = e
             box["at"] = time.monotonic()
@@ -282,7 +283,10 @@ class World:
                 d = c.detail(name)
                 if d is None:
                     return {"free": True}
-                return {"holders": [{"id": h.id, "token": h.token, "mode": h.mode} for h in d.holders],
+                # A holder's note is named only where it has one (the lists compare whole).
+                return {"holders": [dict({"id": h.id, "token": h.token, "mode": h.mode},
+                                         **({"note": h.note} if h.note is not None else {}))
+                                    for h in d.holders],
                         "waiters": [{"id": w.id, "position": w.position, "mode": w.mode}
                                     for w in d.waiters]}
             return self.outcome(s, detail)
@@ -338,7 +342,7 @@ def status(st):
     if st is None:
         return {"free": True}
     return {"id": st.id, "token": st.token, "waiters": st.waiters, "session": st.session,
-            "mode": st.mode, "holders": st.holders}
+            "mode": st.mode, "holders": st.holders, "note": st.note}
 
 
 class Conformance(unittest.TestCase):

@@ -105,6 +105,20 @@ async fn acquire_sends_no_note_unless_told() {
     assert_eq!(note(&d, "b").await.as_deref(), Some("by hand"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_with_a_newline_is_refused_before_it_is_sent() {
+    let d = lockd().await;
+    // The newline would end the LOCK early and make the rest a request of its own.
+    let out = output(d.lockctl(&["acquire", "a", "--note", "one\nUNLOCK a 1"])).await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("control character"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(d.status_line("a").await.contains(" free"));
+}
+
 #[test]
 fn the_bash_client_sends_lockd_note_and_reads_it_back() {
     let lockd = common::blocking::Server::start();

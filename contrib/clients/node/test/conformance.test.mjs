@@ -162,7 +162,7 @@ class World {
   lock(s) {
     const c = this.clients[s.client];
     const box = { done: false };
-    box.promise = c.lock(s.name, { ttl: s.ttl_ms, wait: s.wait_ms, session: s.session, grace: s.grace_ms, shared: s.shared, limit: s.limit })
+    box.promise = c.lock(s.name, { ttl: s.ttl_ms, wait: s.wait_ms, session: s.session, grace: s.grace_ms, shared: s.shared, limit: s.limit, supersede: s.supersede, note: s.note })
       .then((token) => (box.token = token), (e) => (box.error = e))
       .finally(() => Object.assign(box, { done: true, at: performance.now() }));
     this.pending[s.as ?? "_"] = box;

@@ -4,7 +4,9 @@
 # openssl): locks with leases and fencing tokens, renewals, STATUS and WATCH read into
 # structs, failover across a cluster's front-ends, TLS and AUTH, and with_lock, which runs a
 # block under the lock, renews in the background and raises Lockd::LeaseLost in the block's
-# thread the moment the lease can no longer be trusted. Durations are seconds (Float).
+# thread the moment the lease can no longer be trusted. LOCK takes a note for people (note:,
+# shown with the holder, decoded, in STATUS and detail) and supersede: (newest wins; the waiters
+# it drops get Lockd::Superseded). Durations are seconds (Float).
 
 require "socket"
 require "openssl"
@@ -20,7 +22,9 @@ module Lockd
   class Error < StandardError; end
 
   # An ERR reply: +code+ is the protocol's word; each code has its subclass (Lockd::Timeout,
-  # Lockd::NotHeld, Lockd::Unavailable, ...), so a caller rescues the one it means.
+  # Lockd::NotHeld, Lockd::Unavailable, Lockd::Superseded, ...), so a caller rescues the one it
+  # means. Lockd::Superseded: a waiting LOCK was dropped from the queue by a newer +supersede+
+  # LOCK of another id (the holder keeps the lock; this request is over, not to be retried).
   class ServerError < Error
     attr_reader :code, :detail
 
@@ -33,7 +37,7 @@ module Lockd
 
   CODES = {}
   %w[SYNTAX UNKNOWN BADARG ENCODING TOOLONG TIMEOUT NOTHELD CONFLICT REPLACED LIMIT LAGGED
-     SHUTDOWN NOAUTH DENIED UNAVAILABLE TLS].each do |code|
+     SHUTDOWN NOAUTH DENIED UNAVAILABLE TLS SUPERSEDED].each do |code|
     name = { "BADARG" => "BadArg", "NOTHELD" => "NotHeld", "TOOLONG" => "TooLong",
              "NOAUTH" => "NoAuth", "TLS" => "TlsRefused", "ENCODING" => "BadEncoding" }.fetch(code, code.capitalize)
     CODES[code] = const_set(name, Class.new(ServerError))
@@ -65,9 +69,11 @@ module Lockd
     end
   end
 
-  Status = Struct.new(:name, :free, :id, :token, :ttl_ms, :session, :waiters, :holders, :mode,
+  # +note+ (Status and Holder): the holder's note, decoded (nil for none); a Status's is its
+  # first holder's.
+  Status = Struct.new(:name, :free, :id, :token, :ttl_ms, :session, :waiters, :holders, :mode, :note,
                       keyword_init: true)
-  Holder = Struct.new(:name, :id, :token, :held_ms, :ttl_ms, :session, :mode, :user, keyword_init: true)
+  Holder = Struct.new(:name, :id, :token, :held_ms, :ttl_ms, :session, :mode, :user, :note, keyword_init: true)
   Waiter = Struct.new(:name, :position, :id, :waited_ms, :session, :mode, keyword_init: true)
   Detail = Struct.new(:status, :holders, :waiters, keyword_init: true)
   # +note+: the new holder's note (acquired events only, nil for none); +by+: who broke the
@@ -80,6 +86,26 @@ module Lockd
     end
 
     value
+  end
+
+  # A LOCK's note: printable UTF-8 text (spaces and non-ASCII included), sent as it is.
+  def self.note(value)
+    text = value.to_s.encode(Encoding::UTF_8)
+    if !text.valid_encoding? || text.match?(/[\x00-\x1f\x7f]/)
+      raise ArgumentError, "note must be printable UTF-8 text without control characters: #{value.inspect}"
+    end
+
+    text
+  rescue EncodingError
+    raise ArgumentError, "note must be printable UTF-8 text without control characters: #{value.inspect}"
+  end
+
+  # A note field's value as lockd sends it (%XX for each byte of a space, a %, a non-ASCII
+  # character): the text, or nil for no note.
+  def self.decode_note(field)
+    return nil if field.nil? || field.empty?
+
+    field.b.gsub(/%(\h\h)/) { Regexp.last_match(1).hex.chr }.force_encoding(Encoding::UTF_8)
   end
 
   def self.now
@@ -144,9 +170,19 @@ module Lockd
     # default) ties only the wait to the connection. A LOCK whose connection is lost, or that
     # is answered ERR UNAVAILABLE or SHUTDOWN, is sent again (same id) through the next address
     # for the rest of its wait.
-    def lock(name, ttl: nil, wait: nil, session: false, grace: nil, detach: true, shared: false, limit: nil)
+    # +note+: a short text for people (who holds it and why: "release 1.4.2 by ci job 8812"),
+    # shown with the holder by STATUS, detail, WATCH's acquired events and refusals; printable
+    # UTF-8, at most the server's --max-note bytes (default 256), else ArgumentError (a control
+    # character) or Lockd::BadArg (too long). nil or "" sends none; a repeat LOCK of the same id
+    # without one keeps the note it has. +supersede+: newest wins: if the LOCK must wait, every
+    # request waiting on the name is answered Lockd::Superseded (the holder keeps the lock) and
+    # this one waits at the head of the queue, alone; granted at once, it changes nothing.
+    def lock(name, ttl: nil, wait: nil, session: false, grace: nil, detach: true, shared: false, limit: nil,
+             supersede: false, note: nil)
       Lockd.word("name", name)
       raise ArgumentError, "shared and limit exclude each other" if shared && limit
+
+      note = note && Lockd.note(note)
 
       head = "LOCK #{name} #{@id}"
       head += " ttl=#{Lockd.ms(ttl)}" if ttl
@@ -155,6 +191,8 @@ module Lockd
              else ""
              end
       tail += shared ? " shared" : limit ? " limit=#{Integer(limit)}" : ""
+      tail += " supersede" if supersede
+      tail += " note=#{note}" if note && !note.empty? # last: it takes the rest of the line
       deadline = wait && Lockd.now + wait
       tries = 0
       begin
@@ -227,7 +265,8 @@ module Lockd
           when "HOLDER"
             f = fields(w[2..])
             holders << Holder.new(name: w[1], id: f["id"], token: f["token"].to_i, held_ms: f["held_ms"].to_i,
-                                  ttl_ms: f["ttl_ms"].to_i, session: f["session"] == "1", mode: f["mode"], user: f["user"])
+                                  ttl_ms: f["ttl_ms"].to_i, session: f["session"] == "1", mode: f["mode"], user: f["user"],
+                                  note: Lockd.decode_note(f["note"]))
           when "WAITER"
             f = fields(w[3..])
             waiters << Waiter.new(name: w[1], position: w[2].to_i, id: f["id"], waited_ms: f["waited_ms"].to_i,
@@ -294,9 +333,8 @@ module Lockd
 
           # Fields after the fixed words are read by key (a newer lockd may add more).
           extra = w[6..].filter_map { |f| f.split("=", 2) if f.include?("=") }.to_h
-          note = extra["note"]&.b&.gsub(/%(\h\h)/) { Regexp.last_match(1).hex.chr }&.force_encoding(Encoding::UTF_8)
           return Event.new(kind: w[1], name: w[2], id: w[3], token: w[4].to_i, unix_ms: w[5].to_i,
-                           note: note, by: extra["by"])
+                           note: Lockd.decode_note(extra["note"]), by: extra["by"])
         end
       end
     end
@@ -308,13 +346,16 @@ module Lockd
     # can no longer be trusted (a renewal refused, or none got through before that time, less
     # a margin), Lockd::LeaseLost is raised in the block's thread at once, before lockd can
     # grant the lock to anyone else (and again after the block, if the block rescued it).
-    def with_lock(name, ttl: DEFAULT_TTL, grace: DEFAULT_GRACE, wait: nil, shared: false, limit: nil)
+    # +note+ and +supersede+ are LOCK's (#lock); a superseded wait raises Lockd::Superseded.
+    def with_lock(name, ttl: DEFAULT_TTL, grace: DEFAULT_GRACE, wait: nil, shared: false, limit: nil,
+                  supersede: false, note: nil)
       grace = [grace, ttl].min
       hold = grace.positive? ? grace : ttl
       margin = [hold / 10.0, 0.05].max
       rc = dup
       Thread.handle_interrupt(LeaseLost => :never) do
-        token = rc.lock(name, ttl: ttl, wait: wait, session: true, grace: grace, shared: shared, limit: limit)
+        token = rc.lock(name, ttl: ttl, wait: wait, session: true, grace: grace, shared: shared, limit: limit,
+                           supersede: supersede, note: note)
         sent = Lockd.now # a renewal at once: a LOCK that waited does not say when its lease began
         rc.renew(name, token)
         keeper = Keeper.new(rc, name, token, hold, margin, sent, Thread.current)
@@ -591,7 +632,8 @@ module Lockd
       f = fields(w[2..])
       Status.new(name: w[0], free: false, id: f["id"], token: f["token"].to_i, ttl_ms: f["ttl_ms"].to_i,
                  session: f["session"] == "1", waiters: f["waiters"].to_i,
-                 holders: f["mode"] ? f["holders"].to_i : 1, mode: f["mode"] || "exclusive")
+                 holders: f["mode"] ? f["holders"].to_i : 1, mode: f["mode"] || "exclusive",
+                 note: Lockd.decode_note(f["note"]))
     end
   end
 end

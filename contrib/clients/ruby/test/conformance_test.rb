@@ -211,7 +211,8 @@ module Conformance
       @pending[s["as"] || "_"] = box
       Thread.new do
         box[:token] = c.lock(s["name"], ttl: sec["ttl_ms"], wait: sec["wait_ms"], session: s["session"] || false,
-                                        grace: sec["grace_ms"], shared: s["shared"] || false, limit: s["limit"])
+                                        grace: sec["grace_ms"], shared: s["shared"] || false, limit: s["limit"],
+                                        supersede: s["supersede"] || false, note: s["note"])
       rescue Lockd::Error => e
         box[:error] = e
       ensure
