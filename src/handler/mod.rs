@@ -328,7 +328,7 @@ impl Handler {
             mode,
             note,
             supersede,
-            and: _,
+            and,
         } = request
         else {
             return Err(request);
@@ -345,6 +345,7 @@ impl Handler {
             origin: self.origin.clone(),
             note: note.map(Into::into),
             supersede,
+            and,
         };
         Ok((req, tie))
     }
