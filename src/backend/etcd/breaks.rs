@@ -68,7 +68,11 @@ impl Cluster {
             at_ms: wall_ms(),
             deadline_ms: holder.value.ends_ms(),
         };
-        let key = self.layout.broken(name, token);
+        // A set is one lease: its holder is told on whichever of its names it asks.
+        let keys: Vec<String> = super::keys::names_of(name, &holder.value.set)
+            .into_iter()
+            .map(|n| self.layout.broken(n, token))
+            .collect();
         // Its own etcd lease, so that etcd forgets it about when the lease would have ended
         // (a deadline checked on read covers what etcd's rounding adds).
         let left_s = record
@@ -84,11 +88,18 @@ impl Cluster {
                 .map_err(|e| self.unavailable(&e))?
                 .id()
         };
-        let put = Txn::new().and_then([TxnOp::put(
-            key.clone(),
-            record.encode(),
-            Some(PutOptions::new().with_lease(lease)),
-        )]);
+        let encoded = record.encode();
+        let put = Txn::new().and_then(
+            keys.iter()
+                .map(|k| {
+                    TxnOp::put(
+                        k.clone(),
+                        encoded.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
         let put = self.txn(put).await.map_err(|e| self.unavailable(&e))?;
         let written = put.header().map_or(0, |h| h.revision());
 
@@ -104,10 +115,12 @@ impl Cluster {
         if !done {
             // It was not ended by this BREAK (it ended meanwhile): no record of a break,
             // unless another BREAK has written its own since.
-            let ours = Compare::mod_revision(key.clone(), CompareOp::Equal, written);
-            let _ = self
-                .txn(Txn::new().when([ours]).and_then([TxnOp::delete(key, None)]))
-                .await;
+            for key in keys {
+                let ours = Compare::mod_revision(key.clone(), CompareOp::Equal, written);
+                let _ = self
+                    .txn(Txn::new().when([ours]).and_then([TxnOp::delete(key, None)]))
+                    .await;
+            }
         }
         match resp {
             Ok(_) => Ok(done),

@@ -96,15 +96,17 @@ impl Cluster {
             // Not ended, or ended by granting the next waiter: nothing to tidy.
             return;
         }
-        let marker = self.layout.marker(name);
         let rev = resp.header().map_or(0, |h| h.revision());
-        let tidy = Txn::new()
-            .when([
-                guards::marker_at(&self.layout, name, rev),
-                guards::nobody_holds(&self.layout, name),
-                guards::nobody_waits(&self.layout, name),
-            ])
-            .and_then([TxnOp::delete(marker, None)]);
-        let _ = self.txn(tidy).await;
+        // Each name of a set on its own: one may be left to others, another empty.
+        for name in super::keys::names_of(name, &holder.value.set) {
+            let tidy = Txn::new()
+                .when([
+                    guards::marker_at(&self.layout, name, rev),
+                    guards::nobody_holds(&self.layout, name),
+                    guards::nobody_waits(&self.layout, name),
+                ])
+                .and_then([TxnOp::delete(self.layout.marker(name), None)]);
+            let _ = self.txn(tidy).await;
+        }
     }
 }

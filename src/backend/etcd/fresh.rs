@@ -12,12 +12,25 @@ use super::Cluster;
 impl Cluster {
     /// The name as etcd has it now (a linearizable read of its marker, holders and queue).
     pub(super) async fn read_name(&self, name: &str) -> Result<NameState, BackendError> {
+        let mut read = self.read_names(std::slice::from_ref(&name.to_owned())).await?;
+        Ok(read.pop().unwrap_or_default())
+    }
+
+    /// [`Cluster::read_name`] for every name of a set, in one read (one revision), in the
+    /// order given.
+    pub(super) async fn read_names(&self, names: &[String]) -> Result<Vec<NameState>, BackendError> {
         let prefix = || Some(GetOptions::new().with_prefix());
-        let txn = Txn::new().and_then([
-            TxnOp::get(self.layout.marker(name), None),
-            TxnOp::get(self.layout.holders(name), prefix()),
-            TxnOp::get(self.layout.waiters(name), prefix()),
-        ]);
+        let ops: Vec<TxnOp> = names
+            .iter()
+            .flat_map(|name| {
+                [
+                    TxnOp::get(self.layout.marker(name), None),
+                    TxnOp::get(self.layout.holders(name), prefix()),
+                    TxnOp::get(self.layout.waiters(name), prefix()),
+                ]
+            })
+            .collect();
+        let txn = Txn::new().and_then(ops);
         let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut changes = Vec::new();
@@ -26,12 +39,15 @@ impl Cluster {
                 changes.extend(got.kvs().iter().map(|kv| super::watch::change(kv, true)));
             }
         }
-        let mut one = Mirror {
+        let mut all = Mirror {
             base: self.base_token(),
             ..Mirror::default()
         };
-        one.apply(&self.layout, &changes, rev, now());
-        Ok(one.names.remove(name).unwrap_or_default())
+        all.apply(&self.layout, &changes, rev, now());
+        Ok(names
+            .iter()
+            .map(|name| all.names.remove(name).unwrap_or_default())
+            .collect())
     }
 
     /// Waits (at most a request timeout) until the mirror shows this front-end's own last

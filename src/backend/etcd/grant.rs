@@ -28,6 +28,9 @@ impl Cluster {
     /// read of the name in etcd itself, since a mirror a few milliseconds behind would refuse
     /// a free name or queue a retry of the holder's own id behind itself.
     pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
+        if !req.and.is_empty() {
+            return self.lock_set(req).await;
+        }
         let ttl = self.limits.ttl(req.ttl)?;
         self.limits.grace(req.session)?;
         let user = self.user_name(req.user);
@@ -100,7 +103,7 @@ impl Cluster {
         }
     }
 
-    fn holder_value(&self, req: &LockRequest, user: &str, ttl: Duration) -> HolderValue {
+    pub(super) fn holder_value(&self, req: &LockRequest, user: &str, ttl: Duration) -> HolderValue {
         let at = wall_ms();
         HolderValue {
             id: req.id.clone(),
@@ -117,6 +120,7 @@ impl Cluster {
             at_ms: at,
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
+            set: set_names(req),
         }
     }
 
@@ -183,7 +187,7 @@ impl Cluster {
     }
 
     /// A LOCK by a holder's own id (a retry after a lost reply): the same token, a new lease.
-    async fn lock_again(
+    pub(super) async fn lock_again(
         &self,
         req: &LockRequest,
         holder: HolderRecord,
@@ -211,12 +215,23 @@ impl Cluster {
             // Renewed, released or expired meanwhile: decide again.
             return Ok(None);
         }
-        self.wrote(&req.name, &resp);
+        self.wrote_lease(&req.name, &value, &resp);
         let token = self.guard().mirror.token(holder.rev);
         // This rewrite is the hand-over: a take-back of an older one now fails.
         let handover = HandOver(resp.header().map_or(0, |h| h.revision()));
         Ok(Some(LockStart::Granted { token, handover }))
     }
+}
+
+/// Every name of `req`'s set, in the request's order, as records keep it; empty for a LOCK
+/// of one name.
+pub(super) fn set_names(req: &LockRequest) -> Vec<String> {
+    if req.and.is_empty() {
+        return Vec::new();
+    }
+    std::iter::once(req.name.clone())
+        .chain(req.and.iter().cloned())
+        .collect()
 }
 
 /// What a LOCK does, decided from the mirror.

@@ -9,8 +9,9 @@ use std::time::Duration;
 use super::rpc::{Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, WaitResult};
-use crate::locks::{EventKind, Token, WaitEnd};
+use crate::locks::{rules, EventKind, Token, WaitEnd};
 
+use super::keys::names_of;
 use super::mirror::Granted;
 use super::waiters::key_gone;
 use super::RETRY;
@@ -126,14 +127,23 @@ impl Cluster {
                 // Ours but no longer waited for (its clean-up write was lost): take it out,
                 // or it would stop the queue for as long as this front-end lives.
                 // (It only spawns the write: the guard may stay held.)
-                self.forget_waiter_key(head.key.clone(), head.mod_rev);
+                let keys = names_of(name, &head.value.set)
+                    .into_iter()
+                    .map(|n| self.layout.waiter(n, &head.uid))
+                    .collect();
+                self.forget_waiter_keys(keys, head.mod_rev);
                 return;
             };
-            if g.mirror.rev < head.rev || !ns.admits(head.value.mode) {
+            // Per name it waits on: the marker the grant depends on, and the name's last
+            // change (a set is tried again once any of its names changed).
+            let Some(places) = self.ready_places(&g.mirror, name, head) else {
+                return;
+            };
+            if g.mirror.rev < head.rev {
                 return;
             }
-            let (marker_rev, last_rev, head_rev, head_mod) =
-                (ns.marker_rev, ns.last_rev, head.rev, head.mod_rev);
+            let last_rev = places.iter().map(|p| p.2).max().unwrap_or(ns.last_rev);
+            let (head_rev, head_mod) = (head.rev, head.mod_rev);
             let Some(local) = g.waiting.get_mut(&waiter) else {
                 return;
             };
@@ -150,15 +160,25 @@ impl Cluster {
             let waited = now().saturating_duration_since(local.queued);
             let mut value = local.value.holder(wall_ms());
             value.waited_ms = Some(waited.as_millis() as u64);
+            let parts = if local.set.is_empty() {
+                vec![(name.to_owned(), places[0].1, local.key.clone())]
+            } else {
+                places
+                    .into_iter()
+                    .map(|(n, marker_rev, _)| {
+                        let key = self.layout.waiter(&n, &local.uid);
+                        (n, marker_rev, key)
+                    })
+                    .collect()
+            };
             Attempt {
                 waiter,
                 name: name.to_owned(),
                 id: local.req.id.clone(),
-                key: local.key.clone(),
+                parts,
                 uid: local.uid.clone(),
                 rev: head_rev,
                 mod_rev: head_mod,
-                marker_rev,
                 value,
                 waited,
             }
@@ -167,31 +187,66 @@ impl Cluster {
         tokio::spawn(async move { me.try_grant(attempt).await });
     }
 
+    /// Whether the head waiter `head` of `name` is granted now, as [`rules::set_ready`]
+    /// says over every name it waits on (one name: just `name`): then, per name, the
+    /// name, its marker's revision and its last change.
+    fn ready_places(
+        &self,
+        mirror: &super::mirror::Mirror,
+        name: &str,
+        head: &super::mirror::WaiterRecord,
+    ) -> Option<Vec<(String, i64, i64)>> {
+        let names = names_of(name, &head.value.set);
+        let states: Vec<&super::mirror::NameState> = names
+            .iter()
+            .map(|n| mirror.name(n))
+            .collect::<Option<_>>()?;
+        let views: Vec<_> = states.iter().map(|ns| ns.view(&self.fe)).collect();
+        let ready = rules::set_ready(views.iter().map(|v| (v, &head.rev)), head.value.mode);
+        ready.then(|| {
+            names
+                .iter()
+                .zip(&states)
+                .map(|(n, ns)| ((*n).to_owned(), ns.marker_rev, ns.last_rev))
+                .collect()
+        })
+    }
+
     /// The grant of a head waiter: "the marker is as I saw it, my key is there, nobody is
-    /// ahead of me" -> holder in, waiter out, marker written.
+    /// ahead of me" -> holder in, waiter out, marker written; for a set, on every one of
+    /// its names in the same write.
     async fn try_grant(self: Arc<Self>, a: Attempt) {
-        let marker = self.layout.marker(&a.name);
-        let holder_key = self.layout.holder(&a.name, &a.uid);
-        let txn = Txn::new()
-            .when(guards::head_grant(
+        let encoded = a.value.encode();
+        let mut when = Vec::new();
+        let mut ops = Vec::new();
+        for (name, marker_rev, key) in &a.parts {
+            when.extend(guards::head_grant(
                 &self.layout,
-                &a.name,
-                a.marker_rev,
-                (&a.key, a.rev, a.mod_rev),
-            ))
-            .and_then([
-                TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
+                name,
+                *marker_rev,
+                (key, a.rev, a.mod_rev),
+            ));
+            ops.extend([
                 TxnOp::put(
-                    holder_key,
-                    a.value.encode(),
+                    self.layout.marker(name),
+                    self.marker(EventKind::Acquired, 0),
+                    None,
+                ),
+                TxnOp::put(
+                    self.layout.holder(name, &a.uid),
+                    encoded.clone(),
                     self.holder_put(a.value.session_ms.is_some()),
                 ),
-                TxnOp::delete(a.key.clone(), None),
+                TxnOp::delete(key.clone(), None),
             ]);
+        }
+        let txn = Txn::new().when(when).and_then(ops);
         let result = self.txn(txn).await;
         let granted = match &result {
             Ok(resp) if resp.succeeded() => {
-                self.wrote(&a.name, resp);
+                for (name, _, _) in &a.parts {
+                    self.wrote(name, resp);
+                }
                 resp.header().map(|h| h.revision())
             }
             _ => None,
@@ -242,7 +297,9 @@ impl Cluster {
             let back = deliver(&mut g, &a.uid, &a.name, token, a.value.ttl_ms, handover);
             (token, back)
         };
-        self.granted_log(&a.name, &a.id, token, Some(a.waited), &a.value.origin());
+        for (name, _, _) in &a.parts {
+            self.granted_log(name, &a.id, token, Some(a.waited), &a.value.origin());
+        }
         if let Some(back) = back {
             self.take_back(&back.name, back.token, back.handover).await;
         }
@@ -254,11 +311,12 @@ struct Attempt {
     waiter: crate::locks::WaiterId,
     name: String,
     id: String,
-    key: String,
+    /// Per name granted (one, or every name of a set): the name, the marker's revision the
+    /// grant depends on, and the waiter's key on it.
+    parts: Vec<(String, i64, String)>,
     uid: String,
     rev: i64,
     mod_rev: i64,
-    marker_rev: i64,
     value: super::keys::HolderValue,
     waited: Duration,
 }

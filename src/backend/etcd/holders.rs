@@ -87,15 +87,55 @@ impl Cluster {
     }
 
     /// Writes `value` over `holder` unless it changed since it was read (renewed, ended,
-    /// its grace started): the token stays (the key's create revision does not move).
+    /// its grace started): the token stays (the key's create revision does not move). A
+    /// set's every key is written alike, in the same write: they are one lease.
     pub(super) fn rewrite(&self, holder: &HolderRecord, value: &HolderValue) -> Txn {
+        let keys = self.lease_keys(holder);
+        let encoded = value.encode();
         Txn::new()
-            .when([guards::unchanged(&holder.key, holder.mod_rev)])
-            .and_then([TxnOp::put(
-                holder.key.clone(),
-                value.encode(),
-                self.holder_put(value.session_ms.is_some()),
-            )])
+            .when(
+                keys.iter()
+                    .map(|k| guards::unchanged(k, holder.mod_rev))
+                    .collect::<Vec<_>>(),
+            )
+            .and_then(
+                keys.iter()
+                    .map(|k| {
+                        TxnOp::put(
+                            k.clone(),
+                            encoded.clone(),
+                            self.holder_put(value.session_ms.is_some()),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+    }
+
+    /// Every key of `holder`'s lease: its own, and for a set the key of each further name
+    /// (same uid, same create revision and, written together always, same mod revision).
+    pub(super) fn lease_keys(&self, holder: &HolderRecord) -> Vec<String> {
+        if holder.value.set.is_empty() {
+            return vec![holder.key.clone()];
+        }
+        holder
+            .value
+            .set
+            .iter()
+            .map(|n| self.layout.holder(n, &holder.uid))
+            .collect()
+    }
+
+    /// [`Cluster::wrote`] for every name of the lease `value` records (`name`'s set, or
+    /// `name` alone).
+    pub(super) fn wrote_lease(
+        &self,
+        name: &str,
+        value: &HolderValue,
+        resp: &super::rpc::TxnResponse,
+    ) {
+        for n in super::keys::names_of(name, &value.set) {
+            self.wrote(n, resp);
+        }
     }
 
     /// RENEW: a new deadline; a session lease in its grace is bound to this connection again.
@@ -147,7 +187,7 @@ impl Cluster {
             let txn = self.rewrite(&holder, &value);
             let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
             if resp.succeeded() {
-                self.wrote(name, &resp);
+                self.wrote_lease(name, &value, &resp);
                 return Ok(Renewed {
                     left: Duration::from_millis(value.ttl_ms),
                     bound,

@@ -2,12 +2,18 @@
 //!
 //! Under the deployment's prefix `P`:
 //! - `P h/<name>/<uid>`: one holder of `name` (its create revision, plus the token base, is its
-//!   fencing token). A plain lease's key has no etcd lease, so it outlives its front-end; a
+//!   fencing token). A set of names (`LOCK ... and=`) is one holder key per name, all with
+//!   the same uid, written by one transaction (so one create revision: one token), their
+//!   values alike and naming every name of the set (`set=`): whichever name a request
+//!   names, the write that renews or ends it reaches every key of the set. A plain lease's
+//!   key has no etcd lease, so it outlives its front-end; a
 //!   session lease's key hangs on its front-end's etcd lease, so it ends with the front-end.
 //!   A plain lease granted by one front-end to another's waiter hangs on the waiter's
 //!   front-end's etcd lease until that front-end takes it off, before telling its client.
 //! - `P q/<name>/<uid>`: one waiter, on its front-end's etcd lease; the queue's order is the
-//!   keys' create revisions, so FIFO holds across front-ends.
+//!   keys' create revisions, so FIFO holds across front-ends. A set waits as one key per
+//!   name, same uid, put by one transaction (one create revision: every queue agrees on
+//!   its place), granted, left or replaced by one transaction over all of them.
 //! - `P n/<name>`: the name's change marker. Every grant and every release of `name` writes
 //!   it in the same transaction, so a grant can be made conditional on "no holder came or
 //!   went since I looked" with one comparison; its value says what the last change was
@@ -162,6 +168,9 @@ pub struct HolderValue {
     pub peer: String,
     /// The holder's note (`LOCK ... note=`); empty for none (and in an older lockd's record).
     pub note: String,
+    /// Every name of its set, in the request's order (the name of this key among them);
+    /// empty for a lease of one name.
+    pub set: Vec<String>,
 }
 
 /// A waiter's record: all it asked for, so that whichever front-end releases the lock can
@@ -183,6 +192,8 @@ pub struct WaiterValue {
     pub peer: String,
     /// The note the holder it becomes will have; empty for none.
     pub note: String,
+    /// Every name of its set, as [`HolderValue::set`]; empty for one name.
+    pub set: Vec<String>,
 }
 
 /// What the last change of a name was, with the holder it was about.
@@ -253,6 +264,9 @@ impl HolderValue {
         if !self.note.is_empty() {
             word(&mut s, "note", &self.note);
         }
+        if !self.set.is_empty() {
+            word(&mut s, "set", &set_word(&self.set));
+        }
         s
     }
 
@@ -278,6 +292,7 @@ impl HolderValue {
                 .unwrap_or_else(|| deadline_ms.saturating_sub(ttl_ms)),
             peer: w.get("peer").unwrap_or_default(),
             note: w.get("note").unwrap_or_default(),
+            set: parse_set(w.get("set").as_deref())?,
         })
     }
 
@@ -329,6 +344,9 @@ impl WaiterValue {
         if !self.note.is_empty() {
             word(&mut s, "note", &self.note);
         }
+        if !self.set.is_empty() {
+            word(&mut s, "set", &set_word(&self.set));
+        }
         s
     }
 
@@ -346,6 +364,7 @@ impl WaiterValue {
             queued_ms: w.num("queued").unwrap_or(0),
             peer: w.get("peer").unwrap_or_default(),
             note: w.get("note").unwrap_or_default(),
+            set: parse_set(w.get("set").as_deref())?,
         })
     }
 
@@ -366,6 +385,7 @@ impl WaiterValue {
             at_ms: now_ms,
             peer: self.peer.clone(),
             note: self.note.clone(),
+            set: self.set.clone(),
         }
     }
 }
@@ -436,6 +456,29 @@ impl SupersededValue {
             by: w.get("by")?,
             same_id: w.get("same").is_some_and(|v| v == "1"),
         })
+    }
+}
+
+/// A set's names as one word's value: each percent-encoded (so no name holds a comma), then
+/// joined by commas.
+fn set_word(names: &[String]) -> String {
+    names.iter().map(|n| encode(n)).collect::<Vec<_>>().join(",")
+}
+
+/// [`set_word`] read back: `None` (a record that can't be read) if a name can't be decoded.
+fn parse_set(word: Option<&str>) -> Option<Vec<String>> {
+    match word {
+        None | Some("") => Some(Vec::new()),
+        Some(word) => word.split(',').map(decode).collect(),
+    }
+}
+
+/// The names a record of `name` with the set `set` stands for: its set, or itself alone.
+pub fn names_of<'a>(name: &'a str, set: &'a [String]) -> Vec<&'a str> {
+    if set.is_empty() {
+        vec![name]
+    } else {
+        set.iter().map(String::as_str).collect()
     }
 }
 

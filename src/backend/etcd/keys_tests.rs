@@ -47,6 +47,7 @@ fn values_round_trip() {
         at_ms: 9,
         peer: "10.0.0.7:41234".into(),
         note: String::new(),
+        set: Vec::new(),
     };
     assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
     let w = WaiterValue {
@@ -61,6 +62,7 @@ fn values_round_trip() {
         queued_ms: 1,
         peer: "[::1]:5".into(),
         note: String::new(),
+        set: Vec::new(),
     };
     assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));
     let m = MarkerValue {

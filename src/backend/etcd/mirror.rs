@@ -126,12 +126,8 @@ impl NameState {
         self.marker_rev == 0 && self.holders.is_empty() && self.queue.is_empty()
     }
 
-    /// Whether a holder in `mode` fits beside the present holders (the queue aside).
-    pub fn admits(&self, mode: Mode) -> bool {
-        self.admits_without(mode, None)
-    }
-
-    /// [`NameState::admits`] once the holder of create revision `leaving` is gone.
+    /// Whether a holder in `mode` fits beside the present holders (the queue aside) once
+    /// the holder of create revision `leaving` is gone.
     pub fn admits_without(&self, mode: Mode, leaving: Option<i64>) -> bool {
         let staying = self.holders.values().filter(|h| Some(h.rev) != leaving);
         rules::admits(staying.map(|h| h.value.mode), mode)

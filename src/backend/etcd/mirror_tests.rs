@@ -40,6 +40,7 @@ fn holder(id: &str) -> String {
         at_ms: 0,
         peer: String::new(),
         note: String::new(),
+        set: Vec::new(),
     }
     .encode()
 }
@@ -150,7 +151,7 @@ fn a_holder_gone_with_its_lease_is_dropped() {
 #[test]
 fn modes_admit_as_the_table_does() {
     let mut ns = NameState::default();
-    assert!(ns.admits(Mode::Exclusive));
+    assert!(ns.admits_without(Mode::Exclusive, None));
     let mut v = HolderValue::decode(holder("a").as_bytes()).expect("value");
     v.mode = Mode::Limit(2);
     ns.holders.insert(
@@ -165,7 +166,7 @@ fn modes_admit_as_the_table_does() {
             value: v,
         },
     );
-    assert!(ns.admits(Mode::Limit(2)));
-    assert!(!ns.admits(Mode::Exclusive));
-    assert!(!ns.admits(Mode::Shared));
+    assert!(ns.admits_without(Mode::Limit(2), None));
+    assert!(!ns.admits_without(Mode::Exclusive, None));
+    assert!(!ns.admits_without(Mode::Shared, None));
 }

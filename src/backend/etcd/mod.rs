@@ -28,7 +28,8 @@
 //!   watch has shown it; `view`: a mirrored name as the lock rules see it, and the LOCK
 //!   decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or limit);
 //!   `guards`: every comparison a write is guarded by, built once from named parts.
-//! - Requests: `grant` (LOCK at once or again), `waiters` (a queued LOCK and its end),
+//! - Requests: `grant` (LOCK at once or again), `sets` (a LOCK of several names: granted,
+//!   queued and handed over whole), `waiters` (a queued LOCK and its end),
 //!   `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK and
 //!   every other end, granting the head waiter in the same write), `status`, `breaks`
 //!   (BREAK: ends leases by `release`'s write, and keeps a record of each for its holder).
@@ -61,6 +62,7 @@ mod release;
 mod rpc;
 mod secure;
 mod sessions;
+mod sets;
 mod stats;
 mod status;
 mod view;
@@ -105,6 +107,8 @@ struct Local {
     /// Granted by another front-end on this one's etcd lease, being confirmed (see
     /// `Cluster::confirm`).
     confirming: bool,
+    /// Every name of its set (`name` first), each with a key of `uid`; empty for one name.
+    set: Vec<String>,
 }
 
 struct ClusterState {

@@ -61,6 +61,7 @@ pub fn decide(
             at_ms: 0,
             peer: String::new(),
             note: String::new(),
+            set: Vec::new(),
         };
         let uid = format!("h{rev}");
         let holder = HolderRecord {
@@ -89,6 +90,7 @@ pub fn decide(
             queued_ms: 0,
             peer: String::new(),
             note: String::new(),
+            set: Vec::new(),
         };
         let uid = format!("w{rev}");
         let waiter = WaiterRecord {
@@ -140,6 +142,7 @@ pub fn breaks(holders: &[HolderPart<'_>], only: Option<usize>) -> Result<Vec<usi
             at_ms: 0,
             peer: String::new(),
             note: String::new(),
+            set: Vec::new(),
         };
         let uid = format!("h{rev}");
         let holder = HolderRecord {

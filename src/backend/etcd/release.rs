@@ -66,6 +66,9 @@ impl Cluster {
         holder: &HolderRecord,
         guard: Compare,
     ) -> Ended {
+        if !holder.value.set.is_empty() {
+            return self.end_set_txn(kind, holder, guard);
+        }
         let marker = self.layout.marker(name);
         let end = |marker_op: TxnOp| vec![marker_op, TxnOp::delete(holder.key.clone(), None)];
         let with_marker = end(TxnOp::put(
@@ -125,6 +128,41 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::end_txn`] for a set: every name's key goes, and every name's marker says
+    /// why, in one write (one event per name), guarded by `guard` and by each key being
+    /// still this grant's. No waiter is granted in it: the head waiters' front-ends grant
+    /// them (a set waiter needs every one of its names, which only its front-end looks at).
+    /// An UNLOCK that leaves every name with no holder and no waiter removes the markers too.
+    fn end_set_txn(&self, kind: EventKind, holder: &HolderRecord, guard: Compare) -> Ended {
+        let names = &holder.value.set;
+        let keys: Vec<String> = self.lease_keys(holder);
+        let mut when = vec![guard];
+        when.extend(keys.iter().map(|k| guards::same_key(k, holder.rev)));
+        let end = |marker_op: &dyn Fn(String) -> TxnOp| {
+            names
+                .iter()
+                .zip(&keys)
+                .flat_map(|(n, k)| [marker_op(self.layout.marker(n)), TxnOp::delete(k.clone(), None)])
+                .collect::<Vec<_>>()
+        };
+        let put_marker = |m: String| TxnOp::put(m, self.marker(kind, holder.rev), None);
+        let with_marker = Txn::new().when(when.clone()).and_then(end(&put_marker));
+        let txn = if kind == EventKind::Released {
+            let mut alone = when.clone();
+            for n in names {
+                alone.push(guards::holds_alone(&self.layout, n, holder.rev));
+                alone.push(guards::nobody_waits(&self.layout, n));
+            }
+            Txn::new()
+                .when(alone)
+                .and_then(end(&|m| TxnOp::delete(m, None)))
+                .or_else([TxnOp::txn(with_marker)])
+        } else {
+            with_marker
+        };
+        Ended { txn, head: None }
+    }
+
     /// The head waiter of `name`, if it fits once `holder` is gone: with the marker's
     /// revision the grant depends on, and the etcd lease the grant hangs on (none for a
     /// plain lease of this front-end's own waiter).
@@ -140,6 +178,11 @@ impl Cluster {
         // now being released (its holder key takes the waiter's uid): etcd refuses a write
         // that puts and deletes one key.
         if head.uid == holder.uid {
+            return None;
+        }
+        // A set waiter needs all its names: its own front-end grants it, in one write over
+        // all of them (`handover.rs`).
+        if !head.value.set.is_empty() {
             return None;
         }
         let ours = head.value.fe == self.fe;
@@ -168,17 +211,20 @@ impl Cluster {
             return false;
         };
         let plain = usize::from(ended.head.is_some());
-        // A release's plain write empties the name when its outer transaction succeeds.
-        self.wrote_as(name, resp, kind == EventKind::Released && depth == plain);
         let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
-        self.ended_log(
-            name,
-            &holder.value.id,
-            token,
-            kind,
-            held,
-            &holder.value.origin(),
-        );
+        // Every name of a set ended with it.
+        for name in super::keys::names_of(name, &holder.value.set) {
+            // A release's plain write empties the name when its outer transaction succeeds.
+            self.wrote_as(name, resp, kind == EventKind::Released && depth == plain);
+            self.ended_log(
+                name,
+                &holder.value.id,
+                token,
+                kind,
+                held,
+                &holder.value.origin(),
+            );
+        }
         if let (0, Some((id, value))) = (depth, &ended.head) {
             let rev = resp.header().map_or(0, |h| h.revision());
             let granted = self.guard().mirror.token(rev);

@@ -50,6 +50,7 @@ impl Cluster {
             queued_ms: wall_ms(),
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
+            set: Vec::new(),
         };
         // `supersede`: the whole queue as this decision sees it (guarded below), each
         // waiter with whether it is this id's own older request; and the name's marker.
@@ -88,6 +89,13 @@ impl Cluster {
                         .collect()
                 })
         };
+        // A set's place can't be taken over by one name (its other keys would stay): every
+        // key of it goes, and this request queues anew.
+        if same.iter().any(|w| !w.value.set.is_empty()) {
+            let olds = self.old_keys(&req.name, &same);
+            let names = [req.name.clone()];
+            return self.enqueue_keys(req, user, ttl, &names, olds).await;
+        }
         // The oldest one's place is taken over (the queue is in create-revision order).
         let adopt = (!same.is_empty()).then(|| same.remove(0));
         if let Some(old) = &adopt {
@@ -132,6 +140,7 @@ impl Cluster {
                     tried_at: None,
                     in_flight: false,
                     confirming: false,
+                    set: Vec::new(),
                 },
             );
         }
@@ -258,32 +267,41 @@ impl Cluster {
     /// its client and deleting would leave the place in the queue (until its etcd lease
     /// ends) to be granted to a client that has gone. Only if etcd can't take the delete now
     /// is the client told first, and the delete tried on as any clean-up is.
-    fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
+    pub(super) fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
         let Some(local) = self.guard().leave(waiter) else {
             return;
         };
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let txn = Txn::new()
-                .when([guards::unchanged(&local.key, local.mod_rev)])
-                .and_then([TxnOp::delete(local.key.clone(), None)]);
+            let keys = me.local_keys(&local);
+            let txn = forget_txn(&keys, local.mod_rev);
             let deleted = me.txn(txn).await.is_ok();
             let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
             if !deleted {
-                me.forget_waiter_key(local.key, local.mod_rev);
+                me.forget_waiter_keys(keys, local.mod_rev);
             }
         });
     }
 
-    /// Takes a waiter's key out of the queue, retrying while etcd is away; unless the key
-    /// changed since this front-end wrote it at `mod_rev` (another took its place over).
-    pub(super) fn forget_waiter_key(self: &Arc<Self>, key: String, mod_rev: i64) {
+    /// Every waiter key of `local`: its own, or one per name of its set (same uid).
+    pub(super) fn local_keys(&self, local: &Local) -> Vec<String> {
+        if local.set.is_empty() {
+            return vec![local.key.clone()];
+        }
+        local
+            .set
+            .iter()
+            .map(|n| self.layout.waiter(n, &local.uid))
+            .collect()
+    }
+
+    /// Takes a waiter's keys (one, or a set's) out of the queue in one write, retrying while
+    /// etcd is away; each unless it changed since this front-end wrote it at `mod_rev`
+    /// (another took its place over).
+    pub(super) fn forget_waiter_keys(self: &Arc<Self>, keys: Vec<String>, mod_rev: i64) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let txn = Txn::new()
-                .when([guards::unchanged(&key, mod_rev)])
-                .and_then([TxnOp::delete(key, None)]);
-            me.cleanup(txn).await;
+            me.cleanup(forget_txn(&keys, mod_rev)).await;
         });
     }
 
@@ -315,6 +333,7 @@ impl Cluster {
             "no etcd quorum answer for longer than the front-end's etcd lease: its waiters are told ERR UNAVAILABLE"
         );
         for l in ended {
+            let keys = self.local_keys(&l);
             let _ =
                 l.tx.send(WaitResult::Failed(BackendError::Unavailable(format!(
                     "this front-end has not heard from etcd for {:.1}s, longer than its \
@@ -322,7 +341,7 @@ impl Cluster {
                  front-end if you have one)",
                     silent.as_secs_f64()
                 ))));
-            self.forget_waiter_key(l.key, l.mod_rev);
+            self.forget_waiter_keys(keys, l.mod_rev);
         }
     }
 
@@ -343,15 +362,37 @@ impl Cluster {
         }
         let local = self.guard().leave(waiter);
         if let Some(local) = local {
-            self.forget_waiter_key(local.key, local.mod_rev);
+            self.forget_waiter_keys(self.local_keys(&local), local.mod_rev);
         }
     }
+}
+
+/// The write that takes a waiter's keys out (each unless it changed since this front-end
+/// wrote it at `mod_rev`): one transaction, each key its own guarded part, so that a key
+/// taken over stays and the others still go.
+pub(super) fn forget_txn(keys: &[String], mod_rev: i64) -> Txn {
+    if let [key] = keys {
+        return Txn::new()
+            .when([guards::unchanged(key, mod_rev)])
+            .and_then([TxnOp::delete(key.clone(), None)]);
+    }
+    let parts: Vec<TxnOp> = keys
+        .iter()
+        .map(|k| {
+            TxnOp::txn(
+                Txn::new()
+                    .when([guards::unchanged(k, mod_rev)])
+                    .and_then([TxnOp::delete(k.clone(), None)]),
+            )
+        })
+        .collect();
+    Txn::new().and_then(parts)
 }
 
 /// A waiter's own write was answered at revision `at`. The watch leaves a waiter alone until
 /// then, so if the mirror is past `at` and its key is no longer there as written, it is told
 /// now. Whether it still waits.
-fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at: i64) -> bool {
+pub(super) fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at: i64) -> bool {
     let Some(local) = g.waiting.get(&waiter) else {
         return false;
     };

@@ -15,7 +15,7 @@ use super::keys::{Key, SupersededValue};
 use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
 use super::RETRY;
-use super::{guards, Cluster};
+use super::Cluster;
 
 /// How often the watch is asked for its progress.
 const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
@@ -39,13 +39,7 @@ impl Cluster {
             let g = self.guard();
             g.waiting
                 .values()
-                .map(|l| {
-                    TxnOp::txn(
-                        Txn::new()
-                            .when([guards::unchanged(&l.key, l.mod_rev)])
-                            .and_then([TxnOp::delete(l.key.clone(), None)]),
-                    )
-                })
+                .map(|l| TxnOp::txn(super::waiters::forget_txn(&self.local_keys(l), l.mod_rev)))
                 .collect()
         };
         ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));

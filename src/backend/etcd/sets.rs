@@ -1,0 +1,416 @@
+//! A LOCK of several names at once (`and=`): one lease over all of them, decided by
+//! [`rules::decide_set`] over each name's view, and carried out in one transaction per step.
+//!
+//! - Granted at once: one write creates every name's holder key (one create revision: one
+//!   token on every name), guarded on every name as a grant at once of one name is (its
+//!   marker as seen, nobody waiting), and writes every name's marker.
+//! - Queued: one write puts a waiter key on every name's queue (one create revision: every
+//!   queue agrees on its place), taking out the same id's older request (every key of it,
+//!   a set or not) in the same write, each with its mark saying it was replaced, guarded on
+//!   those keys being as read. The place is not taken over as one name's is: a new key on
+//!   every name keeps the create revisions of the set equal.
+//! - Granted from the queue by its own front-end (`handover.rs`, [`rules::set_ready`]),
+//!   released, renewed or ended as one lease (`release.rs`, `holders.rs`): every key of the
+//!   set in each write.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::rpc::{PutOptions, Txn, TxnOp};
+use tokio::sync::oneshot;
+
+use crate::backend::{now, BackendError, HandOver, LockStart, WaitResult};
+use crate::locks::rules::{self, SetDecision};
+use crate::locks::{EventKind, LockRequest, TableError, WaiterId};
+
+use super::grant::set_names;
+use super::keys::{names_of, SupersededValue, WaiterValue};
+use super::mirror::{HolderRecord, NameState};
+use super::view::ask;
+use super::waiters::settle_answered;
+use super::{guards, wall_ms, Cluster, Local};
+
+/// How often a LOCK of a set decides again (its names changed under it) before it answers
+/// `ERR UNAVAILABLE`.
+const STALE_TRIES: usize = 8;
+
+/// What a LOCK of a set does, decided from the mirror or a read.
+enum SetPlan {
+    /// Every name free and nobody waits: granted at once if each marker is still at its
+    /// revision (one per name, in the request's order).
+    Fresh(Vec<i64>),
+    /// The same id holds exactly this set: same token, new lease.
+    Again(Box<HolderRecord>),
+    /// Queued on every name, the same id's older requests out (every key of each).
+    Blocked(Vec<OldKey>),
+}
+
+/// One waiter key of the same id's older request, which a new LOCK replaces.
+#[derive(Clone)]
+pub(super) struct OldKey {
+    name: String,
+    key: String,
+    uid: String,
+    mod_rev: i64,
+}
+
+impl Cluster {
+    /// LOCK of a set: granted whole at once, the same set again, or queued on every name.
+    /// As for one name, the mirror is trusted only where the write checks it; a refusal or
+    /// a place in the queue is decided again on a read of every name from etcd itself.
+    pub(super) async fn lock_set(
+        self: &Arc<Self>,
+        req: LockRequest,
+    ) -> Result<LockStart, BackendError> {
+        let ttl = self.limits.ttl(req.ttl)?;
+        self.limits.grace(req.session)?;
+        let user = self.user_name(req.user);
+        let names = set_names(&req);
+        for name in &names {
+            self.own_writes_seen(name).await;
+        }
+        let mut read: Option<Vec<NameState>> = None;
+        for _ in 0..STALE_TRIES {
+            let plan = {
+                let g = self.guard();
+                let leases = g.mirror.counts().0 + g.fresh.len();
+                let free = NameState::default();
+                let states: Vec<&NameState> = match &read {
+                    Some(r) => r.iter().collect(),
+                    None => names
+                        .iter()
+                        .map(|n| g.mirror.name(n).unwrap_or(&free))
+                        .collect(),
+                };
+                self.plan_set(&states, &names, &req, &user, leases)
+            };
+            match plan {
+                Ok(SetPlan::Fresh(marker_revs)) => {
+                    let granted = self.grant_set_at_once(&req, &user, ttl, &names, &marker_revs);
+                    if let Some(start) = granted.await? {
+                        return Ok(start);
+                    }
+                }
+                Ok(SetPlan::Again(holder)) => {
+                    if let Some(start) = self.lock_again(&req, *holder, ttl).await? {
+                        return Ok(start);
+                    }
+                }
+                // From the mirror: make sure with etcd itself.
+                _ if read.is_none() => {}
+                Ok(SetPlan::Blocked(olds)) => {
+                    let queued = self.enqueue_keys(req.clone(), user.clone(), ttl, &names, olds);
+                    if let Some(start) = queued.await? {
+                        return Ok(start);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            read = Some(self.read_names(&names).await?);
+        }
+        Err(BackendError::Unavailable(format!(
+            "{}: the locks changed {STALE_TRIES} times while this LOCK was decided",
+            names.join(" ")
+        )))
+    }
+
+    /// What a LOCK of the set `names` (each name's state in `states`) does, as
+    /// [`rules::decide_set`] decides it from this front-end.
+    fn plan_set(
+        &self,
+        states: &[&NameState],
+        names: &[String],
+        req: &LockRequest,
+        user: &str,
+        leases: usize,
+    ) -> Result<SetPlan, BackendError> {
+        let views: Vec<_> = states.iter().map(|ns| ns.view(&self.fe)).collect();
+        let ask = ask(req, user);
+        match rules::decide_set(&views, &ask, &self.limits, leases)? {
+            SetDecision::Grant => Ok(SetPlan::Fresh(
+                states.iter().map(|ns| ns.marker_rev).collect(),
+            )),
+            SetDecision::Again(revs) => {
+                // A retry only if it is one lease over exactly these names: one create
+                // revision everywhere, and its record names this very set. An id holding
+                // them as separate leases (or in another set) can't make them one.
+                let first = revs.first().copied().unwrap_or_default();
+                let holder = states.first().and_then(|ns| ns.holder_by_rev(first));
+                let one = revs.iter().all(|r| *r == first)
+                    && holder.is_some_and(|h| same_names(&h.value.set, names));
+                match holder {
+                    Some(h) if one => Ok(SetPlan::Again(Box::new(h.clone()))),
+                    _ => Err(TableError::Conflict.into()),
+                }
+            }
+            SetDecision::Queue { .. } => {
+                // Every waiter of the same id on any of the names goes (the rules name the
+                // first on each; a cluster may briefly show more), and with each, every
+                // key of its own set.
+                let mut olds: Vec<OldKey> = Vec::new();
+                for (view, (ns, name)) in views.iter().zip(states.iter().zip(names)) {
+                    let same: Vec<_> = rules::same_waiters(view, &ask)
+                        .filter_map(|rev| ns.queue.get(&rev).cloned())
+                        .collect();
+                    for old in self.old_keys(name, &same) {
+                        if olds.iter().all(|o| o.key != old.key) {
+                            olds.push(old);
+                        }
+                    }
+                }
+                Ok(SetPlan::Blocked(olds))
+            }
+        }
+    }
+
+    /// The grant of a free set nobody waits for, in one write; `None` if the mirror (or the
+    /// read) was stale.
+    async fn grant_set_at_once(
+        &self,
+        req: &LockRequest,
+        user: &str,
+        ttl: Duration,
+        names: &[String],
+        marker_revs: &[i64],
+    ) -> Result<Option<LockStart>, BackendError> {
+        let value = self.holder_value(req, user, ttl);
+        let lease = if req.session.is_some() {
+            self.lease_id()
+        } else {
+            0
+        };
+        let uid = self.uid();
+        let encoded = value.encode();
+        let mut when = Vec::new();
+        let mut ops = Vec::new();
+        for (name, marker_rev) in names.iter().zip(marker_revs) {
+            when.extend(guards::grant_at_once(&self.layout, name, *marker_rev));
+            ops.push(TxnOp::put(
+                self.layout.marker(name),
+                self.marker(EventKind::Acquired, 0),
+                None,
+            ));
+            ops.push(TxnOp::put(
+                self.layout.holder(name, &uid),
+                encoded.clone(),
+                (lease != 0).then(|| PutOptions::new().with_lease(lease)),
+            ));
+        }
+        let resp = self
+            .txn(Txn::new().when(when).and_then(ops))
+            .await
+            .map_err(|e| self.unavailable(&e))?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        for name in names {
+            self.wrote(name, &resp);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let token = {
+            let mut g = self.guard();
+            // Until the watch brings them: an UNLOCK or RENEW right after needs no read.
+            if rev > g.mirror.rev {
+                for name in names {
+                    let holder = HolderRecord {
+                        key: self.layout.holder(name, &uid),
+                        uid: uid.clone(),
+                        rev,
+                        mod_rev: rev,
+                        lease,
+                        ends_at: now() + ttl,
+                        value: value.clone(),
+                    };
+                    g.fresh.insert((name.clone(), rev), holder);
+                }
+            }
+            g.mirror.token(rev)
+        };
+        for name in names {
+            self.granted_log(name, &req.id, token, None, &req.origin);
+        }
+        Ok(Some(LockStart::Granted {
+            token,
+            handover: HandOver(rev),
+        }))
+    }
+
+    /// Queues a LOCK on every one of `names` in one write (one waiter key per name, one
+    /// create revision), taking out every key of the same id's older requests (`olds`) in
+    /// the same write, each after its mark (`ERR REPLACED` for its request, through its
+    /// front-end's watch). `None`: one of those keys changed meanwhile; decide again.
+    ///
+    /// A LOCK of one name comes here too when the request it replaces is a set (a set's
+    /// place can't be taken over by one name: its other keys would stay behind).
+    pub(super) async fn enqueue_keys(
+        self: &Arc<Self>,
+        req: LockRequest,
+        user: String,
+        ttl: Duration,
+        names: &[String],
+        olds: Vec<OldKey>,
+    ) -> Result<Option<LockStart>, BackendError> {
+        let uid = self.uid();
+        let set = if names.len() > 1 {
+            names.to_vec()
+        } else {
+            Vec::new()
+        };
+        let first = names.first().cloned().unwrap_or_else(|| req.name.clone());
+        let value = WaiterValue {
+            id: req.id.clone(),
+            user,
+            mode: req.mode,
+            ttl_ms: ttl.as_millis() as u64,
+            session_ms: req.session.map(|g| g.as_millis() as u64),
+            fe: self.fe.clone(),
+            conn: req.conn,
+            lease: self.lease_id(),
+            queued_ms: wall_ms(),
+            peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
+            note: req.note.as_deref().unwrap_or_default().to_owned(),
+            set: set.clone(),
+        };
+        let lease = value.lease;
+        let (tx, rx) = oneshot::channel();
+        let waiter: WaiterId = self
+            .next_uid
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let wait = req.wait;
+        let mut replaced_here = Vec::new();
+        {
+            let mut g = self.guard();
+            for old in &olds {
+                if let Some(w) = g.by_uid.remove(&old.uid) {
+                    replaced_here.extend(g.waiting.remove(&w));
+                }
+            }
+            g.by_uid.insert(uid.clone(), waiter);
+            g.waiting.insert(
+                waiter,
+                Local {
+                    name: first.clone(),
+                    uid: uid.clone(),
+                    key: self.layout.waiter(&first, &uid),
+                    rev: 0,
+                    mod_rev: 0,
+                    tx,
+                    req,
+                    value: value.clone(),
+                    queued: now(),
+                    tried_at: None,
+                    in_flight: false,
+                    confirming: false,
+                    set,
+                },
+            );
+        }
+        let on_lease = || Some(PutOptions::new().with_lease(lease));
+        let mark = SupersededValue {
+            by: value.id.clone(),
+            same_id: true,
+        }
+        .encode();
+        let marks: Vec<String> = olds
+            .iter()
+            .map(|o| self.layout.superseded(&o.name, &o.uid))
+            .collect();
+        let mut ops = Vec::new();
+        for (old, mark_key) in olds.iter().zip(&marks) {
+            ops.push(TxnOp::put(mark_key.clone(), mark.clone(), on_lease()));
+            ops.push(TxnOp::delete(old.key.clone(), None));
+        }
+        let encoded = value.encode();
+        for name in names {
+            ops.push(TxnOp::put(
+                self.layout.waiter(name, &uid),
+                encoded.clone(),
+                on_lease(),
+            ));
+        }
+        let when: Vec<_> = olds
+            .iter()
+            .map(|o| guards::unchanged(&o.key, o.mod_rev))
+            .collect();
+        let result = self.txn(Txn::new().when(when).and_then(ops)).await;
+        if !marks.is_empty() && result.as_ref().is_ok_and(|r| r.succeeded()) {
+            // Every front-end's watch has the marks now; nobody needs them kept.
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                let deletes: Vec<TxnOp> =
+                    marks.into_iter().map(|m| TxnOp::delete(m, None)).collect();
+                me.cleanup(Txn::new().and_then(deletes)).await;
+            });
+        }
+        for old in replaced_here {
+            let _ = old
+                .tx
+                .send(WaitResult::Ended(crate::locks::WaitEnd::Replaced));
+        }
+        let resp = match result {
+            Ok(resp) if resp.succeeded() => resp,
+            other => {
+                let mut g = self.guard();
+                g.waiting.remove(&waiter);
+                g.by_uid.retain(|_, w| *w != waiter);
+                return match other {
+                    Err(e) => Err(self.unavailable(&e)),
+                    // One of the keys to take out changed meanwhile: decide again.
+                    Ok(_) => Ok(None),
+                };
+            }
+        };
+        for name in names {
+            self.wrote(name, &resp);
+        }
+        let at = resp.header().map_or(0, |h| h.revision());
+        let still = {
+            let mut g = self.guard();
+            if let Some(local) = g.waiting.get_mut(&waiter) {
+                local.mod_rev = at;
+                local.rev = at;
+            }
+            settle_answered(&mut g, waiter, at)
+        };
+        if still {
+            self.evaluate(&first);
+        }
+        if let Some(wait) = wait {
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                me.wait_over(waiter);
+            });
+        }
+        Ok(Some(LockStart::Waiting { waiter, rx }))
+    }
+
+    /// Every key of the same id's older requests `same` (waiters of `name`), each with every
+    /// key of its set: what a LOCK of one name takes out when one of them is a set.
+    pub(super) fn old_keys(&self, name: &str, same: &[super::mirror::WaiterRecord]) -> Vec<OldKey> {
+        let mut olds: Vec<OldKey> = Vec::new();
+        for w in same {
+            for n in names_of(name, &w.value.set) {
+                let key = self.layout.waiter(n, &w.uid);
+                if olds.iter().all(|o| o.key != key) {
+                    olds.push(OldKey {
+                        name: n.to_owned(),
+                        key,
+                        uid: w.uid.clone(),
+                        mod_rev: w.mod_rev,
+                    });
+                }
+            }
+        }
+        olds
+    }
+}
+
+/// Whether a set's record names exactly `names` (in any order).
+fn same_names(set: &[String], names: &[String]) -> bool {
+    let mut a: Vec<&String> = set.iter().collect();
+    let mut b: Vec<&String> = names.iter().collect();
+    a.sort();
+    b.sort();
+    a == b
+}
