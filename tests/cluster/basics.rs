@@ -19,7 +19,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 /// One etcd cluster for this file's tests. Its members end when the thread that started
 /// them does (the harness asks the kernel for that, so no member outlives a killed test
 /// run): they are started on a thread that lives as long as the test process.
-fn etcd() -> &'static EtcdCluster {
+pub(crate) fn etcd() -> &'static EtcdCluster {
     static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -34,7 +34,7 @@ fn etcd() -> &'static EtcdCluster {
 }
 
 /// `n` front-ends sharing a prefix of their own.
-fn front_ends(n: usize) -> Vec<LockdFrontEnd> {
+pub(crate) fn front_ends(n: usize) -> Vec<LockdFrontEnd> {
     let prefix = format!("{}{}/", etcd().prefix(), unique());
     (0..n)
         .map(|_| LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]))
@@ -48,7 +48,7 @@ fn unique() -> u64 {
 }
 
 /// Waits until `fe`'s STATUS of `name` shows `waiters` waiters (its mirror caught up).
-fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
+pub(crate) fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
     eventually(PATIENCE, &format!("{waiters} waiters on {name}"), || {
         let status = fe.request(&format!("STATUS {name}"));
         field(&status, "waiters").as_deref() == Some(&waiters.to_string())

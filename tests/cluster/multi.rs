@@ -1,0 +1,249 @@
+//! Sets of names (`LOCK <name> <id> and=<name>...`) in cluster mode: one lease over every
+//! name, granted whole (one token on every name), queued on every name at once, handed over
+//! whole by whichever front-end releases, and ended whole through any of its names.
+#![cfg(feature = "etcd")]
+
+use crate::common;
+use crate::common::needs::{have, Need};
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::blocking::eventually;
+use common::etcd::LockdFrontEnd;
+use common::line::Line;
+use common::{field, token};
+
+use super::basics::{front_ends, wait_waiters};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The tokens of an `OK <token> <token> ...` reply, one per name.
+fn tokens(reply: &str) -> Vec<u64> {
+    let rest = reply
+        .strip_prefix("OK ")
+        .unwrap_or_else(|| panic!("expected OK <token>..., got {reply:?}"));
+    rest.split(' ')
+        .map(|t| {
+            t.parse()
+                .unwrap_or_else(|_| panic!("expected tokens, got {reply:?}"))
+        })
+        .collect()
+}
+
+/// Waits until `fe` shows `name` held with `token`.
+fn wait_held(fe: &LockdFrontEnd, name: &str, token: u64) {
+    eventually(PATIENCE, &format!("{name} held with {token}"), || {
+        let status = fe.request(&format!("STATUS {name}"));
+        field(&status, "token").as_deref() == Some(&token.to_string())
+    });
+}
+
+/// Waits until `fe` shows `name` free with nobody waiting.
+fn wait_free(fe: &LockdFrontEnd, name: &str) {
+    eventually(PATIENCE, &format!("{name} free"), || {
+        fe.request(&format!("STATUS {name}")) == format!("OK {name} free")
+    });
+}
+
+/// Waits until a LOCK of `name` through `fe` with `wait=0` is refused: someone waits for it
+/// (a grant meanwhile is given back at once).
+fn wait_queued(fe: &LockdFrontEnd, name: &str) {
+    eventually(PATIENCE, &format!("{name} queued"), || {
+        let reply = fe.request(&format!("LOCK {name} probe wait=0"));
+        if let Some(t) = reply.strip_prefix("OK ") {
+            assert_eq!(fe.request(&format!("UNLOCK {name} {t}")), "OK");
+        }
+        reply.starts_with("ERR TIMEOUT")
+    });
+}
+
+#[test]
+fn a_set_is_granted_whole_with_one_token_on_every_name() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let reply = fes[0].request("LOCK s-a job and=s-b and=s-c ttl=30s");
+    let t = tokens(&reply);
+    assert_eq!(t.len(), 3, "{reply}");
+    assert!(t.iter().all(|x| *x == t[0]), "one token on every name: {reply}");
+    for fe in &fes {
+        for name in ["s-a", "s-b", "s-c"] {
+            wait_held(fe, name, t[0]);
+        }
+    }
+    // The same id again is a retry: the same token on every name.
+    let again = tokens(&fes[1].request("LOCK s-b job and=s-c and=s-a ttl=30s"));
+    assert_eq!(again, vec![t[0]; 3]);
+    // Another id is refused at once, whole, with wait=0.
+    let refused = fes[1].request("LOCK s-c other and=s-d wait=0");
+    assert!(refused.starts_with("ERR TIMEOUT"), "{refused}");
+    wait_free(&fes[1], "s-d");
+    assert_eq!(fes[1].request(&format!("UNLOCK s-a {}", t[0])), "OK");
+    for name in ["s-a", "s-b", "s-c"] {
+        wait_free(&fes[0], name);
+    }
+}
+
+#[test]
+fn a_set_waits_for_one_held_name_and_is_granted_whole_through_another_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let held = token(&fes[0].request("LOCK w-b holder ttl=60s"));
+    let mut set = Line::connect(fes[1].addr());
+    set.send("LOCK w-a set and=w-b ttl=60s");
+    // Queued on both names, the free one too (STATUS shows a name without holders as
+    // free; a LOCK of it with wait=0 is refused as queued).
+    for fe in &fes {
+        wait_waiters(fe, "w-b", 1);
+        wait_queued(fe, "w-a");
+    }
+    // Nobody overtakes it on the free name.
+    let mut single = Line::connect(fes[0].addr());
+    single.send("LOCK w-a single ttl=60s");
+    assert_eq!(set.line_within(Duration::from_millis(300)), None);
+    // Released through the other front-end: the set is granted whole, after the holder.
+    assert_eq!(fes[0].request(&format!("UNLOCK w-b {held}")), "OK");
+    let t = tokens(&set.line());
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[0], t[1]);
+    assert!(t[0] > held);
+    // The single waiter behind it waits for the set to end.
+    assert_eq!(single.line_within(Duration::from_millis(500)), None);
+    assert_eq!(set.req(&format!("UNLOCK w-b {}", t[0])), "OK");
+    let next = token(&single.line());
+    assert!(next > t[0]);
+    assert_eq!(single.req(&format!("UNLOCK w-a {next}")), "OK");
+}
+
+#[test]
+fn overlapping_sets_in_opposite_orders_through_two_front_ends_never_deadlock_or_overlap() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let addrs: Vec<_> = fes.iter().map(|fe| fe.addr()).collect();
+    let rounds = 25;
+    let workers: Vec<_> = [("o-x", "o-y"), ("o-y", "o-x")]
+        .into_iter()
+        .zip(addrs)
+        .enumerate()
+        .map(|(i, ((first, second), addr))| {
+            let inside = Arc::clone(&inside);
+            std::thread::spawn(move || {
+                let mut c = Line::connect(addr);
+                let mut last = 0;
+                for round in 0..rounds {
+                    let reply = c.req(&format!(
+                        "LOCK {first} w{i} and={second} ttl=30s wait=20s"
+                    ));
+                    let t = tokens(&reply);
+                    assert_eq!(t.len(), 2, "{reply}");
+                    assert!(t[0] > last, "round {round}: token {} after {last}", t[0]);
+                    last = t[0];
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    std::thread::sleep(Duration::from_millis(2));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    // Released through either name: the whole set goes.
+                    let name = if round % 2 == 0 { first } else { second };
+                    assert_eq!(c.req(&format!("UNLOCK {name} {}", t[0])), "OK");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a worker failed");
+    }
+    for name in ["o-x", "o-y"] {
+        wait_free(&fes[0], name);
+    }
+}
+
+#[test]
+fn unlock_or_renew_through_any_name_applies_to_the_whole_set() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let t = tokens(&fes[0].request("LOCK u-a job and=u-b ttl=30s"))[0];
+    let renewed = fes[1].request(&format!("RENEW u-b {t} ttl=60s"));
+    assert!(renewed.starts_with("OK "), "{renewed}");
+    eventually(PATIENCE, "renewed on both names", || {
+        ["u-a", "u-b"].iter().all(|name| {
+            field(&fes[0].request(&format!("STATUS {name}")), "ttl_ms")
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .is_some_and(|ms| ms > 30_000)
+        })
+    });
+    assert_eq!(fes[1].request(&format!("UNLOCK u-b {t}")), "OK");
+    for fe in &fes {
+        wait_free(fe, "u-a");
+        wait_free(fe, "u-b");
+    }
+    let gone = fes[0].request(&format!("RENEW u-a {t}"));
+    assert!(gone.starts_with("ERR NOTHELD"), "{gone}");
+}
+
+#[test]
+fn a_wait_0_refusal_of_a_set_changes_nothing() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let held = token(&fes[0].request("LOCK z-b holder ttl=30s"));
+    wait_held(&fes[1], "z-b", held);
+    let refused = fes[1].request("LOCK z-a set and=z-b and=z-c wait=0");
+    assert!(refused.starts_with("ERR TIMEOUT"), "{refused}");
+    for fe in &fes {
+        assert_eq!(fe.request("STATUS z-a"), "OK z-a free");
+        assert_eq!(fe.request("STATUS z-c"), "OK z-c free");
+        let b = fe.request("STATUS z-b");
+        assert_eq!(field(&b, "waiters").as_deref(), Some("0"), "{b}");
+    }
+    // The free names are still free for anyone, at once.
+    let a = token(&fes[1].request("LOCK z-a other wait=0"));
+    assert_eq!(fes[1].request(&format!("UNLOCK z-a {a}")), "OK");
+    assert_eq!(fes[0].request(&format!("UNLOCK z-b {held}")), "OK");
+}
+
+#[test]
+fn a_waiting_set_that_gives_up_leaves_every_queue() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let held = token(&fes[0].request("LOCK g-b holder ttl=30s"));
+    let reply = fes[1].request("LOCK g-a set and=g-b wait=1s");
+    assert!(reply.starts_with("ERR TIMEOUT"), "{reply}");
+    for fe in &fes {
+        wait_waiters(fe, "g-b", 0);
+        wait_free(fe, "g-a");
+    }
+    let a = token(&fes[0].request("LOCK g-a other wait=0"));
+    assert_eq!(fes[0].request(&format!("UNLOCK g-a {a}")), "OK");
+    assert_eq!(fes[0].request(&format!("UNLOCK g-b {held}")), "OK");
+}
+
+#[test]
+fn expiry_ends_every_name_of_a_set() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let t = tokens(&fes[0].request("LOCK e-a job and=e-b ttl=1s"))[0];
+    for fe in &fes {
+        wait_free(fe, "e-a");
+        wait_free(fe, "e-b");
+    }
+    let gone = fes[1].request(&format!("CHECK e-b {t}"));
+    assert!(gone.starts_with("ERR NOTHELD"), "{gone}");
+    // Both names are free for the next one at once.
+    let next = tokens(&fes[1].request("LOCK e-b next and=e-a wait=0"));
+    assert!(next[0] > t);
+    assert_eq!(fes[1].request(&format!("UNLOCK e-a {}", next[0])), "OK");
+}
