@@ -68,7 +68,10 @@ fn a_set_is_granted_whole_with_one_token_on_every_name() {
     let reply = fes[0].request("LOCK s-a job and=s-b and=s-c ttl=30s");
     let t = tokens(&reply);
     assert_eq!(t.len(), 3, "{reply}");
-    assert!(t.iter().all(|x| *x == t[0]), "one token on every name: {reply}");
+    assert!(
+        t.iter().all(|x| *x == t[0]),
+        "one token on every name: {reply}"
+    );
     for fe in &fes {
         for name in ["s-a", "s-b", "s-c"] {
             wait_held(fe, name, t[0]);
@@ -139,9 +142,7 @@ fn overlapping_sets_in_opposite_orders_through_two_front_ends_never_deadlock_or_
                 let mut c = Line::connect(addr);
                 let mut last = 0;
                 for round in 0..rounds {
-                    let reply = c.req(&format!(
-                        "LOCK {first} w{i} and={second} ttl=30s wait=20s"
-                    ));
+                    let reply = c.req(&format!("LOCK {first} w{i} and={second} ttl=30s wait=20s"));
                     let t = tokens(&reply);
                     assert_eq!(t.len(), 2, "{reply}");
                     assert!(t[0] > last, "round {round}: token {} after {last}", t[0]);
@@ -246,4 +247,128 @@ fn expiry_ends_every_name_of_a_set() {
     let next = tokens(&fes[1].request("LOCK e-b next and=e-a wait=0"));
     assert!(next[0] > t);
     assert_eq!(fes[1].request(&format!("UNLOCK e-a {}", next[0])), "OK");
+}
+
+#[test]
+fn the_same_id_again_through_another_front_end_replaces_a_waiting_set() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let held = token(&fes[0].request("LOCK r-b holder ttl=60s"));
+    let mut first = Line::connect(fes[1].addr());
+    first.send("LOCK r-a job and=r-b ttl=60s");
+    for fe in &fes {
+        wait_waiters(fe, "r-b", 1);
+    }
+    // The same id again, through the other front-end: the old request is answered REPLACED
+    // and leaves every queue; the new one waits in its place.
+    let mut second = Line::connect(fes[0].addr());
+    second.send("LOCK r-a job and=r-b ttl=60s");
+    let replaced = first.line();
+    assert!(replaced.starts_with("ERR REPLACED"), "{replaced}");
+    for fe in &fes {
+        wait_waiters(fe, "r-b", 1);
+    }
+    // The same id for one name of it: replaces the set, which leaves both queues.
+    let mut third = Line::connect(fes[1].addr());
+    third.send("LOCK r-b job ttl=60s");
+    let replaced = second.line();
+    assert!(replaced.starts_with("ERR REPLACED"), "{replaced}");
+    for fe in &fes {
+        wait_waiters(fe, "r-b", 1);
+    }
+    let a = token(&fes[0].request("LOCK r-a other wait=0"));
+    assert_eq!(fes[0].request(&format!("UNLOCK r-a {a}")), "OK");
+    assert_eq!(fes[0].request(&format!("UNLOCK r-b {held}")), "OK");
+    let t = token(&third.line());
+    assert!(t > held);
+    assert_eq!(third.req(&format!("UNLOCK r-b {t}")), "OK");
+}
+
+#[test]
+fn a_session_set_whose_connection_closes_leaves_every_queue_or_ends_on_every_name() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let held = token(&fes[0].request("LOCK c-b holder ttl=60s"));
+    let mut set = Line::connect(fes[1].addr());
+    set.send("LOCK c-a set and=c-b ttl=60s session");
+    for fe in &fes {
+        wait_waiters(fe, "c-b", 1);
+        wait_queued(fe, "c-a");
+    }
+    drop(set);
+    for fe in &fes {
+        wait_waiters(fe, "c-b", 0);
+    }
+    let a = token(&fes[0].request("LOCK c-a other wait=0"));
+    assert_eq!(fes[0].request(&format!("UNLOCK c-a {a}")), "OK");
+    assert_eq!(fes[1].request(&format!("UNLOCK c-b {held}")), "OK");
+    // A session set held: its connection's close ends it on every name.
+    let mut set = Line::connect(fes[1].addr());
+    let t = tokens(&set.req("LOCK c-a set and=c-b ttl=60s session"))[0];
+    for fe in &fes {
+        wait_held(fe, "c-a", t);
+        wait_held(fe, "c-b", t);
+    }
+    drop(set);
+    for fe in &fes {
+        wait_free(fe, "c-a");
+        wait_free(fe, "c-b");
+    }
+}
+
+#[test]
+fn sets_and_single_names_through_three_front_ends_never_overlap_and_all_finish() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(3);
+    let names = ["m-x", "m-y", "m-z"];
+    // Per name: how many hold it now (a client's count, up before it is used, down before
+    // its UNLOCK is sent).
+    let inside: Arc<Vec<AtomicUsize>> =
+        Arc::new(names.iter().map(|_| AtomicUsize::new(0)).collect());
+    // (the names each worker takes: a set, or one name)
+    let asks: [&[usize]; 6] = [&[0, 1], &[1, 2], &[2, 0], &[0], &[1], &[2, 1, 0]];
+    let workers: Vec<_> = asks
+        .iter()
+        .enumerate()
+        .map(|(i, ask)| {
+            let inside = Arc::clone(&inside);
+            let addr = fes[i % fes.len()].addr();
+            let ask: Vec<usize> = ask.to_vec();
+            std::thread::spawn(move || {
+                let mut c = Line::connect(addr);
+                let first = names[ask[0]];
+                let and: String = ask[1..]
+                    .iter()
+                    .map(|n| format!(" and={}", names[*n]))
+                    .collect();
+                for round in 0..10 {
+                    let reply = c.req(&format!("LOCK {first} w{i}{and} ttl=30s wait=30s"));
+                    let t = tokens(&reply);
+                    assert_eq!(t.len(), ask.len(), "{reply}");
+                    for n in &ask {
+                        let was = inside[*n].fetch_add(1, Ordering::SeqCst);
+                        assert_eq!(was, 0, "two holders of {} (round {round})", names[*n]);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                    for n in &ask {
+                        inside[*n].fetch_sub(1, Ordering::SeqCst);
+                    }
+                    let last = names[*ask.last().unwrap_or(&0)];
+                    assert_eq!(c.req(&format!("UNLOCK {last} {}", t[0])), "OK");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a worker failed");
+    }
+    for name in names {
+        wait_free(&fes[0], name);
+    }
 }

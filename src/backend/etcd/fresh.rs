@@ -12,13 +12,18 @@ use super::Cluster;
 impl Cluster {
     /// The name as etcd has it now (a linearizable read of its marker, holders and queue).
     pub(super) async fn read_name(&self, name: &str) -> Result<NameState, BackendError> {
-        let mut read = self.read_names(std::slice::from_ref(&name.to_owned())).await?;
+        let mut read = self
+            .read_names(std::slice::from_ref(&name.to_owned()))
+            .await?;
         Ok(read.pop().unwrap_or_default())
     }
 
     /// [`Cluster::read_name`] for every name of a set, in one read (one revision), in the
     /// order given.
-    pub(super) async fn read_names(&self, names: &[String]) -> Result<Vec<NameState>, BackendError> {
+    pub(super) async fn read_names(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<NameState>, BackendError> {
         let prefix = || Some(GetOptions::new().with_prefix());
         let ops: Vec<TxnOp> = names
             .iter()

@@ -462,7 +462,11 @@ impl SupersededValue {
 /// A set's names as one word's value: each percent-encoded (so no name holds a comma), then
 /// joined by commas.
 fn set_word(names: &[String]) -> String {
-    names.iter().map(|n| encode(n)).collect::<Vec<_>>().join(",")
+    names
+        .iter()
+        .map(|n| encode(n))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// [`set_word`] read back: `None` (a record that can't be read) if a name can't be decoded.

@@ -142,7 +142,12 @@ impl Cluster {
             names
                 .iter()
                 .zip(&keys)
-                .flat_map(|(n, k)| [marker_op(self.layout.marker(n)), TxnOp::delete(k.clone(), None)])
+                .flat_map(|(n, k)| {
+                    [
+                        marker_op(self.layout.marker(n)),
+                        TxnOp::delete(k.clone(), None),
+                    ]
+                })
                 .collect::<Vec<_>>()
         };
         let put_marker = |m: String| TxnOp::put(m, self.marker(kind, holder.rev), None);

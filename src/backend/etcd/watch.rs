@@ -14,8 +14,8 @@ use super::handover::{on_grant, taken_over};
 use super::keys::{Key, SupersededValue};
 use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
-use super::RETRY;
 use super::Cluster;
+use super::RETRY;
 
 /// How often the watch is asked for its progress.
 const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
