@@ -261,29 +261,44 @@ fn the_same_id_again_through_another_front_end_replaces_a_waiting_set() {
     for fe in &fes {
         wait_waiters(fe, "r-b", 1);
     }
-    // The same id again, through the other front-end: the old request is answered REPLACED
-    // and leaves every queue; the new one waits in its place.
+    let mut behind = Line::connect(fes[0].addr());
+    behind.send("LOCK r-b behind ttl=60s");
+    for fe in &fes {
+        wait_waiters(fe, "r-b", 2);
+    }
+    // The same set by the same id, through the other front-end: the old request is answered
+    // REPLACED and the new one keeps its place, ahead of the later waiter.
     let mut second = Line::connect(fes[0].addr());
-    second.send("LOCK r-a job and=r-b ttl=60s");
+    second.send("LOCK r-b job and=r-a ttl=60s");
     let replaced = first.line();
     assert!(replaced.starts_with("ERR REPLACED"), "{replaced}");
+    wait_waiters(&fes[1], "r-b", 2);
+    assert_eq!(fes[1].request(&format!("UNLOCK r-b {held}")), "OK");
+    let t = tokens(&second.line());
+    assert_eq!(t.len(), 2);
+    assert!(t[0] > held);
+    assert_eq!(behind.line_within(Duration::from_millis(300)), None);
+    assert_eq!(second.req(&format!("UNLOCK r-a {}", t[0])), "OK");
+    let b = token(&behind.line());
+    // The same id for one name of a waiting set replaces the set, which leaves both queues.
+    let mut set = Line::connect(fes[1].addr());
+    set.send("LOCK r-a again and=r-b ttl=60s");
     for fe in &fes {
         wait_waiters(fe, "r-b", 1);
     }
-    // The same id for one name of it: replaces the set, which leaves both queues.
-    let mut third = Line::connect(fes[1].addr());
-    third.send("LOCK r-b job ttl=60s");
-    let replaced = second.line();
+    let mut one = Line::connect(fes[0].addr());
+    one.send("LOCK r-b again ttl=60s");
+    let replaced = set.line();
     assert!(replaced.starts_with("ERR REPLACED"), "{replaced}");
     for fe in &fes {
         wait_waiters(fe, "r-b", 1);
     }
     let a = token(&fes[0].request("LOCK r-a other wait=0"));
     assert_eq!(fes[0].request(&format!("UNLOCK r-a {a}")), "OK");
-    assert_eq!(fes[0].request(&format!("UNLOCK r-b {held}")), "OK");
-    let t = token(&third.line());
-    assert!(t > held);
-    assert_eq!(third.req(&format!("UNLOCK r-b {t}")), "OK");
+    assert_eq!(behind.req(&format!("UNLOCK r-b {b}")), "OK");
+    let t = token(&one.line());
+    assert!(t > b);
+    assert_eq!(one.req(&format!("UNLOCK r-b {t}")), "OK");
 }
 
 #[test]
@@ -371,4 +386,45 @@ fn sets_and_single_names_through_three_front_ends_never_overlap_and_all_finish()
     for name in names {
         wait_free(&fes[0], name);
     }
+}
+
+#[test]
+fn a_break_of_one_name_of_a_set_ends_every_name_and_its_holder_is_told_on_each() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let mut watch = Line::connect(fes[0].addr());
+    assert_eq!(watch.req("WATCH k-b"), "OK watching k-b");
+    let mut holder = Line::connect(fes[0].addr());
+    let t = tokens(&holder.req("LOCK k-a stuck and=k-b ttl=60s"))[0];
+    let mut waiter = Line::connect(fes[0].addr());
+    waiter.send("LOCK k-b next ttl=60s");
+    wait_waiters(&fes[1], "k-b", 1);
+    assert_eq!(fes[1].request("BREAK k-a"), "OK broken=1");
+    // The whole set ended: the waiter on the other name is granted.
+    let next = token(&waiter.line());
+    assert!(next > t);
+    wait_free(&fes[1], "k-a");
+    // Its holder is told it was broken, on either name.
+    for name in ["k-a", "k-b"] {
+        let reply = holder.req(&format!("RENEW {name} {t}"));
+        let want = format!("ERR NOTHELD {name}: lease {t} was broken by ");
+        assert!(reply.starts_with(&want), "{reply}");
+    }
+    // One event per name: k-b's watchers see it broken, then the next grant.
+    let saw: Vec<String> = (0..3).map(|_| watch.line()).collect();
+    assert!(
+        saw[0].starts_with(&format!("EVENT acquired k-b stuck {t} ")),
+        "{saw:?}"
+    );
+    assert!(
+        saw[1].starts_with(&format!("EVENT broken k-b stuck {t} ")),
+        "{saw:?}"
+    );
+    assert!(
+        saw[2].starts_with(&format!("EVENT acquired k-b next {next} ")),
+        "{saw:?}"
+    );
+    assert_eq!(waiter.req(&format!("UNLOCK k-b {next}")), "OK");
 }

@@ -41,8 +41,20 @@ enum SetPlan {
     Fresh(Vec<i64>),
     /// The same id holds exactly this set: same token, new lease.
     Again(Box<HolderRecord>),
-    /// Queued on every name, the same id's older requests out (every key of each).
-    Blocked(Vec<OldKey>),
+    /// Queued on every name, the same id's older requests out (every key of each); or,
+    /// when the older request is this very set, its place taken over.
+    Blocked(Vec<OldKey>, Option<Adopt>),
+}
+
+/// The place of the same id's older request for the very same set, which a LOCK takes over
+/// as one name's is (every key rewritten: the create revisions, and so the place in every
+/// queue, stay): how a set waiter whose front-end died or was cut off keeps its place when
+/// its client sends the same LOCK through another front-end.
+pub(super) struct Adopt {
+    uid: String,
+    rev: i64,
+    queued_ms: u64,
+    note: String,
 }
 
 /// One waiter key of the same id's older request, which a new LOCK replaces.
@@ -98,8 +110,9 @@ impl Cluster {
                 }
                 // From the mirror: make sure with etcd itself.
                 _ if read.is_none() => {}
-                Ok(SetPlan::Blocked(olds)) => {
-                    let queued = self.enqueue_keys(req.clone(), user.clone(), ttl, &names, olds);
+                Ok(SetPlan::Blocked(olds, adopt)) => {
+                    let (req, user) = (req.clone(), user.clone());
+                    let queued = self.enqueue_keys(req, user, ttl, &names, olds, adopt);
                     if let Some(start) = queued.await? {
                         return Ok(start);
                     }
@@ -148,6 +161,7 @@ impl Cluster {
                 // first on each; a cluster may briefly show more), and with each, every
                 // key of its own set.
                 let mut olds: Vec<OldKey> = Vec::new();
+                let mut requests: Vec<super::mirror::WaiterRecord> = Vec::new();
                 for (view, (ns, name)) in views.iter().zip(states.iter().zip(names)) {
                     let same: Vec<_> = rules::same_waiters(view, &ask)
                         .filter_map(|rev| ns.queue.get(&rev).cloned())
@@ -157,8 +171,25 @@ impl Cluster {
                             olds.push(old);
                         }
                     }
+                    for w in same {
+                        if requests.iter().all(|r| r.uid != w.uid) {
+                            requests.push(w);
+                        }
+                    }
                 }
-                Ok(SetPlan::Blocked(olds))
+                // One older request, waiting for exactly this set: its place is taken over.
+                let adopt = match requests.as_slice() {
+                    [w] if same_names(&w.value.set, names) && olds.len() == names.len() => {
+                        Some(Adopt {
+                            uid: w.uid.clone(),
+                            rev: w.rev,
+                            queued_ms: w.value.queued_ms,
+                            note: w.value.note.clone(),
+                        })
+                    }
+                    _ => None,
+                };
+                Ok(SetPlan::Blocked(olds, adopt))
             }
         }
     }
@@ -249,8 +280,9 @@ impl Cluster {
         ttl: Duration,
         names: &[String],
         olds: Vec<OldKey>,
+        adopt: Option<Adopt>,
     ) -> Result<Option<LockStart>, BackendError> {
-        let uid = self.uid();
+        let uid = adopt.as_ref().map_or_else(|| self.uid(), |a| a.uid.clone());
         let set = if names.len() > 1 {
             names.to_vec()
         } else {
@@ -271,6 +303,14 @@ impl Cluster {
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set: set.clone(),
         };
+        let mut value = value;
+        if let Some(old) = &adopt {
+            value.queued_ms = old.queued_ms;
+            let had = Some(old.note.as_str()).filter(|n| !n.is_empty());
+            value.note = rules::note_again(had, req.note.as_deref())
+                .unwrap_or_default()
+                .to_owned();
+        }
         let lease = value.lease;
         let (tx, rx) = oneshot::channel();
         let waiter: WaiterId = self
@@ -315,6 +355,7 @@ impl Cluster {
             .iter()
             .map(|o| self.layout.superseded(&o.name, &o.uid))
             .collect();
+        let marks = if adopt.is_some() { Vec::new() } else { marks };
         let mut ops = Vec::new();
         for (old, mark_key) in olds.iter().zip(&marks) {
             ops.push(TxnOp::put(mark_key.clone(), mark.clone(), on_lease()));
@@ -328,9 +369,13 @@ impl Cluster {
                 on_lease(),
             ));
         }
+        // Taken out only as read; taken over only while still that request's place.
         let when: Vec<_> = olds
             .iter()
-            .map(|o| guards::unchanged(&o.key, o.mod_rev))
+            .map(|o| match &adopt {
+                Some(a) => guards::same_key(&o.key, a.rev),
+                None => guards::unchanged(&o.key, o.mod_rev),
+            })
             .collect();
         let result = self.txn(Txn::new().when(when).and_then(ops)).await;
         if !marks.is_empty() && result.as_ref().is_ok_and(|r| r.succeeded()) {
@@ -368,7 +413,11 @@ impl Cluster {
             let mut g = self.guard();
             if let Some(local) = g.waiting.get_mut(&waiter) {
                 local.mod_rev = at;
-                local.rev = at;
+                local.rev = adopt.as_ref().map_or(at, |a| a.rev);
+            }
+            // The place is this request's now, whatever the request it took it over from did.
+            if adopt.is_some() {
+                g.left.remove(&uid);
             }
             settle_answered(&mut g, waiter, at)
         };

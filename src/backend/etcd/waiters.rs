@@ -94,7 +94,7 @@ impl Cluster {
         if same.iter().any(|w| !w.value.set.is_empty()) {
             let olds = self.old_keys(&req.name, &same);
             let names = [req.name.clone()];
-            return self.enqueue_keys(req, user, ttl, &names, olds).await;
+            return self.enqueue_keys(req, user, ttl, &names, olds, None).await;
         }
         // The oldest one's place is taken over (the queue is in create-revision order).
         let adopt = (!same.is_empty()).then(|| same.remove(0));
@@ -184,6 +184,11 @@ impl Cluster {
                         Some(PutOptions::new().with_lease(lease)),
                     ));
                     ops.push(TxnOp::delete(w.key.clone(), None));
+                    // A set waiter leaves all its queues: its keys on its other names go too
+                    // (its front-end's watch ends its wait from the mark above).
+                    for n in w.value.set.iter().filter(|n| **n != name_of_wait) {
+                        ops.push(TxnOp::delete(self.layout.waiter(n, &w.uid), None));
+                    }
                 }
                 Txn::new()
                     .when([
