@@ -127,3 +127,32 @@ fn superseded_marks_round_trip() {
     };
     assert_eq!(SupersededValue::decode(v.encode().as_bytes()), Some(v));
 }
+
+/// A set's names, whatever they hold (commas, `%`, `=`, `/`), read back in the request's
+/// order, on a holder and on the waiter and holder it becomes; a record without `set=` is
+/// a lease of one name.
+#[test]
+fn a_sets_names_round_trip_whatever_they_hold() {
+    let names: Vec<String> = ["db,migrate", "100%", "a=b/c", "ünï"]
+        .iter()
+        .map(|n| (*n).to_owned())
+        .collect();
+    let w = WaiterValue::decode(b"id=w user=ci mode=x ttl=30000 fe=f conn=3 lease=7 queued=1")
+        .expect("a waiter");
+    assert!(w.set.is_empty());
+    let w = WaiterValue {
+        set: names.clone(),
+        ..w
+    };
+    let back = WaiterValue::decode(w.encode().as_bytes()).expect("a set's waiter");
+    assert_eq!(back.set, names);
+    let h = back.holder(5);
+    assert_eq!(h.set, names);
+    let back = HolderValue::decode(h.encode().as_bytes()).expect("a set's holder");
+    assert_eq!(back.set, names);
+    assert_eq!(names_of("x", &back.set), ["db,migrate", "100%", "a=b/c", "ünï"]);
+    assert_eq!(names_of("x", &[]), ["x"]);
+    // A set word that can't be read makes the record unreadable, not a lease of fewer names.
+    let bad = b"id=a mode=x ttl=1000 deadline=5000 set=a%2C%ZZ";
+    assert_eq!(HolderValue::decode(bad), None);
+}
