@@ -150,7 +150,10 @@ fn a_sets_names_round_trip_whatever_they_hold() {
     assert_eq!(h.set, names);
     let back = HolderValue::decode(h.encode().as_bytes()).expect("a set's holder");
     assert_eq!(back.set, names);
-    assert_eq!(names_of("x", &back.set), ["db,migrate", "100%", "a=b/c", "ünï"]);
+    assert_eq!(
+        names_of("x", &back.set),
+        ["db,migrate", "100%", "a=b/c", "ünï"]
+    );
     assert_eq!(names_of("x", &[]), ["x"]);
     // A set word that can't be read makes the record unreadable, not a lease of fewer names.
     let bad = b"id=a mode=x ttl=1000 deadline=5000 set=a%2C%ZZ";
