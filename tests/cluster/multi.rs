@@ -428,3 +428,33 @@ fn a_break_of_one_name_of_a_set_ends_every_name_and_its_holder_is_told_on_each()
     );
     assert_eq!(waiter.req(&format!("UNLOCK k-b {next}")), "OK");
 }
+
+#[test]
+fn a_supersede_of_one_name_takes_a_waiting_set_out_of_all_its_queues() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let held = token(&fes[0].request("LOCK p-b holder ttl=60s"));
+    let mut set = Line::connect(fes[1].addr());
+    set.send("LOCK p-a set and=p-b ttl=60s");
+    for fe in &fes {
+        wait_waiters(fe, "p-b", 1);
+        wait_queued(fe, "p-a");
+    }
+    let mut newest = Line::connect(fes[0].addr());
+    newest.send("LOCK p-b newest supersede ttl=60s");
+    let ended = set.line();
+    assert!(ended.starts_with("ERR SUPERSEDED"), "{ended}");
+    // Its place on the other name went too: that name is free for anyone at once.
+    eventually(PATIENCE, "p-a free of the set", || {
+        let reply = fes[1].request("LOCK p-a other wait=0");
+        match reply.strip_prefix("OK ") {
+            Some(t) => fes[1].request(&format!("UNLOCK p-a {t}")) == "OK",
+            None => false,
+        }
+    });
+    assert_eq!(fes[1].request(&format!("UNLOCK p-b {held}")), "OK");
+    let t = token(&newest.line());
+    assert_eq!(newest.req(&format!("UNLOCK p-b {t}")), "OK");
+}

@@ -34,12 +34,18 @@ impl Cluster {
             _ = Arc::clone(&self).probe_loop() => {}
             _ = shutdown.cancelled() => {}
         }
-        // Each waiter key only if it is still this front-end's write (not taken over).
+        // Each waiter key only if it is still this front-end's write (not taken over); a
+        // set's keys one by one, so that the chunks below stay within etcd's bound (they
+        // hang on this front-end's etcd lease anyway).
         let mut ops: Vec<TxnOp> = {
             let g = self.guard();
             g.waiting
                 .values()
-                .map(|l| TxnOp::txn(super::waiters::forget_txn(&self.local_keys(l), l.mod_rev)))
+                .flat_map(|l| {
+                    self.local_keys(l)
+                        .into_iter()
+                        .map(|k| TxnOp::txn(super::waiters::forget_txn(&[k], l.mod_rev)))
+                })
                 .collect()
         };
         ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));
