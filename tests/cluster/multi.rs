@@ -458,3 +458,29 @@ fn a_supersede_of_one_name_takes_a_waiting_set_out_of_all_its_queues() {
     let t = token(&newest.line());
     assert_eq!(newest.req(&format!("UNLOCK p-b {t}")), "OK");
 }
+
+#[test]
+fn a_set_of_the_most_names_allowed_waits_and_is_granted_and_released_whole() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let names: Vec<String> = (0..16).map(|i| format!("big-{i}")).collect();
+    let held = token(&fes[0].request("LOCK big-15 holder ttl=60s"));
+    let and: String = names[1..].iter().map(|n| format!(" and={n}")).collect();
+    let mut set = Line::connect(fes[1].addr());
+    set.send(&format!("LOCK {} set{and} ttl=60s", names[0]));
+    for fe in &fes {
+        wait_waiters(fe, "big-15", 1);
+    }
+    assert_eq!(fes[0].request(&format!("UNLOCK big-15 {held}")), "OK");
+    let t = tokens(&set.line());
+    assert_eq!(t.len(), 16);
+    assert!(t.iter().all(|x| *x == t[0] && *x > held));
+    let renewed = set.req(&format!("RENEW big-7 {} ttl=90s", t[0]));
+    assert!(renewed.starts_with("OK "), "{renewed}");
+    assert_eq!(set.req(&format!("UNLOCK big-3 {}", t[0])), "OK");
+    for name in &names {
+        wait_free(&fes[0], name);
+    }
+}
