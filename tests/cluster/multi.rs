@@ -484,3 +484,39 @@ fn a_set_of_the_most_names_allowed_waits_and_is_granted_and_released_whole() {
         wait_free(&fes[0], name);
     }
 }
+
+/// A set waiter whose front-end died keeps its place on every name when its client sends the
+/// same LOCK through another front-end before the dead one's etcd lease runs out: it is
+/// granted before a waiter that came after it.
+#[test]
+fn a_waiting_set_whose_front_end_died_keeps_its_place_through_another() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let prefix = format!("{}multi-died/", super::basics::etcd().prefix());
+    let mut dies =
+        LockdFrontEnd::start(super::basics::etcd(), &prefix, &["--etcd-lease-ttl", "10s"]);
+    let stays = LockdFrontEnd::start(super::basics::etcd(), &prefix, &[]);
+    let held = token(&stays.request("LOCK d-b holder ttl=60s"));
+    let mut a = Line::connect(dies.addr());
+    a.send("LOCK d-a a and=d-b ttl=60s");
+    wait_waiters(&stays, "d-b", 1);
+    let mut b = Line::connect(stays.addr());
+    b.send("LOCK d-b b ttl=60s");
+    wait_waiters(&stays, "d-b", 2);
+    dies.kill();
+    drop(a);
+    let mut a = Line::connect(stays.addr());
+    a.send("LOCK d-a a and=d-b ttl=60s");
+    assert_eq!(stays.request(&format!("UNLOCK d-b {held}")), "OK");
+    let t = tokens(&a.line());
+    assert_eq!(t.len(), 2);
+    assert!(t[0] > held);
+    assert_eq!(
+        b.line_within(Duration::from_secs(1)),
+        None,
+        "b was granted ahead of a"
+    );
+    assert_eq!(a.req(&format!("UNLOCK d-a {}", t[0])), "OK");
+    assert!(token(&b.line()) > t[0]);
+}
