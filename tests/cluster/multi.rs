@@ -520,3 +520,42 @@ fn a_waiting_set_whose_front_end_died_keeps_its_place_through_another() {
     assert_eq!(a.req(&format!("UNLOCK d-a {}", t[0])), "OK");
     assert!(token(&b.line()) > t[0]);
 }
+
+/// A LOCK of one name by the id of a waiting set takes over the set's place on that name (as
+/// the table does), ahead of a waiter that came after the set; the set's place on its other
+/// names goes. Through the set's own front-end and through another.
+#[test]
+fn a_lock_of_one_name_by_a_waiting_sets_id_takes_its_place_on_that_name() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    for (round, through) in [(0, 1), (1, 0)] {
+        let (a, b) = (format!("t{round}-a"), format!("t{round}-b"));
+        let held = token(&fes[0].request(&format!("LOCK {b} holder ttl=60s")));
+        let mut set = Line::connect(fes[1].addr());
+        set.send(&format!("LOCK {a} job and={b} ttl=60s"));
+        for fe in &fes {
+            wait_waiters(fe, &b, 1);
+            wait_queued(fe, &a);
+        }
+        let mut later = Line::connect(fes[0].addr());
+        later.send(&format!("LOCK {a} later ttl=60s"));
+        assert_eq!(later.line_within(Duration::from_millis(300)), None);
+        // The same id, one name: granted at once in the set's place (its name is free),
+        // ahead of `later`; the set is answered REPLACED and leaves the other queue.
+        let mut one = Line::connect(fes[through].addr());
+        let t = token(&one.req(&format!("LOCK {a} job ttl=60s")));
+        let replaced = set.line();
+        assert!(replaced.starts_with("ERR REPLACED"), "{replaced}");
+        for fe in &fes {
+            wait_waiters(fe, &b, 0);
+        }
+        assert_eq!(later.line_within(Duration::from_millis(300)), None);
+        assert_eq!(one.req(&format!("UNLOCK {a} {t}")), "OK");
+        let l = token(&later.line());
+        assert!(l > t);
+        assert_eq!(later.req(&format!("UNLOCK {a} {l}")), "OK");
+        assert_eq!(fes[0].request(&format!("UNLOCK {b} {held}")), "OK");
+    }
+}

@@ -135,6 +135,15 @@ struct ClusterState {
 }
 
 impl ClusterState {
+    /// Whether a waiter of this front-end waits under `uid` on `name` (its own name, or one
+    /// of its set's).
+    fn waits_on(&self, uid: &str, name: &str) -> bool {
+        self.by_uid
+            .get(uid)
+            .and_then(|w| self.waiting.get(w))
+            .is_some_and(|l| l.name == name || l.set.iter().any(|n| n == name))
+    }
+
     /// A waiter of this front-end leaves (its wait ran out, its connection went): out of the
     /// local tables, and remembered as gone in case its grant is being made right now.
     fn leave(&mut self, waiter: WaiterId) -> Option<Local> {

@@ -57,6 +57,18 @@ pub(super) struct Adopt {
     note: String,
 }
 
+impl Adopt {
+    /// The place of the waiter `w`.
+    pub(super) fn of(w: &super::mirror::WaiterRecord) -> Adopt {
+        Adopt {
+            uid: w.uid.clone(),
+            rev: w.rev,
+            queued_ms: w.value.queued_ms,
+            note: w.value.note.clone(),
+        }
+    }
+}
+
 /// One waiter key of the same id's older request, which a new LOCK replaces.
 #[derive(Clone)]
 pub(super) struct OldKey {
@@ -180,12 +192,7 @@ impl Cluster {
                 // One older request, waiting for exactly this set: its place is taken over.
                 let adopt = match requests.as_slice() {
                     [w] if same_names(&w.value.set, names) && olds.len() == names.len() => {
-                        Some(Adopt {
-                            uid: w.uid.clone(),
-                            rev: w.rev,
-                            queued_ms: w.value.queued_ms,
-                            note: w.value.note.clone(),
-                        })
+                        Some(Adopt::of(w))
                     }
                     _ => None,
                 };
@@ -271,8 +278,10 @@ impl Cluster {
     /// the same write, each after its mark (`ERR REPLACED` for its request, through its
     /// front-end's watch). `None`: one of those keys changed meanwhile; decide again.
     ///
-    /// A LOCK of one name comes here too when the request it replaces is a set (a set's
-    /// place can't be taken over by one name: its other keys would stay behind).
+    /// With `adopt`, the older request's keys on `names` are rewritten for this one (their
+    /// place kept) rather than taken out. A LOCK of one name comes here too when the request
+    /// it replaces is a set: it takes over the set's place on its name, and the set's keys
+    /// on its other names go.
     pub(super) async fn enqueue_keys(
         self: &Arc<Self>,
         req: LockRequest,
@@ -351,13 +360,22 @@ impl Cluster {
             same_id: true,
         }
         .encode();
-        let marks: Vec<String> = olds
+        // The keys whose place this request takes over (rewritten below), if any.
+        let adopted: Vec<String> = match &adopt {
+            Some(a) => names
+                .iter()
+                .map(|n| self.layout.waiter(n, &a.uid))
+                .collect(),
+            None => Vec::new(),
+        };
+        let taken_over = |key: &str| adopted.iter().any(|k| k == key);
+        let gone: Vec<&OldKey> = olds.iter().filter(|o| !taken_over(&o.key)).collect();
+        let marks: Vec<String> = gone
             .iter()
             .map(|o| self.layout.superseded(&o.name, &o.uid))
             .collect();
-        let marks = if adopt.is_some() { Vec::new() } else { marks };
         let mut ops = Vec::new();
-        for (old, mark_key) in olds.iter().zip(&marks) {
+        for (old, mark_key) in gone.iter().zip(&marks) {
             ops.push(TxnOp::put(mark_key.clone(), mark.clone(), on_lease()));
             ops.push(TxnOp::delete(old.key.clone(), None));
         }
@@ -373,8 +391,8 @@ impl Cluster {
         let when: Vec<_> = olds
             .iter()
             .map(|o| match &adopt {
-                Some(a) => guards::same_key(&o.key, a.rev),
-                None => guards::unchanged(&o.key, o.mod_rev),
+                Some(a) if taken_over(&o.key) => guards::same_key(&o.key, a.rev),
+                _ => guards::unchanged(&o.key, o.mod_rev),
             })
             .collect();
         let result = self.txn(Txn::new().when(when).and_then(ops)).await;

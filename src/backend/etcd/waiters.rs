@@ -89,12 +89,13 @@ impl Cluster {
                         .collect()
                 })
         };
-        // A set's place can't be taken over by one name (its other keys would stay): every
-        // key of it goes, and this request queues anew.
+        // The older request is a set: this one takes over its place on this name, and its
+        // keys on its other names go in the same write.
         if same.iter().any(|w| !w.value.set.is_empty()) {
             let olds = self.old_keys(&req.name, &same);
+            let adopt = same.first().map(super::sets::Adopt::of);
             let names = [req.name.clone()];
-            return self.enqueue_keys(req, user, ttl, &names, olds, None).await;
+            return self.enqueue_keys(req, user, ttl, &names, olds, adopt).await;
         }
         // The oldest one's place is taken over (the queue is in create-revision order).
         let adopt = (!same.is_empty()).then(|| same.remove(0));

@@ -257,9 +257,9 @@ impl Cluster {
             // Marks of waiters of ours that a `supersede` LOCK took the queue from (written
             // before their keys' deletes, in the same transaction).
             for c in changes.iter().filter(|c| c.put) {
-                if let Some(Key::Superseded { uid, .. }) = self.layout.parse(&c.key) {
+                if let Some(Key::Superseded { name, uid }) = self.layout.parse(&c.key) {
                     let mark = SupersededValue::decode(&c.value);
-                    if let (Some(mark), true) = (mark, g.by_uid.contains_key(&uid)) {
+                    if let (Some(mark), true) = (mark, g.waits_on(&uid, &name)) {
                         let why = if mark.same_id {
                             WaitEnd::Replaced
                         } else {
@@ -271,8 +271,13 @@ impl Cluster {
             }
             // A waiter of ours whose key went without its grant: replaced, superseded, or
             // lost with its etcd lease.
-            for (_, uid) in &applied.waiters_gone {
+            for (name, uid) in &applied.waiters_gone {
                 g.left.remove(uid);
+                // (A key of the uid on a name it no longer waits on: the rest of a set whose
+                // place on one name a LOCK of that name took over.)
+                if !g.waits_on(uid, name) {
+                    continue;
+                }
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
                     continue;
                 };
