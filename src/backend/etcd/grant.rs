@@ -96,9 +96,6 @@ impl Cluster {
                 marker_rev: ns.marker_rev,
             }),
             Decision::Again(rev) => match ns.holder_by_rev(rev) {
-                // Holding the name as part of a set is no hold of it alone: release first
-                // (as the table answers).
-                Some(h) if !h.value.set.is_empty() => Err(TableError::Conflict.into()),
                 Some(h) => Ok(Plan::Again(Box::new(h.clone()))),
                 None => Err(TableError::NotHeld.into()),
             },

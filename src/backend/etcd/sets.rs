@@ -26,7 +26,7 @@ use crate::locks::{EventKind, LockRequest, TableError, WaiterId};
 use super::grant::set_names;
 use super::keys::{names_of, SupersededValue, WaiterValue};
 use super::mirror::{HolderRecord, NameState};
-use super::view::ask;
+use super::view::{self, ask, same_names};
 use super::waiters::settle_answered;
 use super::{guards, wall_ms, Cluster, Local};
 
@@ -140,7 +140,7 @@ impl Cluster {
     }
 
     /// What a LOCK of the set `names` (each name's state in `states`) does, as
-    /// [`rules::decide_set`] decides it from this front-end.
+    /// [`view::decide_set`] decides it from this front-end, with what carrying it out needs.
     fn plan_set(
         &self,
         states: &[&NameState],
@@ -149,23 +149,18 @@ impl Cluster {
         user: &str,
         leases: usize,
     ) -> Result<SetPlan, BackendError> {
+        let decision = view::decide_set(states, names, &self.fe, req, user, &self.limits, leases)?;
         let views: Vec<_> = states.iter().map(|ns| ns.view(&self.fe)).collect();
         let ask = ask(req, user);
-        match rules::decide_set(&views, &ask, &self.limits, leases)? {
+        match decision {
             SetDecision::Grant => Ok(SetPlan::Fresh(
                 states.iter().map(|ns| ns.marker_rev).collect(),
             )),
             SetDecision::Again(revs) => {
-                // A retry only if it is one lease over exactly these names: one create
-                // revision everywhere, and its record names this very set. An id holding
-                // them as separate leases (or in another set) can't make them one.
                 let first = revs.first().copied().unwrap_or_default();
-                let holder = states.first().and_then(|ns| ns.holder_by_rev(first));
-                let one = revs.iter().all(|r| *r == first)
-                    && holder.is_some_and(|h| same_names(&h.value.set, names));
-                match holder {
-                    Some(h) if one => Ok(SetPlan::Again(Box::new(h.clone()))),
-                    _ => Err(TableError::Conflict.into()),
+                match states.first().and_then(|ns| ns.holder_by_rev(first)) {
+                    Some(h) => Ok(SetPlan::Again(Box::new(h.clone()))),
+                    None => Err(TableError::NotHeld.into()),
                 }
             }
             SetDecision::Queue { .. } => {
@@ -471,13 +466,4 @@ impl Cluster {
         }
         olds
     }
-}
-
-/// Whether a set's record names exactly `names` (in any order).
-fn same_names(set: &[String], names: &[String]) -> bool {
-    let mut a: Vec<&String> = set.iter().collect();
-    let mut b: Vec<&String> = names.iter().collect();
-    a.sort();
-    b.sort();
-    a == b
 }

@@ -1,5 +1,6 @@
 //! A name of the mirror as the lock rules ([`crate::locks::rules`]) see it, and the etcd
-//! backend's one LOCK decision over it: the backend checks no mode, id or limit of its own.
+//! backend's LOCK decisions over it (one name, and a set of names): the backend checks no
+//! mode, id or limit of its own.
 
 use crate::locks::{rules, Limits, LockRequest, TableError};
 
@@ -67,7 +68,55 @@ pub fn decide(
     limits: &Limits,
     leases: usize,
 ) -> Result<rules::Decision<i64, i64>, TableError> {
-    rules::decide(&ns.view(fe), &ask(req, user), limits, leases)
+    let decision = rules::decide(&ns.view(fe), &ask(req, user), limits, leases)?;
+    // Holding the name as part of a set is no hold of it alone: release first (as the
+    // table answers).
+    if let rules::Decision::Again(rev) = decision {
+        if ns
+            .holder_by_rev(rev)
+            .is_some_and(|h| !h.value.set.is_empty())
+        {
+            return Err(TableError::Conflict);
+        }
+    }
+    Ok(decision)
+}
+
+/// What a LOCK `req` by `user` of the set `names` (each name's state in `states`, in the
+/// request's order) does, as the lock rules decide it from front-end `fe`: LOCK of a set
+/// comes here. The same id holding every name is a retry only if it holds them as one lease
+/// over exactly these names (one create revision everywhere, its record naming this very
+/// set): an id holding them as separate leases, or in another set, can't make them one.
+pub fn decide_set(
+    states: &[&NameState],
+    names: &[String],
+    fe: &str,
+    req: &LockRequest,
+    user: &str,
+    limits: &Limits,
+    leases: usize,
+) -> Result<rules::SetDecision<i64, i64>, TableError> {
+    let views: Vec<_> = states.iter().map(|ns| ns.view(fe)).collect();
+    let decision = rules::decide_set(&views, &ask(req, user), limits, leases)?;
+    if let rules::SetDecision::Again(revs) = &decision {
+        let first = revs.first().copied().unwrap_or_default();
+        let holder = states.first().and_then(|ns| ns.holder_by_rev(first));
+        let one = revs.iter().all(|r| *r == first)
+            && holder.is_some_and(|h| same_names(&h.value.set, names));
+        if !one {
+            return Err(TableError::Conflict);
+        }
+    }
+    Ok(decision)
+}
+
+/// Whether a set's record names exactly `names` (in any order).
+pub(super) fn same_names(set: &[String], names: &[String]) -> bool {
+    let mut a: Vec<&String> = set.iter().collect();
+    let mut b: Vec<&String> = names.iter().collect();
+    a.sort();
+    b.sort();
+    a == b
 }
 
 /// The part of `req` (by `user`) the lock rules decide on.
