@@ -58,6 +58,8 @@ use std::time::{Duration, Instant};
 mod layout;
 pub mod rules;
 mod sessions;
+#[cfg(test)]
+mod set_tests;
 mod types;
 
 use layout::{nanos, Bond, Clock, Entry, Holder, Slab, TableView, Timer, Waiter, WaiterPlace};
