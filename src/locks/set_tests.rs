@@ -32,7 +32,7 @@ fn req(names: &[&str], id: &str, conn: ConnId, wait: Option<Duration>, mode: Mod
         id: id.into(),
         ttl: Some(Duration::from_secs(3)),
         wait,
-        session: (conn % 2 == 0).then_some(Duration::ZERO),
+        session: conn.is_multiple_of(2).then_some(Duration::ZERO),
         conn,
         mode,
         user: NO_USER,
