@@ -559,3 +559,25 @@ fn a_lock_of_one_name_by_a_waiting_sets_id_takes_its_place_on_that_name() {
         assert_eq!(fes[0].request(&format!("UNLOCK {b} {held}")), "OK");
     }
 }
+
+#[test]
+fn shared_sets_hold_together_and_an_exclusive_set_waits_for_both() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2);
+    let r1 = tokens(&fes[0].request("LOCK sh-a r1 shared and=sh-b ttl=60s"))[0];
+    let r2 = tokens(&fes[1].request("LOCK sh-b r2 shared and=sh-a ttl=60s"))[0];
+    assert!(r2 > r1);
+    let mut writer = Line::connect(fes[1].addr());
+    writer.send("LOCK sh-a w and=sh-b ttl=60s");
+    for fe in &fes {
+        wait_waiters(fe, "sh-a", 1);
+    }
+    assert_eq!(fes[1].request(&format!("UNLOCK sh-a {r1}")), "OK");
+    assert_eq!(writer.line_within(Duration::from_millis(300)), None);
+    assert_eq!(fes[0].request(&format!("UNLOCK sh-a {r2}")), "OK");
+    let w = tokens(&writer.line());
+    assert!(w[0] > r2 && w[0] == w[1]);
+    assert_eq!(writer.req(&format!("UNLOCK sh-b {}", w[0])), "OK");
+}
