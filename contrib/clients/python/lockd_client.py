@@ -928,7 +928,9 @@ class Client:
         ``also``: further names, taken with ``name`` all at once or not at all (a LOCK of a
         set, ``and=``); then the return is a list of tokens, one per name (``name``'s first),
         and every other option applies to each name. One lease covers the set: renewing,
-        checking or unlocking any one of the tokens does it for all.
+        checking or unlocking any one of its names, with the token given for it, does it for
+        all. Use each name's own token for that name (the server gives the same number today;
+        assume nothing). ``supersede`` with ``also`` is refused by the server (Syntax).
         """
         head = "LOCK %s %s" % (_word("name", name), self.id)
         also = [_word("name", n) for n in also]
