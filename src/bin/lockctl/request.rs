@@ -117,7 +117,7 @@ pub async fn lock_retrying(
         let reply = {
             let asked = say_if_waiting(
                 server,
-                name,
+                names,
                 id,
                 lock_superseding(&mut c, names, id, terms, wait.supersede),
             );
@@ -149,7 +149,7 @@ pub async fn lock_retrying(
             }
             Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
                 if server.verbose {
-                    say_conflict(&mut c, name, wait).await;
+                    say_conflict(&mut c, names, wait).await;
                     // The server's own answer: who blocks, for how long, with what note.
                     eprintln!("lockctl: {e}");
                 }
