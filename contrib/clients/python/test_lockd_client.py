@@ -499,6 +499,15 @@ class SetTest(ServerTest):
         self.b.unlock(second, tokens[1])
         self.assertIsNone(self.a.status(first))
 
+    def test_a_lease_on_a_set_holds_every_name_and_releases_them_together(self):
+        first, second = self.name("lease-a"), self.name("lease-b")
+        with lock(first, server=ADDR, ttl=30, also=[second]) as tokens:
+            self.assertEqual(len(tokens), 2)
+            self.assertEqual(self.a.status(first).token, tokens[0])
+            self.assertEqual(self.a.status(second).token, tokens[1])
+        self.assertIsNone(self.a.status(first))
+        self.assertIsNone(self.a.status(second))
+
 
 class OfflineTest(unittest.TestCase):
     def test_after_a_failure_the_next_connection_goes_to_the_next_address(self):
