@@ -268,3 +268,110 @@ async fn help_and_man_show_several_names() {
         }
     }
 }
+
+/// `--note` goes with every name of the set; `--at-least` keeps both held after the job (one
+/// lease, detached through the first name) until lockd ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn note_and_at_least_apply_to_the_whole_set() {
+    let d = lockd().await;
+    let out = output(d.lockctl(&[
+        "run",
+        "al-a",
+        "al-b",
+        "--note",
+        "nightly window",
+        "--at-least",
+        "1s",
+        "--",
+        "true",
+    ]))
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for name in ["al-a", "al-b"] {
+        let line = d.status_line(name).await;
+        assert!(line.contains(" held "), "kept after the job: {line}");
+        assert!(line.contains("note=nightly%20window"), "{line}");
+    }
+    // Another run of an overlapping set skips while the window lasts.
+    let out = output(d.lockctl(&["run", "-n", "al-b", "al-c", "--", "true"])).await;
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    d.wait_free("al-a").await;
+    d.wait_free("al-b").await;
+}
+
+/// -w runs out on a set that waits for one of its names: the conflict code, and the set has
+/// left the queue of every name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_runs_out_leaves_every_queue() {
+    let d = lockd().await;
+    let mut other = d.client().await;
+    let token = other
+        .lock("ww-b", "other", None, None, Tie::Plain)
+        .await
+        .unwrap();
+    let out = output(d.lockctl(&["run", "-w", "300ms", "ww-a", "ww-b", "--", "true"])).await;
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    d.wait_waiters("ww-b", 0).await;
+    assert_eq!(d.holder("ww-a").await, None);
+    // A single-name LOCK of the free name is granted at once: nothing waits there any more
+    // (a set still queued on it would be first in line, and -n would be refused).
+    let out = output(d.lockctl(&["acquire", "-n", "ww-a"])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    other.unlock("ww-b", token).await.unwrap();
+}
+
+/// A set held by `lockctl run` on a lockd with --data-dir rides through a crash of the
+/// server: both names come back with their tokens, the job runs on, and both are released
+/// at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the journal (src/store/files.rs LogState) keys leases by token alone, so a set's \
+            names, which share one token, come back as one name after a restart"]
+async fn a_set_rides_through_a_restart_of_a_durable_lockd() {
+    use super::common::durable::{DurableLockd, TempDir, PATIENCE};
+
+    let dir = TempDir::new("lockctl-multi-restart");
+    let port = super::common::free_port();
+    let server = DurableLockd::start(&dir, port).await;
+    let (started, done) = (dir.0.join("started"), dir.0.join("done"));
+    let script = format!(
+        "touch {}; sleep 4; touch {}",
+        started.display(),
+        done.display()
+    );
+    let child = spawn(lockctl_at(
+        &server.addr,
+        &["run", "dr-a", "dr-b", "--ttl", "2s", "-c", &script],
+    ));
+    let begun = Instant::now();
+    while !started.exists() {
+        assert!(begun.elapsed() < PATIENCE, "the command never started");
+        sleep(Duration::from_millis(20)).await;
+    }
+    let tokens = |lines: Vec<String>| lockd::proto::field(&lines[0], "token").map(str::to_owned);
+    let mut c = server.client().await;
+    let before = (
+        tokens(c.status(Some("dr-a")).await.unwrap()),
+        tokens(c.status(Some("dr-b")).await.unwrap()),
+    );
+    assert!(before.0.is_some() && before.1.is_some(), "{before:?}");
+    server.crash();
+    sleep(Duration::from_millis(300)).await;
+    let server = DurableLockd::start(&dir, port).await;
+    let mut c = server.client().await;
+    let after = (
+        tokens(c.status(Some("dr-a")).await.unwrap()),
+        tokens(c.status(Some("dr-b")).await.unwrap()),
+    );
+    assert_eq!(before, after, "the restored set keeps its tokens");
+    let out = finish(child).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(done.exists(), "the command was stopped: {}", stderr(&out));
+    for name in ["dr-a", "dr-b"] {
+        assert_eq!(
+            c.status(Some(name)).await.unwrap(),
+            vec![format!("{name} free")],
+            "released at the end"
+        );
+    }
+    server.stop();
+}
