@@ -216,6 +216,24 @@ impl Locks {
         }
     }
 
+    /// Links the restored leases `token` of `names` again as one set (a LOCK with `and=`),
+    /// after [`Locks::restore`] put them back: from then on, whatever ends, renews or breaks
+    /// one of them does it to all. Names whose lease did not come back are left out.
+    pub fn restore_set(&mut self, token: Token, names: &[String]) {
+        let slots: Vec<u32> = names
+            .iter()
+            .filter_map(|name| self.index.get(name.as_str()).copied())
+            .filter(|&slot| {
+                self.slab
+                    .get(slot)
+                    .is_some_and(|e| e.holder(token).is_some())
+            })
+            .collect();
+        if slots.len() > 1 {
+            self.sets.insert(token, slots.into());
+        }
+    }
+
     /// Makes every later token at least `token`: tokens never go backwards across a restart.
     pub fn raise_next_token(&mut self, token: Token) {
         self.next_token = self.next_token.max(token);
@@ -385,6 +403,7 @@ impl Locks {
                     let holder = self.new_holder(now, &req, ttl, deadline_ticks);
                     self.start_lease_as(slot, holder, req.mode, deadline, None, token);
                 }
+                self.journal_set(token, &placed);
                 self.sets.insert(token, placed.into());
                 Ok(LockOutcome::Granted { token, deadline })
             }
@@ -1473,7 +1492,20 @@ impl Locks {
                 deadline,
             },
         );
+        self.journal_set(token, &slots);
         self.sets.insert(token, slots);
+    }
+
+    /// Records that the leases `token` of `slots` (just granted) are one set.
+    fn journal_set(&mut self, token: Token, slots: &[u32]) {
+        if !self.journal {
+            return;
+        }
+        let names = slots
+            .iter()
+            .filter_map(|&slot| self.slab.get(slot).map(|e| Arc::clone(&e.name)))
+            .collect();
+        self.changes.push(Change::Set { token, names });
     }
 
     /// Hands over every name of `slots` whose head or holders changed, and then every name
