@@ -324,8 +324,6 @@ async fn a_wait_that_runs_out_leaves_every_queue() {
 /// server: both names come back with their tokens, the job runs on, and both are released
 /// at its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the journal (src/store/files.rs LogState) keys leases by token alone, so a set's \
-            names, which share one token, come back as one name after a restart"]
 async fn a_set_rides_through_a_restart_of_a_durable_lockd() {
     use super::common::durable::{DurableLockd, TempDir, PATIENCE};
 
