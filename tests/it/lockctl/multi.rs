@@ -373,3 +373,33 @@ async fn a_set_rides_through_a_restart_of_a_durable_lockd() {
     }
     server.stop();
 }
+
+/// With several addresses, the first one dead: the set's LOCK goes through the next one, and
+/// the job sees both tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_goes_through_the_next_address_when_the_first_is_down() {
+    let d = lockd().await;
+    let servers = format!("{},{}", super::common::dead_addr(), d.addr);
+    let out = output(lockctl_at(
+        &servers,
+        &[
+            "run",
+            "fo-a",
+            "fo-b",
+            "-c",
+            r#"echo "$LOCKD_TOKEN_FO_A $LOCKD_TOKEN_FO_B $LOCKD_ADDR""#,
+        ],
+    ))
+    .await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(words.len(), 3, "{text}");
+    assert!(
+        words[0].parse::<u64>().is_ok() && words[1].parse::<u64>().is_ok(),
+        "{text}"
+    );
+    assert_eq!(words[2], servers);
+    assert_eq!(d.holder("fo-a").await, None);
+    assert_eq!(d.holder("fo-b").await, None);
+}
