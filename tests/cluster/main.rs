@@ -15,6 +15,7 @@ mod flapping;
 mod fronts;
 mod health;
 mod history_checker;
+mod lockctl_sets;
 mod netsplit;
 mod notes;
 mod observability;

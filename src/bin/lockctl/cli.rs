@@ -302,7 +302,8 @@ impl TlsArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Hold <name> while a command runs: wait, run it, renew, release, exit with its code.
+    /// Hold <name> (or several at once) while a command runs: wait, run it, renew, release,
+    /// exit with its code.
     ///
     /// lockctl waits its turn for the lock (first come, first served; -w and -n limit the
     /// wait), runs the command with LOCKD_NAME, LOCKD_TOKEN (the fencing token) and LOCKD_ADDR
@@ -333,7 +334,8 @@ pub enum Command {
     /// is killed at once (on Linux) and the server frees the lock when the grace ends.
     #[command(after_help = after_help())]
     Run(RunArgs),
-    /// Wait for <name> (unless -n or -w), take it with a plain lease and print its token.
+    /// Wait for <name> (or several at once; unless -n or -w), take it with a plain lease and
+    /// print its token.
     ///
     /// The lease outlives lockctl and nothing renews it: release it with `lockctl release
     /// <name> <token>`, extend it with `lockctl renew`, or it ends at its ttl. Several names
