@@ -85,6 +85,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         name: first.clone(),
         token,
         ttl: args.ttl,
+        also: args.names[1..].to_vec(),
     };
     if server.verbose {
         let held: Vec<String> = args
@@ -251,6 +252,6 @@ async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Granted, Failure> {
 fn lost_failure(lease: &HeldLease, why: &str) -> Failure {
     Failure::new(
         LOST,
-        format!("lock lost: {} token {}: {why}", lease.name, lease.token),
+        format!("lock lost: {} token {}: {why}", lease.shown(), lease.token),
     )
 }
