@@ -403,3 +403,19 @@ async fn a_set_goes_through_the_next_address_when_the_first_is_down() {
     assert_eq!(d.holder("fo-a").await, None);
     assert_eq!(d.holder("fo-b").await, None);
 }
+
+/// -v names every name of the set: each with its token when acquired, all of them when
+/// released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbose_names_every_name_of_the_set() {
+    let d = lockd().await;
+    let out = output(d.lockctl(&["-v", "run", "vb-a", "vb-b", "--", "true"])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let err = stderr(&out);
+    let acquired = err
+        .lines()
+        .find(|l| l.contains("acquired vb-a token "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(acquired.contains(", vb-b token "), "{acquired}");
+    assert!(err.contains("released vb-a (with vb-b) token "), "{err}");
+}
