@@ -12,7 +12,9 @@
 //! - [`auth`]: AUTH as a user, and what its refusals mean.
 //! - [`lock`]: every LOCK option ([`LockOptions`]), and [`Connector::lock`], the LOCK sent
 //!   again through the next address within its wait; its errors are [`LockError`]s, whose
-//!   [`LockError::code`] is the server's `ERR` code.
+//!   [`LockError::code`] is the server's `ERR` code. [`LockOptions::and`] makes it a set of
+//!   names, taken at once as one lease ([`Locked::tokens`]; on one connection,
+//!   [`Client::lock_set`]).
 //! - [`hold`](mod@hold): [`hold()`], a future run under a lock whose lease is renewed in the
 //!   background, stopped the moment the lease is lost, the lock released however it ends.
 //! - [`watch`]: [`Client::events`], WATCH as typed [`EventLine`]s.

@@ -230,6 +230,14 @@ async fn sets_lockctl_cannot_run_are_refused_before_sending() {
     }
     // Names that only collide as variables are fine for acquire, which runs nothing.
     let d = lockd().await;
+    // More than the server's --max-names (16): its refusal, exit 2, and nothing taken.
+    let many: Vec<String> = (0..17).map(|i| format!("many-{i}")).collect();
+    let mut args = vec!["acquire", "-n"];
+    args.extend(many.iter().map(String::as_str));
+    let out = output(d.lockctl(&args)).await;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("LIMIT"), "{}", stderr(&out));
+    assert_eq!(d.holder("many-0").await, None);
     let out = output(d.lockctl(&["acquire", "-n", "db-migrate", "db.migrate"])).await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
