@@ -326,6 +326,7 @@ impl World<'_> {
             mode,
             supersede: step["supersede"].as_bool() == Some(true),
             note: step["note"].as_str().map(str::to_string),
+            and: Vec::new(),
         };
         let client = self
             .clients

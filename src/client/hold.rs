@@ -56,6 +56,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(50);
 pub struct Lease {
     name: String,
     token: Token,
+    tokens: Vec<Token>,
     lost: CancellationToken,
     why: Arc<Mutex<Option<String>>>,
 }
@@ -70,6 +71,13 @@ impl Lease {
     /// carrying an older one.
     pub fn token(&self) -> Token {
         self.token
+    }
+
+    /// Every name's token, of a set ([`LockOptions::and`]): the lock's own name first, then
+    /// the further names in order (one for a single name). The set is one lease: it is
+    /// renewed, lost and released as a whole, through the first name.
+    pub fn tokens(&self) -> &[Token] {
+        &self.tokens
     }
 
     /// Resolves when the lease is lost (never, if it is not). The block's own future is
@@ -162,7 +170,7 @@ where
     };
     let locked = connector.lock(name, id, &opts).await?;
     let timing = Timing::new(ttl, opts.tie, connector.addrs().len());
-    let (mut client, token) = (locked.client, locked.token);
+    let (mut client, token, tokens) = (locked.client, locked.token, locked.tokens);
     let (mut since, mut left) = (locked.sent, ttl);
     // A LOCK that waited does not say when it was granted: counted from its send, the lease
     // could seem over already. A renewal at once gives a deadline from its own send.
@@ -190,6 +198,7 @@ where
     let lease = Lease {
         name: name.to_owned(),
         token,
+        tokens,
         lost: CancellationToken::new(),
         why: Arc::new(Mutex::new(None)),
     };

@@ -92,6 +92,10 @@ pub struct LockOptions {
     /// line); printable UTF-8, at most the server's `--max-note` bytes (256 by default), else
     /// `ERR BADARG`. `None` or empty: no note (a repeat LOCK by the holder keeps its note).
     pub note: Option<String>,
+    /// `and=`: the further names of a set (proto.md, "Several names at once"), taken with the
+    /// LOCK's own name all at once, as one lease: RENEW, CHECK or UNLOCK of any one of them
+    /// with its token applies to every one. Empty: the one name. Not with `supersede`.
+    pub and: Vec<String>,
 }
 
 impl LockOptions {
@@ -150,6 +154,14 @@ impl LockOptions {
     /// [`LockOptions::note`](LockOptions#structfield.note)); an empty one is none.
     pub fn note(mut self, note: impl Into<String>) -> LockOptions {
         self.note = Some(note.into());
+        self
+    }
+
+    /// `and=<name>`: one more name of a set, taken with the others all at once (see
+    /// [`LockOptions::and`](LockOptions#structfield.and)); the reply has a token per name,
+    /// in [`Locked::tokens`].
+    pub fn and(mut self, name: impl Into<String>) -> LockOptions {
+        self.and.push(name.into());
         self
     }
 }
@@ -212,8 +224,12 @@ impl From<ConnectError> for LockError {
 pub struct Locked {
     /// The connection it was granted on: a session lease ends with it (and its grace).
     pub client: Client,
-    /// The fencing token.
+    /// The fencing token (of a set: its first name's, which renews or releases the set).
     pub token: Token,
+    /// Every name's token: the LOCK's own name first, then [`LockOptions::and`]'s in order.
+    /// One for a single name. A client fences each resource with the token given for its name
+    /// and assumes nothing about how they compare.
+    pub tokens: Vec<Token>,
     /// When the LOCK that was granted was sent: the lease began no earlier.
     pub sent: Instant,
 }
@@ -222,6 +238,7 @@ impl fmt::Debug for Locked {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Locked")
             .field("token", &self.token)
+            .field("tokens", &self.tokens)
             .field("sent", &self.sent)
             .finish_non_exhaustive()
     }
@@ -264,6 +281,9 @@ impl Connector {
             w => Retry::within(w),
         };
         let what = format!("lock {name}");
+        let names: Vec<&str> = std::iter::once(name)
+            .chain(opts.and.iter().map(String::as_str))
+            .collect();
         let mut client = match first {
             Some(c) => Some(c),
             None => Some(self.connect().await?),
@@ -290,15 +310,38 @@ impl Connector {
             let sent = Instant::now();
             let mut cut_off = false;
             let reply = {
-                let asked = c.lock_with(
-                    name,
-                    id,
-                    (opts.ttl, wait),
-                    opts.tie,
-                    opts.mode,
-                    opts.supersede,
-                    opts.note.as_deref(),
-                );
+                let asked = async {
+                    if names.len() == 1 {
+                        let token = c
+                            .lock_with(
+                                name,
+                                id,
+                                (opts.ttl, wait),
+                                opts.tie,
+                                opts.mode,
+                                opts.supersede,
+                                opts.note.as_deref(),
+                            )
+                            .await?;
+                        return Ok(vec![token]);
+                    }
+                    if opts.supersede {
+                        // Refused here as the server would (ERR SYNTAX), and nothing is sent.
+                        return Err(ClientError::Refused(crate::proto::ProtoError::new(
+                            ErrorCode::Syntax,
+                            "supersede takes one name; not with and=",
+                        )));
+                    }
+                    c.lock_set(
+                        &names,
+                        id,
+                        (opts.ttl, wait),
+                        opts.tie,
+                        opts.mode,
+                        opts.note.as_deref(),
+                    )
+                    .await
+                };
                 tokio::pin!(asked);
                 loop {
                     tokio::select! {
@@ -312,10 +355,11 @@ impl Connector {
                 }
             };
             match reply {
-                Ok(token) => {
+                Ok(tokens) => {
                     return Ok(Locked {
                         client: c,
-                        token,
+                        token: tokens[0],
+                        tokens,
                         sent,
                     })
                 }

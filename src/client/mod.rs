@@ -12,7 +12,9 @@
 //! - [`auth`]: AUTH as a user, and what its refusals mean.
 //! - [`lock`]: every LOCK option ([`LockOptions`]), and [`Connector::lock`], the LOCK sent
 //!   again through the next address within its wait; its errors are [`LockError`]s, whose
-//!   [`LockError::code`] is the server's `ERR` code.
+//!   [`LockError::code`] is the server's `ERR` code. [`LockOptions::and`] makes it a set of
+//!   names, taken at once as one lease ([`Locked::tokens`]; on one connection,
+//!   [`Client::lock_set`]).
 //! - [`hold`](mod@hold): [`hold()`], a future run under a lock whose lease is renewed in the
 //!   background, stopped the moment the lease is lost, the lock released however it ends.
 //! - [`watch`]: [`Client::events`], WATCH as typed [`EventLine`]s.
@@ -344,7 +346,8 @@ impl Client {
     /// LOCK of a set: `names` (at least one, none twice) all at once or not at all, in
     /// `mode`, with a note for people (`None` or empty: none); returns one fencing token per
     /// name, in `names`' order. One lease covers the set: RENEW, CHECK or UNLOCK of any one
-    /// of the tokens applies to all of them.
+    /// of its names with its token applies to all of them. A note with a control character
+    /// is refused here, as by [`Client::lock_with`].
     pub async fn lock_set(
         &mut self,
         names: &[&str],
@@ -354,6 +357,10 @@ impl Client {
         mode: Mode,
         note: Option<&str>,
     ) -> Result<Vec<Token>> {
+        let note = match note {
+            Some(note) => proto::note::valid_note(note).map_err(ClientError::Refused)?,
+            None => None,
+        };
         let Some((first, and)) = names.split_first() else {
             // Refused here as the server would refuse a LOCK without a name.
             return Err(ClientError::Refused(ProtoError::new(
@@ -369,7 +376,7 @@ impl Client {
                 wait,
                 tie,
                 mode,
-                note: note.filter(|n| !n.is_empty()).map(Box::from),
+                note,
                 supersede: false,
                 and: and.iter().map(|n| (*n).to_owned()).collect(),
             })

@@ -21,5 +21,6 @@ mod notes;
 mod observability;
 mod partition;
 mod secure;
+mod sets_lockctl;
 mod skew;
 mod supersede;

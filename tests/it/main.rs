@@ -12,6 +12,7 @@ mod auth;
 mod breaks;
 mod cli;
 mod client_hold;
+mod client_sets;
 mod compat;
 mod contrib;
 mod durability;

@@ -928,7 +928,9 @@ class Client:
         ``also``: further names, taken with ``name`` all at once or not at all (a LOCK of a
         set, ``and=``); then the return is a list of tokens, one per name (``name``'s first),
         and every other option applies to each name. One lease covers the set: renewing,
-        checking or unlocking any one of the tokens does it for all.
+        checking or unlocking any one of its names, with the token given for it, does it for
+        all. Use each name's own token for that name (the server gives the same number today;
+        assume nothing). ``supersede`` with ``also`` is refused by the server (Syntax).
         """
         head = "LOCK %s %s" % (_word("name", name), self.id)
         also = [_word("name", n) for n in also]
@@ -1144,6 +1146,10 @@ class Lease:
     (newest wins, see :meth:`Client.lock`): entering raises Superseded if a newer request
     takes it first.
 
+    ``also``: further names, held with ``name`` as one set (:meth:`Client.lock`): entering
+    returns the list of tokens, one per name (``name``'s first; also in ``lease.tokens``), and
+    the one lease of the set is renewed and released through ``name``.
+
     ``at_least`` (seconds, or a duration string): once per window. If the body ends normally
     sooner than that after the grant, leaving the ``with`` does not release the lock: it stays
     held, a plain lease the server ends ``at_least`` after the grant (nobody renews it), so
@@ -1164,8 +1170,9 @@ class Lease:
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
                  on_lost=None, timeout=10.0, shared=False, limit=None, tls=None, ca=None,
                  cert=None, key=None, user=None, secret=None, secret_file=None,
-                 supersede=False, at_least=None):
+                 supersede=False, at_least=None, also=()):
         self.name = _word("name", name)
+        self.also = [_word("name", n) for n in also]
         self.supersede = supersede
         self.at_least = None if at_least is None else _ms(at_least)
         if at_least is not None and not self.at_least:
@@ -1184,6 +1191,8 @@ class Lease:
         self._client = Client(server, id=id, timeout=timeout, tls=tls, ca=ca, cert=cert,
                               key=key, user=user, secret=secret, secret_file=secret_file)
         self.token = None
+        #: Every name's token (``name``'s first), once entered.
+        self.tokens = []
         self.reason = None
         self._lost = threading.Event()
         self._stop = threading.Event()
@@ -1224,9 +1233,11 @@ class Lease:
         if self._thread is not None:
             raise RuntimeError("a Lease is entered once; make a new one")
         try:
-            self.token = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
-                                           session=self.session, shared=self.shared,
-                                           limit=self.limit, supersede=self.supersede)
+            got = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
+                                    session=self.session, shared=self.shared,
+                                    limit=self.limit, supersede=self.supersede, also=self.also)
+            self.tokens = got if self.also else [got]
+            self.token = self.tokens[0]
             self._granted = time.monotonic()
             # A first renewal at once gives the lease's length in ms, whatever form ttl took,
             # and the time the lease surely lives from (when it was sent).
@@ -1240,7 +1251,7 @@ class Lease:
         self._thread = threading.Thread(target=self._renew_loop, args=(ttl_ms,),
                                         name="lockd-renew-%s" % self.name, daemon=True)
         self._thread.start()
-        return self.token
+        return list(self.tokens) if self.also else self.token
 
     def __exit__(self, exc_type, exc, tb):
         self._stop.set()
@@ -1350,8 +1361,10 @@ class Lease:
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
          timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None,
-         user=None, secret=None, secret_file=None, supersede=False, at_least=None):
-    """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``.
+         user=None, secret=None, secret_file=None, supersede=False, at_least=None, also=()):
+    """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``; with
+    ``also=[...]``, on a set of names: ``with lock("db-migrate", also=["cache-flush"]) as
+    tokens: ...``.
 
     ``server`` (one address or several, as :class:`Client` takes it) defaults to $LOCKD_ADDR,
     then 127.0.0.1:5001; ``ttl`` is the lease, renewed in the background; ``session`` its
@@ -1364,4 +1377,4 @@ def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, o
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,
                  cert=cert, key=key, user=user, secret=secret, secret_file=secret_file,
-                 supersede=supersede, at_least=at_least)
+                 supersede=supersede, at_least=at_least, also=also)

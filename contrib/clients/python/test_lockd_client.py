@@ -447,6 +447,68 @@ class LeaseTest(ServerTest):
 
 
 
+@unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")
+class SetTest(ServerTest):
+    """A LOCK of several names (``also=``) against the real server: one lease, a token per
+    name (used as given for each name, whatever they are), ended whole through any name."""
+
+    def setUp(self):
+        super().setUp()
+        self.a = Client(ADDR, id=fresh("alice"))
+        self.b = Client(ADDR, id=fresh("bob"))
+        self.addCleanup(self.a.close)
+        self.addCleanup(self.b.close)
+
+    def test_a_set_is_granted_whole_and_one_unlock_releases_every_name(self):
+        first, second = self.name("set-db"), self.name("set-cache")
+        tokens = self.a.lock(first, ttl=30, also=[second])
+        self.assertEqual(len(tokens), 2)
+        self.assertEqual(self.a.status(first).token, tokens[0])
+        self.assertEqual(self.a.status(second).token, tokens[1])
+        # One lease: a renewal or a check through either name, with its token.
+        self.assertGreater(self.a.renew(second, tokens[1], ttl=60), 30000)
+        self.assertGreater(self.a.check(first, tokens[0]), 30000)
+        self.a.unlock(first, tokens[0])
+        self.assertIsNone(self.a.status(first))
+        self.assertIsNone(self.a.status(second))
+        with self.assertRaises(NotHeld):
+            self.a.check(second, tokens[1])
+
+    def test_an_overlapping_set_that_does_not_wait_is_refused_and_takes_nothing(self):
+        first, second, third = self.name("ov-a"), self.name("ov-b"), self.name("ov-c")
+        tokens = self.a.lock(first, also=[second])
+        with self.assertRaises(Timeout):
+            self.b.lock(third, wait=0, also=[second])
+        self.assertIsNone(self.a.status(third))
+        self.a.unlock(second, tokens[1])
+        got = self.b.lock(third, wait=0, also=[second])
+        self.b.unlock(third, got[0])
+
+    def test_a_set_waits_for_its_held_name_and_then_holds_both(self):
+        first, second = self.name("wait-a"), self.name("wait-b")
+        token = self.a.lock(second)
+        waiter, got = self.lock_in_background(self.b, first, also=[second])
+        self.waiting(self.a, second, 1)
+        self.assertEqual(got, [])
+        self.a.unlock(second, token)
+        waiter.join(GUARD)
+        self.assertEqual(len(got), 1)
+        tokens = got[0]
+        self.assertEqual(self.a.status(first).token, tokens[0])
+        self.assertEqual(self.a.status(second).token, tokens[1])
+        self.b.unlock(second, tokens[1])
+        self.assertIsNone(self.a.status(first))
+
+    def test_a_lease_on_a_set_holds_every_name_and_releases_them_together(self):
+        first, second = self.name("lease-a"), self.name("lease-b")
+        with lock(first, server=ADDR, ttl=30, also=[second]) as tokens:
+            self.assertEqual(len(tokens), 2)
+            self.assertEqual(self.a.status(first).token, tokens[0])
+            self.assertEqual(self.a.status(second).token, tokens[1])
+        self.assertIsNone(self.a.status(first))
+        self.assertIsNone(self.a.status(second))
+
+
 class OfflineTest(unittest.TestCase):
     def test_after_a_failure_the_next_connection_goes_to_the_next_address(self):
         # Two stand-ins for front-ends of one cluster. The first answers one PING, then closes

@@ -2,7 +2,7 @@
 127.0.0.1 that grants every LOCK with one token per name and keeps the lines it got: the
 words sent (``and=<name>`` per further name, before the note) and the list of tokens read
 back. No lockd needed: ``python3 -m unittest test_lockd_client_sets``. (The set's grant
-itself, by a real lockd, is tested with the server once it serves sets.)
+itself, by a real lockd, is ``SetTest`` in test_lockd_client.)
 """
 
 import socket

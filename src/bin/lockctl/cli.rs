@@ -72,7 +72,16 @@ pub const COMMAND_ENVIRONMENT: &[(&str, &str)] = &[
         "LOCKD_NAME, LOCKD_TOKEN, LOCKD_ADDR",
         "set for the command that run starts: the lock's name, its fencing token and the \
          server's address (every address of --server, comma-separated, so that a lockctl the \
-         command runs fails over the same way)",
+         command runs fails over the same way). With several names: the first name and its \
+         token",
+    ),
+    (
+        "LOCKD_NAMES, LOCKD_TOKEN_<NAME>",
+        "also set for the command: every name given to run, space-separated in the order \
+         given, and each name's own fencing token (fence each resource with its own), in a \
+         variable named after it: upper-cased, every byte outside A-Z and 0-9 as _ \
+         (db-migrate: LOCKD_TOKEN_DB_MIGRATE). Two names that give the same variable are \
+         refused (exit 2) before anything is sent",
     ),
     (
         "LOCKD_USER, LOCKD_SECRET_FILE",
@@ -293,13 +302,19 @@ impl TlsArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Hold <name> while a command runs: wait, run it, renew, release, exit with its code.
+    /// Hold <name> (or several at once) while a command runs: wait, run it, renew, release,
+    /// exit with its code.
     ///
     /// lockctl waits its turn for the lock (first come, first served; -w and -n limit the
     /// wait), runs the command with LOCKD_NAME, LOCKD_TOKEN (the fencing token) and LOCKD_ADDR
     /// in its environment, renews the lease while it runs, releases the lock when the command
     /// and every process it started have exited (as flock holds it while any process that
     /// inherited it lives), and exits with the command's exit code.
+    ///
+    /// Several names (`lockctl run db-migrate cache-flush -- ./migrate.sh`) are one set: the
+    /// command starts once it holds all of them, as one lease (one renewal renews them all,
+    /// a lost lease loses them all), and they are released together. The command gets each
+    /// name's token in LOCKD_TOKEN_<NAME> and the names in LOCKD_NAMES.
     ///
     /// The job is the command and every process it starts: children, grandchildren,
     /// background jobs, double-forked daemons and setsid'd processes (on Linux, through a
@@ -319,17 +334,20 @@ pub enum Command {
     /// is killed at once (on Linux) and the server frees the lock when the grace ends.
     #[command(after_help = after_help())]
     Run(RunArgs),
-    /// Wait for <name> (unless -n or -w), take it with a plain lease and print its token.
+    /// Wait for <name> (or several at once; unless -n or -w), take it with a plain lease and
+    /// print its token.
     ///
     /// The lease outlives lockctl and nothing renews it: release it with `lockctl release
-    /// <name> <token>`, extend it with `lockctl renew`, or it ends at its ttl. The wait does
+    /// <name> <token>`, extend it with `lockctl renew`, or it ends at its ttl. Several names
+    /// are one set, taken all at once as one lease: one token per line, in the order given;
+    /// release or renew of any one of the names, with its token, applies to the whole set. The wait does
     /// not outlive lockctl: killed while it waits (a cancelled CI job), lockctl leaves the
     /// queue and is never granted the lock.
     #[command(
         after_help = after_help(),
-        override_usage = "lockctl acquire [OPTIONS] <NAME>            waits for the lock\n       \
-                          lockctl acquire -w <WAIT> [OPTIONS] <NAME>  waits at most WAIT\n       \
-                          lockctl acquire -n [OPTIONS] <NAME>         does not wait"
+        override_usage = "lockctl acquire [OPTIONS] <NAME>...            waits for the lock\n       \
+                          lockctl acquire -w <WAIT> [OPTIONS] <NAME>...  waits at most WAIT\n       \
+                          lockctl acquire -n [OPTIONS] <NAME>...         does not wait"
     )]
     Acquire(AcquireArgs),
     /// Release <name> held with <token>.
@@ -402,7 +420,7 @@ pub struct WaitArgs {
 
     /// Newest wins: if the lock is held, take the whole queue (every request waiting for it is
     /// refused as superseded, the holder keeps it) and wait first in line. A lockctl whose
-    /// request is superseded by a newer one exits 6.
+    /// request is superseded by a newer one exits 6. One name only (with several: exit 2).
     #[arg(long)]
     pub supersede: bool,
 }
@@ -449,13 +467,14 @@ pub enum OnLost {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// Lock name.
-    pub name: String,
-
-    /// Words after the name that are not options: a command given without `--`. Only there
-    /// to point at `--` instead of clap's bare "unexpected argument".
-    #[arg(hide = true, value_name = "COMMAND")]
-    pub stray: Vec<String>,
+    /// Lock name, or several (`lockctl run db-migrate cache-flush -- ./migrate.sh`): a set,
+    /// granted all at once or not at all, held as one lease and released together. Each name
+    /// waits its turn in its own queue; two runs that give the same names in opposite orders
+    /// cannot deadlock. The command gets every name's token (LOCKD_NAMES,
+    /// LOCKD_TOKEN_<NAME>); at most the server's --max-names (16 unless configured). Every
+    /// word before `--` (or -c) that is not an option is a name.
+    #[arg(required = true, value_name = "NAME")]
+    pub names: Vec<String>,
 
     #[command(flatten)]
     pub wait: WaitArgs,
@@ -523,8 +542,11 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct AcquireArgs {
-    /// Lock name.
-    pub name: String,
+    /// Lock name, or several: a set, granted all at once or not at all as one lease (see
+    /// `lockctl run`). Prints one token per line, in the order the names were given; `release`
+    /// or `renew` of any one name with its token applies to the whole set.
+    #[arg(required = true, value_name = "NAME")]
+    pub names: Vec<String>,
 
     #[command(flatten)]
     pub wait: WaitArgs,

@@ -19,11 +19,12 @@ const WAITING_AFTER: Duration = Duration::from_millis(100);
 /// Longest the question may take: it is only for the message.
 const ASK_LIMIT: Duration = Duration::from_secs(2);
 
-/// Awaits `lock`, the reply to a LOCK of `name`. With -v, if the reply does not come at once,
-/// asks on a second connection who holds the lock and says that lockctl waits behind them.
+/// Awaits `lock`, the reply to a LOCK of `names` (one, or a set). With -v, if the reply does
+/// not come at once, asks on a second connection who holds the lock (of a set: the first name
+/// held by someone else) and says that lockctl waits behind them.
 pub async fn say_if_waiting<T>(
     server: &Server,
-    name: &str,
+    names: &[String],
     id: &str,
     lock: impl Future<Output = T>,
 ) -> T {
@@ -37,30 +38,34 @@ pub async fn say_if_waiting<T>(
     }
     tokio::select! {
         r = &mut lock => return r,
-        () = say_waiting(server, name, id) => {}
+        () = say_waiting(server, names, id) => {}
     }
     lock.await
 }
 
-async fn say_waiting(server: &Server, name: &str, id: &str) {
+async fn say_waiting(server: &Server, names: &[String], id: &str) {
     let Ok(mut client) = server
         .connect_once(ASK_LIMIT.min(server.connect_timeout()))
         .await
     else {
         return;
     };
-    // Held by this very id: the grant is on its way. Free: it is about to be granted.
-    let Some(StatusLine::Held(held)) = status_line(&mut client, name).await else {
-        return;
-    };
-    if held.id == id {
+    for name in names {
+        // Held by this very id: the grant is on its way. Free: it is about to be granted, or
+        // (a set) the wait is for another of its names.
+        let Some(StatusLine::Held(held)) = status_line(&mut client, name).await else {
+            continue;
+        };
+        if held.id == id {
+            continue;
+        }
+        eprintln!(
+            "lockctl: waiting for {name}: {}; {} in the queue",
+            held_by(&held),
+            held.waiters
+        );
         return;
     }
-    eprintln!(
-        "lockctl: waiting for {name}: {}; {} in the queue",
-        held_by(&held),
-        held.waiters
-    );
 }
 
 /// `held by h:1 (token 7)`, or for a shared lock or a semaphore
@@ -77,11 +82,20 @@ fn held_by(held: &HeldLine) -> String {
     format!("held {mode}by {} (token {}){more}", held.id, held.token)
 }
 
-/// With -v, when -n or -w gave up: says who has the lock (flock itself says nothing).
-pub async fn say_conflict(client: &mut Client, name: &str, wait: &WaitArgs) {
-    let holder = match status_line(client, name).await {
-        Some(StatusLine::Held(h)) => held_by(&h),
-        _ => "held".into(),
+/// With -v, when -n or -w gave up: says who has the lock (flock itself says nothing); of a
+/// set, the first of its names that is held.
+pub async fn say_conflict(client: &mut Client, names: &[String], wait: &WaitArgs) {
+    let mut found = None;
+    for name in names {
+        if let Some(StatusLine::Held(h)) = status_line(client, name).await {
+            found = Some((name, held_by(&h)));
+            break;
+        }
+    }
+    let (name, holder) = match found {
+        Some(found) => found,
+        // Free by now, or only waited for: the server's own answer says more.
+        None => (&names[0], "held".into()),
     };
     match wait.wait {
         Some(w) if !wait.nonblock => eprintln!(

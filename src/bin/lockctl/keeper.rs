@@ -40,9 +40,22 @@ const CLUSTER_INTERVAL: Duration = Duration::from_secs(2);
 /// The lock being held.
 #[derive(Clone, Debug)]
 pub struct HeldLease {
+    /// The name renewed and released: of a set, its first, which stands for the whole set.
     pub name: String,
     pub token: Token,
     pub ttl: Duration,
+    /// A set's further names, for messages only (one lease: nothing is sent for them).
+    pub also: Vec<String>,
+}
+
+impl HeldLease {
+    /// The lease as messages name it: `deploy`, or `db-migrate (with cache-flush)`.
+    pub fn shown(&self) -> String {
+        if self.also.is_empty() {
+            return self.name.clone();
+        }
+        format!("{} (with {})", self.name, self.also.join(", "))
+    }
 }
 
 /// How the time of one lease is split up.
@@ -480,7 +493,7 @@ impl KeeperState {
                     if verbose {
                         eprintln!(
                             "lockctl: renewed {} token {}{}: {} left",
-                            self.lease.name,
+                            self.lease.shown(),
                             self.lease.token,
                             if again { " again" } else { "" },
                             humantime::format_duration(round_ms(left))
@@ -503,7 +516,7 @@ impl KeeperState {
                         eprintln!(
                             "lockctl: renewing {} failed: {e}; trying {next} in {} ({} of \
                              lease left)",
-                            self.lease.name,
+                            self.lease.shown(),
                             humantime::format_duration(round_ms(retry)),
                             humantime::format_duration(round_ms(left))
                         );

@@ -17,7 +17,7 @@
 //!
 //! Its modules import each other in one direction (no cycle): `cli`, `fail` and `out` import
 //! none of them; `child` -> `fail`; `job` -> `child`, `fail`; `auth`, `tls`, `docs` -> `cli`,
-//! `fail`; `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`;
+//! `fail`; `set_env` imports none; `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`;
 //! `request` -> `cli`, `fail`, `holder`, `net`; `status` -> `cli`, `fail`, `net`, `out`; `ops`,
 //! `run`, `supervise`, `top`, `watch` -> those below them.
 
@@ -109,9 +109,12 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         None => default_id(),
     };
     lockd::proto::validate_name("--id", &id).map_err(|e| Failure::usage(e.message))?;
-    if let Some(name) = lock_name(command) {
-        lockd::proto::validate_name("lock name", name).map_err(|e| Failure::usage(e.message))?;
+    // A command given without `--` would otherwise be taken for names.
+    if let Command::Run(args) = command {
+        run::program(args)?;
     }
+    let for_job = matches!(command, Command::Run(_));
+    set_env::check_names(&lock_names(command), for_job).map_err(Failure::usage)?;
     match command {
         Command::Run(args) => run::run(&server, &id, args).await,
         Command::Acquire(args) => ops::acquire(&server, &id, args).await,
@@ -136,16 +139,17 @@ fn default_connect_timeout(command: &Command) -> std::time::Duration {
     }
 }
 
-fn lock_name(command: &Command) -> Option<&str> {
+fn lock_names(command: &Command) -> Vec<String> {
+    let one = |name: &String| vec![name.clone()];
     match command {
-        Command::Run(a) => Some(&a.name),
-        Command::Acquire(a) => Some(&a.name),
-        Command::Release(a) => Some(&a.name),
-        Command::Renew(a) => Some(&a.lock.name),
-        Command::Status(a) => a.name.as_deref(),
-        Command::Watch(a) => a.name.as_deref(),
-        Command::Break(a) => Some(&a.name),
-        Command::Top(_) | Command::Completions { .. } | Command::Man => None,
+        Command::Run(a) => a.names.clone(),
+        Command::Acquire(a) => a.names.clone(),
+        Command::Release(a) => one(&a.name),
+        Command::Renew(a) => one(&a.lock.name),
+        Command::Status(a) => a.name.iter().cloned().collect(),
+        Command::Watch(a) => a.name.iter().cloned().collect(),
+        Command::Break(a) => one(&a.name),
+        Command::Top(_) | Command::Completions { .. } | Command::Man => Vec::new(),
     }
 }
 

@@ -11,10 +11,17 @@ use crate::out::{print_line, Printed};
 use crate::request::{self, Terms};
 
 /// LOCK with `detach`: the lease must outlive this process, but its wait must not (a waiter
-/// that is killed, as a cancelled CI job, must not be granted the lock later). Prints the token.
+/// that is killed, as a cancelled CI job, must not be granted the lock later). Prints the
+/// token, or a set's tokens one per line in the order the names were given.
 pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8, Failure> {
     if args.ttl.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--ttl must be more than 0"));
+    }
+    if args.names.len() > 1 && args.wait.supersede {
+        return Err(Failure::usage(
+            "--supersede takes one name: a set waits in the queue of each of its names, and \
+             would take every one of them",
+        ));
     }
     let terms = Terms {
         ttl: args.ttl,
@@ -23,23 +30,36 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
         mode: args.mode,
         note: request::static_note(args.note.clone()),
     };
-    let what = format!("acquire {}", args.name);
+    let what = format!("acquire {}", args.names.join(" "));
     let granted =
-        request::lock_retrying(server, &what, (&args.name, id), terms, &args.wait).await?;
-    let token = granted.token;
+        request::lock_retrying(server, &what, (&args.names, id), terms, &args.wait).await?;
+    let tokens = granted.tokens;
     if server.verbose {
         let ttl = match args.ttl {
             Some(t) => format!("ttl {}", humantime::format_duration(t)),
             None => "the server's default ttl".into(),
         };
+        let held: Vec<String> = args
+            .names
+            .iter()
+            .zip(&tokens)
+            .map(|(name, token)| format!("{name} token {token}"))
+            .collect();
+        let set = if tokens.len() > 1 {
+            " (one lease for the set: release or renew any one name to release or renew all)"
+        } else {
+            ""
+        };
         eprintln!(
-            "lockctl: acquired {} token {token} ({}, a plain lease, {ttl}: release \
-             or renew it with this token)",
-            args.name,
+            "lockctl: acquired {} ({}, a plain lease, {ttl}: release or renew it with this \
+             token){set}",
+            held.join(", "),
             args.mode.describe()
         );
     }
-    print_line(&token.to_string())?;
+    for token in tokens {
+        print_line(&token.to_string())?;
+    }
     Ok(0)
 }
 

@@ -62,12 +62,14 @@ const HANDED_OVER: Duration = Duration::from_secs(2);
 pub struct Granted {
     /// The connection it was granted on (a session lease is bound to it).
     pub client: Client,
-    pub token: Token,
+    /// One per name, in the order asked (one lease for them all: the first name's token
+    /// renews or releases the set).
+    pub tokens: Vec<Token>,
     /// When the granted LOCK was sent: the lease began no earlier.
     pub sent: Instant,
 }
 
-/// LOCK `name` as `id` on `terms` (its `wait` is taken from `wait`), trying again what may be
+/// LOCK `names` (one, or a set: all at once, as one lease) as `id` on `terms` (its `wait` is taken from `wait`), trying again what may be
 /// mended by trying again ([`retryable`]: `ERR UNAVAILABLE`, `ERR SHUTDOWN`, a lost
 /// connection) through the next address each time, with backoff, for the rest of the wait:
 /// as long as it takes without -w, each address once with -n. Every try is the same LOCK with
@@ -77,14 +79,16 @@ pub struct Granted {
 ///
 /// The conflict (-n found it held, -w ran out) is [`Failure::silent`] with the conflict code;
 /// a wait spent on front-ends that could not serve it exits [`UNAVAILABLE`], naming the last
-/// one and what it said; no address reachable for --connect-timeout exits 3.
+/// one and what it said; no address reachable for --connect-timeout exits 3. What is said
+/// about a wait (-v) and the probes of a cut-off front-end are about the first name.
 pub async fn lock_retrying(
     server: &Server,
     what: &str,
-    (name, id): (&str, &str),
+    (names, id): (&[String], &str),
     terms: Terms,
     wait: &WaitArgs,
 ) -> Result<Granted, Failure> {
+    let name = names[0].as_str();
     let mut retry = match wait.server_wait() {
         Some(w) if w.is_zero() => Retry::once(server.addrs().len()),
         w => Retry::within(w),
@@ -113,9 +117,9 @@ pub async fn lock_retrying(
         let reply = {
             let asked = say_if_waiting(
                 server,
-                name,
+                names,
                 id,
-                lock_superseding(&mut c, name, id, terms, wait.supersede),
+                lock_superseding(&mut c, names, id, terms, wait.supersede),
             );
             tokio::pin!(asked);
             loop {
@@ -130,10 +134,10 @@ pub async fn lock_retrying(
             }
         };
         match reply {
-            Ok(token) => {
+            Ok(tokens) => {
                 return Ok(Granted {
                     client: c,
-                    token,
+                    tokens,
                     sent,
                 })
             }
@@ -145,7 +149,7 @@ pub async fn lock_retrying(
             }
             Err(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
                 if server.verbose {
-                    say_conflict(&mut c, name, wait).await;
+                    say_conflict(&mut c, names, wait).await;
                     // The server's own answer: who blocks, for how long, with what note.
                     eprintln!("lockctl: {e}");
                 }
@@ -209,22 +213,37 @@ fn gave_up_connecting(f: Failure, retry: &Retry, what: &str, wait: &WaitArgs) ->
     gave_up
 }
 
-/// LOCK, with `supersede` if asked; returns the fencing token.
+/// LOCK of one name, with `supersede` if asked, or of a set (`and=`; never with
+/// `supersede`, refused before); returns the fencing tokens, one per name.
 pub async fn lock_superseding(
     client: &mut Client,
-    name: &str,
+    names: &[String],
     id: &str,
     terms: Terms,
     supersede: bool,
-) -> client::Result<Token> {
+) -> client::Result<Vec<Token>> {
+    if let [name] = names {
+        let token = client
+            .lock_with(
+                name,
+                id,
+                (terms.ttl, terms.wait),
+                terms.tie,
+                terms.mode.mode(),
+                supersede,
+                terms.note,
+            )
+            .await?;
+        return Ok(vec![token]);
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     client
-        .lock_with(
-            name,
+        .lock_set(
+            &names,
             id,
             (terms.ttl, terms.wait),
             terms.tie,
             terms.mode.mode(),
-            supersede,
             terms.note,
         )
         .await

@@ -12,6 +12,7 @@ use crate::fail::{signal_code, Failure, LOST};
 use crate::keeper::{HeldLease, Keeper, Link, Timing};
 use crate::net::Server;
 use crate::request::{self, Granted, Terms};
+use crate::set_env;
 use crate::supervise::Supervisor;
 
 /// --session-grace unless given (never more than the ttl): long enough for a reconnect across
@@ -20,6 +21,13 @@ const DEFAULT_SESSION_GRACE: Duration = Duration::from_secs(10);
 
 pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failure> {
     let program = program(args)?;
+    let first = &args.names[0];
+    if args.names.len() > 1 && args.wait.supersede {
+        return Err(Failure::usage(
+            "--supersede takes one name: a set waits in the queue of each of its names, and \
+             would take every one of them",
+        ));
+    }
     if args.ttl.is_zero() {
         return Err(Failure::usage("--ttl must be more than 0"));
     }
@@ -46,7 +54,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     );
 
     let ask = LockAsk {
-        name: &args.name,
+        names: &args.names,
         id,
         ttl: args.ttl,
         session_grace,
@@ -58,7 +66,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         g = lock(server, &ask) => g?,
         sig = signals.recv() => {
             if server.verbose {
-                eprintln!("lockctl: interrupted while waiting for {}", args.name);
+                eprintln!("lockctl: interrupted while waiting for {}", args.names.join(", "));
             }
             return Ok(signal_code(sig));
         }
@@ -68,18 +76,27 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     let granted_at = Instant::now();
     let Granted {
         mut client,
-        token,
+        tokens,
         sent,
     } = granted;
+    // One lease covers the set: the first name stands for it in RENEW and UNLOCK.
+    let token = tokens[0];
     let lease = HeldLease {
-        name: args.name.clone(),
+        name: first.clone(),
         token,
         ttl: args.ttl,
+        also: args.names[1..].to_vec(),
     };
     if server.verbose {
+        let held: Vec<String> = args
+            .names
+            .iter()
+            .zip(&tokens)
+            .map(|(name, token)| format!("{name} token {token}"))
+            .collect();
         eprintln!(
-            "lockctl: acquired {} token {token} ({}, ttl {}, session grace {})",
-            lease.name,
+            "lockctl: acquired {} ({}, ttl {}, session grace {})",
+            held.join(", "),
             args.mode.describe(),
             humantime::format_duration(args.ttl),
             humantime::format_duration(session_grace)
@@ -122,13 +139,23 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         grace: timing.grace,
         verbose: server.verbose,
     };
+    let tokens_env = match set_env::environment(&args.names, &tokens) {
+        Ok(env) => env,
+        Err(why) => {
+            // Checked before the LOCK was sent; a reply with the wrong count of tokens is
+            // refused by the client. Never run a job that cannot tell its tokens apart.
+            holder.release(false).await;
+            return Err(Failure::usage(why));
+        }
+    };
     let mut env = vec![
         ("LOCKD_NAME", lease.name.clone()),
-        ("LOCKD_TOKEN", token.to_string()),
         ("LOCKD_ADDR", server.addrs().to_string()),
     ];
     env.extend(server.tls.iter().flat_map(crate::tls::environment));
     env.extend(server.auth.iter().flat_map(|auth| auth.environment()));
+    let mut env: Vec<(&str, String)> = env.into_iter().collect();
+    env.extend(tokens_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let outcome = holder.work(&program, args, &env).await;
     let lost = outcome.as_ref().is_ok_and(|o| o.lost);
     let keep = match (&outcome, args.at_least) {
@@ -148,30 +175,36 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     Ok(outcome.code)
 }
 
-fn program(args: &RunArgs) -> Result<Program, Failure> {
-    if let Some(first) = args.stray.first() {
-        return Err(Failure::usage(format!(
-            "unexpected argument {first:?}: put the command after -- (options before it), \
-             as in lockctl run {} -- {}",
-            args.name,
-            args.stray.join(" ")
-        )));
-    }
+/// The command to run, or a usage error. Called before the names are checked: a command
+/// given without `--` lands among the names, and is pointed to `--` instead.
+pub fn program(args: &RunArgs) -> Result<Program, Failure> {
     match (&args.shell, args.command.is_empty()) {
         (Some(line), true) => Ok(Program::Shell(line.clone())),
         (Some(_), false) => Err(Failure::usage(
             "give either -c '<shell command>' or a command after --, not both",
         )),
         (None, false) => Ok(Program::Argv(args.command.clone())),
-        (None, true) => Err(Failure::usage(
-            "no command: give one after -- (lockctl run NAME -- COMMAND ARGS...) or use -c",
-        )),
+        (None, true) => match args.names.split_first() {
+            // Several words and no command: most likely `run NAME COMMAND ARGS...`.
+            Some((name, stray)) if !stray.is_empty() => Err(Failure::usage(format!(
+                "no command: put the command after -- (options and names before it), as in \
+                 lockctl run {name} -- {}; several names are one set, as in lockctl run \
+                 {name} {} -- COMMAND",
+                stray.join(" "),
+                stray.join(" ")
+            ))),
+            _ => Err(Failure::usage(
+                "no command: give one after -- (lockctl run NAME... -- COMMAND ARGS...) or \
+                 use -c",
+            )),
+        },
     }
 }
 
 /// What `run` asks the server for.
 struct LockAsk<'a> {
-    name: &'a str,
+    /// One name, or a set's names in the order given.
+    names: &'a [String],
     id: &'a str,
     ttl: Duration,
     session_grace: Duration,
@@ -212,13 +245,13 @@ async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Granted, Failure> {
         mode: ask.mode,
         note: ask.note,
     };
-    let what = format!("lock {}", ask.name);
-    request::lock_retrying(server, &what, (ask.name, ask.id), terms, ask.wait).await
+    let what = format!("lock {}", ask.names.join(" "));
+    request::lock_retrying(server, &what, (ask.names, ask.id), terms, ask.wait).await
 }
 
 fn lost_failure(lease: &HeldLease, why: &str) -> Failure {
     Failure::new(
         LOST,
-        format!("lock lost: {} token {}: {why}", lease.name, lease.token),
+        format!("lock lost: {} token {}: {why}", lease.shown(), lease.token),
     )
 }

@@ -1,13 +1,9 @@
 //! What a job run under a set of names (`lockctl run a b -- cmd`) is told about its tokens:
 //! `LOCKD_NAMES` (the names, space-separated, in the order given), `LOCKD_TOKEN` (the first
 //! name's, as for one name) and `LOCKD_TOKEN_<NAME>` for each name. Each name has its own
-//! fencing token, and a job that writes to two resources must fence each write with its own.
-//!
-//! Not wired into `run` yet: the server grants no sets until both backends do (issue 20,
-//! part 4); this is the part of lockctl's side that needs no server.
-
-// Used by `run` once the server grants sets; tested here meanwhile.
-#![allow(dead_code)]
+//! fencing token in the reply, and a job that writes to two resources must fence each write
+//! with its own (proto.md: a client must not assume the tokens of a set are equal or differ).
+//! One name gets the same variables, so that a script written for a set runs under one name.
 
 use lockd::locks::Token;
 
@@ -54,6 +50,21 @@ pub fn environment(names: &[String], tokens: &[Token]) -> Result<Vec<(String, St
     Ok(env)
 }
 
+/// The names as given to `run` or `acquire`, checked before anything is sent: each a valid
+/// name, none twice, and (for `run`, `for_job`) no two that give the same variable.
+pub fn check_names(names: &[String], for_job: bool) -> Result<(), String> {
+    for (i, name) in names.iter().enumerate() {
+        lockd::proto::validate_name("lock name", name).map_err(|e| e.message)?;
+        if names[..i].contains(name) {
+            return Err(format!("lock name {name} is given twice"));
+        }
+    }
+    if for_job {
+        environment(names, &vec![1; names.len()])?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +98,10 @@ mod tests {
         let e = environment(&names, &[1, 2]).unwrap_err();
         assert!(e.contains("LOCKD_TOKEN_DB_MIGRATE"), "{e}");
         assert!(environment(&names[..1], &[1, 2]).is_err());
+        assert!(check_names(&names, true).is_err());
+        assert!(check_names(&names, false).is_ok());
+        let twice = ["a".to_owned(), "b".to_owned(), "a".to_owned()];
+        let e = check_names(&twice, false).unwrap_err();
+        assert!(e.contains("given twice"), "{e}");
     }
 }

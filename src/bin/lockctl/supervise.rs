@@ -59,7 +59,7 @@ impl Supervisor<'_> {
                         "lockctl: the --until test did not pass within {} (--until-timeout); \
                          releasing {}",
                         humantime::format_duration(args.until_timeout),
-                        self.lease.name
+                        self.lease.shown()
                     );
                 }
                 Ok(o)
@@ -106,7 +106,7 @@ impl Supervisor<'_> {
                             exit_code(s),
                             if running == 1 { "" } else { "es" },
                             if running == 1 { "s" } else { "" },
-                            self.lease.name
+                            self.lease.shown()
                         );
                     }
                 }
@@ -126,7 +126,7 @@ impl Supervisor<'_> {
                         eprintln!(
                             "lockctl: lock lost: {} token {}: {}; stopping the command \
                              (SIGTERM now, SIGKILL in {})",
-                            self.lease.name,
+                            self.lease.shown(),
                             self.lease.token,
                             l.why,
                             humantime::format_duration(round_ms(grace.min(self.grace)))
@@ -137,7 +137,9 @@ impl Supervisor<'_> {
                         eprintln!(
                             "lockctl: warning: lock lost: {} token {}: {}; the command runs on \
                              (--on-lost warn)",
-                            self.lease.name, self.lease.token, l.why
+                            self.lease.shown(),
+                            self.lease.token,
+                            l.why
                         );
                     }
                 }
@@ -207,7 +209,7 @@ impl Supervisor<'_> {
                 l = self.keeper.lost() => {
                     eprintln!(
                         "lockctl: lock lost: {} token {}: {}; stopped waiting for --until",
-                        self.lease.name, self.lease.token, l.why
+                        self.lease.shown(), self.lease.token, l.why
                     );
                     return Ok(Outcome { code: LOST, lost: true, signalled: None, timed_out: false });
                 }
@@ -221,18 +223,20 @@ impl Supervisor<'_> {
         let lease = self.lease;
         match self.keeper.release().await {
             Released::Done if self.verbose => {
-                eprintln!("lockctl: released {} token {}", lease.name, lease.token)
+                eprintln!("lockctl: released {} token {}", lease.shown(), lease.token)
             }
             Released::Done => {}
             Released::NotHeld(e) if !lost => eprintln!(
                 "lockctl: warning: {} token {} was no longer held when released ({e})",
-                lease.name, lease.token
+                lease.shown(),
+                lease.token
             ),
             Released::NotHeld(_) => {}
             Released::Failed(e) => eprintln!(
                 "lockctl: warning: could not release {} token {}: {e}; the server frees it \
                  when its lease ends",
-                lease.name, lease.token
+                lease.shown(),
+                lease.token
             ),
             // Only from `keep`.
             Released::Kept(_) | Released::NotKept { .. } => {}
@@ -250,7 +254,7 @@ impl Supervisor<'_> {
                 if verbose {
                     eprintln!(
                         "lockctl: keeping {} token {} for {} more (--at-least); lockd ends it then",
-                        lease.name,
+                        lease.shown(),
                         lease.token,
                         humantime::format_duration(Duration::from_millis(left.as_millis() as u64))
                     );
@@ -266,7 +270,8 @@ impl Supervisor<'_> {
                 };
                 eprintln!(
                     "lockctl: --at-least: could not keep {} token {} held ({why}); {how}",
-                    lease.name, lease.token
+                    lease.shown(),
+                    lease.token
                 );
             }
             Released::Done | Released::NotHeld(_) | Released::Failed(_) => {}

@@ -125,6 +125,48 @@ fn lock_unlock_renew_check_with_documented_codes() {
     assert_eq!(lockd.request("STATUS deploy"), "OK deploy free");
 }
 
+/// `lockd_lock NAME and=NAME2`: a set, one token per name on one line; UNLOCK of the first
+/// name releases both, and an overlapping set that does not wait returns 1 and takes nothing.
+#[test]
+fn a_set_is_locked_whole_and_released_through_its_first_name() {
+    let lockd = Server::start();
+    let out = run(
+        &lockd,
+        r#"
+        read -r t1 t2 < <(lockd_lock db-migrate ttl=1m and=cache-flush)
+        [[ $t1 =~ ^[0-9]+$ && $t2 =~ ^[0-9]+$ ]]
+        echo "tokens=$t1 $t2"
+        rc=0; LOCKD_ID=someone-else lockd_lock report wait=0 and=cache-flush || rc=$?
+        echo "overlap=$rc"
+        left=$(lockd_check cache-flush "$t2")
+        (( left > 5000 ))
+        lockd_unlock db-migrate "$t1"
+        rc=0; lockd_check cache-flush "$t2" >/dev/null || rc=$?
+        echo "second-after-unlock=$rc"
+        "#,
+    );
+    assert_ok(&out);
+    for want in ["overlap=1", "second-after-unlock=4"] {
+        assert!(
+            out.stdout.lines().any(|l| l == want),
+            "missing {want:?} in:\n{}",
+            out.stdout
+        );
+    }
+    let tokens = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tokens="))
+        .unwrap_or_else(|| panic!("no tokens in:\n{}", out.stdout));
+    assert_eq!(tokens.split(' ').count(), 2, "{tokens}");
+    for name in ["db-migrate", "cache-flush", "report"] {
+        assert_eq!(
+            lockd.request(&format!("STATUS {name}")),
+            format!("OK {name} free")
+        );
+    }
+}
+
 #[test]
 fn a_wait_that_runs_out_returns_1() {
     let lockd = Server::start();

@@ -9,6 +9,7 @@ mod failover;
 mod job;
 mod liveness;
 mod modes;
+mod multi;
 mod restart;
 mod retry;
 mod status;
