@@ -341,3 +341,41 @@ async fn with_an_auth_file_a_set_needs_the_lock_right_on_every_name() {
     assert!(is_free(&mut a, "build-1").await);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_set_replaced_or_superseded_leaves_every_queue() {
+    let server = Lockd::new().serve().await;
+    let mut admin = server.raw().await;
+    let mut h = server.raw().await;
+    let th = h.lock("r2 h").await;
+    // The same id again, for one name: the set is REPLACED and leaves r1's queue too.
+    let mut old = server.raw().await;
+    old.send("LOCK r1 s and=r2").await;
+    wait_waiters(&mut admin, "r2", 1).await;
+    let mut new = server.raw().await;
+    new.send("LOCK r2 s").await;
+    assert_eq!(
+        old.line().await,
+        "ERR REPLACED a newer LOCK r1 with the same id took this one's place"
+    );
+    let t1 = admin.lock("r1 x wait=0").await;
+    assert_eq!(admin.req(&format!("UNLOCK r1 {t1}")).await, "OK");
+    // supersede on one name ends a set that waits there, on every name.
+    let mut set = server.raw().await;
+    set.send("LOCK r1 t and=r2").await;
+    wait_waiters(&mut admin, "r2", 2).await;
+    let mut newest = server.raw().await;
+    newest.send("LOCK r2 n supersede").await;
+    let told = set.line().await;
+    assert!(told.starts_with("ERR SUPERSEDED "), "{told}");
+    assert_eq!(
+        new.line().await,
+        "ERR SUPERSEDED r2: a newer LOCK by n took the queue"
+    );
+    let t1 = admin.lock("r1 y wait=0").await;
+    assert_eq!(admin.req(&format!("UNLOCK r1 {t1}")).await, "OK");
+    assert_eq!(h.req(&format!("UNLOCK r2 {th}")).await, "OK");
+    let tn = common::token(&newest.line().await);
+    assert!(tn > th);
+    server.shutdown().await;
+}
