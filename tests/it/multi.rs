@@ -379,3 +379,29 @@ async fn a_waiting_set_replaced_or_superseded_leaves_every_queue() {
     assert!(tn > th);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_set_shares_and_keeps_fifo_behind_a_writer() {
+    let server = Lockd::new().serve().await;
+    let mut admin = server.raw().await;
+    let mut r = server.raw().await;
+    let tr = r.lock("sb r shared").await;
+    // Beside a shared holder: granted at once, on both names.
+    let mut s = server.raw().await;
+    let ts = lock_set(&mut s, "sa s shared and=sb", 2).await;
+    // A writer waits on sb; a shared set after it waits behind it, though it would fit.
+    let mut w = server.raw().await;
+    w.send("LOCK sb w").await;
+    wait_waiters(&mut admin, "sb", 1).await;
+    let mut late = server.raw().await;
+    late.send("LOCK sc late shared and=sb").await;
+    wait_waiters(&mut admin, "sb", 2).await;
+    assert!(is_free(&mut admin, "sc").await);
+    assert_eq!(r.req(&format!("UNLOCK sb {tr}")).await, "OK");
+    assert_eq!(s.req(&format!("UNLOCK sa {ts}")).await, "OK");
+    let tw = common::token(&w.line().await);
+    assert_eq!(w.req(&format!("UNLOCK sb {tw}")).await, "OK");
+    let got = tokens(&late.line().await);
+    assert!(got.iter().all(|&t| t > tw), "{got:?}");
+    server.shutdown().await;
+}
