@@ -341,3 +341,67 @@ async fn with_an_auth_file_a_set_needs_the_lock_right_on_every_name() {
     assert!(is_free(&mut a, "build-1").await);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_set_replaced_or_superseded_leaves_every_queue() {
+    let server = Lockd::new().serve().await;
+    let mut admin = server.raw().await;
+    let mut h = server.raw().await;
+    let th = h.lock("r2 h").await;
+    // The same id again, for one name: the set is REPLACED and leaves r1's queue too.
+    let mut old = server.raw().await;
+    old.send("LOCK r1 s and=r2").await;
+    wait_waiters(&mut admin, "r2", 1).await;
+    let mut new = server.raw().await;
+    new.send("LOCK r2 s").await;
+    assert_eq!(
+        old.line().await,
+        "ERR REPLACED a newer LOCK r1 with the same id took this one's place"
+    );
+    let t1 = admin.lock("r1 x wait=0").await;
+    assert_eq!(admin.req(&format!("UNLOCK r1 {t1}")).await, "OK");
+    // supersede on one name ends a set that waits there, on every name.
+    let mut set = server.raw().await;
+    set.send("LOCK r1 t and=r2").await;
+    wait_waiters(&mut admin, "r2", 2).await;
+    let mut newest = server.raw().await;
+    newest.send("LOCK r2 n supersede").await;
+    let told = set.line().await;
+    assert!(told.starts_with("ERR SUPERSEDED "), "{told}");
+    assert_eq!(
+        new.line().await,
+        "ERR SUPERSEDED r2: a newer LOCK by n took the queue"
+    );
+    let t1 = admin.lock("r1 y wait=0").await;
+    assert_eq!(admin.req(&format!("UNLOCK r1 {t1}")).await, "OK");
+    assert_eq!(h.req(&format!("UNLOCK r2 {th}")).await, "OK");
+    let tn = common::token(&newest.line().await);
+    assert!(tn > th);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_set_shares_and_keeps_fifo_behind_a_writer() {
+    let server = Lockd::new().serve().await;
+    let mut admin = server.raw().await;
+    let mut r = server.raw().await;
+    let tr = r.lock("sb r shared").await;
+    // Beside a shared holder: granted at once, on both names.
+    let mut s = server.raw().await;
+    let ts = lock_set(&mut s, "sa s shared and=sb", 2).await;
+    // A writer waits on sb; a shared set after it waits behind it, though it would fit.
+    let mut w = server.raw().await;
+    w.send("LOCK sb w").await;
+    wait_waiters(&mut admin, "sb", 1).await;
+    let mut late = server.raw().await;
+    late.send("LOCK sc late shared and=sb").await;
+    wait_waiters(&mut admin, "sb", 2).await;
+    assert!(is_free(&mut admin, "sc").await);
+    assert_eq!(r.req(&format!("UNLOCK sb {tr}")).await, "OK");
+    assert_eq!(s.req(&format!("UNLOCK sa {ts}")).await, "OK");
+    let tw = common::token(&w.line().await);
+    assert_eq!(w.req(&format!("UNLOCK sb {tw}")).await, "OK");
+    let got = tokens(&late.line().await);
+    assert!(got.iter().all(|&t| t > tw), "{got:?}");
+    server.shutdown().await;
+}
