@@ -188,7 +188,6 @@ impl Handler {
                     .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
                     .and_then(|r| r.check_note_len(self.limits.max_note).map(|()| r))
                     .and_then(|r| r.check_names(self.limits.max_names).map(|()| r))
-                    .and_then(sets_not_served_yet)
                 {
                     Ok(request) => match self.admit(&request) {
                         // LOCK is awaited here rather than inside `dispatch`: waiting for a
@@ -502,19 +501,5 @@ impl Handler {
 impl Drop for Handler {
     fn drop(&mut self) {
         self.release_sessions();
-    }
-}
-
-/// Refuses a LOCK of a set (`and=`) until both backends grant sets whole (issue 20, part 4,
-/// under way): the protocol parses it, the rules decide it (`rules::decide_set`), but the
-/// table and etcd don't carry it out yet, and granting its names one by one is exactly the
-/// deadlock the feature is for.
-fn sets_not_served_yet(request: Request) -> Result<Request, ProtoError> {
-    match &request {
-        Request::Lock { and, .. } if !and.is_empty() => Err(ProtoError::new(
-            ErrorCode::Syntax,
-            "and= (a set of names) is not served by this server yet",
-        )),
-        _ => Ok(request),
     }
 }
