@@ -16,7 +16,7 @@ struct Waiting {
     names: Vec<String>,
     mode: Mode,
     /// Lower is earlier, in every one of its queues. A new request's is after everyone's;
-    /// one that replaced the same id's older requests takes the earliest of their places.
+    /// one of a single name that replaced the same id's older request takes its place.
     place: u64,
 }
 
@@ -385,8 +385,8 @@ impl Observer {
     /// A LOCK that queued joins the queue of each of its names in one step.
     fn join(&mut self, waiter: WaiterId, names: &[String], mode: Mode, replaced: &[u64]) {
         let place = match replaced.iter().min() {
-            Some(p) => *p,
-            None => {
+            Some(p) if names.len() == 1 => *p,
+            _ => {
                 self.next_place += 1;
                 self.next_place
             }

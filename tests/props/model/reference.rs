@@ -584,8 +584,9 @@ impl Model {
                 });
             }
         }
-        // The same id's older requests on any of these names leave every queue; the new
-        // one takes the earliest place of theirs (its own place, for one name).
+        // The same id's older requests on any of these names leave every queue. A LOCK of
+        // one name takes the place its older request had there; a set goes to the back of
+        // every queue (a place kept on one name would put it before others on another).
         let mut replaced: Vec<WaiterId> = Vec::new();
         for p in &per {
             if let Per::Queue(Some(w)) = p {
@@ -609,10 +610,13 @@ impl Model {
         if note.is_none() {
             note = had_note;
         }
-        let ticket = ticket.unwrap_or_else(|| {
-            self.next_ticket += 1;
-            self.next_ticket - 1
-        });
+        let ticket = match ticket {
+            Some(t) if names.len() == 1 => t,
+            _ => {
+                self.next_ticket += 1;
+                self.next_ticket - 1
+            }
+        };
         let waiter = self.next_waiter;
         self.next_waiter += 1;
         let new = MWaiter {
