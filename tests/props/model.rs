@@ -330,6 +330,8 @@ struct Harness {
     owners: HashMap<Token, UserId>,
     waiter_users: HashMap<WaiterId, UserId>,
     log: Vec<String>,
+    /// The table's effects of the step so far (see [`Harness::hint`]).
+    table_fx: Vec<Effect>,
     /// LOCKs may name sets.
     sets: bool,
     /// The table is compared with the model; else only the model runs (the table's
@@ -359,8 +361,24 @@ impl Harness {
             owners: HashMap::new(),
             waiter_users: HashMap::new(),
             log: Vec::new(),
+            table_fx: Vec::new(),
             sets: SETS,
             judge_table: true,
+        }
+    }
+
+    /// Takes the table's effects of the call just made (compared later, in
+    /// [`Harness::effects`]), and tells the model in which order it granted waiters: of
+    /// several ready at once, which goes first is the table's choice (the model checks
+    /// that each was ready when granted).
+    fn hint(&mut self) {
+        let fx = self.table.take_effects();
+        if self.judge_table {
+            self.model.hint.extend(fx.iter().filter_map(|e| match e {
+                Effect::Granted { waiter, .. } => Some(*waiter),
+                _ => None,
+            }));
+            self.table_fx.extend(fx);
         }
     }
 
@@ -594,7 +612,9 @@ impl Harness {
 
     /// Compares the effects of one step, then lets the observer judge them.
     fn effects(&mut self, call: Call<'_>) -> Result<(), String> {
-        let got = self.table.take_effects();
+        let mut got = std::mem::take(&mut self.table_fx);
+        got.extend(self.table.take_effects());
+        self.model.hint.clear();
         let want = self.model.take_effects();
         let got = self.judged(got, &want);
         if got != want {
@@ -661,10 +681,11 @@ impl Harness {
                 };
                 // The etcd part judges one name's decision: not a set's, nor one on a name a
                 // set holds or waits for (the cluster's decision of those is its own).
+                let got = self.table.lock(at, req.clone());
+                self.hint();
                 #[cfg(feature = "etcd")]
                 let cluster = (!self.set_involved(NAMES[*name], &set))
                     .then(|| self.cluster_decision(now, &req));
-                let got = self.table.lock(at, req);
                 let want = self.model.lock(
                     now,
                     MLock {
@@ -727,6 +748,7 @@ impl Harness {
                 let token = self.token(NAMES[*name], tok);
                 let user = self.user(user, token);
                 let got = self.table.unlock(at, NAMES[*name], token, user);
+                self.hint();
                 let want = self.model.unlock(now, NAMES[*name], token, user);
                 let got = self.judged(got, &want);
                 if got != want {
@@ -755,6 +777,7 @@ impl Harness {
                     *conn,
                     user,
                 );
+                self.hint();
                 let want = self.model.renew(now, NAMES[*name], token, ttl, *conn, user);
                 let got = self.judged(got, &want);
                 if got != want {
@@ -768,6 +791,7 @@ impl Harness {
             Op::Revoke { name, tok } => {
                 let token = self.token(NAMES[*name], tok);
                 let got = self.table.revoke(at, NAMES[*name], token);
+                self.hint();
                 let want = self.model.revoke(now, NAMES[*name], token);
                 let got = self.judged(got, &want);
                 if got != want {
@@ -778,6 +802,8 @@ impl Harness {
             Op::Break { name, tok } => {
                 let token = tok.as_ref().map(|p| self.token(NAMES[*name], p));
                 let by = lockd::locks::Origin::default();
+                let got = self.table.break_lock(at, NAMES[*name], token, &by);
+                self.hint();
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_breaks(now, NAMES[*name], token);
                 self.model.process(now);
@@ -787,7 +813,6 @@ impl Harness {
                     .values()
                     .map(|h| (h.token, h.names.clone()))
                     .collect();
-                let got = self.table.break_lock(at, NAMES[*name], token, &by);
                 let want = self.model.break_lock(now, NAMES[*name], token);
                 let got = self.judged(got, &want);
                 if got != want {
@@ -815,6 +840,7 @@ impl Harness {
             Op::Check { name, tok } => {
                 let token = self.token(NAMES[*name], tok);
                 let got = self.table.check(at, NAMES[*name], token);
+                self.hint();
                 let want = self.model.check(now, NAMES[*name], token);
                 let got = self.judged(got, &want);
                 if got != want {
@@ -833,6 +859,7 @@ impl Harness {
                     WaiterPick::Raw(w) => *w,
                 };
                 let got = self.table.cancel_wait(at, waiter);
+                self.hint();
                 let want = self.model.cancel_wait(now, waiter);
                 let got = self.judged(got, &want);
                 if got != want {
@@ -854,11 +881,13 @@ impl Harness {
                     ConnPick::Conn(c) => *c,
                 };
                 self.table.drop_session(at, NAMES[*name], token, conn);
+                self.hint();
                 self.model.drop_session(now, NAMES[*name], token, conn);
                 self.effects(Call::Other)?;
             }
             Op::CloseConnection(conn) => {
                 self.table.expire(at);
+                self.hint();
                 self.model.process(now);
                 self.sessions_agree(*conn)?;
                 // The model ends them one by one, in the order they were granted.
@@ -871,6 +900,7 @@ impl Harness {
                     .map(|h| (h.token, h.names[0].clone()))
                     .collect();
                 self.table.close_connection(at, *conn);
+                self.hint();
                 for (token, name) in bound {
                     self.model.drop_session(now, &name, token, *conn);
                 }
@@ -879,6 +909,7 @@ impl Harness {
             }
             Op::Status { name } => {
                 let got = self.table.status(at, NAMES[*name]);
+                self.hint();
                 let want = self.model.status(now, NAMES[*name]);
                 let got = self.judged(got, &want);
                 if got != want {
@@ -888,6 +919,7 @@ impl Harness {
             }
             Op::Expire => {
                 self.table.expire(at);
+                self.hint();
                 self.model.process(now);
                 self.effects(Call::Other)?;
             }

@@ -163,6 +163,10 @@ pub struct Model {
     pub next_waiter: WaiterId,
     pub next_ticket: u64,
     pub effects: Vec<Effect>,
+    /// Waiters in the order the table granted them in the call being made: of several
+    /// ready at once, which goes first is not part of the contract, so the model takes the
+    /// table's choice when that waiter is ready here too (else the earliest in line).
+    pub hint: Vec<WaiterId>,
 }
 
 impl Model {
@@ -176,6 +180,7 @@ impl Model {
             next_waiter: 1,
             next_ticket: 1,
             effects: Vec::new(),
+            hint: Vec::new(),
         }
     }
 
@@ -376,7 +381,21 @@ impl Model {
     /// Grants every waiter that is ready, earliest in line first, until none is: one grant
     /// can make another ready (a reader behind a set, on the set's other names).
     fn settle(&mut self, now: u64) {
-        while let Some(i) = self.waiters.iter().position(|w| self.ready(w)) {
+        loop {
+            let hinted = self.hint.iter().enumerate().find_map(|(k, h)| {
+                let i = self.waiters.iter().position(|w| w.waiter == *h)?;
+                self.ready(&self.waiters[i]).then_some((k, i))
+            });
+            let i = match hinted {
+                Some((k, i)) => {
+                    self.hint.remove(k);
+                    i
+                }
+                None => match self.waiters.iter().position(|w| self.ready(w)) {
+                    Some(i) => i,
+                    None => break,
+                },
+            };
             let w = self.waiters.remove(i);
             let deadline = now + w.ttl;
             // The waiter is told once, by its first name; watchers see every name.
