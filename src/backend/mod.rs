@@ -533,9 +533,6 @@ impl Backend {
     pub async fn lock(&self, req: LockRequest) -> Result<Locked, BackendError> {
         let name = req.name.clone();
         let start = match self {
-            Backend::Embedded(_) if !req.and.is_empty() => {
-                return Err(BackendError::sets_not_served())
-            }
             Backend::Embedded(b) => b.lock(req)?,
             #[cfg(feature = "etcd")]
             Backend::Etcd(b) => Box::pin(b.lock_bound(req)).await?,

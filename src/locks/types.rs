@@ -477,6 +477,13 @@ pub enum Change {
         at_unix_ms: u64,
         deadline: Instant,
     },
+    /// The leases `token` of `names` (each just granted by its own `Grant`) are one set (a
+    /// LOCK with `and=`), in the request's order: a restart links them again.
+    #[allow(missing_docs)] // the variant's doc names each field
+    Set {
+        token: Token,
+        names: Box<[Arc<str>]>,
+    },
 }
 
 /// A broken lease the table still remembers (see [`Locks::broken`]), as a durable store
