@@ -274,9 +274,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Whether LOCK may name a set (`and=`): off until the table serves sets, so that the
-/// rest of the model keeps its guard meanwhile.
-const SETS: bool = false;
+/// Whether LOCK may name a set (`and=`): the table serves them; off, the model test runs
+/// as before sets.
+const SETS: bool = true;
 
 /// A set's further names: none most often, else one or two (the step drops the LOCK's own
 /// name and repeats, so some of these end up smaller).
@@ -1599,7 +1599,6 @@ fn tokens_of(t: &mut Locks, now: Instant, names: &[&str]) -> Vec<Option<Token>> 
 }
 
 #[test]
-#[ignore = "the table does not serve sets yet"]
 fn a_set_is_granted_whole_with_one_token_and_released_whole() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req_set("x", &["y", "z"], "p", 1000, 1)));
@@ -1631,7 +1630,6 @@ fn a_set_is_granted_whole_with_one_token_and_released_whole() {
 }
 
 #[test]
-#[ignore = "the table does not serve sets yet"]
 fn a_set_waits_on_a_free_name_and_nobody_overtakes_it() {
     let (mut t, base) = table();
     let (held, _) = granted(t.lock(base, req("y", "h", 1000, None, false, 1)));
@@ -1665,7 +1663,6 @@ fn a_set_waits_on_a_free_name_and_nobody_overtakes_it() {
 }
 
 #[test]
-#[ignore = "the table does not serve sets yet"]
 fn a_set_is_one_lease_renewed_checked_and_ended_through_any_name() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req_set("x", &["y"], "p", 100, 1)));
@@ -1716,7 +1713,6 @@ impl SessionZero for LockRequest {
 }
 
 #[test]
-#[ignore = "the table does not serve sets yet"]
 fn a_break_of_one_name_ends_the_whole_set() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req_set("x", &["y"], "p", 1000, 1)));
@@ -1748,7 +1744,6 @@ fn a_break_of_one_name_ends_the_whole_set() {
 }
 
 #[test]
-#[ignore = "the table does not serve sets yet"]
 fn the_same_set_again_is_a_retry_and_a_part_of_it_a_conflict() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req_set("x", &["y"], "p", 1000, 1)));
@@ -1771,7 +1766,6 @@ fn the_same_set_again_is_a_retry_and_a_part_of_it_a_conflict() {
 }
 
 #[test]
-#[ignore = "the table does not serve sets yet"]
 fn a_refusal_of_one_name_refuses_the_whole_set() {
     let (_, base) = table();
     let mut t = Locks::new(
@@ -1800,7 +1794,6 @@ fn a_refusal_of_one_name_refuses_the_whole_set() {
 }
 
 #[test]
-#[ignore = "the table does not serve sets yet"]
 fn a_set_replaces_the_same_ids_waits_and_queues_at_the_back() {
     let (mut t, base) = table();
     let (hx, _) = granted(t.lock(base, req("x", "h", 1000, None, false, 1)));

@@ -20,6 +20,17 @@ use lockd::locks::{
     UserId, WaitEnd, WaiterId, NO_USER,
 };
 
+/// When a set's lease ends (UNLOCK, expiry, session end, BREAK, revoke), whether all its
+/// names end before anyone is granted one of them (the contract's "ends all names at once")
+/// or each name is handed over as soon as it ends, before the next one ends (the table's
+/// way: a waiter of the first name is granted while the set still holds the second).
+/// Either way no one holds a name beside the set; only the order watchers see differs.
+pub const SET_ENDS_WHOLE_FIRST: bool = false;
+
+/// Whether a set that replaces the same id's older waiter keeps that waiter's note when
+/// it brings none, as a LOCK of one name does (`rules::note_again`); the table's set drops it.
+pub const SET_KEEPS_REPLACED_NOTE: bool = false;
+
 /// Limits in milliseconds, mirroring `lockd::locks::Limits`.
 #[derive(Clone, Copy, Debug)]
 pub struct MLimits {
@@ -430,12 +441,23 @@ impl Model {
     }
 
     /// The lease `token` ends on every one of its names (one event each, in its order);
-    /// then whoever is ready is granted, leases starting `now`.
+    /// whoever is ready is granted, leases starting `now` (see [`SET_ENDS_WHOLE_FIRST`]).
     fn end(&mut self, now: u64, token: Token, kind: EventKind) {
-        let old = self.leases.remove(&token).expect("the end of a lease");
+        let Some(old) = self.leases.get(&token).cloned() else {
+            return;
+        };
         for name in &old.names {
+            if !SET_ENDS_WHOLE_FIRST {
+                if let Some(h) = self.leases.get_mut(&token) {
+                    h.names.retain(|n| n != name);
+                }
+            }
             self.event(kind, name, &old.id, token, now - old.granted, None, None);
+            if !SET_ENDS_WHOLE_FIRST {
+                self.settle(now);
+            }
         }
+        self.leases.remove(&token);
         self.settle(now);
     }
 
@@ -626,7 +648,7 @@ impl Model {
                 why: WaitEnd::Replaced,
             });
         }
-        if note.is_none() {
+        if note.is_none() && (names.len() == 1 || SET_KEEPS_REPLACED_NOTE) {
             note = had_note;
         }
         let ticket = match ticket {
