@@ -41,12 +41,13 @@
 //! # Sets of names
 //! A set is one lease over several names: each name has a holder with the set's one token,
 //! deadline, binding and note, and `sets` names the set's slots; whatever ends, renews or
-//! binds one of them does it to all (`Locks::set_slots`). A waiting set has one `WaiterId`
-//! and one ticket, and a place in every one of its names' queues. Hand-over goes by a work
-//! list of slots whose head or holders changed (`Locks::hand_over`): a single waiter at the
-//! head is granted when it fits, a set at the head when [`rules::set_ready`] holds on all of
-//! its names (and then its other names are looked at too). No scan of the table: per name,
-//! a hand-over looks at that name's head.
+//! binds one of them does it to all (`Locks::end_token`, `Locks::renew`,
+//! `Locks::drop_session`). A waiting set has one `WaiterId` and one ticket, and a place in
+//! every one of its names' queues. Hand-over goes by a work list of slots whose head or
+//! holders changed (`Locks::hand_over`): a single waiter at the head is granted when it fits,
+//! a set at the head when [`rules::set_ready`] holds on all of its names (and then its other
+//! names are looked at too). No scan of the table: per name, a hand-over looks at that
+//! name's head.
 //!
 //! When the table empties after having been large, it hands its slab, index and unused ids
 //! back to the allocator.
