@@ -6,7 +6,15 @@
 //! milliseconds, often landing exactly on a deadline). Every return value and every effect
 //! must be equal, and after every step the documented invariants are checked again from the
 //! outside (`model/observer.rs`): one holder per name, tokens that only grow, FIFO grants, no
-//! grant to a waiter that left, `next_deadline()` and STATUS in agreement.
+//! grant to a waiter that left, no waiter left waiting that is first in line and fits,
+//! `next_deadline()` and STATUS in agreement. After the history, time alone must empty the
+//! table (no stall).
+//!
+//! LOCKs name sets too (`and=`, up to three names): one lease, one token on every name,
+//! granted whole when first in line on each, ended whole by one call. Of several waiters
+//! ready at once the table picks who goes first (the model checks each was ready). The etcd
+//! part (the cluster's decision of the same LOCK) is judged only where no set is involved:
+//! the cluster's own view of a set is not modelled here.
 //!
 //! Requests come from several users (and from [`NO_USER`], as without authentication): the
 //! harness checks on its own that a lease is only ever renewed or released by its user and
