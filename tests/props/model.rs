@@ -1827,3 +1827,49 @@ fn a_set_replaces_the_same_ids_waits_and_queues_at_the_back() {
         vec![Some(rt + 1); 2]
     );
 }
+
+/// The contract: a set's lease "ends all names at once". The table hands each name over as
+/// it ends it, so watchers see a name granted again while the set still holds the next.
+#[test]
+fn a_set_ends_on_all_its_names_before_anyone_is_granted_one() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req_set("c", &["a"], "p", 10, 1)));
+    let q = queued(t.lock(base, req("c", "q", 1000, None, false, 2)));
+    effects(&mut t);
+    t.expire(ms(base, 10));
+    let after = effects(&mut t);
+    let kinds: Vec<(EventKind, &str)> = after
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Event(e) => Some((e.kind, &*e.name)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (EventKind::Expired, "c"),
+            (EventKind::Expired, "a"),
+            (EventKind::Acquired, "c"),
+        ],
+        "waiter {q} granted c before the set ended on a (token {token})"
+    );
+}
+
+/// `rules::note_again`: a newer LOCK by the same id that takes over its wait keeps the
+/// note the wait had when it brings none; the table's set drops it.
+#[test]
+fn a_set_replacing_the_same_ids_wait_keeps_its_note() {
+    let (mut t, base) = table();
+    let (held, _) = granted(t.lock(base, req("c", "p", 1000, None, false, 1)));
+    let noted = LockRequest {
+        note: Some("first note".into()),
+        ..req("c", "r", 1000, None, false, 2)
+    };
+    queued(t.lock(base, noted));
+    queued(t.lock(base, req_set("a", &["c"], "r", 1000, 2)));
+    assert_eq!(t.unlock(ms(base, 1), "c", held, NO_USER), Ok(()));
+    effects(&mut t);
+    let note = t.status(ms(base, 1), "a").and_then(|s| s.note);
+    assert_eq!(note.as_deref(), Some("first note"));
+}
