@@ -6,7 +6,15 @@
 //! milliseconds, often landing exactly on a deadline). Every return value and every effect
 //! must be equal, and after every step the documented invariants are checked again from the
 //! outside (`model/observer.rs`): one holder per name, tokens that only grow, FIFO grants, no
-//! grant to a waiter that left, `next_deadline()` and STATUS in agreement.
+//! grant to a waiter that left, no waiter left waiting that is first in line and fits,
+//! `next_deadline()` and STATUS in agreement. After the history, time alone must empty the
+//! table (no stall).
+//!
+//! LOCKs name sets too (`and=`, up to three names): one lease, one token on every name,
+//! granted whole when first in line on each, ended whole by one call. Of several waiters
+//! ready at once the table picks who goes first (the model checks each was ready). The etcd
+//! part (the cluster's decision of the same LOCK) is judged only where no set is involved:
+//! the cluster's own view of a set is not modelled here.
 //!
 //! Requests come from several users (and from [`NO_USER`], as without authentication): the
 //! harness checks on its own that a lease is only ever renewed or released by its user and
@@ -127,6 +135,9 @@ enum Op {
         note: Option<usize>,
         /// `supersede`: a wait takes the whole queue.
         supersede: bool,
+        /// `and=`: further names of a set, as indexes into [`NAMES`] (the name itself and
+        /// repeats are dropped; none with `supersede`, which the protocol refuses).
+        and: Vec<usize>,
     },
     Unlock {
         name: usize,
@@ -238,9 +249,9 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3,
                mode_pick(), user(), proptest::option::of(0..NOTES.len()),
-               proptest::bool::weighted(0.2))
-            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, note, supersede)| Op::Lock {
-                name, id, ttl, wait, session, conn, mode, user, note, supersede
+               proptest::bool::weighted(0.2), and_pick())
+            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, note, supersede, and)| {
+                Op::Lock { name, id, ttl, wait, session, conn, mode, user, note, supersede, and }
             }),
         3 => (name.clone(), tok_pick(), user_pick())
             .prop_map(|(name, tok, user)| Op::Unlock { name, tok, user }),
@@ -268,6 +279,19 @@ fn op() -> impl Strategy<Value = Op> {
             1 => Just(Advance::Far),
         ].prop_map(Op::Advance),
         1 => Just(Op::Expire),
+    ]
+}
+
+/// Whether LOCK may name a set (`and=`): the table serves them; off, the model test runs
+/// as before sets.
+const SETS: bool = true;
+
+/// A set's further names: none most often, else one or two (the step drops the LOCK's own
+/// name and repeats, so some of these end up smaller).
+fn and_pick() -> impl Strategy<Value = Vec<usize>> {
+    prop_oneof![
+        5 => Just(Vec::new()),
+        4 => prop::collection::vec(0..NAMES.len(), 1..=2),
     ]
 }
 
@@ -314,6 +338,13 @@ struct Harness {
     owners: HashMap<Token, UserId>,
     waiter_users: HashMap<WaiterId, UserId>,
     log: Vec<String>,
+    /// The table's effects of the step so far (see [`Harness::hint`]).
+    table_fx: Vec<Effect>,
+    /// LOCKs may name sets.
+    sets: bool,
+    /// The table is compared with the model; else only the model runs (the table's
+    /// answers are replaced by the model's), judged by the observer alone.
+    judge_table: bool,
 }
 
 impl Harness {
@@ -338,6 +369,33 @@ impl Harness {
             owners: HashMap::new(),
             waiter_users: HashMap::new(),
             log: Vec::new(),
+            table_fx: Vec::new(),
+            sets: SETS,
+            judge_table: true,
+        }
+    }
+
+    /// Takes the table's effects of the call just made (compared later, in
+    /// [`Harness::effects`]), and tells the model in which order it granted waiters: of
+    /// several ready at once, which goes first is the table's choice (the model checks
+    /// that each was ready when granted).
+    fn hint(&mut self) {
+        let fx = self.table.take_effects();
+        if self.judge_table {
+            self.model.hint.extend(fx.iter().filter_map(|e| match e {
+                Effect::Granted { waiter, .. } => Some(*waiter),
+                _ => None,
+            }));
+            self.table_fx.extend(fx);
+        }
+    }
+
+    /// What the table answered, or the model's answer when only the model is judged.
+    fn judged<T: Clone>(&self, got: T, want: &T) -> T {
+        if self.judge_table {
+            got
+        } else {
+            want.clone()
         }
     }
 
@@ -360,11 +418,8 @@ impl Harness {
             TokPick::Holder(i) => *i,
             _ => 0,
         };
-        let live = self
-            .model
-            .entries
-            .get(name)
-            .map(|e| e.holders[pick % e.holders.len()].token);
+        let holders = self.model.holders_of(name);
+        let live = (!holders.is_empty()).then(|| holders[pick % holders.len()].token);
         let last = self.tokens.last().copied().unwrap_or(1);
         match p {
             TokPick::Holder(_) => live.unwrap_or(last),
@@ -431,20 +486,17 @@ impl Harness {
         self.model.process(now);
         let users: Vec<String> = (0..=UserId::from(u8::MAX)).map(|u| u.to_string()).collect();
         let user = |u: UserId| users.get(u as usize).map_or("?", String::as_str);
-        let entry = self.model.entries.get(name);
-        let tokens: Vec<Token> =
-            entry.map_or_else(Vec::new, |e| e.holders.iter().map(|h| h.token).collect());
-        let holders: Vec<HolderPart<'_>> = entry.map_or_else(Vec::new, |e| {
-            e.holders
-                .iter()
-                .map(|h| HolderPart {
-                    id: &h.id,
-                    user: user(h.user),
-                    mode: e.mode,
-                    session: h.session.map(|s| s.conn),
-                })
-                .collect()
-        });
+        let held = self.model.holders_of(name);
+        let tokens: Vec<Token> = held.iter().map(|h| h.token).collect();
+        let holders: Vec<HolderPart<'_>> = held
+            .iter()
+            .map(|h| HolderPart {
+                id: &h.id,
+                user: user(h.user),
+                mode: h.mode,
+                session: h.session.map(|s| s.conn),
+            })
+            .collect();
         let only = token.map(|t| tokens.iter().position(|x| *x == t).unwrap_or(usize::MAX));
         let ended = breaks(&holders, only)?;
         Ok(ended.into_iter().map(|i| tokens[i]).collect())
@@ -459,29 +511,26 @@ impl Harness {
         self.model.process(now);
         let users: Vec<String> = (0..=UserId::from(u8::MAX)).map(|u| u.to_string()).collect();
         let user = |u: UserId| users.get(u as usize).map_or("?", String::as_str);
-        let leases = self.model.entries.values().map(|e| e.holders.len()).sum();
-        let entry = self.model.entries.get(&req.name);
-        let holders: Vec<HolderPart<'_>> = entry.map_or_else(Vec::new, |e| {
-            e.holders
-                .iter()
-                .map(|h| HolderPart {
-                    id: &h.id,
-                    user: user(h.user),
-                    mode: e.mode,
-                    session: h.session.map(|s| s.conn),
-                })
-                .collect()
-        });
-        let queue: Vec<WaiterPart<'_>> = entry.map_or_else(Vec::new, |e| {
-            e.queue
-                .iter()
-                .map(|w| WaiterPart {
-                    id: &w.id,
-                    user: user(w.user),
-                    mode: w.mode,
-                })
-                .collect()
-        });
+        let leases = self.model.leases.values().map(|h| h.names.len()).sum();
+        let held = self.model.holders_of(&req.name);
+        let waiting = self.model.queue_of(&req.name);
+        let holders: Vec<HolderPart<'_>> = held
+            .iter()
+            .map(|h| HolderPart {
+                id: &h.id,
+                user: user(h.user),
+                mode: h.mode,
+                session: h.session.map(|s| s.conn),
+            })
+            .collect();
+        let queue: Vec<WaiterPart<'_>> = waiting
+            .iter()
+            .map(|w| WaiterPart {
+                id: &w.id,
+                user: user(w.user),
+                mode: w.mode,
+            })
+            .collect();
         let decision = decide(
             &holders,
             &queue,
@@ -490,14 +539,12 @@ impl Harness {
             self.table.limits(),
             leases,
         );
-        let tokens = entry.map_or_else(Vec::new, |e| e.holders.iter().map(|h| h.token).collect());
-        let same_waiter = entry.and_then(|e| {
-            e.queue
-                .iter()
-                .position(|w| w.id == req.id && w.user == req.user)
-        });
+        let tokens = held.iter().map(|h| h.token).collect();
+        let same_waiter = waiting
+            .iter()
+            .position(|w| w.id == req.id && w.user == req.user);
         // A supersede takes every waiter but the one it replaces.
-        let queued = entry.map_or(0, |e| e.queue.len());
+        let queued = waiting.len();
         let superseded = if req.supersede {
             (0..queued).filter(|i| Some(*i) != same_waiter).collect()
         } else {
@@ -509,6 +556,19 @@ impl Harness {
             same_waiter,
             superseded,
         }
+    }
+
+    /// Whether a LOCK of `name` (and `set`) concerns a set: it is one, or `name` has a set
+    /// among its holders or waiters.
+    #[cfg(feature = "etcd")]
+    fn set_involved(&self, name: &str, set: &[&str]) -> bool {
+        !set.is_empty()
+            || self
+                .model
+                .holders_of(name)
+                .iter()
+                .any(|h| h.names.len() > 1)
+            || self.model.queue_of(name).iter().any(|w| w.names.len() > 1)
     }
 
     /// Whether the etcd backend's decision is the one the reference model made.
@@ -546,13 +606,13 @@ impl Harness {
     /// Whether the table's index of session leases by connection says what the model's
     /// holders say: a session lease is bound to `conn`.
     fn sessions_agree(&self, conn: ConnId) -> Result<(), String> {
-        let want = self.model.entries.values().any(|e| {
-            e.holders
-                .iter()
-                .any(|h| h.session.and_then(|s| s.conn) == Some(conn))
-        });
+        let want = self
+            .model
+            .leases
+            .values()
+            .any(|h| h.session.and_then(|s| s.conn) == Some(conn));
         let got = self.table.holds_sessions(conn);
-        if got != want {
+        if self.judge_table && got != want {
             return Err(format!("holds_sessions({conn}): table {got}, model {want}"));
         }
         Ok(())
@@ -560,8 +620,11 @@ impl Harness {
 
     /// Compares the effects of one step, then lets the observer judge them.
     fn effects(&mut self, call: Call<'_>) -> Result<(), String> {
-        let got = self.table.take_effects();
+        let mut got = std::mem::take(&mut self.table_fx);
+        got.extend(self.table.take_effects());
+        self.model.hint.clear();
         let want = self.model.take_effects();
+        let got = self.judged(got, &want);
         if got != want {
             return Err(format!("effects differ:\n table {got:?}\n model {want:?}"));
         }
@@ -586,8 +649,17 @@ impl Harness {
                 user,
                 note,
                 supersede,
+                and,
             } => {
                 let ttl = self.ttl(ttl);
+                let mut set: Vec<&'static str> = Vec::new();
+                if self.sets && !*supersede {
+                    for &n in and {
+                        if n != *name && !set.contains(&NAMES[n]) {
+                            set.push(NAMES[n]);
+                        }
+                    }
+                }
                 let note = note.map(|i| NOTES[i]);
                 let max_ttl = self.model.limits.max_ttl;
                 let session = match session {
@@ -613,11 +685,15 @@ impl Harness {
                     origin: Default::default(),
                     note: note.map(Into::into),
                     supersede: *supersede,
-                    and: Box::default(),
+                    and: set.iter().map(|n| n.to_string()).collect(),
                 };
+                // The etcd part judges one name's decision: not a set's, nor one on a name a
+                // set holds or waits for (the cluster's decision of those is its own).
+                let got = self.table.lock(at, req.clone());
+                self.hint();
                 #[cfg(feature = "etcd")]
-                let cluster = self.cluster_decision(now, &req);
-                let got = self.table.lock(at, req);
+                let cluster = (!self.set_involved(NAMES[*name], &set))
+                    .then(|| self.cluster_decision(now, &req));
                 let want = self.model.lock(
                     now,
                     MLock {
@@ -631,12 +707,17 @@ impl Harness {
                         user: *user,
                         note: note.map(str::to_owned),
                         supersede: *supersede,
+                        and: set.iter().map(|n| n.to_string()).collect(),
                     },
                 );
                 // Both backends' decisions are judged, each on its own: a wrong rule shows
                 // in both, a wrong view of a name in one.
                 #[cfg(feature = "etcd")]
-                let cluster = self.cluster_agrees(cluster, &want);
+                let cluster = match cluster {
+                    Some(c) => self.cluster_agrees(c, &want),
+                    None => Ok(()),
+                };
+                let got = self.judged(got, &want);
                 if got != want {
                     #[cfg(feature = "etcd")]
                     if let Err(e) = &cluster {
@@ -663,8 +744,10 @@ impl Harness {
                     }
                     Err(_) => {}
                 }
+                let mut names = vec![NAMES[*name]];
+                names.extend(set.iter().copied());
                 self.effects(Call::Lock {
-                    name: NAMES[*name],
+                    names: &names,
                     mode: *mode,
                     outcome: got.as_ref().ok(),
                 })?;
@@ -673,7 +756,9 @@ impl Harness {
                 let token = self.token(NAMES[*name], tok);
                 let user = self.user(user, token);
                 let got = self.table.unlock(at, NAMES[*name], token, user);
+                self.hint();
                 let want = self.model.unlock(now, NAMES[*name], token, user);
+                let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("unlock {token}: table {got:?}, model {want:?}"));
                 }
@@ -700,7 +785,9 @@ impl Harness {
                     *conn,
                     user,
                 );
+                self.hint();
                 let want = self.model.renew(now, NAMES[*name], token, ttl, *conn, user);
+                let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("renew {token}: table {got:?}, model {want:?}"));
                 }
@@ -712,7 +799,9 @@ impl Harness {
             Op::Revoke { name, tok } => {
                 let token = self.token(NAMES[*name], tok);
                 let got = self.table.revoke(at, NAMES[*name], token);
+                self.hint();
                 let want = self.model.revoke(now, NAMES[*name], token);
+                let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("revoke {token}: table {got:?}, model {want:?}"));
                 }
@@ -721,10 +810,19 @@ impl Harness {
             Op::Break { name, tok } => {
                 let token = tok.as_ref().map(|p| self.token(NAMES[*name], p));
                 let by = lockd::locks::Origin::default();
+                let got = self.table.break_lock(at, NAMES[*name], token, &by);
+                self.hint();
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_breaks(now, NAMES[*name], token);
-                let got = self.table.break_lock(at, NAMES[*name], token, &by);
+                self.model.process(now);
+                let sets: HashMap<Token, Vec<String>> = self
+                    .model
+                    .leases
+                    .values()
+                    .map(|h| (h.token, h.names.clone()))
+                    .collect();
                 let want = self.model.break_lock(now, NAMES[*name], token);
+                let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("break {token:?}: table {got:?}, model {want:?}"));
                 }
@@ -734,11 +832,15 @@ impl Harness {
                         "break {token:?}: cluster {cluster:?}, model {want:?}"
                     ));
                 }
-                // The last lease it ended is remembered as broken (its holder is told so).
-                if let Some(&last) = got.as_ref().ok().and_then(|ended| ended.last()) {
-                    let why = self.table.broken(at, NAMES[*name], last);
-                    if !matches!(why, TableError::Broken { token, .. } if token == last) {
-                        return Err(format!("break {last}: then told {why:?}"));
+                // The last lease it ended is remembered as broken (its holder is told so), on
+                // every name of its set.
+                let last = got.as_ref().ok().and_then(|ended| ended.last());
+                if let Some(&last) = last.filter(|_| self.judge_table) {
+                    for n in sets.get(&last).map_or(&[][..], Vec::as_slice) {
+                        let why = self.table.broken(at, n, last);
+                        if !matches!(why, TableError::Broken { token, .. } if token == last) {
+                            return Err(format!("break {last}: then told {why:?} on {n}"));
+                        }
                     }
                 }
                 self.effects(Call::Other)?;
@@ -746,19 +848,16 @@ impl Harness {
             Op::Check { name, tok } => {
                 let token = self.token(NAMES[*name], tok);
                 let got = self.table.check(at, NAMES[*name], token);
+                self.hint();
                 let want = self.model.check(now, NAMES[*name], token);
+                let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("check {token}: table {got:?}, model {want:?}"));
                 }
                 self.effects(Call::Other)?;
             }
             Op::CancelWait(p) => {
-                let live: Vec<WaiterId> = self
-                    .model
-                    .entries
-                    .values()
-                    .flat_map(|e| e.queue.iter().map(|w| w.waiter))
-                    .collect();
+                let live: Vec<WaiterId> = self.model.waiters.iter().map(|w| w.waiter).collect();
                 let waiter = match p {
                     WaiterPick::Live(i) if !live.is_empty() => live[i % live.len()],
                     WaiterPick::Seen(i) if !self.waiters.is_empty() => {
@@ -768,7 +867,9 @@ impl Harness {
                     WaiterPick::Raw(w) => *w,
                 };
                 let got = self.table.cancel_wait(at, waiter);
+                self.hint();
                 let want = self.model.cancel_wait(now, waiter);
+                let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("cancel_wait {waiter}: table {got}, model {want}"));
                 }
@@ -782,35 +883,32 @@ impl Harness {
                 let conn = match conn {
                     ConnPick::Holder => self
                         .model
-                        .entries
-                        .get(NAMES[*name])
-                        .and_then(|e| e.holders.iter().find(|h| h.token == token))
+                        .lease(NAMES[*name], token)
                         .and_then(|h| h.session?.conn)
                         .unwrap_or(1),
                     ConnPick::Conn(c) => *c,
                 };
                 self.table.drop_session(at, NAMES[*name], token, conn);
+                self.hint();
                 self.model.drop_session(now, NAMES[*name], token, conn);
                 self.effects(Call::Other)?;
             }
             Op::CloseConnection(conn) => {
                 self.table.expire(at);
+                self.hint();
                 self.model.process(now);
                 self.sessions_agree(*conn)?;
                 // The model ends them one by one, in the order they were granted.
-                let mut bound: Vec<(Token, String)> = self
+                // (A set is one lease, bound once: by its first name.)
+                let bound: Vec<(Token, String)> = self
                     .model
-                    .entries
-                    .iter()
-                    .flat_map(|(name, e)| {
-                        e.holders
-                            .iter()
-                            .filter(|h| h.session.and_then(|s| s.conn) == Some(*conn))
-                            .map(move |h| (h.token, name.clone()))
-                    })
+                    .leases
+                    .values()
+                    .filter(|h| h.session.and_then(|s| s.conn) == Some(*conn))
+                    .map(|h| (h.token, h.names[0].clone()))
                     .collect();
-                bound.sort();
                 self.table.close_connection(at, *conn);
+                self.hint();
                 for (token, name) in bound {
                     self.model.drop_session(now, &name, token, *conn);
                 }
@@ -819,7 +917,9 @@ impl Harness {
             }
             Op::Status { name } => {
                 let got = self.table.status(at, NAMES[*name]);
+                self.hint();
                 let want = self.model.status(now, NAMES[*name]);
+                let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("status: table {got:?}, model {want:?}"));
                 }
@@ -827,6 +927,7 @@ impl Harness {
             }
             Op::Expire => {
                 self.table.expire(at);
+                self.hint();
                 self.model.process(now);
                 self.effects(Call::Other)?;
             }
@@ -848,6 +949,9 @@ impl Harness {
     /// After every step: the same next deadline; after a call, nothing is left due and
     /// STATUS (which must itself change nothing) agrees with the model and the observer.
     fn invariants(&mut self, called: bool) -> Result<(), String> {
+        if !self.judge_table {
+            return self.model_invariants(called);
+        }
         let want = self.model.soonest().map(|ms| self.model.at(ms));
         let got = self.table.next_deadline();
         if got != want {
@@ -856,11 +960,12 @@ impl Harness {
                 self.model.base
             ));
         }
-        if self.table.len() != self.model.entries.len() {
+        // Names held (a name only a set waits for is free).
+        if self.table.len() != self.model.held_names().len() {
             return Err(format!(
                 "len: table {}, model {}",
                 self.table.len(),
-                self.model.entries.len()
+                self.model.held_names().len()
             ));
         }
         if !called {
@@ -896,15 +1001,68 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// [`Harness::invariants`] with the model alone: nothing left due after a call, and
+    /// STATUS as the observer saw it.
+    fn model_invariants(&mut self, called: bool) -> Result<(), String> {
+        self.table.take_effects();
+        if !called {
+            return Ok(());
+        }
+        if let Some(s) = self.model.soonest() {
+            if s <= self.now {
+                return Err(format!("deadline {s} still pending at {}", self.now));
+            }
+        }
+        let all = self.model.status_all(self.now);
+        self.observer.check_status(&all)
+    }
+}
+
 fn run(limits: MLimits, first_token: Token, ops: &[Op]) -> Result<(), TestCaseError> {
+    run_with(limits, first_token, ops, SETS, true)
+}
+
+fn run_with(
+    limits: MLimits,
+    first_token: Token,
+    ops: &[Op],
+    sets: bool,
+    judge_table: bool,
+) -> Result<(), TestCaseError> {
     let mut h = Harness::new(limits, first_token);
+    h.sets = sets;
+    h.judge_table = judge_table;
+    let fail = |h: &Harness, e: String| {
+        TestCaseError::fail(format!(
+            "{e}\nlimits {limits:?}, first token {first_token}\nhistory:\n{}",
+            h.log.join("\n")
+        ))
+    };
     for op in ops {
         if let Err(e) = h.step(op) {
-            return Err(TestCaseError::fail(format!(
-                "{e}\nlimits {limits:?}, first token {first_token}\nhistory:\n{}",
-                h.log.join("\n")
-            )));
+            return Err(fail(&h, e));
         }
+    }
+    // No stall: once nobody takes anything new, time alone (every lease running out, and
+    // each waiter granted in turn running out too) must empty the table.
+    for _ in 0..4 * NAMES.len() * IDS.len() {
+        if (h.table.is_empty() || !judge_table) && h.model.names().is_empty() {
+            break;
+        }
+        for op in [Op::Advance(Advance::Far), Op::Expire] {
+            if let Err(e) = h.step(&op) {
+                return Err(fail(&h, e));
+            }
+        }
+    }
+    if (judge_table && !h.table.is_empty()) || !h.observer.is_empty() {
+        let e = format!(
+            "still held or waited for after every lease ran out: table {:?}, observer {:?}",
+            h.table.status_all(h.at()),
+            h.observer.left_over()
+        );
+        return Err(fail(&h, e));
     }
     Ok(())
 }
@@ -923,6 +1081,16 @@ proptest! {
     #[test]
     fn table_matches_model((limits, first) in limits(), ops in prop::collection::vec(op(), 1..200)) {
         run(limits, first, &ops)?;
+    }
+
+    /// The reference model itself, with sets, judged by the observer alone: a wrong model
+    /// would otherwise only show as a disagreement, hard to tell from the table's.
+    #[test]
+    fn model_keeps_the_invariants_with_sets(
+        (limits, first) in limits(),
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        run_with(limits, first, &ops, true, false)?;
     }
 }
 
@@ -1418,4 +1586,290 @@ fn a_break_hands_over_with_a_higher_token_and_is_remembered_until_the_old_deadli
         t.break_lock(ms(base, 11), "free", None, &by),
         Err(TableError::NotHeld)
     );
+}
+
+// ---- Sets of names (`and=`), one example each ----
+
+/// A LOCK of `name` and the further names `and`, exclusive, without wait bound.
+fn req_set(name: &str, and: &[&str], id: &str, ttl_ms: u64, conn: ConnId) -> LockRequest {
+    LockRequest {
+        and: and.iter().map(|n| n.to_string()).collect(),
+        ..req(name, id, ttl_ms, None, false, conn)
+    }
+}
+
+/// The token each of `names` is held with (`None`: free).
+fn tokens_of(t: &mut Locks, now: Instant, names: &[&str]) -> Vec<Option<Token>> {
+    names
+        .iter()
+        .map(|n| t.status(now, n).map(|s| s.token))
+        .collect()
+}
+
+#[test]
+fn a_set_is_granted_whole_with_one_token_and_released_whole() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req_set("x", &["y", "z"], "p", 1000, 1)));
+    assert_eq!(
+        effects(&mut t),
+        vec![
+            ev(EventKind::Acquired, "x", "p", token),
+            ev(EventKind::Acquired, "y", "p", token),
+            ev(EventKind::Acquired, "z", "p", token),
+        ]
+    );
+    assert_eq!(
+        tokens_of(&mut t, base, &["x", "y", "z"]),
+        vec![Some(token); 3]
+    );
+    assert_eq!(t.len(), 3);
+    // UNLOCK of any of its names releases all of them.
+    assert_eq!(t.unlock(ms(base, 1), "y", token, NO_USER), Ok(()));
+    assert_eq!(
+        effects(&mut t),
+        vec![
+            ev(EventKind::Released, "x", "p", token),
+            ev(EventKind::Released, "y", "p", token),
+            ev(EventKind::Released, "z", "p", token),
+        ]
+    );
+    assert!(t.is_empty());
+    assert_eq!(t.next_deadline(), None);
+}
+
+#[test]
+fn a_set_waits_on_a_free_name_and_nobody_overtakes_it() {
+    let (mut t, base) = table();
+    let (held, _) = granted(t.lock(base, req("y", "h", 1000, None, false, 1)));
+    let s = queued(t.lock(base, req_set("x", &["y"], "s", 1000, 2)));
+    // x is free, but the set waits for it: a LOCK of x alone queues behind the set.
+    assert_eq!(t.status(base, "x"), None);
+    assert_eq!(
+        t.lock(base, req("x", "q", 1000, Some(0), false, 3)),
+        Err(TableError::WouldBlock {
+            holder: Arc::from("(queue)")
+        })
+    );
+    let q = queued(t.lock(base, req("x", "q", 1000, None, false, 3)));
+    effects(&mut t);
+    assert_eq!(t.unlock(ms(base, 5), "y", held, NO_USER), Ok(()));
+    let after = effects(&mut t);
+    assert_eq!(grants(&after), vec![s]);
+    let set = t.status(ms(base, 5), "x").expect("held").token;
+    assert!(set > held);
+    assert_eq!(
+        tokens_of(&mut t, ms(base, 5), &["x", "y"]),
+        vec![Some(set); 2]
+    );
+    assert_eq!(t.status(ms(base, 5), "x").map(|s| s.waiters), Some(1));
+    assert_eq!(t.unlock(ms(base, 6), "x", set, NO_USER), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![q]);
+    assert_eq!(
+        tokens_of(&mut t, ms(base, 6), &["x", "y"]),
+        vec![Some(set + 1), None]
+    );
+}
+
+#[test]
+fn a_set_is_one_lease_renewed_checked_and_ended_through_any_name() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req_set("x", &["y"], "p", 100, 1)));
+    let renewed = t.renew(ms(base, 50), "y", token, None, 1, NO_USER);
+    assert_eq!(renewed.map(|r| r.deadline), Ok(ms(base, 150)));
+    assert_eq!(t.check(ms(base, 60), "x", token), Ok(ms(base, 150)));
+    assert_eq!(t.next_deadline(), Some(ms(base, 150)));
+    effects(&mut t);
+    // Its time runs out on both names at once.
+    t.expire(ms(base, 150));
+    assert_eq!(
+        effects(&mut t),
+        vec![
+            ev(EventKind::Expired, "x", "p", token),
+            ev(EventKind::Expired, "y", "p", token),
+        ]
+    );
+    // A session set ends with its connection, on every name.
+    let (token, _) = granted(t.lock(
+        ms(base, 200),
+        req_set("y", &["x"], "p", 100, 7).session_zero(),
+    ));
+    effects(&mut t);
+    assert!(t.holds_sessions(7));
+    t.close_connection(ms(base, 201), 7);
+    assert_eq!(
+        effects(&mut t),
+        vec![
+            ev(EventKind::Dropped, "y", "p", token),
+            ev(EventKind::Dropped, "x", "p", token),
+        ]
+    );
+    assert!(t.is_empty());
+}
+
+trait SessionZero {
+    fn session_zero(self) -> Self;
+}
+
+impl SessionZero for LockRequest {
+    /// A session lease without grace.
+    fn session_zero(self) -> Self {
+        LockRequest {
+            session: Some(Duration::ZERO),
+            ..self
+        }
+    }
+}
+
+#[test]
+fn a_break_of_one_name_ends_the_whole_set() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req_set("x", &["y"], "p", 1000, 1)));
+    let q = queued(t.lock(base, req("y", "q", 1000, None, false, 2)));
+    effects(&mut t);
+    let by = lockd::locks::Origin::new(Some("ops"), None);
+    assert_eq!(t.break_lock(ms(base, 1), "y", None, &by), Ok(vec![token]));
+    let after = effects(&mut t);
+    let broken: Vec<&str> = after
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Event(e) if e.kind == EventKind::Broken => Some(&*e.name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(broken, vec!["x", "y"]);
+    assert_eq!(grants(&after), vec![q]);
+    assert_eq!(
+        tokens_of(&mut t, ms(base, 1), &["x", "y"]),
+        vec![None, Some(token + 1)]
+    );
+    // Its holder is told so through either name.
+    for name in ["x", "y"] {
+        assert!(matches!(
+            t.broken(ms(base, 2), name, token),
+            TableError::Broken { by, .. } if &*by == "ops"
+        ));
+    }
+}
+
+#[test]
+fn the_same_set_again_is_a_retry_and_a_part_of_it_a_conflict() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req_set("x", &["y"], "p", 1000, 1)));
+    // The same names in another order: the same set.
+    let (again, deadline) = granted(t.lock(ms(base, 10), req_set("y", &["x"], "p", 500, 1)));
+    assert_eq!((again, deadline), (token, ms(base, 510)));
+    assert_eq!(t.check(ms(base, 10), "x", token), Ok(ms(base, 510)));
+    for (name, and) in [("x", &[][..]), ("y", &[][..]), ("x", &["y", "z"][..])] {
+        assert_eq!(
+            t.lock(ms(base, 11), req_set(name, and, "p", 1000, 1)),
+            Err(TableError::Conflict),
+            "{name} and {and:?}"
+        );
+    }
+    // Refused, it changed nothing: z is still free.
+    assert_eq!(
+        tokens_of(&mut t, ms(base, 11), &["x", "y", "z"]),
+        vec![Some(token), Some(token), None]
+    );
+}
+
+#[test]
+fn a_refusal_of_one_name_refuses_the_whole_set() {
+    let (_, base) = table();
+    let mut t = Locks::new(
+        Limits {
+            max_locks: 3,
+            ..Limits::default()
+        },
+        100,
+    );
+    granted(t.lock(base, req_mode("s", "a", Mode::limit(2), 1)));
+    assert_eq!(
+        t.lock(base, req_set("x", &["s"], "p", 1000, 2)),
+        Err(TableError::WrongMode {
+            held: Mode::limit(2),
+            asked: Mode::Exclusive
+        })
+    );
+    // One lease per name: three more would be four.
+    assert_eq!(
+        t.lock(base, req_set("x", &["y", "z"], "p", 1000, 2)),
+        Err(TableError::TooManyLocks { max: 3 })
+    );
+    assert_eq!(t.len(), 1);
+    effects(&mut t);
+    granted(t.lock(base, req_set("x", &["y"], "p", 1000, 2)));
+}
+
+#[test]
+fn a_set_replaces_the_same_ids_waits_and_queues_at_the_back() {
+    let (mut t, base) = table();
+    let (hx, _) = granted(t.lock(base, req("x", "h", 1000, None, false, 1)));
+    let p1 = queued(t.lock(base, req("x", "p", 1000, None, false, 2)));
+    let r = queued(t.lock(base, req("x", "r", 1000, None, false, 3)));
+    effects(&mut t);
+    let p2 = queued(t.lock(ms(base, 1), req_set("x", &["y"], "p", 1000, 2)));
+    assert_eq!(
+        effects(&mut t),
+        vec![Effect::WaitEnded {
+            waiter: p1,
+            why: WaitEnd::Replaced
+        }]
+    );
+    assert_eq!(t.status(ms(base, 1), "x").map(|s| s.waiters), Some(2));
+    assert_eq!(t.unlock(ms(base, 2), "x", hx, NO_USER), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![r]);
+    let rt = t.status(ms(base, 2), "x").expect("held").token;
+    assert_eq!(t.unlock(ms(base, 3), "x", rt, NO_USER), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![p2]);
+    assert_eq!(
+        tokens_of(&mut t, ms(base, 3), &["x", "y"]),
+        vec![Some(rt + 1); 2]
+    );
+}
+
+/// The contract: a set's lease "ends all names at once". The table hands each name over as
+/// it ends it, so watchers see a name granted again while the set still holds the next.
+#[test]
+fn a_set_ends_on_all_its_names_before_anyone_is_granted_one() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req_set("c", &["a"], "p", 10, 1)));
+    let q = queued(t.lock(base, req("c", "q", 1000, None, false, 2)));
+    effects(&mut t);
+    t.expire(ms(base, 10));
+    let after = effects(&mut t);
+    let kinds: Vec<(EventKind, &str)> = after
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Event(e) => Some((e.kind, &*e.name)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (EventKind::Expired, "c"),
+            (EventKind::Expired, "a"),
+            (EventKind::Acquired, "c"),
+        ],
+        "waiter {q} granted c before the set ended on a (token {token})"
+    );
+}
+
+/// `rules::note_again`: a newer LOCK by the same id that takes over its wait keeps the
+/// note the wait had when it brings none; the table's set drops it.
+#[test]
+fn a_set_replacing_the_same_ids_wait_keeps_its_note() {
+    let (mut t, base) = table();
+    let (held, _) = granted(t.lock(base, req("c", "p", 1000, None, false, 1)));
+    let noted = LockRequest {
+        note: Some("first note".into()),
+        ..req("c", "r", 1000, None, false, 2)
+    };
+    queued(t.lock(base, noted));
+    queued(t.lock(base, req_set("a", &["c"], "r", 1000, 2)));
+    assert_eq!(t.unlock(ms(base, 1), "c", held, NO_USER), Ok(()));
+    effects(&mut t);
+    let note = t.status(ms(base, 1), "a").and_then(|s| s.note);
+    assert_eq!(note.as_deref(), Some("first note"));
 }

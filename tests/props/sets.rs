@@ -1,6 +1,7 @@
 //! The rule for a LOCK of several names (`and=`), `rules::decide_set` and `rules::set_ready`,
 //! run over random histories of a plain simulated table: sets and single names of up to
-//! three names, exclusive and shared, arriving, leaving their queues and releasing. After
+//! three names, exclusive and shared, arriving, leaving their queues, replacing the same
+//! id's older requests (which leave all their queues) and releasing. After
 //! every step: no name has a second exclusive holder (nor readers beside a writer), every
 //! grant was of a request first in line in each of its queues (FIFO per name: nobody
 //! overtakes a set, a set overtakes nobody), a set is granted all its names at once, and
@@ -11,7 +12,7 @@
 //! to carry out, through the same `NameView` they show it.
 
 use lockd::locks::rules::{self, Ask, HolderView, NameView, SetDecision, WaiterView};
-use lockd::locks::{Limits, Mode};
+use lockd::locks::{Limits, Mode, TableError};
 use proptest::prelude::*;
 
 const NAMES: usize = 3;
@@ -69,6 +70,9 @@ enum Op {
     Release(usize),
     /// The waiter that came k-th (mod their number) leaves every queue (wait= ran out).
     Leave(usize),
+    /// A new request by the same id as the waiter that came k-th: it replaces every older
+    /// request of that id on its names (those leave all their queues).
+    Again { k: usize, mask: u8, shared: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -76,6 +80,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (1u8..8, any::<bool>()).prop_map(|(mask, shared)| Op::Lock { mask, shared }),
         2 => any::<usize>().prop_map(Op::Release),
         1 => any::<usize>().prop_map(Op::Leave),
+        1 => (any::<usize>(), 1u8..8, any::<bool>())
+            .prop_map(|(k, mask, shared)| Op::Again { k, mask, shared }),
     ]
 }
 
@@ -85,6 +91,12 @@ struct Table {
     /// Per request: its names (in its order), its mode.
     requests: Vec<(Vec<usize>, Mode)>,
     ids: Vec<String>,
+    /// Per request: its place in line, the same in every one of its queues (lower is
+    /// earlier). A new request's is its number; one of a single name that replaced the same
+    /// id's older request there takes that one's place; a set never keeps one (a place kept
+    /// on one name of a set would put it before others on another: two sets could each wait
+    /// for the other).
+    places: Vec<u64>,
     holding: Vec<u64>,
     waiting: Vec<u64>,
 }
@@ -140,7 +152,7 @@ impl Table {
         }
     }
 
-    fn lock(&mut self, mask: u8, shared: bool) {
+    fn lock(&mut self, mask: u8, shared: bool, same_id_as: Option<u64>) {
         let names: Vec<usize> = (0..NAMES).filter(|i| mask & (1 << i) != 0).collect();
         let mode = if shared {
             Mode::Shared
@@ -148,9 +160,13 @@ impl Table {
             Mode::Exclusive
         };
         let r = self.requests.len() as u64;
-        let id = format!("r{r}");
+        let id = match same_id_as {
+            Some(old) => self.ids[old as usize].clone(),
+            None => format!("r{r}"),
+        };
         self.ids.push(id.clone());
         self.requests.push((names.clone(), mode));
+        self.places.push(r);
         let ids = Ids(self.ids.clone());
         let ask = Ask {
             id: &id,
@@ -167,13 +183,42 @@ impl Table {
         match decision {
             Ok(SetDecision::Grant) => self.grant(r),
             Ok(SetDecision::Queue { replaces }) => {
-                assert!(replaces.iter().all(Option::is_none), "a new id replaced");
-                // One step: every queue at once.
+                assert!(
+                    same_id_as.is_some() || replaces.iter().all(Option::is_none),
+                    "a new id replaced"
+                );
+                let mut old: Vec<u64> = replaces.into_iter().flatten().collect();
+                old.sort_unstable();
+                old.dedup();
+                for &o in &old {
+                    assert_eq!(self.ids[o as usize], id, "replaced another id's request");
+                    self.waiting.retain(|&w| w != o);
+                    for name in &mut self.names {
+                        name.queue.retain(|w| w.0 != o);
+                    }
+                }
+                if let ([_], [o]) = (&names[..], &old[..]) {
+                    self.places[r as usize] = self.places[*o as usize];
+                }
+                // One step: every queue at once, each in order of place.
                 for &n in &names {
-                    self.names[n].queue.push((r, mode));
+                    let place = self.places[r as usize];
+                    let q = &mut self.names[n].queue;
+                    let at = q
+                        .iter()
+                        .position(|w| self.places[w.0 as usize] > place)
+                        .unwrap_or(q.len());
+                    q.insert(at, (r, mode));
                 }
                 self.waiting.push(r);
+                // Its leaving others' queues, or a mode its older request did not have,
+                // may let someone in.
+                self.settle();
             }
+            // The same id may hold what it asks for (alone, in another set, in another mode).
+            Ok(SetDecision::Again(_))
+            | Err(TableError::Conflict | TableError::WrongMode { .. })
+                if same_id_as.is_some() => {}
             Ok(SetDecision::Again(_)) => panic!("a new id was granted again"),
             // Exclusive and shared are one read/write lock: no shape refusal here.
             Err(e) => panic!("refused: {e}"),
@@ -196,7 +241,11 @@ impl Table {
             }
         }
         // No deadlock: the earliest waiter is first everywhere and waits for a holder.
-        if let Some(&first) = self.waiting.iter().min() {
+        if let Some(&first) = self
+            .waiting
+            .iter()
+            .min_by_key(|&&w| self.places[w as usize])
+        {
             let (names, mode) = &self.requests[first as usize];
             for &n in names {
                 assert_eq!(self.names[n].queue.first().map(|w| w.0), Some(first));
@@ -208,9 +257,12 @@ impl Table {
                 "request {first} waits though nothing holds it back"
             );
         }
-        // Queues are in arrival order.
+        // Queues are in order of place.
         for name in &self.names {
-            assert!(name.queue.windows(2).all(|w| w[0].0 < w[1].0));
+            assert!(name
+                .queue
+                .windows(2)
+                .all(|w| self.places[w[0].0 as usize] < self.places[w[1].0 as usize]));
         }
     }
 }
@@ -223,7 +275,11 @@ proptest! {
         let mut t = Table::new();
         for op in ops {
             match op {
-                Op::Lock { mask, shared } => t.lock(mask, shared),
+                Op::Lock { mask, shared } => t.lock(mask, shared, None),
+                Op::Again { k, mask, shared } if !t.waiting.is_empty() => {
+                    let old = t.waiting[k % t.waiting.len()];
+                    t.lock(mask, shared, Some(old));
+                }
                 Op::Release(k) if !t.holding.is_empty() => {
                     let r = t.holding.remove(k % t.holding.len());
                     for n in t.requests[r as usize].0.clone() {

@@ -3,6 +3,13 @@
 //!
 //! Time is whole milliseconds after a fixed base instant. Nothing here is meant to be fast:
 //! every step scans everything, which keeps each rule in one obvious place.
+//!
+//! A lease is one record whatever number of names it holds (a set, `and=`): one token, one
+//! deadline, one session binding, one note. A name's holders are the leases that name it,
+//! in grant order (token order: every grant takes a new, higher token). A waiter is one
+//! record too, with one place in line (its ticket, in arrival order) that holds in the
+//! queue of every one of its names; a name's queue is the waiters that name it, by ticket.
+//! So every queue agrees on who came first, which is why nothing can deadlock.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +20,19 @@ use lockd::locks::{
     UserId, WaitEnd, WaiterId, NO_USER,
 };
 
+/// When a set's lease ends (UNLOCK, expiry, session end, BREAK, revoke), whether all its
+/// names end before anyone is granted one of them (the contract's "ends all names at once")
+/// or each name is handed over as soon as it ends, before the next one ends (the table's
+/// way: a waiter of the first name is granted while the set still holds the second).
+/// Either way no one holds a name beside the set; only the order watchers see differs.
+/// On (the contract's reading) the model test fails against the table as it is.
+pub const SET_ENDS_WHOLE_FIRST: bool = true;
+
+/// Whether a set that replaces the same id's older waiter keeps that waiter's note when
+/// it brings none, as a LOCK of one name does (`rules::note_again`); the table's set drops it.
+/// On (the contract's reading) the model test fails against the table as it is.
+pub const SET_KEEPS_REPLACED_NOTE: bool = true;
+
 /// Limits in milliseconds, mirroring `lockd::locks::Limits`.
 #[derive(Clone, Copy, Debug)]
 pub struct MLimits {
@@ -22,6 +42,7 @@ pub struct MLimits {
     pub max_waiters: usize,
 }
 
+/// One lease: of one name, or of a set of names at once.
 #[derive(Clone, Debug)]
 pub struct MHolder {
     pub id: String,
@@ -34,6 +55,9 @@ pub struct MHolder {
     pub user: UserId,
     /// Its note: the LOCK's, or its retry's if that brought one.
     pub note: Option<String>,
+    pub mode: Mode,
+    /// Every name it holds, in the LOCK's order (the first is `LOCK <name>`'s).
+    pub names: Vec<String>,
 }
 
 /// A session lease's binding.
@@ -59,6 +83,8 @@ impl MSession {
 #[derive(Clone, Debug)]
 pub struct MWaiter {
     pub waiter: WaiterId,
+    /// Its place in line, in every one of its queues: lower is earlier.
+    pub ticket: u64,
     pub id: String,
     pub ttl: u64,
     /// The session grace asked for; `None` for a plain lease.
@@ -71,23 +97,19 @@ pub struct MWaiter {
     pub user: UserId,
     /// The note it will hold with.
     pub note: Option<String>,
+    /// The names it waits for, in the LOCK's order.
+    pub names: Vec<String>,
 }
 
-#[derive(Clone, Debug)]
-pub struct MEntry {
-    /// In the order they were granted; never empty.
-    pub holders: Vec<MHolder>,
-    /// The mode every holder holds it in.
-    pub mode: Mode,
-    /// First in, first out: index 0 is the next to be granted.
-    pub queue: Vec<MWaiter>,
-}
-
-/// Whether a holder in `mode` may join `entry`'s holders.
-fn fits(entry: &MEntry, mode: Mode) -> bool {
-    match (entry.mode, mode) {
+/// Whether a holder in `mode` may join `holders` (in `held` mode): anyone a free name;
+/// shared beside shared; a free slot of the same semaphore.
+fn fits(holders: usize, held: Mode, mode: Mode) -> bool {
+    if holders == 0 {
+        return true;
+    }
+    match (held, mode) {
         (Mode::Shared, Mode::Shared) => true,
-        (Mode::Limit(n), Mode::Limit(m)) => n == m && entry.holders.len() < n as usize,
+        (Mode::Limit(n), Mode::Limit(m)) => n == m && holders < n as usize,
         _ => false,
     }
 }
@@ -116,6 +138,16 @@ pub struct MLock {
     /// `supersede`: if it must wait, every waiter but its own id's older request is answered
     /// SUPERSEDED and it waits at the head.
     pub supersede: bool,
+    /// `and=`: the set's further names (none twice, not `name`).
+    pub and: Vec<String>,
+}
+
+impl MLock {
+    fn names(&self) -> Vec<String> {
+        let mut all = vec![self.name.clone()];
+        all.extend(self.and.iter().cloned());
+        all
+    }
 }
 
 /// Something due: which comes first at one instant is part of the contract (waits first).
@@ -125,13 +157,29 @@ enum Due {
     Lease(Token),
 }
 
+/// What one name of a LOCK says, before the answer for the whole set.
+enum Per {
+    Again(Token),
+    Grant,
+    /// Waits; the same id's older waiter there, if any.
+    Queue(Option<WaiterId>),
+}
+
 pub struct Model {
     pub base: Instant,
     pub limits: MLimits,
-    pub entries: BTreeMap<String, MEntry>,
+    /// Every live lease, by token (so in grant order).
+    pub leases: BTreeMap<Token, MHolder>,
+    /// Every waiter, in ticket order.
+    pub waiters: Vec<MWaiter>,
     pub next_token: Token,
     pub next_waiter: WaiterId,
+    pub next_ticket: u64,
     pub effects: Vec<Effect>,
+    /// Waiters in the order the table granted them in the call being made: of several
+    /// ready at once, which goes first is not part of the contract, so the model takes the
+    /// table's choice when that waiter is ready here too (else the earliest in line).
+    pub hint: Vec<WaiterId>,
 }
 
 impl Model {
@@ -139,10 +187,13 @@ impl Model {
         Model {
             base,
             limits,
-            entries: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            waiters: Vec::new(),
             next_token: first_token.max(1),
             next_waiter: 1,
+            next_ticket: 1,
             effects: Vec::new(),
+            hint: Vec::new(),
         }
     }
 
@@ -154,6 +205,88 @@ impl Model {
         std::mem::take(&mut self.effects)
     }
 
+    // ---- Views of one name ----
+
+    /// The leases holding `name`, in grant order.
+    pub fn holders_of(&self, name: &str) -> Vec<&MHolder> {
+        self.leases
+            .values()
+            .filter(|h| h.names.iter().any(|n| n == name))
+            .collect()
+    }
+
+    /// The waiters of `name`, first in line first.
+    pub fn queue_of(&self, name: &str) -> Vec<&MWaiter> {
+        self.waiters
+            .iter()
+            .filter(|w| w.names.iter().any(|n| n == name))
+            .collect()
+    }
+
+    /// The name's mode: its holders', else (while only waited for) its first waiter's.
+    fn mode_of(&self, name: &str) -> Option<Mode> {
+        self.holders_of(name)
+            .first()
+            .map(|h| h.mode)
+            .or_else(|| self.queue_of(name).first().map(|w| w.mode))
+    }
+
+    /// Every name held or waited for, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .leases
+            .values()
+            .flat_map(|h| h.names.iter().cloned())
+            .chain(self.waiters.iter().flat_map(|w| w.names.iter().cloned()))
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// Every name held, sorted.
+    pub fn held_names(&self) -> Vec<String> {
+        let mut all: Vec<String> = self
+            .leases
+            .values()
+            .flat_map(|h| h.names.iter().cloned())
+            .collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// How many leases are held, one per name of a set.
+    fn lease_count(&self) -> usize {
+        self.leases.values().map(|h| h.names.len()).sum()
+    }
+
+    /// The lease `token`, if it holds `name`.
+    pub fn lease(&self, name: &str, token: Token) -> Option<&MHolder> {
+        self.leases
+            .get(&token)
+            .filter(|h| h.names.iter().any(|n| n == name))
+    }
+
+    fn lease_mut(&mut self, name: &str, token: Token) -> Option<&mut MHolder> {
+        self.leases
+            .get_mut(&token)
+            .filter(|h| h.names.iter().any(|n| n == name))
+    }
+
+    /// Whether waiter `w` is granted now: first in line in each of its queues, and fitting
+    /// beside each name's holders.
+    fn ready(&self, w: &MWaiter) -> bool {
+        w.names.iter().all(|name| {
+            let first = self.queue_of(name).first().map(|f| f.waiter) == Some(w.waiter);
+            let holders = self.holders_of(name);
+            let held = holders.first().map_or(w.mode, |h| h.mode);
+            first && fits(holders.len(), held, w.mode)
+        })
+    }
+
+    // ---- Time ----
+
     /// The soonest lease or wait deadline still pending (due or not), in ms.
     pub fn soonest(&self) -> Option<u64> {
         self.pending().into_iter().map(|(at, _)| at).min()
@@ -161,21 +294,15 @@ impl Model {
 
     fn pending(&self) -> Vec<(u64, Due)> {
         let mut all = Vec::new();
-        for e in self.entries.values() {
-            for h in &e.holders {
-                all.push((h.deadline, Due::Lease(h.token)));
-            }
-            for w in &e.queue {
-                if let Some(at) = w.deadline {
-                    all.push((at, Due::Wait(w.waiter)));
-                }
+        for h in self.leases.values() {
+            all.push((h.deadline, Due::Lease(h.token)));
+        }
+        for w in &self.waiters {
+            if let Some(at) = w.deadline {
+                all.push((at, Due::Wait(w.waiter)));
             }
         }
         all
-    }
-
-    fn leases(&self) -> usize {
-        self.entries.values().map(|e| e.holders.len()).sum()
     }
 
     /// Handles everything due at or before `now`, one at a time, earliest first.
@@ -186,60 +313,37 @@ impl Model {
             }
             match due {
                 Due::Wait(waiter) => {
-                    let name = self.remove_waiter(waiter).expect("a pending wait waits");
+                    self.remove_waiter(waiter).expect("a pending wait waits");
                     self.effects.push(Effect::WaitEnded {
                         waiter,
                         why: WaitEnd::TimedOut,
                     });
-                    self.grant_fitting(now, &name);
+                    self.settle(now);
                 }
                 Due::Lease(token) => {
-                    let (name, cut) = self
-                        .entries
-                        .iter()
-                        .find_map(|(n, e)| {
-                            let h = e.holders.iter().find(|h| h.token == token)?;
-                            Some((n.clone(), h.session.is_some_and(|s| s.cut)))
-                        })
-                        .expect("a pending lease has an entry");
+                    let cut = self.leases[&token].session.is_some_and(|s| s.cut);
                     let kind = if cut {
                         EventKind::Dropped
                     } else {
                         EventKind::Expired
                     };
-                    self.release(now, &name, token, kind);
+                    self.end(now, token, kind);
                 }
             }
         }
     }
 
-    /// Takes a waiter out of its queue; the name it waited for.
-    fn remove_waiter(&mut self, waiter: WaiterId) -> Option<String> {
-        for (name, e) in self.entries.iter_mut() {
-            if let Some(i) = e.queue.iter().position(|w| w.waiter == waiter) {
-                e.queue.remove(i);
-                return Some(name.clone());
-            }
-        }
-        None
+    /// Takes a waiter out of every queue it is in.
+    fn remove_waiter(&mut self, waiter: WaiterId) -> Option<MWaiter> {
+        let i = self.waiters.iter().position(|w| w.waiter == waiter)?;
+        Some(self.waiters.remove(i))
     }
 
-    /// An event; `held` and `waited` in milliseconds.
-    fn event(
-        &mut self,
-        kind: EventKind,
-        name: &str,
-        id: &str,
-        token: Token,
-        held: u64,
-        waited: Option<u64>,
-    ) {
-        self.noted_event(kind, name, id, token, held, waited, None);
-    }
+    // ---- Effects ----
 
-    /// An event with the holder's note (an acquired one shows it).
+    /// An event with the holder's note (an acquired one shows it); times in milliseconds.
     #[allow(clippy::too_many_arguments)]
-    fn noted_event(
+    fn event(
         &mut self,
         kind: EventKind,
         name: &str,
@@ -268,71 +372,95 @@ impl Model {
         t
     }
 
-    /// The head of `name`'s queue becomes a holder, its lease starting `now`.
-    fn grant_head(&mut self, now: u64, name: &str) {
-        let entry = self.entries.get_mut(name).expect("a held name");
-        let next = entry.queue.remove(0);
+    /// A new lease on every name of `h` (whose token is set here): one event per name.
+    fn start(&mut self, mut h: MHolder, waited: Option<u64>) -> Token {
         let token = self.grant_token();
-        let deadline = now + next.ttl;
-        self.effects.push(Effect::Granted {
-            waiter: next.waiter,
-            name: Arc::from(name),
-            token,
-            deadline: self.at(deadline),
-        });
-        self.noted_event(
-            EventKind::Acquired,
-            name,
-            &next.id,
-            token,
-            0,
-            Some(now - next.queued),
-            next.note.as_deref(),
-        );
-        let entry = self.entries.get_mut(name).expect("a held name");
-        if entry.holders.is_empty() {
-            entry.mode = next.mode;
+        h.token = token;
+        for name in h.names.clone() {
+            self.event(
+                EventKind::Acquired,
+                &name,
+                &h.id,
+                token,
+                0,
+                waited,
+                h.note.as_deref(),
+            );
         }
-        entry.holders.push(MHolder {
-            id: next.id,
-            token,
-            ttl: next.ttl,
-            deadline,
-            granted: now,
-            session: MSession::bound(next.session, next.conn),
-            user: next.user,
-            note: next.note,
-        });
+        self.leases.insert(token, h);
+        token
     }
 
-    /// Grants, in order, every waiter at the head of the queue that fits.
-    fn grant_fitting(&mut self, now: u64, name: &str) {
-        while let Some(e) = self.entries.get(name) {
-            match e.queue.first() {
-                Some(head) if e.holders.is_empty() || fits(e, head.mode) => {
-                    self.grant_head(now, name)
+    /// Grants every waiter that is ready, earliest in line first, until none is: one grant
+    /// can make another ready (a reader behind a set, on the set's other names).
+    fn settle(&mut self, now: u64) {
+        loop {
+            let hinted = self.hint.iter().enumerate().find_map(|(k, h)| {
+                let i = self.waiters.iter().position(|w| w.waiter == *h)?;
+                self.ready(&self.waiters[i]).then_some((k, i))
+            });
+            let i = match hinted {
+                Some((k, i)) => {
+                    self.hint.remove(k);
+                    i
                 }
-                _ => break,
+                None => match self.waiters.iter().position(|w| self.ready(w)) {
+                    Some(i) => i,
+                    None => break,
+                },
+            };
+            let w = self.waiters.remove(i);
+            let deadline = now + w.ttl;
+            // The waiter is told once, by its first name; watchers see every name.
+            let at = self.at(deadline);
+            let first = w.names[0].clone();
+            let mark = self.effects.len();
+            let token = self.start(
+                MHolder {
+                    id: w.id.clone(),
+                    token: 0,
+                    ttl: w.ttl,
+                    deadline,
+                    session: MSession::bound(w.session, w.conn),
+                    granted: now,
+                    user: w.user,
+                    note: w.note.clone(),
+                    mode: w.mode,
+                    names: w.names.clone(),
+                },
+                Some(now - w.queued),
+            );
+            self.effects.insert(
+                mark,
+                Effect::Granted {
+                    waiter: w.waiter,
+                    name: Arc::from(first.as_str()),
+                    token,
+                    deadline: at,
+                },
+            );
+        }
+    }
+
+    /// The lease `token` ends on every one of its names (one event each, in its order);
+    /// whoever is ready is granted, leases starting `now` (see [`SET_ENDS_WHOLE_FIRST`]).
+    fn end(&mut self, now: u64, token: Token, kind: EventKind) {
+        let Some(old) = self.leases.get(&token).cloned() else {
+            return;
+        };
+        for name in &old.names {
+            if !SET_ENDS_WHOLE_FIRST {
+                if let Some(h) = self.leases.get_mut(&token) {
+                    h.names.retain(|n| n != name);
+                }
+            }
+            self.event(kind, name, &old.id, token, now - old.granted, None, None);
+            if !SET_ENDS_WHOLE_FIRST {
+                self.settle(now);
             }
         }
-    }
-
-    /// The holder `token` goes; waiters that now fit are granted, leases starting `now`.
-    fn release(&mut self, now: u64, name: &str, token: Token, kind: EventKind) {
-        let entry = self.entries.get_mut(name).expect("release of a held name");
-        let i = entry
-            .holders
-            .iter()
-            .position(|h| h.token == token)
-            .expect("release of a holder");
-        let old = entry.holders.remove(i);
-        self.event(kind, name, &old.id, old.token, now - old.granted, None);
-        let entry = self.entries.get(name).expect("still there");
-        if entry.holders.is_empty() && entry.queue.is_empty() {
-            self.entries.remove(name);
-            return;
-        }
-        self.grant_fitting(now, name);
+        self.leases.remove(&token);
+        self.settle(now);
     }
 
     fn bad_ttl(&self) -> TableError {
@@ -349,6 +477,67 @@ impl Model {
         Ok(ttl)
     }
 
+    /// What a LOCK says of one of its names, or why the whole LOCK is refused.
+    fn per_name(&self, name: &str, req: &MLock) -> Result<Per, TableError> {
+        let holders = self.holders_of(name);
+        let queue = self.queue_of(name);
+        if let Some(held) = self.mode_of(name) {
+            if !same_kind(held, req.mode) {
+                return Err(TableError::WrongMode {
+                    held,
+                    asked: req.mode,
+                });
+            }
+        }
+        // The same id is the same client only within one user.
+        if let Some(h) = holders
+            .iter()
+            .find(|h| h.id == req.id && h.user == req.user)
+        {
+            if h.mode != req.mode {
+                return Err(TableError::WrongMode {
+                    held: h.mode,
+                    asked: req.mode,
+                });
+            }
+            if let Some(c) = h.session.and_then(|s| s.conn) {
+                if c != req.conn {
+                    return Err(TableError::Conflict);
+                }
+            }
+            return Ok(Per::Again(h.token));
+        }
+        let held = holders.first().map_or(req.mode, |h| h.mode);
+        if queue.is_empty() && fits(holders.len(), held, req.mode) {
+            if self.lease_count() >= self.limits.max_locks {
+                return Err(self.too_many());
+            }
+            return Ok(Per::Grant);
+        }
+        if req.wait == Some(0) {
+            let by = holders.first().map_or("(queue)", |h| h.id.as_str());
+            return Err(TableError::WouldBlock {
+                holder: Arc::from(by),
+            });
+        }
+        let same = queue
+            .iter()
+            .find(|w| w.id == req.id && w.user == req.user)
+            .map(|w| w.waiter);
+        if !req.supersede && same.is_none() && queue.len() >= self.limits.max_waiters {
+            return Err(TableError::TooManyWaiters {
+                max: self.limits.max_waiters,
+            });
+        }
+        Ok(Per::Queue(same))
+    }
+
+    fn too_many(&self) -> TableError {
+        TableError::TooManyLocks {
+            max: self.limits.max_locks,
+        }
+    }
+
     pub fn lock(&mut self, now: u64, req: MLock) -> Result<LockOutcome, TableError> {
         self.process(now);
         let ttl = self.valid_ttl(req.ttl)?;
@@ -357,74 +546,31 @@ impl Model {
                 max: Duration::from_millis(self.limits.max_ttl),
             });
         }
-        let deadline = now + ttl;
-        let too_many = TableError::TooManyLocks {
-            max: self.limits.max_locks,
-        };
-        let holder = MHolder {
-            id: req.id.clone(),
-            token: 0,
-            ttl,
-            deadline,
-            session: MSession::bound(req.session, req.conn),
-            granted: now,
-            user: req.user,
-            note: req.note.clone(),
-        };
-        let Some(entry) = self.entries.get(&req.name) else {
-            if self.leases() >= self.limits.max_locks {
-                return Err(too_many);
-            }
-            let token = self.grant_token();
-            let note = req.note.as_deref();
-            self.noted_event(
-                EventKind::Acquired,
-                &req.name,
-                &req.id,
-                token,
-                0,
-                None,
-                note,
-            );
-            self.entries.insert(
-                req.name.clone(),
-                MEntry {
-                    holders: vec![MHolder { token, ..holder }],
-                    mode: req.mode,
-                    queue: Vec::new(),
-                },
-            );
-            return Ok(LockOutcome::Granted {
-                token,
-                deadline: self.at(deadline),
-            });
-        };
-        let held = entry.mode;
-        if !same_kind(held, req.mode) {
-            return Err(TableError::WrongMode {
-                held,
-                asked: req.mode,
-            });
+        let names = req.names();
+        // Every name first (the first refusal, in the request's order, refuses it all).
+        let mut per = Vec::new();
+        for name in &names {
+            per.push(self.per_name(name, &req)?);
         }
-        // The same id is the same client only within one user.
-        if let Some(i) = entry
-            .holders
+        let again: Vec<Token> = per
             .iter()
-            .position(|h| h.id == req.id && h.user == req.user)
-        {
-            if held != req.mode {
-                return Err(TableError::WrongMode {
-                    held,
-                    asked: req.mode,
-                });
+            .filter_map(|p| match p {
+                Per::Again(t) => Some(*t),
+                _ => None,
+            })
+            .collect();
+        if let Some(&token) = again.first() {
+            // A retry: the same id holds exactly these names, as one lease. Holding some
+            // of them, or them in several leases, or in a lease of more names: a conflict.
+            let mut held = self.leases[&token].names.clone();
+            held.sort();
+            let mut asked = names.clone();
+            asked.sort();
+            if again.len() != names.len() || again.iter().any(|t| *t != token) || held != asked {
+                return Err(TableError::Conflict);
             }
-            if let Some(c) = entry.holders[i].session.and_then(|s| s.conn) {
-                if c != req.conn {
-                    return Err(TableError::Conflict);
-                }
-            }
-            let at_deadline = self.at(deadline);
-            let h = &mut self.entries.get_mut(&req.name).expect("held").holders[i];
+            let deadline = now + ttl;
+            let h = self.leases.get_mut(&token).expect("held");
             h.ttl = ttl;
             h.deadline = deadline;
             h.session = MSession::bound(req.session, req.conn);
@@ -433,68 +579,92 @@ impl Model {
                 h.note = req.note.clone();
             }
             return Ok(LockOutcome::Granted {
-                token: h.token,
-                deadline: at_deadline,
+                token,
+                deadline: self.at(deadline),
             });
         }
-        if entry.queue.is_empty() && fits(entry, req.mode) {
-            if self.leases() >= self.limits.max_locks {
-                return Err(too_many);
+        let queues = per.iter().any(|p| matches!(p, Per::Queue(_)));
+        if !queues {
+            if self.lease_count() + names.len() > self.limits.max_locks {
+                return Err(self.too_many());
             }
-            let token = self.grant_token();
-            let note = req.note.as_deref();
-            self.noted_event(
-                EventKind::Acquired,
-                &req.name,
-                &req.id,
-                token,
-                0,
+            let deadline = now + ttl;
+            let token = self.start(
+                MHolder {
+                    id: req.id.clone(),
+                    token: 0,
+                    ttl,
+                    deadline,
+                    session: MSession::bound(req.session, req.conn),
+                    granted: now,
+                    user: req.user,
+                    note: req.note.clone(),
+                    mode: req.mode,
+                    names,
+                },
                 None,
-                note,
             );
-            let entry = self.entries.get_mut(&req.name).expect("held");
-            entry.holders.push(MHolder { token, ..holder });
             return Ok(LockOutcome::Granted {
                 token,
                 deadline: self.at(deadline),
             });
         }
-        if req.wait == Some(0) {
-            return Err(TableError::WouldBlock {
-                holder: Arc::from(entry.holders[0].id.as_str()),
-            });
-        }
-        let replaces = entry
-            .queue
-            .iter()
-            .any(|w| w.id == req.id && w.user == req.user);
+        // It waits. First a `supersede` (one name only) ends every other waiter there.
         if req.supersede {
-            let entry = self.entries.get_mut(&req.name).expect("held");
-            let mut kept = Vec::new();
-            for w in std::mem::take(&mut entry.queue) {
-                if w.id == req.id && w.user == req.user {
-                    kept.push(w);
-                } else {
-                    self.effects.push(Effect::WaitEnded {
-                        waiter: w.waiter,
-                        why: WaitEnd::Superseded {
-                            by: Arc::from(req.id.as_str()),
-                        },
-                    });
+            let gone: Vec<WaiterId> = self
+                .queue_of(&req.name)
+                .iter()
+                .filter(|w| !(w.id == req.id && w.user == req.user))
+                .map(|w| w.waiter)
+                .collect();
+            for waiter in gone {
+                self.remove_waiter(waiter);
+                self.effects.push(Effect::WaitEnded {
+                    waiter,
+                    why: WaitEnd::Superseded {
+                        by: Arc::from(req.id.as_str()),
+                    },
+                });
+            }
+        }
+        // The same id's older requests on any of these names leave every queue. A LOCK of
+        // one name takes the place its older request had there; a set goes to the back of
+        // every queue (a place kept on one name would put it before others on another).
+        let mut replaced: Vec<WaiterId> = Vec::new();
+        for p in &per {
+            if let Per::Queue(Some(w)) = p {
+                if !replaced.contains(w) {
+                    replaced.push(*w);
                 }
             }
-            entry.queue = kept;
         }
-        let entry = self.entries.get(&req.name).expect("held");
-        if !req.supersede && !replaces && entry.queue.len() >= self.limits.max_waiters {
-            return Err(TableError::TooManyWaiters {
-                max: self.limits.max_waiters,
+        let mut ticket = None;
+        let mut note = req.note.clone();
+        let mut had_note = None;
+        for &w in &replaced {
+            let old = self.remove_waiter(w).expect("a replaced waiter waits");
+            ticket = Some(ticket.map_or(old.ticket, |t: u64| t.min(old.ticket)));
+            had_note = had_note.or(old.note);
+            self.effects.push(Effect::WaitEnded {
+                waiter: w,
+                why: WaitEnd::Replaced,
             });
         }
+        if note.is_none() && (names.len() == 1 || SET_KEEPS_REPLACED_NOTE) {
+            note = had_note;
+        }
+        let ticket = match ticket {
+            Some(t) if names.len() == 1 => t,
+            _ => {
+                self.next_ticket += 1;
+                self.next_ticket - 1
+            }
+        };
         let waiter = self.next_waiter;
         self.next_waiter += 1;
         let new = MWaiter {
             waiter,
+            ticket,
             id: req.id.clone(),
             ttl,
             session: req.session,
@@ -503,38 +673,19 @@ impl Model {
             queued: now,
             mode: req.mode,
             user: req.user,
-            note: req.note.clone(),
+            note,
+            names,
         };
-        let entry = self.entries.get_mut(&req.name).expect("held");
-        match entry
-            .queue
+        let at = self
+            .waiters
             .iter()
-            .position(|w| w.id == req.id && w.user == req.user)
-        {
-            Some(i) => {
-                let mut new = new;
-                // The place's note stays unless the new LOCK brings one.
-                if new.note.is_none() {
-                    new.note = entry.queue[i].note.clone();
-                }
-                let old = std::mem::replace(&mut entry.queue[i], new);
-                self.effects.push(Effect::WaitEnded {
-                    waiter: old.waiter,
-                    why: WaitEnd::Replaced,
-                });
-            }
-            None => entry.queue.push(new),
-        }
-        self.grant_fitting(now, &req.name);
+            .position(|w| w.ticket > ticket)
+            .unwrap_or(self.waiters.len());
+        self.waiters.insert(at, new);
+        // A replacing request in another mode may fit where the one it replaced did not;
+        // a superseded set's other names may let someone in.
+        self.settle(now);
         Ok(LockOutcome::Queued { waiter })
-    }
-
-    fn holder_mut(&mut self, name: &str, token: Token) -> Option<&mut MHolder> {
-        self.entries
-            .get_mut(name)?
-            .holders
-            .iter_mut()
-            .find(|h| h.token == token)
     }
 
     /// Only the lease's own user may renew or release it; anyone may, a lease of no user.
@@ -553,15 +704,15 @@ impl Model {
         user: UserId,
     ) -> Result<(), TableError> {
         self.process(now);
-        let h = self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        let h = self.lease(name, token).ok_or(TableError::NotHeld)?;
         Self::owner_check(h, user)?;
-        self.release(now, name, token, EventKind::Released);
+        self.end(now, token, EventKind::Released);
         Ok(())
     }
 
     pub fn drop_session(&mut self, now: u64, name: &str, token: Token, conn: ConnId) {
         self.process(now);
-        let Some(h) = self.holder_mut(name, token) else {
+        let Some(h) = self.lease_mut(name, token) else {
             return;
         };
         let Some(s) = h.session.as_mut() else {
@@ -571,7 +722,7 @@ impl Model {
             return;
         }
         if s.grace == 0 {
-            self.release(now, name, token, EventKind::Dropped);
+            self.end(now, token, EventKind::Dropped);
             return;
         }
         s.conn = None;
@@ -581,8 +732,9 @@ impl Model {
         }
     }
 
-    /// BREAK: every holder of `name` (or only `token`'s) goes, in grant order, each as a
-    /// release does (event `broken`); nobody's lease is safe from it, whoever's it is.
+    /// BREAK: every lease holding `name` (or only `token`'s) goes, in grant order, each as
+    /// a release does (event `broken` on each of its names); nobody's lease is safe from
+    /// it, whoever's it is.
     pub fn break_lock(
         &mut self,
         now: u64,
@@ -591,26 +743,24 @@ impl Model {
     ) -> Result<Vec<Token>, TableError> {
         self.process(now);
         let ended: Vec<Token> = self
-            .entries
-            .get(name)
-            .map(|e| e.holders.iter().map(|h| h.token).collect::<Vec<_>>())
-            .unwrap_or_default()
-            .into_iter()
+            .holders_of(name)
+            .iter()
+            .map(|h| h.token)
             .filter(|t| token.is_none_or(|only| only == *t))
             .collect();
         if ended.is_empty() {
             return Err(TableError::NotHeld);
         }
         for &t in &ended {
-            self.release(now, name, t, EventKind::Broken);
+            self.end(now, t, EventKind::Broken);
         }
         Ok(ended)
     }
 
     pub fn revoke(&mut self, now: u64, name: &str, token: Token) -> Result<(), TableError> {
         self.process(now);
-        self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
-        self.release(now, name, token, EventKind::Revoked);
+        self.lease(name, token).ok_or(TableError::NotHeld)?;
+        self.end(now, token, EventKind::Revoked);
         Ok(())
     }
 
@@ -628,7 +778,7 @@ impl Model {
             self.valid_ttl(ttl)?;
         }
         let base = self.base;
-        let h = self.holder_mut(name, token).ok_or(TableError::NotHeld)?;
+        let h = self.lease_mut(name, token).ok_or(TableError::NotHeld)?;
         Self::owner_check(h, user)?;
         let ttl = ttl.unwrap_or(h.ttl);
         h.ttl = ttl;
@@ -647,64 +797,60 @@ impl Model {
 
     pub fn check(&mut self, now: u64, name: &str, token: Token) -> Result<Instant, TableError> {
         self.process(now);
-        let deadline = self
-            .holder_mut(name, token)
-            .ok_or(TableError::NotHeld)?
-            .deadline;
+        let deadline = self.lease(name, token).ok_or(TableError::NotHeld)?.deadline;
         Ok(self.at(deadline))
     }
 
     pub fn cancel_wait(&mut self, now: u64, waiter: WaiterId) -> bool {
         self.process(now);
         match self.remove_waiter(waiter) {
-            Some(name) => {
-                self.grant_fitting(now, &name);
+            Some(_) => {
+                self.settle(now);
                 true
             }
             None => false,
         }
     }
 
+    /// STATUS of one name: `None` unless it is held.
     pub fn status(&mut self, now: u64, name: &str) -> Option<LockStatus> {
         self.process(now);
-        let e = self.entries.get(name)?;
-        Some(status_of(now, name, e, &e.holders[0]))
+        let first = *self.holders_of(name).first()?;
+        Some(self.status_of(now, name, first))
     }
 
     /// Every holder of `name`, in grant order.
     pub fn holders(&mut self, now: u64, name: &str) -> Vec<LockStatus> {
         self.process(now);
-        self.entries.get(name).map_or(Vec::new(), |e| {
-            e.holders
-                .iter()
-                .map(|h| status_of(now, name, e, h))
-                .collect()
-        })
-    }
-
-    /// Sorted by name (a `BTreeMap` already is).
-    pub fn status_all(&mut self, now: u64) -> Vec<LockStatus> {
-        self.process(now);
-        self.entries
-            .iter()
-            .map(|(name, e)| status_of(now, name, e, &e.holders[0]))
+        self.holders_of(name)
+            .into_iter()
+            .map(|h| self.status_of(now, name, h))
             .collect()
     }
-}
 
-fn status_of(now: u64, name: &str, e: &MEntry, h: &MHolder) -> LockStatus {
-    LockStatus {
-        name: Arc::from(name),
-        holder: Arc::from(h.id.as_str()),
-        token: h.token,
-        left: Duration::from_millis(h.deadline.saturating_sub(now)),
-        held: Duration::from_millis(now - h.granted),
-        session: h.session.is_some(),
-        waiters: e.queue.len(),
-        holders: e.holders.len(),
-        mode: e.mode,
-        origin: Default::default(),
-        granted_unix_ms: 0,
-        note: h.note.as_deref().map(Arc::from),
+    /// Every held name, sorted by name.
+    pub fn status_all(&mut self, now: u64) -> Vec<LockStatus> {
+        self.process(now);
+        self.held_names()
+            .iter()
+            .map(|name| self.status_of(now, name, self.holders_of(name)[0]))
+            .collect()
+    }
+
+    fn status_of(&self, now: u64, name: &str, h: &MHolder) -> LockStatus {
+        LockStatus {
+            name: Arc::from(name),
+            holder: Arc::from(h.id.as_str()),
+            token: h.token,
+            left: Duration::from_millis(h.deadline.saturating_sub(now)),
+            held: Duration::from_millis(now - h.granted),
+            session: h.session.is_some(),
+            waiters: self.queue_of(name).len(),
+            holders: self.holders_of(name).len(),
+            mode: h.mode,
+            origin: Default::default(),
+            granted_unix_ms: 0,
+            note: h.note.as_deref().map(Arc::from),
+        }
     }
 }
