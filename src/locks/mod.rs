@@ -418,8 +418,24 @@ impl Locks {
                         gone.push(old);
                     }
                 }
+                // The same id's one older request for these very names keeps its place (its
+                // ticket, in every queue) for this one; any other is replaced from the back.
+                let place = match gone.as_slice() {
+                    [old] => self
+                        .set_waiters
+                        .get(old)
+                        .filter(|waiting| {
+                            let asked: Vec<u32> = slots.iter().flatten().copied().collect();
+                            asked.len() == slots.len() && rules::same_set(waiting, &asked)
+                        })
+                        .and_then(|_| self.waiters.get(old))
+                        .map(|&(_, ticket)| ticket),
+                    _ => None,
+                };
+                let mut had = None;
                 for old in gone {
-                    if let Some((_, left)) = self.remove_waiter(old) {
+                    if let Some((replaced, left)) = self.remove_waiter(old) {
+                        had = had.or(replaced.note);
                         touched.extend(left);
                         self.effects.push(Effect::WaitEnded {
                             waiter: old,
@@ -427,7 +443,8 @@ impl Locks {
                         });
                     }
                 }
-                let waiter = self.enqueue_set(now, &names, &req, ttl)?;
+                let note = rules::note_again(had.as_ref(), req.note.as_ref()).cloned();
+                let waiter = self.enqueue_set(now, &names, &req, ttl, (place, note))?;
                 touched.extend(self.set_waiters.get(&waiter).into_iter().flatten());
                 self.hand_over(now, touched);
                 Ok(LockOutcome::Queued { waiter })
@@ -436,13 +453,15 @@ impl Locks {
     }
 
     /// Queues a set on every one of its `names` (made waited-for entries where free), with
-    /// one waiter and one ticket, at the back of every queue.
+    /// one waiter and one ticket: `place`, the ticket of the older request of the same set
+    /// it takes over, or a new one at the back of every queue. `note`: the waiter's.
     fn enqueue_set(
         &mut self,
         now: Instant,
         names: &[&str],
         req: &LockRequest,
         ttl: Duration,
+        (place, note): (Option<u64>, Option<Note>),
     ) -> Result<WaiterId, TableError> {
         let too_many = TableError::TooManyLocks {
             max: self.limits.max_locks,
@@ -459,8 +478,10 @@ impl Locks {
             None => None,
             Some(w) => self.clock.after(now, w).map(|(_, ticks)| ticks),
         };
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
+        let ticket = place.unwrap_or_else(|| {
+            self.next_ticket += 1;
+            self.next_ticket - 1
+        });
         let waiter = self.next_waiter;
         self.next_waiter += 1;
         let id = self.intern(&req.id);
@@ -482,7 +503,7 @@ impl Locks {
                     mode: req.mode,
                     user: req.user,
                     origin: req.origin.clone(),
-                    note: req.note.clone(),
+                    note: note.clone(),
                 },
             );
         }
@@ -1325,17 +1346,25 @@ impl Locks {
     /// Ends the lease `token` of `slot` with `kind`, and of every other name of its set:
     /// one event per name, and each name's queue moves on. `record`: journal the release
     /// (an expiry needs none).
+    /// A set ends on all its names before any of them is handed over, so that watchers and
+    /// the journal see it end as one.
     fn end_token(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind, record: bool) {
         match self.sets.remove(&token) {
             Some(slots) => {
                 for &each in slots.iter() {
                     self.end_one(now, each, token, kind, record);
                 }
+                self.hand_over(now, slots.iter().copied());
             }
-            None => self.end_one(now, slot, token, kind, record),
+            None => {
+                self.end_one(now, slot, token, kind, record);
+                self.hand_over(now, [slot]);
+            }
         }
+        self.sweep_ids_if_due();
     }
 
+    /// Ends the lease `token` of `slot` alone, without handing the name over.
     fn end_one(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind, record: bool) {
         let Some(entry) = self.slab.get(slot) else {
             return;
@@ -1351,12 +1380,13 @@ impl Locks {
                 token,
             });
         }
-        self.release_and_hand_over(now, slot, token, kind);
+        self.release(now, slot, token, kind);
     }
 
-    /// Removes the holder `token` of `slot` (its timer is already gone), then hands the name
-    /// over ([`Locks::hand_over`]): for an exclusive lock, one effect for one waiter, no scan.
-    fn release_and_hand_over(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind) {
+    /// Removes the holder `token` of `slot` (its timer is already gone); the caller hands
+    /// the name over ([`Locks::hand_over`]: for an exclusive lock, one effect for one
+    /// waiter, no scan).
+    fn release(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind) {
         let Some(entry) = self.slab.get_mut(slot) else {
             return;
         };
@@ -1395,8 +1425,6 @@ impl Locks {
             note: None,
             broken_by: Origin::default(),
         }));
-        self.hand_over(now, [slot]);
-        self.sweep_ids_if_due();
     }
 
     /// The holder a granted waiter becomes, and its lease's deadline.

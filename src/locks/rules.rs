@@ -187,7 +187,9 @@ pub enum SetDecision<H, W> {
     Grant,
     /// Wait in line on every name at once, the free ones too (nobody may take one of them
     /// meanwhile: that is what makes the set first in line everywhere in the end). Per name,
-    /// in the request's order, the same id's older request whose place it takes, if any.
+    /// in the request's order, the same id's older request it replaces, if any: it takes
+    /// that request's place only if that is one request of the very same names
+    /// ([`same_set`]), else it joins the back of every queue.
     Queue {
         /// The older requests' keys, one slot per name.
         replaces: Vec<Option<W>>,
@@ -341,6 +343,20 @@ pub fn admits(holding: impl Iterator<Item = Mode>, mode: Mode) -> bool {
             Mode::Shared => true,
             Mode::Limit(limit) => n < limit as usize,
         }
+}
+
+/// Whether a waiting set and a new LOCK of the same id ask for the same names, in any
+/// order: then the new LOCK takes over the waiting set's place in every queue (its one ticket,
+/// or in etcd its keys' create revision), as a LOCK of one name takes over its own older
+/// wait. Any other older request of the id is replaced by a request at the back: keeping
+/// places name by name for a different set could put two requests in opposite orders in two
+/// queues, which is a deadlock.
+pub fn same_set<T: Ord>(waiting: &[T], asked: &[T]) -> bool {
+    let mut a: Vec<&T> = waiting.iter().collect();
+    let mut b: Vec<&T> = asked.iter().collect();
+    a.sort();
+    b.sort();
+    a == b
 }
 
 /// The note a holder keeps when its own id LOCKs again (a retry, [`Decision::Again`]), and

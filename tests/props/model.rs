@@ -1873,3 +1873,24 @@ fn a_set_replacing_the_same_ids_wait_keeps_its_note() {
     let note = t.status(ms(base, 1), "a").and_then(|s| s.note);
     assert_eq!(note.as_deref(), Some("first note"));
 }
+
+#[test]
+fn the_same_set_again_keeps_its_waiting_place_in_every_queue() {
+    let (mut t, base) = table();
+    let (hx, _) = granted(t.lock(base, req("x", "h", 1000, None, false, 1)));
+    let p1 = queued(t.lock(base, req_set("x", &["y"], "p", 1000, 2)));
+    let r = queued(t.lock(base, req("y", "r", 1000, None, false, 3)));
+    effects(&mut t);
+    // The same names in another order: the same set, its place kept (before r on y).
+    let p2 = queued(t.lock(ms(base, 1), req_set("y", &["x"], "p", 1000, 2)));
+    assert_eq!(
+        effects(&mut t),
+        vec![Effect::WaitEnded {
+            waiter: p1,
+            why: WaitEnd::Replaced
+        }]
+    );
+    assert_eq!(t.unlock(ms(base, 2), "x", hx, NO_USER), Ok(()));
+    assert_eq!(grants(&effects(&mut t)), vec![p2]);
+    let _ = r;
+}

@@ -26,7 +26,7 @@ use crate::locks::{EventKind, LockRequest, TableError, WaiterId};
 use super::grant::set_names;
 use super::keys::{names_of, SupersededValue, WaiterValue};
 use super::mirror::{HolderRecord, NameState};
-use super::view::{self, ask, same_names};
+use super::view::{self, ask};
 use super::waiters::settle_answered;
 use super::{guards, wall_ms, Cluster, Local};
 
@@ -186,7 +186,7 @@ impl Cluster {
                 }
                 // One older request, waiting for exactly this set: its place is taken over.
                 let adopt = match requests.as_slice() {
-                    [w] if same_names(&w.value.set, names) && olds.len() == names.len() => {
+                    [w] if rules::same_set(&w.value.set, names) && olds.len() == names.len() => {
                         Some(Adopt::of(w))
                     }
                     _ => None,

@@ -102,21 +102,12 @@ pub fn decide_set(
         let first = revs.first().copied().unwrap_or_default();
         let holder = states.first().and_then(|ns| ns.holder_by_rev(first));
         let one = revs.iter().all(|r| *r == first)
-            && holder.is_some_and(|h| same_names(&h.value.set, names));
+            && holder.is_some_and(|h| rules::same_set(&h.value.set, names));
         if !one {
             return Err(TableError::Conflict);
         }
     }
     Ok(decision)
-}
-
-/// Whether a set's record names exactly `names` (in any order).
-pub(super) fn same_names(set: &[String], names: &[String]) -> bool {
-    let mut a: Vec<&String> = set.iter().collect();
-    let mut b: Vec<&String> = names.iter().collect();
-    a.sort();
-    b.sort();
-    a == b
 }
 
 /// The part of `req` (by `user`) the lock rules decide on.

@@ -16,7 +16,8 @@ struct Waiting {
     names: Vec<String>,
     mode: Mode,
     /// Lower is earlier, in every one of its queues. A new request's is after everyone's;
-    /// one of a single name that replaced the same id's older request takes its place.
+    /// one of a single name that replaced the same id's older request takes its place, and
+    /// so does a set that replaced the same id's one older request of the same names.
     place: u64,
 }
 
@@ -187,7 +188,7 @@ impl Observer {
         }
         let mut lock_granted = false;
         // The places of the requests this LOCK replaced, and whether it is in line yet.
-        let mut replaced: Vec<u64> = Vec::new();
+        let mut replaced: Vec<(u64, Vec<String>)> = Vec::new();
         let mut in_line = false;
         let mut i = 0;
         while i < effects.len() {
@@ -252,7 +253,7 @@ impl Observer {
                         WaitEnd::Replaced if !(queued.is_some() && on_lock) => {
                             return Err(format!("waiter {waiter} replaced outside a LOCK"));
                         }
-                        WaitEnd::Replaced => replaced.push(w.place),
+                        WaitEnd::Replaced => replaced.push((w.place, w.names.clone())),
                         _ => {}
                     }
                 }
@@ -383,10 +384,29 @@ impl Observer {
     }
 
     /// A LOCK that queued joins the queue of each of its names in one step.
-    fn join(&mut self, waiter: WaiterId, names: &[String], mode: Mode, replaced: &[u64]) {
-        let place = match replaced.iter().min() {
-            Some(p) if names.len() == 1 => *p,
-            _ => {
+    /// It takes the place of what it replaced if it is one name, or if it replaced one
+    /// request of the very same names (in any order).
+    fn join(
+        &mut self,
+        waiter: WaiterId,
+        names: &[String],
+        mode: Mode,
+        replaced: &[(u64, Vec<String>)],
+    ) {
+        let same_set = |was: &[String]| {
+            let (mut was, mut asked) = (was.to_vec(), names.to_vec());
+            was.sort();
+            asked.sort();
+            was == asked
+        };
+        let place = match replaced {
+            [(p, was)] if same_set(was) => Some(*p),
+            _ if names.len() == 1 => replaced.iter().map(|(p, _)| *p).min(),
+            _ => None,
+        };
+        let place = match place {
+            Some(p) => p,
+            None => {
                 self.next_place += 1;
                 self.next_place
             }

@@ -20,19 +20,6 @@ use lockd::locks::{
     UserId, WaitEnd, WaiterId, NO_USER,
 };
 
-/// When a set's lease ends (UNLOCK, expiry, session end, BREAK, revoke), whether all its
-/// names end before anyone is granted one of them (the contract's "ends all names at once")
-/// or each name is handed over as soon as it ends, before the next one ends (the table's
-/// way: a waiter of the first name is granted while the set still holds the second).
-/// Either way no one holds a name beside the set; only the order watchers see differs.
-/// On (the contract's reading) the model test fails against the table as it is.
-pub const SET_ENDS_WHOLE_FIRST: bool = true;
-
-/// Whether a set that replaces the same id's older waiter keeps that waiter's note when
-/// it brings none, as a LOCK of one name does (`rules::note_again`); the table's set drops it.
-/// On (the contract's reading) the model test fails against the table as it is.
-pub const SET_KEEPS_REPLACED_NOTE: bool = true;
-
 /// Limits in milliseconds, mirroring `lockd::locks::Limits`.
 #[derive(Clone, Copy, Debug)]
 pub struct MLimits {
@@ -443,21 +430,13 @@ impl Model {
     }
 
     /// The lease `token` ends on every one of its names (one event each, in its order);
-    /// whoever is ready is granted, leases starting `now` (see [`SET_ENDS_WHOLE_FIRST`]).
+    /// then, and only then, whoever is ready is granted, leases starting `now`.
     fn end(&mut self, now: u64, token: Token, kind: EventKind) {
         let Some(old) = self.leases.get(&token).cloned() else {
             return;
         };
         for name in &old.names {
-            if !SET_ENDS_WHOLE_FIRST {
-                if let Some(h) = self.leases.get_mut(&token) {
-                    h.names.retain(|n| n != name);
-                }
-            }
             self.event(kind, name, &old.id, token, now - old.granted, None, None);
-            if !SET_ENDS_WHOLE_FIRST {
-                self.settle(now);
-            }
         }
         self.leases.remove(&token);
         self.settle(now);
@@ -628,7 +607,8 @@ impl Model {
             }
         }
         // The same id's older requests on any of these names leave every queue. A LOCK of
-        // one name takes the place its older request had there; a set goes to the back of
+        // one name takes the place its older request had there, and so does a set whose one
+        // older request was a set of the very same names; any other set goes to the back of
         // every queue (a place kept on one name would put it before others on another).
         let mut replaced: Vec<WaiterId> = Vec::new();
         for p in &per {
@@ -641,20 +621,25 @@ impl Model {
         let mut ticket = None;
         let mut note = req.note.clone();
         let mut had_note = None;
+        let mut same_set = false;
         for &w in &replaced {
             let old = self.remove_waiter(w).expect("a replaced waiter waits");
             ticket = Some(ticket.map_or(old.ticket, |t: u64| t.min(old.ticket)));
             had_note = had_note.or(old.note);
+            let (mut was, mut asked) = (old.names.clone(), names.clone());
+            was.sort();
+            asked.sort();
+            same_set = replaced.len() == 1 && was == asked;
             self.effects.push(Effect::WaitEnded {
                 waiter: w,
                 why: WaitEnd::Replaced,
             });
         }
-        if note.is_none() && (names.len() == 1 || SET_KEEPS_REPLACED_NOTE) {
+        if note.is_none() {
             note = had_note;
         }
         let ticket = match ticket {
-            Some(t) if names.len() == 1 => t,
+            Some(t) if names.len() == 1 || same_set => t,
             _ => {
                 self.next_ticket += 1;
                 self.next_ticket - 1
