@@ -104,6 +104,8 @@ pub const DEFAULT_LINE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_LINE: usize = 1024;
 /// Longest note a LOCK may carry (`note=`), in bytes.
 pub const DEFAULT_MAX_NOTE: usize = 256;
+/// Most names one LOCK may ask for at once (its name and its `and=` names).
+pub const DEFAULT_MAX_NAMES: usize = 16;
 /// Events a watcher may fall behind before it is disconnected.
 pub const DEFAULT_WATCH_BUFFER: usize = 1024;
 /// How long a grant to a waiter that half-closed is watched for a reset (its client gone).

@@ -83,6 +83,8 @@ pub struct Config {
     pub tls_handshake_timeout: Duration,
     /// Longest note a LOCK may carry, in bytes; longer ones are answered `ERR BADARG`.
     pub max_note: usize,
+    /// Most names one LOCK may ask for (`--max-names`); more are answered `ERR LIMIT`.
+    pub max_names: usize,
 }
 
 impl Default for Config {
@@ -108,6 +110,7 @@ impl Default for Config {
             tls: None,
             tls_handshake_timeout: crate::DEFAULT_TLS_HANDSHAKE_TIMEOUT,
             max_note: crate::DEFAULT_MAX_NOTE,
+            max_names: crate::DEFAULT_MAX_NAMES,
         }
     }
 }
@@ -122,6 +125,7 @@ impl Config {
             idle_timeout: self.idle_timeout,
             line_timeout: self.line_timeout,
             max_note: self.max_note,
+            max_names: self.max_names,
         }
     }
 }

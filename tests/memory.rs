@@ -100,6 +100,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 origin: Default::default(),
                 note: None,
                 supersede: false,
+                and: Box::default(),
             },
         );
         match outcome {

@@ -482,9 +482,12 @@ lockd__refused() {
 }
 
 # Maps the reply to a LOCK: sets LOCKD_TOKEN for an OK, else returns the code of the refusal.
+# A set's OK (and=: a token per name) sets LOCKD_TOKEN to the first name's and LOCKD_TOKENS to
+# them all, space-separated, in the names' order (for one name, its token alone).
 lockd__granted() {
-    if [[ $LOCKD_REPLY =~ ^OK\ ([0-9]+)$ ]]; then
+    if [[ $LOCKD_REPLY =~ ^OK\ ([0-9]+)((\ [0-9]+)*)$ ]]; then
         LOCKD_TOKEN=${BASH_REMATCH[1]}
+        LOCKD_TOKENS=${LOCKD_REPLY#OK }
         return 0
     fi
     if [[ $LOCKD_REPLY == ERR* ]]; then
@@ -504,8 +507,16 @@ lockd__options() {
     shift
     lockd__ttl='' lockd__wait='' lockd__try='' lockd__session='' lockd__mode=''
     lockd__supersede='' lockd__at_least=''
+    [[ $allowed == *and* ]] && lockd__and=()
     for opt in "$@"; do
         case $opt in
+            and=*)
+                if [[ $allowed == *and* ]]; then
+                    lockd__word name "${opt#and=}" || return
+                    lockd__and+=("${opt#and=}")
+                    continue
+                fi
+                ;;
             at_least=*)
                 [[ $allowed == *at_least* ]] && lockd__at_least=${opt#at_least=} && continue
                 ;;
@@ -557,6 +568,8 @@ lockd__lock_line() {
     [[ -n $lockd__ttl ]] && line+=" ttl=$lockd__ttl"
     [[ -n $lockd__mode ]] && line+=" $lockd__mode"
     [[ -n ${lockd__supersede:-} ]] && line+=" supersede"
+    local further
+    for further in ${lockd__and[@]+"${lockd__and[@]}"}; do line+=" and=$further"; done
     return 0
 }
 
@@ -658,16 +671,20 @@ lockd__id() {
 # `limit=N` takes one of N slots of a semaphore; exclusive, alone, is the default.
 # `supersede`: newest wins (proto.md): if the lock is held, every request waiting for it is
 # refused (ERR SUPERSEDED, return code 6 for each) and this one waits first in line.
+# `and=NAME` (repeated): a set, every name taken at once or none (proto.md, Several names at
+# once); it prints a token per name on one line, space-separated in the names' order, and
+# sets LOCKD_TOKENS to them (LOCKD_TOKEN: the first name's).
 lockd_lock() {
     LOCKD_ERROR='' LOCKD_TOKEN=''
     local name=${1:-} id line
     if (($# < 1)); then
-        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N] [supersede]"
+        lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N] [supersede] [and=NAME]..."
         return
     fi
     shift
     local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede
-    lockd__options "ttl wait mode supersede" "$@" || return
+    local lockd__and=()
+    lockd__options "ttl wait mode supersede and" "$@" || return
     lockd__word name "$name" || return
     lockd__id || return
     lockd__lock_line "$name"
@@ -677,7 +694,13 @@ lockd_lock() {
     lockd__disconnect
     ((rc == 0)) || return "$rc"
     lockd__granted || return
-    printf '%s\n' "$LOCKD_TOKEN"
+    local tokens=()
+    read -r -a tokens <<<"$LOCKD_TOKENS"
+    if ((${#tokens[@]} != 1 + ${#lockd__and[@]})); then
+        lockd__fail 2 "unexpected reply to LOCK: $LOCKD_REPLY"
+        return
+    fi
+    printf '%s\n' "$LOCKD_TOKENS"
 }
 
 # lockd_try NAME [ttl=DUR] [exclusive | shared | limit=N]: one try (wait=0). Returns 1 at once

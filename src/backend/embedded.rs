@@ -127,6 +127,9 @@ impl Embedded {
         for lease in recovered.leases(at, user) {
             table.restore(at, lease);
         }
+        for (token, names) in recovered.sets() {
+            table.restore_set(*token, names);
+        }
         for broken in recovered.breaks(at) {
             table.restore_break(at, broken);
         }

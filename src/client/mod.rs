@@ -332,12 +332,57 @@ impl Client {
                 mode,
                 note,
                 supersede,
+                and: Box::default(),
             })
             .await?
         {
             Received::Token(token) => Ok(token),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// LOCK of a set: `names` (at least one, none twice) all at once or not at all, in
+    /// `mode`, with a note for people (`None` or empty: none); returns one fencing token per
+    /// name, in `names`' order. One lease covers the set: RENEW, CHECK or UNLOCK of any one
+    /// of the tokens applies to all of them.
+    pub async fn lock_set(
+        &mut self,
+        names: &[&str],
+        id: &str,
+        (ttl, wait): (Option<Duration>, Option<Duration>),
+        tie: Tie,
+        mode: Mode,
+        note: Option<&str>,
+    ) -> Result<Vec<Token>> {
+        let Some((first, and)) = names.split_first() else {
+            // Refused here as the server would refuse a LOCK without a name.
+            return Err(ClientError::Refused(ProtoError::new(
+                ErrorCode::Syntax,
+                "LOCK of no names",
+            )));
+        };
+        let reply = self
+            .ask(&Request::Lock {
+                name: (*first).into(),
+                id: id.into(),
+                ttl,
+                wait,
+                tie,
+                mode,
+                note: note.filter(|n| !n.is_empty()).map(Box::from),
+                supersede: false,
+                and: and.iter().map(|n| (*n).to_owned()).collect(),
+            })
+            .await?;
+        let tokens = match reply {
+            Received::Token(token) => vec![token],
+            Received::Tokens(tokens) => tokens,
+            other => return Err(unexpected(other)),
+        };
+        if tokens.len() != names.len() {
+            return Err(unexpected(Received::Tokens(tokens)));
+        }
+        Ok(tokens)
     }
 
     /// UNLOCK.

@@ -358,6 +358,7 @@ impl Compat {
             origin: Origin::new(None, Some(peer)),
             note: None,
             supersede: false,
+            and: Box::default(),
         };
         match self.backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => {

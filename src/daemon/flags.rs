@@ -19,6 +19,9 @@ use crate::server;
 const MAX_METRICS_NAMES: usize = 100;
 /// Longest --max-note: the journal keeps a note with a 16-bit length.
 const MAX_MAX_NOTE: usize = 65_535;
+/// Largest --max-names: a set is granted in one etcd transaction, and etcd bounds the
+/// operations of one (128 by default); a set takes a few per name.
+const MAX_MAX_NAMES: usize = 32;
 
 /// The shortest `--etcd-lease-ttl`: etcd leases are granted in whole seconds.
 const MIN_ETCD_LEASE_TTL: Duration = Duration::from_secs(1);
@@ -248,6 +251,12 @@ pub struct Flags {
     #[arg(long, env = "LOCKD_MAX_NOTE", default_value_t = crate::DEFAULT_MAX_NOTE,
           value_parser = clap::value_parser!(u32).range(1..=MAX_MAX_NOTE as i64).map(|v| v as usize))]
     pub max_note: usize,
+
+    /// Most names one LOCK may ask for at once, its own and its and= names (1 to 32); more
+    /// get ERR LIMIT. 1 serves no sets.
+    #[arg(long, env = "LOCKD_MAX_NAMES", default_value_t = crate::DEFAULT_MAX_NAMES,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_MAX_NAMES as i64).map(|v| v as usize))]
+    pub max_names: usize,
 }
 
 impl Default for Flags {
@@ -301,6 +310,7 @@ impl Default for Flags {
                 compat_read_timeout: HumanDuration(compat::DEFAULT_READ_TIMEOUT),
             },
             max_note: crate::DEFAULT_MAX_NOTE,
+            max_names: crate::DEFAULT_MAX_NAMES,
         }
     }
 }
@@ -332,6 +342,12 @@ impl Flags {
             return Err(format!(
                 "--max-note must be from 1 to {MAX_MAX_NOTE} bytes, not {}",
                 self.max_note
+            ));
+        }
+        if !(1..=MAX_MAX_NAMES).contains(&self.max_names) {
+            return Err(format!(
+                "--max-names must be from 1 to {MAX_MAX_NAMES}, not {}",
+                self.max_names
             ));
         }
         if self.metrics_names.len() > MAX_METRICS_NAMES {
@@ -540,6 +556,7 @@ impl Flags {
             shutdown_grace: self.shutdown_grace.0,
             half_close_probe: self.half_close_probe.0,
             max_note: self.max_note,
+            max_names: self.max_names,
             compat: self.compat.config(self.max_ttl.0)?,
             // In cluster mode etcd is the durable store (warned about in `daemon::run`).
             data_dir: self.data_dir.clone().filter(|_| self.etcd.is_empty()),
@@ -677,6 +694,19 @@ mod tests {
         let flags = Flags {
             max_note: MAX_MAX_NOTE,
             max_line: 64,
+            ..Flags::default()
+        };
+        assert_eq!(flags.validate(), Ok(()));
+    }
+
+    #[test]
+    fn refuses_a_max_names_out_of_range() {
+        for bad in [0, MAX_MAX_NAMES + 1] {
+            let e = refusal(|f| f.max_names = bad);
+            assert!(e.contains("--max-names"), "{e}");
+        }
+        let flags = Flags {
+            max_names: MAX_MAX_NAMES,
             ..Flags::default()
         };
         assert_eq!(flags.validate(), Ok(()));

@@ -16,6 +16,7 @@ const PROBE_POLL: Duration = Duration::from_millis(10);
 impl Handler {
     pub(super) async fn lock(&mut self, req: LockRequest, tie: Tie) -> io::Result<Flow> {
         let (name, wait) = (req.name.clone(), req.wait);
+        let others = SetNames::of(&req.and);
         // The id only names the client in the log line of a refusal (at debug): no copy of it
         // on the hot path unless that line can be written.
         let id = if tracing::enabled!(tracing::Level::DEBUG) {
@@ -32,11 +33,9 @@ impl Handler {
                 };
                 let refusal = match &e {
                     // Boxed: the rare path adds nothing to every connection's task.
-                    BackendError::Table(TableError::WouldBlock { .. })
-                        if self.may(Right::Read, &name) =>
-                    {
-                        let plain = e.refusal(&name);
-                        Box::pin(self.blocked_by(&name, None, plain)).await
+                    BackendError::Table(TableError::WouldBlock { .. }) => {
+                        let plain = self.lock_refusal(&e, &name);
+                        Box::pin(self.blocked_by(&name, &others, None, plain)).await
                     }
                     _ => self.lock_refusal(&e, &name),
                 };
@@ -44,7 +43,8 @@ impl Handler {
                 Ok(flow_after(&e))
             }
             Ok(Locked::Granted { token, handover }) => {
-                self.granted(name, token, handover, false).await
+                let names = others.count();
+                self.granted(name, (token, names), handover, false).await
             }
             Ok(Locked::Waiting(pending)) => {
                 let mut waiting = Waiting {
@@ -52,6 +52,7 @@ impl Handler {
                     id,
                     tie,
                     wait,
+                    others,
                 };
                 self.wait_for_grant(&mut waiting).await
             }
@@ -70,36 +71,54 @@ impl Handler {
         }
     }
 
-    /// The refusal of a LOCK of `name` that found it held (`waited`: after its `wait=` ran
-    /// out; `None`: `wait=0`), for a user who may read `name`: who holds it, for how long,
-    /// with what note and how many wait, as STATUS would tell that user. The holder is looked
-    /// up as the refusal is sent, so it is a snapshot; a name that became free (or that only
-    /// waiters hold up) meanwhile gets `plain`, the refusal without those details.
+    /// The refusal of a LOCK of `name` (and of a set's `others`) that found it held
+    /// (`waited`: after its `wait=` ran out; `None`: `wait=0`), about the first of its names
+    /// that is held, for a user who may read that name: who holds it, for how long, with
+    /// what note and how many wait, as STATUS would tell that user. The holder is looked up
+    /// as the refusal is sent, so it is a snapshot; if no name is held any more (or only
+    /// waiters hold the set up), `plain`, the refusal without those details. A user who may
+    /// not read the name that blocks hears only that it is held.
     async fn blocked_by(
         &self,
         name: &str,
+        others: &SetNames,
         waited: Option<Duration>,
         plain: ProtoError,
     ) -> ProtoError {
-        let Ok(Some(detail)) = self.backend.status_detail(name, 0).await else {
-            return plain;
-        };
-        let user = detail.holders.first().and_then(|h| h.origin.user());
-        ProtoError::blocked_by(name, waited, &detail.status, user)
+        for name in std::iter::once(name).chain(others.iter()) {
+            let Ok(Some(detail)) = self.backend.status_detail(name, 0).await else {
+                continue;
+            };
+            if !self.may(Right::Read, name) {
+                return match waited {
+                    Some(waited) => ProtoError::wait_over(name, waited),
+                    None => ProtoError::new(ErrorCode::Timeout, format!("{name}: held")),
+                };
+            }
+            let user = detail.holders.first().and_then(|h| h.origin.user());
+            return ProtoError::blocked_by(name, waited, &detail.status, user);
+        }
+        plain
     }
 
-    /// Sends a grant. `probe`: the client had closed its sending side while it waited, so
-    /// it may be gone; see [`Handler::confirm_delivery`].
+    /// Sends a grant of `token` on `names` names (a set's token is one per name: `OK t t`).
+    /// `probe`: the client had closed its sending side while it waited, so it may be gone;
+    /// see [`Handler::confirm_delivery`].
     pub(super) async fn granted(
         &mut self,
         name: String,
-        token: Token,
+        (token, names): (Token, u32),
         handover: HandOver,
         probe: bool,
     ) -> io::Result<Flow> {
-        // The two rare paths are boxed, so that they add nothing to every waiting
-        // connection's task (which is as large as its largest await point).
-        if let Err(e) = self.conn.send(Reply::Token(token)).await {
+        // The rare paths are boxed, so that they add nothing to every waiting connection's
+        // task (which is as large as its largest await point).
+        let sent = if names <= 1 {
+            self.conn.send(Reply::Token(token)).await
+        } else {
+            Box::pin(self.send_tokens(token, names)).await
+        };
+        if let Err(e) = sent {
             // The client can't have learned the token: give the lock to the next in line.
             Box::pin(self.backend.revoke(&name, token, handover)).await;
             return Err(e);
@@ -108,6 +127,13 @@ impl Handler {
             Box::pin(self.confirm_delivery(&name, token, handover)).await;
         }
         Ok(Flow::Continue)
+    }
+
+    /// `OK <token> <token> ...`: a set's grant, its token once per name, in the request's
+    /// order (one lease: the same token on every name).
+    async fn send_tokens(&mut self, token: Token, names: u32) -> io::Result<()> {
+        let tokens = vec![token; names as usize];
+        self.conn.send(Reply::Tokens(&tokens)).await
     }
 
     /// A grant whose client left the queue (closed a tied wait, or reset) in the instant it
@@ -171,6 +197,7 @@ impl Handler {
             id,
             tie,
             wait,
+            others,
         } = waiting;
         let (id, tie, wait) = (id.as_str(), *tie, *wait);
         self.conn.flush().await?;
@@ -193,15 +220,13 @@ impl Handler {
                                 return Ok(Flow::Close);
                             }
                             let probe = self.conn.is_eof();
-                            self.granted(name, token, handover, probe).await
+                            self.granted(name, (token, others.count()), handover, probe).await
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
                             let about = Subject { name: &name, id, token: None };
                             let mut e = ProtoError::wait_over(&name, waited);
-                            if self.may(Right::Read, &name) {
-                                e = Box::pin(self.blocked_by(&name, Some(waited), e)).await;
-                            }
+                            e = Box::pin(self.blocked_by(&name, others, Some(waited), e)).await;
                             self.refuse_about(e, about).await?;
                             Ok(Flow::Continue)
                         }
@@ -239,10 +264,13 @@ impl Handler {
                         self.refuse(e).await?;
                         return Ok(Flow::Close);
                     }
-                    if !self.may(Right::Lock, pending.name()) {
+                    // A set waits on every name: the right to lock any one of them is needed.
+                    let names = std::iter::once(pending.name()).chain(others.iter());
+                    let lost = names.into_iter().find(|n| !self.may(Right::Lock, n));
+                    if let Some(lost) = lost {
                         let user = self.login.as_ref().and_then(|l| l.user.as_ref());
                         let user = user.map_or("", |(_, name)| name.as_str());
-                        let e = ProtoError::denied(user, Right::Lock.as_str(), pending.name());
+                        let e = ProtoError::denied(user, Right::Lock.as_str(), lost);
                         self.refuse(e).await?;
                         return Ok(Flow::Continue);
                     }
@@ -261,6 +289,31 @@ pub(super) struct Waiting {
     id: String,
     tie: Tie,
     wait: Option<Duration>,
+    /// A set's further names (for the reload check, the refusal and the reply's count).
+    others: SetNames,
+}
+
+/// A LOCK's further names (`and=`), kept by the handler while the LOCK runs: a thin pointer,
+/// null for a single name (most LOCKs), so a waiting connection's task grows by 8 bytes and
+/// a single-name LOCK allocates nothing.
+#[allow(clippy::redundant_allocation)]
+pub(super) struct SetNames(Option<Box<Box<[String]>>>);
+
+impl SetNames {
+    fn of(and: &[String]) -> SetNames {
+        SetNames((!and.is_empty()).then(|| Box::new(and.into())))
+    }
+
+    /// How many names the LOCK asked for, the first one included.
+    fn count(&self) -> u32 {
+        let others = self.0.as_ref().map_or(0, |and| and.len());
+        u32::try_from(others).map_or(u32::MAX, |n| n.saturating_add(1))
+    }
+
+    /// The further names, in the request's order.
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().flat_map(|and| and.iter().map(String::as_str))
+    }
 }
 
 /// Whether to keep serving after answering refusal `e`: a change that can never be made

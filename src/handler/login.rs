@@ -111,7 +111,8 @@ impl Handler {
     }
 
     /// Decides, before a command runs, whether this connection may send it: before AUTH only
-    /// PING, HELP, QUIT and AUTH; after it, what its user's rights allow on the name. STATUS
+    /// PING, HELP, QUIT and AUTH; after it, what its user's rights allow on the name (on
+    /// every name of a set). STATUS
     /// and WATCH without a name pass, and show only what the user may read.
     pub(super) fn admit(&self, request: &Request) -> Admit {
         let Some(login) = &self.login else {
@@ -140,11 +141,18 @@ impl Handler {
         if let Some(e) = self.removed() {
             return Admit::Close(e);
         }
-        match name {
-            Some(name) if !self.may(right, name) => {
-                Admit::Refuse(ProtoError::denied(user, right.as_str(), name))
-            }
-            _ => Admit::Yes,
+        // A set (`and=`) needs the right on every one of its names, or it is refused whole.
+        let and = match request {
+            Request::Lock { and, .. } => &and[..],
+            _ => &[],
+        };
+        match name
+            .into_iter()
+            .chain(and)
+            .find(|name| !self.may(right, name))
+        {
+            Some(name) => Admit::Refuse(ProtoError::denied(user, right.as_str(), name)),
+            None => Admit::Yes,
         }
     }
 

@@ -55,6 +55,8 @@ pub struct HandlerLimits {
     pub line_timeout: Duration,
     /// Longest note a LOCK may carry, in bytes (`--max-note`).
     pub max_note: usize,
+    /// Most names one LOCK may ask for (`--max-names`).
+    pub max_names: usize,
 }
 
 /// One connection's state.
@@ -185,6 +187,7 @@ impl Handler {
                 Frame::Line(line) => match proto::parse(&line)
                     .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
                     .and_then(|r| r.check_note_len(self.limits.max_note).map(|()| r))
+                    .and_then(|r| r.check_names(self.limits.max_names).map(|()| r))
                 {
                     Ok(request) => match self.admit(&request) {
                         // LOCK is awaited here rather than inside `dispatch`: waiting for a
@@ -311,6 +314,9 @@ impl Handler {
 
     /// A LOCK as the backend takes it, with how its wait is tied to the connection; any
     /// other request back as it came.
+    // The Err is the request itself handed back unchanged (a set's `and=` names made it
+    // pass the lint's size), not an error built here: boxing it would allocate per request.
+    #[allow(clippy::result_large_err)]
     fn lock_request(&self, request: Request) -> Result<(LockRequest, Tie), Request> {
         let Request::Lock {
             name,
@@ -321,6 +327,7 @@ impl Handler {
             mode,
             note,
             supersede,
+            and,
         } = request
         else {
             return Err(request);
@@ -337,6 +344,7 @@ impl Handler {
             origin: self.origin.clone(),
             note: note.map(Into::into),
             supersede,
+            and,
         };
         Ok((req, tie))
     }

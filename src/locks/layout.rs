@@ -187,14 +187,17 @@ pub(super) struct Waiter {
 /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
 pub(super) type Queue = BTreeMap<u64, Waiter>;
 
-/// One held name: 120 bytes in the slab (112 until holders kept a note, 96 until they recorded
-/// who took them and when).
+/// One held or waited-for name: 120 bytes in the slab (112 until holders kept a note, 96 until
+/// they recorded who took them and when).
 #[derive(Debug)]
 pub(super) struct Entry {
     /// The same allocation as the index's key.
     pub(super) name: Arc<str>,
     /// The holder granted first among those still holding: the only one of an exclusive lock.
-    pub(super) holder: Holder,
+    /// `None` while nobody holds the name but a set waits for it (a set waits on every one of
+    /// its names, the free ones too); then `more.others` is empty and the queue is not.
+    /// (`Option` costs nothing: the id's pointer is the niche.)
+    pub(super) holder: Option<Holder>,
     /// Waiters, further holders, a mode other than exclusive. `None` for a lone exclusive
     /// holder nobody waits for, which is most locks most of the time: 8 bytes.
     pub(super) more: Option<Box<More>>,
@@ -216,11 +219,18 @@ impl Entry {
     }
 
     pub(super) fn holders(&self) -> impl Iterator<Item = &Holder> {
-        std::iter::once(&self.holder).chain(self.more.iter().flat_map(|m| m.others.iter()))
+        self.holder
+            .iter()
+            .chain(self.more.iter().flat_map(|m| m.others.iter()))
     }
 
     pub(super) fn holder_count(&self) -> usize {
-        1 + self.more.as_ref().map_or(0, |m| m.others.len())
+        usize::from(self.holder.is_some()) + self.more.as_ref().map_or(0, |m| m.others.len())
+    }
+
+    /// Nobody holds the name: only waiters keep the entry.
+    pub(super) fn is_vacant(&self) -> bool {
+        self.holder.is_none()
     }
 
     pub(super) fn holder(&self, token: Token) -> Option<&Holder> {
@@ -228,8 +238,8 @@ impl Entry {
     }
 
     pub(super) fn holder_mut(&mut self, token: Token) -> Option<&mut Holder> {
-        if self.holder.token == token {
-            return Some(&mut self.holder);
+        if self.holder.as_ref().is_some_and(|h| h.token == token) {
+            return self.holder.as_mut();
         }
         self.more
             .as_mut()?

@@ -6,7 +6,9 @@
 //! model test drive it through millions of random histories with exact time.
 //!
 //! Invariants (checked by `tests/props/model.rs`):
-//! - a name has at most one holder; an entry exists only while it has one;
+//! - a name has at most one exclusive holder; an entry exists only while it has a holder or
+//!   a waiter (a set waits on every one of its names, the free ones too: an entry nobody
+//!   holds is shown as free, and counts in no `len()`);
 //! - tokens come from one counter that only grows, so they never repeat for any name;
 //! - waiters are granted in the order they queued (by ticket), and a waiter that left (timed out,
 //!   replaced, cancelled) is never granted;
@@ -33,6 +35,18 @@
 //!   have computed;
 //! - timers are `(ticks, Timer)` pairs of 24 bytes that name a slot, not a name; a waiter is
 //!   known by its slot and ticket; a lock nobody waits for has no queue allocated.
+//! - a set of names (`and=`) costs a held name nothing when there is none: its link is a side
+//!   map by token (`Locks::sets`), and a waiting set's by waiter (`Locks::set_waiters`).
+//!
+//! # Sets of names
+//! A set is one lease over several names: each name has a holder with the set's one token,
+//! deadline, binding and note, and `sets` names the set's slots; whatever ends, renews or
+//! binds one of them does it to all (`Locks::set_slots`). A waiting set has one `WaiterId`
+//! and one ticket, and a place in every one of its names' queues. Hand-over goes by a work
+//! list of slots whose head or holders changed (`Locks::hand_over`): a single waiter at the
+//! head is granted when it fits, a set at the head when [`rules::set_ready`] holds on all of
+//! its names (and then its other names are looked at too). No scan of the table: per name,
+//! a hand-over looks at that name's head.
 //!
 //! When the table empties after having been large, it hands its slab, index and unused ids
 //! back to the allocator.
@@ -44,10 +58,12 @@ use std::time::{Duration, Instant};
 mod layout;
 pub mod rules;
 mod sessions;
+#[cfg(test)]
+mod set_tests;
 mod types;
 
 use layout::{nanos, Bond, Clock, Entry, Holder, Slab, TableView, Timer, Waiter, WaiterPlace};
-use rules::{Ask, Decision};
+use rules::{Ask, Decision, SetDecision};
 pub use types::*;
 
 /// The lock table.
@@ -67,7 +83,16 @@ pub struct Locks {
     /// Where each waiter stands: its entry's slot and its ticket.
     waiters: HashMap<WaiterId, (u32, u64)>,
     /// The session leases bound to each open connection, for [`Locks::close_connection`].
+    /// A set is there once, by its token and one of its slots.
     bound: sessions::Bound,
+    /// Held sets: token -> the slots of its names, in the request's order.
+    sets: HashMap<Token, Box<[u32]>>,
+    /// Waiting sets: waiter -> the slots of its names, in the request's order (`waiters` has
+    /// the first one and the ticket, the same in every queue).
+    set_waiters: HashMap<WaiterId, Box<[u32]>>,
+    /// Entries nobody holds (only a set's waiting keeps them): `index.len()` less these is
+    /// how many names are held.
+    vacant: usize,
     next_token: Token,
     /// Leases held, over all names (a semaphore's holders count one each).
     leases: usize,
@@ -96,6 +121,8 @@ pub struct Locks {
 #[derive(Debug)]
 struct Broken {
     name: Arc<str>,
+    /// A broken set's further names (its holder may ask through any of them).
+    also: Vec<Arc<str>>,
     by: Arc<str>,
     at_unix_ms: u64,
     /// The lease's deadline when it was broken, in [`Clock`] ticks.
@@ -115,6 +142,9 @@ impl Locks {
             timers: BTreeSet::new(),
             waiters: HashMap::new(),
             bound: sessions::Bound::default(),
+            sets: HashMap::new(),
+            set_waiters: HashMap::new(),
+            vacant: 0,
             next_token: first_token.max(1),
             leases: 0,
             next_waiter: 1,
@@ -169,22 +199,40 @@ impl Locks {
         holder.set_note(lease.note);
         let deadline = holder.deadline;
         let slot = match self.index.get(lease.name.as_str()) {
-            None => self.add_entry(lease.name.into(), holder, lease.mode),
-            Some(&slot) => self.slab.get_mut(slot).and_then(|entry| {
+            None => self.add_entry(lease.name.into()),
+            Some(&slot) => self.slab.get(slot).and_then(|entry| {
                 let joins = entry.mode() == lease.mode
                     && match lease.mode {
                         Mode::Shared => true,
                         Mode::Limit(n) => entry.holder_count() < n as usize,
                         Mode::Exclusive => false,
                     };
-                joins.then(|| entry.more_mut().others.push(holder))?;
-                Some(slot)
+                joins.then_some(slot)
             }),
         };
+        let slot = slot.filter(|&slot| self.place_holder(slot, holder, lease.mode).is_some());
         if let Some(slot) = slot {
             self.leases += 1;
             self.timers
                 .insert((deadline, Timer::Lease(lease.token, slot)));
+        }
+    }
+
+    /// Links the restored leases `token` of `names` again as one set (a LOCK with `and=`),
+    /// after [`Locks::restore`] put them back: from then on, whatever ends, renews or breaks
+    /// one of them does it to all. Names whose lease did not come back are left out.
+    pub fn restore_set(&mut self, token: Token, names: &[String]) {
+        let slots: Vec<u32> = names
+            .iter()
+            .filter_map(|name| self.index.get(name.as_str()).copied())
+            .filter(|&slot| {
+                self.slab
+                    .get(slot)
+                    .is_some_and(|e| e.holder(token).is_some())
+            })
+            .collect();
+        if slots.len() > 1 {
+            self.sets.insert(token, slots.into());
         }
     }
 
@@ -226,12 +274,12 @@ impl Locks {
 
     /// How many names are held.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.index.len() - self.vacant
     }
 
     /// Whether no name is held.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len() == 0
     }
 
     /// LOCK: grant now, queue, or refuse, as [`rules::decide`] says.
@@ -243,6 +291,9 @@ impl Locks {
             max: self.limits.max_ttl,
         };
         let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(bad_ttl)?;
+        if !req.and.is_empty() {
+            return self.lock_set(now, req, ttl, (deadline, deadline_ticks));
+        }
         let slot = self.index.get(req.name.as_str()).copied();
         let ask = Ask {
             id: &req.id,
@@ -260,18 +311,18 @@ impl Locks {
         let Some(slot) = slot else {
             // A free name: the only decision the rules make for it is a grant.
             let holder = self.new_holder(now, &req, ttl, deadline_ticks);
-            let slot = self
-                .add_entry(req.name.into(), holder, req.mode)
-                .ok_or(too_many)?;
-            let token = self.start_lease(slot, None, deadline, None);
+            let slot = self.add_entry(req.name.into()).ok_or(too_many)?;
+            let token = self.start_lease(slot, holder, req.mode, deadline, None);
             return Ok(LockOutcome::Granted { token, deadline });
         };
         match decision {
             Decision::Grant => {
                 let holder = self.new_holder(now, &req, ttl, deadline_ticks);
-                let token = self.start_lease(slot, Some(holder), deadline, None);
+                let token = self.start_lease(slot, holder, req.mode, deadline, None);
                 Ok(LockOutcome::Granted { token, deadline })
             }
+            // Holding the name as part of a set is no hold of it alone: release first.
+            Decision::Again(token) if self.sets.contains_key(&token) => Err(TableError::Conflict),
             Decision::Again(token) => {
                 self.grant_again(slot, token, &req, ttl, (deadline, deadline_ticks))?;
                 Ok(LockOutcome::Granted { token, deadline })
@@ -280,11 +331,168 @@ impl Locks {
                 replaces,
                 superseded,
             } => {
-                self.supersede(slot, &req.id, superseded);
-                let waiter = self.enqueue(now, slot, req, ttl, replaces)?;
+                let mut touched = self.supersede(slot, &req.id, superseded);
+                let waiter = self.enqueue(now, slot, req, ttl, replaces, &mut touched)?;
+                self.hand_over(now, touched);
                 Ok(LockOutcome::Queued { waiter })
             }
         }
+    }
+
+    /// LOCK of a set (`req.and` is not empty): granted on every name at once, queued on
+    /// every name at once, or refused whole, as [`rules::decide_set`] says.
+    fn lock_set(
+        &mut self,
+        now: Instant,
+        req: LockRequest,
+        ttl: Duration,
+        (deadline, deadline_ticks): (Instant, u64),
+    ) -> Result<LockOutcome, TableError> {
+        let names: Vec<&str> = std::iter::once(req.name.as_str())
+            .chain(req.and.iter().map(String::as_str))
+            .collect();
+        let slots: Vec<Option<u32>> = names.iter().map(|n| self.index.get(*n).copied()).collect();
+        let ask = Ask {
+            id: &req.id,
+            user: &req.user,
+            mode: req.mode,
+            conn: req.conn,
+            wait: req.wait,
+            supersede: false,
+        };
+        let views: Vec<TableView<'_>> = slots
+            .iter()
+            .map(|slot| TableView(slot.and_then(|slot| self.slab.get(slot))))
+            .collect();
+        let decision = rules::decide_set(&views, &ask, &self.limits, self.leases)?;
+        drop(views);
+        match decision {
+            SetDecision::Again(tokens) => {
+                // A retry only if it is this very set: one token, held as a set of exactly
+                // these names.
+                let Some(&token) = tokens.first() else {
+                    return Err(TableError::Conflict);
+                };
+                let same_set = tokens.iter().all(|&t| t == token)
+                    && self.sets.get(&token).is_some_and(|held| {
+                        held.len() == slots.len()
+                            && slots.iter().all(|s| s.is_some_and(|s| held.contains(&s)))
+                    });
+                if !same_set {
+                    return Err(TableError::Conflict);
+                }
+                for slot in slots.into_iter().flatten() {
+                    self.grant_again(slot, token, &req, ttl, (deadline, deadline_ticks))?;
+                }
+                Ok(LockOutcome::Granted { token, deadline })
+            }
+            SetDecision::Grant => {
+                let too_many = TableError::TooManyLocks {
+                    max: self.limits.max_locks,
+                };
+                let names: Vec<Arc<str>> = names.iter().map(|&n| Arc::from(n)).collect();
+                let mut placed = Vec::with_capacity(slots.len());
+                for (slot, name) in slots.iter().zip(names) {
+                    let slot = match slot {
+                        Some(slot) => *slot,
+                        None => self.add_entry(name).ok_or(too_many.clone())?,
+                    };
+                    placed.push(slot);
+                }
+                let token = self.next_token;
+                self.next_token += 1;
+                for &slot in &placed {
+                    let holder = self.new_holder(now, &req, ttl, deadline_ticks);
+                    self.start_lease_as(slot, holder, req.mode, deadline, None, token);
+                }
+                self.journal_set(token, &placed);
+                self.sets.insert(token, placed.into());
+                Ok(LockOutcome::Granted { token, deadline })
+            }
+            SetDecision::Queue { replaces } => {
+                let mut touched = Vec::new();
+                let mut gone: Vec<WaiterId> = Vec::new();
+                for (_, old, _) in replaces.into_iter().flatten() {
+                    if !gone.contains(&old) {
+                        gone.push(old);
+                    }
+                }
+                for old in gone {
+                    if let Some((_, left)) = self.remove_waiter(old) {
+                        touched.extend(left);
+                        self.effects.push(Effect::WaitEnded {
+                            waiter: old,
+                            why: WaitEnd::Replaced,
+                        });
+                    }
+                }
+                let waiter = self.enqueue_set(now, &names, &req, ttl)?;
+                touched.extend(self.set_waiters.get(&waiter).into_iter().flatten());
+                self.hand_over(now, touched);
+                Ok(LockOutcome::Queued { waiter })
+            }
+        }
+    }
+
+    /// Queues a set on every one of its `names` (made waited-for entries where free), with
+    /// one waiter and one ticket, at the back of every queue.
+    fn enqueue_set(
+        &mut self,
+        now: Instant,
+        names: &[&str],
+        req: &LockRequest,
+        ttl: Duration,
+    ) -> Result<WaiterId, TableError> {
+        let too_many = TableError::TooManyLocks {
+            max: self.limits.max_locks,
+        };
+        let mut slots = Vec::with_capacity(names.len());
+        for &name in names {
+            let slot = match self.index.get(name) {
+                Some(&slot) => slot,
+                None => self.add_entry(name.into()).ok_or(too_many.clone())?,
+            };
+            slots.push(slot);
+        }
+        let wait_deadline = match req.wait {
+            None => None,
+            Some(w) => self.clock.after(now, w).map(|(_, ticks)| ticks),
+        };
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        let waiter = self.next_waiter;
+        self.next_waiter += 1;
+        let id = self.intern(&req.id);
+        let queued = self.clock.ticks(now).unwrap_or(0);
+        for &slot in &slots {
+            let Some(entry) = self.slab.get_mut(slot) else {
+                continue;
+            };
+            entry.more_mut().queue.insert(
+                ticket,
+                Waiter {
+                    waiter,
+                    id: Arc::clone(&id),
+                    ttl,
+                    session: req.session,
+                    conn: req.conn,
+                    deadline: wait_deadline,
+                    queued,
+                    mode: req.mode,
+                    user: req.user,
+                    origin: req.origin.clone(),
+                    note: req.note.clone(),
+                },
+            );
+        }
+        if let Some(at) = wait_deadline {
+            self.timers.insert((at, Timer::Wait(waiter)));
+        }
+        if let Some(&first) = slots.first() {
+            self.waiters.insert(waiter, (first, ticket));
+        }
+        self.set_waiters.insert(waiter, slots.into());
+        Ok(waiter)
     }
 
     /// The same grant again for a holder's repeated LOCK: a new lease, bound as it asks.
@@ -332,7 +540,8 @@ impl Locks {
     }
 
     /// Queues `req` on `slot`, in the place of the same id's older request if it `replaces`
-    /// one (that request ends `Replaced`).
+    /// one (that request ends `Replaced`; a set leaves all its queues, whose slots go to
+    /// `touched`). The caller hands over `touched` and `slot`.
     fn enqueue(
         &mut self,
         now: Instant,
@@ -340,6 +549,7 @@ impl Locks {
         req: LockRequest,
         ttl: Duration,
         replaces: Option<WaiterPlace>,
+        touched: &mut Vec<u32>,
     ) -> Result<WaiterId, TableError> {
         let wait_deadline = match req.wait {
             None => None,
@@ -351,6 +561,18 @@ impl Locks {
         };
         let mut note = req.note;
         let ticket = match replaces {
+            Some((ticket, old, _)) if self.set_waiters.contains_key(&old) => {
+                // A set leaves every queue; this request takes its place on this name.
+                if let Some((replaced, left)) = self.remove_waiter(old) {
+                    note = rules::note_again(replaced.note.as_ref(), note.as_ref()).cloned();
+                    touched.extend(left);
+                }
+                self.effects.push(Effect::WaitEnded {
+                    waiter: old,
+                    why: WaitEnd::Replaced,
+                });
+                ticket
+            }
             Some((ticket, old, old_deadline)) => {
                 let replaced = entry.more_mut().queue.remove(&ticket);
                 let had = replaced.as_ref().and_then(|w| w.note.as_ref());
@@ -397,21 +619,35 @@ impl Locks {
         }
         self.waiters.insert(waiter, (slot, ticket));
         // A replacing request in another mode may fit where the one it replaced did not.
-        self.grant_fitting(now, slot);
+        touched.push(slot);
         Ok(waiter)
     }
 
     /// Ends the waits of `superseded` (waiters of `slot`) with [`WaitEnd::Superseded`] by
     /// `by`: a `supersede` LOCK takes the queue. The caller queues that LOCK next, so nobody
-    /// behind them is granted meanwhile.
-    fn supersede(&mut self, slot: u32, by: &str, superseded: Vec<WaiterPlace>) {
+    /// behind them is granted meanwhile. A set among them leaves all its queues: returns
+    /// the slots of its other names, for the caller to hand over.
+    fn supersede(&mut self, slot: u32, by: &str, superseded: Vec<WaiterPlace>) -> Vec<u32> {
+        let mut touched = Vec::new();
         if superseded.is_empty() {
-            return;
+            return touched;
         }
         let by: Arc<str> = self.intern(by);
         for (ticket, waiter, deadline) in superseded {
+            if self.set_waiters.contains_key(&waiter) {
+                if let Some((_, left)) = self.remove_waiter(waiter) {
+                    touched.extend(left.into_iter().filter(|&s| s != slot));
+                }
+                self.effects.push(Effect::WaitEnded {
+                    waiter,
+                    why: WaitEnd::Superseded {
+                        by: Arc::clone(&by),
+                    },
+                });
+                continue;
+            }
             let Some(entry) = self.slab.get_mut(slot) else {
-                return;
+                return touched;
             };
             entry.more_mut().queue.remove(&ticket);
             self.waiters.remove(&waiter);
@@ -425,6 +661,7 @@ impl Locks {
                 },
             });
         }
+        touched
     }
 
     /// UNLOCK by `user`: release if `token` is the live lease and `user` may (see
@@ -467,23 +704,30 @@ impl Locks {
         let slot = slot.ok_or(TableError::NotHeld)?;
         let who: Arc<str> = by.who().into();
         for &token in &ended {
-            let Some(entry) = self.slab.get(slot) else {
-                break;
+            // A set is broken whole: each of its names remembers the break.
+            let slots = match self.sets.get(&token) {
+                Some(slots) => slots.to_vec(),
+                None => vec![slot],
             };
-            let entry_name = Arc::clone(&entry.name);
-            let Some(deadline) = entry.holder(token).map(|h| h.deadline) else {
-                continue;
-            };
-            if self.journal {
-                self.changes.push(Change::Break {
-                    name: Arc::clone(&entry_name),
-                    token,
-                    by: Arc::clone(&who),
-                    at_unix_ms: self.wall_ms,
-                    deadline: self.clock.instant(deadline).unwrap_or(now),
-                });
+            for each in slots {
+                let Some(entry) = self.slab.get(each) else {
+                    continue;
+                };
+                let entry_name = Arc::clone(&entry.name);
+                let Some(deadline) = entry.holder(token).map(|h| h.deadline) else {
+                    continue;
+                };
+                if self.journal {
+                    self.changes.push(Change::Break {
+                        name: Arc::clone(&entry_name),
+                        token,
+                        by: Arc::clone(&who),
+                        at_unix_ms: self.wall_ms,
+                        deadline: self.clock.instant(deadline).unwrap_or(now),
+                    });
+                }
+                self.remember_break(entry_name, token, Arc::clone(&who), self.wall_ms, deadline);
             }
-            self.remember_break(entry_name, token, Arc::clone(&who), self.wall_ms, deadline);
             let mark = self.effects.len();
             self.end_lease(now, name, token, EventKind::Broken, None)?;
             for effect in &mut self.effects[mark..] {
@@ -503,11 +747,13 @@ impl Locks {
     pub fn broken(&mut self, now: Instant, name: &str, token: Token) -> TableError {
         self.expire(now);
         match self.broken.get(&token) {
-            Some(b) if &*b.name == name => TableError::Broken {
-                token,
-                by: Arc::clone(&b.by),
-                at_unix_ms: b.at_unix_ms,
-            },
+            Some(b) if &*b.name == name || b.also.iter().any(|n| &**n == name) => {
+                TableError::Broken {
+                    token,
+                    by: Arc::clone(&b.by),
+                    at_unix_ms: b.at_unix_ms,
+                }
+            }
             _ => TableError::NotHeld,
         }
     }
@@ -540,6 +786,13 @@ impl Locks {
         at_unix_ms: u64,
         deadline: u64,
     ) {
+        if let Some(b) = self.broken.get_mut(&token) {
+            // Another name of the same broken set.
+            if b.name != name && !b.also.contains(&name) {
+                b.also.push(name);
+            }
+            return;
+        }
         while self.broken.len() >= self.limits.max_locks.max(1) {
             let Some(oldest) = self.broken_order.pop_front() else {
                 break;
@@ -550,6 +803,7 @@ impl Locks {
         }
         let record = Broken {
             name,
+            also: Vec::new(),
             by,
             at_unix_ms,
             deadline,
@@ -571,11 +825,7 @@ impl Locks {
         let Some(slot) = self.index.get(name).copied() else {
             return;
         };
-        let Some(entry) = self.slab.get_mut(slot) else {
-            return;
-        };
-        let entry_name = Arc::clone(&entry.name);
-        let Some(holder) = entry.holder_mut(token) else {
+        let Some(holder) = self.slab.get(slot).and_then(|e| e.holder(token)) else {
             return;
         };
         if holder.open_conn() != Some(conn) {
@@ -585,6 +835,22 @@ impl Locks {
             let _ = self.end_lease(now, name, token, EventKind::Dropped, Some(conn));
             return;
         }
+        self.bound.remove(conn, token);
+        match self.sets.get(&token).cloned() {
+            Some(slots) => slots.iter().for_each(|&s| self.orphan(now, s, token)),
+            None => self.orphan(now, slot, token),
+        }
+    }
+
+    /// Starts the grace of the session lease `token` of `slot`, whose connection closed.
+    fn orphan(&mut self, now: Instant, slot: u32, token: Token) {
+        let Some(entry) = self.slab.get_mut(slot) else {
+            return;
+        };
+        let entry_name = Arc::clone(&entry.name);
+        let Some(holder) = entry.holder_mut(token) else {
+            return;
+        };
         let grace = Duration::from_millis(u64::from(holder.grace_ms));
         let cut = self
             .clock
@@ -592,7 +858,6 @@ impl Locks {
             .filter(|(_, ticks)| *ticks < holder.deadline);
         holder.bond = Bond::Orphan { cut: cut.is_some() };
         holder.conn = 0;
-        self.bound.remove(conn, token);
         if let Some((deadline, ticks)) = cut {
             let timer = Timer::Lease(token, slot);
             self.timers.remove(&(holder.deadline, timer));
@@ -654,16 +919,43 @@ impl Locks {
             None => None,
         };
         let slot = *self.index.get(name).ok_or(TableError::NotHeld)?;
-        let Some(entry) = self.slab.get_mut(slot) else {
-            return Err(TableError::NotHeld);
-        };
-        let entry_name = Arc::clone(&entry.name);
-        let holder = entry.holder_mut(token).ok_or(TableError::NotHeld)?;
+        let holder = self
+            .slab
+            .get(slot)
+            .and_then(|e| e.holder(token))
+            .ok_or(TableError::NotHeld)?;
         owned_by(holder, user)?;
         let ttl = ttl.unwrap_or(Duration::from_nanos(holder.ttl));
         let (deadline, deadline_ticks) = self.clock.after(now, ttl).ok_or(TableError::BadTtl {
             max: self.limits.max_ttl,
         })?;
+        // A set's lease is one: every one of its names gets the new deadline.
+        let bound = match self.sets.get(&token).cloned() {
+            Some(slots) => slots.iter().fold(false, |bound, &s| {
+                self.renew_one(s, token, ttl, (deadline, deadline_ticks), conn) | bound
+            }),
+            None => self.renew_one(slot, token, ttl, (deadline, deadline_ticks), conn),
+        };
+        Ok(Renewal { deadline, bound })
+    }
+
+    /// Gives the lease `token` of `slot` a new deadline; a session lease in its grace is
+    /// bound to `conn` (returns whether it was).
+    fn renew_one(
+        &mut self,
+        slot: u32,
+        token: Token,
+        ttl: Duration,
+        (deadline, deadline_ticks): (Instant, u64),
+        conn: ConnId,
+    ) -> bool {
+        let Some(entry) = self.slab.get_mut(slot) else {
+            return false;
+        };
+        let entry_name = Arc::clone(&entry.name);
+        let Some(holder) = entry.holder_mut(token) else {
+            return false;
+        };
         let timer = Timer::Lease(token, slot);
         self.timers.remove(&(holder.deadline, timer));
         holder.ttl = nanos(ttl);
@@ -683,7 +975,7 @@ impl Locks {
                 deadline,
             });
         }
-        Ok(Renewal { deadline, bound })
+        bound
     }
 
     /// RENEW ... detach: [`Locks::renew`], then a session lease becomes a plain one: it is
@@ -701,16 +993,23 @@ impl Locks {
         user: UserId,
     ) -> Result<Renewal, TableError> {
         let renewal = self.renew(now, name, token, ttl, conn, user)?;
-        let holder = self
-            .index
-            .get(name)
-            .copied()
-            .and_then(|slot| self.slab.get_mut(slot))
-            .and_then(|entry| entry.holder_mut(token));
-        if let Some(holder) = holder {
-            let was = holder.bind(None, conn);
-            if let Some(c) = was {
-                self.bound.remove(c, token);
+        let Some(slot) = self.index.get(name).copied() else {
+            return Ok(renewal);
+        };
+        let slots = match self.sets.get(&token) {
+            Some(slots) => slots.to_vec(),
+            None => vec![slot],
+        };
+        for slot in slots {
+            let holder = self
+                .slab
+                .get_mut(slot)
+                .and_then(|entry| entry.holder_mut(token));
+            if let Some(holder) = holder {
+                let was = holder.bind(None, conn);
+                if let Some(c) = was {
+                    self.bound.remove(c, token);
+                }
             }
         }
         Ok(Renewal {
@@ -732,10 +1031,10 @@ impl Locks {
     /// waiting: it was granted or ended already, and the caller owns what the effects said.
     pub fn cancel_wait(&mut self, now: Instant, waiter: WaiterId) -> bool {
         self.expire(now);
-        let Some((_, slot)) = self.remove_waiter(waiter) else {
+        let Some((_, slots)) = self.remove_waiter(waiter) else {
             return false;
         };
-        self.grant_fitting(now, slot);
+        self.hand_over(now, slots);
         true
     }
 
@@ -743,7 +1042,7 @@ impl Locks {
     pub fn status(&mut self, now: Instant, name: &str) -> Option<LockStatus> {
         self.expire(now);
         let entry = self.entry(name)?;
-        Some(status_of(self.clock, now, entry))
+        status_of(self.clock, now, entry)
     }
 
     /// The first `max` waiters of `name`, in the order they will be granted.
@@ -781,7 +1080,7 @@ impl Locks {
         self.expire(now);
         self.slab
             .iter()
-            .map(|entry| status_of(self.clock, now, entry))
+            .filter_map(|entry| status_of(self.clock, now, entry))
             .collect()
     }
 
@@ -798,12 +1097,12 @@ impl Locks {
             };
             match timer {
                 Timer::Wait(waiter) => {
-                    if let Some((_, slot)) = self.remove_waiter(waiter) {
+                    if let Some((_, slots)) = self.remove_waiter(waiter) {
                         self.effects.push(Effect::WaitEnded {
                             waiter,
                             why: WaitEnd::TimedOut,
                         });
-                        self.grant_fitting(now, slot);
+                        self.hand_over(now, slots);
                     }
                 }
                 Timer::Lease(token, slot) => {
@@ -813,7 +1112,7 @@ impl Locks {
                             Bond::Orphan { cut: true } => EventKind::Dropped,
                             _ => EventKind::Expired,
                         };
-                        self.release_and_hand_over(now, slot, token, kind);
+                        self.end_token(now, slot, token, kind, false);
                     }
                 }
             }
@@ -872,25 +1171,44 @@ impl Locks {
         self.slab.get(slot)
     }
 
-    /// Puts a new entry for `name` in a free slot (its lease timer is the caller's); `None`
-    /// when all 2^32 slots are taken.
-    fn add_entry(&mut self, name: Arc<str>, holder: Holder, mode: Mode) -> Option<u32> {
-        let mut entry = Entry {
+    /// Puts a new entry for `name`, held by nobody yet, in a free slot (the caller places a
+    /// holder or a waiter in it at once); `None` when all 2^32 slots are taken.
+    fn add_entry(&mut self, name: Arc<str>) -> Option<u32> {
+        let entry = Entry {
             name: Arc::clone(&name),
-            holder,
+            holder: None,
             more: None,
         };
-        if mode != Mode::Exclusive {
-            entry.more_mut().mode = mode;
-        }
         let slot = self.slab.insert(entry)?;
         self.index.insert(name, slot);
+        self.vacant += 1;
         Some(slot)
+    }
+
+    /// Places `holder` (its token set) on `slot` in `mode`: the entry's first holder if
+    /// nobody holds it, else beside those holding. `None` if the slot is empty.
+    fn place_holder(&mut self, slot: u32, holder: Holder, mode: Mode) -> Option<()> {
+        let entry = self.slab.get_mut(slot)?;
+        if entry.holder.is_none() {
+            entry.holder = Some(holder);
+            self.vacant -= 1;
+            if mode != Mode::Exclusive {
+                entry.more_mut().mode = mode;
+            } else if let Some(more) = entry.more.as_mut() {
+                more.mode = mode;
+            }
+        } else {
+            entry.more_mut().others.push(holder);
+        }
+        Some(())
     }
 
     /// Takes the entry out of `slot` and frees the slot.
     fn remove_entry(&mut self, slot: u32) -> Option<Entry> {
         let entry = self.slab.remove(slot)?;
+        if entry.is_vacant() {
+            self.vacant -= 1;
+        }
         self.index.remove(&entry.name);
         if self.index.is_empty() {
             self.on_empty();
@@ -899,7 +1217,7 @@ impl Locks {
         Some(entry)
     }
 
-    /// Nothing is held (so nobody waits and no timer points into the slab): start the slab
+    /// Nothing is held or waited for (so no timer points into the slab): start the slab
     /// over, and after a large table hand its memory back.
     fn on_empty(&mut self) {
         self.slab.free.clear();
@@ -914,39 +1232,45 @@ impl Locks {
         }
     }
 
-    /// Gives a holder of `slot` the next token and starts its lease (timer, journal, Acquired
-    /// event, which says how long it `waited` in the queue); returns the token. The holder is
-    /// `added` beside those holding, or is the entry's own `holder` (just put in place).
+    /// Gives `holder` the next token and starts its lease on `slot` (see
+    /// [`Locks::start_lease_as`]); returns the token.
     fn start_lease(
         &mut self,
         slot: u32,
-        added: Option<Holder>,
+        holder: Holder,
+        mode: Mode,
         deadline: Instant,
         waited: Option<Duration>,
     ) -> Token {
         let token = self.next_token;
-        let Some(entry) = self.slab.get_mut(slot) else {
-            return token;
-        };
         self.next_token += 1;
-        self.leases += 1;
-        let mode = entry.mode();
+        self.start_lease_as(slot, holder, mode, deadline, waited, token);
+        token
+    }
+
+    /// Places `holder` on `slot` with `token` (a set's names share one) and starts its lease:
+    /// timer, journal, Acquired event, which says how long it `waited` in the queue.
+    fn start_lease_as(
+        &mut self,
+        slot: u32,
+        mut holder: Holder,
+        mode: Mode,
+        deadline: Instant,
+        waited: Option<Duration>,
+        token: Token,
+    ) {
+        holder.token = token;
+        if self.place_holder(slot, holder, mode).is_none() {
+            return;
+        }
+        let Some(entry) = self.slab.get(slot) else {
+            return;
+        };
         let name = Arc::clone(&entry.name);
-        let holder = match added {
-            Some(mut added) => {
-                added.token = token;
-                let others = &mut entry.more_mut().others;
-                others.push(added);
-                others.last_mut()
-            }
-            None => {
-                entry.holder.token = token;
-                Some(&mut entry.holder)
-            }
+        let Some(holder) = entry.holder(token) else {
+            return;
         };
-        let Some(holder) = holder else {
-            return token;
-        };
+        self.leases += 1;
         if let Some(conn) = holder.open_conn() {
             self.bound.add(conn, token, slot);
         }
@@ -977,7 +1301,6 @@ impl Locks {
             note: holder.note(),
             broken_by: Origin::default(),
         }));
-        token
     }
 
     fn end_lease(
@@ -994,21 +1317,44 @@ impl Locks {
         if only_conn.is_some() && holder.open_conn() != only_conn {
             return Err(TableError::NotHeld);
         }
+        self.end_token(now, slot, token, kind, true);
+        Ok(())
+    }
+
+    /// Ends the lease `token` of `slot` with `kind`, and of every other name of its set:
+    /// one event per name, and each name's queue moves on. `record`: journal the release
+    /// (an expiry needs none).
+    fn end_token(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind, record: bool) {
+        match self.sets.remove(&token) {
+            Some(slots) => {
+                for &each in slots.iter() {
+                    self.end_one(now, each, token, kind, record);
+                }
+            }
+            None => self.end_one(now, slot, token, kind, record),
+        }
+    }
+
+    fn end_one(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind, record: bool) {
+        let Some(entry) = self.slab.get(slot) else {
+            return;
+        };
+        let Some(holder) = entry.holder(token) else {
+            return;
+        };
         self.timers
             .remove(&(holder.deadline, Timer::Lease(token, slot)));
-        if self.journal {
+        if record && self.journal {
             self.changes.push(Change::Release {
                 name: Arc::clone(&entry.name),
                 token,
             });
         }
         self.release_and_hand_over(now, slot, token, kind);
-        Ok(())
     }
 
-    /// Removes the holder `token` of `slot` (its timer is already gone), then grants every
-    /// waiter at the head of the queue that now fits, in order: for an exclusive lock, one
-    /// effect for one waiter, no scan.
+    /// Removes the holder `token` of `slot` (its timer is already gone), then hands the name
+    /// over ([`Locks::hand_over`]): for an exclusive lock, one effect for one waiter, no scan.
     fn release_and_hand_over(&mut self, now: Instant, slot: u32, token: Token, kind: EventKind) {
         let Some(entry) = self.slab.get_mut(slot) else {
             return;
@@ -1016,53 +1362,24 @@ impl Locks {
         if let Some(conn) = entry.holder(token).and_then(Holder::open_conn) {
             self.bound.remove(conn, token);
         }
-        let old = if entry.holder.token == token {
+        let old = if entry.holder.as_ref().is_some_and(|h| h.token == token) {
             let next = entry
                 .more
                 .as_mut()
                 .and_then(|m| (!m.others.is_empty()).then(|| m.others.remove(0)));
-            match next {
-                Some(next) => std::mem::replace(&mut entry.holder, next),
-                None => match pop_first_waiter(entry) {
-                    // Nobody else holds it: the head of the queue takes the holder's place.
-                    Some(next) => {
-                        if let Some(more) = entry.more.as_mut() {
-                            more.mode = next.mode;
-                        }
-                        self.leases -= 1;
-                        self.replace_holder(now, slot, next, kind);
-                        self.grant_fitting(now, slot);
-                        self.sweep_ids_if_due();
-                        return;
-                    }
-                    None => {
-                        self.leases -= 1;
-                        if let Some(Entry { name, holder, .. }) = self.remove_entry(slot) {
-                            let held = self.clock.held(now, holder.granted);
-                            self.effects.push(Effect::Event(Event {
-                                kind,
-                                name,
-                                id: holder.id,
-                                token: holder.token,
-                                held,
-                                waited: None,
-                                origin: holder.origin,
-                                note: None,
-                                broken_by: Origin::default(),
-                            }));
-                        }
-                        return;
-                    }
-                },
+            let old = std::mem::replace(&mut entry.holder, next);
+            if entry.holder.is_none() {
+                self.vacant += 1;
             }
+            old
         } else {
-            let Some(more) = entry.more.as_mut() else {
-                return;
-            };
-            let Some(i) = more.others.iter().position(|h| h.token == token) else {
-                return;
-            };
-            more.others.remove(i)
+            entry.more.as_mut().and_then(|more| {
+                let i = more.others.iter().position(|h| h.token == token)?;
+                Some(more.others.remove(i))
+            })
+        };
+        let Some(old) = old else {
+            return;
         };
         self.leases -= 1;
         let name = Arc::clone(&entry.name);
@@ -1077,30 +1394,8 @@ impl Locks {
             note: None,
             broken_by: Origin::default(),
         }));
-        self.grant_fitting(now, slot);
+        self.hand_over(now, [slot]);
         self.sweep_ids_if_due();
-    }
-
-    /// Puts waiter `next` in the place of the entry's only holder, which ended with `kind`.
-    fn replace_holder(&mut self, now: Instant, slot: u32, next: Waiter, kind: EventKind) {
-        let (deadline, holder) = self.waiter_holder(now, &next);
-        let Some(entry) = self.slab.get_mut(slot) else {
-            return;
-        };
-        let old = std::mem::replace(&mut entry.holder, holder);
-        entry.tidy();
-        self.effects.push(Effect::Event(Event {
-            kind,
-            name: Arc::clone(&entry.name),
-            id: Arc::clone(&old.id),
-            token: old.token,
-            held: self.clock.held(now, old.granted),
-            waited: None,
-            origin: old.origin,
-            note: None,
-            broken_by: Origin::default(),
-        }));
-        self.grant_waiter(now, slot, next, None, deadline);
     }
 
     /// The holder a granted waiter becomes, and its lease's deadline.
@@ -1124,15 +1419,15 @@ impl Locks {
         (deadline, holder)
     }
 
-    /// Starts the lease of waiter `next`, already out of the queue and in place (`added` is
-    /// `Some` for a holder beside others), and tells it: the grant goes before the Acquired
-    /// event, so a watcher never sees a holder whose client has not been told.
+    /// Starts the lease of single-name waiter `next`, already out of the queue, as `holder`
+    /// of `slot`, and tells it: the grant goes before the Acquired event, so a watcher never
+    /// sees a holder whose client has not been told.
     fn grant_waiter(
         &mut self,
         now: Instant,
         slot: u32,
         next: Waiter,
-        added: Option<Holder>,
+        holder: Holder,
         deadline: Instant,
     ) {
         self.waiters.remove(&next.waiter);
@@ -1140,7 +1435,7 @@ impl Locks {
             self.timers.remove(&(at, Timer::Wait(next.waiter)));
         }
         let waited = self.clock.held(now, next.queued);
-        let token = self.start_lease(slot, added, deadline, Some(waited));
+        let token = self.start_lease(slot, holder, next.mode, deadline, Some(waited));
         let Some(name) = self.slab.get(slot).map(|e| Arc::clone(&e.name)) else {
             return;
         };
@@ -1154,38 +1449,173 @@ impl Locks {
         self.effects.extend(acquired);
     }
 
-    /// Grants, in queue order, every waiter at the head that fits beside those holding: all
-    /// the shared ones up to the next exclusive one, a semaphore's free slots. For an
-    /// exclusive lock it looks at the head and stops.
-    fn grant_fitting(&mut self, now: Instant, slot: u32) {
+    /// Grants the waiting set `waiter` (ready on every one of its names, at `ticket` in each
+    /// queue) one lease over all its `slots`: one token, one Granted effect (before the
+    /// Acquired events, one per name).
+    fn grant_set(&mut self, now: Instant, waiter: WaiterId, ticket: u64, slots: Box<[u32]>) {
+        self.waiters.remove(&waiter);
+        let token = self.next_token;
+        self.next_token += 1;
+        let mark = self.effects.len();
+        let mut granted = None;
+        for &slot in slots.iter() {
+            let next = self
+                .slab
+                .get_mut(slot)
+                .and_then(|e| e.more.as_mut())
+                .and_then(|m| m.queue.remove(&ticket));
+            let Some(next) = next else {
+                continue;
+            };
+            let waited = self.clock.held(now, next.queued);
+            let (deadline, holder) = self.waiter_holder(now, &next);
+            self.start_lease_as(slot, holder, next.mode, deadline, Some(waited), token);
+            if granted.is_none() {
+                granted = Some((next.deadline, deadline));
+            }
+        }
+        let Some((wait_deadline, deadline)) = granted else {
+            return;
+        };
+        if let Some(at) = wait_deadline {
+            self.timers.remove(&(at, Timer::Wait(waiter)));
+        }
+        let name = slots
+            .first()
+            .and_then(|&slot| self.slab.get(slot))
+            .map(|e| Arc::clone(&e.name))
+            .unwrap_or_else(|| Arc::from(""));
+        self.effects.insert(
+            mark,
+            Effect::Granted {
+                waiter,
+                name,
+                token,
+                deadline,
+            },
+        );
+        self.journal_set(token, &slots);
+        self.sets.insert(token, slots);
+    }
+
+    /// Records that the leases `token` of `slots` (just granted) are one set.
+    fn journal_set(&mut self, token: Token, slots: &[u32]) {
+        if !self.journal {
+            return;
+        }
+        let names = slots
+            .iter()
+            .filter_map(|&slot| self.slab.get(slot).map(|e| Arc::clone(&e.name)))
+            .collect();
+        self.changes.push(Change::Set { token, names });
+    }
+
+    /// Hands over every name of `slots` whose head or holders changed, and then every name
+    /// a grant of a set touched in turn (a work list: only those names, never a scan).
+    fn hand_over(&mut self, now: Instant, slots: impl IntoIterator<Item = u32>) {
+        let mut work = Vec::new();
+        for slot in slots {
+            self.hand_over_one(now, slot, &mut work);
+        }
+        while let Some(slot) = work.pop() {
+            self.hand_over_one(now, slot, &mut work);
+        }
+    }
+
+    /// Grants, in queue order, every waiter at the head of `slot` that fits beside those
+    /// holding: all the shared ones up to the next exclusive one, a semaphore's free slots; a
+    /// set once [`rules::set_ready`] holds on all its names (its other names go to `work`).
+    /// For an exclusive lock it looks at the head and stops. An entry left with neither
+    /// holder nor waiter goes.
+    fn hand_over_one(&mut self, now: Instant, slot: u32, work: &mut Vec<u32>) {
         loop {
             let Some(entry) = self.slab.get_mut(slot) else {
                 return;
             };
             if !entry.head_fits() {
-                entry.tidy();
+                if entry.is_vacant() && entry.waiters() == 0 {
+                    self.remove_entry(slot);
+                } else {
+                    entry.tidy();
+                }
                 return;
+            }
+            let Some((&ticket, head)) = entry.queue().and_then(|q| q.first_key_value()) else {
+                return;
+            };
+            let waiter = head.waiter;
+            if self.set_waiters.contains_key(&waiter) {
+                if !self.set_is_ready(waiter, ticket) {
+                    if let Some(entry) = self.slab.get_mut(slot) {
+                        entry.tidy();
+                    }
+                    return;
+                }
+                let Some(slots) = self.set_waiters.remove(&waiter) else {
+                    return;
+                };
+                work.extend(slots.iter().copied().filter(|&s| s != slot));
+                self.grant_set(now, waiter, ticket, slots);
+                continue;
             }
             let Some(next) = pop_first_waiter(entry) else {
                 return;
             };
             let (deadline, holder) = self.waiter_holder(now, &next);
-            self.grant_waiter(now, slot, next, Some(holder), deadline);
+            self.grant_waiter(now, slot, next, holder, deadline);
         }
     }
 
-    /// Takes a waiter out of its queue; returns it and its entry's slot. A waiter that left
-    /// the head may have been what kept the ones behind it waiting: the caller grants them
-    /// ([`Locks::grant_fitting`]) once it has said why this one left.
-    fn remove_waiter(&mut self, waiter: WaiterId) -> Option<(Waiter, u32)> {
+    /// Whether the waiting set `waiter` (at `ticket` in each of its queues) is granted now,
+    /// as [`rules::set_ready`] says over its names.
+    fn set_is_ready(&self, waiter: WaiterId, ticket: u64) -> bool {
+        let Some(slots) = self.set_waiters.get(&waiter) else {
+            return false;
+        };
+        let mut views = Vec::with_capacity(slots.len());
+        let mut keys = Vec::with_capacity(slots.len());
+        let mut mode = Mode::Exclusive;
+        for &slot in slots.iter() {
+            let Some(entry) = self.slab.get(slot) else {
+                return false;
+            };
+            let Some(w) = entry.queue().and_then(|q| q.get(&ticket)) else {
+                return false;
+            };
+            mode = w.mode;
+            keys.push((ticket, waiter, w.deadline));
+            views.push(TableView(Some(entry)));
+        }
+        rules::set_ready(views.iter().zip(keys.iter()), mode)
+    }
+
+    /// Takes a waiter out of its queue (a set out of every one); returns it and the slots
+    /// of its names. A waiter that left the head may have been what kept the ones behind it
+    /// waiting: the caller hands those names over ([`Locks::hand_over`]) once it has said
+    /// why this one left (which also drops an entry nobody holds or waits for any more).
+    fn remove_waiter(&mut self, waiter: WaiterId) -> Option<(Waiter, Vec<u32>)> {
         let (slot, ticket) = self.waiters.remove(&waiter)?;
-        let entry = self.slab.get_mut(slot)?;
-        let w = entry.more.as_mut()?.queue.remove(&ticket)?;
+        let slots = match self.set_waiters.remove(&waiter) {
+            Some(slots) => slots.into_vec(),
+            None => vec![slot],
+        };
+        let mut first = None;
+        for &each in &slots {
+            let removed = self
+                .slab
+                .get_mut(each)
+                .and_then(|e| e.more.as_mut())
+                .and_then(|m| m.queue.remove(&ticket));
+            if first.is_none() {
+                first = removed;
+            }
+        }
+        let w = first?;
         if let Some(at) = w.deadline {
             self.timers.remove(&(at, Timer::Wait(waiter)));
         }
         self.sweep_ids_if_due();
-        Some((w, slot))
+        Some((w, slots))
     }
 
     /// The table's one `Arc` for `id`: a client that holds many locks, or takes a lock again
@@ -1232,8 +1662,10 @@ fn pop_first_waiter(entry: &mut Entry) -> Option<Waiter> {
     Some(first)
 }
 
-fn status_of(clock: Clock, now: Instant, entry: &Entry) -> LockStatus {
-    holder_status(clock, now, entry, &entry.holder)
+/// STATUS of `entry`: its first holder's; `None` while nobody holds it (only waiters).
+fn status_of(clock: Clock, now: Instant, entry: &Entry) -> Option<LockStatus> {
+    let holder = entry.holder.as_ref()?;
+    Some(holder_status(clock, now, entry, holder))
 }
 
 /// One holder of `entry`, described as STATUS shows a lock.

@@ -177,6 +177,101 @@ pub fn decide<V: NameView>(
     })
 }
 
+/// What a LOCK of a set of names (`and=`) does: one answer for all of them.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SetDecision<H, W> {
+    /// The same id (and user) already holds every name (a retry after a lost reply): the
+    /// same grants again, in the request's order, with one new lease.
+    Again(Vec<H>),
+    /// New holders of every name, now.
+    Grant,
+    /// Wait in line on every name at once, the free ones too (nobody may take one of them
+    /// meanwhile: that is what makes the set first in line everywhere in the end). Per name,
+    /// in the request's order, the same id's older request whose place it takes, if any.
+    Queue {
+        /// The older requests' keys, one slot per name.
+        replaces: Vec<Option<W>>,
+    },
+}
+
+/// Decides a LOCK of the set of names `views` show (in the request's order, no name twice):
+/// every name as [`decide`] would, then one answer for all. Any refusal of any name (its
+/// shape, CONFLICT, LIMIT, `wait=0` finding it held or queued) refuses the whole set, and
+/// nothing changes. `leases`: as for [`decide`]; a grant adds one lease per name.
+///
+/// Why no set ever deadlocks: a set joins the queue of every one of its names in one step
+/// (the table is serialized; etcd orders by revision), and is granted only when nobody waits
+/// before it in any of them ([`set_ready`]). So queues agree on the order of any two
+/// requests, and the earliest request still waiting is first in each of its queues: it
+/// waits for holders only, which leave. FIFO per name is kept as for one name: nobody
+/// overtakes a set, and a set overtakes nobody.
+pub fn decide_set<V: NameView>(
+    views: &[V],
+    ask: &Ask<'_, V::User>,
+    limits: &Limits,
+    leases: usize,
+) -> Result<SetDecision<V::HolderKey, V::WaiterKey>, TableError> {
+    // The protocol refuses `supersede` with `and=`: taking several queues at once would end
+    // waiters that never asked for this set.
+    let plain = Ask {
+        id: ask.id,
+        user: ask.user,
+        mode: ask.mode,
+        conn: ask.conn,
+        wait: ask.wait,
+        supersede: false,
+    };
+    let mut again = Vec::new();
+    let mut queued = false;
+    let mut replaces = Vec::with_capacity(views.len());
+    for view in views {
+        match decide(view, &plain, limits, leases)? {
+            Decision::Again(key) => {
+                again.push(key);
+                replaces.push(None);
+            }
+            Decision::Grant => replaces.push(None),
+            Decision::Queue { replaces: r, .. } => {
+                queued = true;
+                replaces.push(r);
+            }
+        }
+    }
+    if !again.is_empty() {
+        // A set is one lease: an id that holds some of its names (alone, or in another
+        // set) can't make them part of a new one.
+        if again.len() != views.len() {
+            return Err(TableError::Conflict);
+        }
+        return Ok(SetDecision::Again(again));
+    }
+    if !queued {
+        if leases.saturating_add(views.len()) > limits.max_locks {
+            return Err(TableError::TooManyLocks {
+                max: limits.max_locks,
+            });
+        }
+        return Ok(SetDecision::Grant);
+    }
+    // (With `wait=0` no name queues: `decide` refused it as `WouldBlock` above.)
+    Ok(SetDecision::Queue { replaces })
+}
+
+/// Whether a request waiting as `places` (per name of its set: that name's view and the
+/// request's waiter key in it) in `mode` is granted now: first in line in every one of its
+/// names' queues, and fitting beside each name's holders. A single name is the set of one.
+pub fn set_ready<'v, V, I>(places: I, mode: Mode) -> bool
+where
+    V: NameView + 'v,
+    V::WaiterKey: PartialEq + 'v,
+    I: IntoIterator<Item = (&'v V, &'v V::WaiterKey)>,
+{
+    places.into_iter().all(|(view, key)| {
+        view.queue().next().is_some_and(|first| &first.key == key)
+            && admits(view.holders().map(|h| h.mode), mode)
+    })
+}
+
 /// The waiters a `supersede` LOCK `ask` ends as SUPERSEDED: every waiter but the same id's
 /// (and user's) first one, which it replaces. (Further waiters of the same id, which a
 /// cluster may briefly show, are superseded too: one of them is the request it replaces.)
@@ -463,6 +558,117 @@ mod tests {
         // On a free name it is a plain grant.
         let free = Plain::default();
         assert_eq!(decide(&free, &me, &limits(1), 0), Ok(Decision::Grant));
+    }
+
+    #[test]
+    fn a_set_is_granted_refused_or_queued_as_one() {
+        let free = Plain::default();
+        let held = Plain {
+            holders: vec![("p", 0, Mode::Exclusive, None)],
+            ..Plain::default()
+        };
+        let me = ask("me", Mode::Exclusive, None);
+        assert_eq!(
+            decide_set(&[Plain::default(), Plain::default()], &me, &limits(4), 0),
+            Ok(SetDecision::Grant)
+        );
+        // One lease per name: the set must fit within max_locks whole.
+        let few = Limits {
+            max_locks: 3,
+            ..limits(4)
+        };
+        assert_eq!(
+            decide_set(&[Plain::default(), Plain::default()], &me, &few, 2),
+            Err(TableError::TooManyLocks { max: 3 })
+        );
+        // One name held: the set waits on both, the free one too.
+        assert_eq!(
+            decide_set(&[free, held], &me, &limits(4), 1),
+            Ok(SetDecision::Queue {
+                replaces: vec![None, None]
+            })
+        );
+        // wait=0: any name held or queued refuses the whole set.
+        let now = ask("me", Mode::Exclusive, Some(Duration::ZERO));
+        let held = Plain {
+            holders: vec![("p", 0, Mode::Exclusive, None)],
+            ..Plain::default()
+        };
+        assert!(matches!(
+            decide_set(&[Plain::default(), held], &now, &limits(4), 1),
+            Err(TableError::WouldBlock { .. })
+        ));
+        // Any name's refusal refuses the set: a full queue, a shape the name is not in.
+        let queued = Plain {
+            holders: vec![("p", 0, Mode::Exclusive, None)],
+            queue: vec![("w", 0, Mode::Exclusive)],
+        };
+        assert_eq!(
+            decide_set(&[Plain::default(), queued], &me, &limits(1), 1),
+            Err(TableError::TooManyWaiters { max: 1 })
+        );
+        let shared = Plain {
+            holders: vec![("p", 0, Mode::Shared, None)],
+            ..Plain::default()
+        };
+        let sem = ask("me", Mode::Limit(2), None);
+        assert!(matches!(
+            decide_set(&[Plain::default(), shared], &sem, &limits(4), 1),
+            Err(TableError::WrongMode { .. })
+        ));
+    }
+
+    #[test]
+    fn a_set_retried_is_the_same_grants_or_a_conflict() {
+        let mine = || Plain {
+            holders: vec![("me", 0, Mode::Exclusive, None)],
+            ..Plain::default()
+        };
+        let me = ask("me", Mode::Exclusive, None);
+        assert_eq!(
+            decide_set(&[mine(), mine()], &me, &limits(4), 2),
+            Ok(SetDecision::Again(vec![0, 0]))
+        );
+        // Holding one of the names is no part of a new set.
+        assert_eq!(
+            decide_set(&[mine(), Plain::default()], &me, &limits(4), 1),
+            Err(TableError::Conflict)
+        );
+        // Waiting already: the set takes its older request's place on each name.
+        let waiting = Plain {
+            holders: vec![("p", 0, Mode::Exclusive, None)],
+            queue: vec![("me", 0, Mode::Exclusive)],
+        };
+        assert_eq!(
+            decide_set(&[Plain::default(), waiting], &me, &limits(4), 1),
+            Ok(SetDecision::Queue {
+                replaces: vec![None, Some(0)]
+            })
+        );
+    }
+
+    #[test]
+    fn a_waiting_set_is_ready_when_first_everywhere_and_fitting() {
+        let first = Plain {
+            queue: vec![("me", 0, Mode::Exclusive)],
+            ..Plain::default()
+        };
+        let second = Plain {
+            queue: vec![("a", 0, Mode::Exclusive), ("me", 0, Mode::Exclusive)],
+            ..Plain::default()
+        };
+        let held = Plain {
+            holders: vec![("p", 0, Mode::Exclusive, None)],
+            queue: vec![("me", 0, Mode::Exclusive)],
+        };
+        assert!(set_ready([(&first, &0), (&first, &0)], Mode::Exclusive));
+        assert!(!set_ready([(&first, &0), (&second, &1)], Mode::Exclusive));
+        assert!(!set_ready([(&first, &0), (&held, &0)], Mode::Exclusive));
+        let shared = Plain {
+            holders: vec![("p", 0, Mode::Shared, None)],
+            queue: vec![("me", 0, Mode::Shared)],
+        };
+        assert!(set_ready([(&first, &0), (&shared, &0)], Mode::Shared));
     }
 
     #[test]

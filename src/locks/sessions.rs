@@ -128,6 +128,7 @@ mod tests {
             origin: Default::default(),
             note: None,
             supersede: false,
+            and: Box::default(),
         }
     }
 

@@ -200,6 +200,11 @@ pub struct LockRequest {
     /// `supersede`: if it must wait, every request waiting on the name is answered
     /// [`WaitEnd::Superseded`] and this one waits at the head (newest wins).
     pub supersede: bool,
+    /// `and=<name>`, repeated: the further names of a set (in the request's order, none
+    /// twice, `name` not among them; empty for one name). A set is one lease: one token,
+    /// one deadline, granted on every name at once; UNLOCK, RENEW, CHECK, BREAK of any of
+    /// its names with that token apply to all of them.
+    pub and: Box<[String]>,
 }
 
 /// A holder's note (`LOCK ... note=<text>`): shared by the holder, its events and its
@@ -471,6 +476,13 @@ pub enum Change {
         /// When, in Unix milliseconds.
         at_unix_ms: u64,
         deadline: Instant,
+    },
+    /// The leases `token` of `names` (each just granted by its own `Grant`) are one set (a
+    /// LOCK with `and=`), in the request's order: a restart links them again.
+    #[allow(missing_docs)] // the variant's doc names each field
+    Set {
+        token: Token,
+        names: Box<[Arc<str>]>,
     },
 }
 

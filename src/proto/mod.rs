@@ -61,7 +61,7 @@ impl Tie {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]
-    /// [supersede] [note=<text>]`.
+    /// [supersede] [and=<name>]... [note=<text>]`.
     Lock {
         /// The lock.
         name: String,
@@ -81,6 +81,9 @@ pub enum Request {
         /// `supersede`: if it must wait, it takes the whole queue (the waiters are answered
         /// `ERR SUPERSEDED`).
         supersede: bool,
+        /// `and=<name>`, repeated: the further names of a set, granted with `name` all at
+        /// once or not at all, in the order given (no name twice; empty for one name).
+        and: Box<[String]>,
     },
     /// `UNLOCK <name> <token>`.
     Unlock {
@@ -191,14 +194,15 @@ impl fmt::Display for AuthLine<'_> {
 
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [note=<text>, last] | \
-UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] [detach] | CHECK <name> <token> | \
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [and=<name>]... \
+[note=<text>, last] | UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] [detach] | CHECK <name> <token> | \
 STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | BREAK <name> [<token>] | \
 PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [note=<text>, last]";
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [and=<name>]... \
+[note=<text>, last]";
 
 /// Most slots a semaphore may have.
 pub const MAX_LIMIT: u32 = 100_000;
@@ -306,8 +310,32 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
     if args.len() < 2 {
         return Err(syntax(USAGE_LOCK));
     }
+    // `and=` is the one option that repeats: the set's further names, taken out first.
+    let name = valid_name("name", args[0])?;
+    let mut and: Vec<String> = Vec::new();
+    let mut words: Vec<&str> = Vec::with_capacity(args.len() - 2);
+    for word in &args[2..] {
+        match word.split_once('=') {
+            Some((key, value)) if key.eq_ignore_ascii_case("and") => {
+                let further = valid_name("name", value)?;
+                if further == name || and.contains(&further) {
+                    return Err(syntax(format!(
+                        "name {} given twice in one LOCK; {USAGE_LOCK}",
+                        quote(&further)
+                    )));
+                }
+                and.push(further);
+            }
+            None if word.eq_ignore_ascii_case("and") => {
+                return Err(syntax(format!(
+                    "and needs a value, as and=<name>; {USAGE_LOCK}"
+                )))
+            }
+            _ => words.push(word),
+        }
+    }
     let opts = Options::parse(
-        &args[2..],
+        &words,
         &[
             "ttl",
             "wait",
@@ -319,8 +347,13 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
         ],
         USAGE_LOCK,
     )?;
+    if opts.supersede && !and.is_empty() {
+        return Err(syntax(format!(
+            "supersede takes one name, not a set (and=); {USAGE_LOCK}"
+        )));
+    }
     Ok(Request::Lock {
-        name: valid_name("name", args[0])?,
+        name,
         id: valid_name("id", args[1])?,
         ttl: opts.ttl,
         wait: opts.wait,
@@ -331,6 +364,7 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
             None => None,
         },
         supersede: opts.supersede,
+        and: and.into(),
     })
 }
 
@@ -508,6 +542,7 @@ impl fmt::Display for Request {
                 mode,
                 note,
                 supersede,
+                and,
             } => {
                 write!(f, "LOCK {name} {id}")?;
                 match mode {
@@ -529,6 +564,9 @@ impl fmt::Display for Request {
                 }
                 if *supersede {
                     f.write_str(" supersede")?;
+                }
+                for further in and {
+                    write!(f, " and={further}")?;
                 }
                 // Last: it takes the rest of the line.
                 match note {
@@ -638,6 +676,21 @@ impl Request {
             _ => Ok(()),
         }
     }
+
+    /// Refuses a LOCK of more than `max` names (`--max-names`): a set is granted in one
+    /// step of the table (one etcd transaction), whose size the server bounds.
+    pub fn check_names(&self, max: usize) -> Result<(), ProtoError> {
+        match self {
+            Request::Lock { and, .. } if and.len() + 1 > max => Err(ProtoError::new(
+                ErrorCode::Limit,
+                format!(
+                    "LOCK of {} names; this server allows at most {max} in one LOCK",
+                    and.len() + 1
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Request {
@@ -666,6 +719,14 @@ impl Request {
                 )));
             }
         }
+        if let Request::Lock { and, .. } = self {
+            if let Some(v) = and.iter().find(|v| v.len() > max) {
+                return Err(bad_arg(format!(
+                    "name is {} bytes; this server allows at most {max}",
+                    v.len()
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -673,6 +734,36 @@ impl Request {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_of_a_set() {
+        let r =
+            parse("LOCK db-migrate ci-7 ttl=5m and=cache-flush AND=search note=two names").unwrap();
+        let Request::Lock { name, and, .. } = &r else {
+            panic!("not a LOCK: {r:?}");
+        };
+        assert_eq!(name, "db-migrate");
+        assert_eq!(&**and, ["cache-flush", "search"]);
+        assert_eq!(
+            r.to_string(),
+            "LOCK db-migrate ci-7 ttl=300000ms and=cache-flush and=search note=two names"
+        );
+        assert_eq!(parse(&r.to_string()), Ok(r.clone()));
+        let code = |line: &str| parse(line).map_err(|e| e.code);
+        assert_eq!(code("LOCK a me and=a"), Err(ErrorCode::Syntax));
+        assert_eq!(code("LOCK a me and=b and=b"), Err(ErrorCode::Syntax));
+        assert_eq!(code("LOCK a me and"), Err(ErrorCode::Syntax));
+        assert_eq!(code("LOCK a me and="), Err(ErrorCode::BadArg));
+        assert_eq!(code("LOCK a me and=b supersede"), Err(ErrorCode::Syntax));
+        assert_eq!(code("LOCK a me supersede and=b"), Err(ErrorCode::Syntax));
+        assert_eq!(r.check_names(3), Ok(()));
+        assert_eq!(r.check_names(2).map_err(|e| e.code), Err(ErrorCode::Limit));
+        let long = parse("LOCK a me and=longer-name").unwrap();
+        assert_eq!(
+            long.check_name_len(4).map_err(|e| e.code),
+            Err(ErrorCode::BadArg)
+        );
+    }
 
     #[test]
     fn lock_with_options() {
@@ -688,6 +779,7 @@ mod tests {
                 mode: Mode::Exclusive,
                 note: None,
                 supersede: false,
+                and: Box::default(),
             }
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");

@@ -15,6 +15,9 @@ use crate::locks::{Event, EventKind, LockStatus, Mode, Token, WaiterStatus};
 pub enum Reply<'a> {
     /// `OK <token>`: LOCK granted.
     Token(Token),
+    /// `OK <token> <token2> ...`: a LOCK of a set (`and=`) granted, one token per name in
+    /// the request's order (at least two; one name is [`Reply::Token`]).
+    Tokens(&'a [Token]),
     /// `OK`: UNLOCK, RENEW, CHECK.
     Done,
     /// `OK ttl_ms=<ms>`: RENEW and CHECK say how long the lease has left.
@@ -58,6 +61,10 @@ impl fmt::Display for Reply<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reply::Token(t) => write!(f, "OK {t}"),
+            Reply::Tokens(tokens) => {
+                f.write_str("OK")?;
+                tokens.iter().try_for_each(|t| write!(f, " {t}"))
+            }
             Reply::Done => f.write_str("OK"),
             Reply::Lease(left) => write!(f, "OK {LEASE_KEY}={}", left.as_millis()),
             Reply::Pong => write!(f, "OK {PONG}"),
@@ -532,6 +539,8 @@ impl From<&super::Request> for Asked {
 pub enum Received {
     /// `OK <token>`: LOCK granted.
     Token(Token),
+    /// `OK <token> <token2> ...`: a LOCK of a set granted, a token per name in its order.
+    Tokens(Vec<Token>),
     /// `OK`: UNLOCK (and RENEW or CHECK of an older server).
     Done,
     /// `OK ttl_ms=<ms>`: RENEW and CHECK.
@@ -573,6 +582,7 @@ impl fmt::Display for Received {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Received::Token(t) => Reply::Token(*t).fmt(f),
+            Received::Tokens(tokens) => Reply::Tokens(tokens).fmt(f),
             Received::Done => Reply::Done.fmt(f),
             Received::Lease(left) => Reply::Lease(*left).fmt(f),
             Received::Pong => Reply::Pong.fmt(f),
@@ -648,7 +658,13 @@ fn ok_line(rest: &str, bare: bool, asked: Asked) -> Option<Received> {
             .then_some(Received::Done);
     }
     match asked {
-        Asked::Lock => Some(Received::Token(number(rest)?)),
+        Asked::Lock => match rest.split_once(' ') {
+            None => Some(Received::Token(number(rest)?)),
+            // A set's grant: a token per name, single spaces, at least two.
+            Some(_) => Some(Received::Tokens(
+                rest.split(' ').map(number).collect::<Option<Vec<_>>>()?,
+            )),
+        },
         Asked::Renew | Asked::Check => {
             let ms = rest.strip_prefix(LEASE_KEY)?.strip_prefix('=')?;
             Some(Received::Lease(Duration::from_millis(number(ms)?)))
@@ -1077,6 +1093,13 @@ mod tests {
     fn ok_lines_read_by_what_was_asked() {
         let r = |line, asked| Received::parse(line, asked).unwrap();
         assert_eq!(r("OK 12", Asked::Lock), Received::Token(12));
+        assert_eq!(
+            r("OK 12 13 20", Asked::Lock),
+            Received::Tokens(vec![12, 13, 20])
+        );
+        assert_eq!(Received::Tokens(vec![12, 13]).to_string(), "OK 12 13");
+        assert!(Received::parse("OK 12  13", Asked::Lock).is_err());
+        assert!(Received::parse("OK 12 x", Asked::Lock).is_err());
         assert_eq!(r("OK 12", Asked::StatusAll), Received::Count(12));
         let aged = EtcdAge {
             age: Duration::from_millis(4200),

@@ -30,14 +30,16 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The leases as the log says they are, by token (a semaphore's name has several), and the
-/// highest token ever granted.
+/// The leases as the log says they are, by token and name (a semaphore's name has several
+/// tokens, a set's token several names), and the highest token ever granted.
 #[derive(Debug, Default)]
 pub struct LogState {
-    pub leases: HashMap<u64, Lease>,
+    pub leases: HashMap<(u64, String), Lease>,
     pub high_token: u64,
-    /// The broken leases still remembered, by token.
-    pub breaks: HashMap<u64, Broken>,
+    /// The broken leases still remembered, by token and name.
+    pub breaks: HashMap<(u64, String), Broken>,
+    /// The sets of names, by token, while any of their leases lives.
+    pub sets: HashMap<u64, Vec<String>>,
 }
 
 impl LogState {
@@ -45,7 +47,7 @@ impl LogState {
         match record {
             Record::Grant(lease) => {
                 self.high_token = self.high_token.max(lease.token);
-                self.leases.insert(lease.token, lease);
+                self.leases.insert((lease.token, lease.name.clone()), lease);
             }
             Record::Renew {
                 name,
@@ -53,19 +55,29 @@ impl LogState {
                 ttl_ms,
                 deadline_ms,
             } => {
-                if let Some(lease) = self.leases.get_mut(&token).filter(|l| l.name == name) {
+                if let Some(lease) = self.leases.get_mut(&(token, name)) {
                     lease.ttl_ms = ttl_ms;
                     lease.deadline_ms = deadline_ms;
                 }
             }
             Record::Release { name, token } => {
-                if self.leases.get(&token).is_some_and(|l| l.name == name) {
-                    self.leases.remove(&token);
+                self.leases.remove(&(token, name));
+                let ended = self.sets.get(&token).is_some_and(|names| {
+                    !names
+                        .iter()
+                        .any(|n| self.leases.contains_key(&(token, n.clone())))
+                });
+                if ended {
+                    self.sets.remove(&token);
                 }
             }
             Record::Break(broken) => {
                 self.high_token = self.high_token.max(broken.token);
-                self.breaks.insert(broken.token, broken);
+                self.breaks
+                    .insert((broken.token, broken.name.clone()), broken);
+            }
+            Record::Set { token, names } => {
+                self.sets.insert(token, names);
             }
         }
     }
@@ -74,6 +86,12 @@ impl LogState {
     fn prune(&mut self, now_ms: u64) {
         self.leases.retain(|_, l| l.deadline_ms > now_ms);
         self.breaks.retain(|_, b| b.deadline_ms > now_ms);
+        let leases = &self.leases;
+        self.sets.retain(|&token, names| {
+            names
+                .iter()
+                .any(|n| leases.contains_key(&(token, n.clone())))
+        });
     }
 }
 
@@ -189,11 +207,16 @@ impl DataDir {
                 generation = snap.generation;
                 state.high_token = snap.high_token;
                 for lease in snap.leases {
-                    state.leases.insert(lease.token, lease);
+                    state
+                        .leases
+                        .insert((lease.token, lease.name.clone()), lease);
                 }
                 for broken in snap.breaks {
-                    state.breaks.insert(broken.token, broken);
+                    state
+                        .breaks
+                        .insert((broken.token, broken.name.clone()), broken);
                 }
+                state.sets.extend(snap.sets);
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -274,6 +297,12 @@ impl DataDir {
             high_token: self.state.high_token,
             leases: self.state.leases.values().cloned().collect(),
             breaks: self.state.breaks.values().cloned().collect(),
+            sets: self
+                .state
+                .sets
+                .iter()
+                .map(|(token, names)| (*token, names.clone()))
+                .collect(),
         };
         let tmp = self.dir.join(SNAPSHOT_TMP);
         let mut file = File::create(&tmp)?;
@@ -498,7 +527,7 @@ mod tests {
         let data = open_again(&dir.0).unwrap();
         assert_eq!(data.state().high_token, token);
         assert_eq!(data.state().leases.len(), 1);
-        let kept = &data.state().leases[&1];
+        let kept = &data.state().leases[&(1, "kept".to_string())];
         assert_eq!(kept.name, "kept");
         assert_eq!((kept.token, kept.deadline_ms), (1, later + 1));
     }
@@ -545,9 +574,51 @@ mod tests {
         drop(data);
         let data = open_again(&dir.0).unwrap();
         assert!(data.state().leases.is_empty());
-        let kept: Vec<u64> = data.state().breaks.keys().copied().collect();
+        let kept: Vec<u64> = data.state().breaks.keys().map(|(t, _)| *t).collect();
         assert_eq!(kept, [1]);
-        assert_eq!(data.state().breaks[&1].by, "ops");
+        assert_eq!(data.state().breaks[&(1, "stuck".to_string())].by, "ops");
+    }
+
+    #[test]
+    fn a_set_outlives_compaction_and_ends_with_its_leases() {
+        let dir = TempDir::new("compact-set");
+        let later = unix_ms() + 3_600_000;
+        let mut data = open_again(&dir.0).unwrap();
+        data.append(&mut vec![
+            grant("a", 1, later),
+            grant("b", 1, later),
+            Record::Set {
+                token: 1,
+                names: vec!["a".into(), "b".into()],
+            },
+        ])
+        .unwrap();
+        let mut token = 1;
+        while data.generation == 0 {
+            let mut batch = Vec::new();
+            for _ in 0..4096 {
+                token += 1;
+                batch.push(grant("churn", token, later));
+                batch.push(Record::Release {
+                    name: "churn".into(),
+                    token,
+                });
+            }
+            data.append(&mut batch).unwrap();
+            assert!(token < 1_000_000, "never compacted");
+        }
+        drop(data);
+        let mut data = open_again(&dir.0).unwrap();
+        assert_eq!(data.state().leases.len(), 2);
+        assert_eq!(data.state().sets[&1], ["a", "b"]);
+        for name in ["a", "b"] {
+            data.append(&mut vec![Record::Release {
+                name: name.into(),
+                token: 1,
+            }])
+            .unwrap();
+        }
+        assert!(data.state().sets.is_empty());
     }
 
     #[test]

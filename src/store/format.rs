@@ -41,6 +41,10 @@ const GRANT_NOTE: u8 = 7;
 /// A BREAK of a lease (its `RELEASE` follows): who broke it and when, and the deadline the
 /// lease had, until which its holder is told so. Older lockd can't read it (damage to them).
 const BREAK: u8 = 8;
+/// A set of names (`LOCK ... and=`): the leases of `token` on these names (each granted by
+/// its own grant record, just before) are one lease, so a restart links them again. Written
+/// only for a set, so a data directory without sets stays readable by older lockd.
+const SET: u8 = 10;
 
 /// `Lease::mode` of an exclusive hold; 0 is shared, n >= 2 a slot of a semaphore of n.
 pub const EXCLUSIVE: u64 = 1;
@@ -80,6 +84,11 @@ pub enum Record {
         token: u64,
     },
     Break(Broken),
+    /// The leases `token` of `names` (in the request's order) are one set.
+    Set {
+        token: u64,
+        names: Vec<String>,
+    },
 }
 
 /// A broken lease as it is stored: remembered until `deadline_ms`.
@@ -200,6 +209,13 @@ impl Record {
                 put_str(out, &b.name);
                 put_str(out, &b.by);
             }
+            Record::Set { token, names } => {
+                out.push(SET);
+                put_u64s(out, &[*token, names.len() as u64]);
+                for name in names {
+                    put_str(out, name);
+                }
+            }
         }
     }
 
@@ -263,6 +279,16 @@ impl Record {
                     at_ms,
                     deadline_ms,
                 })
+            }
+            SET => {
+                let (token, count) = (r.u64()?, r.u64()?);
+                // At most a name per 2 bytes left: a count beyond that is damage, not a
+                // reason to allocate.
+                if count > r.0.len() as u64 / 2 {
+                    return Err(Damaged("a set of more names than bytes"));
+                }
+                let names = (0..count).map(|_| r.str()).collect::<Result<_, _>>()?;
+                Record::Set { token, names }
             }
             _ => return Err(Damaged("unknown record type")),
         })
@@ -338,6 +364,9 @@ pub struct Snapshot {
     /// The broken leases still remembered; written after the leases, in the same count
     /// (a snapshot without any reads as an older lockd's).
     pub breaks: Vec<Broken>,
+    /// The sets of names among the leases (token, names); written last, in the same count
+    /// (a snapshot without sets reads as an older lockd's).
+    pub sets: Vec<(u64, Vec<String>)>,
 }
 
 impl Snapshot {
@@ -348,7 +377,7 @@ impl Snapshot {
             &[
                 self.generation,
                 self.high_token,
-                (self.leases.len() + self.breaks.len()) as u64,
+                (self.leases.len() + self.breaks.len() + self.sets.len()) as u64,
             ],
         );
         for lease in &self.leases {
@@ -356,6 +385,10 @@ impl Snapshot {
         }
         for broken in &self.breaks {
             Record::Break(broken.clone()).encode(&mut payload);
+        }
+        for (token, names) in &self.sets {
+            let (token, names) = (*token, names.clone());
+            Record::Set { token, names }.encode(&mut payload);
         }
         let mut out = Vec::with_capacity(payload.len() + 16);
         out.extend_from_slice(SNAPSHOT_MAGIC);
@@ -381,12 +414,13 @@ impl Snapshot {
             return Err(Damaged("checksum mismatch"));
         }
         let (generation, high_token, count) = (r.u64()?, r.u64()?, r.u64()?);
-        let (mut leases, mut breaks) = (Vec::new(), Vec::new());
+        let (mut leases, mut breaks, mut sets) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..count {
             match Record::decode(&mut r)? {
                 Record::Grant(lease) => leases.push(lease),
                 Record::Break(broken) => breaks.push(broken),
-                _ => return Err(Damaged("a snapshot holds only leases and breaks")),
+                Record::Set { token, names } => sets.push((token, names)),
+                _ => return Err(Damaged("a snapshot holds only leases, breaks and sets")),
             }
         }
         if !r.0.is_empty() {
@@ -397,6 +431,7 @@ impl Snapshot {
             high_token,
             leases,
             breaks,
+            sets,
         })
     }
 }
@@ -540,6 +575,26 @@ mod tests {
     }
 
     #[test]
+    fn a_set_record_round_trips() {
+        let records = vec![
+            Record::Grant(lease("a", 7)),
+            Record::Grant(lease("b", 7)),
+            Record::Set {
+                token: 7,
+                names: vec!["a".into(), "b".into()],
+            },
+        ];
+        let mut bytes = Vec::new();
+        encode_frame(&records, SPLIT_FRAME_AT, &mut bytes);
+        let LogFrame::Good { size, payload_at } = check_frame(&bytes) else {
+            panic!("good frame read as bad");
+        };
+        let mut back = Vec::new();
+        decode_records(&bytes[payload_at..size], &mut back).unwrap();
+        assert_eq!(back, records);
+    }
+
+    #[test]
     fn frames_round_trip_and_damage_is_seen() {
         let records = vec![
             Record::Grant(lease("a", 7)),
@@ -594,6 +649,7 @@ mod tests {
                 at_ms: 5,
                 deadline_ms: 7,
             }],
+            sets: vec![(4, vec!["d".into(), "e".into()])],
         };
         let bytes = snap.encode();
         assert_eq!(Snapshot::decode(&bytes).unwrap(), snap);

@@ -93,11 +93,20 @@ pub struct Recovered {
     leases: Vec<Lease>,
     /// The broken leases the previous run still remembered.
     breaks: Vec<format::Broken>,
+    /// The sets of names among `leases`: token, names in the request's order.
+    sets: Vec<(Token, Vec<String>)>,
     /// Above every token ever recorded.
     pub next_token: Token,
 }
 
 impl Recovered {
+    /// The sets of names among the leases (a LOCK with `and=`): each token's names, in the
+    /// request's order, for the table's [`crate::locks::Locks::restore_set`] once their
+    /// leases are restored.
+    pub fn sets(&self) -> &[(Token, Vec<String>)] {
+        &self.sets
+    }
+
     /// The broken leases still remembered (until the deadline each had when it was
     /// broken), for the table's [`crate::locks::Locks::restore_break`].
     pub fn breaks(&self, now: Instant) -> Vec<BrokenLease> {
@@ -186,6 +195,12 @@ impl Store {
         let recovered = Recovered {
             leases: data.state().leases.values().cloned().collect(),
             breaks: data.state().breaks.values().cloned().collect(),
+            sets: data
+                .state()
+                .sets
+                .iter()
+                .map(|(token, names)| (*token, names.clone()))
+                .collect(),
             next_token: data.state().high_token.saturating_add(1),
         };
         let (progress, _) = watch::channel(Progress::default());
@@ -323,6 +338,10 @@ impl Journal {
                     at_ms: at_unix_ms,
                     deadline_ms: until(deadline),
                 }),
+                Change::Set { token, names } => Record::Set {
+                    token,
+                    names: names.iter().map(|n| n.to_string()).collect(),
+                },
             };
             q.records.push(record);
         }

@@ -29,6 +29,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         origin: Default::default(),
         note: None,
         supersede: false,
+        and: Box::default(),
     }
 }
 

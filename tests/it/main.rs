@@ -20,6 +20,7 @@ mod expiry;
 mod hardening;
 mod liveness;
 mod lockctl;
+mod multi;
 mod notes;
 mod observe;
 mod robust;

@@ -7,3 +7,4 @@ mod common;
 mod framing;
 mod model;
 mod proto;
+mod sets;

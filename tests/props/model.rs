@@ -613,6 +613,7 @@ impl Harness {
                     origin: Default::default(),
                     note: note.map(Into::into),
                     supersede: *supersede,
+                    and: Box::default(),
                 };
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_decision(now, &req);
@@ -957,6 +958,7 @@ fn req(
         origin: Default::default(),
         note: None,
         supersede: false,
+        and: Box::default(),
     }
 }
 

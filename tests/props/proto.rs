@@ -86,18 +86,32 @@ fn request() -> impl Strategy<Value = Request> {
                 (2u32..=proto::MAX_LIMIT).prop_map(Mode::Limit),
             ],
             prop::option::of(note()),
-            any::<bool>()
+            any::<bool>(),
+            prop::collection::vec(name(), 0..4)
         )
             .prop_map(
-                |(name, id, ttl, wait, tie, mode, note, supersede)| Request::Lock {
-                    name,
-                    id,
-                    ttl,
-                    wait,
-                    tie,
-                    mode,
-                    supersede,
-                    note: note.map(Box::from)
+                |(name, id, ttl, wait, tie, mode, note, supersede, mut and)| {
+                    // A set: further names, none twice, and never with supersede.
+                    let mut seen = vec![name.clone()];
+                    and.retain(|n| {
+                        let fresh = !seen.contains(n);
+                        seen.push(n.clone());
+                        fresh
+                    });
+                    if supersede {
+                        and.clear();
+                    }
+                    Request::Lock {
+                        name,
+                        id,
+                        ttl,
+                        wait,
+                        tie,
+                        mode,
+                        supersede,
+                        note: note.map(Box::from),
+                        and: and.into(),
+                    }
                 }
             ),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
@@ -221,6 +235,8 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
 fn received() -> impl Strategy<Value = (Received, Asked)> {
     prop_oneof![
         (1u64..u64::MAX).prop_map(|t| (Received::Token(t), Asked::Lock)),
+        prop::collection::vec(1u64..u64::MAX, 2..17)
+            .prop_map(|t| (Received::Tokens(t), Asked::Lock)),
         Just((Received::Done, Asked::Unlock)),
         (0usize..1000).prop_map(|n| (Received::Broken(n), Asked::Break)),
         (name(), name(), 1u64..u64::MAX, any::<u64>(), name()).prop_map(

@@ -127,6 +127,7 @@ pub fn rows(
                     "shared",
                     "limit=",
                     "supersede",
+                    "and=",
                 ]
                 .iter()
                 .map(|o| format!("`LOCK {o}`")),

@@ -890,7 +890,7 @@ class Client:
             raise
 
     def lock(self, name, ttl=None, wait=None, session=False, detach=True, shared=False,
-             limit=None, supersede=False, note=None):
+             limit=None, supersede=False, note=None, also=()):
         """Takes the lock and returns its fencing token; waits in the FIFO queue while held.
 
         The lock is exclusive by default; ``shared=True`` holds it beside any other shared
@@ -925,13 +925,19 @@ class Client:
         ``supersede=True``: newest wins. If the lock is held, every request waiting for it is
         refused (each raises Superseded), the holder keeps it and this one waits first in line;
         a newer ``supersede`` request raises Superseded here in turn.
+        ``also``: further names, taken with ``name`` all at once or not at all (a LOCK of a
+        set, ``and=``); then the return is a list of tokens, one per name (``name``'s first),
+        and every other option applies to each name. One lease covers the set: renewing,
+        checking or unlocking any one of the tokens does it for all.
         """
         head = "LOCK %s %s" % (_word("name", name), self.id)
+        also = [_word("name", n) for n in also]
         if ttl is not None:
             head += " ttl=" + _duration("ttl", ttl)
         tail = _session_option(session, detach) + _mode_option(shared, limit)
         if supersede:
             tail += " supersede"
+        tail += "".join(" and=" + n for n in also)
         # The note comes last: it takes the rest of the line.
         tail += _note_option(note)
         word = None if wait is None else _duration("wait", wait)
@@ -978,8 +984,11 @@ class Client:
                 time.sleep(sleep)
                 pause = min(pause * 2, 1.0)
                 continue
-            if not rest.isdigit():
+            tokens = rest.split(" ")
+            if len(tokens) != 1 + len(also) or not all(t.isdigit() for t in tokens):
                 raise ProtocolError("unexpected reply to LOCK: %r" % rest)
+            if also:
+                return [int(t) for t in tokens]
             return int(rest)
 
     def try_lock(self, name, ttl=None, session=False, shared=False, limit=None, note=None):

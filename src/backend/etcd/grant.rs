@@ -28,6 +28,9 @@ impl Cluster {
     /// read of the name in etcd itself, since a mirror a few milliseconds behind would refuse
     /// a free name or queue a retry of the holder's own id behind itself.
     pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
+        if !req.and.is_empty() {
+            return Err(BackendError::sets_not_served());
+        }
         let ttl = self.limits.ttl(req.ttl)?;
         self.limits.grace(req.session)?;
         let user = self.user_name(req.user);

@@ -36,6 +36,7 @@ mod ops;
 mod out;
 mod request;
 mod run;
+mod set_env;
 mod status;
 mod supervise;
 mod tls;

@@ -7,6 +7,7 @@ use crate::common;
 
 mod modes;
 mod readyz_journal;
+mod sets;
 
 use std::collections::HashMap;
 use std::fs;

@@ -158,6 +158,7 @@ async fn ghost(addr: SocketAddr, name: &str, i: usize, mode: Mode, rng: &mut Rng
         mode,
         note: None,
         supersede: false,
+        and: Box::default(),
     };
     ghost.send(&lock.to_string()).await;
     for _ in 0..rng.below(3) {
