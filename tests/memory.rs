@@ -1,4 +1,5 @@
-//! Heap memory per held lock of the pure lock table (`lockd::locks::Locks`).
+//! Heap memory per held lock of the pure lock table (`lockd::locks::Locks`), and per client
+//! connection of a whole server (idle, and queued on a held lock).
 //!
 //! The target is at most 256 bytes of server memory per held lock with 16-byte names. This
 //! binary counts live heap bytes with its own global allocator (a thin wrapper over `System`),
@@ -177,4 +178,137 @@ fn a_held_lock_costs_at_most_256_heap_bytes_at_one_million() {
         per_lock <= 256.0,
         "{per_lock:.1} heap bytes per held lock (at most 256)"
     );
+}
+
+/// Connections the per-connection measurement opens: enough that tokio's and the table's
+/// step-wise growth (slabs, hash maps) averages out, few enough for a debug build.
+const CONNECTIONS: usize = 2_000;
+
+/// Live heap bytes a whole in-process server spends per client connection: idle (after one
+/// PING, so its buffers are as a used connection's), and queued on a held lock. Kernel
+/// socket buffers are not heap and not counted; everything the process allocates for the
+/// connection is (its task, its line buffers, its waiter in the table, tokio's registration).
+fn heap_per_connection() -> (f64, f64) {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    let connections = open_files_for(CONNECTIONS);
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut config = lockd::server::Config {
+        max_connections: 2 * CONNECTIONS,
+        max_connections_per_ip: 2 * CONNECTIONS,
+        ..lockd::server::Config::default()
+    };
+    config.limits.max_waiters = 2 * CONNECTIONS;
+    let server = runtime.spawn(lockd::server::run(config, listener, shutdown.clone()));
+
+    // Unbuffered clients: a client's buffer would be counted as the server's (this process
+    // is both), so replies are read a byte at a time.
+    let ask = |conn: &mut TcpStream, line: &str| -> String {
+        conn.write_all(format!("{line}\r\n").as_bytes())
+            .expect("send");
+        let mut reply = Vec::new();
+        let mut byte = [0u8];
+        while reply.last() != Some(&b'\n') {
+            let n = conn.read(&mut byte).expect("reply");
+            assert_eq!(n, 1, "the server closed the connection");
+            reply.push(byte[0]);
+        }
+        String::from_utf8(reply).expect("utf-8 reply")
+    };
+    let connect = || TcpStream::connect(addr).expect("connect");
+    let mut holder = connect();
+    assert!(ask(&mut holder, "LOCK busy holder ttl=1h").starts_with("OK "));
+    // Warm up: the first connections grow tokio's and the server's structures once.
+    let mut warm: Vec<_> = (0..64).map(|_| connect()).collect();
+    for conn in &mut warm {
+        assert_eq!(ask(conn, "PING").trim_end(), "OK PONG");
+    }
+    drop(warm);
+    std::thread::sleep(Duration::from_millis(200));
+
+    let before = live_bytes();
+    let mut conns: Vec<_> = (0..connections).map(|_| connect()).collect();
+    for conn in &mut conns {
+        assert_eq!(ask(conn, "PING").trim_end(), "OK PONG");
+    }
+    let idle = (live_bytes() - before) as f64 / connections as f64;
+
+    for (i, conn) in conns.iter_mut().enumerate() {
+        conn.write_all(format!("LOCK busy waiter-{i}\r\n").as_bytes())
+            .expect("send");
+    }
+    // Every LOCK queued: STATUS counts them (no time asserted, only waited for).
+    let want = format!("waiters={connections}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ask(&mut holder, "STATUS busy").contains(&want) {
+        assert!(Instant::now() < deadline, "the waiters never all queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let waiting = (live_bytes() - before) as f64 / connections as f64;
+    println!("per connection: {idle:.0} heap bytes idle, {waiting:.0} queued on a held lock");
+
+    drop(conns);
+    shutdown.cancel();
+    let _ = runtime.block_on(server);
+    (idle, waiting)
+}
+
+/// A server of thousands of waiting clients (a cron fleet queued on one name) pays this per
+/// client: it was 3.6 KiB of RSS once, then doubled before anyone noticed. The bound is on
+/// heap bytes, debug and release alike (3.9 KiB each, then 3.4 KiB once a LOCK's request was
+/// boxed; the rest of a waiter's RSS is the allocator's own overhead): whatever grows a
+/// connection's task or buffers must be boxed on its rare path or kept off connections that
+/// don't use it.
+#[test]
+fn a_connection_costs_at_most_3_5_kib_of_heap_idle_or_waiting() {
+    let (idle, waiting) = heap_per_connection();
+    assert!(
+        idle <= CONNECTION_BOUND,
+        "{idle:.0} heap bytes per idle connection (at most {CONNECTION_BOUND})"
+    );
+    assert!(
+        waiting <= CONNECTION_BOUND,
+        "{waiting:.0} heap bytes per waiting connection (at most {CONNECTION_BOUND})"
+    );
+}
+
+/// Heap bytes one client connection may cost the server, idle or queued on a held lock.
+const CONNECTION_BOUND: f64 = 3584.0;
+
+/// Raises this process's open-files limit so that `connections` clients and the server's
+/// ends of them fit (the usual soft limit, 1024, would not), and answers how many fit.
+fn open_files_for(connections: usize) -> usize {
+    let want = (2 * connections + 128) as libc::rlim_t;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 400;
+    }
+    if lim.rlim_cur < want {
+        let raised = libc::rlimit {
+            rlim_cur: want.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    connections
+        .min((lim.rlim_cur as usize).saturating_sub(128) / 2)
+        .max(100)
 }

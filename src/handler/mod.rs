@@ -80,6 +80,20 @@ pub struct Handler {
     origin: Origin,
 }
 
+/// What [`Handler::step`] made of a frame.
+enum Step {
+    /// The client is gone (end of input).
+    Close,
+    /// An admitted LOCK (boxed: see [`Handler::lock`]).
+    Lock(Box<LockRequest>, Tie),
+    /// Any other admitted request.
+    Dispatch(Request),
+    /// Refused (a frame or a request that does not parse): answer, then go on or close.
+    Refuse(ProtoError, Flow),
+    /// A request its user may not make: answer about it, then go on or close.
+    RefuseAbout(Box<Request>, ProtoError, Flow),
+}
+
 /// What [`Handler::next_frame`] got.
 enum Incoming {
     Frame(Frame),
@@ -173,49 +187,70 @@ impl Handler {
                     continue;
                 }
             };
-            let flow = match frame {
-                Frame::Eof => return Ok(()),
-                Frame::TooLong => {
-                    self.refuse(ProtoError::too_long(self.limits.max_line))
-                        .await?;
-                    Flow::Close
-                }
-                Frame::BadUtf8 => {
-                    self.refuse(ProtoError::bad_utf8()).await?;
-                    Flow::Continue
-                }
-                Frame::Line(line) => match proto::parse(&line)
-                    .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
-                    .and_then(|r| r.check_note_len(self.limits.max_note).map(|()| r))
-                    .and_then(|r| r.check_names(self.limits.max_names).map(|()| r))
-                {
-                    Ok(request) => match self.admit(&request) {
-                        // LOCK is awaited here rather than inside `dispatch`: waiting for a
-                        // lock is what a connection does longest, and every level of futures
-                        // it waits under adds its frame to the connection's task for its
-                        // whole life (about 900 bytes for `dispatch`'s).
-                        Admit::Yes => match self.lock_request(request) {
-                            Ok((req, tie)) => self.lock(req, tie).await?,
-                            Err(request) => self.dispatch(request).await?,
-                        },
-                        Admit::Refuse(e) => {
-                            self.refuse_about(e, request.subject()).await?;
-                            Flow::Continue
-                        }
-                        Admit::Close(e) => {
-                            self.refuse_about(e, request.subject()).await?;
-                            Flow::Close
-                        }
-                    },
-                    Err(e) => {
-                        self.refuse(e).await?;
-                        Flow::Continue
+            // What the frame asks is worked out by a plain function, and a LOCK is awaited
+            // after this `match`, not inside it: every connection's task is as large as its
+            // largest await point, a LOCK's wait is where a connection spends its life, and
+            // a value a `match` arm awaits inside stays in the task for as long as it waits.
+            let (req, tie) = match self.step(frame) {
+                Step::Lock(req, tie) => (req, tie),
+                Step::Close => return Ok(()),
+                Step::Dispatch(request) => {
+                    if self.dispatch(request).await? == Flow::Close {
+                        return Ok(());
                     }
-                },
+                    continue;
+                }
+                Step::Refuse(e, flow) => {
+                    self.refuse(e).await?;
+                    if flow == Flow::Close {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Step::RefuseAbout(request, e, flow) => {
+                    self.refuse_about(e, request.subject()).await?;
+                    if flow == Flow::Close {
+                        return Ok(());
+                    }
+                    continue;
+                }
             };
+            let flow = self.lock(req, tie).await?;
             if flow == Flow::Close {
                 return Ok(());
             }
+        }
+    }
+
+    /// What to do with a frame: the request it parses to, once admitted, or the refusal.
+    fn step(&self, frame: Frame) -> Step {
+        let line = match frame {
+            Frame::Eof => return Step::Close,
+            Frame::TooLong => {
+                return Step::Refuse(ProtoError::too_long(self.limits.max_line), Flow::Close)
+            }
+            Frame::BadUtf8 => return Step::Refuse(ProtoError::bad_utf8(), Flow::Continue),
+            Frame::Line(line) => line,
+        };
+        let parsed = proto::parse(&line)
+            .and_then(|r| r.check_name_len(self.limits.max_name).map(|()| r))
+            .and_then(|r| r.check_note_len(self.limits.max_note).map(|()| r))
+            .and_then(|r| r.check_names(self.limits.max_names).map(|()| r));
+        let request = match parsed {
+            Ok(request) => request,
+            Err(e) => return Step::Refuse(e, Flow::Continue),
+        };
+        match self.admit(&request) {
+            // LOCK is awaited in `serve` rather than inside `dispatch`: waiting for a lock
+            // is what a connection does longest, and every level of futures it waits under
+            // adds its frame to the connection's task for its whole life (about 900 bytes
+            // for `dispatch`'s).
+            Admit::Yes => match self.lock_request(request) {
+                Ok((req, tie)) => Step::Lock(Box::new(req), tie),
+                Err(request) => Step::Dispatch(request),
+            },
+            Admit::Refuse(e) => Step::RefuseAbout(Box::new(request), e, Flow::Continue),
+            Admit::Close(e) => Step::RefuseAbout(Box::new(request), e, Flow::Close),
         }
     }
 
@@ -356,7 +391,7 @@ impl Handler {
             // Not sent here by `serve`; boxed so that it adds nothing to this frame.
             request @ Request::Lock { .. } => {
                 if let Ok((req, tie)) = self.lock_request(request) {
-                    return Box::pin(self.lock(req, tie)).await;
+                    return Box::pin(self.lock(Box::new(req), tie)).await;
                 }
             }
             Request::Unlock { name, token } => {
