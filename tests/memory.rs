@@ -289,26 +289,6 @@ const CONNECTION_BOUND: f64 = 3584.0;
 /// Raises this process's open-files limit so that `connections` clients and the server's
 /// ends of them fit (the usual soft limit, 1024, would not), and answers how many fit.
 fn open_files_for(connections: usize) -> usize {
-    let want = (2 * connections + 128) as libc::rlim_t;
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 400;
-    }
-    if lim.rlim_cur < want {
-        let raised = libc::rlimit {
-            rlim_cur: want.min(lim.rlim_max),
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim = raised;
-        }
-    }
-    connections
-        .min((lim.rlim_cur as usize).saturating_sub(128) / 2)
-        .max(100)
+    let have = lockd::daemon::raise_open_files(2 * connections + 128);
+    connections.min(have.saturating_sub(128) / 2).max(100)
 }

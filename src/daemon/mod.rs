@@ -17,6 +17,7 @@ use crate::http::Endpoint;
 use crate::server;
 
 mod fd_limit;
+pub use fd_limit::raise_open_files;
 mod flags;
 mod signals;
 

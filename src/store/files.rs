@@ -494,19 +494,7 @@ mod tests {
         let mut data = open_again(&dir.0).unwrap();
         data.append(&mut vec![grant("kept", 1, later)]).unwrap();
         let mut token = 1;
-        while data.generation == 0 {
-            let mut batch = Vec::new();
-            for _ in 0..4096 {
-                token += 1;
-                batch.push(grant("churn", token, later));
-                batch.push(Record::Release {
-                    name: "churn".into(),
-                    token,
-                });
-            }
-            data.append(&mut batch).unwrap();
-            assert!(token < 1_000_000, "never compacted");
-        }
+        churn_until_compacted(&mut data, &mut token, later);
         // One more change after the switch goes to the new log.
         data.append(&mut vec![Record::Renew {
             name: "kept".into(),
@@ -558,25 +546,31 @@ mod tests {
         ])
         .unwrap();
         let mut token = 2;
-        while data.generation == 0 {
-            let mut batch = Vec::new();
-            for _ in 0..4096 {
-                token += 1;
-                batch.push(grant("churn", token, later));
-                batch.push(Record::Release {
-                    name: "churn".into(),
-                    token,
-                });
-            }
-            data.append(&mut batch).unwrap();
-            assert!(token < 1_000_000, "never compacted");
-        }
+        churn_until_compacted(&mut data, &mut token, later);
         drop(data);
         let data = open_again(&dir.0).unwrap();
         assert!(data.state().leases.is_empty());
         let kept: Vec<u64> = data.state().breaks.keys().map(|(t, _)| *t).collect();
         assert_eq!(kept, [1]);
         assert_eq!(data.state().breaks[&(1, "stuck".to_string())].by, "ops");
+    }
+
+    /// Grants and releases one name after another (tokens after `token`) until the data dir
+    /// compacts once.
+    fn churn_until_compacted(data: &mut DataDir, token: &mut u64, later: u64) {
+        while data.generation == 0 {
+            let mut batch = Vec::new();
+            for _ in 0..4096 {
+                *token += 1;
+                batch.push(grant("churn", *token, later));
+                batch.push(Record::Release {
+                    name: "churn".into(),
+                    token: *token,
+                });
+            }
+            data.append(&mut batch).unwrap();
+            assert!(*token < 1_000_000, "never compacted");
+        }
     }
 
     #[test]
@@ -594,19 +588,7 @@ mod tests {
         ])
         .unwrap();
         let mut token = 1;
-        while data.generation == 0 {
-            let mut batch = Vec::new();
-            for _ in 0..4096 {
-                token += 1;
-                batch.push(grant("churn", token, later));
-                batch.push(Record::Release {
-                    name: "churn".into(),
-                    token,
-                });
-            }
-            data.append(&mut batch).unwrap();
-            assert!(token < 1_000_000, "never compacted");
-        }
+        churn_until_compacted(&mut data, &mut token, later);
         drop(data);
         let mut data = open_again(&dir.0).unwrap();
         assert_eq!(data.state().leases.len(), 2);

@@ -3,34 +3,18 @@
 //! front-end) granted with a higher token, and the `broken` event on every front-end.
 #![cfg(feature = "etcd")]
 
+use super::basics::etcd;
 use crate::common;
 use crate::common::needs::{have, Need};
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::etcd::LockdFrontEnd;
 use common::line::Line;
 use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// One etcd member for this file's tests, on a thread that lives as long as the test
-/// process (see `basics.rs`).
-fn etcd() -> &'static EtcdCluster {
-    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(EtcdCluster::start(1));
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("the etcd cluster started")
-    })
-}
 
 fn front_ends(n: usize, tag: &str) -> Vec<LockdFrontEnd> {
     let prefix = format!("{}breaks-{tag}/", etcd().prefix());

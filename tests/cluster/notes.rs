@@ -3,34 +3,20 @@
 //! front-end says who blocks it, with the note.
 #![cfg(feature = "etcd")]
 
+use super::basics::etcd;
 use crate::common;
 use crate::common::needs::{have, Need};
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::etcd::LockdFrontEnd;
 use common::line::Line;
 use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 const NOTE: &str = "release 1.4.2 by ci job 8812: 100% ☃";
 const NOTE_ENCODED: &str = "release%201.4.2%20by%20ci%20job%208812:%20100%25%20%E2%98%83";
-
-fn etcd() -> &'static EtcdCluster {
-    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(EtcdCluster::start(1));
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("the etcd cluster started")
-    })
-}
 
 /// Polls `f` until it gives a value; fails after [`PATIENCE`].
 fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {

@@ -4,34 +4,19 @@
 //! `-n` of an overlapping set there exits 1.
 #![cfg(feature = "etcd")]
 
+use super::basics::etcd;
 use crate::common;
 use crate::common::needs::{have, Need};
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::etcd::LockdFrontEnd;
 use common::field;
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// One etcd cluster for this file's tests (as basics.rs).
-fn etcd() -> &'static EtcdCluster {
-    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(EtcdCluster::start(3));
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("the etcd cluster started")
-    })
-}
 
 /// `n` front-ends sharing a prefix of their own.
 fn front_ends(n: usize) -> Vec<LockdFrontEnd> {

@@ -3,34 +3,18 @@
 //! answers it `ERR SUPERSEDED` (not `ERR UNAVAILABLE`, not silence).
 #![cfg(feature = "etcd")]
 
+use super::basics::etcd;
 use crate::common;
 use crate::common::needs::{have, Need};
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::etcd::LockdFrontEnd;
 use common::line::Line;
 use common::{field, token};
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// One etcd cluster for this file's tests (as basics.rs: started on a thread that lives as
-/// long as the test process).
-fn etcd() -> &'static EtcdCluster {
-    static CLUSTER: OnceLock<EtcdCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(EtcdCluster::start(3));
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("the etcd cluster started")
-    })
-}
 
 /// `n` front-ends sharing a prefix of their own.
 fn front_ends(n: usize, extra: &[&str]) -> Vec<LockdFrontEnd> {

@@ -437,13 +437,7 @@ impl Cluster {
         if still {
             self.evaluate(&first);
         }
-        if let Some(wait) = wait {
-            let me = Arc::clone(self);
-            tokio::spawn(async move {
-                tokio::time::sleep(wait).await;
-                me.wait_over(waiter);
-            });
-        }
+        self.end_wait_after(waiter, wait);
         Ok(Some(LockStart::Waiting { waiter, rx }))
     }
 

@@ -256,6 +256,13 @@ impl Cluster {
         if still {
             self.evaluate(&name_of_wait);
         }
+        self.end_wait_after(waiter, wait);
+        Ok(Some(LockStart::Waiting { waiter, rx }))
+    }
+
+    /// Ends the wait of `waiter` once its `wait=` runs out ([`Cluster::wait_over`]); `None`
+    /// waits without bound.
+    pub(super) fn end_wait_after(self: &Arc<Self>, waiter: WaiterId, wait: Option<Duration>) {
         if let Some(wait) = wait {
             let me = Arc::clone(self);
             tokio::spawn(async move {
@@ -263,7 +270,6 @@ impl Cluster {
                 me.wait_over(waiter);
             });
         }
-        Ok(Some(LockStart::Waiting { waiter, rx }))
     }
 
     /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,

@@ -7,7 +7,7 @@ use tokio::time::sleep;
 use crate::cli::{AcquireArgs, RenewArgs, TokenArgs};
 use crate::fail::{Failure, LOST, UNAVAILABLE};
 use crate::net::Server;
-use crate::out::{print_line, Printed};
+use crate::out::{held_tokens, print_line, Printed};
 use crate::request::{self, Terms};
 
 /// LOCK with `detach`: the lease must outlive this process, but its wait must not (a waiter
@@ -39,12 +39,6 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
             Some(t) => format!("ttl {}", humantime::format_duration(t)),
             None => "the server's default ttl".into(),
         };
-        let held: Vec<String> = args
-            .names
-            .iter()
-            .zip(&tokens)
-            .map(|(name, token)| format!("{name} token {token}"))
-            .collect();
         let set = if tokens.len() > 1 {
             " (one lease for the set: release or renew any one name to release or renew all)"
         } else {
@@ -53,7 +47,7 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
         eprintln!(
             "lockctl: acquired {} ({}, a plain lease, {ttl}: release or renew it with this \
              token){set}",
-            held.join(", "),
+            held_tokens(&args.names, &tokens),
             args.mode.describe()
         );
     }

@@ -11,6 +11,7 @@ use crate::cli::{ModeArgs, OnLost, RunArgs, WaitArgs};
 use crate::fail::{signal_code, Failure, LOST};
 use crate::keeper::{HeldLease, Keeper, Link, Timing};
 use crate::net::Server;
+use crate::out::held_tokens;
 use crate::request::{self, Granted, Terms};
 use crate::set_env;
 use crate::supervise::Supervisor;
@@ -88,15 +89,9 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         also: args.names[1..].to_vec(),
     };
     if server.verbose {
-        let held: Vec<String> = args
-            .names
-            .iter()
-            .zip(&tokens)
-            .map(|(name, token)| format!("{name} token {token}"))
-            .collect();
         eprintln!(
             "lockctl: acquired {} ({}, ttl {}, session grace {})",
-            held.join(", "),
+            held_tokens(&args.names, &tokens),
             args.mode.describe(),
             humantime::format_duration(args.ttl),
             humantime::format_duration(session_grace)
