@@ -88,6 +88,16 @@ pub fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_owned()
 }
 
+/// The names a LOCK was granted and their tokens, for `-v`: `a token 7, b token 7`.
+pub fn held_tokens(names: &[String], tokens: &[u64]) -> String {
+    let held: Vec<String> = names
+        .iter()
+        .zip(tokens)
+        .map(|(name, token)| format!("{name} token {token}"))
+        .collect();
+    held.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -118,14 +128,4 @@ mod tests {
         assert_eq!(super::json_string(r#"a"b\c"#), r#""a\"b\\c""#);
         assert_eq!(super::json_string("a\tb\u{1}"), r#""a\u0009b\u0001""#);
     }
-}
-
-/// The names a LOCK was granted and their tokens, for `-v`: `a token 7, b token 7`.
-pub fn held_tokens(names: &[String], tokens: &[u64]) -> String {
-    let held: Vec<String> = names
-        .iter()
-        .zip(tokens)
-        .map(|(name, token)| format!("{name} token {token}"))
-        .collect();
-    held.join(", ")
 }
