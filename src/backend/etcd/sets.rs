@@ -391,14 +391,8 @@ impl Cluster {
             })
             .collect();
         let result = self.txn(Txn::new().when(when).and_then(ops)).await;
-        if !marks.is_empty() && result.as_ref().is_ok_and(|r| r.succeeded()) {
-            // Every front-end's watch has the marks now; nobody needs them kept.
-            let me = Arc::clone(self);
-            tokio::spawn(async move {
-                let deletes: Vec<TxnOp> =
-                    marks.into_iter().map(|m| TxnOp::delete(m, None)).collect();
-                me.cleanup(Txn::new().and_then(deletes)).await;
-            });
+        if result.as_ref().is_ok_and(|r| r.succeeded()) {
+            self.drop_marks(marks);
         }
         for old in replaced_here {
             let _ = old

@@ -201,15 +201,8 @@ impl Cluster {
             None => Txn::new().and_then(ops(&key)),
         };
         let result = self.txn(txn).await;
-        if !marks.is_empty() && result.as_ref().is_ok_and(|r| r.succeeded()) {
-            // The watch of every front-end has the marks now (it delivers each revision);
-            // nobody needs them kept.
-            let me = Arc::clone(self);
-            tokio::spawn(async move {
-                let deletes: Vec<TxnOp> =
-                    marks.into_iter().map(|m| TxnOp::delete(m, None)).collect();
-                me.cleanup(Txn::new().and_then(deletes)).await;
-            });
+        if result.as_ref().is_ok_and(|r| r.succeeded()) {
+            self.drop_marks(marks);
         }
         for old in replaced_here {
             let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
@@ -258,6 +251,19 @@ impl Cluster {
         }
         self.end_wait_after(waiter, wait);
         Ok(Some(LockStart::Waiting { waiter, rx }))
+    }
+
+    /// Deletes the "replaced" marks `marks` a successful write put in etcd: the watch of every
+    /// front-end has them now (it delivers each revision); nobody needs them kept.
+    pub(super) fn drop_marks(self: &Arc<Self>, marks: Vec<String>) {
+        if marks.is_empty() {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let deletes: Vec<TxnOp> = marks.into_iter().map(|m| TxnOp::delete(m, None)).collect();
+            me.cleanup(Txn::new().and_then(deletes)).await;
+        });
     }
 
     /// Ends the wait of `waiter` once its `wait=` runs out ([`Cluster::wait_over`]); `None`
