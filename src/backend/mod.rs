@@ -70,11 +70,6 @@ pub enum BackendError {
     /// The change was made but can never be made durable: the store failed and the server is
     /// stopping. The connection answers `ERR SHUTDOWN` and closes.
     NotDurable,
-    /// A request the protocol accepts but this backend does not carry out yet (what, for
-    /// people): answered `ERR SYNTAX <what> is not served by this backend yet`. A set of
-    /// names (`and=`) is refused so, whole, by a backend that can't grant it whole: granting
-    /// its names one by one is exactly the deadlock sets are for.
-    NotServed(&'static str),
 }
 
 impl From<TableError> for BackendError {
@@ -84,21 +79,12 @@ impl From<TableError> for BackendError {
 }
 
 impl BackendError {
-    /// The refusal of a LOCK of a set (`and=`) by a backend that can't grant one whole yet.
-    pub fn sets_not_served() -> Self {
-        BackendError::NotServed("and= (a set of names)")
-    }
-
     /// The `ERR` reply for this refusal of a request on `name`.
     pub fn refusal(&self, name: &str) -> ProtoError {
         match self {
             BackendError::Table(e) => ProtoError::table(name, e),
             BackendError::Unavailable(why) => ProtoError::unavailable(why),
             BackendError::NotDurable => ProtoError::not_durable(),
-            BackendError::NotServed(what) => ProtoError::new(
-                crate::proto::ErrorCode::Syntax,
-                format!("{what} is not served by this backend yet"),
-            ),
         }
     }
 
@@ -114,7 +100,6 @@ impl fmt::Display for BackendError {
             BackendError::Table(e) => e.fmt(f),
             BackendError::Unavailable(why) => write!(f, "backend unavailable: {why}"),
             BackendError::NotDurable => f.write_str("the change can't be made durable"),
-            BackendError::NotServed(what) => write!(f, "{what} is not served by this backend"),
         }
     }
 }
