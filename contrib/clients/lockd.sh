@@ -142,14 +142,18 @@ lockd__fail() {
     return "$1"
 }
 
-# Prints the time in milliseconds: bash 5's EPOCHREALTIME (its decimal mark may be a comma),
-# else date(1).
-lockd__now_ms() {
+# Sets lockd__now to the time in milliseconds: bash 5's EPOCHREALTIME (its decimal mark may
+# be a comma), else date(1). A variable rather than output for `$(...)`: the renewer reads
+# the clock while lockd_run's TERM may come, and bash 5.2 fails to parse a multi-line TERM
+# trap that runs during a command substitution ("trap: line 4: unexpected EOF while looking
+# for matching `)'"; the subshell is then stuck, or ends with the wrong status), so the
+# renewer's loop makes none (with EPOCHREALTIME).
+lockd__clock() {
     if [[ -n ${EPOCHREALTIME:-} ]]; then
         local us=${EPOCHREALTIME//[.,]/}
-        printf '%s\n' $((us / 1000))
+        lockd__now=$((us / 1000))
     else
-        date +%s%3N
+        lockd__now=$(date +%s%3N)
     fi
 }
 
@@ -497,6 +501,22 @@ lockd__granted() {
     lockd__fail 2 "unexpected reply to LOCK: $LOCKD_REPLY"
 }
 
+# Sets lockd__var to the variable that carries NAME's token to a set's job, as lockctl names it:
+# LOCKD_TOKEN_ and NAME upper-cased, every byte but an ASCII letter or digit made `_`.
+lockd__token_var() {
+    local LC_ALL=C name=$1 i c out=LOCKD_TOKEN_
+    for ((i = 0; i < ${#name}; i++)); do
+        c=${name:i:1}
+        case $c in
+            [a-z]) c=${c^^} ;;
+            [A-Z0-9]) ;;
+            *) c=_ ;;
+        esac
+        out+=$c
+    done
+    lockd__var=$out
+}
+
 # Splits ttl=/wait=/session= options and the mode words (as in the protocol) into the named
 # variables of the caller. Usage: lockd__options ALLOWED "$@"; sets lockd__ttl, lockd__wait,
 # lockd__try, lockd__session and lockd__mode (the LOCK option of the mode: '' for exclusive,
@@ -628,7 +648,10 @@ lockd__lock_exchange() {
                 lockd__disconnect
                 lockd__connect $((lockd__at + 1)) || return
             fi
-            ((nap_ms == 0)) || lockd__nap "$(lockd__ms_to_s "$nap_ms")"
+            if ((nap_ms > 0)); then
+                lockd__to_secs "$nap_ms"
+                lockd__nap "$lockd__secs"
+            fi
             pause_ms=$((pause_ms * 2))
             ((pause_ms <= 1000)) || pause_ms=1000
             continue
@@ -913,11 +936,12 @@ lockd__nap() {
     lockd__nap_pid=
 }
 
-# 1234 -> 1.234 (sleep takes fractional seconds); at least 0.05 s.
-lockd__ms_to_s() {
+# Sets lockd__secs to MS milliseconds in seconds, 1234 -> 1.234 (sleep and read -t take
+# fractional seconds); at least 0.05 s. A variable, as lockd__clock sets one.
+lockd__to_secs() {
     local ms=$1
     ((ms < 50)) && ms=50
-    printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
+    printf -v lockd__secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
 }
 
 # Stops CMD_PID: TERM, then KILL after GRACE_MS (default LOCKD_KILL_AFTER seconds).
@@ -934,7 +958,7 @@ lockd__stop_command() {
 # RENEWs on the session connection (lockd__fd); if that connection is gone, reconnects and
 # RENEWs on the new one, which the server then ties the lease to. Sets ttl_ms of the caller.
 # The reconnect starts at the address after the one lost: with several front-ends, that one
-# may be the one that is down. With UNTIL_MS (a time of lockd__now_ms), no reply is waited
+# may be the one that is down. With UNTIL_MS (a time as lockd__clock tells it), no reply is waited
 # for past it.
 lockd__renew_session() {
     local name=$1 token=$2 patience=$3 until_ms=${4:-} rc=0 left_ms
@@ -946,12 +970,14 @@ lockd__renew_session() {
     if ((rc == 3)); then
         lockd__disconnect
         if [[ -n $until_ms ]]; then
-            left_ms=$((until_ms - $(lockd__now_ms)))
+            lockd__clock
+            left_ms=$((until_ms - lockd__now))
             if ((left_ms <= 0)); then
                 lockd__fail 3 "no time left to renew on another connection"
                 return
             fi
-            patience=$(lockd__ms_to_s "$left_ms")
+            lockd__to_secs "$left_ms"
+            patience=$lockd__secs
         fi
         lockd__connect $((lockd__at + 1)) || return
         rc=0
@@ -1002,14 +1028,17 @@ lockd__renewer() {
     while :; do
         stop_at=$((last_sent + hold_ms - margin_ms - kill_ms))
         if [[ -n $failed ]]; then
-            next_at=$(($(lockd__now_ms) + retry_ms))
+            lockd__clock
+            next_at=$((lockd__now + retry_ms))
         else
             next_at=$((last_sent + every_ms / 3))
         fi
         ((next_at <= stop_at)) || next_at=$stop_at
-        now=$(lockd__now_ms)
+        lockd__clock
+        now=$lockd__now
         if ((next_at > now)); then
-            lockd__nap "$(lockd__ms_to_s $((next_at - now)))"
+            lockd__to_secs $((next_at - now))
+            lockd__nap "$lockd__secs"
         fi
         if ! kill -0 "$owner" 2>/dev/null; then
             printf 'lockd: lockd_run (pid %s) is gone; stopping its command (pid %s)\n' \
@@ -1018,14 +1047,16 @@ lockd__renewer() {
             lockd__release "$name" "$token"
             exit 0
         fi
-        sent=$(lockd__now_ms)
+        lockd__clock
+        sent=$lockd__now
         left=$((stop_at - sent))
         if ((left <= 0)); then
             why="no renewal got through within $((hold_ms - margin_ms - kill_ms))ms${LOCKD_ERROR:+: $LOCKD_ERROR}"
         else
             rc=0
             # No reply is waited for past the moment the command must be stopped.
-            lockd__renew_session "$name" "$token" "$(lockd__ms_to_s "$left")" "$stop_at" \
+            lockd__to_secs "$left"
+            lockd__renew_session "$name" "$token" "$lockd__secs" "$stop_at" \
                 >/dev/null 2>&1 || rc=$?
             case $rc in
                 0) last_sent=$sent failed='' retry_ms=100 ;;
@@ -1064,12 +1095,18 @@ lockd__renewer() {
 # to CMD's process only: a CMD that starts children of its own should pass it on to them (or
 # `exec` its last command). Otherwise lockd_run returns CMD's status. CMD keeps this shell's
 # stdin, stdout and stderr, and gets LOCKD_NAME and LOCKD_TOKEN in its environment (pass the
-# token on to what you protect).
+# token on to what you protect). `and=NAME` (repeated) takes a set, every name at once or none
+# (proto.md, Several names at once), as `lockctl run NAME NAME...` does: one lease, renewed and
+# released through its first name; CMD also gets LOCKD_NAMES (the names, space-separated),
+# LOCKD_TOKENS (their tokens, in the same order) and LOCKD_TOKEN_<NAME> per name (upper-cased,
+# every byte but a letter or digit `_`: db-migrate gives LOCKD_TOKEN_DB_MIGRATE; two names that
+# give the same variable are refused, return code 2, before anything is sent).
 lockd_run() {
     LOCKD_ERROR=
     local name=${1:-}
     local usage="usage: lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR]"
-    usage+=" [exclusive | shared | limit=N] [supersede] [at_least=DUR] -- CMD [ARGS...]"
+    usage+=" [exclusive | shared | limit=N] [supersede] [at_least=DUR] [and=NAME]..."
+    usage+=" -- CMD [ARGS...]"
     if (($# < 1)); then
         lockd__fail 2 "$usage"
         return
@@ -1086,10 +1123,28 @@ lockd_run() {
     fi
     shift
     local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede id
-    local lockd__at_least granted_us=''
+    local lockd__at_least granted_us='' lockd__and=()
     local grace_ms=$LOCKD__DEFAULT_GRACE_MS
-    lockd__options "ttl wait try session mode supersede at_least" ${opts[@]+"${opts[@]}"} ||
+    lockd__options "ttl wait try session mode supersede at_least and" ${opts[@]+"${opts[@]}"} ||
         return
+    if [[ -n $lockd__supersede && ${#lockd__and[@]} -gt 0 ]]; then
+        lockd__fail 2 "lockd_run: supersede takes one name, not a set (and=)"
+        return
+    fi
+    # A set's job gets a token variable per name: two names must not give the same one.
+    local names=() set_env=() further seen=' '
+    names=("$name" ${lockd__and[@]+"${lockd__and[@]}"})
+    if ((${#names[@]} > 1)); then
+        for further in "${names[@]}"; do
+            lockd__token_var "$further"
+            if [[ $seen == *" $lockd__var "* ]]; then
+                lockd__fail 2 "lockd_run: two names give the variable $lockd__var; rename one"
+                return
+            fi
+            seen+="$lockd__var "
+            set_env+=("$lockd__var")
+        done
+    fi
     if [[ -n $lockd__try && -n $lockd__wait ]]; then
         lockd__fail 2 "lockd_run: use try or wait=, not both"
         return
@@ -1121,6 +1176,15 @@ lockd_run() {
     lockd__connect || rc=$?
     if ((rc == 0)); then lockd__lock_exchange "$line" || rc=$?; fi
     if ((rc == 0)); then lockd__granted || rc=$?; fi
+    local tokens=()
+    if ((rc == 0)); then
+        read -r -a tokens <<<"$LOCKD_TOKENS"
+        if ((${#tokens[@]} != ${#names[@]})); then
+            lockd__fail 2 "unexpected reply to LOCK: $LOCKD_REPLY" || rc=$?
+            if ((${#tokens[@]} > 0)); then lockd__release "$name" "${tokens[0]}"; fi
+            tokens=()
+        fi
+    fi
     # at_least= counts from here, no earlier than the grant.
     granted_us=${EPOCHREALTIME/./}
     local renewed_at=''
@@ -1128,7 +1192,8 @@ lockd_run() {
         token=$LOCKD_TOKEN
         # A first renewal right away tells us the lease length in ms, whatever form ttl= took,
         # and a time the lease surely lives from (its send).
-        renewed_at=$(lockd__now_ms)
+        lockd__clock
+        renewed_at=$lockd__now
         lockd__renew_session "$name" "$token" "${LOCKD_IO_TIMEOUT:-10}" || rc=$?
     fi
     if ((rc != 0)) || [[ -n $lockd__stopping ]]; then
@@ -1148,6 +1213,10 @@ lockd_run() {
         # Nor, over TLS, openssl's output.
         if [[ -n $lockd__rfd ]]; then exec {lockd__rfd}<&-; fi
         export LOCKD_NAME=$name LOCKD_TOKEN=$token
+        if ((${#names[@]} > 1)); then
+            export LOCKD_NAMES="${names[*]}" LOCKD_TOKENS="${tokens[*]}"
+            for i in "${!set_env[@]}"; do export "${set_env[i]}=${tokens[i]}"; done
+        fi
         if [[ $(type -t -- "$1") == file ]]; then exec "$@"; fi
         "$@"
     ) <&0 {lockd__fd}>&- &

@@ -247,6 +247,105 @@ fn run_propagates_the_exit_code_stdin_and_token_and_releases() {
     assert!(out.stdout.contains("status=OK job free"), "{}", out.stdout);
 }
 
+/// `lockd_run NAME and=NAME2 -- CMD`: the set is held while CMD runs (every name at once),
+/// CMD gets the names and a token variable per name, and both names are free after it.
+#[test]
+fn run_holds_a_set_and_gives_the_command_a_token_per_name() {
+    let lockd = Server::start();
+    let library = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/lockd.sh");
+    let script = r#"
+        lockd_run db-migrate ttl=1m and=cache.flush -- bash -c '
+            echo "names=$LOCKD_NAMES"
+            echo "tokens=$LOCKD_TOKENS"
+            echo "each=$LOCKD_TOKEN_DB_MIGRATE $LOCKD_TOKEN_CACHE_FLUSH first=$LOCKD_TOKEN"
+            . "@LIBRARY@"
+            rc=0; LOCKD_ID=other lockd_try cache.flush || rc=$?
+            echo "second-name-held=$rc"
+        '
+        echo "rc=$?"
+        "#;
+    let out = run(
+        &lockd,
+        &script.replace("@LIBRARY@", &library.display().to_string()),
+    );
+    assert_ok(&out);
+    let line = |key: &str| {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in:\n{}\n{}", out.stdout, out.stderr))
+            .to_owned()
+    };
+    assert_eq!(line("names="), "db-migrate cache.flush");
+    let tokens = line("tokens=");
+    let t: Vec<&str> = tokens.split(' ').collect();
+    assert_eq!(t.len(), 2, "{tokens}");
+    assert_eq!(t[0], t[1], "a set is one lease: one token");
+    assert_eq!(line("each="), format!("{} {} first={}", t[0], t[1], t[0]));
+    assert_eq!(line("second-name-held="), "1");
+    assert_eq!(line("rc="), "0");
+    for name in ["db-migrate", "cache.flush"] {
+        assert_eq!(
+            lockd.request(&format!("STATUS {name}")),
+            format!("OK {name} free")
+        );
+    }
+}
+
+/// A set whose names give one token variable (`a-b`, `a.b`) is refused before anything is
+/// sent, as lockctl refuses it; so is `supersede` with `and=`.
+#[test]
+fn run_refuses_a_set_it_could_not_tell_apart_and_a_superseding_set() {
+    let lockd = Server::start();
+    let out = run(
+        &lockd,
+        r#"
+        rc=0; lockd_run a-b and=a.b -- true 2>/dev/null || rc=$?
+        echo "same-variable=$rc"
+        rc=0; lockd_run a-b and=c supersede -- true 2>/dev/null || rc=$?
+        echo "supersede=$rc"
+        "#,
+    );
+    assert_ok(&out);
+    assert!(out.stdout.contains("same-variable=2"), "{}", out.stdout);
+    assert!(out.stdout.contains("supersede=2"), "{}", out.stdout);
+    for name in ["a-b", "a.b", "c"] {
+        assert_eq!(
+            lockd.request(&format!("STATUS {name}")),
+            format!("OK {name} free")
+        );
+    }
+}
+
+/// lockd_run stops its renewer with a TERM when the command ends, wherever in its loop the
+/// renewer is (napping, reading the clock, renewing): short commands of many lengths against a
+/// short ttl put the TERM at every point of the loop, and every run must end with the
+/// command's status and the lock free.
+#[test]
+fn a_run_ends_well_wherever_its_renewer_is_when_the_command_ends() {
+    let lockd = Server::start();
+    let out = run(
+        &lockd,
+        r#"
+        bad=0
+        for i in $(seq 0 39); do
+            rc=0; lockd_run job ttl=300ms session=300ms -- sleep "0.0$((i % 10))$((i / 10))" || rc=$?
+            if ((rc != 0)); then echo "run $i: rc=$rc"; bad=1; fi
+        done
+        echo "bad=$bad"
+        echo "status=$(lockd_request 'STATUS job'; echo "$LOCKD_REPLY")"
+        "#,
+    );
+    assert_ok(&out);
+    assert!(
+        out.stdout.contains("bad=0"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(out.stdout.contains("status=OK job free"), "{}", out.stdout);
+}
+
 #[test]
 fn run_stops_the_command_when_the_lease_is_lost() {
     let lockd = Server::start();
