@@ -109,6 +109,9 @@ struct Local {
     confirming: bool,
     /// Every name of its set (`name` first), each with a key of `uid`; empty for one name.
     set: Vec<String>,
+    /// Dropped with the waiter, however it leaves, which ends its `wait=` timer task (see
+    /// `Cluster::end_wait_after`): no task outlives the wait it times.
+    timer: Option<oneshot::Sender<()>>,
 }
 
 struct ClusterState {

@@ -346,6 +346,7 @@ impl Cluster {
                     in_flight: false,
                     confirming: false,
                     set,
+                    timer: None,
                 },
             );
         }

@@ -142,6 +142,7 @@ impl Cluster {
                     in_flight: false,
                     confirming: false,
                     set: Vec::new(),
+                    timer: None,
                 },
             );
         }
@@ -267,15 +268,26 @@ impl Cluster {
     }
 
     /// Ends the wait of `waiter` once its `wait=` runs out ([`Cluster::wait_over`]); `None`
-    /// waits without bound.
+    /// waits without bound. The timer is a task that ends early when the waiter leaves the
+    /// queue otherwise (granted, gone, replaced): the waiter's record holds the other end of
+    /// its stop channel.
     pub(super) fn end_wait_after(self: &Arc<Self>, waiter: WaiterId, wait: Option<Duration>) {
-        if let Some(wait) = wait {
-            let me = Arc::clone(self);
-            tokio::spawn(async move {
-                tokio::time::sleep(wait).await;
-                me.wait_over(waiter);
-            });
+        let Some(wait) = wait else {
+            return;
+        };
+        let (stop, stopped) = oneshot::channel();
+        match self.guard().waiting.get_mut(&waiter) {
+            Some(local) => local.timer = Some(stop),
+            // Already granted or gone.
+            None => return,
         }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => me.wait_over(waiter),
+                _ = stopped => {}
+            }
+        });
     }
 
     /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,
