@@ -93,9 +93,10 @@ struct Table {
     ids: Vec<String>,
     /// Per request: its place in line, the same in every one of its queues (lower is
     /// earlier). A new request's is its number; one of a single name that replaced the same
-    /// id's older request there takes that one's place; a set never keeps one (a place kept
-    /// on one name of a set would put it before others on another: two sets could each wait
-    /// for the other).
+    /// id's older request there takes that one's place, and so does the very same set asked
+    /// again (its one place is the same in every queue); any other set goes to the back (a
+    /// place kept on one name of a set would put it before others on another: two sets could
+    /// each wait for the other).
     places: Vec<u64>,
     holding: Vec<u64>,
     waiting: Vec<u64>,
@@ -197,8 +198,13 @@ impl Table {
                         name.queue.retain(|w| w.0 != o);
                     }
                 }
-                if let ([_], [o]) = (&names[..], &old[..]) {
-                    self.places[r as usize] = self.places[*o as usize];
+                // One name, or the very same set again (its names in any order), takes the
+                // older request's place; any other set goes to the back.
+                if let [o] = old[..] {
+                    let same = rules::same_set(&self.requests[o as usize].0, &names);
+                    if names.len() == 1 || same {
+                        self.places[r as usize] = self.places[o as usize];
+                    }
                 }
                 // One step: every queue at once, each in order of place.
                 for &n in &names {
