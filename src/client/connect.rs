@@ -209,7 +209,7 @@ impl Connector {
 
     /// The connection for the next try of `retry`, after a try failed: from the address after
     /// the current one (the one that failed is tried last), for up to the connect timeout but
-    /// not past the end of `retry`'s wait (though never for less than [`MIN_TRY`], so that the
+    /// not past the end of `retry`'s wait (though never for less than 200 ms, so that the
     /// last try still gets a fair chance); a single round when `retry` answers at once.
     pub async fn reconnect_for(&self, retry: &Retry) -> Result<Client, ConnectError> {
         if retry.answers_at_once() {
