@@ -68,9 +68,12 @@ pub async fn run(
     warm: Duration,
     dur: Duration,
 ) -> io::Result<()> {
+    // LOCKBENCH_PEER_SCENARIOS=con.c16.h0,unc.c64 runs only those (to profile one of them).
+    let only = std::env::var("LOCKBENCH_PEER_SCENARIOS").unwrap_or_default();
+    let wanted = |s: &str| only.is_empty() || only.split(',').any(|o| o == s);
     for round in 1..=rounds {
         eprintln!("peer: round {round} of {rounds}");
-        for &(scenario, clients, hold) in &SCENARIOS {
+        for &(scenario, clients, hold) in SCENARIOS.iter().filter(|s| wanted(s.0)) {
             let n = systems.len();
             for k in 0..n {
                 let s = &systems[(k + round) % n];
@@ -193,6 +196,8 @@ pub fn table(rows: &str) -> String {
         };
         let mut shown: Vec<String> = vec!["lockd".into()];
         shown.extend(rates.keys().filter(|w| *w == "dflockd").cloned());
+        // Uncontended, Redis runs once, as `redis`; contended, once per retry sleep.
+        shown.extend(rates.keys().filter(|w| *w == "redis").cloned());
         shown.extend(best_redis.map(|(w, _)| w));
         for who in shown {
             let Some(v) = rates.get(&who) else { continue };
