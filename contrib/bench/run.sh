@@ -37,6 +37,8 @@
 #                             medians, ranges, ratios and server CPU per operation. Without
 #                             DFLOCKD nothing of it runs.
 #   PEER_ONLY=1               with DFLOCKD: skip the Redis table and the comparisons
+#   LOCKBENCH_PEER_SCENARIOS  a comma-separated list of the peer scenarios to run (all six
+#                             by default; con.c16.h0 alone, to profile it)
 #   DFLOCKD_PORT (16388)
 #
 #   DFLOCKD=../shared/peers/dflockd PEER_ONLY=1 contrib/bench/run.sh   # about 10 minutes
