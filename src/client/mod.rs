@@ -320,22 +320,8 @@ impl Client {
         supersede: bool,
         note: Option<&str>,
     ) -> Result<Token> {
-        let note = match note {
-            Some(note) => proto::note::valid_note(note).map_err(ClientError::Refused)?,
-            None => None,
-        };
         match self
-            .ask(&Request::Lock {
-                name: name.into(),
-                id: id.into(),
-                ttl,
-                wait,
-                tie,
-                mode,
-                note,
-                supersede,
-                and: Box::default(),
-            })
+            .ask_lock(&[name], id, (ttl, wait), tie, mode, supersede, note)
             .await?
         {
             Received::Token(token) => Ok(token),
@@ -357,29 +343,8 @@ impl Client {
         mode: Mode,
         note: Option<&str>,
     ) -> Result<Vec<Token>> {
-        let note = match note {
-            Some(note) => proto::note::valid_note(note).map_err(ClientError::Refused)?,
-            None => None,
-        };
-        let Some((first, and)) = names.split_first() else {
-            // Refused here as the server would refuse a LOCK without a name.
-            return Err(ClientError::Refused(ProtoError::new(
-                ErrorCode::Syntax,
-                "LOCK of no names",
-            )));
-        };
         let reply = self
-            .ask(&Request::Lock {
-                name: (*first).into(),
-                id: id.into(),
-                ttl,
-                wait,
-                tie,
-                mode,
-                note,
-                supersede: false,
-                and: and.iter().map(|n| (*n).to_owned()).collect(),
-            })
+            .ask_lock(names, id, (ttl, wait), tie, mode, false, note)
             .await?;
         let tokens = match reply {
             Received::Token(token) => vec![token],
@@ -390,6 +355,44 @@ impl Client {
             return Err(unexpected(Received::Tokens(tokens)));
         }
         Ok(tokens)
+    }
+
+    /// Sends the LOCK of `names` (the first, then each further one as `and=`) and returns
+    /// the reply. A note with a control character, or no name at all, is refused here as
+    /// the server would refuse it, and nothing is sent.
+    #[allow(clippy::too_many_arguments)] // the LOCK's words, one each
+    async fn ask_lock(
+        &mut self,
+        names: &[&str],
+        id: &str,
+        (ttl, wait): (Option<Duration>, Option<Duration>),
+        tie: Tie,
+        mode: Mode,
+        supersede: bool,
+        note: Option<&str>,
+    ) -> Result<Received> {
+        let note = match note {
+            Some(note) => proto::note::valid_note(note).map_err(ClientError::Refused)?,
+            None => None,
+        };
+        let Some((first, and)) = names.split_first() else {
+            return Err(ClientError::Refused(ProtoError::new(
+                ErrorCode::Syntax,
+                "LOCK of no names",
+            )));
+        };
+        self.ask(&Request::Lock {
+            name: (*first).into(),
+            id: id.into(),
+            ttl,
+            wait,
+            tie,
+            mode,
+            note,
+            supersede,
+            and: and.iter().map(|n| (*n).to_owned()).collect(),
+        })
+        .await
     }
 
     /// UNLOCK.
