@@ -1,7 +1,7 @@
 //! The table's storage, laid out for memory per held lock (see the module map in
 //! `locks/mod.rs`): a slab of compact entries, 24-byte timers, and ticks instead of `Instant`s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -371,8 +371,12 @@ impl Slab {
     }
 }
 
-/// A name of the table as the lock rules see it; `None`: the name is free.
-pub(super) struct TableView<'a>(pub(super) Option<&'a Entry>);
+/// A name of the table as the lock rules see it (`None`: the name is free), with the table's
+/// held sets (token -> the slots of its names), which say whether a holder's lease is a set.
+pub(super) struct TableView<'a>(
+    pub(super) Option<&'a Entry>,
+    pub(super) &'a HashMap<Token, Box<[u32]>>,
+);
 
 /// Where a waiter of the table is: its ticket in the queue, its number and its wait's end.
 pub(super) type WaiterPlace = (u64, WaiterId, Option<u64>);
@@ -383,7 +387,8 @@ impl NameView for TableView<'_> {
     type WaiterKey = WaiterPlace;
 
     fn holders(&self) -> impl Iterator<Item = HolderView<'_, UserId, Token>> {
-        self.0.into_iter().flat_map(|entry| {
+        let sets = self.1;
+        self.0.into_iter().flat_map(move |entry| {
             let mode = entry.mode();
             entry.holders().map(move |h| HolderView {
                 key: h.token,
@@ -391,6 +396,8 @@ impl NameView for TableView<'_> {
                 user: &h.user,
                 mode,
                 bound_to: h.open_conn(),
+                // No lookup while no set is held (most tables, always).
+                in_set: !sets.is_empty() && sets.contains_key(&h.token),
             })
         })
     }

@@ -304,7 +304,7 @@ impl Locks {
             wait: req.wait,
             supersede: req.supersede,
         };
-        let view = TableView(slot.and_then(|slot| self.slab.get(slot)));
+        let view = TableView(slot.and_then(|slot| self.slab.get(slot)), &self.sets);
         let decision = rules::decide(&view, &ask, &self.limits, self.leases)?;
         let too_many = TableError::TooManyLocks {
             max: self.limits.max_locks,
@@ -322,8 +322,6 @@ impl Locks {
                 let token = self.start_lease(slot, holder, req.mode, deadline, None);
                 Ok(LockOutcome::Granted { token, deadline })
             }
-            // Holding the name as part of a set is no hold of it alone: release first.
-            Decision::Again(token) if self.sets.contains_key(&token) => Err(TableError::Conflict),
             Decision::Again(token) => {
                 self.grant_again(slot, token, &req, ttl, (deadline, deadline_ticks))?;
                 Ok(LockOutcome::Granted { token, deadline })
@@ -363,25 +361,23 @@ impl Locks {
         };
         let views: Vec<TableView<'_>> = slots
             .iter()
-            .map(|slot| TableView(slot.and_then(|slot| self.slab.get(slot))))
+            .map(|slot| TableView(slot.and_then(|slot| self.slab.get(slot)), &self.sets))
             .collect();
-        let decision = rules::decide_set(&views, &ask, &self.limits, self.leases)?;
+        // The held set `token` is this very set: as many names, each of them one of these.
+        let is_this_set = |token: &Token| {
+            self.sets.get(token).is_some_and(|held| {
+                held.len() == slots.len()
+                    && slots.iter().all(|s| s.is_some_and(|s| held.contains(&s)))
+            })
+        };
+        let decision = rules::decide_set(&views, &ask, &self.limits, self.leases, is_this_set)?;
         drop(views);
         match decision {
             SetDecision::Again(tokens) => {
-                // A retry only if it is this very set: one token, held as a set of exactly
-                // these names.
+                // The rules made sure it is this very set: one token on every name.
                 let Some(&token) = tokens.first() else {
                     return Err(TableError::Conflict);
                 };
-                let same_set = tokens.iter().all(|&t| t == token)
-                    && self.sets.get(&token).is_some_and(|held| {
-                        held.len() == slots.len()
-                            && slots.iter().all(|s| s.is_some_and(|s| held.contains(&s)))
-                    });
-                if !same_set {
-                    return Err(TableError::Conflict);
-                }
                 for slot in slots.into_iter().flatten() {
                     self.grant_again(slot, token, &req, ttl, (deadline, deadline_ticks))?;
                 }
@@ -721,7 +717,7 @@ impl Locks {
     ) -> Result<Vec<Token>, TableError> {
         self.expire(now);
         let slot = self.index.get(name).copied();
-        let view = TableView(slot.and_then(|slot| self.slab.get(slot)));
+        let view = TableView(slot.and_then(|slot| self.slab.get(slot)), &self.sets);
         let ended = rules::breaks(&view, token.as_ref())?;
         let slot = slot.ok_or(TableError::NotHeld)?;
         let who: Arc<str> = by.who().into();
@@ -1613,7 +1609,7 @@ impl Locks {
             };
             mode = w.mode;
             keys.push((ticket, waiter, w.deadline));
-            views.push(TableView(Some(entry)));
+            views.push(TableView(Some(entry), &self.sets));
         }
         rules::set_ready(views.iter().zip(keys.iter()), mode)
     }

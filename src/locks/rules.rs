@@ -29,6 +29,8 @@ pub struct HolderView<'a, U: ?Sized, K> {
     /// connection (in cluster mode it moves here, as a RENEW through this server would move
     /// it: whether that connection still lives can't be known from here).
     pub bound_to: Option<ConnId>,
+    /// Its lease is a set (`and=`): it holds other names too.
+    pub in_set: bool,
 }
 
 /// A waiter of the name, as a [`NameView`] shows it.
@@ -47,8 +49,8 @@ pub struct WaiterView<'a, U: ?Sized, K> {
 pub trait NameView {
     /// Who a request is from: the same id is the same client only within one user.
     type User: PartialEq + ?Sized;
-    /// What [`HolderView::key`] is.
-    type HolderKey;
+    /// What [`HolderView::key`] is: one lease has one key on every name it holds.
+    type HolderKey: PartialEq;
     /// What [`WaiterView::key`] is.
     type WaiterKey;
 
@@ -95,13 +97,32 @@ pub enum Decision<H, W> {
 }
 
 /// Decides a LOCK `ask` on the name `view` shows. `leases`: how many leases are held in all
-/// (a new holder must stay within [`Limits::max_locks`]).
+/// (a new holder must stay within [`Limits::max_locks`]). The same id holding the name as
+/// part of a set holds no lease of it alone: a one-name LOCK of it is `Conflict` (release
+/// the set first), not a retry.
 pub fn decide<V: NameView>(
     view: &V,
     ask: &Ask<'_, V::User>,
     limits: &Limits,
     leases: usize,
 ) -> Result<Decision<V::HolderKey, V::WaiterKey>, TableError> {
+    match decide_name(view, ask, limits, leases)? {
+        (Decision::Again(_), true) => Err(TableError::Conflict),
+        (decision, _) => Ok(decision),
+    }
+}
+
+/// A [`Decision`] about the name a [`NameView`] shows.
+type NameDecision<V> = Decision<<V as NameView>::HolderKey, <V as NameView>::WaiterKey>;
+
+/// [`decide`] for one name, alone or of a set; with an [`Decision::Again`], whether the
+/// lease that holds it is a set ([`HolderView::in_set`]).
+fn decide_name<V: NameView>(
+    view: &V,
+    ask: &Ask<'_, V::User>,
+    limits: &Limits,
+    leases: usize,
+) -> Result<(NameDecision<V>, bool), TableError> {
     // The name's mode is its holders', or while a hand-over is on its way (cluster mode), its
     // queue's: exclusive and shared are the two sides of one read/write lock; a semaphore
     // only mixes with the same semaphore.
@@ -134,7 +155,7 @@ pub fn decide<V: NameView>(
         if matches!(same.bound_to, Some(c) if c != ask.conn) {
             return Err(TableError::Conflict);
         }
-        return Ok(Decision::Again(same.key));
+        return Ok((Decision::Again(same.key), same.in_set));
     }
 
     // Granted at once only without overtaking anyone.
@@ -144,7 +165,7 @@ pub fn decide<V: NameView>(
                 max: limits.max_locks,
             });
         }
-        return Ok(Decision::Grant);
+        return Ok((Decision::Grant, false));
     }
 
     if ask.wait == Some(Duration::ZERO) {
@@ -161,20 +182,22 @@ pub fn decide<V: NameView>(
         // Newest wins: the whole queue goes (the same id's own older request as REPLACED,
         // the others as SUPERSEDED), so it never grows past this one request.
         let superseded = superseded_waiters(view, ask).collect();
-        return Ok(Decision::Queue {
+        let queue = Decision::Queue {
             replaces,
             superseded,
-        });
+        };
+        return Ok((queue, false));
     }
     if replaces.is_none() && view.waiters() >= limits.max_waiters {
         return Err(TableError::TooManyWaiters {
             max: limits.max_waiters,
         });
     }
-    Ok(Decision::Queue {
+    let queue = Decision::Queue {
         replaces,
         superseded: Vec::new(),
-    })
+    };
+    Ok((queue, false))
 }
 
 /// What a LOCK of a set of names (`and=`) does: one answer for all of them.
@@ -207,11 +230,15 @@ pub enum SetDecision<H, W> {
 /// requests, and the earliest request still waiting is first in each of its queues: it
 /// waits for holders only, which leave. FIFO per name is kept as for one name: nobody
 /// overtakes a set, and a set overtakes nobody.
+///
+/// `is_this_set`: whether the lease a holder key names is a set of exactly the names asked
+/// (in any order), which only the backend can tell (its record of the set's names).
 pub fn decide_set<V: NameView>(
     views: &[V],
     ask: &Ask<'_, V::User>,
     limits: &Limits,
     leases: usize,
+    is_this_set: impl Fn(&V::HolderKey) -> bool,
 ) -> Result<SetDecision<V::HolderKey, V::WaiterKey>, TableError> {
     // The protocol refuses `supersede` with `and=`: taking several queues at once would end
     // waiters that never asked for this set.
@@ -227,13 +254,13 @@ pub fn decide_set<V: NameView>(
     let mut queued = false;
     let mut replaces = Vec::with_capacity(views.len());
     for view in views {
-        match decide(view, &plain, limits, leases)? {
-            Decision::Again(key) => {
+        match decide_name(view, &plain, limits, leases)? {
+            (Decision::Again(key), _) => {
                 again.push(key);
                 replaces.push(None);
             }
-            Decision::Grant => replaces.push(None),
-            Decision::Queue { replaces: r, .. } => {
+            (Decision::Grant, _) => replaces.push(None),
+            (Decision::Queue { replaces: r, .. }, _) => {
                 queued = true;
                 replaces.push(r);
             }
@@ -241,8 +268,12 @@ pub fn decide_set<V: NameView>(
     }
     if !again.is_empty() {
         // A set is one lease: an id that holds some of its names (alone, or in another
-        // set) can't make them part of a new one.
-        if again.len() != views.len() {
+        // set) can't make them part of a new one. The same id holding all of them is a
+        // retry only as this very set: one lease on every name (one key), a set of exactly
+        // these names, not separate leases or a larger set.
+        let one_lease = again.windows(2).all(|w| w[0] == w[1]);
+        let this_set = again.first().is_some_and(is_this_set);
+        if again.len() != views.len() || !one_lease || !this_set {
             return Err(TableError::Conflict);
         }
         return Ok(SetDecision::Again(again));
@@ -376,6 +407,8 @@ mod tests {
     struct Plain {
         holders: Vec<(&'static str, u32, Mode, Option<ConnId>)>,
         queue: Vec<(&'static str, u32, Mode)>,
+        /// Every holder's lease is a set.
+        in_set: bool,
     }
 
     impl NameView for Plain {
@@ -393,6 +426,7 @@ mod tests {
                     user,
                     mode: *mode,
                     bound_to: *bound_to,
+                    in_set: self.in_set,
                 })
         }
 
@@ -496,6 +530,7 @@ mod tests {
         let queued = Plain {
             holders: vec![("p", 0, Mode::Shared, None)],
             queue: vec![("w", 0, Mode::Exclusive)],
+            in_set: false,
         };
         assert_eq!(
             decide(&queued, &s, &limits(1), 1),
@@ -524,6 +559,7 @@ mod tests {
         let shared = Plain {
             holders: vec![("p", 0, Mode::Shared, None), ("q", 0, Mode::Shared, None)],
             queue: vec![("w", 0, Mode::Exclusive)],
+            in_set: false,
         };
         assert_eq!(breaks(&shared, None), Ok(vec![0, 1]));
         assert_eq!(breaks(&shared, Some(&1)), Ok(vec![1]));
@@ -540,6 +576,7 @@ mod tests {
                 ("me", 0, Mode::Exclusive),
                 ("b", 0, Mode::Exclusive),
             ],
+            in_set: false,
         };
         let me = Ask {
             supersede: true,
@@ -585,7 +622,13 @@ mod tests {
         };
         let me = ask("me", Mode::Exclusive, None);
         assert_eq!(
-            decide_set(&[Plain::default(), Plain::default()], &me, &limits(4), 0),
+            decide_set(
+                &[Plain::default(), Plain::default()],
+                &me,
+                &limits(4),
+                0,
+                |_| true
+            ),
             Ok(SetDecision::Grant)
         );
         // One lease per name: the set must fit within max_locks whole.
@@ -594,12 +637,14 @@ mod tests {
             ..limits(4)
         };
         assert_eq!(
-            decide_set(&[Plain::default(), Plain::default()], &me, &few, 2),
+            decide_set(&[Plain::default(), Plain::default()], &me, &few, 2, |_| {
+                true
+            }),
             Err(TableError::TooManyLocks { max: 3 })
         );
         // One name held: the set waits on both, the free one too.
         assert_eq!(
-            decide_set(&[free, held], &me, &limits(4), 1),
+            decide_set(&[free, held], &me, &limits(4), 1, |_| true),
             Ok(SetDecision::Queue {
                 replaces: vec![None, None]
             })
@@ -611,16 +656,17 @@ mod tests {
             ..Plain::default()
         };
         assert!(matches!(
-            decide_set(&[Plain::default(), held], &now, &limits(4), 1),
+            decide_set(&[Plain::default(), held], &now, &limits(4), 1, |_| true),
             Err(TableError::WouldBlock { .. })
         ));
         // Any name's refusal refuses the set: a full queue, a shape the name is not in.
         let queued = Plain {
             holders: vec![("p", 0, Mode::Exclusive, None)],
             queue: vec![("w", 0, Mode::Exclusive)],
+            in_set: false,
         };
         assert_eq!(
-            decide_set(&[Plain::default(), queued], &me, &limits(1), 1),
+            decide_set(&[Plain::default(), queued], &me, &limits(1), 1, |_| true),
             Err(TableError::TooManyWaiters { max: 1 })
         );
         let shared = Plain {
@@ -629,7 +675,7 @@ mod tests {
         };
         let sem = ask("me", Mode::Limit(2), None);
         assert!(matches!(
-            decide_set(&[Plain::default(), shared], &sem, &limits(4), 1),
+            decide_set(&[Plain::default(), shared], &sem, &limits(4), 1, |_| true),
             Err(TableError::WrongMode { .. })
         ));
     }
@@ -642,21 +688,36 @@ mod tests {
         };
         let me = ask("me", Mode::Exclusive, None);
         assert_eq!(
-            decide_set(&[mine(), mine()], &me, &limits(4), 2),
+            decide_set(&[mine(), mine()], &me, &limits(4), 2, |_| true),
             Ok(SetDecision::Again(vec![0, 0]))
+        );
+        // Holding every name, but as separate leases or another set: no retry of this one.
+        assert_eq!(
+            decide_set(&[mine(), mine()], &me, &limits(4), 2, |_| false),
+            Err(TableError::Conflict)
+        );
+        // A one-name LOCK of a name the same id holds inside a set: release the set first.
+        let in_set = Plain {
+            in_set: true,
+            ..mine()
+        };
+        assert_eq!(
+            decide(&in_set, &me, &limits(4), 2),
+            Err(TableError::Conflict)
         );
         // Holding one of the names is no part of a new set.
         assert_eq!(
-            decide_set(&[mine(), Plain::default()], &me, &limits(4), 1),
+            decide_set(&[mine(), Plain::default()], &me, &limits(4), 1, |_| true),
             Err(TableError::Conflict)
         );
         // Waiting already: the set takes its older request's place on each name.
         let waiting = Plain {
             holders: vec![("p", 0, Mode::Exclusive, None)],
             queue: vec![("me", 0, Mode::Exclusive)],
+            in_set: false,
         };
         assert_eq!(
-            decide_set(&[Plain::default(), waiting], &me, &limits(4), 1),
+            decide_set(&[Plain::default(), waiting], &me, &limits(4), 1, |_| true),
             Ok(SetDecision::Queue {
                 replaces: vec![None, Some(0)]
             })
@@ -676,6 +737,7 @@ mod tests {
         let held = Plain {
             holders: vec![("p", 0, Mode::Exclusive, None)],
             queue: vec![("me", 0, Mode::Exclusive)],
+            in_set: false,
         };
         assert!(set_ready([(&first, &0), (&first, &0)], Mode::Exclusive));
         assert!(!set_ready([(&first, &0), (&second, &1)], Mode::Exclusive));
@@ -683,6 +745,7 @@ mod tests {
         let shared = Plain {
             holders: vec![("p", 0, Mode::Shared, None)],
             queue: vec![("me", 0, Mode::Shared)],
+            in_set: false,
         };
         assert!(set_ready([(&first, &0), (&shared, &0)], Mode::Shared));
     }

@@ -31,6 +31,8 @@ struct Ids(Vec<String>);
 struct View<'a> {
     name: &'a Name,
     ids: &'a Ids,
+    /// Per request: how many names it asked for.
+    sizes: &'a [usize],
 }
 
 impl NameView for View<'_> {
@@ -45,6 +47,7 @@ impl NameView for View<'_> {
             user: &0,
             mode,
             bound_to: None,
+            in_set: self.sizes[key as usize] > 1,
         })
     }
 
@@ -110,14 +113,20 @@ impl Table {
         }
     }
 
-    fn views<'a>(&'a self, names: &[usize], ids: &'a Ids) -> Vec<View<'a>> {
+    fn views<'a>(&'a self, names: &[usize], ids: &'a Ids, sizes: &'a [usize]) -> Vec<View<'a>> {
         names
             .iter()
             .map(|&n| View {
+                sizes,
                 name: &self.names[n],
                 ids,
             })
             .collect()
+    }
+
+    /// Per request: how many names it asked for.
+    fn sizes(&self) -> Vec<usize> {
+        self.requests.iter().map(|(names, _)| names.len()).collect()
     }
 
     fn grant(&mut self, r: u64) {
@@ -141,9 +150,10 @@ impl Table {
     fn settle(&mut self) {
         loop {
             let ids = Ids(self.ids.clone());
+            let sizes = self.sizes();
             let ready = self.waiting.iter().copied().find(|&r| {
                 let (names, mode) = &self.requests[r as usize];
-                let views = self.views(names, &ids);
+                let views = self.views(names, &ids, &sizes);
                 rules::set_ready(views.iter().map(|v| (v, &r)), *mode)
             });
             match ready {
@@ -178,8 +188,17 @@ impl Table {
             supersede: false,
         };
         let decision = {
-            let views = self.views(&names, &ids);
-            rules::decide_set(&views, &ask, &Limits::default(), self.holding.len())
+            let sizes = self.sizes();
+            let views = self.views(&names, &ids, &sizes);
+            let is_this_set =
+                |&held: &u64| rules::same_set(&self.requests[held as usize].0, &names);
+            rules::decide_set(
+                &views,
+                &ask,
+                &Limits::default(),
+                self.holding.len(),
+                is_this_set,
+            )
         };
         match decision {
             Ok(SetDecision::Grant) => self.grant(r),

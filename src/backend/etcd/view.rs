@@ -39,6 +39,7 @@ impl rules::NameView for MirrorView<'_> {
                 user: v.user.as_str(),
                 mode: v.mode,
                 bound_to: open_here.then_some(v.conn),
+                in_set: !v.set.is_empty(),
             }
         })
     }
@@ -68,18 +69,7 @@ pub fn decide(
     limits: &Limits,
     leases: usize,
 ) -> Result<rules::Decision<i64, i64>, TableError> {
-    let decision = rules::decide(&ns.view(fe), &ask(req, user), limits, leases)?;
-    // Holding the name as part of a set is no hold of it alone: release first (as the
-    // table answers).
-    if let rules::Decision::Again(rev) = decision {
-        if ns
-            .holder_by_rev(rev)
-            .is_some_and(|h| !h.value.set.is_empty())
-        {
-            return Err(TableError::Conflict);
-        }
-    }
-    Ok(decision)
+    rules::decide(&ns.view(fe), &ask(req, user), limits, leases)
 }
 
 /// What a LOCK `req` by `user` of the set `names` (each name's state in `states`, in the
@@ -97,17 +87,12 @@ pub fn decide_set(
     leases: usize,
 ) -> Result<rules::SetDecision<i64, i64>, TableError> {
     let views: Vec<_> = states.iter().map(|ns| ns.view(fe)).collect();
-    let decision = rules::decide_set(&views, &ask(req, user), limits, leases)?;
-    if let rules::SetDecision::Again(revs) = &decision {
-        let first = revs.first().copied().unwrap_or_default();
-        let holder = states.first().and_then(|ns| ns.holder_by_rev(first));
-        let one = revs.iter().all(|r| *r == first)
-            && holder.is_some_and(|h| rules::same_set(&h.value.set, names));
-        if !one {
-            return Err(TableError::Conflict);
-        }
-    }
-    Ok(decision)
+    // The holder of the first name with this create revision names its set in its record.
+    let is_this_set = |rev: &i64| {
+        let holder = states.first().and_then(|ns| ns.holder_by_rev(*rev));
+        holder.is_some_and(|h| rules::same_set(&h.value.set, names))
+    };
+    rules::decide_set(&views, &ask(req, user), limits, leases, is_this_set)
 }
 
 /// The part of `req` (by `user`) the lock rules decide on.
