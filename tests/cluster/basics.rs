@@ -47,6 +47,14 @@ fn unique() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Waits until `fe`'s STATUS of `name` shows it held with `token` (its mirror caught up).
+pub(crate) fn wait_held(fe: &LockdFrontEnd, name: &str, token: u64) {
+    eventually(PATIENCE, &format!("{name} held with {token}"), || {
+        let status = fe.request(&format!("STATUS {name}"));
+        field(&status, "token").as_deref() == Some(&token.to_string())
+    });
+}
+
 /// Waits until `fe`'s STATUS of `name` shows `waiters` waiters (its mirror caught up).
 pub(crate) fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
     eventually(PATIENCE, &format!("{waiters} waiters on {name}"), || {

@@ -3,7 +3,7 @@
 //! front-end) granted with a higher token, and the `broken` event on every front-end.
 #![cfg(feature = "etcd")]
 
-use super::basics::etcd;
+use super::basics::{etcd, wait_waiters};
 use crate::common;
 use crate::common::needs::{have, Need};
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::blocking::eventually;
 use common::etcd::LockdFrontEnd;
 use common::line::Line;
-use common::{field, token};
+use common::token;
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -21,13 +21,6 @@ fn front_ends(n: usize, tag: &str) -> Vec<LockdFrontEnd> {
     (0..n)
         .map(|_| LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "2s"]))
         .collect()
-}
-
-fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
-    eventually(PATIENCE, &format!("{waiters} waiters on {name}"), || {
-        let status = fe.request(&format!("STATUS {name}"));
-        field(&status, "waiters").as_deref() == Some(&waiters.to_string())
-    });
 }
 
 /// `ERR NOTHELD <name>: lease <token> was broken by <who> at <ms>`: returns `<who>` (here,

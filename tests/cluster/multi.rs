@@ -15,7 +15,7 @@ use common::etcd::LockdFrontEnd;
 use common::line::Line;
 use common::{field, token};
 
-use super::basics::{front_ends, wait_waiters};
+use super::basics::{front_ends, wait_held, wait_waiters};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -30,14 +30,6 @@ fn tokens(reply: &str) -> Vec<u64> {
                 .unwrap_or_else(|_| panic!("expected tokens, got {reply:?}"))
         })
         .collect()
-}
-
-/// Waits until `fe` shows `name` held with `token`.
-fn wait_held(fe: &LockdFrontEnd, name: &str, token: u64) {
-    eventually(PATIENCE, &format!("{name} held with {token}"), || {
-        let status = fe.request(&format!("STATUS {name}"));
-        field(&status, "token").as_deref() == Some(&token.to_string())
-    });
 }
 
 /// Waits until `fe` shows `name` free with nobody waiting.

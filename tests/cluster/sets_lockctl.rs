@@ -135,10 +135,13 @@ fn a_lockctl_set_is_held_on_every_name_and_refuses_an_overlapping_nonblock() {
     let tokens = std::fs::read_to_string(&env).expect("env");
     let tokens: Vec<&str> = tokens.split_whitespace().collect();
     assert_eq!(tokens.len(), 2, "{tokens:?}");
-    // Seen through the other front-end: each name held with its own token.
+    // Seen through the other front-end (once its watch has caught up): each name held with
+    // its own token.
     for (name, token) in ["sa", "sb"].iter().zip(&tokens) {
-        let status = fes[1].request(&format!("STATUS {name}"));
-        assert_eq!(field(&status, "token").as_deref(), Some(*token), "{status}");
+        eventually(PATIENCE, &format!("{name} held with {token}"), || {
+            let status = fes[1].request(&format!("STATUS {name}"));
+            field(&status, "token").as_deref() == Some(*token)
+        });
     }
     let out = lockctl(
         &fes[1].addr().to_string(),
