@@ -222,3 +222,35 @@ fn lockctl_at_least_and_supersede_through_a_cluster() {
     assert_eq!(holder.req(&format!("UNLOCK deploy {th}")), "OK");
     assert!(token(&newer.line()) > th);
 }
+
+/// A queue longer than one etcd transaction carries (etcd takes 128 operations in one; each
+/// superseded waiter takes two) is superseded all the same: every waiter is told, and the
+/// newest LOCK is granted next.
+#[test]
+fn a_queue_longer_than_one_etcd_transaction_is_superseded() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let fes = front_ends(2, &[]);
+    let mut holder = Line::connect(fes[0].addr());
+    let th = holder.lock("long h ttl=1m");
+    let mut waiting: Vec<Line> = (0..150)
+        .map(|i| {
+            let mut w = Line::connect(fes[0].addr());
+            w.send(&format!("LOCK long w{i}"));
+            w
+        })
+        .collect();
+    wait_waiters(&fes[1], "long", waiting.len());
+    let mut newest = Line::connect(fes[1].addr());
+    newest.send("LOCK long newest supersede");
+    for w in &mut waiting {
+        assert_eq!(
+            w.line(),
+            "ERR SUPERSEDED long: a newer LOCK by newest took the queue"
+        );
+    }
+    wait_waiters(&fes[0], "long", 1);
+    assert_eq!(holder.req(&format!("UNLOCK long {th}")), "OK");
+    assert!(token(&newest.line()) > th);
+}

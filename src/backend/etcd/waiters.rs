@@ -16,6 +16,10 @@ use super::mirror::{Mirror, NameState};
 use super::view::ask;
 use super::{guards, wall_ms, Cluster, Local};
 
+/// The most operations one etcd transaction may carry (etcd's `--max-txn-ops` default): a
+/// supersede of a longer queue is made in several.
+const TXN_OPS: usize = 128;
+
 impl Cluster {
     /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
     /// the watch grants when it reaches the head.
@@ -164,43 +168,89 @@ impl Cluster {
             .iter()
             .map(|(w, _)| self.layout.superseded(&name_of_wait, &w.uid))
             .collect();
+        // The marks of each write of a supersede (see below); the last is the final write's.
+        let mut marks_of: Vec<Vec<String>> = Vec::new();
         let txn = match &adopt {
             Some(old) => Txn::new()
                 .when([guards::same_key(&old.key, old.rev)])
                 .and_then(ops(&old.key)),
             None if !superseded.is_empty() => {
-                // Newest wins, in one write guarded on the name as decided: no holder came
-                // or went, and nobody joined the queue or moved in it since. Each waiter's
-                // mark goes before its delete, so its front-end's watch sees why it went.
+                // Newest wins, in writes guarded on the name as decided: no holder came or
+                // went, and nobody joined the queue or moved in it since. Each waiter's mark
+                // goes before its delete, so its front-end's watch sees why it went.
                 let seen = superseded.iter().map(|(w, _)| w.mod_rev).max().unwrap_or(0);
                 let by = value.id.clone();
-                let mut ops = vec![put(&key)];
+                let mut batches: Vec<Vec<TxnOp>> = vec![Vec::new()];
+                marks_of.push(Vec::new());
                 for ((w, same_id), mark) in superseded.iter().zip(&marks) {
                     let mark_value = super::keys::SupersededValue {
                         by: by.clone(),
                         same_id: *same_id,
                     };
-                    ops.push(TxnOp::put(
-                        mark.clone(),
-                        mark_value.encode(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ));
-                    ops.push(TxnOp::delete(w.key.clone(), None));
+                    let mut out = vec![
+                        TxnOp::put(
+                            mark.clone(),
+                            mark_value.encode(),
+                            Some(PutOptions::new().with_lease(lease)),
+                        ),
+                        TxnOp::delete(w.key.clone(), None),
+                    ];
                     // A set waiter leaves all its queues: its keys on its other names go too
                     // (its front-end's watch ends its wait from the mark above).
                     for n in w.value.set.iter().filter(|n| **n != name_of_wait) {
-                        ops.push(TxnOp::delete(self.layout.waiter(n, &w.uid), None));
+                        out.push(TxnOp::delete(self.layout.waiter(n, &w.uid), None));
                     }
+                    // Room for this request's own key in the last write.
+                    if batches
+                        .last()
+                        .is_some_and(|b| b.len() + out.len() >= TXN_OPS)
+                    {
+                        batches.push(Vec::new());
+                        marks_of.push(Vec::new());
+                    }
+                    batches.last_mut().expect("one batch").extend(out);
+                    marks_of.last_mut().expect("one batch").push(mark.clone());
                 }
-                Txn::new()
-                    .when([
+                let when = || {
+                    [
                         guards::marker_at(&self.layout, &name_of_wait, marker_rev),
                         guards::queue_unchanged_since(&self.layout, &name_of_wait, seen),
-                    ])
-                    .and_then(ops)
+                    ]
+                };
+                // A queue longer than one etcd transaction carries: the waiters ahead go
+                // first, a transaction at a time, each under the same guard; this request's
+                // key goes with the last ones. A guard that fails on the way decides again
+                // (the waiters already taken out stay out: their clients were told).
+                let last = batches.pop().unwrap_or_default();
+                let last_marks = marks_of.pop().unwrap_or_default();
+                for (ahead, marks) in batches.into_iter().zip(marks_of.drain(..)) {
+                    let txn = Txn::new().when(when()).and_then(ahead);
+                    let went = self.txn(txn).await;
+                    let ok = went.as_ref().is_ok_and(|r| r.succeeded());
+                    if ok {
+                        self.drop_marks(marks);
+                        continue;
+                    }
+                    let mut g = self.guard();
+                    g.waiting.remove(&waiter);
+                    g.by_uid.retain(|_, w| *w != waiter);
+                    drop(g);
+                    for old in replaced_here {
+                        let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+                    }
+                    return match went {
+                        Err(e) => Err(self.unavailable(&e)),
+                        Ok(_) => Ok(None),
+                    };
+                }
+                marks_of.push(last_marks);
+                let mut ops = vec![put(&key)];
+                ops.extend(last);
+                Txn::new().when(when()).and_then(ops)
             }
             None => Txn::new().and_then(ops(&key)),
         };
+        let marks = marks_of.pop().unwrap_or(marks);
         let result = self.txn(txn).await;
         if result.as_ref().is_ok_and(|r| r.succeeded()) {
             self.drop_marks(marks);
