@@ -22,5 +22,6 @@ mod observability;
 mod partition;
 mod secure;
 mod sets_lockctl;
+mod sets_wide;
 mod skew;
 mod supersede;

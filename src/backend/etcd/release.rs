@@ -132,40 +132,41 @@ impl Cluster {
     /// why, in one write (one event per name), guarded by `guard` and by each key being
     /// still this grant's. No waiter is granted in it: the head waiters' front-ends grant
     /// them (a set waiter needs every one of its names, which only its front-end looks at).
-    /// An UNLOCK that leaves every name with no holder and no waiter removes the markers too.
+    /// An UNLOCK that leaves a name with no holder and no waiter removes its marker instead.
+    ///
+    /// Each name's marker is one small transaction nested in the write, first, in the set's
+    /// order (see [`Cluster::ended`]): etcd counts a nested transaction's operations against
+    /// what the outer one leaves of its 128, so the write stays within them for
+    /// `--max-names` names.
     fn end_set_txn(&self, kind: EventKind, holder: &HolderRecord, guard: Compare) -> Ended {
         let names = &holder.value.set;
         let keys: Vec<String> = self.lease_keys(holder);
         let mut when = vec![guard];
         when.extend(keys.iter().map(|k| guards::same_key(k, holder.rev)));
-        let end = |marker_op: &dyn Fn(String) -> TxnOp| {
-            names
-                .iter()
-                .zip(&keys)
-                .flat_map(|(n, k)| {
-                    [
-                        marker_op(self.layout.marker(n)),
-                        TxnOp::delete(k.clone(), None),
-                    ]
-                })
-                .collect::<Vec<_>>()
-        };
-        let put_marker = |m: String| TxnOp::put(m, self.marker(kind, holder.rev), None);
-        let with_marker = Txn::new().when(when.clone()).and_then(end(&put_marker));
-        let txn = if kind == EventKind::Released {
-            let mut alone = when.clone();
-            for n in names {
-                alone.push(guards::holds_alone(&self.layout, n, holder.rev));
-                alone.push(guards::nobody_waits(&self.layout, n));
+        let put_marker =
+            |n: &str| TxnOp::put(self.layout.marker(n), self.marker(kind, holder.rev), None);
+        let marker_op = |n: &str| {
+            if kind != EventKind::Released {
+                return TxnOp::txn(Txn::new().and_then([put_marker(n)]));
             }
-            Txn::new()
-                .when(alone)
-                .and_then(end(&|m| TxnOp::delete(m, None)))
-                .or_else([TxnOp::txn(with_marker)])
-        } else {
-            with_marker
+            let emptied = Txn::new()
+                .when([
+                    guards::holds_alone(&self.layout, n, holder.rev),
+                    guards::nobody_waits(&self.layout, n),
+                ])
+                .and_then([TxnOp::delete(self.layout.marker(n), None)])
+                .or_else([put_marker(n)]);
+            TxnOp::txn(emptied)
         };
-        Ended { txn, head: None }
+        let ops: Vec<TxnOp> = names
+            .iter()
+            .map(|n| marker_op(n))
+            .chain(keys.iter().map(|k| TxnOp::delete(k.clone(), None)))
+            .collect();
+        Ended {
+            txn: Txn::new().when(when).and_then(ops),
+            head: None,
+        }
     }
 
     /// The head waiter of `name`, if it fits once `holder` is gone: with the marker's
@@ -218,9 +219,19 @@ impl Cluster {
         let plain = usize::from(ended.head.is_some());
         let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
         // Every name of a set ended with it.
-        for name in super::keys::names_of(name, &holder.value.set) {
-            // A release's plain write empties the name when its outer transaction succeeds.
-            self.wrote_as(name, resp, kind == EventKind::Released && depth == plain);
+        for (i, name) in super::keys::names_of(name, &holder.value.set)
+            .into_iter()
+            .enumerate()
+        {
+            // A release's plain write empties the name when its outer transaction succeeds;
+            // a set's, each name whose own nested marker write took its first branch.
+            let emptied = if holder.value.set.is_empty() {
+                depth == plain
+            } else {
+                matches!(resp.op_responses().get(i),
+                    Some(super::rpc::TxnOpResponse::Txn(t)) if t.succeeded())
+            };
+            self.wrote_as(name, resp, kind == EventKind::Released && emptied);
             self.ended_log(
                 name,
                 &holder.value.id,
