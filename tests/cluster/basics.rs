@@ -266,6 +266,9 @@ fn a_session_lease_ends_with_its_connection_and_its_grace_rides_a_move() {
     let mut s = Line::connect(fes[0].addr());
     let t2 = s.lock("sess me session=5s");
     assert!(t2 > t);
+    // Seen held by fes[0] first: its STATUS below must be the lease as it is, not a view
+    // from before the grant.
+    wait_held(&fes[0], "sess", t2);
     drop(s);
     let mut moved = Line::connect(fes[1].addr());
     let renewed = moved.req(&format!("RENEW sess {t2}"));

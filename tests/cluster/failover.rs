@@ -223,7 +223,12 @@ fn lockctl_run_rides_out_the_death_of_its_front_end() {
         .spawn()
         .expect("lockctl");
     eventually(PATIENCE, "the command started", || started.exists());
-    let before = field(&b.request("STATUS ride"), "token");
+    // B shows what its watch has seen: wait until it has seen the grant.
+    let mut before = None;
+    eventually(PATIENCE, "B sees the lock held", || {
+        before = field(&b.request("STATUS ride"), "token");
+        before.is_some()
+    });
     a.kill();
     // Longer than the lease: only renewals through B can have kept it.
     std::thread::sleep(Duration::from_secs(5));

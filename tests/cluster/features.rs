@@ -3,6 +3,7 @@
 //! no quorum).
 #![cfg(feature = "etcd")]
 
+use super::basics::wait_held;
 use crate::common;
 use crate::common::needs::{have, Need};
 
@@ -167,6 +168,8 @@ fn the_python_client_reads_a_front_end_s_status() {
     let etcd = EtcdCluster::start(1);
     let fe = LockdFrontEnd::start(&etcd, &etcd.prefix(), &[]);
     let t = token(&fe.request("LOCK held me ttl=1m"));
+    // STATUS shows what the front-end's watch has seen, a moment after its own grant.
+    wait_held(&fe, "held", t);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/clients/python");
     let script = "import sys\n\
         from lockd_client import Client\n\

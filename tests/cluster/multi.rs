@@ -189,7 +189,10 @@ fn a_wait_0_refusal_of_a_set_changes_nothing() {
     }
     let fes = front_ends(2);
     let held = token(&fes[0].request("LOCK z-b holder ttl=30s"));
-    wait_held(&fes[1], "z-b", held);
+    // Every front-end's STATUS below must show z-b held (their watches caught up).
+    for fe in &fes {
+        wait_held(fe, "z-b", held);
+    }
     let refused = fes[1].request("LOCK z-a set and=z-b and=z-c wait=0");
     assert!(refused.starts_with("ERR TIMEOUT"), "{refused}");
     for fe in &fes {
@@ -229,7 +232,12 @@ fn expiry_ends_every_name_of_a_set() {
     }
     let fes = front_ends(2);
     let t = tokens(&fes[0].request("LOCK e-a job and=e-b ttl=1s"))[0];
+    // A later write, seen by every front-end: a watch delivers etcd's revisions in order, so
+    // each has seen the set's grant, and "free" below is its expiry (not a view from before
+    // the grant, which the CHECK below would then contradict).
+    let mark = token(&fes[0].request("LOCK e-mark m"));
     for fe in &fes {
+        wait_held(fe, "e-mark", mark);
         wait_free(fe, "e-a");
         wait_free(fe, "e-b");
     }
@@ -275,7 +283,10 @@ fn the_same_id_again_through_another_front_end_replaces_a_waiting_set() {
     // The same id for one name of a waiting set replaces the set, which leaves both queues.
     let mut set = Line::connect(fes[1].addr());
     set.send("LOCK r-a again and=r-b ttl=60s");
+    // Once a front-end shows `behind` holding (its grant emptied the queue), one waiter is the
+    // set; before that, its view may still show `behind` as the one waiter.
     for fe in &fes {
+        wait_held(fe, "r-b", b);
         wait_waiters(fe, "r-b", 1);
     }
     let mut one = Line::connect(fes[0].addr());

@@ -84,6 +84,8 @@ fn waiters_on_two_front_ends_are_superseded_from_a_third() {
     assert_eq!(holder.req(&format!("UNLOCK deploy {th}")), "OK");
     let tc = token(&c.line());
     assert!(tc > th, "{tc} after {th}");
+    // c's grant was answered through fes[2]: fes[0] shows it once its watch has seen it.
+    wait_held(&fes[0], "deploy", tc);
     let status = fes[0].request("STATUS deploy");
     assert_eq!(field(&status, "id").as_deref(), Some("c"), "{status}");
     assert_eq!(c.req(&format!("UNLOCK deploy {tc}")), "OK");
