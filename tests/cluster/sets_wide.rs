@@ -13,7 +13,14 @@ use common::token;
 
 /// The first token of an `OK <token> <token2> ...` reply to a set.
 fn first_token(reply: &str) -> u64 {
-    token(reply.split_whitespace().take(2).collect::<Vec<_>>().join(" ").as_str())
+    token(
+        reply
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+            .as_str(),
+    )
 }
 
 /// The largest `--max-names` lockd takes.
@@ -24,7 +31,7 @@ fn set_line(names: &[String], id: &str, extra: &str) -> String {
     format!("LOCK {} {id} {}{extra}", names[0], and.join(" "))
 }
 
-/// Granted, queued, expired into the next set, released into a one-name waiter, released
+/// Granted (a lease long enough for two requests to queue behind it), queued, expired into the next set, released into a one-name waiter, released
 /// again: every write of a set of the widest size etcd accepts, through two front-ends.
 #[test]
 fn a_set_of_max_names_is_granted_expired_and_released_in_cluster_mode() {
@@ -40,7 +47,7 @@ fn a_set_of_max_names_is_granted_expired_and_released_in_cluster_mode() {
     let last = &names[WIDEST - 1];
 
     let mut a = Line::connect(fes[0].addr());
-    let granted = a.req(&set_line(&names, "a", " ttl=1s"));
+    let granted = a.req(&set_line(&names, "a", " ttl=5s"));
     assert_eq!(granted.split_whitespace().count(), WIDEST + 1, "{granted}");
     let ta = first_token(&granted);
     let mut b = Line::connect(fes[1].addr());
