@@ -164,12 +164,15 @@ impl Cluster {
                 .chain(others())
                 .collect::<Vec<_>>()
         };
-        let marks: Vec<String> = superseded
+        let mut marks: Vec<String> = superseded
             .iter()
             .map(|(w, _)| self.layout.superseded(&name_of_wait, &w.uid))
             .collect();
-        // The marks of each write of a supersede (see below); the last is the final write's.
-        let mut marks_of: Vec<Vec<String>> = Vec::new();
+        // A supersede of a queue longer than one etcd transaction carries: the writes (and
+        // their marks) that take the waiters ahead out first, before the one with this
+        // request's key.
+        let mut ahead: Vec<(Vec<TxnOp>, Vec<String>)> = Vec::new();
+        let mut guard = Vec::new();
         let txn = match &adopt {
             Some(old) => Txn::new()
                 .when([guards::same_key(&old.key, old.rev)])
@@ -179,9 +182,12 @@ impl Cluster {
                 // went, and nobody joined the queue or moved in it since. Each waiter's mark
                 // goes before its delete, so its front-end's watch sees why it went.
                 let seen = superseded.iter().map(|(w, _)| w.mod_rev).max().unwrap_or(0);
+                guard = vec![
+                    guards::marker_at(&self.layout, &name_of_wait, marker_rev),
+                    guards::queue_unchanged_since(&self.layout, &name_of_wait, seen),
+                ];
                 let by = value.id.clone();
-                let mut batches: Vec<Vec<TxnOp>> = vec![Vec::new()];
-                marks_of.push(Vec::new());
+                let mut last: (Vec<TxnOp>, Vec<String>) = (vec![put(&key)], Vec::new());
                 for ((w, same_id), mark) in superseded.iter().zip(&marks) {
                     let mark_value = super::keys::SupersededValue {
                         by: by.clone(),
@@ -200,61 +206,41 @@ impl Cluster {
                     for n in w.value.set.iter().filter(|n| **n != name_of_wait) {
                         out.push(TxnOp::delete(self.layout.waiter(n, &w.uid), None));
                     }
-                    // Room for this request's own key in the last write.
-                    if batches
-                        .last()
-                        .is_some_and(|b| b.len() + out.len() >= TXN_OPS)
-                    {
-                        batches.push(Vec::new());
-                        marks_of.push(Vec::new());
+                    // Full: what is gathered so far goes ahead (this request's key moves on
+                    // to the next write, the last).
+                    if last.0.len() + out.len() > TXN_OPS {
+                        let key_op = last.0.remove(0);
+                        ahead.push(std::mem::replace(&mut last, (vec![key_op], Vec::new())));
                     }
-                    batches.last_mut().expect("one batch").extend(out);
-                    marks_of.last_mut().expect("one batch").push(mark.clone());
+                    last.0.extend(out);
+                    last.1.push(mark.clone());
                 }
-                let when = || {
-                    [
-                        guards::marker_at(&self.layout, &name_of_wait, marker_rev),
-                        guards::queue_unchanged_since(&self.layout, &name_of_wait, seen),
-                    ]
-                };
-                // A queue longer than one etcd transaction carries: the waiters ahead go
-                // first, a transaction at a time, each under the same guard; this request's
-                // key goes with the last ones. A guard that fails on the way decides again
-                // (the waiters already taken out stay out: their clients were told).
-                let last = batches.pop().unwrap_or_default();
-                let last_marks = marks_of.pop().unwrap_or_default();
-                for (ahead, marks) in batches.into_iter().zip(marks_of.drain(..)) {
-                    let txn = Txn::new().when(when()).and_then(ahead);
-                    let went = self.txn(txn).await;
-                    let ok = went.as_ref().is_ok_and(|r| r.succeeded());
-                    if ok {
-                        self.drop_marks(marks);
-                        continue;
-                    }
-                    let mut g = self.guard();
-                    g.waiting.remove(&waiter);
-                    g.by_uid.retain(|_, w| *w != waiter);
-                    drop(g);
-                    for old in replaced_here {
-                        let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
-                    }
-                    return match went {
-                        Err(e) => Err(self.unavailable(&e)),
-                        Ok(_) => Ok(None),
-                    };
-                }
-                marks_of.push(last_marks);
-                let mut ops = vec![put(&key)];
-                ops.extend(last);
-                Txn::new().when(when()).and_then(ops)
+                marks = last.1;
+                Txn::new().when(guard.clone()).and_then(last.0)
             }
             None => Txn::new().and_then(ops(&key)),
         };
-        let marks = marks_of.pop().unwrap_or(marks);
-        let result = self.txn(txn).await;
-        if result.as_ref().is_ok_and(|r| r.succeeded()) {
+        // A write ahead whose guard fails decides again, as the last one's would (the waiters
+        // it already took out stay out: their clients were told).
+        let mut result = None;
+        for (ops, marks) in ahead {
+            let went = self.txn(Txn::new().when(guard.clone()).and_then(ops)).await;
+            if !went.as_ref().is_ok_and(|r| r.succeeded()) {
+                result = Some(went);
+                break;
+            }
             self.drop_marks(marks);
         }
+        let result = match result {
+            Some(failed) => failed,
+            None => {
+                let result = self.txn(txn).await;
+                if result.as_ref().is_ok_and(|r| r.succeeded()) {
+                    self.drop_marks(marks);
+                }
+                result
+            }
+        };
         for old in replaced_here {
             let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
         }
