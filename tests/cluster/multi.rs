@@ -13,24 +13,11 @@ use std::time::Duration;
 use common::blocking::eventually;
 use common::etcd::LockdFrontEnd;
 use common::line::Line;
-use common::{field, token};
+use common::{field, token, tokens};
 
 use super::basics::{front_ends, wait_held, wait_waiters};
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// The tokens of an `OK <token> <token> ...` reply, one per name.
-fn tokens(reply: &str) -> Vec<u64> {
-    let rest = reply
-        .strip_prefix("OK ")
-        .unwrap_or_else(|| panic!("expected OK <token>..., got {reply:?}"));
-    rest.split(' ')
-        .map(|t| {
-            t.parse()
-                .unwrap_or_else(|_| panic!("expected tokens, got {reply:?}"))
-        })
-        .collect()
-}
 
 /// Waits until `fe` shows `name` free with nobody waiting.
 fn wait_free(fe: &LockdFrontEnd, name: &str) {

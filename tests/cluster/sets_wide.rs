@@ -9,19 +9,7 @@ use crate::common::needs::{have, Need};
 
 use common::etcd::LockdFrontEnd;
 use common::line::Line;
-use common::token;
-
-/// The first token of an `OK <token> <token2> ...` reply to a set.
-fn first_token(reply: &str) -> u64 {
-    token(
-        reply
-            .split_whitespace()
-            .take(2)
-            .collect::<Vec<_>>()
-            .join(" ")
-            .as_str(),
-    )
-}
+use common::{token, tokens};
 
 /// The largest `--max-names` lockd takes.
 const WIDEST: usize = 32;
@@ -49,7 +37,7 @@ fn a_set_of_max_names_is_granted_expired_and_released_in_cluster_mode() {
     let mut a = Line::connect(fes[0].addr());
     let granted = a.req(&set_line(&names, "a", " ttl=5s"));
     assert_eq!(granted.split_whitespace().count(), WIDEST + 1, "{granted}");
-    let ta = first_token(&granted);
+    let ta = tokens(&granted)[0];
     let mut b = Line::connect(fes[1].addr());
     b.send(&set_line(&names, "b", " ttl=1m"));
     wait_waiters(&fes[0], last, 1);
@@ -58,7 +46,7 @@ fn a_set_of_max_names_is_granted_expired_and_released_in_cluster_mode() {
     wait_waiters(&fes[1], last, 2);
 
     // a's lease runs out: the set waiter gets every name.
-    let tb = first_token(&b.line());
+    let tb = tokens(&b.line())[0];
     assert!(tb > ta, "{tb} after {ta}");
     // b releases: the one-name waiter gets its name, the others are free.
     assert_eq!(b.req(&format!("UNLOCK {} {tb}", names[0])), "OK");

@@ -3,7 +3,7 @@
 //! answers it `ERR SUPERSEDED` (not `ERR UNAVAILABLE`, not silence).
 #![cfg(feature = "etcd")]
 
-use super::basics::{etcd, wait_held};
+use super::basics::{etcd, wait_held, wait_waiters};
 use crate::common;
 use crate::common::needs::{have, Need};
 
@@ -28,13 +28,6 @@ fn front_ends(n: usize, extra: &[&str]) -> Vec<LockdFrontEnd> {
     (0..n)
         .map(|_| LockdFrontEnd::start(etcd(), &prefix, extra))
         .collect()
-}
-
-fn wait_waiters(fe: &LockdFrontEnd, name: &str, waiters: usize) {
-    eventually(PATIENCE, &format!("{waiters} waiters on {name}"), || {
-        let status = fe.request(&format!("STATUS {name}"));
-        field(&status, "waiters").as_deref() == Some(&waiters.to_string())
-    });
 }
 
 #[test]

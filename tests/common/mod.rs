@@ -415,6 +415,19 @@ pub fn token(reply: &str) -> u64 {
         .unwrap_or_else(|| panic!("expected OK <token>, got {reply:?}"))
 }
 
+/// The tokens of a set's grant, `OK <token> <token> ...`, one per name, in order.
+pub fn tokens(reply: &str) -> Vec<u64> {
+    let rest = reply
+        .strip_prefix("OK ")
+        .unwrap_or_else(|| panic!("expected OK <token>..., got {reply:?}"));
+    rest.split(' ')
+        .map(|t| {
+            t.parse()
+                .unwrap_or_else(|_| panic!("expected tokens, got {reply:?}"))
+        })
+        .collect()
+}
+
 /// The value of `key=` in a reply line.
 pub fn field(line: &str, key: &str) -> Option<String> {
     line.split(' ')

@@ -10,21 +10,10 @@ use crate::common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{field, status_shape, wait_status, wait_waiters, Lockd, Raw, TestServer, GUARD};
+use common::{
+    field, status_shape, tokens, wait_status, wait_waiters, Lockd, Raw, TestServer, GUARD,
+};
 use lockd::auth::{user_line, Gate, Users};
-
-/// `OK <t1> <t2> ...`: the tokens, in order.
-fn tokens(reply: &str) -> Vec<u64> {
-    let rest = reply
-        .strip_prefix("OK ")
-        .unwrap_or_else(|| panic!("not a grant: {reply:?}"));
-    rest.split(' ')
-        .map(|t| {
-            t.parse()
-                .unwrap_or_else(|_| panic!("not tokens: {reply:?}"))
-        })
-        .collect()
-}
 
 /// A LOCK of a set, granted at once: its one token (asserted the same on every name).
 async fn lock_set(c: &mut Raw, args: &str, names: usize) -> u64 {
