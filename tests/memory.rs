@@ -88,7 +88,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
         let outcome = table.lock(
             now,
             LockRequest {
-                name: name(i),
+                name: name(i).into(),
                 id: id(i),
                 ttl: Some(Duration::from_secs(3600)),
                 wait: Some(Duration::ZERO),

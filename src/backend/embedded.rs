@@ -14,6 +14,7 @@
 //! Which session leases are bound to which connection, the table itself knows (an index of
 //! them by open connection): [`Embedded::closed`] ends a closed connection's.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
 use crate::locks::{
-    Change, ConnId, Effect, Limits, LockOutcome, LockRequest, LockStatus, Locks, Origin,
+    Change, ConnId, Effect, Event, Limits, LockOutcome, LockRequest, LockStatus, Locks, Origin,
     TableError, Token, UserId, WaiterId, GONE_USER,
 };
 use crate::metrics::Metrics;
@@ -84,6 +85,17 @@ fn why_not_held(
 /// Above this many held locks, a STATUS snapshot is sorted on a blocking thread, so it does
 /// not hold up the connections served by the same worker.
 const SORT_ASIDE: usize = 4096;
+
+thread_local! {
+    /// [`Embedded::settle`]'s list of events, kept between calls on each thread: a LOCK and an
+    /// UNLOCK make one event each, and a new list per call was an allocation per request. (A
+    /// call that finds it taken, were settle ever re-entered, starts an empty one.)
+    static EVENTS: Cell<Vec<Event>> = const { Cell::new(Vec::new()) };
+}
+
+/// The most events [`EVENTS`] keeps room for: after a burst (thousands of leases expiring at
+/// once) the list is dropped rather than kept at its size.
+const EVENTS_KEPT: usize = 64;
 
 impl Embedded {
     /// A table with these limits; watchers may fall `watch_buffer` events behind.
@@ -507,7 +519,7 @@ impl Embedded {
     fn settle(&self, mut g: MutexGuard<'_, TableState>) {
         g.generation = g.generation.wrapping_add(1);
         let mut effects = std::mem::take(&mut g.scratch);
-        let mut events = Vec::new();
+        let mut events = EVENTS.take();
         loop {
             // Before the effects: a waiter is told of its grant only once the grant is queued.
             self.record(&mut g);
@@ -572,6 +584,10 @@ impl Embedded {
         for event in &events {
             super::log_event(event);
             self.metrics.lease_event(event);
+        }
+        events.clear();
+        if events.capacity() <= EVENTS_KEPT {
+            EVENTS.set(events);
         }
     }
 

@@ -270,7 +270,7 @@ pub struct Health {
 /// out of the queue, or gives back a grant its client was never told of.
 pub struct Wait {
     backend: Backend,
-    name: String,
+    name: Arc<str>,
     waiter: WaiterId,
     rx: Option<oneshot::Receiver<WaitResult>>,
     /// A grant received and not returned yet: it is returned once durable up to this mark.
@@ -279,7 +279,7 @@ pub struct Wait {
 
 impl Wait {
     /// The name waited for.
-    pub fn name(&self) -> &str {
+    pub fn name(&self) -> &Arc<str> {
         &self.name
     }
 

@@ -346,7 +346,7 @@ impl Compat {
             return Answer::Nothing;
         }
         let req = LockRequest {
-            name: name.clone(),
+            name: name.as_str().into(),
             id: id.to_owned(),
             ttl: Some(self.config.unlock_timeout),
             wait: Some(Duration::ZERO),

@@ -1,6 +1,7 @@
 //! LOCK on a connection: the grant at once or the wait for it, and a grant's delivery.
 
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::Right;
@@ -112,7 +113,7 @@ impl Handler {
     /// see [`Handler::confirm_delivery`].
     pub(super) async fn granted(
         &mut self,
-        name: String,
+        name: Arc<str>,
         (token, names): (Token, u32),
         handover: HandOver,
         probe: bool,
@@ -213,7 +214,7 @@ impl Handler {
             let can_read = !self.conn.is_eof() && self.conn.buffered() <= 2 * self.limits.max_line;
             tokio::select! {
                 result = pending.result() => {
-                    let name = pending.name().to_owned();
+                    let name = Arc::clone(pending.name());
                     return match result {
                         WaitResult::Granted { token, handover, .. } => {
                             // The grant and the client's close may have come in the same
@@ -271,7 +272,7 @@ impl Handler {
                         return Ok(Flow::Close);
                     }
                     // A set waits on every name: the right to lock any one of them is needed.
-                    let names = std::iter::once(pending.name()).chain(others.iter());
+                    let names = std::iter::once(&**pending.name()).chain(others.iter());
                     let lost = names.into_iter().find(|n| !self.may(Right::Lock, n));
                     if let Some(lost) = lost {
                         let user = self.login.as_ref().and_then(|l| l.user.as_ref());

@@ -368,7 +368,7 @@ impl Handler {
             return Err(request);
         };
         let req = LockRequest {
-            name,
+            name: name.into(),
             id,
             ttl,
             wait,

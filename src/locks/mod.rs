@@ -295,7 +295,7 @@ impl Locks {
         if !req.and.is_empty() {
             return self.lock_set(now, req, ttl, (deadline, deadline_ticks));
         }
-        let slot = self.index.get(req.name.as_str()).copied();
+        let slot = self.index.get(&*req.name).copied();
         let ask = Ask {
             id: &req.id,
             user: &req.user,
@@ -312,7 +312,7 @@ impl Locks {
         let Some(slot) = slot else {
             // A free name: the only decision the rules make for it is a grant.
             let holder = self.new_holder(now, &req, ttl, deadline_ticks);
-            let slot = self.add_entry(req.name.into()).ok_or(too_many)?;
+            let slot = self.add_entry(req.name).ok_or(too_many)?;
             let token = self.start_lease(slot, holder, req.mode, deadline, None);
             return Ok(LockOutcome::Granted { token, deadline });
         };
@@ -347,7 +347,7 @@ impl Locks {
         ttl: Duration,
         (deadline, deadline_ticks): (Instant, u64),
     ) -> Result<LockOutcome, TableError> {
-        let names: Vec<&str> = std::iter::once(req.name.as_str())
+        let names: Vec<&str> = std::iter::once(&*req.name)
             .chain(req.and.iter().map(String::as_str))
             .collect();
         let slots: Vec<Option<u32>> = names.iter().map(|n| self.index.get(*n).copied()).collect();

@@ -173,8 +173,9 @@ impl Limits {
 /// One LOCK request, as the table needs it.
 #[derive(Clone, Debug)]
 pub struct LockRequest {
-    /// The lock's name.
-    pub name: String,
+    /// The lock's name: shared, so the connection, the backend's wait and a new entry of the
+    /// table hold one copy of it, not one each.
+    pub name: Arc<str>,
     /// The client's id (see `user` for what the same id means).
     pub id: String,
     /// The lease's length; `None` for the default.

@@ -229,12 +229,14 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
             "empty request; try HELP",
         ));
     };
-    let args: Vec<&str> = words.collect();
-    let cmd = command.to_ascii_uppercase();
-    match cmd.as_str() {
-        "LOCK" => parse_lock(&args, note),
+    let words = Words::collect(words);
+    let args = words.as_slice();
+    let mut upper = [0u8; COMMAND_MAX];
+    let cmd = upper_command(command, &mut upper);
+    match cmd {
+        "LOCK" => parse_lock(args, note),
         "UNLOCK" => {
-            let [name, token] = exact(&args, USAGE_UNLOCK)?;
+            let [name, token] = exact(args, USAGE_UNLOCK)?;
             Ok(Request::Unlock {
                 name: valid_name("name", name)?,
                 token: parse_token(token)?,
@@ -253,7 +255,7 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
             })
         }
         "CHECK" => {
-            let [name, token] = exact(&args, USAGE_CHECK)?;
+            let [name, token] = exact(args, USAGE_CHECK)?;
             Ok(Request::Check {
                 name: valid_name("name", name)?,
                 token: parse_token(token)?,
@@ -264,15 +266,15 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
                 name: valid_name("name", name)?,
             }),
             _ => Ok(Request::Status {
-                name: optional_name(&args, USAGE_STATUS)?,
+                name: optional_name(args, USAGE_STATUS)?,
             }),
         },
         "WATCH" => Ok(Request::Watch {
-            name: optional_name(&args, USAGE_WATCH)?,
+            name: optional_name(args, USAGE_WATCH)?,
         }),
         "AUTH" => {
             // The usage, never the words: one of them may be a secret.
-            let [user, secret] = exact(&args, USAGE_AUTH)?;
+            let [user, secret] = exact(args, USAGE_AUTH)?;
             Ok(Request::Auth {
                 user: valid_name("user", user)?,
                 secret: Secret::new(secret),
@@ -293,7 +295,7 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
             if !args.is_empty() {
                 return Err(syntax(format!("usage: {cmd}")));
             }
-            Ok(match cmd.as_str() {
+            Ok(match cmd {
                 "PING" => Request::Ping,
                 "HELP" => Request::Help,
                 _ => Request::Quit,
@@ -435,6 +437,64 @@ fn parse_limit(value: &str) -> Result<u32, ProtoError> {
             "limit must be a whole number from 1 to {MAX_LIMIT}, not {}",
             quote(value)
         ))),
+    }
+}
+
+/// The longest command word (`UNLOCK`, `STATUS`) with room to spare.
+const COMMAND_MAX: usize = 8;
+
+/// `command` in capitals, in `buf`: the commands are ASCII words of at most
+/// [`COMMAND_MAX`] letters, so a longer word is no command (the empty string), and no request
+/// allocates for it.
+fn upper_command<'b>(command: &str, buf: &'b mut [u8; COMMAND_MAX]) -> &'b str {
+    let Some(upper) = buf.get_mut(..command.len()) else {
+        return "";
+    };
+    upper.copy_from_slice(command.as_bytes());
+    upper.make_ascii_uppercase();
+    std::str::from_utf8(upper).unwrap_or("")
+}
+
+/// How many words after the command are kept on the stack: every request fits, a LOCK with
+/// all its options too (name, id, ttl=, wait=, session, limit=, supersede; its note is split
+/// off first), but for a set's `and=` names.
+const WORDS_INLINE: usize = 8;
+
+/// The words after the command, on the stack up to [`WORDS_INLINE`] of them (then in a
+/// `Vec`): parsing a request allocates nothing for its words.
+struct Words<'a> {
+    inline: [&'a str; WORDS_INLINE],
+    len: usize,
+    spill: Vec<&'a str>,
+}
+
+impl<'a> Words<'a> {
+    fn collect(words: impl Iterator<Item = &'a str>) -> Self {
+        let mut this = Words {
+            inline: [""; WORDS_INLINE],
+            len: 0,
+            spill: Vec::new(),
+        };
+        for word in words {
+            if this.len < WORDS_INLINE {
+                this.inline[this.len] = word;
+                this.len += 1;
+            } else {
+                if this.spill.is_empty() {
+                    this.spill.extend_from_slice(&this.inline);
+                }
+                this.spill.push(word);
+            }
+        }
+        this
+    }
+
+    fn as_slice(&self) -> &[&'a str] {
+        if self.spill.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
+        }
     }
 }
 
@@ -763,6 +823,44 @@ mod tests {
             long.check_name_len(4).map_err(|e| e.code),
             Err(ErrorCode::BadArg)
         );
+    }
+
+    /// Words are kept on the stack up to [`WORDS_INLINE`], and a command is put in capitals
+    /// in a fixed buffer: past either bound the request means the same as before.
+    #[test]
+    fn many_words_and_long_or_foreign_commands() {
+        let names: Vec<String> = (1..=2 * WORDS_INLINE).map(|i| format!("n{i}")).collect();
+        let ands: Vec<String> = names.iter().map(|n| format!("and={n}")).collect();
+        let line = format!("LOCK first me ttl=5s wait=1s {} note=x y", ands.join(" "));
+        let Ok(Request::Lock {
+            name,
+            id,
+            and,
+            note,
+            ..
+        }) = parse(&line)
+        else {
+            panic!("not a LOCK: {line}");
+        };
+        assert_eq!((name.as_str(), id.as_str()), ("first", "me"));
+        assert_eq!(&*and, &names[..]);
+        assert_eq!(note.as_deref(), Some("x y"));
+        let over: Vec<&str> = vec!["a"; WORDS_INLINE + 1];
+        let code = |line: &str| parse(line).map_err(|e| e.code);
+        assert_eq!(
+            code(&format!("UNLOCK {}", over.join(" "))),
+            Err(ErrorCode::Syntax)
+        );
+        assert_eq!(
+            code("uNlOcK a 1").ok(),
+            Some(Request::Unlock {
+                name: "a".into(),
+                token: 1
+            })
+        );
+        for unknown in ["UNLOCKING a 1", "STATUSXXX", "LÖCK a me", "ÜNLOCK a 1"] {
+            assert_eq!(code(unknown), Err(ErrorCode::Unknown), "{unknown}");
+        }
     }
 
     #[test]

@@ -175,7 +175,7 @@ impl Cluster {
                     ends_at: now() + ttl,
                     value,
                 };
-                g.fresh.insert((req.name.clone(), rev), holder);
+                g.fresh.insert((req.name.to_string(), rev), holder);
             }
             g.mirror.token(rev)
         };
@@ -229,7 +229,7 @@ pub(super) fn set_names(req: &LockRequest) -> Vec<String> {
     if req.and.is_empty() {
         return Vec::new();
     }
-    std::iter::once(req.name.clone())
+    std::iter::once(req.name.to_string())
         .chain(req.and.iter().cloned())
         .collect()
 }

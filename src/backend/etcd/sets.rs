@@ -292,7 +292,10 @@ impl Cluster {
         } else {
             Vec::new()
         };
-        let first = names.first().cloned().unwrap_or_else(|| req.name.clone());
+        let first = names
+            .first()
+            .cloned()
+            .unwrap_or_else(|| req.name.to_string());
         let value = WaiterValue {
             id: req.id.clone(),
             user,

@@ -98,7 +98,7 @@ impl Cluster {
         if same.iter().any(|w| !w.value.set.is_empty()) {
             let olds = self.old_keys(&req.name, &same);
             let adopt = same.first().map(super::sets::Adopt::of);
-            let names = [req.name.clone()];
+            let names = [req.name.to_string()];
             return self.enqueue_keys(req, user, ttl, &names, olds, adopt).await;
         }
         // The oldest one's place is taken over (the queue is in create-revision order).
@@ -133,7 +133,7 @@ impl Cluster {
             g.waiting.insert(
                 waiter,
                 Local {
-                    name: req.name.clone(),
+                    name: req.name.to_string(),
                     uid: uid.clone(),
                     key: key.clone(),
                     rev: 0,
@@ -203,7 +203,7 @@ impl Cluster {
                     ];
                     // A set waiter leaves all its queues: its keys on its other names go too
                     // (its front-end's watch ends its wait from the mark above).
-                    for n in w.value.set.iter().filter(|n| **n != name_of_wait) {
+                    for n in w.value.set.iter().filter(|n| n.as_str() != &*name_of_wait) {
                         out.push(TxnOp::delete(self.layout.waiter(n, &w.uid), None));
                     }
                     // Full: what is gathered so far goes ahead (this request's key moves on
