@@ -108,12 +108,22 @@ fn a_cut_off_front_end_is_not_ready_says_why_and_comes_back() {
         &args(metrics).iter().map(String::as_str).collect::<Vec<_>>(),
     );
     eventually(PATIENCE, "ready", || http_get(metrics, "/readyz").0 == 200);
-    let (age, bound) = status_age(cut.addr());
-    assert_eq!(bound, BOUND_MS);
-    assert!(age <= bound, "a healthy front-end's view is {age}ms old");
-    let (code, stderr) = lockctl_status(cut.addr());
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(!stderr.contains("warning"), "{stderr}");
+    assert_eq!(status_age(cut.addr()).1, BOUND_MS);
+    // Polled, not read once: a busy machine may stall the front-end for a moment between the
+    // ready answer and the next read, and a view a moment past the bound is then right.
+    eventually(
+        PATIENCE,
+        "a healthy front-end's view within the bound",
+        || {
+            let (age, bound) = status_age(cut.addr());
+            age <= bound
+        },
+    );
+    eventually(PATIENCE, "lockctl status without a warning", || {
+        let (code, stderr) = lockctl_status(cut.addr());
+        assert_eq!(code, Some(0), "{stderr}");
+        !stderr.contains("warning")
+    });
     // The etcd series exist, and say it is up.
     assert_eq!(series(metrics, "lockd_etcd_up").as_deref(), Some("1"));
     // Idle, the watch has delivered every revision etcd reported (its progress is asked for).

@@ -17,6 +17,7 @@ fn lock(client: usize, id: &str, invoke: u64, complete: u64, reply: &str) -> Op 
         client,
         call: Call::Lock {
             name: "x".into(),
+            and: Vec::new(),
             id: id.into(),
             again: false,
         },
@@ -149,8 +150,105 @@ fn a_planted_fifo_inversion_is_found() {
     let mut resent = ops.clone();
     resent[1].call = Call::Lock {
         name: "x".into(),
+        and: Vec::new(),
         id: "b1".into(),
         again: true,
     };
     assert!(check(&resent, &[queue], &[]).violations.is_empty());
+}
+
+/// A LOCK of the set `name` and `and` (`and=`).
+fn lock_set(client: usize, id: &str, names: [&str; 2], at: (u64, u64), reply: &str) -> Op {
+    Op {
+        client,
+        call: Call::Lock {
+            name: names[0].into(),
+            and: vec![names[1].into()],
+            id: id.into(),
+            again: false,
+        },
+        invoke: ms(at.0),
+        complete: ms(at.1),
+        reply: Some(reply.into()),
+    }
+}
+
+fn unlock_of(client: usize, name: &str, token: u64, invoke: u64) -> Op {
+    Op {
+        client,
+        call: Call::Unlock {
+            name: name.into(),
+            token,
+        },
+        invoke: ms(invoke),
+        complete: ms(invoke + 1),
+        reply: Some("OK".into()),
+    }
+}
+
+#[test]
+fn a_set_holds_every_name_until_the_unlock_of_any_of_them() {
+    // A holds x until 10; the set {y, x} is granted at 11 and released through y at 20;
+    // C's x comes after.
+    let ops = vec![
+        lock(0, "a1", 0, 1, "OK 10"),
+        lock_set(1, "s1", ["y", "x"], (2, 11), "OK 12 12"),
+        unlock(0, 10, 10),
+        unlock_of(1, "y", 12, 20),
+        lock(2, "c1", 3, 21, "OK 14"),
+        unlock(2, 14, 30),
+    ];
+    let v = check(&ops, &[], &[]);
+    assert!(v.violations.is_empty(), "{:#?}", v.violations);
+    assert_eq!(v.grants, 4, "the set is a holder of both its names");
+
+    // Granted while A still held x: two holders of x, found through the set's second name.
+    let mut early = ops.clone();
+    early[1] = lock_set(1, "s1", ["y", "x"], (2, 5), "OK 12 12");
+    let v = check(&early, &[], &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(v.violations[0].starts_with("two holders of x"), "{v:?}");
+
+    // C granted x before the set's UNLOCK (through y) was sent: two holders of x again.
+    let mut overlap = ops.clone();
+    overlap[4] = lock(2, "c1", 3, 15, "OK 14");
+    let v = check(&overlap, &[], &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(v.violations[0].starts_with("two holders of x"), "{v:?}");
+
+    // A set's grant with a token missing is a violation of its own.
+    let mut short = ops;
+    short[1] = lock_set(1, "s1", ["y", "x"], (2, 11), "OK 12");
+    let v = check(&short, &[], &[]);
+    assert!(
+        v.violations
+            .iter()
+            .any(|m| m.contains("1 tokens for 2 names")),
+        "{v:?}"
+    );
+}
+
+#[test]
+fn fifo_is_judged_on_each_name_a_set_waits_on() {
+    // The queue of x showed the set s1 ahead of c1, yet c1 was granted x first.
+    let ops = vec![
+        lock(0, "a1", 0, 1, "OK 10"),
+        lock_set(1, "s1", ["y", "x"], (2, 21), "OK 14 14"),
+        lock(2, "c1", 3, 11, "OK 12"),
+        unlock(0, 10, 10),
+        unlock(2, 12, 20),
+        unlock_of(1, "x", 14, 30),
+    ];
+    let queue = Queue {
+        name: "x".into(),
+        ids: vec!["s1".into(), "c1".into()],
+        invoke: ms(5),
+        complete: ms(6),
+    };
+    let v = check(&ops, std::slice::from_ref(&queue), &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(
+        v.violations[0].starts_with("FIFO: s1 was ahead of c1 in the queue of x"),
+        "{v:?}"
+    );
 }

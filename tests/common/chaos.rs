@@ -7,6 +7,11 @@
 //! A LOCK whose answer was lost, or answered `ERR UNAVAILABLE`, is sent again with the same
 //! id through the next front-end (the same id gets the grant if one was made); so is, half
 //! the time, one whose `wait=` (1 to 4 s) ran out. A new LOCK gets a new id.
+//!
+//! [`Run::start_sets`] runs the same clients over two locks, each protecting a counter of
+//! its own: a request takes one of them, or both as a set (`and=`, in either order), and a
+//! set's section counts on both counters with the token of each. Its clients pause between
+//! requests, so that grants at once race each other as well as hand-overs.
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -18,8 +23,11 @@ use std::time::{Duration, Instant};
 use super::history::{Call, History, Verdict};
 use super::line::Line;
 
-/// The one lock every client takes.
+/// The one lock every client takes ([`Run::start`]).
 const NAME: &str = "counter";
+
+/// The two locks of [`Run::start_sets`].
+const SET_NAMES: [&str; 2] = ["left", "right"];
 
 /// How often a LOCK is sent again after a lost answer or `ERR UNAVAILABLE` before the
 /// client gives that request up.
@@ -77,9 +85,27 @@ fn connected<'a>(
 
 struct Shared {
     history: History,
-    counter: Mutex<Counter>,
+    /// The locks taken (each with its counter, in `counters`), and whether a request may
+    /// take them all at once, as a set.
+    names: &'static [&'static str],
+    sets: bool,
+    counters: Mutex<Vec<Counter>>,
     stop: AtomicBool,
     sections: AtomicU64,
+}
+
+impl Shared {
+    /// The names the next request takes, in the order it gives them: one lock, or (with
+    /// sets) both in either order.
+    fn pick(&self, rng: u64) -> Vec<usize> {
+        match (self.sets, rng >> 61) {
+            (false, _) => vec![0],
+            (true, 0 | 1) => vec![0],
+            (true, 2 | 3) => vec![1],
+            (true, 4 | 5) => vec![0, 1],
+            (true, _) => vec![1, 0],
+        }
+    }
 }
 
 /// A chaos run in progress.
@@ -122,9 +148,26 @@ impl Run {
     /// Starts `clients` clients over `addrs` and an observer on `observer` (a front-end the
     /// test leaves alone, so its view is not itself cut off).
     pub fn start(clients: usize, addrs: Vec<SocketAddr>, observer: SocketAddr) -> Run {
+        Run::with(&[NAME], false, clients, addrs, observer)
+    }
+
+    /// [`Run::start`] over two locks, taken one at a time or both as a set.
+    pub fn start_sets(clients: usize, addrs: Vec<SocketAddr>, observer: SocketAddr) -> Run {
+        Run::with(&SET_NAMES, true, clients, addrs, observer)
+    }
+
+    fn with(
+        names: &'static [&'static str],
+        sets: bool,
+        clients: usize,
+        addrs: Vec<SocketAddr>,
+        observer: SocketAddr,
+    ) -> Run {
         let shared = Arc::new(Shared {
             history: History::new(),
-            counter: Mutex::default(),
+            names,
+            sets,
+            counters: Mutex::new(names.iter().map(|_| Counter::default()).collect()),
             stop: AtomicBool::new(false),
             sections: AtomicU64::new(0),
         });
@@ -134,10 +177,12 @@ impl Run {
                 thread::spawn(move || client(i, addrs, &shared))
             })
             .collect();
-        let s = Arc::clone(&shared);
-        threads.push(thread::spawn(move || watch(observer, &s)));
-        let s = Arc::clone(&shared);
-        threads.push(thread::spawn(move || queues(observer, &s)));
+        for name in names {
+            let s = Arc::clone(&shared);
+            threads.push(thread::spawn(move || watch(observer, name, &s)));
+            let s = Arc::clone(&shared);
+            threads.push(thread::spawn(move || queues(observer, name, &s)));
+        }
         Run { shared, threads }
     }
 
@@ -153,27 +198,30 @@ impl Run {
             t.join().expect("chaos thread");
         }
         let verdict = self.shared.history.check();
-        let mut k = self.shared.counter.lock().expect("counter");
-        let mut violations = std::mem::take(&mut k.violations);
-        let mut intervals = k.intervals.clone();
-        intervals.sort_by_key(|(start, _, _)| *start);
-        for pair in intervals.windows(2) {
-            if pair[0].1 > pair[1].0 {
+        let mut counters = self.shared.counters.lock().expect("counter");
+        let mut violations = Vec::new();
+        for (name, k) in self.shared.names.iter().zip(counters.iter_mut()) {
+            violations.extend(k.violations.drain(..).map(|v| format!("{name}: {v}")));
+            let mut intervals = k.intervals.clone();
+            intervals.sort_by_key(|(start, _, _)| *start);
+            for pair in intervals.windows(2) {
+                if pair[0].1 > pair[1].0 {
+                    violations.push(format!(
+                        "{name}: sections of tokens {} and {} overlap",
+                        pair[0].2, pair[1].2
+                    ));
+                }
+            }
+            if k.value as usize != k.intervals.len() {
                 violations.push(format!(
-                    "sections of tokens {} and {} overlap",
-                    pair[0].2, pair[1].2
+                    "{name}: counter {} after {} sections",
+                    k.value,
+                    k.intervals.len()
                 ));
             }
         }
-        if k.value as usize != k.intervals.len() {
-            violations.push(format!(
-                "counter {} after {} sections",
-                k.value,
-                k.intervals.len()
-            ));
-        }
         Outcome {
-            sections: k.value,
+            sections: self.shared.sections.load(Ordering::Relaxed),
             verdict,
             counter_violations: violations,
         }
@@ -189,8 +237,12 @@ fn client(i: usize, addrs: Vec<SocketAddr>, shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         n += 1;
         let id = format!("c{i}-{n}");
+        rng = next(rng);
+        let picked = shared.pick(rng);
+        let names: Vec<&str> = picked.iter().map(|&k| shared.names[k]).collect();
+        let and: String = names[1..].iter().map(|n| format!(" and={n}")).collect();
         let mut again = false;
-        let mut token = None;
+        let mut tokens: Option<Vec<u64>> = None;
         for _ in 0..RESENDS {
             if shared.stop.load(Ordering::Relaxed) {
                 break;
@@ -199,19 +251,22 @@ fn client(i: usize, addrs: Vec<SocketAddr>, shared: &Shared) {
                 continue;
             };
             let call = Call::Lock {
-                name: NAME.into(),
+                name: names[0].into(),
+                and: names[1..].iter().map(|n| n.to_string()).collect(),
                 id: id.clone(),
                 again,
             };
             rng = next(rng);
             let wait = 1 + (rng >> 62);
             let reply = history.record(i, call, || {
-                c.req(&format!("LOCK {NAME} {id} ttl=10s wait={wait}s"))
+                c.req(&format!("LOCK {} {id} ttl=10s wait={wait}s{and}", names[0]))
             });
             again = true;
             match reply.as_deref() {
                 Some(r) if r.starts_with("OK ") => {
-                    token = r[3..].parse::<u64>().ok();
+                    // A token per name; a grant with one missing is for the checker to judge.
+                    tokens = r[3..].split(' ').map(|t| t.parse().ok()).collect();
+                    tokens = tokens.filter(|t| t.len() == names.len());
                     break;
                 }
                 // Half the time a wait that ran out is asked again, as the same LOCK: a grant
@@ -230,45 +285,52 @@ fn client(i: usize, addrs: Vec<SocketAddr>, shared: &Shared) {
                 }
             }
         }
-        let Some(token) = token else {
+        let Some(tokens) = tokens else {
             continue;
         };
-        // The critical section, fenced.
+        // The critical section, fenced: on each of its names' counters, with that name's token.
         let start = Instant::now();
         {
-            let mut k = shared.counter.lock().expect("counter");
-            if k.inside {
-                k.violations.push(format!(
-                    "{id} entered with {token} while another was inside"
-                ));
+            let mut counters = shared.counters.lock().expect("counter");
+            for (&k, &token) in picked.iter().zip(&tokens) {
+                let k = &mut counters[k];
+                if k.inside {
+                    k.violations.push(format!(
+                        "{id} entered with {token} while another was inside"
+                    ));
+                }
+                let last = k.last_token;
+                if token <= last {
+                    k.violations
+                        .push(format!("{id}: token {token} not above {last}"));
+                }
+                k.inside = true;
+                k.last_token = k.last_token.max(token);
+                k.value += 1;
             }
-            let last = k.last_token;
-            if token <= last {
-                k.violations
-                    .push(format!("{id}: token {token} not above {last}"));
-            }
-            k.inside = true;
-            k.last_token = k.last_token.max(token);
-            k.value += 1;
         }
         rng = next(rng);
         thread::sleep(Duration::from_millis(1 + (rng >> 60)));
         {
-            let mut k = shared.counter.lock().expect("counter");
-            k.inside = false;
-            k.intervals.push((start, Instant::now(), token));
+            let mut counters = shared.counters.lock().expect("counter");
+            for (&k, &token) in picked.iter().zip(&tokens) {
+                counters[k].inside = false;
+                counters[k].intervals.push((start, Instant::now(), token));
+            }
         }
         shared.sections.fetch_add(1, Ordering::Relaxed);
+        // A set is released through its first name, with that name's token.
+        let (name, token) = (names[0], tokens[0]);
         // Release, through whichever front-end answers (the lease outlives its front-end).
         for _ in 0..100 {
             let Some(c) = connected(&mut conn, &addrs, &mut at) else {
                 continue;
             };
             let call = Call::Unlock {
-                name: NAME.into(),
+                name: name.into(),
                 token,
             };
-            let reply = history.record(i, call, || c.req(&format!("UNLOCK {NAME} {token}")));
+            let reply = history.record(i, call, || c.req(&format!("UNLOCK {name} {token}")));
             match reply.as_deref() {
                 Some("OK") => break,
                 Some(r) if r.starts_with("ERR NOTHELD") => break,
@@ -278,6 +340,13 @@ fn client(i: usize, addrs: Vec<SocketAddr>, shared: &Shared) {
                     at = (at + 1) % addrs.len();
                 }
             }
+        }
+        if shared.sets {
+            // A pause before the next request (0 to 15 ms), so that names are often free
+            // and LOCKs race to take them at once, each front-end deciding from its own
+            // mirror, rather than always queueing.
+            rng = next(rng);
+            thread::sleep(Duration::from_millis(rng >> 60));
         }
     }
 }
@@ -289,14 +358,14 @@ fn next(rng: u64) -> u64 {
         .wrapping_add(1442695040888963407)
 }
 
-/// Records every WATCH event of the lock.
-fn watch(addr: SocketAddr, shared: &Shared) {
+/// Records every WATCH event of `name`.
+fn watch(addr: SocketAddr, name: &str, shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         let Some(mut c) = Conn::open(addr) else {
             thread::sleep(Duration::from_millis(50));
             continue;
         };
-        if c.req(&format!("WATCH {NAME}")).is_none() {
+        if c.req(&format!("WATCH {name}")).is_none() {
             continue;
         }
         let _ = c.0.set_read_timeout(Some(Duration::from_millis(100)));
@@ -316,8 +385,8 @@ fn watch(addr: SocketAddr, shared: &Shared) {
     }
 }
 
-/// Records the queue as the observer's front-end shows it, every few milliseconds.
-fn queues(addr: SocketAddr, shared: &Shared) {
+/// Records the queue of `name` as the observer's front-end shows it, every few milliseconds.
+fn queues(addr: SocketAddr, name: &str, shared: &Shared) {
     let mut conn: Option<Conn> = None;
     while !shared.stop.load(Ordering::Relaxed) {
         thread::sleep(Duration::from_millis(20));
@@ -330,7 +399,7 @@ fn queues(addr: SocketAddr, shared: &Shared) {
         let invoke = shared.history.now();
         let mut lines = Vec::new();
         let mut answered = false;
-        let mut next = c.req(&format!("STATUS {NAME} detail"));
+        let mut next = c.req(&format!("STATUS {name} detail"));
         while let Some(l) = next.take() {
             if l.starts_with("OK ") || l.starts_with("ERR ") {
                 answered = true;
@@ -343,6 +412,6 @@ fn queues(addr: SocketAddr, shared: &Shared) {
             conn = None;
             continue;
         }
-        shared.history.add_detail(NAME, &lines, invoke);
+        shared.history.add_detail(name, &lines, invoke);
     }
 }

@@ -20,6 +20,10 @@
 //!
 //! Every LOCK of a chaos client uses an id of its own, reused only to send that same LOCK
 //! again (after a lost connection or `ERR UNAVAILABLE`), so an id names one request.
+//!
+//! A LOCK of a set (`and=`) is judged on each of its names: its grant (`OK <token> <token2>
+//! ...`, a token per name) is a holder of every name, from its `OK` to the UNLOCK that ends
+//! the set (of any of its names, with that name's token), and it waits in every name's queue.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -29,8 +33,10 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub enum Call {
     /// `again`: the same LOCK sent again (same id) after its answer was lost or UNAVAILABLE.
+    /// `and`: a set's further names (`and=`), empty for one name.
     Lock {
         name: String,
+        and: Vec<String>,
         id: String,
         again: bool,
     },
@@ -226,8 +232,10 @@ fn told_it_left(reply: &str) -> bool {
     reply.starts_with("ERR TIMEOUT") || reply.starts_with("ERR REPLACED")
 }
 
-fn token_of(reply: &Option<String>) -> Option<u64> {
-    reply.as_deref()?.strip_prefix("OK ")?.parse().ok()
+/// Every token of a grant, one per name in the LOCK's order; `None` for anything else.
+fn tokens_of(reply: &Option<String>) -> Option<Vec<u64>> {
+    let tokens = reply.as_deref()?.strip_prefix("OK ")?;
+    tokens.split(' ').map(|t| t.parse().ok()).collect()
 }
 
 /// The checks described in the module's doc, over recorded operations, queue views and
@@ -244,25 +252,47 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     for list in by_client.values_mut() {
         list.sort_by_key(|o| o.invoke);
         for (i, op) in list.iter().enumerate() {
-            let Call::Lock { name, id, .. } = &op.call else {
+            let Call::Lock { name, and, id, .. } = &op.call else {
                 continue;
             };
-            let Some(token) = token_of(&op.reply) else {
+            let Some(tokens) = tokens_of(&op.reply) else {
                 continue;
             };
-            let until = list[i + 1..]
-                .iter()
-                .find(|o| matches!(&o.call, Call::Unlock { name: n, token: t } if n == name && *t == token))
-                .map_or(end, |o| o.invoke);
-            grants.push(Grant {
-                client: op.client,
-                name,
-                id,
-                token,
-                invoke: op.invoke,
-                complete: op.complete,
-                until,
-            });
+            let names: Vec<&str> = std::iter::once(name)
+                .chain(and)
+                .map(String::as_str)
+                .collect();
+            if tokens.len() != names.len() {
+                violations.push(format!(
+                    "{id}: {} tokens for {} names: {:?}",
+                    tokens.len(),
+                    names.len(),
+                    op.reply
+                ));
+                continue;
+            }
+            // The set ends with an UNLOCK of any of its names, with that name's token.
+            let ends = |o: &&&Op| {
+                let Call::Unlock { name: n, token: t } = &o.call else {
+                    return false;
+                };
+                names
+                    .iter()
+                    .zip(&tokens)
+                    .any(|(name, token)| n == name && t == token)
+            };
+            let until = list[i + 1..].iter().find(ends).map_or(end, |o| o.invoke);
+            for (name, token) in names.into_iter().zip(tokens) {
+                grants.push(Grant {
+                    client: op.client,
+                    name,
+                    id,
+                    token,
+                    invoke: op.invoke,
+                    complete: op.complete,
+                    until,
+                });
+            }
         }
     }
 
@@ -371,9 +401,17 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     }
 
     // FIFO, as queues were shown.
-    let final_token: HashMap<&str, u64> = last_lock
+    // An id's grant, by name: a set's tokens are one per name.
+    let final_token: HashMap<(&str, &str), u64> = last_lock
         .iter()
-        .filter_map(|(id, op)| token_of(&op.reply).map(|t| (*id, t)))
+        .filter_map(|(id, op)| {
+            let Call::Lock { name, and, .. } = &op.call else {
+                return None;
+            };
+            let names = std::iter::once(name).chain(and).map(String::as_str);
+            Some(names.zip(tokens_of(&op.reply)?).map(|(n, t)| ((*id, n), t)))
+        })
+        .flatten()
         .collect();
     let mut reported: HashSet<(String, String)> = HashSet::new();
     for q in queues {
@@ -381,7 +419,10 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
             .ids
             .iter()
             .filter(|id| !resent.contains(id.as_str()))
-            .filter_map(|id| final_token.get(id.as_str()).map(|t| (id.as_str(), *t)))
+            .filter_map(|id| {
+                let t = final_token.get(&(id.as_str(), q.name.as_str()))?;
+                Some((id.as_str(), *t))
+            })
             .collect();
         for (i, (x, tx)) in kept.iter().enumerate() {
             for (y, ty) in &kept[i + 1..] {
