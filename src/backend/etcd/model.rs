@@ -42,39 +42,7 @@ pub fn decide(
     limits: &Limits,
     leases: usize,
 ) -> Result<Decision<usize, usize>, TableError> {
-    let mut ns = NameState::default();
-    let at = Instant::now();
-    for (i, h) in holders.iter().enumerate() {
-        let rev = i as i64 + 1;
-        let value = HolderValue {
-            id: h.id.into(),
-            user: h.user.into(),
-            mode: h.mode,
-            ttl_ms: 1000,
-            deadline_ms: 1000,
-            session_ms: h.session.map(|_| 0),
-            fe: HERE.into(),
-            conn: h.session.flatten().unwrap_or(0),
-            cut_ms: u64::from(matches!(h.session, Some(None))),
-            granted_ms: 0,
-            waited_ms: None,
-            at_ms: 0,
-            peer: String::new(),
-            note: String::new(),
-            set: Vec::new(),
-        };
-        let uid = format!("h{rev}");
-        let holder = HolderRecord {
-            key: uid.clone(),
-            uid,
-            rev,
-            mod_rev: rev,
-            lease: 0,
-            value,
-            ends_at: at,
-        };
-        ns.holders.insert(rev, holder);
-    }
+    let mut ns = with_holders(holders);
     let first_waiter = holders.len() as i64 + 1;
     for (i, w) in queue.iter().enumerate() {
         let rev = first_waiter + i as i64;
@@ -123,6 +91,18 @@ pub fn decide(
 /// view of a name) on a name with these holders: all of them, or with `only` the one of that
 /// index; holders are named by their index in the slice.
 pub fn breaks(holders: &[HolderPart<'_>], only: Option<usize>) -> Result<Vec<usize>, TableError> {
+    let ns = with_holders(holders);
+    // An index past the holders is a token that is not one of them.
+    let only = only.map(|i| i64::try_from(i).map_or(i64::MAX, |i| i.saturating_add(1)));
+    let revs = crate::locks::rules::breaks(&ns.view(HERE), only.as_ref())?;
+    Ok(revs
+        .into_iter()
+        .map(|rev| usize::try_from(rev - 1).unwrap_or(usize::MAX))
+        .collect())
+}
+
+/// A name with `holders`, in grant order (the first at revision 1), and nobody waiting.
+fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
     let mut ns = NameState::default();
     let at = Instant::now();
     for (i, h) in holders.iter().enumerate() {
@@ -156,11 +136,5 @@ pub fn breaks(holders: &[HolderPart<'_>], only: Option<usize>) -> Result<Vec<usi
         };
         ns.holders.insert(rev, holder);
     }
-    // An index past the holders is a token that is not one of them.
-    let only = only.map(|i| i64::try_from(i).map_or(i64::MAX, |i| i.saturating_add(1)));
-    let revs = crate::locks::rules::breaks(&ns.view(HERE), only.as_ref())?;
-    Ok(revs
-        .into_iter()
-        .map(|rev| usize::try_from(rev - 1).unwrap_or(usize::MAX))
-        .collect())
+    ns
 }
