@@ -1060,7 +1060,7 @@ impl Locks {
     pub fn status(&mut self, now: Instant, name: &str) -> Option<LockStatus> {
         self.expire(now);
         let entry = self.entry(name)?;
-        status_of(self.clock, now, entry)
+        status_of(self.clock, now, entry, self.held_set())
     }
 
     /// The first `max` waiters of `name`, in the order they will be granted.
@@ -1077,6 +1077,7 @@ impl Locks {
                 waited: self.clock.held(now, w.queued),
                 session: w.session.is_some(),
                 mode: w.mode,
+                set: self.names_of(self.set_waiters.get(&w.waiter).map(|s| &s[..])),
             })
             .collect()
     }
@@ -1089,8 +1090,23 @@ impl Locks {
         };
         entry
             .holders()
-            .map(|h| holder_status(self.clock, now, entry, h))
+            .map(|h| holder_status(self.clock, now, entry, h, self.held_set()))
             .collect()
+    }
+
+    /// The names of the slots a set holds or waits on (`None`: a lease or request of one
+    /// name), in the request's order.
+    fn names_of(&self, slots: Option<&[u32]>) -> Box<[Arc<str>]> {
+        slots
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|&slot| self.slab.get(slot).map(|e| Arc::clone(&e.name)))
+            .collect()
+    }
+
+    /// What [`holder_status`] asks of a holder's lease: the names of its set, if it is one.
+    fn held_set(&self) -> impl Fn(Token) -> Box<[Arc<str>]> + '_ {
+        |token| self.names_of(self.sets.get(&token).map(|s| &s[..]))
     }
 
     /// STATUS of every held name, in no particular order.
@@ -1098,7 +1114,7 @@ impl Locks {
         self.expire(now);
         self.slab
             .iter()
-            .filter_map(|entry| status_of(self.clock, now, entry))
+            .filter_map(|entry| status_of(self.clock, now, entry, self.held_set()))
             .collect()
     }
 
@@ -1688,13 +1704,25 @@ fn pop_first_waiter(entry: &mut Entry) -> Option<Waiter> {
 }
 
 /// STATUS of `entry`: its first holder's; `None` while nobody holds it (only waiters).
-fn status_of(clock: Clock, now: Instant, entry: &Entry) -> Option<LockStatus> {
+fn status_of(
+    clock: Clock,
+    now: Instant,
+    entry: &Entry,
+    set: impl Fn(Token) -> Box<[Arc<str>]>,
+) -> Option<LockStatus> {
     let holder = entry.holder.as_ref()?;
-    Some(holder_status(clock, now, entry, holder))
+    Some(holder_status(clock, now, entry, holder, set))
 }
 
-/// One holder of `entry`, described as STATUS shows a lock.
-fn holder_status(clock: Clock, now: Instant, entry: &Entry, holder: &Holder) -> LockStatus {
+/// One holder of `entry`, described as STATUS shows a lock; `set` names a set's names by
+/// its token.
+fn holder_status(
+    clock: Clock,
+    now: Instant,
+    entry: &Entry,
+    holder: &Holder,
+    set: impl Fn(Token) -> Box<[Arc<str>]>,
+) -> LockStatus {
     let deadline = clock.instant(holder.deadline).unwrap_or(now);
     LockStatus {
         name: Arc::clone(&entry.name),
@@ -1709,5 +1737,6 @@ fn holder_status(clock: Clock, now: Instant, entry: &Entry, holder: &Holder) -> 
         origin: holder.origin.clone(),
         granted_unix_ms: holder.granted_unix_ms,
         note: holder.note(),
+        set: set(holder.token),
     }
 }

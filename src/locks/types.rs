@@ -526,6 +526,8 @@ pub struct WaiterStatus {
     pub session: bool,
     /// The mode it asked for.
     pub mode: Mode,
+    /// A set's names (`and=`), every one in the LOCK's order; empty for a LOCK of one name.
+    pub set: Box<[Arc<str>]>,
 }
 
 /// A snapshot of one lock, for STATUS.
@@ -556,4 +558,7 @@ pub struct LockStatus {
     pub granted_unix_ms: u64,
     /// The holder's note (`LOCK ... note=`), if it gave one.
     pub note: Option<Note>,
+    /// The holder's set of names (`and=`), every one in the LOCK's order; empty for a lease
+    /// of one name.
+    pub set: Box<[Arc<str>]>,
 }

@@ -4,6 +4,7 @@
 //! `write_*` functions both use, and its parser sits beside it.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::note::{decode_note, Encoded, NOTE_KEY};
@@ -114,6 +115,7 @@ impl fmt::Display for Reply<'_> {
                         user: s.origin.user(),
                         granted_unix_ms: (s.granted_unix_ms != 0).then_some(s.granted_unix_ms),
                         peer: peer.as_deref(),
+                        and: others(&s.set, &s.name),
                         note: s.note.as_deref(),
                     },
                 )
@@ -127,6 +129,7 @@ impl fmt::Display for Reply<'_> {
                     waited: w.waited,
                     session: w.session,
                     mode: w.mode,
+                    and: others(&w.set, name),
                 },
             ),
             Reply::Event(e, unix_ms) => {
@@ -166,6 +169,8 @@ const WAITER: &str = "WAITER";
 const EVENT: &str = "EVENT";
 const BROKEN_KEY: &str = "broken";
 const BY_KEY: &str = "by";
+/// A set's other names on a `HOLDER` or `WAITER` line, one field each, as a LOCK names them.
+const AND_KEY: &str = "and";
 
 /// How old a cluster front-end's view of etcd may be, as the end of a STATUS of all locks says
 /// it: the age of its last answer from an etcd quorum, and the bound past which the
@@ -290,7 +295,20 @@ fn write_holder<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HolderLine<S>) ->
     if let Some(peer) = &h.peer {
         write!(f, " peer={}", peer.as_ref())?;
     }
+    write_and(f, &h.and)?;
     write_note(f, h.note.as_ref())
+}
+
+/// ` and=<name>` for each of a set's other names.
+fn write_and<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, and: &[S]) -> fmt::Result {
+    and.iter()
+        .try_for_each(|n| write!(f, " {AND_KEY}={}", n.as_ref()))
+}
+
+/// A set's names but `name`, in their order: what a `HOLDER` or `WAITER` line of `name`
+/// lists as `and=`.
+fn others<'s>(set: &'s [Arc<str>], name: &str) -> Vec<&'s str> {
+    set.iter().map(|n| &**n).filter(|n| *n != name).collect()
 }
 
 fn write_waiter<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, w: &WaiterLine<S>) -> fmt::Result {
@@ -303,7 +321,8 @@ fn write_waiter<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, w: &WaiterLine<S>) ->
         w.waited.as_millis(),
         u8::from(w.session),
         w.mode
-    )
+    )?;
+    write_and(f, &w.and)
 }
 
 fn write_event<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, e: &EventLine<S>) -> fmt::Result {
@@ -400,6 +419,9 @@ pub struct HolderLine<S = String> {
     pub granted_unix_ms: Option<u64>,
     /// `peer=`: the `ip:port` of the client that took the lease, where known.
     pub peer: Option<S>,
+    /// `and=`, repeated: a set's other names, in the LOCK's order (empty for a lease of one
+    /// name, and from servers older than the field).
+    pub and: Vec<S>,
     /// `note=`, decoded: the holder's note, if it gave one.
     pub note: Option<S>,
 }
@@ -419,6 +441,9 @@ pub struct WaiterLine<S = String> {
     pub session: bool,
     /// The mode it asked for.
     pub mode: Mode,
+    /// `and=`, repeated: a set's other names, in the LOCK's order (empty for a request of
+    /// one name, and from servers older than the field).
+    pub and: Vec<S>,
 }
 
 /// One `EVENT` line of a watch. A client reads a revoked grant as [`EventKind::Dropped`]: the
@@ -785,6 +810,15 @@ impl<'a> Fields<'a> {
         self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
+    /// Every value of a key that repeats (`and=`), in the line's order.
+    fn all(&self, key: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(k, v)| *k == key && !v.is_empty())
+            .map(|(_, v)| (*v).to_owned())
+            .collect()
+    }
+
     /// A name or id: one non-empty word.
     fn text(&self, key: &str) -> Option<String> {
         self.get(key).filter(|v| !v.is_empty()).map(str::to_owned)
@@ -859,6 +893,7 @@ impl HolderLine {
                 None => None,
             },
             peer: f.text("peer"),
+            and: f.all(AND_KEY),
             note: read_note(f.get(NOTE_KEY))?,
         })
     }
@@ -881,6 +916,7 @@ impl WaiterLine {
             waited: millis(f.get("waited_ms")?)?,
             session: flag(f.get("session")?)?,
             mode: f.mode()?,
+            and: f.all(AND_KEY),
         })
     }
 }

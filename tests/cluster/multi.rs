@@ -56,6 +56,14 @@ fn a_set_is_granted_whole_with_one_token_on_every_name() {
             wait_held(fe, name, t[0]);
         }
     }
+    // Every front-end's detail names the set's other names, in the LOCK's order.
+    for fe in &fes {
+        let holder = fe.request("STATUS s-b detail");
+        assert!(
+            holder.starts_with("HOLDER s-b id=job ") && holder.ends_with(" and=s-a and=s-c"),
+            "{holder}"
+        );
+    }
     // The same id again is a retry: the same token on every name.
     let again = tokens(&fes[1].request("LOCK s-b job and=s-c and=s-a ttl=30s"));
     assert_eq!(again, vec![t[0]; 3]);

@@ -275,10 +275,11 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             prop::option::of(name()),
             prop::option::of(any::<u64>()),
             prop::option::of(name()),
+            prop::collection::vec(name(), 0..3),
             prop::option::of(note()),
         )
             .prop_map(
-                |(name, id, token, held, left, session, mode, user, granted, peer, note)| (
+                |(name, id, token, held, left, session, mode, user, granted, peer, and, note)| (
                     Received::Holder(HolderLine {
                         name,
                         id,
@@ -290,6 +291,7 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
                         user,
                         granted_unix_ms: granted,
                         peer,
+                        and,
                         note,
                     }),
                     Asked::Detail
@@ -301,16 +303,18 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             name(),
             millis(),
             any::<bool>(),
-            mode()
+            mode(),
+            prop::collection::vec(name(), 0..3),
         )
-            .prop_map(|(name, position, id, waited, session, mode)| (
+            .prop_map(|(name, position, id, waited, session, mode, and)| (
                 Received::Waiter(WaiterLine {
                     name,
                     position,
                     id,
                     waited,
                     session,
-                    mode
+                    mode,
+                    and,
                 }),
                 Asked::Detail
             )),
@@ -340,7 +344,7 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
 }
 
 fn lock_status() -> impl Strategy<Value = LockStatus> {
-    (held_line(), millis()).prop_map(|(h, held)| LockStatus {
+    (held_line(), millis(), set()).prop_map(|(h, held, set)| LockStatus {
         name: h.name.into(),
         holder: h.id.into(),
         token: h.token,
@@ -353,7 +357,21 @@ fn lock_status() -> impl Strategy<Value = LockStatus> {
         origin: Default::default(),
         granted_unix_ms: 0,
         note: h.note.map(Into::into),
+        set,
     })
+}
+
+/// A set's names (empty: a lease of one name); the line's own name may be among them or not.
+fn set() -> impl Strategy<Value = Box<[Arc<str>]>> {
+    prop::collection::vec(name(), 0..4).prop_map(|names| names.into_iter().map(Arc::from).collect())
+}
+
+/// What a `HOLDER` or `WAITER` line of `name` lists as `and=`: the set's other names.
+fn and_of(set: &[Arc<str>], name: &str) -> Vec<String> {
+    set.iter()
+        .filter(|n| &***n != name)
+        .map(|n| n.to_string())
+        .collect()
 }
 
 fn as_held(s: &LockStatus) -> HeldLine {
@@ -383,7 +401,7 @@ proptest! {
     #[test]
     fn clients_read_what_the_server_formats(
         status in lock_status(),
-        waiter in (name(), 1usize..100_000, millis(), any::<bool>(), mode()),
+        waiter in (name(), 1usize..100_000, millis(), any::<bool>(), mode(), set()),
         event in (event_kind(), 1u64..u64::MAX, any::<u64>()),
     ) {
         let parse = |r: Reply<'_>, asked| Received::parse(&r.to_string(), asked);
@@ -412,11 +430,13 @@ proptest! {
                 user: None,
                 granted_unix_ms: None,
                 peer: None,
+                and: and_of(&status.set, &status.name),
                 note: status.note.as_deref().map(str::to_owned),
             }))
         );
-        let (id, position, waited, session, mode) = waiter;
-        let w = WaiterStatus { id: Arc::from(id.as_str()), waited, session, mode };
+        let (id, position, waited, session, mode, set) = waiter;
+        let and = and_of(&set, &status.name);
+        let w = WaiterStatus { id: Arc::from(id.as_str()), waited, session, mode, set };
         prop_assert_eq!(
             parse(Reply::Waiter(&status.name, position, &w), Asked::Detail),
             Ok(Received::Waiter(WaiterLine {
@@ -426,6 +446,7 @@ proptest! {
                 waited,
                 session,
                 mode,
+                and,
             }))
         );
         let (kind, token, unix_ms) = event;

@@ -61,6 +61,7 @@ impl Cluster {
                     waited: Duration::from_millis(at.saturating_sub(w.value.queued_ms)),
                     session: w.value.session_ms.is_some(),
                     mode: w.value.mode,
+                    set: set_of(&w.value.set),
                 })
                 .collect(),
         }))
@@ -98,5 +99,11 @@ fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> L
         origin: Default::default(),
         granted_unix_ms: h.value.granted_ms,
         note: h.value.note(),
+        set: set_of(&h.value.set),
     }
+}
+
+/// A record's set (every name, in the LOCK's order; empty for one name) as STATUS shows it.
+fn set_of(names: &[String]) -> Box<[std::sync::Arc<str>]> {
+    names.iter().map(|n| n.as_str().into()).collect()
 }

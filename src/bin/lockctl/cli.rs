@@ -611,7 +611,8 @@ pub struct StatusArgs {
     /// [{"id","token","held_ms","ttl_ms","session","mode"}] and "queue"
     /// [{"position","id","waited_ms","session","mode"}] in the order it will be granted (at
     /// most the first 1000; "waiters" counts them all). A holder that gave a note (LOCK ...
-    /// note=, lockctl --note) has "note" too, in the lock's object and in its holder's.
+    /// note=, lockctl --note) has "note" too, in the lock's object and in its holder's; a
+    /// holder or waiter that is a set of names has "and", the set's other names.
     #[arg(long)]
     pub json: bool,
 }

@@ -105,18 +105,39 @@ fn table(rows: &[HeldLine]) -> String {
 /// Adds a NOTE column to a table (header first, one cell per row of `notes`), if any row has
 /// a note: tables of locks without notes stay as they were.
 pub fn with_notes<'a>(cells: &mut [Vec<String>], notes: impl Iterator<Item = Option<&'a str>>) {
-    let notes: Vec<Option<&str>> = notes.collect();
-    if notes.iter().all(Option::is_none) {
+    with_column(cells, "NOTE", notes.map(|n| n.map(str::to_owned)));
+}
+
+/// Adds an ALSO column (a set's other names, comma-separated) to a table of holders or
+/// waiters, if any row is a set: tables without sets stay as they were.
+fn with_sets<'a>(cells: &mut [Vec<String>], sets: impl Iterator<Item = &'a [String]>) {
+    let sets = sets.map(|and| (!and.is_empty()).then(|| and.join(",")));
+    with_column(cells, "ALSO", sets);
+}
+
+/// Adds a column to a table (header first, one cell per row of `values`), if any row has a
+/// value; `-` where a row has none.
+fn with_column(
+    cells: &mut [Vec<String>],
+    title: &str,
+    values: impl Iterator<Item = Option<String>>,
+) {
+    let values: Vec<Option<String>> = values.collect();
+    if values.iter().all(Option::is_none) {
         return;
     }
     let Some((header, rows)) = cells.split_first_mut() else {
         return;
     };
     let width = header.len();
-    header.push("NOTE".into());
+    header.push(title.into());
     // A short row (a free lock in top) stays short.
-    for (row, note) in rows.iter_mut().zip(notes).filter(|(r, _)| r.len() == width) {
-        row.push(note.unwrap_or("-").to_owned());
+    for (row, value) in rows
+        .iter_mut()
+        .zip(values)
+        .filter(|(r, _)| r.len() == width)
+    {
+        row.push(value.unwrap_or_else(|| "-".into()));
     }
 }
 
@@ -167,6 +188,7 @@ fn readable_lock(lock: &LockDetail) -> String {
             h.mode.to_string(),
         ]);
     }
+    with_sets(&mut cells, lock.holders.iter().map(|h| &h.and[..]));
     with_notes(&mut cells, lock.holders.iter().map(|h| h.note.as_deref()));
     out.push_str(&columns(&cells));
     out.push_str("\n\n");
@@ -190,6 +212,7 @@ fn readable_lock(lock: &LockDetail) -> String {
             w.mode.to_string(),
         ]);
     }
+    with_sets(&mut cells, lock.waiters.iter().map(|w| &w.and[..]));
     out.push_str(&columns(&cells));
     let unlisted = held.waiters.saturating_sub(lock.waiters.len());
     if unlisted > 0 {
@@ -203,6 +226,16 @@ fn readable_lock(lock: &LockDetail) -> String {
 fn granted_at(h: &HolderLine) -> Option<String> {
     let at = UNIX_EPOCH.checked_add(Duration::from_millis(h.granted_unix_ms?))?;
     Some(humantime::format_rfc3339_seconds(at).to_string())
+}
+
+/// `,"and":[...]`, a set's other names, for a holder or waiter that is a set; nothing for
+/// one of one name (objects without sets are as they were).
+fn json_and(and: &[String]) -> String {
+    if and.is_empty() {
+        return String::new();
+    }
+    let names: Vec<String> = and.iter().map(|n| json_string(n)).collect();
+    format!(r#","and":[{}]"#, names.join(","))
 }
 
 /// A JSON string, or `null` for `None`.
@@ -260,8 +293,9 @@ fn json_lock(lock: &LockDetail) -> String {
                 Some(note) => format!(r#","note":{}"#, json_string(note)),
                 None => String::new(),
             };
+            let and = json_and(&h.and);
             format!(
-                r#"{{"id":{},"token":{},"held_ms":{},"ttl_ms":{},"session":{},"mode":{},"user":{},"granted_at":{},"granted_unix_ms":{},"peer":{}{note}}}"#,
+                r#"{{"id":{},"token":{},"held_ms":{},"ttl_ms":{},"session":{},"mode":{},"user":{},"granted_at":{},"granted_unix_ms":{},"peer":{}{and}{note}}}"#,
                 json_string(&h.id),
                 h.token,
                 h.held.as_millis(),
@@ -281,12 +315,13 @@ fn json_lock(lock: &LockDetail) -> String {
         .iter()
         .map(|w| {
             format!(
-                r#"{{"position":{},"id":{},"waited_ms":{},"session":{},"mode":{}}}"#,
+                r#"{{"position":{},"id":{},"waited_ms":{},"session":{},"mode":{}{}}}"#,
                 w.position,
                 json_string(&w.id),
                 w.waited.as_millis(),
                 w.session,
-                json_string(&w.mode.to_string())
+                json_string(&w.mode.to_string()),
+                json_and(&w.and)
             )
         })
         .collect();
@@ -321,6 +356,7 @@ mod tests {
                 user: Some("alice".into()),
                 granted_unix_ms: Some(1_796_095_920_000),
                 peer: Some("10.0.0.7:41234".into()),
+                and: Vec::new(),
                 note: None,
             }],
             waiters: vec![WaiterLine {
@@ -330,6 +366,7 @@ mod tests {
                 waited: Duration::from_millis(300),
                 session: false,
                 mode: Mode::Exclusive,
+                and: Vec::new(),
             }],
         }
     }
@@ -419,6 +456,30 @@ mod tests {
             .nth(1)
             .unwrap()
             .ends_with("release 1.4.2"));
+    }
+
+    #[test]
+    fn a_sets_other_names_show_where_there_are_some() {
+        let mut lock = held_lock();
+        lock.holders[0].and = vec!["db-migrate".into(), "cache".into()];
+        lock.waiters[0].and = vec!["db-migrate".into()];
+        let json = json_lock(&lock);
+        assert!(
+            json.contains(r#""peer":"10.0.0.7:41234","and":["db-migrate","cache"]}"#),
+            "{json}"
+        );
+        assert!(
+            json.contains(r#""mode":"exclusive","and":["db-migrate"]}"#),
+            "{json}"
+        );
+        let text = readable_lock(&lock);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[2].ends_with("MODE       ALSO"), "{text}");
+        assert!(lines[3].ends_with("exclusive  db-migrate,cache"), "{text}");
+        assert!(lines[5].ends_with("MODE       ALSO"), "{text}");
+        assert!(lines[6].ends_with("exclusive  db-migrate"), "{text}");
+        // Without sets, the tables are as they were.
+        assert!(!readable_lock(&held_lock()).contains("ALSO"));
     }
 
     #[test]

@@ -836,6 +836,11 @@ impl Model {
             origin: Default::default(),
             granted_unix_ms: 0,
             note: h.note.as_deref().map(Arc::from),
+            set: if h.names.len() > 1 {
+                h.names.iter().map(|n| Arc::from(n.as_str())).collect()
+            } else {
+                Box::default()
+            },
         }
     }
 }
