@@ -1104,9 +1104,15 @@ impl Locks {
             .collect()
     }
 
-    /// What [`holder_status`] asks of a holder's lease: the names of its set, if it is one.
+    /// What [`holder_status`] asks of a holder's lease: the names of its set, if it is one
+    /// (no lookup while no set is held: most tables, always).
     fn held_set(&self) -> impl Fn(Token) -> Box<[Arc<str>]> + '_ {
-        |token| self.names_of(self.sets.get(&token).map(|s| &s[..]))
+        |token| {
+            if self.sets.is_empty() {
+                return Box::default();
+            }
+            self.names_of(self.sets.get(&token).map(|s| &s[..]))
+        }
     }
 
     /// STATUS of every held name, in no particular order.
