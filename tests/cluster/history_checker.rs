@@ -13,31 +13,11 @@ fn ms(n: u64) -> Duration {
 }
 
 fn lock(client: usize, id: &str, invoke: u64, complete: u64, reply: &str) -> Op {
-    Op {
-        client,
-        call: Call::Lock {
-            name: "x".into(),
-            and: Vec::new(),
-            id: id.into(),
-            again: false,
-        },
-        invoke: ms(invoke),
-        complete: ms(complete),
-        reply: Some(reply.into()),
-    }
+    lock_set(client, id, &["x"], (invoke, complete), reply)
 }
 
 fn unlock(client: usize, token: u64, invoke: u64) -> Op {
-    Op {
-        client,
-        call: Call::Unlock {
-            name: "x".into(),
-            token,
-        },
-        invoke: ms(invoke),
-        complete: ms(invoke + 1),
-        reply: Some("OK".into()),
-    }
+    unlock_of(client, "x", token, invoke)
 }
 
 fn seen(kind: &str, id: &str, token: u64, at: u64) -> Seen {
@@ -157,13 +137,13 @@ fn a_planted_fifo_inversion_is_found() {
     assert!(check(&resent, &[queue], &[]).violations.is_empty());
 }
 
-/// A LOCK of the set `name` and `and` (`and=`).
-fn lock_set(client: usize, id: &str, names: [&str; 2], at: (u64, u64), reply: &str) -> Op {
+/// A LOCK of `names`: the first is the LOCK's own, the rest its `and=` (a set).
+fn lock_set(client: usize, id: &str, names: &[&str], at: (u64, u64), reply: &str) -> Op {
     Op {
         client,
         call: Call::Lock {
             name: names[0].into(),
-            and: vec![names[1].into()],
+            and: names[1..].iter().map(|n| n.to_string()).collect(),
             id: id.into(),
             again: false,
         },
@@ -192,7 +172,7 @@ fn a_set_holds_every_name_until_the_unlock_of_any_of_them() {
     // C's x comes after.
     let ops = vec![
         lock(0, "a1", 0, 1, "OK 10"),
-        lock_set(1, "s1", ["y", "x"], (2, 11), "OK 12 12"),
+        lock_set(1, "s1", &["y", "x"], (2, 11), "OK 12 12"),
         unlock(0, 10, 10),
         unlock_of(1, "y", 12, 20),
         lock(2, "c1", 3, 21, "OK 14"),
@@ -204,7 +184,7 @@ fn a_set_holds_every_name_until_the_unlock_of_any_of_them() {
 
     // Granted while A still held x: two holders of x, found through the set's second name.
     let mut early = ops.clone();
-    early[1] = lock_set(1, "s1", ["y", "x"], (2, 5), "OK 12 12");
+    early[1] = lock_set(1, "s1", &["y", "x"], (2, 5), "OK 12 12");
     let v = check(&early, &[], &[]);
     assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
     assert!(v.violations[0].starts_with("two holders of x"), "{v:?}");
@@ -218,7 +198,7 @@ fn a_set_holds_every_name_until_the_unlock_of_any_of_them() {
 
     // A set's grant with a token missing is a violation of its own.
     let mut short = ops;
-    short[1] = lock_set(1, "s1", ["y", "x"], (2, 11), "OK 12");
+    short[1] = lock_set(1, "s1", &["y", "x"], (2, 11), "OK 12");
     let v = check(&short, &[], &[]);
     assert!(
         v.violations
@@ -233,7 +213,7 @@ fn fifo_is_judged_on_each_name_a_set_waits_on() {
     // The queue of x showed the set s1 ahead of c1, yet c1 was granted x first.
     let ops = vec![
         lock(0, "a1", 0, 1, "OK 10"),
-        lock_set(1, "s1", ["y", "x"], (2, 21), "OK 14 14"),
+        lock_set(1, "s1", &["y", "x"], (2, 21), "OK 14 14"),
         lock(2, "c1", 3, 11, "OK 12"),
         unlock(0, 10, 10),
         unlock(2, 12, 20),
