@@ -47,8 +47,8 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// to another front-end well within a cut-off one's etcd lease.
 const CLUSTER_INTERVAL: Duration = Duration::from_secs(2);
 
-/// The first pause after a failed renewal, doubled up to a tenth of the window.
-const FIRST_RETRY: Duration = Duration::from_millis(50);
+/// The first pause after a failed renewal, doubled up to [`Timing::max_retry`].
+pub const FIRST_RETRY: Duration = Duration::from_millis(50);
 
 /// The lease a [`hold`] block runs under: its fencing token (to hand to whatever the lock
 /// guards), and the signal that it was lost. Cheap to clone.
@@ -172,9 +172,7 @@ where
     let timing = Timing::new(ttl, opts.tie, connector.addrs().len());
     let (mut client, token, tokens) = (locked.client, locked.token, locked.tokens);
     let (mut since, mut left) = (locked.sent, ttl);
-    // A LOCK that waited does not say when it was granted: counted from its send, the lease
-    // could seem over already. A renewal at once gives a deadline from its own send.
-    if locked.sent.elapsed() > timing.window / 10 {
+    if timing.needs_early_renew(locked.sent.elapsed()) {
         let sent = Instant::now();
         let renewed = timeout(
             connector.connect_timeout(),
@@ -271,12 +269,18 @@ impl Drop for Stop {
     }
 }
 
-/// How the time of one lease is split up (see the module).
+/// How the time of one held lease is split up (see the module): when to renew, how long a
+/// renewal may take, and when the lease can no longer be trusted. Public so that a keeper
+/// of its own (`lockctl run`'s, which also stops a command) works to the same arithmetic.
 #[derive(Clone, Copy, Debug)]
-struct Timing {
+pub struct Timing {
     ttl: Duration,
+    /// How long the lease surely lasts after a RENEW is sent: the ttl, or the session grace
+    /// if shorter (the server may see the connection close at any moment after its reply).
     window: Duration,
+    /// Between two renewals.
     interval: Duration,
+    /// Kept free before the deadline, for clock-rate differences and scheduling delays.
     margin: Duration,
     several: bool,
     /// A plain session lease ends when the server sees the connection close.
@@ -284,7 +288,10 @@ struct Timing {
 }
 
 impl Timing {
-    fn new(ttl: Duration, tie: Tie, front_ends: usize) -> Timing {
+    /// The timing of a lease of `ttl` tied by `tie`, renewed through `front_ends` addresses.
+    /// With several, renewals come at least every 2s, so that they can move to another
+    /// front-end well within a cut-off one's etcd lease.
+    pub fn new(ttl: Duration, tie: Tie, front_ends: usize) -> Timing {
         let window = match tie {
             Tie::Session(grace) if !grace.is_zero() => ttl.min(grace),
             _ => ttl,
@@ -303,25 +310,51 @@ impl Timing {
         }
     }
 
+    /// How long the lease surely lasts after a RENEW is sent (see [`Timing`]'s fields).
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// Between two renewals.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Kept free before the deadline: [`Timing::give_up`] is this much before it.
+    pub fn margin(&self) -> Duration {
+        self.margin
+    }
+
     /// The lease's end as far as the client can be sure, after a RENEW (or LOCK) sent at
     /// `sent` answered with `left`.
-    fn deadline(&self, sent: Instant, left: Duration) -> Instant {
+    pub fn deadline(&self, sent: Instant, left: Duration) -> Instant {
         sent + left.min(self.ttl).min(self.window)
     }
 
-    fn next_renew(&self, sent: Instant) -> Instant {
+    /// When to renew after a RENEW (or LOCK) sent at `sent`.
+    pub fn next_renew(&self, sent: Instant) -> Instant {
         sent + self.interval
     }
 
-    /// When the lease counts as lost: a margin before its deadline, time for the block to be
-    /// stopped.
-    fn give_up(&self, deadline: Instant) -> Instant {
+    /// Whether a grant that took `waited` after its LOCK was sent leaves too little of the
+    /// lease to start on: a LOCK that waited does not say when it was granted, so counted
+    /// from its send the lease could seem over already; a renewal at once gives a deadline
+    /// from its own send.
+    pub fn needs_early_renew(&self, waited: Duration) -> bool {
+        waited > self.window / 10
+    }
+
+    /// When the lease counts as lost: a margin before its deadline, time for what runs under
+    /// it to be stopped.
+    pub fn give_up(&self, deadline: Instant) -> Instant {
         deadline.checked_sub(self.margin).unwrap_or(deadline)
     }
 
     /// The longest one RENEW may take, connecting included: with several addresses half an
-    /// interval, so that a front-end that does not answer leaves the next one time.
-    fn attempt_limit(&self) -> Duration {
+    /// interval, so that one stuck on a front-end from its renewal time (at a third of the
+    /// window) is given up at half the window, and the next address is tried well before
+    /// the loss. With one there is no other to try: a whole interval, for a slow answer.
+    pub fn attempt_limit(&self) -> Duration {
         match self.several {
             true => self.interval / 2,
             false => self.interval,
@@ -329,7 +362,9 @@ impl Timing {
         .max(Duration::from_millis(100))
     }
 
-    fn max_retry(&self) -> Duration {
+    /// The longest pause between failed renewals: from [`FIRST_RETRY`], doubled up to a tenth
+    /// of the window (2s at most).
+    pub fn max_retry(&self) -> Duration {
         (self.window / 10).clamp(FIRST_RETRY, Duration::from_secs(2))
     }
 }

@@ -173,9 +173,13 @@ impl LockOptions {
 pub enum LockError {
     /// No address could be reached, TLS failed, or the login was refused.
     Connect(ConnectError),
-    /// The server refused (`ERR <code>`; for `UNAVAILABLE`, every try within the wait was),
-    /// the connection failed on the last try, or the reply made no sense.
+    /// The server refused (`ERR <code>`), or the reply made no sense.
     Request(ClientError),
+    /// The wait ran out (with a zero wait: each address was tried once) and no try found a
+    /// front-end that could serve the LOCK: each answered `ERR UNAVAILABLE` or `ERR SHUTDOWN`
+    /// or lost the connection. The text is the last of those answers (and, when the next
+    /// address could not be reached after it, why). [`LockError::code`] is `UNAVAILABLE`.
+    Unavailable(String),
     /// [`super::hold()`]: the lease was lost while held (a refused renewal, or none that got
     /// through in time); the block was stopped. The text says why.
     Lost(String),
@@ -186,6 +190,7 @@ impl LockError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             LockError::Request(e) => e.code(),
+            LockError::Unavailable(_) => Some(ErrorCode::Unavailable),
             _ => None,
         }
     }
@@ -201,6 +206,12 @@ impl fmt::Display for LockError {
         match self {
             LockError::Connect(e) => write!(f, "{e}"),
             LockError::Request(e) => write!(f, "{e}"),
+            LockError::Unavailable(last) => {
+                write!(
+                    f,
+                    "no front-end could serve the LOCK within its wait: last, {last}"
+                )
+            }
             LockError::Lost(why) => write!(f, "lease lost: {why}"),
         }
     }
@@ -280,10 +291,10 @@ impl Connector {
             Some(w) if w.is_zero() => Retry::once(self.addrs().len()),
             w => Retry::within(w),
         };
-        let what = format!("lock {name}");
         let names: Vec<&str> = std::iter::once(name)
             .chain(opts.and.iter().map(String::as_str))
             .collect();
+        let what = format!("lock {}", names.join(" "));
         let mut client = match first {
             Some(c) => Some(c),
             None => Some(self.connect().await?),
@@ -299,7 +310,9 @@ impl Connector {
                     Ok(c) => c,
                     // The wait ran out on the way after a front-end had answered: what it
                     // answered is the reason, not the connect.
-                    Err(ConnectError::Unreachable(why)) if retry.failures() > 0 => {
+                    Err(ConnectError::Unreachable(why))
+                        if retry.ran_out() && retry.failures() > 0 =>
+                    {
                         return Err(gave_up(&retry, Some(why)))
                     }
                     Err(e) => return Err(e.into()),
@@ -365,10 +378,7 @@ impl Connector {
                 }
                 Err(e) if retryable(&e) => {
                     let Some(pause) = self.retry_after(&mut retry, &what, &e) else {
-                        return Err(match e.code() {
-                            Some(_) => LockError::Request(e),
-                            None => gave_up(&retry, None),
-                        });
+                        return Err(gave_up(&retry, None));
                     };
                     // One address and `ERR UNAVAILABLE`: the connection is still good, and a
                     // new one could find a session lease granted meanwhile bound to this one.
@@ -390,15 +400,12 @@ impl Connector {
     }
 }
 
-/// The wait is over and no front-end could serve the LOCK: `ERR UNAVAILABLE`, naming the last
-/// answer (and what came after it).
+/// The wait is over and no front-end could serve the LOCK: the last answer (and what came
+/// after it).
 fn gave_up(retry: &Retry, then: Option<String>) -> LockError {
-    let mut why = retry.last_cause().unwrap_or("no answer").to_owned();
+    let mut last = retry.last_cause().unwrap_or("no answer").to_owned();
     if let Some(then) = then {
-        why.push_str(&format!("; then {then}"));
+        last.push_str(&format!("; then {then}"));
     }
-    LockError::Request(ClientError::Refused(crate::proto::ProtoError::new(
-        ErrorCode::Unavailable,
-        format!("no front-end could serve the LOCK within its wait: last, {why}"),
-    )))
+    LockError::Unavailable(last)
 }

@@ -152,6 +152,12 @@ impl Retry {
         self.tries_left.is_some()
     }
 
+    /// Whether the retrying is over: the round of [`Retry::once`], or the wait ran out. A
+    /// connection that can't be made then ends it for good.
+    pub fn ran_out(&self) -> bool {
+        self.answers_at_once() || self.left().is_some_and(|l| l.is_zero())
+    }
+
     /// The time left; `None` without a deadline.
     pub fn left(&self) -> Option<Duration> {
         self.until

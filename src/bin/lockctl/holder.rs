@@ -83,13 +83,18 @@ fn held_by(held: &HeldLine) -> String {
 }
 
 /// With -v, when -n or -w gave up: says who has the lock (flock itself says nothing); of a
-/// set, the first of its names that is held.
-pub async fn say_conflict(client: &mut Client, names: &[String], wait: &WaitArgs) {
+/// set, the first of its names that is held. Asked on a connection of its own.
+pub async fn say_conflict(server: &Server, names: &[String], wait: &WaitArgs) {
     let mut found = None;
-    for name in names {
-        if let Some(StatusLine::Held(h)) = status_line(client, name).await {
-            found = Some((name, held_by(&h)));
-            break;
+    if let Ok(mut client) = server
+        .connect_once(ASK_LIMIT.min(server.connect_timeout()))
+        .await
+    {
+        for name in names {
+            if let Some(StatusLine::Held(h)) = status_line(&mut client, name).await {
+                found = Some((name, held_by(&h)));
+                break;
+            }
         }
     }
     let (name, holder) = match found {

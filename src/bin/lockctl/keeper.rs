@@ -18,24 +18,15 @@
 
 use std::time::Duration;
 
+use lockd::client::hold::{self, FIRST_RETRY};
 use lockd::client::{Client, ClientError};
 use lockd::locks::Token;
-use lockd::proto::ErrorCode;
+use lockd::proto::{ErrorCode, Tie};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::net::Server;
-
-const FIRST_RETRY: Duration = Duration::from_millis(100);
-
-/// The longest renewal interval with several addresses (a cluster's front-ends). A session
-/// lease hangs on its front-end's etcd lease (`--etcd-lease-ttl`, 5s by default), which lasts
-/// at least two thirds of its ttl after that front-end is cut off (it is kept alive every
-/// third): 3.3s by default. A renewal stuck on the cut-off front-end is given up after half an
-/// interval, so the next address is renewing through 1.5 intervals and a retry after the cut
-/// at worst: 3.1s with this cap, in time.
-const CLUSTER_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The lock being held.
 #[derive(Clone, Debug)]
@@ -58,21 +49,14 @@ impl HeldLease {
     }
 }
 
-/// How the time of one lease is split up.
+/// How the time of one lease is split up: the library's [`hold::Timing`] (when to renew, how
+/// long a try may take, the margin kept before the deadline), and the kill grace between
+/// SIGTERM and SIGKILL, which must land before the margin.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
-    ttl: Duration,
-    /// How long the lease surely lasts after a RENEW is sent: the ttl, or the session grace
-    /// if shorter (the server may see the connection close at any moment after its reply).
-    window: Duration,
-    /// Between two renewals.
-    interval: Duration,
-    /// Kept free before the deadline, for clock-rate differences and scheduling delays.
-    margin: Duration,
+    lease: hold::Timing,
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
-    /// Whether there are other addresses to renew through.
-    several: bool,
 }
 
 impl Timing {
@@ -81,75 +65,62 @@ impl Timing {
     /// capped at a quarter of the window: SIGTERM must not come before lockctl has had a fair
     /// chance to renew, and SIGKILL must still land before the deadline.
     ///
-    /// With several `front_ends`, renewals come at least every [`CLUSTER_INTERVAL`], so that
-    /// they can move to another front-end before a cut-off one's etcd lease ends.
+    /// With several `front_ends`, renewals come at least every 2s, so that they can move to
+    /// another front-end before a cut-off one's etcd lease ends (its `--etcd-lease-ttl`, 5s by
+    /// default, lasts at least two thirds of its ttl after the cut: 3.3s; a renewal stuck on
+    /// the cut-off front-end is given up after half an interval, so the next address is
+    /// renewing through 1.5 intervals and a retry after the cut at worst, 3.1s, in time).
     pub fn new(
         ttl: Duration,
         session_grace: Duration,
         kill_grace: Duration,
         front_ends: usize,
     ) -> Timing {
-        let window = match session_grace.is_zero() {
-            true => ttl,
-            false => ttl.min(session_grace),
-        };
-        let interval = match front_ends > 1 {
-            true => (window / 3).min(CLUSTER_INTERVAL),
-            false => window / 3,
-        };
+        let lease = hold::Timing::new(ttl, Tie::Session(session_grace), front_ends);
         Timing {
-            ttl,
-            window,
-            interval,
-            margin: (window / 10).clamp(Duration::from_millis(20), Duration::from_secs(2)),
-            grace: kill_grace.min(window / 4),
-            several: front_ends > 1,
+            lease,
+            grace: kill_grace.min(lease.window() / 4),
         }
     }
 
     /// The deadline after a RENEW (or LOCK) sent at `sent` answered with `left` of lease.
     pub fn deadline(&self, sent: Instant, left: Duration) -> Instant {
-        sent + left.min(self.ttl).min(self.window)
+        self.lease.deadline(sent, left)
     }
 
     /// When to renew after a RENEW (or LOCK) sent at `sent`.
     pub fn next_renew(&self, sent: Instant) -> Instant {
-        sent + self.interval
+        self.lease.next_renew(sent)
     }
 
     /// Whether a grant that took `waited` leaves too little of the lease to start on.
     pub fn needs_early_renew(&self, waited: Duration) -> bool {
-        waited > self.window / 10
+        self.lease.needs_early_renew(waited)
     }
 
-    /// When the lease must count as lost and SIGTERM go out.
+    /// When the lease must count as lost and SIGTERM go out: the kill grace before SIGKILL.
     fn term_at(&self, deadline: Instant) -> Instant {
-        deadline
-            .checked_sub(self.margin + self.grace)
+        self.kill_at(deadline)
+            .checked_sub(self.grace)
             .unwrap_or(deadline)
     }
 
-    /// When SIGKILL must go out, if the command is still running.
+    /// When SIGKILL must go out, if the command is still running: the margin before the
+    /// deadline.
     fn kill_at(&self, deadline: Instant) -> Instant {
-        deadline.checked_sub(self.margin).unwrap_or(deadline)
+        self.lease.give_up(deadline)
     }
 
-    /// The longest one RENEW may take, connecting included, before the keeper tries again.
-    /// With several addresses, half an interval, so that one stuck on a front-end from its
-    /// renewal time (at a third of the window) is given up at half the window, and the next
-    /// address is tried well before [`Timing::term_at`] (at least 65% of the window: the
-    /// margin is at most a tenth and the kill grace at most a quarter). With one there is no
-    /// other to try: a whole interval, for a slow answer to come.
+    /// The longest one RENEW may take, connecting included ([`hold::Timing::attempt_limit`]):
+    /// one stuck on a front-end from its renewal time is given up at half the window, and the
+    /// next address is tried well before [`Timing::term_at`] (at least 65% of the window: the
+    /// margin is at most a tenth and the kill grace at most a quarter).
     pub fn attempt_limit(&self) -> Duration {
-        let limit = match self.several {
-            true => self.interval / 2,
-            false => self.interval,
-        };
-        limit.max(Duration::from_millis(100))
+        self.lease.attempt_limit()
     }
 
     fn max_retry(&self) -> Duration {
-        (self.window / 10).clamp(FIRST_RETRY, Duration::from_secs(2))
+        self.lease.max_retry()
     }
 }
 
@@ -572,12 +543,12 @@ mod tests {
     fn with_several_front_ends_renewals_move_before_an_etcd_lease_can_end() {
         for ttl in [S(6), S(30), S(3600)] {
             let t = Timing::new(ttl, S(10).min(ttl), S(5), 3);
-            let moved = t.interval + t.attempt_limit() + FIRST_RETRY;
+            let moved = t.lease.interval() + t.attempt_limit() + FIRST_RETRY;
             assert!(moved < S(5) * 2 / 3, "ttl {ttl:?}: moved after {moved:?}");
         }
         // One address: nowhere to move, the renewals (and their patience) as before.
         let one = Timing::new(S(30), S(10), S(5), 1);
-        assert_eq!(one.interval, S(10) / 3);
+        assert_eq!(one.lease.interval(), S(10) / 3);
         assert_eq!(one.attempt_limit(), S(10) / 3);
     }
 }

@@ -49,6 +49,11 @@ impl Server {
         }
     }
 
+    /// The library's connector, for what lockctl sends through it as it is (a LOCK).
+    pub fn connector(&self) -> &Connector {
+        &self.connector
+    }
+
     pub fn addrs(&self) -> &Addrs {
         self.connector.addrs()
     }
@@ -84,12 +89,6 @@ impl Server {
         self.connector.reconnect_once(limit).await.map_err(failure)
     }
 
-    /// [`Connector::until_cut_off`]: resolves once the current front-end can't serve the
-    /// LOCK waiting on it.
-    pub async fn until_cut_off(&self, name: &str, every: Duration) -> ClientError {
-        self.connector.until_cut_off(name, every).await
-    }
-
     /// [`Connector::reconnect_for`]: the connection for the next try of `retry`.
     pub async fn reconnect_for(&self, retry: &Retry) -> Result<Client, Failure> {
         self.connector.reconnect_for(retry).await.map_err(failure)
@@ -102,7 +101,8 @@ impl Server {
     }
 }
 
-fn failure(e: ConnectError) -> Failure {
+/// A connection that could not be made, as lockctl exits on it.
+pub fn failure(e: ConnectError) -> Failure {
     match e {
         ConnectError::Denied(why) => Failure::refused(ErrorCode::Denied, why),
         ConnectError::Unreachable(why) => Failure::new(UNREACHABLE, why),

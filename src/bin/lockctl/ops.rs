@@ -25,10 +25,9 @@ pub async fn acquire(server: &Server, id: &str, args: &AcquireArgs) -> Result<u8
     }
     let terms = Terms {
         ttl: args.ttl,
-        wait: None,
         tie: Tie::Detach,
         mode: args.mode,
-        note: request::static_note(args.note.clone()),
+        note: args.note.clone(),
     };
     let what = format!("acquire {}", args.names.join(" "));
     let granted =

@@ -61,7 +61,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
         session_grace,
         wait: &args.wait,
         mode: args.mode,
-        note: request::static_note(default_note(args)),
+        note: default_note(args),
     };
     let granted = tokio::select! {
         g = lock(server, &ask) => g?,
@@ -205,7 +205,7 @@ struct LockAsk<'a> {
     session_grace: Duration,
     wait: &'a WaitArgs,
     mode: ModeArgs,
-    note: Option<&'static str>,
+    note: Option<String>,
 }
 
 /// `--note`, or by default the command line (its words joined by spaces, or the -c text), cut
@@ -235,10 +235,9 @@ fn default_note(args: &RunArgs) -> Option<String> {
 async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Granted, Failure> {
     let terms = Terms {
         ttl: Some(ask.ttl),
-        wait: None,
         tie: Tie::Session(ask.session_grace),
         mode: ask.mode,
-        note: ask.note,
+        note: ask.note.clone(),
     };
     let what = format!("lock {}", ask.names.join(" "));
     request::lock_retrying(server, &what, (ask.names, ask.id), terms, ask.wait).await
