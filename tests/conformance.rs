@@ -3,7 +3,8 @@
 //! `lockd` binary, one per scenario. The same file is played by the Go, Node, Ruby, Python and
 //! bash runners, so every client is held to the same behaviour.
 //!
-//! A `lock` is [`Connector::lock_on`] (sent again through the next address within its wait),
+//! A `lock` is [`Connector::lock_on`] (sent again through the next address within its wait;
+//! its `and` names are [`LockOptions::and`], its tokens [`lockd::client::Locked::tokens`]),
 //! a `hold` the library's helper, [`lockd::client::hold`], whose block records the token and
 //! the time its lease's loss was signalled. The `hold` scenarios are played a second time
 //! with `lockctl run` as a child process (its keeper is the binary's own), whose job records
@@ -37,13 +38,20 @@ const HAS: &[&str] = &["watch", "tls", "hold", "resend"];
 /// Longest wait for anything a step waits for: only a guard against a hang.
 const GUARD: Duration = Duration::from_secs(10);
 
-/// A LOCK sent in the background: the client it went on, and its answer to come (with the
-/// connection it leaves, and the wall clock's milliseconds when it came, to compare with the
-/// time a helper signalled its loss).
-type Pending = (
-    String,
-    JoinHandle<(Option<Client>, Result<Token, LockError>, u128)>,
-);
+/// The answer to a LOCK (a token per name), with the connection it leaves, and the wall
+/// clock's milliseconds when it came, to compare with the time a helper signalled its loss.
+type Answer = (Option<Client>, Result<Vec<Token>, LockError>, u128);
+
+/// A LOCK sent in the background.
+struct Pending {
+    /// The client it went on.
+    owner: String,
+    /// Its names, its own first, then its `and` names: each name's token is saved under
+    /// `<as>.<name>`.
+    names: Vec<String>,
+    /// Its answer to come.
+    task: JoinHandle<Answer>,
+}
 
 /// Who plays the `hold` steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,6 +327,13 @@ impl World<'_> {
             (_, Some(n)) => Mode::limit(n as u32),
             _ => Mode::Exclusive,
         };
+        let and: Vec<String> = step["and"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| n.as_str().expect("an and name").to_string())
+            .collect();
+        let names = std::iter::once(name.clone()).chain(and.clone()).collect();
         let opts = LockOptions {
             ttl: ms("ttl_ms"),
             wait: ms("wait_ms"),
@@ -326,7 +341,7 @@ impl World<'_> {
             mode,
             supersede: step["supersede"].as_bool() == Some(true),
             note: step["note"].as_str().map(str::to_string),
-            and: Vec::new(),
+            and,
         };
         let client = self
             .clients
@@ -336,7 +351,7 @@ impl World<'_> {
         let owner = id.clone();
         let task = tokio::spawn(async move {
             match connector.lock_on(client, &name, &id, &opts).await {
-                Ok(locked) => (Some(locked.client), Ok(locked.token), unix_ms()),
+                Ok(locked) => (Some(locked.client), Ok(locked.tokens), unix_ms()),
                 // The connection went with the LOCK: a new one for the client's next step.
                 Err(e) => {
                     let at = unix_ms();
@@ -345,7 +360,8 @@ impl World<'_> {
             }
         });
         let label = step["as"].as_str().unwrap_or("_").to_string();
-        self.pending.insert(label.clone(), (owner, task));
+        self.pending
+            .insert(label.clone(), Pending { owner, names, task });
         if step["async"].as_bool() == Some(true) {
             return Ok(());
         }
@@ -353,7 +369,7 @@ impl World<'_> {
     }
 
     async fn await_lock(&mut self, of: &str, want: Option<&str>) -> Result<(), String> {
-        let (owner, task) = self.pending.remove(of).expect("a LOCK under way");
+        let Pending { owner, names, task } = self.pending.remove(of).expect("a LOCK under way");
         let (client, got, at) = tokio::time::timeout(GUARD, task)
             .await
             .map_err(|_| format!("LOCK {of} not answered within {GUARD:?}"))?
@@ -362,13 +378,20 @@ impl World<'_> {
             self.clients.insert(owner, client);
         }
         match (got, want) {
-            (Ok(token), None) => {
-                self.tokens.insert(of.to_string(), token);
+            (Ok(tokens), None) if tokens.len() != names.len() => Err(format!(
+                "granted {tokens:?}: not a token for each of {names:?}"
+            )),
+            (Ok(tokens), None) => {
+                // `<as>` is the first name's token, `<as>.<name>` each name's.
+                self.tokens.insert(of.to_string(), tokens[0]);
+                for (name, token) in names.iter().zip(&tokens) {
+                    self.tokens.insert(format!("{of}.{name}"), *token);
+                }
                 self.granted_at.insert(of.to_string(), at);
                 Ok(())
             }
             (Err(e), Some(want)) if code(&e) == want => Ok(()),
-            (Ok(token), Some(want)) => Err(format!("granted {token}; expected {want}")),
+            (Ok(tokens), Some(want)) => Err(format!("granted {tokens:?}; expected {want}")),
             (Err(e), want) => Err(format!("{e}; expected {want:?}")),
         }
     }
@@ -584,7 +607,7 @@ impl World<'_> {
                 let pause = step["ms"].as_u64().unwrap_or(300);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 let of = step["of"].as_str().expect("of");
-                return match self.pending[of].1.is_finished() {
+                return match self.pending[of].task.is_finished() {
                     false => Ok(()),
                     true => Err(format!("LOCK {of} was answered; it should still wait")),
                 };
@@ -647,17 +670,27 @@ impl World<'_> {
             "detail" => self.client(step).detail(&name).await.map(|d| match d.status {
                 StatusLine::Free(_) => serde_json::json!({"free": true}),
                 StatusLine::Held(_) => serde_json::json!({
-                    // A holder's note is named only where it has one (the lists compare whole).
+                    // A holder's note, and a set's other names (`and`), are named only where
+                    // it has them (the lists compare whole).
                     "holders": d.holders.iter().map(|h| {
                         let mut one = serde_json::json!(
                             {"id": h.id, "token": h.token, "mode": h.mode.to_string()});
                         if let Some(note) = &h.note {
                             one["note"] = note.clone().into();
                         }
+                        if !h.and.is_empty() {
+                            one["and"] = h.and.clone().into();
+                        }
                         one
                     }).collect::<Vec<_>>(),
-                    "waiters": d.waiters.iter().map(|w| serde_json::json!(
-                        {"id": w.id, "position": w.position, "mode": w.mode.to_string()})).collect::<Vec<_>>(),
+                    "waiters": d.waiters.iter().map(|w| {
+                        let mut one = serde_json::json!(
+                            {"id": w.id, "position": w.position, "mode": w.mode.to_string()});
+                        if !w.and.is_empty() {
+                            one["and"] = w.and.clone().into();
+                        }
+                        one
+                    }).collect::<Vec<_>>(),
                 }),
             }),
             "watch" => {
@@ -773,8 +806,8 @@ async fn play(doc: &Value, scenario: &Value, hold_by: HoldBy) -> Result<(), Stri
             .await
             .map_err(|e| format!("step {} {step}: {e}", i + 1))?;
     }
-    for (_, (_, task)) in world.pending.drain() {
-        task.abort();
+    for (_, pending) in world.pending.drain() {
+        pending.task.abort();
     }
     for (_, helper) in world.helpers.drain() {
         helper.task.abort();

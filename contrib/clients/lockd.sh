@@ -49,10 +49,14 @@
 #                     way ends the connection: return code 3, openssl's reason in the message.
 #
 # Functions and what they return:
-#   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE] [supersede]
+#   lockd_lock NAME [ttl=DUR] [wait=DUR] [MODE] [supersede] [and=NAME]...
 #                                          waits for NAME (forever, or up to wait=); prints
-#                                          the fencing token on stdout and sets LOCKD_TOKEN
-#   lockd_try NAME [ttl=DUR] [MODE]        lockd_lock with wait=0: one try, no waiting
+#                                          the fencing token on stdout and sets LOCKD_TOKEN;
+#                                          and=NAME (repeated): a set, every name at once or
+#                                          none, a token per name (printed on one line, in
+#                                          LOCKD_TOKENS; LOCKD_TOKEN is the first name's)
+#   lockd_try NAME [ttl=DUR] [MODE] [and=NAME]...
+#                                          lockd_lock with wait=0: one try, no waiting
 #   lockd_unlock NAME TOKEN                releases the lease
 #   lockd_renew NAME TOKEN [ttl=DUR]       extends the lease; prints ttl_ms on stdout
 #   lockd_check NAME TOKEN                 is TOKEN the live lease? prints ttl_ms on stdout
@@ -60,10 +64,13 @@
 #                                          lease); prints how many leases it ended
 #   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
-#                                          LOCKD_WAITERS and LOCKD_HOLDER_NOTE (the first
-#                                          holder's note, decoded; empty for none)
+#                                          LOCKD_WAITERS, LOCKD_HOLDER_NOTE (the first
+#                                          holder's note, decoded; empty for none) and
+#                                          LOCKD_HOLDER_AND (the other names of the first
+#                                          holder's set, space-separated; empty for one name)
 #   lockd_run NAME [ttl=DUR] [wait=DUR] [try] [session=DUR] [MODE] [supersede] [at_least=DUR]
-#             -- CMD [ARGS...]             runs CMD holding NAME, renewing the lease in the
+#             [and=NAME]... -- CMD [ARGS...]
+#                                          runs CMD holding NAME, renewing the lease in the
 #                                          background; stops CMD if the lease is lost;
 #                                          CMD sees LOCKD_NAME and LOCKD_TOKEN. at_least=:
 #                                          if CMD ends sooner than DUR after the grant, NAME
@@ -122,12 +129,14 @@
 # of LOCKD_ADDR is tried.
 
 LOCKD_TOKEN=
+LOCKD_TOKENS=
 LOCKD_REPLY=
 LOCKD_ERROR=
 LOCKD_MODE=
 LOCKD_HOLDERS=0
 LOCKD_WAITERS=0
 LOCKD_HOLDER_NOTE=
+LOCKD_HOLDER_AND=
 # The address of LOCKD_ADDR of the latest connection, and its index in the list.
 lockd__addr=
 lockd__at=0
@@ -698,7 +707,7 @@ lockd__id() {
 # once); it prints a token per name on one line, space-separated in the names' order, and
 # sets LOCKD_TOKENS to them (LOCKD_TOKEN: the first name's).
 lockd_lock() {
-    LOCKD_ERROR='' LOCKD_TOKEN=''
+    LOCKD_ERROR='' LOCKD_TOKEN='' LOCKD_TOKENS=''
     local name=${1:-} id line
     if (($# < 1)); then
         lockd__fail 2 "usage: lockd_lock NAME [ttl=DUR] [wait=DUR] [exclusive | shared | limit=N] [supersede] [and=NAME]..."
@@ -708,6 +717,10 @@ lockd_lock() {
     local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__supersede
     local lockd__and=()
     lockd__options "ttl wait mode supersede and" "$@" || return
+    if [[ -n $lockd__supersede && ${#lockd__and[@]} -gt 0 ]]; then
+        lockd__fail 2 "lockd_lock: supersede takes one name, not a set (and=)"
+        return
+    fi
     lockd__word name "$name" || return
     lockd__id || return
     lockd__lock_line "$name"
@@ -726,18 +739,22 @@ lockd_lock() {
     printf '%s\n' "$LOCKD_TOKENS"
 }
 
-# lockd_try NAME [ttl=DUR] [exclusive | shared | limit=N]: one try (wait=0). Returns 1 at once
-# if the lock is held (in a way this request does not fit beside).
+# lockd_try NAME [ttl=DUR] [exclusive | shared | limit=N] [and=NAME]...: one try (wait=0).
+# Returns 1 at once if the lock is held (in a way this request does not fit beside); of a set
+# (and=), if any of its names is held or waited for, and then it takes none of them.
 lockd_try() {
     if (($# < 1)); then
-        lockd__fail 2 "usage: lockd_try NAME [ttl=DUR] [exclusive | shared | limit=N]"
+        lockd__fail 2 "usage: lockd_try NAME [ttl=DUR] [exclusive | shared | limit=N] [and=NAME]..."
         return
     fi
     local name=$1
     shift
-    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode
-    lockd__options "ttl mode" "$@" || return
-    lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} ${lockd__mode:+"$lockd__mode"} wait=0
+    local lockd__ttl lockd__wait lockd__try lockd__session lockd__mode lockd__and=() further
+    lockd__options "ttl mode and" "$@" || return
+    local also=()
+    for further in ${lockd__and[@]+"${lockd__and[@]}"}; do also+=("and=$further"); done
+    lockd_lock "$name" ${lockd__ttl:+"ttl=$lockd__ttl"} ${lockd__mode:+"$lockd__mode"} wait=0 \
+        ${also[@]+"${also[@]}"}
 }
 
 # Shared by unlock, renew and check: VERB NAME TOKEN [ttl=DUR].
@@ -826,12 +843,18 @@ lockd_break() {
 # lockd_status [NAME]: prints the server's answer to `STATUS NAME detail`, one line each: a
 # HOLDER line per holder (in grant order), a WAITER line per waiter (in queue order), each
 # with its mode=exclusive, shared or limit:N, then the OK line (`OK NAME free` alone for a
-# free lock); proto.md has their fields. Sets LOCKD_MODE (exclusive, shared or limit:N; empty
-# when free), LOCKD_HOLDERS and LOCKD_WAITERS (how many). Without NAME: one INFO line per
-# held lock, then `OK COUNT`. LOCKD_REPLY holds the OK line.
+# free lock); proto.md has their fields. A HOLDER or WAITER line of a set (LOCK ... and=) ends
+# with an and=NAME field per other name of the set (before the holder's note=). Sets
+# LOCKD_MODE (exclusive, shared or limit:N; empty when free), LOCKD_HOLDERS and LOCKD_WAITERS
+# (how many), LOCKD_HOLDER_NOTE (the first holder's note, decoded) and LOCKD_HOLDER_AND (the
+# other names of the first holder's set, space-separated, in its LOCK's order; empty for a
+# lease of one name). Without NAME: one INFO line per held lock, then `OK COUNT`.
+# LOCKD_REPLY holds the OK line.
 lockd_status() {
     LOCKD_ERROR='' LOCKD_MODE='' LOCKD_HOLDERS=0 LOCKD_WAITERS=0 LOCKD_HOLDER_NOTE=''
-    local line=STATUS holder_lines=0 lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0
+    LOCKD_HOLDER_AND=''
+    local line=STATUS holder_lines=0 lockd__fd='' lockd__rfd='' lockd__tls_dir='' rc=0 word
+    local words=()
     if (($# > 1)); then
         lockd__fail 2 "usage: lockd_status [NAME]"
         return
@@ -845,7 +868,15 @@ lockd_status() {
     while ((rc == 0)); do
         case $LOCKD_REPLY in
             "HOLDER "* | "WAITER "* | "INFO "*)
-                [[ $LOCKD_REPLY == "HOLDER "* ]] && holder_lines=$((holder_lines + 1))
+                if [[ $LOCKD_REPLY == "HOLDER "* ]]; then
+                    holder_lines=$((holder_lines + 1))
+                    if ((holder_lines == 1)); then
+                        read -r -a words <<<"$LOCKD_REPLY"
+                        for word in "${words[@]}"; do
+                            [[ $word == and=* ]] && LOCKD_HOLDER_AND+="${LOCKD_HOLDER_AND:+ }${word#and=}"
+                        done
+                    fi
+                fi
                 printf '%s\n' "$LOCKD_REPLY"
                 lockd__read || rc=$?
                 ;;

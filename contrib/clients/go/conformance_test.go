@@ -2,7 +2,9 @@ package lockd_test
 
 // The conformance scenarios (../conformance/scenarios.json; its README says the format),
 // played by this client against a real lockd per scenario. LOCKD_BIN names the binary
-// (default: the repository's target/release/lockd, then target/debug/lockd).
+// (default: the repository's target/release/lockd, then target/debug/lockd). A lock step's
+// "and" names are lockd.And, its tokens LockTokens'; a detail entry's "and" its Holder's or
+// Waiter's And.
 
 import (
 	"bufio"
@@ -38,10 +40,11 @@ type doc struct {
 }
 
 type pending struct {
-	done  chan struct{}
-	token uint64
-	err   error
-	at    time.Time
+	done   chan struct{}
+	names  []string // the LOCK's own name, then its "and" names
+	tokens []uint64 // one per name
+	err    error
+	at     time.Time
 }
 
 type held struct {
@@ -278,7 +281,20 @@ func (w *world) lockOptions(step map[string]any) []lockd.LockOption {
 	if v, ok := step["note"].(string); ok {
 		o = append(o, lockd.Note(v))
 	}
+	if names := andNames(step); len(names) > 0 {
+		o = append(o, lockd.And(names...))
+	}
 	return o
+}
+
+// andNames is a lock step's "and": the further names of a set.
+func andNames(step map[string]any) []string {
+	var names []string
+	list, _ := step["and"].([]any)
+	for _, n := range list {
+		names = append(names, n.(string))
+	}
+	return names
 }
 
 // code is the ERR code of err, read from its type.
@@ -350,11 +366,11 @@ func (w *world) step(step map[string]any) error {
 		}
 		return outcome(nil, err, step, w)
 	case "lock":
-		p := &pending{done: make(chan struct{})}
+		p := &pending{done: make(chan struct{}), names: append([]string{name}, andNames(step)...)}
 		as, _ := step["as"].(string)
 		w.pending[as] = p
 		go func() {
-			p.token, p.err = c.Lock(context.Background(), name, w.lockOptions(step)...)
+			p.tokens, p.err = c.LockTokens(context.Background(), name, w.lockOptions(step)...)
 			p.at = time.Now()
 			close(p.done)
 		}()
@@ -405,12 +421,22 @@ func (w *world) step(step map[string]any) error {
 		if d.Status.Free {
 			return outcome(map[string]any{"free": true}, err, step, w)
 		}
+		// A set's other names ("and") are named only where it has them (the lists compare
+		// whole).
 		hs, ws := []any{}, []any{}
 		for _, h := range d.Holders {
-			hs = append(hs, map[string]any{"id": h.ID, "token": h.Token, "mode": h.Mode})
+			e := map[string]any{"id": h.ID, "token": h.Token, "mode": h.Mode}
+			if len(h.And) > 0 {
+				e["and"] = h.And
+			}
+			hs = append(hs, e)
 		}
 		for _, x := range d.Waiters {
-			ws = append(ws, map[string]any{"id": x.ID, "position": x.Position, "mode": x.Mode})
+			e := map[string]any{"id": x.ID, "position": x.Position, "mode": x.Mode}
+			if len(x.And) > 0 {
+				e["and"] = x.And
+			}
+			ws = append(ws, e)
 		}
 		return outcome(map[string]any{"holders": hs, "waiters": ws}, err, step, w)
 	case "watch":
@@ -486,7 +512,16 @@ func (w *world) await(of string, step map[string]any) error {
 	case <-time.After(guard):
 		return errors.New("the LOCK was not answered")
 	}
-	w.tokens[of] = p.token
+	if p.err == nil {
+		if len(p.tokens) != len(p.names) {
+			return fmt.Errorf("granted %v for %v: not a token per name", p.tokens, p.names)
+		}
+		// of is the first name's token, of.<name> each name's.
+		w.tokens[of] = p.tokens[0]
+		for i, n := range p.names {
+			w.tokens[of+"."+n] = p.tokens[i]
+		}
+	}
 	return outcome(nil, p.err, step, w)
 }
 

@@ -2,7 +2,8 @@
 // only: locks with leases and fencing tokens, renewals, STATUS and WATCH read into types,
 // failover across a cluster's front-ends, TLS and AUTH, and WithLock, which runs a function
 // under the lock, renews in the background and cancels the function's context the moment
-// the lease can no longer be trusted.
+// the lease can no longer be trusted. A LOCK takes several names at once as one set (And),
+// all or none, and LockTokens gives each name's token.
 //
 // Every ERR reply is an *Error carrying its code: errors.Is(err, lockd.ErrTimeout) tells a
 // wait that ran out from ErrNotHeld (the lease is gone) or ErrUnavailable (a cluster

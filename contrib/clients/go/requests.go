@@ -11,7 +11,7 @@ import (
 )
 
 // LockOption is one option of LOCK (proto.md): TTL, Wait, Session, Detach, Plain, Shared,
-// Limit, Supersede, Note.
+// Limit, Supersede, Note, And.
 type LockOption func(*lockOpts)
 
 type lockOpts struct {
@@ -22,6 +22,7 @@ type lockOpts struct {
 	limit            int
 	supersede        bool
 	note             string
+	and              []string
 }
 
 // TTL is the lease (default: the server's --default-ttl, 30s).
@@ -58,27 +59,57 @@ func Supersede() LockOption { return func(o *lockOpts) { o.supersede = true } }
 // STATUS and WATCH: printable, at most the server's --max-note bytes. "" sends none.
 func Note(text string) LockOption { return func(o *lockOpts) { o.note = text } }
 
+// And adds further names of a set (proto.md, "Several names at once"), taken with the LOCK's
+// own name all at once or not at all, as one lease: every other option applies to each name,
+// and a Renew, Check or Unlock of any one of them, with the token given for it, applies to the
+// whole set. A refusal of any name refuses the set, and nothing changes. LockTokens returns a
+// token per name (Lock the first name's). Not with Supersede. Given more than once, the names
+// add up, in order.
+func And(names ...string) LockOption {
+	return func(o *lockOpts) { o.and = append(o.and, names...) }
+}
+
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) + "ms" }
 
 // Lock takes the lock name and returns its fencing token, waiting in the FIFO queue while it
 // is held. A LOCK whose connection is lost, or that is answered ERR UNAVAILABLE or SHUTDOWN,
 // is sent again (same id) through the next address, for the rest of its wait: a cluster gives
 // it back its place, or the grant made meanwhile. Cancelling ctx ends the wait (the
-// connection is closed, so the server drops the waiter).
+// connection is closed, so the server drops the waiter). With And, the token is the first
+// name's (name's): LockTokens gives every name's.
 func (c *Client) Lock(ctx context.Context, name string, options ...LockOption) (uint64, error) {
+	tokens, err := c.LockTokens(ctx, name, options...)
+	if err != nil {
+		return 0, err
+	}
+	return tokens[0], nil
+}
+
+// LockTokens is Lock, returning every name's token: name's first, then those of And in their
+// order (one for a LOCK of one name). Fence a write to each resource with the token given for
+// its name, and assume nothing about how they compare (today they are one number).
+func (c *Client) LockTokens(ctx context.Context, name string, options ...LockOption) ([]uint64, error) {
 	o := lockOpts{tie: "detach"}
 	for _, opt := range options {
 		opt(&o)
 	}
 	if err := word("name", name); err != nil {
-		return 0, err
+		return nil, err
+	}
+	for _, n := range o.and {
+		if err := word("name", n); err != nil {
+			return nil, err
+		}
 	}
 	if o.shared && o.limit != 0 {
-		return 0, errors.New("lockd: Shared and Limit exclude each other")
+		return nil, errors.New("lockd: Shared and Limit exclude each other")
+	}
+	if o.supersede && len(o.and) > 0 {
+		return nil, errors.New("lockd: Supersede takes one name, not a set (And)")
 	}
 	for _, r := range o.note {
 		if r < 0x20 || r == 0x7f {
-			return 0, errors.New("lockd: a note is printable text (no control characters)")
+			return nil, errors.New("lockd: a note is printable text (no control characters)")
 		}
 	}
 	head := "LOCK " + name + " " + c.id
@@ -100,6 +131,9 @@ func (c *Client) Lock(ctx context.Context, name string, options ...LockOption) (
 	if o.supersede {
 		tail += " supersede"
 	}
+	for _, n := range o.and {
+		tail += " and=" + n
+	}
 	if note := strings.TrimSpace(o.note); note != "" {
 		tail += " note=" + note // last: it takes the rest of the line
 	}
@@ -116,15 +150,24 @@ func (c *Client) Lock(ctx context.Context, name string, options ...LockOption) (
 		}
 		rest, err := c.request(ctx, line+tail, limit, nil)
 		if err == nil {
-			token, perr := strconv.ParseUint(rest, 10, 64)
-			if perr != nil {
-				return 0, &connError{err: fmt.Errorf("unexpected reply to LOCK: %q", rest)}
+			// OK <token> [<token2> ...]: one per name, in the request's order.
+			words := strings.Split(rest, " ")
+			if len(words) != 1+len(o.and) {
+				return nil, &connError{err: fmt.Errorf("unexpected reply to LOCK: %q", rest)}
 			}
-			return token, nil
+			tokens := make([]uint64, len(words))
+			for i, w := range words {
+				token, perr := strconv.ParseUint(w, 10, 64)
+				if perr != nil {
+					return nil, &connError{err: fmt.Errorf("unexpected reply to LOCK: %q", rest)}
+				}
+				tokens[i] = token
+			}
+			return tokens, nil
 		}
 		outOfTime := o.hasWait && !time.Now().Before(until)
 		if !retryable(err) || ctx.Err() != nil || outOfTime || (len(c.addrs) < 2 && !o.hasWait) || tries > 4*len(c.addrs) {
-			return 0, err
+			return nil, err
 		}
 		if !errors.Is(err, ErrConnection) {
 			// This front-end can't serve it now (UNAVAILABLE, SHUTDOWN): the next one may.
@@ -135,7 +178,7 @@ func (c *Client) Lock(ctx context.Context, name string, options ...LockOption) (
 		select { // a pause, then the same LOCK through the next front-end
 		case <-time.After(50 * time.Millisecond * time.Duration(tries)):
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 }
@@ -211,6 +254,9 @@ type Holder struct {
 	Mode    string
 	User    string // empty for a lease of no user
 	Note    string // empty for none
+	// And: the other names of the holder's set (its and= fields, in the order its LOCK gave
+	// them: its one lease holds them too); nil for a lease of one name.
+	And []string
 }
 
 // Waiter is a WAITER line of STATUS <name> detail: Position 1 is next.
@@ -221,6 +267,9 @@ type Waiter struct {
 	Waited   time.Duration
 	Session  bool
 	Mode     string
+	// And: the other names of the waiter's set (and=, in its LOCK's order); nil for a
+	// request of one name.
+	And []string
 }
 
 // Detail is STATUS <name> detail: every holder in grant order, the queue in order.
@@ -239,6 +288,17 @@ func fields(words []string) map[string]string {
 		}
 	}
 	return f
+}
+
+// ands reads the and= fields of a detail line (the one key that repeats), in order.
+func ands(words []string) []string {
+	var names []string
+	for _, w := range words {
+		if strings.HasPrefix(w, "and=") {
+			names = append(names, w[len("and="):])
+		}
+	}
+	return names
 }
 
 // note reads a note= field (percent-encoded on the wire); empty for none.
@@ -325,12 +385,12 @@ func (c *Client) Detail(ctx context.Context, name string) (Detail, error) {
 				f := fields(words[2:])
 				d.Holders = append(d.Holders, Holder{Name: words[1], ID: f["id"], Token: num(f, "token"),
 					Held: dur(f, "held_ms"), TTL: dur(f, "ttl_ms"), Session: f["session"] == "1", Mode: f["mode"], User: f["user"],
-					Note: note(f)})
+					Note: note(f), And: ands(words[2:])})
 			case len(words) >= 3 && words[0] == "WAITER":
 				f := fields(words[3:])
 				pos, _ := strconv.Atoi(words[2])
 				d.Waiters = append(d.Waiters, Waiter{Name: words[1], Position: pos, ID: f["id"],
-					Waited: dur(f, "waited_ms"), Session: f["session"] == "1", Mode: f["mode"]})
+					Waited: dur(f, "waited_ms"), Session: f["session"] == "1", Mode: f["mode"], And: ands(words[3:])})
 			default:
 				return line, nil
 			}

@@ -80,6 +80,13 @@ export interface LockOptions extends Signalled {
    * the server's --max-note bytes (256 by default) else "BADARG". "" (or only spaces) is none.
    */
   note?: string;
+  /**
+   * Further names of a set, taken with the LOCK's own name all at once or not at all, as one
+   * lease (sent as `and=<name>` each); every other option applies to each name, and a renew,
+   * check or unlock of any one of them, with its token, applies to the whole set. lock()
+   * resolves to the first name's token, lockTokens() to every name's. Not with `supersede`.
+   */
+  and?: string[];
 }
 
 export interface Status {
@@ -108,6 +115,8 @@ export interface Holder {
   user?: string;
   /** This holder's note, decoded; undefined without one. */
   note?: string;
+  /** The other names of this holder's set (its and= fields, in its LOCK's order); [] for a lease of one name. */
+  and: string[];
 }
 
 export interface Waiter {
@@ -117,6 +126,8 @@ export interface Waiter {
   waitedMs: number;
   session: boolean;
   mode: string;
+  /** The other names of this waiter's set (and=, in its LOCK's order); [] for a request of one name. */
+  and: string[];
 }
 
 export interface Detail {
@@ -161,7 +172,10 @@ export class Client {
   clone(): Client;
   close(): void;
   connect(options?: Signalled): Promise<void>;
+  /** The fencing token; of a set (`and`), the first name's. */
   lock(name: string, options?: LockOptions): Promise<number>;
+  /** lock(), resolving to every name's token: `name`'s first, then those of `and` in order. */
+  lockTokens(name: string, options?: LockOptions): Promise<number[]>;
   unlock(name: string, token: number, options?: Signalled): Promise<void>;
   renew(name: string, token: number, options?: Signalled & { ttl?: number }): Promise<number>;
   check(name: string, token: number, options?: Signalled): Promise<number>;

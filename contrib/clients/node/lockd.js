@@ -332,18 +332,36 @@ export class Client {
    *   answered ERR SUPERSEDED (their lock() rejects with a LockdError of that code; one of this
    *   same id, REPLACED) and this one waits alone at the head of the queue; the holder keeps
    *   the lock. Granted at once when the lock is free, as without it.
+   * - and: further names of a set (proto.md, "Several names at once"), taken with `name` all
+   *   at once or not at all, as one lease: every other option applies to each name, and a
+   *   renew, check or unlock of any one of them, with the token given for it, applies to the
+   *   whole set; a refusal of any name refuses the set and changes nothing. lock() resolves to
+   *   the first name's token, lockTokens() to every name's. Not with supersede.
    * A LOCK whose connection is lost or that is answered ERR UNAVAILABLE or SHUTDOWN is sent
    * again, same id, through the next address, for the rest of its wait.
    */
-  async lock(name, { ttl, wait, session, grace, detach, plain, shared, limit, supersede, note, signal } = {}) {
+  async lock(name, options = {}) {
+    return (await this.lockTokens(name, options))[0];
+  }
+
+  /**
+   * lock(), resolving to every name's token: `name`'s first, then those of `and` in their
+   * order (one for a LOCK of one name). Fence a write to each resource with the token given
+   * for its name, and assume nothing about how they compare (today they are one number).
+   */
+  async lockTokens(name, { ttl, wait, session, grace, detach, plain, shared, limit, supersede, note, and: also = [], signal } = {}) {
     word("name", name);
+    if (!Array.isArray(also)) throw new TypeError(`and is a list of names, not ${JSON.stringify(also)}`);
+    for (const n of also) word("name", n);
     if (shared && limit !== undefined) throw new TypeError("shared and limit exclude each other");
+    if (supersede && also.length) throw new TypeError("supersede takes one name, not a set (and)");
     const noteText = noteOption(note);
     const head = `LOCK ${name} ${this.id}` + (ttl !== undefined ? ` ttl=${Math.round(ttl)}ms` : "");
     let tail = session ? ` session=${Math.round(grace ?? (typeof session === "number" ? session : 0))}ms` : plain ? "" : " detach";
     if (shared) tail += " shared";
     else if (limit !== undefined) tail += ` limit=${limit}`;
     if (supersede) tail += " supersede";
+    for (const n of also) tail += ` and=${n}`;
     tail += noteText; // last: note= takes the rest of the line
     const until = wait === undefined ? null : performance.now() + wait;
     for (let tries = 1; ; tries++) {
@@ -356,8 +374,10 @@ export class Client {
       }
       try {
         const rest = await this.request(line + tail, { limit: replyLimit, signal });
-        if (!/^\d+$/.test(rest)) throw new ConnectionError(`unexpected reply to LOCK: ${rest}`);
-        return Number(rest);
+        // OK <token> [<token2> ...]: one per name, in the request's order.
+        const tokens = rest.split(" ");
+        if (tokens.length !== 1 + also.length || !tokens.every((t) => /^\d+$/.test(t))) throw new ConnectionError(`unexpected reply to LOCK: ${rest}`);
+        return tokens.map(Number);
       } catch (e) {
         const outOfTime = until !== null && performance.now() >= until;
         if (!retryable(e) || signal?.aborted || outOfTime || (this.addrs.length < 2 && until === null) || tries > 4 * this.addrs.length) throw e;
@@ -403,7 +423,11 @@ export class Client {
     return held;
   }
 
-  /** STATUS <name> detail: `{status, holders, waiters}`, holders in grant order (each with its own note), waiters in queue order. */
+  /**
+   * STATUS <name> detail: `{status, holders, waiters}`, holders in grant order (each with its
+   * own note), waiters in queue order; each holder's and waiter's `and` lists the other names
+   * of its set (its and= fields, in its LOCK's order), [] for one name.
+   */
   async detail(name, { signal } = {}) {
     const holders = [];
     const waiters = [];
@@ -414,10 +438,10 @@ export class Client {
           const w = line.split(/\s+/);
           if (w[0] === "HOLDER") {
             const f = fields(w.slice(2));
-            holders.push({ name: w[1], id: f.id, token: Number(f.token), heldMs: Number(f.held_ms), ttlMs: Number(f.ttl_ms), session: f.session === "1", mode: f.mode, user: f.user, note: decodeNote(f.note) });
+            holders.push({ name: w[1], id: f.id, token: Number(f.token), heldMs: Number(f.held_ms), ttlMs: Number(f.ttl_ms), session: f.session === "1", mode: f.mode, user: f.user, note: decodeNote(f.note), and: ands(w.slice(2)) });
           } else if (w[0] === "WAITER") {
             const f = fields(w.slice(3));
-            waiters.push({ name: w[1], position: Number(w[2]), id: f.id, waitedMs: Number(f.waited_ms), session: f.session === "1", mode: f.mode });
+            waiters.push({ name: w[1], position: Number(w[2]), id: f.id, waitedMs: Number(f.waited_ms), session: f.session === "1", mode: f.mode, and: ands(w.slice(3)) });
           } else return line;
           line = await next();
         }
@@ -571,6 +595,11 @@ function fields(words) {
     if (i > 0) f[w.slice(0, i)] = w.slice(i + 1);
   }
   return f;
+}
+
+/** The and= fields of a detail line (a set's other names; the one key that repeats), in order. */
+function ands(words) {
+  return words.filter((w) => w.startsWith("and=")).map((w) => w.slice(4));
 }
 
 function leftMs(rest) {

@@ -59,6 +59,13 @@ either the lock is exclusive::
         backup()
     c.detail("db-backup")                        # LockDetail: every Holder and Waiter, modes
 
+Several names at once (proto.md, "Several names at once"): ``also=[...]`` takes them with
+``name`` as one set, all at once or none, and returns a token per name (``name``'s first); a
+Holder or Waiter of a set names its other names in ``also``::
+
+    tokens = c.lock("db-migrate", ttl=600, also=["cache-flush"])   # [token, token2]
+    c.detail("cache-flush").holders[0].also                         # ["db-migrate"]
+
 Each holder is one id: a LOCK by an id that already holds the name is its retry and gets the
 same token back, so one process that takes two slots gives each its own ``id``.
 
@@ -351,16 +358,25 @@ class LockStatus(_Record):
 
 class Holder(_Record):
     """One holder of a lock, a ``HOLDER`` line of ``STATUS <name> detail``; ``mode`` as in
-    :class:`LockStatus`; ``note`` its note, or None."""
+    :class:`LockStatus`; ``note`` its note, or None; ``also`` the other names of its set (the
+    line's ``and=`` fields, in the order its LOCK gave them: its one lease holds them too), []
+    for a lease of one name."""
 
-    __slots__ = ("name", "id", "token", "held_ms", "ttl_ms", "session", "mode", "note")
+    __slots__ = ("name", "id", "token", "held_ms", "ttl_ms", "session", "mode", "note", "also")
+
+    def __init__(self, name, id, token, held_ms, ttl_ms, session, mode, note=None, also=()):
+        super().__init__(name, id, token, held_ms, ttl_ms, session, mode, note, list(also))
 
 
 class Waiter(_Record):
     """One waiter of a lock, a ``WAITER`` line of ``STATUS <name> detail``: ``position`` 1 is
-    next in the queue; ``mode`` is what it asks for."""
+    next in the queue; ``mode`` is what it asks for; ``also`` the other names of its set
+    (``and=``, in its LOCK's order), [] for a request of one name."""
 
-    __slots__ = ("name", "position", "id", "waited_ms", "session", "mode")
+    __slots__ = ("name", "position", "id", "waited_ms", "session", "mode", "also")
+
+    def __init__(self, name, position, id, waited_ms, session, mode, also=()):
+        super().__init__(name, position, id, waited_ms, session, mode, list(also))
 
 
 class LockDetail(_Record):
@@ -437,23 +453,32 @@ def _parse_status(words):
                       get("session") == "1", get("waiters", int), *shape, note)
 
 
+def _also(words):
+    """A detail line's ``and=<name>`` fields (a set's other names; the one key that repeats),
+    in order."""
+    return [w[4:] for w in words if w.startswith("and=")]
+
+
 def _parse_holder(line):
-    """``HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. mode=..`` -> Holder."""
+    """``HOLDER <name> id=.. token=.. held_ms=.. ttl_ms=.. session=.. mode=.. [and=..]...``
+    -> Holder."""
     words = line.split()
     get = _fields(line, words[2:])
     note = _note(line, dict(w.split("=", 1) for w in words[2:] if "=" in w).get("note"))
     return Holder(words[1], get("id"), get("token", int), get("held_ms", int),
-                  get("ttl_ms", int), get("session") == "1", get("mode"), note)
+                  get("ttl_ms", int), get("session") == "1", get("mode"), note,
+                  _also(words[2:]))
 
 
 def _parse_waiter(line):
-    """``WAITER <name> <position> id=.. waited_ms=.. session=.. mode=..`` -> Waiter."""
+    """``WAITER <name> <position> id=.. waited_ms=.. session=.. mode=.. [and=..]...`` ->
+    Waiter."""
     words = line.split()
     if len(words) < 3 or not words[2].isdigit():
         raise ProtocolError("bad reply line: %r" % line)
     get = _fields(line, words[3:])
     return Waiter(words[1], int(words[2]), get("id"), get("waited_ms", int),
-                  get("session") == "1", get("mode"))
+                  get("session") == "1", get("mode"), _also(words[3:]))
 
 
 def _split_addr(server):
@@ -1057,7 +1082,8 @@ class Client:
 
     def detail(self, name):
         """Every holder and waiter of ``name`` (``STATUS <name> detail``): a LockDetail, or None
-        if the lock is free."""
+        if the lock is free. A holder or waiter of a set names the set's other names in its
+        ``also``."""
         return self._request("STATUS %s detail" % _word("name", name), read=self._read_detail)
 
     def _read_detail(self):

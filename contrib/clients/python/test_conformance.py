@@ -3,7 +3,9 @@ played by this client against a real lockd per scenario: ``python3 -m unittest
 test_conformance``. LOCKD_BIN names the binary (default: the repository's
 target/release/lockd, then target/debug/lockd).
 
-A ``watch`` is ``Client.watch``, a generator of typed events.
+A ``watch`` is ``Client.watch``, a generator of typed events. A ``lock``'s ``and`` names are
+``Client.lock``'s ``also=`` (then it returns a token per name), a detail entry's ``and`` its
+Holder's or Waiter's ``also``.
 """
 
 import json
@@ -207,12 +209,17 @@ class World:
         c, s = self.clients[step["client"]], step
         box = {"done": threading.Event()}
 
+        box["names"] = [s["name"]] + list(s.get("and", []))
+
         def run():
             try:
-                box["token"] = c.lock(s["name"], ttl=ms(s.get("ttl_ms")), wait=ms(s.get("wait_ms")),
-                                      session=ms(s.get("grace_ms")) or True if s.get("session") else False,
-                                      shared=s.get("shared", False), limit=s.get("limit"),
-                                      supersede=s.get("supersede", False), note=s.get("note"))
+                got = c.lock(s["name"], ttl=ms(s.get("ttl_ms")), wait=ms(s.get("wait_ms")),
+                             session=ms(s.get("grace_ms")) or True if s.get("session") else False,
+                             shared=s.get("shared", False), limit=s.get("limit"),
+                             supersede=s.get("supersede", False), note=s.get("note"),
+                             also=s.get("and", ()))
+                # A set's LOCK returns a token per name, one name's its token alone.
+                box["tokens"] = got if s.get("and") else [got]
             except lc.LockdError as e:
                 box["error"] = e
             box["at"] = time.monotonic()
@@ -229,7 +236,12 @@ class World:
         def result():
             if "error" in box:
                 raise box["error"]
-            self.tokens[of] = box["token"]
+            tokens = box["tokens"]
+            assert len(tokens) == len(box["names"]), "granted %r for %r" % (tokens, box["names"])
+            # ``<as>`` is the first name's token, ``<as>.<name>`` each name's.
+            self.tokens[of] = tokens[0]
+            for name, token in zip(box["names"], tokens):
+                self.tokens["%s.%s" % (of, name)] = token
         self.outcome(step, result)
 
     def hold(self, step):
@@ -283,11 +295,14 @@ class World:
                 d = c.detail(name)
                 if d is None:
                     return {"free": True}
-                # A holder's note is named only where it has one (the lists compare whole).
+                # A holder's note, and a set's other names (``and``), are named only where it
+                # has them (the lists compare whole).
                 return {"holders": [dict({"id": h.id, "token": h.token, "mode": h.mode},
-                                         **({"note": h.note} if h.note is not None else {}))
+                                         **({"note": h.note} if h.note is not None else {}),
+                                         **({"and": h.also} if h.also else {}))
                                     for h in d.holders],
-                        "waiters": [{"id": w.id, "position": w.position, "mode": w.mode}
+                        "waiters": [dict({"id": w.id, "position": w.position, "mode": w.mode},
+                                         **({"and": w.also} if w.also else {}))
                                     for w in d.waiters]}
             return self.outcome(s, detail)
         elif op == "watch":

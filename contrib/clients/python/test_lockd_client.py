@@ -465,6 +465,8 @@ class SetTest(ServerTest):
         self.assertEqual(len(tokens), 2)
         self.assertEqual(self.a.status(first).token, tokens[0])
         self.assertEqual(self.a.status(second).token, tokens[1])
+        self.assertEqual([h.also for h in self.a.detail(first).holders], [[second]])
+        self.assertEqual([h.also for h in self.a.detail(second).holders], [[first]])
         # One lease: a renewal or a check through either name, with its token.
         self.assertGreater(self.a.renew(second, tokens[1], ttl=60), 30000)
         self.assertGreater(self.a.check(first, tokens[0]), 30000)
@@ -490,6 +492,10 @@ class SetTest(ServerTest):
         waiter, got = self.lock_in_background(self.b, first, also=[second])
         self.waiting(self.a, second, 1)
         self.assertEqual(got, [])
+        # The waiter's line names its set's other name; the holder's (one name) none.
+        d = self.a.detail(second)
+        self.assertEqual([(h.id, h.also) for h in d.holders], [(self.a.id, [])])
+        self.assertEqual([(w.id, w.also) for w in d.waiters], [(self.b.id, [first])])
         self.a.unlock(second, token)
         waiter.join(GUARD)
         self.assertEqual(len(got), 1)

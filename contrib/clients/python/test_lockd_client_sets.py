@@ -1,7 +1,7 @@
 """Tests of lockd_client's LOCK of a set of names (``also=``), against a fake server on
 127.0.0.1 that grants every LOCK with one token per name and keeps the lines it got: the
 words sent (``and=<name>`` per further name, before the note) and the list of tokens read
-back. No lockd needed: ``python3 -m unittest test_lockd_client_sets``. (The set's grant
+back; and the ``and=`` fields of detail lines, read into ``also``. No lockd needed: ``python3 -m unittest test_lockd_client_sets``. (The set's grant
 itself, by a real lockd, is ``SetTest`` in test_lockd_client.)
 """
 
@@ -60,6 +60,19 @@ class Sets(unittest.TestCase):
         self.assertEqual(c.lock("db-migrate"), 40)
         c.close()
         fake.close()
+
+    def test_detail_lines_name_a_sets_other_names_in_also(self):
+        import lockd_client
+        h = lockd_client._parse_holder(
+            "HOLDER db-migrate id=ci-7 token=40 held_ms=5 ttl_ms=9 session=0 mode=exclusive"
+            " granted=1700000000000 and=cache-flush and=queue note=two%20names")
+        self.assertEqual((h.also, h.note), (["cache-flush", "queue"], "two names"))
+        w = lockd_client._parse_waiter(
+            "WAITER cache-flush 1 id=ci-8 waited_ms=3 session=0 mode=shared and=db-migrate")
+        self.assertEqual((w.also, w.mode), (["db-migrate"], "shared"))
+        # A line of one name has none.
+        self.assertEqual(lockd_client._parse_waiter(
+            "WAITER a 1 id=x waited_ms=3 session=0 mode=exclusive").also, [])
 
     def test_a_reply_without_a_token_per_name_is_a_protocol_error(self):
         fake = FakeServer(short=True)

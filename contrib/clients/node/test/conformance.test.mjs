@@ -1,6 +1,7 @@
 // The conformance scenarios (../../conformance/scenarios.json; its README says the format),
 // played by this client against a real lockd per scenario: `node --test`. LOCKD_BIN names the
-// binary (default: the repository's target/release/lockd, then target/debug/lockd).
+// binary (default: the repository's target/release/lockd, then target/debug/lockd). A lock
+// step's "and" names are lockTokens()'s `and`; a detail entry's "and" its holder's or waiter's.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -161,9 +162,9 @@ class World {
 
   lock(s) {
     const c = this.clients[s.client];
-    const box = { done: false };
-    box.promise = c.lock(s.name, { ttl: s.ttl_ms, wait: s.wait_ms, session: s.session, grace: s.grace_ms, shared: s.shared, limit: s.limit, supersede: s.supersede, note: s.note })
-      .then((token) => (box.token = token), (e) => (box.error = e))
+    const box = { done: false, names: [s.name, ...(s.and ?? [])] };
+    box.promise = c.lockTokens(s.name, { ttl: s.ttl_ms, wait: s.wait_ms, session: s.session, grace: s.grace_ms, shared: s.shared, limit: s.limit, supersede: s.supersede, note: s.note, and: s.and })
+      .then((tokens) => (box.tokens = tokens), (e) => (box.error = e))
       .finally(() => Object.assign(box, { done: true, at: performance.now() }));
     this.pending[s.as ?? "_"] = box;
     return s.async ? undefined : this.await(s.as ?? "_", s);
@@ -174,7 +175,10 @@ class World {
     await within(box.promise, `the LOCK ${of} answered`);
     await this.outcome(s, () => {
       if (box.error) throw box.error;
-      this.tokens[of] = box.token;
+      assert.equal(box.tokens.length, box.names.length, `granted ${box.tokens} for ${box.names}`);
+      // `of` is the first name's token, `of.<name>` each name's.
+      this.tokens[of] = box.tokens[0];
+      box.names.forEach((name, i) => (this.tokens[`${of}.${name}`] = box.tokens[i]));
     });
   }
 
@@ -228,7 +232,9 @@ class World {
       case "detail": return this.outcome(s, async () => {
         const d = await c.detail(s.name);
         if (d.status.free) return { free: true };
-        return { holders: d.holders.map(({ id, token, mode }) => ({ id, token, mode })), waiters: d.waiters.map(({ id, position, mode }) => ({ id, position, mode })) };
+        // A set's other names ("and") are named only where it has them (the lists compare whole).
+        const and = (x) => (x.and.length ? { and: x.and } : {});
+        return { holders: d.holders.map((h) => ({ id: h.id, token: h.token, mode: h.mode, ...and(h) })), waiters: d.waiters.map((w) => ({ id: w.id, position: w.position, mode: w.mode, ...and(w) })) };
       });
       case "watch": return this.outcome(s, async () => { this.watches[s.client] = await c.watch(s.name); });
       case "event": return this.outcome(s, () => within(this.watches[s.client].next(), "an event"));

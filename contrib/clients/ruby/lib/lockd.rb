@@ -5,8 +5,9 @@
 # structs, failover across a cluster's front-ends, TLS and AUTH, and with_lock, which runs a
 # block under the lock, renews in the background and raises Lockd::LeaseLost in the block's
 # thread the moment the lease can no longer be trusted. LOCK takes a note for people (note:,
-# shown with the holder, decoded, in STATUS and detail) and supersede: (newest wins; the waiters
-# it drops get Lockd::Superseded). Durations are seconds (Float).
+# shown with the holder, decoded, in STATUS and detail), supersede: (newest wins; the waiters
+# it drops get Lockd::Superseded) and and: (a set of names, all at once; #lock_tokens gives a
+# token per name). Durations are seconds (Float).
 
 require "socket"
 require "openssl"
@@ -70,11 +71,12 @@ module Lockd
   end
 
   # +note+ (Status and Holder): the holder's note, decoded (nil for none); a Status's is its
-  # first holder's.
+  # first holder's. +and+ (Holder and Waiter): the other names of its set (the line's and=
+  # fields, in the order its LOCK gave them: its one lease holds them too), [] for one name.
   Status = Struct.new(:name, :free, :id, :token, :ttl_ms, :session, :waiters, :holders, :mode, :note,
                       keyword_init: true)
-  Holder = Struct.new(:name, :id, :token, :held_ms, :ttl_ms, :session, :mode, :user, :note, keyword_init: true)
-  Waiter = Struct.new(:name, :position, :id, :waited_ms, :session, :mode, keyword_init: true)
+  Holder = Struct.new(:name, :id, :token, :held_ms, :ttl_ms, :session, :mode, :user, :note, :and, keyword_init: true)
+  Waiter = Struct.new(:name, :position, :id, :waited_ms, :session, :mode, :and, keyword_init: true)
   Detail = Struct.new(:status, :holders, :waiters, keyword_init: true)
   # +note+: the new holder's note (acquired events only, nil for none); +by+: who broke the
   # lease (broken events only).
@@ -177,10 +179,27 @@ module Lockd
     # without one keeps the note it has. +supersede+: newest wins: if the LOCK must wait, every
     # request waiting on the name is answered Lockd::Superseded (the holder keeps the lock) and
     # this one waits at the head of the queue, alone; granted at once, it changes nothing.
-    def lock(name, ttl: nil, wait: nil, session: false, grace: nil, detach: true, shared: false, limit: nil,
-             supersede: false, note: nil)
+    # +and+: further names of a set (proto.md, "Several names at once"), taken with +name+ all
+    # at once or not at all, as one lease: every other option applies to each name, and a
+    # renew, check or unlock of any one of them, with the token given for it, applies to the
+    # whole set; a refusal of any name refuses the set and changes nothing. #lock returns the
+    # first name's token, #lock_tokens every name's. Not with +supersede+.
+    def lock(name, **options)
+      lock_tokens(name, **options).first
+    end
+
+    # #lock, returning every name's token: +name+'s first, then those of +and+ in their order
+    # (one for a LOCK of one name). Fence a write to each resource with the token given for its
+    # name, and assume nothing about how they compare (today they are one number).
+    def lock_tokens(name, ttl: nil, wait: nil, session: false, grace: nil, detach: true, shared: false, limit: nil,
+                    supersede: false, note: nil, and: [])
+      also = binding.local_variable_get(:and) # a keyword's name: read through the binding
       Lockd.word("name", name)
+      raise ArgumentError, "and must be a list of names, not #{also.inspect}" unless also.is_a?(Array)
+
+      also.each { |n| Lockd.word("name", n) }
       raise ArgumentError, "shared and limit exclude each other" if shared && limit
+      raise ArgumentError, "supersede takes one name, not a set (and:)" if supersede && !also.empty?
 
       note = note && Lockd.note(note)
 
@@ -192,6 +211,7 @@ module Lockd
              end
       tail += shared ? " shared" : limit ? " limit=#{Integer(limit)}" : ""
       tail += " supersede" if supersede
+      tail += also.map { |n| " and=#{n}" }.join
       tail += " note=#{note}" if note && !note.empty? # last: it takes the rest of the line
       deadline = wait && Lockd.now + wait
       tries = 0
@@ -205,9 +225,13 @@ module Lockd
           limit_s = left + @timeout
         end
         rest = request(line + tail, limit: limit_s)
-        raise ConnectionError, "unexpected reply to LOCK: #{rest}" unless rest.match?(/\A\d+\z/)
+        # OK <token> [<token2> ...]: one per name, in the request's order.
+        tokens = rest.split(" ")
+        unless tokens.size == 1 + also.size && tokens.all? { |t| t.match?(/\A\d+\z/) }
+          raise ConnectionError, "unexpected reply to LOCK: #{rest}"
+        end
 
-        Integer(rest)
+        tokens.map { |t| Integer(t, 10) }
       rescue Error => e
         out_of_time = deadline && Lockd.now >= deadline
         raise if !Lockd.retryable?(e) || out_of_time || (@addrs.size < 2 && !deadline) || tries > 4 * @addrs.size
@@ -254,7 +278,8 @@ module Lockd
       held
     end
 
-    # STATUS <name> detail: holders in grant order, waiters in queue order.
+    # STATUS <name> detail: holders in grant order, waiters in queue order; each one's +and+
+    # names the other names of its set ([] for one name).
     def detail(name)
       holders = []
       waiters = []
@@ -266,11 +291,11 @@ module Lockd
             f = fields(w[2..])
             holders << Holder.new(name: w[1], id: f["id"], token: f["token"].to_i, held_ms: f["held_ms"].to_i,
                                   ttl_ms: f["ttl_ms"].to_i, session: f["session"] == "1", mode: f["mode"], user: f["user"],
-                                  note: Lockd.decode_note(f["note"]))
+                                  note: Lockd.decode_note(f["note"]), and: ands(w[2..]))
           when "WAITER"
             f = fields(w[3..])
             waiters << Waiter.new(name: w[1], position: w[2].to_i, id: f["id"], waited_ms: f["waited_ms"].to_i,
-                                  session: f["session"] == "1", mode: f["mode"])
+                                  session: f["session"] == "1", mode: f["mode"], and: ands(w[3..]))
           else break
           end
           line = read_line(@timeout)
@@ -615,6 +640,11 @@ module Lockd
         k, v = w.split("=", 2)
         f[k] = v if v
       end
+    end
+
+    # The and= fields of a detail line (a set's other names; the one key that repeats), in order.
+    def ands(words)
+      words.filter_map { |w| w.delete_prefix("and=") if w.start_with?("and=") }
     end
 
     def left(rest)

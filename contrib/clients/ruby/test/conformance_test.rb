@@ -4,7 +4,8 @@
 # played by this client against a real lockd per scenario:
 # ruby -Ilib -e 'Dir["test/*_test.rb"].each { |f| require_relative f }'
 # LOCKD_BIN names the binary (default: the repository's target/release/lockd, then
-# target/debug/lockd).
+# target/debug/lockd). A lock step's "and" names are #lock_tokens' and:, a detail entry's "and"
+# its Holder's or Waiter's +and+.
 
 require "minitest/autorun"
 require "json"
@@ -206,13 +207,13 @@ module Conformance
 
     def lock(s)
       c = @clients.fetch(s["client"])
-      box = { done: Queue.new }
+      box = { done: Queue.new, names: [s["name"], *s["and"]] }
       sec = ->(k) { s[k] && s[k] / 1000.0 }
       @pending[s["as"] || "_"] = box
       Thread.new do
-        box[:token] = c.lock(s["name"], ttl: sec["ttl_ms"], wait: sec["wait_ms"], session: s["session"] || false,
-                                        grace: sec["grace_ms"], shared: s["shared"] || false, limit: s["limit"],
-                                        supersede: s["supersede"] || false, note: s["note"])
+        box[:tokens] = c.lock_tokens(s["name"], ttl: sec["ttl_ms"], wait: sec["wait_ms"], session: s["session"] || false,
+                                                grace: sec["grace_ms"], shared: s["shared"] || false, limit: s["limit"],
+                                                supersede: s["supersede"] || false, note: s["note"], and: s["and"] || [])
       rescue Lockd::Error => e
         box[:error] = e
       ensure
@@ -229,7 +230,12 @@ module Conformance
       outcome(s) do
         raise box[:error] if box[:error]
 
-        @tokens[of] = box[:token]
+        tokens = box[:tokens]
+        raise Minitest::Assertion, "granted #{tokens} for #{box[:names]}" unless tokens.size == box[:names].size
+
+        # +of+ is the first name's token, "of.<name>" each name's.
+        @tokens[of] = tokens.first
+        box[:names].zip(tokens) { |n, t| @tokens["#{of}.#{n}"] = t }
       end
     end
 
@@ -288,8 +294,10 @@ module Conformance
           d = c.detail(s["name"])
           next({ "free" => true }) if d.status.free
 
-          { "holders" => d.holders.map { |x| { "id" => x.id, "token" => x.token, "mode" => x.mode } },
-            "waiters" => d.waiters.map { |x| { "id" => x.id, "position" => x.position, "mode" => x.mode } } }
+          # A set's other names ("and") are named only where it has them (the lists compare whole).
+          also = ->(x) { x.and.empty? ? {} : { "and" => x.and } }
+          { "holders" => d.holders.map { |x| { "id" => x.id, "token" => x.token, "mode" => x.mode, **also[x] } },
+            "waiters" => d.waiters.map { |x| { "id" => x.id, "position" => x.position, "mode" => x.mode, **also[x] } } }
         end
       when "watch" then outcome(s) { @watches[s["client"]] = c.watch(s["name"]) }
       when "event"
