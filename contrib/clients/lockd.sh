@@ -1026,6 +1026,27 @@ lockd__release() {
         lockd_unlock "$1" "$2" >/dev/null 2>&1 || true
 }
 
+# at_least=: makes the lease a plain one (RENEW ... detach) that ends WINDOW_MS after the
+# grant (GRANTED_US, EPOCHREALTIME in microseconds), on the session connection (lockd__fd)
+# if it is still up, else on a new one. Returns 0 when lockd keeps it, 7 when the window is
+# already over (nothing to keep), 6 when lockd did not keep it (said on stderr).
+lockd__keep() {
+    local name=$1 token=$2 window_ms=$3 granted_us=$4 left_ms rc=0
+    left_ms=$((window_ms - (${EPOCHREALTIME/./} - granted_us) / 1000))
+    ((left_ms > 0)) || return 7
+    local line="RENEW $name $token ttl=${left_ms}ms detach"
+    if [[ -n ${lockd__fd:-} ]]; then
+        lockd__exchange "$line" && lockd__answered RENEW >/dev/null || rc=$?
+    else
+        lockd_request "$line" >/dev/null 2>&1 || rc=$?
+    fi
+    if ((rc != 0)); then
+        printf 'lockd_run: at_least=%s: could not keep %s held (%s); releasing it\n' \
+            "${lockd__at_least:-${window_ms}ms}" "$name" "${LOCKD_REPLY:-$LOCKD_ERROR}" >&2
+        return 6
+    fi
+}
+
 # The renewal loop of lockd_run, run as a background subshell that owns the session
 # connection (lockd__fd). It works to a deadline: the time the latest RENEW that got through
 # was sent (SENT_MS, first), plus how long the lease surely lives without another (the grace,
@@ -1037,15 +1058,21 @@ lockd__release() {
 # (TERM, then KILL before the deadline) and exits 4: the command is stopped before lockd can
 # grant the lock to anyone else. When lockd_run's own shell (OWNER) is gone, killed, it stops
 # the command and releases the lock. A TERM from lockd_run ends it with 0, or with 4 if it had
-# already found the lease lost.
+# already found the lease lost. A USR1 (at_least=, given as WINDOW_MS after GRANTED_US, the
+# grant's EPOCHREALTIME in microseconds) ends it after lockd__keep on its own connection,
+# with lockd__keep's status (4 if the lease was lost first): the lease is made plain before
+# the session connection closes, which would end a session=0 lease at once.
 lockd__renewer() {
     local name=$1 token=$2 cmd_pid=$3 ttl_ms=$4 grace_ms=$5 owner=$6 last_sent=$7
+    local window_ms=${8:-} granted_us=${9:-}
     local why='' hold_ms every_ms margin_ms kill_ms stop_at next_at now sent left rc
     local retry_ms=100 max_ms failed=''
-    lockd__nap_pid='' lockd__lost=''
+    lockd__nap_pid='' lockd__lost='' lockd__keeping=''
     trap 'if [[ -n $lockd__nap_pid ]]; then kill "$lockd__nap_pid" 2>/dev/null || true; fi
           if [[ -n $lockd__lost ]]; then exit 4; fi
           exit 0' TERM
+    trap 'lockd__keeping=1
+          if [[ -n $lockd__nap_pid ]]; then kill "$lockd__nap_pid" 2>/dev/null || true; fi' USR1
     # How long the lease surely lives without a RENEW getting through: the grace (none for
     # session=0), but never past the ttl.
     hold_ms=$ttl_ms every_ms=$ttl_ms
@@ -1067,9 +1094,14 @@ lockd__renewer() {
         ((next_at <= stop_at)) || next_at=$stop_at
         lockd__clock
         now=$lockd__now
-        if ((next_at > now)); then
+        if ((next_at > now)) && [[ -z $lockd__keeping ]]; then
             lockd__to_secs $((next_at - now))
             lockd__nap "$lockd__secs"
+        fi
+        if [[ -n $lockd__keeping ]]; then
+            rc=0
+            lockd__keep "$name" "$token" "$window_ms" "$granted_us" || rc=$?
+            exit "$rc"
         fi
         if ! kill -0 "$owner" 2>/dev/null; then
             printf 'lockd: lockd_run (pid %s) is gone; stopping its command (pid %s)\n' \
@@ -1255,7 +1287,10 @@ lockd_run() {
     # The words of a background command are expanded in its own process: take this shell's
     # pid first.
     local owner=$BASHPID
-    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" "$renewed_at" &
+    local window_ms=''
+    if [[ -n $lockd__at_least ]]; then window_ms=$(lockd__ms "$lockd__at_least"); fi
+    lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" "$renewed_at" \
+        "$window_ms" "$granted_us" &
     local renew_pid=$!
     # The renewer owns the connection now; this shell releases on a connection of its own.
     lockd__disconnect
@@ -1277,8 +1312,16 @@ lockd_run() {
         fi
         kill -0 "$cmd_pid" 2>/dev/null || break
     done
-    local renew_rc=0
-    kill -TERM "$renew_pid" 2>/dev/null || true
+    # at_least=: a job that ended before its window is over leaves the lock held, as a plain
+    # lease that lockd ends when the window is (RENEW ... detach; nobody renews it). The
+    # renewer does it on its own connection, before that connection closes (USR1).
+    local renew_rc=0 keep=''
+    if [[ -n $lockd__at_least && -z $lockd__stopping && -n $granted_us ]]; then keep=1; fi
+    if [[ -n $keep ]]; then
+        kill -USR1 "$renew_pid" 2>/dev/null || true
+    else
+        kill -TERM "$renew_pid" 2>/dev/null || true
+    fi
     wait "$renew_pid" 2>/dev/null || renew_rc=$?
     trap - INT TERM HUP
     eval "$saved_traps"
@@ -1286,25 +1329,21 @@ lockd_run() {
         lockd__fail 4 "lease on $name lost while the command ran; it was stopped"
         return
     fi
-    # 143: our TERM came before the renewer had set its trap (a command that ended at once).
-    if ((renew_rc != 0 && renew_rc != 143)); then
-        lockd__fail 4 "lease on $name may have lapsed: its renewal job ended (status $renew_rc)"
-        return
-    fi
-    # at_least=: a job that ended before its window is over leaves the lock held, as a plain
-    # lease that lockd ends when the window is (RENEW ... detach; nobody renews it).
-    if [[ -n $lockd__at_least && -z $lockd__stopping && -n $granted_us ]]; then
-        local window_ms left_ms
-        window_ms=$(lockd__ms "$lockd__at_least")
-        left_ms=$((window_ms - (${EPOCHREALTIME/./} - granted_us) / 1000))
-        if ((left_ms > 0)); then
-            if lockd_request "RENEW $name $token ttl=${left_ms}ms detach" 2>/dev/null; then
-                LOCKD_ERROR=
-                return "$cmd_rc"
-            fi
-            printf 'lockd_run: at_least=%s: could not keep %s held (%s); releasing it\n' \
-                "$lockd__at_least" "$name" "${LOCKD_REPLY:-$LOCKD_ERROR}" >&2
-        fi
+    # 143 (138 for USR1): our signal came before the renewer had set its trap (a command that
+    # ended at once); then this shell keeps the lease itself, on a new connection (a session
+    # grace holds the lease meanwhile).
+    case $renew_rc in
+        0) ;;
+        6 | 7) keep='' ;; # not kept (said so), or the window is over: released below
+        138 | 143) if [[ -n $keep ]]; then lockd__keep "$name" "$token" "$window_ms" "$granted_us" || keep=''; fi ;;
+        *)
+            lockd__fail 4 "lease on $name may have lapsed: its renewal job ended (status $renew_rc)"
+            return
+            ;;
+    esac
+    if [[ -n $keep ]]; then
+        LOCKD_ERROR=
+        return "$cmd_rc"
     fi
     lockd_unlock "$name" "$token" >/dev/null || true
     LOCKD_ERROR=

@@ -219,4 +219,18 @@ fn the_python_and_bash_clients_keep_the_lock_for_at_least() {
     eventually(guard, "the bash window ends", || {
         lockd.holder_token("sh-window").is_none()
     });
+
+    // session=0 ends the lease the moment its connection closes: the renewer makes it plain
+    // on that connection before it goes.
+    let sh = client(
+        "bash",
+        &addr,
+        "lockd_run sh-zero ttl=10s session=0 at_least=8s -- sh -c 'exit 6'; echo \"rc=$?\"",
+    );
+    let out = common::blocking::finish(sh, "", guard);
+    assert!(out.stdout.contains("rc=6"), "{} {}", out.stdout, out.stderr);
+    assert!(!out.stderr.contains("could not keep"), "{}", out.stderr);
+    assert_eq!(session("sh-zero").as_deref(), Some("0"));
+    let late = lockd.request("LOCK sh-zero late wait=0");
+    assert!(late.starts_with("ERR TIMEOUT "), "{late}");
 }
