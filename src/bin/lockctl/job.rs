@@ -370,15 +370,22 @@ impl Job {
     }
 
     /// Sends `sig` to the command's process group, then to every other live process of the
-    /// job (each once: a trap would run twice for a signal sent twice).
+    /// job (each once: a trap would run twice for a signal sent twice). Once the leader is
+    /// reaped its pid is free, and with its group empty the number could be taken by an
+    /// unrelated process group: from then on every process of the job is signalled by its own
+    /// pid, as found below this one, and the group never again.
     fn signal(&self, sig: libc::c_int) {
-        // SAFETY: plain system calls; the group and the pids are the job's (a process that
-        // exits meanwhile only makes kill fail).
-        unsafe {
-            libc::killpg(self.leader, sig);
+        let group_held = self.leader_status.is_none();
+        if group_held {
+            // SAFETY: plain system call; the leader, alive or a zombie not yet reaped, holds
+            // its pid and so its group's number.
+            unsafe {
+                libc::killpg(self.leader, sig);
+            }
         }
-        for p in live(&descendants()).filter(|p| p.pgrp != self.leader) {
-            // SAFETY: as above.
+        for p in live(&descendants()).filter(|p| !group_held || p.pgrp != self.leader) {
+            // SAFETY: plain kill of a process below this one (one that exits meanwhile only
+            // makes it fail).
             unsafe {
                 libc::kill(p.pid, sig);
             }
