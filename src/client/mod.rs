@@ -432,15 +432,7 @@ impl Client {
         token: Token,
         ttl: Option<Duration>,
     ) -> Result<Duration> {
-        let reply = self
-            .ask(&Request::Renew {
-                name: name.into(),
-                token,
-                ttl,
-                detach: false,
-            })
-            .await?;
-        lease_left(reply)
+        self.renew_as(name, token, ttl, false).await
     }
 
     /// `RENEW ... detach`: renews, and a session lease becomes a plain one that no longer
@@ -451,12 +443,22 @@ impl Client {
         token: Token,
         ttl: Option<Duration>,
     ) -> Result<Duration> {
+        self.renew_as(name, token, ttl, true).await
+    }
+
+    async fn renew_as(
+        &mut self,
+        name: &str,
+        token: Token,
+        ttl: Option<Duration>,
+        detach: bool,
+    ) -> Result<Duration> {
         let reply = self
             .ask(&Request::Renew {
                 name: name.into(),
                 token,
                 ttl,
-                detach: true,
+                detach,
             })
             .await?;
         lease_left(reply)
