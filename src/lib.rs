@@ -57,6 +57,7 @@ use std::time::Duration;
 
 pub mod auth;
 pub mod backend;
+pub mod busy_poll;
 pub mod client;
 pub mod compat;
 pub mod connection;
@@ -117,6 +118,9 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Shortest lease a LOCK or RENEW may ask for: a lease that has ended before its `OK` is sent
 /// would be granted to nobody.
 pub const MIN_TTL: Duration = Duration::from_millis(1);
+/// How long a worker keeps polling after a request before it parks (`--busy-poll`; see
+/// [`busy_poll`]).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
 /// How long a client may leave a reply unread (each 16 KiB of it) before it is disconnected.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a wrong AUTH waits before its `ERR DENIED`: guessing secrets over a connection

@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::Gate;
 use crate::backend::{self, Backend, Embedded, EtcdConfig};
+use crate::busy_poll::BusyPoll;
 use crate::compat::{Compat, CompatConfig};
 use crate::connection::Connection;
 use crate::handler::{Handler, HandlerLimits};
@@ -65,6 +66,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// How long a grant to a waiter that half-closed is watched for a reset.
     pub half_close_probe: Duration,
+    /// How long one worker keeps polling the sockets after a request before it parks (see
+    /// [`crate::busy_poll`]); zero parks at once.
+    pub busy_poll: Duration,
     /// The old two-port protocol, served alongside on the same table (`--compat`).
     pub compat: Option<CompatConfig>,
     /// Where state is kept durably (`--data-dir`); `None` keeps it in memory only.
@@ -102,6 +106,7 @@ impl Default for Config {
             status_copies: crate::DEFAULT_STATUS_COPIES,
             shutdown_grace: crate::DEFAULT_SHUTDOWN_GRACE,
             half_close_probe: crate::DEFAULT_HALF_CLOSE_PROBE,
+            busy_poll: crate::DEFAULT_BUSY_POLL,
             compat: None,
             data_dir: None,
             etcd: None,
@@ -245,6 +250,10 @@ pub async fn serve(
     let config = Arc::new(config);
     let tracker = TaskTracker::new();
     tracker.spawn(backend.clone().run(shutdown.clone()));
+    let busy = BusyPoll::new(config.busy_poll);
+    if let Some(busy) = &busy {
+        tracker.spawn(Arc::clone(busy).run(shutdown.clone()));
+    }
     if let Some(compat) = compat {
         tracker.spawn(compat.run(shutdown.clone()));
     }
@@ -306,14 +315,14 @@ pub async fn serve(
         };
         match admitted {
             Ok((permit, slot)) => {
-                let (backend, config) = (backend.clone(), Arc::clone(&config));
+                let (backend, config, busy) = (backend.clone(), Arc::clone(&config), busy.clone());
                 let (shutdown, force) = (shutdown.clone(), force.clone());
                 let counted = backend.metrics().connection(Protocol::Line);
                 tracker.spawn(async move {
                     // Past the shutdown grace, the handler is dropped wherever it is: in its
                     // TLS handshake, or in a write to a client that never reads.
                     tokio::select! {
-                        _ = serve_connection(stream, backend, &config, shutdown) => {}
+                        _ = serve_connection(stream, backend, &config, busy, shutdown) => {}
                         _ = force.cancelled() => {}
                     }
                     drop((permit, slot, counted));
@@ -354,6 +363,7 @@ async fn serve_connection(
     stream: TcpStream,
     backend: Backend,
     config: &Config,
+    busy: Option<Arc<BusyPoll>>,
     shutdown: CancellationToken,
 ) {
     let stream = match &config.tls {
@@ -368,7 +378,8 @@ async fn serve_connection(
     };
     let conn = Connection::new(stream, config.max_line).with_write_timeout(config.write_timeout);
     let gate = config.auth.as_deref();
-    let mut handler = Handler::new(backend, conn, config.handler_limits(), shutdown, gate);
+    let mut handler =
+        Handler::new(backend, conn, config.handler_limits(), shutdown, gate).busy_poll(busy);
     handler.run().await;
 }
 
@@ -591,6 +602,7 @@ mod tests {
             stream,
             Backend::Embedded(embedded),
             &config,
+            BusyPoll::new(crate::DEFAULT_BUSY_POLL),
             CancellationToken::new(),
         );
         let size = std::mem::size_of_val(&task);

@@ -1026,6 +1026,16 @@ lockd__release() {
         lockd_unlock "$1" "$2" >/dev/null 2>&1 || true
 }
 
+# Whether PID (a child of this shell) still runs: not yet exited, or exited but not reaped
+# (a zombie, which kill still reaches). Without /proc it can't tell, and says no.
+lockd__running() {
+    local stat
+    [[ -r /proc/$1/stat ]] || return 1
+    stat=$(</proc/"$1"/stat) 2>/dev/null || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
+}
+
 # at_least=: makes the lease a plain one (RENEW ... detach) that ends WINDOW_MS after the
 # grant (GRANTED_US, EPOCHREALTIME in microseconds), on the session connection (lockd__fd)
 # if it is still up, else on a new one. Returns 0 when lockd keeps it, 7 when the window is
@@ -1289,9 +1299,15 @@ lockd_run() {
     local owner=$BASHPID
     local window_ms=''
     if [[ -n $lockd__at_least ]]; then window_ms=$(lockd__ms "$lockd__at_least"); fi
+    # The renewer starts with USR1 ignored, until it sets its own trap: a USR1 that comes
+    # before (a command that ended at once) is lost, not fatal, and is sent again (below).
+    local usr1_trap
+    usr1_trap=$(trap -p USR1)
+    trap '' USR1
     lockd__renewer "$name" "$token" "$cmd_pid" "$ttl_ms" "$grace_ms" "$owner" "$renewed_at" \
         "$window_ms" "$granted_us" &
     local renew_pid=$!
+    if [[ -n $usr1_trap ]]; then eval "$usr1_trap"; else trap - USR1; fi
     # The renewer owns the connection now; this shell releases on a connection of its own.
     lockd__disconnect
     local cmd_rc=0
@@ -1318,7 +1334,10 @@ lockd_run() {
     local renew_rc=0 keep=''
     if [[ -n $lockd__at_least && -z $lockd__stopping && -n $granted_us ]]; then keep=1; fi
     if [[ -n $keep ]]; then
-        kill -USR1 "$renew_pid" 2>/dev/null || true
+        # Again until it is done: one sent before its trap was set went unseen.
+        while kill -USR1 "$renew_pid" 2>/dev/null && lockd__running "$renew_pid"; do
+            sleep 0.02
+        done
     else
         kill -TERM "$renew_pid" 2>/dev/null || true
     fi
@@ -1329,13 +1348,11 @@ lockd_run() {
         lockd__fail 4 "lease on $name lost while the command ran; it was stopped"
         return
     fi
-    # 143 (138 for USR1): our signal came before the renewer had set its trap (a command that
-    # ended at once); then this shell keeps the lease itself, on a new connection (a session
-    # grace holds the lease meanwhile).
+    # 143: our TERM came before the renewer had set its trap (a command that ended at once).
     case $renew_rc in
         0) ;;
         6 | 7) keep='' ;; # not kept (said so), or the window is over: released below
-        138 | 143) if [[ -n $keep ]]; then lockd__keep "$name" "$token" "$window_ms" "$granted_us" || keep=''; fi ;;
+        143) ;;
         *)
             lockd__fail 4 "lease on $name may have lapsed: its renewal job ended (status $renew_rc)"
             return

@@ -14,12 +14,14 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
 use crate::backend::{Backend, BackendError, PeerField};
+use crate::busy_poll::BusyPoll;
 use crate::connection::{Connection, Frame};
 use crate::locks::{ConnId, LockRequest, Origin, TableError, Token};
 use crate::metrics::TimeoutClose;
@@ -78,6 +80,8 @@ pub struct Handler {
     /// waiter it makes shares this one record, so the log can say who took a lease when the
     /// lease ends long after this connection did.
     origin: Origin,
+    /// Told of every request, so that a worker keeps polling for the next (`--busy-poll`).
+    busy: Option<Arc<BusyPoll>>,
 }
 
 /// What [`Handler::step`] made of a frame.
@@ -133,7 +137,14 @@ impl Handler {
             partial_since: None,
             peer,
             origin,
+            busy: None,
         }
+    }
+
+    /// Tells `busy` of every request this connection makes (see [`crate::busy_poll`]).
+    pub fn busy_poll(mut self, busy: Option<Arc<BusyPoll>>) -> Self {
+        self.busy = busy;
+        self
     }
 
     /// Serves the connection until the client leaves, asks to, or the server shuts down.
@@ -265,6 +276,9 @@ impl Handler {
         loop {
             if let Some(frame) = self.conn.next_frame() {
                 self.partial_since = None;
+                if let Some(busy) = &self.busy {
+                    busy.request();
+                }
                 return Ok(Incoming::Frame(frame));
             }
             if self.conn.buffered() > 0 {
