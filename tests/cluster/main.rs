@@ -25,3 +25,4 @@ mod sets_lockctl;
 mod sets_wide;
 mod skew;
 mod supersede;
+mod wait_ends;

@@ -958,6 +958,11 @@ impl LinkedFrontEnd {
         self.links.iter().for_each(Link::cut);
     }
 
+    /// Its writes still reach etcd and apply; nothing etcd sends reaches it.
+    pub fn cut_replies(&self) {
+        self.links.iter().for_each(Link::cut_replies);
+    }
+
     pub fn heal(&self) {
         self.links.iter().for_each(Link::heal);
     }

@@ -10,6 +10,10 @@
 //! the client gave up on may still be applied, which is the case a lock service must be safe
 //! against ("the answer was lost, not the write").
 //!
+//! [`Link::cut_replies`] stalls one way only: requests still reach the target and apply,
+//! their answers (and anything else the target sends) wait until the heal, as when a route
+//! back is lost. That is how a test makes "the write applied, nobody heard of it yet" last.
+//!
 //! Why a relay and not packet-filter rules: it needs no root, cuts exactly the pairs a test
 //! routes through it (a front-end that is given the relays' addresses instead of etcd's),
 //! leaves nothing behind when a test fails, and can't touch another test's traffic.
@@ -24,8 +28,24 @@ use std::time::Duration;
 /// How often a blocked relay thread looks whether the link was dropped.
 const POLL: Duration = Duration::from_millis(50);
 
+/// Which ways a link is cut.
+#[derive(Clone, Copy, Default)]
+struct Cut {
+    /// From the client to the target: requests (and new connections).
+    requests: bool,
+    /// From the target back to the client.
+    replies: bool,
+}
+
+/// One way of a link.
+#[derive(Clone, Copy)]
+enum Way {
+    Requests,
+    Replies,
+}
+
 struct State {
-    cut: Mutex<bool>,
+    cut: Mutex<Cut>,
     healed: Condvar,
     stopped: AtomicBool,
     /// Connections carried so far.
@@ -35,10 +55,13 @@ struct State {
 }
 
 impl State {
-    /// Waits while the link is cut; false once it is dropped.
-    fn pass(&self) -> bool {
+    /// Waits while `way` is cut; false once the link is dropped.
+    fn pass(&self, way: Way) -> bool {
         let mut cut = self.cut.lock().unwrap_or_else(|p| p.into_inner());
-        while *cut {
+        while match way {
+            Way::Requests => cut.requests,
+            Way::Replies => cut.replies,
+        } {
             if self.stopped.load(Ordering::SeqCst) {
                 return false;
             }
@@ -69,7 +92,7 @@ impl Link {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind link");
         let addr = listener.local_addr().expect("link addr");
         let state = Arc::new(State {
-            cut: Mutex::new(false),
+            cut: Mutex::new(Cut::default()),
             healed: Condvar::new(),
             stopped: AtomicBool::new(false),
             carried: AtomicUsize::new(0),
@@ -85,7 +108,7 @@ impl Link {
                 let st = st.clone();
                 // Carried on once the link is up: a connection made during a cut hangs.
                 thread::spawn(move || {
-                    if !st.pass() {
+                    if !st.pass(Way::Requests) {
                         return;
                     }
                     let Ok(server) = TcpStream::connect(target) else {
@@ -94,8 +117,8 @@ impl Link {
                     st.track(&client);
                     st.track(&server);
                     st.carried.fetch_add(1, Ordering::SeqCst);
-                    relay(&st, &client, &server);
-                    relay(&st, &server, &client);
+                    relay(&st, &client, &server, Way::Requests);
+                    relay(&st, &server, &client, Way::Replies);
                 });
             }
         });
@@ -109,12 +132,28 @@ impl Link {
 
     /// Stops carrying bytes either way, and new connections, until [`Link::heal`].
     pub fn cut(&self) {
-        *self.state.cut.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.set(Cut {
+            requests: true,
+            replies: true,
+        });
+    }
+
+    /// Stops carrying bytes from the target back, until [`Link::heal`]: requests still
+    /// arrive and apply, nobody hears of it.
+    pub fn cut_replies(&self) {
+        self.set(Cut {
+            requests: false,
+            replies: true,
+        });
     }
 
     /// Carries on: what waited during the cut is delivered.
     pub fn heal(&self) {
-        *self.state.cut.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.set(Cut::default());
+    }
+
+    fn set(&self, cut: Cut) {
+        *self.state.cut.lock().unwrap_or_else(|p| p.into_inner()) = cut;
         self.state.healed.notify_all();
     }
 
@@ -141,9 +180,9 @@ impl Drop for Link {
     }
 }
 
-/// Copies `from` to `to` in a thread, holding each chunk while the link is cut, until either
+/// Copies `from` to `to` in a thread, holding each chunk while `way` is cut, until either
 /// end closes (then `to`'s sending side is shut) or the link is dropped.
-fn relay(state: &Arc<State>, from: &TcpStream, to: &TcpStream) {
+fn relay(state: &Arc<State>, from: &TcpStream, to: &TcpStream, way: Way) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
         return;
     };
@@ -155,7 +194,7 @@ fn relay(state: &Arc<State>, from: &TcpStream, to: &TcpStream) {
             let n = match from.read(&mut buf) {
                 // The close waits for the link too, as a FIN's packet would.
                 Ok(0) => {
-                    state.pass();
+                    state.pass(way);
                     break;
                 }
                 Ok(n) => n,
@@ -167,7 +206,7 @@ fn relay(state: &Arc<State>, from: &TcpStream, to: &TcpStream) {
                 }
                 Err(_) => break,
             };
-            if !state.pass() || to.write_all(&buf[..n]).is_err() {
+            if !state.pass(way) || to.write_all(&buf[..n]).is_err() {
                 break;
             }
         }

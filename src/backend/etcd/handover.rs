@@ -151,7 +151,12 @@ impl Cluster {
             // request's place: until the answer says which key is its own, a grant tried
             // now would use the wrong one, fail, and not be tried again before the name
             // changes. The answer evaluates the name again (`enqueue`).
-            if local.mod_rev == 0 || local.in_flight || local.tried_at == Some(last_rev) {
+            // A waiter on its way out is not granted: the answer to its leaving decides.
+            if local.mod_rev == 0
+                || local.in_flight
+                || local.leaving
+                || local.tried_at == Some(last_rev)
+            {
                 return;
             }
             local.in_flight = true;
@@ -259,8 +264,12 @@ impl Cluster {
                     .mirror
                     .name(&a.name)
                     .is_some_and(|ns| ns.queue.contains_key(&a.rev));
-                let confirming = g.waiting.get(&a.waiter).is_some_and(|l| l.confirming);
-                if result.is_ok() && !still_queued && g.mirror.rev >= a.rev && !confirming {
+                // (Confirming a grant made meanwhile, or leaving: that answer decides.)
+                let settled = g
+                    .waiting
+                    .get(&a.waiter)
+                    .is_some_and(|l| l.confirming || l.leaving);
+                if result.is_ok() && !still_queued && g.mirror.rev >= a.rev && !settled {
                     // Its key went while the grant was tried (a newer LOCK of its id).
                     if let Some(l) = g.waiting.remove(&a.waiter) {
                         g.by_uid.remove(&l.uid);

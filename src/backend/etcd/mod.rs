@@ -107,6 +107,10 @@ struct Local {
     /// Granted by another front-end on this one's etcd lease, being confirmed (see
     /// `Cluster::confirm`).
     confirming: bool,
+    /// Its `wait=` ran out and the write taking its place out is on its way: the answer to
+    /// that write says how its wait ends (see `Cluster::wait_over`), so nothing else grants
+    /// it or ends it meanwhile; a grant etcd made before the write is still delivered.
+    leaving: bool,
     /// Every name of its set (`name` first), each with a key of `uid`; empty for one name.
     set: Vec<String>,
     /// Dropped with the waiter, however it leaves, which ends its `wait=` timer task (see
@@ -532,11 +536,11 @@ impl Cluster {
     }
 }
 
-/// A clean-up write is tried this many times, [`CLEANUP_PAUSE`] apart (each try waits up to
-/// `--etcd-request-timeout`): about a minute and a half of etcd outage at the default.
 /// Waits between attempts to reach etcd again.
 const RETRY: Duration = Duration::from_millis(200);
 
+/// A clean-up write is tried this many times, [`CLEANUP_PAUSE`] apart (each try waits up to
+/// `--etcd-request-timeout`): about a minute and a half of etcd outage at the default.
 const CLEANUP_TRIES: usize = 40;
 const CLEANUP_PAUSE: Duration = Duration::from_millis(250);
 

@@ -11,7 +11,7 @@ use crate::locks::{EventKind, TableError, Token, UserId};
 use super::holders::created;
 use super::keys::HolderValue;
 use super::mirror::HolderRecord;
-use super::{guards, wall_ms, Cluster};
+use super::{guards, wall_ms, Cluster, CLEANUP_PAUSE, CLEANUP_TRIES};
 
 impl Cluster {
     /// UNLOCK.
@@ -254,9 +254,25 @@ impl Cluster {
     /// granted) only if its key is still as it was when it was handed over. A key rewritten
     /// since was confirmed to a client (a LOCK of the same id through another connection or
     /// front-end, a RENEW): taking it back would leave two clients told they hold the lock.
+    ///
+    /// Its holder is read again while etcd is away, as a clean-up write is tried again: a
+    /// grant nobody takes back sits out its ttl.
     pub async fn take_back(&self, name: &str, token: Token, handover: HandOver) -> bool {
-        let Ok(holder) = self.find_holder(name, token).await else {
-            return false;
+        let mut tries = 0;
+        let holder = loop {
+            match self.find_holder(name, token).await {
+                Ok(holder) => break holder,
+                Err(BackendError::Unavailable(why)) if tries + 1 < CLEANUP_TRIES => {
+                    tries += 1;
+                    self.unhealthy(&why);
+                    tokio::time::sleep(CLEANUP_PAUSE).await;
+                }
+                Err(BackendError::Unavailable(why)) => {
+                    tracing::warn!(name, token, why, "grant not taken back: etcd away");
+                    return false;
+                }
+                Err(_) => return false,
+            }
         };
         let guard = guards::unchanged(&holder.key, handover.0);
         let ended = self.end_txn(name, EventKind::Revoked, &holder, guard);

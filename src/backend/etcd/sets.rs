@@ -348,6 +348,7 @@ impl Cluster {
                     tried_at: None,
                     in_flight: false,
                     confirming: false,
+                    leaving: false,
                     set,
                     timer: None,
                 },

@@ -145,6 +145,7 @@ impl Cluster {
                     tried_at: None,
                     in_flight: false,
                     confirming: false,
+                    leaving: false,
                     set: Vec::new(),
                     timer: None,
                 },
@@ -326,27 +327,95 @@ impl Cluster {
         });
     }
 
-    /// A waiter's `wait=` ran out: it leaves the queue. If its grant is being made right now,
-    /// the grant finds the waiter gone and gives the lock back.
+    /// A waiter's `wait=` ran out: it leaves the queue, and etcd's answer to the write that
+    /// takes its place out says how its wait ends. etcd orders that write and any grant: a
+    /// grant made first is the waiter's (`OK`, a moment after its `wait=`); `ERR TIMEOUT`
+    /// only once its place is out. Told `ERR TIMEOUT` while holding a grant, a client has a
+    /// lock that nobody uses, and that only this front-end would take back: were it to die
+    /// first, the lock would sit out its ttl.
     ///
-    /// The key is taken out before the client is told: a front-end killed between telling
-    /// its client and deleting would leave the place in the queue (until its etcd lease
-    /// ends) to be granted to a client that has gone. Only if etcd can't take the delete now
-    /// is the client told first, and the delete tried on as any clean-up is.
+    /// Only if etcd does not answer within `--etcd-request-timeout` is the client told
+    /// `ERR TIMEOUT` regardless: the waiter has left then (a grant shown later is taken
+    /// back), and the write is tried on as any clean-up is.
     pub(super) fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
-        let Some(local) = self.guard().leave(waiter) else {
-            return;
+        let txn = {
+            let mut g = self.guard();
+            let Some(local) = g.waiting.get_mut(&waiter) else {
+                return;
+            };
+            local.leaving = true;
+            let local = &*local;
+            (self.leave_txn(local), self.local_keys(local), local.mod_rev)
         };
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let keys = me.local_keys(&local);
-            let txn = forget_txn(&keys, local.mod_rev);
-            let deleted = me.txn(txn).await.is_ok();
-            let _ = local.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
-            if !deleted {
-                me.forget_waiter_keys(keys, local.mod_rev);
+            let (txn, keys, mod_rev) = txn;
+            // Tried again for as long as one request may take: a write refused at once (an
+            // endpoint down) need not end the wait without knowing.
+            let started = now();
+            let mut tries = 0;
+            let answer = loop {
+                tries += 1;
+                match me.txn(txn.clone()).await {
+                    Err(e) if started.elapsed() < me.config.request_timeout => {
+                        me.unhealthy(&me.cause_of(&e).sentence);
+                        tokio::time::sleep(super::RETRY).await;
+                    }
+                    done => break done,
+                }
+            };
+            let mut g = me.guard();
+            let g = &mut *g;
+            let how = match &answer {
+                // Gone on a try after the first: the first one's delete, most likely.
+                Ok(resp) => match left_how(resp) {
+                    Left::Gone if tries > 1 => Left::Out,
+                    how => how,
+                },
+                Err(_) => Left::Out,
+            };
+            match how {
+                Left::Out => {
+                    if let Some(l) = g.leave(waiter) {
+                        let _ = l.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
+                    }
+                    if answer.is_err() {
+                        me.forget_waiter_keys(keys, mod_rev);
+                    }
+                }
+                // The grant came first: its answer, the watch or its confirmation delivers
+                // it; the same for a LOCK of its id that took its place over.
+                Left::Granted | Left::TakenOver => {
+                    if let Some(l) = g.waiting.get_mut(&waiter) {
+                        l.leaving = false;
+                    }
+                }
+                // Gone without a grant, before the write: why, as the watch would say.
+                Left::Gone => {
+                    if let Some(l) = g.waiting.remove(&waiter) {
+                        g.by_uid.remove(&l.uid);
+                        let why = key_gone(g, &l);
+                        let _ = l.tx.send(why);
+                    }
+                }
             }
         });
+    }
+
+    /// The write of [`Cluster::wait_over`]: each waiter key of `local` out unless it changed
+    /// since this front-end wrote it (one guarded part per key, as [`forget_txn`]), else read;
+    /// and the holder key a grant to it would have made, read.
+    fn leave_txn(&self, local: &Local) -> Txn {
+        let parts = self.local_keys(local).into_iter().map(|k| {
+            TxnOp::txn(
+                Txn::new()
+                    .when([guards::unchanged(&k, local.mod_rev)])
+                    .and_then([TxnOp::delete(k.clone(), None)])
+                    .or_else([TxnOp::get(k, None)]),
+            )
+        });
+        let holder = TxnOp::get(self.layout.holder(&local.name, &local.uid), None);
+        Txn::new().and_then(parts.chain(std::iter::once(holder)).collect::<Vec<_>>())
     }
 
     /// Every waiter key of `local`: its own, or one per name of its set (same uid).
@@ -376,15 +445,15 @@ impl Cluster {
     /// reach them while the link is down. So its waiters are told `ERR UNAVAILABLE` now
     /// (proto.md: send the same LOCK again, through another front-end if there is one)
     /// rather than when the link is back; each leaves as a waiter whose connection went
-    /// does, so a grant made for it meanwhile is taken back. Waiters whose own write, grant
-    /// or confirmation is still out are left to the answer of that request.
+    /// does, so a grant made for it meanwhile is taken back. Waiters whose own write, grant,
+    /// confirmation or leaving is still out are left to the answer of that request.
     pub(super) fn end_waits_cut_off(self: &Arc<Self>, silent: Duration) {
         let ended: Vec<Local> = {
             let mut g = self.guard();
             let quiet: Vec<WaiterId> = g
                 .waiting
                 .iter()
-                .filter(|(_, l)| l.mod_rev != 0 && !l.in_flight && !l.confirming)
+                .filter(|(_, l)| l.mod_rev != 0 && !l.in_flight && !l.confirming && !l.leaving)
                 .map(|(w, _)| *w)
                 .collect();
             quiet.into_iter().filter_map(|w| g.leave(w)).collect()
@@ -453,6 +522,47 @@ pub(super) fn forget_txn(keys: &[String], mod_rev: i64) -> Txn {
         })
         .collect();
     Txn::new().and_then(parts)
+}
+
+/// What the write of [`Cluster::wait_over`] found.
+#[derive(Debug, PartialEq)]
+enum Left {
+    /// It took the waiter's place out (a set's, on at least one name: then no grant of the
+    /// set can come, which takes every name at once).
+    Out,
+    /// The place was gone, and the grant it led to is there.
+    Granted,
+    /// The place was rewritten: a LOCK of the same id took it over.
+    TakenOver,
+    /// The place was gone, without a grant.
+    Gone,
+}
+
+/// Reads the answer to [`Cluster::leave_txn`]: one part per key, then the holder read.
+fn left_how(resp: &super::rpc::TxnResponse) -> Left {
+    use super::rpc::TxnOpResponse;
+    let ops = resp.op_responses();
+    let Some((holder, parts)) = ops.split_last() else {
+        return Left::Gone;
+    };
+    let parts: Vec<_> = parts
+        .iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Txn(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    if parts.iter().any(|t| t.succeeded()) {
+        return Left::Out;
+    }
+    let found = |op: &TxnOpResponse| matches!(op, TxnOpResponse::Get(got) if !got.kvs().is_empty());
+    if found(holder) {
+        Left::Granted
+    } else if parts.iter().any(|t| t.op_responses().iter().any(found)) {
+        Left::TakenOver
+    } else {
+        Left::Gone
+    }
 }
 
 /// A waiter's own write was answered at revision `at`. The watch leaves a waiter alone until

@@ -118,6 +118,7 @@ impl Cluster {
                     l.rev != 0
                         && l.rev <= rev
                         && !l.confirming
+                        && !l.leaving
                         && !g
                             .mirror
                             .name(&l.name)
@@ -281,10 +282,11 @@ impl Cluster {
                 let Some(waiter) = g.by_uid.get(uid).copied() else {
                     continue;
                 };
-                // (Its own write not answered yet: the answer decides.)
+                // (Its own write not answered yet, or the one taking it out: the answer
+                // decides.)
                 if g.waiting
                     .get(&waiter)
-                    .is_some_and(|l| l.in_flight || l.confirming || l.mod_rev == 0)
+                    .is_some_and(|l| l.in_flight || l.confirming || l.leaving || l.mod_rev == 0)
                 {
                     continue;
                 }
