@@ -406,14 +406,10 @@ impl Cluster {
     /// since this front-end wrote it (one guarded part per key, as [`forget_txn`]), else read;
     /// and the holder key a grant to it would have made, read.
     fn leave_txn(&self, local: &Local) -> Txn {
-        let parts = self.local_keys(local).into_iter().map(|k| {
-            TxnOp::txn(
-                Txn::new()
-                    .when([guards::unchanged(&k, local.mod_rev)])
-                    .and_then([TxnOp::delete(k.clone(), None)])
-                    .or_else([TxnOp::get(k, None)]),
-            )
-        });
+        let parts = self
+            .local_keys(local)
+            .into_iter()
+            .map(|k| TxnOp::txn(forget_one(&k, local.mod_rev).or_else([TxnOp::get(k, None)])));
         let holder = TxnOp::get(self.layout.holder(&local.name, &local.uid), None);
         Txn::new().and_then(parts.chain(std::iter::once(holder)).collect::<Vec<_>>())
     }
@@ -507,21 +503,20 @@ impl Cluster {
 /// taken over stays and the others still go.
 pub(super) fn forget_txn(keys: &[String], mod_rev: i64) -> Txn {
     if let [key] = keys {
-        return Txn::new()
-            .when([guards::unchanged(key, mod_rev)])
-            .and_then([TxnOp::delete(key.clone(), None)]);
+        return forget_one(key, mod_rev);
     }
     let parts: Vec<TxnOp> = keys
         .iter()
-        .map(|k| {
-            TxnOp::txn(
-                Txn::new()
-                    .when([guards::unchanged(k, mod_rev)])
-                    .and_then([TxnOp::delete(k.clone(), None)]),
-            )
-        })
+        .map(|k| TxnOp::txn(forget_one(k, mod_rev)))
         .collect();
     Txn::new().and_then(parts)
+}
+
+/// One waiter key out, unless it changed since this front-end wrote it at `mod_rev`.
+fn forget_one(key: &str, mod_rev: i64) -> Txn {
+    Txn::new()
+        .when([guards::unchanged(key, mod_rev)])
+        .and_then([TxnOp::delete(key.to_owned(), None)])
 }
 
 /// What the write of [`Cluster::wait_over`] found.
