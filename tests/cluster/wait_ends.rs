@@ -1,9 +1,10 @@
 //! A wait that runs out (`wait=`) at the moment its grant is being made. etcd orders the two
 //! writes, the grant and the waiter's leaving, and the waiter must be told what etcd did:
 //! the grant when it came first, `ERR TIMEOUT` only when its place was taken out before any
-//! grant. A client told `ERR TIMEOUT` while etcd holds a grant for it has a lock nobody
-//! will use or release: if its front-end dies before taking it back, the lock sits out its
-//! ttl. The chaos run (`chaos.rs`) found that once; this is it, made to happen every time.
+//! grant, `ERR UNAVAILABLE` when etcd does not say which. A client told `ERR TIMEOUT` while
+//! etcd holds a grant for it has a lock nobody will use or release: if its front-end dies
+//! before taking it back, the lock sits out its ttl. The chaos run (`chaos.rs`) found that
+//! once; this is it, made to happen every time.
 #![cfg(feature = "etcd")]
 
 use crate::common;
@@ -110,4 +111,49 @@ fn wait_runs_out_after_the_grant(unlock: Unlock) {
         .starts_with("OK ttl_ms="));
     assert_eq!(fe1.request(&format!("UNLOCK n {ta}")), "OK");
     assert!(token(&b.line()) > ta);
+}
+
+/// A waits on FE1 behind `h`, and FE1's links to etcd are cut before A's wait runs out: the
+/// write taking A's place out gets no answer, so FE1 can't know whether a grant came first.
+/// A is told `ERR UNAVAILABLE` (send the same LOCK again), not `ERR TIMEOUT`, which would say
+/// it was not granted. Once the links are back, nothing is left of A: `h` still holds `n`
+/// and B, queued after A, is granted when `h` lets go.
+#[test]
+fn a_wait_that_runs_out_while_etcd_does_not_answer_is_unavailable() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    // A lease that outlasts the cut: the answer is to A's own leaving, not to a lost lease.
+    let fe1 = LinkedFrontEnd::start(
+        &etcd,
+        &prefix,
+        &["--etcd-lease-ttl", "30s", "--etcd-request-timeout", "1s"],
+    );
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let h = token(&fe2.request("LOCK n h ttl=60s"));
+    let mut a = Line::connect(fe1.addr());
+    a.send("LOCK n a ttl=60s wait=2s");
+    eventually(PATIENCE, "A waits", || {
+        field(&fe1.request("STATUS n"), "waiters").as_deref() == Some("1")
+    });
+    fe1.cut();
+    let reply = a.line();
+    assert!(
+        reply.starts_with("ERR UNAVAILABLE "),
+        "A's leaving went unanswered, yet A was told {reply:?}"
+    );
+    fe1.heal();
+    let mut b = Line::connect(fe2.addr());
+    b.send("LOCK n b ttl=60s");
+    eventually(PATIENCE, "A's place is out", || {
+        let status = fe2.request("STATUS n");
+        field(&status, "id").as_deref() == Some("h")
+            && field(&status, "waiters").as_deref() == Some("1")
+    });
+    assert_eq!(fe2.request(&format!("UNLOCK n {h}")), "OK");
+    let reply = b.line();
+    assert!(reply.starts_with("OK "), "{reply:?}");
+    assert!(token(&reply) > h);
 }

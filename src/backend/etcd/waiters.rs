@@ -334,9 +334,10 @@ impl Cluster {
     /// lock that nobody uses, and that only this front-end would take back: were it to die
     /// first, the lock would sit out its ttl.
     ///
-    /// Only if etcd does not answer within `--etcd-request-timeout` is the client told
-    /// `ERR TIMEOUT` regardless: the waiter has left then (a grant shown later is taken
-    /// back), and the write is tried on as any clean-up is.
+    /// If etcd does not answer within `--etcd-request-timeout`, the client is told
+    /// `ERR UNAVAILABLE`, as for any LOCK whose answer was lost: the waiter has left (a grant
+    /// shown later is taken back, unless the same LOCK sent again took it), and the write is
+    /// tried on as any clean-up is.
     pub(super) fn wait_over(self: &Arc<Self>, waiter: WaiterId) {
         let txn = {
             let mut g = self.guard();
@@ -366,21 +367,28 @@ impl Cluster {
             };
             let mut g = me.guard();
             let g = &mut *g;
-            let how = match &answer {
+            let resp = match answer {
+                Ok(resp) => resp,
+                // Whether a grant came first is not known: as any LOCK whose answer was
+                // lost, the client may send it again (its grant, if there is one, is then
+                // its own; else this front-end takes it back once it shows).
+                Err(e) => {
+                    if let Some(l) = g.leave(waiter) {
+                        let _ = l.tx.send(WaitResult::Failed(me.unavailable(&e)));
+                    }
+                    me.forget_waiter_keys(keys, mod_rev);
+                    return;
+                }
+            };
+            let how = match left_how(&resp) {
                 // Gone on a try after the first: the first one's delete, most likely.
-                Ok(resp) => match left_how(resp) {
-                    Left::Gone if tries > 1 => Left::Out,
-                    how => how,
-                },
-                Err(_) => Left::Out,
+                Left::Gone if tries > 1 => Left::Out,
+                how => how,
             };
             match how {
                 Left::Out => {
                     if let Some(l) = g.leave(waiter) {
                         let _ = l.tx.send(WaitResult::Ended(WaitEnd::TimedOut));
-                    }
-                    if answer.is_err() {
-                        me.forget_waiter_keys(keys, mod_rev);
                     }
                 }
                 // The grant came first: its answer, the watch or its confirmation delivers
