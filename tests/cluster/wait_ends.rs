@@ -37,6 +37,26 @@ fn a_wait_that_runs_out_while_another_front_end_grants_it_ends_with_the_grant() 
     wait_runs_out_after_the_grant(Unlock::OtherFrontEnd);
 }
 
+/// Three etcd members; FE1 through links the test cuts, with `--etcd-request-timeout
+/// request_timeout` and an etcd lease that outlasts any cut here (what FE1 is told is about
+/// its waiter's leaving, never a lost lease); FE2 direct.
+fn front_ends(request_timeout: &str) -> (EtcdCluster, LinkedFrontEnd, LockdFrontEnd) {
+    let etcd = EtcdCluster::start(3);
+    let prefix = etcd.prefix();
+    let fe1 = LinkedFrontEnd::start(
+        &etcd,
+        &prefix,
+        &[
+            "--etcd-lease-ttl",
+            "30s",
+            "--etcd-request-timeout",
+            request_timeout,
+        ],
+    );
+    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    (etcd, fe1, fe2)
+}
+
 /// Through which front-end `h`'s UNLOCK goes.
 #[derive(Clone, Copy, PartialEq)]
 enum Unlock {
@@ -48,16 +68,9 @@ fn wait_runs_out_after_the_grant(unlock: Unlock) {
     if !have(Need::Etcd) {
         return;
     }
-    let etcd = EtcdCluster::start(3);
-    let prefix = etcd.prefix();
-    // A long etcd lease and request timeout: the cut lasts a few seconds, and neither FE1's
-    // lease nor the answers it waits for may run out meanwhile.
-    let fe1 = LinkedFrontEnd::start(
-        &etcd,
-        &prefix,
-        &["--etcd-lease-ttl", "30s", "--etcd-request-timeout", "20s"],
-    );
-    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    // A long request timeout: the cut lasts a few seconds, and the answers FE1 waits for
+    // must not run out meanwhile.
+    let (_etcd, fe1, fe2) = front_ends("20s");
     let h = match unlock {
         Unlock::SameFrontEnd => token(&fe1.request("LOCK n h ttl=60s")),
         Unlock::OtherFrontEnd => token(&fe2.request("LOCK n h ttl=60s")),
@@ -123,15 +136,7 @@ fn a_wait_that_runs_out_while_etcd_does_not_answer_is_unavailable() {
     if !have(Need::Etcd) {
         return;
     }
-    let etcd = EtcdCluster::start(3);
-    let prefix = etcd.prefix();
-    // A lease that outlasts the cut: the answer is to A's own leaving, not to a lost lease.
-    let fe1 = LinkedFrontEnd::start(
-        &etcd,
-        &prefix,
-        &["--etcd-lease-ttl", "30s", "--etcd-request-timeout", "1s"],
-    );
-    let fe2 = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let (_etcd, fe1, fe2) = front_ends("1s");
     let h = token(&fe2.request("LOCK n h ttl=60s"));
     let mut a = Line::connect(fe1.addr());
     a.send("LOCK n a ttl=60s wait=2s");
