@@ -13,6 +13,18 @@
 //! the latest request, so an idle server spends nothing. A machine whose cores are wanted by
 //! other programs between requests (lockd beside the jobs it serves, on a small box) can turn
 //! it off with `--busy-poll 0`.
+//!
+//! Polling also stops by itself where it does not pay ([`Ledger`]): where requests come
+//! further apart than the window (a holder that works 100 µs between its requests), each
+//! window is spun for nothing; where they come so fast that a worker is busy anyway (64
+//! clients), the spinning catches nothing a worker would not have read, and keeping a worker
+//! from ever sleeping costs the other programs on the machine their CPU (measured 15-25%
+//! fewer cycles at C=64 with co-located clients, RESULTS.md). So the poller counts what it
+//! catches: a request it reads after spinning idle for a while is one that would have had to
+//! wake a sleeping worker. Each time it has spun for [`JUDGE_EVERY`], it must have caught at
+//! least one request per window it spent idle, or it rests (workers sleep as with
+//! `--busy-poll 0`) and tries again later, resting twice as long each time it fails, up to
+//! [`LONGEST_REST`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,6 +36,90 @@ use tokio_util::sync::CancellationToken;
 
 /// The longest `--busy-poll` window: past a few milliseconds it only burns CPU.
 pub const MAX_WINDOW: Duration = Duration::from_millis(10);
+
+/// How long the poller spins between two judgements of whether it pays: long enough to
+/// count hundreds of requests and to ride out a client descheduled for a few milliseconds,
+/// short enough that a try after a rest costs little.
+pub const JUDGE_EVERY: Duration = Duration::from_millis(20);
+
+/// A request counts as caught by the poller when it arrives after at least this much idle
+/// spinning: one that comes while the worker is still busy needed no polling to be read.
+pub const CAUGHT_AFTER: Duration = Duration::from_micros(5);
+
+/// A turn of the poller shorter than this ran nothing else: the worker was idle.
+const IDLE_TURN: Duration = Duration::from_micros(3);
+
+/// The first rest after polling did not pay; each further failed try doubles it.
+pub const FIRST_REST: Duration = Duration::from_millis(10);
+
+/// The longest rest: the longest a change of workload waits before polling is tried again.
+pub const LONGEST_REST: Duration = Duration::from_secs(1);
+
+/// Whether polling pays: how long it spun, how much of that idle, and what it caught since
+/// the last judgement. Pure (no clock of its own), so that its rule is tested on its own.
+#[derive(Debug)]
+pub struct Ledger {
+    window: Duration,
+    spun: Duration,
+    idle: Duration,
+    caught: u64,
+    rest: Duration,
+}
+
+/// What the ledger says after a judgement.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Polling caught enough: keep on.
+    Poll,
+    /// Polling did not pay: let the workers sleep this long before trying again.
+    Rest(Duration),
+}
+
+impl Ledger {
+    /// A ledger for a poller that spins `window` after each request.
+    pub fn new(window: Duration) -> Ledger {
+        Ledger {
+            window,
+            spun: Duration::ZERO,
+            idle: Duration::ZERO,
+            caught: 0,
+            rest: FIRST_REST,
+        }
+    }
+
+    /// A request arrived after the poller had spun idle for `idle` since the one before it
+    /// (or since it began to spin).
+    pub fn request(&mut self, idle: Duration) {
+        if idle >= CAUGHT_AFTER {
+            self.caught += 1;
+        }
+    }
+
+    /// One turn of the spin took `took`, and ran nothing else if `idle`. Every
+    /// [`JUDGE_EVERY`] of spinning, a verdict: polling pays while it catches at least one
+    /// request per `window` it spent idle.
+    pub fn turn(&mut self, took: Duration, idle: bool) -> Option<Verdict> {
+        self.spun += took;
+        if idle {
+            self.idle += took;
+        }
+        if self.spun < JUDGE_EVERY {
+            return None;
+        }
+        let pays = u128::from(self.caught) * self.window.as_nanos() >= self.idle.as_nanos();
+        self.spun = Duration::ZERO;
+        self.idle = Duration::ZERO;
+        self.caught = 0;
+        Some(if pays {
+            self.rest = FIRST_REST;
+            Verdict::Poll
+        } else {
+            let rest = self.rest;
+            self.rest = (rest * 2).min(LONGEST_REST);
+            Verdict::Rest(rest)
+        })
+    }
+}
 
 /// The poller, shared by every connection (which tells it of each request) and its task.
 #[derive(Debug)]
@@ -58,23 +154,49 @@ impl BusyPoll {
         }
     }
 
-    /// Spins within the window after each request, parks after a quiet one, until
-    /// `shutdown`. Each turn is a `yield_now`, which tokio runs after polling the sockets
-    /// without waiting: a request arriving meanwhile is read at once, on a worker that is
-    /// already awake.
+    /// Spins within the window after each request, parks after a quiet one, rests where
+    /// polling does not pay ([`Ledger`]), until `shutdown`. Each turn is a `yield_now`, which
+    /// tokio runs after polling the sockets without waiting: a request arriving meanwhile is
+    /// read at once, on a worker that is already awake.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut ledger = Ledger::new(self.window);
         loop {
             let mut seen = self.requests.load(Ordering::Relaxed);
-            let mut until = Instant::now() + self.window;
-            while Instant::now() < until {
+            let mut turn = Instant::now();
+            let mut until = turn + self.window;
+            // Spun idle since the latest request (or since the spin began).
+            let mut idle = Duration::ZERO;
+            let mut rest = None;
+            while turn < until && rest.is_none() {
                 tokio::task::yield_now().await;
-                let now = self.requests.load(Ordering::Relaxed);
-                if now != seen {
-                    seen = now;
-                    until = Instant::now() + self.window;
+                let now = Instant::now();
+                let took = now - turn;
+                turn = now;
+                if took < IDLE_TURN {
+                    idle += took;
+                }
+                if let Some(Verdict::Rest(time)) = ledger.turn(took, took < IDLE_TURN) {
+                    rest = Some(time);
+                }
+                let requests = self.requests.load(Ordering::Relaxed);
+                if requests != seen {
+                    seen = requests;
+                    until = now + self.window;
+                    ledger.request(idle);
+                    idle = Duration::ZERO;
                 }
                 if shutdown.is_cancelled() {
                     return;
+                }
+            }
+            if let Some(rest) = rest {
+                tracing::debug!(
+                    ?rest,
+                    "busy polling rests: it caught too few requests to pay"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(rest) => {}
+                    () = shutdown.cancelled() => return,
                 }
             }
             let woken = self.wake.notified();
@@ -97,6 +219,71 @@ impl BusyPoll {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WINDOW: Duration = Duration::from_micros(50);
+    const TURN: Duration = Duration::from_micros(1);
+
+    /// Spins `JUDGE_EVERY` in idle turns of `TURN`, a request arriving every `every` turns
+    /// (none for 0), and returns the verdict at the end.
+    fn judge(ledger: &mut Ledger, every: u32) -> Verdict {
+        let turns = (JUDGE_EVERY.as_nanos() / TURN.as_nanos()) as u32;
+        let mut idle = Duration::ZERO;
+        for i in 1..=turns {
+            idle += TURN;
+            if every != 0 && i % every == 0 {
+                ledger.request(idle);
+                idle = Duration::ZERO;
+            }
+            if let Some(verdict) = ledger.turn(TURN, true) {
+                assert_eq!(i, turns, "a verdict only after JUDGE_EVERY of spinning");
+                return verdict;
+            }
+        }
+        panic!("no verdict after JUDGE_EVERY of spinning");
+    }
+
+    #[test]
+    fn polling_that_catches_a_request_per_window_goes_on() {
+        let mut ledger = Ledger::new(WINDOW);
+        // A client whose next request comes 20 µs after the reply (one uncontended client).
+        assert_eq!(judge(&mut ledger, 20), Verdict::Poll);
+        // Exactly one per window is still enough.
+        assert_eq!(judge(&mut ledger, 50), Verdict::Poll);
+    }
+
+    #[test]
+    fn polling_that_catches_too_little_rests_longer_each_time_until_it_pays_again() {
+        let mut ledger = Ledger::new(WINDOW);
+        // A holder working 100 µs between requests: most windows run out with nothing.
+        let mut rests = Vec::new();
+        for _ in 0..9 {
+            match judge(&mut ledger, 150) {
+                Verdict::Rest(rest) => rests.push(rest.as_millis()),
+                Verdict::Poll => panic!("polling that catches one request in 150 µs pays"),
+            }
+        }
+        assert_eq!(rests, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        // Quiet: nothing caught at all.
+        assert_eq!(judge(&mut ledger, 0), Verdict::Rest(LONGEST_REST));
+        // A try that pays keeps polling on, and the next failure rests the shortest time.
+        assert_eq!(judge(&mut ledger, 10), Verdict::Poll);
+        assert_eq!(judge(&mut ledger, 0), Verdict::Rest(FIRST_REST));
+    }
+
+    #[test]
+    fn requests_read_while_the_worker_was_busy_are_not_caught() {
+        let mut ledger = Ledger::new(WINDOW);
+        // Many requests, each right after the one before (64 clients keep the workers busy):
+        // polling read nothing a busy worker would not have read.
+        let turns = (JUDGE_EVERY.as_nanos() / TURN.as_nanos()) as u32;
+        let mut verdict = None;
+        for i in 0..turns {
+            ledger.request(Duration::from_micros(1));
+            // One idle turn in 100, the rest spent running connections.
+            verdict = ledger.turn(TURN, i % 100 == 0);
+        }
+        assert_eq!(verdict, Some(Verdict::Rest(FIRST_REST)));
+    }
 
     #[test]
     fn zero_is_no_polling() {
