@@ -18,8 +18,8 @@
 //! further apart than the window (a holder that works 100 µs between its requests), each
 //! window is spun for nothing; where they come so fast that a worker is busy anyway (64
 //! clients), the spinning catches nothing a worker would not have read, and keeping a worker
-//! from ever sleeping costs the other programs on the machine their CPU (measured 15-25%
-//! fewer cycles at C=64 with co-located clients, RESULTS.md). So the poller counts what it
+//! from ever sleeping costs the other programs on the machine their CPU (13-18% fewer
+//! cycles at C=64 with the clients on the same cores, RESULTS.md). So the poller counts what it
 //! catches: a request it reads after spinning idle for a while is one that would have had to
 //! wake a sleeping worker. Each time it has spun for [`JUDGE_EVERY`], it must have caught at
 //! least one request per window it spent idle, or it rests (workers sleep as with
@@ -34,6 +34,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::BusyPollSeries;
+
 /// The longest `--busy-poll` window: past a few milliseconds it only burns CPU.
 pub const MAX_WINDOW: Duration = Duration::from_millis(10);
 
@@ -46,7 +48,8 @@ pub const JUDGE_EVERY: Duration = Duration::from_millis(20);
 /// spinning: one that comes while the worker is still busy needed no polling to be read.
 pub const CAUGHT_AFTER: Duration = Duration::from_micros(5);
 
-/// A turn of the poller shorter than this ran nothing else: the worker was idle.
+/// A turn of the poller shorter than this (or than twice the fastest turn seen, on a
+/// machine where one turn's syscall is slower) ran nothing else: the worker was idle.
 const IDLE_TURN: Duration = Duration::from_micros(3);
 
 /// The first rest after polling did not pay; each further failed try doubles it.
@@ -130,17 +133,20 @@ pub struct BusyPoll {
     /// The task is parked (the window passed with no request): the next request wakes it.
     parked: AtomicBool,
     wake: Notify,
+    series: BusyPollSeries,
 }
 
 impl BusyPoll {
-    /// A poller that spins `window` after each request; `None` for zero (no polling).
-    pub fn new(window: Duration) -> Option<Arc<BusyPoll>> {
+    /// A poller that spins `window` after each request and counts its rests in `series`;
+    /// `None` for zero (no polling).
+    pub fn new(window: Duration, series: BusyPollSeries) -> Option<Arc<BusyPoll>> {
         (!window.is_zero()).then(|| {
             Arc::new(BusyPoll {
                 window,
                 requests: AtomicU64::new(0),
                 parked: AtomicBool::new(false),
                 wake: Notify::new(),
+                series,
             })
         })
     }
@@ -160,6 +166,7 @@ impl BusyPoll {
     /// read at once, on a worker that is already awake.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut ledger = Ledger::new(self.window);
+        let mut fastest = Duration::MAX;
         loop {
             let mut seen = self.requests.load(Ordering::Relaxed);
             let mut turn = Instant::now();
@@ -172,10 +179,12 @@ impl BusyPoll {
                 let now = Instant::now();
                 let took = now - turn;
                 turn = now;
-                if took < IDLE_TURN {
+                fastest = fastest.min(took);
+                let idle_turn = took < IDLE_TURN.max(fastest.saturating_mul(2));
+                if idle_turn {
                     idle += took;
                 }
-                if let Some(Verdict::Rest(time)) = ledger.turn(took, took < IDLE_TURN) {
+                if let Some(Verdict::Rest(time)) = ledger.turn(took, idle_turn) {
                     rest = Some(time);
                 }
                 let requests = self.requests.load(Ordering::Relaxed);
@@ -194,10 +203,13 @@ impl BusyPoll {
                     ?rest,
                     "busy polling rests: it caught too few requests to pay"
                 );
+                self.series.rests.inc();
+                self.series.resting.set(1);
                 tokio::select! {
                     () = tokio::time::sleep(rest) => {}
                     () = shutdown.cancelled() => return,
                 }
+                self.series.resting.set(0);
             }
             let woken = self.wake.notified();
             tokio::pin!(woken);
@@ -287,14 +299,16 @@ mod tests {
 
     #[test]
     fn zero_is_no_polling() {
-        assert!(BusyPoll::new(Duration::ZERO).is_none());
-        assert!(BusyPoll::new(Duration::from_micros(50)).is_some());
+        let series = BusyPollSeries::default;
+        assert!(BusyPoll::new(Duration::ZERO, series()).is_none());
+        assert!(BusyPoll::new(Duration::from_micros(50), series()).is_some());
     }
 
     /// The task parks after a quiet window, a request wakes it, and it ends with shutdown.
     #[tokio::test(flavor = "current_thread", start_paused = false)]
     async fn parks_when_quiet_wakes_on_a_request_and_ends_with_shutdown() {
-        let poll = BusyPoll::new(Duration::from_micros(200)).expect("a poller");
+        let poll =
+            BusyPoll::new(Duration::from_micros(200), BusyPollSeries::default()).expect("a poller");
         let stop = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&poll).run(stop.clone()));
         let parked = || poll.parked.load(Ordering::Acquire);

@@ -121,6 +121,16 @@ pub struct Metrics {
     attached: std::sync::OnceLock<Registry>,
     /// Leases ended by a BREAK (also counted in `lockd_releases_total{kind="broken"}`).
     breaks: Counter,
+    busy_poll: BusyPollSeries,
+}
+
+/// The busy poller's series (`--busy-poll`), which its task keeps up to date itself.
+#[derive(Debug, Clone, Default)]
+pub struct BusyPollSeries {
+    /// Each time polling went to rest because it did not pay.
+    pub rests: Counter,
+    /// 1 while it rests, 0 while it polls.
+    pub resting: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -291,6 +301,19 @@ impl Metrics {
             breaks.clone(),
         );
 
+        let busy_poll = BusyPollSeries::default();
+        registry.register(
+            "busy_poll_rests",
+            "Times busy polling (--busy-poll) went to rest (the workers sleep between requests) \
+             because it caught fewer than one request per window it spun idle",
+            busy_poll.rests.clone(),
+        );
+        registry.register(
+            "busy_poll_resting",
+            "1 while busy polling rests, 0 while it polls or is off",
+            busy_poll.resting.clone(),
+        );
+
         let series = |family: &Family<Labels, Counter>, key, value| {
             family.get_or_create(&[(key, value)]).clone()
         };
@@ -317,8 +340,14 @@ impl Metrics {
             name_held_seconds,
             attached: std::sync::OnceLock::new(),
             breaks,
+            busy_poll,
             registry,
         }
+    }
+
+    /// The busy poller's series, for its task to keep.
+    pub fn busy_poll(&self) -> BusyPollSeries {
+        self.busy_poll.clone()
     }
 
     /// A lease began (a grant, at once or after waiting) or ended (after being held).

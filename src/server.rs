@@ -250,7 +250,7 @@ pub async fn serve(
     let config = Arc::new(config);
     let tracker = TaskTracker::new();
     tracker.spawn(backend.clone().run(shutdown.clone()));
-    let busy = BusyPoll::new(config.busy_poll);
+    let busy = BusyPoll::new(config.busy_poll, backend.metrics().busy_poll());
     if let Some(busy) = &busy {
         tracker.spawn(Arc::clone(busy).run(shutdown.clone()));
     }
@@ -602,7 +602,7 @@ mod tests {
             stream,
             Backend::Embedded(embedded),
             &config,
-            BusyPoll::new(crate::DEFAULT_BUSY_POLL),
+            BusyPoll::new(crate::DEFAULT_BUSY_POLL, Default::default()),
             CancellationToken::new(),
         );
         let size = std::mem::size_of_val(&task);

@@ -122,8 +122,10 @@ pub struct Flags {
     /// How long one worker keeps polling the sockets after a request before it sleeps, so the
     /// next request finds it awake: far lower latency where waking a sleeping core is dear
     /// (virtual machines above all), for up to one core's CPU while requests keep coming and
-    /// none when they don't. 0 sleeps at once (a small machine whose cores the jobs need); at
-    /// most 10ms.
+    /// none when they don't. Polling rests by itself (from 10ms, doubling, up to 1s) when it
+    /// catches fewer than one request per window it spins idle: clients that pause longer
+    /// than the window between requests, or so many that a worker is busy anyway. 0 sleeps at
+    /// once (a small machine whose cores the jobs need); at most 10ms.
     #[arg(long, env = "LOCKD_BUSY_POLL",
           default_value_t = HumanDuration(crate::DEFAULT_BUSY_POLL))]
     pub busy_poll: HumanDuration,

@@ -149,6 +149,36 @@ async fn metrics_move_with_grants_waits_expiries_and_refusals() {
     server.shutdown().await;
 }
 
+/// Busy polling rests where it catches nothing, requests further apart than its window (each
+/// 50 µs window after a request runs out before the next comes), and its series say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_polling_that_catches_nothing_rests_and_is_counted() {
+    if !have(Need::PythonPrometheus) {
+        return;
+    }
+    let (server, http) = observed(config()).await;
+    let m = scrape(http).await;
+    assert_eq!(sample(&m, "lockd_busy_poll_rests_total{}"), 0.0);
+    assert_eq!(sample(&m, "lockd_busy_poll_resting{}"), 0.0);
+    let mut c = server.raw().await;
+    // The poller judges after 20 ms of spinning: about 400 such requests, a second or two
+    // (a busy machine may preempt it more; the guard is generous).
+    let guard = std::time::Instant::now() + 6 * GUARD;
+    while sample(&scrape(http).await, "lockd_busy_poll_rests_total{}") < 1.0 {
+        assert!(
+            std::time::Instant::now() < guard,
+            "busy polling never rested"
+        );
+        for _ in 0..100 {
+            assert_eq!(c.req("PING").await, "OK PONG");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    // Requests are still answered while it rests.
+    assert_eq!(c.req("PING").await, "OK PONG");
+    server.shutdown().await;
+}
+
 /// Idle and unfinished-line closes are told `ERR LIMIT` but are not refusals: counted apart,
 /// so that an alert on refused connections or locks does not page for clients that went
 /// quiet.
