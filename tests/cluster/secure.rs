@@ -195,6 +195,21 @@ fn ctl(etcd: &EtcdCluster, args: &[&str]) {
     }
 }
 
+/// `name` held through `holder`, a waiter queued through `waiter`, and the lock handed to
+/// it with a greater token when the holder lets go.
+fn hand_over(name: &str, holder: &LockdFrontEnd, waiter: &LockdFrontEnd) {
+    let held = token(&holder.request(&format!("LOCK {name} holder ttl=60s")));
+    let mut next = Line::connect(waiter.addr());
+    next.send(&format!("LOCK {name} next"));
+    eventually(PATIENCE, &format!("{name}: the waiter queued"), || {
+        field(&holder.request(&format!("STATUS {name}")), "waiters").as_deref() == Some("1")
+    });
+    assert_eq!(holder.request(&format!("UNLOCK {name} {held}")), "OK");
+    let t = token(&next.line());
+    assert!(t > held, "{name}: token {t} after {held}");
+    assert_eq!(next.req(&format!("UNLOCK {name} {t}")), "OK");
+}
+
 #[test]
 fn a_user_whose_role_covers_the_prefix_is_served_and_any_other_is_refused_with_why() {
     if !(have(Need::Etcd) && have(Need::Etcdctl)) {
@@ -255,29 +270,11 @@ fn a_user_whose_role_covers_the_prefix_is_served_and_any_other_is_refused_with_w
         "--etcd-password-file",
         &password_file.display().to_string(),
     ]));
-    let held = token(&a.request("LOCK authed holder ttl=60s"));
-    let mut next = Line::connect(b.addr());
-    next.send("LOCK authed next");
-    eventually(PATIENCE, "queued", || {
-        field(&a.request("STATUS authed"), "waiters").as_deref() == Some("1")
-    });
-    assert_eq!(a.request(&format!("UNLOCK authed {held}")), "OK");
-    let t = token(&next.line());
-    assert!(t > held);
-    assert_eq!(next.req(&format!("UNLOCK authed {t}")), "OK");
+    hand_over("authed", &a, &b);
 
     // Past the tokens' life: both front-ends still serve, a hand-over included.
     std::thread::sleep(Duration::from_secs(3));
-    let held = token(&b.request("LOCK later holder ttl=60s"));
-    let mut next = Line::connect(a.addr());
-    next.send("LOCK later next");
-    eventually(PATIENCE, "queued after the tokens expired", || {
-        field(&b.request("STATUS later"), "waiters").as_deref() == Some("1")
-    });
-    assert_eq!(b.request(&format!("UNLOCK later {held}")), "OK");
-    let t = token(&next.line());
-    assert!(t > held);
-    assert_eq!(next.req(&format!("UNLOCK later {t}")), "OK");
+    hand_over("later", &b, &a);
 
     let why = refused_start(
         lockd()
