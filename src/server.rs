@@ -316,7 +316,10 @@ pub async fn serve(
         match admitted {
             Ok((permit, slot)) => {
                 let (backend, config, busy) = (backend.clone(), Arc::clone(&config), busy.clone());
-                let (shutdown, force) = (shutdown.clone(), force.clone());
+                // A child token per connection: each request's wait for input polls it, and
+                // one token shared by every connection would be one lock (and one cache line)
+                // that every request on every worker takes.
+                let (shutdown, force) = (shutdown.child_token(), force.clone());
                 let counted = backend.metrics().connection(Protocol::Line);
                 tracker.spawn(async move {
                     // Past the shutdown grace, the handler is dropped wherever it is: in its

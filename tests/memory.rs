@@ -267,11 +267,12 @@ fn heap_per_connection() -> (f64, f64) {
 /// A server of thousands of waiting clients (a cron fleet queued on one name) pays this per
 /// client: it was 3.6 KiB of RSS once, then doubled before anyone noticed. The bound is on
 /// heap bytes, debug and release alike (3.9 KiB each, then 3.4 KiB once a LOCK's request was
-/// boxed; the rest of a waiter's RSS is the allocator's own overhead): whatever grows a
-/// connection's task or buffers must be boxed on its rare path or kept off connections that
-/// don't use it.
+/// boxed, 3.5 KiB with a shutdown token of its own, which spares every request a lock that
+/// all connections shared; the rest of a waiter's RSS, about 320 bytes, is the allocator's
+/// own overhead, so this bound keeps it under 4 KiB): whatever grows a connection's task or
+/// buffers must be boxed on its rare path or kept off connections that don't use it.
 #[test]
-fn a_connection_costs_at_most_3_5_kib_of_heap_idle_or_waiting() {
+fn a_connection_costs_at_most_3_6_kib_of_heap_idle_or_waiting() {
     let (idle, waiting) = heap_per_connection();
     assert!(
         idle <= CONNECTION_BOUND,
@@ -284,7 +285,7 @@ fn a_connection_costs_at_most_3_5_kib_of_heap_idle_or_waiting() {
 }
 
 /// Heap bytes one client connection may cost the server, idle or queued on a held lock.
-const CONNECTION_BOUND: f64 = 3584.0;
+const CONNECTION_BOUND: f64 = 3686.0;
 
 /// Raises this process's open-files limit so that `connections` clients and the server's
 /// ends of them fit (the usual soft limit, 1024, would not), and answers how many fit.
