@@ -44,24 +44,44 @@ fn compat_config(unlock_timeout: Duration, read_timeout: Duration) -> CompatConf
     }
 }
 
-async fn start_with(compat: CompatConfig) -> Server {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let line = listener.local_addr().unwrap().to_string();
-    let lock = SocketAddr::from(([127, 0, 0, 1], compat.lock_port));
-    let unlock = SocketAddr::from(([127, 0, 0, 1], compat.unlock_port));
-    let config = Config {
-        compat: Some(compat),
-        ..Config::default()
-    };
-    let server = Lockd::new().config(config).serve_on(listener);
-    // The compat ports are set up before the line protocol answers anything.
-    client(&line).await.ping().await.unwrap();
-    Server {
-        line,
-        lock,
-        unlock,
-        server,
+/// Serves `compat` beside the line protocol. Its ports are free ports found and let go, so
+/// another test may take one before the server binds it: then it starts again on new ones.
+async fn start_with(mut compat: CompatConfig) -> Server {
+    for _ in 0..5 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let line = listener.local_addr().unwrap().to_string();
+        let lock = SocketAddr::from(([127, 0, 0, 1], compat.lock_port));
+        let unlock = SocketAddr::from(([127, 0, 0, 1], compat.unlock_port));
+        let config = Config {
+            compat: Some(compat.clone()),
+            ..Config::default()
+        };
+        let server = Lockd::new().config(config).serve_on(listener);
+        // The compat ports are set up before the line protocol answers anything.
+        let connected = tokio::time::timeout(GUARD, Client::connect(&line))
+            .await
+            .expect("connect in time");
+        if let Ok(mut c) = connected {
+            if c.ping().await.is_ok() {
+                return Server {
+                    line,
+                    lock,
+                    unlock,
+                    server,
+                };
+            }
+        }
+        match server.join().await {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                let [lock_port, unlock_port] = free_ports(2)[..] else {
+                    unreachable!()
+                };
+                (compat.lock_port, compat.unlock_port) = (lock_port, unlock_port);
+            }
+            other => panic!("the server did not answer a PING: it ended with {other:?}"),
+        }
     }
+    panic!("five times another test took a compat port first")
 }
 
 async fn start() -> Server {
