@@ -391,6 +391,22 @@ async fn a_fifo_waiter_wins_the_next_turn() {
     s.stop().await;
 }
 
+/// The harness's own retry: a compat port another test took first is replaced by a new one.
+#[tokio::test]
+async fn the_harness_starts_again_on_new_ports_when_one_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let mut compat = compat_config(Duration::from_secs(30), Duration::from_millis(300));
+    compat.lock_port = taken_port;
+    let s = start_with(compat).await;
+    assert_ne!(s.lock.port(), taken_port);
+    assert_eq!(
+        exchange(s.lock, "lock:old-1:1\n").await.unwrap(),
+        "oklocked\n"
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn a_port_in_use_fails_at_start() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
