@@ -140,7 +140,9 @@ pub struct Flags {
     /// Cluster mode: keep every lock in this etcd cluster (client URLs, comma separated, e.g.
     /// http://10.0.0.1:2379,http://10.0.0.2:2379), so that any number of lockd front-ends
     /// serve the same locks and losing one machine loses no lock (the `etcd` cargo feature,
-    /// on by default). Without it, locks live in this process (see --data-dir).
+    /// on by default). Give every member: reads and transactions go straight to the leader
+    /// among them (a follower would forward each, a hop slower). Without it, locks live in
+    /// this process (see --data-dir).
     #[arg(long, env = "LOCKD_ETCD", value_name = "URLS", value_delimiter = ',')]
     pub etcd: Vec<String>,
 

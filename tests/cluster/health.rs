@@ -86,7 +86,7 @@ fn lockctl_status(addr: SocketAddr) -> (Option<i32>, String) {
     )
 }
 
-fn series(metrics: SocketAddr, name: &str) -> Option<String> {
+pub(crate) fn series(metrics: SocketAddr, name: &str) -> Option<String> {
     let (code, body) = http_get(metrics, "/metrics");
     assert_eq!(code, 200, "{body}");
     body.lines()

@@ -20,6 +20,7 @@ mod netsplit;
 mod notes;
 mod observability;
 mod partition;
+mod routing;
 mod secure;
 mod sets_lockctl;
 mod sets_wide;

@@ -642,17 +642,36 @@ impl EtcdCluster {
         serde_json::from_str(&body).ok()
     }
 
-    /// Whether member `i` says it is the leader (`etcd_server_is_leader 1` in its /metrics);
-    /// `None` if it is not running or gives no answer.
-    pub fn is_leader(&mut self, i: usize) -> Option<bool> {
+    /// Member `i`'s /metrics; `None` if it is not running or gives no answer.
+    fn metrics(&mut self, i: usize) -> Option<String> {
         if !self.is_running(i) {
             return None;
         }
         let (_, body) = http(self.members[i].http_port(), "GET", "/metrics", "").ok()?;
+        Some(body)
+    }
+
+    /// Whether member `i` says it is the leader (`etcd_server_is_leader 1` in its /metrics);
+    /// `None` if it is not running or gives no answer.
+    pub fn is_leader(&mut self, i: usize) -> Option<bool> {
+        let body = self.metrics(i)?;
         let value = body
             .lines()
             .find_map(|l| l.strip_prefix("etcd_server_is_leader "))?;
         Some(value.trim() == "1")
+    }
+
+    /// How many transactions member `i` has answered (`grpc_server_handled_total` of
+    /// `Txn`, every code); `None` if it is not running or gives no answer.
+    pub fn txns_handled(&mut self, i: usize) -> Option<u64> {
+        let txns = self
+            .metrics(i)?
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_handled_total{"))
+            .filter(|l| l.contains("grpc_method=\"Txn\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        Some(txns as u64)
     }
 
     /// The leader among the running members: `Some` when exactly one of them says it leads.

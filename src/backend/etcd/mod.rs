@@ -59,6 +59,7 @@ mod mirror;
 pub mod model;
 mod quorum;
 mod release;
+mod routing;
 mod rpc;
 mod secure;
 mod sessions;

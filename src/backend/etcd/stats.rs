@@ -10,7 +10,9 @@
 //!   transactions that failed their comparison (another front-end got there first: normal
 //!   under contention, a storm of them is not);
 //! - `lockd_etcd_watch_lag_revisions`: the newest revision etcd reported in any answer minus
-//!   the last one the watch has delivered (the mirror's lag).
+//!   the last one the watch has delivered (the mirror's lag);
+//! - `lockd_etcd_leader_routed`: 1 while this front-end's reads and transactions go straight
+//!   to etcd's leader, 0 while they go to any member (one endpoint, or no leader known).
 //!
 //! The gauges are set at the scrape ([`EtcdStats::scrape`]), so they cost nothing between.
 
@@ -34,6 +36,7 @@ pub struct EtcdStats {
     requests: Histogram,
     errors: [Counter; Kind::ALL.len()],
     watch_lag: Gauge,
+    routed: Gauge,
 }
 
 impl EtcdStats {
@@ -74,6 +77,12 @@ impl EtcdStats {
             "Newest etcd revision seen in any answer minus the last one the watch delivered",
             watch_lag.clone(),
         );
+        let routed = Gauge::default();
+        registry.register(
+            "etcd_leader_routed",
+            "1 while reads and transactions go straight to etcd's leader, 0 while to any member",
+            routed.clone(),
+        );
         let errors = Kind::ALL.map(|k| family.get_or_create(&[("kind", k.label())]).clone());
         metrics.attach(registry);
         EtcdStats {
@@ -82,7 +91,13 @@ impl EtcdStats {
             requests,
             errors,
             watch_lag,
+            routed,
         }
+    }
+
+    /// Whether reads and transactions go straight to the leader.
+    pub fn routed(&self, routed: bool) {
+        self.routed.set(i64::from(routed));
     }
 
     /// One etcd request took `took` (answered or not).

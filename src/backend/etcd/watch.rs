@@ -21,7 +21,8 @@ use super::RETRY;
 const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Cluster {
-    /// Runs the watch, the keep-alive and the expiry timer until `shutdown`. Then this
+    /// Runs the watch, the keep-alive, the expiry timer, the quorum probe and the route to
+    /// etcd's leader until `shutdown`. Then this
     /// front-end's waiters leave the queue and it says it is gone (another front-end takes
     /// over expiring its plain leases), but its etcd lease is left to run out rather than
     /// revoked: a session lease's holder has until then to reconnect to another front-end
@@ -32,6 +33,7 @@ impl Cluster {
             _ = Arc::clone(&self).keep_alive_loop() => {}
             _ = Arc::clone(&self).expiry_loop() => {}
             _ = Arc::clone(&self).probe_loop() => {}
+            _ = Arc::clone(&self).route_loop() => {}
             _ = shutdown.cancelled() => {}
         }
         // Each waiter key only if it is still this front-end's write (not taken over); a

@@ -17,7 +17,8 @@
 //! endpoint (a dead member is left out until it answers again), a per-request timeout, a
 //! connect timeout, HTTP/2 keep-alives (also while idle), and `hasleader: true` on every call
 //! when a leader is required, so that a member cut off from the others refuses at once
-//! instead of waiting for a leader. A channel is made in [`connect`] alone (with TLS when
+//! instead of waiting for a leader. Added since: KV requests go straight to the leader while
+//! it is known ([`route`]). Channels are made in [`Client::connect`] alone (with TLS when
 //! [`ConnectOptions::with_tls`] gives it); [`ConnectOptions::with_user`] adds etcd's
 //! user/password authentication, its token on every call.
 
@@ -41,6 +42,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 )]
 #[rustfmt::skip]
 mod generated;
+mod route;
 
 use generated::etcdserverpb as pb;
 use generated::mvccpb;
@@ -253,18 +255,24 @@ impl ConnectOptions {
     }
 }
 
-/// The channel to etcd: balanced over every endpoint (each one connected lazily, reconnected
-/// when it drops; a request goes to a member whose connection is up). The one place a
-/// channel is built.
-pub fn connect<E: AsRef<str>>(endpoints: &[E], options: &ConnectOptions) -> Result<Channel, Error> {
+/// Each member's URL and endpoint (at least one), from which [`Client::connect`] makes the
+/// channels: one balanced over every endpoint (each connected lazily, reconnected when it
+/// drops; a request goes to a member whose connection is up), and one per member for the
+/// route to the leader.
+fn members<E: AsRef<str>>(
+    endpoints: &[E],
+    options: &ConnectOptions,
+) -> Result<Vec<(String, Endpoint)>, Error> {
     let mut list = Vec::with_capacity(endpoints.len());
     for e in endpoints {
-        list.push(endpoint(e.as_ref(), options)?);
+        let endpoint = endpoint(e.as_ref(), options)?;
+        let url = endpoint.uri().to_string();
+        list.push((url.trim_end_matches('/').to_owned(), endpoint));
     }
     if list.is_empty() {
         return Err(Error::InvalidArgs("no etcd endpoint".into()));
     }
-    Ok(Channel::balance_list(list.into_iter()))
+    Ok(list)
 }
 
 /// One member's endpoint: `http://` assumed when the URL has no scheme (`https://` with TLS).
@@ -390,29 +398,35 @@ impl Auth {
     }
 }
 
-/// A client of one etcd cluster; cheap to clone (clones share the channel and the token).
+/// A client of one etcd cluster; cheap to clone (clones share the channels, the token and
+/// the route to the leader).
 #[derive(Clone)]
 pub struct Client {
     kv: KvClient<Svc>,
     watch: WatchClient<Svc>,
     lease: LeaseClient<Svc>,
     auth: Option<Arc<Auth>>,
+    /// With more than one endpoint: KV requests straight to the leader ([`route`]).
+    route: Option<Arc<route::Route>>,
 }
 
 impl Client {
-    /// A client over [`connect`]'s channel. Without a user nothing is sent yet (the first
+    /// A client over the channels of [`members`]. Without a user nothing is sent yet (the first
     /// request connects); with one, its token is asked for here.
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
         endpoints: S,
         options: Option<ConnectOptions>,
     ) -> Result<Self, Error> {
         let options = options.unwrap_or_default();
-        let channel = connect(endpoints.as_ref(), &options)?;
+        let members = members(endpoints.as_ref(), &options)?;
         let token = Arc::new(RwLock::new(None));
         let metadata = Metadata {
             require_leader: options.require_leader,
             token: Arc::clone(&token),
         };
+        let route =
+            (members.len() > 1).then(|| Arc::new(route::Route::new(members.clone(), &metadata)));
+        let channel = Channel::balance_list(members.into_iter().map(|(_, e)| e));
         let svc = InterceptedService::new(channel, metadata);
         let auth = options.user.map(|credentials| {
             Arc::new(Auth {
@@ -430,7 +444,62 @@ impl Client {
             watch: WatchClient::new(svc.clone()),
             lease: LeaseClient::new(svc),
             auth,
+            route,
         })
+    }
+
+    /// Whether KV requests can be routed to the leader (more than one endpoint).
+    pub fn routes(&self) -> bool {
+        self.route.is_some()
+    }
+
+    /// Finds the leader among the endpoints (each asked within `timeout`), and sends KV
+    /// requests to it from now on: its URL, or `None` (the balanced channel) if no member
+    /// that answered is the leader the others name.
+    pub async fn find_leader(&self, timeout: Duration) -> Option<String> {
+        let route = self.route.as_ref()?;
+        route.find(timeout).await.map(str::to_owned)
+    }
+
+    /// Waits until a request on the leader's channel failed and the route was dropped
+    /// (never returns for a client of one endpoint).
+    pub async fn route_dropped(&self) {
+        match &self.route {
+            Some(route) => route.dropped().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The KV client for the next request: the leader's (with its index) or the balanced one.
+    fn kv(&self) -> (Option<usize>, KvClient<Svc>) {
+        match self.route.as_ref().and_then(|r| r.kv()) {
+            Some((i, kv)) => (Some(i), kv),
+            None => (None, self.kv.clone()),
+        }
+    }
+
+    /// A KV request on `kv` (from [`Client::kv`]) ended so: a failure that may be the
+    /// member's (not the request's) drops the route to it.
+    fn routed<T>(&self, member: Option<usize>, result: &Result<T, Error>) {
+        let (Some(i), Some(route), Err(e)) = (member, &self.route, result) else {
+            return;
+        };
+        let member_failed = match e {
+            Error::GRpcStatus(status) => matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::Aborted
+            ),
+            Error::TransportError(_) | Error::IoError(_) => true,
+            _ => false,
+        };
+        if member_failed {
+            route.failed(i);
+        }
     }
 
     /// Makes a call, and once more with a new token if etcd refused the one it carried.
@@ -456,21 +525,29 @@ impl Client {
         options: Option<GetOptions>,
     ) -> Result<GetResponse, Error> {
         let req = options.unwrap_or_default().request(key.into());
-        self.call(|| {
-            let mut kv = self.kv.clone();
-            let req = req.clone();
-            async move { kv.range(req).await }
-        })
-        .await
+        let (member, kv) = self.kv();
+        let result = self
+            .call(|| {
+                let mut kv = kv.clone();
+                let req = req.clone();
+                async move { kv.range(req).await }
+            })
+            .await;
+        self.routed(member, &result);
+        result
     }
 
     pub async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
-        self.call(|| {
-            let mut kv = self.kv.clone();
-            let req = txn.req.clone();
-            async move { kv.txn(req).await }
-        })
-        .await
+        let (member, kv) = self.kv();
+        let result = self
+            .call(|| {
+                let mut kv = kv.clone();
+                let req = txn.req.clone();
+                async move { kv.txn(req).await }
+            })
+            .await;
+        self.routed(member, &result);
+        result
     }
 
     /// A new lease of `ttl` seconds (the id etcd chooses).

@@ -147,15 +147,22 @@ fn every_call_says_it_needs_a_leader_and_carries_the_token() {
 async fn connect_needs_an_endpoint_and_a_url() {
     let none: [&str; 0] = [];
     assert!(matches!(
-        connect(&none, &ConnectOptions::new()),
+        members(&none, &ConnectOptions::new()),
         Err(Error::InvalidArgs(_))
     ));
     assert!(matches!(
-        connect(&["http://bad host:1"], &ConnectOptions::new()),
+        members(&["http://bad host:1"], &ConnectOptions::new()),
         Err(Error::InvalidArgs(_))
     ));
     // No scheme: http:// is assumed, and nothing is sent until the first request.
-    assert!(connect(&["127.0.0.1:1"], &ConnectOptions::new()).is_ok());
+    let one = members(&["127.0.0.1:1"], &ConnectOptions::new()).expect("one member");
+    assert_eq!(one[0].0, "http://127.0.0.1:1");
+    let client = Client::connect(["127.0.0.1:1"], None).await.expect("lazy");
+    assert!(!client.routes(), "one endpoint: nothing to route");
+    let client = Client::connect(["127.0.0.1:1", "127.0.0.1:2"], None)
+        .await
+        .expect("lazy");
+    assert!(client.routes());
 }
 
 #[test]

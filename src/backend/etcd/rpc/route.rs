@@ -1,0 +1,198 @@
+//! Where a KV request goes: straight to the leader while it is known, else over the balanced
+//! channel.
+//!
+//! Every member serves every request, but a follower sends a write on to the leader (raft
+//! forwards the proposal, and the follower answers once it has applied the entry itself) and
+//! asks the leader for its commit index before a linearizable read: one more hop, and one more
+//! member's work, for each. Sent to the leader, neither. So a client of several members asks
+//! each for its status, finds the leader (the member whose id is the leader id of the newest
+//! term), and sends its `Range` and `Txn` requests there. The watch, the lease and any request
+//! while no leader is known keep the balanced channel.
+//!
+//! This is routing only: which member receives a request changes nothing of what it means
+//! (each is linearizable on any member). A request the leader's channel fails (a member gone,
+//! a connection cut, a leader deposed) drops the route at once, so that the next one goes over
+//! the balanced channel until the leader is found again.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tonic::transport::Endpoint;
+
+use super::pb::kv_client::KvClient;
+use super::pb::maintenance_client::MaintenanceClient;
+use super::{pb, Metadata, Svc};
+use tonic::service::interceptor::InterceptedService;
+
+/// No leader known.
+const NONE: usize = usize::MAX;
+
+/// One member on a channel of its own.
+struct Member {
+    url: String,
+    kv: KvClient<Svc>,
+    maintenance: MaintenanceClient<Svc>,
+}
+
+/// The members one by one, and which of them leads.
+pub(super) struct Route {
+    members: Vec<Member>,
+    /// The index of the leader in `members`, or [`NONE`].
+    leader: AtomicUsize,
+    /// A request on the leader's channel failed, so the route was dropped: look again.
+    dropped: Notify,
+}
+
+/// One member's answer to a status request: its own id, and the leader it knows of in the
+/// term it is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Seen {
+    pub member: u64,
+    pub leader: u64,
+    pub term: u64,
+}
+
+/// Which of `seen` (one entry per member, `None` when it did not answer) to send requests
+/// to: the member whose own id is the leader named in the newest term any answer gives.
+/// `None` when no answer names a leader, or the one named did not answer itself (a member
+/// cut off from this client: the balanced channel routes around it).
+pub(super) fn choose(seen: &[Option<Seen>]) -> Option<usize> {
+    let newest = seen
+        .iter()
+        .flatten()
+        .filter(|s| s.leader != 0)
+        .max_by_key(|s| s.term)?;
+    seen.iter()
+        .position(|s| s.is_some_and(|s| s.member == newest.leader))
+}
+
+impl Route {
+    /// A channel to each member (connected lazily, like the balanced one), with the same
+    /// metadata (so the same token) on every call.
+    pub(super) fn new(members: Vec<(String, Endpoint)>, metadata: &Metadata) -> Route {
+        let members = members
+            .into_iter()
+            .map(|(url, endpoint)| {
+                let svc = InterceptedService::new(endpoint.connect_lazy(), metadata.clone());
+                Member {
+                    url,
+                    kv: KvClient::new(svc.clone()),
+                    maintenance: MaintenanceClient::new(svc),
+                }
+            })
+            .collect();
+        Route {
+            members,
+            leader: AtomicUsize::new(NONE),
+            dropped: Notify::new(),
+        }
+    }
+
+    /// The leader's KV client and its index, if the leader is known.
+    pub(super) fn kv(&self) -> Option<(usize, KvClient<Svc>)> {
+        let i = self.leader.load(Ordering::Relaxed);
+        self.members.get(i).map(|m| (i, m.kv.clone()))
+    }
+
+    /// A request to member `i` failed: no route until the leader is found again (unless
+    /// another one was found meanwhile).
+    pub(super) fn failed(&self, i: usize) {
+        if self
+            .leader
+            .compare_exchange(i, NONE, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.dropped.notify_one();
+        }
+    }
+
+    /// Waits until a request on the leader's channel has failed.
+    pub(super) async fn dropped(&self) {
+        self.dropped.notified().await;
+    }
+
+    /// The URL requests go to, if the leader is known.
+    pub(super) fn leader(&self) -> Option<&str> {
+        let i = self.leader.load(Ordering::Relaxed);
+        self.members.get(i).map(|m| m.url.as_str())
+    }
+
+    /// Asks every member for its status at once (each within `timeout`) and routes to the
+    /// leader they name, or over the balanced channel if none can be told.
+    pub(super) async fn find(&self, timeout: Duration) -> Option<&str> {
+        let mut asks = tokio::task::JoinSet::new();
+        for (i, m) in self.members.iter().enumerate() {
+            let mut maintenance = m.maintenance.clone();
+            asks.spawn(async move {
+                let ask = maintenance.status(pb::StatusRequest {});
+                let answer = tokio::time::timeout(timeout, ask).await;
+                let seen = match answer {
+                    Ok(Ok(r)) => {
+                        let r = r.into_inner();
+                        r.header.map(|h| Seen {
+                            member: h.member_id,
+                            leader: r.leader,
+                            term: r.raft_term,
+                        })
+                    }
+                    _ => None,
+                };
+                (i, seen)
+            });
+        }
+        let mut seen = vec![None; self.members.len()];
+        while let Some(done) = asks.join_next().await {
+            if let Ok((i, s)) = done {
+                seen[i] = s;
+            }
+        }
+        let leader = choose(&seen).unwrap_or(NONE);
+        self.leader.store(leader, Ordering::Relaxed);
+        self.leader()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(member: u64, leader: u64, term: u64) -> Option<Seen> {
+        Some(Seen {
+            member,
+            leader,
+            term,
+        })
+    }
+
+    #[test]
+    fn the_member_named_leader_in_the_newest_term() {
+        assert_eq!(
+            choose(&[seen(1, 2, 5), seen(2, 2, 5), seen(3, 2, 5)]),
+            Some(1)
+        );
+        // A deposed leader that has not heard of the election yet still names itself.
+        assert_eq!(
+            choose(&[seen(1, 1, 4), seen(2, 3, 5), seen(3, 3, 5)]),
+            Some(2)
+        );
+        assert_eq!(choose(&[None, seen(2, 3, 5), seen(3, 3, 5)]), Some(2));
+    }
+
+    #[test]
+    fn no_route_without_a_leader_or_when_it_did_not_answer() {
+        assert_eq!(choose(&[]), None);
+        assert_eq!(choose(&[None, None]), None);
+        assert_eq!(choose(&[seen(1, 0, 5), seen(2, 0, 5)]), None, "electing");
+        assert_eq!(
+            choose(&[None, seen(2, 1, 5), seen(3, 1, 5)]),
+            None,
+            "leader cut off"
+        );
+        assert_eq!(
+            choose(&[seen(1, 9, 5)]),
+            None,
+            "a leader not among the endpoints"
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! A front-end given every etcd member sends its reads and transactions straight to the
+//! leader (a follower would forward each one), and follows the leader when it moves: seen
+//! in the members' own counts of the transactions they answered.
+#![cfg(feature = "etcd")]
+
+use crate::common;
+use crate::common::needs::{have, Need};
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::blocking::eventually;
+use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::free_port;
+use common::token;
+
+use super::health::series;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+/// Lock+unlock cycles per look at where the transactions went.
+const CYCLES: u64 = 20;
+
+/// A front-end of every member of `etcd`, and the address of its /metrics.
+fn front_end(etcd: &EtcdCluster) -> (LockdFrontEnd, SocketAddr) {
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let args = ["--metrics-listen", &metrics.to_string()];
+    (LockdFrontEnd::start(etcd, &etcd.prefix(), &args), metrics)
+}
+
+/// Whether, over `CYCLES` lock+unlock cycles, every transaction went to member `leader`.
+fn all_to(etcd: &mut EtcdCluster, fe: &LockdFrontEnd, leader: usize) -> bool {
+    let before: Vec<Option<u64>> = (0..etcd.len()).map(|i| etcd.txns_handled(i)).collect();
+    for _ in 0..CYCLES {
+        let t = token(&fe.request("LOCK routed me"));
+        assert_eq!(fe.request(&format!("UNLOCK routed {t}")), "OK");
+    }
+    let after: Vec<Option<u64>> = (0..etcd.len()).map(|i| etcd.txns_handled(i)).collect();
+    let moved = |i: usize| match (before[i], after[i]) {
+        (Some(b), Some(a)) => a.saturating_sub(b),
+        _ => 0,
+    };
+    moved(leader) >= 2 * CYCLES && (0..etcd.len()).all(|i| i == leader || moved(i) == 0)
+}
+
+#[test]
+fn transactions_go_to_the_leader_and_follow_it_when_it_moves() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let mut etcd = EtcdCluster::start(3);
+    let (fe, metrics) = front_end(&etcd);
+    let leader = etcd.wait_leader();
+    eventually(PATIENCE, "routed to the leader", || {
+        series(metrics, "lockd_etcd_leader_routed").as_deref() == Some("1")
+    });
+    eventually(PATIENCE, "every transaction to the leader", || {
+        all_to(&mut etcd, &fe, leader)
+    });
+
+    etcd.kill(leader);
+    let next = etcd.wait_leader();
+    eventually(PATIENCE, "every transaction to the new leader", || {
+        all_to(&mut etcd, &fe, next)
+    });
+    assert_eq!(
+        series(metrics, "lockd_etcd_leader_routed").as_deref(),
+        Some("1")
+    );
+}
+
+#[test]
+fn one_endpoint_is_not_routed() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let etcd = EtcdCluster::start(1);
+    let (fe, metrics) = front_end(&etcd);
+    let t = token(&fe.request("LOCK single me"));
+    assert_eq!(fe.request(&format!("UNLOCK single {t}")), "OK");
+    assert_eq!(
+        series(metrics, "lockd_etcd_leader_routed").as_deref(),
+        Some("0")
+    );
+}
