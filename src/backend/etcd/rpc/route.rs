@@ -179,6 +179,32 @@ mod tests {
         assert_eq!(choose(&[None, seen(2, 3, 5), seen(3, 3, 5)]), Some(2));
     }
 
+    #[tokio::test]
+    async fn a_failure_on_the_leader_drops_the_route_and_says_so() {
+        let members = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+            .map(|u| (u.to_owned(), Endpoint::from_static(u)))
+            .to_vec();
+        let metadata = Metadata {
+            require_leader: false,
+            token: Default::default(),
+        };
+        let route = Route::new(members, &metadata);
+        assert!(route.kv().is_none(), "no leader known at first");
+        route.leader.store(1, Ordering::Relaxed);
+        assert_eq!(route.kv().map(|(i, _)| i), Some(1));
+        assert_eq!(route.leader(), Some("http://127.0.0.1:2"));
+        // A failure on a member that no longer leads changes nothing.
+        route.failed(0);
+        assert_eq!(route.kv().map(|(i, _)| i), Some(1));
+        route.failed(1);
+        assert!(route.kv().is_none());
+        tokio::time::timeout(Duration::from_secs(5), route.dropped())
+            .await
+            .expect("told of the drop");
+        // Nobody answers: no route.
+        assert_eq!(route.find(Duration::from_millis(200)).await, None);
+    }
+
     #[test]
     fn no_route_without_a_leader_or_when_it_did_not_answer() {
         assert_eq!(choose(&[]), None);
