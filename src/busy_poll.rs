@@ -67,6 +67,8 @@ pub struct Ledger {
     idle: Duration,
     caught: u64,
     rest: Duration,
+    /// The fastest turn seen: what one turn that ran nothing else costs on this machine.
+    fastest: Duration,
 }
 
 /// What the ledger says after a judgement.
@@ -87,7 +89,16 @@ impl Ledger {
             idle: Duration::ZERO,
             caught: 0,
             rest: FIRST_REST,
+            fastest: Duration::MAX,
         }
+    }
+
+    /// Whether a turn that took `took` ran nothing else (the worker was idle): under
+    /// [`IDLE_TURN`], or under twice the fastest turn seen, on a machine whose syscalls make
+    /// even an empty turn slower.
+    pub fn idle_turn(&mut self, took: Duration) -> bool {
+        self.fastest = self.fastest.min(took);
+        took < IDLE_TURN.max(self.fastest.saturating_mul(2))
     }
 
     /// A request arrived after the poller had spun idle for `idle` since the one before it
@@ -166,7 +177,6 @@ impl BusyPoll {
     /// read at once, on a worker that is already awake.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut ledger = Ledger::new(self.window);
-        let mut fastest = Duration::MAX;
         loop {
             let mut seen = self.requests.load(Ordering::Relaxed);
             let mut turn = Instant::now();
@@ -179,8 +189,7 @@ impl BusyPoll {
                 let now = Instant::now();
                 let took = now - turn;
                 turn = now;
-                fastest = fastest.min(took);
-                let idle_turn = took < IDLE_TURN.max(fastest.saturating_mul(2));
+                let idle_turn = ledger.idle_turn(took);
                 if idle_turn {
                     idle += took;
                 }
@@ -295,6 +304,25 @@ mod tests {
             verdict = ledger.turn(TURN, i % 100 == 0);
         }
         assert_eq!(verdict, Some(Verdict::Rest(FIRST_REST)));
+    }
+
+    #[test]
+    fn an_idle_turn_is_a_short_one_or_up_to_twice_the_fastest() {
+        let us = Duration::from_micros;
+        let mut ledger = Ledger::new(WINDOW);
+        // A fast machine: under 3 µs is idle, longer turns ran connections.
+        assert!(ledger.idle_turn(us(1)));
+        assert!(ledger.idle_turn(us(2)));
+        assert!(!ledger.idle_turn(us(3)));
+        assert!(!ledger.idle_turn(us(40)));
+        // A machine whose empty turn takes 5 µs: up to twice that is idle.
+        let mut slow = Ledger::new(WINDOW);
+        assert!(slow.idle_turn(us(8)), "the first turn is the yardstick");
+        assert!(!slow.idle_turn(us(40)));
+        assert!(slow.idle_turn(us(5)));
+        assert!(slow.idle_turn(us(9)));
+        assert!(!slow.idle_turn(us(10)));
+        assert!(!slow.idle_turn(us(40)));
     }
 
     #[test]
