@@ -1,6 +1,7 @@
 //! A front-end given every etcd member sends its reads and transactions straight to the
-//! leader (a follower would forward each one), and follows the leader when it moves: seen
-//! in the members' own counts of the transactions they answered.
+//! leader (a follower would forward each one), follows the leader when it moves, and goes
+//! through another member while its link to the leader is cut: seen in the members' own
+//! counts of the transactions they answered.
 #![cfg(feature = "etcd")]
 
 use crate::common;
@@ -10,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::blocking::eventually;
-use common::etcd::{EtcdCluster, LockdFrontEnd};
+use common::etcd::{EtcdCluster, LinkedFrontEnd, LockdFrontEnd};
 use common::free_port;
 use common::token;
 
@@ -25,6 +26,25 @@ fn front_end(etcd: &EtcdCluster) -> (LockdFrontEnd, SocketAddr) {
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let args = ["--metrics-listen", &metrics.to_string()];
     (LockdFrontEnd::start(etcd, &etcd.prefix(), &args), metrics)
+}
+
+/// Whether `CYCLES` lock+unlock cycles in a row all work. Refusals for want of etcd
+/// (`ERR UNAVAILABLE`, while a request hangs on a cut link) end the run with `false`; any
+/// other answer fails the test.
+fn cycles_work(fe: &LockdFrontEnd) -> bool {
+    for _ in 0..CYCLES {
+        let got = fe.request("LOCK routed me");
+        if got.starts_with("ERR UNAVAILABLE") {
+            return false;
+        }
+        let t = token(&got);
+        let got = fe.request(&format!("UNLOCK routed {t}"));
+        if got.starts_with("ERR UNAVAILABLE") {
+            return false;
+        }
+        assert_eq!(got, "OK");
+    }
+    true
 }
 
 /// Whether, over `CYCLES` lock+unlock cycles, every transaction went to member `leader`.
@@ -81,4 +101,37 @@ fn one_endpoint_is_not_routed() {
         series(metrics, "lockd_etcd_leader_routed").as_deref(),
         Some("0")
     );
+}
+
+#[test]
+fn a_cut_link_to_the_leader_drops_the_route_and_the_other_members_serve() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let mut etcd = EtcdCluster::start(3);
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let args = [
+        "--metrics-listen",
+        &metrics.to_string(),
+        "--etcd-request-timeout",
+        "1s",
+    ];
+    let linked = LinkedFrontEnd::start(&etcd, &etcd.prefix(), &args);
+    let leader = etcd.wait_leader();
+    eventually(PATIENCE, "every transaction to the leader", || {
+        all_to(&mut etcd, &linked.fe, leader)
+    });
+
+    linked.links[leader].cut();
+    eventually(PATIENCE, "the route dropped", || {
+        series(metrics, "lockd_etcd_leader_routed").as_deref() == Some("0")
+    });
+    eventually(PATIENCE, "the other members serve", || {
+        cycles_work(&linked.fe)
+    });
+
+    linked.links[leader].heal();
+    eventually(PATIENCE, "routed to the leader again", || {
+        all_to(&mut etcd, &linked.fe, leader)
+    });
 }

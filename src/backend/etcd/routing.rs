@@ -1,7 +1,8 @@
-//! Keeps the route of this front-end's KV requests on etcd's leader (the client's
-//! [`super::rpc::Client::find_leader`]): found at start, looked for again every
-//! [`CHECK`] (a leader that moved is still served through, one hop longer, until then) and
-//! soon after a request to it failed (until then, the balanced channel).
+//! Keeps the route of this front-end's KV requests on etcd's leader, or on a member that
+//! answers while the leader does not (the client's [`super::rpc::Client::find_leader`]):
+//! chosen at start, again every [`CHECK`] (a leader that moved is still served through, one
+//! hop longer, until then) and soon after a request to the chosen member failed (until then,
+//! the balanced channel).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,19 +22,26 @@ impl Cluster {
             return std::future::pending().await;
         }
         let timeout = self.config.request_timeout.min(Duration::from_secs(1));
-        let mut was: Option<String> = None;
+        let mut was: Option<(String, bool)> = None;
         loop {
-            let leader = self.client.find_leader(timeout).await;
-            if leader != was {
-                match &leader {
-                    Some(url) => tracing::info!(leader = url, "etcd: requests go to the leader"),
+            let target = self.client.find_leader(timeout).await;
+            if target != was {
+                match &target {
+                    Some((url, true)) => {
+                        tracing::info!(member = url, "etcd: requests go to the leader")
+                    }
+                    Some((url, false)) => tracing::info!(
+                        member = url,
+                        "etcd: the leader does not answer, requests go through another member"
+                    ),
                     None => tracing::info!(
-                        "etcd: leader not known, requests go to any member that answers"
+                        "etcd: no member names a leader, requests go to any member that answers"
                     ),
                 }
-                was = leader;
+                was = target;
             }
-            self.stats.routed(was.is_some());
+            self.stats
+                .routed(was.as_ref().is_some_and(|(_, leader)| *leader));
             tokio::select! {
                 _ = tokio::time::sleep(CHECK) => {}
                 _ = self.client.route_dropped() => {

@@ -18,7 +18,7 @@
 //! connect timeout, HTTP/2 keep-alives (also while idle), and `hasleader: true` on every call
 //! when a leader is required, so that a member cut off from the others refuses at once
 //! instead of waiting for a leader. Added since: KV requests go straight to the leader while
-//! it is known ([`route`]). Channels are made in [`Client::connect`] alone (with TLS when
+//! it answers, else to a member that does ([`route`]). Channels are made in [`Client::connect`] alone (with TLS when
 //! [`ConnectOptions::with_tls`] gives it); [`ConnectOptions::with_user`] adds etcd's
 //! user/password authentication, its token on every call.
 
@@ -453,15 +453,17 @@ impl Client {
         self.route.is_some()
     }
 
-    /// Finds the leader among the endpoints (each asked within `timeout`), and sends KV
-    /// requests to it from now on: its URL, or `None` (the balanced channel) if no member
-    /// that answered is the leader the others name.
-    pub async fn find_leader(&self, timeout: Duration) -> Option<String> {
+    /// Asks every endpoint for its status (each within `timeout`), and sends KV requests
+    /// from now on to the leader, or to a member that answered if the leader did not
+    /// ([`route`]): that member's URL and whether it is the leader, or `None` (the balanced
+    /// channel) if no answer names a leader.
+    pub async fn find_leader(&self, timeout: Duration) -> Option<(String, bool)> {
         let route = self.route.as_ref()?;
-        route.find(timeout).await.map(str::to_owned)
+        let (url, leader) = route.find(timeout).await?;
+        Some((url.to_owned(), leader))
     }
 
-    /// Waits until a request on the leader's channel failed and the route was dropped
+    /// Waits until a request on the chosen member's channel failed and the route was dropped
     /// (never returns for a client of one endpoint).
     pub async fn route_dropped(&self) {
         match &self.route {
@@ -470,7 +472,8 @@ impl Client {
         }
     }
 
-    /// The KV client for the next request: the leader's (with its index) or the balanced one.
+    /// The KV client for the next request: the chosen member's (with its index) or the
+    /// balanced one.
     fn kv(&self) -> (Option<usize>, KvClient<Svc>) {
         match self.route.as_ref().and_then(|r| r.kv()) {
             Some((i, kv)) => (Some(i), kv),

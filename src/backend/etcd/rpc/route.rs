@@ -1,20 +1,23 @@
-//! Where a KV request goes: straight to the leader while it is known, else over the balanced
-//! channel.
+//! Where a KV request goes: straight to the leader while it is known, to another member that
+//! answers while the leader does not, else over the balanced channel.
 //!
 //! Every member serves every request, but a follower sends a write on to the leader (raft
 //! forwards the proposal, and the follower answers once it has applied the entry itself) and
 //! asks the leader for its commit index before a linearizable read: one more hop, and one more
 //! member's work, for each. Sent to the leader, neither. So a client of several members asks
 //! each for its status, finds the leader (the member whose id is the leader id of the newest
-//! term), and sends its `Range` and `Txn` requests there. The watch, the lease and any request
-//! while no leader is known keep the balanced channel.
+//! term), and sends its `Range` and `Txn` requests there. When the leader does not answer this
+//! client (a link cut, a member gone) but another member does, and knows a leader, requests go
+//! to that member: the balanced channel would keep sending some of them into the silent link,
+//! each to wait out its timeout. The watch, the lease and any request while no member is known
+//! to answer keep the balanced channel.
 //!
 //! This is routing only: which member receives a request changes nothing of what it means
-//! (each is linearizable on any member). A request the leader's channel fails (a member gone,
-//! a connection cut, a leader deposed) drops the route at once, so that the next one goes over
-//! the balanced channel until the leader is found again.
+//! (each is linearizable on any member). A request the chosen member fails (a member gone, a
+//! connection cut, a leader deposed) drops the route at once, so that the next one goes over
+//! the balanced channel until the members are asked again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -25,7 +28,7 @@ use super::pb::maintenance_client::MaintenanceClient;
 use super::{pb, Metadata, Svc};
 use tonic::service::interceptor::InterceptedService;
 
-/// No leader known.
+/// No member chosen.
 const NONE: usize = usize::MAX;
 
 /// One member on a channel of its own.
@@ -35,13 +38,22 @@ struct Member {
     maintenance: MaintenanceClient<Svc>,
 }
 
-/// The members one by one, and which of them leads.
+/// The members one by one, and which of them requests go to.
 pub(super) struct Route {
     members: Vec<Member>,
-    /// The index of the leader in `members`, or [`NONE`].
-    leader: AtomicUsize,
-    /// A request on the leader's channel failed, so the route was dropped: look again.
+    /// The index in `members` of the member requests go to, or [`NONE`].
+    target: AtomicUsize,
+    /// Whether that member is the leader.
+    to_leader: AtomicBool,
+    /// A request on the chosen member's channel failed, so the route was dropped: look again.
     dropped: Notify,
+}
+
+/// Where requests go: a member, and whether it is the leader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Target {
+    pub member: usize,
+    pub leader: bool,
 }
 
 /// One member's answer to a status request: its own id, and the leader it knows of in the
@@ -54,17 +66,31 @@ pub(super) struct Seen {
 }
 
 /// Which of `seen` (one entry per member, `None` when it did not answer) to send requests
-/// to: the member whose own id is the leader named in the newest term any answer gives.
-/// `None` when no answer names a leader, or the one named did not answer itself (a member
-/// cut off from this client: the balanced channel routes around it).
-pub(super) fn choose(seen: &[Option<Seen>]) -> Option<usize> {
+/// to: the member whose own id is the leader named in the newest term any answer gives; if
+/// that one did not answer (cut off from this client), the first member that answered naming
+/// that leader, which forwards to it. `None` when no answer names a leader.
+pub(super) fn choose(seen: &[Option<Seen>]) -> Option<Target> {
     let newest = seen
         .iter()
         .flatten()
         .filter(|s| s.leader != 0)
         .max_by_key(|s| s.term)?;
-    seen.iter()
-        .position(|s| s.is_some_and(|s| s.member == newest.leader))
+    let leader = seen
+        .iter()
+        .position(|s| s.is_some_and(|s| s.member == newest.leader));
+    if let Some(member) = leader {
+        return Some(Target {
+            member,
+            leader: true,
+        });
+    }
+    let member = seen
+        .iter()
+        .position(|s| s.is_some_and(|s| s.leader == newest.leader))?;
+    Some(Target {
+        member,
+        leader: false,
+    })
 }
 
 impl Route {
@@ -84,22 +110,23 @@ impl Route {
             .collect();
         Route {
             members,
-            leader: AtomicUsize::new(NONE),
+            target: AtomicUsize::new(NONE),
+            to_leader: AtomicBool::new(false),
             dropped: Notify::new(),
         }
     }
 
-    /// The leader's KV client and its index, if the leader is known.
+    /// The chosen member's KV client and its index, if one is chosen.
     pub(super) fn kv(&self) -> Option<(usize, KvClient<Svc>)> {
-        let i = self.leader.load(Ordering::Relaxed);
+        let i = self.target.load(Ordering::Relaxed);
         self.members.get(i).map(|m| (i, m.kv.clone()))
     }
 
-    /// A request to member `i` failed: no route until the leader is found again (unless
-    /// another one was found meanwhile).
+    /// A request to member `i` failed: no route until the members are asked again (unless
+    /// another one was chosen meanwhile).
     pub(super) fn failed(&self, i: usize) {
         if self
-            .leader
+            .target
             .compare_exchange(i, NONE, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
@@ -107,20 +134,21 @@ impl Route {
         }
     }
 
-    /// Waits until a request on the leader's channel has failed.
+    /// Waits until a request on the chosen member's channel has failed.
     pub(super) async fn dropped(&self) {
         self.dropped.notified().await;
     }
 
-    /// The URL requests go to, if the leader is known.
-    pub(super) fn leader(&self) -> Option<&str> {
-        let i = self.leader.load(Ordering::Relaxed);
-        self.members.get(i).map(|m| m.url.as_str())
+    /// The URL requests go to and whether it is the leader's, if a member is chosen.
+    pub(super) fn target(&self) -> Option<(&str, bool)> {
+        let i = self.target.load(Ordering::Relaxed);
+        let m = self.members.get(i)?;
+        Some((m.url.as_str(), self.to_leader.load(Ordering::Relaxed)))
     }
 
     /// Asks every member for its status at once (each within `timeout`) and routes to the
-    /// leader they name, or over the balanced channel if none can be told.
-    pub(super) async fn find(&self, timeout: Duration) -> Option<&str> {
+    /// member [`choose`] picks, or over the balanced channel if none.
+    pub(super) async fn find(&self, timeout: Duration) -> Option<(&str, bool)> {
         let mut asks = tokio::task::JoinSet::new();
         for (i, m) in self.members.iter().enumerate() {
             let mut maintenance = m.maintenance.clone();
@@ -147,9 +175,12 @@ impl Route {
                 seen[i] = s;
             }
         }
-        let leader = choose(&seen).unwrap_or(NONE);
-        self.leader.store(leader, Ordering::Relaxed);
-        self.leader()
+        let target = choose(&seen);
+        self.to_leader
+            .store(target.is_some_and(|t| t.leader), Ordering::Relaxed);
+        let member = target.map_or(NONE, |t| t.member);
+        self.target.store(member, Ordering::Relaxed);
+        self.target()
     }
 }
 
@@ -165,18 +196,38 @@ mod tests {
         })
     }
 
+    fn to(member: usize, leader: bool) -> Option<Target> {
+        Some(Target { member, leader })
+    }
+
     #[test]
     fn the_member_named_leader_in_the_newest_term() {
-        assert_eq!(
-            choose(&[seen(1, 2, 5), seen(2, 2, 5), seen(3, 2, 5)]),
-            Some(1)
-        );
+        let all = [seen(1, 2, 5), seen(2, 2, 5), seen(3, 2, 5)];
+        assert_eq!(choose(&all), to(1, true));
         // A deposed leader that has not heard of the election yet still names itself.
+        let deposed = [seen(1, 1, 4), seen(2, 3, 5), seen(3, 3, 5)];
+        assert_eq!(choose(&deposed), to(2, true));
+        assert_eq!(choose(&[None, seen(2, 3, 5), seen(3, 3, 5)]), to(2, true));
+    }
+
+    #[test]
+    fn a_leader_that_does_not_answer_is_reached_through_one_that_does() {
+        assert_eq!(choose(&[None, seen(2, 1, 5), seen(3, 1, 5)]), to(1, false));
+        // Not through the deposed leader, which names itself in an older term.
+        let cut = [seen(1, 1, 4), None, seen(3, 2, 5)];
+        assert_eq!(choose(&cut), to(2, false));
         assert_eq!(
-            choose(&[seen(1, 1, 4), seen(2, 3, 5), seen(3, 3, 5)]),
-            Some(2)
+            choose(&[seen(1, 9, 5)]),
+            to(0, false),
+            "a leader not listed"
         );
-        assert_eq!(choose(&[None, seen(2, 3, 5), seen(3, 3, 5)]), Some(2));
+    }
+
+    #[test]
+    fn no_route_without_a_leader() {
+        assert_eq!(choose(&[]), None);
+        assert_eq!(choose(&[None, None]), None);
+        assert_eq!(choose(&[seen(1, 0, 5), seen(2, 0, 5)]), None, "electing");
     }
 
     #[tokio::test]
@@ -190,9 +241,10 @@ mod tests {
         };
         let route = Route::new(members, &metadata);
         assert!(route.kv().is_none(), "no leader known at first");
-        route.leader.store(1, Ordering::Relaxed);
+        route.target.store(1, Ordering::Relaxed);
+        route.to_leader.store(true, Ordering::Relaxed);
         assert_eq!(route.kv().map(|(i, _)| i), Some(1));
-        assert_eq!(route.leader(), Some("http://127.0.0.1:2"));
+        assert_eq!(route.target(), Some(("http://127.0.0.1:2", true)));
         // A failure on a member that no longer leads changes nothing.
         route.failed(0);
         assert_eq!(route.kv().map(|(i, _)| i), Some(1));
@@ -203,22 +255,5 @@ mod tests {
             .expect("told of the drop");
         // Nobody answers: no route.
         assert_eq!(route.find(Duration::from_millis(200)).await, None);
-    }
-
-    #[test]
-    fn no_route_without_a_leader_or_when_it_did_not_answer() {
-        assert_eq!(choose(&[]), None);
-        assert_eq!(choose(&[None, None]), None);
-        assert_eq!(choose(&[seen(1, 0, 5), seen(2, 0, 5)]), None, "electing");
-        assert_eq!(
-            choose(&[None, seen(2, 1, 5), seen(3, 1, 5)]),
-            None,
-            "leader cut off"
-        );
-        assert_eq!(
-            choose(&[seen(1, 9, 5)]),
-            None,
-            "a leader not among the endpoints"
-        );
     }
 }
