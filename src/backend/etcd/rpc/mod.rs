@@ -472,8 +472,8 @@ impl Client {
         }
     }
 
-    /// The KV client for the next request: the chosen member's (with its index) or the
-    /// balanced one.
+    /// The KV client for the next request: the chosen member's (with its route, for
+    /// [`Client::routed`]) or the balanced one.
     fn kv(&self) -> (Option<usize>, KvClient<Svc>) {
         match self.route.as_ref().and_then(|r| r.kv()) {
             Some((i, kv)) => (Some(i), kv),
@@ -483,8 +483,8 @@ impl Client {
 
     /// A KV request on `kv` (from [`Client::kv`]) ended so: a failure that may be the
     /// member's (not the request's) drops the route to it.
-    fn routed<T>(&self, member: Option<usize>, result: &Result<T, Error>) {
-        let (Some(i), Some(route), Err(e)) = (member, &self.route, result) else {
+    fn routed<T>(&self, word: Option<usize>, result: &Result<T, Error>) {
+        let (Some(word), Some(route), Err(e)) = (word, &self.route, result) else {
             return;
         };
         let member_failed = match e {
@@ -501,7 +501,7 @@ impl Client {
             _ => false,
         };
         if member_failed {
-            route.failed(i);
+            route.failed(word);
         }
     }
 
@@ -528,7 +528,7 @@ impl Client {
         options: Option<GetOptions>,
     ) -> Result<GetResponse, Error> {
         let req = options.unwrap_or_default().request(key.into());
-        let (member, kv) = self.kv();
+        let (word, kv) = self.kv();
         let result = self
             .call(|| {
                 let mut kv = kv.clone();
@@ -536,12 +536,12 @@ impl Client {
                 async move { kv.range(req).await }
             })
             .await;
-        self.routed(member, &result);
+        self.routed(word, &result);
         result
     }
 
     pub async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
-        let (member, kv) = self.kv();
+        let (word, kv) = self.kv();
         let result = self
             .call(|| {
                 let mut kv = kv.clone();
@@ -549,7 +549,7 @@ impl Client {
                 async move { kv.txn(req).await }
             })
             .await;
-        self.routed(member, &result);
+        self.routed(word, &result);
         result
     }
 

@@ -17,7 +17,7 @@
 //! connection cut, a leader deposed) drops the route at once, so that the next one goes over
 //! the balanced channel until the members are asked again.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -31,6 +31,19 @@ use tonic::service::interceptor::InterceptedService;
 /// No member chosen.
 const NONE: usize = usize::MAX;
 
+/// A [`Target`] in one word (the member's index, doubled, plus one if it is the leader), so
+/// that who requests go to and whether it leads change together.
+fn encode(t: Target) -> usize {
+    t.member * 2 + usize::from(t.leader)
+}
+
+fn decode(word: usize) -> Option<Target> {
+    (word != NONE).then_some(Target {
+        member: word / 2,
+        leader: word % 2 == 1,
+    })
+}
+
 /// One member on a channel of its own.
 struct Member {
     url: String,
@@ -41,10 +54,8 @@ struct Member {
 /// The members one by one, and which of them requests go to.
 pub(super) struct Route {
     members: Vec<Member>,
-    /// The index in `members` of the member requests go to, or [`NONE`].
+    /// The member requests go to ([`encode`]d), or [`NONE`].
     target: AtomicUsize,
-    /// Whether that member is the leader.
-    to_leader: AtomicBool,
     /// A request on the chosen member's channel failed, so the route was dropped: look again.
     dropped: Notify,
 }
@@ -111,23 +122,24 @@ impl Route {
         Route {
             members,
             target: AtomicUsize::new(NONE),
-            to_leader: AtomicBool::new(false),
             dropped: Notify::new(),
         }
     }
 
-    /// The chosen member's KV client and its index, if one is chosen.
+    /// The chosen member's KV client, with the route it was taken from (for
+    /// [`Route::failed`]), if one is chosen.
     pub(super) fn kv(&self) -> Option<(usize, KvClient<Svc>)> {
-        let i = self.target.load(Ordering::Relaxed);
-        self.members.get(i).map(|m| (i, m.kv.clone()))
+        let word = self.target.load(Ordering::Relaxed);
+        let m = self.members.get(decode(word)?.member)?;
+        Some((word, m.kv.clone()))
     }
 
-    /// A request to member `i` failed: no route until the members are asked again (unless
-    /// another one was chosen meanwhile).
-    pub(super) fn failed(&self, i: usize) {
+    /// A request on the route `word` (from [`Route::kv`]) failed: no route until the
+    /// members are asked again (unless another one was chosen meanwhile).
+    pub(super) fn failed(&self, word: usize) {
         if self
             .target
-            .compare_exchange(i, NONE, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(word, NONE, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
             self.dropped.notify_one();
@@ -141,9 +153,9 @@ impl Route {
 
     /// The URL requests go to and whether it is the leader's, if a member is chosen.
     pub(super) fn target(&self) -> Option<(&str, bool)> {
-        let i = self.target.load(Ordering::Relaxed);
-        let m = self.members.get(i)?;
-        Some((m.url.as_str(), self.to_leader.load(Ordering::Relaxed)))
+        let t = decode(self.target.load(Ordering::Relaxed))?;
+        let m = self.members.get(t.member)?;
+        Some((m.url.as_str(), t.leader))
     }
 
     /// Asks every member for its status at once (each within `timeout`) and routes to the
@@ -175,11 +187,8 @@ impl Route {
                 seen[i] = s;
             }
         }
-        let target = choose(&seen);
-        self.to_leader
-            .store(target.is_some_and(|t| t.leader), Ordering::Relaxed);
-        let member = target.map_or(NONE, |t| t.member);
-        self.target.store(member, Ordering::Relaxed);
+        let word = choose(&seen).map_or(NONE, encode);
+        self.target.store(word, Ordering::Relaxed);
         self.target()
     }
 }
@@ -241,14 +250,20 @@ mod tests {
         };
         let route = Route::new(members, &metadata);
         assert!(route.kv().is_none(), "no leader known at first");
-        route.target.store(1, Ordering::Relaxed);
-        route.to_leader.store(true, Ordering::Relaxed);
-        assert_eq!(route.kv().map(|(i, _)| i), Some(1));
+        let word = encode(Target {
+            member: 1,
+            leader: true,
+        });
+        route.target.store(word, Ordering::Relaxed);
+        assert_eq!(route.kv().map(|(w, _)| w), Some(word));
         assert_eq!(route.target(), Some(("http://127.0.0.1:2", true)));
-        // A failure on a member that no longer leads changes nothing.
-        route.failed(0);
-        assert_eq!(route.kv().map(|(i, _)| i), Some(1));
-        route.failed(1);
+        // A failure on a route that was replaced meanwhile changes nothing.
+        route.failed(encode(Target {
+            member: 0,
+            leader: false,
+        }));
+        assert_eq!(route.kv().map(|(w, _)| w), Some(word));
+        route.failed(word);
         assert!(route.kv().is_none());
         tokio::time::timeout(Duration::from_secs(5), route.dropped())
             .await
