@@ -47,7 +47,7 @@ fn chaos(start: fn(usize, Vec<SocketAddr>, SocketAddr) -> Run, clients: usize) {
     // Watches and reads the queue; never killed, so it sees the whole run.
     let observer = LockdFrontEnd::start(&etcd, &prefix, &[]);
     let addrs: Vec<SocketAddr> = fes.iter().map(LockdFrontEnd::addr).collect();
-    let run = start(clients, addrs, observer.addr());
+    let run = start(clients, addrs.clone(), observer.addr());
 
     let began = Instant::now();
     let mut round = 0usize;
@@ -57,16 +57,20 @@ fn chaos(start: fn(usize, Vec<SocketAddr>, SocketAddr) -> Run, clients: usize) {
         if round.is_multiple_of(2) {
             let f = (round / 2) % fes.len();
             fes[f].kill();
+            run.mark(format!("front-end {f} ({}) killed", addrs[f]));
             kills.push(format!("front-end {f}"));
             thread::sleep(Duration::from_millis(500));
             fes[f].restart();
+            run.mark(format!("front-end {f} restarted"));
         } else {
             let m = (round / 2) % 3;
             etcd.kill(m);
+            run.mark(format!("etcd member {m} killed"));
             kills.push(format!("etcd member {m}"));
             thread::sleep(Duration::from_millis(800));
             etcd.restart(m);
             etcd.wait_healthy();
+            run.mark(format!("etcd member {m} restarted and healthy"));
         }
         round += 1;
     }

@@ -232,3 +232,43 @@ fn fifo_is_judged_on_each_name_a_set_waits_on() {
         "{v:?}"
     );
 }
+
+#[test]
+fn a_violation_comes_with_the_trail_of_the_ids_it_names() {
+    let history = common::history::History::new();
+    for op in clean() {
+        history.add(op);
+    }
+    history.add(lock(2, "c1", 1, 3, "ERR TIMEOUT x: not granted within 2ms"));
+    history.add_event(seen("acquired", "c1", 11, 9));
+    history.add_event(seen("expired", "c1", 11, 9000));
+    history.mark("front-end 0 killed");
+    let v = history.check();
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    // c1's LOCK and both of its events; nobody else's operations.
+    let c1 = |l: &String| l.contains("c1");
+    assert_eq!(
+        v.trail.iter().filter(|l| c1(l)).count(),
+        3,
+        "{:#?}",
+        v.trail
+    );
+    assert!(
+        !v.trail.iter().any(|l| l.contains("a1") || l.contains("b1")),
+        "{:#?}",
+        v.trail
+    );
+    // The mark was made now, within the trail's window only if the run is short: it is
+    // shown when it falls within a few seconds of the trail's first and last lines.
+    let marked = v.trail.iter().any(|l| l.contains("front-end 0 killed"));
+    assert_eq!(
+        marked,
+        history.now() < ms(9000) + std::time::Duration::from_secs(3)
+    );
+    // A clean history has no trail.
+    let clean_history = common::history::History::new();
+    for op in clean() {
+        clean_history.add(op);
+    }
+    assert!(clean_history.check().trail.is_empty());
+}

@@ -131,6 +131,12 @@ impl Outcome {
         for v in &self.verdict.violations {
             eprintln!("  {v}");
         }
+        if !self.verdict.trail.is_empty() {
+            eprintln!("the ids they name, and what the test did around them:");
+            for line in &self.verdict.trail {
+                eprintln!("  {line}");
+            }
+        }
         assert!(
             self.counter_violations.is_empty(),
             "{:#?}",
@@ -187,6 +193,11 @@ impl Run {
     }
 
     /// Critical sections completed so far.
+    /// Records in the history what the test does to a process now, for a failure's trail.
+    pub fn mark(&self, what: impl Into<String>) {
+        self.shared.history.mark(what);
+    }
+
     pub fn sections(&self) -> u64 {
         self.shared.sections.load(Ordering::Relaxed)
     }

@@ -81,6 +81,8 @@ struct Records {
     ops: Vec<Op>,
     queues: Vec<Queue>,
     events: Vec<Seen>,
+    /// What the test did to the processes (kills, restarts, cuts), for a failure's trail.
+    marks: Vec<(Duration, String)>,
 }
 
 /// A history being recorded; shared by every client and observer thread.
@@ -100,6 +102,9 @@ pub struct Verdict {
     pub queues: usize,
     pub events: usize,
     pub violations: Vec<String>,
+    /// For a failure: the operations and events of every id a violation names, and what
+    /// the test did around them, in time order.
+    pub trail: Vec<String>,
 }
 
 impl std::fmt::Display for Verdict {
@@ -208,10 +213,63 @@ impl History {
         });
     }
 
+    /// Records what the test did to a process now (`"kill front-end 1"`), for the trail.
+    pub fn mark(&self, what: impl Into<String>) {
+        let at = self.now();
+        self.records().marks.push((at, what.into()));
+    }
+
     pub fn check(&self) -> Verdict {
         let r = self.records();
-        check(&r.ops, &r.queues, &r.events)
+        let mut verdict = check(&r.ops, &r.queues, &r.events);
+        verdict.trail = trail(&r, &verdict.violations);
+        verdict
     }
+}
+
+/// How far around the trail's operations the test's marks are shown.
+const MARKS_AROUND: Duration = Duration::from_secs(3);
+
+/// The operations and events of every LOCK id named in `violations`, with the marks
+/// within [`MARKS_AROUND`] of them, in time order.
+fn trail(r: &Records, violations: &[String]) -> Vec<String> {
+    let words: HashSet<&str> = violations
+        .iter()
+        .flat_map(|v| v.split(|c: char| c.is_whitespace() || c == ','))
+        .collect();
+    let named = |id: &str| words.contains(id);
+    let mut lines: Vec<(Duration, String)> = Vec::new();
+    for op in &r.ops {
+        if let Call::Lock { id, .. } = &op.call {
+            if named(id) {
+                lines.push((
+                    op.invoke,
+                    format!("{:?}..{:?} {op:?}", op.invoke, op.complete),
+                ));
+            }
+        }
+    }
+    for e in r.events.iter().filter(|e| named(&e.id)) {
+        lines.push((
+            e.at,
+            format!(
+                "{:?} event {} {} {} {}",
+                e.at, e.kind, e.name, e.id, e.token
+            ),
+        ));
+    }
+    let (Some(first), Some(last)) = (
+        lines.iter().map(|l| l.0).min(),
+        lines.iter().map(|l| l.0).max(),
+    ) else {
+        return Vec::new();
+    };
+    let window = first.saturating_sub(MARKS_AROUND)..last + MARKS_AROUND;
+    for (at, what) in r.marks.iter().filter(|(at, _)| window.contains(at)) {
+        lines.push((*at, format!("{at:?} test: {what}")));
+    }
+    lines.sort_by_key(|l| l.0);
+    lines.into_iter().map(|l| l.1).collect()
 }
 
 /// A LOCK answered `OK`.
@@ -448,5 +506,6 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
         queues: queues.len(),
         events: events.len(),
         violations,
+        trail: Vec::new(),
     }
 }

@@ -50,30 +50,26 @@ impl Cluster {
                 .and_then(|ns| ns.holder_by_rev(gr.rev))
                 .cloned()
         };
-        let resp = match holder {
+        let (resp, ours) = match holder {
             Some(h) => {
+                let ours = h.value.encode();
                 let txn = Txn::new()
                     .when([guards::unchanged(&h.key, gr.mod_rev)])
-                    .and_then([TxnOp::put(h.key.clone(), h.value.encode(), None)])
+                    .and_then([TxnOp::put(h.key.clone(), ours.clone(), None)])
                     .or_else([TxnOp::get(h.key.clone(), None)]);
-                self.cleanup(txn).await
+                (self.cleanup(txn).await, ours)
             }
-            None => None,
+            None => (None, String::new()),
         };
-        // Not confirmed, but the grant is still there, rewritten: a LOCK of the same id
-        // (through another connection or front-end) took it over, as it takes over a place
-        // in the queue, and was told of it. This request was replaced, not cut off.
-        let rewritten = resp.as_ref().is_some_and(|r| {
-            !r.succeeded()
-                && r.op_responses().iter().any(|op| {
-                    matches!(op, super::rpc::TxnOpResponse::Get(got)
-                        if got.kvs().iter().any(|kv| kv.create_revision() == gr.rev))
-                })
-        });
-        let confirmed = resp.filter(|r| r.succeeded()).map(|r| {
-            self.wrote(&gr.name, &r);
-            HandOver(r.header().map_or(0, |h| h.revision()))
-        });
+        if let Some(r) = resp.as_ref().filter(|r| r.succeeded()) {
+            self.wrote(&gr.name, r);
+        }
+        let outcome = confirmation(resp.as_ref(), gr.rev, ours.as_bytes());
+        let rewritten = outcome == Confirmation::TakenOver;
+        let confirmed = match outcome {
+            Confirmation::Confirmed(rev) => Some(HandOver(rev)),
+            Confirmation::TakenOver | Confirmation::Lost => None,
+        };
         let back = {
             let mut g = self.guard();
             match confirmed {
@@ -315,6 +311,43 @@ impl Cluster {
     }
 }
 
+/// What the answer to [`Cluster::confirm`]'s write says of the grant.
+#[derive(Debug, PartialEq)]
+enum Confirmation {
+    /// It hangs on no etcd lease any more, since the write at this revision.
+    Confirmed(i64),
+    /// A LOCK of the same id rewrote it first: that request took the grant over.
+    TakenOver,
+    /// It is gone (the front-end's etcd lease ran out), or etcd never answered.
+    Lost,
+}
+
+/// Reads the answer to a confirmation: the rewrite of the holder created at `rev` with
+/// `ours` and no etcd lease, else a read of it. The write is tried again when an answer is
+/// lost, and the lost one may have been applied: then the read finds the holder exactly as
+/// this confirmation writes it, which is confirmed, not taken over (taken for a takeover, the
+/// client was told `ERR REPLACED` while the grant sat out its ttl).
+fn confirmation(resp: Option<&super::rpc::TxnResponse>, rev: i64, ours: &[u8]) -> Confirmation {
+    use super::rpc::TxnOpResponse;
+    let Some(resp) = resp else {
+        return Confirmation::Lost;
+    };
+    if resp.succeeded() {
+        return Confirmation::Confirmed(resp.header().map_or(0, |h| h.revision()));
+    }
+    let found = resp.op_responses().into_iter().find_map(|op| match op {
+        TxnOpResponse::Get(got) => got.kvs().iter().find(|kv| kv.create_revision() == rev),
+        _ => None,
+    });
+    match found {
+        Some(kv) if kv.lease() == 0 && kv.value() == ours => {
+            Confirmation::Confirmed(kv.mod_revision())
+        }
+        Some(_) => Confirmation::TakenOver,
+        None => Confirmation::Lost,
+    }
+}
+
 /// A grant being tried for a head waiter.
 struct Attempt {
     waiter: crate::locks::WaiterId,
@@ -438,3 +471,7 @@ fn deliver(
     }
     sent.is_err().then(back)
 }
+
+#[cfg(test)]
+#[path = "handover_tests.rs"]
+mod tests;

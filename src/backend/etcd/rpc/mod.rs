@@ -1111,5 +1111,25 @@ impl ResponseHeader {
     }
 }
 
+/// A transaction's answer as etcd would give it: `succeeded`, at `revision`, with one read
+/// that found `kvs`. For the tests of code that reads answers.
+#[cfg(test)]
+pub fn txn_answer(succeeded: bool, revision: i64, kvs: Vec<KeyValue>) -> TxnResponse {
+    use pb::response_op::Response as R;
+    TxnResponse {
+        header: Some(ResponseHeader {
+            revision,
+            ..Default::default()
+        }),
+        succeeded,
+        responses: vec![pb::ResponseOp {
+            response: Some(R::ResponseRange(GetResponse {
+                kvs,
+                ..Default::default()
+            })),
+        }],
+    }
+}
+
 #[cfg(test)]
 mod tests;
