@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::rpc::{Compare, PutOptions, Txn, TxnOp};
 
 use crate::backend::{BackendError, HandOver};
-use crate::locks::{EventKind, TableError, Token, UserId};
+use crate::locks::{EventKind, Mode, TableError, Token, UserId};
 
 use super::holders::created;
 use super::keys::HolderValue;
@@ -77,11 +77,17 @@ impl Cluster {
             None,
         ));
         let plain = if kind == EventKind::Released {
-            let alone = [
-                guard.clone(),
-                guards::holds_alone(&self.layout, name, holder.rev),
-                guards::nobody_waits(&self.layout, name),
-            ];
+            // An exclusive holder holds alone by what it is: the comparison is left out for
+            // it, since etcd checks a range comparison over every key the range ever had
+            // until a compaction (each grant's holder key is new), and the release of a busy
+            // name grew slower with every grant before it.
+            let alone = std::iter::once(guard.clone())
+                .chain(
+                    (holder.value.mode != Mode::Exclusive)
+                        .then(|| guards::holds_alone(&self.layout, name, holder.rev)),
+                )
+                .chain([guards::nobody_waits(&self.layout, name)])
+                .collect::<Vec<_>>();
             let otherwise = Txn::new()
                 .when([guard.clone()])
                 .and_then(with_marker.clone());
