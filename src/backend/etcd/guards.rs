@@ -6,6 +6,7 @@
 use super::rpc::{Compare, CompareOp};
 
 use super::keys::Layout;
+use crate::locks::Mode;
 
 /// The marker of `name` is at `marker_rev` (0: there is none). Every grant and every end
 /// writes the marker, so no holder came or went since the decision was made.
@@ -78,4 +79,41 @@ pub(super) fn head_grant(
         unchanged(key, mod_rev),
         first_in_line(layout, name, rev),
     ]
+}
+
+/// The release of a holder of `name` (created at `rev`) leaves it empty: it holds alone, and
+/// nobody waits. An exclusive holder holds alone by what it is, so the comparison over the
+/// name's holder range is made only for shared and semaphore holders: etcd checks a range
+/// comparison against every key the range held since its last compaction, and every grant's
+/// holder key is new, so on a busy name it grew slower with every grant.
+pub(super) fn release_empties(
+    layout: &Layout,
+    name: &str,
+    (rev, mode): (i64, Mode),
+) -> Vec<Compare> {
+    let alone = (mode != Mode::Exclusive).then(|| holds_alone(layout, name, rev));
+    alone
+        .into_iter()
+        .chain([nobody_waits(layout, name)])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_shared_or_semaphore_release_compares_the_holder_range() {
+        let layout = Layout::new("/p/");
+        let holders = layout.holders("x");
+        let on_holders = |c: &Vec<Compare>| c.iter().any(|c| c.key() == holders.as_bytes());
+        let exclusive = release_empties(&layout, "x", (7, Mode::Exclusive));
+        assert_eq!(exclusive.len(), 1);
+        assert!(!on_holders(&exclusive));
+        for mode in [Mode::Shared, Mode::Limit(3)] {
+            let shared = release_empties(&layout, "x", (7, mode));
+            assert_eq!(shared.len(), 2);
+            assert!(on_holders(&shared), "{mode:?}");
+        }
+    }
 }

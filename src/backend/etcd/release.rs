@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::rpc::{Compare, PutOptions, Txn, TxnOp};
 
 use crate::backend::{BackendError, HandOver};
-use crate::locks::{EventKind, Mode, TableError, Token, UserId};
+use crate::locks::{EventKind, TableError, Token, UserId};
 
 use super::holders::created;
 use super::keys::HolderValue;
@@ -77,16 +77,12 @@ impl Cluster {
             None,
         ));
         let plain = if kind == EventKind::Released {
-            // An exclusive holder holds alone by what it is: the comparison is left out for
-            // it, since etcd checks a range comparison over every key the range ever had
-            // until a compaction (each grant's holder key is new), and the release of a busy
-            // name grew slower with every grant before it.
             let alone = std::iter::once(guard.clone())
-                .chain(
-                    (holder.value.mode != Mode::Exclusive)
-                        .then(|| guards::holds_alone(&self.layout, name, holder.rev)),
-                )
-                .chain([guards::nobody_waits(&self.layout, name)])
+                .chain(guards::release_empties(
+                    &self.layout,
+                    name,
+                    (holder.rev, holder.value.mode),
+                ))
                 .collect::<Vec<_>>();
             let otherwise = Txn::new()
                 .when([guard.clone()])
@@ -156,10 +152,11 @@ impl Cluster {
                 return TxnOp::txn(Txn::new().and_then([put_marker(n)]));
             }
             let emptied = Txn::new()
-                .when([
-                    guards::holds_alone(&self.layout, n, holder.rev),
-                    guards::nobody_waits(&self.layout, n),
-                ])
+                .when(guards::release_empties(
+                    &self.layout,
+                    n,
+                    (holder.rev, holder.value.mode),
+                ))
                 .and_then([TxnOp::delete(self.layout.marker(n), None)])
                 .or_else([put_marker(n)]);
             TxnOp::txn(emptied)

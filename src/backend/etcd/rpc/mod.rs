@@ -893,6 +893,12 @@ impl Compare {
         )
     }
 
+    /// The key compared (the first of the range, with a prefix).
+    #[cfg(test)]
+    pub fn key(&self) -> &[u8] {
+        &self.0.key
+    }
+
     /// Compares every key that starts with this one.
     pub fn with_prefix(mut self) -> Self {
         self.0.range_end = prefix_end(&self.0.key);
