@@ -258,12 +258,11 @@ fn a_violation_comes_with_the_trail_of_the_ids_it_names() {
         "{:#?}",
         v.trail
     );
-    // The mark was made now, within the trail's window only if the run is short: it is
-    // shown when it falls within a few seconds of the trail's first and last lines.
-    let marked = v.trail.iter().any(|l| l.contains("front-end 0 killed"));
-    assert_eq!(
-        marked,
-        history.now() < ms(9000) + std::time::Duration::from_secs(3)
+    // The mark, made within the span of c1's lines (they run to 9 s), is shown.
+    assert!(
+        v.trail.iter().any(|l| l.contains("front-end 0 killed")),
+        "{:#?}",
+        v.trail
     );
     // A clean history has no trail.
     let clean_history = common::history::History::new();

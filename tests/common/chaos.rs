@@ -192,12 +192,12 @@ impl Run {
         Run { shared, threads }
     }
 
-    /// Critical sections completed so far.
     /// Records in the history what the test does to a process now, for a failure's trail.
     pub fn mark(&self, what: impl Into<String>) {
         self.shared.history.mark(what);
     }
 
+    /// Critical sections completed so far.
     pub fn sections(&self) -> u64 {
         self.shared.sections.load(Ordering::Relaxed)
     }
