@@ -25,5 +25,6 @@ mod secure;
 mod sets_lockctl;
 mod sets_wide;
 mod skew;
+mod slots;
 mod supersede;
 mod wait_ends;

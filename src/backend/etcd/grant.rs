@@ -103,9 +103,17 @@ impl Cluster {
         }
     }
 
-    pub(super) fn holder_value(&self, req: &LockRequest, user: &str, ttl: Duration) -> HolderValue {
+    /// The record of a grant made at once to `req`, known as `uid`.
+    pub(super) fn holder_value(
+        &self,
+        uid: &str,
+        req: &LockRequest,
+        user: &str,
+        ttl: Duration,
+    ) -> HolderValue {
         let at = wall_ms();
         HolderValue {
+            uid: uid.to_owned(),
             id: req.id.clone(),
             user: user.to_owned(),
             mode: req.mode,
@@ -137,17 +145,23 @@ impl Cluster {
         ttl: Duration,
         marker_rev: i64,
     ) -> Result<Option<LockStart>, BackendError> {
-        let value = self.holder_value(req, user, ttl);
+        let uid = self.uid();
+        let value = self.holder_value(&uid, req, user, ttl);
         let lease = if req.session.is_some() {
             self.lease_id()
         } else {
             0
         };
         let marker = self.layout.marker(&req.name);
-        let uid = self.uid();
-        let key = self.layout.holder(&req.name, &uid);
+        let slot = self.take_slot(1);
+        let key = self.layout.holder(&req.name, &slot);
         let txn = Txn::new()
-            .when(guards::grant_at_once(&self.layout, &req.name, marker_rev))
+            .when(guards::grant_at_once(
+                &self.layout,
+                &req.name,
+                marker_rev,
+                &key,
+            ))
             .and_then([
                 TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
                 TxnOp::put(
@@ -156,8 +170,10 @@ impl Cluster {
                     (lease != 0).then(|| PutOptions::new().with_lease(lease)),
                 ),
             ]);
+        // (A write whose answer was lost keeps its slot: it may have been applied.)
         let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         if !resp.succeeded() {
+            self.give_back(&slot, [&*req.name]);
             return Ok(None);
         }
         self.wrote(&req.name, &resp);
@@ -168,6 +184,7 @@ impl Cluster {
             if rev > g.mirror.rev {
                 let holder = HolderRecord {
                     key,
+                    slot,
                     uid,
                     rev,
                     mod_rev: rev,

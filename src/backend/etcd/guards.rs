@@ -56,17 +56,27 @@ pub(super) fn absent(key: &str) -> Compare {
     Compare::version(key.to_owned(), CompareOp::Equal, 0)
 }
 
-/// The grant of a lock at once: "the marker is as I saw it, and nobody waits".
-pub(super) fn grant_at_once(layout: &Layout, name: &str, marker_rev: i64) -> [Compare; 2] {
+/// The grant of a lock at once, its holder key `key`: "the marker is as I saw it, nobody
+/// waits, and my key's slot is empty".
+pub(super) fn grant_at_once(
+    layout: &Layout,
+    name: &str,
+    marker_rev: i64,
+    key: &str,
+) -> [Compare; 3] {
     [
         marker_at(layout, name, marker_rev),
         nobody_waits(layout, name),
+        absent(key),
     ]
 }
 
 /// The grant of `name` to the waiter whose key is `key` (created at `rev`, written at
 /// `mod_rev`): "the marker is as I saw it, my key is there and still as I saw it (no other
-/// front-end took its place over), and nobody is ahead of me".
+/// front-end took its place over), and nobody is ahead of me". Its holder key, in the
+/// waiter's slot, is not there: the waiter key went in only with its slot empty
+/// ([`slot_empty`]), and a holder key comes into a slot only with a grant at once (which
+/// nobody waits for) or with the grant that takes the slot's waiter key out.
 pub(super) fn head_grant(
     layout: &Layout,
     name: &str,
@@ -78,6 +88,15 @@ pub(super) fn head_grant(
         same_key(key, rev),
         unchanged(key, mod_rev),
         first_in_line(layout, name, rev),
+    ]
+}
+
+/// No waiter or holder key of `name` is in `slot`: a new request's keys go into an empty
+/// slot only (`slots.rs`), whatever this front-end thinks of it.
+pub(super) fn slot_empty(layout: &Layout, name: &str, slot: &str) -> [Compare; 2] {
+    [
+        absent(&layout.waiter(name, slot)),
+        absent(&layout.holder(name, slot)),
     ]
 }
 

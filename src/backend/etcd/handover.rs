@@ -125,7 +125,7 @@ impl Cluster {
                 // (It only spawns the write: the guard may stay held.)
                 let keys = names_of(name, &head.value.set)
                     .into_iter()
-                    .map(|n| self.layout.waiter(n, &head.uid))
+                    .map(|n| self.layout.waiter(n, &head.slot))
                     .collect();
                 self.forget_waiter_keys(keys, head.mod_rev);
                 return;
@@ -160,6 +160,7 @@ impl Cluster {
             local.rev = head_rev;
             let waited = now().saturating_duration_since(local.queued);
             let mut value = local.value.holder(wall_ms());
+            value.uid.clone_from(&local.uid);
             value.waited_ms = Some(waited.as_millis() as u64);
             let parts = if local.set.is_empty() {
                 vec![(name.to_owned(), places[0].1, local.key.clone())]
@@ -167,7 +168,7 @@ impl Cluster {
                 places
                     .into_iter()
                     .map(|(n, marker_rev, _)| {
-                        let key = self.layout.waiter(&n, &local.uid);
+                        let key = self.layout.waiter(&n, &local.slot);
                         (n, marker_rev, key)
                     })
                     .collect()
@@ -178,6 +179,7 @@ impl Cluster {
                 id: local.req.id.clone(),
                 parts,
                 uid: local.uid.clone(),
+                slot: local.slot.clone(),
                 rev: head_rev,
                 mod_rev: head_mod,
                 value,
@@ -221,6 +223,7 @@ impl Cluster {
         let mut when = Vec::new();
         let mut ops = Vec::new();
         for (name, marker_rev, key) in &a.parts {
+            let holder = self.layout.holder(name, &a.slot);
             when.extend(guards::head_grant(
                 &self.layout,
                 name,
@@ -234,7 +237,7 @@ impl Cluster {
                     None,
                 ),
                 TxnOp::put(
-                    self.layout.holder(name, &a.uid),
+                    holder,
                     encoded.clone(),
                     self.holder_put(a.value.session_ms.is_some()),
                 ),
@@ -357,6 +360,7 @@ struct Attempt {
     /// grant depends on, and the waiter's key on it.
     parts: Vec<(String, i64, String)>,
     uid: String,
+    slot: String,
     rev: i64,
     mod_rev: i64,
     value: super::keys::HolderValue,

@@ -53,14 +53,16 @@ impl Cluster {
                 let value = HolderValue::decode(kv.value())
                     .ok_or(BackendError::Table(TableError::NotHeld))?;
                 let key = String::from_utf8_lossy(kv.key()).into_owned();
-                let uid = key.rsplit('/').next().unwrap_or_default();
+                let slot = key.rsplit('/').next().and_then(super::keys::decode);
+                let slot = slot.unwrap_or_default();
                 // Not seen being written: counted as if written now, but never past what
                 // this front-end's wall clock says is left.
                 let left = value
                     .left_ms()
                     .min(value.ends_ms().saturating_sub(wall_ms()));
                 return Ok(HolderRecord {
-                    uid: super::keys::decode(uid).unwrap_or_default(),
+                    uid: super::mirror::uid_of(&value.uid, &slot),
+                    slot,
                     key,
                     rev,
                     mod_rev: kv.mod_revision(),
@@ -112,7 +114,7 @@ impl Cluster {
     }
 
     /// Every key of `holder`'s lease: its own, and for a set the key of each further name
-    /// (same uid, same create revision and, written together always, same mod revision).
+    /// (same slot, same create revision and, written together always, same mod revision).
     pub(super) fn lease_keys(&self, holder: &HolderRecord) -> Vec<String> {
         if holder.value.set.is_empty() {
             return vec![holder.key.clone()];
@@ -121,7 +123,7 @@ impl Cluster {
             .value
             .set
             .iter()
-            .map(|n| self.layout.holder(n, &holder.uid))
+            .map(|n| self.layout.holder(n, &holder.slot))
             .collect()
     }
 

@@ -1,19 +1,21 @@
 //! Where each piece of lock state lives in etcd, and how it is written: pure, no I/O.
 //!
 //! Under the deployment's prefix `P`:
-//! - `P h/<name>/<uid>`: one holder of `name` (its create revision, plus the token base, is its
-//!   fencing token). A set of names (`LOCK ... and=`) is one holder key per name, all with
-//!   the same uid, written by one transaction (so one create revision: one token), their
+//! - `P h/<name>/<slot>`: one holder of `name` (its create revision, plus the token base, is its
+//!   fencing token). The slot is the front-end's (`<fe>.<n>`), used again once its keys are
+//!   gone (`slots.rs`); the request's own uid, unique, is in the value (`uid=`; a record of
+//!   an older lockd has none: its slot is its uid). A set of names (`LOCK ... and=`) is one
+//!   holder key per name, all in the same slot, written by one transaction (so one create revision: one token), their
 //!   values alike and naming every name of the set (`set=`): whichever name a request
 //!   names, the write that renews or ends it reaches every key of the set. A plain lease's
 //!   key has no etcd lease, so it outlives its front-end; a
 //!   session lease's key hangs on its front-end's etcd lease, so it ends with the front-end.
 //!   A plain lease granted by one front-end to another's waiter hangs on the waiter's
 //!   front-end's etcd lease until that front-end takes it off, before telling its client.
-//! - `P q/<name>/<uid>`: one waiter, on its front-end's etcd lease; the queue's order is the
-//!   keys' create revisions, so FIFO holds across front-ends. A set waits as one key per
-//!   name, same uid, put by one transaction (one create revision: every queue agrees on
-//!   its place), granted, left or replaced by one transaction over all of them.
+//! - `P q/<name>/<slot>`: one waiter, on its front-end's etcd lease; the queue's order is the
+//!   keys' create revisions, so FIFO holds across front-ends. Its grant's holder key takes
+//!   its slot and its uid. A set waits as one key per name, same slot, put by one
+//!   transaction (one create revision: every queue agrees on its place), granted, left or replaced by one transaction over all of them.
 //! - `P n/<name>`: the name's change marker. Every grant and every release of `name` writes
 //!   it in the same transaction, so a grant can be made conditional on "no holder came or
 //!   went since I looked" with one comparison; its value says what the last change was
@@ -39,8 +41,8 @@ use crate::locks::{EventKind, Mode, Origin};
 /// The key of one holder, waiter or name marker, parsed back from etcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Key {
-    Holder { name: String, uid: String },
-    Waiter { name: String, uid: String },
+    Holder { name: String, slot: String },
+    Waiter { name: String, slot: String },
     Marker { name: String },
     FrontEnd { id: String },
     Base,
@@ -66,8 +68,8 @@ impl Layout {
         &self.prefix
     }
 
-    pub fn holder(&self, name: &str, uid: &str) -> String {
-        format!("{}h/{}/{}", self.prefix, encode(name), encode(uid))
+    pub fn holder(&self, name: &str, slot: &str) -> String {
+        format!("{}h/{}/{}", self.prefix, encode(name), encode(slot))
     }
 
     /// Every holder of `name` (a range prefix).
@@ -75,8 +77,8 @@ impl Layout {
         format!("{}h/{}/", self.prefix, encode(name))
     }
 
-    pub fn waiter(&self, name: &str, uid: &str) -> String {
-        format!("{}q/{}/{}", self.prefix, encode(name), encode(uid))
+    pub fn waiter(&self, name: &str, slot: &str) -> String {
+        format!("{}q/{}/{}", self.prefix, encode(name), encode(slot))
     }
 
     /// Every waiter of `name` (a range prefix).
@@ -113,12 +115,12 @@ impl Layout {
         let (kind, rest) = rest.split_once('/')?;
         match kind {
             "h" | "q" => {
-                let (name, uid) = rest.split_once('/')?;
-                let (name, uid) = (decode(name)?, decode(uid)?);
+                let (name, slot) = rest.split_once('/')?;
+                let (name, slot) = (decode(name)?, decode(slot)?);
                 Some(if kind == "h" {
-                    Key::Holder { name, uid }
+                    Key::Holder { name, slot }
                 } else {
-                    Key::Waiter { name, uid }
+                    Key::Waiter { name, slot }
                 })
             }
             "n" => Some(Key::Marker {
@@ -141,6 +143,9 @@ impl Layout {
 /// A holder's record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderValue {
+    /// The request it was granted to (its waiter's uid, for a grant from the queue): what
+    /// the front-ends' own tables know it by. Empty in an older lockd's record.
+    pub uid: String,
     pub id: String,
     /// The user (of `--auth-file`) that owns the lease; empty for none.
     pub user: String,
@@ -177,6 +182,8 @@ pub struct HolderValue {
 /// grant it in the same write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaiterValue {
+    /// The request's uid, unique (see [`HolderValue::uid`]).
+    pub uid: String,
     pub id: String,
     pub user: String,
     pub mode: Mode,
@@ -242,6 +249,7 @@ impl BrokenValue {
 impl HolderValue {
     pub fn encode(&self) -> String {
         let mut s = String::new();
+        uid_word(&mut s, &self.uid);
         word(&mut s, "id", &self.id);
         word(&mut s, "user", &self.user);
         word(&mut s, "mode", &mode_word(self.mode));
@@ -275,6 +283,7 @@ impl HolderValue {
         let ttl_ms: u64 = w.num("ttl")?;
         let deadline_ms: u64 = w.num("deadline")?;
         Some(HolderValue {
+            uid: w.get("uid").unwrap_or_default(),
             id: w.get("id")?,
             user: w.get("user").unwrap_or_default(),
             mode: parse_mode(&w.get("mode")?)?,
@@ -327,6 +336,7 @@ impl HolderValue {
 impl WaiterValue {
     pub fn encode(&self) -> String {
         let mut s = String::new();
+        uid_word(&mut s, &self.uid);
         word(&mut s, "id", &self.id);
         word(&mut s, "user", &self.user);
         word(&mut s, "mode", &mode_word(self.mode));
@@ -353,6 +363,7 @@ impl WaiterValue {
     pub fn decode(text: &[u8]) -> Option<WaiterValue> {
         let w = Words::parse(text)?;
         Some(WaiterValue {
+            uid: w.get("uid").unwrap_or_default(),
             id: w.get("id")?,
             user: w.get("user").unwrap_or_default(),
             mode: parse_mode(&w.get("mode")?)?,
@@ -371,6 +382,7 @@ impl WaiterValue {
     /// The holder it becomes when granted at `now_ms` (wall clock).
     pub fn holder(&self, now_ms: u64) -> HolderValue {
         HolderValue {
+            uid: self.uid.clone(),
             id: self.id.clone(),
             user: self.user.clone(),
             mode: self.mode,
@@ -499,6 +511,13 @@ fn parse_mode(word: &str) -> Option<Mode> {
         "x" => Some(Mode::Exclusive),
         "s" => Some(Mode::Shared),
         _ => word.strip_prefix('l')?.parse().ok().map(Mode::limit),
+    }
+}
+
+/// The uid's word, left out when empty (a record of an older lockd, written again).
+fn uid_word(s: &mut String, uid: &str) {
+    if !uid.is_empty() {
+        word(s, "uid", uid);
     }
 }
 

@@ -11,7 +11,7 @@ fn keys_round_trip_whatever_the_name_holds() {
             l.parse(k.as_bytes()),
             Some(Key::Holder {
                 name: name.into(),
-                uid: "fe1.7".into()
+                slot: "fe1.7".into()
             })
         );
         assert_eq!(
@@ -33,6 +33,7 @@ fn a_name_prefix_never_covers_another_name() {
 #[test]
 fn values_round_trip() {
     let h = HolderValue {
+        uid: "fe1.42".into(),
         id: "host:1 x".into(),
         user: "ci".into(),
         mode: Mode::Limit(3),
@@ -51,6 +52,7 @@ fn values_round_trip() {
     };
     assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
     let w = WaiterValue {
+        uid: "fe=1.43".into(),
         id: "w".into(),
         user: String::new(),
         mode: Mode::Shared,
@@ -64,6 +66,7 @@ fn values_round_trip() {
         note: String::new(),
         set: Vec::new(),
     };
+    assert_eq!(w.holder(5).uid, w.uid, "its grant is known by its uid");
     assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));
     let m = MarkerValue {
         kind: EventKind::Expired,
@@ -91,6 +94,7 @@ fn values_without_who_took_them_still_decode() {
     let old = b"id=a user= mode=x ttl=1000 deadline=5000 fe=f conn=1 cut=0 granted=7 at=9";
     let h = HolderValue::decode(old).expect("an older value");
     assert_eq!((h.peer.as_str(), h.granted_ms), ("", 7));
+    assert_eq!(h.uid, "", "an older record has no uid: its slot is its uid");
     assert_eq!(h.origin(), crate::locks::Origin::default());
     let w = WaiterValue::decode(b"id=w user=ci mode=s ttl=30000 fe=f conn=3 lease=7 queued=1")
         .expect("an older waiter");

@@ -30,8 +30,11 @@ impl Cluster {
         };
         self.lease.store(lease.id(), Ordering::Relaxed);
         let opts = PutOptions::new().with_lease(lease.id());
-        let announce =
-            Txn::new().and_then([TxnOp::put(self.layout.front_end(&self.fe), "", Some(opts))]);
+        let announce = Txn::new().and_then([TxnOp::put(
+            self.layout.front_end(&self.fe),
+            super::mirror::FRONT_END_VALUE,
+            Some(opts),
+        )]);
         self.txn(announce).await.map_err(|e| self.unavailable(&e))?;
         self.leased.store(true, Ordering::Relaxed);
         Ok(())

@@ -14,6 +14,12 @@ use crate::locks::{rules, Event, EventKind, Mode, Origin, Token};
 
 use super::keys::{HolderValue, Key, Layout, MarkerValue, WaiterValue};
 
+/// The value of a front-end's key (`P fe/<id>`): its keys are in slots (`slots.rs`). An older
+/// lockd's front-end writes an empty one, and takes a key's last part for its request's uid,
+/// so it can't grant this version's waiters (nor this version its): the two must not share
+/// a prefix, which the log says when they do.
+pub const FRONT_END_VALUE: &str = "keys=slots";
+
 /// One key change, as the watch (or a range read) reports it.
 #[derive(Debug, Clone)]
 pub struct KeyChange {
@@ -29,6 +35,9 @@ pub struct KeyChange {
 #[derive(Debug, Clone)]
 pub struct HolderRecord {
     pub key: String,
+    /// The key's last part (see `slots.rs`): a set's keys on its other names are in it too.
+    pub slot: String,
+    /// The request it was granted to ([`HolderValue::uid`]; its slot, for an older lockd's).
     pub uid: String,
     /// Create revision: the token is the base plus this.
     pub rev: i64,
@@ -97,6 +106,9 @@ impl Granted {
 #[derive(Debug, Clone)]
 pub struct WaiterRecord {
     pub key: String,
+    /// As [`HolderRecord::slot`].
+    pub slot: String,
+    /// The request ([`WaiterValue::uid`]; its slot, for an older lockd's record).
     pub uid: String,
     /// Create revision: its place in the queue.
     pub rev: i64,
@@ -126,6 +138,11 @@ impl NameState {
         self.marker_rev == 0 && self.holders.is_empty() && self.queue.is_empty()
     }
 
+    /// Whether a holder or waiter key of this name is in `slot`.
+    pub fn uses_slot(&self, slot: &str) -> bool {
+        self.holders.values().any(|h| h.slot == slot) || self.queue.values().any(|w| w.slot == slot)
+    }
+
     /// Whether a holder in `mode` fits beside the present holders (the queue aside) once
     /// the holder of create revision `leaving` is gone.
     pub fn admits_without(&self, mode: Mode, leaving: Option<i64>) -> bool {
@@ -152,6 +169,11 @@ pub struct Applied {
     /// Waiter keys rewritten to another connection or front-end (a LOCK of the same id took
     /// over their place): name, uid and the front-end that now waits on them.
     pub adopted: Vec<(String, String, String)>,
+    /// Slots (`slots.rs`) left without a key on a name: name and slot.
+    pub slots_gone: Vec<(String, String)>,
+    /// Front-ends of an older lockd that came (their key's value is not
+    /// [`FRONT_END_VALUE`]).
+    pub older_front_ends: Vec<String>,
 }
 
 impl Applied {
@@ -243,6 +265,9 @@ impl Mirror {
                 Key::Superseded { .. } => {}
                 Key::FrontEnd { id } => {
                     if c.put {
+                        if c.value != FRONT_END_VALUE.as_bytes() {
+                            out.older_front_ends.push(id.clone());
+                        }
                         self.front_ends.insert(id);
                     } else {
                         self.front_ends.remove(&id);
@@ -268,17 +293,18 @@ impl Mirror {
                     }
                     out.touched.insert(name);
                 }
-                Key::Holder { name, uid } => {
+                Key::Holder { name, slot } => {
                     let key = String::from_utf8_lossy(&c.key).into_owned();
-                    self.holder_change(name, uid, key, c, now, &mut out);
+                    self.holder_change(name, slot, key, c, now, &mut out);
                 }
-                Key::Waiter { name, uid } => {
+                Key::Waiter { name, slot } => {
                     let ns = self.names.entry(name.clone()).or_default();
                     ns.last_rev = c.mod_rev;
                     if c.put {
                         if let Some(value) = WaiterValue::decode(&c.value) {
                             let key = String::from_utf8_lossy(&c.key).into_owned();
                             let rev = c.create_rev;
+                            let uid = uid_of(&value.uid, &slot);
                             let moved = ns.queue.get(&rev).is_some_and(|old| {
                                 (&old.value.fe, old.value.conn) != (&value.fe, value.conn)
                             });
@@ -290,6 +316,7 @@ impl Mirror {
                                 rev,
                                 WaiterRecord {
                                     key,
+                                    slot,
                                     uid,
                                     rev,
                                     mod_rev: c.mod_rev,
@@ -298,10 +325,17 @@ impl Mirror {
                             );
                         }
                     } else {
-                        let gone = ns.queue.iter().find(|(_, w)| w.uid == uid).map(|(r, _)| *r);
-                        if let Some(rev) = gone {
-                            ns.queue.remove(&rev);
+                        let gone = ns
+                            .queue
+                            .iter()
+                            .find(|(_, w)| w.slot == slot)
+                            .map(|(r, _)| *r);
+                        let gone = gone.and_then(|rev| ns.queue.remove(&rev));
+                        // (Its grant, in the same write, put its holder key first.)
+                        if !ns.uses_slot(&slot) {
+                            out.slots_gone.push((name.clone(), slot.clone()));
                         }
+                        let uid = gone.map_or(slot, |w| w.uid);
                         out.waiters_gone.push((name.clone(), uid));
                     }
                     out.touched.insert(name);
@@ -321,7 +355,7 @@ impl Mirror {
     fn holder_change(
         &mut self,
         name: String,
-        uid: String,
+        slot: String,
         key: String,
         c: &KeyChange,
         now: Instant,
@@ -338,7 +372,8 @@ impl Mirror {
             let rev = c.create_rev;
             let holder = HolderRecord {
                 key,
-                uid,
+                uid: uid_of(&value.uid, &slot),
+                slot,
                 rev,
                 mod_rev: c.mod_rev,
                 lease: c.lease,
@@ -368,12 +403,15 @@ impl Mirror {
             self.ends.insert((holder.ends_at, name.clone(), rev));
             ns.holders.insert(rev, holder);
         } else {
-            let Some(rev) = ns.holders.values().find(|h| h.uid == uid).map(|h| h.rev) else {
+            let Some(rev) = ns.holders.values().find(|h| h.slot == slot).map(|h| h.rev) else {
                 return;
             };
             let Some(old) = ns.holders.remove(&rev) else {
                 return;
             };
+            if !ns.uses_slot(&slot) {
+                out.slots_gone.push((name.clone(), slot));
+            }
             self.ends.remove(&(old.ends_at, name.clone(), rev));
             // The marker written in the same transaction says why; none: the lease went.
             let kind = match &ns.marker {
@@ -404,6 +442,17 @@ impl Mirror {
             );
         }
     }
+}
+
+/// A record's uid: the one its value names, or (a record of an older lockd, whose keys took
+/// a new uid each) its slot.
+pub(super) fn uid_of(value_uid: &str, slot: &str) -> String {
+    if value_uid.is_empty() {
+        slot
+    } else {
+        value_uid
+    }
+    .to_owned()
 }
 
 #[cfg(test)]

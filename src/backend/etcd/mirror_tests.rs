@@ -26,6 +26,7 @@ fn del(key: String, rev: i64) -> KeyChange {
 
 fn holder(id: &str) -> String {
     HolderValue {
+        uid: String::new(),
         id: id.into(),
         user: String::new(),
         mode: Mode::Exclusive,
@@ -158,6 +159,7 @@ fn modes_admit_as_the_table_does() {
         1,
         HolderRecord {
             key: String::new(),
+            slot: "a".into(),
             uid: "a".into(),
             rev: 1,
             mod_rev: 1,
@@ -169,4 +171,109 @@ fn modes_admit_as_the_table_does() {
     assert!(ns.admits_without(Mode::Limit(2), None));
     assert!(!ns.admits_without(Mode::Exclusive, None));
     assert!(!ns.admits_without(Mode::Shared, None));
+}
+
+fn waiter(uid: &str) -> String {
+    WaiterValue {
+        uid: uid.into(),
+        id: format!("id-{uid}"),
+        user: String::new(),
+        mode: Mode::Exclusive,
+        ttl_ms: 1000,
+        session_ms: None,
+        fe: "a".into(),
+        conn: 1,
+        lease: 7,
+        queued_ms: 0,
+        peer: String::new(),
+        note: String::new(),
+        set: Vec::new(),
+    }
+    .encode()
+}
+
+/// A waiter granted in one write (its holder key, same slot, put before its waiter key's
+/// delete) keeps its slot in use; the slot is reported free only once its holder goes, and
+/// each incarnation of the slot is known by the uid its value names.
+#[test]
+fn a_slot_is_gone_only_when_its_last_key_on_the_name_goes() {
+    let l = Layout::new("/p/");
+    let mut m = Mirror::default();
+    let a = m.apply(
+        &l,
+        &[put(l.waiter("x", "fe.1"), waiter("fe-5"), 3, 3)],
+        3,
+        Instant::now(),
+    );
+    assert!(a.slots_gone.is_empty());
+    let ns = m.name("x").expect("a waiter");
+    assert_eq!(ns.queue[&3].uid, "fe-5");
+    assert_eq!(ns.queue[&3].slot, "fe.1");
+    let granted = HolderValue {
+        uid: "fe-5".into(),
+        ..HolderValue::decode(holder("id-fe-5").as_bytes()).expect("value")
+    };
+    let a = m.apply(
+        &l,
+        &[
+            put(l.marker("x"), marker(EventKind::Acquired, 0), 4, 4),
+            put(l.holder("x", "fe.1"), granted.encode(), 4, 4),
+            del(l.waiter("x", "fe.1"), 4),
+        ],
+        4,
+        Instant::now(),
+    );
+    assert!(a.slots_gone.is_empty(), "its holder key is in the slot");
+    assert_eq!(a.waiters_gone, vec![("x".to_owned(), "fe-5".to_owned())]);
+    assert_eq!(a.granted[0].uid, "fe-5");
+    let a = m.apply(
+        &l,
+        &[
+            put(l.marker("x"), marker(EventKind::Released, 4), 4, 6),
+            del(l.holder("x", "fe.1"), 6),
+        ],
+        6,
+        Instant::now(),
+    );
+    assert_eq!(a.slots_gone, vec![("x".to_owned(), "fe.1".to_owned())]);
+    // The slot again, for another request: a new record, with its own uid.
+    m.apply(
+        &l,
+        &[put(l.waiter("x", "fe.1"), waiter("fe-9"), 7, 7)],
+        7,
+        Instant::now(),
+    );
+    let ns = m.name("x").expect("a waiter");
+    assert_eq!(ns.queue.len(), 1);
+    assert_eq!(ns.queue[&7].uid, "fe-9");
+    let a = m.apply(&l, &[del(l.waiter("x", "fe.1"), 8)], 8, Instant::now());
+    assert_eq!(a.slots_gone, vec![("x".to_owned(), "fe.1".to_owned())]);
+    assert_eq!(a.waiters_gone, vec![("x".to_owned(), "fe-9".to_owned())]);
+    // An older lockd's record has no uid: its slot is its uid.
+    m.apply(
+        &l,
+        &[put(l.holder("y", "old.3"), holder("o"), 9, 9)],
+        9,
+        Instant::now(),
+    );
+    assert_eq!(m.name("y").expect("a holder").holders[&9].uid, "old.3");
+}
+
+/// A front-end whose key does not say its keys are in slots is of an older lockd: the watch
+/// says so in the log.
+#[test]
+fn a_front_end_of_an_older_lockd_is_told_apart() {
+    let l = Layout::new("/p/");
+    let mut m = Mirror::default();
+    let a = m.apply(
+        &l,
+        &[
+            put(l.front_end("new"), FRONT_END_VALUE.into(), 2, 2),
+            put(l.front_end("old"), String::new(), 3, 3),
+        ],
+        3,
+        Instant::now(),
+    );
+    assert_eq!(a.older_front_ends, vec!["old".to_owned()]);
+    assert_eq!(m.front_ends.len(), 2);
 }

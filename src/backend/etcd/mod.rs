@@ -64,6 +64,7 @@ mod rpc;
 mod secure;
 mod sessions;
 mod sets;
+mod slots;
 mod stats;
 mod status;
 mod view;
@@ -90,6 +91,8 @@ use mirror::Mirror;
 struct Local {
     name: String,
     uid: String,
+    /// Its keys' slot (`slots.rs`): on its other names too, for a set.
+    slot: String,
     key: String,
     /// Its key's create revision (its place in the queue), once known (from the put's
     /// answer or the watch).
@@ -112,7 +115,7 @@ struct Local {
     /// that write says how its wait ends (see `Cluster::wait_over`), so nothing else grants
     /// it or ends it meanwhile; a grant etcd made before the write is still delivered.
     leaving: bool,
-    /// Every name of its set (`name` first), each with a key of `uid`; empty for one name.
+    /// Every name of its set (`name` first), each with a key in `slot`; empty for one name.
     set: Vec<String>,
     /// Dropped with the waiter, however it leaves, which ends its `wait=` timer task (see
     /// `Cluster::end_wait_after`): no task outlives the wait it times.
@@ -140,6 +143,8 @@ struct ClusterState {
     /// Waiters of this front-end (by uid) whose superseded mark the watch brought, until
     /// their gone key is answered: how the wait ends, told apart from a lost etcd lease.
     superseded: HashMap<String, crate::locks::WaitEnd>,
+    /// The slots of this front-end's keys, free and taken.
+    slots: slots::Slots,
 }
 
 impl ClusterState {
@@ -234,6 +239,7 @@ impl Cluster {
             wall_ms() & 0xffff_ffff
         );
         let (events, _) = broadcast::channel(watch_buffer.max(1));
+        let fe_id = fe.clone();
         let cluster = Arc::new(Cluster {
             client,
             layout,
@@ -249,6 +255,7 @@ impl Cluster {
                 expiring: Default::default(),
                 bound: Default::default(),
                 superseded: HashMap::new(),
+                slots: slots::Slots::new(&fe_id),
             }),
             events,
             moved: Notify::new(),
@@ -358,8 +365,9 @@ impl Cluster {
     /// Sets the `lockd_etcd_*` gauges, for a scrape.
     pub fn scrape(&self) {
         let lag = self.seen_rev.load(Ordering::Relaxed) - self.watch_rev.load(Ordering::Relaxed);
+        let slots = self.guard().slots.counts();
         self.stats
-            .scrape(Some(self.quorum.age()), self.quorum.fresh(), lag);
+            .scrape(Some(self.quorum.age()), self.quorum.fresh(), lag, slots);
     }
 
     /// Why `e` failed, in one plain sentence.
@@ -457,12 +465,29 @@ impl Cluster {
             .unwrap_or_else(|| "?".into())
     }
 
+    /// A new request's uid, never used before: what this front-end's tables know it by.
     fn uid(&self) -> String {
         format!(
-            "{}.{}",
+            "{}-{}",
             self.fe,
             self.next_uid.fetch_add(1, Ordering::Relaxed)
         )
+    }
+
+    /// A slot for the keys of a new request on `names` names (`slots.rs`).
+    fn take_slot(&self, names: usize) -> String {
+        self.guard().slots.take(names)
+    }
+
+    /// The write that would have created keys in `slot` on `names` failed its comparisons:
+    /// the slot is free again, unless the mirror shows a key in it.
+    fn give_back<'a>(&self, slot: &str, names: impl IntoIterator<Item = &'a str>) {
+        let mut g = self.guard();
+        let present = names
+            .into_iter()
+            .filter(|n| g.mirror.name(n).is_some_and(|ns| ns.uses_slot(slot)))
+            .count();
+        g.slots.give_back(slot, present);
     }
 
     fn lease_id(&self) -> i64 {

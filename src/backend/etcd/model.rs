@@ -46,7 +46,9 @@ pub fn decide(
     let first_waiter = holders.len() as i64 + 1;
     for (i, w) in queue.iter().enumerate() {
         let rev = first_waiter + i as i64;
+        let uid = format!("w{rev}");
         let value = WaiterValue {
+            uid: uid.clone(),
             id: w.id.into(),
             user: w.user.into(),
             mode: w.mode,
@@ -60,9 +62,9 @@ pub fn decide(
             note: String::new(),
             set: Vec::new(),
         };
-        let uid = format!("w{rev}");
         let waiter = WaiterRecord {
             key: uid.clone(),
+            slot: uid.clone(),
             uid,
             rev,
             mod_rev: rev,
@@ -107,7 +109,9 @@ fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
     let at = Instant::now();
     for (i, h) in holders.iter().enumerate() {
         let rev = i as i64 + 1;
+        let uid = format!("h{rev}");
         let value = HolderValue {
+            uid: uid.clone(),
             id: h.id.into(),
             user: h.user.into(),
             mode: h.mode,
@@ -124,9 +128,9 @@ fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
             note: String::new(),
             set: Vec::new(),
         };
-        let uid = format!("h{rev}");
         let holder = HolderRecord {
             key: uid.clone(),
+            slot: uid.clone(),
             uid,
             rev,
             mod_rev: rev,

@@ -102,11 +102,15 @@ impl Cluster {
                 head: None,
             };
         };
-        let value = head.value.holder(wall_ms());
+        let mut value = head.value.holder(wall_ms());
+        // (An older lockd's waiter record has no uid: its slot is its uid.)
+        value.uid.clone_from(&head.uid);
         let lease = lease.map(|l| PutOptions::new().with_lease(l));
+        let head_holder = self.layout.holder(name, &head.slot);
+        // The holder key first: a watch that sees the waiter key go sees its slot in use.
         let mut ops = vec![
             TxnOp::put(marker.clone(), self.marker(kind, holder.rev), None),
-            TxnOp::put(self.layout.holder(name, &head.uid), value.encode(), lease),
+            TxnOp::put(head_holder, value.encode(), lease),
             TxnOp::delete(head.key.clone(), None),
         ];
         ops.push(TxnOp::delete(holder.key.clone(), None));
@@ -184,9 +188,9 @@ impl Cluster {
         let ns = g.mirror.name(name)?;
         let head = ns.queue.values().next()?;
         // A mirror behind may still show, as the head waiter, the very waiter whose grant is
-        // now being released (its holder key takes the waiter's uid): etcd refuses a write
+        // now being released (its holder key takes the waiter's slot): etcd refuses a write
         // that puts and deletes one key.
-        if head.uid == holder.uid {
+        if head.slot == holder.slot {
             return None;
         }
         // A set waiter needs all its names: its own front-end grants it, in one write over

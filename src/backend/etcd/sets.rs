@@ -52,6 +52,7 @@ enum SetPlan {
 /// its client sends the same LOCK through another front-end.
 pub(super) struct Adopt {
     uid: String,
+    slot: String,
     rev: i64,
     queued_ms: u64,
     note: String,
@@ -62,6 +63,7 @@ impl Adopt {
     pub(super) fn of(w: &super::mirror::WaiterRecord) -> Adopt {
         Adopt {
             uid: w.uid.clone(),
+            slot: w.slot.clone(),
             rev: w.rev,
             queued_ms: w.value.queued_ms,
             note: w.value.note.clone(),
@@ -206,34 +208,38 @@ impl Cluster {
         names: &[String],
         marker_revs: &[i64],
     ) -> Result<Option<LockStart>, BackendError> {
-        let value = self.holder_value(req, user, ttl);
+        let uid = self.uid();
+        let value = self.holder_value(&uid, req, user, ttl);
         let lease = if req.session.is_some() {
             self.lease_id()
         } else {
             0
         };
-        let uid = self.uid();
+        let slot = self.take_slot(names.len());
         let encoded = value.encode();
         let mut when = Vec::new();
         let mut ops = Vec::new();
         for (name, marker_rev) in names.iter().zip(marker_revs) {
-            when.extend(guards::grant_at_once(&self.layout, name, *marker_rev));
+            let key = self.layout.holder(name, &slot);
+            when.extend(guards::grant_at_once(&self.layout, name, *marker_rev, &key));
             ops.push(TxnOp::put(
                 self.layout.marker(name),
                 self.marker(EventKind::Acquired, 0),
                 None,
             ));
             ops.push(TxnOp::put(
-                self.layout.holder(name, &uid),
+                key,
                 encoded.clone(),
                 (lease != 0).then(|| PutOptions::new().with_lease(lease)),
             ));
         }
+        // (A write whose answer was lost keeps its slot: it may have been applied.)
         let resp = self
             .txn(Txn::new().when(when).and_then(ops))
             .await
             .map_err(|e| self.unavailable(&e))?;
         if !resp.succeeded() {
+            self.give_back(&slot, names.iter().map(String::as_str));
             return Ok(None);
         }
         for name in names {
@@ -246,7 +252,8 @@ impl Cluster {
             if rev > g.mirror.rev {
                 for name in names {
                     let holder = HolderRecord {
-                        key: self.layout.holder(name, &uid),
+                        key: self.layout.holder(name, &slot),
+                        slot: slot.clone(),
                         uid: uid.clone(),
                         rev,
                         mod_rev: rev,
@@ -287,6 +294,10 @@ impl Cluster {
         adopt: Option<Adopt>,
     ) -> Result<Option<LockStart>, BackendError> {
         let uid = adopt.as_ref().map_or_else(|| self.uid(), |a| a.uid.clone());
+        let slot = match &adopt {
+            Some(a) => a.slot.clone(),
+            None => self.take_slot(names.len()),
+        };
         let set = if names.len() > 1 {
             names.to_vec()
         } else {
@@ -297,6 +308,7 @@ impl Cluster {
             .cloned()
             .unwrap_or_else(|| req.name.to_string());
         let value = WaiterValue {
+            uid: uid.clone(),
             id: req.id.clone(),
             user,
             mode: req.mode,
@@ -338,7 +350,8 @@ impl Cluster {
                 Local {
                     name: first.clone(),
                     uid: uid.clone(),
-                    key: self.layout.waiter(&first, &uid),
+                    slot: slot.clone(),
+                    key: self.layout.waiter(&first, &slot),
                     rev: 0,
                     mod_rev: 0,
                     tx,
@@ -364,7 +377,7 @@ impl Cluster {
         let adopted: Vec<String> = match &adopt {
             Some(a) => names
                 .iter()
-                .map(|n| self.layout.waiter(n, &a.uid))
+                .map(|n| self.layout.waiter(n, &a.slot))
                 .collect(),
             None => Vec::new(),
         };
@@ -380,22 +393,30 @@ impl Cluster {
             ops.push(TxnOp::delete(old.key.clone(), None));
         }
         let encoded = value.encode();
-        for name in names {
-            ops.push(TxnOp::put(
-                self.layout.waiter(name, &uid),
-                encoded.clone(),
-                on_lease(),
-            ));
+        let keys: Vec<String> = names.iter().map(|n| self.layout.waiter(n, &slot)).collect();
+        for key in &keys {
+            ops.push(TxnOp::put(key.clone(), encoded.clone(), on_lease()));
         }
-        // Taken out only as read; taken over only while still that request's place.
-        let when: Vec<_> = olds
+        // Taken out only as read; taken over only while still that request's place; and a
+        // key of a slot of its own only into an empty one.
+        let mut when: Vec<_> = olds
             .iter()
             .map(|o| match &adopt {
                 Some(a) if taken_over(&o.key) => guards::same_key(&o.key, a.rev),
                 _ => guards::unchanged(&o.key, o.mod_rev),
             })
             .collect();
+        if adopt.is_none() {
+            when.extend(
+                names
+                    .iter()
+                    .flat_map(|n| guards::slot_empty(&self.layout, n, &slot)),
+            );
+        }
         let result = self.txn(Txn::new().when(when).and_then(ops)).await;
+        if adopt.is_none() && result.as_ref().is_ok_and(|r| !r.succeeded()) {
+            self.give_back(&slot, names.iter().map(String::as_str));
+        }
         if result.as_ref().is_ok_and(|r| r.succeeded()) {
             self.drop_marks(marks);
         }
@@ -446,7 +467,7 @@ impl Cluster {
         let mut olds: Vec<OldKey> = Vec::new();
         for w in same {
             for n in names_of(name, &w.value.set) {
-                let key = self.layout.waiter(n, &w.uid);
+                let key = self.layout.waiter(n, &w.slot);
                 if olds.iter().all(|o| o.key != key) {
                     olds.push(OldKey {
                         name: n.to_owned(),

@@ -13,6 +13,9 @@
 //!   the last one the watch has delivered (the mirror's lag);
 //! - `lockd_etcd_leader_routed`: 1 while this front-end's reads and transactions go straight
 //!   to etcd's leader, 0 while they go to any member (one endpoint, or no leader known).
+//! - `lockd_etcd_key_slots{state}`: this front-end's key slots (`slots.rs`), `taken` (by a
+//!   request, or by keys still in etcd) and `made` (ever): `made` grows with the most
+//!   requests the front-end had at once, not with their number.
 //!
 //! The gauges are set at the scrape ([`EtcdStats::scrape`]), so they cost nothing between.
 
@@ -37,6 +40,8 @@ pub struct EtcdStats {
     errors: [Counter; Kind::ALL.len()],
     watch_lag: Gauge,
     routed: Gauge,
+    slots_taken: Gauge,
+    slots_made: Gauge,
 }
 
 impl EtcdStats {
@@ -83,6 +88,14 @@ impl EtcdStats {
             "1 while reads and transactions go straight to etcd's leader, 0 while to any member",
             routed.clone(),
         );
+        let slots = Family::<[(&'static str, &'static str); 1], Gauge>::default();
+        registry.register(
+            "etcd_key_slots",
+            "This front-end's key slots: taken now, and made since it started",
+            slots.clone(),
+        );
+        let slots_taken = slots.get_or_create(&[("state", "taken")]).clone();
+        let slots_made = slots.get_or_create(&[("state", "made")]).clone();
         let errors = Kind::ALL.map(|k| family.get_or_create(&[("kind", k.label())]).clone());
         metrics.attach(registry);
         EtcdStats {
@@ -92,6 +105,8 @@ impl EtcdStats {
             errors,
             watch_lag,
             routed,
+            slots_taken,
+            slots_made,
         }
     }
 
@@ -113,9 +128,14 @@ impl EtcdStats {
     }
 
     /// Sets the gauges: `age` of the last quorum answer (`None`: never), whether it is
-    /// within the readiness bound, and the watch's lag in revisions.
-    pub fn scrape(&self, age: Option<Duration>, up: bool, lag: i64) {
+    /// within the readiness bound, the watch's lag in revisions, and the key slots taken
+    /// and made.
+    pub fn scrape(&self, age: Option<Duration>, up: bool, lag: i64, slots: (usize, u64)) {
         self.up.set(i64::from(up));
+        self.slots_taken
+            .set(i64::try_from(slots.0).unwrap_or(i64::MAX));
+        self.slots_made
+            .set(i64::try_from(slots.1).unwrap_or(i64::MAX));
         self.confirmed_age
             .set(age.map_or(f64::INFINITY, |a| a.as_secs_f64()));
         self.watch_lag.set(lag.max(0));

@@ -41,8 +41,8 @@ impl Cluster {
     ) -> Result<Option<LockStart>, BackendError> {
         let uid = self.uid();
         let name_of_wait = req.name.clone();
-        let key = self.layout.waiter(&req.name, &uid);
         let mut value = WaiterValue {
+            uid: uid.clone(),
             id: req.id.clone(),
             user: user.clone(),
             mode: req.mode,
@@ -103,7 +103,17 @@ impl Cluster {
         }
         // The oldest one's place is taken over (the queue is in create-revision order).
         let adopt = (!same.is_empty()).then(|| same.remove(0));
+        // Its key: the one whose place it takes over, or one in a slot of its own.
+        let (slot, key) = match &adopt {
+            Some(old) => (old.slot.clone(), old.key.clone()),
+            None => {
+                let slot = self.take_slot(1);
+                let key = self.layout.waiter(&req.name, &slot);
+                (slot, key)
+            }
+        };
         if let Some(old) = &adopt {
+            value.uid.clone_from(&old.uid);
             value.queued_ms = old.value.queued_ms;
             let had = Some(old.value.note.as_str()).filter(|n| !n.is_empty());
             let note = rules::note_again(had, req.note.as_deref()).unwrap_or_default();
@@ -135,6 +145,7 @@ impl Cluster {
                 Local {
                     name: req.name.to_string(),
                     uid: uid.clone(),
+                    slot: slot.clone(),
                     key: key.clone(),
                     rev: 0,
                     mod_rev: 0,
@@ -205,7 +216,7 @@ impl Cluster {
                     // A set waiter leaves all its queues: its keys on its other names go too
                     // (its front-end's watch ends its wait from the mark above).
                     for n in w.value.set.iter().filter(|n| n.as_str() != &*name_of_wait) {
-                        out.push(TxnOp::delete(self.layout.waiter(n, &w.uid), None));
+                        out.push(TxnOp::delete(self.layout.waiter(n, &w.slot), None));
                     }
                     // Full: what is gathered so far goes ahead (this request's key moves on
                     // to the next write, the last).
@@ -217,9 +228,13 @@ impl Cluster {
                     last.1.push(mark.clone());
                 }
                 marks = last.1;
-                Txn::new().when(guard.clone()).and_then(last.0)
+                let empty = guards::slot_empty(&self.layout, &name_of_wait, &slot);
+                let when = guard.iter().cloned().chain(empty);
+                Txn::new().when(when.collect::<Vec<_>>()).and_then(last.0)
             }
-            None => Txn::new().and_then(ops(&key)),
+            None => Txn::new()
+                .when(guards::slot_empty(&self.layout, &name_of_wait, &slot))
+                .and_then(ops(&key)),
         };
         // A write ahead whose guard fails decides again, as the last one's would (the waiters
         // it already took out stay out: their clients were told).
@@ -232,6 +247,9 @@ impl Cluster {
             }
             self.drop_marks(marks);
         }
+        // Whether the write that creates its key was sent: if not, or if it failed its
+        // comparisons, its slot is free again.
+        let key_sent = result.is_none();
         let result = match result {
             Some(failed) => failed,
             None => {
@@ -244,6 +262,10 @@ impl Cluster {
         };
         for old in replaced_here {
             let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+        }
+        let failed = !result.as_ref().is_ok_and(|r| r.succeeded());
+        if failed && adopt.is_none() && (!key_sent || result.is_ok()) {
+            self.give_back(&slot, [&*name_of_wait]);
         }
         let resp = match result {
             Ok(resp) => resp,
@@ -276,7 +298,6 @@ impl Cluster {
                 local.mod_rev = at;
                 if let Some(old) = adopt {
                     local.uid = old.uid;
-                    local.key = old.key;
                     local.rev = old.rev;
                 } else {
                     local.rev = at;
@@ -418,11 +439,11 @@ impl Cluster {
             .local_keys(local)
             .into_iter()
             .map(|k| TxnOp::txn(forget_one(&k, local.mod_rev).or_else([TxnOp::get(k, None)])));
-        let holder = TxnOp::get(self.layout.holder(&local.name, &local.uid), None);
+        let holder = TxnOp::get(self.layout.holder(&local.name, &local.slot), None);
         Txn::new().and_then(parts.chain(std::iter::once(holder)).collect::<Vec<_>>())
     }
 
-    /// Every waiter key of `local`: its own, or one per name of its set (same uid).
+    /// Every waiter key of `local`: its own, or one per name of its set (same slot).
     pub(super) fn local_keys(&self, local: &Local) -> Vec<String> {
         if local.set.is_empty() {
             return vec![local.key.clone()];
@@ -430,7 +451,7 @@ impl Cluster {
         local
             .set
             .iter()
-            .map(|n| self.layout.waiter(n, &local.uid))
+            .map(|n| self.layout.waiter(n, &local.slot))
             .collect()
     }
 

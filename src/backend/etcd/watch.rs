@@ -58,6 +58,20 @@ impl Cluster {
         }
     }
 
+    /// Says that a front-end of an older lockd shares this prefix, as its key shows up.
+    fn warn_older(&self, applied: &super::mirror::Applied) {
+        for fe in &applied.older_front_ends {
+            tracing::warn!(
+                fe = self.fe,
+                older = fe,
+                prefix = self.layout.prefix(),
+                "a front-end of an older lockd shares this prefix: a grant it makes to a \
+                 waiter of this one is taken back, and the wait fails; stop the older \
+                 front-ends before starting new ones"
+            );
+        }
+    }
+
     /// Reads the whole prefix into a fresh mirror; waiters and watchers learn what changed.
     pub(super) async fn resync(self: &Arc<Self>) -> Result<(), BackendError> {
         let resp = self
@@ -83,8 +97,19 @@ impl Cluster {
                     ..Mirror::default()
                 },
             );
-            g.mirror.apply(&self.layout, &changes, rev, now());
+            let applied = g.mirror.apply(&self.layout, &changes, rev, now());
+            self.warn_older(&applied);
             g.fresh.retain(|(_, at), _| *at > rev);
+            // Slots whose keys went while the watch was behind: a key the old mirror showed
+            // was written, so its slot is free once the new one shows none on that name.
+            for (name, ns) in &old.names {
+                let slots = ns.holders.values().map(|h| &h.slot);
+                for slot in slots.chain(ns.queue.values().map(|w| &w.slot)) {
+                    if !g.mirror.name(name).is_some_and(|now| now.uses_slot(slot)) {
+                        g.slots.gone(slot);
+                    }
+                }
+            }
             let mut touched: Vec<String> = old.names.keys().cloned().collect();
             touched.extend(g.mirror.names.keys().cloned());
             // Grants made while the watch was behind, to waiters of ours (still waiting, or
@@ -234,6 +259,10 @@ impl Cluster {
         let applied = {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev, now());
+            self.warn_older(&applied);
+            for (_, slot) in &applied.slots_gone {
+                g.slots.gone(slot);
+            }
             for event in &applied.events {
                 if event.kind != EventKind::Acquired {
                     g.bound.ended(event.token);
