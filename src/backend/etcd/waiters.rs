@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rpc::{PutOptions, Txn, TxnOp};
+use super::rpc::{Compare, PutOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
 use crate::backend::{now, BackendError, LockStart, WaitResult};
@@ -183,11 +183,17 @@ impl Cluster {
         // A supersede of a queue longer than one etcd transaction carries: the writes (and
         // their marks) that take the waiters ahead out first, before the one with this
         // request's key.
-        let mut ahead: Vec<(Vec<TxnOp>, Vec<String>)> = Vec::new();
+        let mut ahead: Vec<(Vec<TxnOp>, Vec<String>, Vec<Compare>)> = Vec::new();
         let mut guard = Vec::new();
         let txn = match &adopt {
+            // The further waiters of the id go only as seen: a slot whose key went since may
+            // hold another request's key by now.
             Some(old) => Txn::new()
-                .when([guards::same_key(&old.key, old.rev)])
+                .when(
+                    std::iter::once(guards::same_key(&old.key, old.rev))
+                        .chain(same.iter().map(|w| guards::same_key(&w.key, w.rev)))
+                        .collect::<Vec<_>>(),
+                )
                 .and_then(ops(&old.key)),
             None if !superseded.is_empty() => {
                 // Newest wins, in writes guarded on the name as decided: no holder came or
@@ -199,7 +205,8 @@ impl Cluster {
                     guards::queue_unchanged_since(&self.layout, &name_of_wait, seen),
                 ];
                 let by = value.id.clone();
-                let mut last: (Vec<TxnOp>, Vec<String>) = (vec![put(&key)], Vec::new());
+                let mut last: (Vec<TxnOp>, Vec<String>, Vec<Compare>) =
+                    (vec![put(&key)], Vec::new(), Vec::new());
                 for ((w, same_id), mark) in superseded.iter().zip(&marks) {
                     let mark_value = super::keys::SupersededValue {
                         by: by.clone(),
@@ -214,22 +221,31 @@ impl Cluster {
                         TxnOp::delete(w.key.clone(), None),
                     ];
                     // A set waiter leaves all its queues: its keys on its other names go too
-                    // (its front-end's watch ends its wait from the mark above).
+                    // (its front-end's watch ends its wait from the mark above), each only
+                    // if it is still the set's (created with it): the set may have left
+                    // since, and its slot hold another request's key there.
+                    let mut checks = Vec::new();
                     for n in w.value.set.iter().filter(|n| n.as_str() != &*name_of_wait) {
-                        out.push(TxnOp::delete(self.layout.waiter(n, &w.slot), None));
+                        let other = self.layout.waiter(n, &w.slot);
+                        checks.push(guards::same_key(&other, w.rev));
+                        out.push(TxnOp::delete(other, None));
                     }
                     // Full: what is gathered so far goes ahead (this request's key moves on
-                    // to the next write, the last).
-                    if last.0.len() + out.len() > TXN_OPS {
+                    // to the next write, the last). etcd takes as many comparisons as
+                    // operations; the last write adds its slot's two.
+                    let compares = guard.len() + 2 + last.2.len() + checks.len();
+                    if last.0.len() + out.len() > TXN_OPS || compares > TXN_OPS {
                         let key_op = last.0.remove(0);
-                        ahead.push(std::mem::replace(&mut last, (vec![key_op], Vec::new())));
+                        let next = (vec![key_op], Vec::new(), Vec::new());
+                        ahead.push(std::mem::replace(&mut last, next));
                     }
                     last.0.extend(out);
                     last.1.push(mark.clone());
+                    last.2.extend(checks);
                 }
                 marks = last.1;
                 let empty = guards::slot_empty(&self.layout, &name_of_wait, &slot);
-                let when = guard.iter().cloned().chain(empty);
+                let when = guard.iter().cloned().chain(last.2).chain(empty);
                 Txn::new().when(when.collect::<Vec<_>>()).and_then(last.0)
             }
             None => Txn::new()
@@ -239,8 +255,9 @@ impl Cluster {
         // A write ahead whose guard fails decides again, as the last one's would (the waiters
         // it already took out stay out: their clients were told).
         let mut result = None;
-        for (ops, marks) in ahead {
-            let went = self.txn(Txn::new().when(guard.clone()).and_then(ops)).await;
+        for (ops, marks, checks) in ahead {
+            let when: Vec<Compare> = guard.iter().cloned().chain(checks).collect();
+            let went = self.txn(Txn::new().when(when).and_then(ops)).await;
             if !went.as_ref().is_ok_and(|r| r.succeeded()) {
                 result = Some(went);
                 break;
