@@ -155,13 +155,8 @@ impl Cluster {
         let marker = self.layout.marker(&req.name);
         let slot = self.take_slot(1);
         let key = self.layout.holder(&req.name, &slot);
-        let txn = Txn::new()
-            .when(guards::grant_at_once(
-                &self.layout,
-                &req.name,
-                marker_rev,
-                &key,
-            ))
+        let write = Txn::new()
+            .when(guards::grant_at_once(&self.layout, &req.name, marker_rev))
             .and_then([
                 TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
                 TxnOp::put(
@@ -170,10 +165,10 @@ impl Cluster {
                     (lease != 0).then(|| PutOptions::new().with_lease(lease)),
                 ),
             ]);
+        let txn = guards::in_empty_slot(&self.layout, [&*req.name], &slot, write);
         // (A write whose answer was lost keeps its slot: it may have been applied.)
         let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
-        if !resp.succeeded() {
-            self.give_back(&slot, [&*req.name]);
+        if !self.slot_written(&slot, [&*req.name], &resp) {
             return Ok(None);
         }
         self.wrote(&req.name, &resp);

@@ -3,7 +3,7 @@
 //! decision made on a stale mirror fails one of them and is made again: they, not the
 //! mirror, are what keeps a second holder out.
 
-use super::rpc::{Compare, CompareOp};
+use super::rpc::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use super::keys::Layout;
 use crate::locks::Mode;
@@ -56,18 +56,11 @@ pub(super) fn absent(key: &str) -> Compare {
     Compare::version(key.to_owned(), CompareOp::Equal, 0)
 }
 
-/// The grant of a lock at once, its holder key `key`: "the marker is as I saw it, nobody
-/// waits, and my key's slot is empty".
-pub(super) fn grant_at_once(
-    layout: &Layout,
-    name: &str,
-    marker_rev: i64,
-    key: &str,
-) -> [Compare; 3] {
+/// The grant of a lock at once: "the marker is as I saw it, and nobody waits".
+pub(super) fn grant_at_once(layout: &Layout, name: &str, marker_rev: i64) -> [Compare; 2] {
     [
         marker_at(layout, name, marker_rev),
         nobody_waits(layout, name),
-        absent(key),
     ]
 }
 
@@ -98,6 +91,43 @@ pub(super) fn slot_empty(layout: &Layout, name: &str, slot: &str) -> [Compare; 2
         absent(&layout.waiter(name, slot)),
         absent(&layout.holder(name, slot)),
     ]
+}
+
+/// The write `write` of a new request's keys in `slot` on `names`, made only if the slot is
+/// empty on every one of them: the slot's comparisons outside, the write's own inside, so
+/// the answer says which failed ([`slot_write`]).
+pub(super) fn in_empty_slot<'a>(
+    layout: &Layout,
+    names: impl IntoIterator<Item = &'a str>,
+    slot: &str,
+    write: Txn,
+) -> Txn {
+    let empty: Vec<Compare> = names
+        .into_iter()
+        .flat_map(|n| slot_empty(layout, n, slot))
+        .collect();
+    Txn::new().when(empty).and_then([TxnOp::txn(write)])
+}
+
+/// What the answer to an [`in_empty_slot`] write says.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum SlotWrite {
+    /// Made.
+    Done,
+    /// The slot was empty, and the write's own comparisons failed.
+    Refused,
+    /// A key was in the slot: nothing was written.
+    Taken,
+}
+
+pub(super) fn slot_write(resp: &TxnResponse) -> SlotWrite {
+    if !resp.succeeded() {
+        return SlotWrite::Taken;
+    }
+    match resp.op_responses().first() {
+        Some(TxnOpResponse::Txn(inner)) if inner.succeeded() => SlotWrite::Done,
+        _ => SlotWrite::Refused,
+    }
 }
 
 /// The release of a holder of `name` (created at `rev`) leaves it empty: it holds alone, and

@@ -479,6 +479,35 @@ impl Cluster {
         self.guard().slots.take(names)
     }
 
+    /// Whether an [`guards::in_empty_slot`] write of keys in `slot` on `names` was made.
+    /// Refused, the slot is given back; a key found in it (a slot thought free by mistake,
+    /// or a key this front-end can't read), it stays taken and the request takes another.
+    fn slot_written<'a>(
+        &self,
+        slot: &str,
+        names: impl IntoIterator<Item = &'a str> + Clone,
+        resp: &rpc::TxnResponse,
+    ) -> bool {
+        match guards::slot_write(resp) {
+            guards::SlotWrite::Done => true,
+            guards::SlotWrite::Refused => {
+                self.give_back(slot, names);
+                false
+            }
+            guards::SlotWrite::Taken => {
+                let names: Vec<&str> = names.into_iter().collect();
+                tracing::warn!(
+                    fe = self.fe,
+                    slot,
+                    names = names.join(" "),
+                    "a key is in a slot this front-end thought free: it takes another"
+                );
+                self.guard().slots.give_back(slot, names.len());
+                false
+            }
+        }
+    }
+
     /// The write that would have created keys in `slot` on `names` failed its comparisons:
     /// the slot is free again, unless the mirror shows a key in it.
     fn give_back<'a>(&self, slot: &str, names: impl IntoIterator<Item = &'a str>) {

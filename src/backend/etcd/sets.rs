@@ -221,7 +221,7 @@ impl Cluster {
         let mut ops = Vec::new();
         for (name, marker_rev) in names.iter().zip(marker_revs) {
             let key = self.layout.holder(name, &slot);
-            when.extend(guards::grant_at_once(&self.layout, name, *marker_rev, &key));
+            when.extend(guards::grant_at_once(&self.layout, name, *marker_rev));
             ops.push(TxnOp::put(
                 self.layout.marker(name),
                 self.marker(EventKind::Acquired, 0),
@@ -233,13 +233,12 @@ impl Cluster {
                 (lease != 0).then(|| PutOptions::new().with_lease(lease)),
             ));
         }
+        let each = || names.iter().map(String::as_str);
+        let write = Txn::new().when(when).and_then(ops);
+        let txn = guards::in_empty_slot(&self.layout, each(), &slot, write);
         // (A write whose answer was lost keeps its slot: it may have been applied.)
-        let resp = self
-            .txn(Txn::new().when(when).and_then(ops))
-            .await
-            .map_err(|e| self.unavailable(&e))?;
-        if !resp.succeeded() {
-            self.give_back(&slot, names.iter().map(String::as_str));
+        let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
+        if !self.slot_written(&slot, each(), &resp) {
             return Ok(None);
         }
         for name in names {
@@ -399,25 +398,27 @@ impl Cluster {
         }
         // Taken out only as read; taken over only while still that request's place; and a
         // key of a slot of its own only into an empty one.
-        let mut when: Vec<_> = olds
+        let when: Vec<_> = olds
             .iter()
             .map(|o| match &adopt {
                 Some(a) if taken_over(&o.key) => guards::same_key(&o.key, a.rev),
                 _ => guards::unchanged(&o.key, o.mod_rev),
             })
             .collect();
-        if adopt.is_none() {
-            when.extend(
-                names
-                    .iter()
-                    .flat_map(|n| guards::slot_empty(&self.layout, n, &slot)),
-            );
-        }
-        let result = self.txn(Txn::new().when(when).and_then(ops)).await;
-        if adopt.is_none() && result.as_ref().is_ok_and(|r| !r.succeeded()) {
-            self.give_back(&slot, names.iter().map(String::as_str));
-        }
-        if result.as_ref().is_ok_and(|r| r.succeeded()) {
+        let write = Txn::new().when(when).and_then(ops);
+        let each = || names.iter().map(String::as_str);
+        let txn = match &adopt {
+            Some(_) => write,
+            None => guards::in_empty_slot(&self.layout, each(), &slot, write),
+        };
+        let result = self.txn(txn).await;
+        let written = match &result {
+            Ok(r) if adopt.is_some() => r.succeeded(),
+            Ok(r) => self.slot_written(&slot, each(), r),
+            // (Its answer lost: the slot stays taken, see `slots.rs`.)
+            Err(_) => false,
+        };
+        if written {
             self.drop_marks(marks);
         }
         for old in replaced_here {
@@ -426,14 +427,15 @@ impl Cluster {
                 .send(WaitResult::Ended(crate::locks::WaitEnd::Replaced));
         }
         let resp = match result {
-            Ok(resp) if resp.succeeded() => resp,
+            Ok(resp) if written => resp,
             other => {
                 let mut g = self.guard();
                 g.waiting.remove(&waiter);
                 g.by_uid.retain(|_, w| *w != waiter);
                 return match other {
                     Err(e) => Err(self.unavailable(&e)),
-                    // One of the keys to take out changed meanwhile: decide again.
+                    // One of the keys to take out changed meanwhile, or the slot was not
+                    // empty: decide again.
                     Ok(_) => Ok(None),
                 };
             }

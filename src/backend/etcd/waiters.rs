@@ -244,13 +244,14 @@ impl Cluster {
                     last.2.extend(checks);
                 }
                 marks = last.1;
-                let empty = guards::slot_empty(&self.layout, &name_of_wait, &slot);
-                let when = guard.iter().cloned().chain(last.2).chain(empty);
-                Txn::new().when(when.collect::<Vec<_>>()).and_then(last.0)
+                let when: Vec<Compare> = guard.iter().cloned().chain(last.2).collect();
+                let write = Txn::new().when(when).and_then(last.0);
+                guards::in_empty_slot(&self.layout, [&*name_of_wait], &slot, write)
             }
-            None => Txn::new()
-                .when(guards::slot_empty(&self.layout, &name_of_wait, &slot))
-                .and_then(ops(&key)),
+            None => {
+                let write = Txn::new().and_then(ops(&key));
+                guards::in_empty_slot(&self.layout, [&*name_of_wait], &slot, write)
+            }
         };
         // A write ahead whose guard fails decides again, as the last one's would (the waiters
         // it already took out stay out: their clients were told).
@@ -264,25 +265,30 @@ impl Cluster {
             }
             self.drop_marks(marks);
         }
-        // Whether the write that creates its key was sent: if not, or if it failed its
-        // comparisons, its slot is free again.
-        let key_sent = result.is_none();
-        let result = match result {
-            Some(failed) => failed,
+        // Whether the write that creates its key was made (one not sent frees its slot).
+        let (result, written) = match result {
+            Some(failed) => {
+                if adopt.is_none() {
+                    self.give_back(&slot, [&*name_of_wait]);
+                }
+                (failed, false)
+            }
             None => {
                 let result = self.txn(txn).await;
-                if result.as_ref().is_ok_and(|r| r.succeeded()) {
+                let written = match (&result, &adopt) {
+                    (Ok(r), Some(_)) => r.succeeded(),
+                    (Ok(r), None) => self.slot_written(&slot, [&*name_of_wait], r),
+                    // (Its answer lost: the slot stays taken, see `slots.rs`.)
+                    (Err(_), _) => false,
+                };
+                if written {
                     self.drop_marks(marks);
                 }
-                result
+                (result, written)
             }
         };
         for old in replaced_here {
             let _ = old.tx.send(WaitResult::Ended(WaitEnd::Replaced));
-        }
-        let failed = !result.as_ref().is_ok_and(|r| r.succeeded());
-        if failed && adopt.is_none() && (!key_sent || result.is_ok()) {
-            self.give_back(&slot, [&*name_of_wait]);
         }
         let resp = match result {
             Ok(resp) => resp,
@@ -293,8 +299,8 @@ impl Cluster {
                 return Err(self.unavailable(&e));
             }
         };
-        if !resp.succeeded() {
-            // The place to take over went meanwhile: decide again.
+        if !written {
+            // The place to take over went meanwhile, or the slot was not empty: decide again.
             let mut g = self.guard();
             g.waiting.remove(&waiter);
             g.by_uid.retain(|_, w| *w != waiter);
