@@ -15,6 +15,7 @@ mod flapping;
 mod fronts;
 mod health;
 mod history_checker;
+mod mirror_lag;
 mod multi;
 mod netsplit;
 mod notes;

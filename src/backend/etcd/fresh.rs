@@ -2,7 +2,7 @@
 //! own writes the watch has not shown yet (a client's LOCK right after its UNLOCK is decided on
 //! the state that UNLOCK left).
 
-use super::rpc::{GetOptions, Txn, TxnOp};
+use super::rpc::{GetOptions, Txn, TxnOp, TxnOpResponse};
 
 use crate::backend::{now, BackendError};
 
@@ -24,23 +24,38 @@ impl Cluster {
         &self,
         names: &[String],
     ) -> Result<Vec<NameState>, BackendError> {
-        let prefix = || Some(GetOptions::new().with_prefix());
         let ops: Vec<TxnOp> = names
             .iter()
-            .flat_map(|name| {
-                [
-                    TxnOp::get(self.layout.marker(name), None),
-                    TxnOp::get(self.layout.holders(name), prefix()),
-                    TxnOp::get(self.layout.waiters(name), prefix()),
-                ]
-            })
+            .flat_map(|name| self.name_reads(name))
             .collect();
         let txn = Txn::new().and_then(ops);
         let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         let rev = resp.header().map_or(0, |h| h.revision());
+        Ok(self.states_read(&resp.op_responses(), rev, names))
+    }
+
+    /// The reads of `name` a transaction carries: its marker, holders and queue (what
+    /// [`Cluster::states_read`] makes a [`NameState`] of).
+    pub(super) fn name_reads(&self, name: &str) -> [TxnOp; 3] {
+        let prefix = || Some(GetOptions::new().with_prefix());
+        [
+            TxnOp::get(self.layout.marker(name), None),
+            TxnOp::get(self.layout.holders(name), prefix()),
+            TxnOp::get(self.layout.waiters(name), prefix()),
+        ]
+    }
+
+    /// The state of each of `names` at revision `rev`, from the answers of their
+    /// [`Cluster::name_reads`] among `ops` (other answers are passed over).
+    pub(super) fn states_read(
+        &self,
+        ops: &[TxnOpResponse<'_>],
+        rev: i64,
+        names: &[String],
+    ) -> Vec<NameState> {
         let mut changes = Vec::new();
-        for op in resp.op_responses() {
-            if let super::rpc::TxnOpResponse::Get(got) = op {
+        for op in ops {
+            if let TxnOpResponse::Get(got) = op {
                 changes.extend(got.kvs().iter().map(|kv| super::watch::change(kv, true)));
             }
         }
@@ -49,10 +64,10 @@ impl Cluster {
             ..Mirror::default()
         };
         all.apply(&self.layout, &changes, rev, now());
-        Ok(names
+        names
             .iter()
             .map(|name| all.names.remove(name).unwrap_or_default())
-            .collect())
+            .collect()
     }
 
     /// Waits (at most a request timeout) until the mirror shows this front-end's own last

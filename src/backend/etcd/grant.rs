@@ -1,6 +1,6 @@
 //! LOCK: a grant at once, the same grant again, or a place in the queue, as the lock rules
-//! decide it from the mirror (a decision that would refuse or queue is made again on a read of
-//! the name in etcd itself).
+//! decide it from the mirror (a decision that would refuse is made again on a read of the name
+//! in etcd itself; a plain wait's write reads the name too, and that read decides).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,11 +9,12 @@ use super::rpc::{PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules::{self, Decision};
-use crate::locks::{EventKind, LockRequest, TableError};
+use crate::locks::{EventKind, LockRequest, Mode, TableError};
 
 use super::keys::HolderValue;
 use super::mirror::{HolderRecord, NameState};
 use super::view::decide;
+use super::waiters::{Queued, Seen};
 use super::{guards, wall_ms, Cluster};
 
 /// How often a LOCK whose write found the name changed decides again before it answers
@@ -24,9 +25,11 @@ impl Cluster {
     /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`).
     ///
     /// The mirror is trusted only where the write it leads to checks it (a grant at once, the
-    /// same id again). Any other answer it suggests (held, wait, conflict) is made from a
-    /// read of the name in etcd itself, since a mirror a few milliseconds behind would refuse
-    /// a free name or queue a retry of the holder's own id behind itself.
+    /// same id again, a plain wait whose write reads the name too: see
+    /// [`Cluster::enqueue`]). Any other answer it suggests (held, a wait that takes a place
+    /// over, conflict) is made from a read of the name in etcd itself, since a mirror a few
+    /// milliseconds behind would refuse a free name or queue a retry of the holder's own id
+    /// behind itself.
     pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
         if !req.and.is_empty() {
             return self.lock_set(req).await;
@@ -64,12 +67,27 @@ impl Cluster {
                         return Ok(start);
                     }
                 }
+                // A plain wait, from the mirror: its write reads the name too, and says
+                // whether the mirror was right (see `enqueue`).
+                Ok(Plan::Blocked) if read.is_none() && self.waits_unread(&req, &user) => {
+                    let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Mirror);
+                    match queued.await? {
+                        Queued::Started(start) => return Ok(start),
+                        Queued::Misread(ns) => {
+                            read = Some(ns);
+                            continue;
+                        }
+                        Queued::Again => {}
+                    }
+                }
                 // From the mirror: make sure with etcd itself.
                 _ if read.is_none() => {}
                 Ok(Plan::Blocked) => {
-                    let queued = self.enqueue(req.clone(), user.clone(), ttl, read.as_ref());
-                    if let Some(start) = queued.await? {
-                        return Ok(start);
+                    if let Some(ns) = read.as_ref() {
+                        let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Read(ns));
+                        if let Queued::Started(start) = queued.await? {
+                            return Ok(start);
+                        }
                     }
                 }
                 Err(e) => return Err(e),
@@ -80,6 +98,23 @@ impl Cluster {
             "{}: the lock changed {STALE_TRIES} times while this LOCK was decided",
             req.name
         )))
+    }
+
+    /// Whether a LOCK the mirror says must wait is queued without a read of the name first
+    /// (its write reads it: see [`Cluster::enqueue`]): an exclusive request of one name,
+    /// no `supersede`, whose id the mirror shows waiting nowhere in the queue (a place to
+    /// take over is decided on a read, as before).
+    fn waits_unread(&self, req: &LockRequest, user: &str) -> bool {
+        if req.mode != Mode::Exclusive || req.supersede {
+            return false;
+        }
+        let g = self.guard();
+        g.mirror.name(&req.name).is_some_and(|ns| {
+            let view = ns.view(&self.fe);
+            let ask = super::view::ask(req, user);
+            let none = rules::same_waiters(&view, &ask).next().is_none();
+            none
+        })
     }
 
     /// What a LOCK on `ns` should do, as the lock rules decide it from this front-end.

@@ -102,11 +102,24 @@ pub(super) fn in_empty_slot<'a>(
     slot: &str,
     write: Txn,
 ) -> Txn {
+    in_empty_slot_then(layout, names, slot, write, [])
+}
+
+/// [`in_empty_slot`], with `then` after the write in the same transaction (reads that see
+/// the name as the write left it), made only if the slot was empty.
+pub(super) fn in_empty_slot_then<'a>(
+    layout: &Layout,
+    names: impl IntoIterator<Item = &'a str>,
+    slot: &str,
+    write: Txn,
+    then: impl IntoIterator<Item = TxnOp>,
+) -> Txn {
     let empty: Vec<Compare> = names
         .into_iter()
         .flat_map(|n| slot_empty(layout, n, slot))
         .collect();
-    Txn::new().when(empty).and_then([TxnOp::txn(write)])
+    let ops: Vec<TxnOp> = std::iter::once(TxnOp::txn(write)).chain(then).collect();
+    Txn::new().when(empty).and_then(ops)
 }
 
 /// What the answer to an [`in_empty_slot`] write says.

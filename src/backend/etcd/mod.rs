@@ -52,6 +52,7 @@ mod guards;
 mod handover;
 mod holders;
 mod keys;
+mod lag;
 mod lease;
 mod log;
 mod mirror;

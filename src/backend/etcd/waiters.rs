@@ -29,16 +29,30 @@ impl Cluster {
     /// front-end's etcd lease, so it keeps its place (its create revision), as on one server;
     /// its old request is answered `ERR REPLACED` by its front-end. That is how a client whose
     /// front-end died or was cut off keeps its place: its key stays in etcd until that
-    /// front-end's etcd lease runs out. If the key went meanwhile (granted, left), `None`:
-    /// the LOCK is decided again (a grant made to the old request is then this one's, by the
+    /// front-end's etcd lease runs out. If the key went meanwhile (granted, left),
+    /// [`Queued::Again`]: the LOCK is decided again (a grant made to the old request is then this one's, by the
     /// same-id rule). Any further waiter of the id goes in the same write.
+    ///
+    /// Decided from the mirror alone ([`Seen::Mirror`]: a plain exclusive wait, no place to
+    /// take over), the write also reads the name as it leaves it, and that read says whether
+    /// the mirror was right: the hand-over of a busy name then costs etcd two transactions,
+    /// not three (a read first, then the write). If the read shows what the mirror missed (the
+    /// id holds or waits already, or the rules refuse the wait), the request leaves the queue
+    /// again as a waiter whose connection went does (a grant made to it meanwhile is taken
+    /// back), and is decided again on that read ([`Queued::Misread`]). A name found free
+    /// with nobody else waiting is no misread: the request waits at the head, and this
+    /// front-end grants it as soon as its watch shows the key.
     pub(super) async fn enqueue(
         self: &Arc<Self>,
         req: LockRequest,
         user: String,
         ttl: Duration,
-        read: Option<&NameState>,
-    ) -> Result<Option<LockStart>, BackendError> {
+        seen: Seen<'_>,
+    ) -> Result<Queued, BackendError> {
+        let read = match seen {
+            Seen::Read(ns) => Some(ns),
+            Seen::Mirror => None,
+        };
         let uid = self.uid();
         let name_of_wait = req.name.clone();
         let mut value = WaiterValue {
@@ -99,10 +113,15 @@ impl Cluster {
             let olds = self.old_keys(&req.name, &same);
             let adopt = same.first().map(super::sets::Adopt::of);
             let names = [req.name.to_string()];
-            return self.enqueue_keys(req, user, ttl, &names, olds, adopt).await;
+            let queued = self
+                .enqueue_keys(req, user, ttl, &names, olds, adopt)
+                .await?;
+            return Ok(queued.map_or(Queued::Again, Queued::Started));
         }
         // The oldest one's place is taken over (the queue is in create-revision order).
         let adopt = (!same.is_empty()).then(|| same.remove(0));
+        // The write reads the name too (a plain new waiter decided from the mirror).
+        let check = matches!(seen, Seen::Mirror) && adopt.is_none() && superseded.is_empty();
         // Its key: the one whose place it takes over, or one in a slot of its own.
         let (slot, key) = match &adopt {
             Some(old) => (old.slot.clone(), old.key.clone()),
@@ -250,7 +269,11 @@ impl Cluster {
             }
             None => {
                 let write = Txn::new().and_then(ops(&key));
-                guards::in_empty_slot(&self.layout, [&*name_of_wait], &slot, write)
+                let reads = check
+                    .then(|| self.name_reads(&name_of_wait))
+                    .into_iter()
+                    .flatten();
+                guards::in_empty_slot_then(&self.layout, [&*name_of_wait], &slot, write, reads)
             }
         };
         // A write ahead whose guard fails decides again, as the last one's would (the waiters
@@ -304,7 +327,7 @@ impl Cluster {
             let mut g = self.guard();
             g.waiting.remove(&waiter);
             g.by_uid.retain(|_, w| *w != waiter);
-            return Ok(None);
+            return Ok(Queued::Again);
         }
         self.wrote(&name_of_wait, &resp);
         let at = resp.header().map_or(0, |h| h.revision());
@@ -328,11 +351,47 @@ impl Cluster {
             }
             settle_answered(g, waiter, at)
         };
+        if still && check {
+            let mut ns = self
+                .states_read(&resp.op_responses(), at, &[name_of_wait.to_string()])
+                .pop()
+                .unwrap_or_default();
+            // The name as the mirror should have shown it: without this request.
+            ns.queue.retain(|_, w| w.key != key);
+            if self.misread(waiter, &ns) {
+                tracing::debug!(
+                    name = &*name_of_wait,
+                    id = &*value.id,
+                    "a wait decided on the mirror: etcd's read says otherwise; decided again on it"
+                );
+                // Left as a waiter whose connection went: its key out, a grant made to it
+                // meanwhile taken back.
+                self.abandon_wait(&name_of_wait, waiter, rx);
+                return Ok(Queued::Misread(ns));
+            }
+        }
         if still {
             self.evaluate(&name_of_wait);
         }
         self.end_wait_after(waiter, wait);
-        Ok(Some(LockStart::Waiting { waiter, rx }))
+        Ok(Queued::Started(LockStart::Waiting { waiter, rx }))
+    }
+
+    /// Whether `ns`, the name as the write of waiter `waiter` found it (without it), makes
+    /// the wait the mirror decided wrong: anything but a plain place in the queue, or a free
+    /// name nobody else waits for (see [`Cluster::enqueue`]).
+    fn misread(&self, waiter: WaiterId, ns: &NameState) -> bool {
+        let g = self.guard();
+        let Some(local) = g.waiting.get(&waiter) else {
+            return false;
+        };
+        let leases = g.mirror.counts().0 + g.fresh.len();
+        let user = local.value.user.as_str();
+        let decided = super::view::decide(ns, &self.fe, &local.req, user, &self.limits, leases);
+        !matches!(
+            decided,
+            Ok(rules::Decision::Grant | rules::Decision::Queue { replaces: None, .. })
+        )
     }
 
     /// Deletes the "replaced" marks `marks` a successful write put in etcd: the watch of every
@@ -548,6 +607,26 @@ impl Cluster {
             self.forget_waiter_keys(self.local_keys(&local), local.mod_rev);
         }
     }
+}
+
+/// What a LOCK given to [`Cluster::enqueue`] was decided on.
+pub(super) enum Seen<'a> {
+    /// A read of the name in etcd itself, a moment ago.
+    Read(&'a NameState),
+    /// The mirror alone: the write reads the name too.
+    Mirror,
+}
+
+/// How [`Cluster::enqueue`] went.
+pub(super) enum Queued {
+    /// Waiting (or answered already).
+    Started(LockStart),
+    /// The write found the name changed (the place to take over gone, the slot not
+    /// empty): decide again on a read.
+    Again,
+    /// The mirror missed something that changes the decision, as the write's read shows:
+    /// decide again on that read (the request has left the queue).
+    Misread(NameState),
 }
 
 /// The write that takes a waiter's keys out (each unless it changed since this front-end

@@ -194,6 +194,7 @@ impl Cluster {
             // mirror's real lag, not revisions of keys outside the prefix.
             let mut progress = tokio::time::interval(PROGRESS);
             progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let lag = super::lag::watch_lag();
             loop {
                 let message = tokio::select! {
                     message = stream.message() => message,
@@ -219,6 +220,9 @@ impl Cluster {
                                 tokio::time::sleep(RETRY).await;
                             }
                             break;
+                        }
+                        if let Some(lag) = lag {
+                            tokio::time::sleep(lag).await;
                         }
                         self.on_watch(resp);
                     }
