@@ -50,7 +50,7 @@ impl Cluster {
             let plan = {
                 let g = self.guard();
                 // With this front-end's own grants the watch has not shown yet.
-                let leases = g.mirror.counts().0 + g.fresh.len();
+                let leases = g.mirror.holders() + g.fresh.len();
                 let free = NameState::default();
                 let ns = read.as_ref().or_else(|| g.mirror.name(&req.name));
                 self.plan(ns.unwrap_or(&free), &req, &user, leases)

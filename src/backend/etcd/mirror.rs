@@ -228,6 +228,12 @@ impl Mirror {
             .and_then(|r| i64::try_from(r).ok())
     }
 
+    /// Holders of every name, without a walk over the names (a LOCK checks `--max-locks`
+    /// against it on every request): each holder has exactly one entry in [`Mirror::ends`].
+    pub fn holders(&self) -> usize {
+        self.ends.len()
+    }
+
     /// Held locks (holders) and queued waiters.
     pub fn counts(&self) -> (usize, usize) {
         self.names

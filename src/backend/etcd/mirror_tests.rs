@@ -79,6 +79,15 @@ fn grant_then_expiry_are_events_with_their_kind() {
         (EventKind::Acquired, 1005)
     );
     assert_eq!(m.ends.len(), 1);
+    assert_eq!(m.holders(), m.counts().0);
+    // The same holder written again (a renewal) is still one holder.
+    m.apply(
+        &l,
+        &[put(l.holder("x", "u1"), holder("me"), 5, 7)],
+        7,
+        Instant::now(),
+    );
+    assert_eq!((m.holders(), m.counts().0), (1, 1));
     let a = m.apply(
         &l,
         &[
@@ -90,6 +99,7 @@ fn grant_then_expiry_are_events_with_their_kind() {
     );
     assert_eq!(a.events[0].kind, EventKind::Expired);
     assert!(m.ends.is_empty());
+    assert_eq!((m.holders(), m.counts().0), (0, 0));
     // The marker stays until it is cleaned up; then the name is gone.
     m.apply(&l, &[del(l.marker("x"), 10)], 10, Instant::now());
     assert!(m.name("x").is_none());

@@ -99,7 +99,7 @@ impl Cluster {
         for _ in 0..STALE_TRIES {
             let plan = {
                 let g = self.guard();
-                let leases = g.mirror.counts().0 + g.fresh.len();
+                let leases = g.mirror.holders() + g.fresh.len();
                 let free = NameState::default();
                 let states: Vec<&NameState> = match &read {
                     Some(r) => r.iter().collect(),

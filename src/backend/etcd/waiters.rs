@@ -385,7 +385,7 @@ impl Cluster {
         let Some(local) = g.waiting.get(&waiter) else {
             return false;
         };
-        let leases = g.mirror.counts().0 + g.fresh.len();
+        let leases = g.mirror.holders() + g.fresh.len();
         let user = local.value.user.as_str();
         let decided = super::view::decide(ns, &self.fe, &local.req, user, &self.limits, leases);
         !matches!(
