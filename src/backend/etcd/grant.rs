@@ -109,11 +109,11 @@ impl Cluster {
             return false;
         }
         let g = self.guard();
+        let ask = super::view::ask(req, user);
         g.mirror.name(&req.name).is_some_and(|ns| {
-            let view = ns.view(&self.fe);
-            let ask = super::view::ask(req, user);
-            let none = rules::same_waiters(&view, &ask).next().is_none();
-            none
+            rules::same_waiters(&ns.view(&self.fe), &ask)
+                .next()
+                .is_none()
         })
     }
 

@@ -30,8 +30,8 @@ impl Cluster {
     /// its old request is answered `ERR REPLACED` by its front-end. That is how a client whose
     /// front-end died or was cut off keeps its place: its key stays in etcd until that
     /// front-end's etcd lease runs out. If the key went meanwhile (granted, left),
-    /// [`Queued::Again`]: the LOCK is decided again (a grant made to the old request is then this one's, by the
-    /// same-id rule). Any further waiter of the id goes in the same write.
+    /// [`Queued::Again`]: the LOCK is decided again (a grant made to the old request is then
+    /// this one's, by the same-id rule). Any further waiter of the id goes in the same write.
     ///
     /// Decided from the mirror alone ([`Seen::Mirror`]: a plain exclusive wait, no place to
     /// take over), the write also reads the name as it leaves it, and that read says whether
