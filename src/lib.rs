@@ -78,6 +78,12 @@ pub mod tls;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:5001";
 /// Lease length of a LOCK without `ttl=`.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Lock-delay of a LOCK without `delay=` (`--lock-delay`): none, a lease's end hands over at
+/// once.
+pub const DEFAULT_LOCK_DELAY: Duration = Duration::ZERO;
+/// Longest lock-delay a LOCK may ask for (`--max-lock-delay`): a name held by nobody for
+/// longer than this, after a client vanished, is an outage, not a safety margin.
+pub const DEFAULT_MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 /// Where a cluster's keys live in etcd unless `--etcd-prefix` says otherwise.
 pub const DEFAULT_ETCD_PREFIX: &str = "/lockd/";
 /// How long one etcd request may take before `ERR UNAVAILABLE` (`--etcd-request-timeout`).

@@ -39,6 +39,8 @@ fn release_kind(kind: EventKind) -> Option<usize> {
         EventKind::Dropped => Some(2),
         EventKind::Revoked => Some(3),
         EventKind::Broken => Some(4),
+        // Not an end: that comes later, as its holder lets go or its time runs out.
+        EventKind::Breaking => None,
     }
 }
 const RELEASE_KINDS: [&str; 5] = ["unlock", "expired", "session_end", "dropped", "broken"];
@@ -352,8 +354,11 @@ impl Metrics {
 
     /// A lease began (a grant, at once or after waiting) or ended (after being held).
     pub fn lease_event(&self, event: &Event) {
-        if event.kind == EventKind::Broken {
+        if matches!(event.kind, EventKind::Broken | EventKind::Breaking) {
             self.breaks.inc();
+        }
+        if event.kind == EventKind::Breaking {
+            return;
         }
         match (release_kind(event.kind), event.waited) {
             (Some(i), _) => {

@@ -101,6 +101,7 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 note: None,
                 supersede: false,
                 and: Box::default(),
+                delay: None,
             },
         );
         match outcome {

@@ -289,17 +289,18 @@ impl Embedded {
         result
     }
 
-    /// BREAK by `by` (its right is checked before): ends every lease of `name`, or only
-    /// `token`'s; returns how many it ended.
+    /// BREAK by `by` (its right is checked before): breaks every lease of `name`, or only
+    /// `token`'s ([`Locks::break_lock`]); returns how many.
     pub fn break_lock(
         &self,
         name: &str,
         token: Option<Token>,
         by: &Origin,
+        force: bool,
     ) -> Result<usize, TableError> {
         let mut g = self.guard();
         let at = now();
-        let result = g.table.break_lock(at, name, token, by);
+        let result = g.table.break_lock(at, name, token, by, force);
         let result = match (result, token) {
             (Err(e), Some(token)) => Err(why_not_held(&mut g.table, at, name, token, e)),
             (result, _) => result,

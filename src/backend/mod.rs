@@ -550,20 +550,22 @@ impl Backend {
         self.made_durable().await
     }
 
-    /// BREAK by `by` (an operator's force-release; the `admin` right is the caller's to
-    /// check): ends every lease of `name`, or only `token`'s, and the queue moves on as
-    /// after a release. Returns how many leases it ended, once that is durable.
+    /// BREAK by `by` (an operator's; the `admin` right is the caller's to check): every
+    /// lease of `name`, or only `token`'s, ends for its holder; the queue moves on once each
+    /// has let go or run out, or at once with `force` (proto.md). Returns how many leases it
+    /// broke, once that is durable.
     pub async fn break_lock(
         &self,
         name: &str,
         token: Option<Token>,
         by: &Origin,
+        force: bool,
     ) -> Result<usize, BackendError> {
         let ended = match self {
-            Backend::Embedded(b) => b.break_lock(name, token, by)?,
+            Backend::Embedded(b) => b.break_lock(name, token, by, force)?,
             #[cfg(feature = "etcd")]
             Backend::Etcd(b) => {
-                let result = Box::pin(b.break_bound(name, token, by)).await;
+                let result = Box::pin(b.break_bound(name, token, by, force)).await;
                 match token {
                     Some(token) => etcd_why_not_held(b, name, token, result).await?,
                     None => result?,
@@ -786,9 +788,13 @@ pub(crate) fn log_event(e: &Event) {
             held_ms,
             "grant taken back: the waiter was gone"
         ),
-        // The audit line of a force-release: whose lease it was, and who broke it.
-        // (The holder's note goes here too once holders carry one.)
-        EventKind::Broken => {
+        // The audit line of a BREAK: whose lease it was, and who broke it; `breaking`: it
+        // keeps its place until its holder lets go or runs out (its end is a line of its own).
+        EventKind::Broken | EventKind::Breaking => {
+            let what = match e.kind {
+                EventKind::Broken => "lock broken",
+                _ => "lock broken, held until its holder lets go",
+            };
             let by_user = e.broken_by.user().unwrap_or("-");
             let by_peer = PeerField(e.broken_by.peer());
             tracing::info!(
@@ -800,7 +806,7 @@ pub(crate) fn log_event(e: &Event) {
                 by_user,
                 by_peer = %by_peer,
                 held_ms,
-                "lock broken"
+                "{what}"
             )
         }
     }
@@ -866,6 +872,7 @@ mod tests {
             note: None,
             supersede: false,
             and: Box::default(),
+            delay: None,
         }
     }
 

@@ -391,6 +391,7 @@ impl Client {
             note,
             supersede,
             and: and.iter().map(|n| (*n).to_owned()).collect(),
+            delay: None,
         })
         .await
     }
@@ -409,14 +410,22 @@ impl Client {
         }
     }
 
-    /// BREAK (an operator's force-release; needs the `admin` right with `--auth-file`):
-    /// ends every lease of `name`, or only `token`'s; returns how many it ended. A free name
-    /// or a token that is not a live lease of it: [`ErrorCode::NotHeld`].
-    pub async fn break_lock(&mut self, name: &str, token: Option<Token>) -> Result<u32> {
+    /// BREAK (an operator's; needs the `admin` right with `--auth-file`): every lease of
+    /// `name`, or only `token`'s, ends for its holder; the name passes on once each holder
+    /// has let go or its deadline passed, or at once with `force` (proto.md). Returns how
+    /// many leases it broke. A free name or a token that is not a live lease of it:
+    /// [`ErrorCode::NotHeld`].
+    pub async fn break_lock(
+        &mut self,
+        name: &str,
+        token: Option<Token>,
+        force: bool,
+    ) -> Result<u32> {
         match self
             .ask(&Request::Break {
                 name: name.into(),
                 token,
+                force,
             })
             .await?
         {

@@ -359,6 +359,7 @@ impl Compat {
             note: None,
             supersede: false,
             and: Box::default(),
+            delay: None,
         };
         match self.backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => {

@@ -77,6 +77,18 @@ pub struct Flags {
           value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
     pub max_waiters: usize,
 
+    /// Lock-delay of a LOCK without delay=: after a lease ends other than by a release (its
+    /// ttl ran out, its session ended, a BREAK's lease reached its deadline), the name stays
+    /// held this long before the next holder is granted, for a holder that stopped renewing
+    /// but may still be running. 0: hand over at once.
+    #[arg(long, env = "LOCKD_LOCK_DELAY", default_value_t = HumanDuration(crate::DEFAULT_LOCK_DELAY))]
+    pub lock_delay: HumanDuration,
+
+    /// Longest delay= a LOCK may ask for; longer is refused with ERR BADARG.
+    #[arg(long, env = "LOCKD_MAX_LOCK_DELAY",
+          default_value_t = HumanDuration(crate::DEFAULT_MAX_LOCK_DELAY))]
+    pub max_lock_delay: HumanDuration,
+
     /// Events a watcher may fall behind before it gets ERR LAGGED and is disconnected.
     #[arg(long, env = "LOCKD_WATCH_BUFFER", default_value_t = crate::DEFAULT_WATCH_BUFFER,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576).map(|v| v as usize))]
@@ -286,6 +298,8 @@ impl Default for Flags {
             max_name: crate::proto::MAX_NAME_LEN,
             max_locks: crate::DEFAULT_MAX_LOCKS,
             max_waiters: crate::DEFAULT_MAX_WAITERS,
+            lock_delay: HumanDuration(crate::DEFAULT_LOCK_DELAY),
+            max_lock_delay: HumanDuration(crate::DEFAULT_MAX_LOCK_DELAY),
             watch_buffer: crate::DEFAULT_WATCH_BUFFER,
             write_timeout: HumanDuration(crate::DEFAULT_WRITE_TIMEOUT),
             idle_timeout: HumanDuration(crate::DEFAULT_IDLE_TIMEOUT),
@@ -352,6 +366,9 @@ impl Flags {
         }
         if default_ttl > max_ttl {
             return Err("--default-ttl must not exceed --max-ttl".into());
+        }
+        if self.lock_delay.0 > self.max_lock_delay.0 {
+            return Err("--lock-delay must not exceed --max-lock-delay".into());
         }
         if self.tls_handshake_timeout.0.is_zero() {
             return Err("--tls-handshake-timeout must be more than 0".into());
@@ -563,6 +580,8 @@ impl Flags {
                 max_ttl: self.max_ttl.0,
                 max_locks: self.max_locks,
                 max_waiters: self.max_waiters,
+                lock_delay: self.lock_delay.0,
+                max_lock_delay: self.max_lock_delay.0,
             },
             max_connections: self.max_connections,
             max_connections_per_ip: self.max_connections_per_ip,
@@ -646,6 +665,19 @@ mod tests {
         let mut flags = Flags::default();
         change(&mut flags);
         flags.validate().expect_err("refused")
+    }
+
+    #[test]
+    fn a_lock_delay_past_its_maximum_is_refused() {
+        assert_eq!(
+            refusal(|f| f.lock_delay = secs(61)),
+            "--lock-delay must not exceed --max-lock-delay"
+        );
+        let flags = Flags {
+            lock_delay: secs(5),
+            ..Flags::default()
+        };
+        flags.validate().expect("a delay within the maximum");
     }
 
     #[test]

@@ -377,6 +377,7 @@ impl Handler {
             note,
             supersede,
             and,
+            delay,
         } = request
         else {
             return Err(request);
@@ -394,6 +395,7 @@ impl Handler {
             note: note.map(Into::into),
             supersede,
             and,
+            delay,
         };
         Ok((req, tie))
     }
@@ -440,8 +442,8 @@ impl Handler {
                 let result = backend.check(&name, token).await.map(Reply::Lease);
                 return self.reply(&name, token, result).await;
             }
-            Request::Break { name, token } => {
-                let result = backend.break_lock(&name, token, &self.origin).await;
+            Request::Break { name, token, force } => {
+                let result = backend.break_lock(&name, token, &self.origin, force).await;
                 if token.is_none()
                     && matches!(result, Err(BackendError::Table(TableError::NotHeld)))
                 {

@@ -77,6 +77,16 @@ pub(super) struct Holder {
     /// Who holds it ([`super::NO_USER`]: nobody in particular).
     pub(super) user: UserId,
     pub(super) bond: Bond,
+    /// A BREAK (without `force`) ended the lease for its holder: it can no longer be renewed,
+    /// and its holder has been told. It keeps its place on the name until its holder lets go
+    /// (UNLOCK: its job is gone) or its deadline passes, so that the next holder never runs
+    /// beside a job that is still being stopped.
+    pub(super) broken: bool,
+    /// Its lock-delay: its deadline passed, and it keeps its place for this long more
+    /// ([`Holder::delay_ms`]) before the name passes on; over for its holder meanwhile.
+    pub(super) delaying: bool,
+    /// Its lock-delay (`LOCK ... delay=`) in milliseconds (saturating: 49 days at most).
+    pub(super) delay_ms: u32,
     /// Who took it, by name and address: shared with its connection's other records.
     pub(super) origin: Origin,
     /// The wall clock of the grant in Unix milliseconds (0: not known), as the caller told
@@ -123,6 +133,9 @@ impl Holder {
             grace_ms: 0,
             user,
             bond: Bond::Plain,
+            broken: false,
+            delaying: false,
+            delay_ms: 0,
             origin,
             granted_unix_ms,
             note: None,
@@ -137,6 +150,12 @@ impl Holder {
     /// Sets the note (`None`: none).
     pub(super) fn set_note(&mut self, note: Option<Note>) {
         self.note = note.map(Box::new);
+    }
+
+    /// Over for its holder but still in its place: broken, or in its lock-delay. It can't
+    /// be renewed or taken up again; its holder's UNLOCK, or its deadline, ends it.
+    pub(super) fn lingering(&self) -> bool {
+        self.broken || self.delaying
     }
 
     /// The connection a lease is bound to right now, if any.
@@ -182,6 +201,8 @@ pub(super) struct Waiter {
     pub(super) origin: Origin,
     /// The note it will hold with, carried until its grant.
     pub(super) note: Option<Note>,
+    /// The lock-delay of the lease it will hold, in milliseconds.
+    pub(super) delay_ms: u32,
 }
 
 /// FIFO by ticket; a replacing request keeps the ticket of the one it replaced.
@@ -396,6 +417,7 @@ impl NameView for TableView<'_> {
                 user: &h.user,
                 mode,
                 bound_to: h.open_conn(),
+                lingering: h.lingering(),
                 // No lookup while no set is held (most tables, always).
                 in_set: !sets.is_empty() && sets.contains_key(&h.token),
             })

@@ -284,10 +284,11 @@ impl Locks {
     }
 
     /// LOCK: grant now, queue, or refuse, as [`rules::decide`] says.
-    pub fn lock(&mut self, now: Instant, req: LockRequest) -> Result<LockOutcome, TableError> {
+    pub fn lock(&mut self, now: Instant, mut req: LockRequest) -> Result<LockOutcome, TableError> {
         self.expire(now);
         let ttl = self.check_ttl(req.ttl)?;
         self.limits.grace(req.session)?;
+        req.delay = Some(self.limits.delay(req.delay)?);
         let bad_ttl = TableError::BadTtl {
             max: self.limits.max_ttl,
         };
@@ -500,6 +501,7 @@ impl Locks {
                     user: req.user,
                     origin: req.origin.clone(),
                     note: note.clone(),
+                    delay_ms: millis(req.delay),
                 },
             );
         }
@@ -536,6 +538,7 @@ impl Locks {
         let was = existing.bind(req.session, req.conn);
         // The client that asked last holds it now: its address is the one to show.
         existing.origin = req.origin.clone();
+        existing.delay_ms = millis(req.delay);
         let note = rules::note_again(existing.note.as_deref(), req.note.as_ref()).cloned();
         existing.set_note(note);
         self.bound.moved(token, slot, was, existing.open_conn());
@@ -628,6 +631,7 @@ impl Locks {
                 queued: self.clock.ticks(now).unwrap_or(0),
                 mode: req.mode,
                 user: req.user,
+                delay_ms: millis(req.delay),
                 origin: req.origin,
                 note,
             },
@@ -683,7 +687,8 @@ impl Locks {
     }
 
     /// UNLOCK by `user`: release if `token` is the live lease and `user` may (see
-    /// [`owned_by`]); the next waiter is granted at once.
+    /// [`owned_by`]); the next waiter is granted at once. A lease a BREAK left in place
+    /// ([`Locks::break_lock`]) is let go the same way: its holder says its job is gone.
     pub fn unlock(
         &mut self,
         now: Instant,
@@ -702,18 +707,22 @@ impl Locks {
         self.end_lease(now, name, token, EventKind::Released, None)
     }
 
-    /// BREAK (an operator's force-release): ends every lease of `name`, or only `token`'s,
-    /// as [`rules::breaks`] says, whoever holds them; `by` sent it. Each ends as by a
-    /// release (event `broken`, the queue moves on at once), and is remembered until the
-    /// deadline it had, so that its holder's RENEW or CHECK is told who broke it
-    /// ([`Locks::broken`]). Returns the tokens it ended, in grant order. Who may break a
-    /// name is the caller's business (the `admin` right).
+    /// BREAK by `by`: every lease of `name`, or only `token`'s, as [`rules::breaks`] says,
+    /// whoever holds them, ends for its holder (event `broken` at once; its RENEW and CHECK
+    /// are told who broke it, until the deadline it had: [`Locks::broken`]). Without `force`
+    /// each keeps its place on the name, unrenewable, until its holder lets go (UNLOCK, once
+    /// its job is gone) or its deadline passes: only then does the queue move, so the next
+    /// holder never runs beside a job still being stopped. With `force` the queue moves now,
+    /// as after a release. Breaking a lease already broken changes nothing but counts (a
+    /// BREAK sent again). Returns the tokens, in grant order. Who may break a name is the
+    /// caller's business (the `admin` right).
     pub fn break_lock(
         &mut self,
         now: Instant,
         name: &str,
         token: Option<Token>,
         by: &Origin,
+        force: bool,
     ) -> Result<Vec<Token>, TableError> {
         self.expire(now);
         let slot = self.index.get(name).copied();
@@ -722,41 +731,75 @@ impl Locks {
         let slot = slot.ok_or(TableError::NotHeld)?;
         let who: Arc<str> = by.who().into();
         for &token in &ended {
-            // A set is broken whole: each of its names remembers the break.
+            // A set is one lease: each of its names is broken alike.
             let slots = match self.sets.get(&token) {
                 Some(slots) => slots.to_vec(),
                 None => vec![slot],
             };
             for each in slots {
-                let Some(entry) = self.slab.get(each) else {
-                    continue;
-                };
-                let entry_name = Arc::clone(&entry.name);
-                let Some(deadline) = entry.holder(token).map(|h| h.deadline) else {
-                    continue;
-                };
-                if self.journal {
-                    self.changes.push(Change::Break {
-                        name: Arc::clone(&entry_name),
-                        token,
-                        by: Arc::clone(&who),
-                        at_unix_ms: self.wall_ms,
-                        deadline: self.clock.instant(deadline).unwrap_or(now),
-                    });
-                }
-                self.remember_break(entry_name, token, Arc::clone(&who), self.wall_ms, deadline);
+                self.break_one(now, each, token, (by, &who), !force);
             }
-            let mark = self.effects.len();
-            self.end_lease(now, name, token, EventKind::Broken, None)?;
-            for effect in &mut self.effects[mark..] {
-                if let Effect::Event(e) = effect {
-                    if e.kind == EventKind::Broken && e.token == token {
-                        e.broken_by = by.clone();
+            if force {
+                let mark = self.effects.len();
+                self.end_lease(now, name, token, EventKind::Broken, None)?;
+                for effect in &mut self.effects[mark..] {
+                    if let Effect::Event(e) = effect {
+                        if e.kind == EventKind::Broken && e.token == token {
+                            e.broken_by = by.clone();
+                        }
                     }
                 }
             }
         }
         Ok(ended)
+    }
+
+    /// Marks the lease `token` of `slot` broken (unless it is already): remembered and
+    /// journaled as a break and, when it stays (`stays`: not `force`), its `breaking` event.
+    fn break_one(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        token: Token,
+        (by, who): (&Origin, &Arc<str>),
+        stays: bool,
+    ) {
+        let Some(entry) = self.slab.get_mut(slot) else {
+            return;
+        };
+        let name = Arc::clone(&entry.name);
+        let Some(holder) = entry.holder_mut(token) else {
+            return;
+        };
+        if holder.broken {
+            return;
+        }
+        holder.broken = true;
+        let deadline = holder.deadline;
+        let event = Event {
+            kind: EventKind::Breaking,
+            name: Arc::clone(&name),
+            id: Arc::clone(&holder.id),
+            token,
+            held: self.clock.held(now, holder.granted),
+            waited: None,
+            origin: holder.origin.clone(),
+            note: None,
+            broken_by: by.clone(),
+        };
+        if stays {
+            self.effects.push(Effect::Event(event));
+        }
+        if self.journal {
+            self.changes.push(Change::Break {
+                name: Arc::clone(&name),
+                token,
+                by: Arc::clone(who),
+                at_unix_ms: self.wall_ms,
+                deadline: self.clock.instant(deadline).unwrap_or(now),
+            });
+        }
+        self.remember_break(name, token, Arc::clone(who), self.wall_ms, deadline);
     }
 
     /// Why `token` is not a live lease of `name`: `Broken` while the table remembers a
@@ -785,6 +828,12 @@ impl Locks {
             return;
         }
         let deadline = self.clock.ticks(lease.deadline).unwrap_or(u64::MAX);
+        // A lease broken without `force` and not let go yet keeps its place, broken.
+        let slot = self.index.get(&*lease.name).copied();
+        let holder = slot.and_then(|s| self.slab.get_mut(s)?.holder_mut(lease.token));
+        if let Some(holder) = holder {
+            holder.broken = true;
+        }
         self.remember_break(
             lease.name,
             lease.token,
@@ -847,6 +896,12 @@ impl Locks {
             return;
         };
         if holder.open_conn() != Some(conn) {
+            return;
+        }
+        if holder.grace_ms == 0 && holder.delay_ms > 0 {
+            // Its session ended now: its lock-delay starts.
+            let now_ticks = self.clock.ticks(now).unwrap_or(u64::MAX);
+            self.delay_end(now, now_ticks, slot, token, true);
             return;
         }
         if holder.grace_ms == 0 {
@@ -941,6 +996,7 @@ impl Locks {
             .slab
             .get(slot)
             .and_then(|e| e.holder(token))
+            .filter(|h| !h.lingering())
             .ok_or(TableError::NotHeld)?;
         owned_by(holder, user)?;
         let ttl = ttl.unwrap_or(Duration::from_nanos(holder.ttl));
@@ -1041,6 +1097,7 @@ impl Locks {
         self.expire(now);
         self.entry(name)
             .and_then(|e| e.holder(token))
+            .filter(|h| !h.lingering())
             .and_then(|h| self.clock.instant(h.deadline))
             .ok_or(TableError::NotHeld)
     }
@@ -1132,7 +1189,7 @@ impl Locks {
             if *at > now_ticks {
                 break;
             }
-            let Some((_, timer)) = self.timers.pop_first() else {
+            let Some((at, timer)) = self.timers.pop_first() else {
                 break;
             };
             match timer {
@@ -1147,6 +1204,10 @@ impl Locks {
                 }
                 Timer::Lease(token, slot) => {
                     let ended = self.slab.get(slot).and_then(|e| e.holder(token));
+                    if ended.is_some_and(|h| h.delay_ms > 0 && !h.delaying) {
+                        self.delay_end(now, at, slot, token, false);
+                        continue;
+                    }
                     if let Some(holder) = ended {
                         let kind = match holder.bond {
                             Bond::Orphan { cut: true } => EventKind::Dropped,
@@ -1158,6 +1219,47 @@ impl Locks {
             }
         }
         self.forget_breaks(now_ticks);
+    }
+
+    /// The lease `token` of `slot` (and of its set's other names) reached its end at `at`
+    /// (ticks) without a release: it keeps its place for its lock-delay more, over for its
+    /// holder, and then ends as it would have (`expired`, or `dropped` for a session that
+    /// ended: `dropped`). Journaled as a renewal to the delay's end, so a restart keeps the
+    /// name held.
+    fn delay_end(&mut self, now: Instant, at: u64, slot: u32, token: Token, dropped: bool) {
+        let slots = match self.sets.get(&token) {
+            Some(slots) => slots.to_vec(),
+            None => vec![slot],
+        };
+        for slot in slots {
+            let Some(entry) = self.slab.get_mut(slot) else {
+                continue;
+            };
+            let name = Arc::clone(&entry.name);
+            let Some(holder) = entry.holder_mut(token) else {
+                continue;
+            };
+            let timer = Timer::Lease(token, slot);
+            self.timers.remove(&(holder.deadline, timer));
+            if let Some(conn) = holder.open_conn() {
+                // Bound to no connection from now on: nobody takes it up again.
+                self.bound.remove(conn, token);
+                holder.bond = Bond::Orphan { cut: dropped };
+                holder.conn = 0;
+            }
+            let delay = Duration::from_millis(u64::from(holder.delay_ms));
+            holder.delaying = true;
+            holder.deadline = at.saturating_add(nanos(delay));
+            self.timers.insert((holder.deadline, timer));
+            if self.journal {
+                self.changes.push(Change::Renew {
+                    name,
+                    token,
+                    ttl: Duration::from_nanos(holder.ttl),
+                    deadline: self.clock.instant(holder.deadline).unwrap_or(now),
+                });
+            }
+        }
     }
 
     /// Forgets the broken leases whose deadline is at or before `now_ticks`.
@@ -1203,6 +1305,7 @@ impl Locks {
         );
         holder.set_note(req.note.clone());
         holder.bind(req.session, req.conn);
+        holder.delay_ms = millis(req.delay);
         holder
     }
 
@@ -1463,6 +1566,7 @@ impl Locks {
         );
         holder.set_note(next.note.clone());
         holder.bind(next.session, next.conn);
+        holder.delay_ms = next.delay_ms;
         (deadline, holder)
     }
 
@@ -1701,6 +1805,11 @@ fn owned_by(holder: &Holder, user: UserId) -> Result<(), TableError> {
     } else {
         Err(TableError::NotOwner)
     }
+}
+
+/// A lock-delay as the table keeps it: milliseconds, saturating.
+fn millis(delay: Option<Duration>) -> u32 {
+    delay.map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX))
 }
 
 /// The head of the queue.

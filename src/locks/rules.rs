@@ -31,6 +31,9 @@ pub struct HolderView<'a, U: ?Sized, K> {
     pub bound_to: Option<ConnId>,
     /// Its lease is a set (`and=`): it holds other names too.
     pub in_set: bool,
+    /// Over for its holder (a BREAK, or its lock-delay after its time ran out), but still in
+    /// its place on the name: nobody's to take up again (a LOCK by its id waits like anyone's).
+    pub lingering: bool,
 }
 
 /// A waiter of the name, as a [`NameView`] shows it.
@@ -144,7 +147,7 @@ fn decide_name<V: NameView>(
     // is open; a session lease in its grace has none, so its holder coming back takes it up.
     if let Some(same) = view
         .holders()
-        .find(|h| h.id == ask.id && h.user == ask.user)
+        .find(|h| !h.lingering && h.id == ask.id && h.user == ask.user)
     {
         if same.mode != ask.mode {
             return Err(TableError::WrongMode {
@@ -427,6 +430,7 @@ mod tests {
                     mode: *mode,
                     bound_to: *bound_to,
                     in_set: self.in_set,
+                    lingering: false,
                 })
         }
 

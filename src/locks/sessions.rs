@@ -129,6 +129,7 @@ mod tests {
             note: None,
             supersede: false,
             and: Box::default(),
+            delay: None,
         }
     }
 

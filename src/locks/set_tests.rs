@@ -40,6 +40,7 @@ fn req(names: &[&str], id: &str, conn: ConnId, wait: Option<Duration>, mode: Mod
         note: None,
         supersede: false,
         and: names[1..].iter().map(|n| n.to_string()).collect(),
+        delay: None,
     }
 }
 
@@ -162,7 +163,8 @@ fn random_histories_of_sets_keep_the_invariants_and_never_deadlock() {
                 8 => t.close_connection(now, conn),
                 _ if !holding.is_empty() => {
                     let (name, _) = holding[rng.below(holding.len() as u64) as usize];
-                    let _ = t.break_lock(now, name, None, &Origin::default());
+                    let force = rng.below(2) == 0;
+                    let _ = t.break_lock(now, name, None, &Origin::default(), force);
                 }
                 _ => t.expire(now),
             }

@@ -138,6 +138,10 @@ pub struct Limits {
     /// Most waiters one name may have: a queue is memory, and one name's crowd should not
     /// be able to take all of it.
     pub max_waiters: usize,
+    /// Lock-delay of a LOCK without `delay=`.
+    pub lock_delay: Duration,
+    /// Longest `delay=` a LOCK may ask for.
+    pub max_lock_delay: Duration,
 }
 
 impl Default for Limits {
@@ -147,6 +151,8 @@ impl Default for Limits {
             max_ttl: crate::DEFAULT_MAX_TTL,
             max_locks: crate::DEFAULT_MAX_LOCKS,
             max_waiters: crate::DEFAULT_MAX_WAITERS,
+            lock_delay: crate::DEFAULT_LOCK_DELAY,
+            max_lock_delay: crate::DEFAULT_MAX_LOCK_DELAY,
         }
     }
 }
@@ -159,6 +165,17 @@ impl Limits {
             return Err(TableError::BadTtl { max: self.max_ttl });
         }
         Ok(ttl)
+    }
+
+    /// The lock-delay a LOCK asking for `delay` gets (the default if none), if allowed.
+    pub fn delay(&self, delay: Option<Duration>) -> Result<Duration, TableError> {
+        let delay = delay.unwrap_or(self.lock_delay);
+        if delay > self.max_lock_delay {
+            return Err(TableError::BadDelay {
+                max: self.max_lock_delay,
+            });
+        }
+        Ok(delay)
     }
 
     /// Whether a session lease may have this grace.
@@ -206,6 +223,10 @@ pub struct LockRequest {
     /// one deadline, granted on every name at once; UNLOCK, RENEW, CHECK, BREAK of any of
     /// its names with that token apply to all of them.
     pub and: Box<[String]>,
+    /// `delay=`: the lock-delay, how long the name stays held after the lease ends other than
+    /// by a release (its time ran out, its session ended); `None` for the default
+    /// ([`Limits::lock_delay`]).
+    pub delay: Option<Duration>,
 }
 
 /// A holder's note (`LOCK ... note=<text>`): shared by the holder, its events and its
@@ -250,6 +271,11 @@ pub enum TableError {
     /// A session lease's grace is above the maximum ttl.
     BadGrace {
         /// The maximum ttl.
+        max: Duration,
+    },
+    /// `delay=` is above the maximum lock-delay.
+    BadDelay {
+        /// The maximum lock-delay.
         max: Duration,
     },
     /// `wait=0` and the lock is held by someone else.
@@ -305,6 +331,11 @@ impl fmt::Display for TableError {
             TableError::BadGrace { max } => write!(
                 f,
                 "session grace must be at most {}",
+                humantime::format_duration(*max)
+            ),
+            TableError::BadDelay { max } => write!(
+                f,
+                "delay must be at most {} (--max-lock-delay)",
                 humantime::format_duration(*max)
             ),
             TableError::WouldBlock { holder } => write!(f, "held by {holder}"),
@@ -364,6 +395,11 @@ pub enum EventKind {
     Revoked,
     /// A BREAK (an operator's force-release) ended the lease; [`Event::broken_by`] says who.
     Broken,
+    /// A BREAK without `force`: the lease is over for its holder, who is told to stop, but it
+    /// keeps its place on the name until its holder lets go (then `Released`) or its deadline
+    /// passes (`Expired`, or `Dropped` for a session whose grace ran out). Shown to clients
+    /// as `broken`; told apart for metrics and logs, since the lease has not ended yet.
+    Breaking,
 }
 
 impl EventKind {
@@ -374,7 +410,7 @@ impl EventKind {
             EventKind::Released => "released",
             EventKind::Expired => "expired",
             EventKind::Dropped | EventKind::Revoked => "dropped",
-            EventKind::Broken => "broken",
+            EventKind::Broken | EventKind::Breaking => "broken",
         }
     }
 }

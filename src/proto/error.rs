@@ -155,7 +155,9 @@ impl ProtoError {
     /// The lock table refused an operation on `name`.
     pub fn table(name: &str, e: &TableError) -> Self {
         let code = match e {
-            TableError::BadTtl { .. } | TableError::BadGrace { .. } => ErrorCode::BadArg,
+            TableError::BadTtl { .. }
+            | TableError::BadGrace { .. }
+            | TableError::BadDelay { .. } => ErrorCode::BadArg,
             TableError::WouldBlock { .. } => ErrorCode::Timeout,
             // A broken lease is a lost one: the code every client already reads as "lost".
             TableError::NotHeld | TableError::Broken { .. } => ErrorCode::NotHeld,

@@ -84,6 +84,9 @@ pub enum Request {
         /// `and=<name>`, repeated: the further names of a set, granted with `name` all at
         /// once or not at all, in the order given (no name twice; empty for one name).
         and: Box<[String]>,
+        /// `delay=`: the lock-delay after the lease ends other than by a release; `None` for
+        /// the server's default.
+        delay: Option<Duration>,
     },
     /// `UNLOCK <name> <token>`.
     Unlock {
@@ -139,13 +142,15 @@ pub enum Request {
     Help,
     /// `QUIT`.
     Quit,
-    /// `BREAK <name> [<token>]`: an operator's force-release of every lease of the name, or
-    /// of the one with `<token>` (needs the `admin` right).
+    /// `BREAK <name> [<token>] [force]`: an operator's release of every lease of the name,
+    /// or of the one with `<token>` (needs the `admin` right).
     Break {
         /// The lock.
         name: String,
         /// Only this lease; `None` for every holder's.
         token: Option<Token>,
+        /// `force`: the name passes on now, not once the broken holder has let go.
+        force: bool,
     },
 }
 
@@ -194,14 +199,14 @@ impl fmt::Display for AuthLine<'_> {
 
 /// The HELP reply's text: one line, so it is also a valid reply.
 pub const HELP: &str = "commands: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [and=<name>]... \
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [delay=<dur>] [and=<name>]... \
 [note=<text>, last] | UNLOCK <name> <token> | RENEW <name> <token> [ttl=<dur>] [detach] | CHECK <name> <token> | \
-STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | BREAK <name> [<token>] | \
+STATUS [<name> [detail]] | WATCH [<name>] | AUTH <user> <secret> | BREAK <name> [<token>] [force] | \
 PING | HELP | QUIT; \
 durations: 250ms 30s 5m or plain seconds; see proto.md";
 
 const USAGE_LOCK: &str = "usage: LOCK <name> <id> [ttl=<dur>] [wait=<dur>] \
-[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [and=<name>]... \
+[session[=<grace>] | detach] [shared | limit=<n>] [supersede] [delay=<dur>] [and=<name>]... \
 [note=<text>, last]";
 
 /// Most slots a semaphore may have.
@@ -212,7 +217,7 @@ const USAGE_CHECK: &str = "usage: CHECK <name> <token>";
 const USAGE_STATUS: &str = "usage: STATUS [<name> [detail]]";
 const USAGE_WATCH: &str = "usage: WATCH [<name>]";
 const USAGE_AUTH: &str = "usage: AUTH <user> <secret>";
-const USAGE_BREAK: &str = "usage: BREAK <name> [<token>]";
+const USAGE_BREAK: &str = "usage: BREAK <name> [<token>] [force]";
 
 /// Parses one request line (without its line ending).
 pub fn parse(line: &str) -> Result<Request, ProtoError> {
@@ -280,17 +285,23 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
                 secret: Secret::new(secret),
             })
         }
-        "BREAK" => match args[..] {
-            [name] => Ok(Request::Break {
+        "BREAK" => {
+            // A lock may be called `force`: the word is the option only after the name.
+            let (args, force) = match args[..] {
+                [ref rest @ .., "force"] if !rest.is_empty() => (rest, true),
+                _ => (args, false),
+            };
+            let (name, token) = match *args {
+                [name] => (name, None),
+                [name, token] => (name, Some(parse_token(token)?)),
+                _ => return Err(syntax(USAGE_BREAK)),
+            };
+            Ok(Request::Break {
                 name: valid_name("name", name)?,
-                token: None,
-            }),
-            [name, token] => Ok(Request::Break {
-                name: valid_name("name", name)?,
-                token: Some(parse_token(token)?),
-            }),
-            _ => Err(syntax(USAGE_BREAK)),
-        },
+                token,
+                force,
+            })
+        }
         "PING" | "HELP" | "QUIT" => {
             if !args.is_empty() {
                 return Err(syntax(format!("usage: {cmd}")));
@@ -346,6 +357,7 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
             "shared",
             "limit",
             "supersede",
+            "delay",
         ],
         USAGE_LOCK,
     )?;
@@ -367,6 +379,7 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
         },
         supersede: opts.supersede,
         and: and.into(),
+        delay: opts.delay,
     })
 }
 
@@ -377,6 +390,7 @@ struct Options {
     tie: Tie,
     mode: Mode,
     supersede: bool,
+    delay: Option<Duration>,
 }
 
 impl Options {
@@ -422,6 +436,7 @@ impl Options {
                 }
                 (_, None) => return Err(syntax(format!("{key} needs a value, as {key}=30s"))),
                 ("ttl", Some(v)) => opts.ttl = Some(parse_duration("ttl", v)?),
+                ("delay", Some(v)) => opts.delay = Some(parse_duration("delay", v)?),
                 (_, Some(v)) => opts.wait = Some(parse_duration("wait", v)?),
             }
             seen.push(key);
@@ -603,6 +618,7 @@ impl fmt::Display for Request {
                 note,
                 supersede,
                 and,
+                delay,
             } => {
                 write!(f, "LOCK {name} {id}")?;
                 match mode {
@@ -624,6 +640,9 @@ impl fmt::Display for Request {
                 }
                 if *supersede {
                     f.write_str(" supersede")?;
+                }
+                if let Some(delay) = delay {
+                    write!(f, " delay={}ms", delay.as_millis())?;
                 }
                 for further in and {
                     write!(f, " and={further}")?;
@@ -660,11 +679,16 @@ impl fmt::Display for Request {
             Request::Ping => f.write_str("PING"),
             Request::Help => f.write_str("HELP"),
             Request::Quit => f.write_str("QUIT"),
-            Request::Break { name, token: None } => write!(f, "BREAK {name}"),
-            Request::Break {
-                name,
-                token: Some(token),
-            } => write!(f, "BREAK {name} {token}"),
+            Request::Break { name, token, force } => {
+                write!(f, "BREAK {name}")?;
+                if let Some(token) = token {
+                    write!(f, " {token}")?;
+                }
+                if *force {
+                    f.write_str(" force")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -689,7 +713,7 @@ impl Request {
             Request::Unlock { name, token }
             | Request::Renew { name, token, .. }
             | Request::Check { name, token } => (name.as_str(), "", Some(*token)),
-            Request::Break { name, token } => (name.as_str(), "", *token),
+            Request::Break { name, token, .. } => (name.as_str(), "", *token),
             Request::Status { name: Some(name) }
             | Request::StatusDetail { name }
             | Request::Watch { name: Some(name) } => (name.as_str(), "", None),
@@ -878,6 +902,7 @@ mod tests {
                 note: None,
                 supersede: false,
                 and: Box::default(),
+                delay: None,
             }
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");

@@ -133,7 +133,8 @@ impl fmt::Display for Reply<'_> {
                 },
             ),
             Reply::Event(e, unix_ms) => {
-                let by = (e.kind == EventKind::Broken).then(|| e.broken_by.who());
+                let by = matches!(e.kind, EventKind::Broken | EventKind::Breaking)
+                    .then(|| e.broken_by.who());
                 write_event(
                     f,
                     &EventLine {

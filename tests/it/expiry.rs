@@ -30,6 +30,7 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         note: None,
         supersede: false,
         and: Box::default(),
+        delay: None,
     }
 }
 

@@ -138,6 +138,8 @@ enum Op {
         /// `and=`: further names of a set, as indexes into [`NAMES`] (the name itself and
         /// repeats are dropped; none with `supersede`, which the protocol refuses).
         and: Vec<usize>,
+        /// `delay=` in ms (the lock-delay); `None`: the server's default (none).
+        delay: Option<u64>,
     },
     Unlock {
         name: usize,
@@ -159,10 +161,11 @@ enum Op {
         name: usize,
         tok: TokPick,
     },
-    /// BREAK of every holder, or of one token's.
+    /// BREAK of every holder, or of one token's; `force`: the name passes on at once.
     Break {
         name: usize,
         tok: Option<TokPick>,
+        force: bool,
     },
     CancelWait(WaiterPick),
     DropSession {
@@ -249,9 +252,12 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (name.clone(), 0..IDS.len(), ttl_pick(), wait_pick(), session_pick(), 1u64..=3,
                mode_pick(), user(), proptest::option::of(0..NOTES.len()),
-               proptest::bool::weighted(0.2), and_pick())
-            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, note, supersede, and)| {
-                Op::Lock { name, id, ttl, wait, session, conn, mode, user, note, supersede, and }
+               proptest::bool::weighted(0.2), and_pick(),
+               proptest::option::weighted(0.3, prop_oneof![Just(0u64), 1u64..40]))
+            .prop_map(|(name, id, ttl, wait, session, conn, mode, user, note, supersede, and,
+                        delay)| {
+                Op::Lock { name, id, ttl, wait, session, conn, mode, user, note, supersede, and,
+                           delay }
             }),
         3 => (name.clone(), tok_pick(), user_pick())
             .prop_map(|(name, tok, user)| Op::Unlock { name, tok, user }),
@@ -259,8 +265,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(name, tok, ttl, conn, user)| Op::Renew { name, tok, ttl, conn, user }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Revoke { name, tok }),
         1 => (name.clone(), tok_pick()).prop_map(|(name, tok)| Op::Check { name, tok }),
-        1 => (name.clone(), proptest::option::of(tok_pick()))
-            .prop_map(|(name, tok)| Op::Break { name, tok }),
+        1 => (name.clone(), proptest::option::of(tok_pick()), any::<bool>())
+            .prop_map(|(name, tok, force)| Op::Break { name, tok, force }),
         2 => prop_oneof![
             4 => (0usize..64).prop_map(WaiterPick::Live),
             3 => (0usize..64).prop_map(WaiterPick::Seen),
@@ -356,6 +362,8 @@ impl Harness {
                 max_ttl: Duration::from_millis(limits.max_ttl),
                 max_locks: limits.max_locks,
                 max_waiters: limits.max_waiters,
+                lock_delay: std::time::Duration::ZERO,
+                max_lock_delay: std::time::Duration::from_secs(60),
             },
             first_token,
         );
@@ -495,6 +503,7 @@ impl Harness {
                 user: user(h.user),
                 mode: h.mode,
                 session: h.session.map(|s| s.conn),
+                lingering: h.lingering(),
             })
             .collect();
         let only = token.map(|t| tokens.iter().position(|x| *x == t).unwrap_or(usize::MAX));
@@ -521,6 +530,7 @@ impl Harness {
                 user: user(h.user),
                 mode: h.mode,
                 session: h.session.map(|s| s.conn),
+                lingering: h.lingering(),
             })
             .collect();
         let queue: Vec<WaiterPart<'_>> = waiting
@@ -650,6 +660,7 @@ impl Harness {
                 note,
                 supersede,
                 and,
+                delay,
             } => {
                 let ttl = self.ttl(ttl);
                 let mut set: Vec<&'static str> = Vec::new();
@@ -686,6 +697,7 @@ impl Harness {
                     note: note.map(Into::into),
                     supersede: *supersede,
                     and: set.iter().map(|n| n.to_string()).collect(),
+                    delay: delay.map(Duration::from_millis),
                 };
                 // The etcd part judges one name's decision: not a set's, nor one on a name a
                 // set holds or waits for (the cluster's decision of those is its own).
@@ -708,6 +720,7 @@ impl Harness {
                         note: note.map(str::to_owned),
                         supersede: *supersede,
                         and: set.iter().map(|n| n.to_string()).collect(),
+                        delay: delay.unwrap_or(0),
                     },
                 );
                 // Both backends' decisions are judged, each on its own: a wrong rule shows
@@ -807,10 +820,10 @@ impl Harness {
                 }
                 self.effects(Call::Other)?;
             }
-            Op::Break { name, tok } => {
+            Op::Break { name, tok, force } => {
                 let token = tok.as_ref().map(|p| self.token(NAMES[*name], p));
                 let by = lockd::locks::Origin::default();
-                let got = self.table.break_lock(at, NAMES[*name], token, &by);
+                let got = self.table.break_lock(at, NAMES[*name], token, &by, *force);
                 self.hint();
                 #[cfg(feature = "etcd")]
                 let cluster = self.cluster_breaks(now, NAMES[*name], token);
@@ -821,7 +834,7 @@ impl Harness {
                     .values()
                     .map(|h| (h.token, h.names.clone()))
                     .collect();
-                let want = self.model.break_lock(now, NAMES[*name], token);
+                let want = self.model.break_lock(now, NAMES[*name], token, *force);
                 let got = self.judged(got, &want);
                 if got != want {
                     return Err(format!("break {token:?}: table {got:?}, model {want:?}"));
@@ -1102,6 +1115,7 @@ fn table() -> (Locks, Instant) {
         max_ttl: Duration::from_secs(60),
         max_locks: 100,
         max_waiters: 100,
+        ..Limits::default()
     };
     (Locks::new(limits, 100), Instant::now())
 }
@@ -1127,6 +1141,7 @@ fn req(
         note: None,
         supersede: false,
         and: Box::default(),
+        delay: None,
     }
 }
 
@@ -1547,13 +1562,16 @@ fn a_queue_at_max_waiters_refuses_a_new_waiter_but_not_a_replacing_one() {
 }
 
 #[test]
-fn a_break_hands_over_with_a_higher_token_and_is_remembered_until_the_old_deadline() {
+fn a_forced_break_hands_over_with_a_higher_token_and_is_remembered_until_the_old_deadline() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req("x", "p", 10, None, false, 1)));
     let q = queued(t.lock(base, req("x", "q", 50, None, true, 2)));
     effects(&mut t);
     let by = lockd::locks::Origin::new(Some("ops"), None);
-    assert_eq!(t.break_lock(ms(base, 2), "x", None, &by), Ok(vec![token]));
+    assert_eq!(
+        t.break_lock(ms(base, 2), "x", None, &by, true),
+        Ok(vec![token])
+    );
     let after = effects(&mut t);
     assert_eq!(grants(&after), vec![q]);
     let broken = after.iter().find_map(|e| match e {
@@ -1579,13 +1597,91 @@ fn a_break_hands_over_with_a_higher_token_and_is_remembered_until_the_old_deadli
     assert_eq!(t.broken(ms(base, 10), "x", token), TableError::NotHeld);
     // Nothing left of that token, or on a free name.
     assert_eq!(
-        t.break_lock(ms(base, 11), "x", Some(token), &by),
+        t.break_lock(ms(base, 11), "x", Some(token), &by, false),
         Err(TableError::NotHeld)
     );
     assert_eq!(
-        t.break_lock(ms(base, 11), "free", None, &by),
+        t.break_lock(ms(base, 11), "free", None, &by, false),
         Err(TableError::NotHeld)
     );
+}
+
+/// The promise of `lockctl run`: the next holder never runs beside a job still being stopped.
+#[test]
+fn a_break_holds_the_name_until_the_broken_holder_lets_go_or_runs_out() {
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 100, None, false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 50, None, true, 2)));
+    effects(&mut t);
+    let by = lockd::locks::Origin::new(Some("ops"), None);
+    assert_eq!(
+        t.break_lock(ms(base, 2), "x", None, &by, false),
+        Ok(vec![token])
+    );
+    let after = effects(&mut t);
+    // Told at once (event), but nobody is granted yet.
+    assert!(grants(&after).is_empty(), "{after:?}");
+    assert!(after.iter().any(
+        |e| matches!(e, Effect::Event(e) if e.kind == EventKind::Breaking && e.token == token)
+    ));
+    assert_eq!(t.status(ms(base, 3), "x").map(|s| s.token), Some(token));
+    // Its holder can't renew or check it, and is told who broke it.
+    assert_eq!(
+        t.renew(ms(base, 3), "x", token, None, 1, NO_USER),
+        Err(TableError::NotHeld)
+    );
+    assert_eq!(t.check(ms(base, 3), "x", token), Err(TableError::NotHeld));
+    assert!(matches!(
+        t.broken(ms(base, 3), "x", token),
+        TableError::Broken { by, .. } if &*by == "ops"
+    ));
+    // Its id can't take it up again: a LOCK of it waits like anyone's.
+    assert_eq!(
+        t.lock(ms(base, 3), req("x", "p", 100, Some(0), false, 1)),
+        Err(TableError::WouldBlock { holder: "p".into() })
+    );
+    // A BREAK sent again counts it, and changes nothing.
+    assert_eq!(
+        t.break_lock(ms(base, 4), "x", None, &by, false),
+        Ok(vec![token])
+    );
+    assert!(effects(&mut t).is_empty());
+    // Its holder's UNLOCK (the job is gone) ends it and hands the name on.
+    assert_eq!(t.unlock(ms(base, 5), "x", token, NO_USER), Ok(()));
+    let after = effects(&mut t);
+    assert_eq!(grants(&after), vec![q]);
+    assert!(after.iter().any(
+        |e| matches!(e, Effect::Event(e) if e.kind == EventKind::Released && e.token == token)
+    ));
+
+    // A holder that never answers: the name passes on at the deadline the lease had.
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 100, None, false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 50, None, true, 2)));
+    assert_eq!(
+        t.break_lock(ms(base, 2), "x", None, &by, false),
+        Ok(vec![token])
+    );
+    effects(&mut t);
+    t.expire(ms(base, 99));
+    assert!(grants(&effects(&mut t)).is_empty());
+    t.expire(ms(base, 100));
+    assert_eq!(grants(&effects(&mut t)), vec![q]);
+
+    // `force` ends a lease already broken now.
+    let (mut t, base) = table();
+    let (token, _) = granted(t.lock(base, req("x", "p", 100, None, false, 1)));
+    let q = queued(t.lock(base, req("x", "q", 50, None, true, 2)));
+    assert_eq!(
+        t.break_lock(ms(base, 2), "x", None, &by, false),
+        Ok(vec![token])
+    );
+    effects(&mut t);
+    assert_eq!(
+        t.break_lock(ms(base, 3), "x", None, &by, true),
+        Ok(vec![token])
+    );
+    assert_eq!(grants(&effects(&mut t)), vec![q]);
 }
 
 // ---- Sets of names (`and=`), one example each ----
@@ -1727,7 +1823,10 @@ fn a_break_of_one_name_ends_the_whole_set() {
     let q = queued(t.lock(base, req("y", "q", 1000, None, false, 2)));
     effects(&mut t);
     let by = lockd::locks::Origin::new(Some("ops"), None);
-    assert_eq!(t.break_lock(ms(base, 1), "y", None, &by), Ok(vec![token]));
+    assert_eq!(
+        t.break_lock(ms(base, 1), "y", None, &by, true),
+        Ok(vec![token])
+    );
     let after = effects(&mut t);
     let broken: Vec<&str> = after
         .iter()

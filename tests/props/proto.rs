@@ -111,6 +111,7 @@ fn request() -> impl Strategy<Value = Request> {
                         supersede,
                         note: note.map(Box::from),
                         and: and.into(),
+                        delay: None,
                     }
                 }
             ),
@@ -133,8 +134,8 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Ping),
         Just(Request::Help),
         Just(Request::Quit),
-        (name(), prop::option::of(1u64..u64::MAX))
-            .prop_map(|(name, token)| Request::Break { name, token }),
+        (name(), prop::option::of(1u64..u64::MAX), any::<bool>())
+            .prop_map(|(name, token, force)| Request::Break { name, token, force }),
     ]
 }
 

@@ -48,6 +48,7 @@ impl NameView for View<'_> {
             mode,
             bound_to: None,
             in_set: self.sizes[key as usize] > 1,
+            lingering: false,
         })
     }
 

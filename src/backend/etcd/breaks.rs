@@ -1,8 +1,10 @@
-//! BREAK (an operator's force-release) in cluster mode: each lease it ends is ended by the
-//! write a release makes (`release.rs`: guarded like it, granting the head waiter in the same
-//! write when it can), with the marker saying `broken` and who sent it; and a record of the
-//! broken lease (`P b/<name>/<token>`, on an etcd lease of its own) tells its holder, through
-//! any front-end, who broke it.
+//! BREAK in cluster mode. A record of the broken lease (`P b/<name>/<token>`, on an etcd
+//! lease of its own) tells its holder, through any front-end, who broke it. Then each lease
+//! is either marked broken in its own key (a guarded rewrite: it keeps its place on the name,
+//! unrenewable, until its holder's UNLOCK or its deadline ends it as any lease ends), or with
+//! `force` ended by the write a release makes (`release.rs`: guarded like it, granting the
+//! head waiter in the same write when it can), with the marker saying `broken` and who sent
+//! it.
 
 use super::rpc::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
@@ -12,7 +14,7 @@ use crate::locks::{rules, EventKind, Origin, TableError, Token};
 use super::holders::created;
 use super::keys::BrokenValue;
 use super::mirror::HolderRecord;
-use super::{wall_ms, Cluster};
+use super::{wall_ms, Cluster, CLEANUP_TRIES};
 
 impl Cluster {
     /// BREAK by `by` (its right checked before): ends every live lease of `name`, or only
@@ -23,6 +25,7 @@ impl Cluster {
         name: &str,
         token: Option<Token>,
         by: &Origin,
+        force: bool,
     ) -> Result<usize, BackendError> {
         // A linearizable read: a grant made through another front-end a moment ago counts;
         // a lease whose time is up is not one to break.
@@ -44,7 +47,7 @@ impl Cluster {
             let Some(holder) = ns.holders.get(&rev) else {
                 continue;
             };
-            if self.break_one(name, holder, by).await? {
+            if self.break_one(name, holder, by, force).await? {
                 ended += 1;
             }
         }
@@ -54,15 +57,20 @@ impl Cluster {
         Ok(ended)
     }
 
-    /// Ends one holder for a BREAK: its record first (so that its holder, renewing at once,
-    /// is told who broke it), then the release's write. Whether it ended it.
+    /// Breaks one holder: its record first (so that its holder, renewing at once, is told who
+    /// broke it), then the write that marks it broken, or with `force` ends it. Whether it
+    /// did (a lease already marked broken counts: a BREAK sent again).
     async fn break_one(
         &self,
         name: &str,
         holder: &HolderRecord,
         by: &Origin,
+        force: bool,
     ) -> Result<bool, BackendError> {
         let token = self.guard().mirror.token(holder.rev);
+        if holder.value.broken_by.is_some() && !force {
+            return Ok(true);
+        }
         let record = BrokenValue {
             by: by.who(),
             at_ms: wall_ms(),
@@ -104,12 +112,19 @@ impl Cluster {
         let written = put.header().map_or(0, |h| h.revision());
 
         self.breaking_guard().push((holder.rev, token, by.clone()));
-        let ended = self.end_txn(name, EventKind::Broken, holder, created(holder));
-        let resp = self.txn(ended.txn.clone()).await;
-        let done = match &resp {
-            Ok(resp) => self.ended(name, token, EventKind::Broken, holder, &ended, resp),
-            Err(_) => false,
+        let resp = if force || holder.value.broken_by.is_some() {
+            let ended = self.end_txn(name, EventKind::Broken, holder, created(holder));
+            let resp = self.txn(ended.txn.clone()).await;
+            resp.map(|r| {
+                (
+                    self.ended(name, token, EventKind::Broken, holder, &ended, &r),
+                    r,
+                )
+            })
+        } else {
+            self.mark_broken(name, token, holder, by).await
         };
+        let done = resp.as_ref().is_ok_and(|(done, _)| *done);
         self.breaking_guard()
             .retain(|(rev, _, _)| *rev != holder.rev);
         if !done {
@@ -125,6 +140,50 @@ impl Cluster {
         match resp {
             Ok(_) => Ok(done),
             Err(e) => Err(self.unavailable(&e)),
+        }
+    }
+
+    /// Writes `holder` as broken by `by` unless it changed since it was read; one that was
+    /// renewed meanwhile is read again and marked then. Whether it was marked (then logged
+    /// and counted as a lease's end: for its holder, it is one).
+    async fn mark_broken(
+        &self,
+        name: &str,
+        token: Token,
+        holder: &HolderRecord,
+        by: &Origin,
+    ) -> Result<(bool, super::rpc::TxnResponse), super::rpc::Error> {
+        let mut holder = holder.clone();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut value = holder.value.clone();
+            value.broken_by = Some(by.clone());
+            let resp = self.txn(self.rewrite(&holder, &value)).await?;
+            if resp.succeeded() {
+                self.wrote_lease(name, &value, &resp);
+                let held = wall_ms().saturating_sub(value.granted_ms);
+                for each in super::keys::names_of(name, &value.set) {
+                    let held = std::time::Duration::from_millis(held);
+                    self.ended_log(
+                        each,
+                        &value.id,
+                        token,
+                        EventKind::Breaking,
+                        held,
+                        &value.origin(),
+                    );
+                }
+                return Ok((true, resp));
+            }
+            // Renewed (or its grace started) meanwhile: read it again; gone, or broken by
+            // another BREAK meanwhile, is no lease of this BREAK's to mark.
+            match self.read_holder(name, holder.rev).await {
+                Ok(again) if again.value.broken_by.is_none() && tries < CLEANUP_TRIES => {
+                    holder = again;
+                }
+                _ => return Ok((false, resp)),
+            }
         }
     }
 

@@ -56,8 +56,13 @@ impl Cluster {
                     } else {
                         EventKind::Expired
                     };
-                    let token = me.guard().mirror.token(rev);
-                    me.expire(&name, token, kind, holder).await;
+                    if holder.value.delay_ms > 0 && holder.value.delaying.is_none() {
+                        me.start_delay(&name, &holder, kind).await;
+                    } else {
+                        let kind = holder.value.delaying.unwrap_or(kind);
+                        let token = me.guard().mirror.token(rev);
+                        me.expire(&name, token, kind, holder).await;
+                    }
                     me.guard().expiring.remove(&(name, rev));
                 });
             }
@@ -72,6 +77,28 @@ impl Cluster {
             tokio::select! {
                 _ = tokio::time::sleep(sleep.min(Duration::from_secs(1))) => {}
                 _ = moved => {}
+            }
+        }
+    }
+
+    /// `holder`'s time ran out (or its session ended: `kind`) without a release: it keeps its
+    /// place for its lock-delay, over for its holder (a guarded rewrite, as a renewal's: a
+    /// RENEW that came first wins), and ends as `kind` when the delay is over.
+    pub(super) async fn start_delay(
+        &self,
+        name: &str,
+        holder: &super::mirror::HolderRecord,
+        kind: EventKind,
+    ) {
+        let mut value = holder.value.clone();
+        value.delaying = Some(kind);
+        value.at_ms = super::wall_ms();
+        value.deadline_ms = value.at_ms + value.delay_ms;
+        value.cut_ms = 0;
+        let txn = self.rewrite(holder, &value);
+        if let Some(resp) = self.cleanup(txn).await {
+            if resp.succeeded() {
+                self.wrote_lease(name, &value, &resp);
             }
         }
     }

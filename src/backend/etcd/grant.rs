@@ -30,7 +30,9 @@ impl Cluster {
     /// over, conflict) is made from a read of the name in etcd itself, since a mirror a few
     /// milliseconds behind would refuse a free name or queue a retry of the holder's own id
     /// behind itself.
-    pub async fn lock(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
+    pub async fn lock(self: &Arc<Self>, mut req: LockRequest) -> Result<LockStart, BackendError> {
+        // Resolved once: every record made of this request carries its own lock-delay.
+        req.delay = Some(self.limits.delay(req.delay)?);
         if !req.and.is_empty() {
             return self.lock_set(req).await;
         }
@@ -164,6 +166,9 @@ impl Cluster {
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set: set_names(req),
+            broken_by: None,
+            delay_ms: delay_ms(req),
+            delaying: None,
         }
     }
 
@@ -289,4 +294,9 @@ enum Plan {
     Fresh { marker_rev: i64 },
     /// Held, or others wait: queue.
     Blocked,
+}
+
+/// The lock-delay `req` carries, in milliseconds (resolved by [`Cluster::lock`]).
+pub(super) fn delay_ms(req: &LockRequest) -> u64 {
+    req.delay.map_or(0, |d| d.as_millis() as u64)
 }

@@ -40,7 +40,11 @@ impl Cluster {
     }
 
     /// A linearizable read of one holder.
-    async fn read_holder(&self, name: &str, rev: i64) -> Result<HolderRecord, BackendError> {
+    pub(super) async fn read_holder(
+        &self,
+        name: &str,
+        rev: i64,
+    ) -> Result<HolderRecord, BackendError> {
         let resp = self
             .get(
                 self.layout.holders(name),
@@ -169,6 +173,10 @@ impl Cluster {
         let mut holder = self.find_holder(name, token).await?;
         for _ in 0..2 {
             self.owned_by(&holder, user)?;
+            if holder.value.lingering() {
+                // Broken (its holder is told by whom: `Backend::renew`), or in its lock-delay.
+                return Err(TableError::NotHeld.into());
+            }
             let mut value = holder.value.clone();
             if let Some(ttl) = ttl {
                 value.ttl_ms = ttl.as_millis() as u64;
@@ -212,6 +220,9 @@ impl Cluster {
             .rev_of(token)
             .ok_or(BackendError::Table(TableError::NotHeld))?;
         let holder = self.read_holder(name, rev).await?;
+        if holder.value.lingering() {
+            return Err(TableError::NotHeld.into());
+        }
         let at = now();
         let mut left = holder.left(at);
         if let Some(seen) = self
@@ -236,11 +247,14 @@ impl Cluster {
             return;
         };
         let v = &holder.value;
-        if v.fe != self.fe || v.conn != conn || v.cut_ms > 0 {
+        if v.fe != self.fe || v.conn != conn || v.cut_ms > 0 || v.delaying.is_some() {
             return;
         }
         match v.session_ms {
             None => {}
+            Some(0) if v.delay_ms > 0 => {
+                self.start_delay(name, &holder, EventKind::Dropped).await;
+            }
             Some(0) => {
                 self.end_holder(name, token, EventKind::Dropped, holder)
                     .await;

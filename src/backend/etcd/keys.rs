@@ -176,6 +176,15 @@ pub struct HolderValue {
     /// Every name of its set, in the request's order (the name of this key among them);
     /// empty for a lease of one name.
     pub set: Vec<String>,
+    /// Who broke it, if a BREAK (without `force`) did: the lease is over for its holder, but
+    /// its key keeps its place on the name until the holder lets go or its deadline passes.
+    /// An older lockd's record has none.
+    pub broken_by: Option<Origin>,
+    /// Its lock-delay (`LOCK ... delay=`) in milliseconds; 0 for none.
+    pub delay_ms: u64,
+    /// In its lock-delay: its time ran out (`Expired`) or its session ended (`Dropped`)
+    /// without a release, and it keeps its place until `deadline_ms`, then ends as that.
+    pub delaying: Option<EventKind>,
 }
 
 /// A waiter's record: all it asked for, so that whichever front-end releases the lock can
@@ -201,6 +210,8 @@ pub struct WaiterValue {
     pub note: String,
     /// Every name of its set, as [`HolderValue::set`]; empty for one name.
     pub set: Vec<String>,
+    /// The lock-delay of the lease it will hold, in milliseconds.
+    pub delay_ms: u64,
 }
 
 /// What the last change of a name was, with the holder it was about.
@@ -275,6 +286,18 @@ impl HolderValue {
         if !self.set.is_empty() {
             word(&mut s, "set", &set_word(&self.set));
         }
+        if let Some(by) = &self.broken_by {
+            word(&mut s, "broken", by.user().unwrap_or_default());
+            if let Some(peer) = by.peer() {
+                word(&mut s, "broken_peer", &peer.to_string());
+            }
+        }
+        if self.delay_ms > 0 {
+            word(&mut s, "delay", &self.delay_ms.to_string());
+        }
+        if let Some(kind) = self.delaying {
+            word(&mut s, "delaying", kind.as_str());
+        }
         s
     }
 
@@ -302,7 +325,23 @@ impl HolderValue {
             peer: w.get("peer").unwrap_or_default(),
             note: w.get("note").unwrap_or_default(),
             set: parse_set(w.get("set").as_deref())?,
+            broken_by: w.get("broken").map(|user| {
+                let peer = w.get("broken_peer").and_then(|p| p.parse().ok());
+                Origin::new((!user.is_empty()).then_some(user.as_str()), peer)
+            }),
+            delay_ms: w.num("delay").unwrap_or(0),
+            delaying: w.get("delaying").map(|k| match k.as_str() {
+                "dropped" => EventKind::Dropped,
+                _ => EventKind::Expired,
+            }),
         })
+    }
+
+    /// Over for its holder but still in its place: broken (without `force`), or in its
+    /// lock-delay. It can't be renewed or taken up again; its holder's UNLOCK, or its
+    /// deadline, ends it.
+    pub fn lingering(&self) -> bool {
+        self.broken_by.is_some() || self.delaying.is_some()
     }
 
     /// Its note, as STATUS and WATCH show it; `None` for none.
@@ -357,6 +396,9 @@ impl WaiterValue {
         if !self.set.is_empty() {
             word(&mut s, "set", &set_word(&self.set));
         }
+        if self.delay_ms > 0 {
+            word(&mut s, "delay", &self.delay_ms.to_string());
+        }
         s
     }
 
@@ -376,6 +418,7 @@ impl WaiterValue {
             peer: w.get("peer").unwrap_or_default(),
             note: w.get("note").unwrap_or_default(),
             set: parse_set(w.get("set").as_deref())?,
+            delay_ms: w.num("delay").unwrap_or(0),
         })
     }
 
@@ -398,6 +441,9 @@ impl WaiterValue {
             peer: self.peer.clone(),
             note: self.note.clone(),
             set: self.set.clone(),
+            broken_by: None,
+            delay_ms: self.delay_ms,
+            delaying: None,
         }
     }
 }
@@ -412,6 +458,7 @@ impl MarkerValue {
             EventKind::Dropped => "dropped",
             EventKind::Revoked => "revoked",
             EventKind::Broken => "broken",
+            EventKind::Breaking => "breaking",
         };
         word(&mut s, "kind", kind);
         word(&mut s, "rev", &self.rev.to_string());
@@ -434,6 +481,7 @@ impl MarkerValue {
             "dropped" => EventKind::Dropped,
             "revoked" => EventKind::Revoked,
             "broken" => EventKind::Broken,
+            "breaking" => EventKind::Breaking,
             _ => return None,
         };
         Some(MarkerValue {

@@ -49,6 +49,9 @@ fn values_round_trip() {
         peer: "10.0.0.7:41234".into(),
         note: String::new(),
         set: Vec::new(),
+        broken_by: None,
+        delay_ms: 0,
+        delaying: None,
     };
     assert_eq!(HolderValue::decode(h.encode().as_bytes()), Some(h));
     let w = WaiterValue {
@@ -65,6 +68,7 @@ fn values_round_trip() {
         peer: "[::1]:5".into(),
         note: String::new(),
         set: Vec::new(),
+        delay_ms: 0,
     };
     assert_eq!(w.holder(5).uid, w.uid, "its grant is known by its uid");
     assert_eq!(WaiterValue::decode(w.encode().as_bytes()), Some(w));

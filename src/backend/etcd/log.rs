@@ -68,7 +68,7 @@ impl Cluster {
             origin: origin.clone(),
             note: None,
             broken_by: match kind {
-                EventKind::Broken => self.breaker_of(token),
+                EventKind::Broken | EventKind::Breaking => self.breaker_of(token),
                 _ => Origin::default(),
             },
         };

@@ -386,25 +386,39 @@ impl Mirror {
                 ends_at: now + Duration::from_millis(value.left_ms()),
                 value,
             };
+            let token = base + rev as Token;
+            let value = &holder.value;
+            let event = |kind| Event {
+                kind,
+                name: name.as_str().into(),
+                id: value.id.as_str().into(),
+                token,
+                held: std::time::Duration::ZERO,
+                waited: None,
+                origin: value.origin(),
+                note: None,
+                broken_by: Origin::default(),
+            };
             if let Some(old) = ns.holders.get(&rev) {
                 self.ends.remove(&(old.ends_at, name.clone(), old.rev));
+                if let (None, Some(by)) = (&old.value.broken_by, &value.broken_by) {
+                    // A BREAK without `force`: over for its holder, still in its place.
+                    let held_ms = super::wall_ms().saturating_sub(value.granted_ms);
+                    let breaking = Event {
+                        held: std::time::Duration::from_millis(held_ms),
+                        broken_by: by.clone(),
+                        ..event(EventKind::Breaking)
+                    };
+                    out.event(c.mod_rev, breaking);
+                }
             } else {
                 out.granted.push(Granted::of(base, &name, &holder));
-                let value = &holder.value;
-                out.event(
-                    c.mod_rev,
-                    Event {
-                        kind: EventKind::Acquired,
-                        name: name.as_str().into(),
-                        id: value.id.as_str().into(),
-                        token: base + rev as Token,
-                        held: std::time::Duration::ZERO,
-                        waited: value.waited_ms.map(std::time::Duration::from_millis),
-                        origin: value.origin(),
-                        note: value.note(),
-                        broken_by: Origin::default(),
-                    },
-                );
+                let acquired = Event {
+                    waited: value.waited_ms.map(std::time::Duration::from_millis),
+                    note: value.note(),
+                    ..event(EventKind::Acquired)
+                };
+                out.event(c.mod_rev, acquired);
             }
             self.ends.insert((holder.ends_at, name.clone(), rev));
             ns.holders.insert(rev, holder);

@@ -42,6 +42,9 @@ fn holder(id: &str) -> String {
         peer: String::new(),
         note: String::new(),
         set: Vec::new(),
+        broken_by: None,
+        delay_ms: 0,
+        delaying: None,
     }
     .encode()
 }
@@ -198,6 +201,7 @@ fn waiter(uid: &str) -> String {
         peer: String::new(),
         note: String::new(),
         set: Vec::new(),
+        delay_ms: 0,
     }
     .encode()
 }

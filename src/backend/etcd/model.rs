@@ -23,6 +23,8 @@ pub struct HolderPart<'a> {
     /// `None`: a plain lease; `Some(Some(conn))`: a session lease bound to this front-end's
     /// open connection `conn`; `Some(None)`: a session lease in its grace.
     pub session: Option<Option<ConnId>>,
+    /// Over for its holder but still in its place (broken, or in its lock-delay).
+    pub lingering: bool,
 }
 
 /// A waiter, first in line first.
@@ -61,6 +63,7 @@ pub fn decide(
             peer: String::new(),
             note: String::new(),
             set: Vec::new(),
+            delay_ms: 0,
         };
         let waiter = WaiterRecord {
             key: uid.clone(),
@@ -127,6 +130,9 @@ fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
             peer: String::new(),
             note: String::new(),
             set: Vec::new(),
+            broken_by: h.lingering.then(crate::locks::Origin::default),
+            delay_ms: 0,
+            delaying: None,
         };
         let holder = HolderRecord {
             key: uid.clone(),

@@ -320,6 +320,7 @@ impl Cluster {
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set: set.clone(),
+            delay_ms: super::grant::delay_ms(&req),
         };
         let mut value = value;
         if let Some(old) = &adopt {

@@ -40,6 +40,7 @@ impl rules::NameView for MirrorView<'_> {
                 mode: v.mode,
                 bound_to: open_here.then_some(v.conn),
                 in_set: !v.set.is_empty(),
+                lingering: v.lingering(),
             }
         })
     }

@@ -69,6 +69,7 @@ impl Cluster {
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set: Vec::new(),
+            delay_ms: super::grant::delay_ms(&req),
         };
         // `supersede`: the whole queue as this decision sees it (guarded below), each
         // waiter with whether it is this id's own older request; and the name's marker.

@@ -27,7 +27,7 @@ pub async fn break_lock(server: &Server, args: &BreakArgs) -> Result<u8, Failure
         eprintln!("lockctl: {what}: not broken");
         return Ok(1);
     }
-    match client.break_lock(&args.name, args.token).await {
+    match client.break_lock(&args.name, args.token, args.force).await {
         Ok(n) => {
             if server.verbose || !args.yes {
                 let s = if n == 1 { "" } else { "s" };

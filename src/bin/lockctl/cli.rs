@@ -587,6 +587,12 @@ pub struct BreakArgs {
     /// Do not ask: break it (required when stdin is not a terminal).
     #[arg(short = 'y', long)]
     pub yes: bool,
+
+    /// Hand the lock on now, without waiting for the broken holder to let go (its job may
+    /// still be running). Without it, the next holder is granted once the broken holder has
+    /// released the lock (lockctl run does once its job is gone) or its lease has run out.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug)]

@@ -16,13 +16,14 @@
 //! stuck on a cut-off front-end from its renewal time still leaves the next address a sixth
 //! of the window (less the margin and the kill grace) before the command must be stopped.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockd::client::hold::{self, FIRST_RETRY};
 use lockd::client::{Client, ClientError};
-use lockd::locks::Token;
+use lockd::locks::{EventKind, Token};
 use lockd::proto::{ErrorCode, Tie};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
 
@@ -328,6 +329,17 @@ pub struct Keeper {
     /// `None`: release; `Some(d)`: keep the lock `d` more as a plain lease (`--at-least`).
     stop: Option<oneshot::Sender<Option<Duration>>>,
     task: JoinHandle<Released>,
+    /// [`watch_breaks`], ended with the keeper.
+    _watch: AbortOnDrop,
+}
+
+/// A task that ends when its handle is dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Keeper {
@@ -341,17 +353,26 @@ impl Keeper {
     ) -> Keeper {
         let (lost_tx, lost) = mpsc::channel(1);
         let (stop, stop_rx) = oneshot::channel();
+        let wake = Arc::new(Notify::new());
+        let watch = tokio::spawn(watch_breaks(
+            link.server.clone(),
+            lease.name.clone(),
+            lease.token,
+            Arc::clone(&wake),
+        ));
         let state = KeeperState {
             link,
             lease,
             timing,
             deadline,
             next_renew,
+            wake,
         };
         Keeper {
             lost,
             stop: Some(stop),
             task: tokio::spawn(state.keep(lost_tx, stop_rx)),
+            _watch: AbortOnDrop(watch),
         }
     }
 
@@ -385,12 +406,50 @@ impl Keeper {
     }
 }
 
+/// Watches the lease's name for a BREAK of this very lease, so that lockctl learns of one at
+/// once rather than at its next renewal: a `broken` event of its token wakes the keeper, whose
+/// RENEW is then told who broke it, and the command is stopped as for any lost lease. The
+/// server hands the name on only once lockctl's UNLOCK says the command is gone (or the lease
+/// runs out), so this costs nothing in safety when it can't watch: each time the watch starts
+/// (again) the keeper renews at once too, which covers a break while nobody watched. A
+/// refusal (no `read` right on the name) leaves it to the renewals.
+async fn watch_breaks(server: Server, name: String, token: Token, wake: Arc<Notify>) {
+    let mut pause = FIRST_RETRY;
+    loop {
+        let limit = server.connect_timeout();
+        if let Ok(client) = server.connect_once(limit).await {
+            match client.events(Some(&name)).await {
+                Ok(mut events) => {
+                    wake.notify_one();
+                    pause = FIRST_RETRY;
+                    loop {
+                        match events.next().await {
+                            Ok(e) if e.kind == EventKind::Broken && e.token == token => {
+                                wake.notify_one();
+                                return;
+                            }
+                            Ok(_) | Err(ClientError::Unexpected(_)) => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Err(ClientError::Refused(e)) if e.code != ErrorCode::Unavailable => return,
+                Err(_) => {}
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
 struct KeeperState {
     link: Link,
     lease: HeldLease,
     timing: Timing,
     deadline: Instant,
     next_renew: Instant,
+    /// Renew now: the lease may have been broken ([`watch_breaks`]).
+    wake: Arc<Notify>,
 }
 
 enum KeeperStep {
@@ -417,7 +476,10 @@ impl KeeperState {
                 keep = &mut stop => KeeperStep::Stop(keep.unwrap_or(None)),
                 _ = sleep_until(term_at), if !lost => KeeperStep::DeadlineNear,
                 r = async {
-                    self.link.idle_until(self.next_renew).await;
+                    tokio::select! {
+                        _ = self.link.idle_until(self.next_renew) => {}
+                        _ = self.wake.notified() => {}
+                    }
                     self.link.renew(&self.lease, attempt_limit).await
                 }, if !lost => KeeperStep::Renewed(r),
             };

@@ -159,6 +159,7 @@ async fn ghost(addr: SocketAddr, name: &str, i: usize, mode: Mode, rng: &mut Rng
         note: None,
         supersede: false,
         and: Box::default(),
+        delay: None,
     };
     ghost.send(&lock.to_string()).await;
     for _ in 0..rng.below(3) {

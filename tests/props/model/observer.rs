@@ -279,6 +279,11 @@ impl Observer {
                         i += self.acquire(effects, i, &lock_names, *mode, *token)?;
                         continue;
                     }
+                    if e.kind == EventKind::Breaking {
+                        // Over for its holder, but it keeps its place until it ends.
+                        i += 1;
+                        continue;
+                    }
                     let holders = self.holders.entry(name.clone()).or_default();
                     let Some(at) = holders.iter().position(|(t, _)| *t == e.token) else {
                         return Err(format!(

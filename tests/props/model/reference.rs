@@ -45,6 +45,20 @@ pub struct MHolder {
     pub mode: Mode,
     /// Every name it holds, in the LOCK's order (the first is `LOCK <name>`'s).
     pub names: Vec<String>,
+    /// A BREAK without `force` ended it for its holder: it keeps its place, unrenewable,
+    /// until its holder's UNLOCK or its deadline, and then ends as any lease does.
+    pub broken: bool,
+    /// Its lock-delay (ms): when its deadline passes it keeps its place this long more.
+    pub delay: u64,
+    /// In its lock-delay: over for its holder, ending at `deadline`.
+    pub delaying: bool,
+}
+
+impl MHolder {
+    /// Over for its holder but still in its place (broken, or in its lock-delay).
+    pub fn lingering(&self) -> bool {
+        self.broken || self.delaying
+    }
 }
 
 /// A session lease's binding.
@@ -86,6 +100,8 @@ pub struct MWaiter {
     pub note: Option<String>,
     /// The names it waits for, in the LOCK's order.
     pub names: Vec<String>,
+    /// The lock-delay of the lease it will hold.
+    pub delay: u64,
 }
 
 /// Whether a holder in `mode` may join `holders` (in `held` mode): anyone a free name;
@@ -127,6 +143,8 @@ pub struct MLock {
     pub supersede: bool,
     /// `and=`: the set's further names (none twice, not `name`).
     pub and: Vec<String>,
+    /// `delay=`: the lock-delay (0: none).
+    pub delay: u64,
 }
 
 impl MLock {
@@ -308,6 +326,11 @@ impl Model {
                     self.settle(now);
                 }
                 Due::Lease(token) => {
+                    let h = &self.leases[&token];
+                    if h.delay > 0 && !h.delaying {
+                        self.delay_end(at, token, false);
+                        continue;
+                    }
                     let cut = self.leases[&token].session.is_some_and(|s| s.cut);
                     let kind = if cut {
                         EventKind::Dropped
@@ -317,6 +340,20 @@ impl Model {
                     self.end(now, token, kind);
                 }
             }
+        }
+    }
+
+    /// Lease `token` reached its end at `at` without a release: it stays `delay` more, bound
+    /// to no connection, then ends `dropped` (a session that ended: `dropped`) or `expired`.
+    fn delay_end(&mut self, at: u64, token: Token, dropped: bool) {
+        let Some(h) = self.leases.get_mut(&token) else {
+            return;
+        };
+        h.delaying = true;
+        h.deadline = at + h.delay;
+        if let Some(s) = h.session.as_mut().filter(|s| s.conn.is_some()) {
+            s.conn = None;
+            s.cut = dropped;
         }
     }
 
@@ -414,6 +451,9 @@ impl Model {
                     note: w.note.clone(),
                     mode: w.mode,
                     names: w.names.clone(),
+                    broken: false,
+                    delay: w.delay,
+                    delaying: false,
                 },
                 Some(now - w.queued),
             );
@@ -471,7 +511,7 @@ impl Model {
         // The same id is the same client only within one user.
         if let Some(h) = holders
             .iter()
-            .find(|h| h.id == req.id && h.user == req.user)
+            .find(|h| !h.lingering() && h.id == req.id && h.user == req.user)
         {
             if h.mode != req.mode {
                 return Err(TableError::WrongMode {
@@ -553,6 +593,7 @@ impl Model {
             h.ttl = ttl;
             h.deadline = deadline;
             h.session = MSession::bound(req.session, req.conn);
+            h.delay = req.delay;
             // A retry with a note replaces the holder's; without one it keeps it.
             if req.note.is_some() {
                 h.note = req.note.clone();
@@ -580,6 +621,9 @@ impl Model {
                     note: req.note.clone(),
                     mode: req.mode,
                     names,
+                    broken: false,
+                    delay: req.delay,
+                    delaying: false,
                 },
                 None,
             );
@@ -660,6 +704,7 @@ impl Model {
             user: req.user,
             note,
             names,
+            delay: req.delay,
         };
         let at = self
             .waiters
@@ -706,6 +751,10 @@ impl Model {
         if s.conn != Some(conn) {
             return;
         }
+        if s.grace == 0 && h.delay > 0 {
+            self.delay_end(now, token, true);
+            return;
+        }
         if s.grace == 0 {
             self.end(now, token, EventKind::Dropped);
             return;
@@ -717,14 +766,16 @@ impl Model {
         }
     }
 
-    /// BREAK: every lease holding `name` (or only `token`'s) goes, in grant order, each as
-    /// a release does (event `broken` on each of its names); nobody's lease is safe from
-    /// it, whoever's it is.
+    /// BREAK: every lease holding `name` (or only `token`'s), in grant order, whoever's it
+    /// is, ends for its holder (event `broken` on each of its names, once); with `force` it
+    /// goes as a release does, else it stays in place until its holder's UNLOCK or its
+    /// deadline.
     pub fn break_lock(
         &mut self,
         now: u64,
         name: &str,
         token: Option<Token>,
+        force: bool,
     ) -> Result<Vec<Token>, TableError> {
         self.process(now);
         let ended: Vec<Token> = self
@@ -737,7 +788,19 @@ impl Model {
             return Err(TableError::NotHeld);
         }
         for &t in &ended {
-            self.end(now, t, EventKind::Broken);
+            let h = &self.leases[&t];
+            if !h.broken && !force {
+                let (names, id, held) = (h.names.clone(), h.id.clone(), now - h.granted);
+                for n in &names {
+                    self.event(EventKind::Breaking, n, &id, t, held, None, None);
+                }
+            }
+            if let Some(h) = self.leases.get_mut(&t) {
+                h.broken = true;
+            }
+            if force {
+                self.end(now, t, EventKind::Broken);
+            }
         }
         Ok(ended)
     }
@@ -763,7 +826,8 @@ impl Model {
             self.valid_ttl(ttl)?;
         }
         let base = self.base;
-        let h = self.lease_mut(name, token).ok_or(TableError::NotHeld)?;
+        let h = self.lease_mut(name, token).filter(|h| !h.lingering());
+        let h = h.ok_or(TableError::NotHeld)?;
         Self::owner_check(h, user)?;
         let ttl = ttl.unwrap_or(h.ttl);
         h.ttl = ttl;
@@ -782,7 +846,8 @@ impl Model {
 
     pub fn check(&mut self, now: u64, name: &str, token: Token) -> Result<Instant, TableError> {
         self.process(now);
-        let deadline = self.lease(name, token).ok_or(TableError::NotHeld)?.deadline;
+        let lease = self.lease(name, token).filter(|h| !h.lingering());
+        let deadline = lease.ok_or(TableError::NotHeld)?.deadline;
         Ok(self.at(deadline))
     }
 
