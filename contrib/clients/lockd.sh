@@ -60,8 +60,8 @@
 #   lockd_unlock NAME TOKEN                releases the lease
 #   lockd_renew NAME TOKEN [ttl=DUR]       extends the lease; prints ttl_ms on stdout
 #   lockd_check NAME TOKEN                 is TOKEN the live lease? prints ttl_ms on stdout
-#   lockd_break NAME [TOKEN]               force-releases NAME (every holder, or TOKEN's
-#                                          lease); prints how many leases it ended
+#   lockd_break NAME [TOKEN] [force]       breaks NAME (every holder's lease, or TOKEN's);
+#                                          prints how many; force: hand it on at once
 #   lockd_status [NAME]                    prints every holder and waiter of NAME (or every
 #                                          held lock) and sets LOCKD_MODE, LOCKD_HOLDERS,
 #                                          LOCKD_WAITERS, LOCKD_HOLDER_NOTE (the first
@@ -808,16 +808,22 @@ lockd_renew() { lockd__with_token RENEW "$@"; }
 # 4 if it is not.
 lockd_check() { lockd__with_token CHECK "$@"; }
 
-# lockd_break NAME [TOKEN]: force-releases NAME (BREAK): ends every holder's lease, or only
-# TOKEN's; prints how many leases it ended. The next waiter is granted with a higher token;
-# the broken holder's next renewal returns 4 with who broke it in LOCKD_ERROR. Needs the admin
-# right on NAME when the server has an auth file. Returns 4 if nothing (or no lease with
-# TOKEN) holds NAME.
+# lockd_break NAME [TOKEN] [force]: breaks NAME (BREAK): every holder's lease, or only
+# TOKEN's, ends for its holder, whose next renewal returns 4 with who broke it in LOCKD_ERROR;
+# prints how many leases it broke. The next waiter is granted (with a higher token) once the
+# broken holder releases the lease or its deadline passes; with force, at once (the broken
+# job may still run). Needs the admin right on NAME when the server has an auth file.
+# Returns 4 if nothing (or no lease with TOKEN) holds NAME.
 lockd_break() {
-    local name=${1:-} token=${2:-} line
+    local name=${1:-} token=${2:-} line force=
     LOCKD_ERROR=
+    if (($# >= 2)) && [[ ${!#} == force ]]; then
+        force=" force"
+        set -- "${@:1:$#-1}"
+        token=${2:-}
+    fi
     if (($# < 1 || $# > 2)); then
-        lockd__fail 2 "usage: lockd_break NAME [TOKEN]"
+        lockd__fail 2 "usage: lockd_break NAME [TOKEN] [force]"
         return
     fi
     lockd__word name "$name" || return
@@ -829,6 +835,7 @@ lockd_break() {
         fi
         line+=" $token"
     fi
+    line+=$force
     lockd__roundtrip "$line" || return
     case $LOCKD_REPLY in
         "OK broken="*)

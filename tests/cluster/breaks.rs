@@ -1,6 +1,7 @@
 //! BREAK in cluster mode: a holder on one front-end broken through another, its next RENEW
-//! and CHECK through its own front-end saying who broke it, the next waiter (on either
-//! front-end) granted with a higher token, and the `broken` event on every front-end.
+//! and CHECK through its own front-end saying who broke it, the lease kept in its place until
+//! its holder lets go (or, with `force`, not), then the next waiter (on either front-end)
+//! granted with a higher token, and the `broken` event on every front-end.
 #![cfg(feature = "etcd")]
 
 use super::basics::{etcd, wait_waiters};
@@ -54,8 +55,6 @@ fn a_break_through_one_front_end_ends_a_holder_of_another_and_grants_the_next() 
 
     let mut op = Line::connect(a.addr());
     assert_eq!(op.req("BREAK deploy"), "OK broken=1");
-    let t2 = token(&waiter.line());
-    assert!(t2 > t1, "{t2} after {t1}");
 
     // The holder's own front-end tells it who broke it.
     let who = assert_broken(&holder.req(&format!("RENEW deploy {t1}")), "deploy", t1);
@@ -63,9 +62,20 @@ fn a_break_through_one_front_end_ends_a_holder_of_another_and_grants_the_next() 
         assert_broken(&holder.req(&format!("CHECK deploy {t1}")), "deploy", t1),
         who
     );
-    // B's watchers see the break, with who, then the grant.
+    // The broken lease keeps its place (its job is still being stopped) on both front-ends:
+    // nobody is granted, and a BREAK sent again changes nothing.
+    for fe in [a, b] {
+        let status = fe.request("STATUS deploy");
+        assert!(status.contains(&format!(" token={t1} ")), "{status}");
+    }
+    assert_eq!(op.req("BREAK deploy"), "OK broken=1");
+    // Its holder lets go (through its own front-end): then the waiter on the other is granted.
+    assert_eq!(holder.req(&format!("UNLOCK deploy {t1}")), "OK");
+    let t2 = token(&waiter.line());
+    assert!(t2 > t1, "{t2} after {t1}");
+    // B's watchers see the break, with who, its end, then the grant.
     let mut saw = Vec::new();
-    while saw.len() < 3 {
+    while saw.len() < 4 {
         saw.push(watch_b.line());
     }
     assert!(
@@ -78,7 +88,11 @@ fn a_break_through_one_front_end_ends_a_holder_of_another_and_grants_the_next() 
         "{saw:?}"
     );
     assert!(
-        saw[2].starts_with(&format!("EVENT acquired deploy next {t2} ")),
+        saw[2].starts_with(&format!("EVENT released deploy stuck {t1} ")),
+        "{saw:?}"
+    );
+    assert!(
+        saw[3].starts_with(&format!("EVENT acquired deploy next {t2} ")),
         "{saw:?}"
     );
     assert!(waiter
@@ -101,18 +115,18 @@ fn one_slot_of_a_semaphore_broken_elsewhere_goes_to_the_waiter_on_the_holders_fr
     w.send("LOCK pool w limit=2 ttl=1m");
     wait_waiters(a, "pool", 1);
     let mut op = Line::connect(a.addr());
-    assert_eq!(op.req(&format!("BREAK pool {tp}")), "OK broken=1");
+    assert_eq!(op.req(&format!("BREAK pool {tp} force")), "OK broken=1");
     let tw = token(&w.line());
     assert!(tw > tq, "{tw} after {tq}");
     assert!(q.req(&format!("CHECK pool {tq}")).starts_with("OK ttl_ms="));
     let who = assert_broken(&p.req(&format!("RENEW pool {tp}")), "pool", tp);
     // Nothing of that token is left to break, and the answer says why.
     assert_eq!(
-        assert_broken(&op.req(&format!("BREAK pool {tp}")), "pool", tp),
+        assert_broken(&op.req(&format!("BREAK pool {tp} force")), "pool", tp),
         who
     );
     // Every holder at once: the name is free after.
-    assert_eq!(op.req("BREAK pool"), "OK broken=2");
+    assert_eq!(op.req("BREAK pool force"), "OK broken=2");
     eventually(PATIENCE, "pool free", || {
         b.request("STATUS pool").starts_with("OK pool free")
     });

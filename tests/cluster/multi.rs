@@ -399,7 +399,7 @@ fn a_break_of_one_name_of_a_set_ends_every_name_and_its_holder_is_told_on_each()
     let mut waiter = Line::connect(fes[0].addr());
     waiter.send("LOCK k-b next ttl=60s");
     wait_waiters(&fes[1], "k-b", 1);
-    assert_eq!(fes[1].request("BREAK k-a"), "OK broken=1");
+    assert_eq!(fes[1].request("BREAK k-a force"), "OK broken=1");
     // The whole set ended: the waiter on the other name is granted.
     let next = token(&waiter.line());
     assert!(next > t);

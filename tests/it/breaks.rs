@@ -67,7 +67,7 @@ async fn a_break_hands_an_exclusive_lock_on_with_a_higher_token_and_says_who() {
 
     let mut operator = lockd.raw().await;
     let by = operator.stream().local_addr().unwrap().to_string();
-    assert_eq!(operator.req("BREAK deploy").await, "OK broken=1");
+    assert_eq!(operator.req("BREAK deploy force").await, "OK broken=1");
     let t2 = common::token(&waiter.line().await);
     assert!(t2 > t1, "{t2} after {t1}");
 
@@ -150,7 +150,10 @@ async fn one_token_of_a_semaphore_or_every_holder_of_a_shared_lock() {
     w.send("LOCK pool w limit=2").await;
     common::wait_waiters(&mut p, "pool", 1).await;
     let mut op = lockd.raw().await;
-    assert_eq!(op.req(&format!("BREAK pool {tp}")).await, "OK broken=1");
+    assert_eq!(
+        op.req(&format!("BREAK pool {tp} force")).await,
+        "OK broken=1"
+    );
     let tw = common::token(&w.line().await);
     assert!(tw > tq, "{tw} after {tq}");
     assert!(q
@@ -163,14 +166,19 @@ async fn one_token_of_a_semaphore_or_every_holder_of_a_shared_lock() {
         .starts_with("ERR NOTHELD pool: lease"));
     // That token again: it is not a live lease any more, and the answer says why.
     let who = op.stream().local_addr().unwrap().to_string();
-    assert_broken(&op.req(&format!("BREAK pool {tp}")).await, "pool", tp, &who);
+    assert_broken(
+        &op.req(&format!("BREAK pool {tp} force")).await,
+        "pool",
+        tp,
+        &who,
+    );
 
     // Every holder of a shared lock, at once; the name is free after.
     let mut s1 = lockd.raw().await;
     let mut s2 = lockd.raw().await;
     let t1 = s1.lock("docs a shared").await;
     let t2 = s2.lock("docs b shared").await;
-    assert_eq!(op.req("BREAK docs").await, "OK broken=2");
+    assert_eq!(op.req("BREAK docs force").await, "OK broken=2");
     assert_eq!(op.req("STATUS docs").await, "OK docs free");
     assert_broken(&s1.req(&format!("RENEW docs {t1}")).await, "docs", t1, &who);
     assert_broken(&s2.req(&format!("CHECK docs {t2}")).await, "docs", t2, &who);
@@ -184,22 +192,22 @@ async fn nothing_to_break_and_bad_breaks() {
     let lockd = Lockd::new().spawn();
     let mut c = lockd.raw().await;
     assert_eq!(
-        c.req("BREAK nobody").await,
+        c.req("BREAK nobody force").await,
         "ERR NOTHELD nobody: nothing holds it"
     );
     let t = c.lock("held me").await;
     let wrong = c.req(&format!("BREAK held {}", t + 100)).await;
     assert!(wrong.starts_with("ERR NOTHELD held: "), "{wrong}");
     // The right name matters too: a token of another name is not this one's.
-    let other = c.req(&format!("BREAK elsewhere {t}")).await;
+    let other = c.req(&format!("BREAK elsewhere {t} force")).await;
     assert!(other.starts_with("ERR NOTHELD elsewhere: "), "{other}");
     assert_eq!(
         c.req("BREAK").await,
-        "ERR SYNTAX usage: BREAK <name> [<token>]"
+        "ERR SYNTAX usage: BREAK <name> [<token>] [force]"
     );
     assert_eq!(
         c.req("BREAK a 1 2").await,
-        "ERR SYNTAX usage: BREAK <name> [<token>]"
+        "ERR SYNTAX usage: BREAK <name> [<token>] [force]"
     );
     let bad = c.req("BREAK a x").await;
     assert!(bad.starts_with("ERR BADARG "), "{bad}");
@@ -248,7 +256,7 @@ async fn breaking_needs_the_admin_right_which_is_neither_lock_nor_read_and_reloa
     let mut dev = login(&lockd, "dev", DEV).await;
     let t = dev.lock("deploy-web dev-job ttl=1m").await;
     assert_eq!(
-        dev.req("BREAK deploy-web").await,
+        dev.req("BREAK deploy-web force").await,
         "ERR DENIED deploy-web: user dev has no admin right on it"
     );
     let mut ops = login(&lockd, "ops", OPS).await;
@@ -262,10 +270,10 @@ async fn breaking_needs_the_admin_right_which_is_neither_lock_nor_read_and_reloa
         "ERR DENIED deploy-web: user ops has no read right on it"
     );
     assert_eq!(
-        ops.req("BREAK build").await,
+        ops.req("BREAK build force").await,
         "ERR DENIED build: user ops has no admin right on it"
     );
-    assert_eq!(ops.req("BREAK deploy-web").await, "OK broken=1");
+    assert_eq!(ops.req("BREAK deploy-web force").await, "OK broken=1");
     // With users, who broke it is the user; the audit line names both users.
     let line = log_line(&lockd, "lock broken").await;
     assert_eq!(line["holder_user"], "dev", "{line}");
@@ -285,7 +293,7 @@ async fn breaking_needs_the_admin_right_which_is_neither_lock_nor_read_and_reloa
     unsafe {
         libc::kill(lockd.pid() as libc::pid_t, libc::SIGHUP);
     }
-    let reply = until(&mut dev, &format!("BREAK build {t}"), |r| {
+    let reply = until(&mut dev, &format!("BREAK build {t} force"), |r| {
         !r.starts_with("ERR DENIED")
     })
     .await;
@@ -302,7 +310,7 @@ async fn a_break_is_durable_the_lease_stays_gone_and_its_renew_says_broken() {
     let t = holder.lock("nightly stuck ttl=5m").await;
     let mut op = lockd.raw().await;
     let who = op.stream().local_addr().unwrap().to_string();
-    assert_eq!(op.req("BREAK nightly").await, "OK broken=1");
+    assert_eq!(op.req("BREAK nightly force").await, "OK broken=1");
     drop((holder, op));
     lockd.stop();
 
@@ -327,6 +335,55 @@ async fn a_break_is_durable_the_lease_stays_gone_and_its_renew_says_broken() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Without `force` the broken lease keeps its place, across a kill -9 and restart too, until
+/// its holder lets go: the waiter is granted only then, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_waits_for_its_holder_to_let_go_and_a_restart_keeps_it_broken() {
+    let dir = scratch("waits");
+    let data = dir.join("data");
+    let lockd = Lockd::new().data_dir(&data).spawn();
+    let mut holder = lockd.raw().await;
+    let t = holder.lock("nightly stuck ttl=5m").await;
+    let mut waiter = lockd.raw().await;
+    waiter.send("LOCK nightly next ttl=1m").await;
+    common::wait_waiters(&mut holder, "nightly", 1).await;
+    let mut op = lockd.raw().await;
+    let who = op.stream().local_addr().unwrap().to_string();
+    assert_eq!(op.req("BREAK nightly").await, "OK broken=1");
+    assert_broken(
+        &holder.req(&format!("RENEW nightly {t}")).await,
+        "nightly",
+        t,
+        &who,
+    );
+    // Still in its place: the waiter waits, STATUS shows the broken lease.
+    let status = op.req("STATUS nightly").await;
+    assert!(status.contains(&format!(" token={t} ")), "{status}");
+    assert_eq!(op.req("BREAK nightly").await, "OK broken=1");
+    drop((holder, op, waiter));
+    lockd.kill();
+
+    let lockd = Lockd::new().data_dir(&data).spawn();
+    let mut c = lockd.raw().await;
+    let status = c.req("STATUS nightly").await;
+    assert!(status.contains(&format!(" token={t} ")), "{status}");
+    assert_broken(
+        &c.req(&format!("CHECK nightly {t}")).await,
+        "nightly",
+        t,
+        &who,
+    );
+    let mut next = lockd.raw().await;
+    next.send("LOCK nightly next ttl=1m").await;
+    common::wait_waiters(&mut c, "nightly", 1).await;
+    // Its holder's UNLOCK lets go; the waiter is granted, with a higher token.
+    assert_eq!(c.req(&format!("UNLOCK nightly {t}")).await, "OK");
+    let granted = common::token(&next.line().await);
+    assert!(granted > t, "{granted} after {t}");
+    lockd.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockctl_break_asks_unless_y_and_says_what_it_did() {
     let lockd = Lockd::new().spawn();
@@ -346,7 +403,7 @@ async fn lockctl_break_asks_unless_y_and_says_what_it_did() {
     let token = t.to_string();
     let out = output(lockctl_at(
         &addr,
-        &["break", "release-train", "--token", &token, "-y"],
+        &["break", "release-train", "--token", &token, "-y", "--force"],
     ))
     .await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -401,11 +458,11 @@ async fn broken_leases_are_remembered_until_their_deadline_and_at_most_max_locks
         |name: &str| format!("ERR NOTHELD {name}: token is not the current holder's live lease");
     // Three breaks, two remembered: the oldest is forgotten first.
     let a = c.lock("a me ttl=1m").await;
-    assert_eq!(c.req("BREAK a").await, "OK broken=1");
+    assert_eq!(c.req("BREAK a force").await, "OK broken=1");
     let b = c.lock("b me ttl=1m").await;
-    assert_eq!(c.req("BREAK b").await, "OK broken=1");
+    assert_eq!(c.req("BREAK b force").await, "OK broken=1");
     let d = c.lock("d me ttl=1m").await;
-    assert_eq!(c.req("BREAK d").await, "OK broken=1");
+    assert_eq!(c.req("BREAK d force").await, "OK broken=1");
     assert_eq!(c.req(&format!("RENEW a {a}")).await, plain("a"));
     assert_broken(&c.req(&format!("RENEW b {b}")).await, "b", b, &who);
     assert_broken(&c.req(&format!("RENEW d {d}")).await, "d", d, &who);
@@ -414,7 +471,7 @@ async fn broken_leases_are_remembered_until_their_deadline_and_at_most_max_locks
 
     // Past the deadline the lease had, the plain answer it would have had anyway.
     let e = c.lock("e me ttl=1s").await;
-    assert_eq!(c.req("BREAK e").await, "OK broken=1");
+    assert_eq!(c.req("BREAK e force").await, "OK broken=1");
     let reply = until(&mut c, &format!("CHECK e {e}"), |r| {
         !r.contains("was broken")
     })
@@ -453,7 +510,8 @@ fn lockctl_break_at_a_terminal_shows_the_holder_and_breaks_only_on_yes() {
     assert!(out.stdout.contains(&question), "{}", out.stdout);
     assert_eq!(lockd.holder_token("tty-deploy"), Some(token));
 
-    let out = common::blocking::finish(at_terminal(&addr, "break tty-deploy"), "y\n", GUARD);
+    let out =
+        common::blocking::finish(at_terminal(&addr, "break tty-deploy --force"), "y\n", GUARD);
     assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains(&question), "{}", out.stdout);
     assert!(
@@ -466,7 +524,7 @@ fn lockctl_break_at_a_terminal_shows_the_holder_and_breaks_only_on_yes() {
     // --token names that lease's holder, not the first one.
     lockd.request("LOCK tty-docs first shared ttl=1m");
     let second = common::token(&lockd.request("LOCK tty-docs second shared ttl=1m"));
-    let args = format!("break tty-docs --token {second}");
+    let args = format!("break tty-docs --token {second} --force");
     let out = common::blocking::finish(at_terminal(&addr, &args), "y\n", GUARD);
     assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
     let question = format!("break tty-docs held by second (token {second})? [y/N]");

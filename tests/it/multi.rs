@@ -238,7 +238,7 @@ async fn a_break_of_one_name_ends_the_set_and_its_holder_hears_it() {
     let mut w = server.raw().await;
     w.send("LOCK p w").await;
     wait_waiters(&mut admin, "p", 1).await;
-    assert_eq!(admin.req("BREAK q").await, "OK broken=1");
+    assert_eq!(admin.req("BREAK q force").await, "OK broken=1");
     let tw = common::token(&w.line().await);
     assert!(tw > t);
     assert!(is_free(&mut admin, "q").await);

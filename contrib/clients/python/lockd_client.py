@@ -1031,17 +1031,21 @@ class Client:
         """Releases the lease. Raises NotHeld if ``token`` no longer held it."""
         self._call("UNLOCK %s %d" % (_word("name", name), int(token)))
 
-    def break_lock(self, name, token=None):
-        """Force-releases ``name`` (``BREAK``): ends every holder's lease, or only ``token``'s;
-        returns how many leases it ended. The next waiter is granted with a higher token, and
-        the broken holder's next renew or check raises NotHeld saying who broke it. Needs the
-        ``admin`` right on the name when the server has an auth file. Raises NotHeld if
-        nothing (or no lease with ``token``) holds the name. Not sent again by this client
-        after a lost answer: a BREAK that was carried out would break the next holder too.
+    def break_lock(self, name, token=None, force=False):
+        """Breaks ``name`` (``BREAK``): every holder's lease, or only ``token``'s, ends for its
+        holder, whose next renew or check raises NotHeld saying who broke it; returns how many
+        leases it broke. The name passes on (to the next waiter, with a higher token) once the
+        broken holder releases it or its deadline passes, so the next holder never runs beside
+        a job still being stopped; ``force=True`` hands it on at once (an emergency: the broken
+        job may still run). Needs the ``admin`` right on the name when the server has an auth
+        file. Raises NotHeld if nothing (or no lease with ``token``) holds the name. Not sent
+        again by this client after a lost answer.
         """
         line = "BREAK %s" % _word("name", name)
         if token is not None:
             line += " %d" % int(token)
+        if force:
+            line += " force"
         rest = self._call(line)
         if not rest.startswith("broken=") or not rest[7:].isdigit():
             raise ProtocolError("unexpected reply to BREAK: %r" % (rest,))

@@ -67,7 +67,7 @@ async fn a_set_survives_kill_9_as_one_set() {
         let t2 = set_token(&w.line().await, 2);
         assert!(t2 > th);
         let t3 = set_token(&c.req("LOCK p three ttl=1m and=q").await, 2);
-        assert_eq!(admin.req("BREAK q").await, "OK broken=1");
+        assert_eq!(admin.req("BREAK q force").await, "OK broken=1");
         lockd.crash();
         drop((c, w, admin));
 
