@@ -6,6 +6,7 @@
 mod common;
 
 mod basics;
+mod break_overlap;
 mod breaks;
 mod chaos;
 mod etcd_harness;

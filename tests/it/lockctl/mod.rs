@@ -4,6 +4,8 @@
 use crate::common;
 
 mod auth;
+#[cfg(target_os = "linux")]
+mod break_overlap;
 mod failover;
 #[cfg(target_os = "linux")]
 mod job;
