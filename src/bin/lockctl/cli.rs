@@ -527,10 +527,16 @@ pub struct RunArgs {
 
     /// A note for people, shown with the holder by status, top, watch and a refused LOCK
     /// ("release 1.4.2 by ci job 8812"): printable text, at most the server's --max-note
-    /// (256 bytes unless configured). '' sends none [default: the command line, cut to 256
-    /// bytes].
+    /// (256 bytes unless configured). '' sends none [default: the program's name, as
+    /// `deploy.sh`: never its arguments, which anyone who may read the lock would see, and
+    /// which may hold a secret].
     #[arg(long, value_name = "TEXT")]
     pub note: Option<String>,
+
+    /// The note is the whole command line (cut to 256 bytes): everyone who may read the
+    /// lock sees it, so only for commands without a secret in their arguments.
+    #[arg(long, conflicts_with = "note")]
+    pub note_command: bool,
     /// Hold the lock at least this long from its grant (e.g. 50m): if the job ends sooner, the
     /// lock is not released but stays held until then (lockd ends it; nobody renews it), so
     /// that a late host's `run -n` finds it held and skips: once per window. lockctl still

@@ -208,17 +208,21 @@ struct LockAsk<'a> {
     note: Option<String>,
 }
 
-/// `--note`, or by default the command line (its words joined by spaces, or the -c text), cut
-/// to [`request::DEFAULT_NOTE_MAX`] bytes: what a person reading STATUS wants to know first.
-/// Control characters (a newline in a -c script) become spaces: the server takes printable
-/// text only.
+/// `--note`; by default the program's name (the file name of the command's first word, or of
+/// the -c script's: `deploy.sh`), which says what holds the lock without publishing its
+/// arguments (a password on a command line is read by everyone who may read the lock); with
+/// `--note-command` the whole command line (its words joined by spaces, or the -c text). Cut
+/// to [`request::DEFAULT_NOTE_MAX`] bytes; control characters (a newline in a -c script)
+/// become spaces: the server takes printable text only.
 fn default_note(args: &RunArgs) -> Option<String> {
     if let Some(note) = &args.note {
         return Some(note.clone());
     }
-    let line = match &args.shell {
-        Some(shell) => shell.clone(),
-        None => args.command.join(" "),
+    let line = match (&args.shell, args.note_command) {
+        (Some(shell), true) => shell.clone(),
+        (None, true) => args.command.join(" "),
+        (Some(shell), false) => program_name(shell.split_whitespace().next()),
+        (None, false) => program_name(args.command.first().map(String::as_str)),
     };
     let line: String = line
         .chars()
@@ -226,6 +230,15 @@ fn default_note(args: &RunArgs) -> Option<String> {
         .collect();
     let line = line.trim_end();
     Some(request::cut_note(line, request::DEFAULT_NOTE_MAX).to_owned())
+}
+
+/// The file name of `word`, the program a command runs; `sh` for a -c script that starts
+/// with a variable (`PGPASSWORD=... psql`: the word itself may be the secret).
+fn program_name(word: Option<&str>) -> String {
+    match word {
+        Some(w) if !w.contains('=') => w.rsplit('/').next().unwrap_or(w).to_owned(),
+        _ => "sh".to_owned(),
+    }
 }
 
 /// LOCK with `session=<grace>`, so that the server frees the lock soon if lockctl dies, but a

@@ -1,4 +1,5 @@
-//! lockctl and notes: `--note`, run's default note (its command line), notes in `status`,
+//! lockctl and notes: `--note`, run's default note (its program's name; the command line
+//! only with `--note-command`), notes in `status`,
 //! `status --json` and `top`, and `-v`'s blocked-by line; the bash client's `LOCKD_NOTE`.
 
 use crate::common;
@@ -11,11 +12,11 @@ async fn note(d: &Server, name: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_sends_its_command_line_as_the_note_unless_told() {
+async fn run_sends_its_program_s_name_as_the_note_unless_told() {
     let d = lockd().await;
     let mut child = spawn(d.lockctl(&["run", "job", "--", "sleep", "30"]));
     d.wait_held("job").await;
-    assert_eq!(note(&d, "job").await.as_deref(), Some("sleep 30"));
+    assert_eq!(note(&d, "job").await.as_deref(), Some("sleep"));
     signal(&child, libc::SIGTERM);
     let _ = child.wait().await;
     d.wait_free("job").await;
@@ -74,11 +75,57 @@ async fn run_sends_its_command_line_as_the_note_unless_told() {
     let _ = child.wait().await;
 }
 
+/// A secret on a command line is never published by default: anyone with `read` on the lock
+/// sees its note (STATUS, top, watch, a refused LOCK's blocked-by answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_note_never_shows_the_arguments() {
+    let d = lockd().await;
+    let secret = "--db-password=hunter2";
+    let mut child = spawn(d.lockctl(&[
+        "run", "ci-sec", "--", "/bin/sh", "-c", "sleep 30", "x", secret,
+    ]));
+    d.wait_held("ci-sec").await;
+    assert_eq!(note(&d, "ci-sec").await.as_deref(), Some("sh"));
+    let out = output(d.lockctl(&["status", "ci-sec", "--json"])).await;
+    assert!(!stdout(&out).contains("hunter2"), "{}", stdout(&out));
+    let refused = output(d.lockctl(&["-v", "run", "-n", "ci-sec", "--", "true"])).await;
+    assert!(
+        !stderr(&refused).contains("hunter2"),
+        "{}",
+        stderr(&refused)
+    );
+    signal(&child, libc::SIGTERM);
+    let _ = child.wait().await;
+    d.wait_free("ci-sec").await;
+    // A -c script: its first word's file name; a variable first is no name to show.
+    for (script, want) in [
+        ("/opt/jobs/backup.sh --key s3cr3t", "backup.sh"),
+        ("PGPASSWORD=s3cr3t psql -c 'select 1'; sleep 30", "sh"),
+    ] {
+        let script = format!("{script}; sleep 30");
+        let mut child = spawn(d.lockctl(&["run", "ci-sec", "-c", &script]));
+        d.wait_held("ci-sec").await;
+        assert_eq!(note(&d, "ci-sec").await.as_deref(), Some(want));
+        signal(&child, libc::SIGTERM);
+        let _ = child.wait().await;
+        d.wait_free("ci-sec").await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_command_line_is_cut_and_an_empty_note_sends_none() {
     let d = lockd().await;
     let long = "é".repeat(200);
-    let mut child = spawn(d.lockctl(&["run", "job", "--", "sh", "-c", "sleep 30", &long]));
+    let mut child = spawn(d.lockctl(&[
+        "run",
+        "job",
+        "--note-command",
+        "--",
+        "sh",
+        "-c",
+        "sleep 30",
+        &long,
+    ]));
     d.wait_held("job").await;
     let got = note(&d, "job").await.expect("a note");
     assert!(got.len() <= 256 && got.len() > 250, "{}", got.len());
