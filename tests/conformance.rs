@@ -178,6 +178,9 @@ struct World<'a> {
     pki: Option<Pki>,
     clients: HashMap<String, Client>,
     connectors: HashMap<String, Connector>,
+    /// Clients connected with `"id": "default"`: each LOCK of theirs takes a default id of
+    /// its own ([`lockd::client::default_id`]), as a program that names none does.
+    default_ids: std::collections::HashSet<String>,
     tokens: HashMap<String, Token>,
     pending: HashMap<String, Pending>,
     granted_at: HashMap<String, u128>,
@@ -301,6 +304,9 @@ impl World<'_> {
         };
         match (connected, step["expect"].as_str()) {
             (Ok(client), None) => {
+                if step["id"].as_str() == Some("default") {
+                    self.default_ids.insert(name.clone());
+                }
                 self.clients.insert(name.clone(), client);
                 self.connectors.insert(name, connector);
                 Ok(())
@@ -314,7 +320,11 @@ impl World<'_> {
     async fn lock(&mut self, step: &Value) -> Result<(), String> {
         let ms = |key: &str| step[key].as_u64().map(Duration::from_millis);
         let name = step["name"].as_str().expect("name").to_string();
-        let id = step["client"].as_str().expect("client").to_string();
+        let client = step["client"].as_str().expect("client").to_string();
+        let id = match self.default_ids.contains(&client) {
+            true => lockd::client::default_id(),
+            false => client.clone(),
+        };
         let tie = if step["session"].as_bool() == Some(true) {
             Tie::Session(ms("grace_ms").unwrap_or_default())
         } else if step["detach"].as_bool() == Some(true) {
@@ -343,12 +353,12 @@ impl World<'_> {
             note: step["note"].as_str().map(str::to_string),
             and,
         };
+        let connector = self.connectors[&client].clone();
+        let owner = client.clone();
         let client = self
             .clients
-            .remove(&id)
-            .unwrap_or_else(|| panic!("client {id} is busy or not connected"));
-        let connector = self.connectors[&id].clone();
-        let owner = id.clone();
+            .remove(&client)
+            .unwrap_or_else(|| panic!("client {client} is busy or not connected"));
         let task = tokio::spawn(async move {
             match connector.lock_on(client, &name, &id, &opts).await {
                 Ok(locked) => (Some(locked.client), Ok(locked.tokens), unix_ms()),
@@ -784,6 +794,7 @@ async fn play(doc: &Value, scenario: &Value, hold_by: HoldBy) -> Result<(), Stri
         pki,
         clients: HashMap::new(),
         connectors: HashMap::new(),
+        default_ids: Default::default(),
         tokens: HashMap::new(),
         pending: HashMap::new(),
         granted_at: HashMap::new(),

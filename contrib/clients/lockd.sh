@@ -19,7 +19,9 @@
 #                     the next one for the rest of its wait, so it keeps its place in the
 #                     cluster's queue. Not for separate lockd servers: each
 #                     would grant the same lock.
-#   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid of this shell>)
+#   LOCKD_ID          the id sent with LOCK (default <hostname>:<pid>:<n>, the pid of the
+#                     (sub)shell that calls, n counting its LOCKs: each LOCK a holder of its
+#                     own, so two subshells never share an id, nor a grant)
 #   LOCKD_IO_TIMEOUT  seconds to wait for a reply that should come at once (default 10)
 #   LOCKD_KILL_AFTER  seconds lockd_run waits after SIGTERM before SIGKILL (default 10; at
 #                     most a quarter of the lease's grace, so that CMD is gone before the
@@ -690,9 +692,16 @@ lockd_request() {
     lockd__refused
 }
 
-# Sets the caller's id to this script's id on the server; returns 2 if it is not one word.
+# Sets the caller's id to LOCKD_ID, or a new one for this LOCK (a holder of its own: the same
+# id is the same client to lockd, whose LOCK again would get the same grant); returns 2 if it
+# is not one word.
 lockd__id() {
-    id=${LOCKD_ID:-${HOSTNAME:-localhost}:$$}
+    if [[ -n ${LOCKD_ID:-} ]]; then
+        id=$LOCKD_ID
+    else
+        lockd__ids=$((${lockd__ids:-0} + 1))
+        id=${HOSTNAME:-localhost}:$BASHPID:$lockd__ids
+    fi
     lockd__word id "$id"
 }
 

@@ -59,6 +59,7 @@ use crate::proto::{
 pub mod auth;
 pub mod connect;
 pub mod hold;
+pub mod id;
 pub mod lock;
 pub mod retry;
 pub mod tls;
@@ -67,6 +68,7 @@ pub mod watch;
 pub use auth::{Credentials, LoggedIn, LoginError};
 pub use connect::{Addrs, ConnectError, Connector, Notes};
 pub use hold::{hold, Lease};
+pub use id::default_id;
 pub use lock::{LockError, LockOptions, Locked};
 pub use retry::{retryable, Backoff, Retry};
 pub use tls::Tls;

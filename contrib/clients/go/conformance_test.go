@@ -207,6 +207,9 @@ func (w *world) stop() {
 
 func (w *world) options(name string, step map[string]any) lockd.Options {
 	o := lockd.Options{ID: name, Addrs: []string{w.addr}, Timeout: 5 * time.Second}
+	if step["id"] == "default" {
+		o.ID = ""
+	}
 	if step["via"] == "proxy" {
 		o.Addrs = []string{w.startProxy()}
 	}

@@ -21,6 +21,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -94,7 +95,10 @@ func (e *connError) Unwrap() error        { return e.err }
 type Options struct {
 	// Addrs: one lockd, or the front-ends of one lockd cluster, tried in turn.
 	Addrs []string
-	// ID names this process in LOCK (default <hostname>:<pid>): one id per process.
+	// ID is the id every LOCK of the Client is sent with. Without one, each LOCK takes a new
+	// id, <hostname>:<pid>:<n> (n counting in this process), kept across its own resends:
+	// the same id is the same client to lockd (a LOCK again is a retry, answered with the
+	// same grant), so two holders in one process (goroutines, Clients) never share one.
 	ID string
 	// Timeout bounds each connection attempt and each reply that should come at once
 	// (default 10s). A waiting LOCK waits its wait on top of it.
@@ -144,12 +148,10 @@ func New(o Options) (*Client, error) {
 		}
 	}
 	c.addrs = addrs
-	if c.id == "" {
-		host, _ := os.Hostname()
-		c.id = fmt.Sprintf("%s:%d", host, os.Getpid())
-	}
-	if err := word("id", c.id); err != nil {
-		return nil, err
+	if c.id != "" {
+		if err := word("id", c.id); err != nil {
+			return nil, err
+		}
 	}
 	if c.timeout <= 0 {
 		c.timeout = 10 * time.Second
@@ -164,12 +166,24 @@ func New(o Options) (*Client, error) {
 	return c, nil
 }
 
+// nextID counts the LOCKs of this process that took a default id.
+var nextID atomic.Uint64
+
+// DefaultID is a new holder's id: <hostname>:<pid>:<n>, n counting in this process.
+func DefaultID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "localhost"
+	}
+	return fmt.Sprintf("%s:%d:%d", host, os.Getpid(), nextID.Add(1))
+}
+
 // Clone is a Client with the same options and a connection of its own.
 func (c *Client) Clone() *Client {
 	return &Client{addrs: c.addrs, id: c.id, timeout: c.timeout, tls: c.tls, user: c.user, secret: c.secret}
 }
 
-// ID is the id this client locks with.
+// ID is the id this client locks with; "" when each LOCK takes a new one (see Options.ID).
 func (c *Client) ID() string { return c.id }
 
 func tlsConfig(o Options) (*tls.Config, error) {

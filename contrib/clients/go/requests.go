@@ -112,7 +112,11 @@ func (c *Client) LockTokens(ctx context.Context, name string, options ...LockOpt
 			return nil, errors.New("lockd: a note is printable text (no control characters)")
 		}
 	}
-	head := "LOCK " + name + " " + c.id
+	id := c.id
+	if id == "" {
+		id = DefaultID()
+	}
+	head := "LOCK " + name + " " + id
 	if o.ttl != 0 {
 		head += " ttl=" + ms(o.ttl)
 	}

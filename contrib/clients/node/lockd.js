@@ -185,6 +185,14 @@ function readSecret(file) {
  * A connection to lockd, opened on first use and again after a failure. Requests run one at a
  * time (a waiting LOCK holds it): give each concurrent waiter its own Client, or clone().
  */
+let nextId = 0;
+
+/** A new holder's id: `<hostname>:<pid>:<n>`, n counting in this process. */
+export function defaultId() {
+  nextId += 1;
+  return `${os.hostname() || "localhost"}:${process.pid}:${nextId}`;
+}
+
 export class Client {
   constructor(options = {}) {
     const env = process.env;
@@ -195,7 +203,10 @@ export class Client {
       if (!m) throw new TypeError(`address must be host:port, not ${JSON.stringify(a)}`);
       return { text: a, host: m[1].replace(/^\[|\]$/g, ""), port: Number(m[2]) };
     });
-    this.id = word("id", options.id ?? `${os.hostname()}:${process.pid}`);
+    // Without an id, each LOCK takes a new one (defaultId()): the same id is the same client
+    // to lockd (a LOCK again is a retry, answered with the same grant), so two holders in one
+    // process (async tasks, Clients, withLock calls) never share one.
+    this.id = options.id === undefined ? undefined : word("id", options.id);
     this.timeout = options.timeout ?? 10000;
     const ca = options.ca ?? (options.tls === false ? undefined : env.LOCKD_TLS_CA);
     const cert = options.cert ?? (options.tls === false ? undefined : env.LOCKD_CLIENT_CERT);
@@ -356,7 +367,7 @@ export class Client {
     if (shared && limit !== undefined) throw new TypeError("shared and limit exclude each other");
     if (supersede && also.length) throw new TypeError("supersede takes one name, not a set (and)");
     const noteText = noteOption(note);
-    const head = `LOCK ${name} ${this.id}` + (ttl !== undefined ? ` ttl=${Math.round(ttl)}ms` : "");
+    const head = `LOCK ${name} ${this.id ?? defaultId()}` + (ttl !== undefined ? ` ttl=${Math.round(ttl)}ms` : "");
     let tail = session ? ` session=${Math.round(grace ?? (typeof session === "number" ? session : 0))}ms` : plain ? "" : " detach";
     if (shared) tail += " shared";
     else if (limit !== undefined) tail += ` limit=${limit}`;

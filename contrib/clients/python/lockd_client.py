@@ -119,6 +119,7 @@ waiting one's place in the queue (Superseded). Arguments this client refuses its
 ValueError or TypeError, which are usage errors (2).
 """
 
+import itertools
 import os
 import random
 import re
@@ -666,9 +667,18 @@ def _read_secret(path):
         raise ValueError("the first line of the secret file %s is not UTF-8" % path) from None
 
 
+_next_id = itertools.count(1)
+
+
 def default_id():
-    """``<hostname>:<pid>``, as lockctl does: one id per process."""
-    return "%s:%d" % (socket.gethostname(), os.getpid())
+    """``<hostname>:<pid>:<n>``, ``n`` counting in this process: a new holder's id.
+
+    The same id is the same client to lockd (its LOCK again is a retry, answered with the same
+    grant), so two holders in one process (two clients, two threads, a worker pool) must never
+    share one by default. A client without an ``id`` takes a new one for each LOCK, and keeps
+    it across that LOCK's own resends.
+    """
+    return "%s:%d:%d" % (socket.gethostname(), os.getpid(), next(_next_id))
 
 
 class Client:
@@ -694,7 +704,9 @@ class Client:
         # starts: the same one after a close for idleness, the one after it after a failure.
         self._at = 0
         self._start = 0
-        self.id = _word("id", id or default_id())
+        #: The id every LOCK of this client is sent with; ``None``: each LOCK takes a new one
+        #: (:func:`default_id`), so that two holders sharing a process never share an id.
+        self.id = _word("id", id) if id else None
         self.timeout = timeout
         self._tls, self._cert = _tls_context(tls, ca, cert, key)
         self.user, self._secret = _credentials(user, secret, secret_file)
@@ -957,7 +969,7 @@ class Client:
         all. Use each name's own token for that name (the server gives the same number today;
         assume nothing). ``supersede`` with ``also`` is refused by the server (Syntax).
         """
-        head = "LOCK %s %s" % (_word("name", name), self.id)
+        head = "LOCK %s %s" % (_word("name", name), self.id or default_id())
         also = [_word("name", n) for n in also]
         if ttl is not None:
             head += " ttl=" + _duration("ttl", ttl)
@@ -1200,8 +1212,9 @@ class Lease:
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
                  on_lost=None, timeout=10.0, shared=False, limit=None, tls=None, ca=None,
                  cert=None, key=None, user=None, secret=None, secret_file=None,
-                 supersede=False, at_least=None, also=()):
+                 supersede=False, at_least=None, also=(), note=None):
         self.name = _word("name", name)
+        self.note = note
         self.also = [_word("name", n) for n in also]
         self.supersede = supersede
         self.at_least = None if at_least is None else _ms(at_least)
@@ -1254,6 +1267,14 @@ class Lease:
         """True once the lease is known to be lost."""
         return self._lost.is_set()
 
+    @property
+    def lost_event(self):
+        """A :class:`threading.Event` set when the lease is lost: ``lease.lost_event.wait(5)``
+        in a loop of the body, or handed to worker threads, as Go's context and Node's
+        AbortSignal are. Python cannot interrupt a running thread: the body must look (this,
+        ``lease.lost`` or ``lease.check()``) between steps of its work, and stop."""
+        return self._lost
+
     def check(self):
         """Raises LeaseLost if the lease is known to be lost (no network round trip)."""
         if self._lost.is_set():
@@ -1265,7 +1286,8 @@ class Lease:
         try:
             got = self._client.lock(self.name, ttl=self.ttl, wait=self.wait,
                                     session=self.session, shared=self.shared,
-                                    limit=self.limit, supersede=self.supersede, also=self.also)
+                                    limit=self.limit, supersede=self.supersede, also=self.also,
+                                    note=self.note)
             self.tokens = got if self.also else [got]
             self.token = self.tokens[0]
             self._granted = time.monotonic()
@@ -1391,7 +1413,8 @@ class Lease:
 
 def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, on_lost=None,
          timeout=10.0, shared=False, limit=None, tls=None, ca=None, cert=None, key=None,
-         user=None, secret=None, secret_file=None, supersede=False, at_least=None, also=()):
+         user=None, secret=None, secret_file=None, supersede=False, at_least=None, also=(),
+         note=None):
     """A :class:`Lease` on ``name``: ``with lock("deploy", ttl=30) as token: ...``; with
     ``also=[...]``, on a set of names: ``with lock("db-migrate", also=["cache-flush"]) as
     tokens: ...``.
@@ -1400,11 +1423,18 @@ def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, o
     then 127.0.0.1:5001; ``ttl`` is the lease, renewed in the background; ``session`` its
     grace (see :class:`Lease`); ``wait`` bounds the wait for the lock (None: forever; 0: one
     try, raising Timeout if held); ``id`` defaults to
-    ``<hostname>:<pid>``. Exclusive unless ``shared=True`` (a shared hold) or ``limit=n`` (one
-    slot of a semaphore of n). ``tls``, ``ca``, ``cert``, ``key``, ``user``, ``secret`` and
-    ``secret_file`` are :class:`Client`'s.
+    a new :func:`default_id` (one per ``lock()``: two holders in one process never share
+    one). ``note`` is a note for people shown with the holder (:meth:`Client.lock`). Exclusive
+    unless ``shared=True`` (a shared hold) or ``limit=n`` (one slot of a semaphore of n).
+    ``tls``, ``ca``, ``cert``, ``key``, ``user``, ``secret`` and ``secret_file`` are
+    :class:`Client`'s.
+
+    To notice a lost lease in the body, keep the Lease: ``lease = lock("deploy")``, ``with
+    lease as token:``, and look at ``lease.lost``, ``lease.check()`` or ``lease.lost_event``
+    between steps of the work (Python cannot stop a running body from outside); ``on_lost``
+    is called at once, in the renewal thread.
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,
                  cert=cert, key=key, user=user, secret=secret, secret_file=secret_file,
-                 supersede=supersede, at_least=at_least, also=also)
+                 supersede=supersede, at_least=at_least, also=also, note=note)

@@ -168,6 +168,8 @@ class World:
         if step.get("via") == "proxy":
             addrs = [self._proxy().addr]
         o = {"server": ",".join(addrs), "id": name, "timeout": 5.0, "tls": False}
+        if step.get("id") == "default":
+            del o["id"]
         if self.pki:
             o.update(tls=True, ca=self.pki + "/ca.pem", cert=self.pki + "/client.pem",
                      key=self.pki + "/client.key")

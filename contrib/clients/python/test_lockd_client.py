@@ -445,6 +445,52 @@ class LeaseTest(ServerTest):
         self.assertFalse(any(t.is_alive() for t in threads))
         self.assertEqual(overlaps, [])
 
+    def test_two_holders_in_one_process_without_ids_queue_and_never_share_a_grant(self):
+        # Two clients, no id given: each LOCK is a holder of its own.
+        name = self.name("py-held")
+        c1, c2 = Client(ADDR), Client(ADDR)
+        self.addCleanup(c1.close)
+        self.addCleanup(c2.close)
+        t1 = c1.lock(name, ttl=10)
+        with self.assertRaises(Timeout):
+            c2.lock(name, ttl=10, wait=0)
+        with self.assertRaises(Timeout):
+            c1.lock(name, ttl=10, wait=0)
+        c1.unlock(name, t1)
+        # Two threads, each in ``with lock()``: the second waits its turn, no CONFLICT.
+        name = self.name("py-thr")
+        inside, overlaps, tokens, errors = [], [], [], []
+
+        def worker():
+            try:
+                with lock(name, server=ADDR, ttl=10, wait=GUARD, note="worker") as token:
+                    tokens.append(token)
+                    inside.append(1)
+                    if len(inside) > 1:
+                        overlaps.append(1)
+                    self.assertEqual(self.other.status(name).note, "worker")
+                    time.sleep(0.05)
+                    inside.pop()
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(GUARD * 2)
+        self.assertEqual(errors, [])
+        self.assertEqual(overlaps, [])
+        self.assertEqual(len(set(tokens)), 2, tokens)
+
+    def test_a_body_sees_the_loss_through_lost_event(self):
+        name = self.name("py-lost")
+        lease = lock(name, server=ADDR, ttl=1)
+        with self.assertRaises(LeaseLost):
+            with lease as token:
+                self.other.break_lock(name, token, force=True)
+                self.assertTrue(lease.lost_event.wait(GUARD), "the loss was never signalled")
+
 
 
 @unittest.skipUnless(ADDR, "set LOCKD_ADDR to a running lockd")

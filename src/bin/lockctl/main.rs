@@ -153,31 +153,8 @@ fn lock_names(command: &Command) -> Vec<String> {
     }
 }
 
-/// `<hostname>:<pid>`: unique per process, and says where the holder runs.
+/// `<hostname>:<pid>`: lockctl is one holder per process (it runs one job), and the id says
+/// where that holder runs.
 fn default_id() -> String {
-    format!("{}:{}", hostname(), std::process::id())
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most that much.
-    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let from_libc = (r == 0)
-        .then(|| {
-            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-            String::from_utf8_lossy(&buf[..end]).into_owned()
-        })
-        .filter(|h| usable(h));
-    from_libc
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-                .filter(|h| usable(h))
-        })
-        .unwrap_or_else(|| "localhost".into())
-}
-
-fn usable(host: &str) -> bool {
-    !host.is_empty() && host.len() < 200 && lockd::proto::validate_name("host", host).is_ok()
+    lockd::client::id::process_id()
 }

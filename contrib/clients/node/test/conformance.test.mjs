@@ -129,6 +129,7 @@ class World {
     }
     if (step.via === "proxy") addrs = [await this.startProxy()];
     const o = { addrs, id: name, timeout: 5000, tls: false };
+    if (step.id === "default") delete o.id;
     if (this.pki) Object.assign(o, { tls: true, ca: `${this.pki}/ca.pem`, cert: `${this.pki}/client.pem`, key: `${this.pki}/client.key` });
     if (step.user) {
       o.user = step.user;

@@ -82,6 +82,16 @@ module Lockd
   # lease (broken events only).
   Event = Struct.new(:kind, :name, :id, :token, :unix_ms, :note, :by, keyword_init: true)
 
+  @next_id = 0
+  @next_id_lock = Mutex.new
+
+  # A new holder's id: <hostname>:<pid>:<n>, n counting in this process.
+  def self.default_id
+    n = @next_id_lock.synchronize { @next_id += 1 }
+    host = Socket.gethostname
+    "#{host.empty? ? 'localhost' : host}:#{Process.pid}:#{n}"
+  end
+
   def self.word(what, value)
     if !value.is_a?(String) || value.empty? || value.bytesize > 255 || value.match?(/[\x00-\x20\x7f]/)
       raise ArgumentError, "#{what} must be 1 to 255 bytes without whitespace or control characters: #{value.inspect}"
@@ -138,7 +148,10 @@ module Lockd
         m = /\A(\[[^\]]+\]|[^:\s]+):(\d+)\z/.match(a) or raise ArgumentError, "address must be host:port, not #{a.inspect}"
         [a, m[1].delete("[]"), m[2].to_i]
       end
-      @id = Lockd.word("id", id || "#{Socket.gethostname}:#{Process.pid}")
+      # Without an id, each LOCK takes a new one (Lockd.default_id): the same id is the same
+      # client to lockd (a LOCK again is a retry, answered with the same grant), so two holders
+      # in one process (threads, Clients, with_lock calls) never share one.
+      @id = id && Lockd.word("id", id)
       @timeout = timeout
       @tls = tls_context(tls, ca, cert, key)
       credentials(user, secret, secret_file)
@@ -153,7 +166,7 @@ module Lockd
     end
 
     def inspect
-      "#<Lockd::Client #{@addrs.map(&:first).join(',')} id=#{@id}>"
+      "#<Lockd::Client #{@addrs.map(&:first).join(',')} id=#{@id || '(one per LOCK)'}>"
     end
 
     # Closes the connection (ending its session leases); the next request reconnects.
@@ -203,7 +216,7 @@ module Lockd
 
       note = note && Lockd.note(note)
 
-      head = "LOCK #{name} #{@id}"
+      head = "LOCK #{name} #{@id || Lockd.default_id}"
       head += " ttl=#{Lockd.ms(ttl)}" if ttl
       tail = if session then " session=#{Lockd.ms(grace || 0)}"
              elsif detach then " detach"

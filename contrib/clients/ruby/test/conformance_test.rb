@@ -172,6 +172,7 @@ module Conformance
       end
       addrs = [proxy.addr] if step["via"] == "proxy"
       o = { addrs: addrs, id: name, timeout: 5.0, tls: false }
+      o.delete(:id) if step["id"] == "default"
       o.merge!(tls: true, ca: "#{@pki}/ca.pem", cert: "#{@pki}/client.pem", key: "#{@pki}/client.key") if @pki
       if (user = step["user"])
         o[:user] = user
