@@ -356,7 +356,7 @@ impl fmt::Display for TableError {
             TableError::WrongMode { held, asked } => {
                 write!(
                     f,
-                    "it is held {}; this LOCK asks for {}",
+                    "it is held {}; this LOCK asks for it {}",
                     held.describe(),
                     asked.describe()
                 )

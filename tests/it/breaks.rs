@@ -407,6 +407,12 @@ async fn lockctl_break_asks_unless_y_and_says_what_it_did() {
     ))
     .await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // Confirmed in one line, -y or not.
+    assert!(
+        stderr(&out).contains("lockctl: broke release-train (1 lease ended; handed on now)"),
+        "{}",
+        stderr(&out)
+    );
     assert!(holder
         .req(&format!("RENEW release-train {t}"))
         .await
@@ -515,7 +521,8 @@ fn lockctl_break_at_a_terminal_shows_the_holder_and_breaks_only_on_yes() {
     assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
     assert!(out.stdout.contains(&question), "{}", out.stdout);
     assert!(
-        out.stdout.contains("broke tty-deploy (1 lease ended)"),
+        out.stdout
+            .contains("broke tty-deploy (1 lease ended; handed on now)"),
         "{}",
         out.stdout
     );

@@ -29,10 +29,13 @@ pub async fn break_lock(server: &Server, args: &BreakArgs) -> Result<u8, Failure
     }
     match client.break_lock(&args.name, args.token, args.force).await {
         Ok(n) => {
-            if server.verbose || !args.yes {
-                let s = if n == 1 { "" } else { "s" };
-                eprintln!("lockctl: broke {} ({n} lease{s} ended)", args.name);
-            }
+            // An admin action says what it did, with -y too (a script's log keeps the line).
+            let s = if n == 1 { "" } else { "s" };
+            let then = match args.force {
+                true => "handed on now",
+                false => "it passes on once its holder has let go, or its lease runs out",
+            };
+            eprintln!("lockctl: broke {} ({n} lease{s} ended; {then})", args.name);
             Ok(0)
         }
         Err(ClientError::Refused(e)) if e.code == ErrorCode::NotHeld => Err(Failure::new(

@@ -535,7 +535,10 @@ impl KeeperState {
                     None
                 }
                 KeeperStep::Renewed(Err(RenewError::NotHeld(e))) => Some(Lost {
-                    why: format!("the server no longer holds it for this token ({e})"),
+                    why: format!(
+                        "the server no longer holds it for this token ({})",
+                        crate::out::broken_words(&e)
+                    ),
                     kill_at: Instant::now() + self.timing.grace,
                 }),
                 KeeperStep::Renewed(Err(RenewError::Failed(e))) => {

@@ -142,15 +142,18 @@ async fn one_shot<T>(
     }
 }
 
+/// `ERR NOTHELD` of a release or renewal: exit 4, saying what the server knows (already
+/// released or expired, or broken by whom and when); any other failure as any request's.
 fn not_held_is_lost(what: &str, addr: &str, e: ClientError) -> Failure {
     match e {
-        ClientError::Refused(e) if e.code == ErrorCode::NotHeld => Failure::new(
-            LOST,
-            format!(
-                "{what}: lock lost: the token is not the live lease ({} {})",
-                e.code, e.message
-            ),
-        ),
+        ClientError::Refused(e) if e.code == ErrorCode::NotHeld => {
+            let why = match e.message.contains(" was broken by ") {
+                true => crate::out::broken_words(&e.message),
+                false => "not held with this token: released already, its lease ran out, or                           the token is not one of it"
+                    .to_owned(),
+            };
+            Failure::new(LOST, format!("{what}: {why}"))
+        }
         e => Failure::request(what, addr, e),
     }
 }

@@ -129,3 +129,99 @@ mod tests {
         assert_eq!(super::json_string("a\tb\u{1}"), r#""a\u0009b\u0001""#);
     }
 }
+
+/// The server's blocked-by answer (`<name>: held by <id> [user=<u>] held_ms=<ms> waiters=<n>
+/// [note=<encoded>]`, proto.md) in words, its note decoded: `deploy: held by web-3:4242 for
+/// 3m 12s, 1 waiting: release 1.4.2`. A message of another shape is returned as it is.
+pub fn blocked_by_words(message: &str) -> String {
+    let Some((head, fields)) = message.split_once(" held by ") else {
+        return message.to_owned();
+    };
+    let mut words = fields.split(' ');
+    let id = words.next().unwrap_or_default();
+    let mut out = format!("{head} held by {id}");
+    let (mut held, mut waiting, mut note) = (None, 0u64, None);
+    for word in words {
+        match word.split_once('=') {
+            Some(("user", user)) => {
+                let _ = write!(out, " (user {user})");
+            }
+            Some(("held_ms", ms)) => held = ms.parse().ok().map(Duration::from_millis),
+            Some(("waiters", n)) => waiting = n.parse().unwrap_or(0),
+            Some(("note", encoded)) => note = lockd::proto::note::decode_note(encoded),
+            _ => return message.to_owned(),
+        }
+    }
+    if let Some(held) = held {
+        let _ = write!(out, " for {}", short_duration(held));
+    }
+    if waiting > 0 {
+        let _ = write!(out, ", {waiting} waiting");
+    }
+    if let Some(note) = note {
+        let _ = write!(out, ": {note}");
+    }
+    out
+}
+
+/// A `... was broken by <who> at <unix-ms>` message with the time as a person reads it (UTC,
+/// RFC 3339); any other message as it is.
+pub fn broken_words(message: &str) -> String {
+    let Some((before, ms)) = message.rsplit_once(" at ") else {
+        return message.to_owned();
+    };
+    let Ok(ms) = ms.trim_end_matches(')').parse::<u64>() else {
+        return message.to_owned();
+    };
+    if !before.contains(" was broken by ") {
+        return message.to_owned();
+    }
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    let close = if message.ends_with(')') { ")" } else { "" };
+    format!(
+        "{before} at {}{close}",
+        humantime::format_rfc3339_seconds(at)
+    )
+}
+
+#[cfg(test)]
+mod words_tests {
+    use super::*;
+
+    #[test]
+    fn a_blocked_by_answer_reads_as_words_with_its_note_decoded() {
+        assert_eq!(
+            blocked_by_words(
+                "nu: held by vm:26459 held_ms=205 waiters=0 note=d%C3%A9ploiement%20web"
+            ),
+            "nu: held by vm:26459 for 205ms: déploiement web"
+        );
+        assert_eq!(
+            blocked_by_words(
+                "nu still held after waiting 1s; held by a user=ci held_ms=61000 waiters=2"
+            ),
+            "nu still held after waiting 1s; held by a (user ci) for 1m1s, 2 waiting"
+        );
+        assert_eq!(
+            blocked_by_words("nu: held by (queue)"),
+            "nu: held by (queue)"
+        );
+        assert_eq!(blocked_by_words("something else"), "something else");
+    }
+
+    #[test]
+    fn a_break_s_time_reads_as_a_date() {
+        assert_eq!(
+            broken_words("NOTHELD d: lease 7 was broken by ops at 1796434404576"),
+            "NOTHELD d: lease 7 was broken by ops at 2026-12-04T22:13:24Z"
+        );
+        assert_eq!(
+            broken_words("(NOTHELD d: lease 7 was broken by ops at 1796434404576)"),
+            "(NOTHELD d: lease 7 was broken by ops at 2026-12-04T22:13:24Z)"
+        );
+        assert_eq!(
+            broken_words("NOTHELD d: gone at noon"),
+            "NOTHELD d: gone at noon"
+        );
+    }
+}

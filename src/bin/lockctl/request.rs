@@ -104,10 +104,18 @@ async fn failure(
         LockError::Request(ClientError::Refused(e)) if e.code == ErrorCode::Timeout => {
             if server.verbose {
                 say_conflict(server, names, wait).await;
-                // The server's own answer: who blocks, for how long, with what note.
-                eprintln!("lockctl: {e}");
+                // The server's own answer, in words: who blocks, for how long, with what note.
+                eprintln!("lockctl: {}", crate::out::blocked_by_words(&e.message));
             }
             Failure::silent(wait.conflict_exit_code)
+        }
+        // Held in another mode (or by this id's session elsewhere): not available now, as a
+        // held name is (exit 1 with -n, so cron does not mail a usage error), with the reason.
+        LockError::Request(ClientError::Refused(e)) if e.code == ErrorCode::Conflict => {
+            Failure::new(
+                wait.conflict_exit_code,
+                format!("{what}: not available now: {}", e.message),
+            )
         }
         LockError::Unavailable(last) => {
             let how = match (wait.nonblock, wait.wait) {

@@ -327,7 +327,11 @@ async fn acquire_renew_release_round_trip() {
     assert_eq!(d.holder("deploy").await, None);
     let out = output(d.lockctl(&["release", "deploy", &t])).await;
     assert_eq!(code(&out), 4);
-    assert!(stderr(&out).contains("NOTHELD"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not held with this token: released already, its lease ran out"),
+        "{}",
+        stderr(&out)
+    );
     let out = output(d.lockctl(&["renew", "deploy", &t])).await;
     assert_eq!(code(&out), 4);
 }

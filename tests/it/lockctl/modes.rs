@@ -136,10 +136,19 @@ async fn acquire_takes_the_same_modes() {
         let out = output(shared(flag)).await;
         assert_eq!(code(&out), 1, "{flag}: {}", stderr(&out));
     }
-    // A semaphore is not a shared lock: the server refuses, and nothing changes.
+    // A semaphore is not a shared lock: not available now (exit 1, as a held name, so that
+    // cron does not take it for a usage error), with the server's reason; nothing changes.
     let out = output(d.lockctl(&["acquire", "cfg", "-n", "--limit", "3"])).await;
-    assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(stderr(&out).contains("CONFLICT"), "{}", stderr(&out));
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "not available now: cfg: it is held shared; this LOCK asks for it as a semaphore of 3"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let out = output(d.lockctl(&["run", "cfg", "-n", "--", "true"])).await;
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
     for t in &tokens {
         let out = output(d.lockctl(&["release", "cfg", t])).await;
         assert_eq!(code(&out), 0, "{}", stderr(&out));

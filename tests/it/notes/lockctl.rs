@@ -49,25 +49,23 @@ async fn run_sends_its_program_s_name_as_the_note_unless_told() {
     let out = output(d.lockctl(&["status", "job"])).await;
     assert!(stdout(&out).contains("release 1.4.2 by ci job 8812"));
 
-    // -v on a refused -n prints the server's blocked-by line.
+    // -v on a refused -n says who holds it, for how long, and its note, in words.
     let out = output(d.lockctl(&["-v", "run", "-n", "job", "--", "true"])).await;
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     let err = stderr(&out);
     let line = err
         .lines()
-        .find(|l| l.starts_with("lockctl: ERR TIMEOUT job: held by "))
+        .find(|l| l.starts_with("lockctl: job: held by "))
         .unwrap_or_else(|| panic!("{err}"));
-    assert!(
-        line.ends_with(" note=release%201.4.2%20by%20ci%20job%208812"),
-        "{line}"
-    );
+    assert!(line.contains(" for "), "{line}");
+    assert!(line.ends_with(": release 1.4.2 by ci job 8812"), "{line}");
     // Without -v, nothing.
     let out = output(d.lockctl(&["acquire", "-w", "100ms", "job"])).await;
     assert_eq!(code(&out), 1);
     assert!(!stderr(&out).contains("ERR TIMEOUT"), "{}", stderr(&out));
     let out = output(d.lockctl(&["-v", "acquire", "-w", "100ms", "job"])).await;
     assert!(
-        stderr(&out).contains("lockctl: ERR TIMEOUT job still held after waiting "),
+        stderr(&out).contains("lockctl: job still held after waiting "),
         "{}",
         stderr(&out)
     );
