@@ -486,8 +486,9 @@ pub struct RunArgs {
     #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
     pub shell: Option<String>,
 
-    /// Lease length. lockctl renews about every third of it (or of --session-grace, if
-    /// shorter); if renewals keep failing, the command is stopped before the lease can end.
+    /// Lease length, at least 1s. lockctl renews about every third of it (or of
+    /// --session-grace, if shorter); if renewals keep failing, the command is stopped before
+    /// the lease can end.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub ttl: Duration,
 

@@ -19,6 +19,9 @@ use crate::supervise::Supervisor;
 /// --session-grace unless given (never more than the ttl): long enough for a reconnect across
 /// a server restart or a network blip, short enough that a killed lockctl's lock is soon free.
 const DEFAULT_SESSION_GRACE: Duration = Duration::from_secs(10);
+/// The shortest `--ttl` run takes: renewals every third of it, with a margin and a kill grace
+/// inside it, need a second at least to be worth trying over a network.
+const MIN_RUN_TTL: Duration = Duration::from_secs(1);
 
 pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failure> {
     let program = program(args)?;
@@ -37,6 +40,15 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     }
     if args.at_least.is_some_and(|d| d.is_zero()) {
         return Err(Failure::usage("--at-least must be more than 0"));
+    }
+    // A lease must outlive a few renewal round trips and the kill schedule; shorter, it would
+    // be lost at once (and the command stopped) on any network.
+    if args.ttl < MIN_RUN_TTL {
+        return Err(Failure::usage(format!(
+            "--ttl {} is too short to renew: at least {}",
+            humantime::format_duration(args.ttl),
+            humantime::format_duration(MIN_RUN_TTL)
+        )));
     }
     let session_grace =
         match args.session_grace {

@@ -8,14 +8,22 @@
 use lockd::locks::Token;
 
 /// The variable that carries `name`'s token: `LOCKD_TOKEN_` and the name upper-cased, every
-/// byte outside `[A-Z0-9]` (after upper-casing) as `_`, so that any name gives a valid
-/// shell variable.
+/// other ASCII byte (`-`, `.`, `/`, ...) as `_`, and each byte outside ASCII as `_` and its two
+/// hex digits (`é` is `_C3_A9`), so that any name gives a valid shell variable and names
+/// that differ in a letter of another alphabet never give the same one. (Names that differ
+/// only in case or ASCII punctuation may: [`environment`] refuses those.)
 pub fn token_variable(name: &str) -> String {
+    use std::fmt::Write as _;
     let mut var = String::from("LOCKD_TOKEN_");
-    var.extend(name.bytes().map(|b| match b.to_ascii_uppercase() {
-        up @ (b'A'..=b'Z' | b'0'..=b'9') => char::from(up),
-        _ => '_',
-    }));
+    for b in name.bytes() {
+        match b.to_ascii_uppercase() {
+            up @ (b'A'..=b'Z' | b'0'..=b'9') => var.push(char::from(up)),
+            b if b.is_ascii() => var.push('_'),
+            b => {
+                let _ = write!(var, "_{b:02X}");
+            }
+        }
+    }
     var
 }
 
@@ -77,8 +85,11 @@ mod tests {
             "LOCKD_TOKEN_CACHE_FLUSH_EU"
         );
         assert_eq!(token_variable("Q3"), "LOCKD_TOKEN_Q3");
-        // Each byte of a multi-byte character is one `_`.
-        assert_eq!(token_variable("é"), "LOCKD_TOKEN___");
+        // A byte outside ASCII is `_` and its hex digits: é and ü are told apart.
+        assert_eq!(token_variable("é"), "LOCKD_TOKEN__C3_A9");
+        assert_eq!(token_variable("ü"), "LOCKD_TOKEN__C3_BC");
+        let names = ["é".to_owned(), "ü".to_owned()];
+        assert!(check_names(&names, true).is_ok());
     }
 
     #[test]

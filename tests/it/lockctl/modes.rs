@@ -162,10 +162,22 @@ async fn modes_exclude_each_other_and_limits_are_checked() {
         &["run", "x", "--shared", "--limit", "2", "--", "true"],
         &["acquire", "x", "--limit", "0"],
         &["acquire", "x", "--limit", "100001"],
+        // Too short to renew: it would be lost at once.
+        &["run", "x", "--ttl", "10ms", "--", "true"],
     ] {
         let out = output(lockctl_at("127.0.0.1:1", args)).await;
         assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
     }
+    let out = output(lockctl_at(
+        "127.0.0.1:1",
+        &["run", "x", "--ttl", "10ms", "--", "true"],
+    ))
+    .await;
+    assert!(
+        stderr(&out).contains("--ttl 10ms is too short to renew: at least 1s"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
