@@ -213,11 +213,11 @@ mod words_tests {
     fn a_break_s_time_reads_as_a_date() {
         assert_eq!(
             broken_words("NOTHELD d: lease 7 was broken by ops at 1796434404576"),
-            "NOTHELD d: lease 7 was broken by ops at 2026-12-04T22:13:24Z"
+            "NOTHELD d: lease 7 was broken by ops at 2026-12-05T01:33:24Z"
         );
         assert_eq!(
             broken_words("(NOTHELD d: lease 7 was broken by ops at 1796434404576)"),
-            "(NOTHELD d: lease 7 was broken by ops at 2026-12-04T22:13:24Z)"
+            "(NOTHELD d: lease 7 was broken by ops at 2026-12-05T01:33:24Z)"
         );
         assert_eq!(
             broken_words("NOTHELD d: gone at noon"),
