@@ -186,7 +186,7 @@ impl Connector {
         self.current.load(Ordering::Relaxed) + 1
     }
 
-    fn note(&self, text: impl FnOnce() -> String) {
+    pub(super) fn note(&self, text: impl FnOnce() -> String) {
         if let Some(notes) = &self.notes {
             notes(&text());
         }

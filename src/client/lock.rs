@@ -255,6 +255,10 @@ impl fmt::Debug for Locked {
     }
 }
 
+/// The longest pause between connection attempts of a LOCK that waits without bound, while
+/// no address answers (a lockd restarting): it is back within this long of answering again.
+const MAX_UNBOUND_PAUSE: Duration = Duration::from_secs(2);
+
 impl Connector {
     /// LOCK `name` as `id` on a connection of its own, sent again through the next address
     /// while the answer may be mended by trying again (see the module), within `opts.wait`:
@@ -314,6 +318,20 @@ impl Connector {
                         if retry.ran_out() && retry.failures() > 0 =>
                     {
                         return Err(gave_up(&retry, Some(why)))
+                    }
+                    // A LOCK that waits without bound waits through a restart of lockd,
+                    // however long it takes, as it waits through a long queue.
+                    Err(ConnectError::Unreachable(why)) if retry.deadline().is_none() => {
+                        let pause = retry.failed(why.clone()).unwrap_or(MAX_UNBOUND_PAUSE);
+                        let pause = pause.min(MAX_UNBOUND_PAUSE);
+                        self.note(|| {
+                            format!(
+                                "{what}: {why}; trying again in {}",
+                                humantime::format_duration(pause)
+                            )
+                        });
+                        sleep(pause).await;
+                        continue;
                     }
                     Err(e) => return Err(e.into()),
                 },

@@ -121,3 +121,71 @@ async fn rides_through(restart: Restart, test: &str) {
 fn harness_field<'a>(line: &'a str, key: &str) -> &'a str {
     lockd::proto::field(line, key).unwrap_or_default()
 }
+
+/// A `lockctl run` waiting without `-w` waits through a restart of lockd however long it
+/// takes (here longer than its --connect-timeout), as it would wait through a long queue,
+/// and runs its command once it gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lockctl_run_waits_through_a_long_restart() {
+    let dir = TempDir::new("lockctl-waits-restart");
+    let port = free_port();
+    let lockd = DurableLockd::start(&dir, port).await;
+    let mut holder = lockd.client().await;
+    holder
+        .lock(
+            "queue",
+            "holder",
+            Some(Duration::from_secs(60)),
+            None,
+            lockd::proto::Tie::Plain,
+        )
+        .await
+        .expect("lock");
+    let ran = dir.0.join("ran");
+    let child = Command::new(LOCKCTL)
+        .args([
+            "--server",
+            &lockd.addr,
+            "--connect-timeout",
+            "1s",
+            "run",
+            "queue",
+            "--",
+        ])
+        .args(["sh", "-c", &format!("touch {}", ran.display())])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn lockctl");
+    let mut admin = lockd.client().await;
+    let begun = Instant::now();
+    while !admin
+        .status(Some("queue"))
+        .await
+        .expect("status")
+        .iter()
+        .any(|l| l.contains("waiters=1"))
+    {
+        assert!(begun.elapsed() < PATIENCE, "lockctl never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop((holder, admin));
+    // Down for three times lockctl's --connect-timeout; the holder's plain lease comes back
+    // with the data directory, so it is released by hand after the restart.
+    lockd.crash();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lockd = DurableLockd::start(&dir, port).await;
+    let mut c = lockd.client().await;
+    let line = held(&lockd, "queue").await;
+    let token: u64 = harness_field(&line, "token").parse().expect("token");
+    c.unlock("queue", token).await.expect("unlock");
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("join")
+        .expect("lockctl output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "lockctl: {stderr}");
+    assert!(ran.exists(), "the command never ran: {stderr}");
+    lockd.stop();
+}
