@@ -325,18 +325,18 @@ impl fmt::Display for TableError {
             TableError::BadTtl { max } => write!(
                 f,
                 "ttl must be at least {} and at most {}",
-                humantime::format_duration(crate::MIN_TTL),
-                humantime::format_duration(*max)
+                FlagDuration(crate::MIN_TTL),
+                FlagDuration(*max)
             ),
             TableError::BadGrace { max } => write!(
                 f,
                 "session grace must be at most {}",
-                humantime::format_duration(*max)
+                FlagDuration(*max)
             ),
             TableError::BadDelay { max } => write!(
                 f,
                 "delay must be at most {} (--max-lock-delay)",
-                humantime::format_duration(*max)
+                FlagDuration(*max)
             ),
             TableError::WouldBlock { holder } => write!(f, "held by {holder}"),
             TableError::NotHeld => f.write_str("token is not the current holder's live lease"),
@@ -597,4 +597,28 @@ pub struct LockStatus {
     /// The holder's set of names (`and=`), every one in the LOCK's order; empty for a lease
     /// of one name.
     pub set: Box<[Arc<str>]>,
+}
+
+/// A duration in its largest whole unit (`24h`, `10m`, `30s`, `500ms`), as a flag is written:
+/// a refusal that names a limit says it as the flag that set it does (`at most 24h`, not
+/// `1day`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FlagDuration(pub Duration);
+
+impl fmt::Display for FlagDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if !d.subsec_nanos().is_multiple_of(1_000_000) {
+            return write!(f, "{}", humantime::format_duration(d));
+        }
+        let ms = d.as_millis();
+        let (n, unit) = match ms {
+            0 => (0, "s"),
+            _ if ms.is_multiple_of(3_600_000) => (ms / 3_600_000, "h"),
+            _ if ms.is_multiple_of(60_000) => (ms / 60_000, "m"),
+            _ if ms.is_multiple_of(1000) => (ms / 1000, "s"),
+            _ => (ms, "ms"),
+        };
+        write!(f, "{n}{unit}")
+    }
 }

@@ -14,19 +14,7 @@ pub struct HumanDuration(pub Duration);
 impl fmt::Display for HumanDuration {
     /// In its largest whole unit (`24h`, `10m`, `30s`, `500ms`), as a flag is written.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let d = self.0;
-        if !d.subsec_nanos().is_multiple_of(1_000_000) {
-            return write!(f, "{}", humantime::format_duration(d));
-        }
-        let ms = d.as_millis();
-        let (n, unit) = match ms {
-            0 => (0, "s"),
-            _ if ms.is_multiple_of(3_600_000) => (ms / 3_600_000, "h"),
-            _ if ms.is_multiple_of(60_000) => (ms / 60_000, "m"),
-            _ if ms.is_multiple_of(1000) => (ms / 1000, "s"),
-            _ => (ms, "ms"),
-        };
-        write!(f, "{n}{unit}")
+        crate::locks::FlagDuration(self.0).fmt(f)
     }
 }
 
