@@ -497,8 +497,28 @@ pub fn user_line(spec: &str, secret: &str, salt: [u8; SALT_LEN]) -> Result<Strin
         line.push(' ');
         line.push_str(word);
     }
-    Users::parse(&line, None).map_err(|e| e.message)?;
+    Users::parse(&line, None).map_err(|e| spec_words(&e.message))?;
     Ok(line)
+}
+
+/// A refusal of the file line made of a typed `<user> <rights>...`, told by the words typed:
+/// the line's field 2 (the name) is word 1 of what was typed, and field N after the hash word
+/// N-2.
+fn spec_words(message: &str) -> String {
+    let message = message.strip_prefix("line 1: ").unwrap_or(message);
+    let Some(rest) = message.strip_prefix("field ") else {
+        return message.to_owned();
+    };
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    match digits.parse::<usize>() {
+        Ok(n) if n >= 4 => format!(
+            "word {} of the user and rights given{}",
+            n - 2,
+            &rest[digits.len()..]
+        ),
+        Ok(2) => format!("word 1{}", &rest[1..]),
+        _ => message.to_owned(),
+    }
 }
 
 /// The users in force, shared by every connection and replaced whole on a reload. A
@@ -654,6 +674,17 @@ mod tests {
         assert!(err(&format!("{good}\n{good}"))
             .message
             .contains("already defined on line 1"));
+    }
+
+    #[test]
+    fn a_typed_spec_is_told_by_its_own_words() {
+        let salt = [7u8; SALT_LEN];
+        let secret = "0123456789abcdef0123456789abcdef";
+        let e = user_line("ci lock=ci-* bogus", secret, salt).unwrap_err();
+        assert!(e.starts_with("word 3 of the user and rights given is neither lock="), "{e}");
+        let e = user_line("ci lock=a,,b", secret, salt).unwrap_err();
+        assert!(e.starts_with("word 2 of the user and rights given: "), "{e}");
+        assert!(user_line("ci lock=ci-* read=*", secret, salt).is_ok());
     }
 
     #[test]

@@ -36,6 +36,12 @@ struct Exits {
     #[arg(long, value_name = "USER [RIGHTS]", group = "docs")]
     auth_hash_new: Option<String>,
 
+    /// With --auth-hash-new: write the new secret alone to FILE (one line), a new file
+    /// readable by its owner only (refused if FILE exists), instead of saying it on standard
+    /// error: a script's clean way to take it, as lockctl's --secret-file reads it.
+    #[arg(long, value_name = "FILE", requires = "auth_hash_new")]
+    auth_secret_out: Option<std::path::PathBuf>,
+
     /// Log format on stderr: text (for people) or json (one object per line, for machines).
     #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -148,8 +154,11 @@ fn init_logging(verbose: u8, format: LogFormat) {
 /// asked for.
 fn auth_hash(args: &Exits) -> Option<Result<(), String>> {
     match (&args.auth_hash, &args.auth_hash_new) {
-        (Some(spec), _) => Some(daemon::print_auth_line(spec, false)),
-        (None, Some(spec)) => Some(daemon::print_auth_line(spec, true)),
+        (Some(spec), _) => Some(daemon::print_auth_line(spec, None)),
+        (None, Some(spec)) => Some(daemon::print_auth_line(
+            spec,
+            Some(args.auth_secret_out.as_deref()),
+        )),
         (None, None) => None,
     }
 }

@@ -137,11 +137,12 @@ fn load_users(path: &Path) -> Result<Arc<Gate>, String> {
     Ok(Gate::new(users))
 }
 
-/// `--auth-hash` (`new` false: the secret is read from standard input) and `--auth-hash-new`
-/// (`new`: a strong random secret is made, and shown once on standard error): prints the
-/// `--auth-file` line of `spec` (a user and its rights) on standard output.
-pub fn print_auth_line(spec: &str, new: bool) -> Result<(), String> {
-    let secret = if new {
+/// `--auth-hash` (`new` `None`: the secret is read from standard input) and `--auth-hash-new`
+/// (`new`: a strong random secret is made, and shown once on standard error, or written alone
+/// to the file `--auth-secret-out` names): prints the `--auth-file` line of `spec` (a user and
+/// its rights) on standard output.
+pub fn print_auth_line(spec: &str, new: Option<Option<&std::path::Path>>) -> Result<(), String> {
+    let secret = if new.is_some() {
         crate::auth::hex(&random_bytes::<32>()?)
     } else {
         let mut line = String::new();
@@ -151,12 +152,31 @@ pub fn print_auth_line(spec: &str, new: bool) -> Result<(), String> {
         line.trim_end_matches(['\n', '\r']).to_owned()
     };
     let line = crate::auth::user_line(spec, &secret, random_bytes()?)?;
-    println!("{line}");
-    if new {
-        let user = spec.split_whitespace().next().unwrap_or_default();
-        eprintln!("secret of {user} (shown only now; give it to its clients): {secret}");
+    let user = spec.split_whitespace().next().unwrap_or_default();
+    match new {
+        None => {}
+        Some(None) => {
+            eprintln!("secret of {user} (shown only now; give it to its clients): {secret}")
+        }
+        Some(Some(path)) => write_secret(path, &secret)?,
     }
+    println!("{line}");
     Ok(())
+}
+
+/// Writes `secret` alone to a new file at `path` that only its owner may read or write.
+fn write_secret(path: &std::path::Path, secret: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot create the secret file {}: {e}", path.display()))?;
+    writeln!(file, "{secret}")
+        .and_then(|()| file.sync_all())
+        .map_err(|e| format!("cannot write the secret file {}: {e}", path.display()))
 }
 
 /// `N` bytes from the system's random source.

@@ -480,6 +480,39 @@ async fn auth_hash_new_prints_a_line_that_works_and_the_secret_once() {
     let mut c = login(s.addr, "erin", &secret).await;
     c.lock("ci-7 e").await;
 
+    // --auth-secret-out: the secret alone in a new file only its owner reads, nothing on
+    // stderr; an existing file is refused, and so is a right typed wrong, by its word.
+    let dir = std::env::temp_dir().join(format!("lockd-secret-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("erin.secret");
+    let new = |spec: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["--auth-hash-new", spec, "--auth-secret-out"])
+            .arg(&file)
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = new("erin lock=ci-*");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(written.trim().len(), 64, "{written}");
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(String::from_utf8(out.stdout).unwrap().starts_with("user erin sha256:"));
+    let again = new("erin lock=ci-*");
+    assert_eq!(again.status.code(), Some(2), "{again:?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), written);
+    std::fs::remove_file(&file).unwrap();
+    let wrong = new("erin lock=ci-* lok=x");
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(stderr.contains("word 3 of the user and rights given"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+
     // --auth-hash reads the secret from standard input, and refuses a short one.
     let hash = |secret: &str| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lockd"))
