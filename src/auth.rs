@@ -681,9 +681,15 @@ mod tests {
         let salt = [7u8; SALT_LEN];
         let secret = "0123456789abcdef0123456789abcdef";
         let e = user_line("ci lock=ci-* bogus", secret, salt).unwrap_err();
-        assert!(e.starts_with("word 3 of the user and rights given is neither lock="), "{e}");
+        assert!(
+            e.starts_with("word 3 of the user and rights given is neither lock="),
+            "{e}"
+        );
         let e = user_line("ci lock=a,,b", secret, salt).unwrap_err();
-        assert!(e.starts_with("word 2 of the user and rights given: "), "{e}");
+        assert!(
+            e.starts_with("word 2 of the user and rights given: "),
+            "{e}"
+        );
         assert!(user_line("ci lock=ci-* read=*", secret, salt).is_ok());
     }
 

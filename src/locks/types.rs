@@ -328,11 +328,9 @@ impl fmt::Display for TableError {
                 FlagDuration(crate::MIN_TTL),
                 FlagDuration(*max)
             ),
-            TableError::BadGrace { max } => write!(
-                f,
-                "session grace must be at most {}",
-                FlagDuration(*max)
-            ),
+            TableError::BadGrace { max } => {
+                write!(f, "session grace must be at most {}", FlagDuration(*max))
+            }
             TableError::BadDelay { max } => write!(
                 f,
                 "delay must be at most {} (--max-lock-delay)",

@@ -102,12 +102,37 @@ fn read_secret_file(path: &Path) -> Result<String, Failure> {
         ))
     };
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_FILE).read_to_end(&mut bytes))
+    let file = std::fs::File::open(path).map_err(|e| cannot(&e))?;
+    warn_if_others_may_read(path, &file);
+    file.take(MAX_FILE)
+        .read_to_end(&mut bytes)
         .map_err(|e| cannot(&e))?;
     let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     String::from_utf8(line.to_vec()).map_err(|_| cannot(&"its first line is not valid UTF-8"))
+}
+
+/// Says so on stderr when the group or others may read the secret file (as ssh does of a
+/// private key, but going on: the secret is still good, and the job should run).
+fn warn_if_others_may_read(path: &Path, file: &std::fs::File) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(meta) = file.metadata() else {
+        return;
+    };
+    let mode = meta.permissions().mode();
+    if mode & 0o044 != 0 {
+        eprintln!(
+            "lockctl: warning: the secret file {} may be read by {} (mode {:04o}): \
+             chmod 600 it",
+            path.display(),
+            if mode & 0o004 != 0 {
+                "every user"
+            } else {
+                "its group"
+            },
+            mode & 0o7777
+        );
+    }
 }
 
 /// One word that fits an AUTH line. The message names where the secret came from, never

@@ -496,21 +496,34 @@ async fn auth_hash_new_prints_a_line_that_works_and_the_secret_once() {
             .unwrap()
     };
     let out = new("erin lock=ci-*");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let written = std::fs::read_to_string(&file).unwrap();
     assert_eq!(written.trim().len(), 64, "{written}");
     use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
-    assert!(String::from_utf8(out.stdout).unwrap().starts_with("user erin sha256:"));
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .starts_with("user erin sha256:"));
     let again = new("erin lock=ci-*");
     assert_eq!(again.status.code(), Some(2), "{again:?}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), written);
     std::fs::remove_file(&file).unwrap();
     let wrong = new("erin lock=ci-* lok=x");
     let stderr = String::from_utf8_lossy(&wrong.stderr);
-    assert!(stderr.contains("word 3 of the user and rights given"), "{stderr}");
+    assert!(
+        stderr.contains("word 3 of the user and rights given"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 
     // --auth-hash reads the secret from standard input, and refuses a short one.

@@ -176,16 +176,30 @@ async fn a_secret_file_is_passed_on_to_the_command_as_an_absolute_path() {
     );
     assert!(text.contains("ci-c"), "{text}");
     assert_no_secret(&out);
-    // And on its own, for status.
-    let out = output(d.lockctl(&[
-        "--user",
-        "ci",
-        "--secret-file",
-        absolute.to_str().unwrap(),
-        "status",
-    ]))
-    .await;
+    // And on its own, for status; a file others may read is said, one only its owner reads
+    // is not.
+    use std::os::unix::fs::PermissionsExt as _;
+    let status = || {
+        d.lockctl(&[
+            "--user",
+            "ci",
+            "--secret-file",
+            absolute.to_str().unwrap(),
+            "status",
+        ])
+    };
+    std::fs::set_permissions(&absolute, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = output(status()).await;
     assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("may be read by every user (mode 0644): chmod 600 it"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::set_permissions(&absolute, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = output(status()).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
