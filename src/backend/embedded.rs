@@ -128,6 +128,8 @@ impl Embedded {
         let mut table = Locks::new(limits, first_token);
         table.raise_next_token(recovered.next_token);
         let at = now();
+        // Restored leases count their hold time from their grant, by this wall clock.
+        table.wall_clock(unix_ms());
         // A lease keeps its user across the restart; a user no longer in the file is gone.
         let known = users.as_ref().map(|gate| gate.users());
         let user = |name: &str| {

@@ -183,16 +183,27 @@ impl Locks {
     /// Later tokens are above its token. Restore a name's holders in grant order.
     pub fn restore(&mut self, now: Instant, lease: RestoredLease) {
         self.raise_next_token(lease.token.saturating_add(1));
-        self.clock.start(now);
+        // Restores come first: the table's epoch goes back far enough that a lease granted
+        // before the restart keeps its grant time (STATUS's held_ms, the audit line's).
+        self.clock
+            .start(now.checked_sub(RESTORED_HISTORY).unwrap_or(now));
         if lease.deadline <= now {
             return;
         }
+        // Held since its grant, by the wall clocks of then and now (0: not known, held since
+        // the restart).
+        let now_ticks = self.clock.ticks(now).unwrap_or(0);
+        let since = match lease.granted_unix_ms {
+            0 => Duration::ZERO,
+            at => Duration::from_millis(self.wall_ms.saturating_sub(at)),
+        };
+        let granted = now_ticks.saturating_sub(nanos(since));
         let mut holder = Holder::new(
             self.intern(&lease.id),
             nanos(lease.ttl.min(self.limits.max_ttl)),
             // Past 584 years from now: as good as never.
             self.clock.ticks(lease.deadline).unwrap_or(u64::MAX),
-            (self.clock.ticks(now).unwrap_or(0), lease.granted_unix_ms),
+            (granted, lease.granted_unix_ms),
             lease.user,
             lease.origin,
         );
@@ -1806,6 +1817,10 @@ fn owned_by(holder: &Holder, user: UserId) -> Result<(), TableError> {
         Err(TableError::NotOwner)
     }
 }
+
+/// How far back a restored lease's grant may lie for its hold time to count from it (older
+/// grants count as this old): the table's clock starts this long before a restart.
+const RESTORED_HISTORY: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// A lock-delay as the table keeps it: milliseconds, saturating.
 fn millis(delay: Option<Duration>) -> u32 {

@@ -575,7 +575,7 @@ pub struct LockStatus {
     pub token: Token,
     /// The time the lease has left.
     pub left: Duration,
-    /// How long the holder has held it (since its grant, or since a restart restored it).
+    /// How long the holder has held it (since its grant, across a restart too).
     pub held: Duration,
     /// It is a session lease.
     pub session: bool,

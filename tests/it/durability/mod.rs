@@ -470,3 +470,34 @@ async fn tokens_continue_above_the_old_ones_with_no_live_lease() {
     })
     .await;
 }
+
+/// A restored lease's hold time counts from its grant, not from the restart: STATUS
+/// detail's `held_ms` (and the audit line's, at its end) goes on from before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_lease_is_held_since_its_grant() {
+    bounded(PATIENCE * 3, async {
+        let dir = TempDir::new("held-since-grant");
+        let port = free_port();
+        let lockd = DurableLockd::start(&dir, port).await;
+        let mut holder = lockd.client().await;
+        holder
+            .lock("long-job", "holder", MINUTE, None, Tie::Plain)
+            .await
+            .unwrap();
+        let before = Duration::from_millis(1500);
+        tokio::time::sleep(before).await;
+        lockd.crash();
+        drop(holder);
+
+        let lockd = DurableLockd::start(&dir, port).await;
+        let mut c = lockd.client().await;
+        let detail = c.detail("long-job").await.expect("detail");
+        let held = detail.holders[0].held;
+        assert!(
+            held >= before,
+            "held for {held:?} after {before:?} before the restart"
+        );
+        lockd.stop();
+    })
+    .await;
+}
