@@ -425,7 +425,11 @@ async fn accept_tls(
         }
         Ok(Ok(Ok(tls))) => Some(Stream::Server(Box::new(tls))),
         Ok(Ok(Err(e))) => {
-            tracing::debug!(?peer, error = %e, "TLS handshake failed");
+            match crate::tls::refused_certificate(&e) {
+                // An operator's question ("why is this client refused?"), answered in words.
+                Some(why) => tracing::info!(?peer, "client certificate refused: {why}"),
+                None => tracing::debug!(?peer, error = %e, "TLS handshake failed"),
+            }
             None
         }
         Err(_) => {

@@ -227,3 +227,30 @@ mod tests {
         assert_eq!(subject_cn(&[0x30, 0x00]), None);
     }
 }
+
+/// Why a client's certificate was refused, in words, if that is why `e` (a failed
+/// handshake) failed: the client is told only an alert, so the log says the rest.
+pub fn refused_certificate(e: &std::io::Error) -> Option<String> {
+    use tokio_rustls::rustls::{CertificateError as C, Error};
+    let error = e.get_ref()?.downcast_ref::<Error>()?;
+    Some(match error {
+        Error::NoCertificatesPresented => {
+            "it sent none (mutual TLS: --tls-client-ca requires one)".into()
+        }
+        Error::InvalidCertificate(C::UnknownIssuer) => {
+            "it is not signed by a CA lockd trusts (--tls-client-ca)".into()
+        }
+        Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => "it has expired".into(),
+        Error::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => {
+            "it is not valid yet".into()
+        }
+        Error::InvalidCertificate(C::BadSignature) => {
+            "its signature does not check out against a CA lockd trusts".into()
+        }
+        Error::InvalidCertificate(C::InvalidPurpose | C::InvalidPurposeContext { .. }) => {
+            "it is not made for client authentication (clientAuth)".into()
+        }
+        Error::InvalidCertificate(other) => format!("{other:?}"),
+        _ => return None,
+    })
+}

@@ -182,11 +182,12 @@ impl Tls {
                  extended key usages?)"
                     .into()
             }
-            A::BadCertificate
-            | A::CertificateUnknown
-            | A::AccessDenied
-            | A::DecryptError
-            | A::HandshakeFailure => format!("{alert:?}"),
+            // lockd says no more than that it refused it: name what is most likely wrong.
+            A::BadCertificate | A::CertificateUnknown | A::DecryptError => format!(
+                "it is not signed by a CA lockd trusts (its --tls-client-ca), or not valid now \
+                 (lockd answered {alert:?}; its log says which)"
+            ),
+            A::AccessDenied | A::HandshakeFailure => format!("{alert:?}"),
             other => {
                 return format!("lockd at {addr} refused the TLS connection: {other:?}");
             }

@@ -126,7 +126,15 @@ impl Handler {
             LoginState::new(gate, cns, number, peer)
         });
         let user = login.as_ref().and_then(|l| l.user.as_ref());
-        let origin = Origin::new(user.map(|(_, name)| name.as_str()), peer);
+        let mut origin = Origin::new(user.map(|(_, name)| name.as_str()), peer);
+        if gate.is_none() {
+            // Mutual TLS without users: the certificate's one common name says who took a
+            // lease (STATUS detail's user=, the audit lines), though it grants nothing.
+            if let Some([cn]) = crate::tls::client_cns(conn.stream()).as_deref() {
+                tracing::info!(conn = number, cn = cn.as_str(), peer = %PeerField(peer), "client certificate");
+                origin = Origin::new(Some(cn), peer);
+            }
+        }
         Handler {
             backend,
             conn,

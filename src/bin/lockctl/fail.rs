@@ -80,6 +80,12 @@ impl Failure {
                     e.code, e.message
                 ),
             ),
+            // A TLS port spoken to in plain TCP: a failed handshake, as the README's exit
+            // codes have it (3), not a refused request.
+            ClientError::Refused(e) if e.code == ErrorCode::Tls => Failure::new(
+                UNREACHABLE,
+                format!("{what}: lockd at {addr}: {}", e.message),
+            ),
             ClientError::Refused(e) => Failure::refused(
                 e.code,
                 format!("{what}: lockd refused: {} {}", e.code, e.message),

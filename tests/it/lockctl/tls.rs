@@ -237,6 +237,9 @@ async fn mutual_tls_takes_a_client_certificate_and_says_when_one_is_missing_or_r
         token_of(&d.status_line("m", identity).await),
         Some(token.parse().unwrap())
     );
+    // Without an auth file, the certificate's name says who took it (it grants nothing).
+    let detail = d.client(identity).await.detail("m").await.unwrap();
+    assert_eq!(detail.holders[0].user.as_deref(), Some("deploy-bot"));
     let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
     let out = output(d.lockctl(&[
         "release",
@@ -353,6 +356,18 @@ async fn a_tls_client_on_a_plain_port_is_told_so_at_once() {
     let mut cmd = d.lockctl(&["--tls", "status"]);
     cmd.env("LOCKD_TLS_CA", pki.ca());
     assert_fails_fast(cmd, "plain TCP").await;
+}
+
+/// A plain lockctl at a TLS port is a failed handshake too: exit 3 at once, saying to speak
+/// TLS (not exit 2, a refused request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_client_on_a_tls_port_is_told_so_at_once() {
+    let pki = Pki::new("lockctl-plain-at-tls");
+    let d = tls_lockd(&pki, None).await;
+    for args in [&["status"][..], &["run", "x", "--", "true"]] {
+        let cmd = lockctl_at(&d.addr, args);
+        assert_fails_fast(cmd, "this port speaks TLS").await;
+    }
 }
 
 /// A port that accepts and never answers the handshake: the handshake has a limit of its own.
