@@ -206,28 +206,6 @@ fn der_take(der: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     Some(rest.split_at(len))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn der_lengths_are_checked() {
-        assert_eq!(
-            der_take(&[0x30, 0x01, 0xff], 0x30),
-            Some((&[0xff][..], &[][..]))
-        );
-        assert_eq!(der_take(&[0x30, 0x02, 0xff], 0x30), None);
-        assert_eq!(der_take(&[0x31, 0x00], 0x30), None);
-        assert_eq!(
-            der_take(&[0x30, 0x81, 0x01, 0x07], 0x30),
-            Some((&[0x07][..], &[][..]))
-        );
-        assert_eq!(der_take(&[0x30, 0x85, 1, 1, 1, 1, 1], 0x30), None);
-        assert_eq!(subject_cn(&[]), None);
-        assert_eq!(subject_cn(&[0x30, 0x00]), None);
-    }
-}
-
 /// Why a client's certificate was refused, in words, if that is why `e` (a failed
 /// handshake) failed: the client is told only an alert, so the log says the rest.
 pub fn refused_certificate(e: &std::io::Error) -> Option<String> {
@@ -253,4 +231,26 @@ pub fn refused_certificate(e: &std::io::Error) -> Option<String> {
         Error::InvalidCertificate(other) => format!("{other:?}"),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn der_lengths_are_checked() {
+        assert_eq!(
+            der_take(&[0x30, 0x01, 0xff], 0x30),
+            Some((&[0xff][..], &[][..]))
+        );
+        assert_eq!(der_take(&[0x30, 0x02, 0xff], 0x30), None);
+        assert_eq!(der_take(&[0x31, 0x00], 0x30), None);
+        assert_eq!(
+            der_take(&[0x30, 0x81, 0x01, 0x07], 0x30),
+            Some((&[0x07][..], &[][..]))
+        );
+        assert_eq!(der_take(&[0x30, 0x85, 1, 1, 1, 1, 1], 0x30), None);
+        assert_eq!(subject_cn(&[]), None);
+        assert_eq!(subject_cn(&[0x30, 0x00]), None);
+    }
 }
