@@ -402,7 +402,7 @@ async fn accept_tls(
         if !starts_tls(&stream).await {
             return Err(stream);
         }
-        Ok(tls.acceptor.accept(stream).await)
+        Ok(tls.acceptor().accept(stream).await)
     };
     let handshake = tokio::select! {
         hs = tokio::time::timeout(config.tls_handshake_timeout, handshake) => hs,

@@ -4,8 +4,8 @@
 
 use std::fmt;
 use std::io;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -17,12 +17,46 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// The server's TLS: certificate, key, and the CA client certificates must be signed by.
+/// Clones share one acceptor, which [`ServerTls::reload`] replaces (SIGHUP: a certificate
+/// rotated without a restart, which would forget every in-memory lease).
 #[derive(Clone)]
 pub struct ServerTls {
-    /// Accepts a connection's TLS handshake with the certificate and key.
-    pub acceptor: TlsAcceptor,
+    /// Accepts a connection's TLS handshake with the certificate and key now in force. A
+    /// std lock: read (a clone taken) per handshake, never held across an `.await`.
+    acceptor: Arc<RwLock<TlsAcceptor>>,
     /// Clients must present a certificate signed by `--tls-client-ca`.
     pub mutual: bool,
+    /// The files it was made of, read again by a reload.
+    files: (PathBuf, PathBuf, Option<PathBuf>),
+}
+
+impl ServerTls {
+    /// The acceptor in force: a new handshake starts with it.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Reads the certificate, key and client CA files again; new handshakes use them from
+    /// now on (connections open already keep theirs). Files that fail to make a server
+    /// identity leave the one in force, and say why.
+    pub fn reload(&self) -> Result<(), String> {
+        let (cert, key, ca) = &self.files;
+        let fresh = server(cert, key, ca.as_deref())?;
+        let acceptor = fresh.acceptor();
+        *self
+            .acceptor
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = acceptor;
+        Ok(())
+    }
+
+    /// The certificate file, for the log.
+    pub fn cert_file(&self) -> &Path {
+        &self.files.0
+    }
 }
 
 impl fmt::Debug for ServerTls {
@@ -91,8 +125,13 @@ pub fn server(cert: &Path, key_file: &Path, client_ca: Option<&Path>) -> Result<
         .with_single_cert(certs(cert)?, key(key_file)?)
         .map_err(|e| file_error(cert, "certificate and key do not make a server identity", e))?;
     Ok(ServerTls {
-        acceptor: TlsAcceptor::from(Arc::new(config)),
+        acceptor: Arc::new(RwLock::new(TlsAcceptor::from(Arc::new(config)))),
         mutual: client_ca.is_some(),
+        files: (
+            cert.to_path_buf(),
+            key_file.to_path_buf(),
+            client_ca.map(Path::to_path_buf),
+        ),
     })
 }
 

@@ -67,7 +67,7 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
         config.auth = Some(gate);
     }
     // Registered before the server accepts anything: a SIGHUP never kills it.
-    tokio::spawn(signals::reload_on_hangup(reloadable));
+    tokio::spawn(signals::reload_on_hangup(reloadable, config.tls.clone()));
     let listen = flags.listen();
     fd_limit::raise(config.max_connections);
     let listener = TcpListener::bind(listen)

@@ -1,4 +1,5 @@
-//! The daemon's signals: SIGINT and SIGTERM shut it down, SIGHUP reloads `--auth-file`.
+//! The daemon's signals: SIGINT and SIGTERM shut it down, SIGHUP reloads `--auth-file` and
+//! the TLS certificate and key.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -6,6 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
+use crate::tls::ServerTls;
 
 /// Cancels `token` on the first SIGINT or SIGTERM.
 pub(super) async fn cancel_on_signal(token: CancellationToken) {
@@ -37,6 +39,7 @@ pub(super) async fn cancel_on_signal(token: CancellationToken) {
 #[cfg(unix)]
 pub(super) fn reload_on_hangup(
     auth: Option<(Arc<Gate>, PathBuf)>,
+    tls: Option<ServerTls>,
 ) -> impl std::future::Future<Output = ()> + Send {
     use tokio::signal::unix::{signal, SignalKind};
     let hangups = signal(SignalKind::hangup());
@@ -48,7 +51,7 @@ pub(super) fn reload_on_hangup(
                 return;
             }
         };
-        reload_each(&mut hangups, auth).await;
+        reload_each(&mut hangups, auth, tls).await;
     }
 }
 
@@ -56,8 +59,21 @@ pub(super) fn reload_on_hangup(
 async fn reload_each(
     hangups: &mut tokio::signal::unix::Signal,
     auth: Option<(Arc<Gate>, PathBuf)>,
+    tls: Option<ServerTls>,
 ) {
     while hangups.recv().await.is_some() {
+        if let Some(tls) = &tls {
+            let file = tls.cert_file().display().to_string();
+            match tls.reload() {
+                Ok(()) => tracing::info!(
+                    file,
+                    "TLS certificate and key reloaded: new connections use them"
+                ),
+                Err(e) => {
+                    tracing::error!(error = %e, "TLS certificate and key not reloaded; the ones loaded before stay in force")
+                }
+            }
+        }
         let Some((gate, path)) = &auth else {
             tracing::info!(target: "lockd::auth", "SIGHUP: no --auth-file, nothing to reload");
             continue;
@@ -81,6 +97,7 @@ async fn reload_each(
 #[cfg(not(unix))]
 pub(super) fn reload_on_hangup(
     _auth: Option<(Arc<Gate>, PathBuf)>,
+    _tls: Option<ServerTls>,
 ) -> impl std::future::Future<Output = ()> + Send {
     std::future::ready(())
 }

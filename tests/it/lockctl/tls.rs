@@ -492,3 +492,70 @@ impl OddCa {
         (c, k)
     }
 }
+
+/// SIGHUP reloads the certificate and key (a rotation keeps every in-memory lease): new
+/// connections get the new certificate, a lease taken before is still there, and files that
+/// make no identity leave the one in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_certificate_and_key() {
+    let (old, new) = (Pki::new("rotate-old"), Pki::new("rotate-new"));
+    let dir = scratch("tls-rotate");
+    let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+    let (old_cert, old_key) = old.server();
+    std::fs::copy(&old_cert, &cert).unwrap();
+    std::fs::copy(&old_key, &key).unwrap();
+    let lockd = common::Lockd::new()
+        .args(["--tls-cert", cert.to_str().unwrap()])
+        .args(["--tls-key", key.to_str().unwrap()])
+        .spawn();
+    let addr = lockd.addr.to_string();
+    let trusting = |ca: PathBuf| {
+        let mut cmd = lockctl_at(&addr, &["status"]);
+        cmd.env("LOCKD_TLS_CA", ca);
+        cmd
+    };
+    let held = lockctl_at(&addr, &["acquire", "kept", "--ttl", "1m"]);
+    let mut held = held;
+    held.env("LOCKD_TLS_CA", old.ca());
+    assert_eq!(code(&output(held).await), 0);
+    assert_eq!(code(&output(trusting(old.ca())).await), 0);
+    let hangup = || {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(lockd.pid() as libc::pid_t, libc::SIGHUP);
+        }
+    };
+    // A broken key: refused, the old certificate stays.
+    std::fs::write(&key, "not a key").unwrap();
+    hangup();
+    let give_up = Instant::now() + GUARD;
+    while !lockd
+        .log()
+        .iter()
+        .any(|l| l.contains("TLS certificate and key not reloaded"))
+    {
+        assert!(
+            Instant::now() < give_up,
+            "no refusal logged: {:#?}",
+            lockd.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(code(&output(trusting(old.ca())).await), 0);
+    // The new pair: new connections get it, and the lease is still held.
+    let (new_cert, new_key) = new.server();
+    std::fs::copy(&new_cert, &cert).unwrap();
+    std::fs::copy(&new_key, &key).unwrap();
+    hangup();
+    let give_up = Instant::now() + GUARD;
+    loop {
+        let out = output(trusting(new.ca())).await;
+        if code(&out) == 0 {
+            assert!(stdout(&out).contains("kept"), "{}", stdout(&out));
+            break;
+        }
+        assert!(Instant::now() < give_up, "never reloaded: {}", stderr(&out));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(code(&output(trusting(old.ca())).await), 3);
+}
