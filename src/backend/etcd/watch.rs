@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::rpc::{EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchResponse};
 use tokio_util::sync::CancellationToken;
@@ -175,6 +176,8 @@ impl Cluster {
     /// seen when the stream breaks (so no change is missed or applied twice), and reading
     /// everything again if that revision was compacted away.
     async fn watch_loop(self: Arc<Self>) {
+        // Since when the watch is broken, if it is.
+        let mut down_since: Option<Instant> = None;
         loop {
             let from = self.guard().mirror.rev + 1;
             let opts = WatchOptions::new().with_prefix().with_start_revision(from);
@@ -183,8 +186,7 @@ impl Cluster {
             let (mut requests, mut stream) = match stream {
                 Ok(s) => s.split(),
                 Err(e) => {
-                    let why = self.explain(&e).sentence;
-                    self.unhealthy(&format!("the etcd watch failed: {why}"));
+                    self.watch_broke(&e, &mut down_since);
                     tokio::time::sleep(RETRY).await;
                     continue;
                 }
@@ -221,6 +223,14 @@ impl Cluster {
                             }
                             break;
                         }
+                        if let Some(since) = down_since.take() {
+                            let after = Duration::from_millis(since.elapsed().as_millis() as u64);
+                            tracing::info!(
+                                after = %humantime::format_duration(after),
+                                "etcd watch healthy again"
+                            );
+                            self.healthy.store(true, Ordering::Relaxed);
+                        }
                         if let Some(lag) = lag {
                             tokio::time::sleep(lag).await;
                         }
@@ -228,13 +238,30 @@ impl Cluster {
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        let why = self.explain(&e).sentence;
-                        self.unhealthy(&format!("the etcd watch failed: {why}"));
+                        self.watch_broke(&e, &mut down_since);
                         tokio::time::sleep(RETRY).await;
                         break;
                     }
                 }
             }
+        }
+    }
+
+    /// The watch failed with `e`: an election (a routine leader change, etcd's "no leader" or
+    /// "leader changed") is said at info as what it is; anything else is the start of an
+    /// outage ([`Cluster::unhealthy`]). `down_since` keeps when, for the line that says the
+    /// watch is healthy again.
+    fn watch_broke(&self, e: &super::rpc::Error, down_since: &mut Option<Instant>) {
+        let cause = self.explain(e);
+        down_since.get_or_insert_with(Instant::now);
+        if cause.kind == super::cause::Kind::NoLeader {
+            tracing::info!(
+                cause = cause.sentence,
+                "etcd is electing a leader; watching again"
+            );
+            self.healthy.store(false, Ordering::Relaxed);
+        } else {
+            self.unhealthy(&format!("the etcd watch failed: {}", cause.sentence));
         }
     }
 
