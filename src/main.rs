@@ -38,7 +38,7 @@ struct Exits {
 
     /// With --auth-hash-new: write the new secret alone to FILE (one line), a new file
     /// readable by its owner only (refused if FILE exists), instead of saying it on standard
-    /// error: a script's clean way to take it, as lockctl's --secret-file reads it.
+    /// error (a script's clean way to take it, as lockctl's --secret-file reads it), and exit.
     #[arg(long, value_name = "FILE", requires = "auth_hash_new")]
     auth_secret_out: Option<std::path::PathBuf>,
 
