@@ -42,6 +42,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 )]
 #[rustfmt::skip]
 mod generated;
+#[cfg(test)]
+mod mem;
 mod route;
 
 use generated::etcdserverpb as pb;

@@ -224,15 +224,37 @@ fn a_refused_token_is_told_from_other_refusals() {
 /// One etcd member with authentication on (user `root`, password `pw`), when `etcd` and
 /// `etcdctl` are on PATH. The rest of cluster mode's tests are in tests/cluster, through
 /// lockd; this one needs the client itself.
-struct AuthEtcd {
+pub(super) struct AuthEtcd {
     child: std::process::Child,
     dir: std::path::PathBuf,
-    url: String,
+    pub(super) url: String,
     peer: String,
 }
 
 impl AuthEtcd {
     fn start() -> Option<AuthEtcd> {
+        let etcd = AuthEtcd::plain()?;
+        for args in [
+            &["role", "add", "root"][..],
+            &["user", "add", "root", "--new-user-password=pw"][..],
+            &["user", "grant-role", "root", "root"][..],
+            &["auth", "enable"][..],
+        ] {
+            let ok = std::process::Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints={}", etcd.url))
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "etcdctl {args:?}");
+        }
+        Some(etcd)
+    }
+
+    /// One member of its own, fresh (revision 1), without authentication; `None` (a skip)
+    /// when etcd is not installed and the run is not strict.
+    pub(super) fn plain() -> Option<AuthEtcd> {
         let found = |p: &str| {
             std::env::var_os("PATH")
                 .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
@@ -261,21 +283,6 @@ impl AuthEtcd {
             peer: format!("http://127.0.0.1:{peer}"),
         };
         etcd.run();
-        for args in [
-            &["role", "add", "root"][..],
-            &["user", "add", "root", "--new-user-password=pw"][..],
-            &["user", "grant-role", "root", "root"][..],
-            &["auth", "enable"][..],
-        ] {
-            let ok = std::process::Command::new("etcdctl")
-                .env("ETCDCTL_API", "3")
-                .arg(format!("--endpoints={}", etcd.url))
-                .args(args)
-                .stdout(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "etcdctl {args:?}");
-        }
         Some(etcd)
     }
 
