@@ -18,6 +18,10 @@ use super::waiters::key_gone;
 use super::Cluster;
 use super::RETRY;
 
+/// How long the watch may stay broken before that is warned of as an etcd outage (a member's
+/// restart or an election heals well within it).
+const WATCH_OUTAGE: Duration = Duration::from_secs(10);
+
 /// How often the watch is asked for its progress.
 const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -176,8 +180,8 @@ impl Cluster {
     /// seen when the stream breaks (so no change is missed or applied twice), and reading
     /// everything again if that revision was compacted away.
     async fn watch_loop(self: Arc<Self>) {
-        // Since when the watch is broken, if it is.
-        let mut down_since: Option<Instant> = None;
+        // Since when the watch is broken, if it is, and whether that was warned of.
+        let mut down_since: Option<(Instant, bool)> = None;
         loop {
             let from = self.guard().mirror.rev + 1;
             let opts = WatchOptions::new().with_prefix().with_start_revision(from);
@@ -223,7 +227,7 @@ impl Cluster {
                             }
                             break;
                         }
-                        if let Some(since) = down_since.take() {
+                        if let Some((since, _)) = down_since.take() {
                             let after = Duration::from_millis(since.elapsed().as_millis() as u64);
                             tracing::info!(
                                 after = %humantime::format_duration(after),
@@ -247,21 +251,27 @@ impl Cluster {
         }
     }
 
-    /// The watch failed with `e`: an election (a routine leader change, etcd's "no leader" or
-    /// "leader changed") is said at info as what it is; anything else is the start of an
-    /// outage ([`Cluster::unhealthy`]). `down_since` keeps when, for the line that says the
-    /// watch is healthy again.
-    fn watch_broke(&self, e: &super::rpc::Error, down_since: &mut Option<Instant>) {
+    /// The watch failed with `e`. A break is routine (a member restarted or stepped down, an
+    /// election: the balanced channel's error names every endpoint, whichever one failed), so
+    /// it is said at info, as an election when it is one; only a watch still broken after
+    /// [`WATCH_OUTAGE`] is an outage ([`Cluster::unhealthy`], a warning). `down_since` keeps
+    /// when it broke and whether that was warned of, for the line that says it is back.
+    fn watch_broke(&self, e: &super::rpc::Error, down_since: &mut Option<(Instant, bool)>) {
         let cause = self.explain(e);
-        down_since.get_or_insert_with(Instant::now);
-        if cause.kind == super::cause::Kind::NoLeader {
+        let (since, warned) = down_since.get_or_insert_with(|| (Instant::now(), false));
+        if !*warned && since.elapsed() >= WATCH_OUTAGE {
+            *warned = true;
+            self.unhealthy(&format!("the etcd watch failed: {}", cause.sentence));
+        } else if cause.kind == super::cause::Kind::NoLeader {
             tracing::info!(
                 cause = cause.sentence,
                 "etcd is electing a leader; watching again"
             );
-            self.healthy.store(false, Ordering::Relaxed);
         } else {
-            self.unhealthy(&format!("the etcd watch failed: {}", cause.sentence));
+            tracing::info!(
+                cause = cause.sentence,
+                "the etcd watch broke; watching again"
+            );
         }
     }
 
