@@ -1868,5 +1868,6 @@ fn holder_status(
         granted_unix_ms: holder.granted_unix_ms,
         note: holder.note(),
         set: set(holder.token),
+        lingering: holder.lingering(),
     }
 }

@@ -595,6 +595,9 @@ pub struct LockStatus {
     /// The holder's set of names (`and=`), every one in the LOCK's order; empty for a lease
     /// of one name.
     pub set: Box<[Arc<str>]>,
+    /// The lease is over for its holder (broken, or in its lock-delay) and keeps its place
+    /// until its holder's UNLOCK or `left` runs out.
+    pub lingering: bool,
 }
 
 /// A duration in its largest whole unit (`24h`, `10m`, `30s`, `500ms`), as a flag is written:

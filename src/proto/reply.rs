@@ -117,6 +117,7 @@ impl fmt::Display for Reply<'_> {
                         peer: peer.as_deref(),
                         and: others(&s.set, &s.name),
                         note: s.note.as_deref(),
+                        lingering: s.lingering,
                     },
                 )
             }
@@ -296,6 +297,9 @@ fn write_holder<S: AsRef<str>>(f: &mut fmt::Formatter<'_>, h: &HolderLine<S>) ->
     if let Some(peer) = &h.peer {
         write!(f, " peer={}", peer.as_ref())?;
     }
+    if h.lingering {
+        f.write_str(" lingering=1")?;
+    }
     write_and(f, &h.and)?;
     write_note(f, h.note.as_ref())
 }
@@ -425,6 +429,9 @@ pub struct HolderLine<S = String> {
     pub and: Vec<S>,
     /// `note=`, decoded: the holder's note, if it gave one.
     pub note: Option<S>,
+    /// `lingering=1`: the lease is over for its holder (broken, or in its lock-delay) and
+    /// keeps its place until its holder's UNLOCK or `ttl_ms` runs out.
+    pub lingering: bool,
 }
 
 /// One `WAITER` line of `STATUS <name> detail`: `position` 1 is granted next.
@@ -896,6 +903,7 @@ impl HolderLine {
             peer: f.text("peer"),
             and: f.all(AND_KEY),
             note: read_note(f.get(NOTE_KEY))?,
+            lingering: f.get("lingering") == Some("1"),
         })
     }
 }

@@ -277,10 +277,23 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
             prop::option::of(any::<u64>()),
             prop::option::of(name()),
             prop::collection::vec(name(), 0..3),
-            prop::option::of(note()),
+            (prop::option::of(note()), any::<bool>()),
         )
             .prop_map(
-                |(name, id, token, held, left, session, mode, user, granted, peer, and, note)| (
+                |(
+                    name,
+                    id,
+                    token,
+                    held,
+                    left,
+                    session,
+                    mode,
+                    user,
+                    granted,
+                    peer,
+                    and,
+                    (note, lingering),
+                )| (
                     Received::Holder(HolderLine {
                         name,
                         id,
@@ -294,6 +307,7 @@ fn received() -> impl Strategy<Value = (Received, Asked)> {
                         peer,
                         and,
                         note,
+                        lingering,
                     }),
                     Asked::Detail
                 )
@@ -359,6 +373,7 @@ fn lock_status() -> impl Strategy<Value = LockStatus> {
         granted_unix_ms: 0,
         note: h.note.map(Into::into),
         set,
+        lingering: h.session && h.token % 2 == 0,
     })
 }
 
@@ -433,6 +448,7 @@ proptest! {
                 peer: None,
                 and: and_of(&status.set, &status.name),
                 note: status.note.as_deref().map(str::to_owned),
+                lingering: status.lingering,
             }))
         );
         let (id, position, waited, session, mode, set) = waiter;

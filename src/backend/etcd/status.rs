@@ -100,6 +100,7 @@ fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> L
         granted_unix_ms: h.value.granted_ms,
         note: h.value.note(),
         set: set_of(&h.value.set),
+        lingering: h.value.lingering(),
     }
 }
 

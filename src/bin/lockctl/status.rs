@@ -358,6 +358,7 @@ mod tests {
                 peer: Some("10.0.0.7:41234".into()),
                 and: Vec::new(),
                 note: None,
+                lingering: false,
             }],
             waiters: vec![WaiterLine {
                 name: "d".into(),

@@ -900,6 +900,7 @@ impl Model {
             mode: h.mode,
             origin: Default::default(),
             granted_unix_ms: 0,
+            lingering: h.lingering(),
             note: h.note.as_deref().map(Arc::from),
             set: if h.names.len() > 1 {
                 h.names.iter().map(|n| Arc::from(n.as_str())).collect()
