@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::lockctl::{code, finish, lockctl_at, output, spawn, stderr};
+use common::lockctl::{code, finish, lockctl_at, output, spawn, stderr, stdout};
 use common::{Lockd, LockdProcess, Raw, GUARD};
 use lockd::auth::user_line;
 use serde_json::Value;
@@ -356,9 +356,16 @@ async fn a_break_waits_for_its_holder_to_let_go_and_a_restart_keeps_it_broken() 
         t,
         &who,
     );
-    // Still in its place: the waiter waits, STATUS shows the broken lease.
+    // Still in its place: the waiter waits, STATUS shows the broken lease, and lockctl says
+    // it is letting go.
     let status = op.req("STATUS nightly").await;
     assert!(status.contains(&format!(" token={t} ")), "{status}");
+    let out = output(lockctl_at(&lockd.addr.to_string(), &["status", "nightly"])).await;
+    assert!(
+        stdout(&out).contains("letting go (broken or lock-delay)"),
+        "{}",
+        stdout(&out)
+    );
     assert_eq!(op.req("BREAK nightly").await, "OK broken=1");
     drop((holder, op, waiter));
     lockd.kill();

@@ -189,6 +189,13 @@ fn readable_lock(lock: &LockDetail) -> String {
         ]);
     }
     with_sets(&mut cells, lock.holders.iter().map(|h| &h.and[..]));
+    // A lease that only keeps its place (broken, or in its lock-delay): why the next one
+    // waits although its holder has lost it. The column shows only when one does.
+    let state = lock.holders.iter().map(|h| {
+        h.lingering
+            .then(|| "letting go (broken or lock-delay)".to_owned())
+    });
+    with_column(&mut cells, "STATE", state);
     with_notes(&mut cells, lock.holders.iter().map(|h| h.note.as_deref()));
     out.push_str(&columns(&cells));
     out.push_str("\n\n");
