@@ -65,6 +65,8 @@ enum HoldBy {
 /// The library's helper holding a lock for a `hold` step.
 struct Helper {
     task: JoinHandle<Result<(), LockError>>,
+    /// The token, until the `hold` (or the `await` of an `async` one) takes it.
+    token: Option<oneshot::Receiver<Token>>,
     end: Option<oneshot::Sender<()>>,
     /// The wall clock's milliseconds when the loss was signalled; 0 before.
     lost_at: Arc<AtomicU64>,
@@ -218,6 +220,14 @@ fn code(e: &impl Coded) -> String {
 }
 
 impl World<'_> {
+    /// Whether `of` names a `hold` (its `await` and `pending` are the helper's grant).
+    fn is_hold(&self, of: &str) -> bool {
+        match self.hold_by {
+            HoldBy::Library => self.helpers.contains_key(of),
+            HoldBy::Lockctl => self.holds.contains_key(of),
+        }
+    }
+
     fn addr(&self) -> String {
         self.lockd.as_ref().expect("lockd runs").addr.to_string()
     }
@@ -419,7 +429,10 @@ impl World<'_> {
         };
         let connector = self.connector(vec![addr])?;
         let name = step["name"].as_str().expect("name").to_string();
-        let id = step["client"].as_str().expect("client").to_string();
+        let id = match step["id"].as_str() {
+            Some("default") => lockd::client::default_id(),
+            _ => step["client"].as_str().expect("client").to_string(),
+        };
         let opts = LockOptions::new().ttl(Duration::from_millis(ttl_ms));
         let (token_tx, token_rx) = oneshot::channel();
         let (end, end_rx) = oneshot::channel::<()>();
@@ -438,21 +451,59 @@ impl World<'_> {
                 })
                 .await
         });
-        let token = tokio::time::timeout(GUARD, token_rx)
-            .await
-            .map_err(|_| "the helper did not get the lock".to_string())?
-            .map_err(|_| "the helper ended without the lock".to_string())?;
-        self.tokens.insert(label.clone(), token);
         self.helpers.insert(
-            label,
+            label.clone(),
             Helper {
                 task,
+                token: Some(token_rx),
                 end: Some(end),
                 lost_at,
                 ttl_ms: u128::from(ttl_ms),
             },
         );
+        if step["async"].as_bool() == Some(true) {
+            return Ok(());
+        }
+        self.hold_granted(&label).await
+    }
+
+    /// Waits for the block of the hold `of` to start, and saves its token.
+    async fn hold_granted(&mut self, of: &str) -> Result<(), String> {
+        let token = match self.hold_by {
+            HoldBy::Library => {
+                let helper = self.helpers.get_mut(of).expect("a hold");
+                let rx = helper.token.take().expect("a hold not yet granted");
+                tokio::time::timeout(GUARD, rx)
+                    .await
+                    .map_err(|_| "the helper did not get the lock".to_string())?
+                    .map_err(|_| "the helper ended without the lock".to_string())?
+            }
+            HoldBy::Lockctl => {
+                let token_file = self.holds[of].files.with_extension("token");
+                eventually(|| read_token(&token_file))
+                    .await
+                    .ok_or("lockctl run did not get the lock")?
+            }
+        };
+        self.tokens.insert(of.to_string(), token);
         Ok(())
+    }
+
+    /// Whether the block of the hold `of` has started (the lock granted).
+    fn hold_started(&mut self, of: &str) -> bool {
+        match self.hold_by {
+            HoldBy::Library => {
+                let helper = self.helpers.get_mut(of).expect("a hold");
+                let rx = helper.token.as_mut().expect("a hold not yet granted");
+                // A token sent, or a helper that ended without one: either way no longer
+                // waiting.
+                !matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+            }
+            HoldBy::Lockctl => {
+                let token_file = self.holds[of].files.with_extension("token");
+                read_token(&token_file).is_some()
+            }
+        }
     }
 
     /// `end`: the helper returns its block's value and has released the lock; `lost`: it
@@ -528,43 +579,35 @@ impl World<'_> {
             echo "$LOCKD_TOKEN" >"$0.token"
             while [ ! -e "$0.end" ]; do sleep 0.02; done"#;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockctl"));
-        cmd.args([
-            "run",
-            "--server",
-            &addr,
-            "--id",
-            step["client"].as_str().expect("client"),
-        ])
-        .args(["--ttl", &format!("{ttl_ms}ms"), "--kill-grace", "100ms"])
-        .args([step["name"].as_str().expect("name"), "--", "sh", "-c", job])
-        .arg(&files)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        cmd.args(["run", "--server", &addr]);
+        // Without `--id`, lockctl takes its default id.
+        if step["id"].as_str() != Some("default") {
+            cmd.args(["--id", step["client"].as_str().expect("client")]);
+        }
+        cmd.args(["--ttl", &format!("{ttl_ms}ms"), "--kill-grace", "100ms"])
+            .args([step["name"].as_str().expect("name"), "--", "sh", "-c", job])
+            .arg(&files)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         for (key, _) in std::env::vars() {
             if key.starts_with("LOCKD_") {
                 cmd.env_remove(key);
             }
         }
         let child = cmd.spawn().map_err(|e| format!("lockctl run: {e}"))?;
-        let token_file = files.with_extension("token");
         self.holds.insert(
             label.clone(),
             Held {
                 child,
-                files: files.clone(),
+                files,
                 ttl_ms,
             },
         );
-        let token = eventually(|| {
-            std::fs::read_to_string(&token_file)
-                .ok()
-                .and_then(|t| t.trim().parse::<Token>().ok())
-        })
-        .await
-        .ok_or("lockctl run did not get the lock")?;
-        self.tokens.insert(label, token);
-        Ok(())
+        if step["async"].as_bool() == Some(true) {
+            return Ok(());
+        }
+        self.hold_granted(&label).await
     }
 
     /// `end`: the job ends and lockctl exits 0; `lost`: lockctl stops the job (in time) and
@@ -611,15 +654,36 @@ impl World<'_> {
             "lock" => return self.lock(step).await,
             "await" => {
                 let of = step["of"].as_str().expect("of").to_string();
+                if self.is_hold(&of) {
+                    return self.hold_granted(&of).await;
+                }
                 return self.await_lock(&of, want).await;
             }
             "pending" => {
                 let pause = step["ms"].as_u64().unwrap_or(300);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
                 let of = step["of"].as_str().expect("of");
-                return match self.pending[of].task.is_finished() {
+                let answered = match self.is_hold(of) {
+                    true => self.hold_started(of),
+                    false => self.pending[of].task.is_finished(),
+                };
+                return match answered {
                     false => Ok(()),
-                    true => Err(format!("LOCK {of} was answered; it should still wait")),
+                    true => Err(format!("{of} was answered; it should still wait")),
+                };
+            }
+            "distinct" => {
+                let names: Vec<&str> = step["tokens"]
+                    .as_array()
+                    .expect("tokens")
+                    .iter()
+                    .map(|t| t.as_str().expect("a token's name"))
+                    .collect();
+                let tokens: Vec<Token> = names.iter().map(|t| self.tokens[*t]).collect();
+                let unique: std::collections::HashSet<&Token> = tokens.iter().collect();
+                return match unique.len() == tokens.len() {
+                    true => Ok(()),
+                    false => Err(format!("tokens {names:?} are {tokens:?}: not all different")),
                 };
             }
             "sleep" => {
@@ -828,6 +892,13 @@ async fn play(doc: &Value, scenario: &Value, hold_by: HoldBy) -> Result<(), Stri
 }
 
 /// Polls `probe` every 20ms until it gives something, for at most the guard.
+/// The token a `lockctl run` job wrote, once it has.
+fn read_token(file: &std::path::Path) -> Option<Token> {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| t.trim().parse::<Token>().ok())
+}
+
 async fn eventually<T>(mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = tokio::time::Instant::now() + GUARD;
     loop {

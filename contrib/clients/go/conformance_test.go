@@ -48,6 +48,7 @@ type pending struct {
 }
 
 type held struct {
+	got    chan uint64 // the token, once the function runs
 	ttl    time.Duration
 	end    chan struct{}
 	lost   chan struct{}
@@ -382,6 +383,9 @@ func (w *world) step(step map[string]any) error {
 		}
 		return w.await(as, step)
 	case "await":
+		if h, ok := w.holds[step["of"].(string)]; ok {
+			return w.granted(ctx, step["of"].(string), h)
+		}
 		return w.await(step["of"].(string), step)
 	case "pending":
 		pause := 300 * time.Millisecond
@@ -389,12 +393,28 @@ func (w *world) step(step map[string]any) error {
 			pause = ms(v)
 		}
 		time.Sleep(pause)
+		if h, ok := w.holds[step["of"].(string)]; ok {
+			if len(h.got) > 0 || len(h.result) > 0 {
+				return errors.New("WithLock's function runs (or it returned); it should still wait")
+			}
+			return nil
+		}
 		select {
 		case <-w.pending[step["of"].(string)].done:
 			return errors.New("the LOCK was answered; it should still wait")
 		default:
 			return nil
 		}
+	case "distinct":
+		seen := map[uint64]string{}
+		for _, t := range step["tokens"].([]any) {
+			tok := w.tokens[t.(string)]
+			if other, ok := seen[tok]; ok {
+				return fmt.Errorf("%s and %s are the same token, %d", other, t, tok)
+			}
+			seen[tok] = t.(string)
+		}
+		return nil
 	case "unlock":
 		return outcome(nil, c.Unlock(ctx, name, w.token(step["token"])), step, w)
 	case "renew", "check":
@@ -533,10 +553,10 @@ func (w *world) hold(ctx context.Context, client, name string, step map[string]a
 	if err != nil {
 		return err
 	}
-	h := &held{ttl: ms(step["ttl_ms"]), end: make(chan struct{}), lost: make(chan struct{}), result: make(chan error, 1)}
+	h := &held{got: make(chan uint64, 1), ttl: ms(step["ttl_ms"]), end: make(chan struct{}), lost: make(chan struct{}), result: make(chan error, 1)}
 	as := step["as"].(string)
 	w.holds[as] = h
-	got := make(chan uint64, 1)
+	got := h.got
 	go func() {
 		h.result <- c.WithLock(context.Background(), name, func(ctx context.Context, token uint64) error {
 			got <- token
@@ -549,8 +569,16 @@ func (w *world) hold(ctx context.Context, client, name string, step map[string]a
 			return nil
 		}, lockd.TTL(h.ttl))
 	}()
+	if step["async"] == true {
+		return nil
+	}
+	return w.granted(ctx, as, h)
+}
+
+// granted waits for the function of the hold as to run, and saves its token.
+func (w *world) granted(ctx context.Context, as string, h *held) error {
 	select {
-	case w.tokens[as] = <-got:
+	case w.tokens[as] = <-h.got:
 		return nil
 	case err := <-h.result:
 		return fmt.Errorf("WithLock: %v", err)

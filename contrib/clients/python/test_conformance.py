@@ -267,7 +267,13 @@ class World:
                 h["error"] = e
             h["done"].set()
         threading.Thread(target=run, daemon=True).start()
-        assert h["got"].wait(GUARD), "no lock for the helper: %s" % h.get("error")
+        if not step.get("async"):
+            self.granted(step["as"])
+
+    def granted(self, of):
+        """Waits for the body of the hold ``of`` to run (its token saved under ``of``)."""
+        assert self.holds[of]["got"].wait(GUARD), "no lock for the helper: %s" % (
+            self.holds[of].get("error"))
 
     def step(self, s):
         op, c, name = s["op"], self.clients.get(s.get("client")), s.get("name")
@@ -281,10 +287,21 @@ class World:
         if op == "lock":
             return self.lock(s)
         if op == "await":
+            if s["of"] in self.holds:
+                return self.granted(s["of"])
             return self.wait(s["of"], s)
         if op == "pending":
             time.sleep(s.get("ms", 300) / 1000.0)
-            assert not self.pending[s["of"]]["done"].is_set(), "answered; it should still wait"
+            if s["of"] in self.holds:
+                h = self.holds[s["of"]]
+                assert not (h["got"].is_set() or h["done"].is_set()), \
+                    "the helper runs (or failed: %s); it should still wait" % h.get("error")
+            else:
+                assert not self.pending[s["of"]]["done"].is_set(), "answered; it should still wait"
+        elif op == "distinct":
+            tokens = [self.tokens[t] for t in s["tokens"]]
+            assert len(set(tokens)) == len(tokens), "%r are %r: not all different" % (
+                s["tokens"], tokens)
         elif op in ("unlock", "renew", "check"):
             args = [name, self.token(s["token"])] + ([ms(s.get("ttl_ms"))] if op == "renew" else [])
             return self.outcome(s, lambda: {"left": getattr(c, op)(*args)})

@@ -189,9 +189,10 @@ class World {
     h.end = new Promise((r) => (h.ended = r));
     h.lost = new Promise((r) => (h.lostSignal = r));
     h.ttl = s.ttl_ms;
-    const got = new Promise((resolve) => {
+    h.got = new Promise((resolve) => {
       h.result = c.withLock(s.name, async (token, signal) => {
         this.tokens[s.as] = token;
+        h.granted = true;
         resolve();
         signal.addEventListener("abort", () => {
           h.lostAt = performance.now();
@@ -201,7 +202,13 @@ class World {
       }, { ttl: s.ttl_ms }).then(() => null, (e) => e);
     });
     this.holds[s.as] = h;
-    await within(Promise.race([got, h.result.then((e) => { throw new Error(`withLock: ${e}`); })]), "the helper holds the lock");
+    h.result.then(() => (h.returned = true));
+    if (!s.async) await this.granted(h);
+  }
+
+  /** Waits for the function of the hold `h` to run (its token saved under its `as`). */
+  async granted(h) {
+    await within(Promise.race([h.got, h.result.then((e) => { throw new Error(`withLock: ${e}`); })]), "the helper holds the lock");
   }
 
   async step(s) {
@@ -218,10 +225,18 @@ class World {
         return this.outcome(s, () => client.connect());
       }
       case "lock": return this.lock(s);
-      case "await": return this.await(s.of, s);
+      case "await": return this.holds[s.of] ? this.granted(this.holds[s.of]) : this.await(s.of, s);
       case "pending":
         await sleep(s.ms ?? 300);
+        if (this.holds[s.of]) {
+          const h = this.holds[s.of];
+          return assert.ok(!h.granted && !h.returned, `the helper ${s.of} runs (or returned); it should still wait`);
+        }
         return assert.ok(!this.pending[s.of].done, `the LOCK ${s.of} was answered; it should still wait`);
+      case "distinct": {
+        const tokens = s.tokens.map((t) => this.tokens[t]);
+        return assert.equal(new Set(tokens).size, tokens.length, `${s.tokens} are ${tokens}: not all different`);
+      }
       case "unlock": return this.outcome(s, () => c.unlock(s.name, this.token(s.token)));
       case "renew":
       case "check": return this.outcome(s, async () => {

@@ -242,8 +242,8 @@ module Conformance
 
     def hold(s)
       c = Lockd::Client.new(**options(s["client"], s))
-      h = { end: Queue.new, lost: Queue.new, result: Queue.new, ttl: s["ttl_ms"] / 1000.0 }
-      got = Queue.new
+      h = { end: Queue.new, lost: Queue.new, result: Queue.new, ttl: s["ttl_ms"] / 1000.0, got: Queue.new }
+      got = h[:got]
       @holds[s["as"]] = h
       Thread.new do
         c.with_lock(s["name"], ttl: h[:ttl]) do |token|
@@ -262,7 +262,14 @@ module Conformance
         h[:result] << e
         got << false
       end
-      raise Minitest::Assertion, "with_lock failed: #{h[:result].pop.inspect}" unless Conformance.within(got, "the helper holds the lock")
+      granted(h) unless s["async"]
+    end
+
+    # Waits for the block of the hold +h+ to run (its token saved under its "as").
+    def granted(h)
+      raise Minitest::Assertion, "with_lock failed: #{h[:result].pop.inspect}" unless Conformance.within(h[:got], "the helper holds the lock")
+
+      h[:got] << true # for a later look
     end
 
     def step(s)
@@ -277,10 +284,17 @@ module Conformance
         end
         outcome(s) { c.connect }
       when "lock" then lock(s)
-      when "await" then wait_for(s["of"], s)
+      when "await" then @holds[s["of"]] ? granted(@holds[s["of"]]) : wait_for(s["of"], s)
       when "pending"
         sleep((s["ms"] || 300) / 1000.0)
-        raise Minitest::Assertion, "the LOCK #{s['of']} was answered; it should still wait" unless @pending.fetch(s["of"])[:done].empty?
+        if (h = @holds[s["of"]])
+          raise Minitest::Assertion, "the helper #{s['of']} runs (or failed); it should still wait" unless h[:got].empty?
+        else
+          raise Minitest::Assertion, "the LOCK #{s['of']} was answered; it should still wait" unless @pending.fetch(s["of"])[:done].empty?
+        end
+      when "distinct"
+        tokens = s["tokens"].map { |t| @tokens.fetch(t) }
+        raise Minitest::Assertion, "#{s['tokens']} are #{tokens}: not all different" unless tokens.uniq.size == tokens.size
       when "unlock" then outcome(s) { c.unlock(s["name"], token(s["token"])) }
       when "renew", "check"
         outcome(s) do
