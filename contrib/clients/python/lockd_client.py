@@ -13,17 +13,20 @@ after, rather than when the ttl ends; if the connection drops (a server restart,
 reset), the renewal thread reconnects and renews within the grace and the body holds on.
 If the lease is lost while the body runs (a renewal is refused, or no renewal got through
 within the grace), the ``with`` raises :class:`LeaseLost` when the body ends.
-Python cannot safely raise an exception inside the main thread from the renewal thread, so a
-body that runs long should look for itself, between steps::
+Python cannot stop a running thread, nor safely raise an exception in it from the renewal
+thread, so a body that runs long looks for itself, between steps. The token the ``with``
+gives is an ``int`` that also tells (a :class:`HeldToken`)::
 
-    lease = lock("deploy", ttl=30)
-    with lease as token:
+    with lock("deploy", ttl=30) as token:
         for step in steps:
-            lease.check()        # raises LeaseLost at once if the lease is gone
+            token.check()        # raises LeaseLost at once if the lease is gone
             step(token)
 
-or pass ``on_lost=callback`` (called once, in the renewal thread; for instance
-``_thread.interrupt_main`` to get a KeyboardInterrupt in the main thread).
+``token.lost`` (True once lost) and ``token.lost_event`` (a :class:`threading.Event`, set at
+the loss: ``token.lost_event.wait(5)`` instead of ``time.sleep(5)``, or handed to worker
+threads) tell too; or pass ``on_lost=callback`` (called once, at the loss, in the renewal
+thread; for instance ``_thread.interrupt_main`` to get a KeyboardInterrupt in the main
+thread).
 
 The full client::
 
@@ -131,6 +134,8 @@ import time
 import urllib.parse
 
 __all__ = [
+    "HeldToken",
+    "HeldTokens",
     "DEFAULT_SERVER",
     "DEFAULT_GRACE",
     "EXIT_HELD",
@@ -1173,11 +1178,59 @@ class Client:
         return self._call("PING") == "PONG"
 
 
+class _Held:
+    """What a ``with`` body's token tells of its lease, between steps of its work."""
+
+    lease = None
+
+    @property
+    def lost(self):
+        """True once the lease is known to be lost (``lease.lost``)."""
+        return self.lease.lost
+
+    @property
+    def lost_event(self):
+        """The :class:`threading.Event` set at the loss (``lease.lost_event``)."""
+        return self.lease.lost_event
+
+    def check(self):
+        """Raises LeaseLost if the lease is known to be lost (``lease.check()``)."""
+        self.lease.check()
+
+
+class HeldToken(int, _Held):
+    """The token a ``with`` of a :class:`Lease` gives: the ``int`` itself (a fencing token
+    to pass on, compare, format), which also tells whether its lease was lost (``lost``,
+    ``lost_event``, ``check()``, and ``lease``), so that ``with lock(...) as token:`` needs
+    no other name for it."""
+
+    def __new__(cls, token, lease):
+        self = super().__new__(cls, token)
+        self.lease = lease
+        return self
+
+    def __reduce__(self):
+        return (int, (int(self),))  # a copy or a pickle is the plain number
+
+
+class HeldTokens(list, _Held):
+    """The tokens a ``with`` of a :class:`Lease` of a set gives (a ``list``, ``name``'s
+    first), which also tell whether the set's lease was lost, as :class:`HeldToken` does."""
+
+    def __init__(self, tokens, lease):
+        super().__init__(tokens)
+        self.lease = lease
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
 class Lease:
     """A lock held for the body of a ``with`` and renewed by a background thread.
 
     ``with lease as token`` takes the lock (waiting up to ``wait``), starts the renewal thread
-    and on exit stops it and releases the lock. The lease is a session lease with a grace of
+    and on exit stops it and releases the lock. ``token`` is a :class:`HeldToken` (an ``int``
+    that tells of the loss: ``token.lost``, ``token.lost_event``, ``token.check()``). The lease is a session lease with a grace of
     ``session`` seconds (default 10, capped at the ttl; a duration string works too), held on
     one connection that the thread renews on: a killed process loses the lock at most the
     grace after, and a dropped connection is ridden out by reconnecting and renewing within
@@ -1190,7 +1243,8 @@ class Lease:
 
     ``also``: further names, held with ``name`` as one set (:meth:`Client.lock`): entering
     returns the list of tokens, one per name (``name``'s first; also in ``lease.tokens``), and
-    the one lease of the set is renewed and released through ``name``.
+    the one lease of the set is renewed and released through ``name``. The list is a
+    :class:`HeldTokens`, which tells of the loss as a :class:`HeldToken` does.
 
     ``at_least`` (seconds, or a duration string): once per window. If the body ends normally
     sooner than that after the grant, leaving the ``with`` does not release the lock: it stays
@@ -1204,9 +1258,16 @@ class Lease:
     raising LeaseLost, as soon as the thread finds the lease gone: a renewal answered NOTHELD,
     or none got through for that long, counted from when the last one that did was sent, less
     a margin (a tenth of it, at most half a second). No renewal attempt may outlast that, so
-    the loss is known before the server can pass the lock on. Then ``on_lost(lease)`` is called once (in the
-    renewal thread), and leaving the ``with`` raises LeaseLost if the body itself ended
-    normally (an exception from the body is left to propagate; ``lease.lost`` tells).
+    the loss is known before the server can pass the lock on. Then ``lease.lost_event`` is
+    set, ``on_lost(lease)`` is called once (in the renewal thread), and leaving the ``with``
+    raises LeaseLost if the body itself ended normally (an exception from the body is left to
+    propagate; ``lease.lost`` tells).
+
+    What the body can't be given: Python cannot stop or interrupt a running thread, so the
+    body runs on after the loss until it looks (``token.lost``, ``token.check()``,
+    ``token.lost_event``) or ends. A body that writes to something the lock guards should
+    look before each write, and pass the token on as a fencing token where it can.
+    ``on_lost`` runs in the renewal thread: keep it short; what it raises is ignored.
     """
 
     def __init__(self, name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE,
@@ -1303,7 +1364,9 @@ class Lease:
         self._thread = threading.Thread(target=self._renew_loop, args=(ttl_ms,),
                                         name="lockd-renew-%s" % self.name, daemon=True)
         self._thread.start()
-        return list(self.tokens) if self.also else self.token
+        if self.also:
+            return HeldTokens(self.tokens, self)
+        return HeldToken(self.token, self)
 
     def __exit__(self, exc_type, exc, tb):
         self._stop.set()
@@ -1429,10 +1492,12 @@ def lock(name, server=None, ttl=30, wait=None, id=None, session=DEFAULT_GRACE, o
     ``tls``, ``ca``, ``cert``, ``key``, ``user``, ``secret`` and ``secret_file`` are
     :class:`Client`'s.
 
-    To notice a lost lease in the body, keep the Lease: ``lease = lock("deploy")``, ``with
-    lease as token:``, and look at ``lease.lost``, ``lease.check()`` or ``lease.lost_event``
-    between steps of the work (Python cannot stop a running body from outside); ``on_lost``
-    is called at once, in the renewal thread.
+    To notice a lost lease in the body, look at ``token.lost``, ``token.check()`` (raises
+    LeaseLost) or ``token.lost_event`` (a :class:`threading.Event`) between steps of the work
+    (the token is a :class:`HeldToken`; the Lease has the same, ``lease.lost`` ...): Python
+    cannot stop a running body from outside, so it runs on until it looks or ends, and
+    leaving the ``with`` then raises LeaseLost. ``on_lost(lease)`` is called at once, in the
+    renewal thread.
     """
     return Lease(name, server=server, ttl=ttl, wait=wait, id=id, session=session,
                  on_lost=on_lost, timeout=timeout, shared=shared, limit=limit, tls=tls, ca=ca,

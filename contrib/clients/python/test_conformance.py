@@ -261,8 +261,9 @@ class World:
                 with lc.lock(step["name"], ttl=h["ttl"], on_lost=lost, **o) as token:
                     self.tokens[step["as"]] = token
                     h["got"].set()
-                    while not (h["end"].is_set() or h["lost"].is_set()):
-                        time.sleep(0.01)
+                    # The body hears of the loss through its token (a HeldToken).
+                    while not (h["end"].is_set() or token.lost_event.wait(0.01)):
+                        pass
             except lc.LockdError as e:
                 h["error"] = e
             h["done"].set()

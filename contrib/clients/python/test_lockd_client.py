@@ -483,13 +483,34 @@ class LeaseTest(ServerTest):
         self.assertEqual(overlaps, [])
         self.assertEqual(len(set(tokens)), 2, tokens)
 
-    def test_a_body_sees_the_loss_through_lost_event(self):
+    def test_the_token_of_a_with_tells_its_body_of_the_loss(self):
+        # The body has only ``token``: it waits on token.lost_event as a worker would between
+        # steps, while another connection takes the lease away (UNLOCK of its token), and the
+        # helper's next renewal (NOTHELD) signals it; on_lost is called once, with the Lease.
         name = self.name("py-lost")
-        lease = lock(name, server=ADDR, ttl=1)
+        calls = []
         with self.assertRaises(LeaseLost):
-            with lease as token:
-                self.other.break_lock(name, token, force=True)
-                self.assertTrue(lease.lost_event.wait(GUARD), "the loss was never signalled")
+            with lock(name, server=ADDR, ttl=1, on_lost=calls.append) as token:
+                self.assertIsInstance(token, int)
+                self.assertEqual(self.other.status(name).token, token)
+                self.assertFalse(token.lost)
+                token.check()
+                self.other.unlock(name, token)
+                self.assertTrue(token.lost_event.wait(GUARD), "the loss was never signalled")
+                self.assertTrue(token.lost)
+                with self.assertRaises(LeaseLost):
+                    token.check()
+        self.assertEqual(calls, [token.lease])
+        self.assertEqual(calls[0].lost_event, token.lost_event)
+
+    def test_the_tokens_of_a_set_tell_of_a_break(self):
+        name, other = self.name("py-lost-set"), self.name("py-lost-set")
+        with self.assertRaises(LeaseLost):
+            with lock(name, server=ADDR, ttl=1, also=[other]) as tokens:
+                self.assertEqual(len(tokens), 2)
+                self.other.break_lock(name, tokens[0], force=True)
+                self.assertTrue(tokens.lost_event.wait(GUARD), "the loss was never signalled")
+                self.assertTrue(tokens.lost)
 
 
 
