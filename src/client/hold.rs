@@ -111,7 +111,9 @@ impl Lease {
 }
 
 /// Runs `block` under the lock `name`, taken as `id` with `opts` (sent again through the next
-/// address within its wait, as [`Connector::lock`]; the ttl [`DEFAULT_TTL`] if it names none,
+/// address within its wait, as [`Connector::lock`], always as `id`: give each holder an id of
+/// its own, such as a new [`default_id`](super::default_id), since two holders with one id are
+/// one client to lockd; the ttl [`DEFAULT_TTL`] if it names none,
 /// a session lease of grace [`DEFAULT_GRACE`] if it names no tie: [`LockOptions::detach`] for
 /// a lease that outlives this process until its ttl), on a connection of its own; renews in
 /// the background (see the module); releases the lock when the block ends, or is dropped, or

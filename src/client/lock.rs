@@ -261,7 +261,9 @@ const MAX_UNBOUND_PAUSE: Duration = Duration::from_secs(2);
 
 impl Connector {
     /// LOCK `name` as `id` on a connection of its own, sent again through the next address
-    /// while the answer may be mended by trying again (see the module), within `opts.wait`:
+    /// while the answer may be mended by trying again (see the module), always as `id` (so
+    /// that lockd answers a resend with the grant it may have made already; two holders must
+    /// not share an id: [`default_id`](super::default_id) makes a new one), within `opts.wait`:
     /// as long as it takes without one, each address once with zero. `ERR TIMEOUT` and every
     /// other refusal end it at once ([`LockError::code`] tells which).
     pub async fn lock(

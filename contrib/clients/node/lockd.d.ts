@@ -36,7 +36,12 @@ export class LeaseLost extends Error {
 export interface ClientOptions {
   /** "host:port", several comma-separated, or a list: one lockd or the front-ends of a cluster. Default $LOCKD_ADDR, then 127.0.0.1:5001. */
   addrs?: string | string[];
-  /** The id LOCK sends (default `<hostname>:<pid>`). */
+  /**
+   * The id every LOCK of this Client sends. Without one, each LOCK (each withLock) takes a new
+   * id, `defaultId()`, kept across that LOCK's own resends: the same id is the same client to
+   * lockd (a LOCK again is a retry, answered with the same grant), so two holders in one
+   * process (async tasks, Clients, withLock calls) never share one.
+   */
   id?: string;
   /** Bound of each connection attempt and each reply that should come at once (default 10000). */
   timeout?: number;
@@ -166,9 +171,13 @@ export interface WithLockOptions extends Signalled {
   note?: string;
 }
 
+/** A new holder's id: `<hostname>:<pid>:<n>`, n counting in this process. */
+export function defaultId(): string;
+
 export class Client {
   constructor(options?: ClientOptions);
-  readonly id: string;
+  /** The id given; undefined when each LOCK takes a new one (see ClientOptions.id). */
+  readonly id: string | undefined;
   clone(): Client;
   close(): void;
   connect(options?: Signalled): Promise<void>;

@@ -181,18 +181,21 @@ function readSecret(file) {
   return fs.readFileSync(file, "utf8").split("\n", 1)[0].replace(/\r$/, "");
 }
 
-/**
- * A connection to lockd, opened on first use and again after a failure. Requests run one at a
- * time (a waiting LOCK holds it): give each concurrent waiter its own Client, or clone().
- */
 let nextId = 0;
 
-/** A new holder's id: `<hostname>:<pid>:<n>`, n counting in this process. */
+/**
+ * A new holder's id: `<hostname>:<pid>:<n>`, n counting in this process. A Client made without
+ * an id sends each LOCK (each withLock) with a new one, kept across that LOCK's own resends.
+ */
 export function defaultId() {
   nextId += 1;
   return `${os.hostname() || "localhost"}:${process.pid}:${nextId}`;
 }
 
+/**
+ * A connection to lockd, opened on first use and again after a failure. Requests run one at a
+ * time (a waiting LOCK holds it): give each concurrent waiter its own Client, or clone().
+ */
 export class Client {
   constructor(options = {}) {
     const env = process.env;
@@ -206,7 +209,7 @@ export class Client {
     // Without an id, each LOCK takes a new one (defaultId()): the same id is the same client
     // to lockd (a LOCK again is a retry, answered with the same grant), so two holders in one
     // process (async tasks, Clients, withLock calls) never share one.
-    this.id = options.id === undefined ? undefined : word("id", options.id);
+    this.id = options.id == null ? undefined : word("id", options.id);
     this.timeout = options.timeout ?? 10000;
     const ca = options.ca ?? (options.tls === false ? undefined : env.LOCKD_TLS_CA);
     const cert = options.cert ?? (options.tls === false ? undefined : env.LOCKD_CLIENT_CERT);

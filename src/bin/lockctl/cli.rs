@@ -178,7 +178,9 @@ pub struct Cli {
     #[arg(long, global = true, value_parser = duration)]
     pub connect_timeout: Option<Duration>,
 
-    /// This client's id on the server [default: <hostname>:<pid>]. Use one id per process.
+    /// This client's id on the server [default: <hostname>:<pid>]: one holder per lockctl
+    /// process, kept across its retries and failovers. Two holders given one id are one
+    /// client to lockd (a LOCK again is a retry and gets the same grant).
     #[arg(long, global = true)]
     pub id: Option<String>,
 
