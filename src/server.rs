@@ -166,13 +166,13 @@ async fn run_cluster(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let cluster = backend::etcd::Cluster::connect(
-        etcd,
-        config.limits.clone(),
-        config.watch_buffer,
-        config.auth.clone(),
-        Arc::new(Metrics::new(Deployment::Etcd)),
-    )
+    let cluster = backend::etcd::Cluster::connect(backend::etcd::Settings {
+        config: etcd,
+        limits: config.limits.clone(),
+        watch_buffer: config.watch_buffer,
+        users: config.auth.clone(),
+        metrics: Arc::new(Metrics::new(Deployment::Etcd)),
+    })
     .await
     .map_err(io::Error::other)?;
     serve(config, Backend::Etcd(cluster), listener, shutdown).await

@@ -29,13 +29,14 @@
 //! a [`Wait`]) are synchronous so that `Drop` can make them: a backend that must talk to the
 //! network for them does so on a task of its own.
 
+mod clock;
 mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot, OwnedSemaphorePermit};
 
@@ -47,6 +48,7 @@ use crate::metrics::Metrics;
 use crate::proto::ProtoError;
 use crate::store::Seq;
 
+pub use clock::{first_token, now, simulate_wall, unix_ms};
 pub use embedded::Embedded;
 
 /// Where the locks live; cheap to clone (a handle).
@@ -407,30 +409,6 @@ impl StatusView {
             ..s.clone()
         })
     }
-}
-
-/// The current time as leases count it. Tokio's clock, so paused-time tests drive leases.
-pub fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
-/// Where tokens start: wall-clock microseconds, so a restarted server continues above the
-/// tokens it granted before (as long as it granted fewer than a million a second on average
-/// and the clock did not step back). The etcd backend starts its tokens here too, so a
-/// deployment that moves from one backend to the other keeps its tokens growing.
-pub fn first_token() -> Token {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as Token)
-        .unwrap_or(1)
-}
-
-/// Wall-clock milliseconds, for events shown to people.
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Dispatches to the backend; `$call` is an expression on `b`, the backend's own handle.

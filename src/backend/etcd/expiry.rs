@@ -75,6 +75,7 @@ impl Cluster {
                 None => Duration::from_secs(1),
             };
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(sleep.min(Duration::from_secs(1))) => {}
                 _ = moved => {}
             }

@@ -425,6 +425,14 @@ pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted) -> GrantAction {
             }
         };
     }
+    // A grant being confirmed is delivered by its confirmation ([`Cluster::confirm`]), whose
+    // write the watch may show before its answer comes (or instead of it, when the answer
+    // is lost): delivered here as well, the confirmation would find nobody waiting and take
+    // back a grant its client was told of (simulator seed 525).
+    let confirming = g.by_uid.get(&gr.uid).and_then(|w| g.waiting.get(w));
+    if confirming.is_some_and(|l| l.confirming) {
+        return GrantAction::Nothing;
+    }
     match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover) {
         Some(back) => GrantAction::TakeBack(back),
         None => GrantAction::Nothing,

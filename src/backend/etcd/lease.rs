@@ -17,7 +17,7 @@ impl Cluster {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         let lease = loop {
-            let started = std::time::Instant::now();
+            let started = crate::backend::now();
             let result = client.lease_grant(ttl, None).await;
             self.record(started, &result, |r| r.header());
             match result {
@@ -48,7 +48,7 @@ impl Cluster {
         loop {
             let mut client = self.client.clone();
             let id = self.lease_id();
-            let opened = std::time::Instant::now();
+            let opened = crate::backend::now();
             let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
                 Ok(pair) => pair,
                 Err(e) if lease_gone(&e) => {
@@ -64,7 +64,7 @@ impl Cluster {
                 }
             };
             loop {
-                let started = std::time::Instant::now();
+                let started = crate::backend::now();
                 if keeper.keep_alive().await.is_err() {
                     break;
                 }

@@ -6,7 +6,9 @@
 //! trusted for a decision on its own: every change is a transaction whose comparisons fail if
 //! the mirror was stale, and then the mirror catches up and the decision is made again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::hashing::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -50,6 +50,7 @@ mod fresh;
 mod grant;
 mod guards;
 mod handover;
+mod hashing;
 mod holders;
 mod keys;
 mod lag;
@@ -65,6 +66,8 @@ mod rpc;
 mod secure;
 mod sessions;
 mod sets;
+#[doc(hidden)]
+pub mod sim;
 mod slots;
 mod stats;
 mod status;
@@ -72,10 +75,10 @@ mod view;
 mod waiters;
 mod watch;
 
-use std::collections::HashMap;
+use hashing::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rpc::{Client, ConnectOptions, Txn, TxnOp};
 use tokio::sync::{broadcast, oneshot, Notify};
@@ -130,7 +133,7 @@ struct ClusterState {
     /// Waiters of this front-end that left (timed out, went away, were replaced) while their
     /// key may still be granted, by this or another front-end: if their holder appears, the
     /// grant is taken back. Forgotten once their key is seen gone.
-    left: std::collections::HashSet<String>,
+    left: HashSet<String>,
     /// Names this front-end wrote, at the revision of its last write (and whether that
     /// write emptied the name), until the mirror has seen it.
     written: HashMap<String, (i64, bool)>,
@@ -138,7 +141,7 @@ struct ClusterState {
     /// create revision).
     fresh: HashMap<(String, i64), mirror::HolderRecord>,
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
-    expiring: std::collections::HashSet<(String, i64)>,
+    expiring: HashSet<(String, i64)>,
     /// The session leases this front-end granted or bound, by connection.
     bound: sessions::BoundLeases,
     /// Waiters of this front-end (by uid) whose superseded mark the watch brought, until
@@ -207,10 +210,21 @@ pub struct Cluster {
 
 /// Wall-clock milliseconds: deadlines in etcd are wall clock, shared by every front-end.
 pub(crate) fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    crate::backend::unix_ms()
+}
+
+/// What a front-end starts with, besides its etcd client.
+pub struct Settings {
+    /// Where etcd is and how long to wait for it.
+    pub config: EtcdConfig,
+    /// The limits in force (`--max-locks`, `--max-ttl`, ...).
+    pub limits: Limits,
+    /// Events a WATCH may fall behind by (`--watch-buffer`).
+    pub watch_buffer: usize,
+    /// Users and rights (`--auth-file`), if any.
+    pub users: Option<Arc<Gate>>,
+    /// The counters it bumps.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Cluster {
@@ -218,27 +232,41 @@ impl Cluster {
     /// loads the mirror. Fails if etcd can't be reached within the connect timeout, or at
     /// once, as a [`super::EtcdRefused`], if etcd refuses its certificates, user or rights.
     pub async fn connect(
-        config: EtcdConfig,
-        limits: Limits,
-        watch_buffer: usize,
-        users: Option<Arc<Gate>>,
-        metrics: Arc<Metrics>,
+        settings: Settings,
     ) -> Result<Arc<Cluster>, Box<dyn std::error::Error + Send + Sync>> {
+        let config = &settings.config;
         let options = ConnectOptions::new()
             .with_timeout(config.request_timeout)
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(Duration::from_secs(5), config.request_timeout)
             .with_require_leader(true);
-        let endpoints = config.endpoints.join(",");
         // TLS, the user, and a first request that proves the rights on the prefix.
-        let client = secure::connect(&config, options).await?;
-        let layout = Layout::new(&config.prefix);
+        let client = secure::connect(config, options).await?;
         let fe = format!(
             "{}-{}-{:x}",
             hostname(),
             std::process::id(),
             wall_ms() & 0xffff_ffff
         );
+        Cluster::start(client, fe, settings).await
+    }
+
+    /// A front-end named `fe` over `client`: takes its etcd lease, reads (or chooses) the
+    /// token base and loads the mirror.
+    async fn start(
+        client: Client,
+        fe: String,
+        settings: Settings,
+    ) -> Result<Arc<Cluster>, Box<dyn std::error::Error + Send + Sync>> {
+        let Settings {
+            config,
+            limits,
+            watch_buffer,
+            users,
+            metrics,
+        } = settings;
+        let endpoints = config.endpoints.join(",");
+        let layout = Layout::new(&config.prefix);
         let (events, _) = broadcast::channel(watch_buffer.max(1));
         let fe_id = fe.clone();
         let cluster = Arc::new(Cluster {
@@ -248,14 +276,14 @@ impl Cluster {
             lease: AtomicI64::new(0),
             state: Mutex::new(ClusterState {
                 mirror: Mirror::default(),
-                waiting: HashMap::new(),
-                by_uid: HashMap::new(),
+                waiting: HashMap::default(),
+                by_uid: HashMap::default(),
                 left: Default::default(),
-                written: HashMap::new(),
-                fresh: HashMap::new(),
+                written: HashMap::default(),
+                fresh: HashMap::default(),
                 expiring: Default::default(),
                 bound: Default::default(),
-                superseded: HashMap::new(),
+                superseded: HashMap::default(),
                 slots: slots::Slots::new(&fe_id),
             }),
             events,
@@ -395,7 +423,8 @@ impl Cluster {
 
     /// An etcd request sent at `started` was answered by a quorum, at revision `rev`.
     pub(super) fn answered(&self, started: Instant, rev: i64) {
-        self.stats.request(started.elapsed());
+        self.stats
+            .request(crate::backend::now().saturating_duration_since(started));
         self.seen_rev.fetch_max(rev, Ordering::Relaxed);
         if let Some(after) = self.quorum.answered() {
             tracing::info!(
@@ -409,7 +438,8 @@ impl Cluster {
     /// An etcd request sent at `started` failed with `e`: counted, remembered as the reason
     /// `/readyz` gives, and returned in one sentence.
     pub(super) fn request_failed(&self, started: Instant, e: &rpc::Error) -> String {
-        self.stats.request(started.elapsed());
+        self.stats
+            .request(crate::backend::now().saturating_duration_since(started));
         let cause = self.explain(e);
         self.stats.error(cause.kind);
         self.quorum.failed(&cause.sentence);
@@ -531,7 +561,7 @@ impl Cluster {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         loop {
-            let started = Instant::now();
+            let started = crate::backend::now();
             let result = client.txn(txn.clone()).await;
             self.record(started, &result, |r| r.header());
             if matches!(&result, Ok(r) if !r.succeeded()) {
@@ -556,7 +586,7 @@ impl Cluster {
         let mut client = self.client.clone();
         let mut tries = 0u64;
         loop {
-            let started = Instant::now();
+            let started = crate::backend::now();
             let result = client.get(key.clone(), options.clone()).await;
             self.record(started, &result, |r| r.header());
             match result {

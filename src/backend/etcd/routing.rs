@@ -43,6 +43,7 @@ impl Cluster {
             self.stats
                 .routed(was.as_ref().is_some_and(|(_, leader)| *leader));
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(CHECK) => {}
                 _ = self.client.route_dropped() => {
                     self.stats.routed(false);

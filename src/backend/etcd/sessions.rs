@@ -9,7 +9,7 @@
 //! closes. An entry that went stale otherwise (the lease rebound through another connection
 //! or front-end) does no harm: a close checks the holder key is still bound to it.
 
-use std::collections::HashMap;
+use super::hashing::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -18,7 +18,9 @@
 //! slot compares the key's absence, so a slot wrongly thought free fails a write, never
 //! overwrites another request's key.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use super::hashing::HashMap;
 
 /// This front-end's slots.
 #[derive(Debug)]
@@ -39,7 +41,7 @@ impl Slots {
             fe: fe.to_owned(),
             free: BTreeSet::new(),
             next: 1,
-            taken: HashMap::new(),
+            taken: HashMap::default(),
         }
     }
 

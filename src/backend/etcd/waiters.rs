@@ -320,6 +320,12 @@ impl Cluster {
                 let mut g = self.guard();
                 g.waiting.remove(&waiter);
                 g.by_uid.retain(|_, w| *w != waiter);
+                // Its write may have been made (the answer was lost, or it reaches etcd
+                // after this front-end gave up on it): a grant to its key is taken back,
+                // not left to sit out its ttl (simulator seed 1519).
+                if adopt.is_none() {
+                    g.left.insert(uid.clone());
+                }
                 return Err(self.unavailable(&e));
             }
         };
@@ -425,6 +431,7 @@ impl Cluster {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             tokio::select! {
+                biased;
                 () = tokio::time::sleep(wait) => me.wait_over(waiter),
                 _ = stopped => {}
             }
@@ -462,7 +469,9 @@ impl Cluster {
             let answer = loop {
                 tries += 1;
                 match me.txn(txn.clone()).await {
-                    Err(e) if started.elapsed() < me.config.request_timeout => {
+                    Err(e)
+                        if now().saturating_duration_since(started) < me.config.request_timeout =>
+                    {
                         me.unhealthy(&me.cause_of(&e).sentence);
                         tokio::time::sleep(super::RETRY).await;
                     }

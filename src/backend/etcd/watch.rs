@@ -34,6 +34,7 @@ impl Cluster {
     /// and RENEW, as it would ride out the restart of a single server.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tokio::select! {
+            biased;
             _ = Arc::clone(&self).watch_loop() => {}
             _ = Arc::clone(&self).keep_alive_loop() => {}
             _ = Arc::clone(&self).expiry_loop() => {}
@@ -203,6 +204,7 @@ impl Cluster {
             let lag = super::lag::watch_lag();
             loop {
                 let message = tokio::select! {
+                    biased;
                     message = stream.message() => message,
                     _ = progress.tick() => {
                         // Bounded: the request channel of a stalled stream may be full, and
@@ -228,7 +230,9 @@ impl Cluster {
                             break;
                         }
                         if let Some((since, _)) = down_since.take() {
-                            let after = Duration::from_millis(since.elapsed().as_millis() as u64);
+                            let after = Duration::from_millis(
+                                now().saturating_duration_since(since).as_millis() as u64,
+                            );
                             tracing::info!(
                                 after = %humantime::format_duration(after),
                                 "etcd watch healthy again"
@@ -258,8 +262,8 @@ impl Cluster {
     /// when it broke and whether that was warned of, for the line that says it is back.
     fn watch_broke(&self, e: &super::rpc::Error, down_since: &mut Option<(Instant, bool)>) {
         let cause = self.explain(e);
-        let (since, warned) = down_since.get_or_insert_with(|| (Instant::now(), false));
-        if !*warned && since.elapsed() >= WATCH_OUTAGE {
+        let (since, warned) = down_since.get_or_insert_with(|| (now(), false));
+        if !*warned && now().saturating_duration_since(*since) >= WATCH_OUTAGE {
             *warned = true;
             self.unhealthy(&format!("the etcd watch failed: {}", cause.sentence));
         } else if cause.kind == super::cause::Kind::NoLeader {

@@ -292,10 +292,12 @@ impl MemEtcd {
     pub fn lease_grant(&mut self, ttl: i64, id: i64) -> pb::LeaseGrantResponse {
         let id = match id {
             0 => {
+                // As etcd, never an id used before (a lease's id is not reused).
                 while self.leases.contains_key(&self.next_lease) {
                     self.next_lease += 1;
                 }
-                self.next_lease
+                self.next_lease += 1;
+                self.next_lease - 1
             }
             id => id,
         };
@@ -337,8 +339,10 @@ impl MemEtcd {
     }
 
     /// Time passes to `now_ms`: every lease whose time is up is revoked, soonest first.
-    pub fn advance(&mut self, now_ms: u64) {
+    /// Returns the leases that expired.
+    pub fn advance(&mut self, now_ms: u64) -> Vec<i64> {
         self.now_ms = self.now_ms.max(now_ms);
+        let mut expired = Vec::new();
         loop {
             let due = self
                 .leases
@@ -348,7 +352,9 @@ impl MemEtcd {
                 .map(|(id, _)| *id);
             let Some(id) = due else { break };
             let _ = self.revoke(id);
+            expired.push(id);
         }
+        expired
     }
 
     /// Forgets the history up to `rev`: a watch from there or before is told it was
@@ -370,10 +376,9 @@ impl MemEtcd {
         if from != 0 && from <= self.compacted {
             return Err(MemError::Compacted(self.compacted));
         }
-        Ok(self
-            .history
+        let start = self.history.partition_point(|e| event_rev(e) < from);
+        Ok(self.history[start..]
             .iter()
-            .filter(|e| event_rev(e) >= from)
             .filter(|e| {
                 e.kv.as_ref()
                     .is_some_and(|kv| in_range(key, range_end, &kv.key))

@@ -42,9 +42,9 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 )]
 #[rustfmt::skip]
 mod generated;
-#[cfg(test)]
-mod mem;
+pub mod mem;
 mod route;
+pub mod sim;
 
 use generated::etcdserverpb as pb;
 use generated::mvccpb;
@@ -401,9 +401,135 @@ impl Auth {
 }
 
 /// A client of one etcd cluster; cheap to clone (clones share the channels, the token and
-/// the route to the leader).
+/// the route to the leader). A simulated one ([`sim`]) talks to an in-memory etcd instead.
 #[derive(Clone)]
 pub struct Client {
+    inner: Inner,
+}
+
+#[derive(Clone)]
+enum Inner {
+    Grpc(Arc<Grpc>),
+    Sim(sim::Link),
+}
+
+impl Client {
+    /// A client over the channels of [`members`]. Without a user nothing is sent yet (the first
+    /// request connects); with one, its token is asked for here.
+    pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
+        endpoints: S,
+        options: Option<ConnectOptions>,
+    ) -> Result<Self, Error> {
+        let grpc = Grpc::connect(endpoints, options).await?;
+        Ok(Client {
+            inner: Inner::Grpc(Arc::new(grpc)),
+        })
+    }
+
+    /// A client of a simulated etcd.
+    pub(crate) fn simulated(link: sim::Link) -> Client {
+        Client {
+            inner: Inner::Sim(link),
+        }
+    }
+
+    /// Whether KV requests can be routed to the leader (more than one endpoint).
+    pub fn routes(&self) -> bool {
+        match &self.inner {
+            Inner::Grpc(g) => g.routes(),
+            Inner::Sim(_) => false,
+        }
+    }
+
+    /// Asks every endpoint for its status (each within `timeout`), and sends KV requests
+    /// from now on to the leader, or to a member that answered if the leader did not
+    /// ([`route`]): that member's URL and whether it is the leader, or `None` (the balanced
+    /// channel) if no answer names a leader.
+    pub async fn find_leader(&self, timeout: Duration) -> Option<(String, bool)> {
+        match &self.inner {
+            Inner::Grpc(g) => g.find_leader(timeout).await,
+            Inner::Sim(_) => None,
+        }
+    }
+
+    /// Waits until a request on the chosen member's channel failed and the route was dropped
+    /// (never returns for a client of one endpoint).
+    pub async fn route_dropped(&self) {
+        match &self.inner {
+            Inner::Grpc(g) => g.route_dropped().await,
+            Inner::Sim(_) => std::future::pending().await,
+        }
+    }
+
+    /// Reads one key, or a range (see [`GetOptions`]).
+    pub async fn get(
+        &mut self,
+        key: impl Into<Vec<u8>>,
+        options: Option<GetOptions>,
+    ) -> Result<GetResponse, Error> {
+        let req = options.unwrap_or_default().request(key.into());
+        match &self.inner {
+            Inner::Grpc(g) => g.get(req).await,
+            Inner::Sim(link) => link.get(req).await,
+        }
+    }
+
+    pub async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
+        match &self.inner {
+            Inner::Grpc(g) => g.txn(txn).await,
+            Inner::Sim(link) => link.txn(txn.req).await,
+        }
+    }
+
+    /// A new lease of `ttl` seconds (the id etcd chooses).
+    pub async fn lease_grant(
+        &mut self,
+        ttl: i64,
+        _options: Option<LeaseGrantOptions>,
+    ) -> Result<LeaseGrantResponse, Error> {
+        match &self.inner {
+            Inner::Grpc(g) => g.lease_grant(ttl).await,
+            Inner::Sim(link) => link.lease_grant(ttl).await,
+        }
+    }
+
+    /// Opens the keep-alive stream of lease `id` and sends its first keep-alive. Fails with
+    /// [`Error::LeaseKeepAliveError`] ("lease not found") if etcd says the lease is gone.
+    pub async fn lease_keep_alive(
+        &mut self,
+        id: i64,
+    ) -> Result<(LeaseKeeper, LeaseKeepAliveStream), Error> {
+        let (keeper, mut stream) = match &self.inner {
+            Inner::Grpc(g) => g.lease_keep_alive(id).await?,
+            Inner::Sim(link) => link.lease_keep_alive(id),
+        };
+        match stream.message().await? {
+            Some(resp) if resp.ttl > 0 => Ok((keeper, stream)),
+            Some(_) => Err(Error::LeaseKeepAliveError("lease not found".into())),
+            None => Err(Error::LeaseKeepAliveError(
+                "the keep-alive stream closed at once".into(),
+            )),
+        }
+    }
+
+    /// Opens a watch stream and creates one watch on it, of `key` (or the range the options
+    /// give).
+    pub async fn watch(
+        &mut self,
+        key: impl Into<Vec<u8>>,
+        options: Option<WatchOptions>,
+    ) -> Result<WatchStream, Error> {
+        let create = options.unwrap_or_default().request(key.into());
+        match &self.inner {
+            Inner::Grpc(g) => g.watch(create).await,
+            Inner::Sim(link) => Ok(link.watch(create)),
+        }
+    }
+}
+
+/// The gRPC client of [`Client`].
+#[derive(Clone)]
+struct Grpc {
     kv: KvClient<Svc>,
     watch: WatchClient<Svc>,
     lease: LeaseClient<Svc>,
@@ -412,10 +538,8 @@ pub struct Client {
     route: Option<Arc<route::Route>>,
 }
 
-impl Client {
-    /// A client over the channels of [`members`]. Without a user nothing is sent yet (the first
-    /// request connects); with one, its token is asked for here.
-    pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
+impl Grpc {
+    async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
         endpoints: S,
         options: Option<ConnectOptions>,
     ) -> Result<Self, Error> {
@@ -441,7 +565,7 @@ impl Client {
         if let Some(auth) = &auth {
             auth.refresh(None).await?;
         }
-        Ok(Client {
+        Ok(Grpc {
             kv: KvClient::new(svc.clone()),
             watch: WatchClient::new(svc.clone()),
             lease: LeaseClient::new(svc),
@@ -450,24 +574,17 @@ impl Client {
         })
     }
 
-    /// Whether KV requests can be routed to the leader (more than one endpoint).
-    pub fn routes(&self) -> bool {
+    fn routes(&self) -> bool {
         self.route.is_some()
     }
 
-    /// Asks every endpoint for its status (each within `timeout`), and sends KV requests
-    /// from now on to the leader, or to a member that answered if the leader did not
-    /// ([`route`]): that member's URL and whether it is the leader, or `None` (the balanced
-    /// channel) if no answer names a leader.
-    pub async fn find_leader(&self, timeout: Duration) -> Option<(String, bool)> {
+    async fn find_leader(&self, timeout: Duration) -> Option<(String, bool)> {
         let route = self.route.as_ref()?;
         let (url, leader) = route.find(timeout).await?;
         Some((url.to_owned(), leader))
     }
 
-    /// Waits until a request on the chosen member's channel failed and the route was dropped
-    /// (never returns for a client of one endpoint).
-    pub async fn route_dropped(&self) {
+    async fn route_dropped(&self) {
         match &self.route {
             Some(route) => route.dropped().await,
             None => std::future::pending().await,
@@ -523,13 +640,7 @@ impl Client {
         }
     }
 
-    /// Reads one key, or a range (see [`GetOptions`]).
-    pub async fn get(
-        &mut self,
-        key: impl Into<Vec<u8>>,
-        options: Option<GetOptions>,
-    ) -> Result<GetResponse, Error> {
-        let req = options.unwrap_or_default().request(key.into());
+    async fn get(&self, req: pb::RangeRequest) -> Result<GetResponse, Error> {
         let (word, kv) = self.kv();
         let result = self
             .call(|| {
@@ -542,7 +653,7 @@ impl Client {
         result
     }
 
-    pub async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, Error> {
         let (word, kv) = self.kv();
         let result = self
             .call(|| {
@@ -555,12 +666,7 @@ impl Client {
         result
     }
 
-    /// A new lease of `ttl` seconds (the id etcd chooses).
-    pub async fn lease_grant(
-        &mut self,
-        ttl: i64,
-        _options: Option<LeaseGrantOptions>,
-    ) -> Result<LeaseGrantResponse, Error> {
+    async fn lease_grant(&self, ttl: i64) -> Result<LeaseGrantResponse, Error> {
         let req = pb::LeaseGrantRequest { ttl, id: 0 };
         self.call(|| {
             let mut lease = self.lease.clone();
@@ -569,42 +675,30 @@ impl Client {
         .await
     }
 
-    /// Opens the keep-alive stream of lease `id` and sends its first keep-alive. Fails with
-    /// [`Error::LeaseKeepAliveError`] ("lease not found") if etcd says the lease is gone.
-    pub async fn lease_keep_alive(
-        &mut self,
+    async fn lease_keep_alive(
+        &self,
         id: i64,
     ) -> Result<(LeaseKeeper, LeaseKeepAliveStream), Error> {
-        let (keeper, mut stream) = self
-            .call(|| {
-                let mut lease = self.lease.clone();
-                async move {
-                    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-                    let mut keeper = LeaseKeeper { id, tx };
-                    // Queued before the stream opens: the channel has room.
-                    let _ = keeper.keep_alive().await;
-                    let opened = lease.lease_keep_alive(ReceiverStream::new(rx)).await?;
-                    Ok(opened.map(|inner| (keeper, LeaseKeepAliveStream { inner })))
-                }
-            })
-            .await?;
-        match stream.message().await? {
-            Some(resp) if resp.ttl > 0 => Ok((keeper, stream)),
-            Some(_) => Err(Error::LeaseKeepAliveError("lease not found".into())),
-            None => Err(Error::LeaseKeepAliveError(
-                "the keep-alive stream closed at once".into(),
-            )),
-        }
+        self.call(|| {
+            let mut lease = self.lease.clone();
+            async move {
+                let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+                let mut keeper = LeaseKeeper { id, tx };
+                // Queued before the stream opens: the channel has room.
+                let _ = keeper.keep_alive().await;
+                let opened = lease.lease_keep_alive(ReceiverStream::new(rx)).await?;
+                Ok(opened.map(|inner| {
+                    (
+                        keeper,
+                        LeaseKeepAliveStream(Incoming::Grpc(Box::new(inner))),
+                    )
+                }))
+            }
+        })
+        .await
     }
 
-    /// Opens a watch stream and creates one watch on it, of `key` (or the range the options
-    /// give).
-    pub async fn watch(
-        &mut self,
-        key: impl Into<Vec<u8>>,
-        options: Option<WatchOptions>,
-    ) -> Result<WatchStream, Error> {
-        let create = options.unwrap_or_default().request(key.into());
+    async fn watch(&self, create: pb::WatchCreateRequest) -> Result<WatchStream, Error> {
         self.call(|| {
             let mut watch = self.watch.clone();
             let create = create.clone();
@@ -618,11 +712,27 @@ impl Client {
                 let opened = watch.watch(ReceiverStream::new(rx)).await?;
                 Ok(opened.map(|inner| WatchStream {
                     requests,
-                    responses: WatchResponseStream(inner),
+                    responses: WatchResponseStream(Incoming::Grpc(Box::new(inner))),
                 }))
             }
         })
         .await
+    }
+}
+
+/// The answers of a stream: tonic's, or a simulated etcd's.
+#[derive(Debug)]
+enum Incoming<T> {
+    Grpc(Box<tonic::Streaming<T>>),
+    Sim(mpsc::Receiver<Result<T, Error>>),
+}
+
+impl<T> Incoming<T> {
+    async fn message(&mut self) -> Result<Option<T>, Error> {
+        match self {
+            Incoming::Grpc(stream) => Ok(stream.message().await?),
+            Incoming::Sim(rx) => rx.recv().await.transpose(),
+        }
     }
 }
 
@@ -645,14 +755,12 @@ impl LeaseKeeper {
 
 /// The answers to a lease's keep-alives.
 #[derive(Debug)]
-pub struct LeaseKeepAliveStream {
-    inner: tonic::Streaming<pb::LeaseKeepAliveResponse>,
-}
+pub struct LeaseKeepAliveStream(Incoming<pb::LeaseKeepAliveResponse>);
 
 impl LeaseKeepAliveStream {
     /// The next answer, `None` once the stream ended.
     pub async fn message(&mut self) -> Result<Option<LeaseKeepAliveResponse>, Error> {
-        Ok(self.inner.message().await?)
+        self.0.message().await
     }
 }
 
@@ -695,12 +803,12 @@ impl WatchRequestSender {
 
 /// The response half of a watch stream.
 #[derive(Debug)]
-pub struct WatchResponseStream(tonic::Streaming<pb::WatchResponse>);
+pub struct WatchResponseStream(Incoming<pb::WatchResponse>);
 
 impl WatchResponseStream {
     /// The next response, `None` once the stream ended.
     pub async fn message(&mut self) -> Result<Option<WatchResponse>, Error> {
-        Ok(self.0.message().await?)
+        self.0.message().await
     }
 }
 

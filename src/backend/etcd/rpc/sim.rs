@@ -1,0 +1,677 @@
+//! A simulated etcd for the cluster simulator (`tests/sim`): the in-memory etcd
+//! ([`super::mem`]) behind a network whose every delay, lost answer, failed write, cut and
+//! leader election a seeded random source chooses, on tokio's clock. In a simulation that
+//! clock is paused (time passes only while every task waits) and everything runs on one
+//! thread, so a seed is one run, replayed exactly.
+//!
+//! What the network does to a request (a transaction, a read, a lease grant): it travels
+//! for a while, is applied (or refused: a cut or dead front-end's, one sent while etcd has
+//! no leader, or a write that fails without being applied), and its answer travels back or
+//! is lost (the client hears a timeout after `--etcd-request-timeout`, though the write was
+//! made). A request slower than the timeout is applied when it arrives, after its client
+//! gave up on it. Watches deliver the history in batches cut at random revisions, late;
+//! keep-alives are answered late or, while cut off, not at all.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{sleep, Instant};
+
+use super::mem::{MemError, MemEtcd};
+use super::{mvccpb, pb};
+use super::{
+    Error, Incoming, LeaseKeepAliveStream, LeaseKeeper, WatchRequestSender, WatchResponseStream,
+    WatchStream, STREAM_QUEUE,
+};
+
+/// The trace keeps this many of the latest lines.
+const TRACE_LINES: usize = 3000;
+
+/// A small seeded random source (xorshift64*): the simulation's only one.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// The source of `seed`.
+    pub fn new(seed: u64) -> Rng {
+        // splitmix64 of the seed: nearby seeds start far apart, and never at zero.
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n` (0 for an empty range).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// True `per_mille` times in a thousand.
+    pub fn chance(&mut self, per_mille: u32) -> bool {
+        self.below(1000) < u64::from(per_mille)
+    }
+
+    /// A duration up to `max`, in whole milliseconds.
+    pub fn upto(&mut self, max: Duration) -> Duration {
+        Duration::from_millis(self.below(max.as_millis() as u64 + 1))
+    }
+}
+
+/// The faults the network makes while they are on ([`Net::faults`]); with them off, every
+/// request takes up to `delay` each way and nothing fails.
+#[derive(Clone, Debug)]
+pub struct Faults {
+    /// How long a request or answer takes, at most, most of the time.
+    pub delay: Duration,
+    /// Per mille of requests and answers that take up to [`Faults::slow`] instead.
+    pub slow_per_mille: u32,
+    /// How long a slow request or answer takes, at most.
+    pub slow: Duration,
+    /// Per mille of writes refused without being applied.
+    pub fail_per_mille: u32,
+    /// Per mille of requests applied whose answer is lost.
+    pub lose_per_mille: u32,
+}
+
+impl Default for Faults {
+    fn default() -> Faults {
+        Faults {
+            delay: Duration::from_millis(20),
+            slow_per_mille: 20,
+            slow: Duration::from_millis(3000),
+            fail_per_mille: 30,
+            lose_per_mille: 30,
+        }
+    }
+}
+
+/// What became of one front-end's link.
+#[derive(Clone, Copy, Debug, Default)]
+struct Front {
+    /// Cut off from etcd: its requests and keep-alives go unanswered, its watch is silent.
+    cut: bool,
+    /// Crashed: as cut, for good (a new front-end takes its place under another number).
+    dead: bool,
+}
+
+struct World {
+    etcd: MemEtcd,
+    rng: Rng,
+    faults: Faults,
+    faulty: bool,
+    /// etcd is electing a leader: every request is refused at once.
+    leaderless: bool,
+    fronts: Vec<Front>,
+    request_timeout: Duration,
+    start: Instant,
+    trace: VecDeque<String>,
+    /// Lines noted in all (the run's steps).
+    steps: u64,
+    /// Which front-end took each lease.
+    owners: Vec<(i64, usize)>,
+    /// When a front-end's lease expired (ms since the start).
+    lapsed: Vec<(usize, u64)>,
+    /// Revisions made by requests that arrived after their client gave up on them.
+    late: Vec<i64>,
+}
+
+impl World {
+    fn now_ms(&self) -> u64 {
+        Instant::now().duration_since(self.start).as_millis() as u64
+    }
+
+    /// Time passes in etcd: leases whose time is up expire.
+    fn tick(&mut self) {
+        let now = self.now_ms();
+        for id in self.etcd.advance(now) {
+            let owner = self
+                .owners
+                .iter()
+                .find(|(lease, _)| *lease == id)
+                .map(|(_, fe)| *fe);
+            if let Some(fe) = owner {
+                self.lapsed.push((fe, now));
+                let rev = self.etcd.revision();
+                self.note(format_args!(
+                    "etcd: fe{fe}'s lease {id} expired (revision {rev})"
+                ));
+            }
+        }
+    }
+
+    fn note(&mut self, what: std::fmt::Arguments<'_>) {
+        let ms = self.now_ms();
+        let mut line = String::new();
+        let _ = write!(line, "{:>4}.{:03}s {what}", ms / 1000, ms % 1000);
+        if self.trace.len() == TRACE_LINES {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(line);
+        self.steps += 1;
+    }
+
+    /// One way's travel time.
+    fn delay(&mut self) -> Duration {
+        if self.faulty && self.rng.chance(self.faults.slow_per_mille) {
+            self.rng.upto(self.faults.slow)
+        } else {
+            self.rng.upto(self.faults.delay)
+        }
+    }
+
+    fn front(&mut self, fe: usize) -> &mut Front {
+        if self.fronts.len() <= fe {
+            self.fronts.resize(fe + 1, Front::default());
+        }
+        &mut self.fronts[fe]
+    }
+
+    fn reachable(&mut self, fe: usize) -> bool {
+        let f = *self.front(fe);
+        !f.cut && !f.dead
+    }
+}
+
+/// The simulated etcd and its network; cheap to clone (a handle).
+#[derive(Clone)]
+pub struct Net(Arc<Mutex<World>>);
+
+impl Net {
+    /// An empty etcd; front-ends' requests give up after `request_timeout`.
+    pub fn new(seed: u64, faults: Faults, request_timeout: Duration) -> Net {
+        Net(Arc::new(Mutex::new(World {
+            etcd: MemEtcd::new(),
+            rng: Rng::new(seed ^ 0x6574_6364),
+            faults,
+            faulty: false,
+            leaderless: false,
+            fronts: Vec::new(),
+            request_timeout,
+            start: Instant::now(),
+            trace: VecDeque::new(),
+            steps: 0,
+            owners: Vec::new(),
+            lapsed: Vec::new(),
+            late: Vec::new(),
+        })))
+    }
+
+    fn world(&self) -> MutexGuard<'_, World> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Front-end `fe`'s connection to etcd.
+    pub fn link(&self, fe: usize) -> Link {
+        self.world().front(fe);
+        Link {
+            net: self.clone(),
+            fe,
+        }
+    }
+
+    /// Switches the random faults on or off (cuts and deaths are the caller's).
+    pub fn faults(&self, on: bool) {
+        let mut w = self.world();
+        w.faulty = on;
+        w.note(format_args!("faults {}", if on { "on" } else { "off" }));
+    }
+
+    /// Cuts front-end `fe` off from etcd, or joins it again.
+    pub fn cut(&self, fe: usize, cut: bool) {
+        let mut w = self.world();
+        w.front(fe).cut = cut;
+        w.note(format_args!(
+            "fe{fe}: {}",
+            if cut {
+                "cut off from etcd"
+            } else {
+                "reaches etcd again"
+            }
+        ));
+    }
+
+    /// Front-end `fe` crashed: nothing it sends arrives any more.
+    pub fn kill(&self, fe: usize) {
+        let mut w = self.world();
+        w.front(fe).dead = true;
+        w.note(format_args!("fe{fe}: crashed"));
+    }
+
+    /// etcd loses its leader (every request refused) or has one again.
+    pub fn leaderless(&self, on: bool) {
+        let mut w = self.world();
+        w.leaderless = on;
+        w.note(format_args!(
+            "etcd: {}",
+            if on {
+                "leader lost, electing"
+            } else {
+                "leader elected"
+            }
+        ));
+    }
+
+    /// Compacts etcd's history up to its current revision.
+    pub fn compact(&self) {
+        let mut w = self.world();
+        let rev = w.etcd.revision();
+        w.etcd.compact(rev);
+        w.note(format_args!("etcd: compacted at revision {rev}"));
+    }
+
+    /// Adds a line to the trace.
+    pub fn note(&self, line: &str) {
+        self.world().note(format_args!("{line}"));
+    }
+
+    /// The latest lines of the trace.
+    pub fn trace(&self) -> Vec<String> {
+        self.world().trace.iter().cloned().collect()
+    }
+
+    /// How many steps the run took (every request, answer, delivery and fault).
+    pub fn steps(&self) -> u64 {
+        self.world().steps
+    }
+
+    /// When a lease of front-end `fe` expired at or after `since_ms` (ms since the start),
+    /// the first such time: the session leases it granted ended then.
+    pub fn lapsed(&self, fe: usize, since_ms: u64) -> Option<u64> {
+        let mut w = self.world();
+        w.tick();
+        w.lapsed
+            .iter()
+            .filter(|(f, at)| *f == fe && *at >= since_ms)
+            .map(|(_, at)| *at)
+            .min()
+    }
+
+    /// The revisions written by requests that arrived after their client gave up on them.
+    pub fn late_revisions(&self) -> Vec<i64> {
+        self.world().late.clone()
+    }
+
+    /// The value of `key`, if it exists.
+    pub fn value(&self, key: &str) -> Option<String> {
+        let req = pb::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        let resp = self.world().etcd.range(&req);
+        let kv = resp.kvs.first()?;
+        Some(String::from_utf8_lossy(&kv.value).into_owned())
+    }
+
+    /// etcd's current revision.
+    pub fn revision(&self) -> i64 {
+        self.world().etcd.revision()
+    }
+
+    /// One request's round trip: out, applied by `apply` (unless refused), back; see the
+    /// module's description. `apply` returns the answer and how it went, in words.
+    async fn exchange<T, F>(&self, fe: usize, what: String, apply: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut World) -> Result<(T, String), Error> + Send + 'static,
+    {
+        let (there, back, timeout, lose, reachable) = {
+            let mut w = self.world();
+            let per_mille = w.faults.lose_per_mille;
+            let lose = w.faulty && w.rng.chance(per_mille);
+            let reachable = w.reachable(fe);
+            (w.delay(), w.delay(), w.request_timeout, lose, reachable)
+        };
+        if !reachable {
+            sleep(timeout).await;
+            return Err(timed_out());
+        }
+        if there >= timeout {
+            let net = self.clone();
+            tokio::spawn(async move {
+                sleep(there).await;
+                let before = net.revision();
+                if net.arrive(fe, &what, apply, true).is_ok() && net.revision() != before {
+                    let rev = net.revision();
+                    net.world().late.push(rev);
+                }
+            });
+            sleep(timeout).await;
+            return Err(timed_out());
+        }
+        sleep(there).await;
+        let result = self.arrive(fe, &what, apply, lose || there + back >= timeout);
+        if lose || there + back >= timeout {
+            sleep(timeout - there).await;
+            return Err(timed_out());
+        }
+        sleep(back).await;
+        result
+    }
+
+    /// A request reaches etcd (`lost`: its answer will not reach the client).
+    fn arrive<T, F>(&self, fe: usize, what: &str, apply: F, lost: bool) -> Result<T, Error>
+    where
+        F: FnOnce(&mut World) -> Result<(T, String), Error>,
+    {
+        let mut w = self.world();
+        if !w.reachable(fe) {
+            return Err(timed_out());
+        }
+        if w.leaderless {
+            w.note(format_args!("fe{fe}: {what}: refused, no leader"));
+            return Err(status(tonic::Code::Unavailable, "etcdserver: no leader"));
+        }
+        let per_mille = w.faults.fail_per_mille;
+        if w.faulty && w.rng.chance(per_mille) {
+            let why = match w.rng.below(3) {
+                0 => "etcdserver: leader changed",
+                1 => "etcdserver: request timed out",
+                _ => "etcdserver: too many requests",
+            };
+            w.note(format_args!("fe{fe}: {what}: refused, not applied ({why})"));
+            return Err(status(tonic::Code::Unavailable, why));
+        }
+        w.tick();
+        let result = apply(&mut w);
+        let rev = w.etcd.revision();
+        let lost = if lost { ", answer lost" } else { "" };
+        match &result {
+            Ok((_, how)) if how.is_empty() && lost.is_empty() => {}
+            Ok((_, how)) => w.note(format_args!("fe{fe}: {what}: {how}{lost} (revision {rev})")),
+            Err(e) => w.note(format_args!("fe{fe}: {what}: failed: {e}")),
+        }
+        result.map(|(t, _)| t)
+    }
+}
+
+/// A transaction in words: its comparisons' keys and what each branch writes.
+fn describe(req: &pb::TxnRequest) -> String {
+    use pb::request_op::Request as R;
+    fn short(key: &[u8]) -> String {
+        let key = String::from_utf8_lossy(key);
+        // Without the deployment's prefix (its first component).
+        match key.get(1..).and_then(|k| k.find('/')) {
+            Some(i) => key[i + 2..].to_owned(),
+            None => key.into_owned(),
+        }
+    }
+    fn branch(ops: &[pb::RequestOp]) -> String {
+        let words: Vec<String> = ops
+            .iter()
+            .filter_map(|op| match op.request.as_ref()? {
+                R::RequestPut(p) => Some(format!("put {}", short(&p.key))),
+                R::RequestDeleteRange(d) => Some(format!("del {}", short(&d.key))),
+                R::RequestRange(_) => None,
+                R::RequestTxn(t) => Some(format!("txn{{{}}}", describe(t))),
+            })
+            .collect();
+        words.join(", ")
+    }
+    let guards: Vec<String> = req.compare.iter().map(|c| short(&c.key)).collect();
+    let mut text = format!("if [{}] then [{}]", guards.join(", "), branch(&req.success));
+    let otherwise = branch(&req.failure);
+    if !otherwise.is_empty() {
+        text.push_str(&format!(" else [{otherwise}]"));
+    }
+    text
+}
+
+fn status(code: tonic::Code, message: &str) -> Error {
+    Error::GRpcStatus(tonic::Status::new(code, message))
+}
+
+fn timed_out() -> Error {
+    status(tonic::Code::DeadlineExceeded, "context deadline exceeded")
+}
+
+fn mem_error(e: MemError) -> Error {
+    match e {
+        MemError::LeaseNotFound => status(
+            tonic::Code::NotFound,
+            "etcdserver: requested lease not found",
+        ),
+        MemError::TooManyOps => status(
+            tonic::Code::InvalidArgument,
+            "etcdserver: too many operations in txn request",
+        ),
+        MemError::DuplicateKey => status(
+            tonic::Code::InvalidArgument,
+            "etcdserver: duplicate key given in txn request",
+        ),
+        MemError::Compacted(_) => status(
+            tonic::Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted",
+        ),
+    }
+}
+
+/// One front-end's connection to the simulated etcd (a [`super::Client`]'s inside).
+#[derive(Clone)]
+pub struct Link {
+    net: Net,
+    fe: usize,
+}
+
+impl Link {
+    pub(super) async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, Error> {
+        let what = format!("txn {}", describe(&req));
+        self.net
+            .exchange(self.fe, what, move |w| {
+                let resp = w.etcd.txn(&req).map_err(mem_error)?;
+                let how = if resp.succeeded { "then" } else { "else" };
+                Ok((resp, how.to_owned()))
+            })
+            .await
+    }
+
+    pub(super) async fn get(&self, req: pb::RangeRequest) -> Result<pb::RangeResponse, Error> {
+        let what = format!("read {}", String::from_utf8_lossy(&req.key));
+        self.net
+            .exchange(self.fe, what, move |w| {
+                Ok((w.etcd.range(&req), String::new()))
+            })
+            .await
+    }
+
+    pub(super) async fn lease_grant(&self, ttl: i64) -> Result<pb::LeaseGrantResponse, Error> {
+        let fe = self.fe;
+        self.net
+            .exchange(self.fe, "lease grant".to_owned(), move |w| {
+                let resp = w.etcd.lease_grant(ttl, 0);
+                w.owners.push((resp.id, fe));
+                let how = format!("lease {}", resp.id);
+                Ok((resp, how))
+            })
+            .await
+    }
+
+    /// A keep-alive stream: each keep-alive answered late, or not at all while cut off.
+    pub(super) fn lease_keep_alive(&self, id: i64) -> (LeaseKeeper, LeaseKeepAliveStream) {
+        let (tx, mut requests) = mpsc::channel::<pb::LeaseKeepAliveRequest>(STREAM_QUEUE);
+        let _ = tx.try_send(pb::LeaseKeepAliveRequest { id });
+        let (answers, rx) = mpsc::channel(STREAM_QUEUE);
+        let link = self.clone();
+        tokio::spawn(async move {
+            while let Some(req) = requests.recv().await {
+                let delay = link.net.world().delay();
+                sleep(delay).await;
+                let answer = {
+                    let mut w = link.net.world();
+                    if !w.reachable(link.fe) || w.leaderless {
+                        None
+                    } else {
+                        w.tick();
+                        let ttl = w.etcd.keep_alive(req.id).unwrap_or(0);
+                        Some(pb::LeaseKeepAliveResponse {
+                            header: Some(pb::ResponseHeader {
+                                revision: w.etcd.revision(),
+                                ..Default::default()
+                            }),
+                            id: req.id,
+                            ttl,
+                        })
+                    }
+                };
+                // Unreachable, or no leader: the stream breaks (HTTP/2 keep-alive finds the
+                // link dead; etcd without a leader refuses), and the keeper opens another.
+                let broke = || {
+                    status(
+                        tonic::Code::Unavailable,
+                        "simulated: keep-alive stream broke",
+                    )
+                };
+                let ended = answer.is_none();
+                if answers.send(answer.ok_or_else(broke)).await.is_err() || ended {
+                    return;
+                }
+            }
+        });
+        (
+            LeaseKeeper { id, tx },
+            LeaseKeepAliveStream(Incoming::Sim(rx)),
+        )
+    }
+
+    /// A watch stream of `create`'s range from its start revision: the history delivered in
+    /// batches cut at random revisions, each late; compacted history ends it with the
+    /// compaction's revision; progress asked for is answered once everything before it
+    /// was sent.
+    pub(super) fn watch(&self, create: pb::WatchCreateRequest) -> WatchStream {
+        let (tx, requests) = mpsc::channel(STREAM_QUEUE);
+        let (answers, rx) = mpsc::channel(STREAM_QUEUE);
+        let link = self.clone();
+        tokio::spawn(link.feed_watch(create, requests, answers));
+        WatchStream {
+            requests: WatchRequestSender(tx),
+            responses: WatchResponseStream(Incoming::Sim(rx)),
+        }
+    }
+
+    async fn feed_watch(
+        self,
+        create: pb::WatchCreateRequest,
+        mut requests: mpsc::Receiver<pb::WatchRequest>,
+        answers: mpsc::Sender<Result<pb::WatchResponse, Error>>,
+    ) {
+        let mut next = create.start_revision;
+        let mut progress = false;
+        let created = {
+            let w = self.net.world();
+            if next == 0 {
+                next = w.etcd.revision() + 1;
+            }
+            header_only(w.etcd.revision(), true)
+        };
+        if answers.send(Ok(created)).await.is_err() {
+            return;
+        }
+        loop {
+            let pause = self.net.world().delay().max(Duration::from_millis(1));
+            tokio::select! {
+                biased;
+                req = requests.recv() => match req {
+                    None => return,
+                    Some(_) => progress = true,
+                },
+                () = sleep(pause) => {}
+            }
+            let answer = {
+                let mut w = self.net.world();
+                if !w.reachable(self.fe) {
+                    if w.front(self.fe).dead || w.rng.chance(50) {
+                        let _ = answers.try_send(Err(status(
+                            tonic::Code::Unavailable,
+                            "simulated: watch stream broke",
+                        )));
+                        return;
+                    }
+                    continue;
+                }
+                w.tick();
+                match w.etcd.watch(&create.key, &create.range_end, next) {
+                    Err(MemError::Compacted(rev)) => {
+                        let mut resp = header_only(w.etcd.revision(), false);
+                        resp.compact_revision = rev;
+                        resp.canceled = true;
+                        w.note(format_args!(
+                            "fe{}: watch from {next} compacted (at {rev})",
+                            self.fe
+                        ));
+                        let _ = answers.try_send(Ok(resp));
+                        return;
+                    }
+                    Err(_) => return,
+                    Ok(events) if events.is_empty() => {
+                        if !std::mem::take(&mut progress) {
+                            continue;
+                        }
+                        header_only(w.etcd.revision(), false)
+                    }
+                    Ok(events) => {
+                        let upto = cut_at(&mut w.rng, &events);
+                        let batch: Vec<mvccpb::Event> = events
+                            .into_iter()
+                            .filter(|e| event_rev(e) <= upto)
+                            .collect();
+                        next = upto + 1;
+                        w.note(format_args!(
+                            "fe{}: watch delivers {} events up to revision {upto}",
+                            self.fe,
+                            batch.len()
+                        ));
+                        let mut resp = header_only(upto, false);
+                        resp.events = batch;
+                        resp
+                    }
+                }
+            };
+            if answers.send(Ok(answer)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Where a batch of `events` (in revision order, not empty) is cut: at one of its revisions.
+fn cut_at(rng: &mut Rng, events: &[mvccpb::Event]) -> i64 {
+    let first = event_rev(&events[0]);
+    let last = event_rev(&events[events.len() - 1]);
+    if rng.chance(500) {
+        last
+    } else {
+        let pick = event_rev(&events[rng.below(events.len() as u64) as usize]);
+        pick.clamp(first, last)
+    }
+}
+
+fn event_rev(e: &mvccpb::Event) -> i64 {
+    e.kv.as_ref().map_or(0, |kv| kv.mod_revision)
+}
+
+fn header_only(revision: i64, created: bool) -> pb::WatchResponse {
+    pb::WatchResponse {
+        header: Some(pb::ResponseHeader {
+            revision,
+            ..Default::default()
+        }),
+        created,
+        ..Default::default()
+    }
+}

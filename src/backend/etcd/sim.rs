@@ -1,0 +1,39 @@
+//! The cluster simulator's way in (`tests/sim`): front-ends over a simulated etcd
+//! ([`rpc::sim`](super::rpc::sim)), on the caller's thread and tokio's paused clock.
+
+use std::sync::Arc;
+
+use super::{Cluster, Settings};
+use crate::backend::{Backend, EtcdConfig};
+use crate::locks::Limits;
+use crate::metrics::Metrics;
+
+pub use super::rpc::sim::{Faults, Net, Rng};
+
+/// Makes this thread's runs repeatable: its wall clock follows tokio's (from `epoch_ms`),
+/// and the etcd backend's hash maps made on it iterate in the same order every run. Call
+/// it first on the simulation's thread, inside its runtime.
+pub fn pin_thread(epoch_ms: u64) {
+    crate::backend::simulate_wall(epoch_ms);
+    super::hashing::fix_keys();
+}
+
+/// Front-end number `fe` of `net`, started (its etcd lease taken, its mirror loaded) as
+/// `Cluster::connect` starts one; its background work is [`Backend::run`]'s.
+pub async fn front_end(
+    net: &Net,
+    fe: usize,
+    config: EtcdConfig,
+    limits: Limits,
+) -> Result<Backend, Box<dyn std::error::Error + Send + Sync>> {
+    let client = super::rpc::Client::simulated(net.link(fe));
+    let settings = Settings {
+        config,
+        limits,
+        watch_buffer: 1024,
+        users: None,
+        metrics: Arc::new(Metrics::new(crate::metrics::Deployment::Etcd)),
+    };
+    let cluster = Cluster::start(client, format!("fe{fe}"), settings).await?;
+    Ok(Backend::Etcd(cluster))
+}

@@ -1,0 +1,306 @@
+//! A simulated client: LOCKs (one name or a set; plain or session; `wait=` of all kinds; the
+//! same LOCK sent again after `UNAVAILABLE`, through any front-end), holds, RENEWs, CHECKs
+//! and UNLOCKs; now and then it vanishes (its connections close). Every LOCK and UNLOCK goes
+//! into the history with its invoke and complete times.
+//!
+//! A client holds a lock only as long as the lease surely lasts: from its `OK` until its
+//! UNLOCK, ended early enough that the ttl (counted from the first send of that LOCK) has
+//! not run out. A session lease hangs on its front-end's etcd lease as well: if that lease
+//! expired meanwhile, the client's hold is taken to have ended then (lockd ends such leases
+//! by design; a real holder learns of it at its next RENEW).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockd::backend::etcd::sim::Rng;
+use lockd::backend::{Backend, BackendError, Locked, WaitResult};
+use lockd::locks::{ConnId, LockRequest, Mode, Origin, TableError, Token, WaitEnd, NO_USER};
+use tokio::time::{sleep, timeout};
+
+use crate::history::{Call, Op};
+use crate::run::World;
+
+const NAMES: [&str; 3] = ["a", "b", "c"];
+
+/// How often a client sends the same LOCK again after `UNAVAILABLE` before giving up.
+const RESENDS: u32 = 3;
+
+/// A grant the client holds.
+struct Held {
+    names: Vec<String>,
+    token: Token,
+    /// When the hold must end, at the latest (since the start).
+    until: Duration,
+    /// For a session lease, the front-ends whose etcd lease it may hang on: the one that
+    /// granted it, and each one a RENEW went through (a RENEW binds it to its connection).
+    session_on: Vec<usize>,
+    /// When the `OK` came (since the start).
+    since: Duration,
+}
+
+pub async fn client(world: Arc<World>, me: usize, mut rng: Rng) {
+    let mut conns: BTreeMap<usize, ConnId> = BTreeMap::new();
+    let mut n = 0;
+    while !world.stop.is_cancelled() {
+        sleep(rng.upto(Duration::from_millis(400))).await;
+        if rng.chance(40) {
+            world.note(format!("c{me}: vanishes (its connections close)"));
+            close_all(&world, &mut conns);
+            continue;
+        }
+        n += 1;
+        let id = format!("c{me}.{n}");
+        if let Some(held) = lock(&world, &mut rng, &mut conns, me, &id).await {
+            hold(&world, &mut rng, &mut conns, me, held).await;
+        }
+    }
+    close_all(&world, &mut conns);
+}
+
+fn close_all(world: &World, conns: &mut BTreeMap<usize, ConnId>) {
+    let fronts = world.fronts.lock().unwrap().clone();
+    for (fe, conn) in std::mem::take(conns) {
+        if let Some(Some(b)) = fronts.get(fe) {
+            b.closed(conn);
+        }
+    }
+}
+
+fn conn_of(conns: &mut BTreeMap<usize, ConnId>, fe: usize, b: &Backend) -> ConnId {
+    *conns.entry(fe).or_insert_with(|| b.connection_id())
+}
+
+/// A LOCK, sent again with the same id after `UNAVAILABLE`; the grant, if any.
+async fn lock(
+    world: &World,
+    rng: &mut Rng,
+    conns: &mut BTreeMap<usize, ConnId>,
+    me: usize,
+    id: &str,
+) -> Option<Held> {
+    let name = NAMES[rng.below(3) as usize].to_owned();
+    let and: Vec<String> = if rng.chance(150) {
+        let other = NAMES[rng.below(3) as usize];
+        (other != name)
+            .then(|| other.to_owned())
+            .into_iter()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let ttl = Duration::from_millis(8000 + rng.below(7000));
+    let wait = match rng.below(5) {
+        0 => Duration::ZERO,
+        1..=3 => rng.upto(Duration::from_secs(4)),
+        _ => rng.upto(Duration::from_secs(10)),
+    };
+    let session = rng.chance(300).then(|| rng.upto(Duration::from_secs(2)));
+    let first_sent = world.since_start();
+    for attempt in 0..=RESENDS {
+        let (fe, backend) = world.pick(rng)?;
+        let conn = conn_of(conns, fe, &backend);
+        let req = LockRequest {
+            name: name.as_str().into(),
+            id: id.to_owned(),
+            ttl: Some(ttl),
+            wait: Some(wait),
+            session,
+            conn,
+            mode: Mode::Exclusive,
+            user: NO_USER,
+            origin: Origin::default(),
+            note: None,
+            supersede: false,
+            and: and.clone().into_boxed_slice(),
+            delay: None,
+        };
+        let call = Call::Lock {
+            name: name.clone(),
+            and: and.clone(),
+            id: id.to_owned(),
+            again: attempt > 0,
+        };
+        let invoke = world.since_start();
+        let answer = ask(&backend, req, wait).await;
+        let complete = world.since_start();
+        let names: Vec<String> = std::iter::once(name.clone()).chain(and.clone()).collect();
+        let record = |reply: Option<String>| {
+            world.note(format!(
+                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}) -> {}",
+                names.join("+"),
+                if session.is_some() { ", session" } else { "" },
+                reply.as_deref().unwrap_or("(no answer)")
+            ));
+            world.ops.lock().unwrap().push(Op {
+                client: me,
+                call: call.clone(),
+                invoke,
+                complete,
+                reply,
+            });
+        };
+        match answer {
+            Answer::Granted(token) => {
+                // The lease surely lasts until the ttl from the first send, less a margin.
+                let until = first_sent + ttl.saturating_sub(Duration::from_millis(1500));
+                let lapsed = session
+                    .is_some()
+                    .then(|| world.net.lapsed(fe, ms(first_sent)))
+                    .flatten();
+                if complete >= until || lapsed.is_some() {
+                    record(Some(format!("LATE {token}")));
+                    let _ = backend.unlock(&name, token, NO_USER).await;
+                    return None;
+                }
+                let tokens = vec![token.to_string(); names.len()].join(" ");
+                record(Some(format!("OK {tokens}")));
+                return Some(Held {
+                    names,
+                    token,
+                    until,
+                    session_on: session.map(|_| fe).into_iter().collect(),
+                    since: complete,
+                });
+            }
+            Answer::Ended(why) => {
+                record(Some(why));
+                return None;
+            }
+            Answer::Unavailable(why) => record(Some(format!("ERR UNAVAILABLE {why}"))),
+            Answer::Lost => {
+                record(None);
+                conns.remove(&fe);
+            }
+        }
+    }
+    None
+}
+
+enum Answer {
+    Granted(Token),
+    Ended(String),
+    Unavailable(String),
+    /// No answer in time: the connection is taken as lost.
+    Lost,
+}
+
+async fn ask(backend: &Backend, req: LockRequest, wait: Duration) -> Answer {
+    let limit = wait + Duration::from_secs(20);
+    let asked = async {
+        match backend.lock(req).await {
+            Ok(Locked::Granted { token, .. }) => Answer::Granted(token),
+            Ok(Locked::Waiting(mut w)) => match w.result().await {
+                WaitResult::Granted { token, .. } => Answer::Granted(token),
+                WaitResult::Ended(WaitEnd::TimedOut) => Answer::Ended("ERR TIMEOUT".into()),
+                WaitResult::Ended(WaitEnd::Replaced) => Answer::Ended("ERR REPLACED".into()),
+                WaitResult::Ended(e) => Answer::Ended(format!("ERR {e:?}")),
+                WaitResult::Failed(e) => Answer::Unavailable(e.to_string()),
+            },
+            Err(BackendError::Unavailable(why)) => Answer::Unavailable(why),
+            Err(BackendError::Table(TableError::WouldBlock { .. })) => {
+                Answer::Ended("ERR WOULDBLOCK".into())
+            }
+            Err(e) => Answer::Ended(format!("ERR {e}")),
+        }
+    };
+    timeout(limit, asked).await.unwrap_or(Answer::Lost)
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Holds a grant for a while (RENEWing and CHECKing now and then), then UNLOCKs it.
+async fn hold(
+    world: &World,
+    rng: &mut Rng,
+    conns: &mut BTreeMap<usize, ConnId>,
+    me: usize,
+    mut held: Held,
+) {
+    let end = (world.since_start() + rng.upto(Duration::from_millis(2000))).min(held.until);
+    let name = held.names[rng.below(held.names.len() as u64) as usize].clone();
+    if rng.chance(400) {
+        sleep(end.saturating_sub(world.since_start()) / 2).await;
+        if let Some((fe, backend)) = world.pick(rng) {
+            let conn = conn_of(conns, fe, &backend);
+            let asked = if rng.chance(500) {
+                if !held.session_on.is_empty() {
+                    held.session_on.push(fe);
+                }
+                backend
+                    .renew(&name, held.token, None, conn, NO_USER)
+                    .await
+                    .map(|_| ())
+            } else {
+                backend.check(&name, held.token).await.map(|_| ())
+            };
+            world.note(format!(
+                "c{me}: RENEW/CHECK {name} {} via fe{fe} -> {asked:?}",
+                held.token
+            ));
+            if let Err(BackendError::Table(e)) = asked {
+                let lapsed = lapsed(world, &held);
+                if lapsed.is_none() && world.since_start() < held.until {
+                    world.violation(format!(
+                        "c{me}'s lease of {name} (token {}) was refused within its ttl: {e:?}",
+                        held.token
+                    ));
+                }
+            }
+        }
+    }
+    sleep(end.saturating_sub(world.since_start())).await;
+    // A session lease whose front-end's etcd lease expired ended then: so did the hold.
+    let lapsed = lapsed(world, &held);
+    let invoke = match lapsed {
+        Some(at) => Duration::from_millis(at),
+        None => world.since_start(),
+    };
+    let call = Call::Unlock {
+        name: name.clone(),
+        token: held.token,
+    };
+    let mut reply = None;
+    for _ in 0..=RESENDS {
+        let Some((fe, backend)) = world.pick(rng) else {
+            break;
+        };
+        let answer = timeout(
+            Duration::from_secs(20),
+            backend.unlock(&name, held.token, NO_USER),
+        )
+        .await;
+        world.note(format!(
+            "c{me}: UNLOCK {name} {} via fe{fe} -> {answer:?}",
+            held.token
+        ));
+        match answer {
+            Ok(Ok(())) => {
+                reply = Some("OK".to_owned());
+                break;
+            }
+            Ok(Err(BackendError::Unavailable(_))) | Err(_) => continue,
+            Ok(Err(e)) => {
+                reply = Some(format!("ERR {e}"));
+                break;
+            }
+        }
+    }
+    world.ops.lock().unwrap().push(Op {
+        client: me,
+        call,
+        invoke,
+        complete: world.since_start(),
+        reply,
+    });
+}
+
+/// When the etcd lease a session lease hung on expired during the hold, if it did.
+fn lapsed(world: &World, held: &Held) -> Option<u64> {
+    held.session_on
+        .iter()
+        .filter_map(|fe| world.net.lapsed(*fe, ms(held.since)))
+        .min()
+}
