@@ -61,8 +61,8 @@ pub async fn client(world: Arc<World>, me: usize, mut rng: Rng) {
 fn close_all(world: &World, conns: &mut BTreeMap<usize, ConnId>) {
     let fronts = world.fronts.lock().unwrap().clone();
     for (fe, conn) in std::mem::take(conns) {
-        if let Some(Some(b)) = fronts.get(fe) {
-            b.closed(conn);
+        if let Some(Some(front)) = fronts.get(fe) {
+            front.backend.closed(conn);
         }
     }
 }
@@ -98,8 +98,9 @@ async fn lock(
     let session = rng.chance(300).then(|| rng.upto(Duration::from_secs(2)));
     let first_sent = world.since_start();
     for attempt in 0..=RESENDS {
-        let (fe, backend) = world.pick(rng)?;
-        let conn = conn_of(conns, fe, &backend);
+        let (fe, front) = world.pick(rng)?;
+        let backend = &front.backend;
+        let conn = conn_of(conns, fe, backend);
         let req = LockRequest {
             name: name.as_str().into(),
             id: id.to_owned(),
@@ -122,7 +123,10 @@ async fn lock(
             again: attempt > 0,
         };
         let invoke = world.since_start();
-        let answer = ask(&backend, req, wait).await;
+        let answer = front
+            .call(ask(backend, req, wait))
+            .await
+            .unwrap_or(Answer::Lost);
         let complete = world.since_start();
         let names: Vec<String> = std::iter::once(name.clone()).chain(and.clone()).collect();
         let record = |reply: Option<String>| {
@@ -167,7 +171,13 @@ async fn lock(
                 record(Some(why));
                 return None;
             }
-            Answer::Unavailable(why) => record(Some(format!("ERR UNAVAILABLE {why}"))),
+            Answer::Unavailable(why) => {
+                if why.contains("timed out") {
+                    let gave_up = (id.to_owned(), fe, invoke);
+                    world.gave_up.lock().unwrap().push(gave_up);
+                }
+                record(Some(format!("ERR UNAVAILABLE {why}")));
+            }
             Answer::Lost => {
                 record(None);
                 conns.remove(&fe);
@@ -223,19 +233,22 @@ async fn hold(
     let name = held.names[rng.below(held.names.len() as u64) as usize].clone();
     if rng.chance(400) {
         sleep(end.saturating_sub(world.since_start()) / 2).await;
-        if let Some((fe, backend)) = world.pick(rng) {
-            let conn = conn_of(conns, fe, &backend);
-            let asked = if rng.chance(500) {
-                if !held.session_on.is_empty() {
-                    held.session_on.push(fe);
+        if let Some((fe, front)) = world.pick(rng) {
+            let backend = &front.backend;
+            let conn = conn_of(conns, fe, backend);
+            let renew = rng.chance(500);
+            if renew && !held.session_on.is_empty() {
+                held.session_on.push(fe);
+            }
+            let asked = async {
+                if renew {
+                    let renewed = backend.renew(&name, held.token, None, conn, NO_USER);
+                    renewed.await.map(|_| ())
+                } else {
+                    backend.check(&name, held.token).await.map(|_| ())
                 }
-                backend
-                    .renew(&name, held.token, None, conn, NO_USER)
-                    .await
-                    .map(|_| ())
-            } else {
-                backend.check(&name, held.token).await.map(|_| ())
             };
+            let asked = front.call(asked).await.unwrap_or_else(crashed);
             world.note(format!(
                 "c{me}: RENEW/CHECK {name} {} via fe{fe} -> {asked:?}",
                 held.token
@@ -264,14 +277,13 @@ async fn hold(
     };
     let mut reply = None;
     for _ in 0..=RESENDS {
-        let Some((fe, backend)) = world.pick(rng) else {
+        let Some((fe, front)) = world.pick(rng) else {
             break;
         };
-        let answer = timeout(
-            Duration::from_secs(20),
-            backend.unlock(&name, held.token, NO_USER),
-        )
-        .await;
+        let unlock = front.call(front.backend.unlock(&name, held.token, NO_USER));
+        let answer = timeout(Duration::from_secs(20), unlock)
+            .await
+            .map(|a| a.unwrap_or_else(crashed));
         world.note(format!(
             "c{me}: UNLOCK {name} {} via fe{fe} -> {answer:?}",
             held.token
@@ -303,4 +315,9 @@ fn lapsed(world: &World, held: &Held) -> Option<u64> {
         .iter()
         .filter_map(|fe| world.net.lapsed(*fe, ms(held.since)))
         .min()
+}
+
+/// The answer of a request whose front-end crashed before it answered.
+fn crashed<T>() -> Result<T, BackendError> {
+    Err(BackendError::Unavailable("the front-end crashed".into()))
 }

@@ -22,6 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// A long search says how far it got every this many seeds.
+const PROGRESS: u64 = 10_000;
+
 /// Seeds a plain `cargo test` tries.
 const DEFAULT_SEEDS: u64 = 2000;
 
@@ -35,6 +38,8 @@ fn search(first: u64, seeds: u64) -> (u64, u64, u64, Vec<run::Outcome>) {
     let end = first + seeds;
     let steps = AtomicU64::new(0);
     let known = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let started = Instant::now();
     let failed = Mutex::new(Vec::new());
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let stop_early = std::env::var_os("SIM_STOP").is_some();
@@ -49,6 +54,14 @@ fn search(first: u64, seeds: u64) -> (u64, u64, u64, Vec<run::Outcome>) {
                 let outcome = run::run(seed);
                 steps.fetch_add(outcome.steps, Ordering::Relaxed);
                 known.fetch_add(outcome.known.len() as u64, Ordering::Relaxed);
+                let done = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if done.is_multiple_of(PROGRESS) {
+                    eprintln!(
+                        "sim: {done} of {seeds} seeds, {} failed, {:.0}s",
+                        failed.lock().unwrap().len(),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
                 if !outcome.violations.is_empty() {
                     failed.lock().unwrap().push(outcome);
                     stopped.store(stop_early, Ordering::Relaxed);

@@ -35,14 +35,35 @@ pub struct Outcome {
     pub trace: Vec<String>,
 }
 
+/// A live front-end as its clients reach it.
+#[derive(Clone)]
+pub struct Front {
+    pub backend: Backend,
+    /// Cancelled when it crashes: every connection to it breaks then.
+    pub crashed: CancellationToken,
+}
+
+impl Front {
+    /// A request's answer, or `None` if the front-end crashed first (the connection broke).
+    pub async fn call<T>(&self, request: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            biased;
+            () = self.crashed.cancelled() => None,
+            answer = request => Some(answer),
+        }
+    }
+}
+
 /// What the clients share: the front-ends and the history.
 pub struct World {
     pub net: Net,
     pub start: Instant,
     /// Front-ends by number: `None` once crashed.
-    pub fronts: Mutex<Vec<Option<Backend>>>,
+    pub fronts: Mutex<Vec<Option<Front>>>,
     pub ops: Mutex<Vec<Op>>,
     pub events: Mutex<Vec<Seen>>,
+    /// LOCKs given up on after a request timeout: the id, the front-end, when it was sent.
+    pub gave_up: Mutex<Vec<(String, usize, Duration)>>,
     /// Found by the clients themselves (a holder's RENEW refused within its lease).
     pub violations: Mutex<Vec<String>>,
     pub stop: CancellationToken,
@@ -54,9 +75,9 @@ impl World {
     }
 
     /// A live front-end, chosen at random.
-    pub fn pick(&self, rng: &mut Rng) -> Option<(usize, Backend)> {
+    pub fn pick(&self, rng: &mut Rng) -> Option<(usize, Front)> {
         let fronts = self.fronts.lock().unwrap();
-        let live: Vec<(usize, &Backend)> = fronts
+        let live: Vec<(usize, &Front)> = fronts
             .iter()
             .enumerate()
             .filter_map(|(i, b)| Some((i, b.as_ref()?)))
@@ -133,7 +154,10 @@ async fn start_front(world: &Arc<World>, fe: usize) -> Option<JoinHandle<()>> {
         if fronts.len() <= fe {
             fronts.resize(fe + 1, None);
         }
-        fronts[fe] = Some(backend.clone());
+        fronts[fe] = Some(Front {
+            backend: backend.clone(),
+            crashed: CancellationToken::new(),
+        });
     }
     world.note(format!("fe{fe}: started"));
     Some(tokio::spawn(backend.run(CancellationToken::new())))
@@ -150,6 +174,7 @@ async fn simulate(seed: u64) -> Outcome {
         ops: Mutex::new(Vec::new()),
         events: Mutex::new(Vec::new()),
         violations: Mutex::new(Vec::new()),
+        gave_up: Mutex::new(Vec::new()),
         stop: CancellationToken::new(),
     });
     let fronts = 2 + rng.below(3) as usize;
@@ -198,7 +223,8 @@ async fn simulate(seed: u64) -> Outcome {
     violations.extend(world.violations.lock().unwrap().drain(..));
     violations.sort();
     violations.dedup();
-    let (known, violations) = known_findings(&net, violations);
+    let gave_up = world.gave_up.lock().unwrap().clone();
+    let (known, violations) = known_findings(&net, &gave_up, violations);
     for run in runs.into_iter().flatten() {
         run.abort();
     }
@@ -247,7 +273,9 @@ async fn direct(world: &Arc<World>, rng: &mut Rng, runs: &mut Vec<Option<JoinHan
                     run.abort();
                 }
                 world.net.kill(fe);
-                world.fronts.lock().unwrap()[fe] = None;
+                if let Some(front) = world.fronts.lock().unwrap()[fe].take() {
+                    front.crashed.cancel();
+                }
                 if live.len() <= MAX_FRONTS {
                     let next = runs.len();
                     let started = start_front(world, next).await;
@@ -276,7 +304,7 @@ async fn drained(world: &Arc<World>) -> Option<String> {
         let Some(front) = front else {
             return Some("no front-end left".into());
         };
-        match front.status_snapshot().await {
+        match front.backend.status_snapshot().await {
             Ok(view) if view.is_empty() => return None,
             Ok(view) => {
                 left = view
@@ -291,21 +319,31 @@ async fn drained(world: &Arc<World>) -> Option<String> {
     Some(left)
 }
 
-/// Splits off the findings of a known kind: a grant that sat out its ttl after its client
-/// was told its wait ended, made by a LOCK's write that reached etcd only after the
-/// front-end gave up on it (and after the client's resent LOCK was answered). lockd cannot
-/// tell such a grant from a live one yet; it costs the name its ttl, never a second holder.
-fn known_findings(net: &Net, violations: Vec<String>) -> (Vec<String>, Vec<String>) {
-    let base: Option<u64> = net
-        .value(&format!("{}meta/base", config().prefix))
-        .and_then(|v| v.parse().ok());
-    let late = net.late_revisions();
+/// Splits off the findings of a known kind: a grant to a request that was told its wait
+/// ended (or that sat out its ttl), where a LOCK of that id was given up on after a request
+/// timeout and a write of its front-end reached etcd after that (a late write: lockd cannot
+/// always tell a grant it made from one it gave up on; it costs the name its ttl, never a
+/// second holder). See README.md.
+fn known_findings(
+    net: &Net,
+    gave_up: &[(String, usize, Duration)],
+    violations: Vec<String>,
+) -> (Vec<String>, Vec<String>) {
+    let late = net.late_writes();
     violations.into_iter().partition(|v| {
-        let Some(rest) = v.split_once("(token ").map(|(_, r)| r) else {
-            return false;
+        let id = if let Some(rest) = v.strip_prefix("the grant of ") {
+            rest.split(' ').nth(2)
+        } else {
+            v.split(' ').next()
         };
-        let token: Option<u64> = rest.split(')').next().and_then(|t| t.parse().ok());
-        let rev = token.zip(base).map(|(t, b)| t.wrapping_sub(b) as i64);
-        v.contains("sat out its ttl") && rev.is_some_and(|r| late.contains(&r))
+        let told_left =
+            v.contains("sat out its ttl") || v.contains("after it was told its wait ended");
+        told_left
+            && gave_up.iter().any(|(who, fe, sent)| {
+                Some(who.as_str()) == id
+                    && late
+                        .iter()
+                        .any(|(f, at, _)| f == fe && Duration::from_millis(*at) >= *sent)
+            })
     })
 }

@@ -262,11 +262,25 @@ impl Cluster {
         let note = rules::note_again(had, req.note.as_deref()).unwrap_or_default();
         value.note = note.to_owned();
         let txn = self.rewrite(&holder, &value);
-        let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
-        if !resp.succeeded() {
-            // Renewed, released or expired meanwhile: decide again.
-            return Ok(None);
-        }
+        // This LOCK claims the grant: if it was made for an earlier request of this id that
+        // this front-end gave up on (remembered as left, to be taken back), it is not taken
+        // back any more, also when the watch shows the rewrite before its answer comes
+        // (simulator seed 2361). Given up on again if the rewrite fails.
+        let claimed = self.guard().left.remove(&holder.uid);
+        let resp = self.txn(txn).await;
+        let resp = match resp {
+            Ok(resp) if resp.succeeded() => resp,
+            failed => {
+                if claimed {
+                    self.guard().left.insert(holder.uid.clone());
+                }
+                match failed {
+                    // Renewed, released or expired meanwhile: decide again.
+                    Ok(_) => return Ok(None),
+                    Err(e) => return Err(self.unavailable(&e)),
+                }
+            }
+        };
         self.wrote_lease(&req.name, &value, &resp);
         let token = self.guard().mirror.token(holder.rev);
         // This rewrite is the hand-over: a take-back of an older one now fails.

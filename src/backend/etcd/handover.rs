@@ -113,6 +113,18 @@ impl Cluster {
             let Some(ns) = g.mirror.name(name) else {
                 return;
             };
+            // Keys of ours behind the head that no request waits for (a write that reached
+            // etcd after this front-end gave up on it) leave the queue now, before they
+            // reach its head and are granted (simulator seed 7967).
+            for orphan in ns.queue.values().skip(1) {
+                if orphan.value.fe == self.fe && !g.by_uid.contains_key(&orphan.uid) {
+                    let keys = names_of(name, &orphan.value.set)
+                        .into_iter()
+                        .map(|n| self.layout.waiter(n, &orphan.slot))
+                        .collect();
+                    self.forget_waiter_keys(keys, orphan.mod_rev);
+                }
+            }
             let Some(head) = ns.queue.values().next() else {
                 return;
             };
@@ -431,6 +443,15 @@ pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted) -> GrantAction {
     // back a grant its client was told of (simulator seed 525).
     let confirming = g.by_uid.get(&gr.uid).and_then(|w| g.waiting.get(w));
     if confirming.is_some_and(|l| l.confirming) {
+        return GrantAction::Nothing;
+    }
+    // A grant rewritten since it was made, and not for a request waiting here, was claimed:
+    // renewed, or taken by a LOCK of the same id, through any front-end (a confirmation's
+    // rewrite is its waiter's, and [`Cluster::confirm`] decides about it). Its client was
+    // told of it: never taken back, even if the request it was made for left (simulator
+    // seed 13041).
+    if gr.mod_rev != gr.rev && confirming.is_none() {
+        g.left.remove(&gr.uid);
         return GrantAction::Nothing;
     }
     match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover) {

@@ -323,8 +323,9 @@ impl Cluster {
                 // Its write may have been made (the answer was lost, or it reaches etcd
                 // after this front-end gave up on it): a grant to its key is taken back,
                 // not left to sit out its ttl (simulator seed 1519).
-                if adopt.is_none() {
-                    g.left.insert(uid.clone());
+                g.left.insert(uid.clone());
+                if let Some(old) = &adopt {
+                    g.left.insert(old.uid.clone());
                 }
                 return Err(self.unavailable(&e));
             }

@@ -128,8 +128,9 @@ struct World {
     owners: Vec<(i64, usize)>,
     /// When a front-end's lease expired (ms since the start).
     lapsed: Vec<(usize, u64)>,
-    /// Revisions made by requests that arrived after their client gave up on them.
-    late: Vec<i64>,
+    /// Writes of requests that arrived after their client gave up on them: the front-end,
+    /// when (ms since the start), the revision.
+    late: Vec<(usize, u64, i64)>,
 }
 
 impl World {
@@ -303,8 +304,9 @@ impl Net {
             .min()
     }
 
-    /// The revisions written by requests that arrived after their client gave up on them.
-    pub fn late_revisions(&self) -> Vec<i64> {
+    /// The writes of requests that arrived after their client gave up on them: the
+    /// front-end, when (ms since the start) and the revision of each.
+    pub fn late_writes(&self) -> Vec<(usize, u64, i64)> {
         self.world().late.clone()
     }
 
@@ -348,8 +350,9 @@ impl Net {
                 sleep(there).await;
                 let before = net.revision();
                 if net.arrive(fe, &what, apply, true).is_ok() && net.revision() != before {
-                    let rev = net.revision();
-                    net.world().late.push(rev);
+                    let mut w = net.world();
+                    let (at, rev) = (w.now_ms(), w.etcd.revision());
+                    w.late.push((fe, at, rev));
                 }
             });
             sleep(timeout).await;
