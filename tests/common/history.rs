@@ -10,7 +10,7 @@
 //! - **a token out of order**: a grant completed before another grant of the same name was
 //!   even asked for, yet has the larger token;
 //! - **a grant to a waiter that had left**: the client was told its wait ended
-//!   (`ERR TIMEOUT`, `ERR REPLACED`), never
+//!   (`ERR TIMEOUT`, `ERR REPLACED`, `ERR SUPERSEDED`), never
 //!   sent that LOCK again, and the grant to it was made after a grant that was asked for after
 //!   that answer (tokens follow grant order); or such a grant sat out its ttl (`expired`)
 //!   instead of being taken back at once;
@@ -287,7 +287,9 @@ struct Grant<'a> {
 /// Whether a LOCK's answer told the client its wait ended without a grant. Not
 /// `ERR UNAVAILABLE`: that LOCK may have been granted after all (the same LOCK again gets it).
 fn told_it_left(reply: &str) -> bool {
-    reply.starts_with("ERR TIMEOUT") || reply.starts_with("ERR REPLACED")
+    reply.starts_with("ERR TIMEOUT")
+        || reply.starts_with("ERR REPLACED")
+        || reply.starts_with("ERR SUPERSEDED")
 }
 
 /// Every token of a grant, one per name in the LOCK's order; `None` for anything else.
@@ -447,9 +449,14 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
                 e.id, e.name, e.token, g.token, g.invoke
             ));
         }
-        let expired = events
-            .iter()
-            .any(|x| x.kind == "expired" && x.token == e.token && x.name == e.name);
+        // (A lease broken meanwhile lingers until its deadline by design: BREAK without
+        // force waits for a holder that never lets go.)
+        let ends = |kind: &str| {
+            events
+                .iter()
+                .any(|x| x.kind == kind && x.token == e.token && x.name == e.name)
+        };
+        let expired = ends("expired") && !ends("broken");
         if expired {
             violations.push(format!(
                 "the grant of {} to {} (token {}), which had left, sat out its ttl",

@@ -37,6 +37,8 @@ struct Held {
     session_on: Vec<usize>,
     /// When the `OK` came (since the start).
     since: Duration,
+    /// When its LOCK was first sent: the grant came after.
+    asked: Duration,
 }
 
 pub async fn client(world: Arc<World>, me: usize, mut rng: Rng) {
@@ -47,6 +49,10 @@ pub async fn client(world: Arc<World>, me: usize, mut rng: Rng) {
         if rng.chance(40) {
             world.note(format!("c{me}: vanishes (its connections close)"));
             close_all(&world, &mut conns);
+            continue;
+        }
+        if rng.chance(20) {
+            break_one(&world, &mut rng, me).await;
             continue;
         }
         n += 1;
@@ -96,6 +102,8 @@ async fn lock(
         _ => rng.upto(Duration::from_secs(10)),
     };
     let session = rng.chance(300).then(|| rng.upto(Duration::from_secs(2)));
+    // newest wins: every waiter of the name is answered SUPERSEDED (one name only).
+    let supersede = and.is_empty() && rng.chance(80);
     let first_sent = world.since_start();
     for attempt in 0..=RESENDS {
         let (fe, front) = world.pick(rng)?;
@@ -112,7 +120,7 @@ async fn lock(
             user: NO_USER,
             origin: Origin::default(),
             note: None,
-            supersede: false,
+            supersede,
             and: and.clone().into_boxed_slice(),
             delay: None,
         };
@@ -131,9 +139,10 @@ async fn lock(
         let names: Vec<String> = std::iter::once(name.clone()).chain(and.clone()).collect();
         let record = |reply: Option<String>| {
             world.note(format!(
-                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}) -> {}",
+                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}{}) -> {}",
                 names.join("+"),
                 if session.is_some() { ", session" } else { "" },
+                if supersede { ", supersede" } else { "" },
                 reply.as_deref().unwrap_or("(no answer)")
             ));
             world.ops.lock().unwrap().push(Op {
@@ -165,6 +174,7 @@ async fn lock(
                     until,
                     session_on: session.map(|_| fe).into_iter().collect(),
                     since: complete,
+                    asked: first_sent,
                 });
             }
             Answer::Ended(why) => {
@@ -204,7 +214,9 @@ async fn ask(backend: &Backend, req: LockRequest, wait: Duration) -> Answer {
                 WaitResult::Granted { token, .. } => Answer::Granted(token),
                 WaitResult::Ended(WaitEnd::TimedOut) => Answer::Ended("ERR TIMEOUT".into()),
                 WaitResult::Ended(WaitEnd::Replaced) => Answer::Ended("ERR REPLACED".into()),
-                WaitResult::Ended(e) => Answer::Ended(format!("ERR {e:?}")),
+                WaitResult::Ended(WaitEnd::Superseded { by }) => {
+                    Answer::Ended(format!("ERR SUPERSEDED by {by}"))
+                }
                 WaitResult::Failed(e) => Answer::Unavailable(e.to_string()),
             },
             Err(BackendError::Unavailable(why)) => Answer::Unavailable(why),
@@ -255,7 +267,11 @@ async fn hold(
             ));
             if let Err(BackendError::Table(e)) = asked {
                 let lapsed = lapsed(world, &held);
-                if lapsed.is_none() && world.since_start() < held.until {
+                let broken = world.broken_since(&held.names, held.asked);
+                // A CHECK through a front-end says the least of its wall clock and its own
+                // count (proto.md): a clock ahead may make it say NOTHELD early; a RENEW
+                // must not be refused.
+                if renew && lapsed.is_none() && !broken && world.since_start() < held.until {
                     world.violation(format!(
                         "c{me}'s lease of {name} (token {}) was refused within its ttl: {e:?}",
                         held.token
@@ -320,4 +336,18 @@ fn lapsed(world: &World, held: &Held) -> Option<u64> {
 /// The answer of a request whose front-end crashed before it answered.
 fn crashed<T>() -> Result<T, BackendError> {
     Err(BackendError::Unavailable("the front-end crashed".into()))
+}
+
+/// An operator's BREAK of a name (never `force`: a broken holder keeps the lock until it
+/// lets go or its lease runs out, so no two holders may follow from it).
+async fn break_one(world: &World, rng: &mut Rng, me: usize) {
+    let name = NAMES[rng.below(3) as usize];
+    let Some((fe, front)) = world.pick(rng) else {
+        return;
+    };
+    world.broke(name);
+    let operator = Origin::default();
+    let asked = front.backend.break_lock(name, None, &operator, false);
+    let answer = front.call(asked).await.unwrap_or_else(crashed);
+    world.note(format!("c{me}: BREAK {name} via fe{fe} -> {answer:?}"));
 }

@@ -62,6 +62,8 @@ pub struct World {
     pub fronts: Mutex<Vec<Option<Front>>>,
     pub ops: Mutex<Vec<Op>>,
     pub events: Mutex<Vec<Seen>>,
+    /// BREAKs sent: the name, when.
+    pub breaks: Mutex<Vec<(String, Duration)>>,
     /// LOCKs given up on after a request timeout: the id, the front-end, when it was sent.
     pub gave_up: Mutex<Vec<(String, usize, Duration)>>,
     /// Found by the clients themselves (a holder's RENEW refused within its lease).
@@ -87,6 +89,20 @@ impl World {
         }
         let (i, b) = live[rng.below(live.len() as u64) as usize];
         Some((i, b.clone()))
+    }
+
+    /// A BREAK of `name` is being sent now.
+    pub fn broke(&self, name: &str) {
+        let at = self.since_start();
+        self.breaks.lock().unwrap().push((name.to_owned(), at));
+    }
+
+    /// Whether a BREAK of one of `names` was sent since `since`.
+    pub fn broken_since(&self, names: &[String], since: Duration) -> bool {
+        let breaks = self.breaks.lock().unwrap();
+        breaks
+            .iter()
+            .any(|(n, at)| *at >= since && names.contains(n))
     }
 
     pub fn note(&self, line: String) {
@@ -175,6 +191,7 @@ async fn simulate(seed: u64) -> Outcome {
         events: Mutex::new(Vec::new()),
         violations: Mutex::new(Vec::new()),
         gave_up: Mutex::new(Vec::new()),
+        breaks: Mutex::new(Vec::new()),
         stop: CancellationToken::new(),
     });
     let fronts = 2 + rng.below(3) as usize;
@@ -238,7 +255,8 @@ async fn simulate(seed: u64) -> Outcome {
 }
 
 /// The director: a fault every so often while the clients run (a front-end cut off for a
-/// while, etcd without a leader, a compaction, a front-end crashed and another started).
+/// while, etcd without a leader, a compaction, a front-end's clock moved up to 5 s either
+/// way, a front-end crashed and another started).
 async fn direct(world: &Arc<World>, rng: &mut Rng, runs: &mut Vec<Option<JoinHandle<()>>>) {
     let until = Instant::now() + ACTIVE;
     let mut crashes = 0;
@@ -266,6 +284,15 @@ async fn direct(world: &Arc<World>, rng: &mut Rng, runs: &mut Vec<Option<JoinHan
                 });
             }
             4 => world.net.compact(),
+            6 => {
+                // proto.md: a front-end's clock up to 5 s ahead or behind ends no lease early.
+                let fe = live[rng.below(live.len() as u64) as usize];
+                let ms = rng.below(10_001) as i64 - 5_000;
+                if let Some(front) = &world.fronts.lock().unwrap()[fe] {
+                    sim::skew(&front.backend, ms);
+                }
+                world.note(format!("fe{fe}: its clock is now {ms} ms off"));
+            }
             5 if crashes < 2 && live.len() > 1 => {
                 crashes += 1;
                 let fe = live[rng.below(live.len() as u64) as usize];

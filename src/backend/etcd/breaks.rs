@@ -14,7 +14,7 @@ use crate::locks::{rules, EventKind, Origin, TableError, Token};
 use super::holders::created;
 use super::keys::BrokenValue;
 use super::mirror::HolderRecord;
-use super::{wall_ms, Cluster, CLEANUP_TRIES};
+use super::{Cluster, CLEANUP_TRIES};
 
 impl Cluster {
     /// BREAK by `by` (its right checked before): ends every live lease of `name`, or only
@@ -73,7 +73,7 @@ impl Cluster {
         }
         let record = BrokenValue {
             by: by.who(),
-            at_ms: wall_ms(),
+            at_ms: self.wall_ms(),
             deadline_ms: holder.value.ends_ms(),
         };
         // A set is one lease: its holder is told on whichever of its names it asks.
@@ -162,7 +162,7 @@ impl Cluster {
             let resp = self.txn(self.rewrite(&holder, &value)).await?;
             if resp.succeeded() {
                 self.wrote_lease(name, &value, &resp);
-                let held = wall_ms().saturating_sub(value.granted_ms);
+                let held = self.wall_ms().saturating_sub(value.granted_ms);
                 for each in super::keys::names_of(name, &value.set) {
                     let held = std::time::Duration::from_millis(held);
                     self.ended_log(
@@ -197,7 +197,7 @@ impl Cluster {
             .kvs()
             .first()
             .and_then(|kv| BrokenValue::decode(kv.value()))
-            .filter(|b| b.deadline_ms > wall_ms());
+            .filter(|b| b.deadline_ms > self.wall_ms());
         match record {
             Some(b) => TableError::Broken {
                 token,

@@ -93,7 +93,7 @@ impl Cluster {
     ) {
         let mut value = holder.value.clone();
         value.delaying = Some(kind);
-        value.at_ms = super::wall_ms();
+        value.at_ms = self.wall_ms();
         value.deadline_ms = value.at_ms + value.delay_ms;
         value.cut_ms = 0;
         let txn = self.rewrite(holder, &value);

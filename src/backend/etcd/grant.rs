@@ -15,7 +15,7 @@ use super::keys::HolderValue;
 use super::mirror::{HolderRecord, NameState};
 use super::view::decide;
 use super::waiters::{Queued, Seen};
-use super::{guards, wall_ms, Cluster};
+use super::{guards, Cluster};
 
 /// How often a LOCK whose write found the name changed decides again before it answers
 /// `ERR UNAVAILABLE` (the name is changing faster than it can be decided).
@@ -148,7 +148,7 @@ impl Cluster {
         user: &str,
         ttl: Duration,
     ) -> HolderValue {
-        let at = wall_ms();
+        let at = self.wall_ms();
         HolderValue {
             uid: uid.to_owned(),
             id: req.id.clone(),
@@ -246,7 +246,7 @@ impl Cluster {
         ttl: Duration,
     ) -> Result<Option<LockStart>, BackendError> {
         let mut value = holder.value.clone();
-        let at = wall_ms();
+        let at = self.wall_ms();
         value.ttl_ms = ttl.as_millis() as u64;
         value.deadline_ms = at + value.ttl_ms;
         value.at_ms = at;

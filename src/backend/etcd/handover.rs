@@ -15,7 +15,7 @@ use super::keys::names_of;
 use super::mirror::Granted;
 use super::waiters::key_gone;
 use super::RETRY;
-use super::{guards, wall_ms, Cluster, ClusterState};
+use super::{guards, Cluster, ClusterState};
 
 impl Cluster {
     /// Carries out what [`on_grant`] decided, off the guard.
@@ -171,7 +171,7 @@ impl Cluster {
             local.tried_at = Some(last_rev);
             local.rev = head_rev;
             let waited = now().saturating_duration_since(local.queued);
-            let mut value = local.value.holder(wall_ms());
+            let mut value = local.value.holder(self.wall_ms());
             value.uid.clone_from(&local.uid);
             value.waited_ms = Some(waited.as_millis() as u64);
             let parts = if local.set.is_empty() {

@@ -10,7 +10,7 @@ use crate::locks::{ConnId, EventKind, TableError, Token, UserId};
 
 use super::keys::HolderValue;
 use super::mirror::HolderRecord;
-use super::{guards, wall_ms, Cluster};
+use super::{guards, Cluster};
 
 impl Cluster {
     /// The holder of `name` with `token`: from the mirror, or read from etcd if the mirror
@@ -63,7 +63,7 @@ impl Cluster {
                 // this front-end's wall clock says is left.
                 let left = value
                     .left_ms()
-                    .min(value.ends_ms().saturating_sub(wall_ms()));
+                    .min(value.ends_ms().saturating_sub(self.wall_ms()));
                 return Ok(HolderRecord {
                     uid: super::mirror::uid_of(&value.uid, &slot),
                     slot,
@@ -181,7 +181,7 @@ impl Cluster {
             if let Some(ttl) = ttl {
                 value.ttl_ms = ttl.as_millis() as u64;
             }
-            value.at_ms = wall_ms();
+            value.at_ms = self.wall_ms();
             value.deadline_ms = value.at_ms + value.ttl_ms;
             let session = value.session_ms.is_some();
             let bound = session && (value.cut_ms > 0 || value.fe != self.fe || value.conn != conn);
@@ -263,7 +263,7 @@ impl Cluster {
                 // Both ends on this front-end's clock, so that the time left stays right
                 // whoever wrote the deadline.
                 let mut value = v.clone();
-                value.at_ms = wall_ms();
+                value.at_ms = self.wall_ms();
                 value.deadline_ms = value.at_ms + holder.left(now()).as_millis() as u64;
                 value.cut_ms = value.at_ms + grace;
                 let txn = self.rewrite(&holder, &value);

@@ -206,6 +206,9 @@ pub struct Cluster {
     /// The BREAKs this front-end is making: (holder's create revision, its token, who
     /// sent it), for the marker and the log line of each (`breaks.rs`).
     breaking: Mutex<Vec<(i64, crate::locks::Token, crate::locks::Origin)>>,
+    /// How far this front-end's wall clock is off the true time, in milliseconds: zero,
+    /// except in the cluster simulator, which moves it (`sim::skew`).
+    skew_ms: AtomicI64,
 }
 
 /// Wall-clock milliseconds: deadlines in etcd are wall clock, shared by every front-end.
@@ -301,6 +304,7 @@ impl Cluster {
             leased: AtomicBool::new(false),
             config,
             breaking: Mutex::new(Vec::new()),
+            skew_ms: AtomicI64::new(0),
         });
         // Each step is tried again while etcd answers "unavailable" (a cluster electing its
         // leader as this front-end starts says "no leader"), until the connect timeout.
@@ -361,6 +365,11 @@ impl Cluster {
             .ok_or_else(|| BackendError::Unavailable("etcd: no token base".into()))?;
         self.guard().mirror.base = base;
         Ok(())
+    }
+
+    /// This front-end's wall clock, in milliseconds: what it writes deadlines in.
+    fn wall_ms(&self) -> u64 {
+        wall_ms().saturating_add_signed(self.skew_ms.load(Ordering::Relaxed))
     }
 
     fn guard(&self) -> MutexGuard<'_, ClusterState> {

@@ -11,7 +11,7 @@ use crate::locks::{EventKind, TableError, Token, UserId};
 use super::holders::created;
 use super::keys::HolderValue;
 use super::mirror::HolderRecord;
-use super::{guards, wall_ms, Cluster, CLEANUP_PAUSE, CLEANUP_TRIES};
+use super::{guards, Cluster, CLEANUP_PAUSE, CLEANUP_TRIES};
 
 impl Cluster {
     /// UNLOCK.
@@ -102,7 +102,7 @@ impl Cluster {
                 head: None,
             };
         };
-        let mut value = head.value.holder(wall_ms());
+        let mut value = head.value.holder(self.wall_ms());
         // (An older lockd's waiter record has no uid: its slot is its uid.)
         value.uid.clone_from(&head.uid);
         let lease = lease.map(|l| PutOptions::new().with_lease(l));
@@ -224,7 +224,7 @@ impl Cluster {
             return false;
         };
         let plain = usize::from(ended.head.is_some());
-        let held = Duration::from_millis(wall_ms().saturating_sub(holder.value.granted_ms));
+        let held = Duration::from_millis(self.wall_ms().saturating_sub(holder.value.granted_ms));
         // Every name of a set ended with it.
         for (i, name) in super::keys::names_of(name, &holder.value.set)
             .into_iter()

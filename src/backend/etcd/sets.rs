@@ -28,7 +28,7 @@ use super::keys::{names_of, SupersededValue, WaiterValue};
 use super::mirror::{HolderRecord, NameState};
 use super::view::{self, ask};
 use super::waiters::settle_answered;
-use super::{guards, wall_ms, Cluster, Local};
+use super::{guards, Cluster, Local};
 
 /// How often a LOCK of a set decides again (its names changed under it) before it answers
 /// `ERR UNAVAILABLE`.
@@ -316,7 +316,7 @@ impl Cluster {
             fe: self.fe.clone(),
             conn: req.conn,
             lease: self.lease_id(),
-            queued_ms: wall_ms(),
+            queued_ms: self.wall_ms(),
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set: set.clone(),

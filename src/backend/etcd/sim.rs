@@ -37,3 +37,13 @@ pub async fn front_end(
     let cluster = Cluster::start(client, format!("fe{fe}"), settings).await?;
     Ok(Backend::Etcd(cluster))
 }
+
+/// Moves front-end `front`'s wall clock `ms` milliseconds off the true time (ahead when
+/// positive); a backend that is not a cluster front-end is left alone.
+pub fn skew(front: &Backend, ms: i64) {
+    if let Backend::Etcd(cluster) = front {
+        cluster
+            .skew_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -6,7 +6,7 @@ use crate::backend::{now, BackendError, Detail, StatusView};
 use crate::locks::{LockStatus, Token, WaiterStatus};
 
 use super::mirror::{HolderRecord, NameState};
-use super::{wall_ms, Cluster};
+use super::Cluster;
 
 impl Cluster {
     pub(super) fn base_token(&self) -> Token {
@@ -41,7 +41,7 @@ impl Cluster {
         let Some(status) = Self::status_with(base, name, ns) else {
             return Ok(None);
         };
-        let at = wall_ms();
+        let at = self.wall_ms();
         Ok(Some(Detail {
             status,
             holders: ns
@@ -83,7 +83,7 @@ impl Cluster {
 }
 
 fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> LockStatus {
-    let at = wall_ms();
+    let at = super::wall_ms();
     LockStatus {
         name: name.into(),
         holder: h.value.id.as_str().into(),

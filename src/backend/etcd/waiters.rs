@@ -14,7 +14,7 @@ use crate::locks::{LockRequest, WaitEnd, WaiterId};
 use super::keys::WaiterValue;
 use super::mirror::{Mirror, NameState};
 use super::view::ask;
-use super::{guards, wall_ms, Cluster, Local};
+use super::{guards, Cluster, Local};
 
 /// The most operations one etcd transaction may carry (etcd's `--max-txn-ops` default): a
 /// supersede of a longer queue is made in several.
@@ -65,7 +65,7 @@ impl Cluster {
             fe: self.fe.clone(),
             conn: req.conn,
             lease: self.lease_id(),
-            queued_ms: wall_ms(),
+            queued_ms: self.wall_ms(),
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set: Vec::new(),
