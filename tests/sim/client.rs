@@ -267,7 +267,9 @@ async fn hold(
             ));
             if let Err(BackendError::Table(e)) = asked {
                 let lapsed = lapsed(world, &held);
-                let broken = world.broken_since(&held.names, held.asked);
+                // (A BREAK may reach etcd seconds after it was sent: a slow request.)
+                let since = held.asked.saturating_sub(Duration::from_secs(6));
+                let broken = world.broken_since(&held.names, since);
                 // A CHECK through a front-end says the least of its wall clock and its own
                 // count (proto.md): a clock ahead may make it say NOTHELD early; a RENEW
                 // must not be refused.

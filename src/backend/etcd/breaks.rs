@@ -159,7 +159,7 @@ impl Cluster {
             tries += 1;
             let mut value = holder.value.clone();
             value.broken_by = Some(by.clone());
-            let resp = self.txn(self.rewrite(&holder, &value)).await?;
+            let resp = self.txn(self.rewrite_in_place(&holder, &value)).await?;
             if resp.succeeded() {
                 self.wrote_lease(name, &value, &resp);
                 let held = self.wall_ms().saturating_sub(value.granted_ms);

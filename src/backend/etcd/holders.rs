@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::rpc::{Compare, GetOptions, Txn, TxnOp};
+use super::rpc::{Compare, GetOptions, PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, Renewed};
 use crate::locks::{ConnId, EventKind, TableError, Token, UserId};
@@ -95,7 +95,27 @@ impl Cluster {
     /// Writes `value` over `holder` unless it changed since it was read (renewed, ended,
     /// its grace started): the token stays (the key's create revision does not move). A
     /// set's every key is written alike, in the same write: they are one lease.
+    /// A session lease's keys go onto this front-end's etcd lease: a RENEW or a LOCK again
+    /// binds it to the connection it came on.
     pub(super) fn rewrite(&self, holder: &HolderRecord, value: &HolderValue) -> Txn {
+        let put = self.holder_put(value.session_ms.is_some());
+        self.rewrite_with(holder, value, put)
+    }
+
+    /// [`Cluster::rewrite`], the keys left on the etcd lease they hang on: a BREAK through
+    /// another front-end must not move a session lease onto the breaker's etcd lease, to end
+    /// with that front-end (simulator seed 4957).
+    pub(super) fn rewrite_in_place(&self, holder: &HolderRecord, value: &HolderValue) -> Txn {
+        let put = (holder.lease != 0).then(|| PutOptions::new().with_lease(holder.lease));
+        self.rewrite_with(holder, value, put)
+    }
+
+    fn rewrite_with(
+        &self,
+        holder: &HolderRecord,
+        value: &HolderValue,
+        put: Option<PutOptions>,
+    ) -> Txn {
         let keys = self.lease_keys(holder);
         let encoded = value.encode();
         Txn::new()
@@ -106,13 +126,7 @@ impl Cluster {
             )
             .and_then(
                 keys.iter()
-                    .map(|k| {
-                        TxnOp::put(
-                            k.clone(),
-                            encoded.clone(),
-                            self.holder_put(value.session_ms.is_some()),
-                        )
-                    })
+                    .map(|k| TxnOp::put(k.clone(), encoded.clone(), put.clone()))
                     .collect::<Vec<_>>(),
             )
     }
