@@ -12,6 +12,9 @@
 //! A run prints one summary line: `sim: <n> seeds, <steps> steps, <v> violations`. See
 //! README.md beside this file for the fault model and what it still cannot express.
 
+// Cluster mode's simulator: nothing to run in a build without it.
+#![cfg(feature = "etcd")]
+
 mod client;
 #[path = "../common/history.rs"]
 #[allow(dead_code)]
