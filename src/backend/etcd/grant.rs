@@ -179,7 +179,7 @@ impl Cluster {
 
     /// The grant of a free name nobody waits for; `None` if the mirror was stale.
     async fn grant_at_once(
-        &self,
+        self: &Arc<Self>,
         req: &LockRequest,
         user: &str,
         ttl: Duration,
@@ -207,7 +207,13 @@ impl Cluster {
             ]);
         let txn = guards::in_empty_slot(&self.layout, [&*req.name], &slot, write);
         // (A write whose answer was lost keeps its slot: it may have been applied.)
-        let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
+        let resp = match self.txn(txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.given_up(&req.name, &uid);
+                return Err(self.unavailable(&e));
+            }
+        };
         if !self.slot_written(&slot, [&*req.name], &resp) {
             return Ok(None);
         }
@@ -236,6 +242,28 @@ impl Cluster {
             token,
             handover: HandOver(rev),
         }))
+    }
+
+    /// A grant at once under `uid` whose write's outcome is unknown (its answer was lost, or
+    /// the write reaches etcd after this front-end gave up on it): if it shows up, it is
+    /// taken back, unless a LOCK of its id claims it first ([`Cluster::lock_again`]). Without
+    /// this, such a grant sat out its ttl (the simulator's "late write" findings).
+    fn given_up(self: &Arc<Self>, name: &str, uid: &str) {
+        let shown = {
+            let mut g = self.guard();
+            g.left.insert(uid.to_owned());
+            let base = g.mirror.base;
+            let holder = g
+                .mirror
+                .name(name)
+                .and_then(|ns| ns.holders.values().find(|h| h.uid == uid));
+            holder.map(|h| super::mirror::Granted::of(base, name, h))
+        };
+        // Shown by the watch before the answer failed: decided now, as the watch would have.
+        if let Some(gr) = shown {
+            let action = super::handover::on_grant(&mut self.guard(), &gr);
+            self.after_grants(vec![action]);
+        }
     }
 
     /// A LOCK by a holder's own id (a retry after a lost reply): the same token, a new lease.
