@@ -116,13 +116,17 @@ impl Cluster {
             // Keys of ours behind the head that no request waits for (a write that reached
             // etcd after this front-end gave up on it) leave the queue now, before they
             // reach its head and are granted (simulator seed 7967).
+            // (Once each: the watch evaluates a name on every change, and a write out may
+            // take a while in an outage.)
             for orphan in ns.queue.values().skip(1) {
                 if orphan.value.fe == self.fe && !g.by_uid.contains_key(&orphan.uid) {
-                    let keys = names_of(name, &orphan.value.set)
+                    let keys: Vec<String> = names_of(name, &orphan.value.set)
                         .into_iter()
                         .map(|n| self.layout.waiter(n, &orphan.slot))
                         .collect();
-                    self.forget_waiter_keys(keys, orphan.mod_rev);
+                    if g.forgetting.insert(keys[0].clone()) {
+                        self.forget_waiter_keys(keys, orphan.mod_rev);
+                    }
                 }
             }
             let Some(head) = ns.queue.values().next() else {

@@ -149,6 +149,9 @@ struct ClusterState {
     superseded: HashMap<String, crate::locks::WaitEnd>,
     /// The slots of this front-end's keys, free and taken.
     slots: slots::Slots,
+    /// Waiter keys (a set's first) of no request of this front-end whose removal is out
+    /// (`handover.rs::evaluate`): one write each, however often the name changes meanwhile.
+    forgetting: HashSet<String>,
 }
 
 impl ClusterState {
@@ -288,6 +291,7 @@ impl Cluster {
                 bound: Default::default(),
                 superseded: HashMap::default(),
                 slots: slots::Slots::new(&fe_id),
+                forgetting: HashSet::default(),
             }),
             events,
             moved: Notify::new(),

@@ -555,6 +555,9 @@ impl Cluster {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             me.cleanup(forget_txn(&keys, mod_rev)).await;
+            if let Some(first) = keys.first() {
+                me.guard().forgetting.remove(first);
+            }
         });
     }
 
