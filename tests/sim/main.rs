@@ -7,7 +7,10 @@
 //! - `SIM_SEEDS=<n>`: how many seeds (default [`DEFAULT_SEEDS`]), from `SIM_FIRST` (default 1);
 //! - `SIM_SEED=<seed>`: that seed alone, with its whole trace printed;
 //! - `SIM_STOP=1`: stop at the first failing seed (how `replant/run` counts the seeds a
-//!   planted bug takes to find).
+//!   planted bug takes to find);
+//! - `SIM_THREADS=<n>`: threads (default: one per core).
+//!
+//! Each failing seed and each known finding is said on stderr as it is found.
 //!
 //! A run prints one summary line: `sim: <n> seeds, <steps> steps, <v> violations`. See
 //! README.md beside this file for the fault model and what it still cannot express.
@@ -44,7 +47,9 @@ fn search(first: u64, seeds: u64) -> (u64, u64, u64, Vec<run::Outcome>) {
     let done = AtomicU64::new(0);
     let started = Instant::now();
     let failed = Mutex::new(Vec::new());
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = env_u64("SIM_THREADS")
+        .map(|n| n.max(1) as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
     let stop_early = std::env::var_os("SIM_STOP").is_some();
     let stopped = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -65,7 +70,15 @@ fn search(first: u64, seeds: u64) -> (u64, u64, u64, Vec<run::Outcome>) {
                         started.elapsed().as_secs_f64()
                     );
                 }
-                if !outcome.violations.is_empty() {
+                // Said as found, so a long search that is stopped still names its seeds.
+                for finding in &outcome.known {
+                    eprintln!("sim: seed {seed}: known finding: {finding}");
+                }
+                if let Some(first) = outcome.violations.first() {
+                    eprintln!(
+                        "sim: seed {seed} failed ({} violation(s)): {first}",
+                        outcome.violations.len()
+                    );
                     failed.lock().unwrap().push(outcome);
                     stopped.store(stop_early, Ordering::Relaxed);
                 }

@@ -388,39 +388,14 @@ impl Mirror {
                 ends_at: now + Duration::from_millis(value.left_ms()),
                 value,
             };
-            let token = base + rev as Token;
-            let value = &holder.value;
-            let event = |kind| Event {
-                kind,
-                name: name.as_str().into(),
-                id: value.id.as_str().into(),
-                token,
-                held: std::time::Duration::ZERO,
-                waited: None,
-                origin: value.origin(),
-                note: None,
-                broken_by: Origin::default(),
-            };
             if let Some(old) = ns.holders.get(&rev) {
                 self.ends.remove(&(old.ends_at, name.clone(), old.rev));
-                if let (None, Some(by)) = (&old.value.broken_by, &value.broken_by) {
-                    // A BREAK without `force`: over for its holder, still in its place.
-                    let held_ms = super::wall_ms().saturating_sub(value.granted_ms);
-                    let breaking = Event {
-                        held: std::time::Duration::from_millis(held_ms),
-                        broken_by: by.clone(),
-                        ..event(EventKind::Breaking)
-                    };
+                if let Some(breaking) = breaking(base, &name, old, &holder) {
                     out.event(c.mod_rev, breaking);
                 }
             } else {
                 out.granted.push(Granted::of(base, &name, &holder));
-                let acquired = Event {
-                    waited: value.waited_ms.map(std::time::Duration::from_millis),
-                    note: value.note(),
-                    ..event(EventKind::Acquired)
-                };
-                out.event(c.mod_rev, acquired);
+                out.event(c.mod_rev, acquired(base, &name, &holder));
             }
             self.ends.insert((holder.ends_at, name.clone(), rev));
             ns.holders.insert(rev, holder);
@@ -436,34 +411,82 @@ impl Mirror {
             }
             self.ends.remove(&(old.ends_at, name.clone(), rev));
             // The marker written in the same transaction says why; none: the lease went.
-            let kind = match &ns.marker {
-                Some(m) if ns.marker_changed == c.mod_rev => m.kind,
-                _ => EventKind::Dropped,
-            };
-            // A BREAK's marker says who sent it, for every front-end's watchers.
-            let broken_by = match &ns.marker {
-                Some(m) if kind == EventKind::Broken => {
-                    Origin::new(Some(m.by_user.as_str()), m.by_peer.parse().ok())
-                }
-                _ => Origin::default(),
-            };
-            let held_ms = super::wall_ms().saturating_sub(old.value.granted_ms);
-            out.event(
-                c.mod_rev,
-                Event {
-                    kind,
-                    name: Arc::from(name.as_str()),
-                    id: old.value.id.as_str().into(),
-                    token: base + rev as Token,
-                    held: std::time::Duration::from_millis(held_ms),
-                    waited: None,
-                    origin: old.value.origin(),
-                    note: None,
-                    broken_by,
-                },
-            );
+            let marker = ns
+                .marker
+                .as_ref()
+                .filter(|_| ns.marker_changed == c.mod_rev);
+            out.event(c.mod_rev, ended(base, &name, &old, marker));
         }
     }
+}
+
+/// The event of `holder`'s grant.
+pub(super) fn acquired(base: Token, name: &str, holder: &HolderRecord) -> Event {
+    Event {
+        waited: holder.value.waited_ms.map(Duration::from_millis),
+        note: holder.value.note(),
+        ..holder_event(EventKind::Acquired, base, name, holder)
+    }
+}
+
+/// The event of a BREAK without `force` that `now` shows and `was` did not (over for its
+/// holder, still in its place), if it is one.
+pub(super) fn breaking(
+    base: Token,
+    name: &str,
+    was: &HolderRecord,
+    now: &HolderRecord,
+) -> Option<Event> {
+    let (None, Some(by)) = (&was.value.broken_by, &now.value.broken_by) else {
+        return None;
+    };
+    Some(Event {
+        held: held(&now.value),
+        broken_by: by.clone(),
+        ..holder_event(EventKind::Breaking, base, name, now)
+    })
+}
+
+/// The event of `holder`'s end: `marker` (written by the transaction that ended it) says
+/// why; without one, the lease went with its front-end's etcd lease (`dropped`).
+pub(super) fn ended(
+    base: Token,
+    name: &str,
+    holder: &HolderRecord,
+    marker: Option<&MarkerValue>,
+) -> Event {
+    let kind = marker.map_or(EventKind::Dropped, |m| m.kind);
+    // A BREAK's marker says who sent it, for every front-end's watchers.
+    let broken_by = match marker {
+        Some(m) if kind == EventKind::Broken => {
+            Origin::new(Some(m.by_user.as_str()), m.by_peer.parse().ok())
+        }
+        _ => Origin::default(),
+    };
+    Event {
+        held: held(&holder.value),
+        broken_by,
+        ..holder_event(kind, base, name, holder)
+    }
+}
+
+fn holder_event(kind: EventKind, base: Token, name: &str, holder: &HolderRecord) -> Event {
+    Event {
+        kind,
+        name: Arc::from(name),
+        id: holder.value.id.as_str().into(),
+        token: base + holder.rev as Token,
+        held: Duration::ZERO,
+        waited: None,
+        origin: holder.value.origin(),
+        note: None,
+        broken_by: Origin::default(),
+    }
+}
+
+/// How long a lease has been held, by the wall clock its grant was written with.
+fn held(value: &HolderValue) -> Duration {
+    Duration::from_millis(super::wall_ms().saturating_sub(value.granted_ms))
 }
 
 /// A record's uid: the one its value names, or (a record of an older lockd, whose keys took
@@ -479,4 +502,4 @@ pub(super) fn uid_of(value_uid: &str, slot: &str) -> String {
 
 #[cfg(test)]
 #[path = "mirror_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -60,6 +60,26 @@ fn marker(kind: EventKind, rev: i64) -> String {
     .encode()
 }
 
+/// A mirror of one name with one holder of create revision `rev`, and the name's marker as
+/// the end of the holder of create revision `ended.1` wrote it, if `ended`.
+pub(in crate::backend::etcd) fn one_holder(
+    name: &str,
+    rev: i64,
+    ended: Option<(EventKind, i64)>,
+) -> Mirror {
+    let l = Layout::new("/p/");
+    let mut m = Mirror {
+        base: 1000,
+        ..Mirror::default()
+    };
+    let mut changes = vec![put(l.holder(name, "u1"), holder("me"), rev, rev)];
+    if let Some((kind, of)) = ended {
+        changes.insert(0, put(l.marker(name), marker(kind, of), 2, rev));
+    }
+    m.apply(&l, &changes, rev, Instant::now());
+    m
+}
+
 #[test]
 fn grant_then_expiry_are_events_with_their_kind() {
     let l = Layout::new("/p/");

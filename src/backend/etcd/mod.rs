@@ -47,6 +47,7 @@ mod breaks;
 mod cause;
 mod expiry;
 mod fresh;
+mod gap;
 mod grant;
 mod guards;
 mod handover;

@@ -106,6 +106,12 @@ impl Cluster {
             let applied = g.mirror.apply(&self.layout, &changes, rev, now());
             self.warn_older(&applied);
             g.fresh.retain(|(_, at), _| *at > rev);
+            // What the gap held, told as the watch would have told it.
+            let events = super::gap::events(&old, &g.mirror);
+            for event in events.iter().filter(|e| e.kind != EventKind::Acquired) {
+                g.bound.ended(event.token);
+            }
+            self.publish(&events);
             // Slots whose keys went while the watch was behind: a key the old mirror showed
             // was written, so its slot is free once the new one shows none on that name.
             for (name, ns) in &old.names {
@@ -286,6 +292,20 @@ impl Cluster {
         }
     }
 
+    /// Tells watchers `events` (called under the guard, so they see one name's in order).
+    fn publish(&self, events: &[crate::locks::Event]) {
+        if events.is_empty() || self.events.receiver_count() == 0 {
+            return;
+        }
+        let unix_ms = unix_ms();
+        for event in events {
+            let _ = self.events.send(Arc::new(Published {
+                event: event.clone(),
+                unix_ms,
+            }));
+        }
+    }
+
     fn on_watch(self: &Arc<Self>, resp: WatchResponse) {
         let rev = resp.header().map_or(0, |h| h.revision());
         // Everything up to the header's revision is delivered (a progress answer carries no
@@ -373,15 +393,7 @@ impl Cluster {
                 }
             }
             // Published under the guard, so watchers see one name's events in order.
-            if !applied.events.is_empty() && self.events.receiver_count() > 0 {
-                let unix_ms = unix_ms();
-                for event in &applied.events {
-                    let _ = self.events.send(Arc::new(Published {
-                        event: event.clone(),
-                        unix_ms,
-                    }));
-                }
-            }
+            self.publish(&applied.events);
             applied
         };
         self.after_grants(next);

@@ -1,0 +1,102 @@
+//! What changed while a front-end's watch was behind: an etcd compaction overtook it, and it
+//! read every lock again into a fresh mirror. Its watchers are told what the two mirrors
+//! show, so that a WATCH (and whoever follows one: a client waiting for a broken lease, a
+//! dashboard) misses no lease that began, was broken or ended meanwhile:
+//!
+//! - a lease the old mirror did not have: `acquired`;
+//! - a lease marked broken meanwhile (a BREAK without `force`): `broken`;
+//! - a lease that ended meanwhile: its end's kind, as the name's marker says it when the
+//!   marker is still the one that end wrote (it names the holder it ended); a later change on
+//!   the name overwrote or deleted it: the end is told as `dropped`, the kind a lease that
+//!   went without a word is told as.
+//!
+//! Per name: ends, then breaks, then grants, each in token order (a grant that came in the
+//! gap came after the end that made room for it).
+
+use crate::locks::{Event, Token};
+
+use super::mirror::{self, HolderRecord, Mirror, NameState};
+
+/// The events between `old` and `new`, two mirrors of one prefix.
+pub(super) fn events(old: &Mirror, new: &Mirror) -> Vec<Event> {
+    let empty = NameState::default();
+    let mut names: Vec<&String> = old.names.keys().chain(new.names.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut out = Vec::new();
+    for name in names {
+        let was = old.names.get(name).unwrap_or(&empty);
+        let is = new.names.get(name).unwrap_or(&empty);
+        name_events(new.base, name, was, is, &mut out);
+    }
+    out
+}
+
+fn name_events(base: Token, name: &str, was: &NameState, is: &NameState, out: &mut Vec<Event>) {
+    for gone in was
+        .holders
+        .values()
+        .filter(|h| !is.holders.contains_key(&h.rev))
+    {
+        let marker = is.marker.as_ref().filter(|m| m.rev == gone.rev);
+        out.push(mirror::ended(base, name, gone, marker));
+    }
+    let both = is
+        .holders
+        .values()
+        .filter_map(|h| Some((was.holders.get(&h.rev)?, h)));
+    out.extend(both.filter_map(|(was, is)| mirror::breaking(base, name, was, is)));
+    let new = is
+        .holders
+        .values()
+        .filter(|h| !was.holders.contains_key(&h.rev));
+    out.extend(new.map(|h: &HolderRecord| mirror::acquired(base, name, h)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::locks::EventKind;
+
+    fn kinds(events: &[Event]) -> Vec<(&str, Token)> {
+        events.iter().map(|e| (e.kind.as_str(), e.token)).collect()
+    }
+
+    #[test]
+    fn nothing_changed_tells_nothing() {
+        let a = mirror::tests::one_holder("n", 5, None);
+        let b = mirror::tests::one_holder("n", 5, None);
+        assert!(events(&a, &b).is_empty());
+    }
+
+    #[test]
+    fn a_hand_over_in_the_gap_is_its_end_then_its_grant() {
+        let a = mirror::tests::one_holder("n", 5, None);
+        let mut b = mirror::tests::one_holder("n", 9, Some((EventKind::Released, 5)));
+        b.base = a.base;
+        let got = events(&a, &b);
+        assert_eq!(
+            kinds(&got),
+            vec![("released", a.base + 5), ("acquired", a.base + 9)]
+        );
+    }
+
+    #[test]
+    fn an_end_whose_marker_was_overwritten_is_told_as_dropped() {
+        let a = mirror::tests::one_holder("n", 5, None);
+        let b = mirror::tests::one_holder("n", 9, Some((EventKind::Expired, 7)));
+        assert_eq!(kinds(&events(&a, &b))[0], ("dropped", a.base + 5));
+    }
+
+    #[test]
+    fn a_break_in_the_gap_is_told() {
+        let a = mirror::tests::one_holder("n", 5, None);
+        let mut b = mirror::tests::one_holder("n", 5, None);
+        for h in b.names.get_mut("n").unwrap().holders.values_mut() {
+            h.value.broken_by = Some(crate::locks::Origin::default());
+        }
+        let got = events(&a, &b);
+        assert_eq!(kinds(&got), vec![("broken", a.base + 5)]);
+        assert_eq!(got[0].kind, EventKind::Breaking);
+    }
+}
