@@ -79,6 +79,51 @@ fn a_killed_front_end_loses_its_sessions_and_waiters_in_bounded_time_not_its_pla
     assert_eq!(b.request(&format!("UNLOCK p {tp}")), "OK");
 }
 
+/// proto.md, `delay=`: a session lease that went with its dead front-end's etcd lease
+/// keeps its place for its lock-delay (its holder may still be running), shown held by
+/// every front-end, and ends as `dropped` when the delay is over: the next waiter is granted
+/// no sooner than the delay after the kill.
+#[test]
+fn a_session_lease_of_a_killed_front_end_runs_its_lock_delay_before_the_next_grant() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    const DELAY: Duration = Duration::from_secs(6);
+    let etcd = EtcdCluster::start(1);
+    let prefix = etcd.prefix();
+    let mut a = front_end(&etcd, &prefix);
+    let b = front_end(&etcd, &prefix);
+    let mut session = Line::connect(a.addr());
+    let t = session.lock("d job session delay=6s");
+    let mut next = Line::connect(b.addr());
+    next.send("LOCK d next");
+    eventually(PATIENCE, "the next waiter queued", || {
+        field(&b.request("STATUS d"), "waiters").as_deref() == Some("1")
+    });
+    let mut watch = Line::connect(b.addr());
+    assert_eq!(watch.req("WATCH d"), "OK watching d");
+
+    let killed = Instant::now();
+    a.kill();
+    // The key goes with A's etcd lease; B still shows the lease held (in its delay), but
+    // it is over for its holder. (CHECK, not RENEW: a RENEW through B would take the
+    // session over, to B.)
+    eventually(PATIENCE, "the lease's key gone", || {
+        b.request(&format!("CHECK d {t}"))
+            .starts_with("ERR NOTHELD")
+    });
+    let status = b.request("STATUS d");
+    assert_eq!(field(&status, "id").as_deref(), Some("job"), "{status}");
+    let granted = token(&next.line());
+    let after = killed.elapsed();
+    assert!(granted > t);
+    assert!(after >= DELAY, "granted {after:?} after the kill");
+    // Its end is told when the delay is over, then the grant.
+    let dropped = watch.line();
+    assert!(dropped.starts_with("EVENT dropped d job"), "{dropped}");
+    assert!(watch.line().starts_with("EVENT acquired d next"));
+}
+
 #[test]
 fn a_plain_lease_granted_by_a_dead_front_end_still_expires() {
     if !have(Need::Etcd) {

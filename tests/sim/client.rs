@@ -39,6 +39,8 @@ struct Held {
     since: Duration,
     /// When its LOCK was first sent: the grant came after.
     asked: Duration,
+    /// Its lock-delay (`delay=`; zero for none).
+    delay: Duration,
 }
 
 pub async fn client(world: Arc<World>, me: usize, mut rng: Rng) {
@@ -102,6 +104,7 @@ async fn lock(
         _ => rng.upto(Duration::from_secs(10)),
     };
     let session = rng.chance(300).then(|| rng.upto(Duration::from_secs(2)));
+    let delay = rng.chance(300).then(|| rng.upto(Duration::from_secs(3)));
     // newest wins: every waiter of the name is answered SUPERSEDED (one name only).
     let supersede = and.is_empty() && rng.chance(80);
     let first_sent = world.since_start();
@@ -122,7 +125,7 @@ async fn lock(
             note: None,
             supersede,
             and: and.clone().into_boxed_slice(),
-            delay: None,
+            delay,
         };
         let call = Call::Lock {
             name: name.clone(),
@@ -139,8 +142,9 @@ async fn lock(
         let names: Vec<String> = std::iter::once(name.clone()).chain(and.clone()).collect();
         let record = |reply: Option<String>| {
             world.note(format!(
-                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}{}) -> {}",
+                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}{}{}) -> {}",
                 names.join("+"),
+                delay.map_or(String::new(), |d| format!(", delay {d:?}")),
                 if session.is_some() { ", session" } else { "" },
                 if supersede { ", supersede" } else { "" },
                 reply.as_deref().unwrap_or("(no answer)")
@@ -168,6 +172,17 @@ async fn lock(
                 }
                 let tokens = vec![token.to_string(); names.len()].join(" ");
                 record(Some(format!("OK {tokens}")));
+                world
+                    .delays
+                    .grants
+                    .lock()
+                    .unwrap()
+                    .push(crate::delays::Grant {
+                        client: me,
+                        names: names.clone(),
+                        fe,
+                        at: complete,
+                    });
                 return Some(Held {
                     names,
                     token,
@@ -175,6 +190,7 @@ async fn lock(
                     session_on: session.map(|_| fe).into_iter().collect(),
                     since: complete,
                     asked: first_sent,
+                    delay: delay.unwrap_or_default(),
                 });
             }
             Answer::Ended(why) => {
@@ -289,6 +305,7 @@ async fn hold(
         Some(at) => Duration::from_millis(at),
         None => world.since_start(),
     };
+
     let call = Call::Unlock {
         name: name.clone(),
         token: held.token,
@@ -317,6 +334,21 @@ async fn hold(
                 break;
             }
         }
+    }
+    // The etcd lease it may have hung on expired, and its UNLOCK found it gone: it went
+    // with that lease (an UNLOCK answered OK found it live: the lease was elsewhere).
+    if lapsed.is_some() && reply.as_deref() != Some("OK") && !held.delay.is_zero() {
+        world
+            .delays
+            .lapses
+            .lock()
+            .unwrap()
+            .push(crate::delays::Lapse {
+                client: me,
+                names: held.names.clone(),
+                at: invoke,
+                delay: held.delay,
+            });
     }
     world.ops.lock().unwrap().push(Op {
         client: me,

@@ -19,6 +19,7 @@
 #![cfg(feature = "etcd")]
 
 mod client;
+mod delays;
 #[path = "../common/history.rs"]
 #[allow(dead_code)]
 mod history;

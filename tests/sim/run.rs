@@ -66,6 +66,8 @@ pub struct World {
     pub breaks: Mutex<Vec<(String, Duration)>>,
     /// LOCKs given up on after a request timeout: the id, the front-end, when it was sent.
     pub gave_up: Mutex<Vec<(String, usize, Duration)>>,
+    /// Lock-delays and grants, for [`crate::delays`]'s check.
+    pub delays: crate::delays::Delays,
     /// Found by the clients themselves (a holder's RENEW refused within its lease).
     pub violations: Mutex<Vec<String>>,
     pub stop: CancellationToken,
@@ -170,6 +172,7 @@ async fn start_front(world: &Arc<World>, fe: usize) -> Option<JoinHandle<()>> {
         if fronts.len() <= fe {
             fronts.resize(fe + 1, None);
         }
+        world.delays.started(fe, world.since_start());
         fronts[fe] = Some(Front {
             backend: backend.clone(),
             crashed: CancellationToken::new(),
@@ -189,6 +192,7 @@ async fn simulate(seed: u64) -> Outcome {
         fronts: Mutex::new(Vec::new()),
         ops: Mutex::new(Vec::new()),
         events: Mutex::new(Vec::new()),
+        delays: Default::default(),
         violations: Mutex::new(Vec::new()),
         gave_up: Mutex::new(Vec::new()),
         breaks: Mutex::new(Vec::new()),
@@ -237,6 +241,7 @@ async fn simulate(seed: u64) -> Outcome {
     let events = world.events.lock().unwrap().clone();
     let verdict = history::check(&ops, &[], &events);
     violations.extend(verdict.violations);
+    violations.extend(world.delays.violations());
     violations.extend(world.violations.lock().unwrap().drain(..));
     violations.sort();
     violations.dedup();

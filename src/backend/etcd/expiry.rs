@@ -19,10 +19,11 @@ impl Cluster {
     pub(super) async fn expiry_loop(self: Arc<Self>) {
         loop {
             let moved = self.moved.notified();
-            let (due, next) = {
+            let (due, next, delays_over) = {
                 let mut g = self.guard();
                 let at = now();
                 let mut due = Vec::new();
+                let mut delays_over = Vec::new();
                 let mut next = None;
                 let smallest = g.mirror.front_ends.iter().min().cloned();
                 for (ends, name, rev) in g.mirror.ends.iter() {
@@ -33,6 +34,11 @@ impl Cluster {
                     let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(*rev)) else {
                         continue;
                     };
+                    // Kept by every front-end's mirror alone: each ends its own.
+                    if h.keyless {
+                        delays_over.push((name.clone(), *rev));
+                        continue;
+                    }
                     let owner_alive = g.mirror.front_ends.contains(&h.value.fe);
                     let mine = if owner_alive {
                         h.value.fe == self.fe
@@ -44,8 +50,11 @@ impl Cluster {
                     }
                 }
                 due.retain(|(name, rev, _)| g.expiring.insert((name.clone(), *rev)));
-                (due, next)
+                (due, next, delays_over)
             };
+            for (name, rev) in delays_over {
+                self.delay_over(&name, rev);
+            }
             for (name, rev, holder) in due {
                 let me = Arc::clone(&self);
                 tokio::spawn(async move {
@@ -96,12 +105,46 @@ impl Cluster {
         value.at_ms = self.wall_ms();
         value.deadline_ms = value.at_ms + value.delay_ms;
         value.cut_ms = 0;
-        let txn = self.rewrite(holder, &value);
+        // On no etcd lease, as a plain lease: over for its holder, it ends by its deadline,
+        // through whichever front-end is alive then (on this one's etcd lease, it went with
+        // this front-end).
+        let txn = self.rewrite_plain(holder, &value);
         if let Some(resp) = self.cleanup(txn).await {
             if resp.succeeded() {
                 self.wrote_lease(name, &value, &resp);
             }
         }
+    }
+
+    /// The lock-delay of a lease whose key went with its front-end's etcd lease is over
+    /// ([`HolderRecord::keyless`]): it ends here (its end event now, as on one server), and
+    /// the name is decided again.
+    ///
+    /// [`HolderRecord::keyless`]: super::mirror::HolderRecord::keyless
+    fn delay_over(self: &Arc<Self>, name: &str, rev: i64) {
+        {
+            let mut g = self.guard();
+            let base = g.mirror.base;
+            let Some(ns) = g.mirror.names.get_mut(name) else {
+                return;
+            };
+            let Some(kept) = ns.holders.remove(&rev) else {
+                return;
+            };
+            let empty = ns.holders.is_empty() && ns.queue.is_empty() && ns.marker_rev == 0;
+            g.mirror.ends.remove(&(kept.ends_at, name.to_owned(), rev));
+            if empty {
+                g.mirror.names.remove(name);
+            }
+            let event = super::mirror::ended(base, name, &kept, None);
+            let event = crate::locks::Event {
+                kind: kept.value.delaying.unwrap_or(EventKind::Dropped),
+                ..event
+            };
+            g.bound.ended(event.token);
+            self.publish(std::slice::from_ref(&event));
+        }
+        self.evaluate(name);
     }
 
     /// Expires one holder unless it was renewed meanwhile; then removes the name's marker if

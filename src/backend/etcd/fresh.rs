@@ -31,7 +31,54 @@ impl Cluster {
         let txn = Txn::new().and_then(ops);
         let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        Ok(self.states_read(&resp.op_responses(), rev, names))
+        let mut states = self.states_read(&resp.op_responses(), rev, names);
+        self.with_delays(names, &mut states, rev).await;
+        Ok(states)
+    }
+
+    /// Adds to names read at `rev` the leases in their lock-delay whose key went with their
+    /// front-end's etcd lease ([`HolderRecord::keyless`]): no read shows them, and a decision
+    /// made without them would grant the name within the delay. Whether a holder the read
+    /// misses went that way (no marker) or was released only the watch tells, so this waits
+    /// (at most a request timeout; the watch is milliseconds behind) for the mirror to reach
+    /// `rev`. A mirror that does not still shows such holders: each is taken to be in its
+    /// delay (the safe side).
+    ///
+    /// [`HolderRecord::keyless`]: super::mirror::HolderRecord::keyless
+    async fn with_delays(&self, names: &[String], states: &mut [NameState], rev: i64) {
+        let until = tokio::time::Instant::now() + self.config.request_timeout;
+        loop {
+            let moved = self.moved.notified();
+            if self.guard().mirror.rev >= rev {
+                break;
+            }
+            if tokio::time::timeout_at(until, moved).await.is_err() {
+                break;
+            }
+        }
+        let g = self.guard();
+        let behind = g.mirror.rev < rev;
+        let at = now();
+        for (name, read) in names.iter().zip(states.iter_mut()) {
+            let Some(ns) = g.mirror.name(name) else {
+                continue;
+            };
+            for h in ns.holders.values() {
+                if read.holders.contains_key(&h.rev) {
+                    continue;
+                }
+                let kept = match h.keyless {
+                    true => Some(h.clone()),
+                    // (A mirror that did not reach `rev` still shows it; one past `rev`
+                    // shows holders granted since, which are no concern of this read.)
+                    false if behind && h.rev <= rev => h.delayed(at),
+                    false => None,
+                };
+                if let Some(kept) = kept {
+                    read.holders.insert(kept.rev, kept);
+                }
+            }
+        }
     }
 
     /// The reads of `name` a transaction carries: its marker, holders and queue (what

@@ -13,9 +13,40 @@
 //! Per name: ends, then breaks, then grants, each in token order (a grant that came in the
 //! gap came after the end that made room for it).
 
+use std::time::Instant;
+
 use crate::locks::{Event, Token};
 
 use super::mirror::{self, HolderRecord, Mirror, NameState};
+
+/// Keeps in `new` the leases in their lock-delay that `old` kept without a key
+/// ([`HolderRecord::keyless`]), and makes such of those whose key went in the gap with no
+/// marker naming them (so with their front-end's etcd lease, as far as can be told: a
+/// release whose marker a later change hid is kept for its delay too, the safe side). Called
+/// before [`events`], so that no end is told for them before their delay is over.
+pub(super) fn keep_delays(old: &Mirror, new: &mut Mirror, now: Instant) {
+    for (name, was) in &old.names {
+        for h in was.holders.values() {
+            let is = new.names.get(name);
+            if is.is_some_and(|ns| ns.holders.contains_key(&h.rev)) {
+                continue;
+            }
+            let named = is
+                .and_then(|ns| ns.marker.as_ref())
+                .is_some_and(|m| m.rev == h.rev);
+            let kept = match h.keyless {
+                true => Some(h.clone()).filter(|h| h.ends_at > now),
+                false if named => None,
+                false => h.delayed(now),
+            };
+            if let Some(kept) = kept {
+                new.ends.insert((kept.ends_at, name.clone(), kept.rev));
+                let ns = new.names.entry(name.clone()).or_default();
+                ns.holders.insert(kept.rev, kept);
+            }
+        }
+    }
+}
 
 /// The events between `old` and `new`, two mirrors of one prefix.
 pub(super) fn events(old: &Mirror, new: &Mirror) -> Vec<Event> {

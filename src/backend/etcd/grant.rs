@@ -231,6 +231,7 @@ impl Cluster {
                     mod_rev: rev,
                     lease,
                     ends_at: now() + ttl,
+                    keyless: false,
                     value,
                 };
                 g.fresh.insert((req.name.to_string(), rev), holder);
@@ -256,7 +257,7 @@ impl Cluster {
             let holder = g
                 .mirror
                 .name(name)
-                .and_then(|ns| ns.holders.values().find(|h| h.uid == uid));
+                .and_then(|ns| ns.holders.values().find(|h| h.uid == uid && !h.keyless));
             holder.map(|h| super::mirror::Granted::of(base, name, h))
         };
         // Shown by the watch before the answer failed: decided now, as the watch would have.

@@ -26,6 +26,11 @@ impl Cluster {
                 return Err(TableError::NotHeld.into());
             };
             if let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(rev)) {
+                // (One whose key went with its front-end's etcd lease is no lease of anyone's
+                // any more: it runs its lock-delay.)
+                if h.keyless {
+                    return Err(TableError::NotHeld.into());
+                }
                 return Ok(h.clone());
             }
             if let Some(h) = g.fresh.get(&(name.to_owned(), rev)) {
@@ -59,11 +64,22 @@ impl Cluster {
                 let key = String::from_utf8_lossy(kv.key()).into_owned();
                 let slot = key.rsplit('/').next().and_then(super::keys::decode);
                 let slot = slot.unwrap_or_default();
-                // Not seen being written: counted as if written now, but never past what
-                // this front-end's wall clock says is left.
-                let left = value
-                    .left_ms()
-                    .min(value.ends_ms().saturating_sub(self.wall_ms()));
+                // Not seen being written: counted as if written now. A write the mirror saw
+                // with the same time in it (a confirmation's rewrite) is counted from when it
+                // was seen, as the expiry timer counts it. No wall clock enters: the writer's
+                // may be seconds behind this one's, and the lease is live while its key is
+                // (only a guarded write ends it), so a RENEW of it must not be refused
+                // (simulator seeds 120939, 141739: a RENEW refused within the ttl). CHECK
+                // adds this front-end's wall clock itself.
+                let left = value.left_ms();
+                let seen = self.guard().mirror.name(name).and_then(|ns| {
+                    let h = ns.holder_by_rev(rev)?;
+                    let same = !h.keyless
+                        && h.value.at_ms == value.at_ms
+                        && h.value.ends_ms() == value.ends_ms();
+                    same.then_some(h.ends_at)
+                });
+                let ends_at = seen.unwrap_or_else(|| now() + Duration::from_millis(left));
                 return Ok(HolderRecord {
                     uid: super::mirror::uid_of(&value.uid, &slot),
                     slot,
@@ -71,7 +87,8 @@ impl Cluster {
                     rev,
                     mod_rev: kv.mod_revision(),
                     lease: kv.lease(),
-                    ends_at: now() + Duration::from_millis(left),
+                    ends_at,
+                    keyless: false,
                     value,
                 });
             }
@@ -108,6 +125,11 @@ impl Cluster {
     pub(super) fn rewrite_in_place(&self, holder: &HolderRecord, value: &HolderValue) -> Txn {
         let put = (holder.lease != 0).then(|| PutOptions::new().with_lease(holder.lease));
         self.rewrite_with(holder, value, put)
+    }
+
+    /// [`Cluster::rewrite`] on no etcd lease (a lease in its lock-delay).
+    pub(super) fn rewrite_plain(&self, holder: &HolderRecord, value: &HolderValue) -> Txn {
+        self.rewrite_with(holder, value, None)
     }
 
     fn rewrite_with(
@@ -238,7 +260,8 @@ impl Cluster {
             return Err(TableError::NotHeld.into());
         }
         let at = now();
-        let mut left = holder.left(at);
+        let by_wall = holder.value.ends_ms().saturating_sub(self.wall_ms());
+        let mut left = holder.left(at).min(Duration::from_millis(by_wall));
         if let Some(seen) = self
             .guard()
             .mirror

@@ -55,12 +55,42 @@ pub struct HolderRecord {
     /// write took to be seen (milliseconds; up to the time since the write for a front-end
     /// that read it at start or after a compaction).
     pub ends_at: Instant,
+    /// Its key is gone with its front-end's etcd lease (that front-end died, or was cut off
+    /// past its lease), and its lock-delay runs: every front-end's mirror keeps it in its
+    /// place, unrenewable, until [`HolderRecord::ends_at`], as a lease in its delay is kept
+    /// on one server (see [`HolderRecord::delayed`]).
+    pub keyless: bool,
 }
 
 impl HolderRecord {
     /// How long it has left, as this front-end counts it.
     pub fn left(&self, now: Instant) -> Duration {
         self.ends_at.saturating_duration_since(now)
+    }
+
+    /// This holder, seen at `now` with its key gone without a marker (so with its
+    /// front-end's etcd lease), kept for its lock-delay, if it has one to run: a session
+    /// lease (its connection went with its front-end: its holder may still be running) from
+    /// now, or a lease already in its delay until that delay's end. Without this, the next
+    /// waiter would be granted the moment the key went (proto.md, `delay=`).
+    pub fn delayed(&self, now: Instant) -> Option<HolderRecord> {
+        let value = &self.value;
+        if value.delay_ms == 0 {
+            return None;
+        }
+        let ends_at = match (value.delaying, value.session_ms) {
+            (Some(_), _) => self.ends_at,
+            (None, Some(_)) => now + Duration::from_millis(value.delay_ms),
+            (None, None) => return None,
+        };
+        if ends_at <= now {
+            return None;
+        }
+        let mut kept = self.clone();
+        kept.value.delaying.get_or_insert(EventKind::Dropped);
+        kept.ends_at = ends_at;
+        kept.keyless = true;
+        Some(kept)
     }
 }
 
@@ -142,7 +172,8 @@ impl NameState {
 
     /// Whether a holder or waiter key of this name is in `slot`.
     pub fn uses_slot(&self, slot: &str) -> bool {
-        self.holders.values().any(|h| h.slot == slot) || self.queue.values().any(|w| w.slot == slot)
+        self.holders.values().any(|h| h.slot == slot && !h.keyless)
+            || self.queue.values().any(|w| w.slot == slot)
     }
 
     /// Whether a holder in `mode` fits beside the present holders (the queue aside) once
@@ -386,6 +417,7 @@ impl Mirror {
                 mod_rev: c.mod_rev,
                 lease: c.lease,
                 ends_at: now + Duration::from_millis(value.left_ms()),
+                keyless: false,
                 value,
             };
             if let Some(old) = ns.holders.get(&rev) {
@@ -400,7 +432,8 @@ impl Mirror {
             self.ends.insert((holder.ends_at, name.clone(), rev));
             ns.holders.insert(rev, holder);
         } else {
-            let Some(rev) = ns.holders.values().find(|h| h.slot == slot).map(|h| h.rev) else {
+            let keyed = ns.holders.values().find(|h| h.slot == slot && !h.keyless);
+            let Some(rev) = keyed.map(|h| h.rev) else {
                 return;
             };
             let Some(old) = ns.holders.remove(&rev) else {
@@ -410,11 +443,17 @@ impl Mirror {
                 out.slots_gone.push((name.clone(), slot));
             }
             self.ends.remove(&(old.ends_at, name.clone(), rev));
-            // The marker written in the same transaction says why; none: the lease went.
+            // The marker written in the same transaction says why; none: the lease went
+            // with its front-end's etcd lease, and may have a lock-delay to run first.
             let marker = ns
                 .marker
                 .as_ref()
                 .filter(|_| ns.marker_changed == c.mod_rev);
+            if let (None, Some(kept)) = (marker, old.delayed(now)) {
+                self.ends.insert((kept.ends_at, name.clone(), rev));
+                ns.holders.insert(rev, kept);
+                return;
+            }
             out.event(c.mod_rev, ended(base, &name, &old, marker));
         }
     }

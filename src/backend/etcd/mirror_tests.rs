@@ -198,6 +198,7 @@ fn modes_admit_as_the_table_does() {
             mod_rev: 1,
             lease: 0,
             ends_at: Instant::now(),
+            keyless: false,
             value: v,
         },
     );
@@ -310,4 +311,75 @@ fn a_front_end_of_an_older_lockd_is_told_apart() {
     );
     assert_eq!(a.older_front_ends, vec!["old".to_owned()]);
     assert_eq!(m.front_ends.len(), 2);
+}
+
+/// A session lease with a lock-delay, as its front-end writes it.
+fn session_holder(id: &str, delay_ms: u64) -> String {
+    let mut v = HolderValue::decode(holder(id).as_bytes()).expect("a holder");
+    v.session_ms = Some(0);
+    v.delay_ms = delay_ms;
+    v.encode()
+}
+
+#[test]
+fn a_session_lease_gone_with_its_front_ends_etcd_lease_is_kept_for_its_lock_delay() {
+    let l = Layout::new("/p/");
+    let mut m = Mirror::default();
+    let at = Instant::now();
+    m.apply(
+        &l,
+        &[put(l.holder("x", "u1"), session_holder("me", 3000), 5, 5)],
+        5,
+        at,
+    );
+    // Deleted alone: etcd ended the front-end's lease.
+    let gone = m.apply(&l, &[del(l.holder("x", "u1"), 6)], 6, at);
+    assert!(
+        gone.events.is_empty(),
+        "its end is told when its delay is over"
+    );
+    let kept = m
+        .name("x")
+        .and_then(|ns| ns.holder_by_rev(5))
+        .expect("kept");
+    assert!(kept.keyless);
+    assert_eq!(kept.value.delaying, Some(EventKind::Dropped));
+    assert!(kept.value.lingering());
+    assert_eq!(kept.left(at), Duration::from_secs(3));
+    assert!(
+        !m.name("x").unwrap().uses_slot("u1"),
+        "its key's slot is free"
+    );
+}
+
+#[test]
+fn a_released_lease_and_one_without_a_delay_are_not_kept() {
+    let l = Layout::new("/p/");
+    let mut m = Mirror::default();
+    let at = Instant::now();
+    m.apply(
+        &l,
+        &[
+            put(l.marker("x"), marker(EventKind::Acquired, 5), 5, 5),
+            put(l.holder("x", "u1"), session_holder("me", 3000), 5, 5),
+            put(l.holder("y", "u2"), session_holder("me", 0), 6, 6),
+        ],
+        6,
+        at,
+    );
+    // An UNLOCK that emptied the name deletes its marker in the same write.
+    let released = m.apply(
+        &l,
+        &[
+            del(l.marker("x"), 7),
+            del(l.holder("x", "u1"), 7),
+            del(l.holder("y", "u2"), 8),
+        ],
+        8,
+        at,
+    );
+    assert_eq!(released.events.len(), 2);
+    assert_eq!(released.events[0].kind, EventKind::Released);
+    assert_eq!(released.events[1].kind, EventKind::Dropped);
+    assert!(m.name("x").is_none() && m.name("y").is_none());
 }

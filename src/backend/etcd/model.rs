@@ -143,6 +143,7 @@ fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
             lease: 0,
             value,
             ends_at: at,
+            keyless: false,
         };
         ns.holders.insert(rev, holder);
     }

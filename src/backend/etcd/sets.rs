@@ -258,6 +258,7 @@ impl Cluster {
                         mod_rev: rev,
                         lease,
                         ends_at: now() + ttl,
+                        keyless: false,
                         value: value.clone(),
                     };
                     g.fresh.insert((name.clone(), rev), holder);

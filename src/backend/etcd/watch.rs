@@ -107,6 +107,7 @@ impl Cluster {
             self.warn_older(&applied);
             g.fresh.retain(|(_, at), _| *at > rev);
             // What the gap held, told as the watch would have told it.
+            super::gap::keep_delays(&old, &mut g.mirror, now());
             let events = super::gap::events(&old, &g.mirror);
             for event in events.iter().filter(|e| e.kind != EventKind::Acquired) {
                 g.bound.ended(event.token);
@@ -130,7 +131,10 @@ impl Cluster {
                 .mirror
                 .names
                 .iter()
-                .flat_map(|(name, ns)| ns.holders.values().map(move |h| Granted::of(base, name, h)))
+                .flat_map(|(name, ns)| {
+                    let keyed = ns.holders.values().filter(|h| !h.keyless);
+                    keyed.map(move |h| Granted::of(base, name, h))
+                })
                 .filter(|gr| gr.fe == self.fe)
                 .filter(|gr| g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid))
                 .collect();
@@ -293,7 +297,7 @@ impl Cluster {
     }
 
     /// Tells watchers `events` (called under the guard, so they see one name's in order).
-    fn publish(&self, events: &[crate::locks::Event]) {
+    pub(super) fn publish(&self, events: &[crate::locks::Event]) {
         if events.is_empty() || self.events.receiver_count() == 0 {
             return;
         }
