@@ -394,6 +394,29 @@ pub enum Command {
     /// breaking again (a BREAK that was carried out, sent again, breaks the next holder).
     #[command(after_help = after_help())]
     Break(BreakArgs),
+    /// Leader election: run <service> while this process leads <name>; stand by otherwise.
+    ///
+    /// Every candidate runs the same `lockctl elect <name> -- <service>`: the first one leads
+    /// and runs the service; the others wait as standbys, in the order they came (first come,
+    /// first served), and the next one takes over when the leader's service exits, its
+    /// lockctl is killed (after --session-grace) or its host goes quiet. The leader is the
+    /// holder of the lock <name>, and the service runs exactly as under `lockctl run` (it is
+    /// `lockctl run <name>` with a name for the purpose): with LOCKD_TOKEN, the leadership's
+    /// fencing token (it rises with every new leader: a term number), and the same guarantee:
+    /// no process of an old leader's service still runs when a new leader starts its own.
+    /// --note is what `lockctl leader` prints with the leader's id (an address its clients
+    /// use, say). Exits with the service's exit code once it has run (to stand again, run it
+    /// again: `Restart=always` in a systemd unit); 4 if leadership was lost while it ran.
+    #[command(after_help = after_help())]
+    Elect(ElectArgs),
+    /// Print the leader of <name>: its id and note, on one line (exit 1 when there is none).
+    ///
+    /// The leader is the holder of the lock <name> (see `lockctl elect`); a holder whose
+    /// lease is over (broken, or in its lock-delay) leads no longer. With --watch, the leader
+    /// now and then one line per change, until interrupted: `<id> <note>` for a new leader,
+    /// `-` while there is none.
+    #[command(after_help = after_help())]
+    Leader(LeaderArgs),
     /// Print shell completions (the same as --completions SHELL).
     #[command(hide = true)]
     Completions {
@@ -547,6 +570,51 @@ pub struct RunArgs {
     /// server's --max-ttl (else it is released, with a warning).
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     pub at_least: Option<Duration>,
+}
+
+#[derive(Args, Debug)]
+pub struct ElectArgs {
+    /// The election's name: a lock name, held by the leader.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+
+    /// What `lockctl leader` prints with the leader's id (its address, say): printable text,
+    /// at most the server's --max-note (256 bytes unless configured) [default: the service's
+    /// program name, as `lockctl run`].
+    #[arg(long, value_name = "TEXT")]
+    pub note: Option<String>,
+
+    /// Run this through /bin/sh -c instead of a service after `--`.
+    #[arg(short = 'c', long = "command", value_name = "SHELL_COMMAND")]
+    pub shell: Option<String>,
+
+    /// Lease length, at least 1s: how long a leader that went quiet (a frozen host, a cut
+    /// network) keeps leadership at most. lockctl renews about every third of it.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub ttl: Duration,
+
+    /// How long leadership outlives a dropped connection (lockctl reconnects within it); a
+    /// killed lockctl's leadership passes on when it ends [default: 10s, at most --ttl].
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    pub session_grace: Option<Duration>,
+
+    /// Time between SIGTERM and SIGKILL when the service must be stopped (leadership lost).
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub kill_grace: Duration,
+
+    /// The service and its arguments (after `--`).
+    #[arg(last = true, value_name = "SERVICE")]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct LeaderArgs {
+    /// The election's name.
+    pub name: String,
+
+    /// Go on: one line per change of leader (`-` while there is none), until interrupted.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 #[derive(Args, Debug)]

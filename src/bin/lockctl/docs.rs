@@ -11,7 +11,7 @@ use crate::fail::Failure;
 
 /// The commands with a page of their own.
 const PAGES: &[&str] = &[
-    "run", "acquire", "release", "renew", "status", "top", "watch", "break",
+    "run", "elect", "leader", "acquire", "release", "renew", "status", "top", "watch", "break",
 ];
 
 /// Does what a documentation flag (or command) asks; `None` when none was given.

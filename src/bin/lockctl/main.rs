@@ -5,7 +5,7 @@
 //! - [`run`]: `lockctl run`, with [`supervise`] (the lock held while the job runs), [`child`]
 //!   (the job: the command and everything it starts, signals), [`job`] (on Linux, the job's
 //!   supervisor process, lockctl re-executed) and [`keeper`] (renewals, reconnection, the
-//!   lease deadline).
+//!   lease deadline). [`elect`]: `lockctl elect` (a `run` by another name) and `leader`.
 //! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`out`] (tables, JSON);
 //!   [`holder`] says who holds a lock, for -v.
 //! - [`net`]: lockctl's settings for the library's `Connector` (addresses, failover, TLS,
@@ -19,13 +19,14 @@
 //! none of them; `child` -> `fail`; `job` -> `child`, `fail`; `auth`, `tls`, `docs` -> `cli`,
 //! `fail`; `set_env` imports none; `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`;
 //! `request` -> `cli`, `fail`, `holder`, `net`; `status` -> `cli`, `fail`, `net`, `out`; `ops`,
-//! `run`, `supervise`, `top`, `watch` -> those below them.
+//! `run`, `supervise`, `top`, `watch` -> those below them; `elect` -> `run`, `status` and below.
 
 mod auth;
 mod breaking;
 mod child;
 mod cli;
 mod docs;
+mod elect;
 mod fail;
 mod holder;
 #[cfg(target_os = "linux")]
@@ -113,10 +114,15 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     if let Command::Run(args) = command {
         run::program(args)?;
     }
-    let for_job = matches!(command, Command::Run(_));
+    if let Command::Elect(args) = command {
+        elect::check(args)?;
+    }
+    let for_job = matches!(command, Command::Run(_) | Command::Elect(_));
     set_env::check_names(&lock_names(command), for_job).map_err(Failure::usage)?;
     match command {
         Command::Run(args) => run::run(&server, &id, args).await,
+        Command::Elect(args) => elect::elect(&server, &id, args).await,
+        Command::Leader(args) => elect::leader(&server, args).await,
         Command::Acquire(args) => ops::acquire(&server, &id, args).await,
         Command::Release(args) => ops::release(&server, args).await,
         Command::Renew(args) => ops::renew(&server, args).await,
@@ -133,6 +139,8 @@ fn default_connect_timeout(command: &Command) -> std::time::Duration {
     match command {
         // -n answers at once, even when the server is down.
         Command::Run(a) if !a.wait.nonblock => PATIENT_CONNECT,
+        Command::Elect(_) => PATIENT_CONNECT,
+        Command::Leader(a) if a.watch => PATIENT_CONNECT,
         Command::Watch(_) => PATIENT_CONNECT,
         Command::Acquire(a) if !a.wait.nonblock => PATIENT_CONNECT,
         _ => ONE_SHOT_CONNECT,
@@ -143,6 +151,8 @@ fn lock_names(command: &Command) -> Vec<String> {
     let one = |name: &String| vec![name.clone()];
     match command {
         Command::Run(a) => a.names.clone(),
+        Command::Elect(a) => one(&a.name),
+        Command::Leader(a) => one(&a.name),
         Command::Acquire(a) => a.names.clone(),
         Command::Release(a) => one(&a.name),
         Command::Renew(a) => one(&a.lock.name),

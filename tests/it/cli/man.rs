@@ -8,8 +8,8 @@ const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 const LOCKCTL: &str = env!("CARGO_BIN_EXE_lockctl");
 
 /// lockctl's commands, each with a page of its own.
-const COMMANDS: [&str; 8] = [
-    "run", "acquire", "release", "renew", "status", "top", "watch", "break",
+const COMMANDS: [&str; 10] = [
+    "run", "elect", "leader", "acquire", "release", "renew", "status", "top", "watch", "break",
 ];
 
 struct Ran {
@@ -143,7 +143,7 @@ fn every_lockctl_command_has_its_page() {
 
     let ran = run(LOCKCTL, &["--man", "nosuch"]);
     assert_eq!(ran.code, 2);
-    assert!(ran.stderr.contains("run, acquire"), "{}", ran.stderr);
+    assert!(ran.stderr.contains("run, elect, leader, acquire"), "{}", ran.stderr);
 }
 
 #[test]

@@ -6,6 +6,8 @@ use crate::common;
 mod auth;
 #[cfg(target_os = "linux")]
 mod break_overlap;
+#[cfg(target_os = "linux")]
+mod elect;
 mod failover;
 #[cfg(target_os = "linux")]
 mod job;
