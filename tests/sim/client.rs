@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockd::backend::etcd::sim::Rng;
+use lockd::backend::etcd::sim::{self, Rng};
 use lockd::backend::{Backend, BackendError, Locked, WaitResult};
 use lockd::locks::{ConnId, LockRequest, Mode, Origin, TableError, Token, WaitEnd, NO_USER};
 use tokio::time::{sleep, timeout};
@@ -335,20 +335,20 @@ async fn hold(
             }
         }
     }
-    // The etcd lease it may have hung on expired, and its UNLOCK found it gone: it went
-    // with that lease (an UNLOCK answered OK found it live: the lease was elsewhere).
-    if lapsed.is_some() && reply.as_deref() != Some("OK") && !held.delay.is_zero() {
-        world
-            .delays
-            .lapses
-            .lock()
-            .unwrap()
-            .push(crate::delays::Lapse {
-                client: me,
-                names: held.names.clone(),
-                at: invoke,
-                delay: held.delay,
-            });
+    // For the lock-delay's check: whether its key went with an etcd lease's expiry is
+    // known at the end of the run.
+    let rev = world
+        .any_front()
+        .and_then(|front| sim::revision_of(&front.backend, held.token));
+    if let (Some(rev), false) = (rev, held.delay.is_zero()) {
+        let hold = crate::delays::Hold {
+            client: me,
+            names: held.names.clone(),
+            rev,
+            granted: held.since,
+            delay: held.delay,
+        };
+        world.delays.holds.lock().unwrap().push(hold);
     }
     world.ops.lock().unwrap().push(Op {
         client: me,

@@ -1,18 +1,21 @@
 //! The lock-delay's promise (proto.md, `delay=`), checked over a run: a session lease that
 //! went with its front-end's etcd lease (that front-end crashed, or was cut off past its
 //! lease) keeps its name for its delay from then: no other client is granted that name
-//! sooner. The one exception proto.md states: a front-end started after the lease went does
-//! not know of it.
+//! sooner. The exceptions proto.md states: a front-end started after the lease went does not
+//! know of it, nor one whose watch an etcd compaction cancelled, if the lease began and ended
+//! before it read every lock again (it never saw the lease).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// A hold that ended with its front-end's etcd lease, and the delay its LOCK asked for.
-pub struct Lapse {
+/// A hold of a lease with a lock-delay.
+pub struct Hold {
     pub client: usize,
     pub names: Vec<String>,
-    /// When the etcd lease expired (since the start).
-    pub at: Duration,
+    /// Its holder key's create revision.
+    pub rev: i64,
+    /// When it was granted (since the start).
+    pub granted: Duration,
     pub delay: Duration,
 }
 
@@ -27,7 +30,7 @@ pub struct Grant {
 /// What a run records for the check.
 #[derive(Default)]
 pub struct Delays {
-    pub lapses: Mutex<Vec<Lapse>>,
+    pub holds: Mutex<Vec<Hold>>,
     pub grants: Mutex<Vec<Grant>>,
     /// When each front-end started, by number.
     pub started: Mutex<Vec<Duration>>,
@@ -43,27 +46,34 @@ impl Delays {
     }
 
     /// Grants made within another client's lock-delay, in words.
-    pub fn violations(&self) -> Vec<String> {
-        let lapses = self.lapses.lock().unwrap();
+    pub fn violations(&self, net: &lockd::backend::etcd::sim::Net) -> Vec<String> {
+        let holds = self.holds.lock().unwrap();
         let grants = self.grants.lock().unwrap();
         let started = self.started.lock().unwrap();
         let mut out = Vec::new();
-        for l in lapses.iter() {
+        for l in holds.iter() {
+            // Its key went with an etcd lease's expiry (not by a write): the delay runs
+            // from then.
+            let Some(went) = net.expired_key(l.rev) else {
+                continue;
+            };
+            let went = Duration::from_millis(went);
             for g in grants.iter() {
                 let same_name = g.names.iter().any(|n| l.names.contains(n));
-                let within = g.at > l.at && g.at < l.at + l.delay;
-                let knew = started.get(g.fe).is_some_and(|s| *s <= l.at);
+                let within = g.at > went && g.at < went + l.delay;
+                let blind =
+                    net.blind_between(g.fe, l.granted.as_millis() as u64, went.as_millis() as u64);
+                let knew = started.get(g.fe).is_some_and(|s| *s <= went) && !blind;
                 if g.client != l.client && same_name && within && knew {
                     out.push(format!(
                         "c{} was granted {} at {:?} through fe{}, within the {:?} lock-delay of \
-                         c{}'s lease that went with its front-end's etcd lease at {:?}",
+                         c{}'s lease that went with an etcd lease at {went:?}",
                         g.client,
                         g.names.join("+"),
                         g.at,
                         g.fe,
                         l.delay,
                         l.client,
-                        l.at
                     ));
                 }
             }

@@ -93,6 +93,12 @@ impl World {
         Some((i, b.clone()))
     }
 
+    /// A live front-end, the first.
+    pub fn any_front(&self) -> Option<Front> {
+        let fronts = self.fronts.lock().unwrap();
+        fronts.iter().flatten().next().cloned()
+    }
+
     /// A BREAK of `name` is being sent now.
     pub fn broke(&self, name: &str) {
         let at = self.since_start();
@@ -241,7 +247,7 @@ async fn simulate(seed: u64) -> Outcome {
     let events = world.events.lock().unwrap().clone();
     let verdict = history::check(&ops, &[], &events);
     violations.extend(verdict.violations);
-    violations.extend(world.delays.violations());
+    violations.extend(world.delays.violations(&net));
     violations.extend(world.violations.lock().unwrap().drain(..));
     violations.sort();
     violations.dedup();

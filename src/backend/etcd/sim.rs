@@ -47,3 +47,12 @@ pub fn skew(front: &Backend, ms: i64) {
             .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// The etcd create revision a token of front-end `front`'s cluster stands for (the token
+/// less the cluster's base), if it can be one; `None` for a backend that is no front-end.
+pub fn revision_of(front: &Backend, token: crate::locks::Token) -> Option<i64> {
+    match front {
+        Backend::Etcd(cluster) => cluster.guard().mirror.rev_of(token),
+        _ => None,
+    }
+}

@@ -143,7 +143,11 @@ fn every_lockctl_command_has_its_page() {
 
     let ran = run(LOCKCTL, &["--man", "nosuch"]);
     assert_eq!(ran.code, 2);
-    assert!(ran.stderr.contains("run, elect, leader, acquire"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("run, elect, leader, acquire"),
+        "{}",
+        ran.stderr
+    );
 }
 
 #[test]

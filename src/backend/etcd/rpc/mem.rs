@@ -339,8 +339,8 @@ impl MemEtcd {
     }
 
     /// Time passes to `now_ms`: every lease whose time is up is revoked, soonest first.
-    /// Returns the leases that expired.
-    pub fn advance(&mut self, now_ms: u64) -> Vec<i64> {
+    /// Returns the leases that expired, each with the create revisions of the keys it took.
+    pub fn advance(&mut self, now_ms: u64) -> Vec<(i64, Vec<i64>)> {
         self.now_ms = self.now_ms.max(now_ms);
         let mut expired = Vec::new();
         loop {
@@ -351,8 +351,12 @@ impl MemEtcd {
                 .min_by_key(|(id, l)| (l.expires_ms, **id))
                 .map(|(id, _)| *id);
             let Some(id) = due else { break };
+            let created = self.leases.get(&id).map_or_else(Vec::new, |l| {
+                let records = l.keys.iter().filter_map(|k| self.kv.get(k));
+                records.map(|r| r.create).collect()
+            });
             let _ = self.revoke(id);
-            expired.push(id);
+            expired.push((id, created));
         }
         expired
     }

@@ -140,7 +140,9 @@ impl Link {
         let mut next = create.start_revision;
         let mut progress = false;
         let created = {
-            let w = self.net.world();
+            let mut w = self.net.world();
+            let at = w.now_ms();
+            w.watches.push((self.fe, at));
             if next == 0 {
                 next = w.etcd.revision() + 1;
             }
@@ -181,6 +183,8 @@ impl Link {
                             "fe{}: watch from {next} compacted (at {rev})",
                             self.fe
                         ));
+                        let at = w.now_ms();
+                        w.compacted.push((self.fe, at));
                         let _ = answers.try_send(Ok(resp));
                         return;
                     }

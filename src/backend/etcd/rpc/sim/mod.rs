@@ -91,6 +91,14 @@ struct World {
     /// Writes of requests that arrived after their client gave up on them: the front-end,
     /// when (ms since the start), the revision.
     late: Vec<(usize, u64, i64)>,
+    /// When a front-end's watch was told it was compacted (it reads every lock again): the
+    /// front-end and when (ms since the start).
+    compacted: Vec<(usize, u64)>,
+    /// When a front-end's watch was created (ms since the start).
+    watches: Vec<(usize, u64)>,
+    /// Keys deleted by a lease's expiry: their create revision, and when (ms since the
+    /// start).
+    expired_keys: Vec<(i64, u64)>,
 }
 
 impl World {
@@ -101,7 +109,9 @@ impl World {
     /// Time passes in etcd: leases whose time is up expire.
     fn tick(&mut self) {
         let now = self.now_ms();
-        for id in self.etcd.advance(now) {
+        for (id, created) in self.etcd.advance(now) {
+            self.expired_keys
+                .extend(created.into_iter().map(|rev| (rev, now)));
             let owner = self
                 .owners
                 .iter()
@@ -171,6 +181,9 @@ impl Net {
             owners: Vec::new(),
             lapsed: Vec::new(),
             late: Vec::new(),
+            compacted: Vec::new(),
+            watches: Vec::new(),
+            expired_keys: Vec::new(),
         })))
     }
 
@@ -262,6 +275,28 @@ impl Net {
             .filter(|(f, at)| *f == fe && *at >= since_ms)
             .map(|(_, at)| *at)
             .min()
+    }
+
+    /// When the key of create revision `rev` was deleted by its etcd lease's expiry, if it
+    /// was (a holder's create revision is its token less the cluster's base).
+    pub fn expired_key(&self, rev: i64) -> Option<u64> {
+        let mut w = self.world();
+        w.tick();
+        w.expired_keys
+            .iter()
+            .find(|(r, _)| *r == rev)
+            .map(|(_, at)| *at)
+    }
+
+    /// Whether front-end `fe` saw nothing from `from_ms` to `to_ms` (ms since the start): an
+    /// etcd compaction cancelled its watch before `from_ms`, and it watched again (having
+    /// read every lock) only after `to_ms`. What happened in between, it never learns.
+    pub fn blind_between(&self, fe: usize, from_ms: u64, to_ms: u64) -> bool {
+        let w = self.world();
+        w.compacted.iter().any(|(f, at)| {
+            let again = w.watches.iter().find(|(g, w_at)| *g == fe && *w_at >= *at);
+            *f == fe && *at <= from_ms && again.is_none_or(|(_, w_at)| *w_at >= to_ms)
+        })
     }
 
     /// The writes of requests that arrived after their client gave up on them: the
