@@ -511,7 +511,23 @@ impl Client {
     /// `STATUS`: every held lock, sorted by name, and from a cluster front-end how old its
     /// view may be.
     pub async fn held_locks_aged(&mut self) -> Result<(Vec<HeldLine>, Option<EtcdAge>)> {
-        let mut reply = self.ask(&Request::Status { name: None }).await?;
+        self.held_aged(None).await
+    }
+
+    /// `STATUS <prefix>*`: every held lock whose name starts with `prefix`, sorted by name,
+    /// and from a cluster front-end how old its view may be.
+    pub async fn held_under_aged(
+        &mut self,
+        prefix: &str,
+    ) -> Result<(Vec<HeldLine>, Option<EtcdAge>)> {
+        self.held_aged(Some(format!("{prefix}*"))).await
+    }
+
+    async fn held_aged(
+        &mut self,
+        pattern: Option<String>,
+    ) -> Result<(Vec<HeldLine>, Option<EtcdAge>)> {
+        let mut reply = self.ask(&Request::Status { name: pattern }).await?;
         let mut locks = Vec::new();
         loop {
             match reply {

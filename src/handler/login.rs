@@ -128,6 +128,13 @@ impl Handler {
             Request::Lock { name, .. }
             | Request::Unlock { name, .. }
             | Request::Renew { name, .. } => (Right::Lock, Some(name)),
+            // A prefix (`<prefix>*`), as no name: each name under it is shown only to a user
+            // who may read it.
+            Request::Status { name: Some(name) } | Request::Watch { name: Some(name) }
+                if crate::proto::prefix_of(name).is_some() =>
+            {
+                (Right::Read, None)
+            }
             Request::Check { name, .. }
             | Request::StatusDetail { name }
             | Request::Status { name: Some(name) }

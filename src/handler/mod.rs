@@ -484,6 +484,13 @@ impl Handler {
     async fn dispatch_reads(&mut self, request: Request) -> io::Result<Flow> {
         let backend = self.backend.clone();
         match request {
+            Request::Status { name }
+                if name
+                    .as_deref()
+                    .is_none_or(|n| proto::prefix_of(n).is_some()) =>
+            {
+                return self.status_all(name).await
+            }
             Request::Status { name: Some(name) } => match backend.status(&name).await {
                 Ok(status) => {
                     let confirmed = backend.view_age();
@@ -515,7 +522,6 @@ impl Handler {
                     .queue(Reply::status(&name, status, confirmed))
                     .await?;
             }
-            Request::Status { name: None } => return self.status_all().await,
             Request::Watch { name } => return self.watch(name).await,
             Request::Auth { user, secret } => return self.auth(user, secret).await,
             // `dispatch`'s own.

@@ -9,7 +9,7 @@ use tokio::sync::broadcast::error::RecvError;
 use crate::auth::Right;
 use crate::backend::Published;
 use crate::connection::{Frame, WRITE_CHUNK};
-use crate::proto::{ProtoError, Reply};
+use crate::proto::{self, ProtoError, Reply};
 
 use super::{reloaded, Flow, Handler};
 
@@ -17,7 +17,7 @@ impl Handler {
     /// STATUS of every lock: streamed from a snapshot shared with other STATUS requests, a
     /// [`WRITE_CHUNK`] at a time, so a client that does not read holds a reference to the
     /// snapshot and a bounded buffer, never a copy of its own.
-    pub(super) async fn status_all(&mut self) -> io::Result<Flow> {
+    pub(super) async fn status_all(&mut self, pattern: Option<String>) -> io::Result<Flow> {
         let backend = self.backend.clone();
         let view = tokio::select! {
             view = backend.status_snapshot() => match view {
@@ -35,8 +35,9 @@ impl Handler {
         // With an auth file, only the names the user may read: filtered as they are sent, so
         // the snapshot stays shared.
         let mut shown = 0;
+        let covered = |name: &str| pattern.as_deref().is_none_or(|p| proto::covers(p, name));
         for status in view.iter() {
-            if self.may(Right::Read, &status.name) {
+            if covered(&status.name) && self.may(Right::Read, &status.name) {
                 self.conn.queue(Reply::Info(&status)).await?;
                 shown += 1;
             }
@@ -67,7 +68,7 @@ impl Handler {
                 event = events.recv() => match event {
                     Ok(p) => {
                         // Rights as they are now: a reload may have changed them.
-                        if name.as_deref().is_none_or(|n| n == &*p.event.name)
+                        if name.as_deref().is_none_or(|n| proto::covers(n, &p.event.name))
                             && self.may(Right::Read, &p.event.name)
                         {
                             behind.push_back(p);

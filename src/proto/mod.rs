@@ -267,9 +267,18 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
             })
         }
         "STATUS" => match args[..] {
-            [name, detail] if detail.eq_ignore_ascii_case("detail") => Ok(Request::StatusDetail {
-                name: valid_name("name", name)?,
-            }),
+            [name, detail] if detail.eq_ignore_ascii_case("detail") => {
+                if prefix_of(name).is_some() {
+                    return Err(bad_arg(format!(
+                        "detail is of one lock; {} is a prefix (STATUS without detail lists \
+                         its held locks)",
+                        quote(name)
+                    )));
+                }
+                Ok(Request::StatusDetail {
+                    name: valid_name("name", name)?,
+                })
+            }
             _ => Ok(Request::Status {
                 name: optional_name(args, USAGE_STATUS)?,
             }),
@@ -552,6 +561,20 @@ pub fn validate_name(what: &str, value: &str) -> Result<(), ProtoError> {
         )));
     }
     Ok(())
+}
+
+/// The prefix a name pattern of STATUS and WATCH stands for: `<prefix>*` is every name that
+/// starts with `<prefix>` (`*` alone, every name); `None` for a plain name.
+pub fn prefix_of(pattern: &str) -> Option<&str> {
+    pattern.strip_suffix('*')
+}
+
+/// Whether `pattern` (a name, or a `<prefix>*`) covers lock `name`.
+pub fn covers(pattern: &str, name: &str) -> bool {
+    match prefix_of(pattern) {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
 }
 
 fn valid_name(what: &str, value: &str) -> Result<String, ProtoError> {

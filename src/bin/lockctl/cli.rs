@@ -684,7 +684,8 @@ pub struct RenewArgs {
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// Lock name; without it, every held lock.
+    /// Lock name; without it, every held lock; `<prefix>*` (quoted for the shell, as
+    /// 'deploy/*'), every held lock whose name starts with <prefix>, listed as without a name.
     pub name: Option<String>,
 
     /// Print JSON for scripts. Without a name, an array of held locks: {"name","held":true,
@@ -703,6 +704,7 @@ pub struct StatusArgs {
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// Show only these locks (free ones too), each with its age; without any, every held lock.
+    /// `<prefix>*` (quoted: 'deploy/*') shows the held locks whose names start with <prefix>.
     #[arg(value_name = "NAME")]
     pub names: Vec<String>,
 
@@ -718,7 +720,8 @@ pub struct TopArgs {
 
 #[derive(Args, Debug)]
 pub struct WatchArgs {
-    /// Lock name; without it, every lock.
+    /// Lock name; without it, every lock; `<prefix>*` (quoted: 'deploy/*'), every lock whose
+    /// name starts with <prefix>.
     pub name: Option<String>,
 
     /// Print one JSON object per event, for scripts: {"event":"acquired","name":..,"id":..,

@@ -14,8 +14,9 @@ use crate::out::{columns, json_string, mode_words, print_line, short_duration, y
 
 pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
     let mut client = server.connect().await?;
+    let prefix = args.name.as_deref().and_then(lockd::proto::prefix_of);
     let (text, aged) = match &args.name {
-        Some(name) => {
+        Some(name) if prefix.is_none() => {
             let lock = detail(&mut client, server, name).await?;
             let text = match args.json {
                 true => json_lock(&lock),
@@ -23,11 +24,12 @@ pub async fn status(server: &Server, args: &StatusArgs) -> Result<u8, Failure> {
             };
             (text, lock.aged)
         }
-        None => {
-            let (rows, aged) = client
-                .held_locks_aged()
-                .await
-                .map_err(|e| Failure::request("status", server.addr(), e))?;
+        _ => {
+            let listed = match prefix {
+                Some(prefix) => client.held_under_aged(prefix).await,
+                None => client.held_locks_aged().await,
+            };
+            let (rows, aged) = listed.map_err(|e| Failure::request("status", server.addr(), e))?;
             let text = match (args.json, rows.is_empty()) {
                 (true, _) => json_array(&rows),
                 (false, true) => "no locks held".to_owned(),

@@ -136,12 +136,31 @@ async fn snapshot(
     args: &TopArgs,
 ) -> Result<Vec<ViewLine>, Failure> {
     let mut entries = Vec::new();
-    if args.names.is_empty() {
-        let mut rows: Vec<StatusLine> = list(client, server)
-            .await?
-            .into_iter()
-            .map(StatusLine::Held)
-            .collect();
+    // `<prefix>*` lists the held locks under it; a plain name is shown held or free.
+    let prefixes: Vec<&str> = args
+        .names
+        .iter()
+        .filter_map(|n| lockd::proto::prefix_of(n))
+        .collect();
+    let names = args
+        .names
+        .iter()
+        .filter(|n| lockd::proto::prefix_of(n).is_none());
+    if args.names.is_empty() || !prefixes.is_empty() {
+        let mut held = Vec::new();
+        if prefixes.is_empty() {
+            held = list(client, server).await?;
+        }
+        for prefix in &prefixes {
+            let (under, _) = client
+                .held_under_aged(prefix)
+                .await
+                .map_err(|e| Failure::request("top", server.addr(), e))?;
+            held.extend(under);
+        }
+        held.sort_by(|a, b| a.name.cmp(&b.name));
+        held.dedup_by(|a, b| a.name == b.name);
+        let mut rows: Vec<StatusLine> = held.into_iter().map(StatusLine::Held).collect();
         rows.sort_by_cached_key(order);
         for (i, row) in rows.into_iter().enumerate() {
             if i >= args.detail {
@@ -155,29 +174,26 @@ async fn snapshot(
             // Newer than the list: it may have changed, or been freed, since.
             let lock = detail(client, server, row.name()).await?;
             if lock.status.held().is_some() {
-                let age = lock.age();
-                let user = first_user(&lock);
-                entries.push(ViewLine {
-                    row: lock.status,
-                    age,
-                    user,
-                });
+                entries.push(ViewLine::of(lock));
             }
         }
-    } else {
-        for name in &args.names {
-            let lock = detail(client, server, name).await?;
-            let age = lock.age();
-            let user = first_user(&lock);
-            entries.push(ViewLine {
-                row: lock.status,
-                age,
-                user,
-            });
-        }
+    }
+    for name in names {
+        entries.push(ViewLine::of(detail(client, server, name).await?));
     }
     entries.sort_by_cached_key(|e| order(&e.row));
     Ok(entries)
+}
+
+impl ViewLine {
+    /// A lock's line with its age and first holder's user, from its detail.
+    fn of(lock: lockd::client::LockDetail) -> ViewLine {
+        ViewLine {
+            age: lock.age(),
+            user: first_user(&lock),
+            row: lock.status,
+        }
+    }
 }
 
 /// The user of the holder a STATUS line describes (the first one).

@@ -345,3 +345,59 @@ async fn top_of_names_shows_them_free_or_held_and_rides_out_a_dead_server() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("--interval"), "{}", stderr(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_top_and_watch_of_a_prefix_show_only_the_names_under_it() {
+    let d = lockd().await;
+    let mut c = d.client().await;
+    for name in ["deploy/web", "deploy/db", "deployment", "build"] {
+        c.lock(name, "holder", None, None, Tie::Plain)
+            .await
+            .unwrap();
+    }
+    let out = output(d.lockctl(&["status", "deploy/*", "--json"])).await;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["deploy/db", "deploy/web"]);
+
+    let mut top = spawn(d.lockctl(&["top", "deploy/*", "--interval", "200ms"]));
+    let mut out = top.stdout.take().unwrap();
+    let shot = snapshots(&mut out, 1).await.remove(0);
+    let names: Vec<&str> = shot
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(names, ["deploy/db", "deploy/web"], "{shot}");
+    signal(&top, libc::SIGTERM);
+    let _ = timeout(GUARD, top.wait()).await;
+
+    let mut watch = spawn(d.lockctl(&["watch", "deploy/*"]));
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(watch.stdout.take().unwrap()));
+    // The watch is on once a lock under the prefix shows up in it.
+    let give_up = Instant::now() + GUARD;
+    let mut n = 0;
+    loop {
+        assert!(Instant::now() < give_up, "watch saw nothing");
+        let (other, new) = (format!("build/other{n}"), format!("deploy/new{n}"));
+        c.lock(&other, "b", None, None, Tie::Plain).await.unwrap();
+        c.lock(&new, "d", None, None, Tie::Plain).await.unwrap();
+        n += 1;
+        match timeout(Duration::from_millis(300), lines.next_line()).await {
+            Ok(Ok(Some(line))) => {
+                assert!(line.contains(" acquired deploy/new"), "{line}");
+                break;
+            }
+            _ => continue,
+        }
+    }
+    signal(&watch, libc::SIGTERM);
+    let _ = timeout(GUARD, watch.wait()).await;
+}
