@@ -345,7 +345,6 @@ async fn hold(
             client: me,
             names: held.names.clone(),
             rev,
-            granted: held.since,
             delay: held.delay,
         };
         world.delays.holds.lock().unwrap().push(hold);

@@ -2,8 +2,8 @@
 //! went with its front-end's etcd lease (that front-end crashed, or was cut off past its
 //! lease) keeps its name for its delay from then: no other client is granted that name
 //! sooner. The exceptions proto.md states: a front-end started after the lease went does not
-//! know of it, nor one whose watch an etcd compaction cancelled, if the lease began and ended
-//! before it read every lock again (it never saw the lease).
+//! know of it, nor one whose watch an etcd compaction cancelled before the lease began, if
+//! it read every lock again only after the lease's key went (it never saw the lease).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,8 +14,6 @@ pub struct Hold {
     pub names: Vec<String>,
     /// Its holder key's create revision.
     pub rev: i64,
-    /// When it was granted (since the start).
-    pub granted: Duration,
     pub delay: Duration,
 }
 
@@ -61,9 +59,8 @@ impl Delays {
             for g in grants.iter() {
                 let same_name = g.names.iter().any(|n| l.names.contains(n));
                 let within = g.at > went && g.at < went + l.delay;
-                let blind =
-                    net.blind_between(g.fe, l.granted.as_millis() as u64, went.as_millis() as u64);
-                let knew = started.get(g.fe).is_some_and(|s| *s <= went) && !blind;
+                let started_before = started.get(g.fe).is_some_and(|s| *s <= went);
+                let knew = started_before && !net.never_saw(g.fe, l.rev);
                 if g.client != l.client && same_name && within && knew {
                     out.push(format!(
                         "c{} was granted {} at {:?} through fe{}, within the {:?} lock-delay of \

@@ -141,11 +141,10 @@ impl Link {
         let mut progress = false;
         let created = {
             let mut w = self.net.world();
-            let at = w.now_ms();
-            w.watches.push((self.fe, at));
             if next == 0 {
                 next = w.etcd.revision() + 1;
             }
+            w.watches.push((self.fe, Some(next)));
             header_only(w.etcd.revision(), true)
         };
         if answers.send(Ok(created)).await.is_err() {
@@ -183,8 +182,7 @@ impl Link {
                             "fe{}: watch from {next} compacted (at {rev})",
                             self.fe
                         ));
-                        let at = w.now_ms();
-                        w.compacted.push((self.fe, at));
+                        w.watches.push((self.fe, None));
                         let _ = answers.try_send(Ok(resp));
                         return;
                     }

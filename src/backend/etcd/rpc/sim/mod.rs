@@ -91,14 +91,12 @@ struct World {
     /// Writes of requests that arrived after their client gave up on them: the front-end,
     /// when (ms since the start), the revision.
     late: Vec<(usize, u64, i64)>,
-    /// When a front-end's watch was told it was compacted (it reads every lock again): the
-    /// front-end and when (ms since the start).
-    compacted: Vec<(usize, u64)>,
-    /// When a front-end's watch was created (ms since the start).
-    watches: Vec<(usize, u64)>,
-    /// Keys deleted by a lease's expiry: their create revision, and when (ms since the
-    /// start).
-    expired_keys: Vec<(i64, u64)>,
+    /// Each front-end's watches, in order: `Some(from)` for one created from revision `from`,
+    /// `None` for one cancelled as compacted (the front-end then reads every lock again).
+    watches: Vec<(usize, Option<i64>)>,
+    /// Keys deleted by a lease's expiry: their create revision, when (ms since the start),
+    /// and the revision of the delete.
+    expired_keys: Vec<(i64, u64, i64)>,
 }
 
 impl World {
@@ -110,8 +108,9 @@ impl World {
     fn tick(&mut self) {
         let now = self.now_ms();
         for (id, created) in self.etcd.advance(now) {
+            let deleted = self.etcd.revision();
             self.expired_keys
-                .extend(created.into_iter().map(|rev| (rev, now)));
+                .extend(created.into_iter().map(|rev| (rev, now, deleted)));
             let owner = self
                 .owners
                 .iter()
@@ -181,7 +180,6 @@ impl Net {
             owners: Vec::new(),
             lapsed: Vec::new(),
             late: Vec::new(),
-            compacted: Vec::new(),
             watches: Vec::new(),
             expired_keys: Vec::new(),
         })))
@@ -284,18 +282,29 @@ impl Net {
         w.tick();
         w.expired_keys
             .iter()
-            .find(|(r, _)| *r == rev)
-            .map(|(_, at)| *at)
+            .find(|(r, _, _)| *r == rev)
+            .map(|(_, at, _)| *at)
     }
 
-    /// Whether front-end `fe` saw nothing from `from_ms` to `to_ms` (ms since the start): an
-    /// etcd compaction cancelled its watch before `from_ms`, and it watched again (having
-    /// read every lock) only after `to_ms`. What happened in between, it never learns.
-    pub fn blind_between(&self, fe: usize, from_ms: u64, to_ms: u64) -> bool {
+    /// Whether front-end `fe` never saw the key of create revision `rev`, which an etcd
+    /// lease's expiry deleted: a compaction cancelled its watch before the key was made, and
+    /// it watched again (having read every lock) only after the key went. What happened in
+    /// between, it never learns.
+    pub fn never_saw(&self, fe: usize, rev: i64) -> bool {
         let w = self.world();
-        w.compacted.iter().any(|(f, at)| {
-            let again = w.watches.iter().find(|(g, w_at)| *g == fe && *w_at >= *at);
-            *f == fe && *at <= from_ms && again.is_none_or(|(_, w_at)| *w_at >= to_ms)
+        let Some(&(_, _, deleted)) = w.expired_keys.iter().find(|(r, _, _)| *r == rev) else {
+            return false;
+        };
+        let mine: Vec<Option<i64>> = w
+            .watches
+            .iter()
+            .filter(|(f, _)| *f == fe)
+            .map(|(_, from)| *from)
+            .collect();
+        // A watch from `from` that was cancelled, then the next one from `again`.
+        mine.windows(3).any(|ws| match ws {
+            [Some(from), None, Some(again)] => *from <= rev && *again > deleted,
+            _ => false,
         })
     }
 
