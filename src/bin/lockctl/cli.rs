@@ -417,6 +417,16 @@ pub enum Command {
     /// `-` while there is none.
     #[command(after_help = after_help())]
     Leader(LeaderArgs),
+    /// Serve lockd's locks to an AI agent as tools, over the Model Context Protocol (stdio).
+    ///
+    /// An MCP host (an agent, an IDE) starts `lockctl mcp` and speaks JSON-RPC on its stdin
+    /// and stdout. The tools: lock (name, wait, ttl, note; returns the token), renew, unlock,
+    /// and status (who holds a name, who waits). Locks are taken as this process's --id, each
+    /// a session lease of its own connection to lockd: they end at their ttl unless renewed,
+    /// and --session-grace after this process ends (the host stopped or died). --server,
+    /// --tls and --user/--secret-file apply as for every command. Exits 0 when stdin ends.
+    #[command(after_help = after_help())]
+    Mcp(McpArgs),
     /// Print shell completions (the same as --completions SHELL).
     #[command(hide = true)]
     Completions {
@@ -605,6 +615,14 @@ pub struct ElectArgs {
     /// The service and its arguments (after `--`).
     #[arg(last = true, value_name = "SERVICE")]
     pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct McpArgs {
+    /// How long the agent's locks outlive this process (its connection to lockd): a host
+    /// that restarts it within the grace, and renews, keeps them.
+    #[arg(long, default_value = "30s", value_parser = duration, value_name = "DURATION")]
+    pub session_grace: Duration,
 }
 
 #[derive(Args, Debug)]

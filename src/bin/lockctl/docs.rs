@@ -12,6 +12,7 @@ use crate::fail::Failure;
 /// The commands with a page of their own.
 const PAGES: &[&str] = &[
     "run", "elect", "leader", "acquire", "release", "renew", "status", "top", "watch", "break",
+    "mcp",
 ];
 
 /// Does what a documentation flag (or command) asks; `None` when none was given.

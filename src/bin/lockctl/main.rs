@@ -6,6 +6,7 @@
 //!   (the job: the command and everything it starts, signals), [`job`] (on Linux, the job's
 //!   supervisor process, lockctl re-executed) and [`keeper`] (renewals, reconnection, the
 //!   lease deadline). [`elect`]: `lockctl elect` (a `run` by another name) and `leader`.
+//! - [`mcp`]: `lockctl mcp`, the locks as an AI agent's tools (Model Context Protocol).
 //! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`out`] (tables, JSON);
 //!   [`holder`] says who holds a lock, for -v.
 //! - [`net`]: lockctl's settings for the library's `Connector` (addresses, failover, TLS,
@@ -32,6 +33,7 @@ mod holder;
 #[cfg(target_os = "linux")]
 mod job;
 mod keeper;
+mod mcp;
 mod net;
 mod ops;
 mod out;
@@ -123,6 +125,7 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Run(args) => run::run(&server, &id, args).await,
         Command::Elect(args) => elect::elect(&server, &id, args).await,
         Command::Leader(args) => elect::leader(&server, args).await,
+        Command::Mcp(args) => mcp::serve(&server, &id, args).await,
         Command::Acquire(args) => ops::acquire(&server, &id, args).await,
         Command::Release(args) => ops::release(&server, args).await,
         Command::Renew(args) => ops::renew(&server, args).await,
@@ -159,7 +162,9 @@ fn lock_names(command: &Command) -> Vec<String> {
         Command::Status(a) => a.name.iter().cloned().collect(),
         Command::Watch(a) => a.name.iter().cloned().collect(),
         Command::Break(a) => one(&a.name),
-        Command::Top(_) | Command::Completions { .. } | Command::Man => Vec::new(),
+        Command::Top(_) | Command::Mcp(_) | Command::Completions { .. } | Command::Man => {
+            Vec::new()
+        }
     }
 }
 

@@ -8,8 +8,9 @@ const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 const LOCKCTL: &str = env!("CARGO_BIN_EXE_lockctl");
 
 /// lockctl's commands, each with a page of its own.
-const COMMANDS: [&str; 10] = [
+const COMMANDS: [&str; 11] = [
     "run", "elect", "leader", "acquire", "release", "renew", "status", "top", "watch", "break",
+    "mcp",
 ];
 
 struct Ran {

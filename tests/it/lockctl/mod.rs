@@ -12,6 +12,7 @@ mod failover;
 #[cfg(target_os = "linux")]
 mod job;
 mod liveness;
+mod mcp;
 mod modes;
 mod multi;
 mod restart;
