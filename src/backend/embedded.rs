@@ -311,38 +311,19 @@ impl Embedded {
         result.map(|ended| ended.len())
     }
 
-    /// RENEW by `user` on connection `conn`.
+    /// RENEW by `user` on connection `conn` (with `detach`: a plain lease from now).
     pub fn renew(
         &self,
         name: &str,
         token: Token,
-        ttl: Option<Duration>,
+        (ttl, detach): (Option<Duration>, bool),
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, TableError> {
         let mut g = self.guard();
         let at = now();
-        let result = g.table.renew(at, name, token, ttl, conn, user);
+        let result = g.table.renew(at, name, token, (ttl, detach), conn, user);
         let result = result.map_err(|e| why_not_held(&mut g.table, at, name, token, e));
-        self.settle(g);
-        result.map(|r| Renewed {
-            left: r.deadline.saturating_duration_since(at),
-            bound: r.bound,
-        })
-    }
-
-    /// RENEW ... detach by `user` on connection `conn`: renewed, and a plain lease from now.
-    pub fn renew_detach(
-        &self,
-        name: &str,
-        token: Token,
-        ttl: Option<Duration>,
-        conn: ConnId,
-        user: UserId,
-    ) -> Result<Renewed, TableError> {
-        let mut g = self.guard();
-        let at = now();
-        let result = g.table.renew_detach(at, name, token, ttl, conn, user);
         self.settle(g);
         result.map(|r| Renewed {
             left: r.deadline.saturating_duration_since(at),

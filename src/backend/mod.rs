@@ -554,43 +554,24 @@ impl Backend {
         Ok(ended)
     }
 
-    /// RENEW by `user` on connection `conn`; returns once the renewal is durable. A session
-    /// lease in its grace is bound to `conn` from now on.
+    /// RENEW (with `detach`, RENEW ... detach: a session lease becomes a plain one, that lasts
+    /// until UNLOCK or its ttl whatever becomes of any connection); returns once that is
+    /// durable. A broken lease's refusal names who broke it, either way.
     pub async fn renew(
         &self,
         name: &str,
         token: Token,
-        ttl: Option<Duration>,
+        (ttl, detach): (Option<Duration>, bool),
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
         let renewed = match self {
-            Backend::Embedded(b) => b.renew(name, token, ttl, conn, user)?,
+            Backend::Embedded(b) => b.renew(name, token, (ttl, detach), conn, user)?,
             #[cfg(feature = "etcd")]
             Backend::Etcd(b) => {
-                let result = Box::pin(b.renew_bound(name, token, ttl, conn, user)).await;
+                let result = Box::pin(b.renew(name, token, (ttl, detach), conn, user)).await;
                 etcd_why_not_held(b, name, token, result).await?
             }
-        };
-        self.made_durable().await?;
-        Ok(renewed)
-    }
-
-    /// RENEW ... detach: as [`Backend::renew`], and a session lease becomes a plain one
-    /// (it lasts until UNLOCK or its ttl, whatever becomes of any connection); returns once
-    /// that is durable.
-    pub async fn renew_detach(
-        &self,
-        name: &str,
-        token: Token,
-        ttl: Option<Duration>,
-        conn: ConnId,
-        user: UserId,
-    ) -> Result<Renewed, BackendError> {
-        let renewed = match self {
-            Backend::Embedded(b) => b.renew_detach(name, token, ttl, conn, user)?,
-            #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => Box::pin(b.renew_detach(name, token, ttl, conn, user)).await?,
         };
         self.made_durable().await?;
         Ok(renewed)
@@ -863,7 +844,10 @@ mod tests {
             panic!("not granted");
         };
         assert!(durable_now(&journal).await);
-        backend.renew("x", token, None, 1, NO_USER).await.unwrap();
+        backend
+            .renew("x", token, (None, false), 1, NO_USER)
+            .await
+            .unwrap();
         assert!(durable_now(&journal).await);
         backend.unlock("x", token, NO_USER).await.unwrap();
         assert!(durable_now(&journal).await);

@@ -426,22 +426,10 @@ impl Handler {
                 name,
                 token,
                 ttl,
-                detach: false,
+                detach,
             } => {
                 let result = backend
-                    .renew(&name, token, ttl, self.number, self.user())
-                    .await;
-                let result = result.map(|r| Reply::Lease(r.left));
-                return self.reply(&name, token, result).await;
-            }
-            Request::Renew {
-                name,
-                token,
-                ttl,
-                detach: true,
-            } => {
-                let result = backend
-                    .renew_detach(&name, token, ttl, self.number, self.user())
+                    .renew(&name, token, (ttl, detach), self.number, self.user())
                     .await;
                 let result = result.map(|r| Reply::Lease(r.left));
                 return self.reply(&name, token, result).await;

@@ -986,9 +986,27 @@ impl Locks {
     }
 
     /// RENEW by `user` on connection `conn`: a new deadline `ttl` (or the lease's own ttl)
-    /// from now. A session lease in its grace is bound to `conn` from now on. Only the
-    /// lease's own user may (see [`owned_by`]).
+    /// from now. A session lease in its grace is bound to `conn` from now on; with `detach`
+    /// (RENEW ... detach) it becomes a plain one instead. Only the lease's own user may (see
+    /// [`owned_by`]).
     pub fn renew(
+        &mut self,
+        now: Instant,
+        name: &str,
+        token: Token,
+        (ttl, detach): (Option<Duration>, bool),
+        conn: ConnId,
+        user: UserId,
+    ) -> Result<Renewal, TableError> {
+        let renewal = self.renew_lease(now, name, token, ttl, conn, user)?;
+        match detach {
+            false => Ok(renewal),
+            true => Ok(self.detach(name, token, conn, renewal)),
+        }
+    }
+
+    /// [`Locks::renew`] without `detach`.
+    fn renew_lease(
         &mut self,
         now: Instant,
         name: &str,
@@ -1063,23 +1081,13 @@ impl Locks {
         bound
     }
 
-    /// RENEW ... detach: [`Locks::renew`], then a session lease becomes a plain one: it is
-    /// bound to no connection and lasts until UNLOCK or its deadline (a grace it was in is
-    /// over: the renewal set its deadline). A plain lease only gets its new deadline. The
-    /// journal needs nothing more: it keeps no session flag (a restart restores every lease
-    /// as a plain one).
-    pub fn renew_detach(
-        &mut self,
-        now: Instant,
-        name: &str,
-        token: Token,
-        ttl: Option<Duration>,
-        conn: ConnId,
-        user: UserId,
-    ) -> Result<Renewal, TableError> {
-        let renewal = self.renew(now, name, token, ttl, conn, user)?;
+    /// RENEW ... detach, once renewed: a session lease becomes a plain one: it is bound to
+    /// no connection and lasts until UNLOCK or its deadline (a grace it was in is over: the
+    /// renewal set its deadline). A plain lease only gets its new deadline. The journal needs
+    /// nothing more: it keeps no session flag (a restart restores every lease as a plain one).
+    fn detach(&mut self, name: &str, token: Token, conn: ConnId, renewal: Renewal) -> Renewal {
         let Some(slot) = self.index.get(name).copied() else {
-            return Ok(renewal);
+            return renewal;
         };
         let slots = match self.sets.get(&token) {
             Some(slots) => slots.to_vec(),
@@ -1097,10 +1105,10 @@ impl Locks {
                 }
             }
         }
-        Ok(Renewal {
+        Renewal {
             bound: false,
             ..renewal
-        })
+        }
     }
 
     /// CHECK: the deadline of `token`'s lease on `name`, if it is live.

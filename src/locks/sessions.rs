@@ -166,7 +166,11 @@ mod tests {
         t.close_connection(at, 1);
         assert!(!t.holds_sessions(1));
         // A RENEW binds it to connection 2.
-        assert!(t.renew(at, "a", a, None, 2, NO_USER).unwrap().bound);
+        assert!(
+            t.renew(at, "a", a, (None, false), 2, NO_USER)
+                .unwrap()
+                .bound
+        );
         assert!(t.holds_sessions(2));
         // The same id again, as a plain lease: bound to none.
         assert_eq!(
@@ -251,7 +255,7 @@ mod tests {
                         let _ = t.unlock(now, NAMES[name], token, NO_USER);
                     }
                     4 => {
-                        let _ = t.renew(now, NAMES[name], token, None, conn, NO_USER);
+                        let _ = t.renew(now, NAMES[name], token, (None, false), conn, NO_USER);
                     }
                     5 => t.close_connection(now, conn),
                     6 => {

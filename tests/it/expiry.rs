@@ -81,7 +81,9 @@ async fn renewed_lease_outlives_its_first_deadline() {
     let token = granted(shared.lock(req("job", "a", 10, None)).expect("lock"));
     let mut rx = waiting(shared.lock(req("job", "b", 10, None)).expect("lock"));
     tokio::time::sleep(Duration::from_secs(8)).await;
-    shared.renew("job", token, None, 0, NO_USER).expect("renew");
+    shared
+        .renew("job", token, (None, false), 0, NO_USER)
+        .expect("renew");
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(
         rx.try_recv().is_err(),

@@ -794,7 +794,7 @@ impl Harness {
                     at,
                     NAMES[*name],
                     token,
-                    ttl.map(Duration::from_millis),
+                    (ttl.map(Duration::from_millis), false),
                     *conn,
                     user,
                 );
@@ -1219,7 +1219,7 @@ fn same_id_relock_keeps_token_and_restarts_lease() {
     assert_eq!(t.next_token(), token + 1);
     // RENEW without ttl uses the ttl of the last LOCK.
     assert_eq!(
-        t.renew(ms(base, 2000), "x", token, None, 1, NO_USER)
+        t.renew(ms(base, 2000), "x", token, (None, false), 1, NO_USER)
             .map(|r| r.deadline),
         Ok(ms(base, 4000))
     );
@@ -1494,7 +1494,7 @@ fn another_user_cannot_unlock_renew_or_take_over_by_id() {
     // Bob read the token (STATUS shows it): it is still not his lease.
     assert_eq!(t.unlock(base, "x", token, bob), Err(TableError::NotOwner));
     assert_eq!(
-        t.renew(base, "x", token, None, 2, bob),
+        t.renew(base, "x", token, (None, false), 2, bob),
         Err(TableError::NotOwner)
     );
     assert_eq!(
@@ -1530,7 +1530,7 @@ fn another_user_cannot_unlock_renew_or_take_over_by_id() {
 fn a_lease_of_no_user_is_anyones_with_its_token() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req("x", "p", 1000, None, false, 1)));
-    assert!(t.renew(base, "x", token, None, 1, 7).is_ok());
+    assert!(t.renew(base, "x", token, (None, false), 1, 7).is_ok());
     assert_eq!(t.unlock(base, "x", token, 8), Ok(()));
 }
 
@@ -1596,7 +1596,7 @@ fn a_forced_break_hands_over_with_a_higher_token_and_is_remembered_until_the_old
     assert!(next > Some(token), "{next:?} after {token}");
     // The broken lease is gone: told why until its old deadline (10ms), plainly after.
     assert_eq!(
-        t.renew(ms(base, 3), "x", token, None, 1, NO_USER),
+        t.renew(ms(base, 3), "x", token, (None, false), 1, NO_USER),
         Err(TableError::NotHeld)
     );
     assert!(matches!(
@@ -1636,7 +1636,7 @@ fn a_break_holds_the_name_until_the_broken_holder_lets_go_or_runs_out() {
     assert_eq!(t.status(ms(base, 3), "x").map(|s| s.token), Some(token));
     // Its holder can't renew or check it, and is told who broke it.
     assert_eq!(
-        t.renew(ms(base, 3), "x", token, None, 1, NO_USER),
+        t.renew(ms(base, 3), "x", token, (None, false), 1, NO_USER),
         Err(TableError::NotHeld)
     );
     assert_eq!(t.check(ms(base, 3), "x", token), Err(TableError::NotHeld));
@@ -1779,7 +1779,7 @@ fn a_set_waits_on_a_free_name_and_nobody_overtakes_it() {
 fn a_set_is_one_lease_renewed_checked_and_ended_through_any_name() {
     let (mut t, base) = table();
     let (token, _) = granted(t.lock(base, req_set("x", &["y"], "p", 100, 1)));
-    let renewed = t.renew(ms(base, 50), "y", token, None, 1, NO_USER);
+    let renewed = t.renew(ms(base, 50), "y", token, (None, false), 1, NO_USER);
     assert_eq!(renewed.map(|r| r.deadline), Ok(ms(base, 150)));
     assert_eq!(t.check(ms(base, 60), "x", token), Ok(ms(base, 150)));
     assert_eq!(t.next_deadline(), Some(ms(base, 150)));

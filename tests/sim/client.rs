@@ -270,7 +270,7 @@ async fn hold(
             }
             let asked = async {
                 if renew {
-                    let renewed = backend.renew(&name, held.token, None, conn, NO_USER);
+                    let renewed = backend.renew(&name, held.token, (None, false), conn, NO_USER);
                     renewed.await.map(|_| ())
                 } else {
                     backend.check(&name, held.token).await.map(|_| ())

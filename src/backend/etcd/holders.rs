@@ -180,18 +180,6 @@ impl Cluster {
         }
     }
 
-    /// RENEW: a new deadline; a session lease in its grace is bound to this connection again.
-    pub async fn renew(
-        &self,
-        name: &str,
-        token: Token,
-        ttl: Option<Duration>,
-        conn: ConnId,
-        user: UserId,
-    ) -> Result<Renewed, BackendError> {
-        self.renew_as(name, token, ttl, (conn, user), false).await
-    }
-
     /// RENEW, and with `detach` a session lease becomes a plain one: its record says so and
     /// its key no longer hangs on any front-end's etcd lease, so it outlives its connection
     /// and its front-end.

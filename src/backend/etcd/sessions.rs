@@ -89,33 +89,24 @@ impl Cluster {
         Ok(())
     }
 
-    /// RENEW; a session lease in its grace is bound to `conn` from now on.
-    pub async fn renew_bound(
+    /// RENEW: a session lease in its grace is bound to `conn` from now on; with `detach`,
+    /// the lease is plain from now on, bound to no connection.
+    pub async fn renew(
         &self,
         name: &str,
         token: Token,
-        ttl: Option<Duration>,
+        (ttl, detach): (Option<Duration>, bool),
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
-        let renewed = self.renew(name, token, ttl, conn, user).await?;
-        if renewed.bound {
+        let renewed = self
+            .renew_as(name, token, ttl, (conn, user), detach)
+            .await?;
+        if detach {
+            self.guard().bound.ended(token);
+        } else if renewed.bound {
             self.guard().bound.add(conn, token, name);
         }
-        Ok(renewed)
-    }
-
-    /// RENEW ... detach: the lease is plain from now on, bound to no connection.
-    pub async fn renew_detach(
-        &self,
-        name: &str,
-        token: Token,
-        ttl: Option<Duration>,
-        conn: ConnId,
-        user: UserId,
-    ) -> Result<Renewed, BackendError> {
-        let renewed = self.renew_as(name, token, ttl, (conn, user), true).await?;
-        self.guard().bound.ended(token);
         Ok(renewed)
     }
 
