@@ -82,6 +82,11 @@ fn search(first: u64, seeds: u64) -> (u64, u64, u64, Vec<run::Outcome>) {
                     );
                     failed.lock().unwrap().push(outcome);
                     stopped.store(stop_early, Ordering::Relaxed);
+                } else if seeds == 1 && !outcome.known.is_empty() {
+                    // One seed asked for by name: its known findings' trace, to read.
+                    for line in &outcome.trace {
+                        eprintln!("  {line}");
+                    }
                 }
             });
         }

@@ -249,7 +249,7 @@ impl Cluster {
     /// the write reaches etcd after this front-end gave up on it): if it shows up, it is
     /// taken back, unless a LOCK of its id claims it first ([`Cluster::lock_again`]). Without
     /// this, such a grant sat out its ttl (the simulator's "late write" findings).
-    fn given_up(self: &Arc<Self>, name: &str, uid: &str) {
+    pub(super) fn given_up(self: &Arc<Self>, name: &str, uid: &str) {
         let shown = {
             let mut g = self.guard();
             g.left.insert(uid.to_owned());

@@ -201,7 +201,7 @@ impl Cluster {
     /// The grant of a free set nobody waits for, in one write; `None` if the mirror (or the
     /// read) was stale.
     async fn grant_set_at_once(
-        &self,
+        self: &Arc<Self>,
         req: &LockRequest,
         user: &str,
         ttl: Duration,
@@ -236,8 +236,16 @@ impl Cluster {
         let each = || names.iter().map(String::as_str);
         let write = Txn::new().when(when).and_then(ops);
         let txn = guards::in_empty_slot(&self.layout, each(), &slot, write);
-        // (A write whose answer was lost keeps its slot: it may have been applied.)
-        let resp = self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
+        // (A write whose answer was lost keeps its slot: it may have been applied.) Its grant,
+        // if it was, is taken back unless the same LOCK sent again claims it (as one name's:
+        // `Cluster::given_up`; simulator seed 130753, a set's grant that sat out its ttl).
+        let resp = match self.txn(txn).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.given_up(&names[0], &uid);
+                return Err(self.unavailable(&e));
+            }
+        };
         if !self.slot_written(&slot, each(), &resp) {
             return Ok(None);
         }
