@@ -520,10 +520,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => b.unlock(name, token, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => {
-                let result = Box::pin(b.unlock_bound(name, token, user)).await;
-                etcd_why_not_held(b, name, token, result).await?
-            }
+            Backend::Etcd(b) => Box::pin(b.unlock_bound(name, token, user)).await?,
         }
         self.made_durable().await
     }
@@ -542,13 +539,7 @@ impl Backend {
         let ended = match self {
             Backend::Embedded(b) => b.break_lock(name, token, by, force)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => {
-                let result = Box::pin(b.break_bound(name, token, by, force)).await;
-                match token {
-                    Some(token) => etcd_why_not_held(b, name, token, result).await?,
-                    None => result?,
-                }
-            }
+            Backend::Etcd(b) => Box::pin(b.break_bound(name, token, by, force)).await?,
         };
         self.made_durable().await?;
         Ok(ended)
@@ -568,10 +559,7 @@ impl Backend {
         let renewed = match self {
             Backend::Embedded(b) => b.renew(name, token, (ttl, detach), conn, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => {
-                let result = Box::pin(b.renew(name, token, (ttl, detach), conn, user)).await;
-                etcd_why_not_held(b, name, token, result).await?
-            }
+            Backend::Etcd(b) => Box::pin(b.renew(name, token, (ttl, detach), conn, user)).await?,
         };
         self.made_durable().await?;
         Ok(renewed)
@@ -582,10 +570,7 @@ impl Backend {
         match self {
             Backend::Embedded(b) => Ok(b.check(name, token)?),
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => {
-                let result = Box::pin(b.check(name, token)).await;
-                etcd_why_not_held(b, name, token, result).await
-            }
+            Backend::Etcd(b) => Box::pin(b.check(name, token)).await,
         }
     }
 
@@ -684,23 +669,6 @@ impl Backend {
     /// Events from now on; a receiver more than `watch_buffer` behind gets `Lagged`.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Published>> {
         each!(self, b => b.subscribe())
-    }
-}
-
-/// A cluster's `NotHeld` refusal of `token` on `name`, told as a BREAK's while its record
-/// says so (the holder hears who broke it); any other answer as it is.
-#[cfg(feature = "etcd")]
-async fn etcd_why_not_held<T>(
-    b: &etcd::Cluster,
-    name: &str,
-    token: Token,
-    result: Result<T, BackendError>,
-) -> Result<T, BackendError> {
-    match result {
-        Err(BackendError::Table(TableError::NotHeld)) => {
-            Err(Box::pin(b.why_not_held(name, token)).await)
-        }
-        other => other,
     }
 }
 

@@ -101,6 +101,21 @@ fn a_planted_grant_to_a_waiter_that_left_is_found() {
     assert!(v.violations[0].contains("sat out its ttl"), "{v:?}");
     let events = [seen("acquired", "c1", 11, 9), seen("dropped", "c1", 11, 10)];
     assert!(check(&ops, &[], &events).violations.is_empty());
+    // A grant that ran out before its client was told anything (its answer lost, the LOCK
+    // told TIMEOUT on a later try): the lease proto.md lets end with its ttl.
+    let mut late = clean();
+    late.push(lock(
+        2,
+        "c1",
+        1,
+        9500,
+        "ERR TIMEOUT x: not granted within 2ms",
+    ));
+    let events = [
+        seen("acquired", "c1", 11, 9),
+        seen("expired", "c1", 11, 9000),
+    ];
+    assert!(check(&late, &[], &events).violations.is_empty());
 }
 
 #[test]

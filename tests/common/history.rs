@@ -12,8 +12,8 @@
 //! - **a grant to a waiter that had left**: the client was told its wait ended
 //!   (`ERR TIMEOUT`, `ERR REPLACED`, `ERR SUPERSEDED`), never
 //!   sent that LOCK again, and the grant to it was made after a grant that was asked for after
-//!   that answer (tokens follow grant order); or such a grant sat out its ttl (`expired`)
-//!   instead of being taken back at once;
+//!   that answer (tokens follow grant order); or such a grant sat out its ttl (`expired`
+//!   after that answer) instead of being taken back at once;
 //! - **FIFO broken**: a front-end showed waiter X ahead of waiter Y, both were granted in
 //!   the end and neither LOCK was sent again (a resent LOCK rightly goes to the back), yet Y
 //!   was granted first.
@@ -450,13 +450,15 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
             ));
         }
         // (A lease broken meanwhile lingers until its deadline by design: BREAK without
-        // force waits for a holder that never lets go.)
-        let ends = |kind: &str| {
+        // force waits for a holder that never lets go. A lease that ran out before its client
+        // was told anything is one proto.md allows: its LOCK's answer was lost, and a lease
+        // granted so ends with its ttl unless the same LOCK comes again in time.)
+        let ends = |kind: &str, after: Duration| {
             events
                 .iter()
-                .any(|x| x.kind == kind && x.token == e.token && x.name == e.name)
+                .any(|x| x.kind == kind && x.token == e.token && x.name == e.name && x.at >= after)
         };
-        let expired = ends("expired") && !ends("broken");
+        let expired = ends("expired", told) && !ends("broken", Duration::ZERO);
         if expired {
             violations.push(format!(
                 "the grant of {} to {} (token {}), which had left, sat out its ttl",

@@ -27,6 +27,21 @@ impl Cluster {
         by: &Origin,
         force: bool,
     ) -> Result<usize, BackendError> {
+        let result = self.break_leases(name, token, by, force).await;
+        match token {
+            Some(token) => self.explained(name, token, result).await,
+            None => result,
+        }
+    }
+
+    /// [`Cluster::break_bound`], its refusals as they come.
+    async fn break_leases(
+        &self,
+        name: &str,
+        token: Option<Token>,
+        by: &Origin,
+        force: bool,
+    ) -> Result<usize, BackendError> {
         // A linearizable read: a grant made through another front-end a moment ago counts;
         // a lease whose time is up is not one to break.
         let mut ns = self.read_name(name).await?;
@@ -184,6 +199,22 @@ impl Cluster {
                 }
                 _ => return Ok((false, resp)),
             }
+        }
+    }
+
+    /// `result` of a request about lease `token` of `name`, a `NotHeld` refusal told as a
+    /// BREAK's while its record says so (its holder hears who broke it, as from one server).
+    pub(super) async fn explained<T>(
+        &self,
+        name: &str,
+        token: Token,
+        result: Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        match result {
+            Err(BackendError::Table(TableError::NotHeld)) => {
+                Err(Box::pin(self.why_not_held(name, token)).await)
+            }
+            other => other,
         }
     }
 

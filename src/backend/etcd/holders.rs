@@ -238,6 +238,12 @@ impl Cluster {
     /// mirror has seen this very write, the time until this front-end would end it (which no
     /// wall clock moves).
     pub async fn check(&self, name: &str, token: Token) -> Result<Duration, BackendError> {
+        let left = self.time_left(name, token).await;
+        self.explained(name, token, left).await
+    }
+
+    /// [`Cluster::check`], its refusals as they come.
+    async fn time_left(&self, name: &str, token: Token) -> Result<Duration, BackendError> {
         let rev = self
             .guard()
             .mirror

@@ -84,7 +84,8 @@ impl Cluster {
         token: Token,
         user: UserId,
     ) -> Result<(), BackendError> {
-        self.unlock(name, token, user).await?;
+        let result = self.unlock(name, token, user).await;
+        self.explained(name, token, result).await?;
         self.guard().bound.ended(token);
         Ok(())
     }
@@ -99,9 +100,8 @@ impl Cluster {
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
-        let renewed = self
-            .renew_as(name, token, ttl, (conn, user), detach)
-            .await?;
+        let renewed = self.renew_as(name, token, ttl, (conn, user), detach).await;
+        let renewed = self.explained(name, token, renewed).await?;
         if detach {
             self.guard().bound.ended(token);
         } else if renewed.bound {
