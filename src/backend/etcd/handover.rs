@@ -104,6 +104,29 @@ impl Cluster {
         }
     }
 
+    /// Keys of ours new in the queue that no request waits for (a write that reached etcd
+    /// after this front-end gave up on it) leave it now, before they reach its head and are
+    /// granted (simulator seed 7967): `new`, each a name and a waiter key's create revision,
+    /// as the watch (or a read of every lock) showed them. Once each, at their arrival, not on
+    /// every change of the name (a write out may take a while in an outage).
+    pub(super) fn sweep_orphans(self: &Arc<Self>, g: &mut ClusterState, new: &[(String, i64)]) {
+        for (name, rev) in new {
+            let Some(orphan) = g.mirror.name(name).and_then(|ns| ns.queue.get(rev)) else {
+                continue;
+            };
+            if orphan.value.fe != self.fe || g.by_uid.contains_key(&orphan.uid) {
+                continue;
+            }
+            let keys: Vec<String> = names_of(name, &orphan.value.set)
+                .into_iter()
+                .map(|n| self.layout.waiter(n, &orphan.slot))
+                .collect();
+            if g.forgetting.insert(keys[0].clone()) {
+                self.forget_waiter_keys(keys, orphan.mod_rev);
+            }
+        }
+    }
+
     /// Grants the head waiter of `name` if it is ours and fits. Only the head: the others
     /// follow one by one as each grant shows up in the watch, which keeps FIFO exact.
     pub(super) fn evaluate(self: &Arc<Self>, name: &str) {
@@ -113,22 +136,6 @@ impl Cluster {
             let Some(ns) = g.mirror.name(name) else {
                 return;
             };
-            // Keys of ours behind the head that no request waits for (a write that reached
-            // etcd after this front-end gave up on it) leave the queue now, before they
-            // reach its head and are granted (simulator seed 7967).
-            // (Once each: the watch evaluates a name on every change, and a write out may
-            // take a while in an outage.)
-            for orphan in ns.queue.values().skip(1) {
-                if orphan.value.fe == self.fe && !g.by_uid.contains_key(&orphan.uid) {
-                    let keys: Vec<String> = names_of(name, &orphan.value.set)
-                        .into_iter()
-                        .map(|n| self.layout.waiter(n, &orphan.slot))
-                        .collect();
-                    if g.forgetting.insert(keys[0].clone()) {
-                        self.forget_waiter_keys(keys, orphan.mod_rev);
-                    }
-                }
-            }
             let Some(head) = ns.queue.values().next() else {
                 return;
             };

@@ -197,6 +197,8 @@ pub struct Applied {
     pub touched: HashSet<String>,
     /// Waiter keys deleted (by a grant, a replacement, a timeout or their lease's end).
     pub waiters_gone: Vec<(String, String)>,
+    /// Waiter keys new in the queue: name and create revision.
+    pub waiters_new: Vec<(String, i64)>,
     /// New holders.
     pub granted: Vec<Granted>,
     /// Waiter keys rewritten to another connection or front-end (a LOCK of the same id took
@@ -350,6 +352,9 @@ impl Mirror {
                             if moved {
                                 out.adopted
                                     .push((name.clone(), uid.clone(), value.fe.clone()));
+                            }
+                            if !ns.queue.contains_key(&rev) {
+                                out.waiters_new.push((name.clone(), rev));
                             }
                             ns.queue.insert(
                                 rev,

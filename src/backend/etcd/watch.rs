@@ -105,6 +105,7 @@ impl Cluster {
             );
             let applied = g.mirror.apply(&self.layout, &changes, rev, now());
             self.warn_older(&applied);
+            self.sweep_orphans(g, &applied.waiters_new);
             g.fresh.retain(|(_, at), _| *at > rev);
             // What the gap held, told as the watch would have told it.
             super::gap::keep_delays(&old, &mut g.mirror, now());
@@ -329,6 +330,7 @@ impl Cluster {
             let mut g = self.guard();
             let applied = g.mirror.apply(&self.layout, &changes, rev, now());
             self.warn_older(&applied);
+            self.sweep_orphans(&mut g, &applied.waiters_new);
             for (_, slot) in &applied.slots_gone {
                 g.slots.gone(slot);
             }
