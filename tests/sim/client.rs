@@ -180,6 +180,7 @@ async fn lock(
                     .push(crate::delays::Grant {
                         client: me,
                         names: names.clone(),
+                        token,
                         fe,
                         at: complete,
                     });

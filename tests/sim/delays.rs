@@ -21,6 +21,7 @@ pub struct Hold {
 pub struct Grant {
     pub client: usize,
     pub names: Vec<String>,
+    pub token: u64,
     pub fe: usize,
     pub at: Duration,
 }
@@ -44,7 +45,11 @@ impl Delays {
     }
 
     /// Grants made within another client's lock-delay, in words.
-    pub fn violations(&self, net: &lockd::backend::etcd::sim::Net) -> Vec<String> {
+    pub fn violations(
+        &self,
+        net: &lockd::backend::etcd::sim::Net,
+        events: &[crate::history::Seen],
+    ) -> Vec<String> {
         let holds = self.holds.lock().unwrap();
         let grants = self.grants.lock().unwrap();
         let started = self.started.lock().unwrap();
@@ -66,6 +71,16 @@ impl Delays {
                 let Some(g) = next else {
                     continue;
                 };
+                // The first lease of the name after it went, as the front-ends' events show
+                // it: if it is no grant a client was told of (one given up on, taken back),
+                // which front-end decided it can't be told here, nor whether it knew.
+                let first = events
+                    .iter()
+                    .filter(|e| e.kind == "acquired" && e.name == *name && e.at > went)
+                    .min_by_key(|e| e.at);
+                if first.is_some_and(|e| e.token != g.token) {
+                    continue;
+                }
                 let within = g.at < went + l.delay;
                 let started_before = started.get(g.fe).is_some_and(|s| *s <= went);
                 let knew = started_before && !net.never_saw(g.fe, l.rev);

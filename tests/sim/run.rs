@@ -247,7 +247,7 @@ async fn simulate(seed: u64) -> Outcome {
     let events = world.events.lock().unwrap().clone();
     let verdict = history::check(&ops, &[], &events);
     violations.extend(verdict.violations);
-    violations.extend(world.delays.violations(&net));
+    violations.extend(world.delays.violations(&net, &events));
     violations.extend(world.violations.lock().unwrap().drain(..));
     violations.sort();
     violations.dedup();
