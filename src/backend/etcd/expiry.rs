@@ -131,7 +131,7 @@ impl Cluster {
             let Some(kept) = ns.holders.remove(&rev) else {
                 return;
             };
-            let empty = ns.holders.is_empty() && ns.queue.is_empty() && ns.marker_rev == 0;
+            let empty = ns.is_empty();
             g.mirror.ends.remove(&(kept.ends_at, name.to_owned(), rev));
             if empty {
                 g.mirror.names.remove(name);

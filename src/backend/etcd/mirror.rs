@@ -166,7 +166,7 @@ pub struct NameState {
 }
 
 impl NameState {
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.marker_rev == 0 && self.holders.is_empty() && self.queue.is_empty()
     }
 
