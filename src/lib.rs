@@ -29,7 +29,8 @@
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
 //! - `metrics`: the Prometheus registry and the handles the hot path bumps.
-//! - [`http`]: the operators' endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`.
+//! - [`http`]: the operators' endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`,
+//!   and the web view (`--web`).
 //!
 //! `handler`, `metrics`, `per_ip` and `stream` are internal (`pub(crate)`): nothing outside the
 //! crate names them. The other modules are public because the binaries or the tests
@@ -42,7 +43,7 @@
 //! change and lease types), `metrics`; `backend` -> `locks`, `store`, `metrics`, `auth`,
 //! `proto` (the `ERR` a refusal becomes);
 //! `handler` -> `backend`, `proto`, `connection`, `auth`, `tls`; `compat` -> `backend`,
-//! `locks`; `http` -> `backend`; `server` -> `handler`, `backend`, `compat`, `store`, `http`,
+//! `locks`; `http` -> `backend`, `auth`, `locks`, `proto`, `tls`; `server` -> `handler`, `backend`, `compat`, `store`, `http`,
 //! `auth`, `per_ip`, `tls`; `daemon` -> `server`, `auth`, `http`, `compat` (its flags),
 //! `backend` (the etcd settings), `locks` (the limits), `tls`, `proto` (durations, names);
 //! `client` -> `proto`, `connection`, `locks` (the token and mode types), `tls`, `stream`

@@ -24,6 +24,9 @@ pub struct ServerTls {
     /// Accepts a connection's TLS handshake with the certificate and key now in force. A
     /// std lock: read (a clone taken) per handshake, never held across an `.await`.
     acceptor: Arc<RwLock<TlsAcceptor>>,
+    /// The same certificate and key, asking no client for a certificate: the HTTP port's
+    /// (`--metrics-tls`), where browsers and scrapers log in their own way.
+    open_acceptor: Arc<RwLock<TlsAcceptor>>,
     /// Clients must present a certificate signed by `--tls-client-ca`.
     pub mutual: bool,
     /// The files it was made of, read again by a reload.
@@ -39,17 +42,28 @@ impl ServerTls {
             .clone()
     }
 
+    /// The acceptor in force that asks for no client certificate (see `open_acceptor`).
+    pub fn acceptor_without_client_auth(&self) -> TlsAcceptor {
+        self.open_acceptor
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// Reads the certificate, key and client CA files again; new handshakes use them from
     /// now on (connections open already keep theirs). Files that fail to make a server
     /// identity leave the one in force, and say why.
     pub fn reload(&self) -> Result<(), String> {
         let (cert, key, ca) = &self.files;
         let fresh = server(cert, key, ca.as_deref())?;
-        let acceptor = fresh.acceptor();
-        *self
-            .acceptor
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = acceptor;
+        for (mine, new) in [
+            (&self.acceptor, fresh.acceptor()),
+            (&self.open_acceptor, fresh.acceptor_without_client_auth()),
+        ] {
+            *mine
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = new;
+        }
         Ok(())
     }
 
@@ -108,9 +122,16 @@ fn roots(path: &Path) -> Result<RootCertStore, String> {
 /// The server side: `cert` and `key` (PEM); with `client_ca`, clients must present a
 /// certificate it signed.
 pub fn server(cert: &Path, key_file: &Path, client_ca: Option<&Path>) -> Result<ServerTls, String> {
-    let builder = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+    let builder = || {
+        ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())
+    };
+    let open = builder()?
+        .with_no_client_auth()
+        .with_single_cert(certs(cert)?, key(key_file)?)
+        .map_err(|e| file_error(cert, "certificate and key do not make a server identity", e))?;
+    let builder = builder()?;
     let builder = match client_ca {
         Some(ca) => {
             let verifier =
@@ -126,6 +147,7 @@ pub fn server(cert: &Path, key_file: &Path, client_ca: Option<&Path>) -> Result<
         .map_err(|e| file_error(cert, "certificate and key do not make a server identity", e))?;
     Ok(ServerTls {
         acceptor: Arc::new(RwLock::new(TlsAcceptor::from(Arc::new(config)))),
+        open_acceptor: Arc::new(RwLock::new(TlsAcceptor::from(Arc::new(open)))),
         mutual: client_ca.is_some(),
         files: (
             cert.to_path_buf(),

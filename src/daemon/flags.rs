@@ -17,6 +17,12 @@ use crate::server;
 
 /// Most names `--metrics-names` may list: each adds series to every scrape.
 const MAX_METRICS_NAMES: usize = 100;
+/// `--web-locks`: the default, and the most (each shown lock costs a STATUS detail a board).
+const DEFAULT_WEB_LOCKS: usize = 200;
+const MAX_WEB_LOCKS: usize = 10_000;
+/// `--web-viewers`: the default, and the most.
+const DEFAULT_WEB_VIEWERS: usize = 32;
+const MAX_WEB_VIEWERS: usize = 10_000;
 /// Longest --max-note: the journal keeps a note with a 16-bit length.
 const MAX_MAX_NOTE: usize = 65_535;
 /// Largest --max-names: a set is granted in one etcd transaction, and etcd bounds the
@@ -250,6 +256,33 @@ pub struct Flags {
     )]
     pub metrics_names: Vec<String>,
 
+    /// Serve the --metrics-listen port (metrics, health, the web view) over TLS, with the
+    /// certificate and key of --tls-cert and --tls-key (reloaded with them by SIGHUP). No
+    /// client certificate is asked for there, even with --tls-client-ca: scrapers and
+    /// browsers prove who they are their own way. Needed for --web with --auth-file on an
+    /// address other than loopback, whose logins would otherwise cross the network in clear.
+    #[arg(long, env = "LOCKD_METRICS_TLS", requires_all = ["metrics_listen", "tls_cert"],
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub metrics_tls: bool,
+
+    /// Serve the web view on the --metrics-listen port: a live, read-only page of every held
+    /// lock, its holders and its queue, and recent events (/, with /events and /locks). With
+    /// --auth-file it asks for a user and secret of that file (HTTP Basic) and shows only the
+    /// names the user may read. Off by default.
+    #[arg(long, env = "LOCKD_WEB", requires = "metrics_listen",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub web: bool,
+
+    /// Most locks the web view shows at once (in name order; the rest are counted), each with
+    /// its holders and the first 1000 of its queue.
+    #[arg(long, env = "LOCKD_WEB_LOCKS", value_name = "N", default_value_t = DEFAULT_WEB_LOCKS)]
+    pub web_locks: usize,
+
+    /// Most web view pages open at once (each keeps an event stream); one more is answered
+    /// 503 until one closes.
+    #[arg(long, env = "LOCKD_WEB_VIEWERS", value_name = "N", default_value_t = DEFAULT_WEB_VIEWERS)]
+    pub web_viewers: usize,
+
     /// Require clients to authenticate: the users, their hashed secrets and their rights, one
     /// `user <name> <hash> [lock=<patterns>] [read=<patterns>]` line each (see proto.md).
     /// Before AUTH only PING, HELP and QUIT work. SIGHUP reloads the file. A file its group
@@ -325,6 +358,10 @@ impl Default for Flags {
             tls_handshake_timeout: HumanDuration(crate::DEFAULT_TLS_HANDSHAKE_TIMEOUT),
             metrics_listen: None,
             metrics_names: Vec::new(),
+            metrics_tls: false,
+            web: false,
+            web_locks: DEFAULT_WEB_LOCKS,
+            web_viewers: DEFAULT_WEB_VIEWERS,
             auth_file: None,
             insecure_open: false,
             compat: CompatArgs {
@@ -385,6 +422,18 @@ impl Flags {
             return Err(format!(
                 "--max-names must be from 1 to {MAX_MAX_NAMES}, not {}",
                 self.max_names
+            ));
+        }
+        if !(1..=MAX_WEB_LOCKS).contains(&self.web_locks) {
+            return Err(format!(
+                "--web-locks must be from 1 to {MAX_WEB_LOCKS}, not {}",
+                self.web_locks
+            ));
+        }
+        if !(1..=MAX_WEB_VIEWERS).contains(&self.web_viewers) {
+            return Err(format!(
+                "--web-viewers must be from 1 to {MAX_WEB_VIEWERS}, not {}",
+                self.web_viewers
             ));
         }
         if self.metrics_names.len() > MAX_METRICS_NAMES {

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Gate;
 use crate::backend::EtcdRefused;
-use crate::http::Endpoint;
+use crate::http::{Endpoint, Web};
 use crate::server;
 
 mod fd_limit;
@@ -79,11 +79,20 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
         let metrics_listener = TcpListener::bind(addr)
             .await
             .map_err(|e| RunError::Run(format!("cannot listen for metrics on {addr}: {e}")))?;
-        let endpoint = Endpoint::new(flags.metrics_names.clone()).open_without_auth(open);
+        let mut endpoint = Endpoint::new(flags.metrics_names.clone()).open_without_auth(open);
+        if flags.web {
+            check_web(&flags, &metrics_listener, config.auth.is_some())?;
+            let web = Web::new(config.auth.clone(), flags.web_locks, flags.web_viewers);
+            endpoint = endpoint.web(web);
+        }
         config.endpoint = Some(endpoint.clone());
         let stop = shutdown.clone();
+        let tls = match (&config.tls, flags.metrics_tls) {
+            (Some(tls), true) => Some((tls.clone(), config.tls_handshake_timeout)),
+            _ => None,
+        };
         tokio::spawn(async move {
-            if let Err(e) = endpoint.run(metrics_listener, stop).await {
+            if let Err(e) = endpoint.run(metrics_listener, tls, stop).await {
                 tracing::error!(error = %e, "the metrics endpoint failed");
             }
         });
@@ -98,6 +107,35 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
             None => RunError::Run(e.to_string()),
         }
     })
+}
+
+/// The web view shows every lock's holders, notes and addresses: on a port others can reach,
+/// only to users of `--auth-file`, unless `--insecure-open` says the network is trusted.
+///
+/// Its logins (HTTP Basic, the secret in every request) cross the network only over TLS.
+fn check_web(flags: &Flags, listener: &TcpListener, auth: bool) -> Result<(), RunError> {
+    let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
+    if loopback || (auth && flags.metrics_tls) {
+        return Ok(());
+    }
+    if auth {
+        return Err(RunError::Usage(
+            "--web with --auth-file on a --metrics-listen address that is not loopback would \
+             send users' secrets across the network in clear: add --metrics-tls (with \
+             --tls-cert and --tls-key), or listen on loopback behind a TLS proxy"
+                .into(),
+        ));
+    }
+    if flags.insecure_open {
+        return Ok(());
+    }
+    Err(RunError::Usage(
+        "--web on a --metrics-listen address that is not loopback would show every lock, \
+         holder and note to anyone who reaches it: add --auth-file (the page then asks for a \
+         user's secret and shows what its read= rights cover), or --insecure-open for a \
+         trusted network"
+            .into(),
+    ))
 }
 
 /// [`Flags::open_to_the_network`] for the addresses as bound and resolved (`--listen` or

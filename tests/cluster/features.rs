@@ -191,3 +191,51 @@ fn the_python_client_reads_a_front_end_s_status() {
     );
     assert_eq!(stdout, format!("None None\nme {t} me 1\n"));
 }
+
+/// The web view (`--web`) of a front-end shows what every front-end granted and queued, and
+/// streams the events its watch sees.
+#[test]
+fn the_web_view_shows_locks_taken_through_any_front_end() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    let etcd = EtcdCluster::start(1);
+    let prefix = etcd.prefix();
+    let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let _viewed = LockdFrontEnd::start(
+        &etcd,
+        &prefix,
+        &["--metrics-listen", &http.to_string(), "--web"],
+    );
+    let other = LockdFrontEnd::start(&etcd, &prefix, &[]);
+    let mut events = TcpStream::connect(http).unwrap();
+    events.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(events, "GET /events HTTP/1.1\r\nHost: lockd\r\n\r\n").unwrap();
+    let mut events = BufReader::new(events);
+
+    let t = token(&other.request("LOCK deploy/web a ttl=1m note=v42"));
+    let mut waiter = Line::connect(other.addr());
+    waiter.send("LOCK deploy/web b ttl=1m");
+    eventually(PATIENCE, "the holder and the queue on the board", || {
+        let (code, body) = http_get(http, "/locks");
+        assert_eq!(code, 200, "{body}");
+        let board: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let lock = &board["locks"][0];
+        lock["name"] == "deploy/web"
+            && lock["holders"][0]["token"] == t
+            && lock["holders"][0]["note"] == "v42"
+            && lock["queue"][0]["id"] == "b"
+            && board["etcd"]["bound_ms"].is_u64()
+    });
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert_ne!(events.read_line(&mut line).unwrap(), 0, "the stream ended");
+        if line.starts_with("data: ") && line.contains("\"kind\":\"acquired\"") {
+            assert!(line.contains(&format!("\"token\":{t}")), "{line}");
+            break;
+        }
+    }
+    assert_eq!(other.request(&format!("UNLOCK deploy/web {t}")), "OK");
+    token(&waiter.line());
+}

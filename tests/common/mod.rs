@@ -25,6 +25,7 @@
 #![allow(dead_code)]
 
 pub mod blocking;
+pub mod browser;
 pub mod chaos;
 pub mod detail;
 pub mod durable;

@@ -30,6 +30,8 @@ pub enum Need {
     /// protoc (`PROTOC`, else on PATH), to regenerate the etcd gRPC code and compare it with
     /// the checked-in one (building lockd never needs it).
     Protoc,
+    /// Debian's chromium (`LOCKD_TEST_CHROMIUM`, else on PATH), headless, for the web view.
+    Chromium,
 }
 
 impl Need {
@@ -46,6 +48,7 @@ impl Need {
             Need::PythonYaml => ("/usr/bin/python3 with yaml", "python3-yaml"),
             Need::Etcdctl => ("etcdctl", "etcd-client"),
             Need::Protoc => ("protoc", "protobuf-compiler"),
+            Need::Chromium => ("chromium", "chromium"),
         }
     }
 
@@ -57,6 +60,9 @@ impl Need {
                 .map(|p| Path::new(&p).is_file())
                 .unwrap_or_else(|| on_path("etcd")),
             Need::Promtool => on_path("promtool"),
+            Need::Chromium => std::env::var_os("LOCKD_TEST_CHROMIUM")
+                .map(|p| Path::new(&p).is_file())
+                .unwrap_or_else(|| on_path("chromium")),
             Need::PythonPrometheus => python_imports("prometheus_client"),
             Need::PythonYaml => python_imports("yaml"),
             Need::Etcdctl => on_path("etcdctl"),
@@ -69,7 +75,7 @@ impl Need {
 
 /// Whether `need` is here (see the module's doc for what happens when it is not).
 pub fn have(need: Need) -> bool {
-    static SEEN: [OnceLock<bool>; 8] = [const { OnceLock::new() }; 8];
+    static SEEN: [OnceLock<bool>; 9] = [const { OnceLock::new() }; 9];
     let present = *SEEN[need as usize].get_or_init(|| need.present());
     if present {
         return true;

@@ -30,4 +30,5 @@ mod sessions;
 mod stress;
 mod supersede;
 mod tls;
+mod web;
 mod wire;

@@ -64,7 +64,11 @@ async fn observed(config: Config) -> (common::TestServer, std::net::SocketAddr) 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let endpoint = Endpoint::new(vec!["w".into()]);
-    tokio::spawn(endpoint.clone().run(listener, CancellationToken::new()));
+    tokio::spawn(
+        endpoint
+            .clone()
+            .run(listener, None, CancellationToken::new()),
+    );
     let server = Lockd::new()
         .config(Config {
             endpoint: Some(endpoint),
@@ -227,7 +231,11 @@ async fn readyz_says_starting_until_the_table_is_served() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = listener.local_addr().unwrap();
     let endpoint = Endpoint::new(Vec::new());
-    tokio::spawn(endpoint.clone().run(listener, CancellationToken::new()));
+    tokio::spawn(
+        endpoint
+            .clone()
+            .run(listener, None, CancellationToken::new()),
+    );
     assert_eq!(get(http, "/healthz").await.0, 200);
     assert_eq!(get(http, "/readyz").await.0, 503);
     let server = Lockd::new()

@@ -7,6 +7,7 @@
 use crate::common;
 
 mod durable;
+mod web;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -58,7 +58,11 @@ async fn readyz_turns_503_when_the_journal_cannot_be_written() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics = listener.local_addr().unwrap();
     let endpoint = Endpoint::new(Vec::new());
-    tokio::spawn(endpoint.clone().run(listener, CancellationToken::new()));
+    tokio::spawn(
+        endpoint
+            .clone()
+            .run(listener, None, CancellationToken::new()),
+    );
     let server = Lockd::new()
         .config(Config {
             data_dir: Some(disk.0.join("data")),

@@ -1,4 +1,5 @@
-//! The operators' HTTP endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`.
+//! The operators' HTTP endpoint (`--metrics-listen`): `/metrics`, `/healthz`, `/readyz`,
+//! and with `--web` the web view ([`web`]).
 //!
 //! It listens from the very start, before a data directory is recovered, so a probe can tell
 //! "starting" (`/readyz` 503) from "down" (no answer). The lock table is handed over through
@@ -17,6 +18,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
+use crate::tls::ServerTls;
+
+mod basic;
+mod board;
+mod tls;
+mod web;
+
+pub use web::Web;
 
 /// What the endpoint reports on.
 #[derive(Clone, Default)]
@@ -28,6 +37,8 @@ pub struct Endpoint {
     /// A listener serves the network without authentication (`--insecure-open`): shown as
     /// `lockd_open_without_auth 1` and in `/healthz`, so that it is seen, not only logged.
     open_without_auth: bool,
+    /// The web view, with `--web`.
+    web: Option<Arc<Web>>,
 }
 
 impl Endpoint {
@@ -45,9 +56,20 @@ impl Endpoint {
         self
     }
 
+    /// Serves the web view too.
+    pub fn web(mut self, web: Web) -> Self {
+        self.web = Some(Arc::new(web));
+        self
+    }
+
     /// The table is recovered and the server accepts connections.
     pub fn serving(&self, backend: &Backend) {
-        let _ = self.backend.set(backend.clone());
+        if self.backend.set(backend.clone()).is_ok() {
+            if let Some(web) = &self.web {
+                let recording = Arc::clone(web).record(backend.clone(), self.stopping.clone());
+                tokio::spawn(recording);
+            }
+        }
     }
 
     /// The server is shutting down: no longer ready, no longer healthy.
@@ -55,19 +77,46 @@ impl Endpoint {
         self.stopping.cancel();
     }
 
-    /// Serves `listener` until `shutdown`.
-    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
+    /// Serves `listener` until `shutdown`, over TLS with `tls` (`--metrics-tls`: the
+    /// certificate of `--tls-cert`, no client certificate asked for, handshakes bounded by
+    /// `handshake_timeout`).
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        tls: Option<(ServerTls, Duration)>,
+        shutdown: CancellationToken,
+    ) -> io::Result<()> {
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "serving metrics");
+            let tls = tls.is_some();
+            tracing::info!(%addr, tls, web = self.web.is_some(), "serving metrics");
         }
-        let app = Router::new()
+        let mut app = Router::new()
             .route("/metrics", get(metrics))
             .route("/healthz", get(healthz))
-            .route("/readyz", get(readyz))
-            .with_state(self);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
+            .route("/readyz", get(readyz));
+        if self.web.is_some() {
+            app = app
+                .route("/", get(web::page))
+                .route("/view.js", get(web::script))
+                .route("/view.css", get(web::style))
+                .route("/locks", get(web::locks))
+                .route("/events", get(web::events));
+        }
+        let app = app.with_state(self);
+        let stopped = async move { shutdown.cancelled().await };
+        match tls {
+            Some((tls, timeout)) => {
+                let listener = tls::TlsListener::new(listener, tls, timeout);
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+            }
+        }
     }
 
     fn backend(&self) -> Option<&Backend> {
