@@ -10,10 +10,11 @@
 //! - **a token out of order**: a grant completed before another grant of the same name was
 //!   even asked for, yet has the larger token;
 //! - **a grant to a waiter that had left**: the client was told its wait ended
-//!   (`ERR TIMEOUT`, `ERR REPLACED`, `ERR SUPERSEDED`), never
-//!   sent that LOCK again, and the grant to it was made after a grant that was asked for after
-//!   that answer (tokens follow grant order); or such a grant sat out its ttl (`expired`
-//!   after that answer) instead of being taken back at once;
+//!   (`ERR TIMEOUT`, `ERR REPLACED`, `ERR SUPERSEDED`; or `LEFT`, the simulator's session
+//!   waiter that vanished while it waited), never sent that LOCK again, and the grant to it
+//!   was made after a grant that was asked for (first sent: a LOCK sent again may claim the
+//!   grant of its first send) after that answer (tokens follow grant order); or such a grant
+//!   sat out its ttl (`expired` after that answer) instead of being taken back at once;
 //! - **FIFO broken**: a front-end showed waiter X ahead of waiter Y, both were granted in
 //!   the end and neither LOCK was sent again (a resent LOCK rightly goes to the back), yet Y
 //!   was granted first.
@@ -287,7 +288,9 @@ struct Grant<'a> {
 /// Whether a LOCK's answer told the client its wait ended without a grant. Not
 /// `ERR UNAVAILABLE`: that LOCK may have been granted after all (the same LOCK again gets it).
 fn told_it_left(reply: &str) -> bool {
-    reply.starts_with("ERR TIMEOUT")
+    // `LEFT`: the client went while it waited (the simulator's), told nothing.
+    reply == "LEFT"
+        || reply.starts_with("ERR TIMEOUT")
         || reply.starts_with("ERR REPLACED")
         || reply.starts_with("ERR SUPERSEDED")
 }
@@ -435,13 +438,23 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
         .filter(|(_, op)| op.reply.as_deref().is_some_and(told_it_left))
         .map(|(id, op)| (*id, op.complete))
         .collect();
+    // When each id's LOCK was first sent: a LOCK sent again (after `UNAVAILABLE`) may claim a
+    // grant made for its first send, before anything asked after that.
+    let mut first_sent: HashMap<&str, Duration> = HashMap::new();
+    for op in ops {
+        if let Call::Lock { id, .. } = &op.call {
+            let at = first_sent.entry(id.as_str()).or_insert(op.invoke);
+            *at = (*at).min(op.invoke);
+        }
+    }
     for e in events.iter().filter(|e| e.kind == "acquired") {
         let Some(&told) = told_left.get(e.id.as_str()) else {
             continue;
         };
-        let later = grants
-            .iter()
-            .find(|g| g.name == e.name && g.invoke > told && g.token < e.token);
+        let later = grants.iter().find(|g| {
+            let asked = first_sent.get(g.id).copied().unwrap_or(g.invoke);
+            g.name == e.name && asked > told && g.token < e.token
+        });
         if let Some(g) = later {
             violations.push(format!(
                 "{} was granted {} (token {}) after it was told its wait ended at {told:?}: \

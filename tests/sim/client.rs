@@ -19,7 +19,7 @@ use lockd::locks::{ConnId, LockRequest, Mode, Origin, TableError, Token, WaitEnd
 use tokio::time::{sleep, timeout};
 
 use crate::history::{Call, Op};
-use crate::run::World;
+use crate::run::{Front, World};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
@@ -107,6 +107,8 @@ async fn lock(
     let delay = rng.chance(300).then(|| rng.upto(Duration::from_secs(3)));
     // newest wins: every waiter of the name is answered SUPERSEDED (one name only).
     let supersede = and.is_empty() && rng.chance(80);
+    // Now and then the client vanishes while it waits: how long into its wait.
+    let vanish = (!wait.is_zero() && rng.chance(100)).then(|| rng.upto(wait));
     let first_sent = world.since_start();
     for attempt in 0..=RESENDS {
         let (fe, front) = world.pick(rng)?;
@@ -135,16 +137,17 @@ async fn lock(
         };
         let invoke = world.since_start();
         let answer = front
-            .call(ask(backend, req, wait))
+            .call(ask(&front, req, wait, vanish))
             .await
             .unwrap_or(Answer::Lost);
         let complete = world.since_start();
         let names: Vec<String> = std::iter::once(name.clone()).chain(and.clone()).collect();
         let record = |reply: Option<String>| {
             world.note(format!(
-                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}{}{}) -> {}",
+                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}{}{}{}) -> {}",
                 names.join("+"),
                 delay.map_or(String::new(), |d| format!(", delay {d:?}")),
+                vanish.map_or(String::new(), |v| format!(", vanishes after {v:?} of it")),
                 if session.is_some() { ", session" } else { "" },
                 if supersede { ", supersede" } else { "" },
                 reply.as_deref().unwrap_or("(no answer)")
@@ -209,6 +212,23 @@ async fn lock(
                 record(None);
                 conns.remove(&fe);
             }
+            Answer::Vanished => {
+                // A session waiter leaves the queue with its connection: lockd knows it left
+                // (`LEFT`, judged as a wait told it ended). A plain one does not: it may still
+                // be granted, and the grant, written to a closed connection, taken back; if
+                // its front-end dies first, the grant sits out its ttl, as any grant whose
+                // answer was lost may (`VANISHED`).
+                let left = if session.is_some() {
+                    "LEFT"
+                } else {
+                    "VANISHED"
+                };
+                record(Some(left.into()));
+                // The waiting connection closes when its wait is over (`ask`); the others now.
+                conns.remove(&fe);
+                close_all(world, conns);
+                return None;
+            }
         }
     }
     None
@@ -220,30 +240,66 @@ enum Answer {
     Unavailable(String),
     /// No answer in time: the connection is taken as lost.
     Lost,
+    /// The client vanished while it waited (told nothing).
+    Vanished,
 }
 
-async fn ask(backend: &Backend, req: LockRequest, wait: Duration) -> Answer {
+/// A LOCK through `front`; with `vanish`, the client goes that far into its wait, as a
+/// connection that breaks does in lockd's handler: a waiter tied to its connection
+/// (`session`) leaves the queue at once; a plain one stays in it (lockd can't tell a client
+/// that went from one that only half-closed), and when it is granted, the grant can't be
+/// written and is taken back. Either way its connection is closed once its wait is over.
+async fn ask(front: &Front, req: LockRequest, wait: Duration, vanish: Option<Duration>) -> Answer {
     let limit = wait + Duration::from_secs(20);
+    let backend = &front.backend;
+    let (conn, tied) = (req.conn, req.session.is_some());
     let asked = async {
-        match backend.lock(req).await {
-            Ok(Locked::Granted { token, .. }) => Answer::Granted(token),
-            Ok(Locked::Waiting(mut w)) => match w.result().await {
-                WaitResult::Granted { token, .. } => Answer::Granted(token),
-                WaitResult::Ended(WaitEnd::TimedOut) => Answer::Ended("ERR TIMEOUT".into()),
-                WaitResult::Ended(WaitEnd::Replaced) => Answer::Ended("ERR REPLACED".into()),
-                WaitResult::Ended(WaitEnd::Superseded { by }) => {
-                    Answer::Ended(format!("ERR SUPERSEDED by {by}"))
-                }
-                WaitResult::Failed(e) => Answer::Unavailable(e.to_string()),
-            },
-            Err(BackendError::Unavailable(why)) => Answer::Unavailable(why),
+        let mut w = match backend.lock(req).await {
+            Ok(Locked::Granted { token, .. }) => return Answer::Granted(token),
+            Ok(Locked::Waiting(w)) => w,
+            Err(BackendError::Unavailable(why)) => return Answer::Unavailable(why),
             Err(BackendError::Table(TableError::WouldBlock { .. })) => {
-                Answer::Ended("ERR WOULDBLOCK".into())
+                return Answer::Ended("ERR WOULDBLOCK".into())
             }
-            Err(e) => Answer::Ended(format!("ERR {e}")),
+            Err(e) => return Answer::Ended(format!("ERR {e}")),
+        };
+        let Some(after) = vanish else {
+            return waited(w.result().await);
+        };
+        tokio::select! {
+            result = w.result() => waited(result),
+            () = sleep(after) => {
+                let front = front.clone();
+                let name = w.name().clone();
+                tokio::spawn(async move {
+                    let gone = async {
+                        if tied {
+                            drop(w);
+                        } else if let WaitResult::Granted { token, handover, .. } = w.result().await {
+                            front.backend.revoke(&name, token, handover).await;
+                        }
+                        front.backend.closed(conn);
+                    };
+                    front.call(gone).await
+                });
+                Answer::Vanished
+            }
         }
     };
     timeout(limit, asked).await.unwrap_or(Answer::Lost)
+}
+
+/// A wait's end as the client is told it.
+fn waited(result: WaitResult) -> Answer {
+    match result {
+        WaitResult::Granted { token, .. } => Answer::Granted(token),
+        WaitResult::Ended(WaitEnd::TimedOut) => Answer::Ended("ERR TIMEOUT".into()),
+        WaitResult::Ended(WaitEnd::Replaced) => Answer::Ended("ERR REPLACED".into()),
+        WaitResult::Ended(WaitEnd::Superseded { by }) => {
+            Answer::Ended(format!("ERR SUPERSEDED by {by}"))
+        }
+        WaitResult::Failed(e) => Answer::Unavailable(e.to_string()),
+    }
 }
 
 fn ms(d: Duration) -> u64 {
