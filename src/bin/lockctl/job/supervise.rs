@@ -1,15 +1,16 @@
 //! Holding the lock while the job runs (the command and every process it starts, see
-//! [`crate::child`]): signals passed on, the lease watched, the whole job stopped when the
+//! [`super::child`]): signals passed on, the lease watched, the whole job stopped when the
 //! lease is lost or its time runs out.
 
 use std::time::Duration;
 
 use tokio::time::{sleep, sleep_until, Instant};
 
-use crate::child::{exit_code, Child, Event, Program, Signals};
+use super::child::{exit_code, Child, Event, Program};
+use super::keeper::{HeldLease, Keeper, Released};
 use crate::cli::{OnLost, RunArgs};
 use crate::fail::{signal_code, Failure, LOST, UNTIL_TIMEOUT};
-use crate::keeper::{HeldLease, Keeper, Released};
+use crate::signals::Signals;
 
 /// Everything needed while the lock is held.
 pub struct Supervisor<'a> {
@@ -35,7 +36,7 @@ pub struct Outcome {
 enum SuperviseStep {
     Job(std::io::Result<Event>),
     Signal(i32),
-    Lost(crate::keeper::Lost),
+    Lost(super::keeper::Lost),
     OutOfTime,
     Kill,
 }

@@ -6,15 +6,16 @@ use lockd::client::ClientError;
 use lockd::proto::{ErrorCode, Tie};
 use tokio::time::{timeout, Instant};
 
-use crate::child::{Program, Signals};
+use super::child::Program;
+use super::keeper::{HeldLease, Keeper, Link, Timing};
+use super::set_env;
+use super::supervise::Supervisor;
 use crate::cli::{ModeArgs, OnLost, RunArgs, WaitArgs};
 use crate::fail::{signal_code, Failure, LOST};
-use crate::keeper::{HeldLease, Keeper, Link, Timing};
 use crate::net::Server;
 use crate::out::held_tokens;
 use crate::request::{self, Granted, Terms};
-use crate::set_env;
-use crate::supervise::Supervisor;
+use crate::signals::Signals;
 
 /// --session-grace unless given (never more than the ttl): long enough for a reconnect across
 /// a server restart or a network blip, short enough that a killed lockctl's lock is soon free.
