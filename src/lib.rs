@@ -24,8 +24,10 @@
 //! - [`store`]: durable state for `--data-dir`: a log with snapshots and a group-commit writer.
 //! - [`client`]: an async client for `lockctl`, the tests and any Rust program: a connection
 //!   whose answers are `proto`'s types (`client/mod.rs`), and its `connect` (several
-//!   addresses, failover, retry), `tls` (the handshake and what its failures mean) and `auth`
-//!   (AUTH and what its refusals mean).
+//!   addresses, failover, retry), `tls` (the handshake and what its failures mean), `auth`
+//!   (AUTH and what its refusals mean), `lock` (a LOCK sent again within its wait), `keeper`
+//!   (the one renewal loop, under `hold` and `lockctl run`) and `hold` (a future run under a
+//!   lock).
 //! - [`docgen`]: shell completions and man pages from the binaries' clap definitions.
 //! - [`compat`]: the old two-port bash/netcat protocol on one lock of the table (`--compat`).
 //! - `metrics`: the Prometheus registry and the handles the hot path bumps.

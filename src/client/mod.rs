@@ -17,6 +17,10 @@
 //!   [`Client::lock_set`]).
 //! - [`hold`](mod@hold): [`hold()`], a future run under a lock whose lease is renewed in the
 //!   background, stopped the moment the lease is lost, the lock released however it ends.
+//! - [`keeper`]: the one renewal loop, [`Keeper`], under `hold()` and `lockctl run`: renews a
+//!   held lease on its [`Timing`], moves to the next address when a front-end cannot serve,
+//!   tells an observer each renewal, failure and reconnection, and tells the loss early enough
+//!   to stop what runs under the lease before lockd could grant the lock to anyone else.
 //! - [`watch`]: [`Client::events`], WATCH as typed [`EventLine`]s.
 //!
 //! A program's whole use of a lock, renewed for as long as the work takes:
@@ -60,6 +64,7 @@ pub mod auth;
 pub mod connect;
 pub mod hold;
 pub mod id;
+pub mod keeper;
 pub mod lock;
 pub mod retry;
 pub mod tls;
@@ -69,6 +74,7 @@ pub use auth::{Credentials, LoggedIn, LoginError};
 pub use connect::{Addrs, ConnectError, Connector, Notes};
 pub use hold::{hold, Lease};
 pub use id::default_id;
+pub use keeper::{Keeper, Timing};
 pub use lock::{LockError, LockOptions, Locked};
 pub use retry::{retryable, Backoff, Retry};
 pub use tls::Tls;

@@ -2,49 +2,43 @@
 //!
 //! - [`cli`]: flags and `--help`, with every exit code; [`fail`]: the exit codes and failures.
 //! - [`request`]: the LOCK request `run` and `acquire` send.
-//! - [`run`]: `lockctl run`, with [`supervise`] (the lock held while the job runs), [`child`]
-//!   (the job: the command and everything it starts, signals), [`job`] (on Linux, the job's
-//!   supervisor process, lockctl re-executed) and [`keeper`] (renewals, reconnection, the
-//!   lease deadline). [`elect`]: `lockctl elect` (a `run` by another name) and `leader`.
+//! - [`job`]: running a job under a lock: `lockctl run` (the LOCK, the job held under it, the
+//!   library's renewal loop with lockctl's kill schedule, the job's supervisor process) and
+//!   `lockctl elect` (a `run` by another name) and `leader`.
+//! - [`view`]: viewing the locks: `lockctl status`, `top` and `watch`.
 //! - [`mcp`]: `lockctl mcp`, the locks as an AI agent's tools (Model Context Protocol).
-//! - [`ops`], [`status`], [`top`], [`watch`]: the other commands, with [`out`] (tables, JSON);
-//!   [`holder`] says who holds a lock, for -v.
+//! - [`ops`] (acquire, release, renew) and [`breaking`] (break): the one-request commands, with
+//!   [`out`] (tables, JSON); [`holder`] says who holds a lock, for -v.
 //! - [`net`]: lockctl's settings for the library's `Connector` (addresses, failover, TLS,
-//!   AUTH), built from the flags by [`tls`] and [`auth`].
+//!   AUTH), built from the flags by [`tls`] and [`auth`]. [`signals`]: SIGINT, SIGTERM and
+//!   SIGHUP, passed on to a job or ending a view.
 //! - [`docs`]: completions and man pages.
 //!
 //! It speaks the protocol through `lockd::client` and `lockd::proto` only: every reply is read
 //! as `proto`'s types, and no module here parses a line.
 //!
 //! Its modules import each other in one direction (no cycle): `cli`, `fail` and `out` import
-//! none of them; `child` -> `fail`; `job` -> `child`, `fail`; `auth`, `tls`, `docs` -> `cli`,
-//! `fail`; `set_env` imports none; `net` -> `auth`, `fail`; `keeper` -> `net`; `holder` -> `cli`, `net`, `out`;
-//! `request` -> `cli`, `fail`, `holder`, `net`; `status` -> `cli`, `fail`, `net`, `out`; `ops`,
-//! `run`, `supervise`, `top`, `watch` -> those below them; `elect` -> `run`, `status` and below.
+//! none of them; `signals` -> `fail`; `auth`, `tls`, `docs` -> `cli`, `fail`; `net` -> `auth`,
+//! `fail`; `holder` -> `cli`, `net`, `out`; `request` -> `cli`, `fail`, `holder`, `net`;
+//! `view` -> `cli`, `fail`, `net`, `out`, `signals`; `ops`, `breaking`, `mcp` -> those below
+//! them; `job` -> those below it and `view` (`leader` reads STATUS as `status` does). Inside
+//! `job` and `view`, see their own pages.
 
 mod auth;
 mod breaking;
-mod child;
 mod cli;
 mod docs;
-mod elect;
 mod fail;
 mod holder;
-#[cfg(target_os = "linux")]
 mod job;
-mod keeper;
 mod mcp;
 mod net;
 mod ops;
 mod out;
 mod request;
-mod run;
-mod set_env;
-mod status;
-mod supervise;
+mod signals;
 mod tls;
-mod top;
-mod watch;
+mod view;
 
 use std::process::ExitCode;
 
@@ -57,7 +51,7 @@ use net::{Server, ONE_SHOT_CONNECT, PATIENT_CONNECT};
 fn main() -> ExitCode {
     // lockctl re-executed as the supervisor of a `run` job: before any runtime or thread.
     #[cfg(target_os = "linux")]
-    if let Some(code) = job::entry() {
+    if let Some(code) = job::supervisor::entry() {
         return code;
     }
     let args: Vec<String> = std::env::args_os()
@@ -114,24 +108,24 @@ async fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     lockd::proto::validate_name("--id", &id).map_err(|e| Failure::usage(e.message))?;
     // A command given without `--` would otherwise be taken for names.
     if let Command::Run(args) = command {
-        run::program(args)?;
+        job::run::program(args)?;
     }
     if let Command::Elect(args) = command {
-        elect::check(args)?;
+        job::elect::check(args)?;
     }
     let for_job = matches!(command, Command::Run(_) | Command::Elect(_));
-    set_env::check_names(&lock_names(command), for_job).map_err(Failure::usage)?;
+    job::set_env::check_names(&lock_names(command), for_job).map_err(Failure::usage)?;
     match command {
-        Command::Run(args) => run::run(&server, &id, args).await,
-        Command::Elect(args) => elect::elect(&server, &id, args).await,
-        Command::Leader(args) => elect::leader(&server, args).await,
+        Command::Run(args) => job::run::run(&server, &id, args).await,
+        Command::Elect(args) => job::elect::elect(&server, &id, args).await,
+        Command::Leader(args) => job::elect::leader(&server, args).await,
         Command::Mcp(args) => mcp::serve(&server, &id, args).await,
         Command::Acquire(args) => ops::acquire(&server, &id, args).await,
         Command::Release(args) => ops::release(&server, args).await,
         Command::Renew(args) => ops::renew(&server, args).await,
-        Command::Status(args) => status::status(&server, args).await,
-        Command::Top(args) => top::top(&server, args).await,
-        Command::Watch(args) => watch::watch(&server, args).await,
+        Command::Status(args) => view::status::status(&server, args).await,
+        Command::Top(args) => view::top::top(&server, args).await,
+        Command::Watch(args) => view::watch::watch(&server, args).await,
         Command::Break(args) => breaking::break_lock(&server, args).await,
         Command::Completions { .. } | Command::Man => Ok(0),
     }

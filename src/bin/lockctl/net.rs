@@ -67,11 +67,6 @@ impl Server {
         self.connector.addr()
     }
 
-    /// The address a reconnect goes to first.
-    pub fn next_addr(&self) -> &str {
-        self.connector.next_addr()
-    }
-
     /// [`Connector::connect`]: gives up with exit code 3 naming every address; a TLS failure
     /// ends it at once, also with 3; a refused login at once with 2.
     pub async fn connect(&self) -> Result<Client, Failure> {

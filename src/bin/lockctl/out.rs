@@ -164,6 +164,11 @@ pub fn blocked_by_words(message: &str) -> String {
     out
 }
 
+/// `d` to the millisecond, as -v says a time.
+pub fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A `... was broken by <who> at <unix-ms>` message with the time as a person reads it (UTC,
 /// RFC 3339); any other message as it is.
 pub fn broken_words(message: &str) -> String {

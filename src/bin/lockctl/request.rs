@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
-use lockd::client::{Client, ClientError, LockError, LockOptions};
-use lockd::locks::{Mode, Token};
+use lockd::client::{ClientError, LockError, LockOptions, Locked};
+use lockd::locks::Mode;
 use lockd::proto::{ErrorCode, Tie};
-use tokio::time::Instant;
 
 use crate::cli::{ModeArgs, WaitArgs};
 use crate::fail::{Failure, LOST, SUPERSEDED, UNAVAILABLE};
@@ -41,17 +40,6 @@ pub fn cut_note(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-/// A granted LOCK.
-pub struct Granted {
-    /// The connection it was granted on (a session lease is bound to it).
-    pub client: Client,
-    /// One per name, in the order asked (one lease for them all: the first name's token
-    /// renews or releases the set).
-    pub tokens: Vec<Token>,
-    /// When the granted LOCK was sent: the lease began no earlier.
-    pub sent: Instant,
-}
-
 /// LOCK `names` (one, or a set: all at once, as one lease) as `id` on `terms`, its wait and
 /// `supersede` from `wait`, through [`Connector::lock`]: what may be mended by trying again
 /// (`ERR UNAVAILABLE`, `ERR SHUTDOWN`, a lost connection) is tried again through the next
@@ -68,7 +56,7 @@ pub async fn lock_retrying(
     (names, id): (&[String], &str),
     terms: Terms,
     wait: &WaitArgs,
-) -> Result<Granted, Failure> {
+) -> Result<Locked, Failure> {
     let opts = LockOptions {
         ttl: terms.ttl,
         wait: wait.server_wait(),
@@ -80,11 +68,7 @@ pub async fn lock_retrying(
     };
     let asked = server.connector().lock(&names[0], id, &opts);
     match say_if_waiting(server, names, id, asked).await {
-        Ok(locked) => Ok(Granted {
-            client: locked.client,
-            tokens: locked.tokens,
-            sent: locked.sent,
-        }),
+        Ok(locked) => Ok(locked),
         Err(e) => Err(failure(server, what, names, wait, e).await),
     }
 }

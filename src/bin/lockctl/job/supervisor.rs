@@ -25,8 +25,19 @@ use std::io;
 use std::os::unix::process::CommandExt as _;
 use std::process::ExitCode;
 
-use crate::child::{in_child, CONTROL_ENV, CONTROL_FD_MIN, JOB_ARGV0};
+use super::group::in_child;
 use crate::fail::{CANNOT_EXEC, NOT_FOUND, USAGE};
+
+/// argv[0] that makes lockctl the job's supervisor instead of a client (checked before
+/// anything else in `main`, together with [`CONTROL_ENV`]).
+pub const JOB_ARGV0: &str = "lockctl-job";
+/// Set to the number of the supervisor's end of the control socket in its environment (never
+/// in the command's): a stray argv[0] alone does not make a supervisor. The number is one that
+/// was free in lockctl, so that every descriptor lockctl was given (its stdio, and a `3>file`
+/// of the caller's) reaches the command as before.
+pub const CONTROL_ENV: &str = "LOCKCTL_JOB_CONTROL";
+/// The lowest number the control descriptor may have: 0-2 are the command's stdio.
+pub const CONTROL_FD_MIN: libc::c_int = 3;
 
 /// Signals that would kill the supervisor if lockctl's whole process group got them (a shell
 /// killing the job, a hangup): lockctl passes them on itself, and a supervisor that died

@@ -10,12 +10,12 @@ use lockd::client::Client;
 use lockd::proto::{ErrorCode, StatusLine};
 use tokio::time::{interval, timeout, MissedTickBehavior};
 
-use crate::child::Signals;
+use super::status::{detail, holder_and_others, list, with_notes};
 use crate::cli::TopArgs;
 use crate::fail::{Failure, UNREACHABLE};
 use crate::net::{Server, ONE_SHOT_CONNECT};
 use crate::out::{columns, print_line, short_duration};
-use crate::status::{detail, holder_and_others, list, with_notes};
+use crate::signals::Signals;
 
 /// The shortest --interval: a refresh costs the server a STATUS of the whole table.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);

@@ -1,6 +1,6 @@
 //! The command lockctl runs, and every process it starts: the job.
 //!
-//! On Linux the command runs under a supervisor process ([`crate::job`]): lockctl re-executes
+//! On Linux the command runs under a supervisor process ([`super::supervisor`]): lockctl re-executes
 //! itself as `lockctl-job`, which becomes the child subreaper of everything the command
 //! starts, so that it sees each of them exit (double-forked daemons and setsid'd processes
 //! included), signals all of them when told to, and kills all of them if lockctl dies. Here is
@@ -14,25 +14,14 @@ use std::io;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
 
-use tokio::signal::unix::{signal, Signal, SignalKind};
-
+use super::group::give_terminal_to;
+#[cfg(not(target_os = "linux"))]
+use super::group::in_child;
+#[cfg(target_os = "linux")]
+use super::supervisor::kill_descendants;
 use crate::fail::{signal_code, Failure};
 #[cfg(not(target_os = "linux"))]
 use crate::fail::{CANNOT_EXEC, NOT_FOUND};
-
-/// argv[0] that makes lockctl the job's supervisor instead of a client (checked before
-/// anything else in `main`, together with [`CONTROL_ENV`]).
-#[cfg(target_os = "linux")]
-pub const JOB_ARGV0: &str = "lockctl-job";
-/// Set to the number of the supervisor's end of the control socket in its environment (never
-/// in the command's): a stray argv[0] alone does not make a supervisor. The number is one that
-/// was free in lockctl, so that every descriptor lockctl was given (its stdio, and a `3>file`
-/// of the caller's) reaches the command as before.
-#[cfg(target_os = "linux")]
-pub const CONTROL_ENV: &str = "LOCKCTL_JOB_CONTROL";
-/// The lowest number the control descriptor may have: 0-2 are the command's stdio.
-#[cfg(target_os = "linux")]
-pub const CONTROL_FD_MIN: libc::c_int = 3;
 
 /// What to run: a program with arguments, or a line for `/bin/sh -c`.
 #[derive(Clone, Debug)]
@@ -100,7 +89,7 @@ impl Child {
             // group goes, and so does every other process of the job, which came to lockctl
             // (its subreaper) when the supervisor died. Only then is the lock released.
             self.kill_group_now();
-            while crate::job::kill_descendants() > 0 {
+            while kill_descendants() > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
         }
@@ -243,8 +232,9 @@ mod linux {
     use tokio::io::{AsyncBufReadExt as _, BufReader, Lines};
     use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-    use super::{Event, CONTROL_ENV, CONTROL_FD_MIN, JOB_ARGV0};
+    use super::Event;
     use crate::fail::{Failure, CANNOT_EXEC};
+    use crate::job::supervisor::{become_subreaper, CONTROL_ENV, CONTROL_FD_MIN, JOB_ARGV0};
 
     /// lockctl's end of the control socket to the job's supervisor.
     pub struct Supervised {
@@ -270,7 +260,7 @@ mod linux {
                     format!("cannot start the job's supervisor: {e}"),
                 )
             };
-            crate::job::become_subreaper().map_err(cannot)?;
+            become_subreaper().map_err(cannot)?;
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(cannot)?;
             let theirs = above_stdio(theirs.into()).map_err(cannot)?;
             let theirs_fd = theirs.as_raw_fd();
@@ -409,86 +399,11 @@ fn owns_terminal() -> bool {
     unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
 }
 
-/// Makes `pgid` the terminal's foreground group. A process that is not in the foreground is
-/// sent SIGTTOU for this, so it is ignored meanwhile. Async-signal-safe.
-unsafe fn give_terminal_to(pgid: libc::pid_t) {
-    let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-    libc::tcsetpgrp(0, pgid);
-    libc::signal(libc::SIGTTOU, old);
-}
-
-/// Runs in the forked command: own process group (in the terminal's foreground if lockctl
-/// was), and die with its parent (lockctl, or on Linux the supervisor), whose pid is `parent`.
-pub fn in_child(parent: u32, terminal: bool) -> io::Result<()> {
-    // SAFETY: async-signal-safe system calls only.
-    unsafe {
-        if libc::setpgid(0, 0) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if terminal {
-            give_terminal_to(libc::getpgrp());
-            // Ctrl-Z would stop the command while lockctl keeps its lock: not offered.
-            libc::signal(libc::SIGTSTP, libc::SIG_IGN);
-        }
-        #[cfg(target_os = "linux")]
-        {
-            // The parent spawns from its main thread, which lives as long as the process,
-            // so "parent thread died" means the parent died.
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died before prctl: then the signal would never come.
-            if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = parent;
-    }
-    Ok(())
-}
-
 /// The shell's view of an exit status: the code, or 128 + the signal that killed it.
 pub fn exit_code(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(u8::MAX),
         (None, Some(sig)) => signal_code(sig),
         (None, None) => u8::MAX,
-    }
-}
-
-/// SIGINT, SIGTERM and SIGHUP sent to lockctl, to pass on to the command.
-pub struct Signals {
-    int: Signal,
-    term: Signal,
-    hup: Signal,
-}
-
-impl Signals {
-    pub fn new() -> Result<Signals, Failure> {
-        let listen =
-            |kind| signal(kind).map_err(|e| Failure::usage(format!("cannot handle signals: {e}")));
-        Ok(Signals {
-            int: listen(SignalKind::interrupt())?,
-            term: listen(SignalKind::terminate())?,
-            hup: listen(SignalKind::hangup())?,
-        })
-    }
-
-    /// The next signal's number. Cancel-safe.
-    pub async fn recv(&mut self) -> i32 {
-        tokio::select! {
-            Some(()) = self.int.recv() => libc::SIGINT,
-            Some(()) = self.term.recv() => libc::SIGTERM,
-            Some(()) = self.hup.recv() => libc::SIGHUP,
-            else => std::future::pending().await,
-        }
     }
 }

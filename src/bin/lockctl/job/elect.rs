@@ -8,18 +8,18 @@ use lockd::locks::Token;
 use lockd::proto::EventLine;
 use tokio::time::sleep;
 
-use crate::child::Signals;
 use crate::cli::{ElectArgs, LeaderArgs, ModeArgs, OnLost, RunArgs, WaitArgs};
 use crate::fail::Failure;
 use crate::net::Server;
 use crate::out::print_line;
+use crate::signals::Signals;
 
 /// Exit code of `leader` when there is none (as a held name's `-n`).
 const NO_LEADER: u8 = 1;
 
 /// `lockctl elect`: `lockctl run <name>`, one name, exclusive, waiting as long as it takes.
 pub async fn elect(server: &Server, id: &str, args: &ElectArgs) -> Result<u8, Failure> {
-    crate::run::run(server, id, &as_run(args)).await
+    super::run::run(server, id, &as_run(args)).await
 }
 
 /// The service, checked before anything connects (a usage error, exit 2).
@@ -28,7 +28,7 @@ pub fn check(args: &ElectArgs) -> Result<(), Failure> {
         (None, true) => Err(Failure::usage(
             "no service: give one after -- (lockctl elect NAME -- SERVICE ARGS...) or use -c",
         )),
-        _ => crate::run::program(&as_run(args)).map(|_| ()),
+        _ => super::run::program(&as_run(args)).map(|_| ()),
     }
 }
 
@@ -87,7 +87,7 @@ async fn current(
     server: &Server,
     name: &str,
 ) -> Result<Option<Leader>, Failure> {
-    let lock = crate::status::detail(client, server, name).await?;
+    let lock = crate::view::status::detail(client, server, name).await?;
     Ok(of_detail(&lock))
 }
 

@@ -2,19 +2,21 @@
 
 use std::time::Duration;
 
-use lockd::client::ClientError;
+use lockd::client::keeper::Held;
+use lockd::client::{ClientError, Locked};
 use lockd::proto::{ErrorCode, Tie};
 use tokio::time::{timeout, Instant};
 
-use crate::child::{Program, Signals};
+use super::child::Program;
+use super::keeper::{self, HeldLease};
+use super::set_env;
+use super::supervise::Supervisor;
 use crate::cli::{ModeArgs, OnLost, RunArgs, WaitArgs};
 use crate::fail::{signal_code, Failure, LOST};
-use crate::keeper::{HeldLease, Keeper, Link, Timing};
 use crate::net::Server;
 use crate::out::held_tokens;
-use crate::request::{self, Granted, Terms};
-use crate::set_env;
-use crate::supervise::Supervisor;
+use crate::request::{self, Terms};
+use crate::signals::Signals;
 
 /// --session-grace unless given (never more than the ttl): long enough for a reconnect across
 /// a server restart or a network blip, short enough that a killed lockctl's lock is soon free.
@@ -59,7 +61,7 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
             None => DEFAULT_SESSION_GRACE.min(args.ttl),
         };
     let mut signals = Signals::new()?;
-    let timing = Timing::new(
+    let timing = keeper::timing(
         args.ttl,
         session_grace,
         args.kill_grace,
@@ -87,17 +89,16 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
     // `--at-least` counts from here: no earlier than the grant, so the lock is never let go
     // before the window is over.
     let granted_at = Instant::now();
-    let Granted {
+    let Locked {
         mut client,
+        token,
         tokens,
         sent,
     } = granted;
     // One lease covers the set: the first name stands for it in RENEW and UNLOCK.
-    let token = tokens[0];
     let lease = HeldLease {
         name: first.clone(),
         token,
-        ttl: args.ttl,
         also: args.names[1..].to_vec(),
     };
     if server.verbose {
@@ -132,18 +133,18 @@ pub async fn run(server: &Server, id: &str, args: &RunArgs) -> Result<u8, Failur
             Err(_) => next_renew = Instant::now(),
         }
     }
-    let keeper = Keeper::spawn(
-        Link::new(server.clone(), client),
-        lease.clone(),
-        timing,
+    let held = Held {
+        name: lease.name.clone(),
+        token,
+        ttl: args.ttl,
         deadline,
         next_renew,
-    );
+    };
     let mut holder = Supervisor {
         signals,
-        keeper,
+        keeper: keeper::spawn(server, client, held, &lease, timing),
         lease: &lease,
-        grace: timing.grace,
+        grace: timing.stop_grace(),
         verbose: server.verbose,
     };
     let tokens_env = match set_env::environment(&args.names, &tokens) {
@@ -257,7 +258,7 @@ fn program_name(word: Option<&str>) -> String {
 /// dropped connection can be ridden out. What can be mended by trying again (`ERR
 /// UNAVAILABLE`, a lost connection) is tried again through the next address, for the rest of
 /// the wait ([`request::lock_retrying`]).
-async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Granted, Failure> {
+async fn lock(server: &Server, ask: &LockAsk<'_>) -> Result<Locked, Failure> {
     let terms = Terms {
         ttl: Some(ask.ttl),
         tie: Tie::Session(ask.session_grace),

@@ -1,15 +1,19 @@
 //! Holding the lock while the job runs (the command and every process it starts, see
-//! [`crate::child`]): signals passed on, the lease watched, the whole job stopped when the
+//! [`super::child`]): signals passed on, the lease watched, the whole job stopped when the
 //! lease is lost or its time runs out.
 
 use std::time::Duration;
 
 use tokio::time::{sleep, sleep_until, Instant};
 
-use crate::child::{exit_code, Child, Event, Program, Signals};
+use super::child::{exit_code, Child, Event, Program};
+use lockd::client::keeper::{Keeper, Lost, Released};
+
+use super::keeper::{lost_words, HeldLease};
 use crate::cli::{OnLost, RunArgs};
 use crate::fail::{signal_code, Failure, LOST, UNTIL_TIMEOUT};
-use crate::keeper::{HeldLease, Keeper, Released};
+use crate::out::round_ms;
+use crate::signals::Signals;
 
 /// Everything needed while the lock is held.
 pub struct Supervisor<'a> {
@@ -35,7 +39,7 @@ pub struct Outcome {
 enum SuperviseStep {
     Job(std::io::Result<Event>),
     Signal(i32),
-    Lost(crate::keeper::Lost),
+    Lost(Lost),
     OutOfTime,
     Kill,
 }
@@ -122,24 +126,24 @@ impl Supervisor<'_> {
                 SuperviseStep::Lost(l) => {
                     lost = true;
                     if on_lost == OnLost::Kill {
-                        let grace = l.kill_at.saturating_duration_since(Instant::now());
+                        let grace = l.stop_by.saturating_duration_since(Instant::now());
                         eprintln!(
                             "lockctl: lock lost: {} token {}: {}; stopping the command \
                              (SIGTERM now, SIGKILL in {})",
                             self.lease.shown(),
                             self.lease.token,
-                            l.why,
+                            lost_words(&l.why),
                             humantime::format_duration(round_ms(grace.min(self.grace)))
                         );
                         child.signal_job(libc::SIGTERM);
-                        kill_at = Some(kill_at.map_or(l.kill_at, |k| k.min(l.kill_at)));
+                        kill_at = Some(kill_at.map_or(l.stop_by, |k| k.min(l.stop_by)));
                     } else {
                         eprintln!(
                             "lockctl: warning: lock lost: {} token {}: {}; the command runs on \
                              (--on-lost warn)",
                             self.lease.shown(),
                             self.lease.token,
-                            l.why
+                            lost_words(&l.why)
                         );
                     }
                 }
@@ -209,7 +213,7 @@ impl Supervisor<'_> {
                 l = self.keeper.lost() => {
                     eprintln!(
                         "lockctl: lock lost: {} token {}: {}; stopped waiting for --until",
-                        self.lease.shown(), self.lease.token, l.why
+                        self.lease.shown(), self.lease.token, lost_words(&l.why)
                     );
                     return Ok(Outcome { code: LOST, lost: true, signalled: None, timed_out: false });
                 }
@@ -239,7 +243,7 @@ impl Supervisor<'_> {
                 lease.token
             ),
             // Only from `keep`.
-            Released::Kept(_) | Released::NotKept { .. } => {}
+            Released::Detached(_) | Released::NotDetached { .. } => {}
         }
     }
 
@@ -249,24 +253,24 @@ impl Supervisor<'_> {
     /// so.
     pub async fn keep(self, more: Duration) {
         let (lease, verbose) = (self.lease, self.verbose);
-        match self.keeper.keep(more).await {
-            Released::Kept(left) => {
+        match self.keeper.detach(more).await {
+            Released::Detached(left) => {
                 if verbose {
                     eprintln!(
                         "lockctl: keeping {} token {} for {} more (--at-least); lockd ends it then",
                         lease.shown(),
                         lease.token,
-                        humantime::format_duration(Duration::from_millis(left.as_millis() as u64))
+                        humantime::format_duration(round_ms(left))
                     );
                 }
             }
-            Released::NotKept { why, then } => {
+            Released::NotDetached { why, then } => {
                 let how = match *then {
                     Released::Done | Released::NotHeld(_) => "released it".to_owned(),
                     Released::Failed(e) => {
                         format!("could not release it either ({e}); the server frees it when its lease ends")
                     }
-                    Released::Kept(_) | Released::NotKept { .. } => String::new(),
+                    Released::Detached(_) | Released::NotDetached { .. } => String::new(),
                 };
                 eprintln!(
                     "lockctl: --at-least: could not keep {} token {} held ({why}); {how}",
@@ -302,8 +306,4 @@ impl Outcome {
             timed_out: true,
         }
     }
-}
-
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

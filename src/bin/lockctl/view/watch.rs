@@ -6,11 +6,11 @@ use lockd::client::{retryable, ClientError, Retry};
 use lockd::proto::{BadReply, ErrorCode, EventLine};
 use tokio::time::sleep;
 
-use crate::child::Signals;
 use crate::cli::WatchArgs;
 use crate::fail::{Failure, UNREACHABLE};
 use crate::net::Server;
 use crate::out::{json_string, print_line};
+use crate::signals::Signals;
 
 /// Watches until interrupted. A front-end that can't go on (`ERR UNAVAILABLE`, `ERR
 /// SHUTDOWN`, a lost connection) is left for the next address, with backoff, as long as it
