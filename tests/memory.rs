@@ -92,16 +92,10 @@ fn fill(table: &mut Locks, now: Instant, n: usize, tokens: &mut Vec<Token>) {
                 id: id(i),
                 ttl: Some(Duration::from_secs(3600)),
                 wait: Some(Duration::ZERO),
-                session: None,
                 conn: 1,
-                mode: Default::default(),
                 // As with --auth-file: every holder records its user.
                 user: 1,
-                origin: Default::default(),
-                note: None,
-                supersede: false,
-                and: Box::default(),
-                delay: None,
+                ..LockRequest::default()
             },
         );
         match outcome {

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Gate;
 use crate::locks::{
     Change, ConnId, Effect, Event, Limits, LockOutcome, LockRequest, LockStatus, Locks, Origin,
-    TableError, Token, UserId, WaiterId, GONE_USER,
+    RenewRequest, TableError, Token, UserId, WaiterId, GONE_USER,
 };
 use crate::metrics::Metrics;
 use crate::store::{Journal, Recovered, Seq};
@@ -314,16 +314,20 @@ impl Embedded {
     /// RENEW by `user` on connection `conn` (with `detach`: a plain lease from now).
     pub fn renew(
         &self,
-        name: &str,
-        token: Token,
-        (ttl, detach): (Option<Duration>, bool),
+        req: &RenewRequest,
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, TableError> {
         let mut g = self.guard();
         let at = now();
-        let result = g.table.renew(at, name, token, (ttl, detach), conn, user);
-        let result = result.map_err(|e| why_not_held(&mut g.table, at, name, token, e));
+        let RenewRequest {
+            name,
+            token,
+            ttl,
+            detach,
+        } = req;
+        let result = g.table.renew(at, name, *token, (*ttl, *detach), conn, user);
+        let result = result.map_err(|e| why_not_held(&mut g.table, at, name, *token, e));
         self.settle(g);
         result.map(|r| Renewed {
             left: r.deadline.saturating_duration_since(at),

@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, oneshot, OwnedSemaphorePermit};
 
 use crate::locks::{
-    ConnId, Event, EventKind, Limits, LockRequest, LockStatus, Origin, TableError, Token, UserId,
-    WaitEnd, WaiterId, WaiterStatus,
+    ConnId, Event, EventKind, Limits, LockRequest, LockStatus, Origin, RenewRequest, TableError,
+    Token, UserId, WaitEnd, WaiterId, WaiterStatus,
 };
 use crate::metrics::Metrics;
 use crate::proto::ProtoError;
@@ -550,16 +550,14 @@ impl Backend {
     /// durable. A broken lease's refusal names who broke it, either way.
     pub async fn renew(
         &self,
-        name: &str,
-        token: Token,
-        (ttl, detach): (Option<Duration>, bool),
+        req: &RenewRequest,
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
         let renewed = match self {
-            Backend::Embedded(b) => b.renew(name, token, (ttl, detach), conn, user)?,
+            Backend::Embedded(b) => b.renew(req, conn, user)?,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(b) => Box::pin(b.renew(name, token, (ttl, detach), conn, user)).await?,
+            Backend::Etcd(b) => Box::pin(b.renew(req, conn, user)).await?,
         };
         self.made_durable().await?;
         Ok(renewed)
@@ -791,7 +789,11 @@ mod tests {
             id: id.into(),
             ttl: Some(Duration::from_secs(60)),
             wait: None,
-            session: session.then_some(Duration::ZERO),
+            tie: if session {
+                crate::locks::Tie::Session(Duration::ZERO)
+            } else {
+                crate::locks::Tie::Plain
+            },
             conn,
             mode: Mode::Exclusive,
             user: NO_USER,
@@ -812,10 +814,13 @@ mod tests {
             panic!("not granted");
         };
         assert!(durable_now(&journal).await);
-        backend
-            .renew("x", token, (None, false), 1, NO_USER)
-            .await
-            .unwrap();
+        let renew = RenewRequest {
+            name: "x".into(),
+            token,
+            ttl: None,
+            detach: false,
+        };
+        backend.renew(&renew, 1, NO_USER).await.unwrap();
         assert!(durable_now(&journal).await);
         backend.unlock("x", token, NO_USER).await.unwrap();
         assert!(durable_now(&journal).await);

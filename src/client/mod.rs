@@ -54,7 +54,7 @@ use tokio_rustls::TlsConnector;
 use crate::stream::Stream;
 
 use crate::connection::{Connection, Frame};
-use crate::locks::{Mode, Token};
+use crate::locks::{LockRequest, Mode, RenewRequest, Token};
 use crate::proto::{
     self, Asked, BadReply, ErrorCode, EtcdAge, EventLine, HeldLine, HolderLine, ProtoError,
     Received, ReplyLine, Request, StatusLine, Tie, WaiterLine,
@@ -389,18 +389,18 @@ impl Client {
                 "LOCK of no names",
             )));
         };
-        self.ask(&Request::Lock {
+        self.ask(&Request::Lock(Box::new(LockRequest {
             name: (*first).into(),
             id: id.into(),
             ttl,
             wait,
             tie,
             mode,
-            note,
+            note: note.map(Into::into),
             supersede,
             and: and.iter().map(|n| (*n).to_owned()).collect(),
-            delay: None,
-        })
+            ..LockRequest::default()
+        })))
         .await
     }
 
@@ -471,12 +471,12 @@ impl Client {
         detach: bool,
     ) -> Result<Duration> {
         let reply = self
-            .ask(&Request::Renew {
+            .ask(&Request::Renew(RenewRequest {
                 name: name.into(),
                 token,
                 ttl,
                 detach,
-            })
+            }))
             .await?;
         lease_left(reply)
     }

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{Backend, Locked, Published};
-use crate::locks::{ConnId, Event, EventKind, LockRequest, Mode, Origin, Token, NO_USER};
+use crate::locks::{ConnId, Event, EventKind, LockRequest, Origin, Token, NO_USER};
 use crate::metrics::Protocol;
 
 use conn::{Answer, CompatRequest, ConnCtx};
@@ -350,16 +350,11 @@ impl Compat {
             id: id.to_owned(),
             ttl: Some(self.config.unlock_timeout),
             wait: Some(Duration::ZERO),
-            session: None,
-            mode: Mode::Exclusive,
             conn: self.conn,
             // The old protocol has no users: its lease belongs to none.
             user: NO_USER,
             origin: Origin::new(None, Some(peer)),
-            note: None,
-            supersede: false,
-            and: Box::default(),
-            delay: None,
+            ..LockRequest::default()
         };
         match self.backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => {

@@ -22,8 +22,8 @@ impl Handler {
     /// point, and an argument taken by value, or a scrutinee a `match` arm awaits inside,
     /// stays in it for the whole wait (together about 550 bytes of every waiting
     /// connection's task in a release build). One small allocation per LOCK is the price.
-    pub(super) async fn lock(&mut self, req: Box<LockRequest>, tie: Tie) -> io::Result<Flow> {
-        let (name, wait) = (req.name.clone(), req.wait);
+    pub(super) async fn lock(&mut self, req: Box<LockRequest>) -> io::Result<Flow> {
+        let (name, wait, tie) = (req.name.clone(), req.wait, req.tie);
         let others = SetNames::of(&req.and);
         // The id only names the client in the log line of a refusal (at debug): no copy of it
         // on the hot path unless that line can be written.

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use crate::auth::{Gate, Right, Users};
 use crate::backend::PeerField;
-use crate::locks::{ConnId, Origin, UserId, NO_USER};
+use crate::locks::{ConnId, Origin, RenewRequest, UserId, NO_USER};
 use crate::proto::{ErrorCode, ProtoError, Reply, Request, Secret};
 
 use super::{Flow, Handler};
@@ -125,9 +125,10 @@ impl Handler {
             Request::Auth { .. } | Request::Ping | Request::Help | Request::Quit => {
                 return Admit::Yes
             }
-            Request::Lock { name, .. }
-            | Request::Unlock { name, .. }
-            | Request::Renew { name, .. } => (Right::Lock, Some(name)),
+            Request::Lock(req) => (Right::Lock, Some(&*req.name)),
+            Request::Unlock { name, .. } | Request::Renew(RenewRequest { name, .. }) => {
+                (Right::Lock, Some(name.as_str()))
+            }
             // A prefix (`<prefix>*`), as no name: each name under it is shown only to a user
             // who may read it.
             Request::Status { name: Some(name) } | Request::Watch { name: Some(name) }
@@ -138,9 +139,9 @@ impl Handler {
             Request::Check { name, .. }
             | Request::StatusDetail { name }
             | Request::Status { name: Some(name) }
-            | Request::Watch { name: Some(name) } => (Right::Read, Some(name)),
+            | Request::Watch { name: Some(name) } => (Right::Read, Some(name.as_str())),
             Request::Status { name: None } | Request::Watch { name: None } => (Right::Read, None),
-            Request::Break { name, .. } => (Right::Admin, Some(name)),
+            Request::Break { name, .. } => (Right::Admin, Some(name.as_str())),
         };
         let Some((_, user)) = &login.user else {
             return Admit::Refuse(ProtoError::no_auth());
@@ -150,12 +151,12 @@ impl Handler {
         }
         // A set (`and=`) needs the right on every one of its names, or it is refused whole.
         let and = match request {
-            Request::Lock { and, .. } => &and[..],
+            Request::Lock(req) => &req.and[..],
             _ => &[],
         };
         match name
             .into_iter()
-            .chain(and)
+            .chain(and.iter().map(String::as_str))
             .find(|name| !self.may(right, name))
         {
             Some(name) => Admit::Refuse(ProtoError::denied(user, right.as_str(), name)),

@@ -25,7 +25,7 @@ use crate::busy_poll::BusyPoll;
 use crate::connection::{Connection, Frame};
 use crate::locks::{ConnId, LockRequest, Origin, TableError, Token};
 use crate::metrics::TimeoutClose;
-use crate::proto::{self, ErrorCode, ProtoError, Reply, Request, Subject, Tie};
+use crate::proto::{self, ErrorCode, ProtoError, Reply, Request, Subject};
 
 mod lock;
 mod login;
@@ -89,7 +89,7 @@ enum Step {
     /// The client is gone (end of input).
     Close,
     /// An admitted LOCK (boxed: see [`Handler::lock`]).
-    Lock(Box<LockRequest>, Tie),
+    Lock(Box<LockRequest>),
     /// Any other admitted request.
     Dispatch(Request),
     /// Refused (a frame or a request that does not parse): answer, then go on or close.
@@ -210,8 +210,8 @@ impl Handler {
             // after this `match`, not inside it: every connection's task is as large as its
             // largest await point, a LOCK's wait is where a connection spends its life, and
             // a value a `match` arm awaits inside stays in the task for as long as it waits.
-            let (req, tie) = match self.step(frame) {
-                Step::Lock(req, tie) => (req, tie),
+            let req = match self.step(frame) {
+                Step::Lock(req) => req,
                 Step::Close => return Ok(()),
                 Step::Dispatch(request) => {
                     if self.dispatch(request).await? == Flow::Close {
@@ -234,7 +234,7 @@ impl Handler {
                     continue;
                 }
             };
-            let flow = self.lock(req, tie).await?;
+            let flow = self.lock(req).await?;
             if flow == Flow::Close {
                 return Ok(());
             }
@@ -264,9 +264,9 @@ impl Handler {
             // is what a connection does longest, and every level of futures it waits under
             // adds its frame to the connection's task for its whole life (about 900 bytes
             // for `dispatch`'s).
-            Admit::Yes => match self.lock_request(request) {
-                Ok((req, tie)) => Step::Lock(Box::new(req), tie),
-                Err(request) => Step::Dispatch(request),
+            Admit::Yes => match request {
+                Request::Lock(req) => Step::Lock(self.sent_here(req)),
+                request => Step::Dispatch(request),
             },
             Admit::Refuse(e) => Step::RefuseAbout(Box::new(request), e, Flow::Continue),
             Admit::Close(e) => Step::RefuseAbout(Box::new(request), e, Flow::Close),
@@ -369,43 +369,12 @@ impl Handler {
         }
     }
 
-    /// A LOCK as the backend takes it, with how its wait is tied to the connection; any
-    /// other request back as it came.
-    // The Err is the request itself handed back unchanged (a set's `and=` names made it
-    // pass the lint's size), not an error built here: boxing it would allocate per request.
-    #[allow(clippy::result_large_err)]
-    fn lock_request(&self, request: Request) -> Result<(LockRequest, Tie), Request> {
-        let Request::Lock {
-            name,
-            id,
-            ttl,
-            wait,
-            tie,
-            mode,
-            note,
-            supersede,
-            and,
-            delay,
-        } = request
-        else {
-            return Err(request);
-        };
-        let req = LockRequest {
-            name: name.into(),
-            id,
-            ttl,
-            wait,
-            session: tie.session(),
-            conn: self.number,
-            mode,
-            user: self.user(),
-            origin: self.origin.clone(),
-            note: note.map(Into::into),
-            supersede,
-            and,
-            delay,
-        };
-        Ok((req, tie))
+    /// A LOCK as the parser read it, from this connection: its number, user and origin.
+    fn sent_here(&self, mut req: Box<LockRequest>) -> Box<LockRequest> {
+        req.conn = self.number;
+        req.user = self.user();
+        req.origin = self.origin.clone();
+        req
     }
 
     /// Carries out an admitted request (LOCK is `serve`'s own: see there).
@@ -413,26 +382,18 @@ impl Handler {
         let backend = self.backend.clone();
         match request {
             // Not sent here by `serve`; boxed so that it adds nothing to this frame.
-            request @ Request::Lock { .. } => {
-                if let Ok((req, tie)) = self.lock_request(request) {
-                    return Box::pin(self.lock(Box::new(req), tie)).await;
-                }
+            Request::Lock(req) => {
+                let req = self.sent_here(req);
+                return Box::pin(self.lock(req)).await;
             }
             Request::Unlock { name, token } => {
                 let result = backend.unlock(&name, token, self.user()).await;
                 return self.reply(&name, token, result.map(|()| Reply::Done)).await;
             }
-            Request::Renew {
-                name,
-                token,
-                ttl,
-                detach,
-            } => {
-                let result = backend
-                    .renew(&name, token, (ttl, detach), self.number, self.user())
-                    .await;
+            Request::Renew(req) => {
+                let result = backend.renew(&req, self.number, self.user()).await;
                 let result = result.map(|r| Reply::Lease(r.left));
-                return self.reply(&name, token, result).await;
+                return self.reply(&req.name, req.token, result).await;
             }
             Request::Check { name, token } => {
                 let result = backend.check(&name, token).await.map(Reply::Lease);

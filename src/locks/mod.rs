@@ -298,7 +298,7 @@ impl Locks {
     pub fn lock(&mut self, now: Instant, mut req: LockRequest) -> Result<LockOutcome, TableError> {
         self.expire(now);
         let ttl = self.check_ttl(req.ttl)?;
-        self.limits.grace(req.session)?;
+        self.limits.grace(req.session())?;
         req.delay = Some(self.limits.delay(req.delay)?);
         let bad_ttl = TableError::BadTtl {
             max: self.limits.max_ttl,
@@ -504,7 +504,7 @@ impl Locks {
                     waiter,
                     id: Arc::clone(&id),
                     ttl,
-                    session: req.session,
+                    session: req.session(),
                     conn: req.conn,
                     deadline: wait_deadline,
                     queued,
@@ -546,7 +546,7 @@ impl Locks {
         self.timers.remove(&(existing.deadline, timer));
         existing.ttl = nanos(ttl);
         existing.deadline = deadline_ticks;
-        let was = existing.bind(req.session, req.conn);
+        let was = existing.bind(req.session(), req.conn);
         // The client that asked last holds it now: its address is the one to show.
         existing.origin = req.origin.clone();
         existing.delay_ms = millis(req.delay);
@@ -636,7 +636,7 @@ impl Locks {
                 waiter,
                 id,
                 ttl,
-                session: req.session,
+                session: req.tie.session(),
                 conn: req.conn,
                 deadline: wait_deadline,
                 queued: self.clock.ticks(now).unwrap_or(0),
@@ -1323,7 +1323,7 @@ impl Locks {
             req.origin.clone(),
         );
         holder.set_note(req.note.clone());
-        holder.bind(req.session, req.conn);
+        holder.bind(req.session(), req.conn);
         holder.delay_ms = millis(req.delay);
         holder
     }

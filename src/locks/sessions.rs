@@ -121,7 +121,7 @@ mod tests {
             id: id.into(),
             ttl: Some(Duration::from_secs(2)),
             wait: None,
-            session,
+            tie: session.map_or(super::super::Tie::Plain, super::super::Tie::Session),
             conn,
             mode,
             user: NO_USER,

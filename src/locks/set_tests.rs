@@ -32,7 +32,11 @@ fn req(names: &[&str], id: &str, conn: ConnId, wait: Option<Duration>, mode: Mod
         id: id.into(),
         ttl: Some(Duration::from_secs(3)),
         wait,
-        session: conn.is_multiple_of(2).then_some(Duration::ZERO),
+        tie: if conn.is_multiple_of(2) {
+            super::Tie::Session(Duration::ZERO)
+        } else {
+            super::Tie::Plain
+        },
         conn,
         mode,
         user: NO_USER,

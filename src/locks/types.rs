@@ -187,8 +187,54 @@ impl Limits {
     }
 }
 
-/// One LOCK request, as the table needs it.
-#[derive(Clone, Debug)]
+/// How a LOCK is tied to the connection that sent it: its `session` or `detach` option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tie {
+    /// Neither option: the lease outlives the connection, and a waiter whose client only
+    /// half-closes stays in the queue (it may still read its grant).
+    #[default]
+    Plain,
+    /// `detach`: the wait ends when the client closes its side; the lease is plain.
+    Detach,
+    /// `session` (zero grace) or `session=<grace>`: the wait ends when the client closes its
+    /// side, and the lease ends `grace` after the connection closes unless it is renewed.
+    Session(Duration),
+}
+
+impl Tie {
+    /// Whether a waiting LOCK leaves the queue once its client closes its sending side.
+    pub fn wait_ends_on_close(self) -> bool {
+        self != Tie::Plain
+    }
+
+    /// The grace of the session lease to ask the table for; `None` for a plain lease.
+    pub fn session(self) -> Option<Duration> {
+        match self {
+            Tie::Session(grace) => Some(grace),
+            Tie::Plain | Tie::Detach => None,
+        }
+    }
+}
+
+/// `RENEW <name> <token> [ttl=] [detach]`: as the parser reads it and every layer down to the
+/// table takes it (the connection and the user beside it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenewRequest {
+    /// The lock.
+    pub name: String,
+    /// The lease's fencing token.
+    pub token: Token,
+    /// `ttl=`; `None` renews for the lease's own ttl.
+    pub ttl: Option<Duration>,
+    /// `detach`: a session lease becomes a plain one (it no longer ends with a connection).
+    pub detach: bool,
+}
+
+/// One LOCK request: as the parser reads it from the line, and (with its connection, user
+/// and origin filled in) as the server hands it to the backend and the table. The default is
+/// no request of its own (an empty name): a base for `..Default::default()`, whose user is
+/// [`NO_USER`] and connection 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LockRequest {
     /// The lock's name: shared, so the connection, the backend's wait and a new entry of the
     /// table hold one copy of it, not one each.
@@ -199,17 +245,19 @@ pub struct LockRequest {
     pub ttl: Option<Duration>,
     /// `None` waits without bound; `Some(ZERO)` tries once.
     pub wait: Option<Duration>,
-    /// `Some(grace)`: a session lease, ending `grace` after `conn` closes (at once for zero)
-    /// unless a RENEW binds it to another connection first. `None`: a plain lease.
-    pub session: Option<Duration>,
-    /// The connection it came on.
+    /// How the lease and the wait are tied to `conn`: `session` (a session lease, ending its
+    /// grace after `conn` closes, at once for zero, unless a RENEW binds it to another
+    /// connection first), `detach`, or neither (a plain lease).
+    pub tie: Tie,
+    /// The connection it came on (filled in by the server, not the parser).
     pub conn: ConnId,
     /// How it would hold the lock.
     pub mode: Mode,
-    /// Who asks. The same-id rules (retry, `CONFLICT`, `REPLACED`) apply within one user
+    /// Who asks (filled in by the server). The same-id rules (retry, `CONFLICT`, `REPLACED`) apply within one user
     /// only: another user's LOCK with the same id is just another client.
     pub user: UserId,
-    /// Who asks, by name and address, for the audit trail: the holder records it.
+    /// Who asks, by name and address, for the audit trail: the holder records it (filled in
+    /// by the server).
     pub origin: Origin,
     /// `note=`: the holder's free text for people (checked by the protocol); `None`: none.
     /// A repeat LOCK by the holder keeps the note it has unless it carries one
@@ -227,6 +275,13 @@ pub struct LockRequest {
     /// by a release (its time ran out, its session ended); `None` for the default
     /// ([`Limits::lock_delay`]).
     pub delay: Option<Duration>,
+}
+
+impl LockRequest {
+    /// The grace of the session lease it asks for; `None` for a plain lease.
+    pub fn session(&self) -> Option<Duration> {
+        self.tie.session()
+    }
 }
 
 /// A holder's note (`LOCK ... note=<text>`): shared by the holder, its events and its

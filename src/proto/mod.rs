@@ -8,7 +8,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::locks::{Mode, Token};
+pub use crate::locks::Tie;
+use crate::locks::{LockRequest, Mode, RenewRequest, Token};
 
 mod duration;
 pub mod error;
@@ -28,66 +29,14 @@ pub const MAX_NAME_LEN: usize = 255;
 /// Most `WAITER` lines one `STATUS <name> detail` lists (the `OK` line counts them all).
 pub const DETAIL_WAITERS: usize = 1000;
 
-/// How a LOCK is tied to the connection that sent it: its `session` or `detach` option.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Tie {
-    /// Neither option: the lease outlives the connection, and a waiter whose client only
-    /// half-closes stays in the queue (it may still read its grant).
-    #[default]
-    Plain,
-    /// `detach`: the wait ends when the client closes its side; the lease is plain.
-    Detach,
-    /// `session` (zero grace) or `session=<grace>`: the wait ends when the client closes its
-    /// side, and the lease ends `grace` after the connection closes unless it is renewed.
-    Session(Duration),
-}
-
-impl Tie {
-    /// Whether a waiting LOCK leaves the queue once its client closes its sending side.
-    pub fn wait_ends_on_close(self) -> bool {
-        self != Tie::Plain
-    }
-
-    /// The grace of the session lease to ask the table for; `None` for a plain lease.
-    pub fn session(self) -> Option<Duration> {
-        match self {
-            Tie::Session(grace) => Some(grace),
-            Tie::Plain | Tie::Detach => None,
-        }
-    }
-}
-
 /// One request line, parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     /// `LOCK <name> <id> [ttl=] [wait=] [session[=<grace>] | detach] [shared | limit=<n>]
-    /// [supersede] [and=<name>]... [note=<text>]`.
-    Lock {
-        /// The lock.
-        name: String,
-        /// The client's id.
-        id: String,
-        /// `ttl=`; `None` for the server's default.
-        ttl: Option<Duration>,
-        /// `wait=`; `None` waits as long as it takes, zero tries once.
-        wait: Option<Duration>,
-        /// `session` or `detach`, or neither.
-        tie: Tie,
-        /// `shared` or `limit=<n>`, or neither (exclusive).
-        mode: Mode,
-        /// `note=<text>`, last: the rest of the line; `None` without one (or an empty one).
-        /// Boxed: a LOCK without a note, most, pays 16 bytes for it, not 24.
-        note: Option<Box<str>>,
-        /// `supersede`: if it must wait, it takes the whole queue (the waiters are answered
-        /// `ERR SUPERSEDED`).
-        supersede: bool,
-        /// `and=<name>`, repeated: the further names of a set, granted with `name` all at
-        /// once or not at all, in the order given (no name twice; empty for one name).
-        and: Box<[String]>,
-        /// `delay=`: the lock-delay after the lease ends other than by a release; `None` for
-        /// the server's default.
-        delay: Option<Duration>,
-    },
+    /// [supersede] [delay=] [and=<name>]... [note=<text>]`: the request as the backend takes
+    /// it (the server fills in its connection, user and origin). Boxed: most requests are
+    /// smaller.
+    Lock(Box<LockRequest>),
     /// `UNLOCK <name> <token>`.
     Unlock {
         /// The lock.
@@ -96,17 +45,7 @@ pub enum Request {
         token: Token,
     },
     /// `RENEW <name> <token> [ttl=] [detach]`.
-    Renew {
-        /// The lock.
-        name: String,
-        /// The lease's fencing token.
-        token: Token,
-        /// `ttl=`; `None` renews for the lease's own ttl.
-        ttl: Option<Duration>,
-        /// `detach`: a session lease becomes a plain one (it no longer ends with a
-        /// connection).
-        detach: bool,
-    },
+    Renew(RenewRequest),
     /// `CHECK <name> <token>`.
     Check {
         /// The lock.
@@ -252,12 +191,12 @@ pub fn parse(line: &str) -> Result<Request, ProtoError> {
                 return Err(syntax(USAGE_RENEW));
             }
             let opts = Options::parse(&args[2..], &["ttl", "detach"], USAGE_RENEW)?;
-            Ok(Request::Renew {
+            Ok(Request::Renew(RenewRequest {
                 name: valid_name("name", args[0])?,
                 token: parse_token(args[1])?,
                 ttl: opts.ttl,
                 detach: opts.tie == Tie::Detach,
-            })
+            }))
         }
         "CHECK" => {
             let [name, token] = exact(args, USAGE_CHECK)?;
@@ -375,21 +314,23 @@ fn parse_lock(args: &[&str], note: Option<&str>) -> Result<Request, ProtoError> 
             "supersede takes one name, not a set (and=); {USAGE_LOCK}"
         )));
     }
-    Ok(Request::Lock {
-        name,
+    Ok(Request::Lock(Box::new(LockRequest {
+        name: name.into(),
         id: valid_name("id", args[1])?,
         ttl: opts.ttl,
         wait: opts.wait,
         tie: opts.tie,
         mode: opts.mode,
         note: match note {
-            Some(note) => note::valid_note(note)?,
+            Some(note) => note::valid_note(note)?.map(Into::into),
             None => None,
         },
         supersede: opts.supersede,
         and: and.into(),
         delay: opts.delay,
-    })
+        // The server's to fill in.
+        ..LockRequest::default()
+    })))
 }
 
 #[derive(Default)]
@@ -631,18 +572,20 @@ impl fmt::Display for Request {
     /// The request as a wire line (without the newline), as `lockctl` sends it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Request::Lock {
-                name,
-                id,
-                ttl,
-                wait,
-                tie,
-                mode,
-                note,
-                supersede,
-                and,
-                delay,
-            } => {
+            Request::Lock(req) => {
+                let LockRequest {
+                    name,
+                    id,
+                    ttl,
+                    wait,
+                    tie,
+                    mode,
+                    note,
+                    supersede,
+                    and,
+                    delay,
+                    ..
+                } = &**req;
                 write!(f, "LOCK {name} {id}")?;
                 match mode {
                     Mode::Exclusive => {}
@@ -677,12 +620,12 @@ impl fmt::Display for Request {
                 }
             }
             Request::Unlock { name, token } => write!(f, "UNLOCK {name} {token}"),
-            Request::Renew {
+            Request::Renew(RenewRequest {
                 name,
                 token,
                 ttl,
                 detach,
-            } => {
+            }) => {
                 write!(f, "RENEW {name} {token}")?;
                 if let Some(ttl) = ttl {
                     write!(f, " ttl={}ms", ttl.as_millis().max(1))?;
@@ -732,9 +675,9 @@ impl Request {
     /// The lock name, client id and token this request is about (empty where it has none).
     pub fn subject(&self) -> Subject<'_> {
         let (name, id, token) = match self {
-            Request::Lock { name, id, .. } => (name.as_str(), id.as_str(), None),
+            Request::Lock(req) => (&*req.name, req.id.as_str(), None),
             Request::Unlock { name, token }
-            | Request::Renew { name, token, .. }
+            | Request::Renew(RenewRequest { name, token, .. })
             | Request::Check { name, token } => (name.as_str(), "", Some(*token)),
             Request::Break { name, token, .. } => (name.as_str(), "", *token),
             Request::Status { name: Some(name) }
@@ -749,16 +692,16 @@ impl Request {
     /// second line or a word split.
     pub fn validate(&self) -> Result<(), ProtoError> {
         match self {
-            Request::Lock { name, id, note, .. } => {
-                validate_name("name", name)?;
-                validate_name("id", id)?;
-                match note {
+            Request::Lock(req) => {
+                validate_name("name", &req.name)?;
+                validate_name("id", &req.id)?;
+                match &req.note {
                     Some(note) => note::valid_note(note).map(drop),
                     None => Ok(()),
                 }
             }
             Request::Unlock { name, .. }
-            | Request::Renew { name, .. }
+            | Request::Renew(RenewRequest { name, .. })
             | Request::Check { name, .. }
             | Request::Status { name: Some(name) }
             | Request::StatusDetail { name }
@@ -774,12 +717,12 @@ impl Request {
     /// Refuses a LOCK's note longer than `max` bytes (`--max-note`).
     pub fn check_note_len(&self, max: usize) -> Result<(), ProtoError> {
         match self {
-            Request::Lock {
-                note: Some(note), ..
-            } if note.len() > max => Err(bad_arg(format!(
-                "note is {} bytes; this server allows at most {max}",
-                note.len()
-            ))),
+            Request::Lock(req) if req.note.as_ref().is_some_and(|n| n.len() > max) => {
+                Err(bad_arg(format!(
+                    "note is {} bytes; this server allows at most {max}",
+                    req.note.as_ref().map_or(0, |n| n.len())
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -788,11 +731,11 @@ impl Request {
     /// step of the table (one etcd transaction), whose size the server bounds.
     pub fn check_names(&self, max: usize) -> Result<(), ProtoError> {
         match self {
-            Request::Lock { and, .. } if and.len() + 1 > max => Err(ProtoError::new(
+            Request::Lock(req) if req.and.len() + 1 > max => Err(ProtoError::new(
                 ErrorCode::Limit,
                 format!(
                     "LOCK of {} names; this server allows at most {max} in one LOCK",
-                    and.len() + 1
+                    req.and.len() + 1
                 ),
             )),
             _ => Ok(()),
@@ -805,9 +748,9 @@ impl Request {
     /// [`MAX_NAME_LEN`].
     pub fn check_name_len(&self, max: usize) -> Result<(), ProtoError> {
         let words: [(&str, Option<&str>); 2] = match self {
-            Request::Lock { name, id, .. } => [("name", Some(name)), ("id", Some(id))],
+            Request::Lock(req) => [("name", Some(&*req.name)), ("id", Some(&req.id))],
             Request::Unlock { name, .. }
-            | Request::Renew { name, .. }
+            | Request::Renew(RenewRequest { name, .. })
             | Request::Check { name, .. }
             | Request::StatusDetail { name }
             | Request::Break { name, .. } => [("name", Some(name)), ("id", None)],
@@ -826,8 +769,8 @@ impl Request {
                 )));
             }
         }
-        if let Request::Lock { and, .. } = self {
-            if let Some(v) = and.iter().find(|v| v.len() > max) {
+        if let Request::Lock(req) = self {
+            if let Some(v) = req.and.iter().find(|v| v.len() > max) {
                 return Err(bad_arg(format!(
                     "name is {} bytes; this server allows at most {max}",
                     v.len()
@@ -846,11 +789,11 @@ mod tests {
     fn lock_of_a_set() {
         let r =
             parse("LOCK db-migrate ci-7 ttl=5m and=cache-flush AND=search note=two names").unwrap();
-        let Request::Lock { name, and, .. } = &r else {
+        let Request::Lock(req) = &r else {
             panic!("not a LOCK: {r:?}");
         };
-        assert_eq!(name, "db-migrate");
-        assert_eq!(&**and, ["cache-flush", "search"]);
+        assert_eq!(&*req.name, "db-migrate");
+        assert_eq!(&*req.and, ["cache-flush", "search"]);
         assert_eq!(
             r.to_string(),
             "LOCK db-migrate ci-7 ttl=300000ms and=cache-flush and=search note=two names"
@@ -879,19 +822,12 @@ mod tests {
         let names: Vec<String> = (1..=2 * WORDS_INLINE).map(|i| format!("n{i}")).collect();
         let ands: Vec<String> = names.iter().map(|n| format!("and={n}")).collect();
         let line = format!("LOCK first me ttl=5s wait=1s {} note=x y", ands.join(" "));
-        let Ok(Request::Lock {
-            name,
-            id,
-            and,
-            note,
-            ..
-        }) = parse(&line)
-        else {
+        let Ok(Request::Lock(req)) = parse(&line) else {
             panic!("not a LOCK: {line}");
         };
-        assert_eq!((name.as_str(), id.as_str()), ("first", "me"));
-        assert_eq!(&*and, &names[..]);
-        assert_eq!(note.as_deref(), Some("x y"));
+        assert_eq!((&*req.name, req.id.as_str()), ("first", "me"));
+        assert_eq!(&*req.and, &names[..]);
+        assert_eq!(req.note.as_deref(), Some("x y"));
         let over: Vec<&str> = vec!["a"; WORDS_INLINE + 1];
         let code = |line: &str| parse(line).map_err(|e| e.code);
         assert_eq!(
@@ -915,18 +851,14 @@ mod tests {
         let r = parse("lock build me ttl=5s WAIT=250ms session").unwrap();
         assert_eq!(
             r,
-            Request::Lock {
+            Request::Lock(Box::new(LockRequest {
                 name: "build".into(),
                 id: "me".into(),
                 ttl: Some(Duration::from_secs(5)),
                 wait: Some(Duration::from_millis(250)),
                 tie: Tie::Session(Duration::ZERO),
-                mode: Mode::Exclusive,
-                note: None,
-                supersede: false,
-                and: Box::default(),
-                delay: None,
-            }
+                ..LockRequest::default()
+            }))
         );
         assert_eq!(r.to_string(), "LOCK build me ttl=5000ms wait=250ms session");
         assert_eq!(parse(&r.to_string()).unwrap(), r);
@@ -935,7 +867,7 @@ mod tests {
     #[test]
     fn lock_note_is_last_and_takes_the_rest_of_the_line() {
         let note = |line: &str| match parse(line) {
-            Ok(Request::Lock { note, .. }) => Ok(note.map(String::from)),
+            Ok(Request::Lock(req)) => Ok(req.note.as_deref().map(String::from)),
             Ok(other) => panic!("not a LOCK: {other:?}"),
             Err(e) => Err(e.code),
         };
@@ -960,7 +892,7 @@ mod tests {
     #[test]
     fn lock_ties() {
         let tie = |line: &str| match parse(line) {
-            Ok(Request::Lock { tie, .. }) => Ok(tie),
+            Ok(Request::Lock(req)) => Ok(req.tie),
             Ok(other) => panic!("not a LOCK: {other:?}"),
             Err(e) => Err(e.code),
         };

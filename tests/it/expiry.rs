@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockd::backend::{Embedded, LockStart, WaitResult};
-use lockd::locks::{Limits, LockRequest, WaitEnd, NO_USER};
+use lockd::locks::{Limits, LockRequest, RenewRequest, WaitEnd, NO_USER};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
@@ -22,15 +22,8 @@ fn req(name: &str, id: &str, ttl: u64, wait: Option<u64>) -> LockRequest {
         id: id.into(),
         ttl: Some(Duration::from_secs(ttl)),
         wait: wait.map(Duration::from_secs),
-        session: None,
         conn: 1,
-        mode: Default::default(),
-        user: NO_USER,
-        origin: Default::default(),
-        note: None,
-        supersede: false,
-        and: Box::default(),
-        delay: None,
+        ..LockRequest::default()
     }
 }
 
@@ -81,9 +74,13 @@ async fn renewed_lease_outlives_its_first_deadline() {
     let token = granted(shared.lock(req("job", "a", 10, None)).expect("lock"));
     let mut rx = waiting(shared.lock(req("job", "b", 10, None)).expect("lock"));
     tokio::time::sleep(Duration::from_secs(8)).await;
-    shared
-        .renew("job", token, (None, false), 0, NO_USER)
-        .expect("renew");
+    let renew = RenewRequest {
+        name: "job".into(),
+        token,
+        ttl: None,
+        detach: false,
+    };
+    shared.renew(&renew, 0, NO_USER).expect("renew");
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(
         rx.try_recv().is_err(),

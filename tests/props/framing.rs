@@ -423,7 +423,7 @@ fn tame(connections: &mut [Vec<Sent>], max_line: usize) {
             continue;
         };
         let replace = match request {
-            Ok(Request::Lock { name, .. }) => !names.insert(name),
+            Ok(Request::Lock(req)) => !names.insert(req.name.to_string()),
             Ok(Request::Watch { .. }) => true,
             _ => false,
         };

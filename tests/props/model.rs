@@ -32,7 +32,7 @@ use std::collections::HashMap;
 
 use lockd::locks::{
     ConnId, Effect, Event, EventKind, Limits, LockOutcome, LockRequest, Locks, Mode, TableError,
-    Token, UserId, WaitEnd, WaiterId, NO_USER,
+    Tie, Token, UserId, WaitEnd, WaiterId, NO_USER,
 };
 use proptest::prelude::*;
 
@@ -689,7 +689,7 @@ impl Harness {
                     id: IDS[*id].into(),
                     ttl: ttl.map(Duration::from_millis),
                     wait: wait.map(Duration::from_millis),
-                    session: session.map(Duration::from_millis),
+                    tie: session.map_or(Tie::Plain, |ms| Tie::Session(Duration::from_millis(ms))),
                     conn: *conn,
                     mode: *mode,
                     user: *user,
@@ -1142,7 +1142,11 @@ fn req(
         id: id.into(),
         ttl: Some(Duration::from_millis(ttl_ms)),
         wait: wait.map(Duration::from_millis),
-        session: session.then_some(Duration::ZERO),
+        tie: if session {
+            Tie::Session(Duration::ZERO)
+        } else {
+            Tie::Plain
+        },
         conn,
         mode: Mode::Exclusive,
         user: NO_USER,
@@ -1819,7 +1823,7 @@ impl SessionZero for LockRequest {
     /// A session lease without grace.
     fn session_zero(self) -> Self {
         LockRequest {
-            session: Some(Duration::ZERO),
+            tie: Tie::Session(Duration::ZERO),
             ..self
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockd::locks::{Event, EventKind, LockStatus, Mode, WaiterStatus};
+use lockd::locks::{Event, EventKind, LockRequest, LockStatus, Mode, RenewRequest, WaiterStatus};
 use lockd::proto::{
     self, Asked, ErrorCode, EventLine, HeldLine, HolderLine, ProtoError, Received, Reply, Request,
     StatusLine, Tie, WaiterLine,
@@ -101,18 +101,18 @@ fn request() -> impl Strategy<Value = Request> {
                     if supersede {
                         and.clear();
                     }
-                    Request::Lock {
-                        name,
+                    Request::Lock(Box::new(LockRequest {
+                        name: name.into(),
                         id,
                         ttl,
                         wait,
                         tie,
                         mode,
                         supersede,
-                        note: note.map(Box::from),
+                        note: note.map(Into::into),
                         and: and.into(),
-                        delay: None,
-                    }
+                        ..LockRequest::default()
+                    }))
                 }
             ),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Unlock { name, token }),
@@ -122,12 +122,12 @@ fn request() -> impl Strategy<Value = Request> {
             prop::option::of(duration()),
             any::<bool>()
         )
-            .prop_map(|(name, token, ttl, detach)| Request::Renew {
+            .prop_map(|(name, token, ttl, detach)| Request::Renew(RenewRequest {
                 name,
                 token,
                 ttl,
                 detach
-            }),
+            })),
         (name(), 1u64..u64::MAX).prop_map(|(name, token)| Request::Check { name, token }),
         prop::option::of(name()).prop_map(|name| Request::Status { name }),
         prop::option::of(name()).prop_map(|name| Request::Watch { name }),
@@ -508,8 +508,8 @@ proptest! {
     fn a_lock_s_note_is_the_rest_of_its_line(head in "LOCK [a-z]{1,5} [a-z]{1,5}( ttl=1s)?", note in note()) {
         let line = format!("{head} note={note} \t ");
         match proto::parse(&line) {
-            Ok(Request::Lock { note: got, .. }) => {
-                prop_assert_eq!(got.as_deref(), Some(note.as_str()))
+            Ok(Request::Lock(req)) => {
+                prop_assert_eq!(req.note.as_deref(), Some(note.as_str()))
             }
             other => prop_assert!(false, "{:?}", other),
         }

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use lockd::backend::etcd::sim::{self, Rng};
 use lockd::backend::{Backend, BackendError, Locked, WaitResult};
-use lockd::locks::{ConnId, LockRequest, Mode, Origin, TableError, Token, WaitEnd, NO_USER};
+use lockd::locks::{
+    ConnId, LockRequest, Origin, RenewRequest, TableError, Tie, Token, WaitEnd, NO_USER,
+};
 use tokio::time::{sleep, timeout};
 
 use crate::history::{Call, Op};
@@ -119,15 +121,12 @@ async fn lock(
             id: id.to_owned(),
             ttl: Some(ttl),
             wait: Some(wait),
-            session,
+            tie: session.map_or(Tie::Plain, Tie::Session),
             conn,
-            mode: Mode::Exclusive,
-            user: NO_USER,
-            origin: Origin::default(),
-            note: None,
             supersede,
             and: and.clone().into_boxed_slice(),
             delay,
+            ..LockRequest::default()
         };
         let call = Call::Lock {
             name: name.clone(),
@@ -252,7 +251,7 @@ enum Answer {
 async fn ask(front: &Front, req: LockRequest, wait: Duration, vanish: Option<Duration>) -> Answer {
     let limit = wait + Duration::from_secs(20);
     let backend = &front.backend;
-    let (conn, tied) = (req.conn, req.session.is_some());
+    let (conn, tied) = (req.conn, req.session().is_some());
     let asked = async {
         let mut w = match backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => return Answer::Granted(token),
@@ -327,8 +326,13 @@ async fn hold(
             }
             let asked = async {
                 if renew {
-                    let renewed = backend.renew(&name, held.token, (None, false), conn, NO_USER);
-                    renewed.await.map(|_| ())
+                    let req = RenewRequest {
+                        name: name.clone(),
+                        token: held.token,
+                        ttl: None,
+                        detach: false,
+                    };
+                    backend.renew(&req, conn, NO_USER).await.map(|_| ())
                 } else {
                     backend.check(&name, held.token).await.map(|_| ())
                 }

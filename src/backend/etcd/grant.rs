@@ -37,7 +37,7 @@ impl Cluster {
             return self.lock_set(req).await;
         }
         let ttl = self.limits.ttl(req.ttl)?;
-        self.limits.grace(req.session)?;
+        self.limits.grace(req.session())?;
         let user = self.user_name(req.user);
         // This front-end's own last write emptied the name (an UNLOCK a moment ago): try the
         // grant at once without waiting for the watch to show it; the write checks it.
@@ -156,7 +156,7 @@ impl Cluster {
             mode: req.mode,
             ttl_ms: ttl.as_millis() as u64,
             deadline_ms: at + ttl.as_millis() as u64,
-            session_ms: req.session.map(|g| g.as_millis() as u64),
+            session_ms: req.session().map(|g| g.as_millis() as u64),
             fe: self.fe.clone(),
             conn: req.conn,
             cut_ms: 0,
@@ -187,7 +187,7 @@ impl Cluster {
     ) -> Result<Option<LockStart>, BackendError> {
         let uid = self.uid();
         let value = self.holder_value(&uid, req, user, ttl);
-        let lease = if req.session.is_some() {
+        let lease = if req.session().is_some() {
             self.lease_id()
         } else {
             0
@@ -279,7 +279,7 @@ impl Cluster {
         value.ttl_ms = ttl.as_millis() as u64;
         value.deadline_ms = at + value.ttl_ms;
         value.at_ms = at;
-        value.session_ms = req.session.map(|g| g.as_millis() as u64);
+        value.session_ms = req.session().map(|g| g.as_millis() as u64);
         value.fe = self.fe.clone();
         value.conn = req.conn;
         value.cut_ms = 0;

@@ -509,7 +509,7 @@ fn deliver(
         deadline,
         handover,
     });
-    if sent.is_ok() && local.req.session.is_some() {
+    if sent.is_ok() && local.req.session().is_some() {
         // The backend ends it when its connection closes.
         g.bound.add(local.req.conn, token, name);
     }

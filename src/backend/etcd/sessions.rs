@@ -11,10 +11,9 @@
 
 use super::hashing::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::backend::{BackendError, Health, LockStart, Renewed};
-use crate::locks::{ConnId, LockRequest, Token, UserId};
+use crate::locks::{ConnId, LockRequest, RenewRequest, Token, UserId};
 use crate::store::Seq;
 
 use super::Cluster;
@@ -69,7 +68,7 @@ impl BoundLeases {
 impl Cluster {
     /// LOCK; a session lease granted at once is bound to the request's connection.
     pub async fn lock_bound(self: &Arc<Self>, req: LockRequest) -> Result<LockStart, BackendError> {
-        let bind = req.session.map(|_| (req.conn, req.name.clone()));
+        let bind = req.session().map(|_| (req.conn, req.name.clone()));
         let start = self.lock(req).await?;
         if let (Some((conn, name)), LockStart::Granted { token, .. }) = (bind, &start) {
             self.guard().bound.add(conn, *token, &name);
@@ -94,15 +93,16 @@ impl Cluster {
     /// the lease is plain from now on, bound to no connection.
     pub async fn renew(
         &self,
-        name: &str,
-        token: Token,
-        (ttl, detach): (Option<Duration>, bool),
+        req: &RenewRequest,
         conn: ConnId,
         user: UserId,
     ) -> Result<Renewed, BackendError> {
-        let renewed = self.renew_as(name, token, ttl, (conn, user), detach).await;
+        let (name, token) = (req.name.as_str(), req.token);
+        let renewed = self
+            .renew_as(name, token, req.ttl, (conn, user), req.detach)
+            .await;
         let renewed = self.explained(name, token, renewed).await?;
-        if detach {
+        if req.detach {
             self.guard().bound.ended(token);
         } else if renewed.bound {
             self.guard().bound.add(conn, token, name);

@@ -89,7 +89,7 @@ impl Cluster {
         req: LockRequest,
     ) -> Result<LockStart, BackendError> {
         let ttl = self.limits.ttl(req.ttl)?;
-        self.limits.grace(req.session)?;
+        self.limits.grace(req.session())?;
         let user = self.user_name(req.user);
         let names = set_names(&req);
         for name in &names {
@@ -210,7 +210,7 @@ impl Cluster {
     ) -> Result<Option<LockStart>, BackendError> {
         let uid = self.uid();
         let value = self.holder_value(&uid, req, user, ttl);
-        let lease = if req.session.is_some() {
+        let lease = if req.session().is_some() {
             self.lease_id()
         } else {
             0
@@ -321,7 +321,7 @@ impl Cluster {
             user,
             mode: req.mode,
             ttl_ms: ttl.as_millis() as u64,
-            session_ms: req.session.map(|g| g.as_millis() as u64),
+            session_ms: req.session().map(|g| g.as_millis() as u64),
             fe: self.fe.clone(),
             conn: req.conn,
             lease: self.lease_id(),

@@ -61,7 +61,7 @@ impl Cluster {
             user: user.clone(),
             mode: req.mode,
             ttl_ms: ttl.as_millis() as u64,
-            session_ms: req.session.map(|g| g.as_millis() as u64),
+            session_ms: req.session().map(|g| g.as_millis() as u64),
             fe: self.fe.clone(),
             conn: req.conn,
             lease: self.lease_id(),

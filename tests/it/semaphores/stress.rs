@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{wait_status, Lockd, Raw, TestServer, GUARD};
 use lockd::client::Client;
-use lockd::locks::Mode;
+use lockd::locks::{LockRequest, Mode};
 use lockd::proto::{Request, Tie};
 
 /// One hold as its client saw it.
@@ -149,18 +149,13 @@ fn assert_unique_tokens(log: &[Held]) {
 
 async fn ghost(addr: SocketAddr, name: &str, i: usize, mode: Mode, rng: &mut Rng) {
     let mut ghost = Raw::connect(addr).await;
-    let lock = Request::Lock {
+    let lock = Request::Lock(Box::new(LockRequest {
         name: name.into(),
         id: format!("ghost-{i}"),
-        ttl: None,
-        wait: None,
         tie: Tie::Session(Duration::ZERO),
         mode,
-        note: None,
-        supersede: false,
-        and: Box::default(),
-        delay: None,
-    };
+        ..LockRequest::default()
+    }));
     ghost.send(&lock.to_string()).await;
     for _ in 0..rng.below(3) {
         tokio::task::yield_now().await;
