@@ -25,6 +25,14 @@ pub const FLAGS_NOT_SCRIPTED: &[(&str, &str)] = &[
         "--tls-handshake-timeout",
         "TLS: the scripts speak plain TCP",
     ),
+    (
+        "--web-locks",
+        "the web view: HTTP on its own port, not the line protocol",
+    ),
+    (
+        "--web-viewers",
+        "the web view: HTTP on its own port, not the line protocol",
+    ),
 ];
 
 /// The README's table is between these lines.
