@@ -53,6 +53,10 @@ impl Cluster {
         let (resp, ours) = match holder {
             Some(h) => {
                 let ours = h.value.encode();
+                // What the watch tells this write by (`on_grant`).
+                if let Some(l) = self.guard().waiting_mut(&gr.uid) {
+                    l.confirming = Some(ours.clone());
+                }
                 let txn = Txn::new()
                     .when([guards::unchanged(&h.key, gr.mod_rev)])
                     .and_then([TxnOp::put(h.key.clone(), ours.clone(), None)])
@@ -72,6 +76,10 @@ impl Cluster {
         };
         let back = {
             let mut g = self.guard();
+            // Delivered (or taken back) already, from this write as the watch showed it.
+            if g.confirmed_by_watch.remove(&gr.uid) {
+                return;
+            }
             match confirmed {
                 Some(handover) if g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid) => {
                     deliver(&mut g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover)
@@ -290,7 +298,7 @@ impl Cluster {
                 let settled = g
                     .waiting
                     .get(&a.waiter)
-                    .is_some_and(|l| l.confirming || l.leaving);
+                    .is_some_and(|l| l.confirming.is_some() || l.leaving);
                 if result.is_ok() && !still_queued && g.mirror.rev >= a.rev && !settled {
                     // Its key went while the grant was tried (a newer LOCK of its id).
                     if let Some(l) = g.waiting.remove(&a.waiter) {
@@ -428,12 +436,18 @@ pub(super) fn taken_over(g: &mut ClusterState, uid: &str) {
 /// front-end's etcd lease), or taken back (its waiter left; only as it was handed over).
 pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted) -> GrantAction {
     let handover = HandOver(gr.mod_rev);
+    // What a confirmation of this grant writes: the holder as shown, on no etcd lease.
+    let shown = g
+        .mirror
+        .name(&gr.name)
+        .and_then(|ns| ns.holder_by_rev(gr.rev))
+        .map(|h| h.value.encode());
     if gr.unconfirmed() {
         let waiter = g.by_uid.get(&gr.uid).copied();
         return match waiter.and_then(|w| g.waiting.get_mut(&w)) {
-            Some(l) if l.confirming => GrantAction::Nothing,
+            Some(l) if l.confirming.is_some() => GrantAction::Nothing,
             Some(l) => {
-                l.confirming = true;
+                l.confirming = Some(shown.unwrap_or_default());
                 GrantAction::Confirm(gr.clone())
             }
             // Its waiter left, or nobody waits for it here any more (the wait was lost
@@ -449,12 +463,25 @@ pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted) -> GrantAction {
         };
     }
     // A grant being confirmed is delivered by its confirmation ([`Cluster::confirm`]), whose
-    // write the watch may show before its answer comes (or instead of it, when the answer
-    // is lost): delivered here as well, the confirmation would find nobody waiting and take
-    // back a grant its client was told of (simulator seed 525).
+    // write the watch may show before its answer comes, or instead of it when answers are
+    // lost, for as long as etcd is hard to reach (seconds: the lease then sat out its ttl
+    // with its waiter told nothing, simulator seed 45109). The watch delivers it when it shows
+    // that very write (the value the confirmation writes, on no etcd lease), and the
+    // confirmation's answer then changes nothing: were it to deliver again, it would find
+    // nobody waiting and take back a grant its client was told of (seed 525). Any other
+    // rewrite (a RENEW, a claim by a LOCK of its id, a lock-delay) is the confirmation's to
+    // judge.
     let confirming = g.by_uid.get(&gr.uid).and_then(|w| g.waiting.get(w));
-    if confirming.is_some_and(|l| l.confirming) {
-        return GrantAction::Nothing;
+    if let Some(writes) = confirming.and_then(|l| l.confirming.as_deref()) {
+        let own_write = !gr.session && gr.lease == 0 && shown.as_deref() == Some(writes);
+        if !own_write {
+            return GrantAction::Nothing;
+        }
+        g.confirmed_by_watch.insert(gr.uid.clone());
+        return match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover) {
+            Some(back) => GrantAction::TakeBack(back),
+            None => GrantAction::Nothing,
+        };
     }
     // A grant rewritten since it was made, and not for a request waiting here, was claimed:
     // renewed, or taken by a LOCK of the same id, through any front-end (a confirmation's

@@ -201,6 +201,9 @@ pub struct Applied {
     pub waiters_new: Vec<(String, i64)>,
     /// New holders.
     pub granted: Vec<Granted>,
+    /// Holders rewritten (a RENEW, a claim, a confirmation, a lock-delay's start), as they
+    /// are now.
+    pub rewritten: Vec<Granted>,
     /// Waiter keys rewritten to another connection or front-end (a LOCK of the same id took
     /// over their place): name, uid and the front-end that now waits on them.
     pub adopted: Vec<(String, String, String)>,
@@ -427,6 +430,7 @@ impl Mirror {
             };
             if let Some(old) = ns.holders.get(&rev) {
                 self.ends.remove(&(old.ends_at, name.clone(), old.rev));
+                out.rewritten.push(Granted::of(base, &name, &holder));
                 if let Some(breaking) = breaking(base, &name, old, &holder) {
                     out.event(c.mod_rev, breaking);
                 }

@@ -114,8 +114,9 @@ struct Local {
     tried_at: Option<i64>,
     in_flight: bool,
     /// Granted by another front-end on this one's etcd lease, being confirmed (see
-    /// `Cluster::confirm`).
-    confirming: bool,
+    /// `Cluster::confirm`): the holder's value its confirmation writes, by which the watch
+    /// tells that write when its answer is late or lost.
+    confirming: Option<String>,
     /// Its `wait=` ran out and the write taking its place out is on its way: the answer to
     /// that write says how its wait ends (see `Cluster::wait_over`), so nothing else grants
     /// it or ends it meanwhile; a grant etcd made before the write is still delivered.
@@ -153,9 +154,19 @@ struct ClusterState {
     /// Waiter keys (a set's first) of no request of this front-end whose removal is out
     /// (`handover.rs::evaluate`): one write each, however often the name changes meanwhile.
     forgetting: HashSet<String>,
+    /// Waiters (by uid) whose grant the watch delivered from their confirmation's own write
+    /// while its answer was out (`handover.rs::on_grant`): that answer, when it comes, neither
+    /// delivers nor takes the grant back.
+    confirmed_by_watch: HashSet<String>,
 }
 
 impl ClusterState {
+    /// The waiter of this front-end that waits under `uid`.
+    fn waiting_mut(&mut self, uid: &str) -> Option<&mut Local> {
+        let waiter = self.by_uid.get(uid)?;
+        self.waiting.get_mut(waiter)
+    }
+
     /// Whether a waiter of this front-end waits under `uid` on `name` (its own name, or one
     /// of its set's).
     fn waits_on(&self, uid: &str, name: &str) -> bool {
@@ -293,6 +304,7 @@ impl Cluster {
                 superseded: HashMap::default(),
                 slots: slots::Slots::new(&fe_id),
                 forgetting: HashSet::default(),
+                confirmed_by_watch: HashSet::default(),
             }),
             events,
             moved: Notify::new(),

@@ -369,7 +369,7 @@ impl Cluster {
                     queued: now(),
                     tried_at: None,
                     in_flight: false,
-                    confirming: false,
+                    confirming: None,
                     leaving: false,
                     set,
                     timer: None,

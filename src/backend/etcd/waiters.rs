@@ -175,7 +175,7 @@ impl Cluster {
                     queued: now(),
                     tried_at: None,
                     in_flight: false,
-                    confirming: false,
+                    confirming: None,
                     leaving: false,
                     set: Vec::new(),
                     timer: None,
@@ -574,7 +574,7 @@ impl Cluster {
             let quiet: Vec<WaiterId> = g
                 .waiting
                 .iter()
-                .filter(|(_, l)| l.mod_rev != 0 && !l.in_flight && !l.confirming && !l.leaving)
+                .filter(|(_, l)| l.mod_rev != 0 && !l.in_flight && l.confirming.is_none() && !l.leaving)
                 .map(|(w, _)| *w)
                 .collect();
             quiet.into_iter().filter_map(|w| g.leave(w)).collect()
@@ -713,7 +713,7 @@ pub(super) fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at:
         return false;
     };
     // Granted already, by another front-end's release: its grant is being confirmed.
-    if local.confirming || local.in_flight {
+    if local.confirming.is_some() || local.in_flight {
         return false;
     }
     let there = g

@@ -161,7 +161,7 @@ impl Cluster {
                 .filter(|(_, l)| {
                     l.rev != 0
                         && l.rev <= rev
-                        && !l.confirming
+                        && l.confirming.is_none()
                         && !l.leaving
                         && !g
                             .mirror
@@ -350,6 +350,14 @@ impl Cluster {
                     next.push(on_grant(&mut g, gr));
                 }
             }
+            // A grant of ours being confirmed, rewritten: the confirmation's own write,
+            // maybe, shown before its answer (`on_grant` delivers it then).
+            for gr in &applied.rewritten {
+                let confirming = g.waiting_mut(&gr.uid).is_some_and(|l| l.confirming.is_some());
+                if gr.fe == self.fe && confirming {
+                    next.push(on_grant(&mut g, gr));
+                }
+            }
             // Waiters of ours whose place a LOCK of the same id through another front-end
             // took over.
             for (_, uid, fe) in &applied.adopted {
@@ -388,7 +396,9 @@ impl Cluster {
                 // decides.)
                 if g.waiting
                     .get(&waiter)
-                    .is_some_and(|l| l.in_flight || l.confirming || l.leaving || l.mod_rev == 0)
+                    .is_some_and(|l| {
+                        l.in_flight || l.confirming.is_some() || l.leaving || l.mod_rev == 0
+                    })
                 {
                     continue;
                 }
