@@ -59,6 +59,9 @@ impl Browser {
                 "--no-default-browser-check",
                 "--disable-extensions",
                 "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-quic",
                 "--remote-debugging-pipe",
                 "--window-size=1100,560",
             ])
