@@ -11,7 +11,7 @@ use super::rpc::{Txn, TxnOp};
 use crate::backend::{now, BackendError, HandOver, WaitResult};
 use crate::locks::{rules, EventKind, Token, WaitEnd};
 
-use super::keys::names_of;
+use super::keys::{names_of, HolderValue};
 use super::mirror::Granted;
 use super::waiters::key_gone;
 use super::RETRY;
@@ -377,6 +377,11 @@ fn confirmation(resp: Option<&super::rpc::TxnResponse>, rev: i64, ours: &[u8]) -
         Some(kv) if kv.lease() == 0 && kv.value() == ours => {
             Confirmation::Confirmed(kv.mod_revision())
         }
+        // Over for its holder before it could be told (its ttl ran out into its lock-delay,
+        // or it was broken): not taken over by anyone, and nothing to deliver.
+        Some(kv) if HolderValue::decode(kv.value()).is_some_and(|v| v.lingering()) => {
+            Confirmation::Lost
+        }
         Some(_) => Confirmation::TakenOver,
         None => Confirmation::Lost,
     }
@@ -394,7 +399,7 @@ struct Attempt {
     slot: String,
     rev: i64,
     mod_rev: i64,
-    value: super::keys::HolderValue,
+    value: HolderValue,
     waited: Duration,
 }
 

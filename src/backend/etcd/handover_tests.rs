@@ -54,6 +54,25 @@ fn the_grant_rewritten_otherwise_was_taken_over() {
 }
 
 #[test]
+fn a_grant_over_for_its_holder_before_it_was_confirmed_is_lost_not_taken_over() {
+    // Its ttl ran out into its lock-delay (the rewrite of `expiry.rs::start_delay`), or a
+    // BREAK rewrote it: its client is told the grant could not be confirmed, not REPLACED.
+    let over = [
+        &b"id=c1 mode=x ttl=9000 deadline=1000 delay=1700 delaying=expired"[..],
+        &b"id=c1 mode=x ttl=9000 deadline=1000 broken=ops"[..],
+    ];
+    for value in over {
+        let answer = txn_answer(false, 55, vec![holder(value, 0, 47)]);
+        assert_eq!(
+            confirmation(Some(&answer), GRANTED_AT, OURS),
+            Confirmation::Lost,
+            "{}",
+            String::from_utf8_lossy(value)
+        );
+    }
+}
+
+#[test]
 fn a_grant_gone_or_unanswered_is_lost() {
     let answer = txn_answer(false, 55, Vec::new());
     assert_eq!(

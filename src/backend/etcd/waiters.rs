@@ -574,7 +574,9 @@ impl Cluster {
             let quiet: Vec<WaiterId> = g
                 .waiting
                 .iter()
-                .filter(|(_, l)| l.mod_rev != 0 && !l.in_flight && l.confirming.is_none() && !l.leaving)
+                .filter(|(_, l)| {
+                    l.mod_rev != 0 && !l.in_flight && l.confirming.is_none() && !l.leaving
+                })
                 .map(|(w, _)| *w)
                 .collect();
             quiet.into_iter().filter_map(|w| g.leave(w)).collect()

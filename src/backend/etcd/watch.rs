@@ -353,7 +353,9 @@ impl Cluster {
             // A grant of ours being confirmed, rewritten: the confirmation's own write,
             // maybe, shown before its answer (`on_grant` delivers it then).
             for gr in &applied.rewritten {
-                let confirming = g.waiting_mut(&gr.uid).is_some_and(|l| l.confirming.is_some());
+                let confirming = g
+                    .waiting_mut(&gr.uid)
+                    .is_some_and(|l| l.confirming.is_some());
                 if gr.fe == self.fe && confirming {
                     next.push(on_grant(&mut g, gr));
                 }
@@ -394,12 +396,9 @@ impl Cluster {
                 };
                 // (Its own write not answered yet, or the one taking it out: the answer
                 // decides.)
-                if g.waiting
-                    .get(&waiter)
-                    .is_some_and(|l| {
-                        l.in_flight || l.confirming.is_some() || l.leaving || l.mod_rev == 0
-                    })
-                {
+                if g.waiting.get(&waiter).is_some_and(|l| {
+                    l.in_flight || l.confirming.is_some() || l.leaving || l.mod_rev == 0
+                }) {
                     continue;
                 }
                 if let Some(l) = g.waiting.remove(&waiter) {
