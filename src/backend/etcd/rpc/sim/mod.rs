@@ -287,9 +287,10 @@ impl Net {
     }
 
     /// Whether front-end `fe` never saw the key of create revision `rev`, which an etcd
-    /// lease's expiry deleted: a compaction cancelled its watch before the key was made, and
-    /// it watched again (having read every lock) only after the key went. What happened in
-    /// between, it never learns.
+    /// lease's expiry deleted: it read every lock and began to watch only after the key went,
+    /// or a compaction cancelled its watch before the key was made and it watched again
+    /// (having read every lock) only after the key went. What happened in between, it never
+    /// learns.
     pub fn never_saw(&self, fe: usize, rev: i64) -> bool {
         let w = self.world();
         let Some(&(_, _, deleted)) = w.expired_keys.iter().find(|(r, _, _)| *r == rev) else {
@@ -301,6 +302,17 @@ impl Net {
             .filter(|(f, _)| *f == fe)
             .map(|(_, from)| *from)
             .collect();
+        // Its first watch came after the key went: it read every lock only then (a front-end
+        // that started as the key went, at the same moment by the clock; simulator seed
+        // 170563).
+        if mine
+            .iter()
+            .flatten()
+            .next()
+            .is_some_and(|from| *from > deleted)
+        {
+            return true;
+        }
         // A watch from `from` that was cancelled, then the next one from `again`.
         mine.windows(3).any(|ws| match ws {
             [Some(from), None, Some(again)] => *from <= rev && *again > deleted,
