@@ -201,9 +201,10 @@ pub struct Applied {
     pub waiters_new: Vec<(String, i64)>,
     /// New holders.
     pub granted: Vec<Granted>,
-    /// Holders rewritten (a RENEW, a claim, a confirmation, a lock-delay's start), as they
-    /// are now.
-    pub rewritten: Vec<Granted>,
+    /// Holders rewritten off the etcd lease they hung on (a confirmation, a lock-delay's
+    /// start), as they are now. Only those: a RENEW keeps its key's lease, and every RENEW
+    /// of the cluster passes here.
+    pub off_lease: Vec<Granted>,
     /// Waiter keys rewritten to another connection or front-end (a LOCK of the same id took
     /// over their place): name, uid and the front-end that now waits on them.
     pub adopted: Vec<(String, String, String)>,
@@ -430,7 +431,9 @@ impl Mirror {
             };
             if let Some(old) = ns.holders.get(&rev) {
                 self.ends.remove(&(old.ends_at, name.clone(), old.rev));
-                out.rewritten.push(Granted::of(base, &name, &holder));
+                if old.lease != 0 && holder.lease == 0 {
+                    out.off_lease.push(Granted::of(base, &name, &holder));
+                }
                 if let Some(breaking) = breaking(base, &name, old, &holder) {
                     out.event(c.mod_rev, breaking);
                 }

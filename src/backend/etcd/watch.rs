@@ -350,9 +350,9 @@ impl Cluster {
                     next.push(on_grant(&mut g, gr));
                 }
             }
-            // A grant of ours being confirmed, rewritten: the confirmation's own write,
-            // maybe, shown before its answer (`on_grant` delivers it then).
-            for gr in &applied.rewritten {
+            // A grant of ours being confirmed, taken off its etcd lease: the confirmation's
+            // own write, maybe, shown before its answer (`on_grant` delivers it then).
+            for gr in &applied.off_lease {
                 let confirming = g
                     .waiting_mut(&gr.uid)
                     .is_some_and(|l| l.confirming.is_some());
