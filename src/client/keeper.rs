@@ -612,6 +612,8 @@ struct Task {
 enum Step {
     Stop(Option<Duration>),
     OutOfTime,
+    /// Time to renew (with why the connection ended, if it did).
+    Due(Option<String>),
     Renewed(Renewal),
 }
 
@@ -630,10 +632,23 @@ impl Task {
                 biased;
                 detach = &mut stop => Step::Stop(detach.unwrap_or(None)),
                 _ = sleep_until(give_up), if !lost => Step::OutOfTime,
-                r = self.renew_when_due(), if !lost => Step::Renewed(r),
+                ended = self.due(), if !lost => Step::Due(ended),
+            };
+            // A RENEW once sent is answered (or given up) before a stop is looked at: the
+            // end's RENEW detach or UNLOCK may go through another connection, and a RENEW
+            // still on its way could otherwise reach lockd after it and keep the lease a whole
+            // ttl more (`lockctl run --at-least`'s window).
+            let step = match step {
+                Step::Due(ended) => tokio::select! {
+                    biased;
+                    _ = sleep_until(give_up) => Step::OutOfTime,
+                    r = self.renew(ended) => Step::Renewed(r),
+                },
+                step => step,
             };
             let loss = match step {
                 Step::Stop(detach) => return self.end(detach.filter(|_| !lost)).await,
+                Step::Due(_) => continue,
                 Step::OutOfTime => Lost {
                     why: Loss::OutOfTime {
                         last_failure: last_failure.clone(),
@@ -678,12 +693,17 @@ impl Task {
     }
 
     /// Waits for the renewal time (or less: the connection ended, or [`watch_breaks`] woke
-    /// it), then one RENEW within [`Timing::attempt_limit`].
-    async fn renew_when_due(&mut self) -> Renewal {
-        let ended = tokio::select! {
+    /// it); why the connection ended, if it did.
+    async fn due(&mut self) -> Option<String> {
+        tokio::select! {
             ended = self.link.idle_until(self.held.next_renew) => ended,
             _ = self.wake.notified() => None,
-        };
+        }
+    }
+
+    /// One RENEW within [`Timing::attempt_limit`], after the connection ended (`ended`)
+    /// or not.
+    async fn renew(&mut self, ended: Option<String>) -> Renewal {
         if let Some(why) = ended {
             let addr = self.link.connector.addr().to_owned();
             if self.timing.ends_with_connection {
