@@ -422,18 +422,17 @@ fn a_front_end_started_before_etcd_has_a_leader_waits_for_one() {
     // etcd has just regained its quorum: on a loaded machine its first writes may outlast the
     // 1s request timeout, which the front-end answers `ERR UNAVAILABLE` (try again). The same
     // LOCK sent again gets its grant; an UNLOCK sent again after a lost answer may find it done.
-    let mut t = String::new();
+    let mut t = None;
     eventually(PATIENCE, "a LOCK through the started front-end", || {
         let reply = a.request("LOCK boot me");
         assert!(
             reply.starts_with("OK") || reply.starts_with("ERR UNAVAILABLE"),
             "{reply}"
         );
-        if reply.starts_with("OK") {
-            t = token(&reply);
-        }
-        !t.is_empty()
+        t = reply.starts_with("OK").then(|| token(&reply));
+        t.is_some()
     });
+    let t = t.expect("granted");
     let mut answers = Vec::new();
     eventually(PATIENCE, "an UNLOCK through the started front-end", || {
         let reply = a.request(&format!("UNLOCK boot {t}"));

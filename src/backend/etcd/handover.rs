@@ -15,7 +15,7 @@ use super::keys::{names_of, HolderValue};
 use super::mirror::Granted;
 use super::waiters::key_gone;
 use super::RETRY;
-use super::{guards, Cluster, ClusterState};
+use super::{guards, Cluster, ClusterState, Phase};
 
 impl Cluster {
     /// Carries out what [`on_grant`] decided, off the guard.
@@ -55,7 +55,7 @@ impl Cluster {
                 let ours = h.value.encode();
                 // What the watch tells this write by (`on_grant`).
                 if let Some(l) = self.guard().waiting_mut(&gr.uid) {
-                    l.confirming = Some(ours.clone());
+                    l.phase.confirms_with(&ours);
                 }
                 let txn = Txn::new()
                     .when([guards::unchanged(&h.key, gr.mod_rev)])
@@ -179,15 +179,9 @@ impl Cluster {
             // now would use the wrong one, fail, and not be tried again before the name
             // changes. The answer evaluates the name again (`enqueue`).
             // A waiter on its way out is not granted: the answer to its leaving decides.
-            if local.mod_rev == 0
-                || local.in_flight
-                || local.leaving
-                || local.tried_at == Some(last_rev)
-            {
+            if !local.phase.try_grant(last_rev) {
                 return;
             }
-            local.in_flight = true;
-            local.tried_at = Some(last_rev);
             local.rev = head_rev;
             let waited = now().saturating_duration_since(local.queued);
             let mut value = local.value.holder(self.wall_ms());
@@ -298,7 +292,7 @@ impl Cluster {
                 let settled = g
                     .waiting
                     .get(&a.waiter)
-                    .is_some_and(|l| l.confirming.is_some() || l.leaving);
+                    .is_some_and(|l| !matches!(l.phase, Phase::Granting { .. }));
                 if result.is_ok() && !still_queued && g.mirror.rev >= a.rev && !settled {
                     // Its key went while the grant was tried (a newer LOCK of its id).
                     if let Some(l) = g.waiting.remove(&a.waiter) {
@@ -307,17 +301,10 @@ impl Cluster {
                         let _ = l.tx.send(why);
                     }
                 }
-                match g.waiting.get_mut(&a.waiter) {
-                    Some(local) => {
-                        local.in_flight = false;
-                        if result.is_err() {
-                            // etcd unreachable: try again after a pause.
-                            local.tried_at = None;
-                        }
-                        local.tried_at != Some(last)
-                    }
-                    None => false,
-                }
+                // (etcd unreachable: tried again after a pause.)
+                g.waiting
+                    .get_mut(&a.waiter)
+                    .is_some_and(|local| local.phase.grant_failed(result.is_err(), last))
             };
             if result.is_err() {
                 tokio::time::sleep(RETRY).await;
@@ -426,7 +413,10 @@ pub(super) fn taken_over(g: &mut ClusterState, uid: &str) {
     };
     // A request of ours whose own write (taking the place over) is not answered yet: the
     // record seen is the one it replaces.
-    if g.waiting.get(&waiter).is_some_and(|l| l.mod_rev == 0) {
+    if g.waiting
+        .get(&waiter)
+        .is_some_and(|l| l.phase == Phase::Writing)
+    {
         return;
     }
     g.left.remove(uid);
@@ -450,9 +440,9 @@ pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted) -> GrantAction {
     if gr.unconfirmed() {
         let waiter = g.by_uid.get(&gr.uid).copied();
         return match waiter.and_then(|w| g.waiting.get_mut(&w)) {
-            Some(l) if l.confirming.is_some() => GrantAction::Nothing,
+            Some(l) if l.phase.confirming().is_some() => GrantAction::Nothing,
             Some(l) => {
-                l.confirming = Some(shown.unwrap_or_default());
+                l.phase.confirm(shown.unwrap_or_default());
                 GrantAction::Confirm(gr.clone())
             }
             // Its waiter left, or nobody waits for it here any more (the wait was lost
@@ -477,7 +467,7 @@ pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted) -> GrantAction {
     // rewrite (a RENEW, a claim by a LOCK of its id, a lock-delay) is the confirmation's to
     // judge.
     let confirming = g.by_uid.get(&gr.uid).and_then(|w| g.waiting.get(w));
-    if let Some(writes) = confirming.and_then(|l| l.confirming.as_deref()) {
+    if let Some(writes) = confirming.and_then(|l| l.phase.confirming()) {
         let own_write = !gr.session && gr.lease == 0 && shown.as_deref() == Some(writes);
         if !own_write {
             return GrantAction::Nothing;

@@ -60,6 +60,7 @@ mod log;
 mod mirror;
 #[doc(hidden)]
 pub mod model;
+mod phase;
 mod quorum;
 mod release;
 mod routing;
@@ -91,6 +92,7 @@ use crate::metrics::Metrics;
 use super::{BackendError, EtcdConfig, Published, WaitResult};
 use keys::{Layout, WaiterValue};
 use mirror::Mirror;
+use phase::Phase;
 
 /// A waiter of this front-end.
 struct Local {
@@ -109,18 +111,8 @@ struct Local {
     req: LockRequest,
     value: WaiterValue,
     queued: Instant,
-    /// The name's `last_rev` when a grant was last tried: while a try is out, or until the
-    /// name changes after a failed one, it is not tried again.
-    tried_at: Option<i64>,
-    in_flight: bool,
-    /// Granted by another front-end on this one's etcd lease, being confirmed (see
-    /// `Cluster::confirm`): the holder's value its confirmation writes, by which the watch
-    /// tells that write when its answer is late or lost.
-    confirming: Option<String>,
-    /// Its `wait=` ran out and the write taking its place out is on its way: the answer to
-    /// that write says how its wait ends (see `Cluster::wait_over`), so nothing else grants
-    /// it or ends it meanwhile; a grant etcd made before the write is still delivered.
-    leaving: bool,
+    /// Which request of it is out, and so what may be done to it now.
+    phase: Phase,
     /// Every name of its set (`name` first), each with a key in `slot`; empty for one name.
     set: Vec<String>,
     /// Dropped with the waiter, however it leaves, which ends its `wait=` timer task (see

@@ -28,7 +28,7 @@ use super::keys::{names_of, SupersededValue, WaiterValue};
 use super::mirror::{HolderRecord, NameState};
 use super::view::{self, ask};
 use super::waiters::settle_answered;
-use super::{guards, Cluster, Local};
+use super::{guards, Cluster, Local, Phase};
 
 /// How often a LOCK of a set decides again (its names changed under it) before it answers
 /// `ERR UNAVAILABLE`.
@@ -367,10 +367,7 @@ impl Cluster {
                     req,
                     value: value.clone(),
                     queued: now(),
-                    tried_at: None,
-                    in_flight: false,
-                    confirming: None,
-                    leaving: false,
+                    phase: Phase::Writing,
                     set,
                     timer: None,
                 },
@@ -458,6 +455,7 @@ impl Cluster {
             let mut g = self.guard();
             if let Some(local) = g.waiting.get_mut(&waiter) {
                 local.mod_rev = at;
+                local.phase.written();
                 local.rev = adopt.as_ref().map_or(at, |a| a.rev);
             }
             // The place is this request's now, whatever the request it took it over from did.

@@ -14,7 +14,7 @@ use crate::locks::{LockRequest, WaitEnd, WaiterId};
 use super::keys::WaiterValue;
 use super::mirror::{Mirror, NameState};
 use super::view::ask;
-use super::{guards, Cluster, Local};
+use super::{guards, Cluster, Local, Phase};
 
 /// The most operations one etcd transaction may carry (etcd's `--max-txn-ops` default): a
 /// supersede of a longer queue is made in several.
@@ -173,10 +173,7 @@ impl Cluster {
                     req,
                     value: value.clone(),
                     queued: now(),
-                    tried_at: None,
-                    in_flight: false,
-                    confirming: None,
-                    leaving: false,
+                    phase: Phase::Writing,
                     set: Vec::new(),
                     timer: None,
                 },
@@ -350,6 +347,7 @@ impl Cluster {
             }
             if let Some(local) = g.waiting.get_mut(&waiter) {
                 local.mod_rev = at;
+                local.phase.written();
                 if let Some(old) = adopt {
                     local.uid = old.uid;
                     local.rev = old.rev;
@@ -456,7 +454,9 @@ impl Cluster {
             let Some(local) = g.waiting.get_mut(&waiter) else {
                 return;
             };
-            local.leaving = true;
+            if !local.phase.leave() {
+                return;
+            }
             let local = &*local;
             (self.leave_txn(local), self.local_keys(local), local.mod_rev)
         };
@@ -509,7 +509,7 @@ impl Cluster {
                 // it; the same for a LOCK of its id that took its place over.
                 Left::Granted | Left::TakenOver => {
                     if let Some(l) = g.waiting.get_mut(&waiter) {
-                        l.leaving = false;
+                        l.phase.stays();
                     }
                 }
                 // Gone without a grant, before the write: why, as the watch would say.
@@ -574,9 +574,7 @@ impl Cluster {
             let quiet: Vec<WaiterId> = g
                 .waiting
                 .iter()
-                .filter(|(_, l)| {
-                    l.mod_rev != 0 && !l.in_flight && l.confirming.is_none() && !l.leaving
-                })
+                .filter(|(_, l)| l.phase.settled())
                 .map(|(w, _)| *w)
                 .collect();
             quiet.into_iter().filter_map(|w| g.leave(w)).collect()
@@ -715,7 +713,7 @@ pub(super) fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at:
         return false;
     };
     // Granted already, by another front-end's release: its grant is being confirmed.
-    if local.confirming.is_some() || local.in_flight {
+    if !local.phase.settled() {
         return false;
     }
     let there = g

@@ -161,8 +161,7 @@ impl Cluster {
                 .filter(|(_, l)| {
                     l.rev != 0
                         && l.rev <= rev
-                        && l.confirming.is_none()
-                        && !l.leaving
+                        && l.phase.settled()
                         && !g
                             .mirror
                             .name(&l.name)
@@ -355,7 +354,7 @@ impl Cluster {
             for gr in &applied.off_lease {
                 let confirming = g
                     .waiting_mut(&gr.uid)
-                    .is_some_and(|l| l.confirming.is_some());
+                    .is_some_and(|l| l.phase.confirming().is_some());
                 if gr.fe == self.fe && confirming {
                     next.push(on_grant(&mut g, gr));
                 }
@@ -396,9 +395,7 @@ impl Cluster {
                 };
                 // (Its own write not answered yet, or the one taking it out: the answer
                 // decides.)
-                if g.waiting.get(&waiter).is_some_and(|l| {
-                    l.in_flight || l.confirming.is_some() || l.leaving || l.mod_rev == 0
-                }) {
+                if g.waiting.get(&waiter).is_some_and(|l| !l.phase.settled()) {
                     continue;
                 }
                 if let Some(l) = g.waiting.remove(&waiter) {
