@@ -430,7 +430,7 @@ fn a_front_end_started_before_etcd_has_a_leader_waits_for_one() {
             "{reply}"
         );
         if reply.starts_with("OK") {
-            t = token(&reply);
+            t = token(&reply).to_string();
         }
         !t.is_empty()
     });
