@@ -1,4 +1,4 @@
-//! The checked-in etcd gRPC code (`src/backend/etcd/rpc/generated/`) is what its trimmed
+//! The checked-in etcd gRPC code (`crates/lockd-etcd/src/generated/`) is what its trimmed
 //! protos give: regenerated into a temporary directory with protoc and compared file by
 //! file, so a `.proto` edited without `cargo run -p etcd-proto-gen` (or a hand edit of the
 //! generated code) fails here. Needs protoc (skips visibly without it; CI has it).
@@ -45,7 +45,7 @@ fn checked_in_code_is_what_the_protos_give() {
     for (name, text) in &fresh {
         assert!(
             checked_in[name] == *text,
-            "src/backend/etcd/rpc/generated/{name} is not what the protos give: run \
+            "crates/lockd-etcd/src/generated/{name} is not what the protos give: run \
              `cargo run -p etcd-proto-gen` and commit the result"
         );
     }

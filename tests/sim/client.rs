@@ -13,11 +13,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockd::backend::etcd::sim::{self, Rng};
+use lockd::backend::etcd::sim;
 use lockd::backend::{Backend, BackendError, Locked, WaitResult};
 use lockd::locks::{
     ConnId, LockRequest, Origin, RenewRequest, TableError, Tie, Token, WaitEnd, NO_USER,
 };
+use lockd_etcd::sim::Rng;
 use tokio::time::{sleep, timeout};
 
 use crate::history::{Call, Op};

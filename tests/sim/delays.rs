@@ -47,7 +47,7 @@ impl Delays {
     /// Grants made within another client's lock-delay, in words.
     pub fn violations(
         &self,
-        net: &lockd::backend::etcd::sim::Net,
+        net: &lockd_etcd::sim::Net,
         events: &[crate::history::Seen],
     ) -> Vec<String> {
         let holds = self.holds.lock().unwrap();

@@ -4,9 +4,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockd::backend::etcd::sim::{self, Faults, Net, Rng};
+use lockd::backend::etcd::sim;
 use lockd::backend::{Backend, EtcdConfig};
 use lockd::locks::Limits;
+use lockd_etcd::sim::{Faults, Net, Rng};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;

@@ -1,5 +1,5 @@
-//! Writes lockd's etcd v3 gRPC code (`src/backend/etcd/rpc/generated/`) from the trimmed
-//! `.proto` files beside it (`src/backend/etcd/rpc/proto/`). The output is checked in so
+//! Writes lockd's etcd v3 gRPC code (`crates/lockd-etcd/src/generated/`) from the trimmed
+//! `.proto` files beside it (`crates/lockd-etcd/src/proto/`). The output is checked in so
 //! that building lockd needs no protoc; running this needs one (on `PATH`, or `PROTOC`).
 //!
 //! Regenerate, from the workspace root: `cargo run -p etcd-proto-gen`.
@@ -12,12 +12,12 @@ pub const PROTOS: [&str; 2] = ["kv.proto", "rpc.proto"];
 
 /// Where lockd keeps its trimmed etcd protos.
 pub fn proto_dir() -> PathBuf {
-    workspace().join("src/backend/etcd/rpc/proto")
+    workspace().join("crates/lockd-etcd/src/proto")
 }
 
 /// Where lockd keeps the generated code.
 pub fn generated_dir() -> PathBuf {
-    workspace().join("src/backend/etcd/rpc/generated")
+    workspace().join("crates/lockd-etcd/src/generated")
 }
 
 fn workspace() -> PathBuf {

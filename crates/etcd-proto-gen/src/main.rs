@@ -1,5 +1,5 @@
 //! `cargo run -p etcd-proto-gen [OUT_DIR]`: regenerates lockd's etcd gRPC code (into
-//! `src/backend/etcd/rpc/generated/` unless `OUT_DIR` is given). Needs protoc.
+//! `crates/lockd-etcd/src/generated/` unless `OUT_DIR` is given). Needs protoc.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

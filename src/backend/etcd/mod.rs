@@ -41,6 +41,8 @@
 //!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
 //!   (the `lockd_etcd_*` series) serve them all.
 //! - `secure`: TLS and authentication toward etcd, and the start's first request.
+//! - `rpc`: the etcd client, the crate `lockd_etcd` (crates/lockd-etcd): the calls above,
+//!   and the in-memory etcd and simulated network `sim` runs front-ends over.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
 mod breaks;
@@ -64,7 +66,6 @@ mod phase;
 mod quorum;
 mod release;
 mod routing;
-mod rpc;
 mod secure;
 mod sessions;
 mod sets;
@@ -76,6 +77,10 @@ mod status;
 mod view;
 mod waiters;
 mod watch;
+
+// lockd's etcd client, a crate of its own (crates/lockd-etcd), under the module name the
+// backend's files use.
+use lockd_etcd as rpc;
 
 use hashing::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};

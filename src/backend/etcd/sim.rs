@@ -1,5 +1,6 @@
 //! The cluster simulator's way in (`tests/sim`): front-ends over a simulated etcd
-//! ([`rpc::sim`](super::rpc::sim)), on the caller's thread and tokio's paused clock.
+//! ([`lockd_etcd::sim`], whose `Net`, `Faults` and `Rng` the simulator takes from there), on
+//! the caller's thread and tokio's paused clock.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use crate::backend::{Backend, EtcdConfig};
 use crate::locks::Limits;
 use crate::metrics::Metrics;
 
-pub use super::rpc::sim::{Faults, Net, Rng};
+use super::rpc::sim::Net;
 
 /// Makes this thread's runs repeatable: its wall clock follows tokio's (from `epoch_ms`),
 /// and the etcd backend's hash maps made on it iterate in the same order every run. Call

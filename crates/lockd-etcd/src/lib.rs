@@ -1,5 +1,8 @@
-//! lockd's own etcd v3 client: the few KV, Lease, Watch and Auth calls the etcd backend
-//! makes, over tonic, with the types and method names the backend was written against.
+//! lockd's own etcd v3 client: the few KV, Lease, Watch and Auth calls lockd's etcd backend
+//! makes, over tonic, with the types and method names the backend was written against. With
+//! it, an in-memory etcd ([`mem`]) and the simulated network the cluster simulator runs
+//! lockd's front-ends over ([`sim`]): a crate of its own, so that these can be read and
+//! tested apart from lockd.
 //!
 //! The gRPC code is generated from trimmed copies of etcd's protos (`proto/`: etcd's
 //! packages, services, field numbers and types, only what lockd uses) and checked in
@@ -10,8 +13,8 @@
 //! cargo run -p etcd-proto-gen
 //! ```
 //!
-//! (it needs protoc); `tests/it/etcd_proto.rs` checks that the checked-in code is what the
-//! protos give.
+//! (it needs protoc); lockd's `tests/it/etcd_proto.rs` checks that the checked-in code is
+//! what the protos give.
 //!
 //! Behaviour kept from the client lockd used before: one channel balanced over every
 //! endpoint (a dead member is left out until it answers again), a per-request timeout, a
@@ -319,7 +322,7 @@ fn endpoint(url: &str, options: &ConnectOptions) -> Result<Endpoint, Error> {
 
 /// Adds the metadata every call carries: `hasleader`, and the auth token once there is one.
 #[derive(Clone)]
-pub struct Metadata {
+pub(crate) struct Metadata {
     require_leader: bool,
     token: Arc<RwLock<Option<AsciiMetadataValue>>>,
 }
@@ -427,7 +430,7 @@ impl Client {
     }
 
     /// A client of a simulated etcd.
-    pub(crate) fn simulated(link: sim::Link) -> Client {
+    pub fn simulated(link: sim::Link) -> Client {
         Client {
             inner: Inner::Sim(link),
         }
@@ -1004,7 +1007,7 @@ impl Compare {
     }
 
     /// The key compared (the first of the range, with a prefix).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-util"))]
     pub fn key(&self) -> &[u8] {
         &self.0.key
     }
@@ -1229,7 +1232,7 @@ impl ResponseHeader {
 
 /// A transaction's answer as etcd would give it: `succeeded`, at `revision`, with one read
 /// that found `kvs`. For the tests of code that reads answers.
-#[cfg(test)]
+#[cfg(any(test, feature = "test-util"))]
 pub fn txn_answer(succeeded: bool, revision: i64, kvs: Vec<KeyValue>) -> TxnResponse {
     use pb::response_op::Response as R;
     TxnResponse {

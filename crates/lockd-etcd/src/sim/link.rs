@@ -14,7 +14,7 @@ use super::super::{
 use super::words::{describe, mem_error, status};
 use super::{Net, Rng};
 
-/// One front-end's connection to the simulated etcd (a [`super::Client`]'s inside).
+/// One front-end's connection to the simulated etcd (a [`crate::Client`]'s inside).
 #[derive(Clone)]
 pub struct Link {
     pub(super) net: Net,
@@ -22,10 +22,7 @@ pub struct Link {
 }
 
 impl Link {
-    pub(in crate::backend::etcd::rpc) async fn txn(
-        &self,
-        req: pb::TxnRequest,
-    ) -> Result<pb::TxnResponse, Error> {
+    pub(crate) async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, Error> {
         let what = format!("txn {}", describe(&req));
         self.net
             .exchange(self.fe, what, move |w| {
@@ -36,10 +33,7 @@ impl Link {
             .await
     }
 
-    pub(in crate::backend::etcd::rpc) async fn get(
-        &self,
-        req: pb::RangeRequest,
-    ) -> Result<pb::RangeResponse, Error> {
+    pub(crate) async fn get(&self, req: pb::RangeRequest) -> Result<pb::RangeResponse, Error> {
         let what = format!("read {}", String::from_utf8_lossy(&req.key));
         self.net
             .exchange(self.fe, what, move |w| {
@@ -48,10 +42,7 @@ impl Link {
             .await
     }
 
-    pub(in crate::backend::etcd::rpc) async fn lease_grant(
-        &self,
-        ttl: i64,
-    ) -> Result<pb::LeaseGrantResponse, Error> {
+    pub(crate) async fn lease_grant(&self, ttl: i64) -> Result<pb::LeaseGrantResponse, Error> {
         let fe = self.fe;
         self.net
             .exchange(self.fe, "lease grant".to_owned(), move |w| {
@@ -64,10 +55,7 @@ impl Link {
     }
 
     /// A keep-alive stream: each keep-alive answered late, or not at all while cut off.
-    pub(in crate::backend::etcd::rpc) fn lease_keep_alive(
-        &self,
-        id: i64,
-    ) -> (LeaseKeeper, LeaseKeepAliveStream) {
+    pub(crate) fn lease_keep_alive(&self, id: i64) -> (LeaseKeeper, LeaseKeepAliveStream) {
         let (tx, mut requests) = mpsc::channel::<pb::LeaseKeepAliveRequest>(STREAM_QUEUE);
         let _ = tx.try_send(pb::LeaseKeepAliveRequest { id });
         let (answers, rx) = mpsc::channel(STREAM_QUEUE);
@@ -117,10 +105,7 @@ impl Link {
     /// batches cut at random revisions, each late; compacted history ends it with the
     /// compaction's revision; progress asked for is answered once everything before it
     /// was sent.
-    pub(in crate::backend::etcd::rpc) fn watch(
-        &self,
-        create: pb::WatchCreateRequest,
-    ) -> WatchStream {
+    pub(crate) fn watch(&self, create: pb::WatchCreateRequest) -> WatchStream {
         let (tx, requests) = mpsc::channel(STREAM_QUEUE);
         let (answers, rx) = mpsc::channel(STREAM_QUEUE);
         let link = self.clone();

@@ -1,4 +1,4 @@
-//! A simulated etcd for the cluster simulator (`tests/sim`): the in-memory etcd
+//! A simulated etcd for lockd's cluster simulator (its `tests/sim`): the in-memory etcd
 //! ([`super::mem`]) behind a network whose every delay, lost answer, failed write, cut and
 //! leader election a seeded random source chooses, on tokio's clock. In a simulation that
 //! clock is paused (time passes only while every task waits) and everything runs on one

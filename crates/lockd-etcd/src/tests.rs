@@ -222,8 +222,8 @@ fn a_refused_token_is_told_from_other_refusals() {
 }
 
 /// One etcd member with authentication on (user `root`, password `pw`), when `etcd` and
-/// `etcdctl` are on PATH. The rest of cluster mode's tests are in tests/cluster, through
-/// lockd; this one needs the client itself.
+/// `etcdctl` are on PATH. The rest of cluster mode's tests are in lockd's tests/cluster,
+/// through lockd; this one needs the client itself.
 pub(super) struct AuthEtcd {
     child: std::process::Child,
     dir: std::path::PathBuf,
