@@ -16,6 +16,7 @@ mod flapping;
 mod fronts;
 mod health;
 mod history_checker;
+mod membership;
 mod mirror_lag;
 mod multi;
 mod netsplit;

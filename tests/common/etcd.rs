@@ -172,6 +172,11 @@ struct Member {
     data: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// Added to a running cluster (`etcdctl member add`): it starts as one joining an
+    /// existing cluster.
+    joined: bool,
+    /// Taken out of the cluster (`etcdctl member remove`): never started again.
+    removed: bool,
 }
 
 impl Member {
@@ -194,6 +199,7 @@ impl Member {
     /// Starts etcd; its output goes to the end of its log file, which survives restarts.
     fn spawn(&mut self, initial_cluster: &str, token: &str, extra: &[String]) {
         assert!(self.child.is_none(), "{} is already running", self.name);
+        assert!(!self.removed, "{} was removed from the cluster", self.name);
         if let Some(uid) = self.uid {
             // Its own data directory, which etcd wants private.
             fs::create_dir_all(&self.data).expect("etcd data dir");
@@ -228,8 +234,9 @@ impl Member {
             .arg("--initial-cluster")
             .arg(initial_cluster)
             // Ignored by a member whose data directory is initialized: restart needs no
-            // "existing" (checked with 3.4.23).
-            .args(["--initial-cluster-state", "new"])
+            // "existing" (checked with 3.4.23). A member added later joins.
+            .arg("--initial-cluster-state")
+            .arg(if self.joined { "existing" } else { "new" })
             .arg("--initial-cluster-token")
             .arg(token)
             // Elections in about a tenth of a second instead of one or two, so tests that
@@ -383,6 +390,8 @@ impl EtcdCluster {
                     data: cluster.root.join(format!("m{i}.data")),
                     log: cluster.root.join(format!("m{i}.log")),
                     child: None,
+                    joined: false,
+                    removed: false,
                 })
                 .collect();
             match cluster.bootstrap() {
@@ -404,6 +413,7 @@ impl EtcdCluster {
     fn initial_cluster(&self) -> String {
         self.members
             .iter()
+            .filter(|m| !m.removed)
             .map(|m| format!("{}={}", m.name, m.peer_url()))
             .collect::<Vec<_>>()
             .join(",")
@@ -485,9 +495,114 @@ impl EtcdCluster {
         self.members.len()
     }
 
-    /// How many members make a quorum.
+    /// How many members make a quorum (of those not removed).
     pub fn quorum(&self) -> usize {
-        self.members.len() / 2 + 1
+        self.members.iter().filter(|m| !m.removed).count() / 2 + 1
+    }
+
+    /// Takes member `i` out of the cluster as an operator retiring its machine would
+    /// (`etcdctl member remove`), then stops its process. Its index stays, never running
+    /// again; front-ends started with its URL keep it in their `--etcd` list, as a dead one.
+    pub fn remove_member(&mut self, i: usize) {
+        let id = format!("{:x}", self.member_id(i).expect("a member of the cluster"));
+        let name = self.members[i].name.clone();
+        self.reconfigure(&["member", "remove", &id], |c| {
+            c.listed(&name) == Some(false)
+        });
+        self.members[i].kill();
+        self.members[i].removed = true;
+    }
+
+    /// Adds a member on fresh ports (`etcdctl member add`, then etcd started to join the
+    /// existing cluster) and waits until every running member is healthy; its index. No
+    /// front-end knows its URL unless told.
+    pub fn add_member(&mut self) -> usize {
+        assert!(
+            self.members[0].tls.is_none() && self.members[0].uid.is_none(),
+            "members are added to plain clusters only"
+        );
+        let i = self.members.len();
+        let ports = free_ports(2);
+        let member = Member {
+            name: format!("m{i}"),
+            client_port: ports[0],
+            peer_port: ports[1],
+            tls: None,
+            uid: None,
+            data: self.root.join(format!("m{i}.data")),
+            log: self.root.join(format!("m{i}.log")),
+            child: None,
+            joined: true,
+            removed: false,
+        };
+        let peer = format!("--peer-urls={}", member.peer_url());
+        let name = member.name.clone();
+        self.members.push(member);
+        self.reconfigure(&["member", "add", &name, &peer], |c| {
+            c.listed(&name) == Some(true)
+        });
+        self.spawn(i);
+        self.wait_healthy();
+        i
+    }
+
+    /// `etcdctl member ...` until `done` says it was made. Refused, it is sent again: etcd's
+    /// strict reconfiguration check counts a member as active only once it has been connected
+    /// to the leader for five seconds, and refuses ("unhealthy cluster") a change that would
+    /// leave fewer active members than a quorum (a member just started or added is not active
+    /// yet). Its answer may be lost though it was made: a leader that removes itself stops
+    /// before it answers ("server stopped").
+    fn reconfigure(&self, args: &[&str], done: impl Fn(&EtcdCluster) -> bool) {
+        let deadline = Instant::now() + ETCD_PATIENCE;
+        loop {
+            let Err(e) = self.etcdctl(args, None) else {
+                return;
+            };
+            if done(self) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("etcdctl {args:?}: {e}\n{}", self.all_log_tails());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The etcd members' names and ids (`etcdctl member list`); `None` if it gives no answer.
+    fn member_list(&self) -> Option<Vec<(String, u64)>> {
+        let list = self.etcdctl(&["member", "list", "-w", "json"], None).ok()?;
+        let list: serde_json::Value = serde_json::from_str(&list).ok()?;
+        let members = list["members"].as_array()?;
+        members
+            .iter()
+            .map(|m| Some((m["name"].as_str()?.to_owned(), m["ID"].as_u64()?)))
+            .collect()
+    }
+
+    /// Whether a member named `name` is in the cluster's member list (a member added but
+    /// not started yet has no name there: its peer URL is looked for too).
+    fn listed(&self, name: &str) -> Option<bool> {
+        let list = self.etcdctl(&["member", "list", "-w", "json"], None).ok()?;
+        let list: serde_json::Value = serde_json::from_str(&list).ok()?;
+        let peer = self
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .map(Member::peer_url)?;
+        let members = list["members"].as_array()?;
+        Some(members.iter().any(|m| {
+            m["name"] == name
+                || m["peerURLs"]
+                    .as_array()
+                    .is_some_and(|urls| urls.iter().any(|u| u == peer.as_str()))
+        }))
+    }
+
+    /// Member `i`'s id in the cluster, if it is in the member list.
+    fn member_id(&self, i: usize) -> Option<u64> {
+        let list = self.member_list()?;
+        let name = &self.members[i].name;
+        list.into_iter().find(|(n, _)| n == name).map(|(_, id)| id)
     }
 
     /// Member `i`'s client URL, `http://127.0.0.1:<port>`.
@@ -505,7 +620,8 @@ impl EtcdCluster {
         (self.members[i].peer_port, self.members[i].uid)
     }
 
-    /// Every member's client URL, in member order.
+    /// Every member's client URL, in member order (a removed member's too: it stays in
+    /// the `--etcd` lists made before).
     pub fn client_urls(&self) -> Vec<String> {
         self.members.iter().map(Member::client_url).collect()
     }
@@ -542,8 +658,15 @@ impl EtcdCluster {
         let mut cmd = Command::new(
             std::env::var_os("LOCKD_TEST_ETCDCTL").unwrap_or_else(|| "etcdctl".into()),
         );
+        // The members in the cluster now (a removed one would only slow it down).
+        let endpoints: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| !m.removed)
+            .map(Member::client_url)
+            .collect();
         cmd.arg("--endpoints")
-            .arg(self.endpoints())
+            .arg(endpoints.join(","))
             .arg("--dial-timeout=5s")
             .arg("--command-timeout=10s");
         if let Some((tls, _)) = &self.members[0].tls {
