@@ -5,12 +5,17 @@
 #   etcd       etcd's Lock/Unlock API (v3lock), each client with a lease of its own
 #   lockd-1fe  one lockd front-end (--etcd on all three members), every client on it
 #   lockd-2fe  two lockd front-ends on the same prefix, the clients spread over both
-# Each turn runs the cluster scenarios of lockbench (uncontended C=1 and C=16, contended C=16
-# on one name; see contrib/bench/src/cluster.rs) on fresh front-ends with a fresh prefix, then
-# compacts etcd's history. Prints one markdown table and stops what it started.
+# Each turn runs the cluster scenarios of lockbench (uncontended C=1, C=16 and C=64, each
+# client a name of its own; contended C=16 and C=64 on one name; see
+# contrib/bench/src/cluster.rs) on fresh front-ends with a fresh prefix, then compacts etcd's
+# history. Around each run lockbench reads etcd's own counters (every member's /metrics) and
+# the CPU time of the front-ends and of the members (/proc/PID/stat): etcd transactions and
+# RPCs per cycle, requests per transaction, CPU per request (see contrib/bench/src/counters.rs).
+# Prints two markdown tables (the measures with lockd against etcd, and those costs) and stops
+# what it started.
 #
-#   contrib/bench/etcd.sh            # 6 rounds of 9 runs of 5.5 s: about 6 minutes plus the builds
-#   QUICK=1 contrib/bench/etcd.sh    # smoke run: 1 round of 1 s runs
+#   contrib/bench/etcd.sh            # 6 rounds of 15 runs of 5.5 s: about 10 minutes plus the builds
+#   QUICK=1 contrib/bench/etcd.sh    # smoke run: 1 round of 1 s runs, under a minute plus the builds
 #
 # Needs etcd (3.4 or later) on PATH and protoc for the builds. Environment:
 #   ROUNDS (6; 1 with QUICK)
@@ -154,6 +159,12 @@ turn() {
       target=(--lockd "127.0.0.1:$lockd_port,127.0.0.1:$((lockd_port + 1))")
       ;;
   esac
+  # What each run costs: etcd's counters from every member's /metrics (its client URLs), the
+  # CPU time of the members and of the front-ends.
+  target+=(--etcd-metrics "$endpoints" --etcd-pid "$(IFS=,; echo "${etcd_pids[*]}")")
+  if [ ${#lockd_pids[@]} -gt 0 ]; then
+    target+=(--lockd-pid "$(IFS=,; echo "${lockd_pids[*]}")")
+  fi
   # Nothing may fail in these scenarios: a refused request or an error ends the run here,
   # with the reply in lockbench's last line, rather than leaving a row out.
   if ! "$bench" cluster "${target[@]}" --label "$who" "${quick[@]}" >>"$rows"; then

@@ -4,8 +4,10 @@
 //! the same clock, the same load generator; contrib/bench/etcd.sh starts the etcd cluster and
 //! the front-ends and drives the rounds.
 //!
-//!     lockbench cluster --lockd ADDR[,ADDR...] --label NAME [--quick]
-//!     lockbench cluster --etcd URL[,URL...] --label NAME [--quick]   (feature etcd)
+//!     lockbench cluster --lockd ADDR[,ADDR...] [--lockd-pid PID[,PID...]] --label NAME
+//!                       [--etcd-metrics URL[,URL...]] [--etcd-pid PID[,PID...]] [--quick]
+//!     lockbench cluster --etcd URL[,URL...] [--etcd-pid PID[,PID...]] --label NAME [--quick]
+//!                                                                    (feature etcd)
 //!     lockbench cluster-table ROWS.tsv
 //!     lockbench etcd-status --etcd URL[,URL...]                      (feature etcd)
 //!     lockbench etcd-compact --etcd URL[,URL...]                     (feature etcd)
@@ -14,11 +16,18 @@
 //! spread evenly over them, and a contended name is handed over between front-ends.
 //!
 //! Scenarios (rows `cl.*`):
-//! - `cl.unc.c1`, `cl.unc.c16`: 1 and 16 clients, each locking and unlocking a name of its own;
-//!   a cycle is the lock and the unlock, each one round trip.
-//! - `cl.con.c16`: 16 clients on one name, holding for no time. A critical section runs from
-//!   the grant's arrival to the release's departure; the hand-over is the time from one
-//!   section's release to the next section's grant, as in the embedded contended scenario.
+//! - `cl.unc.c1`, `cl.unc.c16`, `cl.unc.c64`: 1, 16 and 64 clients, each locking and unlocking
+//!   a name of its own; a cycle is the lock and the unlock, each one round trip.
+//! - `cl.con.c16`, `cl.con.c64`: 16 and 64 clients on one name, holding for no time. A critical
+//!   section runs from the grant's arrival to the release's departure; the hand-over is the
+//!   time from one section's release to the next section's grant, as in the embedded contended
+//!   scenario.
+//!
+//! What each run costs (rows `cl.*.etcd_txn_pc` and the like; see counters.rs): etcd's own
+//! counters from each member's `/metrics` (`--etcd-metrics`, by default the `--etcd` URLs) and
+//! the CPU time of the front-ends (`--lockd-pid`) and of etcd's members (`--etcd-pid`), read
+//! once the clients have connected and again once they have all made their last request, over
+//! every cycle in between (the warm-up's too).
 //!
 //! A reply that is not a grant (or an unlock that is refused) ends the run with that reply: in
 //! this benchmark nothing may fail. lockd's tokens are checked as they come: on one name they
@@ -29,7 +38,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::perf::{clients, window_of};
+use crate::counters::{Probe, Reading};
+use crate::perf::{clients_after, window_of};
 use crate::stats::{self, Held};
 use crate::table::{ratios, rounds, show, typical, Unit};
 use crate::wire::Line;
@@ -54,6 +64,7 @@ const ETCD_LEASE_SECS: i64 = 120;
 /// The clients of the scenarios.
 const ONE: usize = 1;
 const MANY: usize = 16;
+const MOST: usize = 64;
 
 /// What a grant gives back: lockd's fencing token, or etcd's lock key (the key to unlock).
 enum Grant {
@@ -165,6 +176,34 @@ impl Conn {
     }
 }
 
+/// Closes the connections of a run, all at once.
+async fn close_all(conns: Vec<Conn>) -> io::Result<()> {
+    let mut set = tokio::task::JoinSet::new();
+    for conn in conns {
+        set.spawn(conn.close());
+    }
+    while let Some(done) = set.join_next().await {
+        done.map_err(io::Error::other)??;
+    }
+    Ok(())
+}
+
+/// The readings around a run and the connections it leaves open: the costs' rows, then the
+/// connections closed (etcd's leases revoked) once the second reading is taken.
+async fn account(
+    probe: &Probe,
+    out: &Out,
+    key: &str,
+    before: Reading,
+    cycles: u64,
+    conns: Vec<Conn>,
+) -> io::Result<()> {
+    let after = probe.read().await?;
+    // Every cycle (contended: every grant) is two requests, the lock and the unlock.
+    probe.rows(out, key, before, after, cycles, 2 * cycles);
+    close_all(conns).await
+}
+
 /// Names unique to one run, so that no run meets another's keys (etcd's lock names are keys
 /// of the etcd cluster; lockd's front-ends get a fresh prefix per turn anyway).
 fn run_tag() -> String {
@@ -182,6 +221,7 @@ fn disorder(seq: &[u64]) -> u64 {
 /// Each of `c` clients locks and unlocks a name of its own, over and over.
 async fn uncontended(
     system: Arc<System>,
+    probe: &Probe,
     c: usize,
     warm: Duration,
     dur: Duration,
@@ -190,7 +230,7 @@ async fn uncontended(
 ) -> io::Result<()> {
     let tag = run_tag();
     let is_lockd = matches!(*system, System::Lockd(_));
-    let per = clients(c, warm, dur, move |i, barrier, window| {
+    let (before, per) = clients_after(c, warm, dur, probe.read(), move |i, barrier, window| {
         let system = Arc::clone(&system);
         let name = format!("{tag}-unc-c{c}-{i}");
         async move {
@@ -198,6 +238,7 @@ async fn uncontended(
             let id = format!("c{i}");
             let mut lat = Vec::new();
             let mut tokens = Vec::new();
+            let mut cycles = 0u64;
             barrier.wait().await;
             barrier.wait().await;
             let w = window_of(&window);
@@ -206,17 +247,24 @@ async fn uncontended(
                 let grant = conn.lock(&name, &id).await?;
                 tokens.extend(grant.token());
                 conn.unlock(&name, grant).await?;
+                cycles += 1;
                 if w.counts(t0) {
                     lat.push(w.ns() - t0);
                 }
             }
-            conn.close().await?;
-            Ok((lat, disorder(&tokens)))
+            Ok((lat, disorder(&tokens), cycles, conn))
         }
     })
     .await?;
-    let disordered: u64 = per.iter().map(|(_, d)| d).sum();
-    let mut all: Vec<u64> = per.into_iter().flat_map(|(l, _)| l).collect();
+    let disordered: u64 = per.iter().map(|(_, d, _, _)| d).sum();
+    let cycles: u64 = per.iter().map(|(_, _, n, _)| n).sum();
+    let mut all = Vec::new();
+    let mut conns = Vec::new();
+    for (lat, _, _, conn) in per {
+        all.extend(lat);
+        conns.push(conn);
+    }
+    account(probe, out, key, before, cycles, conns).await?;
     out.row(&format!("{key}.cps"), all.len() as f64 / dur.as_secs_f64());
     let (p50, p99, worst) = stats::summary_us(&mut all);
     out.row(&format!("{key}.p50_us"), p50);
@@ -236,11 +284,14 @@ struct Contender {
     grants: Vec<(u64, u64)>,
     /// Per grant: (granted at, token), lockd only.
     tokens: Vec<(u64, u64)>,
+    /// Grants over the whole run, the warm-up's and the last one's too.
+    cycles: u64,
 }
 
 /// `c` clients on one name: each asks, holds for no time, releases, and asks again.
 async fn contended(
     system: Arc<System>,
+    probe: &Probe,
     c: usize,
     warm: Duration,
     dur: Duration,
@@ -249,7 +300,7 @@ async fn contended(
 ) -> io::Result<()> {
     let name = format!("{}-con-c{c}", run_tag());
     let is_lockd = matches!(*system, System::Lockd(_));
-    let per = clients(c, warm, dur, move |i, barrier, window| {
+    let (before, per) = clients_after(c, warm, dur, probe.read(), move |i, barrier, window| {
         let system = Arc::clone(&system);
         let name = name.clone();
         async move {
@@ -269,11 +320,11 @@ async fn contended(
                 // Held for no time: the release leaves as soon as the grant is in.
                 let end = w.ns();
                 conn.unlock(&name, grant).await?;
+                me.cycles += 1;
                 me.held.push(Held { start, end });
                 me.grants.push((asked, start));
             }
-            conn.close().await?;
-            Ok((i, me))
+            Ok((i, me, conn))
         }
     })
     .await?;
@@ -283,7 +334,10 @@ async fn contended(
     let mut tokens = Vec::new();
     let from = warm.as_nanos() as u64;
     let until = (warm + dur).as_nanos() as u64;
-    for (i, me) in per {
+    let cycles: u64 = per.iter().map(|(_, me, _)| me.cycles).sum();
+    let mut conns = Vec::new();
+    for (i, me, conn) in per {
+        conns.push(conn);
         held.extend_from_slice(&me.held);
         tokens.extend_from_slice(&me.tokens);
         for &(asked, granted) in &me.grants {
@@ -293,6 +347,7 @@ async fn contended(
             }
         }
     }
+    account(probe, out, key, before, cycles, conns).await?;
     let grants: u64 = counts.iter().sum();
     let mut slots = stats::slots(&held, 1);
     let (gap_p50, gap_p99, gap_max) = stats::summary_us(&mut slots.gaps);
@@ -326,13 +381,16 @@ fn plan(quick: bool) -> (Duration, Duration) {
 }
 
 /// The scenarios of one system's turn.
-pub async fn run(system: System, quick: bool, out: &Out) -> io::Result<()> {
+pub async fn run(system: System, probe: &Probe, quick: bool, out: &Out) -> io::Result<()> {
     let (warm, dur) = plan(quick);
     let system = Arc::new(system);
     eprintln!("cluster scenarios, {}", out_name(&system));
-    uncontended(Arc::clone(&system), ONE, warm, dur, out, "cl.unc.c1").await?;
-    uncontended(Arc::clone(&system), MANY, warm, dur, out, "cl.unc.c16").await?;
-    contended(Arc::clone(&system), MANY, warm, dur, out, "cl.con.c16").await?;
+    let s = || Arc::clone(&system);
+    uncontended(s(), probe, ONE, warm, dur, out, "cl.unc.c1").await?;
+    uncontended(s(), probe, MANY, warm, dur, out, "cl.unc.c16").await?;
+    uncontended(s(), probe, MOST, warm, dur, out, "cl.unc.c64").await?;
+    contended(s(), probe, MANY, warm, dur, out, "cl.con.c16").await?;
+    contended(s(), probe, MOST, warm, dur, out, "cl.con.c64").await?;
     Ok(())
 }
 
@@ -364,11 +422,30 @@ pub fn etcd_urls(list: &str) -> Result<Vec<String>, String> {
         .collect()
 }
 
+/// The comma-separated process ids of `--lockd-pid` and `--etcd-pid`.
+fn pids(list: &str) -> Result<Vec<u32>, String> {
+    list.split(',')
+        .map(|p| p.trim().parse().map_err(|e| format!("pid {p}: {e}")))
+        .collect()
+}
+
+/// The loopback addresses of `--etcd-metrics` URLs (each member serves `/metrics` there).
+fn metrics_addrs(urls: &[String]) -> Result<Vec<SocketAddr>, String> {
+    urls.iter()
+        .map(|u| {
+            let host = u.trim_start_matches("http://").trim_end_matches('/');
+            crate::loopback(host, "etcd-metrics")
+        })
+        .collect()
+}
+
 /// `lockbench cluster|cluster-table|etcd-status|etcd-compact ...`: parses its own arguments.
 pub fn main(group: &str, args: &[String]) -> std::process::ExitCode {
     use std::process::ExitCode;
     let mut lockd = None;
     let mut etcd = None;
+    let mut metrics = None;
+    let mut probe = Probe::default();
     let mut label = None;
     let mut quick = false;
     let mut file = None;
@@ -382,6 +459,16 @@ pub fn main(group: &str, args: &[String]) -> std::process::ExitCode {
             "--etcd" => value("--etcd")
                 .and_then(|v| etcd_urls(&v))
                 .map(|v| etcd = Some(v)),
+            "--etcd-metrics" => value("--etcd-metrics")
+                .and_then(|v| etcd_urls(&v))
+                .and_then(|v| metrics_addrs(&v))
+                .map(|v| metrics = Some(v)),
+            "--lockd-pid" => value("--lockd-pid")
+                .and_then(|v| pids(&v))
+                .map(|v| probe.frontends = v),
+            "--etcd-pid" => value("--etcd-pid")
+                .and_then(|v| pids(&v))
+                .map(|v| probe.members = v),
             "--label" => value("--label").map(|v| label = Some(v)),
             "--quick" => {
                 quick = true;
@@ -414,6 +501,15 @@ pub fn main(group: &str, args: &[String]) -> std::process::ExitCode {
             }
         };
     }
+    // The members' /metrics: as given, or etcd's own lock API's endpoints.
+    let metrics = match metrics.map_or_else(|| metrics_addrs(etcd.as_deref().unwrap_or(&[])), Ok) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("lockbench {group}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    probe.metrics = metrics;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -428,11 +524,14 @@ pub fn main(group: &str, args: &[String]) -> std::process::ExitCode {
         match (group, lockd, etcd) {
             ("cluster", Some(addrs), None) => {
                 let out = Out::new(label.unwrap_or_else(|| "lockd".into()));
-                run(System::Lockd(addrs), quick, &out).await
+                run(System::Lockd(addrs), &probe, quick, &out).await
             }
             ("cluster", None, Some(urls)) => {
+                if !probe.frontends.is_empty() {
+                    return Err(io::Error::other("--lockd-pid goes with --lockd"));
+                }
                 let out = Out::new(label.unwrap_or_else(|| "etcd".into()));
-                run(System::Etcd(urls), quick, &out).await
+                run(System::Etcd(urls), &probe, quick, &out).await
             }
             #[cfg(feature = "etcd")]
             ("etcd-status", None, Some(urls)) => admin::status(&urls).await,
@@ -583,6 +682,24 @@ const MEASURES: &[Measure] = &[
         None,
     ),
     m(
+        "cl.unc.c64.cps",
+        "uncontended C=64: lock+unlock cycles/s",
+        Unit::Rate,
+        None,
+    ),
+    m(
+        "cl.unc.c64.p50_us",
+        "uncontended C=64: cycle p50",
+        Unit::Micros,
+        None,
+    ),
+    m(
+        "cl.unc.c64.p99_us",
+        "uncontended C=64: cycle p99",
+        Unit::Micros,
+        None,
+    ),
+    m(
         "cl.con.c16.cps",
         "contended C=16, one name: grants/s",
         Unit::Rate,
@@ -637,12 +754,158 @@ const MEASURES: &[Measure] = &[
         Some(Goal::Zero),
     ),
     m(
+        "cl.con.c64.cps",
+        "contended C=64, one name: grants/s",
+        Unit::Rate,
+        None,
+    ),
+    m(
+        "cl.con.c64.gap_p50_us",
+        "contended C=64: hand-over p50",
+        Unit::Micros,
+        None,
+    ),
+    m(
+        "cl.con.c64.gap_p99_us",
+        "contended C=64: hand-over p99",
+        Unit::Micros,
+        None,
+    ),
+    m(
+        "cl.con.c64.gap_max_us",
+        "contended C=64: hand-over max",
+        Unit::Micros,
+        None,
+    ),
+    m(
+        "cl.con.c64.acq_p50_us",
+        "contended C=64: acquisition p50",
+        Unit::Micros,
+        None,
+    ),
+    m(
+        "cl.con.c64.acq_p99_us",
+        "contended C=64: acquisition p99",
+        Unit::Micros,
+        None,
+    ),
+    m(
+        "cl.con.c64.jain",
+        "contended C=64: Jain's fairness index",
+        Unit::Ratio,
+        None,
+    ),
+    m(
+        "cl.con.c64.violations",
+        "contended C=64: mutual-exclusion violations",
+        Unit::Count,
+        Some(Goal::Zero),
+    ),
+    m(
+        "cl.con.c64.token_disorder",
+        "contended C=64: tokens not growing in grant order",
+        Unit::Count,
+        Some(Goal::Zero),
+    ),
+    m(
         "cl.unc.c16.token_disorder",
         "uncontended C=16: a client's tokens not growing",
         Unit::Count,
         Some(Goal::Zero),
     ),
+    m(
+        "cl.unc.c64.token_disorder",
+        "uncontended C=64: a client's tokens not growing",
+        Unit::Count,
+        Some(Goal::Zero),
+    ),
 ];
+
+/// The scenarios of the costs table.
+const SCENARIOS: [(&str, &str); 5] = [
+    ("cl.unc.c1", "uncontended C=1"),
+    ("cl.unc.c16", "uncontended C=16"),
+    ("cl.unc.c64", "uncontended C=64"),
+    ("cl.con.c16", "contended C=16"),
+    ("cl.con.c64", "contended C=64"),
+];
+
+/// The costs table's columns: a scenario's row key, the heading, the unit (see counters.rs).
+const COSTS: [(&str, &str, Unit); 9] = [
+    ("cps", "cycles/s", Unit::Rate),
+    ("etcd_txn_pc", "etcd txns / cycle", Unit::Ratio),
+    ("txn_rpc_pc", "Txn RPCs / cycle", Unit::Ratio),
+    ("range_rpc_pc", "Range RPCs / cycle", Unit::Ratio),
+    ("lock_rpc_pc", "Lock+Unlock RPCs / cycle", Unit::Ratio),
+    ("other_rpc_pc", "other etcd RPC msgs / cycle", Unit::Ratio),
+    ("req_per_txn", "requests / etcd txn", Unit::Ratio),
+    ("fe_cpu_us", "front-end CPU / request", Unit::Micros),
+    ("etcd_cpu_us", "etcd CPU / request", Unit::Micros),
+];
+
+/// What the costs table's columns are.
+const COSTS_LEGEND: &str = "\
+Per cycle: per lock+unlock cycle (contended: per grant, each a lock and an unlock), over each \
+whole run, from the moment every client has connected to the moment the last one's last \
+request is answered (the warm-up included; connecting, etcd's leases and their revocation \
+left out); each cell is the median over the rounds. **etcd txns**: raft proposals committed \
+(`etcd_server_proposals_committed_total`, the leader's index): every etcd write is one (a \
+client's Txn, Put or DeleteRange; the put and the delete that etcd's Lock and Unlock make \
+inside etcd; a lease grant or revocation), reads are not, so it counts alike for both \
+systems. (etcd's mvcc counter of transactions, `etcd_debugging_mvcc_txn_total` in 3.4, \
+counts only those of more than one operation, an Unlock's delete not among them: not used.) \
+**Txn, Range RPCs**: `grpc_server_handled_total` by method, summed over the members; 0 for \
+etcd's lock API, whose Lock and Unlock reach etcd's store inside etcd, not over gRPC. \
+**Lock+Unlock RPCs**: the same counter, etcd's v3lock service. **other**: \
+`grpc_server_msg_received_total` of every other method (watch and lease keep-alive stream \
+messages, lease grants, puts, deletes...). **requests / etcd txn**: requests answered \
+(lockd: LOCK and UNLOCK lines; etcd: Lock and Unlock RPCs), two per cycle, per etcd txn. \
+**front-end CPU / request**: the lockd front-ends' utime+stime (`/proc/PID/stat`, in 10 ms \
+ticks, busy polling included) per request; none for etcd's lock API, which has no front-end. \
+**etcd CPU / request**: the three etcd members' utime+stime per request, for every system.\n";
+
+/// The second table: what each scenario's cycle costs etcd and the front-ends, per system.
+fn costs_table(all: &std::collections::HashMap<(String, String), Vec<f64>>) -> String {
+    let get = |k: String, w: &str| all.get(&(k, w.to_string()));
+    let has_costs = |s: &str, w: &str| {
+        COSTS[1..]
+            .iter()
+            .any(|(c, _, _)| get(format!("{s}.{c}"), w).is_some())
+    };
+    if !SCENARIOS
+        .iter()
+        .any(|(s, _)| SYSTEMS.iter().any(|(w, _)| has_costs(s, w)))
+    {
+        return String::new();
+    }
+    let mut out = String::from("| scenario | system |");
+    let mut rule = String::from("|---|---|");
+    for (_, heading, _) in COSTS {
+        out.push_str(&format!(" {heading} |"));
+        rule.push_str("---:|");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
+    for (s, scenario) in SCENARIOS {
+        for (w, system) in SYSTEMS {
+            if !has_costs(s, w) {
+                continue;
+            }
+            out.push_str(&format!("| {scenario} | {system} |"));
+            for (c, _, unit) in COSTS {
+                let key = format!("{s}.{c}");
+                let cell =
+                    get(key.clone(), w).map_or("–".into(), |v| show(unit, typical(&key, v)));
+                out.push_str(&format!(" {cell} |"));
+            }
+            out.push('\n');
+        }
+    }
+    out.push('\n');
+    out.push_str(COSTS_LEGEND);
+    out
+}
 
 /// Counts summed over the rounds rather than their median.
 fn is_count(key: &str) -> bool {
@@ -775,6 +1038,11 @@ pub fn table(rows: &str) -> String {
     out.push_str(&format!(
         "\nRounds: {n}. Each cell is the median over the rounds (counts: the sum); a ratio is the median of the per-round ratios, with their range.\n"
     ));
+    let costs = costs_table(&all);
+    if !costs.is_empty() {
+        out.push('\n');
+        out.push_str(&costs);
+    }
     out
 }
 
@@ -821,5 +1089,31 @@ mod tests {
         assert!(t.contains("| 150/s | 375/s | 325/s | 2.50× (2.50–2.50) | 2.00× (1.50–2.50) | ≥ 2× etcd: 1 FE: met (2 of 2 rounds); 2 FE: met (1 of 2 rounds) |"), "{t}");
         assert!(t.contains("< 20 ms: 1 FE: met (2 of 3 rounds) |"), "{t}");
         assert!(t.contains("= 0: 2 FE: **missed** (1) |"), "{t}");
+        // No cost rows, no costs table.
+        assert!(!t.contains("| scenario | system |"), "{t}");
+    }
+
+    #[test]
+    fn costs_table_has_a_row_per_scenario_and_system() {
+        let rows = "cl.unc.c1.cps\tetcd\t500\ncl.unc.c1.etcd_txn_pc\tetcd\t2\n\
+                    cl.unc.c1.txn_rpc_pc\tetcd\t0\ncl.unc.c1.lock_rpc_pc\tetcd\t2\n\
+                    cl.unc.c1.req_per_txn\tetcd\t1\ncl.unc.c1.etcd_cpu_us\tetcd\t700\n\
+                    cl.unc.c1.cps\tlockd-1fe\t400\ncl.unc.c1.etcd_txn_pc\tlockd-1fe\t2\n\
+                    cl.unc.c1.etcd_txn_pc\tlockd-1fe\t3\ncl.unc.c1.etcd_txn_pc\tlockd-1fe\t2\n\
+                    cl.unc.c1.fe_cpu_us\tlockd-1fe\t180\n\
+                    cl.con.c64.cps\tlockd-2fe\t300\ncl.con.c64.txn_rpc_pc\tlockd-2fe\t2\n";
+        let t = table(rows);
+        assert!(
+            t.contains("| scenario | system | cycles/s | etcd txns / cycle |"),
+            "{t}"
+        );
+        assert!(t.contains("| uncontended C=1 | etcd lock API | 500/s | 2.000 | 0.000 | – | 2.000 | – | 1.000 | – | 700 µs |"), "{t}");
+        assert!(t.contains("| uncontended C=1 | lockd, 1 front-end | 400/s | 2.000 | – | – | – | – | – | 180 µs | – |"), "{t}");
+        assert!(
+            t.contains("| contended C=64 | lockd, 2 front-ends | 300/s | – | 2.000 |"),
+            "{t}"
+        );
+        assert!(!t.contains("| uncontended C=16 |"), "{t}");
+        assert!(t.contains("etcd_server_proposals_committed_total"), "{t}");
     }
 }

@@ -25,6 +25,7 @@
 
 mod certs;
 mod cluster;
+mod counters;
 mod peer;
 mod perf;
 mod scale;

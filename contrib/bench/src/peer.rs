@@ -42,7 +42,7 @@ pub struct System {
 }
 
 /// CPU seconds (user + system) the process `pid` has used so far.
-fn cpu_seconds(pid: u32) -> io::Result<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> io::Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The fields after the command name, which is in parentheses and may hold spaces.
     let rest = stat

@@ -79,6 +79,25 @@ where
     F: Fn(usize, Arc<Barrier>, Arc<std::sync::OnceLock<Window>>) -> Fut,
     Fut: std::future::Future<Output = io::Result<T>> + Send + 'static,
 {
+    let ((), per) = clients_after(c, warm, dur, async { Ok(()) }, body).await?;
+    Ok(per)
+}
+
+/// `clients`, with `before` run once every client has connected and before the clock starts
+/// (a reading of counters that the run is then measured against); its output comes first.
+pub(crate) async fn clients_after<S, B, T, F, Fut>(
+    c: usize,
+    warm: Duration,
+    dur: Duration,
+    before: B,
+    body: F,
+) -> io::Result<(S, Vec<T>)>
+where
+    B: std::future::Future<Output = io::Result<S>>,
+    T: Send + 'static,
+    F: Fn(usize, Arc<Barrier>, Arc<std::sync::OnceLock<Window>>) -> Fut,
+    Fut: std::future::Future<Output = io::Result<T>> + Send + 'static,
+{
     let barrier = Arc::new(Barrier::new(c + 1));
     let window = Arc::new(std::sync::OnceLock::new());
     let mut set = JoinSet::new();
@@ -112,9 +131,16 @@ where
             ));
         }
     }
+    let before = match before.await {
+        Ok(b) => b,
+        Err(e) => {
+            set.abort_all();
+            return Err(e);
+        }
+    };
     let _ = window.set(Window::new(Instant::now(), warm, dur));
     barrier.wait().await;
-    join(set, warm + dur + OVERRUN).await
+    Ok((before, join(set, warm + dur + OVERRUN).await?))
 }
 
 pub(crate) fn window_of(w: &std::sync::OnceLock<Window>) -> Window {
