@@ -12,7 +12,7 @@ use crate::backend::{now, BackendError};
 use crate::locks::{rules, EventKind, Origin, TableError, Token};
 
 use super::holders::created;
-use super::keys::BrokenValue;
+use super::marks::BrokenValue;
 use super::mirror::HolderRecord;
 use super::{Cluster, CLEANUP_TRIES};
 

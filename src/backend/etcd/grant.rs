@@ -11,8 +11,8 @@ use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules::{self, Decision};
 use crate::locks::{EventKind, LockRequest, Mode, TableError};
 
-use super::keys::HolderValue;
 use super::mirror::{HolderRecord, NameState};
+use super::values::HolderValue;
 use super::view::decide;
 use super::waiters::{Queued, Seen};
 use super::{guards, Cluster};

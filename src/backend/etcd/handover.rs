@@ -11,8 +11,9 @@ use super::rpc::{Txn, TxnOp};
 use crate::backend::{now, BackendError, HandOver, WaitResult};
 use crate::locks::{rules, EventKind, Token, WaitEnd};
 
-use super::keys::{names_of, HolderValue};
+use super::keys::names_of;
 use super::mirror::Granted;
+use super::values::HolderValue;
 use super::waiters::key_gone;
 use super::RETRY;
 use super::{guards, Cluster, ClusterState, Phase};

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::locks::{rules, Event, EventKind, Mode, Origin, Token};
 
-use super::keys::{HolderValue, Key, Layout, MarkerValue, WaiterValue};
+use super::keys::{Key, Layout};
+use super::marks::MarkerValue;
+use super::values::{HolderValue, WaiterValue};
 
 /// The value of a front-end's key (`P fe/<id>`): its keys are in slots (`slots.rs`). An older
 /// lockd's front-end writes an empty one, and takes a key's last part for its request's uid,

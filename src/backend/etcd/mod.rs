@@ -24,8 +24,9 @@
 //!   (`sessions`), to end a connection's when it closes.
 //!
 //! # Map (one concept a file)
-//! - `keys`: the key layout and the values stored under it; `mirror`: the prefix as the
-//!   watch has shown it; `view`: a mirrored name as the lock rules see it, and the LOCK
+//! - `keys`: the key layout; `values` (holders, waiters) and `marks` (markers, broken-lease
+//!   records, superseded marks): the records stored under it, as `words`; `mirror`: the
+//!   prefix as the watch has shown it; `view`: a mirrored name as the lock rules see it, and the LOCK
 //!   decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or limit);
 //!   `guards`: every comparison a write is guarded by, built once from named parts.
 //! - Requests: `grant` (LOCK at once or again), `sets` (a LOCK of several names: granted,
@@ -57,6 +58,7 @@ mod keys;
 mod lag;
 mod lease;
 mod log;
+mod marks;
 mod mirror;
 #[doc(hidden)]
 pub mod model;
@@ -73,9 +75,11 @@ pub mod sim;
 mod slots;
 mod stats;
 mod status;
+mod values;
 mod view;
 mod waiters;
 mod watch;
+mod words;
 
 use hashing::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -90,9 +94,10 @@ use crate::locks::{ConnId, Limits, LockRequest, UserId, WaiterId, NO_USER};
 use crate::metrics::Metrics;
 
 use super::{BackendError, EtcdConfig, Published, WaitResult};
-use keys::{Layout, WaiterValue};
+use keys::Layout;
 use mirror::Mirror;
 use phase::Phase;
+use values::WaiterValue;
 
 /// A waiter of this front-end.
 struct Local {

@@ -9,8 +9,8 @@ use crate::backend::{BackendError, HandOver};
 use crate::locks::{EventKind, TableError, Token, UserId};
 
 use super::holders::created;
-use super::keys::HolderValue;
 use super::mirror::HolderRecord;
+use super::values::HolderValue;
 use super::{guards, Cluster, CLEANUP_PAUSE, CLEANUP_TRIES};
 
 impl Cluster {

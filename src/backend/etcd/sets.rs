@@ -24,8 +24,10 @@ use crate::locks::rules::{self, SetDecision};
 use crate::locks::{EventKind, LockRequest, TableError, WaiterId};
 
 use super::grant::set_names;
-use super::keys::{names_of, SupersededValue, WaiterValue};
+use super::keys::names_of;
+use super::marks::SupersededValue;
 use super::mirror::{HolderRecord, NameState};
+use super::values::WaiterValue;
 use super::view::{self, ask};
 use super::waiters::settle_answered;
 use super::{guards, Cluster, Local, Phase};

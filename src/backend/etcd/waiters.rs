@@ -11,8 +11,8 @@ use crate::backend::{now, BackendError, LockStart, WaitResult};
 use crate::locks::rules::{self};
 use crate::locks::{LockRequest, WaitEnd, WaiterId};
 
-use super::keys::WaiterValue;
 use super::mirror::{Mirror, NameState};
+use super::values::WaiterValue;
 use super::view::ask;
 use super::{guards, Cluster, Local, Phase};
 
@@ -225,7 +225,7 @@ impl Cluster {
                 let mut last: (Vec<TxnOp>, Vec<String>, Vec<Compare>) =
                     (vec![put(&key)], Vec::new(), Vec::new());
                 for ((w, same_id), mark) in superseded.iter().zip(&marks) {
-                    let mark_value = super::keys::SupersededValue {
+                    let mark_value = super::marks::SupersededValue {
                         by: by.clone(),
                         same_id: *same_id,
                     };

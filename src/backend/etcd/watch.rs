@@ -12,7 +12,8 @@ use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
 use crate::locks::{EventKind, WaitEnd};
 
 use super::handover::{on_grant, taken_over};
-use super::keys::{Key, SupersededValue};
+use super::keys::Key;
+use super::marks::SupersededValue;
 use super::mirror::{Granted, KeyChange, Mirror};
 use super::waiters::key_gone;
 use super::Cluster;
