@@ -41,7 +41,8 @@
 //!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
 //!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
 //!   (the `lockd_etcd_*` series) serve them all.
-//! - `secure`: TLS and authentication toward etcd, and the start's first request.
+//! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
+//!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
 mod breaks;
@@ -64,6 +65,7 @@ mod mirror;
 pub mod model;
 mod phase;
 mod quorum;
+mod refusal;
 mod release;
 mod routing;
 mod rpc;
