@@ -26,7 +26,8 @@
 //! # Map (one concept a file)
 //! - `keys`: the key layout; `values` (holders, waiters) and `marks` (markers, broken-lease
 //!   records, superseded marks): the records stored under it, as `words`; `mirror`: the
-//!   prefix as the watch has shown it; `view`: a mirrored name as the lock rules see it, and the LOCK
+//!   prefix as the watch has shown it (`apply`: how its changes are applied; `holder_events`:
+//!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the LOCK
 //!   decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or limit);
 //!   `guards`: every comparison a write is guarded by, built once from named parts.
 //! - Requests: `grant` (LOCK at once or again), `sets` (a LOCK of several names: granted,
@@ -45,6 +46,7 @@
 //!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
+mod apply;
 mod breaks;
 mod cause;
 mod expiry;
@@ -54,6 +56,7 @@ mod grant;
 mod guards;
 mod handover;
 mod hashing;
+mod holder_events;
 mod holders;
 mod keys;
 mod lag;

@@ -66,7 +66,7 @@ impl Cluster {
     }
 
     /// Says that a front-end of an older lockd shares this prefix, as its key shows up.
-    fn warn_older(&self, applied: &super::mirror::Applied) {
+    fn warn_older(&self, applied: &super::apply::Applied) {
         for fe in &applied.older_front_ends {
             tracing::warn!(
                 fe = self.fe,
