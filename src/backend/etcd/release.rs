@@ -10,8 +10,9 @@ use crate::locks::{EventKind, TableError, Token, UserId};
 
 use super::holders::created;
 use super::mirror::HolderRecord;
+use super::requests::{CLEANUP_PAUSE, CLEANUP_TRIES};
 use super::values::HolderValue;
-use super::{guards, Cluster, CLEANUP_PAUSE, CLEANUP_TRIES};
+use super::{guards, Cluster};
 
 impl Cluster {
     /// UNLOCK.

@@ -290,13 +290,6 @@ impl Cluster {
         }
     }
 
-    /// Logs the start of an outage once (`why`: one plain sentence).
-    pub(super) fn unhealthy(&self, why: &str) {
-        if self.healthy.swap(false, Ordering::Relaxed) {
-            tracing::warn!(cause = why, "etcd unreachable or without quorum");
-        }
-    }
-
     /// Tells watchers `events` (called under the guard, so they see one name's in order).
     pub(super) fn publish(&self, events: &[crate::locks::Event]) {
         if events.is_empty() || self.events.receiver_count() == 0 {
