@@ -38,7 +38,8 @@
 //!   `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK and
 //!   every other end, granting the head waiter in the same write), `status`, `breaks`
 //!   (BREAK: ends leases by `release`'s write, and keeps a record of each for its holder).
-//! - Background: `watch` (keeps the mirror, starts the rest), `handover` (grants to this
+//! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror; `resync`
+//!   reads it whole again), `handover` (grants to this
 //!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
 //!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
 //!   `quorum` (when a quorum last answered: readiness, and the probe that asks when nothing
@@ -74,8 +75,10 @@ mod quorum;
 mod refusal;
 mod release;
 mod requests;
+mod resync;
 mod routing;
 mod rpc;
+mod run;
 mod secure;
 mod sessions;
 mod sets;
