@@ -39,8 +39,9 @@
 //!   every other end, granting the head waiter in the same write), `status`, `breaks`
 //!   (BREAK: ends leases by `release`'s write, and keeps a record of each for its holder).
 //! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror; `resync`
-//!   reads it whole again), `handover` (grants to this
-//!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
+//!   reads it whole again), `queue_head` (grants this
+//!   front-end's head waiters), `handover` (a grant delivered to its waiter, or taken back),
+//!   `confirm` (a grant on this front-end's etcd lease taken off it first), `lease` (this front-end's etcd
 //!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
 //!   `quorum` (when a quorum last answered: readiness, and the probe that asks when nothing
 //!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
@@ -53,6 +54,7 @@
 mod apply;
 mod breaks;
 mod cause;
+mod confirm;
 mod expiry;
 mod fresh;
 mod gap;
@@ -71,6 +73,7 @@ mod mirror;
 #[doc(hidden)]
 pub mod model;
 mod phase;
+mod queue_head;
 mod quorum;
 mod refusal;
 mod release;

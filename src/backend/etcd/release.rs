@@ -195,7 +195,7 @@ impl Cluster {
             return None;
         }
         // A set waiter needs all its names: its own front-end grants it, in one write over
-        // all of them (`handover.rs`).
+        // all of them (`queue_head.rs`).
         if !head.value.set.is_empty() {
             return None;
         }

@@ -9,7 +9,7 @@
 //!   a set or not) in the same write, each with its mark saying it was replaced, guarded on
 //!   those keys being as read. The place is not taken over as one name's is: a new key on
 //!   every name keeps the create revisions of the set equal.
-//! - Granted from the queue by its own front-end (`handover.rs`, [`rules::set_ready`]),
+//! - Granted from the queue by its own front-end (`queue_head.rs`, [`rules::set_ready`]),
 //!   released, renewed or ended as one lease (`release.rs`, `holders.rs`): every key of the
 //!   set in each write.
 
