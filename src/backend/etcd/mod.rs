@@ -30,23 +30,25 @@
 //! - `keys`: the key layout; `values` (holders, waiters) and `marks` (markers, broken-lease
 //!   records, superseded marks): the records stored under it, as `words`; `mirror`: the
 //!   prefix as the watch has shown it (`apply`: how its changes are applied; `holder_events`:
-//!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the LOCK
-//!   decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or limit);
-//!   `guards`: every comparison a write is guarded by, built once from named parts.
-//! - Requests: `grant` (LOCK at once or again), `sets` (a LOCK of several names: granted,
-//!   queued and handed over whole), `waiters` (a queued LOCK and its end),
-//!   `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK and
-//!   every other end, granting the head waiter in the same write), `status`, `breaks`
-//!   (BREAK: ends leases by `release`'s write, and keeps a record of each for its holder).
+//!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the
+//!   LOCK decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or
+//!   limit); `guards`: every comparison a write is guarded by, built once from named parts.
+//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write;
+//!   `supersede`: a `supersede` LOCK's), `sets` (a LOCK of several names: granted, queued by
+//!   `set_queue` and handed over whole), `queueing` (what every queueing write shares),
+//!   `waiters` (a wait's end), `holders` (RENEW, CHECK, a closed connection's session
+//!   leases), `release` (UNLOCK and every other end, granting the head waiter in the same
+//!   write), `status`, `breaks` (BREAK: ends leases by `release`'s write, and keeps a record
+//!   of each for its holder).
 //! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror; `resync`
-//!   reads it whole again), `queue_head` (grants this
-//!   front-end's head waiters), `handover` (a grant delivered to its waiter, or taken back),
-//!   `confirm` (a grant on this front-end's etcd lease taken off it first), `lease` (this front-end's etcd
-//!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
-//!   `quorum` (when a quorum last answered: readiness, and the probe that asks when nothing
-//!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
-//!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
-//!   (the `lockd_etcd_*` series) serve them all.
+//!   reads it whole again), `queue_head` (grants this front-end's head waiters), `handover`
+//!   (a grant delivered to its waiter, or taken back), `confirm` (a grant on this front-end's
+//!   etcd lease taken off it first), `lease` (this front-end's etcd lease), `expiry` (the
+//!   timer), `sessions` (the index of session leases by connection), `quorum` (when a quorum
+//!   last answered: readiness, and the probe that asks when nothing else did); `fresh` (how
+//!   current the mirror is for one name), `log` (a change logged and counted, and its
+//!   marker), `cause` (a failed request in one plain sentence) and `stats` (the
+//!   `lockd_etcd_*` series) serve them all.
 //! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
 //!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
@@ -55,6 +57,7 @@ mod apply;
 mod breaks;
 mod cause;
 mod confirm;
+mod enqueue;
 mod expiry;
 mod fresh;
 mod gap;
@@ -74,6 +77,7 @@ mod mirror;
 pub mod model;
 mod phase;
 mod queue_head;
+mod queueing;
 mod quorum;
 mod refusal;
 mod release;
@@ -84,6 +88,7 @@ mod rpc;
 mod run;
 mod secure;
 mod sessions;
+mod set_queue;
 mod sets;
 #[doc(hidden)]
 pub mod sim;
@@ -91,6 +96,7 @@ mod slots;
 mod state;
 mod stats;
 mod status;
+mod supersede;
 mod values;
 mod view;
 mod waiters;
@@ -324,14 +330,6 @@ impl Cluster {
     /// The handles this backend's counters are bumped through.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
-    }
-
-    /// Sets the `lockd_etcd_*` gauges, for a scrape.
-    pub fn scrape(&self) {
-        let lag = self.seen_rev.load(Ordering::Relaxed) - self.watch_rev.load(Ordering::Relaxed);
-        let slots = self.guard().slots.counts();
-        self.stats
-            .scrape(Some(self.quorum.age()), self.quorum.fresh(), lag, slots);
     }
 
     /// Held leases and queued waiters, as the mirror shows them.

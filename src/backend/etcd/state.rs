@@ -89,6 +89,14 @@ impl ClusterState {
             .is_some_and(|l| l.name == name || l.set.iter().any(|n| n == name))
     }
 
+    /// A new waiter of this front-end whose own write was not made, or whose outcome is not
+    /// known: out of the local tables, under every uid it was entered under
+    /// ([`super::Cluster::register`]).
+    pub(super) fn unregister(&mut self, waiter: WaiterId) {
+        self.waiting.remove(&waiter);
+        self.by_uid.retain(|_, w| *w != waiter);
+    }
+
     /// A waiter of this front-end leaves (its wait ran out, its connection went): out of the
     /// local tables, and remembered as gone in case its grant is being made right now.
     pub(super) fn leave(&mut self, waiter: WaiterId) -> Option<Local> {
