@@ -1,5 +1,5 @@
 //! A LOCK that the mirror says must wait is queued in one write that also reads the name
-//! (`src/backend/etcd/waiters.rs`, `enqueue`), and that read, not the mirror, decides what
+//! (`src/backend/etcd/enqueue.rs`, `enqueue`), and that read, not the mirror, decides what
 //! the request does. Here the mirror is wrong every time: front-end B's watch applies each
 //! message late (`LOCKD_TEST_WATCH_LAG`, a seam of debug builds), while A, without lag, makes
 //! the changes B has not seen yet. What a client of B is told must be what one server would

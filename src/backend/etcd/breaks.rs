@@ -12,9 +12,10 @@ use crate::backend::{now, BackendError};
 use crate::locks::{rules, EventKind, Origin, TableError, Token};
 
 use super::holders::created;
-use super::keys::BrokenValue;
+use super::marks::BrokenValue;
 use super::mirror::HolderRecord;
-use super::{Cluster, CLEANUP_TRIES};
+use super::requests::CLEANUP_TRIES;
+use super::Cluster;
 
 impl Cluster {
     /// BREAK by `by` (its right checked before): ends every live lease of `name`, or only

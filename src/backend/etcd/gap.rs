@@ -17,7 +17,8 @@ use std::time::Instant;
 
 use crate::locks::{Event, Token};
 
-use super::mirror::{self, HolderRecord, Mirror, NameState};
+use super::holder_events;
+use super::mirror::{HolderRecord, Mirror, NameState};
 
 /// Keeps in `new` the leases in their lock-delay that `old` kept without a key
 /// ([`HolderRecord::keyless`]), and makes such of those whose key went in the gap with no
@@ -70,23 +71,24 @@ fn name_events(base: Token, name: &str, was: &NameState, is: &NameState, out: &m
         .filter(|h| !is.holders.contains_key(&h.rev))
     {
         let marker = is.marker.as_ref().filter(|m| m.rev == gone.rev);
-        out.push(mirror::ended(base, name, gone, marker));
+        out.push(holder_events::ended(base, name, gone, marker));
     }
     let both = is
         .holders
         .values()
         .filter_map(|h| Some((was.holders.get(&h.rev)?, h)));
-    out.extend(both.filter_map(|(was, is)| mirror::breaking(base, name, was, is)));
+    out.extend(both.filter_map(|(was, is)| holder_events::breaking(base, name, was, is)));
     let new = is
         .holders
         .values()
         .filter(|h| !was.holders.contains_key(&h.rev));
-    out.extend(new.map(|h: &HolderRecord| mirror::acquired(base, name, h)));
+    out.extend(new.map(|h: &HolderRecord| holder_events::acquired(base, name, h)));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::etcd::mirror;
     use crate::locks::EventKind;
 
     fn kinds(events: &[Event]) -> Vec<(&str, Token)> {

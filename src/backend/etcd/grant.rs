@@ -11,10 +11,10 @@ use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules::{self, Decision};
 use crate::locks::{EventKind, LockRequest, Mode, TableError};
 
-use super::keys::HolderValue;
+use super::enqueue::{Queued, Seen};
 use super::mirror::{HolderRecord, NameState};
+use super::values::HolderValue;
 use super::view::decide;
-use super::waiters::{Queued, Seen};
 use super::{guards, Cluster};
 
 /// How often a LOCK whose write found the name changed decides again before it answers

@@ -8,8 +8,8 @@ use super::rpc::{Compare, GetOptions, PutOptions, Txn, TxnOp};
 use crate::backend::{now, BackendError, Renewed};
 use crate::locks::{ConnId, EventKind, TableError, Token, UserId};
 
-use super::keys::HolderValue;
 use super::mirror::HolderRecord;
+use super::values::HolderValue;
 use super::{guards, Cluster};
 
 impl Cluster {

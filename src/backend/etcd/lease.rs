@@ -8,7 +8,8 @@ use crate::backend::{BackendError, WaitResult};
 
 use super::rpc::{PutOptions, Txn, TxnOp};
 
-use super::{not_sent, Cluster, RETRY};
+use super::requests::not_sent;
+use super::{Cluster, RETRY};
 
 impl Cluster {
     /// Grants this front-end's etcd lease and announces the front-end on it.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::locks::{EventKind, Origin, Token};
 
-use super::keys::MarkerValue;
+use super::marks::MarkerValue;
 use super::Cluster;
 
 impl Cluster {

@@ -1,6 +1,7 @@
-//! Unit tests of `mirror.rs`.
+//! Unit tests of `mirror.rs` and `apply.rs`: the mirror as the watch's changes make it.
 
 use super::*;
+use crate::backend::etcd::keys::Layout;
 
 fn put(key: String, value: String, create: i64, modr: i64) -> KeyChange {
     KeyChange {

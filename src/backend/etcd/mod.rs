@@ -24,29 +24,43 @@
 //!   (`sessions`), to end a connection's when it closes.
 //!
 //! # Map (one concept a file)
-//! - `keys`: the key layout and the values stored under it; `mirror`: the prefix as the
-//!   watch has shown it; `view`: a mirrored name as the lock rules see it, and the LOCK
-//!   decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or limit);
-//!   `guards`: every comparison a write is guarded by, built once from named parts.
-//! - Requests: `grant` (LOCK at once or again), `sets` (a LOCK of several names: granted,
-//!   queued and handed over whole), `waiters` (a queued LOCK and its end),
-//!   `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK and
-//!   every other end, granting the head waiter in the same write), `status`, `breaks`
-//!   (BREAK: ends leases by `release`'s write, and keeps a record of each for its holder).
-//! - Background: `watch` (keeps the mirror, starts the rest), `handover` (grants to this
-//!   front-end's waiters, their confirmation and delivery), `lease` (this front-end's etcd
-//!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
-//!   `quorum` (when a quorum last answered: readiness, and the probe that asks when nothing
-//!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
-//!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
-//!   (the `lockd_etcd_*` series) serve them all.
-//! - `secure`: TLS and authentication toward etcd, and the start's first request.
+//! - This file: [`Cluster`] and its start; `state`: what it keeps under its one lock (each
+//!   waiter of its own a `Local`); `requests`: the etcd requests every part sends through
+//!   (`txn`, `get`, `cleanup`) and what each answer or failure tells.
+//! - `keys`: the key layout; `values` (holders, waiters) and `marks` (markers, broken-lease
+//!   records, superseded marks): the records stored under it, as `words`; `mirror`: the
+//!   prefix as the watch has shown it (`apply`: how its changes are applied; `holder_events`:
+//!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the
+//!   LOCK decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or
+//!   limit); `guards`: every comparison a write is guarded by, built once from named parts.
+//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write;
+//!   `supersede`: a `supersede` LOCK's), `sets` (a LOCK of several names: granted, queued by
+//!   `set_queue` and handed over whole), `queueing` (what every queueing write shares),
+//!   `waiters` (a wait's end), `holders` (RENEW, CHECK, a closed connection's session
+//!   leases), `release` (UNLOCK and every other end, granting the head waiter in the same
+//!   write), `status`, `breaks` (BREAK: ends leases by `release`'s write, and keeps a record
+//!   of each for its holder).
+//! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror; `resync`
+//!   reads it whole again), `queue_head` (grants this front-end's head waiters), `handover`
+//!   (a grant delivered to its waiter, or taken back), `confirm` (a grant on this front-end's
+//!   etcd lease taken off it first), `lease` (this front-end's etcd lease), `expiry` (the
+//!   timer), `sessions` (the index of session leases by connection), `quorum` (when a quorum
+//!   last answered: readiness, and the probe that asks when nothing else did); `fresh` (how
+//!   current the mirror is for one name), `log` (a change logged and counted, and its
+//!   marker), `cause` (a failed request in one plain sentence) and `stats` (the
+//!   `lockd_etcd_*` series) serve them all.
+//! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
+//!   why etcd refused them for good, in one plain sentence.
+//! - `phase`: where a waiter of this front-end is in its wait, and its transitions.
 //! - `rpc`: the etcd client, the crate `lockd_etcd` (crates/lockd-etcd): the calls above,
 //!   and the in-memory etcd and simulated network `sim` runs front-ends over.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
+mod apply;
 mod breaks;
 mod cause;
+mod confirm;
+mod enqueue;
 mod expiry;
 mod fresh;
 mod gap;
@@ -54,29 +68,42 @@ mod grant;
 mod guards;
 mod handover;
 mod hashing;
+mod holder_events;
 mod holders;
 mod keys;
 mod lag;
 mod lease;
 mod log;
+mod marks;
 mod mirror;
 #[doc(hidden)]
 pub mod model;
 mod phase;
+mod queue_head;
+mod queueing;
 mod quorum;
+mod refusal;
 mod release;
+mod requests;
+mod resync;
 mod routing;
+mod run;
 mod secure;
 mod sessions;
+mod set_queue;
 mod sets;
 #[doc(hidden)]
 pub mod sim;
 mod slots;
+mod state;
 mod stats;
 mod status;
+mod supersede;
+mod values;
 mod view;
 mod waiters;
 mod watch;
+mod words;
 
 // lockd's etcd client, a crate of its own (crates/lockd-etcd), under the module name the
 // backend's files use.
@@ -85,104 +112,20 @@ use lockd_etcd as rpc;
 use hashing::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rpc::{Client, ConnectOptions, Txn, TxnOp};
-use tokio::sync::{broadcast, oneshot, Notify};
+use tokio::sync::{broadcast, Notify};
 
 use crate::auth::Gate;
-use crate::locks::{ConnId, Limits, LockRequest, UserId, WaiterId, NO_USER};
+use crate::locks::{ConnId, Limits, UserId, NO_USER};
 use crate::metrics::Metrics;
 
-use super::{BackendError, EtcdConfig, Published, WaitResult};
-use keys::{Layout, WaiterValue};
+use super::{BackendError, EtcdConfig, Published};
+use keys::Layout;
 use mirror::Mirror;
 use phase::Phase;
-
-/// A waiter of this front-end.
-struct Local {
-    name: String,
-    uid: String,
-    /// Its keys' slot (`slots.rs`): on its other names too, for a set.
-    slot: String,
-    key: String,
-    /// Its key's create revision (its place in the queue), once known (from the put's
-    /// answer or the watch).
-    rev: i64,
-    /// The revision of this front-end's write of its key: the key is still this waiter's
-    /// only while its mod revision is that (another front-end may take the place over).
-    mod_rev: i64,
-    tx: oneshot::Sender<WaitResult>,
-    req: LockRequest,
-    value: WaiterValue,
-    queued: Instant,
-    /// Which request of it is out, and so what may be done to it now.
-    phase: Phase,
-    /// Every name of its set (`name` first), each with a key in `slot`; empty for one name.
-    set: Vec<String>,
-    /// Dropped with the waiter, however it leaves, which ends its `wait=` timer task (see
-    /// `Cluster::end_wait_after`): no task outlives the wait it times.
-    timer: Option<oneshot::Sender<()>>,
-}
-
-struct ClusterState {
-    mirror: Mirror,
-    waiting: HashMap<WaiterId, Local>,
-    by_uid: HashMap<String, WaiterId>,
-    /// Waiters of this front-end that left (timed out, went away, were replaced) while their
-    /// key may still be granted, by this or another front-end: if their holder appears, the
-    /// grant is taken back. Forgotten once their key is seen gone.
-    left: HashSet<String>,
-    /// Names this front-end wrote, at the revision of its last write (and whether that
-    /// write emptied the name), until the mirror has seen it.
-    written: HashMap<String, (i64, bool)>,
-    /// Grants made at once by this front-end that the mirror has not shown yet (by name and
-    /// create revision).
-    fresh: HashMap<(String, i64), mirror::HolderRecord>,
-    /// Holders an expiry transaction is out for, so the timer does not send it twice.
-    expiring: HashSet<(String, i64)>,
-    /// The session leases this front-end granted or bound, by connection.
-    bound: sessions::BoundLeases,
-    /// Waiters of this front-end (by uid) whose superseded mark the watch brought, until
-    /// their gone key is answered: how the wait ends, told apart from a lost etcd lease.
-    superseded: HashMap<String, crate::locks::WaitEnd>,
-    /// The slots of this front-end's keys, free and taken.
-    slots: slots::Slots,
-    /// Waiter keys (a set's first) of no request of this front-end whose removal is out
-    /// (`handover.rs::evaluate`): one write each, however often the name changes meanwhile.
-    forgetting: HashSet<String>,
-    /// Waiters (by uid) whose grant the watch delivered from their confirmation's own write
-    /// while its answer was out (`handover.rs::on_grant`): that answer, when it comes, neither
-    /// delivers nor takes the grant back.
-    confirmed_by_watch: HashSet<String>,
-}
-
-impl ClusterState {
-    /// The waiter of this front-end that waits under `uid`.
-    fn waiting_mut(&mut self, uid: &str) -> Option<&mut Local> {
-        let waiter = self.by_uid.get(uid)?;
-        self.waiting.get_mut(waiter)
-    }
-
-    /// Whether a waiter of this front-end waits under `uid` on `name` (its own name, or one
-    /// of its set's).
-    fn waits_on(&self, uid: &str, name: &str) -> bool {
-        self.by_uid
-            .get(uid)
-            .and_then(|w| self.waiting.get(w))
-            .is_some_and(|l| l.name == name || l.set.iter().any(|n| n == name))
-    }
-
-    /// A waiter of this front-end leaves (its wait ran out, its connection went): out of the
-    /// local tables, and remembered as gone in case its grant is being made right now.
-    fn leave(&mut self, waiter: WaiterId) -> Option<Local> {
-        let local = self.waiting.remove(&waiter)?;
-        self.by_uid.remove(&local.uid);
-        self.superseded.remove(&local.uid);
-        self.left.insert(local.uid.clone());
-        Some(local)
-    }
-}
+use state::{ClusterState, Local};
 
 /// The etcd backend of one front-end.
 pub struct Cluster {
@@ -395,95 +338,6 @@ impl Cluster {
         &self.metrics
     }
 
-    fn ready(&self) -> Result<(), std::borrow::Cow<'static, str>> {
-        if let Some(why) = self.quorum.stale() {
-            Err(why.into())
-        } else if !self.leased.load(Ordering::Relaxed) {
-            Err("this front-end's etcd lease is not confirmed live (keep-alive unanswered, or it ran out and a new one is being taken)".into())
-        } else {
-            Ok(())
-        }
-    }
-
-    /// How old this front-end's view is: the age of its last quorum answer, and the bound
-    /// past which it is not ready.
-    pub fn freshness(&self) -> crate::proto::EtcdAge {
-        crate::proto::EtcdAge {
-            age: self.quorum.age(),
-            bound: self.quorum.bound(),
-        }
-    }
-
-    /// Sets the `lockd_etcd_*` gauges, for a scrape.
-    pub fn scrape(&self) {
-        let lag = self.seen_rev.load(Ordering::Relaxed) - self.watch_rev.load(Ordering::Relaxed);
-        let slots = self.guard().slots.counts();
-        self.stats
-            .scrape(Some(self.quorum.age()), self.quorum.fresh(), lag, slots);
-    }
-
-    /// Why `e` failed, in one plain sentence.
-    fn cause_of(&self, e: &rpc::Error) -> cause::Cause {
-        let cx = cause::Context {
-            endpoints: &self.config.endpoints,
-            request_timeout: self.config.request_timeout,
-        };
-        cause::cause(e, &cx)
-    }
-
-    /// [`Cluster::cause_of`], with the client's own text on a debug line (once per failure:
-    /// where it happened, the request wrappers and the watch).
-    fn explain(&self, e: &rpc::Error) -> cause::Cause {
-        let cause = self.cause_of(e);
-        tracing::debug!(error = ?e, cause = cause.sentence, "etcd request failed");
-        cause
-    }
-
-    /// `e` as the client is told it: `ERR UNAVAILABLE <sentence>; try again`.
-    pub(super) fn unavailable(&self, e: &rpc::Error) -> BackendError {
-        BackendError::Unavailable(self.cause_of(e).sentence)
-    }
-
-    /// An etcd request sent at `started` was answered by a quorum, at revision `rev`.
-    pub(super) fn answered(&self, started: Instant, rev: i64) {
-        self.stats
-            .request(crate::backend::now().saturating_duration_since(started));
-        self.seen_rev.fetch_max(rev, Ordering::Relaxed);
-        if let Some(after) = self.quorum.answered() {
-            tracing::info!(
-                after = %humantime::format_duration(Duration::from_millis(after.as_millis() as u64)),
-                "etcd quorum answers again"
-            );
-        }
-        self.healthy.store(true, Ordering::Relaxed);
-    }
-
-    /// An etcd request sent at `started` failed with `e`: counted, remembered as the reason
-    /// `/readyz` gives, and returned in one sentence.
-    pub(super) fn request_failed(&self, started: Instant, e: &rpc::Error) -> String {
-        self.stats
-            .request(crate::backend::now().saturating_duration_since(started));
-        let cause = self.explain(e);
-        self.stats.error(cause.kind);
-        self.quorum.failed(&cause.sentence);
-        cause.sentence
-    }
-
-    /// Records the outcome of one etcd request sent at `started`.
-    fn record<T>(
-        &self,
-        started: Instant,
-        result: &Result<T, rpc::Error>,
-        header: impl Fn(&T) -> Option<&rpc::ResponseHeader>,
-    ) {
-        match result {
-            Ok(resp) => self.answered(started, header(resp).map_or(0, |h| h.revision())),
-            Err(e) => {
-                self.request_failed(started, e);
-            }
-        }
-    }
-
     /// Held leases and queued waiters, as the mirror shows them.
     pub fn counts(&self) -> (usize, usize) {
         self.guard().mirror.counts()
@@ -528,141 +382,13 @@ impl Cluster {
         )
     }
 
-    /// A slot for the keys of a new request on `names` names (`slots.rs`).
-    fn take_slot(&self, names: usize) -> String {
-        self.guard().slots.take(names)
-    }
-
-    /// Whether an [`guards::in_empty_slot`] write of keys in `slot` on `names` was made.
-    /// Refused, the slot is given back; a key found in it (a slot thought free by mistake,
-    /// or a key this front-end can't read), it stays taken and the request takes another.
-    fn slot_written<'a>(
-        &self,
-        slot: &str,
-        names: impl IntoIterator<Item = &'a str> + Clone,
-        resp: &rpc::TxnResponse,
-    ) -> bool {
-        match guards::slot_write(resp) {
-            guards::SlotWrite::Done => true,
-            guards::SlotWrite::Refused => {
-                self.give_back(slot, names);
-                false
-            }
-            guards::SlotWrite::Taken => {
-                let names: Vec<&str> = names.into_iter().collect();
-                tracing::warn!(
-                    fe = self.fe,
-                    slot,
-                    names = names.join(" "),
-                    "a key is in a slot this front-end thought free: it takes another"
-                );
-                self.guard().slots.give_back(slot, names.len());
-                false
-            }
-        }
-    }
-
-    /// The write that would have created keys in `slot` on `names` failed its comparisons:
-    /// the slot is free again, unless the mirror shows a key in it.
-    fn give_back<'a>(&self, slot: &str, names: impl IntoIterator<Item = &'a str>) {
-        let mut g = self.guard();
-        let present = names
-            .into_iter()
-            .filter(|n| g.mirror.name(n).is_some_and(|ns| ns.uses_slot(slot)))
-            .count();
-        g.slots.give_back(slot, present);
-    }
-
     fn lease_id(&self) -> i64 {
         self.lease.load(Ordering::Relaxed)
-    }
-
-    /// One transaction. A request that never reached a member (connection refused: that
-    /// member is down) is sent again at once: the client spreads requests over every
-    /// endpoint and may pick a dead one, and it has no fail-over of its own.
-    pub(super) async fn txn(&self, txn: Txn) -> Result<rpc::TxnResponse, rpc::Error> {
-        let mut client = self.client.clone();
-        let mut tries = 0u64;
-        loop {
-            let started = crate::backend::now();
-            let result = client.txn(txn.clone()).await;
-            self.record(started, &result, |r| r.header());
-            if matches!(&result, Ok(r) if !r.succeeded()) {
-                self.stats.error(cause::Kind::Conflict);
-            }
-            match result {
-                Err(e) if not_sent(&e) && tries < self.resends() => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
-                }
-                done => return done,
-            }
-        }
-    }
-
-    /// One read, sent again like [`Cluster::txn`].
-    pub(super) async fn get(
-        &self,
-        key: String,
-        options: Option<rpc::GetOptions>,
-    ) -> Result<rpc::GetResponse, rpc::Error> {
-        let mut client = self.client.clone();
-        let mut tries = 0u64;
-        loop {
-            let started = crate::backend::now();
-            let result = client.get(key.clone(), options.clone()).await;
-            self.record(started, &result, |r| r.header());
-            match result {
-                Err(e) if not_sent(&e) && tries < self.resends() => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
-                }
-                done => return done,
-            }
-        }
-    }
-
-    /// Resends after "connection refused": enough to go round every endpoint twice.
-    pub(super) fn resends(&self) -> u64 {
-        2 * self.config.endpoints.len() as u64
-    }
-
-    /// A clean-up write (ending a lease, leaving the queue) that must happen even if etcd is
-    /// away for a while: a waiter key left behind would stop its queue for as long as this
-    /// front-end lives. Tried until etcd answers (the transaction's comparisons make a retry
-    /// of a write that did land a no-op), or until [`CLEANUP_TRIES`] failures in a row.
-    async fn cleanup(&self, txn: Txn) -> Option<rpc::TxnResponse> {
-        for _ in 0..CLEANUP_TRIES {
-            match self.txn(txn.clone()).await {
-                Ok(resp) => return Some(resp),
-                Err(e) => {
-                    self.unhealthy(&self.cause_of(&e).sentence);
-                    tokio::time::sleep(CLEANUP_PAUSE).await;
-                }
-            }
-        }
-        None
     }
 }
 
 /// Waits between attempts to reach etcd again.
 const RETRY: Duration = Duration::from_millis(200);
-
-/// A clean-up write is tried this many times, [`CLEANUP_PAUSE`] apart (each try waits up to
-/// `--etcd-request-timeout`): about a minute and a half of etcd outage at the default.
-const CLEANUP_TRIES: usize = 40;
-const CLEANUP_PAUSE: Duration = Duration::from_millis(250);
-
-/// Whether a request failed before any member saw it (its connection was refused), so that
-/// sending it again can't apply it twice. The client reports this as a transport error, or
-/// as an `Unavailable` status whose message is the connector's.
-pub(super) fn not_sent(e: &rpc::Error) -> bool {
-    match e {
-        rpc::Error::TransportError(_) => true,
-        rpc::Error::GRpcStatus(status) => status.message().contains("connect error"),
-        _ => false,
-    }
-}
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];

@@ -8,8 +8,8 @@ use std::time::Instant;
 use crate::locks::rules::Decision;
 use crate::locks::{ConnId, Limits, LockRequest, Mode, TableError};
 
-use super::keys::{HolderValue, WaiterValue};
 use super::mirror::{HolderRecord, NameState, WaiterRecord};
+use super::values::{HolderValue, WaiterValue};
 use super::view;
 
 /// The front-end the decision is made on; holders bound to its connections name it.

@@ -109,6 +109,27 @@ pub fn bound(lease_ttl: Duration) -> Duration {
 }
 
 impl Cluster {
+    /// Whether this front-end may serve: a quorum answered within the bound and its etcd
+    /// lease is confirmed live; else why not, in one sentence.
+    pub(super) fn ready(&self) -> Result<(), std::borrow::Cow<'static, str>> {
+        if let Some(why) = self.quorum.stale() {
+            Err(why.into())
+        } else if !self.leased.load(Ordering::Relaxed) {
+            Err("this front-end's etcd lease is not confirmed live (keep-alive unanswered, or it ran out and a new one is being taken)".into())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// How old this front-end's view is: the age of its last quorum answer, and the bound
+    /// past which it is not ready.
+    pub fn freshness(&self) -> crate::proto::EtcdAge {
+        crate::proto::EtcdAge {
+            age: self.quorum.age(),
+            bound: self.quorum.bound(),
+        }
+    }
+
     /// Asks etcd for a quorum answer whenever nothing else brought one for a quarter of the
     /// bound, so the age `/readyz` and STATUS report is never older than that while etcd is
     /// well; and once none came for longer than the etcd lease, ends this front-end's waits

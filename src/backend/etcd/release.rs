@@ -9,9 +9,10 @@ use crate::backend::{BackendError, HandOver};
 use crate::locks::{EventKind, TableError, Token, UserId};
 
 use super::holders::created;
-use super::keys::HolderValue;
 use super::mirror::HolderRecord;
-use super::{guards, Cluster, CLEANUP_PAUSE, CLEANUP_TRIES};
+use super::requests::{CLEANUP_PAUSE, CLEANUP_TRIES};
+use super::values::HolderValue;
+use super::{guards, Cluster};
 
 impl Cluster {
     /// UNLOCK.
@@ -194,7 +195,7 @@ impl Cluster {
             return None;
         }
         // A set waiter needs all its names: its own front-end grants it, in one write over
-        // all of them (`handover.rs`).
+        // all of them (`queue_head.rs`).
         if !head.value.set.is_empty() {
             return None;
         }

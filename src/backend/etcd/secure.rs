@@ -10,7 +10,7 @@
 //! - [`connect`]: the client, and a first request that proves this front-end may read and
 //!   write its prefix, tried again while etcd is merely unreachable (as the start's other
 //!   steps are) and given up at once when etcd refuses the certificates, the user or the
-//!   rights (`cause::refusal` tells which, in one sentence).
+//!   rights (`refusal::refusal` tells which, in one sentence).
 
 use std::error::Error;
 use std::fmt;
@@ -26,6 +26,7 @@ use tokio_rustls::rustls::RootCertStore;
 
 use super::cause;
 use super::keys::Layout;
+use super::refusal;
 use crate::backend::{EtcdConfig, EtcdRefused, EtcdSecurity, ETCD_PASSWORD_ENV};
 
 /// What [`load`] read: PEM text as the client takes it, and the user with its password.
@@ -208,7 +209,7 @@ pub async fn connect(
         request_timeout: config.request_timeout,
     };
     let layout = Layout::new(&config.prefix);
-    let who = cause::Who {
+    let who = refusal::Who {
         ca: sec.ca.as_deref(),
         cert: sec.identity.as_ref().map(|(cert, _)| cert.as_path()),
         user: sec.user.as_deref(),
@@ -232,7 +233,7 @@ pub async fn connect(
             }
         };
         tracing::debug!(error = ?e, "etcd connect failed");
-        if let Some(why) = cause::refusal(&e, &who) {
+        if let Some(why) = refusal::refusal(&e, &who) {
             return Err(refused(format!("etcd at {endpoints}: {why}")).into());
         }
         let cause = cause::cause(&e, &cx);

@@ -4,12 +4,12 @@
 //! - Granted at once: one write creates every name's holder key (one create revision: one
 //!   token on every name), guarded on every name as a grant at once of one name is (its
 //!   marker as seen, nobody waiting), and writes every name's marker.
-//! - Queued: one write puts a waiter key on every name's queue (one create revision: every
-//!   queue agrees on its place), taking out the same id's older request (every key of it,
-//!   a set or not) in the same write, each with its mark saying it was replaced, guarded on
-//!   those keys being as read. The place is not taken over as one name's is: a new key on
-//!   every name keeps the create revisions of the set equal.
-//! - Granted from the queue by its own front-end (`handover.rs`, [`rules::set_ready`]),
+//! - Queued (`set_queue.rs`): one write puts a waiter key on every name's queue (one create
+//!   revision: every queue agrees on its place), taking out the same id's older request
+//!   (every key of it, a set or not) in the same write, each with its mark saying it was
+//!   replaced, guarded on those keys being as read. The place is not taken over as one
+//!   name's is: a new key on every name keeps the create revisions of the set equal.
+//! - Granted from the queue by its own front-end (`queue_head.rs`, [`rules::set_ready`]),
 //!   released, renewed or ended as one lease (`release.rs`, `holders.rs`): every key of the
 //!   set in each write.
 
@@ -17,18 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::rpc::{PutOptions, Txn, TxnOp};
-use tokio::sync::oneshot;
 
-use crate::backend::{now, BackendError, HandOver, LockStart, WaitResult};
+use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules::{self, SetDecision};
-use crate::locks::{EventKind, LockRequest, TableError, WaiterId};
+use crate::locks::{EventKind, LockRequest, TableError};
 
 use super::grant::set_names;
-use super::keys::{names_of, SupersededValue, WaiterValue};
 use super::mirror::{HolderRecord, NameState};
+use super::set_queue::{Adopt, OldKey};
 use super::view::{self, ask};
-use super::waiters::settle_answered;
-use super::{guards, Cluster, Local, Phase};
+use super::{guards, Cluster};
 
 /// How often a LOCK of a set decides again (its names changed under it) before it answers
 /// `ERR UNAVAILABLE`.
@@ -44,40 +42,6 @@ enum SetPlan {
     /// Queued on every name, the same id's older requests out (every key of each); or,
     /// when the older request is this very set, its place taken over.
     Blocked(Vec<OldKey>, Option<Adopt>),
-}
-
-/// The place of the same id's older request for the very same set, which a LOCK takes over
-/// as one name's is (every key rewritten: the create revisions, and so the place in every
-/// queue, stay): how a set waiter whose front-end died or was cut off keeps its place when
-/// its client sends the same LOCK through another front-end.
-pub(super) struct Adopt {
-    uid: String,
-    slot: String,
-    rev: i64,
-    queued_ms: u64,
-    note: String,
-}
-
-impl Adopt {
-    /// The place of the waiter `w`.
-    pub(super) fn of(w: &super::mirror::WaiterRecord) -> Adopt {
-        Adopt {
-            uid: w.uid.clone(),
-            slot: w.slot.clone(),
-            rev: w.rev,
-            queued_ms: w.value.queued_ms,
-            note: w.value.note.clone(),
-        }
-    }
-}
-
-/// One waiter key of the same id's older request, which a new LOCK replaces.
-#[derive(Clone)]
-pub(super) struct OldKey {
-    name: String,
-    key: String,
-    uid: String,
-    mod_rev: i64,
 }
 
 impl Cluster {
@@ -281,213 +245,5 @@ impl Cluster {
             token,
             handover: HandOver(rev),
         }))
-    }
-
-    /// Queues a LOCK on every one of `names` in one write (one waiter key per name, one
-    /// create revision), taking out every key of the same id's older requests (`olds`) in
-    /// the same write, each after its mark (`ERR REPLACED` for its request, through its
-    /// front-end's watch). `None`: one of those keys changed meanwhile; decide again.
-    ///
-    /// With `adopt`, the older request's keys on `names` are rewritten for this one (their
-    /// place kept) rather than taken out. A LOCK of one name comes here too when the request
-    /// it replaces is a set: it takes over the set's place on its name, and the set's keys
-    /// on its other names go.
-    pub(super) async fn enqueue_keys(
-        self: &Arc<Self>,
-        req: LockRequest,
-        user: String,
-        ttl: Duration,
-        names: &[String],
-        olds: Vec<OldKey>,
-        adopt: Option<Adopt>,
-    ) -> Result<Option<LockStart>, BackendError> {
-        let uid = adopt.as_ref().map_or_else(|| self.uid(), |a| a.uid.clone());
-        let slot = match &adopt {
-            Some(a) => a.slot.clone(),
-            None => self.take_slot(names.len()),
-        };
-        let set = if names.len() > 1 {
-            names.to_vec()
-        } else {
-            Vec::new()
-        };
-        let first = names
-            .first()
-            .cloned()
-            .unwrap_or_else(|| req.name.to_string());
-        let value = WaiterValue {
-            uid: uid.clone(),
-            id: req.id.clone(),
-            user,
-            mode: req.mode,
-            ttl_ms: ttl.as_millis() as u64,
-            session_ms: req.session().map(|g| g.as_millis() as u64),
-            fe: self.fe.clone(),
-            conn: req.conn,
-            lease: self.lease_id(),
-            queued_ms: self.wall_ms(),
-            peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
-            note: req.note.as_deref().unwrap_or_default().to_owned(),
-            set: set.clone(),
-            delay_ms: super::grant::delay_ms(&req),
-        };
-        let mut value = value;
-        if let Some(old) = &adopt {
-            value.queued_ms = old.queued_ms;
-            let had = Some(old.note.as_str()).filter(|n| !n.is_empty());
-            value.note = rules::note_again(had, req.note.as_deref())
-                .unwrap_or_default()
-                .to_owned();
-        }
-        let lease = value.lease;
-        let (tx, rx) = oneshot::channel();
-        let waiter: WaiterId = self
-            .next_uid
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let wait = req.wait;
-        let mut replaced_here = Vec::new();
-        {
-            let mut g = self.guard();
-            for old in &olds {
-                if let Some(w) = g.by_uid.remove(&old.uid) {
-                    replaced_here.extend(g.waiting.remove(&w));
-                }
-            }
-            g.by_uid.insert(uid.clone(), waiter);
-            g.waiting.insert(
-                waiter,
-                Local {
-                    name: first.clone(),
-                    uid: uid.clone(),
-                    slot: slot.clone(),
-                    key: self.layout.waiter(&first, &slot),
-                    rev: 0,
-                    mod_rev: 0,
-                    tx,
-                    req,
-                    value: value.clone(),
-                    queued: now(),
-                    phase: Phase::Writing,
-                    set,
-                    timer: None,
-                },
-            );
-        }
-        let on_lease = || Some(PutOptions::new().with_lease(lease));
-        let mark = SupersededValue {
-            by: value.id.clone(),
-            same_id: true,
-        }
-        .encode();
-        // The keys whose place this request takes over (rewritten below), if any.
-        let adopted: Vec<String> = match &adopt {
-            Some(a) => names
-                .iter()
-                .map(|n| self.layout.waiter(n, &a.slot))
-                .collect(),
-            None => Vec::new(),
-        };
-        let taken_over = |key: &str| adopted.iter().any(|k| k == key);
-        let gone: Vec<&OldKey> = olds.iter().filter(|o| !taken_over(&o.key)).collect();
-        let marks: Vec<String> = gone
-            .iter()
-            .map(|o| self.layout.superseded(&o.name, &o.uid))
-            .collect();
-        let mut ops = Vec::new();
-        for (old, mark_key) in gone.iter().zip(&marks) {
-            ops.push(TxnOp::put(mark_key.clone(), mark.clone(), on_lease()));
-            ops.push(TxnOp::delete(old.key.clone(), None));
-        }
-        let encoded = value.encode();
-        let keys: Vec<String> = names.iter().map(|n| self.layout.waiter(n, &slot)).collect();
-        for key in &keys {
-            ops.push(TxnOp::put(key.clone(), encoded.clone(), on_lease()));
-        }
-        // Taken out only as read; taken over only while still that request's place; and a
-        // key of a slot of its own only into an empty one.
-        let when: Vec<_> = olds
-            .iter()
-            .map(|o| match &adopt {
-                Some(a) if taken_over(&o.key) => guards::same_key(&o.key, a.rev),
-                _ => guards::unchanged(&o.key, o.mod_rev),
-            })
-            .collect();
-        let write = Txn::new().when(when).and_then(ops);
-        let each = || names.iter().map(String::as_str);
-        let txn = match &adopt {
-            Some(_) => write,
-            None => guards::in_empty_slot(&self.layout, each(), &slot, write),
-        };
-        let result = self.txn(txn).await;
-        let written = match &result {
-            Ok(r) if adopt.is_some() => r.succeeded(),
-            Ok(r) => self.slot_written(&slot, each(), r),
-            // (Its answer lost: the slot stays taken, see `slots.rs`.)
-            Err(_) => false,
-        };
-        if written {
-            self.drop_marks(marks);
-        }
-        for old in replaced_here {
-            let _ = old
-                .tx
-                .send(WaitResult::Ended(crate::locks::WaitEnd::Replaced));
-        }
-        let resp = match result {
-            Ok(resp) if written => resp,
-            other => {
-                let mut g = self.guard();
-                g.waiting.remove(&waiter);
-                g.by_uid.retain(|_, w| *w != waiter);
-                return match other {
-                    Err(e) => Err(self.unavailable(&e)),
-                    // One of the keys to take out changed meanwhile, or the slot was not
-                    // empty: decide again.
-                    Ok(_) => Ok(None),
-                };
-            }
-        };
-        for name in names {
-            self.wrote(name, &resp);
-        }
-        let at = resp.header().map_or(0, |h| h.revision());
-        let still = {
-            let mut g = self.guard();
-            if let Some(local) = g.waiting.get_mut(&waiter) {
-                local.mod_rev = at;
-                local.phase.written();
-                local.rev = adopt.as_ref().map_or(at, |a| a.rev);
-            }
-            // The place is this request's now, whatever the request it took it over from did.
-            if adopt.is_some() {
-                g.left.remove(&uid);
-            }
-            settle_answered(&mut g, waiter, at)
-        };
-        if still {
-            self.evaluate(&first);
-        }
-        self.end_wait_after(waiter, wait);
-        Ok(Some(LockStart::Waiting { waiter, rx }))
-    }
-
-    /// Every key of the same id's older requests `same` (waiters of `name`), each with every
-    /// key of its set: what a LOCK of one name takes out when one of them is a set.
-    pub(super) fn old_keys(&self, name: &str, same: &[super::mirror::WaiterRecord]) -> Vec<OldKey> {
-        let mut olds: Vec<OldKey> = Vec::new();
-        for w in same {
-            for n in names_of(name, &w.value.set) {
-                let key = self.layout.waiter(n, &w.slot);
-                if olds.iter().all(|o| o.key != key) {
-                    olds.push(OldKey {
-                        name: n.to_owned(),
-                        key,
-                        uid: w.uid.clone(),
-                        mod_rev: w.mod_rev,
-                    });
-                }
-            }
-        }
-        olds
     }
 }

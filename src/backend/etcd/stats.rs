@@ -19,7 +19,7 @@
 //!
 //! The gauges are set at the scrape ([`EtcdStats::scrape`]), so they cost nothing between.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -31,6 +31,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::metrics::Metrics;
 
 use super::cause::Kind;
+use super::Cluster;
 
 /// The handles of the etcd series.
 pub struct EtcdStats {
@@ -139,5 +140,15 @@ impl EtcdStats {
         self.confirmed_age
             .set(age.map_or(f64::INFINITY, |a| a.as_secs_f64()));
         self.watch_lag.set(lag.max(0));
+    }
+}
+
+impl Cluster {
+    /// Sets the `lockd_etcd_*` gauges, for a scrape.
+    pub fn scrape(&self) {
+        let lag = self.seen_rev.load(Ordering::Relaxed) - self.watch_rev.load(Ordering::Relaxed);
+        let slots = self.guard().slots.counts();
+        self.stats
+            .scrape(Some(self.quorum.age()), self.quorum.fresh(), lag, slots);
     }
 }

@@ -1,19 +1,20 @@
-//! The watch that keeps the mirror: a full read at start (and after a compaction or a lost
-//! stream), then every change in revision order; and the background tasks' start.
+//! The watch that keeps the mirror: one stream of every change under the prefix in revision
+//! order, resumed after the last revision seen when it breaks (`resync.rs` reads everything
+//! again when it can't be), each message applied to the mirror and acted on.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::rpc::{EventType, GetOptions, Txn, TxnOp, WatchOptions, WatchResponse};
-use tokio_util::sync::CancellationToken;
+use super::rpc::{EventType, WatchOptions, WatchResponse};
 
-use crate::backend::{now, unix_ms, BackendError, Published, WaitResult};
+use crate::backend::{now, unix_ms, Published};
 use crate::locks::{EventKind, WaitEnd};
 
 use super::handover::{on_grant, taken_over};
-use super::keys::{Key, SupersededValue};
-use super::mirror::{Granted, KeyChange, Mirror};
+use super::keys::Key;
+use super::marks::SupersededValue;
+use super::mirror::KeyChange;
 use super::waiters::key_gone;
 use super::Cluster;
 use super::RETRY;
@@ -26,46 +27,8 @@ const WATCH_OUTAGE: Duration = Duration::from_secs(10);
 const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Cluster {
-    /// Runs the watch, the keep-alive, the expiry timer, the quorum probe and the route to
-    /// etcd's leader until `shutdown`. Then this
-    /// front-end's waiters leave the queue and it says it is gone (another front-end takes
-    /// over expiring its plain leases), but its etcd lease is left to run out rather than
-    /// revoked: a session lease's holder has until then to reconnect to another front-end
-    /// and RENEW, as it would ride out the restart of a single server.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        tokio::select! {
-            biased;
-            _ = Arc::clone(&self).watch_loop() => {}
-            _ = Arc::clone(&self).keep_alive_loop() => {}
-            _ = Arc::clone(&self).expiry_loop() => {}
-            _ = Arc::clone(&self).probe_loop() => {}
-            _ = Arc::clone(&self).route_loop() => {}
-            _ = shutdown.cancelled() => {}
-        }
-        // Each waiter key only if it is still this front-end's write (not taken over); a
-        // set's keys one by one, so that the chunks below stay within etcd's bound (they
-        // hang on this front-end's etcd lease anyway).
-        let mut ops: Vec<TxnOp> = {
-            let g = self.guard();
-            g.waiting
-                .values()
-                .flat_map(|l| {
-                    self.local_keys(l)
-                        .into_iter()
-                        .map(|k| TxnOp::txn(super::waiters::forget_txn(&[k], l.mod_rev)))
-                })
-                .collect()
-        };
-        ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));
-        // etcd takes at most 128 operations per transaction by default (nested ones count).
-        for chunk in ops.chunks(50) {
-            let txn = Txn::new().and_then(chunk.to_vec());
-            let _ = tokio::time::timeout(self.config.request_timeout, self.txn(txn)).await;
-        }
-    }
-
     /// Says that a front-end of an older lockd shares this prefix, as its key shows up.
-    fn warn_older(&self, applied: &super::mirror::Applied) {
+    pub(super) fn warn_older(&self, applied: &super::apply::Applied) {
         for fe in &applied.older_front_ends {
             tracing::warn!(
                 fe = self.fe,
@@ -78,119 +41,10 @@ impl Cluster {
         }
     }
 
-    /// Reads the whole prefix into a fresh mirror; waiters and watchers learn what changed.
-    pub(super) async fn resync(self: &Arc<Self>) -> Result<(), BackendError> {
-        let resp = self
-            .get(
-                self.layout.prefix().to_owned(),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await
-            .map_err(|e| self.unavailable(&e))?;
-        let rev = resp.header().map_or(0, |h| h.revision());
-        self.watch_rev.fetch_max(rev, Ordering::Relaxed);
-        self.seen_rev.fetch_max(rev, Ordering::Relaxed);
-        let changes: Vec<KeyChange> = resp.kvs().iter().map(|kv| change(kv, true)).collect();
-        let mut next = Vec::new();
-        let touched: Vec<String> = {
-            let mut g = self.guard();
-            let g = &mut *g;
-            let base = g.mirror.base;
-            let old = std::mem::replace(
-                &mut g.mirror,
-                Mirror {
-                    base,
-                    ..Mirror::default()
-                },
-            );
-            let applied = g.mirror.apply(&self.layout, &changes, rev, now());
-            self.warn_older(&applied);
-            self.sweep_orphans(g, &applied.waiters_new);
-            g.fresh.retain(|(_, at), _| *at > rev);
-            // What the gap held, told as the watch would have told it.
-            super::gap::keep_delays(&old, &mut g.mirror, now());
-            let events = super::gap::events(&old, &g.mirror);
-            for event in events.iter().filter(|e| e.kind != EventKind::Acquired) {
-                g.bound.ended(event.token);
-            }
-            self.publish(&events);
-            // Slots whose keys went while the watch was behind: a key the old mirror showed
-            // was written, so its slot is free once the new one shows none on that name.
-            for (name, ns) in &old.names {
-                let slots = ns.holders.values().map(|h| &h.slot);
-                for slot in slots.chain(ns.queue.values().map(|w| &w.slot)) {
-                    if !g.mirror.name(name).is_some_and(|now| now.uses_slot(slot)) {
-                        g.slots.gone(slot);
-                    }
-                }
-            }
-            let mut touched: Vec<String> = old.names.keys().cloned().collect();
-            touched.extend(g.mirror.names.keys().cloned());
-            // Grants made while the watch was behind, to waiters of ours (still waiting, or
-            // gone: then they are taken back).
-            let grants: Vec<Granted> = g
-                .mirror
-                .names
-                .iter()
-                .flat_map(|(name, ns)| {
-                    let keyed = ns.holders.values().filter(|h| !h.keyless);
-                    keyed.map(move |h| Granted::of(base, name, h))
-                })
-                .filter(|gr| gr.fe == self.fe)
-                .filter(|gr| g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid))
-                .collect();
-            for gr in &grants {
-                next.push(on_grant(g, gr));
-            }
-            // Waiters of ours whose place another front-end took over while we were behind.
-            let moved: Vec<String> = g
-                .mirror
-                .names
-                .values()
-                .flat_map(|ns| ns.queue.values())
-                .filter(|w| w.value.fe != self.fe && g.by_uid.contains_key(&w.uid))
-                .map(|w| w.uid.clone())
-                .collect();
-            for uid in moved {
-                taken_over(g, &uid);
-            }
-            // Local waiters whose key is gone were replaced or lost with an old etcd lease.
-            let gone: Vec<_> = g
-                .waiting
-                .iter()
-                .filter(|(_, l)| {
-                    l.rev != 0
-                        && l.rev <= rev
-                        && l.phase.settled()
-                        && !g
-                            .mirror
-                            .name(&l.name)
-                            .is_some_and(|ns| ns.queue.values().any(|w| w.uid == l.uid))
-                })
-                .map(|(w, _)| *w)
-                .collect();
-            for w in gone {
-                if let Some(l) = g.waiting.remove(&w) {
-                    g.by_uid.remove(&l.uid);
-                    let _ = l.tx.send(WaitResult::Failed(BackendError::Unavailable(
-                        "the wait was lost while etcd was unreachable".into(),
-                    )));
-                }
-            }
-            touched
-        };
-        self.after_grants(next);
-        self.moved.notify_waiters();
-        for name in touched {
-            self.evaluate(&name);
-        }
-        Ok(())
-    }
-
     /// Keeps the mirror from one watch of the whole prefix, resuming after the last revision
     /// seen when the stream breaks (so no change is missed or applied twice), and reading
     /// everything again if that revision was compacted away.
-    async fn watch_loop(self: Arc<Self>) {
+    pub(super) async fn watch_loop(self: Arc<Self>) {
         // Since when the watch is broken, if it is, and whether that was warned of.
         let mut down_since: Option<(Instant, bool)> = None;
         loop {
@@ -286,13 +140,6 @@ impl Cluster {
                 cause = cause.sentence,
                 "the etcd watch broke; watching again"
             );
-        }
-    }
-
-    /// Logs the start of an outage once (`why`: one plain sentence).
-    pub(super) fn unhealthy(&self, why: &str) {
-        if self.healthy.swap(false, Ordering::Relaxed) {
-            tracing::warn!(cause = why, "etcd unreachable or without quorum");
         }
     }
 
