@@ -25,8 +25,9 @@
 //!
 //! # Map (one concept a file)
 //! - This file: [`Cluster`] and its start; `state`: what it keeps under its one lock (each
-//!   waiter of its own a `Local`); `requests`: the etcd requests every part sends through
-//!   (`txn`, `get`, `cleanup`) and what each answer or failure tells.
+//!   waiter of its own a `Local`, whose `phase` says which of its requests is out);
+//!   `requests`: the etcd requests every part sends through (`txn`, `get`, `cleanup`) and
+//!   what each answer or failure tells, over `rpc`, the crate `lockd_etcd`.
 //! - `keys`: the key layout; `values` (holders, waiters) and `marks` (markers, broken-lease
 //!   records, superseded marks): the records stored under it, as `words`; `mirror`: the
 //!   prefix as the watch has shown it (`apply`: how its changes are applied; `holder_events`:
@@ -51,9 +52,6 @@
 //!   `lockd_etcd_*` series) serve them all.
 //! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
 //!   why etcd refused them for good, in one plain sentence.
-//! - `phase`: where a waiter of this front-end is in its wait, and its transitions.
-//! - `rpc`: the etcd client, the crate `lockd_etcd` (crates/lockd-etcd): the calls above,
-//!   and the in-memory etcd and simulated network `sim` runs front-ends over.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 
 mod apply;
@@ -105,8 +103,7 @@ mod waiters;
 mod watch;
 mod words;
 
-// lockd's etcd client, a crate of its own (crates/lockd-etcd), under the module name the
-// backend's files use.
+// lockd's etcd client (crates/lockd-etcd), under the name the backend's files use.
 use lockd_etcd as rpc;
 
 use hashing::{HashMap, HashSet};
