@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use super::super::pb::{compare, request_op, response_op};
 use super::super::tests::AuthEtcd;
 use super::super::{Client, ConnectOptions, Txn, WatchOptions};
+use super::txn::count_ops;
 use super::*;
 use compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
 

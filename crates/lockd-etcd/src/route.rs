@@ -23,9 +23,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tonic::transport::Endpoint;
 
+use super::auth::{Metadata, Svc};
+use super::pb;
 use super::pb::kv_client::KvClient;
 use super::pb::maintenance_client::MaintenanceClient;
-use super::{pb, Metadata, Svc};
 use tonic::service::interceptor::InterceptedService;
 
 /// No member chosen.

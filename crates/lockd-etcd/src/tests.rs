@@ -1,6 +1,14 @@
 //! What lockd's etcd client puts on the wire, checked without an etcd: the ranges a prefix
 //! gives, the transactions the builders make, the metadata every call carries.
 
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tonic::metadata::MetadataValue;
+
+use super::auth::{token_refused, Metadata, REQUIRE_LEADER_KEY, TOKEN_KEY};
+use super::connect::{endpoint, members};
+use super::options::prefix_end;
 use super::*;
 
 #[test]

@@ -6,10 +6,10 @@ use tokio::sync::mpsc;
 use tokio::time::sleep;
 
 use super::super::mem::MemError;
+use super::super::streams::{Incoming, STREAM_QUEUE};
 use super::super::{mvccpb, pb};
 use super::super::{
-    Error, Incoming, LeaseKeepAliveStream, LeaseKeeper, WatchRequestSender, WatchResponseStream,
-    WatchStream, STREAM_QUEUE,
+    Error, LeaseKeepAliveStream, LeaseKeeper, WatchRequestSender, WatchResponseStream, WatchStream,
 };
 use super::words::{describe, mem_error, status};
 use super::{Net, Rng};

@@ -1,0 +1,103 @@
+//! What the simulator reads from a run: the trace, and the facts its checker asks about
+//! (leases lapsed, keys deleted by an expiry or never seen, writes that arrived late, a
+//! key's value, the revision), so that it can tell a real violation from what a client
+//! could not have known.
+
+use super::super::pb;
+use super::Net;
+
+impl Net {
+    /// Adds a line to the trace.
+    pub fn note(&self, line: &str) {
+        self.world().note(format_args!("{line}"));
+    }
+
+    /// The latest lines of the trace.
+    pub fn trace(&self) -> Vec<String> {
+        self.world().trace.iter().cloned().collect()
+    }
+
+    /// How many steps the run took (every request, answer, delivery and fault).
+    pub fn steps(&self) -> u64 {
+        self.world().steps
+    }
+
+    /// When a lease of front-end `fe` expired at or after `since_ms` (ms since the start),
+    /// the first such time: the session leases it granted ended then.
+    pub fn lapsed(&self, fe: usize, since_ms: u64) -> Option<u64> {
+        let mut w = self.world();
+        w.tick();
+        w.lapsed
+            .iter()
+            .filter(|(f, at)| *f == fe && *at >= since_ms)
+            .map(|(_, at)| *at)
+            .min()
+    }
+
+    /// When the key of create revision `rev` was deleted by its etcd lease's expiry, if it
+    /// was (a holder's create revision is its token less the cluster's base).
+    pub fn expired_key(&self, rev: i64) -> Option<u64> {
+        let mut w = self.world();
+        w.tick();
+        w.expired_keys
+            .iter()
+            .find(|(r, _, _)| *r == rev)
+            .map(|(_, at, _)| *at)
+    }
+
+    /// Whether front-end `fe` never saw the key of create revision `rev`, which an etcd
+    /// lease's expiry deleted: it read every lock and began to watch only after the key went,
+    /// or a compaction cancelled its watch before the key was made and it watched again
+    /// (having read every lock) only after the key went. What happened in between, it never
+    /// learns.
+    pub fn never_saw(&self, fe: usize, rev: i64) -> bool {
+        let w = self.world();
+        let Some(&(_, _, deleted)) = w.expired_keys.iter().find(|(r, _, _)| *r == rev) else {
+            return false;
+        };
+        let mine: Vec<Option<i64>> = w
+            .watches
+            .iter()
+            .filter(|(f, _)| *f == fe)
+            .map(|(_, from)| *from)
+            .collect();
+        // Its first watch came after the key went: it read every lock only then (a front-end
+        // that started as the key went, at the same moment by the clock; simulator seed
+        // 170563).
+        if mine
+            .iter()
+            .flatten()
+            .next()
+            .is_some_and(|from| *from > deleted)
+        {
+            return true;
+        }
+        // A watch from `from` that was cancelled, then the next one from `again`.
+        mine.windows(3).any(|ws| match ws {
+            [Some(from), None, Some(again)] => *from <= rev && *again > deleted,
+            _ => false,
+        })
+    }
+
+    /// The writes of requests that arrived after their client gave up on them: the
+    /// front-end, when (ms since the start) and the revision of each.
+    pub fn late_writes(&self) -> Vec<(usize, u64, i64)> {
+        self.world().late.clone()
+    }
+
+    /// The value of `key`, if it exists.
+    pub fn value(&self, key: &str) -> Option<String> {
+        let req = pb::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        let resp = self.world().etcd.range(&req);
+        let kv = resp.kvs.first()?;
+        Some(String::from_utf8_lossy(&kv.value).into_owned())
+    }
+
+    /// etcd's current revision.
+    pub fn revision(&self) -> i64 {
+        self.world().etcd.revision()
+    }
+}
