@@ -179,3 +179,27 @@ pub(super) fn deliver(
     }
     sent.is_err().then(back)
 }
+
+/// A grant that this front-end's own release made, in the same write, for a waiter of this
+/// front-end: delivered from the write's answer, as a grant this front-end tries itself is
+/// (`queue_head.rs`), not only once the watch shows it. The watch may be seconds behind, or
+/// cut off, or compacted past it: the waiter's `wait=` ran out meanwhile and the grant sat
+/// out its ttl, held by nobody, while others waited (simulator seed 650274). A waiter whose
+/// own write is still out, or that left, is the watch's to decide, as before; a client gone
+/// before it could be told leaves the grant to be taken back when the watch shows it.
+pub(super) fn deliver_own(
+    g: &mut ClusterState,
+    uid: &str,
+    name: &str,
+    token: Token,
+    ttl_ms: u64,
+    handover: HandOver,
+) {
+    let waiting = g.by_uid.get(uid).and_then(|w| g.waiting.get(w));
+    if !waiting.is_some_and(|l| l.phase != Phase::Writing) {
+        return;
+    }
+    if deliver(g, uid, name, token, ttl_ms, handover).is_some() {
+        g.left.insert(uid.to_owned());
+    }
+}

@@ -8,6 +8,7 @@ use super::rpc::{Compare, PutOptions, Txn, TxnOp};
 use crate::backend::{BackendError, HandOver};
 use crate::locks::{EventKind, TableError, Token, UserId};
 
+use super::handover::deliver_own;
 use super::holders::created;
 use super::mirror::HolderRecord;
 use super::requests::{CLEANUP_PAUSE, CLEANUP_TRIES};
@@ -251,7 +252,15 @@ impl Cluster {
         }
         if let (0, Some((id, value))) = (depth, &ended.head) {
             let rev = resp.header().map_or(0, |h| h.revision());
-            let granted = self.guard().mirror.token(rev);
+            let granted = {
+                let mut g = self.guard();
+                let granted = g.mirror.token(rev);
+                if value.fe == self.fe {
+                    let handover = HandOver(rev);
+                    deliver_own(&mut g, &value.uid, name, granted, value.ttl_ms, handover);
+                }
+                granted
+            };
             let waited = value.waited_ms.map(Duration::from_millis);
             self.granted_log(name, id, granted, waited, &value.origin());
         }
