@@ -184,6 +184,7 @@ async fn lock(
                         client: me,
                         names: names.clone(),
                         token,
+                        rev: lockd::backend::etcd::sim::revision_of(backend, token),
                         fe,
                         at: complete,
                     });

@@ -22,6 +22,8 @@ pub struct Grant {
     pub client: usize,
     pub names: Vec<String>,
     pub token: u64,
+    /// Its holder key's create revision, as the answering front-end reads the token.
+    pub rev: Option<i64>,
     pub fe: usize,
     pub at: Duration,
 }
@@ -81,14 +83,24 @@ impl Delays {
                 if first.is_some_and(|e| e.token != g.token) {
                     continue;
                 }
+                // What the front-end that decided the grant knew: the one whose write made
+                // the holder key, which may not be the one that answered (a LOCK sent again
+                // through another front-end takes up the grant its first try was given;
+                // simulator seeds 303335, 623408).
+                let fe = g.rev.and_then(|rev| net.writer_of(rev)).unwrap_or(g.fe);
                 let within = g.at < went + l.delay;
-                let started_before = started.get(g.fe).is_some_and(|s| *s <= went);
-                let knew = started_before && !net.never_saw(g.fe, l.rev);
+                let started_before = started.get(fe).is_some_and(|s| *s <= went);
+                let knew = started_before && !net.never_saw(fe, l.rev);
                 if within && knew {
+                    let through = if fe == g.fe {
+                        format!("through fe{fe}")
+                    } else {
+                        format!("decided by fe{fe}, answered through fe{}", g.fe)
+                    };
                     out.push(format!(
-                        "c{} was granted {name} at {:?} through fe{}, within the {:?} lock-delay \
+                        "c{} was granted {name} at {:?} {through}, within the {:?} lock-delay \
                          of c{}'s lease that went with an etcd lease at {went:?}",
-                        g.client, g.at, g.fe, l.delay, l.client,
+                        g.client, g.at, l.delay, l.client,
                     ));
                 }
             }

@@ -24,9 +24,15 @@ pub struct Link {
 impl Link {
     pub(crate) async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, Error> {
         let what = format!("txn {}", describe(&req));
+        let fe = self.fe;
         self.net
             .exchange(self.fe, what, move |w| {
+                let before = w.etcd.revision();
                 let resp = w.etcd.txn(&req).map_err(mem_error)?;
+                let rev = w.etcd.revision();
+                if rev != before {
+                    w.writers.push((rev, fe));
+                }
                 let how = if resp.succeeded { "then" } else { "else" };
                 Ok((resp, how.to_owned()))
             })

@@ -92,6 +92,8 @@ struct World {
     steps: u64,
     /// Which front-end took each lease.
     owners: Vec<(i64, usize)>,
+    /// Which front-end's transaction made each revision (in order).
+    writers: Vec<(i64, usize)>,
     /// When a front-end's lease expired (ms since the start).
     lapsed: Vec<(usize, u64)>,
     /// Writes of requests that arrived after their client gave up on them: the front-end,
@@ -184,6 +186,7 @@ impl Net {
             trace: VecDeque::new(),
             steps: 0,
             owners: Vec::new(),
+            writers: Vec::new(),
             lapsed: Vec::new(),
             late: Vec::new(),
             watches: Vec::new(),

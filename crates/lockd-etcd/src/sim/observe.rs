@@ -79,6 +79,15 @@ impl Net {
         })
     }
 
+    /// The front-end whose transaction made revision `rev` (a grant's holder key was
+    /// made by the front-end that decided the grant, whichever front-end its client was
+    /// answered through; a holder's create revision is its token less the cluster's base).
+    pub fn writer_of(&self, rev: i64) -> Option<usize> {
+        let w = self.world();
+        let at = w.writers.binary_search_by_key(&rev, |(r, _)| *r).ok()?;
+        Some(w.writers[at].1)
+    }
+
     /// The writes of requests that arrived after their client gave up on them: the
     /// front-end, when (ms since the start) and the revision of each.
     pub fn late_writes(&self) -> Vec<(usize, u64, i64)> {
