@@ -146,13 +146,7 @@ impl Cluster {
     /// marker.
     pub(super) fn wrote_as(&self, name: &str, resp: &super::rpc::TxnResponse, emptied: bool) {
         let rev = resp.header().map_or(0, |h| h.revision());
-        let mut g = self.guard();
-        if rev > g.mirror.rev {
-            let at = g.written.entry(name.to_owned()).or_insert((0, false));
-            if rev >= at.0 {
-                *at = (rev, emptied);
-            }
-        }
+        self.guard().wrote(name, rev, emptied);
     }
 
     /// Whether this front-end's last write to `name`, not yet in the mirror, emptied it.

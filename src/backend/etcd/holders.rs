@@ -156,15 +156,7 @@ impl Cluster {
     /// Every key of `holder`'s lease: its own, and for a set the key of each further name
     /// (same slot, same create revision and, written together always, same mod revision).
     pub(super) fn lease_keys(&self, holder: &HolderRecord) -> Vec<String> {
-        if holder.value.set.is_empty() {
-            return vec![holder.key.clone()];
-        }
-        holder
-            .value
-            .set
-            .iter()
-            .map(|n| self.layout.holder(n, &holder.slot))
-            .collect()
+        super::end::lease_keys(&self.layout, holder)
     }
 
     /// [`Cluster::wrote`] for every name of the lease `value` records (`name`'s set, or

@@ -2,28 +2,7 @@
 
 use super::*;
 use crate::backend::etcd::keys::Layout;
-
-fn put(key: String, value: String, create: i64, modr: i64) -> KeyChange {
-    KeyChange {
-        put: true,
-        key: key.into_bytes(),
-        value: value.into_bytes(),
-        create_rev: create,
-        mod_rev: modr,
-        lease: 0,
-    }
-}
-
-fn del(key: String, rev: i64) -> KeyChange {
-    KeyChange {
-        put: false,
-        key: key.into_bytes(),
-        value: Vec::new(),
-        create_rev: 0,
-        mod_rev: rev,
-        lease: 0,
-    }
-}
+use crate::backend::etcd::stepping::{del, put};
 
 fn holder(id: &str) -> String {
     HolderValue {

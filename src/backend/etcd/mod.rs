@@ -34,30 +34,38 @@
 //!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the
 //!   LOCK decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or
 //!   limit); `guards`: every comparison a write is guarded by, built once from named parts.
-//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write;
-//!   `supersede`: a `supersede` LOCK's), `sets` (a LOCK of several names: granted, queued by
-//!   `set_queue` and handed over whole), `queueing` (what every queueing write shares),
-//!   `waiters` (a wait's end), `holders` (RENEW, CHECK, a closed connection's session
-//!   leases), `release` (UNLOCK and every other end, granting the head waiter in the same
-//!   write), `status`, `breaks` (BREAK: ends leases by `release`'s write, and keeps a record
-//!   of each for its holder).
-//! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror; `resync`
-//!   reads it whole again), `queue_head` (grants this front-end's head waiters), `handover`
-//!   (a grant delivered to its waiter, or taken back), `confirm` (a grant on this front-end's
-//!   etcd lease taken off it first), `lease` (this front-end's etcd lease), `expiry` (the
-//!   timer), `sessions` (the index of session leases by connection), `quorum` (when a quorum
-//!   last answered: readiness, and the probe that asks when nothing else did); `fresh` (how
-//!   current the mirror is for one name), `log` (a change logged and counted, and its
-//!   marker), `cause` (a failed request in one plain sentence) and `stats` (the
-//!   `lockd_etcd_*` series) serve them all.
+//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write; `supersede`:
+//!   a `supersede` LOCK's), `sets` (a LOCK of several names: granted, queued by `set_queue` and
+//!   handed over whole), `queueing` (what every queueing write shares), `waiters` (a wait's
+//!   end), `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK
+//!   and every other end, granting the head waiter in the same write: the driver of `end`,
+//!   where the core decides that write and reads its answer), `status`, `breaks` (BREAK: ends
+//!   leases by `release`'s write, and keeps a record of each for its holder).
+//! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror: the driver
+//!   of `watched`; `resync` reads it whole again), `queue_head` (grants this front-end's head
+//!   waiters: the driver of `head`, where the core decides it, without I/O), `handover` (a
+//!   grant delivered to its waiter, or taken back), `confirm` (a grant on this front-end's etcd
+//!   lease taken off it first: the driver of `confirmation`), `lease` (this front-end's etcd
+//!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
+//!   `quorum` (when a quorum last answered: readiness, and the probe that asks when nothing
+//!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
+//!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
+//!   (the `lockd_etcd_*` series) serve them all.
 //! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
 //!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
+//! - The core, without I/O, so far: `head`, `end`, `confirmation` and `watched` (a watch
+//!   batch taken in; with `handover`'s `on_grant` and `deliver`), stepped by hand against the
+//!   in-memory etcd in their `_tests` files on `stepping`'s stage.
 
 mod apply;
 mod breaks;
 mod cause;
 mod confirm;
+mod confirmation;
+mod end;
+#[cfg(test)]
+mod end_tests;
 mod enqueue;
 mod expiry;
 mod fresh;
@@ -66,6 +74,9 @@ mod grant;
 mod guards;
 mod handover;
 mod hashing;
+mod head;
+#[cfg(test)]
+mod head_tests;
 mod holder_events;
 mod holders;
 mod keys;
@@ -96,17 +107,21 @@ mod slots;
 mod state;
 mod stats;
 mod status;
+#[cfg(test)]
+mod stepping;
 mod supersede;
 mod values;
 mod view;
 mod waiters;
 mod watch;
+mod watched;
+#[cfg(test)]
+mod watched_tests;
 mod words;
 
 // lockd's etcd client (crates/lockd-etcd), under the name the backend's files use.
 use lockd_etcd as rpc;
 
-use hashing::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -120,7 +135,6 @@ use crate::metrics::Metrics;
 
 use super::{BackendError, EtcdConfig, Published};
 use keys::Layout;
-use mirror::Mirror;
 use phase::Phase;
 use state::{ClusterState, Local};
 
@@ -229,20 +243,7 @@ impl Cluster {
             layout,
             fe,
             lease: AtomicI64::new(0),
-            state: Mutex::new(ClusterState {
-                mirror: Mirror::default(),
-                waiting: HashMap::default(),
-                by_uid: HashMap::default(),
-                left: Default::default(),
-                written: HashMap::default(),
-                fresh: HashMap::default(),
-                expiring: Default::default(),
-                bound: Default::default(),
-                superseded: HashMap::default(),
-                slots: slots::Slots::new(&fe_id),
-                forgetting: HashSet::default(),
-                confirmed_by_watch: HashSet::default(),
-            }),
+            state: Mutex::new(ClusterState::new(&fe_id)),
             events,
             moved: Notify::new(),
             next_conn: AtomicU64::new(1),
@@ -324,6 +325,14 @@ impl Cluster {
     /// This front-end's wall clock, in milliseconds: what it writes deadlines in.
     fn wall_ms(&self) -> u64 {
         wall_ms().saturating_add_signed(self.skew_ms.load(Ordering::Relaxed))
+    }
+
+    /// Who this front-end is, as its core needs it.
+    fn me(&self) -> head::Me<'_> {
+        head::Me {
+            fe: &self.fe,
+            layout: &self.layout,
+        }
     }
 
     fn guard(&self) -> MutexGuard<'_, ClusterState> {

@@ -74,6 +74,24 @@ pub(super) struct ClusterState {
 }
 
 impl ClusterState {
+    /// Front-end `fe`'s state before it read anything: an empty mirror, no waiters.
+    pub(super) fn new(fe: &str) -> ClusterState {
+        ClusterState {
+            mirror: Mirror::default(),
+            waiting: HashMap::default(),
+            by_uid: HashMap::default(),
+            left: HashSet::default(),
+            written: HashMap::default(),
+            fresh: HashMap::default(),
+            expiring: HashSet::default(),
+            bound: Default::default(),
+            superseded: HashMap::default(),
+            slots: slots::Slots::new(fe),
+            forgetting: HashSet::default(),
+            confirmed_by_watch: HashSet::default(),
+        }
+    }
+
     /// The waiter of this front-end that waits under `uid`.
     pub(super) fn waiting_mut(&mut self, uid: &str) -> Option<&mut Local> {
         let waiter = self.by_uid.get(uid)?;
@@ -95,6 +113,18 @@ impl ClusterState {
     pub(super) fn unregister(&mut self, waiter: WaiterId) {
         self.waiting.remove(&waiter);
         self.by_uid.retain(|_, w| *w != waiter);
+    }
+
+    /// This front-end wrote `name` at revision `rev` (`emptied`: leaving it with no holder,
+    /// waiter or marker): remembered until the mirror has seen it
+    /// ([`super::Cluster::own_writes_seen`]).
+    pub(super) fn wrote(&mut self, name: &str, rev: i64, emptied: bool) {
+        if rev > self.mirror.rev {
+            let at = self.written.entry(name.to_owned()).or_insert((0, false));
+            if rev >= at.0 {
+                *at = (rev, emptied);
+            }
+        }
     }
 
     /// A waiter of this front-end leaves (its wait ran out, its connection went): out of the

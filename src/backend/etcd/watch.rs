@@ -9,13 +9,10 @@ use std::time::{Duration, Instant};
 use super::rpc::{EventType, WatchOptions, WatchResponse};
 
 use crate::backend::{now, unix_ms, Published};
-use crate::locks::{EventKind, WaitEnd};
+use crate::locks::EventKind;
 
-use super::handover::{on_grant, taken_over};
-use super::keys::Key;
-use super::marks::SupersededValue;
 use super::mirror::KeyChange;
-use super::waiters::key_gone;
+use super::watched::watched;
 use super::Cluster;
 use super::RETRY;
 
@@ -171,90 +168,19 @@ impl Cluster {
         if changes.is_empty() {
             return;
         }
-        let mut next = Vec::new();
-        let applied = {
+        let me = self.me();
+        let watched = {
             let mut g = self.guard();
-            let applied = g.mirror.apply(&self.layout, &changes, rev, now());
-            self.warn_older(&applied);
-            self.sweep_orphans(&mut g, &applied.waiters_new);
-            for (_, slot) in &applied.slots_gone {
-                g.slots.gone(slot);
-            }
-            for event in &applied.events {
-                if event.kind != EventKind::Acquired {
-                    g.bound.ended(event.token);
-                }
-            }
-            let seen = g.mirror.rev;
-            g.written.retain(|_, (at, _)| *at > seen);
-            g.fresh.retain(|(_, rev), _| *rev > seen);
-            // Grants of our waiters (a holder key takes its waiter's uid), made by this
-            // front-end or by another one's release. A waiter that left meanwhile never
-            // learns of it: the grant is taken back.
-            for gr in &applied.granted {
-                if gr.fe == self.fe {
-                    next.push(on_grant(&mut g, gr));
-                }
-            }
-            // A grant of ours being confirmed, taken off its etcd lease: the confirmation's
-            // own write, maybe, shown before its answer (`on_grant` delivers it then).
-            for gr in &applied.off_lease {
-                let confirming = g
-                    .waiting_mut(&gr.uid)
-                    .is_some_and(|l| l.phase.confirming().is_some());
-                if gr.fe == self.fe && confirming {
-                    next.push(on_grant(&mut g, gr));
-                }
-            }
-            // Waiters of ours whose place a LOCK of the same id through another front-end
-            // took over.
-            for (_, uid, fe) in &applied.adopted {
-                if *fe != self.fe {
-                    taken_over(&mut g, uid);
-                }
-            }
-            // Marks of waiters of ours that a `supersede` LOCK took the queue from (written
-            // before their keys' deletes, in the same transaction).
-            for c in changes.iter().filter(|c| c.put) {
-                if let Some(Key::Superseded { name, uid }) = self.layout.parse(&c.key) {
-                    let mark = SupersededValue::decode(&c.value);
-                    if let (Some(mark), true) = (mark, g.waits_on(&uid, &name)) {
-                        let why = if mark.same_id {
-                            WaitEnd::Replaced
-                        } else {
-                            WaitEnd::Superseded { by: mark.by.into() }
-                        };
-                        g.superseded.insert(uid, why);
-                    }
-                }
-            }
-            // A waiter of ours whose key went without its grant: replaced, superseded, or
-            // lost with its etcd lease.
-            for (name, uid) in &applied.waiters_gone {
-                g.left.remove(uid);
-                // (A key of the uid on a name it no longer waits on: the rest of a set whose
-                // place on one name a LOCK of that name took over.)
-                if !g.waits_on(uid, name) {
-                    continue;
-                }
-                let Some(waiter) = g.by_uid.get(uid).copied() else {
-                    continue;
-                };
-                // (Its own write not answered yet, or the one taking it out: the answer
-                // decides.)
-                if g.waiting.get(&waiter).is_some_and(|l| !l.phase.settled()) {
-                    continue;
-                }
-                if let Some(l) = g.waiting.remove(&waiter) {
-                    g.by_uid.remove(&l.uid);
-                    let why = key_gone(&mut g, &l);
-                    let _ = l.tx.send(why);
-                }
+            let mut watched = watched(&mut g, &me, &changes, rev, now());
+            for (keys, mod_rev) in std::mem::take(&mut watched.forget) {
+                self.forget_waiter_keys(keys, mod_rev);
             }
             // Published under the guard, so watchers see one name's events in order.
-            self.publish(&applied.events);
-            applied
+            self.publish(&watched.applied.events);
+            watched
         };
+        self.warn_older(&watched.applied);
+        let (applied, next) = (watched.applied, watched.grants);
         self.after_grants(next);
         for event in &applied.events {
             if event.kind == EventKind::Dropped {

@@ -10,6 +10,12 @@ use super::super::pb::{self, compare, request_op, response_op};
 use super::{in_range, key_value, MemError, MemEtcd, Record, MAX_TXN_OPS};
 
 impl MemEtcd {
+    /// [`MemEtcd::txn`] of a transaction as the client builds one: how a test steps a
+    /// front-end's core against the in-memory etcd without a client or a network.
+    pub fn apply(&mut self, txn: &crate::Txn) -> Result<pb::TxnResponse, MemError> {
+        self.txn(&txn.req)
+    }
+
     /// `Txn`: the compares decide the branch, whose operations apply in order, every write at
     /// one new revision (none if nothing is written). A failure changes nothing.
     pub fn txn(&mut self, req: &pb::TxnRequest) -> Result<pb::TxnResponse, MemError> {

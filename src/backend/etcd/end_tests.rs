@@ -1,0 +1,196 @@
+//! The core's end of a lease (`end.rs`), stepped by hand against the in-memory etcd: the
+//! release that grants the head waiter in its own write, through two front-ends, and what
+//! happens when the mirror it decided on was behind.
+
+use super::confirmation::{confirm_answered, confirm_write};
+use super::end::{end_txn, ended, EndAnswer, Ended};
+use super::guards;
+use super::handover::GrantAction;
+use super::head::Me;
+use super::holders::created;
+use super::marks::MarkerValue;
+use super::mirror::HolderRecord;
+use super::rpc::{Compare, PutOptions, Txn, TxnOp};
+use super::stepping::{waiter_value, Core, Stage, BASE};
+use super::values::HolderValue;
+use crate::backend::WaitResult;
+use crate::locks::EventKind;
+
+/// `x` held by client `c1` through fe-a (a plain lease, key in slot `a1`); the revision.
+fn held(stage: &mut Stage) -> i64 {
+    let mut value = waiter_value("fe-a-1", "c1", "fe-a", 0).holder(0);
+    value.deadline_ms = 60_000;
+    let key = stage.layout.holder("x", "a1");
+    let resp = stage.write(&Txn::new().and_then([TxnOp::put(key, value.encode(), None)]));
+    resp.header().map_or(0, |h| h.revision())
+}
+
+/// Client `id` queued on `x` through front-end `fe` (its key in `slot`, on etcd lease
+/// `lease`, 0 for none): its key and revision.
+fn queued(stage: &mut Stage, fe: &str, id: &str, slot: &str, lease: i64) -> (String, i64) {
+    let uid = format!("{fe}-{slot}");
+    let value = waiter_value(&uid, id, fe, lease);
+    let key = stage.layout.waiter("x", slot);
+    let put = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+    let resp = stage.write(&Txn::new().and_then([TxnOp::put(key.clone(), value.encode(), put)]));
+    (key, resp.header().map_or(0, |h| h.revision()))
+}
+
+fn holder_of_x(core: &Core) -> HolderRecord {
+    let ns = core.g.mirror.name("x").expect("x is mirrored");
+    ns.holders.values().next().expect("x is held").clone()
+}
+
+/// fe-a's end of `holder` of `x` (`kind`, guarded by `guard`), as its core builds it,
+/// written to etcd and its answer handed back: the write, etcd's revision after it, and
+/// what the core made of the answer.
+fn end_of(
+    stage: &mut Stage,
+    a: &mut Core,
+    holder: &HolderRecord,
+    kind: EventKind,
+    guard: Compare,
+) -> (Ended, i64, Option<EndAnswer>) {
+    let marker = MarkerValue {
+        kind,
+        rev: holder.rev,
+        fe: a.fe.clone(),
+        by_user: String::new(),
+        by_peer: String::new(),
+    }
+    .encode();
+    let me = Me {
+        fe: &a.fe,
+        layout: &stage.layout,
+    };
+    let end = end_txn(&a.g, &me, "x", kind, holder, guard, &marker, 1_000);
+    let resp = stage.write(&end.txn);
+    let rev = resp.header().map_or(0, |h| h.revision());
+    let answer = ended(&mut a.g, &a.fe, "x", kind, holder, &end, &resp);
+    (end, rev, answer)
+}
+
+/// [`end_of`] for fe-a's UNLOCK of `holder`: the grant its write made, with the revision.
+fn unlock(
+    stage: &mut Stage,
+    a: &mut Core,
+    holder: &HolderRecord,
+) -> (Option<(String, u64, HolderValue)>, i64) {
+    let (_, rev, answer) = end_of(stage, a, holder, EventKind::Released, created(holder));
+    (answer.expect("the UNLOCK ended it").granted, rev)
+}
+
+/// ARCHITECTURE.md's contended hand-over, every step a core's: c1 holds `x` through fe-a,
+/// c2 waits through fe-b; fe-a's UNLOCK grants c2 in its own write, on fe-b's etcd lease;
+/// fe-b's watch shows it, fe-b takes it off its lease, and only then is c2 told.
+#[test]
+fn a_contended_hand_over_through_two_front_ends_step_by_step() {
+    let mut stage = Stage::new();
+    let (mut a, mut b) = (stage.core("fe-a"), stage.core("fe-b"));
+    let lease_b = stage.etcd.lease_grant(60, 0).id;
+    held(&mut stage);
+    let (key, queued_at) = queued(&mut stage, "fe-b", "c2", "b1", lease_b);
+    let value = waiter_value("fe-b-b1", "c2", "fe-b", lease_b);
+    let mut rx = b.waits("x", "b1", key.clone(), queued_at, value, stage.now);
+    stage.sync(&mut a);
+    stage.sync(&mut b);
+    let holder = holder_of_x(&a);
+    let (granted, rev) = unlock(&mut stage, &mut a, &holder);
+    let (id, token, value) = granted.expect("granted in the write");
+    assert_eq!(
+        (id.as_str(), token, value.fe.as_str()),
+        ("c2", BASE + rev as u64, "fe-b")
+    );
+    // In etcd: c2 holds x on fe-b's etcd lease, its waiter key is gone.
+    assert!(stage
+        .etcd
+        .apply(&Txn::new().when([guards::absent(&key)]))
+        .is_ok_and(|r| r.succeeded));
+    // fe-b's watch shows the grant of its waiter: on its etcd lease, so confirmed first.
+    let watched = stage.watch(&mut b);
+    let [GrantAction::Confirm(gr)] = watched.grants.as_slice() else {
+        panic!("one grant, to confirm");
+    };
+    assert_eq!((gr.token, gr.lease), (token, lease_b));
+    assert!(watched.applied.touched.contains("x"));
+    // fe-b takes it off its etcd lease, and then tells c2.
+    let (txn, ours) = confirm_write(&mut b.g, gr).expect("the holder is mirrored");
+    let resp = stage.write(&txn);
+    assert!(rx.try_recv().is_err(), "not told before it is confirmed");
+    assert!(confirm_answered(&mut b.g, gr, Some(&resp), &ours).is_none());
+    match rx.try_recv() {
+        Ok(WaitResult::Granted { token: t, .. }) => assert_eq!(t, token),
+        other => panic!("c2 is told of its grant: {other:?}"),
+    }
+    // The grant outlives fe-b now: on no etcd lease.
+    stage.etcd.revoke(lease_b).expect("fe-b's lease");
+    let held = guards::same_key(&stage.layout.holder("x", "b1"), rev);
+    assert!(stage
+        .etcd
+        .apply(&Txn::new().when([held]))
+        .is_ok_and(|r| r.succeeded));
+}
+
+#[test]
+fn a_release_delivers_its_own_waiters_grant_from_its_answer() {
+    let mut stage = Stage::new();
+    let mut a = stage.core("fe-a");
+    held(&mut stage);
+    let (key, rev) = queued(&mut stage, "fe-a", "c2", "a2", 0);
+    let value = waiter_value("fe-a-a2", "c2", "fe-a", 0);
+    let mut rx = a.waits("x", "a2", key, rev, value, stage.now);
+    stage.sync(&mut a);
+    let holder = holder_of_x(&a);
+    let (granted, _) = unlock(&mut stage, &mut a, &holder);
+    let (_, token, _) = granted.expect("granted in the write");
+    // Told now, whatever the watch does (simulator seed 650274).
+    match rx.try_recv() {
+        Ok(WaitResult::Granted { token: t, .. }) => assert_eq!(t, token),
+        other => panic!("the waiter is told of its grant: {other:?}"),
+    }
+}
+
+#[test]
+fn a_release_decided_on_a_mirror_behind_makes_the_plain_end() {
+    let mut stage = Stage::new();
+    let mut a = stage.core("fe-a");
+    let lease_b = stage.etcd.lease_grant(60, 0).id;
+    held(&mut stage);
+    queued(&mut stage, "fe-b", "c2", "b1", lease_b);
+    stage.sync(&mut a);
+    // c2's LOCK again, through fe-b, rewrites its key after fe-a's mirror saw it.
+    let (key, _) = queued(&mut stage, "fe-b", "c2", "b1", lease_b);
+    let holder = holder_of_x(&a);
+    let (end, _, answer) = end_of(
+        &mut stage,
+        &mut a,
+        &holder,
+        EventKind::Released,
+        created(&holder),
+    );
+    assert!(end.head.is_some(), "decided as if c2's key were as seen");
+    assert!(
+        answer.is_some_and(|a| a.granted.is_none()),
+        "ended, nobody granted"
+    );
+    // c1's key is gone, c2's still waits: its front-end grants it.
+    let gone = guards::absent(&holder.key);
+    let waits = guards::same_key(&key, holder.rev + 1);
+    let check = stage.etcd.apply(&Txn::new().when([gone, waits]));
+    assert!(check.is_ok_and(|r| r.succeeded));
+}
+
+#[test]
+fn a_take_back_of_a_grant_rewritten_since_ends_nothing() {
+    let mut stage = Stage::new();
+    let mut a = stage.core("fe-a");
+    held(&mut stage);
+    stage.sync(&mut a);
+    let holder = holder_of_x(&a);
+    // Handed over at its create revision; a RENEW rewrote it since (its client was told).
+    let renewed = TxnOp::put(holder.key.clone(), "renewed".to_owned(), None);
+    stage.write(&Txn::new().and_then([renewed]));
+    let guard = guards::unchanged(&holder.key, holder.rev);
+    let (_, _, answer) = end_of(&mut stage, &mut a, &holder, EventKind::Revoked, guard);
+    assert!(answer.is_none(), "kept: a client was told of it");
+}
