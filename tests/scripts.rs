@@ -87,3 +87,13 @@ fn scripts_on_etcd() {
         JOBS,
     );
 }
+
+/// Every script on two lockd front-ends in this process over one in-memory etcd (the cluster
+/// simulator's network, faults off; tests/script/sim.rs), the script's connections spread
+/// over both: cluster mode as `scripts_on_etcd` runs it, with hand-overs between front-ends,
+/// and no etcd binary needed.
+#[cfg(feature = "etcd")]
+#[test]
+fn scripts_on_simulated_cluster() {
+    script::run_all(&Target::Simulated, JOBS);
+}
