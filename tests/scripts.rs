@@ -1,6 +1,7 @@
 //! The protocol as checked-in conversations: every tests/scripts/*.lockd, each against a
-//! fresh lockd, on the embedded backend and (feature `etcd`) on a real etcd cluster. See
-//! tests/scripts/README.md for the format. `LOCKD_TEST_SCRIPTS=name,...` runs only some.
+//! fresh lockd, on the embedded backend and (feature `etcd`) on a real etcd cluster and on
+//! two simulated front-ends over the in-memory etcd. See tests/scripts/README.md for the
+//! format. `LOCKD_TEST_SCRIPTS=name,...` runs only some.
 
 mod common;
 mod script;

@@ -146,6 +146,7 @@ pub async fn run_simulated(
             "a simulated front-end is cluster mode: give --etcd".into(),
         ));
     };
+    check_open(&flags, &listener).await?;
     let tls = config.tls.clone();
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {

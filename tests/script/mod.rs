@@ -1,8 +1,9 @@
 //! Scripted protocol tests: tests/scripts/*.lockd are conversations with one lockd (lines
 //! sent, lines expected, wildcards for tokens and times), each run against a fresh lockd
 //! child process on the embedded backend and, with the `etcd` feature, on a real etcd
-//! cluster. The grammar is in tests/scripts/README.md; [`parse`] reads a script, [`pattern`]
-//! matches lines, `run` drives the connections.
+//! cluster, and on two front-ends in this process over the in-memory etcd (`sim`). The
+//! grammar is in tests/scripts/README.md; [`parse`] reads a script, [`pattern`] matches
+//! lines, `run` drives the connections.
 
 pub mod coverage;
 pub mod parse;
