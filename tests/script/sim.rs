@@ -1,8 +1,9 @@
 //! The scripts' simulated cluster (`scripts_on_simulated_cluster`): [`FRONT_ENDS`] lockd
 //! front-ends in this process, over one in-memory etcd behind the cluster simulator's network
-//! (`lockd_etcd::sim`) with its faults off and no delay: no request is lost, refused or late,
-//! and each front-end's watch looks for new revisions every millisecond (as a watch of a real
-//! etcd on loopback delivers them within about one). Each front-end is lockd's own daemon,
+//! (`lockd_etcd::sim`) with its faults off and no delay ([`delay`]): no request is lost,
+//! refused or late, and each front-end's watch looks for new revisions every millisecond (as
+//! a watch of a real etcd on loopback delivers them within about one). Each front-end is
+//! lockd's own daemon,
 //! `lockd::daemon::run_simulated`: the script's flags parsed by lockd's flag parser, its
 //! users loaded and its server and connection code serving a loopback port, with only the
 //! etcd client swapped for the simulated one. A script's connections are spread over the
@@ -28,11 +29,17 @@ use super::run::ServerControl;
 /// How many front-ends serve a script.
 pub const FRONT_ENDS: usize = 2;
 
-/// Each way's travel time between a front-end and etcd, at most: none, an instant network
-/// (a delay of a millisecond or two, each waited for on the real clock, made a script of
-/// 8000 LOCKs, `lagged`, several times slower than on a real etcd; the real etcd target has
-/// its latency).
-const DELAY: Duration = Duration::ZERO;
+/// Each way's travel time between a front-end and etcd, at most: by default none, an instant
+/// network (a delay of a millisecond or two, each waited for on the real clock, makes the
+/// script of 8000 LOCKs, `lagged`, ten times slower: 40s; the real etcd target has its
+/// latency). `LOCKD_TEST_SIM_DELAY_MS=2` runs the scripts with up to 2ms each way instead,
+/// for the races a latency shows.
+fn delay() -> Duration {
+    std::env::var("LOCKD_TEST_SIM_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_millis)
+}
 
 /// The log filter of `lockd` without `-v` (its `main.rs`).
 const LOG_FILTER: &str =
@@ -80,7 +87,7 @@ impl SimCluster {
         let capture = tracing::subscriber::set_default(subscriber);
         let flags = Flags::parse_args(&args).map_err(|e| format!("lockd's flags {args:?}: {e}"))?;
         let faults = Faults {
-            delay: DELAY,
+            delay: delay(),
             ..Faults::default()
         };
         // Faults stay off: `Net::faults(true)` is never called.
