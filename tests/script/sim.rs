@@ -132,8 +132,14 @@ impl SimCluster {
             if cluster.runs.iter().any(JoinHandle::is_finished)
                 || tokio::time::Instant::now() > deadline
             {
+                let mut why = Vec::new();
+                for (fe, run) in cluster.runs.iter_mut().enumerate() {
+                    if run.is_finished() {
+                        why.push(format!("fe{fe}: {:?}", run.await));
+                    }
+                }
                 return Err(format!(
-                    "the front-ends did not start: {:#?}",
+                    "the front-ends did not start: {why:?}; their log: {:#?}",
                     cluster.log()
                 ));
             }
