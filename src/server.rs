@@ -166,16 +166,25 @@ async fn run_cluster(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let cluster = backend::etcd::Cluster::connect(backend::etcd::Settings {
-        config: etcd,
-        limits: config.limits.clone(),
-        watch_buffer: config.watch_buffer,
-        users: config.auth.clone(),
-        metrics: Arc::new(Metrics::new(Deployment::Etcd)),
-    })
-    .await
-    .map_err(io::Error::other)?;
+    let cluster = backend::etcd::Cluster::connect(config.cluster_settings(etcd))
+        .await
+        .map_err(io::Error::other)?;
     serve(config, Backend::Etcd(cluster), listener, shutdown).await
+}
+
+#[cfg(feature = "etcd")]
+impl Config {
+    /// What a front-end of `etcd` starts with under these settings: their limits,
+    /// `--watch-buffer` and users. Also the simulated front-ends' (`backend::etcd::sim`).
+    pub(crate) fn cluster_settings(&self, etcd: EtcdConfig) -> backend::etcd::Settings {
+        backend::etcd::Settings {
+            config: etcd,
+            limits: self.limits.clone(),
+            watch_buffer: self.watch_buffer,
+            users: self.auth.clone(),
+            metrics: Arc::new(Metrics::new(Deployment::Etcd)),
+        }
+    }
 }
 
 #[cfg(not(feature = "etcd"))]

@@ -1,6 +1,7 @@
 //! The protocol as checked-in conversations: every tests/scripts/*.lockd, each against a
-//! fresh lockd, on the embedded backend and (feature `etcd`) on a real etcd cluster. See
-//! tests/scripts/README.md for the format. `LOCKD_TEST_SCRIPTS=name,...` runs only some.
+//! fresh lockd, on the embedded backend and (feature `etcd`) on a real etcd cluster and on
+//! two simulated front-ends over the in-memory etcd. See tests/scripts/README.md for the
+//! format. `LOCKD_TEST_SCRIPTS=name,...` runs only some.
 
 mod common;
 mod script;
@@ -86,4 +87,14 @@ fn scripts_on_etcd() {
         },
         JOBS,
     );
+}
+
+/// Every script on two lockd front-ends in this process over one in-memory etcd (the cluster
+/// simulator's network, faults off; tests/script/sim.rs), the script's connections spread
+/// over both: cluster mode as `scripts_on_etcd` runs it, with hand-overs between front-ends,
+/// and no etcd binary needed.
+#[cfg(feature = "etcd")]
+#[test]
+fn scripts_on_simulated_cluster() {
+    script::run_all(&Target::Simulated, JOBS);
 }

@@ -381,6 +381,27 @@ impl Default for Flags {
 }
 
 impl Flags {
+    /// The server flags `args` (no program name first) as `lockd` parses them, except that no
+    /// `LOCKD_*` environment variable is read: for a program that starts lockd's server
+    /// itself with the flags a user wrote (the protocol scripts' simulated cluster,
+    /// [`crate::daemon::run_simulated`]). An error is clap's message.
+    #[doc(hidden)]
+    pub fn parse_args<I, T>(args: I) -> Result<Flags, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::FromArgMatches as _;
+        let command =
+            Flags::augment_args(clap::Command::new("lockd")).mut_args(|arg| arg.env(None::<&str>));
+        let mut all = vec![std::ffi::OsString::from("lockd")];
+        all.extend(args.into_iter().map(Into::into));
+        command
+            .try_get_matches_from(all)
+            .and_then(|m| Flags::from_arg_matches(&m))
+            .map_err(|e| e.to_string())
+    }
+
     /// Refuses a combination of flags the server could not run with, with the message
     /// `lockd` prints before it exits with status 2: every check that needs no file and no
     /// network, so a bad start fails before it binds a port.
@@ -741,6 +762,18 @@ mod tests {
         assert_eq!(config.max_connections, crate::DEFAULT_MAX_CONNECTIONS);
         assert!(config.data_dir.is_none() && config.etcd.is_none() && config.tls.is_none());
         assert_eq!(Flags::default().listen(), crate::DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn parse_args_parses_as_the_binary_does_without_the_environment() {
+        let flags =
+            Flags::parse_args(["--max-waiters", "2", "--default-ttl", "5m"]).expect("parses");
+        assert_eq!((flags.max_waiters, flags.default_ttl), (2, secs(300)));
+        // Whatever LOCKD_* the test's environment has, none is read.
+        let defaults = Flags::parse_args(Vec::<String>::new()).expect("parses");
+        assert_eq!(format!("{defaults:?}"), format!("{:?}", Flags::default()));
+        let e = Flags::parse_args(["--max-waiters", "many"]).expect_err("refused");
+        assert!(e.contains("--max-waiters"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! programs, and the binary holds no `unsafe` and spawns no task.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -59,13 +59,7 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
     if let (false, Some(dir)) = (flags.etcd.is_empty(), &flags.data_dir) {
         tracing::warn!(dir = %dir.display(), "cluster mode: --data-dir is not used (etcd keeps the locks)");
     }
-    let mut config = flags.server_config().map_err(RunError::Usage)?;
-    let mut reloadable = None;
-    if let Some(path) = &flags.auth_file {
-        let gate = load_users(path).map_err(RunError::Usage)?;
-        reloadable = Some((Arc::clone(&gate), path.clone()));
-        config.auth = Some(gate);
-    }
+    let (mut config, reloadable) = configure(&flags)?;
     // Registered before the server accepts anything: a SIGHUP never kills it.
     tokio::spawn(signals::reload_on_hangup(reloadable, config.tls.clone()));
     let listen = flags.listen();
@@ -98,15 +92,73 @@ pub async fn run(flags: Flags) -> Result<(), RunError> {
         });
     }
     tokio::spawn(signals::cancel_on_signal(shutdown.clone()));
-    server::run(config, listener, shutdown).await.map_err(|e| {
-        // etcd refusing this front-end's certificates, user or rights is a
-        // configuration to fix, like a bad flag: exit 2.
-        let refused = e.get_ref().and_then(|e| e.downcast_ref::<EtcdRefused>());
-        match refused {
-            Some(refused) => RunError::Usage(refused.to_string()),
-            None => RunError::Run(e.to_string()),
+    server::run(config, listener, shutdown)
+        .await
+        .map_err(server_failure)
+}
+
+/// What a SIGHUP reloads: the users' gate of `--auth-file`, and its file.
+type Reloadable = Option<(Arc<Gate>, PathBuf)>;
+
+/// The server's settings `flags` give, with the users of `--auth-file` loaded, and what a
+/// SIGHUP reloads.
+fn configure(flags: &Flags) -> Result<(server::Config, Reloadable), RunError> {
+    let mut config = flags.server_config().map_err(RunError::Usage)?;
+    let mut reloadable = None;
+    if let Some(path) = &flags.auth_file {
+        let gate = load_users(path).map_err(RunError::Usage)?;
+        reloadable = Some((Arc::clone(&gate), path.clone()));
+        config.auth = Some(gate);
+    }
+    Ok((config, reloadable))
+}
+
+/// The server's failure as [`run`] returns it: etcd refusing this front-end's certificates,
+/// user or rights is a configuration to fix, like a bad flag (exit 2); the rest exit 1.
+fn server_failure(e: std::io::Error) -> RunError {
+    let refused = e.get_ref().and_then(|e| e.downcast_ref::<EtcdRefused>());
+    match refused {
+        Some(refused) => RunError::Usage(refused.to_string()),
+        None => RunError::Run(e.to_string()),
+    }
+}
+
+/// [`run`] as front-end number `fe` of a simulated etcd (`lockd_etcd::sim`), for the protocol
+/// scripts' simulated cluster (`tests/scripts.rs`, `scripts_on_simulated_cluster`): the same
+/// flags, checks, users and server, with the signals and the listener handed in. `flags` must
+/// be cluster mode (`--etcd`, any URL: only its `--etcd-prefix`, timeouts and lease are
+/// used); `stop` is SIGTERM, and each message on `hangups` is a SIGHUP. Not served: the
+/// metrics endpoint and the web view (`--metrics-listen`), and `--data-dir` (unused in
+/// cluster mode anyway). Not for production use: the simulated etcd is in memory.
+#[doc(hidden)]
+#[cfg(feature = "etcd")]
+pub async fn run_simulated(
+    flags: Flags,
+    net: &lockd_etcd::sim::Net,
+    fe: usize,
+    listener: TcpListener,
+    stop: CancellationToken,
+    mut hangups: tokio::sync::mpsc::Receiver<()>,
+) -> Result<(), RunError> {
+    let (config, reloadable) = configure(&flags)?;
+    let Some(etcd) = config.etcd.clone() else {
+        return Err(RunError::Usage(
+            "a simulated front-end is cluster mode: give --etcd".into(),
+        ));
+    };
+    check_open(&flags, &listener).await?;
+    let tls = config.tls.clone();
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            signals::reload(&reloadable, &tls);
         }
-    })
+    });
+    let backend = crate::backend::etcd::sim::front_end_of(net, fe, etcd, &config)
+        .await
+        .map_err(|e| RunError::Run(e.to_string()))?;
+    server::serve(config, backend, listener, stop)
+        .await
+        .map_err(server_failure)
 }
 
 /// The web view shows every lock's holders, notes and addresses: on a port others can reach,

@@ -62,35 +62,41 @@ async fn reload_each(
     tls: Option<ServerTls>,
 ) {
     while hangups.recv().await.is_some() {
-        if let Some(tls) = &tls {
-            let file = tls.cert_file().display().to_string();
-            match tls.reload() {
-                Ok(()) => tracing::info!(
-                    file,
-                    "TLS certificate and key reloaded: new connections use them"
-                ),
-                Err(e) => {
-                    tracing::error!(error = %e, "TLS certificate and key not reloaded; the ones loaded before stay in force")
-                }
+        reload(&auth, &tls);
+    }
+}
+
+/// What one SIGHUP does: the TLS certificate and key, then the auth file, read again; a
+/// file that fails to load is logged and what was loaded before stays in force.
+pub(super) fn reload(auth: &Option<(Arc<Gate>, PathBuf)>, tls: &Option<ServerTls>) {
+    if let Some(tls) = tls {
+        let file = tls.cert_file().display().to_string();
+        match tls.reload() {
+            Ok(()) => tracing::info!(
+                file,
+                "TLS certificate and key reloaded: new connections use them"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "TLS certificate and key not reloaded; the ones loaded before stay in force")
             }
         }
-        let Some((gate, path)) = &auth else {
-            tracing::info!(target: "lockd::auth", "SIGHUP: no --auth-file, nothing to reload");
-            continue;
-        };
-        match gate.reload(path) {
-            Ok(users) => tracing::info!(
-                target: "lockd::auth",
-                file = %path.display(),
-                users,
-                "auth file reloaded"
-            ),
-            Err(e) => tracing::error!(
-                target: "lockd::auth",
-                error = %e,
-                "auth file not reloaded; the users loaded before stay in force"
-            ),
-        }
+    }
+    let Some((gate, path)) = auth else {
+        tracing::info!(target: "lockd::auth", "SIGHUP: no --auth-file, nothing to reload");
+        return;
+    };
+    match gate.reload(path) {
+        Ok(users) => tracing::info!(
+            target: "lockd::auth",
+            file = %path.display(),
+            users,
+            "auth file reloaded"
+        ),
+        Err(e) => tracing::error!(
+            target: "lockd::auth",
+            error = %e,
+            "auth file not reloaded; the users loaded before stay in force"
+        ),
     }
 }
 

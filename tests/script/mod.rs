@@ -1,13 +1,16 @@
 //! Scripted protocol tests: tests/scripts/*.lockd are conversations with one lockd (lines
 //! sent, lines expected, wildcards for tokens and times), each run against a fresh lockd
 //! child process on the embedded backend and, with the `etcd` feature, on a real etcd
-//! cluster. The grammar is in tests/scripts/README.md; [`parse`] reads a script, [`pattern`]
-//! matches lines, `run` drives the connections.
+//! cluster, and on two front-ends in this process over the in-memory etcd (`sim`). The
+//! grammar is in tests/scripts/README.md; [`parse`] reads a script, [`pattern`] matches
+//! lines, `run` drives the connections.
 
 pub mod coverage;
 pub mod parse;
 pub mod pattern;
 mod run;
+#[cfg(feature = "etcd")]
+mod sim;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,6 +62,11 @@ pub enum Target {
     /// A lockd front-end on this etcd cluster (its `--etcd` endpoints), under a prefix of
     /// its own per script below `prefix`.
     Etcd { endpoints: String, prefix: String },
+    /// Two lockd front-ends in this process over one in-memory etcd behind the simulated
+    /// network, its faults off (`sim.rs`); the script's connections spread over both.
+    /// Cluster mode: what a script says of etcd (`# backends:`, `# etcd differs:`) holds here.
+    #[cfg(feature = "etcd")]
+    Simulated,
 }
 
 impl Target {
@@ -66,6 +74,17 @@ impl Target {
         match self {
             Target::Embedded => BackendKind::Embedded,
             Target::Etcd { .. } => BackendKind::Etcd,
+            #[cfg(feature = "etcd")]
+            Target::Simulated => BackendKind::Etcd,
+        }
+    }
+
+    /// The target's name, in reports and scratch directories.
+    fn name(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "etcd")]
+            Target::Simulated => "simulated-cluster",
+            _ => self.kind().name(),
         }
     }
 
@@ -74,6 +93,8 @@ impl Target {
         match self {
             Target::Embedded => Duration::from_secs(10),
             Target::Etcd { .. } => Duration::from_secs(60),
+            #[cfg(feature = "etcd")]
+            Target::Simulated => Duration::from_secs(30),
         }
     }
 }
@@ -82,13 +103,52 @@ impl Target {
 enum Server {
     Child(LockdProcess),
     Front(Box<LockdFrontEnd>),
+    #[cfg(feature = "etcd")]
+    Simulated(sim::SimCluster),
 }
 
 impl Server {
-    fn process(&self) -> &LockdProcess {
+    /// The addresses the script's connections go to.
+    fn addrs(&self) -> Vec<std::net::SocketAddr> {
         match self {
-            Server::Child(p) => p,
-            Server::Front(f) => f.process(),
+            Server::Child(p) => vec![p.addr],
+            Server::Front(f) => vec![f.process().addr],
+            #[cfg(feature = "etcd")]
+            Server::Simulated(c) => c.addrs.clone(),
+        }
+    }
+
+    /// What `server:` steps do to it; `users` is its auth file.
+    fn control(&self, users: PathBuf) -> Box<dyn run::ServerControl> {
+        let pid = match self {
+            Server::Child(p) => p.pid(),
+            Server::Front(f) => f.process().pid(),
+            #[cfg(feature = "etcd")]
+            Server::Simulated(c) => return c.control(users),
+        };
+        Box::new(Control { pid, users })
+    }
+
+    /// The end of its log, for a failure's report (on the simulated cluster, and of the
+    /// simulated etcd's trace).
+    fn log_tail(&self, n: usize) -> String {
+        let tail = |lines: Vec<String>| -> String {
+            lines[lines.len().saturating_sub(n)..]
+                .iter()
+                .map(|l| format!("    {l}\n"))
+                .collect()
+        };
+        match self {
+            Server::Child(p) => format!("  lockd's log, last lines:\n{}", tail(p.log())),
+            Server::Front(f) => {
+                format!("  lockd's log, last lines:\n{}", tail(f.process().log()))
+            }
+            #[cfg(feature = "etcd")]
+            Server::Simulated(c) => format!(
+                "  the front-ends' log, last lines:\n{}  the simulated etcd's trace, last lines:\n{}",
+                tail(c.log()),
+                tail(c.trace()),
+            ),
         }
     }
 }
@@ -134,7 +194,12 @@ impl run::ServerControl for Control {
     }
 }
 
-fn start(target: &Target, script: &Script, users: &Path) -> Result<Server, String> {
+fn start(
+    target: &Target,
+    script: &Script,
+    users: &Path,
+    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))] rt: &tokio::runtime::Runtime,
+) -> Result<Server, String> {
     let mut args = script.flags.clone();
     if !script.users.is_empty() {
         write_users(users, &script.users)?;
@@ -160,6 +225,21 @@ fn start(target: &Target, script: &Script, users: &Path) -> Result<Server, Strin
                 .map(Server::Front)
                 .map_err(|_| "lockd front-end did not start (see above)".to_string())
         }
+        #[cfg(feature = "etcd")]
+        Target::Simulated => {
+            let mut all = vec![
+                "--etcd".to_string(),
+                "http://simulated-etcd:2379".into(),
+                "--etcd-prefix".into(),
+                format!("/lockd-scripts/{}/", script.name),
+            ];
+            all.extend(args);
+            let seed = script.name.bytes().fold(0u64, |h, b| {
+                h.wrapping_mul(0x100_0000_01b3).wrapping_add(u64::from(b))
+            });
+            rt.block_on(sim::SimCluster::start(all, seed))
+                .map(Server::Simulated)
+        }
     }
 }
 
@@ -176,21 +256,22 @@ fn run_one(target: &Target, script: &Script) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!(
         "lockd-script-{}-{}-{}",
         std::process::id(),
-        target.kind().name(),
+        target.name(),
         script.name
     ));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("scratch dir: {e}"))?;
     let users = scratch.join("users");
-    let server = start(target, script, &users)?;
-    let control = Box::new(Control {
-        pid: server.process().pid(),
-        users,
-    });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let mut run = run::Run::new(server.process().addr, target.guard(), control);
+    let server = start(target, script, &users, &rt)?;
+    let control = server.control(users);
+    let mut addrs = server.addrs();
+    if script.one_front_end.is_some() {
+        addrs.truncate(1);
+    }
+    let mut run = run::Run::new(addrs, script.conn_names(), target.guard(), control);
     let result = rt.block_on(run.steps(&script.steps));
     let _ = std::fs::remove_dir_all(&scratch);
     let Err(f) = result else { return Ok(()) };
@@ -201,13 +282,13 @@ fn run_one(target: &Target, script: &Script) -> Result<(), String> {
             .collect()
     };
     Err(format!(
-        "tests/scripts/{}.lockd:{}: {}\n  {}\n  the conversation's last lines:\n{}  lockd's log, last lines:\n{}",
+        "tests/scripts/{}.lockd:{}: {}\n  {}\n  the conversation's last lines:\n{}{}",
         script.name,
         f.line,
         f.source,
         f.what,
         tail(&run.transcript, transcript_lines()),
-        tail(&server.process().log(), 15),
+        server.log_tail(15),
     ))
 }
 
@@ -245,25 +326,36 @@ pub fn run_all(target: &Target, jobs: usize) {
                 let Some((script, known)) = scripts.get(i) else {
                     break;
                 };
+                let began = std::time::Instant::now();
                 let result = run_one(target, script);
+                let took = began.elapsed();
                 results
                     .lock()
                     .expect("results")
-                    .push((script.name.clone(), *known, result));
+                    .push((script.name.clone(), *known, result, took));
             });
         }
     });
     let mut results = results.into_inner().expect("results");
     results.sort_by(|a, b| a.0.cmp(&b.0));
-    let backend = target.kind().name();
+    let backend = target.name();
+    let mut slowest: Vec<(Duration, &str)> = results.iter().map(|r| (r.3, r.0.as_str())).collect();
+    slowest.sort_by(|a, b| b.cmp(a));
+    let slowest: Vec<String> = slowest
+        .iter()
+        .take(5)
+        .map(|(took, name)| format!("{name} {:.1}s", took.as_secs_f64()))
+        .collect();
+    eprintln!("slowest scripts on {backend}: {}", slowest.join(", "));
+    let marked = target.kind().name();
     let passed = results.iter().filter(|r| !r.1 && r.2.is_ok()).count();
-    for (name, known, r) in results {
+    for (name, known, r, _) in results {
         match (known, r) {
             (false, Ok(())) => {}
             (false, Err(report)) => failures.push(format!("--- {name} on {backend}:\n{report}")),
             // Not a failure either way: the script's header already says it differs.
             (true, Ok(())) => eprintln!(
-                "{name}: marked `{backend} differs` but passed on {backend} this time \
+                "{name}: marked `{marked} differs` but passed on {backend} this time \
                  (fixed, or a race that went the other way?)"
             ),
             (true, Err(report)) => {
@@ -273,7 +365,7 @@ pub fn run_all(target: &Target, jobs: usize) {
         }
     }
     eprintln!(
-        "{passed} scripts passed on the {backend} backend, {} failed",
+        "{passed} scripts passed on {backend}, {} failed",
         failures.len()
     );
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));

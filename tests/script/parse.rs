@@ -119,10 +119,40 @@ pub struct Script {
     pub backends: Vec<BackendKind>,
     /// What the script says about a backend that differs (`# etcd differs: ...`).
     pub notes: Vec<String>,
+    /// `# one front-end: <why>`: on a simulated cluster every connection goes to the first
+    /// front-end, for a script about what one server does (its connection limits, its own
+    /// connections); why, in words.
+    pub one_front_end: Option<String>,
     pub steps: Vec<Line>,
 }
 
 impl Script {
+    /// The names of the script's connections, in the order each first appears: on a
+    /// simulated cluster connection `k` of this list is served by front-end `k mod n`.
+    pub fn conn_names(&self) -> Vec<String> {
+        fn walk(lines: &[Line], names: &mut Vec<String>) {
+            for line in lines {
+                let conn = match &line.step {
+                    Step::Send { conn, .. }
+                    | Step::Expect { conn, .. }
+                    | Step::Poll { conn, .. }
+                    | Step::Act { conn, .. } => conn,
+                    Step::Repeat { body, .. } => {
+                        walk(body, names);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                if !names.contains(conn) {
+                    names.push(conn.clone());
+                }
+            }
+        }
+        let mut names = Vec::new();
+        walk(&self.steps, &mut names);
+        names
+    }
+
     /// Whether the script says `# <backend> differs:` (and so is not run there as a test).
     pub fn differs_on(&self, backend: BackendKind) -> bool {
         let mark = format!("{} differs:", backend.name());
@@ -233,6 +263,7 @@ pub fn parse(name: &str, text: &str) -> Result<Script, String> {
         users: Vec::new(),
         backends: vec![BackendKind::Embedded, BackendKind::Etcd],
         notes: Vec::new(),
+        one_front_end: None,
         steps: Vec::new(),
     };
     // Open `repeat` blocks: their first line and the steps read so far.
@@ -265,6 +296,12 @@ pub fn parse(name: &str, text: &str) -> Result<Script, String> {
                             other => Err(at(format!("unknown backend {other:?}"))),
                         })
                         .collect::<Result<_, _>>()?;
+                } else if let Some(why) = comment.strip_prefix("one front-end:") {
+                    let why = why.trim();
+                    if why.is_empty() {
+                        return Err(at("`# one front-end:` says why".into()));
+                    }
+                    script.one_front_end = Some(why.to_owned());
                 } else if comment.contains("differs:") {
                     script.notes.push(comment.to_owned());
                 }

@@ -70,7 +70,11 @@ impl Conn {
 
 /// A script's run: its connections and captured values.
 pub struct Run {
-    addr: SocketAddr,
+    /// The server's addresses: one, or a simulated cluster's front-ends.
+    addrs: Vec<SocketAddr>,
+    /// The script's connections in order of first appearance: the `k`th is served by
+    /// `addrs[k % addrs.len()]`.
+    order: Vec<String>,
     guard: Duration,
     conns: HashMap<String, Conn>,
     vars: Vars,
@@ -81,9 +85,16 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn new(addr: SocketAddr, guard: Duration, server: Box<dyn ServerControl>) -> Run {
+    pub fn new(
+        addrs: Vec<SocketAddr>,
+        order: Vec<String>,
+        guard: Duration,
+        server: Box<dyn ServerControl>,
+    ) -> Run {
+        assert!(!addrs.is_empty(), "a server to talk to");
         Run {
-            addr,
+            addrs,
+            order,
             guard,
             conns: HashMap::new(),
             vars: Vars::new(),
@@ -92,9 +103,21 @@ impl Run {
         }
     }
 
+    /// Where connection `name` goes; on several front-ends, noted in the transcript.
+    fn addr(&mut self, name: &str) -> SocketAddr {
+        if self.addrs.len() == 1 {
+            return self.addrs[0];
+        }
+        let k = self.order.iter().position(|n| n == name).unwrap_or(0);
+        let fe = k % self.addrs.len();
+        self.note(format!("{name}: opened on fe{fe}"));
+        self.addrs[fe]
+    }
+
     async fn conn(&mut self, name: &str) -> Result<&mut Conn, String> {
         if !self.conns.contains_key(name) {
-            let c = Conn::open(self.addr, false, self.guard).await?;
+            let addr = self.addr(name);
+            let c = Conn::open(addr, false, self.guard).await?;
             self.conns.insert(name.to_owned(), c);
         }
         Ok(self.conns.get_mut(name).expect("just opened"))
@@ -238,8 +261,9 @@ impl Run {
             Action::Connect => self.conn(conn).await.map(|_| ()),
             Action::ConnectServed(small) => {
                 let deadline = tokio::time::Instant::now() + guard;
+                let addr = self.addr(conn);
                 loop {
-                    let mut c = Conn::open(self.addr, *small, guard).await?;
+                    let mut c = Conn::open(addr, *small, guard).await?;
                     c.send(b"PING\n", guard).await?;
                     let got = c.read(guard).await;
                     match &got {
@@ -257,7 +281,8 @@ impl Run {
                 }
             }
             Action::ConnectSmall => {
-                let c = Conn::open(self.addr, true, guard).await?;
+                let addr = self.addr(conn);
+                let c = Conn::open(addr, true, guard).await?;
                 self.conns.insert(conn.to_owned(), c);
                 Ok(())
             }

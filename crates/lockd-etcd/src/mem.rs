@@ -124,12 +124,21 @@ impl MemEtcd {
     }
 
     fn read(&self, key: &[u8], range_end: &[u8]) -> Vec<mvccpb::KeyValue> {
-        self.kv
-            .range(key.to_vec()..)
-            .take_while(|(k, _)| range_end.is_empty() || in_range(key, range_end, k))
-            .filter(|(k, _)| in_range(key, range_end, k))
+        self.entries(key, range_end)
             .map(|(k, r)| key_value(k, r))
             .collect()
+    }
+
+    /// The records of the keys in `[key, range_end)` ([`in_range`]), in key order, without
+    /// a look at any key past them.
+    fn entries<'a>(
+        &'a self,
+        key: &'a [u8],
+        range_end: &'a [u8],
+    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a Record)> + 'a {
+        self.kv
+            .range(key.to_vec()..)
+            .take_while(move |(k, _)| in_range(key, range_end, k))
     }
 
     /// Forgets the history up to `rev`: a watch from there or before is told it was

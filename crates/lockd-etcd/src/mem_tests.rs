@@ -105,6 +105,47 @@ fn leases_expire_in_a_revision_each_and_a_put_needs_a_live_one() {
 }
 
 #[test]
+fn a_put_with_a_missing_lease_fails_the_whole_transaction() {
+    let mut m = MemEtcd::new();
+    let id = m.lease_grant(60, 0).id;
+    m.txn(&txn(vec![], vec![put("k", "0", 0)])).unwrap();
+    let before = (m.revision(), m.watch(b"", b"\0", 1).unwrap().len());
+    // The puts and deletes before the bad one, and in a nested transaction (etcd checks the
+    // leases of every branch taken before it writes anything).
+    let del = op(request_op::Request::RequestDeleteRange(
+        pb::DeleteRangeRequest {
+            key: b"k".to_vec(),
+            range_end: Vec::new(),
+        },
+    ));
+    let nested = op(request_op::Request::RequestTxn(txn(
+        vec![],
+        vec![put("c", "1", 999)],
+    )));
+    for bad in [
+        txn(
+            vec![],
+            vec![put("a", "1", id), del.clone(), put("b", "1", 999)],
+        ),
+        txn(vec![], vec![put("a", "1", 0), nested]),
+    ] {
+        assert_eq!(m.txn(&bad), Err(MemError::LeaseNotFound));
+        assert_eq!(
+            (m.revision(), m.watch(b"", b"\0", 1).unwrap().len()),
+            before
+        );
+        assert_eq!(m.range(&get_req("a")).count, 0);
+        assert_eq!(m.range(&get_req("k")).count, 1);
+    }
+    // A put with a missing lease in the branch not taken is no failure.
+    let absent = cmp("zz", T::Version, R::Greater, U::Version(0));
+    let mut other = txn(vec![absent], vec![put("b", "1", 999)]);
+    other.failure = vec![put("a", "1", id)];
+    assert!(!m.txn(&other).unwrap().succeeded);
+    assert_eq!(m.range(&get_req("a")).count, 1);
+}
+
+#[test]
 fn a_watch_from_a_compacted_revision_is_told_so() {
     let mut m = MemEtcd::new();
     for v in ["1", "2", "3"] {

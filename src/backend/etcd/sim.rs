@@ -27,7 +27,6 @@ pub async fn front_end(
     config: EtcdConfig,
     limits: Limits,
 ) -> Result<Backend, Box<dyn std::error::Error + Send + Sync>> {
-    let client = super::rpc::Client::simulated(net.link(fe));
     let settings = Settings {
         config,
         limits,
@@ -35,6 +34,27 @@ pub async fn front_end(
         users: None,
         metrics: Arc::new(Metrics::new(crate::metrics::Deployment::Etcd)),
     };
+    start(net, fe, settings).await
+}
+
+/// Front-end number `fe` of `net` with the settings `config` gives (its limits,
+/// `--watch-buffer`, users), as `lockd --etcd` makes its front-end from them
+/// (`server::run`): for [`crate::daemon::run_simulated`].
+pub(crate) async fn front_end_of(
+    net: &Net,
+    fe: usize,
+    etcd: EtcdConfig,
+    config: &crate::server::Config,
+) -> Result<Backend, Box<dyn std::error::Error + Send + Sync>> {
+    start(net, fe, config.cluster_settings(etcd)).await
+}
+
+async fn start(
+    net: &Net,
+    fe: usize,
+    settings: Settings,
+) -> Result<Backend, Box<dyn std::error::Error + Send + Sync>> {
+    let client = super::rpc::Client::simulated(net.link(fe));
     let cluster = Cluster::start(client, format!("fe{fe}"), settings).await?;
     Ok(Backend::Etcd(cluster))
 }

@@ -28,18 +28,45 @@ impl MemEtcd {
         // transaction (a nested compare does not see the writes made before it).
         let mut path = Vec::new();
         self.branches(req, &mut path);
-        let mut path = path.into_iter();
-        let mut draft = self.clone();
+        // etcd checks every put of the branches taken before it writes anything
+        // (`checkRequestPut`): one naming a lease that does not exist fails the transaction,
+        // and nothing is written. Past this check nothing can fail, so the writes go to the
+        // store itself (a copy of the store per transaction made a long run quadratic).
+        self.check_leases(req, &mut path.iter().copied())?;
         let next = self.revision + 1;
         let mut wrote = false;
-        let resp = draft.apply_txn(req, next, &mut wrote, &mut path)?;
+        let mut resp = self.apply_txn(req, next, &mut wrote, &mut path.into_iter())?;
         if wrote {
-            draft.revision = next;
+            self.revision = next;
         }
-        *self = draft;
-        let mut resp = resp;
         resp.header = self.header();
         Ok(resp)
+    }
+
+    /// [`MemError::LeaseNotFound`] if a put of the branches `path` takes (as
+    /// [`MemEtcd::branches`] found them) names a lease that does not exist.
+    fn check_leases(
+        &self,
+        req: &pb::TxnRequest,
+        path: &mut impl Iterator<Item = bool>,
+    ) -> Result<(), MemError> {
+        let ops = if path.next().unwrap_or(false) {
+            &req.success
+        } else {
+            &req.failure
+        };
+        for op in ops {
+            match &op.request {
+                Some(request_op::Request::RequestPut(p))
+                    if p.lease != 0 && !self.leases.contains_key(&p.lease) =>
+                {
+                    return Err(MemError::LeaseNotFound)
+                }
+                Some(request_op::Request::RequestTxn(t)) => self.check_leases(t, path)?,
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// The branch every transaction of the tree takes, in the order [`MemEtcd::apply_txn`]
@@ -123,8 +150,13 @@ impl MemEtcd {
         kvs.iter().all(|kv| compare_one(c, kv))
     }
 
+    /// A put, its lease checked before ([`MemEtcd::check_leases`]).
     fn put(&mut self, p: &pb::PutRequest, rev: i64) -> Result<(), MemError> {
         if p.lease != 0 && !self.leases.contains_key(&p.lease) {
+            debug_assert!(
+                false,
+                "a put's lease is checked before the transaction writes"
+            );
             return Err(MemError::LeaseNotFound);
         }
         let old = self.kv.get(&p.key).cloned();
@@ -155,10 +187,8 @@ impl MemEtcd {
 
     pub(super) fn delete(&mut self, key: &[u8], range_end: &[u8], rev: i64) -> i64 {
         let gone: Vec<Vec<u8>> = self
-            .kv
-            .keys()
-            .filter(|k| in_range(key, range_end, k))
-            .cloned()
+            .entries(key, range_end)
+            .map(|(k, _)| k.clone())
             .collect();
         for k in &gone {
             if let Some(old) = self.kv.remove(k) {

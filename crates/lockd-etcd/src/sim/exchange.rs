@@ -16,12 +16,20 @@ impl Net {
         T: Send + 'static,
         F: FnOnce(&mut World) -> Result<(T, String), Error> + Send + 'static,
     {
-        let (there, back, timeout, lose, reachable) = {
+        let (there, back, timeout, lose, reachable, instant) = {
             let mut w = self.world();
             let per_mille = w.faults.lose_per_mille;
             let lose = w.faulty && w.rng.chance(per_mille);
             let reachable = w.reachable(fe);
-            (w.delay(), w.delay(), w.request_timeout, lose, reachable)
+            let instant = w.faults.delay.is_zero();
+            (
+                w.delay(),
+                w.delay(),
+                w.request_timeout,
+                lose,
+                reachable,
+                instant,
+            )
         };
         if !reachable {
             sleep(timeout).await;
@@ -41,13 +49,13 @@ impl Net {
             sleep(timeout).await;
             return Err(timed_out());
         }
-        sleep(there).await;
+        travel(there, instant).await;
         let result = self.arrive(fe, &what, apply, lose || there + back >= timeout);
         if lose || there + back >= timeout {
             sleep(timeout - there).await;
             return Err(timed_out());
         }
-        sleep(back).await;
+        travel(back, instant).await;
         result
     }
 
@@ -84,5 +92,14 @@ impl Net {
             Err(e) => w.note(format_args!("fe{fe}: {what}: failed: {e}")),
         }
         result.map(|(t, _)| t)
+    }
+}
+
+/// One leg's travel time. On an instant network (a zero [`Faults::delay`](super::Faults)) a
+/// leg of zero takes no time at all; elsewhere it still waits for the timer's next tick (a
+/// `sleep` of zero does, up to a millisecond), as the simulator's seeds were recorded with.
+async fn travel(d: std::time::Duration, instant: bool) {
+    if !(instant && d.is_zero()) {
+        sleep(d).await;
     }
 }

@@ -44,7 +44,9 @@ const TRACE_LINES: usize = 3000;
 /// request takes up to `delay` each way and nothing fails.
 #[derive(Clone, Debug)]
 pub struct Faults {
-    /// How long a request or answer takes, at most, most of the time.
+    /// How long a request or answer takes, at most, most of the time. Zero: an instant
+    /// network, where a request is applied and answered without waiting for the timer (for
+    /// runs in real time, such as the protocol scripts' simulated cluster).
     pub delay: Duration,
     /// Per mille of requests and answers that take up to [`Faults::slow`] instead.
     pub slow_per_mille: u32,
