@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::backend::now;
+
 use super::confirmation::{confirm_answered, confirm_write};
 use super::mirror::Granted;
 use super::Cluster;
@@ -18,7 +20,7 @@ impl Cluster {
             Some((txn, ours)) => (self.cleanup(txn).await, ours),
             None => (None, String::new()),
         };
-        let back = confirm_answered(&mut self.guard(), &gr, resp.as_ref(), &ours);
+        let back = confirm_answered(&mut self.guard(), &gr, resp.as_ref(), &ours, now());
         if let Some(back) = back {
             self.take_back(&back.name, back.token, back.handover).await;
         }

@@ -5,12 +5,14 @@
 //! write that takes it off, and how its answer is read: confirmed, taken over or lost. Pure;
 //! `confirm.rs` is its driver.
 
+use std::time::Instant;
+
 use super::rpc::{Txn, TxnOp, TxnResponse};
 
 use crate::backend::{BackendError, HandOver, WaitResult};
 use crate::locks::WaitEnd;
 
-use super::handover::{deliver, TakeBack};
+use super::delivery::{deliver, TakeBack};
 use super::mirror::Granted;
 use super::values::HolderValue;
 use super::{guards, ClusterState};
@@ -43,6 +45,7 @@ pub(super) fn confirm_answered(
     gr: &Granted,
     resp: Option<&TxnResponse>,
     ours: &str,
+    now: Instant,
 ) -> Option<TakeBack> {
     if let Some(r) = resp.filter(|r| r.succeeded()) {
         g.wrote(&gr.name, r.header().map_or(0, |h| h.revision()), false);
@@ -59,7 +62,7 @@ pub(super) fn confirm_answered(
     }
     match confirmed {
         Some(handover) if g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid) => {
-            deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover)
+            deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover, now)
         }
         // Nobody waits for it any more (the wait was lost with an etcd lease).
         Some(handover) => Some(TakeBack {

@@ -5,12 +5,14 @@
 //! out; `release.rs` is its driver (it sends, retries, logs), and `end_tests.rs` steps it
 //! by hand.
 
+use std::time::Instant;
+
 use super::rpc::{Compare, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use crate::backend::HandOver;
 use crate::locks::{EventKind, Token};
 
-use super::handover::deliver_own;
+use super::delivery::deliver_own;
 use super::head::Me;
 use super::keys::{names_of, Layout};
 use super::mirror::{HolderRecord, Mirror, WaiterRecord};
@@ -21,6 +23,8 @@ use super::{guards, ClusterState};
 pub(super) struct Ended {
     pub txn: Txn,
     pub head: Option<(String, HolderValue)>,
+    /// Why it ends.
+    pub kind: EventKind,
 }
 
 /// What an end's answer says, when the write ended the holder.
@@ -85,6 +89,7 @@ pub(super) fn end_txn(
         return Ended {
             txn: plain,
             head: None,
+            kind,
         };
     };
     let mut value = head.value.holder(wall_ms);
@@ -116,6 +121,7 @@ pub(super) fn end_txn(
     Ended {
         txn,
         head: Some((head.value.id.clone(), value)),
+        kind,
     }
 }
 
@@ -162,6 +168,7 @@ fn end_set_txn(
     Ended {
         txn: Txn::new().when(when).and_then(ops),
         head: None,
+        kind,
     }
 }
 
@@ -218,11 +225,12 @@ pub(super) fn ended(
     g: &mut ClusterState,
     fe: &str,
     name: &str,
-    kind: EventKind,
     holder: &HolderRecord,
     ended: &Ended,
     resp: &TxnResponse,
+    now: Instant,
 ) -> Option<EndAnswer> {
+    let kind = ended.kind;
     let depth = success_depth(resp)?;
     let plain = usize::from(ended.head.is_some());
     let rev = resp.header().map_or(0, |h| h.revision());
@@ -241,7 +249,7 @@ pub(super) fn ended(
         (0, Some((id, value))) => {
             let token = g.mirror.token(rev);
             if value.fe == fe {
-                deliver_own(g, &value.uid, name, token, value.ttl_ms, HandOver(rev));
+                deliver_own(g, &value.uid, name, token, value.ttl_ms, HandOver(rev), now);
             }
             Some((id.clone(), token, value.clone()))
         }

@@ -3,9 +3,9 @@
 //! happens when the mirror it decided on was behind.
 
 use super::confirmation::{confirm_answered, confirm_write};
+use super::delivery::GrantAction;
 use super::end::{end_txn, ended, EndAnswer, Ended};
 use super::guards;
-use super::handover::GrantAction;
 use super::head::Me;
 use super::holders::created;
 use super::marks::MarkerValue;
@@ -66,7 +66,7 @@ fn end_of(
     let end = end_txn(&a.g, &me, "x", kind, holder, guard, &marker, 1_000);
     let resp = stage.write(&end.txn);
     let rev = resp.header().map_or(0, |h| h.revision());
-    let answer = ended(&mut a.g, &a.fe, "x", kind, holder, &end, &resp);
+    let answer = ended(&mut a.g, &a.fe, "x", holder, &end, &resp, stage.now);
     (end, rev, answer)
 }
 
@@ -117,7 +117,7 @@ fn a_contended_hand_over_through_two_front_ends_step_by_step() {
     let (txn, ours) = confirm_write(&mut b.g, gr).expect("the holder is mirrored");
     let resp = stage.write(&txn);
     assert!(rx.try_recv().is_err(), "not told before it is confirmed");
-    assert!(confirm_answered(&mut b.g, gr, Some(&resp), &ours).is_none());
+    assert!(confirm_answered(&mut b.g, gr, Some(&resp), &ours, stage.now).is_none());
     match rx.try_recv() {
         Ok(WaitResult::Granted { token: t, .. }) => assert_eq!(t, token),
         other => panic!("c2 is told of its grant: {other:?}"),

@@ -262,7 +262,7 @@ impl Cluster {
         };
         // Shown by the watch before the answer failed: decided now, as the watch would have.
         if let Some(gr) = shown {
-            let action = super::handover::on_grant(&mut self.guard(), &gr);
+            let action = super::delivery::on_grant(&mut self.guard(), &gr, now());
             self.after_grants(vec![action]);
         }
     }

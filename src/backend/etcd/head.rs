@@ -12,7 +12,7 @@ use super::rpc::{Error, PutOptions, Txn, TxnOp, TxnResponse};
 use crate::backend::HandOver;
 use crate::locks::{rules, Token, WaiterId};
 
-use super::handover::{deliver, TakeBack};
+use super::delivery::{deliver, TakeBack};
 use super::keys::{names_of, Layout};
 use super::mirror::{Mirror, NameState, WaiterRecord};
 use super::values::HolderValue;
@@ -213,6 +213,7 @@ pub(super) fn head_answered(
     g: &mut ClusterState,
     a: &Attempt,
     answer: &Result<TxnResponse, Error>,
+    now: Instant,
 ) -> HeadAfter {
     if let Some(resp) = answer.as_ref().ok().filter(|r| r.succeeded()) {
         let rev = resp.header().map_or(0, |h| h.revision());
@@ -222,7 +223,15 @@ pub(super) fn head_answered(
         // The waiter hears of it now, or from the watch if that saw it first (the watch also
         // delivers a grant whose answer was lost on the way back).
         let token = g.mirror.token(rev);
-        let back = deliver(g, &a.uid, &a.name, token, a.value.ttl_ms, HandOver(rev));
+        let back = deliver(
+            g,
+            &a.uid,
+            &a.name,
+            token,
+            a.value.ttl_ms,
+            HandOver(rev),
+            now,
+        );
         return HeadAfter::Granted { token, back };
     }
     let unreachable = answer.is_err();

@@ -103,7 +103,7 @@ fn a_head_that_does_not_fit_waits_and_is_tried_once_the_holder_goes() {
     // Tried once: the name has not changed, so looking again tries nothing more.
     assert!(matches!(f.step(), HeadStep::Wait));
     // Applied at revision 8: delivered with the token of that revision.
-    let after = head_answered(&mut f.c.g, &a, &Ok(txn_answer(true, 8, Vec::new())));
+    let after = head_answered(&mut f.c.g, &a, &Ok(txn_answer(true, 8, Vec::new())), f.now);
     assert!(matches!(after, HeadAfter::Granted { token, back: None } if token == BASE + 8));
     match rx.try_recv() {
         Ok(WaitResult::Granted { token, .. }) => assert_eq!(token, BASE + 8),
@@ -120,7 +120,7 @@ fn a_grant_etcd_did_not_answer_is_tried_again_after_a_pause() {
     let HeadStep::Try(a) = f.step() else {
         panic!("tried");
     };
-    let after = head_answered(&mut f.c.g, &a, &Err(unreachable()));
+    let after = head_answered(&mut f.c.g, &a, &Err(unreachable()), f.now);
     assert!(matches!(
         after,
         HeadAfter::NotGranted {
@@ -143,7 +143,7 @@ fn a_grant_refused_by_its_guards_waits_for_the_name_to_change() {
         panic!("tried");
     };
     // Another front-end's write came first (the marker moved): the guards failed.
-    let after = head_answered(&mut f.c.g, &a, &Ok(txn_answer(false, 8, Vec::new())));
+    let after = head_answered(&mut f.c.g, &a, &Ok(txn_answer(false, 8, Vec::new())), f.now);
     assert!(matches!(
         after,
         HeadAfter::NotGranted {
@@ -172,7 +172,7 @@ fn a_grant_to_a_waiter_that_left_meanwhile_is_taken_back_as_handed_over() {
     let waiter = f.c.g.by_uid["fe-a-1"];
     let left = f.c.g.leave(waiter).expect("it waited");
     drop(left);
-    let after = head_answered(&mut f.c.g, &a, &Ok(txn_answer(true, 8, Vec::new())));
+    let after = head_answered(&mut f.c.g, &a, &Ok(txn_answer(true, 8, Vec::new())), f.now);
     let HeadAfter::Granted {
         token,
         back: Some(back),

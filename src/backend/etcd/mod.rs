@@ -63,6 +63,7 @@ mod breaks;
 mod cause;
 mod confirm;
 mod confirmation;
+mod delivery;
 mod end;
 #[cfg(test)]
 mod end_tests;

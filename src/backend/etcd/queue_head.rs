@@ -41,7 +41,7 @@ impl Cluster {
         let marker = self.marker(EventKind::Acquired, 0);
         let put = self.holder_put(a.value.session_ms.is_some());
         let answer = self.txn(grant_txn(&self.layout, &a, &marker, put)).await;
-        let after = head_answered(&mut self.guard(), &a, &answer);
+        let after = head_answered(&mut self.guard(), &a, &answer, now());
         match after {
             HeadAfter::Granted { token, back } => {
                 for (name, _, _) in &a.parts {

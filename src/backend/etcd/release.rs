@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::rpc::{Compare, TxnResponse};
 
-use crate::backend::{BackendError, HandOver};
+use crate::backend::{now, BackendError, HandOver};
 use crate::locks::{EventKind, TableError, Token, UserId};
 
 use super::end::{self, Ended};
@@ -74,7 +74,15 @@ impl Cluster {
         ended: &Ended,
         resp: &TxnResponse,
     ) -> bool {
-        let answer = end::ended(&mut self.guard(), &self.fe, name, kind, holder, ended, resp);
+        let answer = end::ended(
+            &mut self.guard(),
+            &self.fe,
+            name,
+            holder,
+            ended,
+            resp,
+            now(),
+        );
         let Some(answer) = answer else {
             return false;
         };

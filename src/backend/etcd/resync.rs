@@ -11,7 +11,7 @@ use super::rpc::GetOptions;
 use crate::backend::{now, BackendError, WaitResult};
 use crate::locks::EventKind;
 
-use super::handover::{on_grant, taken_over};
+use super::delivery::{on_grant, taken_over};
 use super::mirror::{Granted, KeyChange, Mirror};
 use super::watch::change;
 use super::Cluster;
@@ -79,7 +79,7 @@ impl Cluster {
                 .filter(|gr| g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid))
                 .collect();
             for gr in &grants {
-                next.push(on_grant(g, gr));
+                next.push(on_grant(g, gr, now()));
             }
             // Waiters of ours whose place another front-end took over while we were behind.
             let moved: Vec<String> = g

@@ -9,7 +9,7 @@ use std::time::Instant;
 use crate::locks::{EventKind, WaitEnd};
 
 use super::apply::Applied;
-use super::handover::{on_grant, taken_over, GrantAction};
+use super::delivery::{on_grant, taken_over, GrantAction};
 use super::head::{orphans, Me};
 use super::keys::Key;
 use super::marks::SupersededValue;
@@ -55,7 +55,7 @@ pub(super) fn watched(
     // taken back.
     for gr in &applied.granted {
         if gr.fe == me.fe {
-            grants.push(on_grant(g, gr));
+            grants.push(on_grant(g, gr, now));
         }
     }
     // A grant of ours being confirmed, taken off its etcd lease: the confirmation's own
@@ -65,7 +65,7 @@ pub(super) fn watched(
             .waiting_mut(&gr.uid)
             .is_some_and(|l| l.phase.confirming().is_some());
         if gr.fe == me.fe && confirming {
-            grants.push(on_grant(g, gr));
+            grants.push(on_grant(g, gr, now));
         }
     }
     // Waiters of ours whose place a LOCK of the same id through another front-end took over.

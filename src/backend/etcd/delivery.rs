@@ -1,0 +1,188 @@
+//! What this front-end's waiters are told, as its core decides it: a grant (made by any
+//! front-end, shown by the watch, a read or its own write's answer) delivered to the request
+//! waiting for it, once, whichever comes first; confirmed first when it hangs on this
+//! front-end's etcd lease (`confirmation.rs`); taken back, only as it was handed over, when
+//! its waiter left; a place taken over by a LOCK of the same id. Pure: `handover.rs` carries
+//! out what it returns.
+
+use std::time::{Duration, Instant};
+
+use crate::backend::{HandOver, WaitResult};
+use crate::locks::{Token, WaitEnd};
+
+use super::mirror::Granted;
+use super::{ClusterState, Phase};
+
+/// A grant to take back: it was handed over as `handover` to a waiter that had left.
+pub(super) struct TakeBack {
+    pub(super) name: String,
+    pub(super) token: Token,
+    pub(super) handover: HandOver,
+}
+
+/// What to do with a grant to a waiter of this front-end.
+pub(super) enum GrantAction {
+    Nothing,
+    TakeBack(TakeBack),
+    Confirm(Granted),
+}
+
+/// A waiter of this front-end whose key another front-end rewrote for a LOCK of the same id
+/// (its place taken over): its request is answered `ERR REPLACED`, as on one server.
+pub(super) fn taken_over(g: &mut ClusterState, uid: &str) {
+    let Some(&waiter) = g.by_uid.get(uid) else {
+        g.left.remove(uid);
+        return;
+    };
+    // A request of ours whose own write (taking the place over) is not answered yet: the
+    // record seen is the one it replaces.
+    if g.waiting
+        .get(&waiter)
+        .is_some_and(|l| l.phase == Phase::Writing)
+    {
+        return;
+    }
+    g.left.remove(uid);
+    g.by_uid.remove(uid);
+    if let Some(l) = g.waiting.remove(&waiter) {
+        let _ = l.tx.send(WaitResult::Ended(WaitEnd::Replaced));
+    }
+}
+
+/// Decides what a grant to waiter `gr.uid` of this front-end, just shown by the watch or a
+/// read, leads to: delivered to its waiter now, confirmed first (a plain lease on this
+/// front-end's etcd lease), or taken back (its waiter left; only as it was handed over).
+pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted, now: Instant) -> GrantAction {
+    let handover = HandOver(gr.mod_rev);
+    // What a confirmation of this grant writes: the holder as shown, on no etcd lease.
+    let shown = g
+        .mirror
+        .name(&gr.name)
+        .and_then(|ns| ns.holder_by_rev(gr.rev))
+        .map(|h| h.value.encode());
+    if gr.unconfirmed() {
+        let waiter = g.by_uid.get(&gr.uid).copied();
+        return match waiter.and_then(|w| g.waiting.get_mut(&w)) {
+            Some(l) if l.phase.confirming().is_some() => GrantAction::Nothing,
+            Some(l) => {
+                l.phase.confirm(shown.unwrap_or_default());
+                GrantAction::Confirm(gr.clone())
+            }
+            // Its waiter left, or nobody waits for it here any more (the wait was lost
+            // with an etcd lease): never told, so taken back.
+            None => {
+                g.left.remove(&gr.uid);
+                GrantAction::TakeBack(TakeBack {
+                    name: gr.name.clone(),
+                    token: gr.token,
+                    handover,
+                })
+            }
+        };
+    }
+    // A grant being confirmed is delivered by its confirmation ([`Cluster::confirm`]), whose
+    // write the watch may show before its answer comes, or instead of it when answers are
+    // lost, for as long as etcd is hard to reach (seconds: the lease then sat out its ttl
+    // with its waiter told nothing, simulator seed 45109). The watch delivers it when it shows
+    // that very write (the value the confirmation writes, on no etcd lease), and the
+    // confirmation's answer then changes nothing: were it to deliver again, it would find
+    // nobody waiting and take back a grant its client was told of (seed 525). Any other
+    // rewrite (a RENEW, a claim by a LOCK of its id, a lock-delay) is the confirmation's to
+    // judge.
+    let confirming = g.by_uid.get(&gr.uid).and_then(|w| g.waiting.get(w));
+    if let Some(writes) = confirming.and_then(|l| l.phase.confirming()) {
+        let own_write = !gr.session && gr.lease == 0 && shown.as_deref() == Some(writes);
+        if !own_write {
+            return GrantAction::Nothing;
+        }
+        g.confirmed_by_watch.insert(gr.uid.clone());
+        return match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover, now) {
+            Some(back) => GrantAction::TakeBack(back),
+            None => GrantAction::Nothing,
+        };
+    }
+    // A grant rewritten since it was made, and not for a request waiting here, was claimed:
+    // renewed, or taken by a LOCK of the same id, through any front-end (a confirmation's
+    // rewrite is its waiter's, and [`Cluster::confirm`] decides about it). Its client was
+    // told of it: never taken back, even if the request it was made for left (simulator
+    // seed 13041).
+    if gr.mod_rev != gr.rev && confirming.is_none() {
+        g.left.remove(&gr.uid);
+        return GrantAction::Nothing;
+    }
+    match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover, now) {
+        Some(back) => GrantAction::TakeBack(back),
+        None => GrantAction::Nothing,
+    }
+}
+
+/// Hands a grant made for waiter `uid` to it, once (from the grant's answer or from the watch,
+/// whichever comes first). A waiter that left meanwhile never learns of it: the grant to take
+/// back is returned. A request waiting under `uid` comes first: one that took over the place
+/// of a request of its id that left (the same LOCK again) is the one the grant is for, and
+/// the older one's leaving no longer counts (taking the grant back after handing it over
+/// would leave a client told it holds a lock that passed on).
+pub(super) fn deliver(
+    g: &mut ClusterState,
+    uid: &str,
+    name: &str,
+    token: Token,
+    ttl_ms: u64,
+    handover: HandOver,
+    now: Instant,
+) -> Option<TakeBack> {
+    let back = || TakeBack {
+        name: name.to_owned(),
+        token,
+        handover,
+    };
+    let waiting = g
+        .by_uid
+        .get(uid)
+        .copied()
+        .filter(|w| g.waiting.contains_key(w));
+    let Some(waiter) = waiting else {
+        // Left: taken back. Else not waited for here (another front-end's, or delivered
+        // already): nothing to do.
+        return g.left.remove(uid).then(back);
+    };
+    g.left.remove(uid);
+    g.by_uid.remove(uid);
+    let local = g.waiting.remove(&waiter)?;
+    let deadline = now + Duration::from_millis(ttl_ms);
+    let sent = local.tx.send(WaitResult::Granted {
+        token,
+        deadline,
+        handover,
+    });
+    if sent.is_ok() && local.req.session().is_some() {
+        // The backend ends it when its connection closes.
+        g.bound.add(local.req.conn, token, name);
+    }
+    sent.is_err().then(back)
+}
+
+/// A grant that this front-end's own release made, in the same write, for a waiter of this
+/// front-end: delivered from the write's answer, as a grant this front-end tries itself is
+/// (`queue_head.rs`), not only once the watch shows it. The watch may be seconds behind, or
+/// cut off, or compacted past it: the waiter's `wait=` ran out meanwhile and the grant sat
+/// out its ttl, held by nobody, while others waited (simulator seed 650274). A waiter whose
+/// own write is still out, or that left, is the watch's to decide, as before; a client gone
+/// before it could be told leaves the grant to be taken back when the watch shows it.
+pub(super) fn deliver_own(
+    g: &mut ClusterState,
+    uid: &str,
+    name: &str,
+    token: Token,
+    ttl_ms: u64,
+    handover: HandOver,
+    now: Instant,
+) {
+    let waiting = g.by_uid.get(uid).and_then(|w| g.waiting.get(w));
+    if !waiting.is_some_and(|l| l.phase != Phase::Writing) {
+        return;
+    }
+    if deliver(g, uid, name, token, ttl_ms, handover, now).is_some() {
+        g.left.insert(uid.to_owned());
+    }
+}
