@@ -34,13 +34,12 @@
 //!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the
 //!   LOCK decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or
 //!   limit); `guards`: every comparison a write is guarded by, built once from named parts.
-//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write;
-//!   `supersede`: a `supersede` LOCK's), `sets` (a LOCK of several names: granted, queued by
-//!   `set_queue` and handed over whole), `queueing` (what every queueing write shares),
-//!   `waiters` (a wait's end), `holders` (RENEW, CHECK, a closed connection's session
-//!   leases), `release` (UNLOCK and every other end, granting the head waiter in the same
-//!   write), `status`, `breaks` (BREAK: ends leases by `release`'s write, and keeps a record
-//!   of each for its holder).
+//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write, where
+//!   `waits` says the rules put it; `supersede`: a `supersede` LOCK's), `sets` (a LOCK of
+//!   several names: granted, queued by `set_queue` and handed over whole), `queueing` (what
+//!   every queueing write shares), `waiters` (a wait's end), `holders` (RENEW, CHECK, a
+//!   closed connection's session leases), `release` (UNLOCK and every other end, granting
+//!   the head waiter in the same write), `status`, `breaks` (BREAK: `release`'s write).
 //! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror; `resync`
 //!   reads it whole again), `queue_head` (grants this front-end's head waiters), `handover`
 //!   (a grant delivered to its waiter, or taken back), `confirm` (a grant on this front-end's
@@ -100,6 +99,7 @@ mod supersede;
 mod values;
 mod view;
 mod waiters;
+mod waits;
 mod watch;
 mod words;
 
