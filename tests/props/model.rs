@@ -2210,103 +2210,173 @@ fn etcd_decides(
     decide_set(&asked, req, "0", &Limits::default(), 2)
 }
 
-/// Set over set: the same id LOCKs the very set it waits for (its names in another order):
-/// it keeps its place, ahead of r, in every queue.
-#[test]
-fn set_over_the_same_set_keeps_its_place_on_both_views() {
-    let mut ops = set_waiting(&[0, 1]);
-    ops.push(lock_op(1, &[0], 0, 2));
-    judged_on_both_views(&ops);
-
-    let (mut t, base) = table();
-    let (held, p1) = table_set_waiting(&mut t, base, &["a", "b"]);
-    let p2 = queued(t.lock(ms(base, 1), req_set("b", &["a"], "p", 1000, 2)));
-    let ended = vec![Effect::WaitEnded {
-        waiter: p1,
-        why: WaitEnd::Replaced,
-    }];
-    assert_eq!(effects(&mut t), ended);
-    assert_eq!(release_q(&mut t, base, &held), vec![p2]);
-
-    #[cfg(feature = "etcd")]
-    {
-        use lockd::locks::rules::SetDecision;
-        let decided = etcd_decides(&["a", "b"], &req_set("b", &["a"], "p", 1000, 2));
-        let want = SetDecision::Queue {
-            place: Some(10),
-            replaced: vec![10],
-        };
-        assert_eq!(decided, Ok(want));
-    }
+/// The three cases: what the same id p LOCKs while its set {a, b} waits ahead of r (which
+/// waits for `r_waits`), and whether it keeps the set's place (ahead of r).
+struct Case {
+    what: &'static str,
+    r_waits: &'static [&'static str],
+    name: &'static str,
+    and: &'static [&'static str],
+    keeps_place: bool,
 }
 
-/// Set over another set: the same id LOCKs a set of one name more, or another one: its
-/// waiting set is replaced, and the new one waits at the back of every queue (behind r).
-#[test]
-fn set_over_another_set_is_replaced_from_the_back_on_both_views() {
-    for (and, and_names) in [(&[1, 2][..], &["b", "c"][..]), (&[2], &["c"])] {
-        let mut ops = set_waiting(&[0, 1]);
-        ops.push(lock_op(0, and, 0, 2));
-        judged_on_both_views(&ops);
+/// Set over set: the very set it waits for, its names in another order: it keeps its place,
+/// ahead of r, in every queue.
+const SET_OVER_THE_SAME_SET: Case = Case {
+    what: "set over the same set",
+    r_waits: &["a", "b"],
+    name: "b",
+    and: &["a"],
+    keeps_place: true,
+};
 
+/// Set over another set (one name more, or another name): its waiting set is replaced, and
+/// the new one waits at the back of every queue (behind r).
+const SETS_OVER_ANOTHER_SET: [Case; 2] = [
+    Case {
+        what: "set over a set of one name less",
+        r_waits: &["a", "b"],
+        name: "a",
+        and: &["b", "c"],
+        keeps_place: false,
+    },
+    Case {
+        what: "set over another set",
+        r_waits: &["a", "b"],
+        name: "a",
+        and: &["c"],
+        keeps_place: false,
+    },
+];
+
+/// One name over a set: one name of the set it waits for: the set is replaced (it leaves
+/// b's queue too), and the new LOCK takes the set's place on a, ahead of r.
+const ONE_NAME_OVER_A_SET: Case = Case {
+    what: "one name over a set",
+    r_waits: &["a"],
+    name: "a",
+    and: &[],
+    keeps_place: true,
+};
+
+impl Case {
+    fn index(name: &str) -> usize {
+        NAMES.iter().position(|n| *n == name).expect("a name")
+    }
+
+    /// Through the harness: every LOCK judged on both views against the reference model.
+    fn against_the_model(&self) {
+        let r_waits: Vec<usize> = self.r_waits.iter().map(|n| Case::index(n)).collect();
+        let and: Vec<usize> = self.and.iter().map(|n| Case::index(n)).collect();
+        let mut ops = set_waiting(&r_waits);
+        ops.push(lock_op(Case::index(self.name), &and, 0, 2));
+        judged_on_both_views(&ops);
+    }
+
+    /// On the table: the older set ends REPLACED; once q lets go, p goes first exactly when
+    /// it kept its place.
+    fn on_the_table(&self) {
         let (mut t, base) = table();
-        let (held, p1) = table_set_waiting(&mut t, base, &["a", "b"]);
-        let p2 = queued(t.lock(ms(base, 1), req_set("a", and_names, "p", 1000, 2)));
+        let (held, p1) = table_set_waiting(&mut t, base, self.r_waits);
+        let again = req_set(self.name, self.and, "p", 1000, 2);
+        let p2 = queued(t.lock(ms(base, 1), again));
         let ended = vec![Effect::WaitEnded {
             waiter: p1,
             why: WaitEnd::Replaced,
         }];
-        assert_eq!(effects(&mut t), ended);
-        let order = release_q(&mut t, base, &held);
-        assert_eq!(order.len(), 1, "one of r and p at a time: {order:?}");
-        assert_ne!(order, vec![p2], "p's new set overtook r ({and_names:?})");
+        assert_eq!(effects(&mut t), ended, "{}", self.what);
+        let first = release_q(&mut t, base, &held);
+        assert_eq!(first.len(), 1, "{}: one of r and p at a time", self.what);
+        assert_eq!(
+            first == vec![p2],
+            self.keeps_place,
+            "{}: p granted first: {}",
+            self.what,
+            first == vec![p2]
+        );
+        if self.and.is_empty() {
+            assert_eq!(t.status(ms(base, 2), "b"), None, "the set left b's queue");
+        }
+    }
 
-        #[cfg(feature = "etcd")]
-        {
-            use lockd::locks::rules::SetDecision;
-            let decided = etcd_decides(&["a", "b"], &req_set("a", and_names, "p", 1000, 2));
+    /// On the etcd backend's view of the names: its decision (p's set at key 10).
+    #[cfg(feature = "etcd")]
+    fn on_the_etcd_view(&self) {
+        use lockd::backend::etcd::model::decide;
+        use lockd::locks::rules::{Decision, SetDecision};
+        let place = self.keeps_place.then_some(10);
+        let again = req_set(self.name, self.and, "p", 1000, 2);
+        if self.and.is_empty() {
+            let parts = etcd_parts(self.r_waits);
+            let (holders, queue) = &parts[Case::index(self.name)];
+            let decided = decide(holders, queue, &again, "0", &Limits::default(), 2);
+            let want = Decision::Queue {
+                place,
+                replaced: vec![10],
+                superseded: vec![],
+            };
+            assert_eq!(decided, Ok(want), "{}", self.what);
+        } else {
+            let decided = etcd_decides(self.r_waits, &again);
             let want = SetDecision::Queue {
-                place: None,
+                place,
                 replaced: vec![10],
             };
-            assert_eq!(decided, Ok(want), "over {and_names:?}");
+            assert_eq!(decided, Ok(want), "{}", self.what);
         }
     }
 }
 
-/// One name over a set: the same id LOCKs one name of the set it waits for: the set is
-/// replaced (it leaves b's queue too), and the new LOCK takes the set's place on a, ahead
-/// of r.
 #[test]
-fn one_name_over_a_set_takes_its_place_on_both_views() {
-    let mut ops = set_waiting(&[0]);
-    ops.push(lock_op(0, &[], 0, 2));
-    judged_on_both_views(&ops);
+fn set_over_the_same_set_keeps_its_place_against_the_model() {
+    SET_OVER_THE_SAME_SET.against_the_model();
+}
 
-    let (mut t, base) = table();
-    let (held, p1) = table_set_waiting(&mut t, base, &["a"]);
-    let p2 = queued(t.lock(ms(base, 1), req("a", "p", 1000, None, false, 2)));
-    let ended = vec![Effect::WaitEnded {
-        waiter: p1,
-        why: WaitEnd::Replaced,
-    }];
-    assert_eq!(effects(&mut t), ended);
-    assert_eq!(release_q(&mut t, base, &held), vec![p2]);
-    assert_eq!(t.status(ms(base, 2), "b"), None, "the set left b's queue");
+#[test]
+fn set_over_the_same_set_keeps_its_place_on_the_table() {
+    SET_OVER_THE_SAME_SET.on_the_table();
+}
 
-    #[cfg(feature = "etcd")]
-    {
-        use lockd::backend::etcd::model::decide;
-        use lockd::locks::rules::Decision;
-        let parts = etcd_parts(&["a"]);
-        let (holders, queue) = &parts[0];
-        let one = req("a", "p", 1000, None, false, 2);
-        let decided = decide(holders, queue, &one, "0", &Limits::default(), 2);
-        let want = Decision::Queue {
-            place: Some(10),
-            replaced: vec![10],
-            superseded: vec![],
-        };
-        assert_eq!(decided, Ok(want));
+#[cfg(feature = "etcd")]
+#[test]
+fn set_over_the_same_set_keeps_its_place_on_the_etcd_view() {
+    SET_OVER_THE_SAME_SET.on_the_etcd_view();
+}
+
+#[test]
+fn set_over_another_set_is_replaced_from_the_back_against_the_model() {
+    for case in &SETS_OVER_ANOTHER_SET {
+        case.against_the_model();
     }
+}
+
+#[test]
+fn set_over_another_set_is_replaced_from_the_back_on_the_table() {
+    for case in &SETS_OVER_ANOTHER_SET {
+        case.on_the_table();
+    }
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn set_over_another_set_is_replaced_from_the_back_on_the_etcd_view() {
+    for case in &SETS_OVER_ANOTHER_SET {
+        case.on_the_etcd_view();
+    }
+}
+
+#[test]
+fn one_name_over_a_set_takes_its_place_against_the_model() {
+    ONE_NAME_OVER_A_SET.against_the_model();
+}
+
+#[test]
+fn one_name_over_a_set_takes_its_place_on_the_table() {
+    ONE_NAME_OVER_A_SET.on_the_table();
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn one_name_over_a_set_takes_its_place_on_the_etcd_view() {
+    ONE_NAME_OVER_A_SET.on_the_etcd_view();
 }
