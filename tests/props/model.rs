@@ -2102,26 +2102,33 @@ fn judged_on_both_views(ops: &[Op]) {
     }
 }
 
-/// q holds a and b; p waits for the set {a, b}, then r for `r_waits` (by name index):
+/// q holds a and b; p waits for the set `p_waits`, then r for `r_waits` (by name index):
 /// the start of every case below.
-fn set_waiting(r_waits: &[usize]) -> Vec<Op> {
+fn set_waiting(p_waits: &[usize], r_waits: &[usize]) -> Vec<Op> {
     let (a, b) = (0, 1);
     let (p, q, r) = (0, 1, 2);
+    let (p_first, p_more) = p_waits.split_first().expect("a name");
     let (first, more) = r_waits.split_first().expect("a name");
     vec![
         lock_op(a, &[], q, 1),
         lock_op(b, &[], q, 1),
-        lock_op(a, &[b], p, 2),
+        lock_op(*p_first, p_more, p, 2),
         lock_op(*first, more, r, 3),
     ]
 }
 
-/// The table with q holding a and b, p waiting for the set {a, b} and then r for
-/// `r_waits`: q's tokens, p's and r's waits.
-fn table_set_waiting(t: &mut Locks, base: Instant, r_waits: &[&str]) -> (Vec<Token>, WaiterId) {
+/// The table with q holding a and b, p waiting for the set `p_waits` and then r for
+/// `r_waits`: q's tokens, p's wait.
+fn table_set_waiting(
+    t: &mut Locks,
+    base: Instant,
+    p_waits: &[&str],
+    r_waits: &[&str],
+) -> (Vec<Token>, WaiterId) {
     let (qa, _) = granted(t.lock(base, req("a", "q", 1000, None, false, 1)));
     let (qb, _) = granted(t.lock(base, req("b", "q", 1000, None, false, 1)));
-    let p = queued(t.lock(base, req_set("a", &["b"], "p", 1000, 2)));
+    let (p_first, p_more) = p_waits.split_first().expect("a name");
+    let p = queued(t.lock(base, req_set(p_first, p_more, "p", 1000, 2)));
     let (first, more) = r_waits.split_first().expect("a name");
     queued(t.lock(base, req_set(first, more, "r", 1000, 3)));
     effects(t);
@@ -2138,10 +2145,11 @@ fn release_q(t: &mut Locks, base: Instant, held: &[Token]) -> Vec<WaiterId> {
     order
 }
 
-/// The etcd backend's view of a and b as [`set_waiting`] leaves them (q holding each, keys
-/// 0 and 1; p's set waiting at key 10, then r at key 11 for `r_waits`), and of c, free.
+/// The etcd backend's view of a, b and c as [`set_waiting`] leaves them (q holding a and b,
+/// keys 0 and 1; p's set waiting at key 10 for `p_waits`, then r at key 11 for `r_waits`).
 #[cfg(feature = "etcd")]
 fn etcd_parts(
+    p_waits: &[&str],
     r_waits: &[&str],
 ) -> Vec<(
     Vec<lockd::backend::etcd::model::HolderPart<'static>>,
@@ -2156,25 +2164,28 @@ fn etcd_parts(
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            if *name == "c" {
-                return (Vec::new(), Vec::new());
+            let holders = (*name != "c")
+                .then(|| HolderPart {
+                    key: i,
+                    id: "q",
+                    user: "0",
+                    mode: Mode::Exclusive,
+                    session: None,
+                    lingering: false,
+                    set: Vec::new(),
+                })
+                .into_iter()
+                .collect();
+            let mut queue = Vec::new();
+            if p_waits.contains(name) {
+                queue.push(WaiterPart {
+                    key: 10,
+                    id: "p",
+                    user: "0",
+                    mode: Mode::Exclusive,
+                    set: names(p_waits),
+                });
             }
-            let holders = vec![HolderPart {
-                key: i,
-                id: "q",
-                user: "0",
-                mode: Mode::Exclusive,
-                session: None,
-                lingering: false,
-                set: Vec::new(),
-            }];
-            let mut queue = vec![WaiterPart {
-                key: 10,
-                id: "p",
-                user: "0",
-                mode: Mode::Exclusive,
-                set: names(&["a", "b"]),
-            }];
             if r_waits.contains(name) {
                 queue.push(WaiterPart {
                     key: 11,
@@ -2192,11 +2203,12 @@ fn etcd_parts(
 /// What the etcd backend's view decides of `req` on the names of [`etcd_parts`].
 #[cfg(feature = "etcd")]
 fn etcd_decides(
+    p_waits: &[&str],
     r_waits: &[&str],
     req: &LockRequest,
 ) -> Result<lockd::locks::rules::SetDecision<usize, usize>, TableError> {
     use lockd::backend::etcd::model::decide_set;
-    let parts = etcd_parts(r_waits);
+    let parts = etcd_parts(p_waits, r_waits);
     let index = |n: &str| {
         ["a", "b", "c"]
             .iter()
@@ -2210,10 +2222,11 @@ fn etcd_decides(
     decide_set(&asked, req, "0", &Limits::default(), 2)
 }
 
-/// The three cases: what the same id p LOCKs while its set {a, b} waits ahead of r (which
+/// The three cases: what the same id p LOCKs while its set `p_waits` waits ahead of r (which
 /// waits for `r_waits`), and whether it keeps the set's place (ahead of r).
 struct Case {
     what: &'static str,
+    p_waits: &'static [&'static str],
     r_waits: &'static [&'static str],
     name: &'static str,
     and: &'static [&'static str],
@@ -2224,24 +2237,35 @@ struct Case {
 /// ahead of r, in every queue.
 const SET_OVER_THE_SAME_SET: Case = Case {
     what: "set over the same set",
+    p_waits: &["a", "b"],
     r_waits: &["a", "b"],
     name: "b",
     and: &["a"],
     keeps_place: true,
 };
 
-/// Set over another set (one name more, or another name): its waiting set is replaced, and
-/// the new one waits at the back of every queue (behind r).
-const SETS_OVER_ANOTHER_SET: [Case; 2] = [
+/// Set over another set (one name more, one less, or another name): its waiting set is
+/// replaced, and the new one waits at the back of every queue (behind r).
+const SETS_OVER_ANOTHER_SET: [Case; 3] = [
     Case {
         what: "set over a set of one name less",
+        p_waits: &["a", "b"],
         r_waits: &["a", "b"],
         name: "a",
         and: &["b", "c"],
         keeps_place: false,
     },
     Case {
+        what: "set over a set of one name more",
+        p_waits: &["a", "b", "c"],
+        r_waits: &["a", "b"],
+        name: "b",
+        and: &["a"],
+        keeps_place: false,
+    },
+    Case {
         what: "set over another set",
+        p_waits: &["a", "b"],
         r_waits: &["a", "b"],
         name: "a",
         and: &["c"],
@@ -2253,6 +2277,7 @@ const SETS_OVER_ANOTHER_SET: [Case; 2] = [
 /// b's queue too), and the new LOCK takes the set's place on a, ahead of r.
 const ONE_NAME_OVER_A_SET: Case = Case {
     what: "one name over a set",
+    p_waits: &["a", "b"],
     r_waits: &["a"],
     name: "a",
     and: &[],
@@ -2266,9 +2291,10 @@ impl Case {
 
     /// Through the harness: every LOCK judged on both views against the reference model.
     fn against_the_model(&self) {
+        let p_waits: Vec<usize> = self.p_waits.iter().map(|n| Case::index(n)).collect();
         let r_waits: Vec<usize> = self.r_waits.iter().map(|n| Case::index(n)).collect();
         let and: Vec<usize> = self.and.iter().map(|n| Case::index(n)).collect();
-        let mut ops = set_waiting(&r_waits);
+        let mut ops = set_waiting(&p_waits, &r_waits);
         ops.push(lock_op(Case::index(self.name), &and, 0, 2));
         judged_on_both_views(&ops);
     }
@@ -2277,7 +2303,7 @@ impl Case {
     /// it kept its place.
     fn on_the_table(&self) {
         let (mut t, base) = table();
-        let (held, p1) = table_set_waiting(&mut t, base, self.r_waits);
+        let (held, p1) = table_set_waiting(&mut t, base, self.p_waits, self.r_waits);
         let again = req_set(self.name, self.and, "p", 1000, 2);
         let p2 = queued(t.lock(ms(base, 1), again));
         let ended = vec![Effect::WaitEnded {
@@ -2307,7 +2333,7 @@ impl Case {
         let place = self.keeps_place.then_some(10);
         let again = req_set(self.name, self.and, "p", 1000, 2);
         if self.and.is_empty() {
-            let parts = etcd_parts(self.r_waits);
+            let parts = etcd_parts(self.p_waits, self.r_waits);
             let (holders, queue) = &parts[Case::index(self.name)];
             let decided = decide(holders, queue, &again, "0", &Limits::default(), 2);
             let want = Decision::Queue {
@@ -2317,7 +2343,7 @@ impl Case {
             };
             assert_eq!(decided, Ok(want), "{}", self.what);
         } else {
-            let decided = etcd_decides(self.r_waits, &again);
+            let decided = etcd_decides(self.p_waits, self.r_waits, &again);
             let want = SetDecision::Queue {
                 place,
                 replaced: vec![10],
