@@ -28,11 +28,11 @@ impl Cluster {
     ///
     /// Where it waits and whom it ends are the lock rules' decision (`waits`, on the name as
     /// etcd had it a moment ago, or as the mirror has it for a plain wait). The place of a
-    /// waiter of the same id and user is taken over: its key is rewritten for this request, on this
-    /// front-end's etcd lease, so it keeps its place (its create revision), as on one server;
-    /// its old request is answered `ERR REPLACED` by its front-end. That is how a client whose
-    /// front-end died or was cut off keeps its place: its key stays in etcd until that
-    /// front-end's etcd lease runs out. If the key went meanwhile (granted, left),
+    /// waiter of the same id and user is taken over: its key is rewritten for this request,
+    /// on this front-end's etcd lease, so it keeps its place (its create revision), as on one
+    /// server; its old request is answered `ERR REPLACED` by its front-end. That is how a
+    /// client whose front-end died or was cut off keeps its place: its key stays in etcd
+    /// until that front-end's etcd lease runs out. If the key went meanwhile (granted, left),
     /// [`Queued::Again`]: the LOCK is decided again (a grant made to the old request is then
     /// this one's, by the same-id rule). Any further waiter of the id goes in the same write.
     ///

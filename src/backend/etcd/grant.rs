@@ -9,7 +9,6 @@ use super::rpc::{PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules::{self, Decision};
-
 use crate::locks::{EventKind, LockRequest, Mode, TableError};
 
 use super::enqueue::{Queued, Seen};
