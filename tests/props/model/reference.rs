@@ -214,6 +214,7 @@ impl Model {
     }
 
     /// The effects of the step so far, left for [`Model::take_effects`].
+    #[cfg(feature = "etcd")]
     pub fn pending_effects(&self) -> &[Effect] {
         &self.effects
     }
