@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::rules::{HolderView, NameView, WaiterView};
+use super::rules::{HolderOf, HolderView, NameView, WaiterOf, WaiterView};
 use super::types::{ConnId, Mode, Note, Origin, Token, UserId, WaiterId};
 
 /// Instants inside the table: nanoseconds since the table's epoch, the `now` of the first call
@@ -393,10 +393,12 @@ impl Slab {
 }
 
 /// A name of the table as the lock rules see it (`None`: the name is free), with the table's
-/// held sets (token -> the slots of its names), which say whether a holder's lease is a set.
+/// held sets (token -> the slots of its names) and waiting sets (waiter -> the slots of its
+/// names), which say which holders' leases and which waiters are sets, and of which names.
 pub(super) struct TableView<'a>(
     pub(super) Option<&'a Entry>,
     pub(super) &'a HashMap<Token, Box<[u32]>>,
+    pub(super) &'a HashMap<WaiterId, Box<[u32]>>,
 );
 
 /// Where a waiter of the table is: its ticket in the queue, its number and its wait's end.
@@ -406,8 +408,10 @@ impl NameView for TableView<'_> {
     type User = UserId;
     type HolderKey = Token;
     type WaiterKey = WaiterPlace;
+    /// A set names its names by their slots.
+    type Name = u32;
 
-    fn holders(&self) -> impl Iterator<Item = HolderView<'_, UserId, Token>> {
+    fn holders(&self) -> impl Iterator<Item = HolderOf<'_, Self>> {
         let sets = self.1;
         self.0.into_iter().flat_map(move |entry| {
             let mode = entry.mode();
@@ -418,23 +422,33 @@ impl NameView for TableView<'_> {
                 mode,
                 bound_to: h.open_conn(),
                 lingering: h.lingering(),
-                // No lookup while no set is held (most tables, always).
-                in_set: !sets.is_empty() && sets.contains_key(&h.token),
+                set: slots_of(sets, &h.token),
             })
         })
     }
 
-    fn queue(&self) -> impl Iterator<Item = WaiterView<'_, UserId, WaiterPlace>> {
+    fn queue(&self) -> impl Iterator<Item = WaiterOf<'_, Self>> {
+        let set_waiters = self.2;
         let queue = self.0.and_then(Entry::queue).into_iter().flatten();
-        queue.map(|(ticket, w)| WaiterView {
+        queue.map(move |(ticket, w)| WaiterView {
             key: (*ticket, w.waiter, w.deadline),
             id: &w.id,
             user: &w.user,
             mode: w.mode,
+            set: slots_of(set_waiters, &w.waiter),
         })
     }
 
     fn waiters(&self) -> usize {
         self.0.map_or(0, Entry::waiters)
     }
+}
+
+/// The slots of the names of the set `key` is in `sets` (empty: not a set). No lookup
+/// while there is no set (most tables, always).
+fn slots_of<'a, K: Eq + std::hash::Hash>(sets: &'a HashMap<K, Box<[u32]>>, key: &K) -> &'a [u32] {
+    if sets.is_empty() {
+        return &[];
+    }
+    sets.get(key).map_or(&[], |slots| slots)
 }

@@ -213,13 +213,8 @@ impl Locks {
         let slot = match self.index.get(lease.name.as_str()) {
             None => self.add_entry(lease.name.into()),
             Some(&slot) => self.slab.get(slot).and_then(|entry| {
-                let joins = entry.mode() == lease.mode
-                    && match lease.mode {
-                        Mode::Shared => true,
-                        Mode::Limit(n) => entry.holder_count() < n as usize,
-                        Mode::Exclusive => false,
-                    };
-                joins.then_some(slot)
+                let holding = entry.holders().map(|_| entry.mode());
+                rules::admits(holding, lease.mode).then_some(slot)
             }),
         };
         let slot = slot.filter(|&slot| self.place_holder(slot, holder, lease.mode).is_some());
@@ -294,6 +289,12 @@ impl Locks {
         self.len() == 0
     }
 
+    /// The name in `slot` (`None`: free) as the lock rules see it.
+    fn view(&self, slot: Option<u32>) -> TableView<'_> {
+        let entry = slot.and_then(|slot| self.slab.get(slot));
+        TableView(entry, &self.sets, &self.set_waiters)
+    }
+
     /// LOCK: grant now, queue, or refuse, as [`rules::decide`] says.
     pub fn lock(&mut self, now: Instant, mut req: LockRequest) -> Result<LockOutcome, TableError> {
         self.expire(now);
@@ -316,7 +317,7 @@ impl Locks {
             wait: req.wait,
             supersede: req.supersede,
         };
-        let view = TableView(slot.and_then(|slot| self.slab.get(slot)), &self.sets);
+        let view = self.view(slot);
         let decision = rules::decide(&view, &ask, &self.limits, self.leases)?;
         let too_many = TableError::TooManyLocks {
             max: self.limits.max_locks,
@@ -339,11 +340,12 @@ impl Locks {
                 Ok(LockOutcome::Granted { token, deadline })
             }
             Decision::Queue {
-                replaces,
+                place,
+                replaced,
                 superseded,
             } => {
                 let mut touched = self.supersede(slot, &req.id, superseded);
-                let waiter = self.enqueue(now, slot, req, ttl, replaces, &mut touched)?;
+                let waiter = self.enqueue(now, slot, req, ttl, (place, replaced), &mut touched)?;
                 self.hand_over(now, touched);
                 Ok(LockOutcome::Queued { waiter })
             }
@@ -371,18 +373,10 @@ impl Locks {
             wait: req.wait,
             supersede: false,
         };
-        let views: Vec<TableView<'_>> = slots
-            .iter()
-            .map(|slot| TableView(slot.and_then(|slot| self.slab.get(slot)), &self.sets))
-            .collect();
-        // The held set `token` is this very set: as many names, each of them one of these.
-        let is_this_set = |token: &Token| {
-            self.sets.get(token).is_some_and(|held| {
-                held.len() == slots.len()
-                    && slots.iter().all(|s| s.is_some_and(|s| held.contains(&s)))
-            })
-        };
-        let decision = rules::decide_set(&views, &ask, &self.limits, self.leases, is_this_set)?;
+        let views: Vec<TableView<'_>> = slots.iter().map(|&slot| self.view(slot)).collect();
+        // The names as sets name them, by slot: a name without one is in no set.
+        let asked: Vec<u32> = slots.iter().flatten().copied().collect();
+        let decision = rules::decide_set(&views, &asked, &ask, &self.limits, self.leases)?;
         drop(views);
         match decision {
             SetDecision::Again(tokens) => {
@@ -418,30 +412,12 @@ impl Locks {
                 self.sets.insert(token, placed.into());
                 Ok(LockOutcome::Granted { token, deadline })
             }
-            SetDecision::Queue { replaces } => {
+            SetDecision::Queue { place, replaced } => {
                 let mut touched = Vec::new();
-                let mut gone: Vec<WaiterId> = Vec::new();
-                for (_, old, _) in replaces.into_iter().flatten() {
-                    if !gone.contains(&old) {
-                        gone.push(old);
-                    }
-                }
-                // The same id's one older request for these very names keeps its place (its
-                // ticket, in every queue) for this one; any other is replaced from the back.
-                let place = match gone.as_slice() {
-                    [old] => self
-                        .set_waiters
-                        .get(old)
-                        .filter(|waiting| {
-                            let asked: Vec<u32> = slots.iter().flatten().copied().collect();
-                            asked.len() == slots.len() && rules::same_set(waiting, &asked)
-                        })
-                        .and_then(|_| self.waiters.get(old))
-                        .map(|&(_, ticket)| ticket),
-                    _ => None,
-                };
+                // In the place (the ticket, in every queue) the rules say, or a new one.
+                let place = place.map(|(ticket, _, _)| ticket);
                 let mut had = None;
-                for old in gone {
+                for (_, old, _) in replaced {
                     if let Some((replaced, left)) = self.remove_waiter(old) {
                         had = had.or(replaced.note);
                         touched.extend(left);
@@ -571,16 +547,17 @@ impl Locks {
         Ok(())
     }
 
-    /// Queues `req` on `slot`, in the place of the same id's older request if it `replaces`
-    /// one (that request ends `Replaced`; a set leaves all its queues, whose slots go to
-    /// `touched`). The caller hands over `touched` and `slot`.
+    /// Queues `req` on `slot` at `place` (`None`: at the back; else the place of that
+    /// older request), once the requests it `replaced` have ended `Replaced` (a set leaves
+    /// all its queues, whose slots go to `touched`), as [`rules::decide`] said. The caller
+    /// hands over `touched` and `slot`.
     fn enqueue(
         &mut self,
         now: Instant,
         slot: u32,
         req: LockRequest,
         ttl: Duration,
-        replaces: Option<WaiterPlace>,
+        (place, replaced): (Option<WaiterPlace>, Vec<WaiterPlace>),
         touched: &mut Vec<u32>,
     ) -> Result<WaiterId, TableError> {
         let wait_deadline = match req.wait {
@@ -588,37 +565,43 @@ impl Locks {
             // Past 584 years from now: as good as without bound.
             Some(w) => self.clock.after(now, w).map(|(_, ticks)| ticks),
         };
-        let Some(entry) = self.slab.get_mut(slot) else {
+        if self.slab.get(slot).is_none() {
             return Err(TableError::NotHeld);
-        };
+        }
         let mut note = req.note;
-        let ticket = match replaces {
-            Some((ticket, old, _)) if self.set_waiters.contains_key(&old) => {
-                // A set leaves every queue; this request takes its place on this name.
+        // The note of the (first) request it replaces, unless it brings its own.
+        let first = replaced.first().map(|&(_, old, _)| old);
+        let kept = |had: Option<&Note>, note: &mut Option<Note>, old: WaiterId| {
+            if first == Some(old) {
+                *note = rules::note_again(had, note.as_ref()).cloned();
+            }
+        };
+        for (ticket, old, old_deadline) in replaced {
+            if self.set_waiters.contains_key(&old) {
+                // A set leaves every queue.
                 if let Some((replaced, left)) = self.remove_waiter(old) {
-                    note = rules::note_again(replaced.note.as_ref(), note.as_ref()).cloned();
+                    kept(replaced.note.as_ref(), &mut note, old);
                     touched.extend(left);
                 }
-                self.effects.push(Effect::WaitEnded {
-                    waiter: old,
-                    why: WaitEnd::Replaced,
-                });
-                ticket
-            }
-            Some((ticket, old, old_deadline)) => {
+            } else if let Some(entry) = self.slab.get_mut(slot) {
                 let replaced = entry.more_mut().queue.remove(&ticket);
-                let had = replaced.as_ref().and_then(|w| w.note.as_ref());
-                note = rules::note_again(had, note.as_ref()).cloned();
+                kept(
+                    replaced.as_ref().and_then(|w| w.note.as_ref()),
+                    &mut note,
+                    old,
+                );
                 self.waiters.remove(&old);
                 if let Some(at) = old_deadline {
                     self.timers.remove(&(at, Timer::Wait(old)));
                 }
-                self.effects.push(Effect::WaitEnded {
-                    waiter: old,
-                    why: WaitEnd::Replaced,
-                });
-                ticket
             }
+            self.effects.push(Effect::WaitEnded {
+                waiter: old,
+                why: WaitEnd::Replaced,
+            });
+        }
+        let ticket = match place {
+            Some((ticket, _, _)) => ticket,
             None => {
                 self.next_ticket += 1;
                 self.next_ticket - 1
@@ -737,7 +720,7 @@ impl Locks {
     ) -> Result<Vec<Token>, TableError> {
         self.expire(now);
         let slot = self.index.get(name).copied();
-        let view = TableView(slot.and_then(|slot| self.slab.get(slot)), &self.sets);
+        let view = self.view(slot);
         let ended = rules::breaks(&view, token.as_ref())?;
         let slot = slot.ok_or(TableError::NotHeld)?;
         let who: Arc<str> = by.who().into();
@@ -1754,7 +1737,7 @@ impl Locks {
             };
             mode = w.mode;
             keys.push((ticket, waiter, w.deadline));
-            views.push(TableView(Some(entry), &self.sets));
+            views.push(TableView(Some(entry), &self.sets, &self.set_waiters));
         }
         rules::set_ready(views.iter().zip(keys.iter()), mode)
     }

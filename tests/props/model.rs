@@ -13,8 +13,8 @@
 //! LOCKs name sets too (`and=`, up to three names): one lease, one token on every name,
 //! granted whole when first in line on each, ended whole by one call. Of several waiters
 //! ready at once the table picks who goes first (the model checks each was ready). The etcd
-//! part (the cluster's decision of the same LOCK) is judged only where no set is involved:
-//! the cluster's own view of a set is not modelled here.
+//! part (the cluster's decision of the same LOCK, through its own view of the names, sets
+//! among them) is judged on every LOCK: the answer, and where it waits and whom it ends.
 //!
 //! Requests come from several users (and from [`NO_USER`], as without authentication): the
 //! harness checks on its own that a lease is only ever renewed or released by its user and
@@ -322,16 +322,30 @@ fn limits() -> impl Strategy<Value = (MLimits, Token)> {
     )
 }
 
-/// The table and the model side by side, plus what the picks need to resolve.
-/// What the etcd backend decided of a LOCK, and what to read it by.
+/// What the etcd backend decided of a LOCK (holders named by token, waiters by ticket), and
+/// what to read it by.
 #[cfg(feature = "etcd")]
 struct ClusterDecision {
-    decision: Result<lockd::locks::rules::Decision<usize, usize>, TableError>,
+    decision: Result<Decided, TableError>,
+    /// The holders' tokens of the LOCK's names.
     tokens: Vec<Token>,
-    same_waiter: Option<usize>,
-    superseded: Vec<usize>,
+    /// The waiters of its names before it, each once, name by name in the request's order,
+    /// first in line first (the order the rules name them in): number and ticket.
+    waiting: Vec<(WaiterId, u64)>,
+    /// How many names it asked for.
+    names: usize,
+    supersede: bool,
 }
 
+/// A decision of one name's LOCK, or of a set's.
+#[cfg(feature = "etcd")]
+#[derive(Debug, PartialEq)]
+enum Decided {
+    One(lockd::locks::rules::Decision<usize, usize>),
+    Set(lockd::locks::rules::SetDecision<usize, usize>),
+}
+
+/// The table and the model side by side, plus what the picks need to resolve.
 struct Harness {
     table: Locks,
     model: Model,
@@ -498,111 +512,132 @@ impl Harness {
         let tokens: Vec<Token> = held.iter().map(|h| h.token).collect();
         let holders: Vec<HolderPart<'_>> = held
             .iter()
-            .map(|h| HolderPart {
-                id: &h.id,
-                user: user(h.user),
-                mode: h.mode,
-                session: h.session.map(|s| s.conn),
-                lingering: h.lingering(),
-            })
+            .enumerate()
+            .map(|(key, h)| holder_part(key, h, user(h.user)))
             .collect();
         let only = token.map(|t| tokens.iter().position(|x| *x == t).unwrap_or(usize::MAX));
         let ended = breaks(&holders, only)?;
         Ok(ended.into_iter().map(|i| tokens[i]).collect())
     }
 
-    /// What the etcd backend decides of `req` on the name as the reference model has it
-    /// now (its holders and queue shown through the cluster's own view of a name), with
-    /// the holders' tokens and the waiters' (id, user), to read the decision by.
+    /// What the etcd backend decides of `req` on its names as the reference model has them
+    /// now (their holders and queues, sets among them, shown through the cluster's own view
+    /// of a name), with what to read the decision by.
     #[cfg(feature = "etcd")]
     fn cluster_decision(&mut self, now: u64, req: &LockRequest) -> ClusterDecision {
-        use lockd::backend::etcd::model::{decide, HolderPart, WaiterPart};
+        use lockd::backend::etcd::model::{decide, decide_set, HolderPart, WaiterPart};
         self.model.process(now);
         let users: Vec<String> = (0..=UserId::from(u8::MAX)).map(|u| u.to_string()).collect();
         let user = |u: UserId| users.get(u as usize).map_or("?", String::as_str);
         let leases = self.model.leases.values().map(|h| h.names.len()).sum();
-        let held = self.model.holders_of(&req.name);
-        let waiting = self.model.queue_of(&req.name);
-        let holders: Vec<HolderPart<'_>> = held
-            .iter()
-            .map(|h| HolderPart {
-                id: &h.id,
-                user: user(h.user),
-                mode: h.mode,
-                session: h.session.map(|s| s.conn),
-                lingering: h.lingering(),
-            })
+        let names: Vec<&str> = std::iter::once(&*req.name)
+            .chain(req.and.iter().map(String::as_str))
             .collect();
-        let queue: Vec<WaiterPart<'_>> = waiting
-            .iter()
-            .map(|w| WaiterPart {
-                id: &w.id,
-                user: user(w.user),
-                mode: w.mode,
-            })
-            .collect();
-        let decision = decide(
-            &holders,
-            &queue,
-            req,
-            user(req.user),
-            self.table.limits(),
-            leases,
-        );
-        let tokens = held.iter().map(|h| h.token).collect();
-        let same_waiter = waiting
-            .iter()
-            .position(|w| w.id == req.id && w.user == req.user);
-        // A supersede takes every waiter but the one it replaces.
-        let queued = waiting.len();
-        let superseded = if req.supersede {
-            (0..queued).filter(|i| Some(*i) != same_waiter).collect()
-        } else {
-            Vec::new()
+        let mut parts = Vec::new();
+        let mut tokens = Vec::new();
+        let mut waiting: Vec<(WaiterId, u64)> = Vec::new();
+        for name in &names {
+            let holders: Vec<HolderPart<'_>> = self
+                .model
+                .holders_of(name)
+                .into_iter()
+                .map(|h| holder_part(h.token as usize, h, user(h.user)))
+                .collect();
+            tokens.extend(self.model.holders_of(name).iter().map(|h| h.token));
+            let queue: Vec<WaiterPart<'_>> = self
+                .model
+                .queue_of(name)
+                .into_iter()
+                .map(|w| WaiterPart {
+                    key: w.ticket as usize,
+                    id: &w.id,
+                    user: user(w.user),
+                    mode: w.mode,
+                    set: set_of(&w.names),
+                })
+                .collect();
+            for w in self.model.queue_of(name) {
+                if waiting.iter().all(|(n, _)| *n != w.waiter) {
+                    waiting.push((w.waiter, w.ticket));
+                }
+            }
+            parts.push((holders, queue));
+        }
+        let limits = self.table.limits();
+        let decision = match &parts[..] {
+            [(holders, queue)] => {
+                decide(holders, queue, req, user(req.user), limits, leases).map(Decided::One)
+            }
+            _ => {
+                let parts: Vec<_> = parts.iter().map(|(h, q)| (&h[..], &q[..])).collect();
+                decide_set(&parts, req, user(req.user), limits, leases).map(Decided::Set)
+            }
         };
         ClusterDecision {
             decision,
             tokens,
-            same_waiter,
-            superseded,
+            waiting,
+            names: names.len(),
+            supersede: req.supersede,
         }
     }
 
-    /// Whether a LOCK of `name` (and `set`) concerns a set: it is one, or `name` has a set
-    /// among its holders or waiters.
-    #[cfg(feature = "etcd")]
-    fn set_involved(&self, name: &str, set: &[&str]) -> bool {
-        !set.is_empty()
-            || self
-                .model
-                .holders_of(name)
-                .iter()
-                .any(|h| h.names.len() > 1)
-            || self.model.queue_of(name).iter().any(|w| w.names.len() > 1)
-    }
-
-    /// Whether the etcd backend's decision is the one the reference model made.
+    /// Whether the etcd backend's decision is the one the reference model made: its answer
+    /// `want`, and the waiters its effects so far ended (the place it took is the ticket of
+    /// one of them).
     #[cfg(feature = "etcd")]
     fn cluster_agrees(
         &self,
         cluster: ClusterDecision,
         want: &Result<LockOutcome, TableError>,
     ) -> Result<(), String> {
-        use lockd::locks::rules::Decision;
+        use lockd::locks::rules::{Decision, SetDecision};
+        let set = cluster.names > 1;
         let expected = match want {
             // Refused before the rules are asked, in both backends.
             Err(TableError::BadTtl { .. } | TableError::BadGrace { .. }) => return Ok(()),
             Err(e) => Err(e.clone()),
             Ok(LockOutcome::Granted { token, .. }) => {
-                Ok(match cluster.tokens.iter().position(|t| t == token) {
-                    Some(i) => Decision::Again(i),
-                    None => Decision::Grant,
+                let again = cluster.tokens.contains(token);
+                let key = *token as usize;
+                Ok(match (again, set) {
+                    (true, false) => Decided::One(Decision::Again(key)),
+                    (true, true) => Decided::Set(SetDecision::Again(vec![key; cluster.names])),
+                    (false, false) => Decided::One(Decision::Grant),
+                    (false, true) => Decided::Set(SetDecision::Grant),
                 })
             }
-            Ok(LockOutcome::Queued { .. }) => Ok(Decision::Queue {
-                replaces: cluster.same_waiter,
-                superseded: cluster.superseded.clone(),
-            }),
+            Ok(LockOutcome::Queued { .. }) => {
+                let ended = |why: fn(&WaitEnd) -> bool| -> Vec<usize> {
+                    let fx = self.model.pending_effects();
+                    cluster
+                        .waiting
+                        .iter()
+                        .filter(|(w, _)| {
+                            fx.iter().any(|e| {
+                                matches!(e, Effect::WaitEnded { waiter, why: y } if waiter == w && why(y))
+                            })
+                        })
+                        .map(|(_, ticket)| *ticket as usize)
+                        .collect()
+                };
+                let replaced = ended(|y| matches!(y, WaitEnd::Replaced));
+                let superseded = ended(|y| matches!(y, WaitEnd::Superseded { .. }));
+                // The place it took: the ticket of a waiter it replaced. A `supersede` waits
+                // at the back of the queue it emptied (its head): the rules give it no
+                // place, whatever ticket the model reuses.
+                let ticket = self.model.last_ticket as usize;
+                let place = Some(ticket).filter(|t| !cluster.supersede && replaced.contains(t));
+                Ok(if set {
+                    Decided::Set(SetDecision::Queue { place, replaced })
+                } else {
+                    Decided::One(Decision::Queue {
+                        place,
+                        replaced,
+                        superseded,
+                    })
+                })
+            }
         };
         if cluster.decision != expected {
             return Err(format!(
@@ -699,13 +734,10 @@ impl Harness {
                     and: set.iter().map(|n| n.to_string()).collect(),
                     delay: delay.map(Duration::from_millis),
                 };
-                // The etcd part judges one name's decision: not a set's, nor one on a name a
-                // set holds or waits for (the cluster's decision of those is its own).
                 let got = self.table.lock(at, req.clone());
                 self.hint();
                 #[cfg(feature = "etcd")]
-                let cluster = (!self.set_involved(NAMES[*name], &set))
-                    .then(|| self.cluster_decision(now, &req));
+                let cluster = self.cluster_decision(now, &req);
                 let want = self.model.lock(
                     now,
                     MLock {
@@ -726,10 +758,7 @@ impl Harness {
                 // Both backends' decisions are judged, each on its own: a wrong rule shows
                 // in both, a wrong view of a name in one.
                 #[cfg(feature = "etcd")]
-                let cluster = match cluster {
-                    Some(c) => self.cluster_agrees(c, &want),
-                    None => Ok(()),
-                };
+                let cluster = self.cluster_agrees(cluster, &want);
                 let got = self.judged(got, &want);
                 if got != want {
                     #[cfg(feature = "etcd")]
@@ -1038,6 +1067,33 @@ impl Harness {
         }
         let all = self.model.status_all(self.now);
         self.observer.check_status(&all)
+    }
+}
+
+/// A holder of the model as the etcd backend's model view takes it, named by `key`.
+#[cfg(feature = "etcd")]
+fn holder_part<'a>(
+    key: usize,
+    h: &'a reference::MHolder,
+    user: &'a str,
+) -> lockd::backend::etcd::model::HolderPart<'a> {
+    lockd::backend::etcd::model::HolderPart {
+        key,
+        id: &h.id,
+        user,
+        mode: h.mode,
+        session: h.session.map(|s| s.conn),
+        lingering: h.lingering(),
+        set: set_of(&h.names),
+    }
+}
+
+/// The names of a lease or a waiter as its etcd record keeps them: empty for one name.
+#[cfg(feature = "etcd")]
+fn set_of(names: &[String]) -> Vec<String> {
+    match names.len() {
+        1 => Vec::new(),
+        _ => names.to_vec(),
     }
 }
 
@@ -2005,4 +2061,348 @@ fn the_same_set_again_keeps_its_waiting_place_in_every_queue() {
     assert_eq!(t.unlock(ms(base, 2), "x", hx, NO_USER), Ok(()));
     assert_eq!(grants(&effects(&mut t)), vec![p2]);
     let _ = r;
+}
+
+// ---- Where a LOCK waits and whom it ends, over a waiting set: on both backends' views ----
+//
+// Each case runs three ways: through the harness (the table and the etcd backend's view of
+// the names each decide every LOCK, judged against the reference model: the answer, the
+// effects, and for etcd where it waits and whom it ends), on the table alone (who is
+// granted first), and on the etcd backend's view built from plain parts (the decision
+// itself).
+
+/// A LOCK of `NAMES[name]` (and `and`) by `IDS[id]` on connection `conn`, for the harness.
+fn lock_op(name: usize, and: &[usize], id: usize, conn: ConnId) -> Op {
+    Op::Lock {
+        name,
+        id,
+        ttl: TtlPick::Ms(1000),
+        wait: WaitPick::Forever,
+        session: SessionPick::Plain,
+        conn,
+        mode: Mode::Exclusive,
+        user: NO_USER,
+        note: None,
+        supersede: false,
+        and: and.to_vec(),
+        delay: None,
+    }
+}
+
+/// Runs `ops` through the harness: every LOCK judged on both backends' views.
+fn judged_on_both_views(ops: &[Op]) {
+    let limits = MLimits {
+        default_ttl: 1000,
+        max_ttl: 10_000,
+        max_locks: 100,
+        max_waiters: 10,
+    };
+    if let Err(e) = run_with(limits, 1, ops, true, true) {
+        panic!("{e}");
+    }
+}
+
+/// q holds a and b; p waits for the set `p_waits`, then r for `r_waits` (by name index):
+/// the start of every case below.
+fn set_waiting(p_waits: &[usize], r_waits: &[usize]) -> Vec<Op> {
+    let (a, b) = (0, 1);
+    let (p, q, r) = (0, 1, 2);
+    let (p_first, p_more) = p_waits.split_first().expect("a name");
+    let (first, more) = r_waits.split_first().expect("a name");
+    vec![
+        lock_op(a, &[], q, 1),
+        lock_op(b, &[], q, 1),
+        lock_op(*p_first, p_more, p, 2),
+        lock_op(*first, more, r, 3),
+    ]
+}
+
+/// The table with q holding a and b, p waiting for the set `p_waits` and then r for
+/// `r_waits`: q's tokens, p's wait.
+fn table_set_waiting(
+    t: &mut Locks,
+    base: Instant,
+    p_waits: &[&str],
+    r_waits: &[&str],
+) -> (Vec<Token>, WaiterId) {
+    let (qa, _) = granted(t.lock(base, req("a", "q", 1000, None, false, 1)));
+    let (qb, _) = granted(t.lock(base, req("b", "q", 1000, None, false, 1)));
+    let (p_first, p_more) = p_waits.split_first().expect("a name");
+    let p = queued(t.lock(base, req_set(p_first, p_more, "p", 1000, 2)));
+    let (first, more) = r_waits.split_first().expect("a name");
+    queued(t.lock(base, req_set(first, more, "r", 1000, 3)));
+    effects(t);
+    (vec![qa, qb], p)
+}
+
+/// q's holds on a and b released: who the table grants, in order.
+fn release_q(t: &mut Locks, base: Instant, held: &[Token]) -> Vec<WaiterId> {
+    let mut order = Vec::new();
+    for (name, token) in ["a", "b"].iter().zip(held) {
+        assert_eq!(t.unlock(ms(base, 2), name, *token, NO_USER), Ok(()));
+        order.extend(grants(&effects(t)));
+    }
+    order
+}
+
+/// The etcd backend's view of a, b and c as [`set_waiting`] leaves them (q holding a and b,
+/// keys 0 and 1; p's set waiting at key 10 for `p_waits`, then r at key 11 for `r_waits`).
+#[cfg(feature = "etcd")]
+fn etcd_parts(
+    p_waits: &[&str],
+    r_waits: &[&str],
+) -> Vec<(
+    Vec<lockd::backend::etcd::model::HolderPart<'static>>,
+    Vec<lockd::backend::etcd::model::WaiterPart<'static>>,
+)> {
+    use lockd::backend::etcd::model::{HolderPart, WaiterPart};
+    let names = |n: &[&str]| match n.len() {
+        1 => Vec::new(),
+        _ => n.iter().map(|s| s.to_string()).collect(),
+    };
+    ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let holders = (*name != "c")
+                .then(|| HolderPart {
+                    key: i,
+                    id: "q",
+                    user: "0",
+                    mode: Mode::Exclusive,
+                    session: None,
+                    lingering: false,
+                    set: Vec::new(),
+                })
+                .into_iter()
+                .collect();
+            let mut queue = Vec::new();
+            if p_waits.contains(name) {
+                queue.push(WaiterPart {
+                    key: 10,
+                    id: "p",
+                    user: "0",
+                    mode: Mode::Exclusive,
+                    set: names(p_waits),
+                });
+            }
+            if r_waits.contains(name) {
+                queue.push(WaiterPart {
+                    key: 11,
+                    id: "r",
+                    user: "0",
+                    mode: Mode::Exclusive,
+                    set: names(r_waits),
+                });
+            }
+            (holders, queue)
+        })
+        .collect()
+}
+
+/// What the etcd backend's view decides of `req` on the names of [`etcd_parts`].
+#[cfg(feature = "etcd")]
+fn etcd_decides(
+    p_waits: &[&str],
+    r_waits: &[&str],
+    req: &LockRequest,
+) -> Result<lockd::locks::rules::SetDecision<usize, usize>, TableError> {
+    use lockd::backend::etcd::model::decide_set;
+    let parts = etcd_parts(p_waits, r_waits);
+    let index = |n: &str| {
+        ["a", "b", "c"]
+            .iter()
+            .position(|x| *x == n)
+            .expect("a name")
+    };
+    let asked: Vec<_> = std::iter::once(&*req.name)
+        .chain(req.and.iter().map(String::as_str))
+        .map(|n| (&parts[index(n)].0[..], &parts[index(n)].1[..]))
+        .collect();
+    decide_set(&asked, req, "0", &Limits::default(), 2)
+}
+
+/// The three cases: what the same id p LOCKs while its set `p_waits` waits ahead of r (which
+/// waits for `r_waits`), and whether it keeps the set's place (ahead of r).
+struct Case {
+    what: &'static str,
+    p_waits: &'static [&'static str],
+    r_waits: &'static [&'static str],
+    name: &'static str,
+    and: &'static [&'static str],
+    keeps_place: bool,
+}
+
+/// Set over set: the very set it waits for, its names in another order: it keeps its place,
+/// ahead of r, in every queue.
+const SET_OVER_THE_SAME_SET: Case = Case {
+    what: "set over the same set",
+    p_waits: &["a", "b"],
+    r_waits: &["a", "b"],
+    name: "b",
+    and: &["a"],
+    keeps_place: true,
+};
+
+/// Set over another set (one name more, one less, or another name): its waiting set is
+/// replaced, and the new one waits at the back of every queue (behind r).
+const SETS_OVER_ANOTHER_SET: [Case; 3] = [
+    Case {
+        what: "set over a set of one name less",
+        p_waits: &["a", "b"],
+        r_waits: &["a", "b"],
+        name: "a",
+        and: &["b", "c"],
+        keeps_place: false,
+    },
+    Case {
+        what: "set over a set of one name more",
+        p_waits: &["a", "b", "c"],
+        r_waits: &["a", "b"],
+        name: "b",
+        and: &["a"],
+        keeps_place: false,
+    },
+    Case {
+        what: "set over another set",
+        p_waits: &["a", "b"],
+        r_waits: &["a", "b"],
+        name: "a",
+        and: &["c"],
+        keeps_place: false,
+    },
+];
+
+/// One name over a set: one name of the set it waits for: the set is replaced (it leaves
+/// b's queue too), and the new LOCK takes the set's place on a, ahead of r.
+const ONE_NAME_OVER_A_SET: Case = Case {
+    what: "one name over a set",
+    p_waits: &["a", "b"],
+    r_waits: &["a"],
+    name: "a",
+    and: &[],
+    keeps_place: true,
+};
+
+impl Case {
+    fn index(name: &str) -> usize {
+        NAMES.iter().position(|n| *n == name).expect("a name")
+    }
+
+    /// Through the harness: every LOCK judged on both views against the reference model.
+    fn against_the_model(&self) {
+        let p_waits: Vec<usize> = self.p_waits.iter().map(|n| Case::index(n)).collect();
+        let r_waits: Vec<usize> = self.r_waits.iter().map(|n| Case::index(n)).collect();
+        let and: Vec<usize> = self.and.iter().map(|n| Case::index(n)).collect();
+        let mut ops = set_waiting(&p_waits, &r_waits);
+        ops.push(lock_op(Case::index(self.name), &and, 0, 2));
+        judged_on_both_views(&ops);
+    }
+
+    /// On the table: the older set ends REPLACED; once q lets go, p goes first exactly when
+    /// it kept its place.
+    fn on_the_table(&self) {
+        let (mut t, base) = table();
+        let (held, p1) = table_set_waiting(&mut t, base, self.p_waits, self.r_waits);
+        let again = req_set(self.name, self.and, "p", 1000, 2);
+        let p2 = queued(t.lock(ms(base, 1), again));
+        let ended = vec![Effect::WaitEnded {
+            waiter: p1,
+            why: WaitEnd::Replaced,
+        }];
+        assert_eq!(effects(&mut t), ended, "{}", self.what);
+        let first = release_q(&mut t, base, &held);
+        assert_eq!(first.len(), 1, "{}: one of r and p at a time", self.what);
+        assert_eq!(
+            first == vec![p2],
+            self.keeps_place,
+            "{}: p granted first: {}",
+            self.what,
+            first == vec![p2]
+        );
+        if self.and.is_empty() {
+            assert_eq!(t.status(ms(base, 2), "b"), None, "the set left b's queue");
+        }
+    }
+
+    /// On the etcd backend's view of the names: its decision (p's set at key 10).
+    #[cfg(feature = "etcd")]
+    fn on_the_etcd_view(&self) {
+        use lockd::backend::etcd::model::decide;
+        use lockd::locks::rules::{Decision, SetDecision};
+        let place = self.keeps_place.then_some(10);
+        let again = req_set(self.name, self.and, "p", 1000, 2);
+        if self.and.is_empty() {
+            let parts = etcd_parts(self.p_waits, self.r_waits);
+            let (holders, queue) = &parts[Case::index(self.name)];
+            let decided = decide(holders, queue, &again, "0", &Limits::default(), 2);
+            let want = Decision::Queue {
+                place,
+                replaced: vec![10],
+                superseded: vec![],
+            };
+            assert_eq!(decided, Ok(want), "{}", self.what);
+        } else {
+            let decided = etcd_decides(self.p_waits, self.r_waits, &again);
+            let want = SetDecision::Queue {
+                place,
+                replaced: vec![10],
+            };
+            assert_eq!(decided, Ok(want), "{}", self.what);
+        }
+    }
+}
+
+#[test]
+fn set_over_the_same_set_keeps_its_place_against_the_model() {
+    SET_OVER_THE_SAME_SET.against_the_model();
+}
+
+#[test]
+fn set_over_the_same_set_keeps_its_place_on_the_table() {
+    SET_OVER_THE_SAME_SET.on_the_table();
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn set_over_the_same_set_keeps_its_place_on_the_etcd_view() {
+    SET_OVER_THE_SAME_SET.on_the_etcd_view();
+}
+
+#[test]
+fn set_over_another_set_is_replaced_from_the_back_against_the_model() {
+    for case in &SETS_OVER_ANOTHER_SET {
+        case.against_the_model();
+    }
+}
+
+#[test]
+fn set_over_another_set_is_replaced_from_the_back_on_the_table() {
+    for case in &SETS_OVER_ANOTHER_SET {
+        case.on_the_table();
+    }
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn set_over_another_set_is_replaced_from_the_back_on_the_etcd_view() {
+    for case in &SETS_OVER_ANOTHER_SET {
+        case.on_the_etcd_view();
+    }
+}
+
+#[test]
+fn one_name_over_a_set_takes_its_place_against_the_model() {
+    ONE_NAME_OVER_A_SET.against_the_model();
+}
+
+#[test]
+fn one_name_over_a_set_takes_its_place_on_the_table() {
+    ONE_NAME_OVER_A_SET.on_the_table();
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn one_name_over_a_set_takes_its_place_on_the_etcd_view() {
+    ONE_NAME_OVER_A_SET.on_the_etcd_view();
 }

@@ -11,7 +11,9 @@
 //! The table and etcd don't grant sets yet (issue 20, part 4); this checks the rule both are
 //! to carry out, through the same `NameView` they show it.
 
-use lockd::locks::rules::{self, Ask, HolderView, NameView, SetDecision, WaiterView};
+use lockd::locks::rules::{
+    self, Ask, Decision, HolderOf, HolderView, NameView, SetDecision, WaiterOf, WaiterView,
+};
 use lockd::locks::{Limits, Mode, TableError};
 use proptest::prelude::*;
 
@@ -31,33 +33,35 @@ struct Ids(Vec<String>);
 struct View<'a> {
     name: &'a Name,
     ids: &'a Ids,
-    /// Per request: how many names it asked for.
-    sizes: &'a [usize],
+    /// Per request: the names of its set (empty: one name).
+    sets: &'a [Vec<usize>],
 }
 
 impl NameView for View<'_> {
     type User = u32;
     type HolderKey = u64;
     type WaiterKey = u64;
+    type Name = usize;
 
-    fn holders(&self) -> impl Iterator<Item = HolderView<'_, u32, u64>> {
+    fn holders(&self) -> impl Iterator<Item = HolderOf<'_, Self>> {
         self.name.holders.iter().map(|&(key, mode)| HolderView {
             key,
             id: &self.ids.0[key as usize],
             user: &0,
             mode,
             bound_to: None,
-            in_set: self.sizes[key as usize] > 1,
+            set: &self.sets[key as usize],
             lingering: false,
         })
     }
 
-    fn queue(&self) -> impl Iterator<Item = WaiterView<'_, u32, u64>> {
+    fn queue(&self) -> impl Iterator<Item = WaiterOf<'_, Self>> {
         self.name.queue.iter().map(|&(key, mode)| WaiterView {
             key,
             id: &self.ids.0[key as usize],
             user: &0,
             mode,
+            set: &self.sets[key as usize],
         })
     }
 
@@ -114,20 +118,26 @@ impl Table {
         }
     }
 
-    fn views<'a>(&'a self, names: &[usize], ids: &'a Ids, sizes: &'a [usize]) -> Vec<View<'a>> {
+    fn views<'a>(&'a self, names: &[usize], ids: &'a Ids, sets: &'a [Vec<usize>]) -> Vec<View<'a>> {
         names
             .iter()
             .map(|&n| View {
-                sizes,
+                sets,
                 name: &self.names[n],
                 ids,
             })
             .collect()
     }
 
-    /// Per request: how many names it asked for.
-    fn sizes(&self) -> Vec<usize> {
-        self.requests.iter().map(|(names, _)| names.len()).collect()
+    /// Per request: the names of its set (empty: one name).
+    fn sets(&self) -> Vec<Vec<usize>> {
+        self.requests
+            .iter()
+            .map(|(names, _)| match names.len() {
+                1 => Vec::new(),
+                _ => names.clone(),
+            })
+            .collect()
     }
 
     fn grant(&mut self, r: u64) {
@@ -151,10 +161,10 @@ impl Table {
     fn settle(&mut self) {
         loop {
             let ids = Ids(self.ids.clone());
-            let sizes = self.sizes();
+            let sets = self.sets();
             let ready = self.waiting.iter().copied().find(|&r| {
                 let (names, mode) = &self.requests[r as usize];
-                let views = self.views(names, &ids, &sizes);
+                let views = self.views(names, &ids, &sets);
                 rules::set_ready(views.iter().map(|v| (v, &r)), *mode)
             });
             match ready {
@@ -189,28 +199,53 @@ impl Table {
             supersede: false,
         };
         let decision = {
-            let sizes = self.sizes();
-            let views = self.views(&names, &ids, &sizes);
-            let is_this_set =
-                |&held: &u64| rules::same_set(&self.requests[held as usize].0, &names);
-            rules::decide_set(
-                &views,
-                &ask,
-                &Limits::default(),
-                self.holding.len(),
-                is_this_set,
-            )
+            let sets = self.sets();
+            let views = self.views(&names, &ids, &sets);
+            let leases = self.holding.len();
+            // A LOCK of one name is decided as one (as both backends do), a set as a set.
+            match &views[..] {
+                [one] => rules::decide(one, &ask, &Limits::default(), leases).map(|d| match d {
+                    Decision::Again(k) => SetDecision::Again(vec![k]),
+                    Decision::Grant => SetDecision::Grant,
+                    Decision::Queue {
+                        place, replaced, ..
+                    } => SetDecision::Queue { place, replaced },
+                }),
+                _ => rules::decide_set(&views, &names, &ask, &Limits::default(), leases),
+            }
         };
         match decision {
             Ok(SetDecision::Grant) => self.grant(r),
-            Ok(SetDecision::Queue { replaces }) => {
+            Ok(SetDecision::Queue { place, replaced }) => {
                 assert!(
-                    same_id_as.is_some() || replaces.iter().all(Option::is_none),
+                    same_id_as.is_some() || replaced.is_empty(),
                     "a new id replaced"
                 );
-                let mut old: Vec<u64> = replaces.into_iter().flatten().collect();
+                let mut old: Vec<u64> = replaced.clone();
                 old.sort_unstable();
                 old.dedup();
+                assert_eq!(old.len(), replaced.len(), "replaced twice: {replaced:?}");
+                // Every older request of the id on these names, and nothing else.
+                let mut want: Vec<u64> = (0..r)
+                    .filter(|o| self.ids[*o as usize] == id && self.waiting.contains(o))
+                    .filter(|o| {
+                        self.requests[*o as usize]
+                            .0
+                            .iter()
+                            .any(|n| names.contains(n))
+                    })
+                    .collect();
+                want.sort_unstable();
+                assert_eq!(old, want, "replaced");
+                // One name, or the very same set again (its names in any order), takes the
+                // older request's place; any other set goes to the back.
+                let keeps = match old[..] {
+                    [o] if names.len() == 1 || same_names(&self.requests[o as usize].0, &names) => {
+                        Some(o)
+                    }
+                    _ => None,
+                };
+                assert_eq!(place, keeps, "the place of {names:?} over {old:?}");
                 for &o in &old {
                     assert_eq!(self.ids[o as usize], id, "replaced another id's request");
                     self.waiting.retain(|&w| w != o);
@@ -218,13 +253,9 @@ impl Table {
                         name.queue.retain(|w| w.0 != o);
                     }
                 }
-                // One name, or the very same set again (its names in any order), takes the
-                // older request's place; any other set goes to the back.
-                if let [o] = old[..] {
-                    let same = rules::same_set(&self.requests[o as usize].0, &names);
-                    if names.len() == 1 || same {
-                        self.places[r as usize] = self.places[o as usize];
-                    }
+                // Where the rules say.
+                if let Some(o) = place {
+                    self.places[r as usize] = self.places[o as usize];
                 }
                 // One step: every queue at once, each in order of place.
                 for &n in &names {
@@ -291,6 +322,15 @@ impl Table {
                 .all(|w| self.places[w[0].0 as usize] < self.places[w[1].0 as usize]));
         }
     }
+}
+
+/// Whether two requests name the same names, in any order (the test's own reading of a
+/// set, apart from the rules').
+fn same_names(a: &[usize], b: &[usize]) -> bool {
+    let (mut a, mut b) = (a.to_vec(), b.to_vec());
+    a.sort_unstable();
+    b.sort_unstable();
+    a == b
 }
 
 proptest! {

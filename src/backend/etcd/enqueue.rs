@@ -18,20 +18,21 @@ use super::mirror::{NameState, WaiterRecord};
 use super::queueing::{keep_place, tell_replaced, waiter_put, Place};
 use super::supersede::Writes;
 use super::values::WaiterValue;
-use super::view::ask;
 use super::waiters::settle_answered;
+use super::waits::Waits;
 use super::{guards, Cluster};
 
 impl Cluster {
     /// Queues a LOCK: its waiter key, on this front-end's etcd lease, and a local entry that
     /// the watch grants when it reaches the head.
     ///
-    /// A waiter of the same id and user already in the queue (`read`: the name as etcd had
-    /// it a moment ago) is taken over: its key is rewritten for this request, on this
-    /// front-end's etcd lease, so it keeps its place (its create revision), as on one server;
-    /// its old request is answered `ERR REPLACED` by its front-end. That is how a client whose
-    /// front-end died or was cut off keeps its place: its key stays in etcd until that
-    /// front-end's etcd lease runs out. If the key went meanwhile (granted, left),
+    /// Where it waits and whom it ends are the lock rules' decision (`waits`, on the name as
+    /// etcd had it a moment ago, or as the mirror has it for a plain wait). The place of a
+    /// waiter of the same id and user is taken over: its key is rewritten for this request,
+    /// on this front-end's etcd lease, so it keeps its place (its create revision), as on one
+    /// server; its old request is answered `ERR REPLACED` by its front-end. That is how a
+    /// client whose front-end died or was cut off keeps its place: its key stays in etcd
+    /// until that front-end's etcd lease runs out. If the key went meanwhile (granted, left),
     /// [`Queued::Again`]: the LOCK is decided again (a grant made to the old request is then
     /// this one's, by the same-id rule). Any further waiter of the id goes in the same write.
     ///
@@ -49,35 +50,31 @@ impl Cluster {
         req: LockRequest,
         user: String,
         ttl: Duration,
-        seen: Seen<'_>,
+        seen: Seen,
+        waits: Waits,
     ) -> Result<Queued, BackendError> {
-        let read = match seen {
-            Seen::Read(ns) => Some(ns),
-            Seen::Mirror => None,
-        };
         let uid = self.uid();
         let name_of_wait = req.name.clone();
         let mut value = self.waiter_value(uid.clone(), &req, user.clone(), ttl, Vec::new());
-        let superseded = self.superseded(&req, &user, read);
-        let mut same = if !superseded.queue.is_empty() {
-            // Taken out with the rest, its request answered REPLACED by its mark.
-            Vec::new()
-        } else {
-            self.same_waiters(&req, &user, read)
-        };
+        // With `supersede`, the same id's older request is taken out with the rest, its
+        // request answered REPLACED by its mark.
+        let Waits {
+            place: adopt,
+            replaced: same,
+            superseded,
+        } = waits;
         // The older request is a set: this one takes over its place on this name, and its
         // keys on its other names go in the same write.
-        if same.iter().any(|w| !w.value.set.is_empty()) {
-            let olds = self.old_keys(&req.name, &same);
-            let adopt = same.first().map(super::set_queue::Adopt::of);
+        if adopt.iter().chain(&same).any(|w| !w.value.set.is_empty()) {
+            let all: Vec<WaiterRecord> = adopt.iter().chain(&same).cloned().collect();
+            let olds = self.old_keys(&req.name, &all);
+            let adopt = adopt.as_ref().map(super::set_queue::Adopt::of);
             let names = [req.name.to_string()];
             let queued = self
                 .enqueue_keys(req, user, ttl, &names, olds, adopt)
                 .await?;
             return Ok(queued.map_or(Queued::Again, Queued::Started));
         }
-        // The oldest one's place is taken over (the queue is in create-revision order).
-        let adopt = (!same.is_empty()).then(|| same.remove(0));
         // The write reads the name too (a plain new waiter decided from the mirror).
         let check = matches!(seen, Seen::Mirror) && adopt.is_none() && superseded.queue.is_empty();
         // Its key: the one whose place it takes over, or one in a slot of its own.
@@ -132,25 +129,6 @@ impl Cluster {
             wait,
         };
         self.enqueued(pending, result, written)
-    }
-
-    /// The waiters of `req`'s id (and user) in its name's queue (`read`, or the mirror's),
-    /// in queue order: the older requests this one replaces, the first of them taking its
-    /// place over.
-    fn same_waiters(
-        &self,
-        req: &LockRequest,
-        user: &str,
-        read: Option<&NameState>,
-    ) -> Vec<WaiterRecord> {
-        let g = self.guard();
-        read.or_else(|| g.mirror.name(&req.name))
-            .map_or_else(Vec::new, |ns| {
-                let ask = ask(req, user);
-                rules::same_waiters(&ns.view(&self.fe), &ask)
-                    .filter_map(|rev| ns.queue.get(&rev).cloned())
-                    .collect()
-            })
     }
 
     /// The write of a new waiter into a slot of its own (`place`: the slot and its key):
@@ -315,10 +293,17 @@ impl Cluster {
         let leases = g.mirror.holders() + g.fresh.len();
         let user = local.value.user.as_str();
         let decided = super::view::decide(ns, &self.fe, &local.req, user, &self.limits, leases);
-        !matches!(
-            decided,
-            Ok(rules::Decision::Grant | rules::Decision::Queue { replaces: None, .. })
-        )
+        // A plain place at the back, ending nobody, as the mirror's decision was.
+        let plain = match decided {
+            Ok(rules::Decision::Grant) => true,
+            Ok(rules::Decision::Queue {
+                place,
+                replaced,
+                superseded,
+            }) => place.is_none() && replaced.is_empty() && superseded.is_empty(),
+            Err(_) | Ok(rules::Decision::Again(_)) => false,
+        };
+        !plain
     }
 }
 
@@ -361,9 +346,9 @@ struct Pending {
 }
 
 /// What a LOCK given to [`Cluster::enqueue`] was decided on.
-pub(super) enum Seen<'a> {
+pub(super) enum Seen {
     /// A read of the name in etcd itself, a moment ago.
-    Read(&'a NameState),
+    Read,
     /// The mirror alone: the write reads the name too.
     Mirror,
 }

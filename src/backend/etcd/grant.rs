@@ -15,6 +15,7 @@ use super::enqueue::{Queued, Seen};
 use super::mirror::{HolderRecord, NameState};
 use super::values::HolderValue;
 use super::view::decide;
+use super::waits::Waits;
 use super::{guards, Cluster};
 
 /// How often a LOCK whose write found the name changed decides again before it answers
@@ -71,8 +72,8 @@ impl Cluster {
                 }
                 // A plain wait, from the mirror: its write reads the name too, and says
                 // whether the mirror was right (see `enqueue`).
-                Ok(Plan::Blocked) if read.is_none() && self.waits_unread(&req, &user) => {
-                    let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Mirror);
+                Ok(Plan::Blocked(waits)) if read.is_none() && waits_unread(&req, &waits) => {
+                    let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Mirror, *waits);
                     match queued.await? {
                         Queued::Started(start) => return Ok(start),
                         Queued::Misread(ns) => {
@@ -84,12 +85,10 @@ impl Cluster {
                 }
                 // From the mirror: make sure with etcd itself.
                 _ if read.is_none() => {}
-                Ok(Plan::Blocked) => {
-                    if let Some(ns) = read.as_ref() {
-                        let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Read(ns));
-                        if let Queued::Started(start) = queued.await? {
-                            return Ok(start);
-                        }
+                Ok(Plan::Blocked(waits)) => {
+                    let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Read, *waits);
+                    if let Queued::Started(start) = queued.await? {
+                        return Ok(start);
                     }
                 }
                 Err(e) => return Err(e),
@@ -100,23 +99,6 @@ impl Cluster {
             "{}: the lock changed {STALE_TRIES} times while this LOCK was decided",
             req.name
         )))
-    }
-
-    /// Whether a LOCK the mirror says must wait is queued without a read of the name first
-    /// (its write reads it: see [`Cluster::enqueue`]): an exclusive request of one name,
-    /// no `supersede`, whose id the mirror shows waiting nowhere in the queue (a place to
-    /// take over is decided on a read, as before).
-    fn waits_unread(&self, req: &LockRequest, user: &str) -> bool {
-        if req.mode != Mode::Exclusive || req.supersede {
-            return false;
-        }
-        let g = self.guard();
-        let ask = super::view::ask(req, user);
-        g.mirror.name(&req.name).is_some_and(|ns| {
-            rules::same_waiters(&ns.view(&self.fe), &ask)
-                .next()
-                .is_none()
-        })
     }
 
     /// What a LOCK on `ns` should do, as the lock rules decide it from this front-end.
@@ -136,7 +118,14 @@ impl Cluster {
                 Some(h) => Ok(Plan::Again(Box::new(h.clone()))),
                 None => Err(TableError::NotHeld.into()),
             },
-            Decision::Queue { .. } => Ok(Plan::Blocked),
+            Decision::Queue {
+                place,
+                replaced,
+                superseded,
+            } => {
+                let waits = Waits::of(ns, req.supersede, place, &replaced, &superseded);
+                Ok(Plan::Blocked(Box::new(waits)))
+            }
         }
     }
 
@@ -335,8 +324,18 @@ enum Plan {
     Again(Box<HolderRecord>),
     /// Free and nobody waits: grant at once if the marker is still at this revision.
     Fresh { marker_rev: i64 },
-    /// Held, or others wait: queue.
-    Blocked,
+    /// Held, or others wait: queue, where the rules said, ending whom they said.
+    Blocked(Box<Waits>),
+}
+
+/// Whether a LOCK the mirror says must wait (`waits`) is queued without a read of the name
+/// first (its write reads it: see [`Cluster::enqueue`]): an exclusive request of one name,
+/// no `supersede`, that ends nobody (a place to take over is decided on a read, as before).
+fn waits_unread(req: &LockRequest, waits: &Waits) -> bool {
+    req.mode == Mode::Exclusive
+        && !req.supersede
+        && waits.place.is_none()
+        && waits.replaced.is_empty()
 }
 
 /// The lock-delay `req` carries, in milliseconds (resolved by [`Cluster::lock`]).

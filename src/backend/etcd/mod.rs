@@ -24,7 +24,7 @@
 //!   (`sessions`), to end a connection's when it closes.
 //!
 //! # Map (one concept a file)
-//! - This file: [`Cluster`] and its start; `state`: what it keeps under its one lock (each
+//! - This file: [`Cluster`]; `start`: its start; `state`: what it keeps under its one lock (each
 //!   waiter of its own a `Local`, whose `phase` says which of its requests is out);
 //!   `requests`: the etcd requests every part sends through (`txn`, `get`, `cleanup`) and
 //!   what each answer or failure tells, over `rpc`, the crate `lockd_etcd`.
@@ -34,29 +34,26 @@
 //!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the
 //!   LOCK decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or
 //!   limit); `guards`: every comparison a write is guarded by, built once from named parts.
-//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write; `supersede`:
-//!   a `supersede` LOCK's), `sets` (a LOCK of several names: granted, queued by `set_queue` and
-//!   handed over whole), `queueing` (what every queueing write shares), `waiters` (a wait's
-//!   end), `holders` (RENEW, CHECK, a closed connection's session leases), `release` (UNLOCK
-//!   and every other end, granting the head waiter in the same write: the driver of `end`,
-//!   where the core decides that write and reads its answer), `status`, `breaks` (BREAK: ends
-//!   leases by `release`'s write, and keeps a record of each for its holder).
+//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write, where
+//!   `waits` says the rules put it; `supersede`: a `supersede` LOCK's), `sets` (a LOCK of
+//!   several names: granted, queued by `set_queue` and handed over whole), `queueing` (what
+//!   every queueing write shares), `waiters` (a wait's end), `holders` (RENEW, CHECK, a
+//!   closed connection's session leases), `release` (UNLOCK and every other end: the driver
+//!   of `end`), `status`, `breaks` (BREAK: `release`'s write).
 //! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror: the driver
-//!   of `watched`; `resync` reads it whole again), `queue_head` (grants this front-end's head
-//!   waiters: the driver of `head`, where the core decides it, without I/O), `handover` (a
-//!   grant delivered to its waiter, or taken back), `confirm` (a grant on this front-end's etcd
-//!   lease taken off it first: the driver of `confirmation`), `lease` (this front-end's etcd
-//!   lease), `expiry` (the timer), `sessions` (the index of session leases by connection),
-//!   `quorum` (when a quorum last answered: readiness, and the probe that asks when nothing
-//!   else did); `fresh` (how current the mirror is for one name), `log` (a change logged and
-//!   counted, and its marker), `cause` (a failed request in one plain sentence) and `stats`
-//!   (the `lockd_etcd_*` series) serve them all.
+//!   of `watched`; `resync` reads it whole again), `queue_head` (the driver of `head`),
+//!   `handover` (carries out `delivery`'s decisions), `confirm` (the driver of
+//!   `confirmation`), `lease` (this front-end's etcd lease), `expiry` (the timer), `sessions`
+//!   (session leases by connection), `quorum` (when a quorum last answered); `fresh` (how
+//!   current the mirror is for one name), `log` (a change logged and counted, and its
+//!   marker), `cause` (a failed request in one plain sentence) and `stats` serve them all.
 //! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
 //!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
-//! - The core, without I/O, so far: `head`, `end`, `confirmation` and `watched` (a watch
-//!   batch taken in; with `handover`'s `on_grant` and `deliver`), stepped by hand against the
-//!   in-memory etcd in their `_tests` files on `stepping`'s stage.
+//! - The core, without I/O or clock, so far: `head` (a queue head's grant), `end` (a lease's
+//!   end, and the grant in its write), `confirmation`, `watched` (a watch batch taken in) and
+//!   `delivery` (what a waiter is told), stepped by hand against the in-memory etcd in their
+//!   `_tests` files on `stepping`'s stage.
 
 mod apply;
 mod breaks;
@@ -105,6 +102,7 @@ mod sets;
 #[doc(hidden)]
 pub mod sim;
 mod slots;
+mod start;
 mod state;
 mod stats;
 mod status;
@@ -114,6 +112,7 @@ mod supersede;
 mod values;
 mod view;
 mod waiters;
+mod waits;
 mod watch;
 mod watched;
 #[cfg(test)]
@@ -127,7 +126,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rpc::{Client, ConnectOptions, Txn, TxnOp};
+use rpc::Client;
 use tokio::sync::{broadcast, Notify};
 
 use crate::auth::Gate;
@@ -198,131 +197,6 @@ pub struct Settings {
 }
 
 impl Cluster {
-    /// Connects, takes this front-end's etcd lease, reads (or chooses) the token base and
-    /// loads the mirror. Fails if etcd can't be reached within the connect timeout, or at
-    /// once, as a [`super::EtcdRefused`], if etcd refuses its certificates, user or rights.
-    pub async fn connect(
-        settings: Settings,
-    ) -> Result<Arc<Cluster>, Box<dyn std::error::Error + Send + Sync>> {
-        let config = &settings.config;
-        let options = ConnectOptions::new()
-            .with_timeout(config.request_timeout)
-            .with_connect_timeout(config.connect_timeout)
-            .with_keep_alive(Duration::from_secs(5), config.request_timeout)
-            .with_require_leader(true);
-        // TLS, the user, and a first request that proves the rights on the prefix.
-        let client = secure::connect(config, options).await?;
-        let fe = format!(
-            "{}-{}-{:x}",
-            hostname(),
-            std::process::id(),
-            wall_ms() & 0xffff_ffff
-        );
-        Cluster::start(client, fe, settings).await
-    }
-
-    /// A front-end named `fe` over `client`: takes its etcd lease, reads (or chooses) the
-    /// token base and loads the mirror.
-    async fn start(
-        client: Client,
-        fe: String,
-        settings: Settings,
-    ) -> Result<Arc<Cluster>, Box<dyn std::error::Error + Send + Sync>> {
-        let Settings {
-            config,
-            limits,
-            watch_buffer,
-            users,
-            metrics,
-        } = settings;
-        let endpoints = config.endpoints.join(",");
-        let layout = Layout::new(&config.prefix);
-        let (events, _) = broadcast::channel(watch_buffer.max(1));
-        let fe_id = fe.clone();
-        let cluster = Arc::new(Cluster {
-            client,
-            layout,
-            fe,
-            lease: AtomicI64::new(0),
-            state: Mutex::new(ClusterState::new(&fe_id)),
-            events,
-            moved: Notify::new(),
-            next_conn: AtomicU64::new(1),
-            next_uid: AtomicU64::new(1),
-            limits,
-            metrics: Arc::clone(&metrics),
-            users,
-            healthy: AtomicBool::new(false),
-            quorum: quorum::Quorum::new(config.lease_ttl),
-            stats: stats::EtcdStats::register(&metrics),
-            seen_rev: AtomicI64::new(0),
-            watch_rev: AtomicI64::new(0),
-            leased: AtomicBool::new(false),
-            config,
-            breaking: Mutex::new(Vec::new()),
-            skew_ms: AtomicI64::new(0),
-        });
-        // Each step is tried again while etcd answers "unavailable" (a cluster electing its
-        // leader as this front-end starts says "no leader"), until the connect timeout.
-        let last = Mutex::new(None::<String>);
-        let startup = async {
-            loop {
-                let step = async {
-                    if !cluster.leased.load(Ordering::Relaxed) {
-                        cluster.take_lease().await?;
-                    }
-                    cluster.load_base().await?;
-                    cluster.resync().await
-                };
-                match step.await {
-                    Err(BackendError::Unavailable(why)) => {
-                        *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-                        tokio::time::sleep(RETRY).await;
-                    }
-                    done => return done,
-                }
-            }
-        };
-        let started = tokio::time::timeout(cluster.config.connect_timeout, startup).await;
-        let Ok(started) = started else {
-            let last = last.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let why = last.map_or_else(String::new, |why| format!(": {why}"));
-            return Err(format!("etcd at {endpoints}: no quorum (timed out){why}").into());
-        };
-        started.map_err(|e| format!("etcd at {endpoints}: {e}"))?;
-        cluster.healthy.store(true, Ordering::Relaxed);
-        tracing::info!(
-            fe = cluster.fe,
-            endpoints,
-            prefix = cluster.layout.prefix(),
-            "cluster mode: front-end of etcd"
-        );
-        Ok(cluster)
-    }
-
-    /// The token base: chosen once per prefix (wall-clock microseconds, as the embedded
-    /// backend starts its tokens, so tokens keep growing across a move between backends).
-    async fn load_base(&self) -> Result<(), BackendError> {
-        let key = self.layout.base();
-        let first = super::first_token().to_string();
-        let txn = Txn::new()
-            .when([guards::absent(&key)])
-            .and_then([TxnOp::put(key.clone(), first, None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        self.txn(txn).await.map_err(|e| self.unavailable(&e))?;
-        let got = self
-            .get(key, None)
-            .await
-            .map_err(|e| self.unavailable(&e))?;
-        let base = got
-            .kvs()
-            .first()
-            .and_then(|kv| kv.value_str().ok()?.parse().ok())
-            .ok_or_else(|| BackendError::Unavailable("etcd: no token base".into()))?;
-        self.guard().mirror.base = base;
-        Ok(())
-    }
-
     /// This front-end's wall clock, in milliseconds: what it writes deadlines in.
     fn wall_ms(&self) -> u64 {
         wall_ms().saturating_add_signed(self.skew_ms.load(Ordering::Relaxed))
@@ -396,15 +270,3 @@ impl Cluster {
 
 /// Waits between attempts to reach etcd again.
 const RETRY: Duration = Duration::from_millis(200);
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `len` bytes into the buffer it is given.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(0);
-    if ok && end > 0 {
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "lockd".into()
-    }
-}

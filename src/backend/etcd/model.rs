@@ -1,13 +1,15 @@
-//! The etcd backend's LOCK decision over a name built from plain parts: the model test
-//! (tests/props/model.rs) asks it on every LOCK of its random histories and compares it with the
-//! reference model, so the cluster's view of a name goes through the same check as the
-//! embedded table. Not part of lockd's interface.
+//! The etcd backend's LOCK decisions (one name, and a set of names) over names built from
+//! plain parts, sets among their holders and waiters: the model test (tests/props/model.rs)
+//! asks them on the LOCKs of its random histories and of its cases of sets, and compares them
+//! with the reference model and the table, so the cluster's view of a name goes through the
+//! same check as the embedded table. Not part of lockd's interface.
 
 use std::time::Instant;
 
-use crate::locks::rules::Decision;
+use crate::locks::rules::{Decision, SetDecision};
 use crate::locks::{ConnId, Limits, LockRequest, Mode, TableError};
 
+use super::grant::set_names;
 use super::mirror::{HolderRecord, NameState, WaiterRecord};
 use super::values::{HolderValue, WaiterValue};
 use super::view;
@@ -17,6 +19,9 @@ const HERE: &str = "here";
 
 /// A holder, in grant order.
 pub struct HolderPart<'a> {
+    /// What the decision names it by: its lease's create revision, one for every name of
+    /// a set.
+    pub key: usize,
     pub id: &'a str,
     pub user: &'a str,
     pub mode: Mode,
@@ -25,17 +30,24 @@ pub struct HolderPart<'a> {
     pub session: Option<Option<ConnId>>,
     /// Over for its holder but still in its place (broken, or in its lock-delay).
     pub lingering: bool,
+    /// Every name of its set, as its record keeps them (empty: this name alone).
+    pub set: Vec<String>,
 }
 
 /// A waiter, first in line first.
 pub struct WaiterPart<'a> {
+    /// What the decision names it by: its keys' create revision, one for every name of a
+    /// set, growing along the queue.
+    pub key: usize,
     pub id: &'a str,
     pub user: &'a str,
     pub mode: Mode,
+    /// Every name of its set, as its record keeps them (empty: this name alone).
+    pub set: Vec<String>,
 }
 
 /// What [`super::view::decide`] says of `req` by `user` on a name with these holders and
-/// queue; holders and waiters are named by their index in the slices.
+/// queue, naming them by their keys.
 pub fn decide(
     holders: &[HolderPart<'_>],
     queue: &[WaiterPart<'_>],
@@ -44,74 +56,74 @@ pub fn decide(
     limits: &Limits,
     leases: usize,
 ) -> Result<Decision<usize, usize>, TableError> {
-    let mut ns = with_holders(holders);
-    let first_waiter = holders.len() as i64 + 1;
-    for (i, w) in queue.iter().enumerate() {
-        let rev = first_waiter + i as i64;
-        let uid = format!("w{rev}");
-        let value = WaiterValue {
-            uid: uid.clone(),
-            id: w.id.into(),
-            user: w.user.into(),
-            mode: w.mode,
-            ttl_ms: 1000,
-            session_ms: None,
-            fe: HERE.into(),
-            conn: 0,
-            lease: 1,
-            queued_ms: 0,
-            peer: String::new(),
-            note: String::new(),
-            set: Vec::new(),
-            delay_ms: 0,
-        };
-        let waiter = WaiterRecord {
-            key: uid.clone(),
-            slot: uid.clone(),
-            uid,
-            rev,
-            mod_rev: rev,
-            value,
-        };
-        ns.queue.insert(rev, waiter);
-    }
-    let index = |rev: i64, first: i64| usize::try_from(rev - first).unwrap_or(usize::MAX);
+    let ns = state(holders, queue);
     Ok(match view::decide(&ns, HERE, req, user, limits, leases)? {
         Decision::Grant => Decision::Grant,
-        Decision::Again(rev) => Decision::Again(index(rev, 1)),
+        Decision::Again(rev) => Decision::Again(key(rev)),
         Decision::Queue {
-            replaces,
+            place,
+            replaced,
             superseded,
         } => Decision::Queue {
-            replaces: replaces.map(|rev| index(rev, first_waiter)),
-            superseded: superseded
-                .into_iter()
-                .map(|rev| index(rev, first_waiter))
-                .collect(),
+            place: place.map(key),
+            replaced: replaced.into_iter().map(key).collect(),
+            superseded: superseded.into_iter().map(key).collect(),
         },
     })
 }
 
-/// What the etcd backend's BREAK ends ([`crate::locks::rules::breaks`] over the cluster's
-/// view of a name) on a name with these holders: all of them, or with `only` the one of that
-/// index; holders are named by their index in the slice.
-pub fn breaks(holders: &[HolderPart<'_>], only: Option<usize>) -> Result<Vec<usize>, TableError> {
-    let ns = with_holders(holders);
-    // An index past the holders is a token that is not one of them.
-    let only = only.map(|i| i64::try_from(i).map_or(i64::MAX, |i| i.saturating_add(1)));
-    let revs = crate::locks::rules::breaks(&ns.view(HERE), only.as_ref())?;
-    Ok(revs
-        .into_iter()
-        .map(|rev| usize::try_from(rev - 1).unwrap_or(usize::MAX))
-        .collect())
+/// What [`super::view::decide_set`] says of `req` (a LOCK of a set) by `user`, on its
+/// names (in the request's order) with these holders and queues, naming them by their keys.
+pub fn decide_set(
+    names: &[(&[HolderPart<'_>], &[WaiterPart<'_>])],
+    req: &LockRequest,
+    user: &str,
+    limits: &Limits,
+    leases: usize,
+) -> Result<SetDecision<usize, usize>, TableError> {
+    let states: Vec<NameState> = names.iter().map(|(h, q)| state(h, q)).collect();
+    let states: Vec<&NameState> = states.iter().collect();
+    let asked = set_names(req);
+    Ok(
+        match view::decide_set(&states, &asked, HERE, req, user, limits, leases)? {
+            SetDecision::Grant => SetDecision::Grant,
+            SetDecision::Again(revs) => SetDecision::Again(revs.into_iter().map(key).collect()),
+            SetDecision::Queue { place, replaced } => SetDecision::Queue {
+                place: place.map(key),
+                replaced: replaced.into_iter().map(key).collect(),
+            },
+        },
+    )
 }
 
-/// A name with `holders`, in grant order (the first at revision 1), and nobody waiting.
-fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
+/// What the etcd backend's BREAK ends ([`crate::locks::rules::breaks`] over the cluster's
+/// view of a name) on a name with these holders: all of them, or with `only` the one of that
+/// key; holders are named by their keys.
+pub fn breaks(holders: &[HolderPart<'_>], only: Option<usize>) -> Result<Vec<usize>, TableError> {
+    let ns = state(holders, &[]);
+    // A key past any revision is a token that is not one of them.
+    let only = only.map(|k| rev(k).unwrap_or(i64::MAX));
+    let revs = crate::locks::rules::breaks(&ns.view(HERE), only.as_ref())?;
+    Ok(revs.into_iter().map(key).collect())
+}
+
+/// The create revision of the part of key `key`: revisions start at 1.
+fn rev(key: usize) -> Option<i64> {
+    i64::try_from(key).ok()?.checked_add(1)
+}
+
+/// The key of the part of create revision `rev`.
+fn key(rev: i64) -> usize {
+    usize::try_from(rev - 1).unwrap_or(usize::MAX)
+}
+
+/// A name with `holders` (in grant order) and `queue` (first in line first), each record at
+/// the create revision of its key.
+fn state(holders: &[HolderPart<'_>], queue: &[WaiterPart<'_>]) -> NameState {
     let mut ns = NameState::default();
     let at = Instant::now();
-    for (i, h) in holders.iter().enumerate() {
-        let rev = i as i64 + 1;
+    for h in holders {
+        let rev = rev(h.key).unwrap_or(i64::MAX);
         let uid = format!("h{rev}");
         let value = HolderValue {
             uid: uid.clone(),
@@ -129,7 +141,7 @@ fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
             at_ms: 0,
             peer: String::new(),
             note: String::new(),
-            set: Vec::new(),
+            set: h.set.clone(),
             broken_by: h.lingering.then(crate::locks::Origin::default),
             delay_ms: 0,
             delaying: None,
@@ -146,6 +158,35 @@ fn with_holders(holders: &[HolderPart<'_>]) -> NameState {
             keyless: false,
         };
         ns.holders.insert(rev, holder);
+    }
+    for w in queue {
+        let rev = rev(w.key).unwrap_or(i64::MAX);
+        let uid = format!("w{rev}");
+        let value = WaiterValue {
+            uid: uid.clone(),
+            id: w.id.into(),
+            user: w.user.into(),
+            mode: w.mode,
+            ttl_ms: 1000,
+            session_ms: None,
+            fe: HERE.into(),
+            conn: 0,
+            lease: 1,
+            queued_ms: 0,
+            peer: String::new(),
+            note: String::new(),
+            set: w.set.clone(),
+            delay_ms: 0,
+        };
+        let waiter = WaiterRecord {
+            key: uid.clone(),
+            slot: uid.clone(),
+            uid,
+            rev,
+            mod_rev: rev,
+            value,
+        };
+        ns.queue.insert(rev, waiter);
     }
     ns
 }

@@ -7,8 +7,10 @@
 //! - Queued (`set_queue.rs`): one write puts a waiter key on every name's queue (one create
 //!   revision: every queue agrees on its place), taking out the same id's older request
 //!   (every key of it, a set or not) in the same write, each with its mark saying it was
-//!   replaced, guarded on those keys being as read. The place is not taken over as one
-//!   name's is: a new key on every name keeps the create revisions of the set equal.
+//!   replaced, guarded on those keys being as read. Where it waits and whom it replaces
+//!   are the rules' ([`rules::SetDecision::Queue`]): at the back of every queue, or in the
+//!   place of the same id's waiting set of the very same names (its keys rewritten, their
+//!   create revision kept: one for the whole set still).
 //! - Granted from the queue by its own front-end (`queue_head.rs`, [`rules::set_ready`]),
 //!   released, renewed or ended as one lease (`release.rs`, `holders.rs`): every key of the
 //!   set in each write.
@@ -19,13 +21,13 @@ use std::time::Duration;
 use super::rpc::{PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, HandOver, LockStart};
-use crate::locks::rules::{self, SetDecision};
+use crate::locks::rules;
 use crate::locks::{EventKind, LockRequest, TableError};
 
 use super::grant::set_names;
 use super::mirror::{HolderRecord, NameState};
 use super::set_queue::{Adopt, OldKey};
-use super::view::{self, ask};
+use super::view;
 use super::{guards, Cluster};
 
 /// How often a LOCK of a set decides again (its names changed under it) before it answers
@@ -116,47 +118,38 @@ impl Cluster {
         leases: usize,
     ) -> Result<SetPlan, BackendError> {
         let decision = view::decide_set(states, names, &self.fe, req, user, &self.limits, leases)?;
-        let views: Vec<_> = states.iter().map(|ns| ns.view(&self.fe)).collect();
-        let ask = ask(req, user);
         match decision {
-            SetDecision::Grant => Ok(SetPlan::Fresh(
+            rules::SetDecision::Grant => Ok(SetPlan::Fresh(
                 states.iter().map(|ns| ns.marker_rev).collect(),
             )),
-            SetDecision::Again(revs) => {
+            rules::SetDecision::Again(revs) => {
                 let first = revs.first().copied().unwrap_or_default();
                 match states.first().and_then(|ns| ns.holder_by_rev(first)) {
                     Some(h) => Ok(SetPlan::Again(Box::new(h.clone()))),
                     None => Err(TableError::NotHeld.into()),
                 }
             }
-            SetDecision::Queue { .. } => {
-                // Every waiter of the same id on any of the names goes (the rules name the
-                // first on each; a cluster may briefly show more), and with each, every
-                // key of its own set.
+            rules::SetDecision::Queue { place, replaced } => {
+                // Every older request the rules name goes, with every key of its own set
+                // (found on whichever of the names it waits on); the one whose place the
+                // rules say this request takes has its keys rewritten instead.
                 let mut olds: Vec<OldKey> = Vec::new();
-                let mut requests: Vec<super::mirror::WaiterRecord> = Vec::new();
-                for (view, (ns, name)) in views.iter().zip(states.iter().zip(names)) {
-                    let same: Vec<_> = rules::same_waiters(view, &ask)
-                        .filter_map(|rev| ns.queue.get(&rev).cloned())
+                let mut adopt = None;
+                for (ns, name) in states.iter().zip(names) {
+                    let same: Vec<_> = replaced
+                        .iter()
+                        .filter_map(|rev| ns.queue.get(rev).cloned())
                         .collect();
                     for old in self.old_keys(name, &same) {
                         if olds.iter().all(|o| o.key != old.key) {
                             olds.push(old);
                         }
                     }
-                    for w in same {
-                        if requests.iter().all(|r| r.uid != w.uid) {
-                            requests.push(w);
-                        }
+                    if adopt.is_none() {
+                        let taken = place.and_then(|rev| ns.queue.get(&rev));
+                        adopt = taken.map(Adopt::of);
                     }
                 }
-                // One older request, waiting for exactly this set: its place is taken over.
-                let adopt = match requests.as_slice() {
-                    [w] if rules::same_set(&w.value.set, names) && olds.len() == names.len() => {
-                        Some(Adopt::of(w))
-                    }
-                    _ => None,
-                };
                 Ok(SetPlan::Blocked(olds, adopt))
             }
         }

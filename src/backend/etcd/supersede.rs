@@ -5,25 +5,14 @@
 
 use super::rpc::{Compare, Txn, TxnOp};
 
-use crate::locks::rules::{self};
-use crate::locks::LockRequest;
-
-use super::mirror::{NameState, WaiterRecord};
 use super::queueing::{mark_put, waiter_put};
 use super::values::WaiterValue;
-use super::view::ask;
+use super::waits::Superseded;
 use super::{guards, Cluster};
 
 /// The most operations one etcd transaction may carry (etcd's `--max-txn-ops` default): a
 /// supersede of a longer queue is made in several.
 const TXN_OPS: usize = 128;
-
-/// The queue a `supersede` LOCK takes out, and the name's marker its writes are guarded on.
-pub(super) struct Superseded {
-    /// Each waiter, with whether it is this id's own older request.
-    pub(super) queue: Vec<(WaiterRecord, bool)>,
-    pub(super) marker_rev: i64,
-}
 
 /// A queueing write of one name, as it is sent: the writes ahead of the last one (a
 /// `supersede` of a queue longer than one etcd transaction carries: each its operations, the
@@ -49,43 +38,6 @@ impl Writes {
 }
 
 impl Cluster {
-    /// `supersede`: the whole queue as this decision sees it (guarded below), each
-    /// waiter with whether it is this id's own older request; and the name's marker.
-    /// Nothing for a LOCK without `supersede`.
-    pub(super) fn superseded(
-        &self,
-        req: &LockRequest,
-        user: &str,
-        read: Option<&NameState>,
-    ) -> Superseded {
-        if !req.supersede {
-            return Superseded {
-                queue: Vec::new(),
-                marker_rev: 0,
-            };
-        }
-        let g = self.guard();
-        let ns = read.or_else(|| g.mirror.name(&req.name));
-        let ask = ask(req, user);
-        let mut first_same = ns.and_then(|ns| rules::same_waiters(&ns.view(&self.fe), &ask).next());
-        let all = ns.map_or_else(Vec::new, |ns| {
-            ns.queue
-                .values()
-                .map(|w| {
-                    let same = first_same == Some(w.rev);
-                    if same {
-                        first_same = None;
-                    }
-                    (w.clone(), same)
-                })
-                .collect::<Vec<_>>()
-        });
-        Superseded {
-            queue: all,
-            marker_rev: ns.map_or(0, |ns| ns.marker_rev),
-        }
-    }
-
     /// The writes of a `supersede` LOCK of `name_of_wait` whose key (`key`, in `slot`, with
     /// `value`) goes in the last one: every waiter of `superseded` out, after its mark.
     pub(super) fn supersede_writes(

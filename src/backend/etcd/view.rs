@@ -23,10 +23,12 @@ impl rules::NameView for MirrorView<'_> {
     type User = str;
     /// The holder's create revision.
     type HolderKey = i64;
-    /// The waiter key's create revision.
+    /// The waiter key's create revision (one for all the keys of a set).
     type WaiterKey = i64;
+    /// A set's records name its names.
+    type Name = String;
 
-    fn holders(&self) -> impl Iterator<Item = rules::HolderView<'_, str, i64>> {
+    fn holders(&self) -> impl Iterator<Item = rules::HolderOf<'_, Self>> {
         self.ns.holders.values().map(|h| {
             let v = &h.value;
             // Bound to an open connection of this front-end. A session lease bound to
@@ -39,18 +41,19 @@ impl rules::NameView for MirrorView<'_> {
                 user: v.user.as_str(),
                 mode: v.mode,
                 bound_to: open_here.then_some(v.conn),
-                in_set: !v.set.is_empty(),
+                set: &v.set,
                 lingering: v.lingering(),
             }
         })
     }
 
-    fn queue(&self) -> impl Iterator<Item = rules::WaiterView<'_, str, i64>> {
+    fn queue(&self) -> impl Iterator<Item = rules::WaiterOf<'_, Self>> {
         self.ns.queue.values().map(|w| rules::WaiterView {
             key: w.rev,
             id: &w.value.id,
             user: w.value.user.as_str(),
             mode: w.value.mode,
+            set: &w.value.set,
         })
     }
 
@@ -75,9 +78,8 @@ pub fn decide(
 
 /// What a LOCK `req` by `user` of the set `names` (each name's state in `states`, in the
 /// request's order) does, as the lock rules decide it from front-end `fe`: LOCK of a set
-/// comes here. The same id holding every name is a retry only if it holds them as one lease
-/// over exactly these names (one create revision everywhere, its record naming this very
-/// set): an id holding them as separate leases, or in another set, can't make them one.
+/// comes here. Holders' and waiters' records name their sets: the rules compare them with
+/// `names`.
 pub fn decide_set(
     states: &[&NameState],
     names: &[String],
@@ -88,12 +90,7 @@ pub fn decide_set(
     leases: usize,
 ) -> Result<rules::SetDecision<i64, i64>, TableError> {
     let views: Vec<_> = states.iter().map(|ns| ns.view(fe)).collect();
-    // The holder of the first name with this create revision names its set in its record.
-    let is_this_set = |rev: &i64| {
-        let holder = states.first().and_then(|ns| ns.holder_by_rev(*rev));
-        holder.is_some_and(|h| rules::same_set(&h.value.set, names))
-    };
-    rules::decide_set(&views, &ask(req, user), limits, leases, is_this_set)
+    rules::decide_set(&views, names, &ask(req, user), limits, leases)
 }
 
 /// The part of `req` (by `user`) the lock rules decide on.

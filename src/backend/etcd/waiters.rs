@@ -322,19 +322,9 @@ pub(super) fn key_gone(g: &mut super::ClusterState, l: &super::Local) -> WaitRes
         return WaitResult::Ended(why);
     }
     let mirror: &Mirror = &g.mirror;
-    let same = crate::locks::rules::Ask {
-        id: &l.value.id,
-        user: l.value.user.as_str(),
-        mode: l.value.mode,
-        conn: l.value.conn,
-        wait: None,
-        supersede: false,
-    };
     let replaced = mirror.name(&l.name).is_some_and(|ns| {
-        let fe = &l.value.fe;
-        crate::locks::rules::same_waiters(&ns.view(fe), &same)
-            .next()
-            .is_some()
+        let (id, user) = (&l.value.id, l.value.user.as_str());
+        crate::locks::rules::replaced_by_own_id(&ns.view(&l.value.fe), id, user)
     });
     if replaced {
         WaitResult::Ended(WaitEnd::Replaced)

@@ -180,6 +180,8 @@ pub struct Model {
     pub next_token: Token,
     pub next_waiter: WaiterId,
     pub next_ticket: u64,
+    /// The ticket of the last LOCK queued: its place in line (it may be granted at once).
+    pub last_ticket: u64,
     pub effects: Vec<Effect>,
     /// Waiters in the order the table granted them in the call being made: of several
     /// ready at once, which goes first is not part of the contract, so the model takes the
@@ -197,6 +199,7 @@ impl Model {
             next_token: first_token.max(1),
             next_waiter: 1,
             next_ticket: 1,
+            last_ticket: 0,
             effects: Vec::new(),
             hint: Vec::new(),
         }
@@ -208,6 +211,12 @@ impl Model {
 
     pub fn take_effects(&mut self) -> Vec<Effect> {
         std::mem::take(&mut self.effects)
+    }
+
+    /// The effects of the step so far, left for [`Model::take_effects`].
+    #[cfg(feature = "etcd")]
+    pub fn pending_effects(&self) -> &[Effect] {
+        &self.effects
     }
 
     // ---- Views of one name ----
@@ -691,6 +700,7 @@ impl Model {
         };
         let waiter = self.next_waiter;
         self.next_waiter += 1;
+        self.last_ticket = ticket;
         let new = MWaiter {
             waiter,
             ticket,
