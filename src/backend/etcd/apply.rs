@@ -70,13 +70,15 @@ impl Mirror {
     /// written in the same transaction (put first in every transaction that removes a
     /// holder), which says whether it was released, expired, dropped or revoked; a holder
     /// key that vanishes alone went with its front-end's etcd lease (`dropped`).
-    /// `now`: when they were seen (the monotonic clock), which holders' ends count from.
+    /// `now`: when they were seen (the monotonic clock), which holders' ends count from;
+    /// `wall_ms`: the wall clock then, which how long a holder held is told by.
     pub fn apply(
         &mut self,
         layout: &Layout,
         changes: &[KeyChange],
         at_rev: i64,
         now: Instant,
+        wall_ms: u64,
     ) -> Applied {
         let mut out = Applied::default();
         for c in changes {
@@ -126,7 +128,7 @@ impl Mirror {
                 }
                 Key::Holder { name, slot } => {
                     let key = String::from_utf8_lossy(&c.key).into_owned();
-                    self.holder_change(name, slot, key, c, now, &mut out);
+                    self.holder_change(name, slot, key, c, (now, wall_ms), &mut out);
                 }
                 Key::Waiter { name, slot } => {
                     let ns = self.names.entry(name.clone()).or_default();
@@ -192,7 +194,7 @@ impl Mirror {
         slot: String,
         key: String,
         c: &KeyChange,
-        now: Instant,
+        (now, wall_ms): (Instant, u64),
         out: &mut Applied,
     ) {
         let base = self.base;
@@ -220,7 +222,7 @@ impl Mirror {
                 if old.lease != 0 && holder.lease == 0 {
                     out.off_lease.push(Granted::of(base, &name, &holder));
                 }
-                if let Some(breaking) = breaking(base, &name, old, &holder) {
+                if let Some(breaking) = breaking(base, &name, old, &holder, wall_ms) {
                     out.event(c.mod_rev, breaking);
                 }
             } else {
@@ -252,7 +254,7 @@ impl Mirror {
                 ns.holders.insert(rev, kept);
                 return;
             }
-            out.event(c.mod_rev, ended(base, &name, &old, marker));
+            out.event(c.mod_rev, ended(base, &name, &old, marker, wall_ms));
         }
     }
 }

@@ -2,15 +2,16 @@
 //! front-end, shown by the watch, a read or its own write's answer) delivered to the request
 //! waiting for it, once, whichever comes first; confirmed first when it hangs on this
 //! front-end's etcd lease (`confirmation.rs`); taken back, only as it was handed over, when
-//! its waiter left; a place taken over by a LOCK of the same id. Pure: `handover.rs` carries
+//! its waiter left; a place taken over by a LOCK of the same id; a wait whose key went. Pure: `handover.rs` carries
 //! out what it returns.
 
 use std::time::{Duration, Instant};
 
-use crate::backend::{HandOver, WaitResult};
+use crate::backend::{BackendError, HandOver, WaitResult};
 use crate::locks::{Token, WaitEnd};
 
 use super::mirror::Granted;
+use super::state::Local;
 use super::{ClusterState, Phase};
 
 /// A grant to take back: it was handed over as `handover` to a waiter that had left.
@@ -184,5 +185,25 @@ pub(super) fn deliver_own(
     }
     if deliver(g, uid, name, token, ttl_ms, handover, now).is_some() {
         g.left.insert(uid.to_owned());
+    }
+}
+
+/// How the wait of `l` ends when its key is gone without its grant: a `supersede` LOCK took
+/// the queue (its mark came first), a newer LOCK of its id (and user) took its place, in the
+/// same write, or else its front-end's etcd lease ran out.
+pub(super) fn key_gone(g: &mut ClusterState, l: &Local) -> WaitResult {
+    if let Some(why) = g.superseded.remove(&l.uid) {
+        return WaitResult::Ended(why);
+    }
+    let replaced = g.mirror.name(&l.name).is_some_and(|ns| {
+        let (id, user) = (&l.value.id, l.value.user.as_str());
+        crate::locks::rules::replaced_by_own_id(&ns.view(&l.value.fe), id, user)
+    });
+    if replaced {
+        WaitResult::Ended(WaitEnd::Replaced)
+    } else {
+        WaitResult::Failed(BackendError::Unavailable(
+            "the wait was lost: this front-end's etcd lease ran out".into(),
+        ))
     }
 }

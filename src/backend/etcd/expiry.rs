@@ -136,7 +136,7 @@ impl Cluster {
             if empty {
                 g.mirror.names.remove(name);
             }
-            let event = super::holder_events::ended(base, name, &kept, None);
+            let event = super::holder_events::ended(base, name, &kept, None, super::wall_ms());
             let event = crate::locks::Event {
                 kind: kept.value.delaying.unwrap_or(EventKind::Dropped),
                 ..event

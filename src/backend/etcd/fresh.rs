@@ -110,7 +110,7 @@ impl Cluster {
             base: self.base_token(),
             ..Mirror::default()
         };
-        all.apply(&self.layout, &changes, rev, now());
+        all.apply(&self.layout, &changes, rev, now(), super::wall_ms());
         names
             .iter()
             .map(|name| all.names.remove(name).unwrap_or_default())

@@ -49,8 +49,8 @@ pub(super) fn keep_delays(old: &Mirror, new: &mut Mirror, now: Instant) {
     }
 }
 
-/// The events between `old` and `new`, two mirrors of one prefix.
-pub(super) fn events(old: &Mirror, new: &Mirror) -> Vec<Event> {
+/// The events between `old` and `new`, two mirrors of one prefix, told at `wall_ms`.
+pub(super) fn events(old: &Mirror, new: &Mirror, wall_ms: u64) -> Vec<Event> {
     let empty = NameState::default();
     let mut names: Vec<&String> = old.names.keys().chain(new.names.keys()).collect();
     names.sort();
@@ -59,25 +59,31 @@ pub(super) fn events(old: &Mirror, new: &Mirror) -> Vec<Event> {
     for name in names {
         let was = old.names.get(name).unwrap_or(&empty);
         let is = new.names.get(name).unwrap_or(&empty);
-        name_events(new.base, name, was, is, &mut out);
+        name_events((new.base, wall_ms), name, was, is, &mut out);
     }
     out
 }
 
-fn name_events(base: Token, name: &str, was: &NameState, is: &NameState, out: &mut Vec<Event>) {
+fn name_events(
+    (base, wall_ms): (Token, u64),
+    name: &str,
+    was: &NameState,
+    is: &NameState,
+    out: &mut Vec<Event>,
+) {
     for gone in was
         .holders
         .values()
         .filter(|h| !is.holders.contains_key(&h.rev))
     {
         let marker = is.marker.as_ref().filter(|m| m.rev == gone.rev);
-        out.push(holder_events::ended(base, name, gone, marker));
+        out.push(holder_events::ended(base, name, gone, marker, wall_ms));
     }
     let both = is
         .holders
         .values()
         .filter_map(|h| Some((was.holders.get(&h.rev)?, h)));
-    out.extend(both.filter_map(|(was, is)| holder_events::breaking(base, name, was, is)));
+    out.extend(both.filter_map(|(was, is)| holder_events::breaking(base, name, was, is, wall_ms)));
     let new = is
         .holders
         .values()
@@ -99,7 +105,7 @@ mod tests {
     fn nothing_changed_tells_nothing() {
         let a = mirror::tests::one_holder("n", 5, None);
         let b = mirror::tests::one_holder("n", 5, None);
-        assert!(events(&a, &b).is_empty());
+        assert!(events(&a, &b, 0).is_empty());
     }
 
     #[test]
@@ -107,7 +113,7 @@ mod tests {
         let a = mirror::tests::one_holder("n", 5, None);
         let mut b = mirror::tests::one_holder("n", 9, Some((EventKind::Released, 5)));
         b.base = a.base;
-        let got = events(&a, &b);
+        let got = events(&a, &b, 0);
         assert_eq!(
             kinds(&got),
             vec![("released", a.base + 5), ("acquired", a.base + 9)]
@@ -118,7 +124,7 @@ mod tests {
     fn an_end_whose_marker_was_overwritten_is_told_as_dropped() {
         let a = mirror::tests::one_holder("n", 5, None);
         let b = mirror::tests::one_holder("n", 9, Some((EventKind::Expired, 7)));
-        assert_eq!(kinds(&events(&a, &b))[0], ("dropped", a.base + 5));
+        assert_eq!(kinds(&events(&a, &b, 0))[0], ("dropped", a.base + 5));
     }
 
     #[test]
@@ -128,7 +134,7 @@ mod tests {
         for h in b.names.get_mut("n").unwrap().holders.values_mut() {
             h.value.broken_by = Some(crate::locks::Origin::default());
         }
-        let got = events(&a, &b);
+        let got = events(&a, &b, 0);
         assert_eq!(kinds(&got), vec![("broken", a.base + 5)]);
         assert_eq!(got[0].kind, EventKind::Breaking);
     }

@@ -12,11 +12,10 @@ use super::rpc::{Error, PutOptions, Txn, TxnOp, TxnResponse};
 use crate::backend::HandOver;
 use crate::locks::{rules, Token, WaiterId};
 
-use super::delivery::{deliver, TakeBack};
+use super::delivery::{deliver, key_gone, TakeBack};
 use super::keys::{names_of, Layout};
 use super::mirror::{Mirror, NameState, WaiterRecord};
 use super::values::HolderValue;
-use super::waiters::key_gone;
 use super::{guards, ClusterState};
 
 /// Who this front-end is, as the core needs it to decide and to write.

@@ -44,7 +44,10 @@ impl Front {
     }
 
     fn apply(&mut self, changes: &[KeyChange], rev: i64) {
-        self.c.g.mirror.apply(&self.layout, changes, rev, self.now);
+        self.c
+            .g
+            .mirror
+            .apply(&self.layout, changes, rev, self.now, 0);
     }
 
     /// A request of this front-end waiting on `x` under `uid`, its key written at `rev`

@@ -1,5 +1,6 @@
 //! The WATCH events a holder's changes make: its grant, a BREAK that leaves it in its place,
-//! its end (why, from the marker written with it). Every front-end makes the same ones from
+//! its end (why, from the marker written with it; how long it was held by the wall clock
+//! the caller gives). Every front-end makes the same ones from
 //! the same changes (the mirror's, a read's gap, a lock-delay's end). Pure, no I/O.
 
 use std::sync::Arc;
@@ -27,12 +28,13 @@ pub(super) fn breaking(
     name: &str,
     was: &HolderRecord,
     now: &HolderRecord,
+    wall_ms: u64,
 ) -> Option<Event> {
     let (None, Some(by)) = (&was.value.broken_by, &now.value.broken_by) else {
         return None;
     };
     Some(Event {
-        held: held(&now.value),
+        held: held(&now.value, wall_ms),
         broken_by: by.clone(),
         ..holder_event(EventKind::Breaking, base, name, now)
     })
@@ -45,6 +47,7 @@ pub(super) fn ended(
     name: &str,
     holder: &HolderRecord,
     marker: Option<&MarkerValue>,
+    wall_ms: u64,
 ) -> Event {
     let kind = marker.map_or(EventKind::Dropped, |m| m.kind);
     // A BREAK's marker says who sent it, for every front-end's watchers.
@@ -55,7 +58,7 @@ pub(super) fn ended(
         _ => Origin::default(),
     };
     Event {
-        held: held(&holder.value),
+        held: held(&holder.value, wall_ms),
         broken_by,
         ..holder_event(kind, base, name, holder)
     }
@@ -75,7 +78,8 @@ fn holder_event(kind: EventKind, base: Token, name: &str, holder: &HolderRecord)
     }
 }
 
-/// How long a lease has been held, by the wall clock its grant was written with.
-fn held(value: &HolderValue) -> Duration {
-    Duration::from_millis(super::wall_ms().saturating_sub(value.granted_ms))
+/// How long a lease has been held at `wall_ms`, by the wall clock its grant was written
+/// with.
+fn held(value: &HolderValue, wall_ms: u64) -> Duration {
+    Duration::from_millis(wall_ms.saturating_sub(value.granted_ms))
 }

@@ -56,7 +56,7 @@ pub(in crate::backend::etcd) fn one_holder(
     if let Some((kind, of)) = ended {
         changes.insert(0, put(l.marker(name), marker(kind, of), 2, rev));
     }
-    m.apply(&l, &changes, rev, Instant::now());
+    m.apply(&l, &changes, rev, Instant::now(), 0);
     m
 }
 
@@ -75,6 +75,7 @@ fn grant_then_expiry_are_events_with_their_kind() {
         ],
         5,
         Instant::now(),
+        0,
     );
     assert_eq!(a.events.len(), 1);
     assert_eq!(
@@ -89,6 +90,7 @@ fn grant_then_expiry_are_events_with_their_kind() {
         &[put(l.holder("x", "u1"), holder("me"), 5, 7)],
         7,
         Instant::now(),
+        0,
     );
     assert_eq!((m.holders(), m.counts().0), (1, 1));
     let a = m.apply(
@@ -99,12 +101,13 @@ fn grant_then_expiry_are_events_with_their_kind() {
         ],
         9,
         Instant::now(),
+        0,
     );
     assert_eq!(a.events[0].kind, EventKind::Expired);
     assert!(m.ends.is_empty());
     assert_eq!((m.holders(), m.counts().0), (0, 0));
     // The marker stays until it is cleaned up; then the name is gone.
-    m.apply(&l, &[del(l.marker("x"), 10)], 10, Instant::now());
+    m.apply(&l, &[del(l.marker("x"), 10)], 10, Instant::now(), 0);
     assert!(m.name("x").is_none());
 }
 
@@ -120,6 +123,7 @@ fn a_break_is_an_event_that_says_who_broke_it_and_its_record_is_passed_over() {
         ],
         5,
         Instant::now(),
+        0,
     );
     let broke = MarkerValue {
         kind: EventKind::Broken,
@@ -137,6 +141,7 @@ fn a_break_is_an_event_that_says_who_broke_it_and_its_record_is_passed_over() {
         ],
         9,
         Instant::now(),
+        0,
     );
     assert_eq!(a.events.len(), 1);
     let e = &a.events[0];
@@ -157,8 +162,9 @@ fn a_holder_gone_with_its_lease_is_dropped() {
         &[put(l.holder("x", "u"), holder("s"), 3, 3)],
         3,
         Instant::now(),
+        0,
     );
-    let a = m.apply(&l, &[del(l.holder("x", "u"), 8)], 8, Instant::now());
+    let a = m.apply(&l, &[del(l.holder("x", "u"), 8)], 8, Instant::now(), 0);
     assert_eq!(a.events[0].kind, EventKind::Dropped);
 }
 
@@ -219,6 +225,7 @@ fn a_slot_is_gone_only_when_its_last_key_on_the_name_goes() {
         &[put(l.waiter("x", "fe.1"), waiter("fe-5"), 3, 3)],
         3,
         Instant::now(),
+        0,
     );
     assert!(a.slots_gone.is_empty());
     let ns = m.name("x").expect("a waiter");
@@ -237,6 +244,7 @@ fn a_slot_is_gone_only_when_its_last_key_on_the_name_goes() {
         ],
         4,
         Instant::now(),
+        0,
     );
     assert!(a.slots_gone.is_empty(), "its holder key is in the slot");
     assert_eq!(a.waiters_gone, vec![("x".to_owned(), "fe-5".to_owned())]);
@@ -249,6 +257,7 @@ fn a_slot_is_gone_only_when_its_last_key_on_the_name_goes() {
         ],
         6,
         Instant::now(),
+        0,
     );
     assert_eq!(a.slots_gone, vec![("x".to_owned(), "fe.1".to_owned())]);
     // The slot again, for another request: a new record, with its own uid.
@@ -257,11 +266,12 @@ fn a_slot_is_gone_only_when_its_last_key_on_the_name_goes() {
         &[put(l.waiter("x", "fe.1"), waiter("fe-9"), 7, 7)],
         7,
         Instant::now(),
+        0,
     );
     let ns = m.name("x").expect("a waiter");
     assert_eq!(ns.queue.len(), 1);
     assert_eq!(ns.queue[&7].uid, "fe-9");
-    let a = m.apply(&l, &[del(l.waiter("x", "fe.1"), 8)], 8, Instant::now());
+    let a = m.apply(&l, &[del(l.waiter("x", "fe.1"), 8)], 8, Instant::now(), 0);
     assert_eq!(a.slots_gone, vec![("x".to_owned(), "fe.1".to_owned())]);
     assert_eq!(a.waiters_gone, vec![("x".to_owned(), "fe-9".to_owned())]);
     // An older lockd's record has no uid: its slot is its uid.
@@ -270,6 +280,7 @@ fn a_slot_is_gone_only_when_its_last_key_on_the_name_goes() {
         &[put(l.holder("y", "old.3"), holder("o"), 9, 9)],
         9,
         Instant::now(),
+        0,
     );
     assert_eq!(m.name("y").expect("a holder").holders[&9].uid, "old.3");
 }
@@ -288,6 +299,7 @@ fn a_front_end_of_an_older_lockd_is_told_apart() {
         ],
         3,
         Instant::now(),
+        0,
     );
     assert_eq!(a.older_front_ends, vec!["old".to_owned()]);
     assert_eq!(m.front_ends.len(), 2);
@@ -311,9 +323,10 @@ fn a_session_lease_gone_with_its_front_ends_etcd_lease_is_kept_for_its_lock_dela
         &[put(l.holder("x", "u1"), session_holder("me", 3000), 5, 5)],
         5,
         at,
+        0,
     );
     // Deleted alone: etcd ended the front-end's lease.
-    let gone = m.apply(&l, &[del(l.holder("x", "u1"), 6)], 6, at);
+    let gone = m.apply(&l, &[del(l.holder("x", "u1"), 6)], 6, at, 0);
     assert!(
         gone.events.is_empty(),
         "its end is told when its delay is over"
@@ -346,6 +359,7 @@ fn a_released_lease_and_one_without_a_delay_are_not_kept() {
         ],
         6,
         at,
+        0,
     );
     // An UNLOCK that emptied the name deletes its marker in the same write.
     let released = m.apply(
@@ -357,6 +371,7 @@ fn a_released_lease_and_one_without_a_delay_are_not_kept() {
         ],
         8,
         at,
+        0,
     );
     assert_eq!(released.events.len(), 2);
     assert_eq!(released.events[0].kind, EventKind::Released);

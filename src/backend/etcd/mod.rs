@@ -52,14 +52,20 @@
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 //! - The core, without I/O or clock, so far: `head` (a queue head's grant), `end` (a lease's
 //!   end, and the grant in its write), `confirmation`, `watched` (a watch batch taken in) and
-//!   `delivery` (what a waiter is told), stepped by hand against the in-memory etcd in their
-//!   `_tests` files on `stepping`'s stage.
+//!   `delivery` (what a waiter is told), over `state` (with `bound`, `slots`, the mirror and
+//!   the records); stepped by hand against the in-memory etcd in their `_tests` files on
+//!   `stepping`'s stage; `core_tests` lists the core's files and checks they do no I/O, read
+//!   no clock and import no driver (`slot_writes`, `sessions`: the drivers of `slots`,
+//!   `bound`).
 
 mod apply;
+mod bound;
 mod breaks;
 mod cause;
 mod confirm;
 mod confirmation;
+#[cfg(test)]
+mod core_tests;
 mod delivery;
 mod end;
 #[cfg(test)]
@@ -101,6 +107,7 @@ mod set_queue;
 mod sets;
 #[doc(hidden)]
 pub mod sim;
+mod slot_writes;
 mod slots;
 mod start;
 mod state;

@@ -42,13 +42,14 @@ impl Cluster {
                     ..Mirror::default()
                 },
             );
-            let applied = g.mirror.apply(&self.layout, &changes, rev, now());
+            let wall_ms = super::wall_ms();
+            let applied = g.mirror.apply(&self.layout, &changes, rev, now(), wall_ms);
             self.warn_older(&applied);
             self.sweep_orphans(g, &applied.waiters_new);
             g.fresh.retain(|(_, at), _| *at > rev);
             // What the gap held, told as the watch would have told it.
             super::gap::keep_delays(&old, &mut g.mirror, now());
-            let events = super::gap::events(&old, &g.mirror);
+            let events = super::gap::events(&old, &g.mirror, wall_ms);
             for event in events.iter().filter(|e| e.kind != EventKind::Acquired) {
                 g.bound.ended(event.token);
             }

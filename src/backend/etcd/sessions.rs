@@ -9,7 +9,6 @@
 //! closes. An entry that went stale otherwise (the lease rebound through another connection
 //! or front-end) does no harm: a close checks the holder key is still bound to it.
 
-use super::hashing::HashMap;
 use std::sync::Arc;
 
 use crate::backend::{BackendError, Health, LockStart, Renewed};
@@ -17,53 +16,6 @@ use crate::locks::{ConnId, LockRequest, RenewRequest, Token, UserId};
 use crate::store::Seq;
 
 use super::Cluster;
-
-/// Session leases by connection, and the connection of each.
-#[derive(Debug, Default)]
-pub(super) struct BoundLeases {
-    by_conn: HashMap<ConnId, HashMap<Token, String>>,
-    conn_of: HashMap<Token, ConnId>,
-}
-
-impl BoundLeases {
-    /// Lease `token` of `name` is bound to `conn` from now on.
-    pub(super) fn add(&mut self, conn: ConnId, token: Token, name: &str) {
-        if let Some(old) = self.conn_of.insert(token, conn) {
-            if old != conn {
-                self.remove_from(old, token);
-            }
-        }
-        self.by_conn
-            .entry(conn)
-            .or_default()
-            .insert(token, name.to_owned());
-    }
-
-    /// Lease `token` ended.
-    pub(super) fn ended(&mut self, token: Token) {
-        if let Some(conn) = self.conn_of.remove(&token) {
-            self.remove_from(conn, token);
-        }
-    }
-
-    fn remove_from(&mut self, conn: ConnId, token: Token) {
-        if let Some(leases) = self.by_conn.get_mut(&conn) {
-            leases.remove(&token);
-            if leases.is_empty() {
-                self.by_conn.remove(&conn);
-            }
-        }
-    }
-
-    /// Takes out every lease bound to `conn`.
-    fn take(&mut self, conn: ConnId) -> HashMap<Token, String> {
-        let leases = self.by_conn.remove(&conn).unwrap_or_default();
-        for token in leases.keys() {
-            self.conn_of.remove(token);
-        }
-        leases
-    }
-}
 
 impl Cluster {
     /// LOCK; a session lease granted at once is bound to the request's connection.
@@ -133,7 +85,7 @@ impl Cluster {
     /// Whether a live session lease is bound to `conn` (as the mirror has it).
     pub fn holds_sessions(&self, conn: ConnId) -> bool {
         let mut g = self.guard();
-        let Some(leases) = g.bound.by_conn.get(&conn) else {
+        let Some(leases) = g.bound.of(conn) else {
             return false;
         };
         let gone: Vec<Token> = leases
@@ -144,7 +96,7 @@ impl Cluster {
         for token in gone {
             g.bound.ended(token);
         }
-        g.bound.by_conn.contains_key(&conn)
+        g.bound.of(conn).is_some()
     }
 
     /// Ready to grant (a quorum answered within the bound, this front-end's lease live); no
@@ -180,41 +132,5 @@ impl super::ClusterState {
                     .name(name)
                     .is_some_and(|ns| ns.holder_by_rev(rev).is_some())
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::BoundLeases;
-
-    fn tokens(b: &BoundLeases, conn: u64) -> Vec<u64> {
-        let mut t: Vec<u64> = b
-            .by_conn
-            .get(&conn)
-            .map(|m| m.keys().copied().collect())
-            .unwrap_or_default();
-        t.sort_unstable();
-        t
-    }
-
-    #[test]
-    fn a_lease_is_under_the_connection_it_was_last_bound_to() {
-        let mut b = BoundLeases::default();
-        b.add(1, 10, "a");
-        b.add(1, 11, "b");
-        b.add(2, 12, "a");
-        assert_eq!(tokens(&b, 1), [10, 11]);
-        // Rebound (a RENEW in its grace, or the same id's LOCK) through connection 2.
-        b.add(2, 10, "a");
-        assert_eq!(tokens(&b, 1), [11]);
-        assert_eq!(tokens(&b, 2), [10, 12]);
-        // Ended (an UNLOCK, or the watch showing its end).
-        b.ended(11);
-        assert!(!b.by_conn.contains_key(&1));
-        // A close takes what is left, once.
-        let taken = b.take(2);
-        assert_eq!(taken.len(), 2);
-        assert!(b.take(2).is_empty());
-        assert!(b.by_conn.is_empty() && b.conn_of.is_empty());
     }
 }

@@ -1,6 +1,7 @@
 //! The last part of this front-end's waiter and holder keys: a slot, used again once every
-//! key in it is gone, rather than a new part per request. [`Slots`] is pure, no I/O; the
-//! `Cluster` methods below take a request's slot and give it back as its write's answer says.
+//! key in it is gone, rather than a new part per request. [`Slots`] is pure, no I/O (part of the
+//! core's state); `slot_writes.rs` takes a request's slot and gives it back as its write's
+//! answer says.
 //!
 //! etcd checks a comparison over a key range against every key the range held since its
 //! last compaction, deleted ones included, and the grant of a waiter compares the name's
@@ -22,7 +23,6 @@
 use std::collections::BTreeSet;
 
 use super::hashing::HashMap;
-use super::{guards, rpc, Cluster};
 
 /// This front-end's slots.
 #[derive(Debug)]
@@ -103,53 +103,6 @@ impl Slots {
             .strip_prefix('.')?
             .parse()
             .ok()
-    }
-}
-
-impl Cluster {
-    /// A slot for the keys of a new request on `names` names (`slots.rs`).
-    pub(super) fn take_slot(&self, names: usize) -> String {
-        self.guard().slots.take(names)
-    }
-
-    /// Whether an [`guards::in_empty_slot`] write of keys in `slot` on `names` was made.
-    /// Refused, the slot is given back; a key found in it (a slot thought free by mistake,
-    /// or a key this front-end can't read), it stays taken and the request takes another.
-    pub(super) fn slot_written<'a>(
-        &self,
-        slot: &str,
-        names: impl IntoIterator<Item = &'a str> + Clone,
-        resp: &rpc::TxnResponse,
-    ) -> bool {
-        match guards::slot_write(resp) {
-            guards::SlotWrite::Done => true,
-            guards::SlotWrite::Refused => {
-                self.give_back(slot, names);
-                false
-            }
-            guards::SlotWrite::Taken => {
-                let names: Vec<&str> = names.into_iter().collect();
-                tracing::warn!(
-                    fe = self.fe,
-                    slot,
-                    names = names.join(" "),
-                    "a key is in a slot this front-end thought free: it takes another"
-                );
-                self.guard().slots.give_back(slot, names.len());
-                false
-            }
-        }
-    }
-
-    /// The write that would have created keys in `slot` on `names` failed its comparisons:
-    /// the slot is free again, unless the mirror shows a key in it.
-    pub(super) fn give_back<'a>(&self, slot: &str, names: impl IntoIterator<Item = &'a str>) {
-        let mut g = self.guard();
-        let present = names
-            .into_iter()
-            .filter(|n| g.mirror.name(n).is_some_and(|ns| ns.uses_slot(slot)))
-            .count();
-        g.slots.give_back(slot, present);
     }
 }
 

@@ -13,7 +13,7 @@ use crate::locks::{LockRequest, WaiterId};
 use super::mirror::{self, Mirror};
 use super::phase::Phase;
 use super::values::WaiterValue;
-use super::{sessions, slots};
+use super::{bound, slots};
 
 /// A waiter of this front-end.
 pub(super) struct Local {
@@ -58,7 +58,7 @@ pub(super) struct ClusterState {
     /// Holders an expiry transaction is out for, so the timer does not send it twice.
     pub(super) expiring: HashSet<(String, i64)>,
     /// The session leases this front-end granted or bound, by connection.
-    pub(super) bound: sessions::BoundLeases,
+    pub(super) bound: bound::BoundLeases,
     /// Waiters of this front-end (by uid) whose superseded mark the watch brought, until
     /// their gone key is answered: how the wait ends, told apart from a lost etcd lease.
     pub(super) superseded: HashMap<String, crate::locks::WaitEnd>,

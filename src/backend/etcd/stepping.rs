@@ -65,13 +65,15 @@ impl Stage {
             fe: &core.fe,
             layout: &self.layout,
         };
-        watched(&mut core.g, &me, &changes, rev, self.now)
+        watched(&mut core.g, &me, &changes, rev, (self.now, 0))
     }
 
     /// `core`'s mirror catches up (the mirror alone: nothing is decided).
     pub(super) fn sync(&self, core: &mut Core) -> Applied {
         let (changes, rev) = self.changes_for(core);
-        core.g.mirror.apply(&self.layout, &changes, rev, self.now)
+        core.g
+            .mirror
+            .apply(&self.layout, &changes, rev, self.now, 0)
     }
 
     /// Every change of the prefix since `core`'s mirror's revision, and etcd's revision.

@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::delivery::key_gone;
 use super::rpc::{Txn, TxnOp};
 use tokio::sync::oneshot;
 
 use crate::backend::{now, BackendError, WaitResult};
 use crate::locks::{WaitEnd, WaiterId};
 
-use super::mirror::Mirror;
 use super::{guards, Cluster, Local};
 
 impl Cluster {
@@ -312,25 +312,4 @@ pub(super) fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at:
         let _ = l.tx.send(why);
     }
     false
-}
-
-/// How the wait of `l` ends when its key is gone without its grant: a `supersede` LOCK took
-/// the queue (its mark came first), a newer LOCK of its id (and user) took its place, in the
-/// same write, or else its front-end's etcd lease ran out.
-pub(super) fn key_gone(g: &mut super::ClusterState, l: &super::Local) -> WaitResult {
-    if let Some(why) = g.superseded.remove(&l.uid) {
-        return WaitResult::Ended(why);
-    }
-    let mirror: &Mirror = &g.mirror;
-    let replaced = mirror.name(&l.name).is_some_and(|ns| {
-        let (id, user) = (&l.value.id, l.value.user.as_str());
-        crate::locks::rules::replaced_by_own_id(&ns.view(&l.value.fe), id, user)
-    });
-    if replaced {
-        WaitResult::Ended(WaitEnd::Replaced)
-    } else {
-        WaitResult::Failed(BackendError::Unavailable(
-            "the wait was lost: this front-end's etcd lease ran out".into(),
-        ))
-    }
 }

@@ -171,7 +171,8 @@ impl Cluster {
         let me = self.me();
         let watched = {
             let mut g = self.guard();
-            let mut watched = watched(&mut g, &me, &changes, rev, now());
+            let seen = (now(), super::wall_ms());
+            let mut watched = watched(&mut g, &me, &changes, rev, seen);
             for (keys, mod_rev) in std::mem::take(&mut watched.forget) {
                 self.forget_waiter_keys(keys, mod_rev);
             }

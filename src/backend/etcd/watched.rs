@@ -9,12 +9,11 @@ use std::time::Instant;
 use crate::locks::{EventKind, WaitEnd};
 
 use super::apply::Applied;
-use super::delivery::{on_grant, taken_over, GrantAction};
+use super::delivery::{key_gone, on_grant, taken_over, GrantAction};
 use super::head::{orphans, Me};
 use super::keys::Key;
 use super::marks::SupersededValue;
 use super::mirror::KeyChange;
-use super::waiters::key_gone;
 use super::ClusterState;
 
 /// What a watch batch leads to, for the driver.
@@ -28,15 +27,16 @@ pub(super) struct Watched {
     pub(super) forget: Vec<(Vec<String>, i64)>,
 }
 
-/// Steps the core with the watch's `changes`, everything up to revision `rev`.
+/// Steps the core with the watch's `changes`, everything up to revision `rev`, seen at
+/// `now` on the monotonic clock and `wall_ms` on the wall clock.
 pub(super) fn watched(
     g: &mut ClusterState,
     me: &Me<'_>,
     changes: &[KeyChange],
     rev: i64,
-    now: Instant,
+    (now, wall_ms): (Instant, u64),
 ) -> Watched {
-    let applied = g.mirror.apply(me.layout, changes, rev, now);
+    let applied = g.mirror.apply(me.layout, changes, rev, now, wall_ms);
     let forget = orphans(g, me, &applied.waiters_new);
     for (_, slot) in &applied.slots_gone {
         g.slots.gone(slot);
