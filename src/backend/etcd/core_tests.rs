@@ -11,6 +11,7 @@ const CORE: &[(&str, &str)] = &[
     ("confirmation", include_str!("confirmation.rs")),
     ("delivery", include_str!("delivery.rs")),
     ("end", include_str!("end.rs")),
+    ("expiring", include_str!("expiring.rs")),
     ("gap", include_str!("gap.rs")),
     ("guards", include_str!("guards.rs")),
     ("hashing", include_str!("hashing.rs")),

@@ -1,5 +1,6 @@
 //! The expiry timer: ends leases whose time ran out, from the mirror's index of when each
-//! holder ends (a timer structure, not a sweep).
+//! holder ends (a timer structure, not a sweep). The driver of `expiring.rs`, where the core
+//! decides which and how.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use super::rpc::{Txn, TxnOp};
 use crate::backend::now;
 use crate::locks::EventKind;
 
+use super::expiring::{delay_over, delaying, expiry, Ending, Expiry};
 use super::guards;
 use super::Cluster;
 
@@ -19,58 +21,20 @@ impl Cluster {
     pub(super) async fn expiry_loop(self: Arc<Self>) {
         loop {
             let moved = self.moved.notified();
-            let (due, next, delays_over) = {
-                let mut g = self.guard();
-                let at = now();
-                let mut due = Vec::new();
-                let mut delays_over = Vec::new();
-                let mut next = None;
-                let smallest = g.mirror.front_ends.iter().min().cloned();
-                for (ends, name, rev) in g.mirror.ends.iter() {
-                    if *ends > at {
-                        next = Some(*ends);
-                        break;
-                    }
-                    let Some(h) = g.mirror.name(name).and_then(|ns| ns.holder_by_rev(*rev)) else {
-                        continue;
-                    };
-                    // Kept by every front-end's mirror alone: each ends its own.
-                    if h.keyless {
-                        delays_over.push((name.clone(), *rev));
-                        continue;
-                    }
-                    let owner_alive = g.mirror.front_ends.contains(&h.value.fe);
-                    let mine = if owner_alive {
-                        h.value.fe == self.fe
-                    } else {
-                        smallest.as_deref() == Some(self.fe.as_str())
-                    };
-                    if mine {
-                        due.push((name.clone(), *rev, h.clone()));
-                    }
-                }
-                due.retain(|(name, rev, _)| g.expiring.insert((name.clone(), *rev)));
-                (due, next, delays_over)
-            };
+            let Expiry {
+                due,
+                delays_over,
+                next,
+            } = expiry(&mut self.guard(), &self.fe, now(), self.wall_ms());
             for (name, rev) in delays_over {
                 self.delay_over(&name, rev);
             }
-            for (name, rev, holder) in due {
+            for (name, rev, holder, ending) in due {
                 let me = Arc::clone(&self);
                 tokio::spawn(async move {
-                    let kind = if holder.value.cut_ms > 0
-                        && holder.value.cut_ms <= holder.value.deadline_ms
-                    {
-                        EventKind::Dropped
-                    } else {
-                        EventKind::Expired
-                    };
-                    if holder.value.delay_ms > 0 && holder.value.delaying.is_none() {
-                        me.start_delay(&name, &holder, kind).await;
-                    } else {
-                        let kind = holder.value.delaying.unwrap_or(kind);
-                        let token = me.guard().mirror.token(rev);
-                        me.expire(&name, token, kind, holder).await;
+                    match ending {
+                        Ending::Delay(value) => me.write_delay(&name, &holder, &value).await,
+                        Ending::End(kind, token) => me.expire(&name, token, kind, holder).await,
                     }
                     me.guard().expiring.remove(&(name, rev));
                 });
@@ -100,18 +64,24 @@ impl Cluster {
         holder: &super::mirror::HolderRecord,
         kind: EventKind,
     ) {
-        let mut value = holder.value.clone();
-        value.delaying = Some(kind);
-        value.at_ms = self.wall_ms();
-        value.deadline_ms = value.at_ms + value.delay_ms;
-        value.cut_ms = 0;
-        // On no etcd lease, as a plain lease: over for its holder, it ends by its deadline,
-        // through whichever front-end is alive then (on this one's etcd lease, it went with
-        // this front-end).
-        let txn = self.rewrite_plain(holder, &value);
+        let value = delaying(holder, kind, self.wall_ms());
+        self.write_delay(name, holder, &value).await;
+    }
+
+    /// Rewrites `holder` as `value`, its record in its lock-delay ([`delaying`]), unless it
+    /// changed since. On no etcd lease, as a plain lease: over for its holder, it ends by its
+    /// deadline, through whichever front-end is alive then (on this one's etcd lease, it went
+    /// with this front-end).
+    async fn write_delay(
+        &self,
+        name: &str,
+        holder: &super::mirror::HolderRecord,
+        value: &super::values::HolderValue,
+    ) {
+        let txn = self.rewrite_plain(holder, value);
         if let Some(resp) = self.cleanup(txn).await {
             if resp.succeeded() {
-                self.wrote_lease(name, &value, &resp);
+                self.wrote_lease(name, value, &resp);
             }
         }
     }
@@ -124,24 +94,10 @@ impl Cluster {
     fn delay_over(self: &Arc<Self>, name: &str, rev: i64) {
         {
             let mut g = self.guard();
-            let base = g.mirror.base;
-            let Some(ns) = g.mirror.names.get_mut(name) else {
+            let Some(event) = delay_over(&mut g, name, rev, super::wall_ms()) else {
                 return;
             };
-            let Some(kept) = ns.holders.remove(&rev) else {
-                return;
-            };
-            let empty = ns.is_empty();
-            g.mirror.ends.remove(&(kept.ends_at, name.to_owned(), rev));
-            if empty {
-                g.mirror.names.remove(name);
-            }
-            let event = super::holder_events::ended(base, name, &kept, None, super::wall_ms());
-            let event = crate::locks::Event {
-                kind: kept.value.delaying.unwrap_or(EventKind::Dropped),
-                ..event
-            };
-            g.bound.ended(event.token);
+            // Published under the guard, so watchers see one name's events in order.
             self.publish(std::slice::from_ref(&event));
         }
         self.evaluate(name);

@@ -43,7 +43,7 @@
 //! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror: the driver
 //!   of `watched`; `resync` reads it whole again), `queue_head` (the driver of `head`),
 //!   `handover` (carries out `delivery`'s decisions), `confirm` (the driver of
-//!   `confirmation`), `lease` (this front-end's etcd lease), `expiry` (the timer), `sessions`
+//!   `confirmation`), `lease` (this front-end's etcd lease), `expiry` (the timer: the driver of `expiring`), `sessions`
 //!   (session leases by connection), `quorum` (when a quorum last answered); `fresh` (how
 //!   current the mirror is for one name), `log` (a change logged and counted, and its
 //!   marker), `cause` (a failed request in one plain sentence) and `stats` serve them all.
@@ -51,8 +51,8 @@
 //!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
 //! - The core, without I/O or clock, so far: `head` (a queue head's grant), `end` (a lease's
-//!   end, and the grant in its write), `confirmation`, `watched` (a watch batch taken in) and
-//!   `delivery` (what a waiter is told), over `state` (with `bound`, `slots`, the mirror and
+//!   end, and the grant in its write), `confirmation`, `watched` (a watch batch taken in),
+//!   `expiring` (the timer fired) and `delivery` (what a waiter is told), over `state` (with `bound`, `slots`, the mirror and
 //!   the records); stepped by hand against the in-memory etcd in their `_tests` files on
 //!   `stepping`'s stage; `core_tests` lists the core's files and checks they do no I/O, read
 //!   no clock and import no driver (`slot_writes`, `sessions`: the drivers of `slots`,
@@ -71,6 +71,9 @@ mod end;
 #[cfg(test)]
 mod end_tests;
 mod enqueue;
+mod expiring;
+#[cfg(test)]
+mod expiring_tests;
 mod expiry;
 mod fresh;
 mod gap;
