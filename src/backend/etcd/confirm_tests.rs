@@ -55,7 +55,7 @@ fn the_grant_rewritten_otherwise_was_taken_over() {
 
 #[test]
 fn a_grant_over_for_its_holder_before_it_was_confirmed_is_lost_not_taken_over() {
-    // Its ttl ran out into its lock-delay (the rewrite of `expiry.rs::start_delay`), or a
+    // Its ttl ran out into its lock-delay (the rewrite of `expiring.rs::delaying`), or a
     // BREAK rewrote it: its client is told the grant could not be confirmed, not REPLACED.
     let over = [
         &b"id=c1 mode=x ttl=9000 deadline=1000 delay=1700 delaying=expired"[..],

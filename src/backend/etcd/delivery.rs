@@ -2,8 +2,8 @@
 //! front-end, shown by the watch, a read or its own write's answer) delivered to the request
 //! waiting for it, once, whichever comes first; confirmed first when it hangs on this
 //! front-end's etcd lease (`confirmation.rs`); taken back, only as it was handed over, when
-//! its waiter left; a place taken over by a LOCK of the same id; a wait whose key went. Pure: `handover.rs` carries
-//! out what it returns.
+//! its waiter left; a place taken over by a LOCK of the same id; a wait whose key went. Pure:
+//! `handover.rs` carries out what it returns.
 
 use std::time::{Duration, Instant};
 

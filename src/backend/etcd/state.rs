@@ -65,10 +65,10 @@ pub(super) struct ClusterState {
     /// The slots of this front-end's keys, free and taken.
     pub(super) slots: slots::Slots,
     /// Waiter keys (a set's first) of no request of this front-end whose removal is out
-    /// (`queue_head.rs::evaluate`): one write each, however often the name changes meanwhile.
+    /// (`head.rs::orphans`, `head_step`): one write each, however often the name changes meanwhile.
     pub(super) forgetting: HashSet<String>,
     /// Waiters (by uid) whose grant the watch delivered from their confirmation's own write
-    /// while its answer was out (`handover.rs::on_grant`): that answer, when it comes, neither
+    /// while its answer was out (`delivery.rs::on_grant`): that answer, when it comes, neither
     /// delivers nor takes the grant back.
     pub(super) confirmed_by_watch: HashSet<String>,
 }
