@@ -7,6 +7,7 @@
 /// are made of.
 const CORE: &[(&str, &str)] = &[
     ("apply", include_str!("apply.rs")),
+    ("at_once", include_str!("at_once.rs")),
     ("bound", include_str!("bound.rs")),
     ("confirmation", include_str!("confirmation.rs")),
     ("delivery", include_str!("delivery.rs")),

@@ -5,18 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rpc::{PutOptions, Txn, TxnOp};
+use super::rpc::PutOptions;
 
 use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules::{self, Decision};
 use crate::locks::{EventKind, LockRequest, Mode, TableError};
 
+use super::at_once::{granted_at_once, AtOnce};
 use super::enqueue::{Queued, Seen};
 use super::mirror::{HolderRecord, NameState};
 use super::values::HolderValue;
 use super::view::decide;
 use super::waits::Waits;
-use super::{guards, Cluster};
+use super::Cluster;
 
 /// How often a LOCK whose write found the name changed decides again before it answers
 /// `ERR UNAVAILABLE` (the name is changing faster than it can be decided).
@@ -181,52 +182,31 @@ impl Cluster {
         } else {
             0
         };
-        let marker = self.layout.marker(&req.name);
         let slot = self.take_slot(1);
-        let key = self.layout.holder(&req.name, &slot);
-        let write = Txn::new()
-            .when(guards::grant_at_once(&self.layout, &req.name, marker_rev))
-            .and_then([
-                TxnOp::put(marker, self.marker(EventKind::Acquired, 0), None),
-                TxnOp::put(
-                    key.clone(),
-                    value.encode(),
-                    (lease != 0).then(|| PutOptions::new().with_lease(lease)),
-                ),
-            ]);
-        let txn = guards::in_empty_slot(&self.layout, [&*req.name], &slot, write);
+        let grant = AtOnce {
+            name: req.name.to_string(),
+            key: self.layout.holder(&req.name, &slot),
+            uid,
+            slot,
+            value,
+            lease,
+            ttl,
+        };
+        let marker = self.marker(EventKind::Acquired, 0);
+        let txn = grant.txn(&self.layout, marker_rev, &marker);
         // (A write whose answer was lost keeps its slot: it may have been applied.)
         let resp = match self.txn(txn).await {
             Ok(resp) => resp,
             Err(e) => {
-                self.given_up(&req.name, &uid);
+                self.given_up(&req.name, &grant.uid);
                 return Err(self.unavailable(&e));
             }
         };
-        if !self.slot_written(&slot, [&*req.name], &resp) {
+        if !self.slot_written(&grant.slot, [&*req.name], &resp) {
             return Ok(None);
         }
-        self.wrote(&req.name, &resp);
         let rev = resp.header().map_or(0, |h| h.revision());
-        let token = {
-            let mut g = self.guard();
-            // Until the watch brings it: an UNLOCK or RENEW right after needs no read.
-            if rev > g.mirror.rev {
-                let holder = HolderRecord {
-                    key,
-                    slot,
-                    uid,
-                    rev,
-                    mod_rev: rev,
-                    lease,
-                    ends_at: now() + ttl,
-                    keyless: false,
-                    value,
-                };
-                g.fresh.insert((req.name.to_string(), rev), holder);
-            }
-            g.mirror.token(rev)
-        };
+        let token = granted_at_once(&mut self.guard(), grant, rev, now());
         self.granted_log(&req.name, &req.id, token, None, &req.origin);
         Ok(Some(LockStart::Granted {
             token,

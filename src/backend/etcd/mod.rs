@@ -50,15 +50,18 @@
 //! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
 //!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
-//! - The core, without I/O or clock, so far: `head` (a queue head's grant), `end` (a lease's
-//!   end, and the grant in its write), `confirmation`, `watched` (a watch batch taken in),
-//!   `expiring` (the timer fired) and `delivery` (what a waiter is told), over `state` (with `bound`, `slots`, the mirror and
-//!   the records); stepped by hand against the in-memory etcd in their `_tests` files on
-//!   `stepping`'s stage; `core_tests` lists the core's files and checks they do no I/O, read
-//!   no clock and import no driver (`slot_writes`, `sessions`: the drivers of `slots`,
-//!   `bound`).
+//! - The core, without I/O or clock, so far: `at_once` (a LOCK granted at once), `head` (a
+//!   queue head's grant), `end` (a lease's end, and the grant in its write), `confirmation`,
+//!   `watched` (a watch batch taken in), `expiring` (the timer fired) and `delivery` (what a
+//!   waiter is told), over `state` (with `bound`, `slots`, the mirror and the records); stepped
+//!   by hand against the in-memory etcd in their `_tests` files on `stepping`'s stage;
+//!   `core_tests` lists the core's files and checks they do no I/O, read no clock and import no
+//!   driver (`slot_writes`, `sessions`: the drivers of `slots`, `bound`).
 
 mod apply;
+mod at_once;
+#[cfg(test)]
+mod at_once_tests;
 mod bound;
 mod breaks;
 mod cause;
