@@ -8,8 +8,10 @@
 //! nothing deadlocks: the earliest request still waiting is first in each of its queues and
 //! waits for a holder.
 //!
-//! The table and etcd don't grant sets yet (issue 20, part 4); this checks the rule both are
-//! to carry out, through the same `NameView` they show it.
+//! Both backends carry out these rules through the same `NameView` (the table in
+//! `locks/set_tests.rs` and the model test, etcd in the model test and the simulator); this
+//! checks the rules alone, where a set waits and whom it replaces included, against a table
+//! simple enough to read.
 
 use lockd::locks::rules::{
     self, Ask, Decision, HolderOf, HolderView, NameView, SetDecision, WaiterOf, WaiterView,
