@@ -5,16 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rpc::PutOptions;
-
 use crate::backend::{now, BackendError, HandOver, LockStart};
-use crate::locks::rules::{self, Decision};
+use crate::locks::rules::Decision;
 use crate::locks::{EventKind, LockRequest, Mode, TableError};
 
 use super::at_once::{granted_at_once, AtOnce};
 use super::enqueue::{Queued, Seen};
 use super::mirror::{HolderRecord, NameState};
-use super::values::HolderValue;
 use super::view::decide;
 use super::waits::Waits;
 use super::Cluster;
@@ -130,43 +127,6 @@ impl Cluster {
         }
     }
 
-    /// The record of a grant made at once to `req`, known as `uid`.
-    pub(super) fn holder_value(
-        &self,
-        uid: &str,
-        req: &LockRequest,
-        user: &str,
-        ttl: Duration,
-    ) -> HolderValue {
-        let at = self.wall_ms();
-        HolderValue {
-            uid: uid.to_owned(),
-            id: req.id.clone(),
-            user: user.to_owned(),
-            mode: req.mode,
-            ttl_ms: ttl.as_millis() as u64,
-            deadline_ms: at + ttl.as_millis() as u64,
-            session_ms: req.session().map(|g| g.as_millis() as u64),
-            fe: self.fe.clone(),
-            conn: req.conn,
-            cut_ms: 0,
-            granted_ms: at,
-            waited_ms: None,
-            at_ms: at,
-            peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
-            note: req.note.as_deref().unwrap_or_default().to_owned(),
-            set: set_names(req),
-            broken_by: None,
-            delay_ms: delay_ms(req),
-            delaying: None,
-        }
-    }
-
-    /// Put options for a holder: a session lease hangs on this front-end's etcd lease.
-    pub(super) fn holder_put(&self, session: bool) -> Option<PutOptions> {
-        session.then(|| PutOptions::new().with_lease(self.lease_id()))
-    }
-
     /// The grant of a free name nobody waits for; `None` if the mirror was stale.
     async fn grant_at_once(
         self: &Arc<Self>,
@@ -213,89 +173,6 @@ impl Cluster {
             handover: HandOver(rev),
         }))
     }
-
-    /// A grant at once under `uid` whose write's outcome is unknown (its answer was lost, or
-    /// the write reaches etcd after this front-end gave up on it): if it shows up, it is
-    /// taken back, unless a LOCK of its id claims it first ([`Cluster::lock_again`]). Without
-    /// this, such a grant sat out its ttl (the simulator's "late write" findings).
-    pub(super) fn given_up(self: &Arc<Self>, name: &str, uid: &str) {
-        let shown = {
-            let mut g = self.guard();
-            g.left.insert(uid.to_owned());
-            let base = g.mirror.base;
-            let holder = g
-                .mirror
-                .name(name)
-                .and_then(|ns| ns.holders.values().find(|h| h.uid == uid && !h.keyless));
-            holder.map(|h| super::mirror::Granted::of(base, name, h))
-        };
-        // Shown by the watch before the answer failed: decided now, as the watch would have.
-        if let Some(gr) = shown {
-            let action = super::delivery::on_grant(&mut self.guard(), &gr, now());
-            self.after_grants(vec![action]);
-        }
-    }
-
-    /// A LOCK by a holder's own id (a retry after a lost reply): the same token, a new lease.
-    pub(super) async fn lock_again(
-        &self,
-        req: &LockRequest,
-        holder: HolderRecord,
-        ttl: Duration,
-    ) -> Result<Option<LockStart>, BackendError> {
-        let mut value = holder.value.clone();
-        let at = self.wall_ms();
-        value.ttl_ms = ttl.as_millis() as u64;
-        value.deadline_ms = at + value.ttl_ms;
-        value.at_ms = at;
-        value.session_ms = req.session().map(|g| g.as_millis() as u64);
-        value.fe = self.fe.clone();
-        value.conn = req.conn;
-        value.cut_ms = 0;
-        // As on the embedded table: the grant's time stays, the client that asked last shows.
-        if let Some(peer) = req.origin.peer() {
-            value.peer = peer.to_string();
-        }
-        let had = Some(value.note.as_str()).filter(|n| !n.is_empty());
-        let note = rules::note_again(had, req.note.as_deref()).unwrap_or_default();
-        value.note = note.to_owned();
-        let txn = self.rewrite(&holder, &value);
-        // This LOCK claims the grant: if it was made for an earlier request of this id that
-        // this front-end gave up on (remembered as left, to be taken back), it is not taken
-        // back any more, also when the watch shows the rewrite before its answer comes
-        // (simulator seed 2361). Given up on again if the rewrite fails.
-        let claimed = self.guard().left.remove(&holder.uid);
-        let resp = self.txn(txn).await;
-        let resp = match resp {
-            Ok(resp) if resp.succeeded() => resp,
-            failed => {
-                if claimed {
-                    self.guard().left.insert(holder.uid.clone());
-                }
-                match failed {
-                    // Renewed, released or expired meanwhile: decide again.
-                    Ok(_) => return Ok(None),
-                    Err(e) => return Err(self.unavailable(&e)),
-                }
-            }
-        };
-        self.wrote_lease(&req.name, &value, &resp);
-        let token = self.guard().mirror.token(holder.rev);
-        // This rewrite is the hand-over: a take-back of an older one now fails.
-        let handover = HandOver(resp.header().map_or(0, |h| h.revision()));
-        Ok(Some(LockStart::Granted { token, handover }))
-    }
-}
-
-/// Every name of `req`'s set, in the request's order, as records keep it; empty for a LOCK
-/// of one name.
-pub(super) fn set_names(req: &LockRequest) -> Vec<String> {
-    if req.and.is_empty() {
-        return Vec::new();
-    }
-    std::iter::once(req.name.to_string())
-        .chain(req.and.iter().cloned())
-        .collect()
 }
 
 /// What a LOCK does, decided from the mirror.
@@ -316,9 +193,4 @@ fn waits_unread(req: &LockRequest, waits: &Waits) -> bool {
         && !req.supersede
         && waits.place.is_none()
         && waits.replaced.is_empty()
-}
-
-/// The lock-delay `req` carries, in milliseconds (resolved by [`Cluster::lock`]).
-pub(super) fn delay_ms(req: &LockRequest) -> u64 {
-    req.delay.map_or(0, |d| d.as_millis() as u64)
 }

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::backend::now;
+
 use super::delivery::GrantAction;
 use super::Cluster;
 
@@ -22,6 +24,28 @@ impl Cluster {
                     tokio::spawn(async move { me.confirm(gr).await });
                 }
             }
+        }
+    }
+
+    /// A grant at once under `uid` whose write's outcome is unknown (its answer was lost, or
+    /// the write reaches etcd after this front-end gave up on it): if it shows up, it is
+    /// taken back, unless a LOCK of its id claims it first ([`Cluster::lock_again`]). Without
+    /// this, such a grant sat out its ttl (the simulator's "late write" findings).
+    pub(super) fn given_up(self: &Arc<Self>, name: &str, uid: &str) {
+        let shown = {
+            let mut g = self.guard();
+            g.left.insert(uid.to_owned());
+            let base = g.mirror.base;
+            let holder = g
+                .mirror
+                .name(name)
+                .and_then(|ns| ns.holders.values().find(|h| h.uid == uid && !h.keyless));
+            holder.map(|h| super::mirror::Granted::of(base, name, h))
+        };
+        // Shown by the watch before the answer failed: decided now, as the watch would have.
+        if let Some(gr) = shown {
+            let action = super::delivery::on_grant(&mut self.guard(), &gr, now());
+            self.after_grants(vec![action]);
         }
     }
 }

@@ -6,10 +6,10 @@ use std::time::Duration;
 use super::rpc::{Compare, GetOptions, PutOptions, Txn, TxnOp};
 
 use crate::backend::{now, BackendError, Renewed};
-use crate::locks::{ConnId, EventKind, TableError, Token, UserId};
+use crate::locks::{ConnId, LockRequest, TableError, Token, UserId};
 
 use super::mirror::HolderRecord;
-use super::values::HolderValue;
+use super::values::{delay_ms, set_names, HolderValue};
 use super::{guards, Cluster};
 
 impl Cluster {
@@ -263,36 +263,41 @@ impl Cluster {
         Ok(left)
     }
 
-    /// Connection `conn`, to which session lease `token` was bound, closed: the lease ends
-    /// now, or starts its grace, if it is still bound to it.
-    pub(super) async fn session_closed(&self, name: &str, token: Token, conn: ConnId) {
-        let Ok(holder) = self.find_holder(name, token).await else {
-            return;
-        };
-        let v = &holder.value;
-        if v.fe != self.fe || v.conn != conn || v.cut_ms > 0 || v.delaying.is_some() {
-            return;
+    /// The record of a grant made at once to `req`, known as `uid`.
+    pub(super) fn holder_value(
+        &self,
+        uid: &str,
+        req: &LockRequest,
+        user: &str,
+        ttl: Duration,
+    ) -> HolderValue {
+        let at = self.wall_ms();
+        HolderValue {
+            uid: uid.to_owned(),
+            id: req.id.clone(),
+            user: user.to_owned(),
+            mode: req.mode,
+            ttl_ms: ttl.as_millis() as u64,
+            deadline_ms: at + ttl.as_millis() as u64,
+            session_ms: req.session().map(|g| g.as_millis() as u64),
+            fe: self.fe.clone(),
+            conn: req.conn,
+            cut_ms: 0,
+            granted_ms: at,
+            waited_ms: None,
+            at_ms: at,
+            peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
+            note: req.note.as_deref().unwrap_or_default().to_owned(),
+            set: set_names(req),
+            broken_by: None,
+            delay_ms: delay_ms(req),
+            delaying: None,
         }
-        match v.session_ms {
-            None => {}
-            Some(0) if v.delay_ms > 0 => {
-                self.start_delay(name, &holder, EventKind::Dropped).await;
-            }
-            Some(0) => {
-                self.end_holder(name, token, EventKind::Dropped, holder)
-                    .await;
-            }
-            Some(grace) => {
-                // Both ends on this front-end's clock, so that the time left stays right
-                // whoever wrote the deadline.
-                let mut value = v.clone();
-                value.at_ms = self.wall_ms();
-                value.deadline_ms = value.at_ms + holder.left(now()).as_millis() as u64;
-                value.cut_ms = value.at_ms + grace;
-                let txn = self.rewrite(&holder, &value);
-                self.cleanup(txn).await;
-            }
-        }
+    }
+
+    /// Put options for a holder: a session lease hangs on this front-end's etcd lease.
+    pub(super) fn holder_put(&self, session: bool) -> Option<PutOptions> {
+        session.then(|| PutOptions::new().with_lease(self.lease_id()))
     }
 }
 

@@ -58,12 +58,14 @@
 //!   `core_tests` lists the core's files and checks they do no I/O, read no clock and import no
 //!   driver (`slot_writes`, `sessions`: the drivers of `slots`, `bound`).
 
+mod again;
 mod apply;
 mod at_once;
 #[cfg(test)]
 mod at_once_tests;
 mod bound;
 mod breaks;
+mod broken;
 mod cause;
 mod confirm;
 mod confirmation;
@@ -97,6 +99,7 @@ mod marks;
 mod mirror;
 #[doc(hidden)]
 pub mod model;
+mod notify;
 mod phase;
 mod queue_head;
 mod queueing;
@@ -111,6 +114,8 @@ mod secure;
 mod sessions;
 mod set_queue;
 mod sets;
+#[cfg(test)]
+mod shape_tests;
 #[doc(hidden)]
 pub mod sim;
 mod slot_writes;

@@ -9,8 +9,8 @@ use std::time::Instant;
 use crate::locks::rules::{Decision, SetDecision};
 use crate::locks::{ConnId, Limits, LockRequest, Mode, TableError};
 
-use super::grant::set_names;
 use super::mirror::{HolderRecord, NameState, WaiterRecord};
+use super::values::set_names;
 use super::values::{HolderValue, WaiterValue};
 use super::view;
 

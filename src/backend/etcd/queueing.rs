@@ -61,7 +61,7 @@ impl Cluster {
             peer: req.origin.peer().map(|p| p.to_string()).unwrap_or_default(),
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set,
-            delay_ms: super::grant::delay_ms(req),
+            delay_ms: super::values::delay_ms(req),
         }
     }
 

@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 
-use crate::backend::{BackendError, Health, LockStart, Renewed};
-use crate::locks::{ConnId, LockRequest, RenewRequest, Token, UserId};
+use crate::backend::{now, BackendError, Health, LockStart, Renewed};
+use crate::locks::{ConnId, EventKind, LockRequest, RenewRequest, Token, UserId};
 use crate::store::Seq;
 
 use super::Cluster;
@@ -117,6 +117,38 @@ impl Cluster {
     /// Durable already (see [`Cluster::durable_mark`]).
     pub async fn durable(&self, _mark: Seq) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    /// Connection `conn`, to which session lease `token` was bound, closed: the lease ends
+    /// now, or starts its grace, if it is still bound to it.
+    pub(super) async fn session_closed(&self, name: &str, token: Token, conn: ConnId) {
+        let Ok(holder) = self.find_holder(name, token).await else {
+            return;
+        };
+        let v = &holder.value;
+        if v.fe != self.fe || v.conn != conn || v.cut_ms > 0 || v.delaying.is_some() {
+            return;
+        }
+        match v.session_ms {
+            None => {}
+            Some(0) if v.delay_ms > 0 => {
+                self.start_delay(name, &holder, EventKind::Dropped).await;
+            }
+            Some(0) => {
+                self.end_holder(name, token, EventKind::Dropped, holder)
+                    .await;
+            }
+            Some(grace) => {
+                // Both ends on this front-end's clock, so that the time left stays right
+                // whoever wrote the deadline.
+                let mut value = v.clone();
+                value.at_ms = self.wall_ms();
+                value.deadline_ms = value.at_ms + holder.left(now()).as_millis() as u64;
+                value.cut_ms = value.at_ms + grace;
+                let txn = self.rewrite(&holder, &value);
+                self.cleanup(txn).await;
+            }
+        }
     }
 }
 

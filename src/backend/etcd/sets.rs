@@ -24,9 +24,9 @@ use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules;
 use crate::locks::{EventKind, LockRequest, TableError};
 
-use super::grant::set_names;
 use super::mirror::{HolderRecord, NameState};
 use super::set_queue::{Adopt, OldKey};
+use super::values::set_names;
 use super::view;
 use super::{guards, Cluster};
 

@@ -2,7 +2,7 @@
 //! request is, so that whichever front-end reads one can renew, end or grant it. Pure, no
 //! I/O; written as `key=value` words (`words.rs`).
 
-use crate::locks::{EventKind, Mode, Origin};
+use crate::locks::{EventKind, LockRequest, Mode, Origin};
 
 use super::words::{mode_word, parse_mode, parse_set, set_word, uid_word, word, Words};
 
@@ -274,3 +274,19 @@ impl WaiterValue {
 #[cfg(test)]
 #[path = "values_tests.rs"]
 mod tests;
+
+/// Every name of `req`'s set, in the request's order, as records keep it; empty for a LOCK
+/// of one name.
+pub(super) fn set_names(req: &LockRequest) -> Vec<String> {
+    if req.and.is_empty() {
+        return Vec::new();
+    }
+    std::iter::once(req.name.to_string())
+        .chain(req.and.iter().cloned())
+        .collect()
+}
+
+/// The lock-delay `req` carries, in milliseconds (resolved by [`Cluster::lock`]).
+pub(super) fn delay_ms(req: &LockRequest) -> u64 {
+    req.delay.map_or(0, |d| d.as_millis() as u64)
+}

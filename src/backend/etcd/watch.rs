@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::rpc::{EventType, WatchOptions, WatchResponse};
 
-use crate::backend::{now, unix_ms, Published};
+use crate::backend::now;
 use crate::locks::EventKind;
 
 use super::mirror::KeyChange;
@@ -24,20 +24,6 @@ const WATCH_OUTAGE: Duration = Duration::from_secs(10);
 const PROGRESS: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Cluster {
-    /// Says that a front-end of an older lockd shares this prefix, as its key shows up.
-    pub(super) fn warn_older(&self, applied: &super::apply::Applied) {
-        for fe in &applied.older_front_ends {
-            tracing::warn!(
-                fe = self.fe,
-                older = fe,
-                prefix = self.layout.prefix(),
-                "a front-end of an older lockd shares this prefix: a grant it makes to a \
-                 waiter of this one is taken back, and the wait fails; stop the older \
-                 front-ends before starting new ones"
-            );
-        }
-    }
-
     /// Keeps the mirror from one watch of the whole prefix, resuming after the last revision
     /// seen when the stream breaks (so no change is missed or applied twice), and reading
     /// everything again if that revision was compacted away.
@@ -137,20 +123,6 @@ impl Cluster {
                 cause = cause.sentence,
                 "the etcd watch broke; watching again"
             );
-        }
-    }
-
-    /// Tells watchers `events` (called under the guard, so they see one name's in order).
-    pub(super) fn publish(&self, events: &[crate::locks::Event]) {
-        if events.is_empty() || self.events.receiver_count() == 0 {
-            return;
-        }
-        let unix_ms = unix_ms();
-        for event in events {
-            let _ = self.events.send(Arc::new(Published {
-                event: event.clone(),
-                unix_ms,
-            }));
         }
     }
 
