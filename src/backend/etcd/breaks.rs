@@ -12,6 +12,7 @@ use crate::backend::{now, BackendError};
 use crate::locks::{rules, EventKind, Origin, TableError, Token};
 
 use super::holders::created;
+use super::holding;
 use super::marks::BrokenValue;
 use super::mirror::HolderRecord;
 use super::requests::CLEANUP_TRIES;
@@ -175,7 +176,9 @@ impl Cluster {
             tries += 1;
             let mut value = holder.value.clone();
             value.broken_by = Some(by.clone());
-            let resp = self.txn(self.rewrite_in_place(&holder, &value)).await?;
+            let resp = self
+                .txn(holding::rewrite_in_place(&self.layout, &holder, &value))
+                .await?;
             if resp.succeeded() {
                 self.wrote_lease(name, &value, &resp);
                 let held = self.wall_ms().saturating_sub(value.granted_ms);

@@ -12,6 +12,7 @@ use crate::locks::EventKind;
 
 use super::expiring::{delay_over, delaying, expiry, Ending, Expiry};
 use super::guards;
+use super::holding;
 use super::Cluster;
 
 impl Cluster {
@@ -78,7 +79,7 @@ impl Cluster {
         holder: &super::mirror::HolderRecord,
         value: &super::values::HolderValue,
     ) {
-        let txn = self.rewrite_plain(holder, value);
+        let txn = holding::rewrite_plain(&self.layout, holder, value);
         if let Some(resp) = self.cleanup(txn).await {
             if resp.succeeded() {
                 self.wrote_lease(name, value, &resp);

@@ -91,6 +91,9 @@ mod head;
 mod head_tests;
 mod holder_events;
 mod holders;
+mod holding;
+#[cfg(test)]
+mod holding_tests;
 mod keys;
 mod lag;
 mod lease;
@@ -106,6 +109,9 @@ mod queueing;
 mod quorum;
 mod refusal;
 mod release;
+mod renewal;
+#[cfg(test)]
+mod renewal_tests;
 mod requests;
 mod resync;
 mod routing;
