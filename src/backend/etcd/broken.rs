@@ -4,7 +4,7 @@
 use crate::backend::BackendError;
 use crate::locks::{Origin, TableError, Token};
 
-use super::marks::BrokenValue;
+use super::breaking;
 use super::Cluster;
 
 impl Cluster {
@@ -25,17 +25,13 @@ impl Cluster {
     }
 
     /// Why `token` is not a live lease of `name`: `Broken` while its record says so (read
-    /// from etcd: the BREAK may have come through another front-end), else `NotHeld`.
+    /// from etcd: the BREAK may have come through another front-end), else `NotHeld`
+    /// ([`breaking::broken_record`]).
     pub async fn why_not_held(&self, name: &str, token: Token) -> BackendError {
         let Ok(resp) = self.get(self.layout.broken(name, token), None).await else {
             return TableError::NotHeld.into();
         };
-        let record = resp
-            .kvs()
-            .first()
-            .and_then(|kv| BrokenValue::decode(kv.value()))
-            .filter(|b| b.deadline_ms > self.wall_ms());
-        match record {
+        match breaking::broken_record(resp.kvs(), self.wall_ms()) {
             Some(b) => TableError::Broken {
                 token,
                 by: b.by.as_str().into(),

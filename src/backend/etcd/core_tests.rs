@@ -9,6 +9,7 @@ const CORE: &[(&str, &str)] = &[
     ("apply", include_str!("apply.rs")),
     ("at_once", include_str!("at_once.rs")),
     ("bound", include_str!("bound.rs")),
+    ("breaking", include_str!("breaking.rs")),
     ("confirmation", include_str!("confirmation.rs")),
     ("delivery", include_str!("delivery.rs")),
     ("end", include_str!("end.rs")),

@@ -64,6 +64,9 @@ mod at_once;
 #[cfg(test)]
 mod at_once_tests;
 mod bound;
+mod breaking;
+#[cfg(test)]
+mod breaking_tests;
 mod breaks;
 mod broken;
 mod cause;
