@@ -13,6 +13,7 @@ const CORE: &[(&str, &str)] = &[
     ("confirmation", include_str!("confirmation.rs")),
     ("delivery", include_str!("delivery.rs")),
     ("end", include_str!("end.rs")),
+    ("expired", include_str!("expired.rs")),
     ("expiring", include_str!("expiring.rs")),
     ("gap", include_str!("gap.rs")),
     ("guards", include_str!("guards.rs")),

@@ -1,18 +1,16 @@
 //! The expiry timer: ends leases whose time ran out, from the mirror's index of when each
 //! holder ends (a timer structure, not a sweep). The driver of `expiring.rs`, where the core
-//! decides which and how.
+//! decides which and how, and of `expired.rs`, where it decides the writes and what their
+//! answers mean.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rpc::{Txn, TxnOp};
-
 use crate::backend::now;
 use crate::locks::EventKind;
 
+use super::expired;
 use super::expiring::{delay_over, delaying, expiry, Ending, Expiry};
-use super::guards;
-use super::holding;
 use super::Cluster;
 
 impl Cluster {
@@ -69,21 +67,17 @@ impl Cluster {
         self.write_delay(name, holder, &value).await;
     }
 
-    /// Rewrites `holder` as `value`, its record in its lock-delay ([`delaying`]), unless it
-    /// changed since. On no etcd lease, as a plain lease: over for its holder, it ends by its
-    /// deadline, through whichever front-end is alive then (on this one's etcd lease, it went
-    /// with this front-end).
+    /// Rewrites `holder` as `value`, its record in its lock-delay, unless it changed since
+    /// ([`expired::delay_txn`]).
     async fn write_delay(
         &self,
         name: &str,
         holder: &super::mirror::HolderRecord,
         value: &super::values::HolderValue,
     ) {
-        let txn = holding::rewrite_plain(&self.layout, holder, value);
+        let txn = expired::delay_txn(&self.layout, holder, value);
         if let Some(resp) = self.cleanup(txn).await {
-            if resp.succeeded() {
-                self.wrote_lease(name, value, &resp);
-            }
+            expired::delay_written(&mut self.guard(), name, value, &resp);
         }
     }
 
@@ -105,7 +99,7 @@ impl Cluster {
     }
 
     /// Expires one holder unless it was renewed meanwhile; then removes the name's marker if
-    /// nothing is left under it.
+    /// nothing is left under it ([`expired::tidy`]).
     async fn expire(
         &self,
         name: &str,
@@ -113,28 +107,14 @@ impl Cluster {
         kind: EventKind,
         holder: super::mirror::HolderRecord,
     ) {
-        // Unless renewed meanwhile (a renewal rewrites the key).
-        let guard = guards::unchanged(&holder.key, holder.mod_rev);
-        let ended = self.end_txn(name, kind, &holder, guard);
+        let ended = self.end_txn(name, kind, &holder, expired::not_renewed(&holder));
         let Some(resp) = self.cleanup(ended.txn.clone()).await else {
             return;
         };
-        let granted = ended.head.is_some() && resp.succeeded();
-        if !self.ended(name, token, kind, &holder, &ended, &resp) || granted {
-            // Not ended, or ended by granting the next waiter: nothing to tidy.
-            return;
-        }
-        let rev = resp.header().map_or(0, |h| h.revision());
-        // Each name of a set on its own: one may be left to others, another empty.
-        for name in super::keys::names_of(name, &holder.value.set) {
-            let tidy = Txn::new()
-                .when([
-                    guards::marker_at(&self.layout, name, rev),
-                    guards::nobody_holds(&self.layout, name),
-                    guards::nobody_waits(&self.layout, name),
-                ])
-                .and_then([TxnOp::delete(self.layout.marker(name), None)]);
-            let _ = self.txn(tidy).await;
+        let was_ended = self.ended(name, token, kind, &holder, &ended, &resp);
+        let tidy = expired::tidy(&self.layout, name, &holder, (&ended, &resp), was_ended);
+        for txn in tidy {
+            let _ = self.txn(txn).await;
         }
     }
 }

@@ -74,18 +74,6 @@ impl Cluster {
         holding::rewrite(&self.layout, holder, value, self.lease_id())
     }
 
-    /// [`Cluster::wrote`] for every name of the lease `value` records (`name`'s set, or
-    /// `name` alone).
-    pub(super) fn wrote_lease(
-        &self,
-        name: &str,
-        value: &HolderValue,
-        resp: &super::rpc::TxnResponse,
-    ) {
-        let rev = resp.header().map_or(0, |h| h.revision());
-        holding::wrote_lease(&mut self.guard(), name, value, rev);
-    }
-
     /// RENEW ([`renewal::renewal`]), and with `detach` a session lease becomes a plain one.
     pub(super) async fn renew_as(
         &self,

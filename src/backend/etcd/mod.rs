@@ -79,6 +79,9 @@ mod end;
 #[cfg(test)]
 mod end_tests;
 mod enqueue;
+mod expired;
+#[cfg(test)]
+mod expired_tests;
 mod expiring;
 #[cfg(test)]
 mod expiring_tests;
