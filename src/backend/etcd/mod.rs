@@ -102,6 +102,9 @@ pub mod model;
 mod notify;
 mod phase;
 mod queue_head;
+mod queued;
+#[cfg(test)]
+mod queued_tests;
 mod queueing;
 mod quorum;
 mod refusal;

@@ -13,9 +13,10 @@ use crate::backend::{BackendError, LockStart};
 use crate::locks::LockRequest;
 
 use super::keys::names_of;
-use super::queueing::{keep_place, mark_put, tell_replaced, waiter_put, Place};
+use super::queued::{keep_place, settle_answered, Place};
+use super::queueing::tell_replaced;
+use super::supersede::{mark_put, waiter_put};
 use super::values::WaiterValue;
-use super::waiters::settle_answered;
 use super::{guards, Cluster};
 
 /// The place of the same id's older request for the very same set, which a LOCK takes over

@@ -287,29 +287,3 @@ fn left_how(resp: &super::rpc::TxnResponse) -> Left {
         Left::Gone
     }
 }
-
-/// A waiter's own write was answered at revision `at`. The watch leaves a waiter alone until
-/// then, so if the mirror is past `at` and its key is no longer there as written, it is told
-/// now. Whether it still waits.
-pub(super) fn settle_answered(g: &mut super::ClusterState, waiter: WaiterId, at: i64) -> bool {
-    let Some(local) = g.waiting.get(&waiter) else {
-        return false;
-    };
-    // Granted already, by another front-end's release: its grant is being confirmed.
-    if !local.phase.settled() {
-        return false;
-    }
-    let there = g
-        .mirror
-        .name(&local.name)
-        .is_some_and(|ns| ns.queue.get(&local.rev).is_some_and(|w| w.mod_rev == at));
-    if g.mirror.rev < at || there {
-        return true;
-    }
-    if let Some(l) = g.waiting.remove(&waiter) {
-        g.by_uid.remove(&l.uid);
-        let why = key_gone(g, &l);
-        let _ = l.tx.send(why);
-    }
-    false
-}
