@@ -19,6 +19,7 @@ const CORE: &[(&str, &str)] = &[
     ("head", include_str!("head.rs")),
     ("holder_events", include_str!("holder_events.rs")),
     ("keys", include_str!("keys.rs")),
+    ("leaving", include_str!("leaving.rs")),
     ("marks", include_str!("marks.rs")),
     ("mirror", include_str!("mirror.rs")),
     ("phase", include_str!("phase.rs")),

@@ -94,6 +94,9 @@ mod holders;
 mod keys;
 mod lag;
 mod lease;
+mod leaving;
+#[cfg(test)]
+mod leaving_tests;
 mod log;
 mod marks;
 mod mirror;
