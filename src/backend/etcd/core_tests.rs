@@ -24,6 +24,7 @@ const CORE: &[(&str, &str)] = &[
     ("mirror", include_str!("mirror.rs")),
     ("phase", include_str!("phase.rs")),
     ("queued", include_str!("queued.rs")),
+    ("set_queued", include_str!("set_queued.rs")),
     ("slots", include_str!("slots.rs")),
     ("state", include_str!("state.rs")),
     ("supersede", include_str!("supersede.rs")),

@@ -119,6 +119,9 @@ mod run;
 mod secure;
 mod sessions;
 mod set_queue;
+mod set_queued;
+#[cfg(test)]
+mod set_queued_tests;
 mod sets;
 #[cfg(test)]
 mod shape_tests;

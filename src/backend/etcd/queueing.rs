@@ -1,30 +1,19 @@
 //! What every queueing write's driver shares, one name's (`enqueue.rs`) and a set's
-//! (`set_queue.rs`): the waiter's record and its id, its entry in this front-end's tables
-//! (as the core makes it, `queued.rs`), whether the write was made, the marks it put
-//! dropped, and the requests it replaced told. The puts of its keys and marks are the
-//! core's (`supersede.rs`).
+//! (`set_queue.rs`): the waiter's record and its id, whether the write was made, the marks
+//! it put dropped, and the requests it replaced told. Their entry in this front-end's
+//! tables, and the puts of their keys and marks, are the core's (`queued.rs`,
+//! `supersede.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::rpc::{self, Txn, TxnOp};
-use tokio::sync::oneshot;
 
-use crate::backend::{now, WaitResult};
+use crate::backend::WaitResult;
 use crate::locks::{LockRequest, WaitEnd, WaiterId};
 
-use super::queued::{register, New, Place};
 use super::values::WaiterValue;
 use super::{Cluster, Local};
-
-/// A new waiter, entered in this front-end's tables: its id there, the other end of its
-/// channel, and the requests of this front-end it replaces, taken out of the tables (they
-/// are answered `ERR REPLACED` whichever way the write goes: [`tell_replaced`]).
-pub(super) struct Registered {
-    pub(super) waiter: WaiterId,
-    pub(super) rx: oneshot::Receiver<WaitResult>,
-    pub(super) replaced_here: Vec<Local>,
-}
 
 impl Cluster {
     /// The record of a new waiter `uid` of `req` (by `user`, for `ttl`, on the names `set`,
@@ -60,34 +49,6 @@ impl Cluster {
     pub(super) fn next_waiter(&self) -> WaiterId {
         self.next_uid
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Enters the waiter of `req` (`uid`, its keys at `place`, its record `value`) in this
-    /// front-end's tables before its write goes out, as the core does it ([`register`]).
-    pub(super) fn register<'a>(
-        &self,
-        uid: String,
-        place: Place,
-        req: LockRequest,
-        value: WaiterValue,
-        replaces: impl IntoIterator<Item = &'a str>,
-        also: Option<&str>,
-    ) -> Registered {
-        let (tx, rx) = oneshot::channel();
-        let waiter = self.next_waiter();
-        let new = New {
-            waiter,
-            uid,
-            req,
-            value,
-            tx,
-        };
-        let replaced_here = register(&mut self.guard(), new, place, replaces, also, now());
-        Registered {
-            waiter,
-            rx,
-            replaced_here,
-        }
     }
 
     /// Whether a queueing write (its answer `result`) put its keys: one that takes a place
