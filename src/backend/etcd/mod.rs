@@ -103,6 +103,9 @@ mod holding_tests;
 mod keys;
 mod lag;
 mod lease;
+mod leaving;
+#[cfg(test)]
+mod leaving_tests;
 mod log;
 mod marks;
 mod mirror;
@@ -111,6 +114,9 @@ pub mod model;
 mod notify;
 mod phase;
 mod queue_head;
+mod queued;
+#[cfg(test)]
+mod queued_tests;
 mod queueing;
 mod quorum;
 mod refusal;
@@ -125,6 +131,9 @@ mod run;
 mod secure;
 mod sessions;
 mod set_queue;
+mod set_queued;
+#[cfg(test)]
+mod set_queued_tests;
 mod sets;
 #[cfg(test)]
 mod shape_tests;
