@@ -22,6 +22,7 @@ const CORE: &[(&str, &str)] = &[
     ("marks", include_str!("marks.rs")),
     ("mirror", include_str!("mirror.rs")),
     ("phase", include_str!("phase.rs")),
+    ("set_at_once", include_str!("set_at_once.rs")),
     ("slots", include_str!("slots.rs")),
     ("state", include_str!("state.rs")),
     ("values", include_str!("values.rs")),

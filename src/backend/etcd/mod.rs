@@ -112,6 +112,9 @@ mod routing;
 mod run;
 mod secure;
 mod sessions;
+mod set_at_once;
+#[cfg(test)]
+mod set_at_once_tests;
 mod set_queue;
 mod sets;
 #[cfg(test)]

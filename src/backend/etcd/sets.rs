@@ -18,17 +18,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rpc::{PutOptions, Txn, TxnOp};
-
 use crate::backend::{now, BackendError, HandOver, LockStart};
 use crate::locks::rules;
 use crate::locks::{EventKind, LockRequest, TableError};
 
 use super::mirror::{HolderRecord, NameState};
+use super::set_at_once::{granted_set_at_once, SetAtOnce};
 use super::set_queue::{Adopt, OldKey};
 use super::values::set_names;
 use super::view;
-use super::{guards, Cluster};
+use super::Cluster;
 
 /// How often a LOCK of a set decides again (its names changed under it) before it answers
 /// `ERR UNAVAILABLE`.
@@ -155,8 +154,8 @@ impl Cluster {
         }
     }
 
-    /// The grant of a free set nobody waits for, in one write; `None` if the mirror (or the
-    /// read) was stale.
+    /// The grant of a free set nobody waits for, in one write ([`SetAtOnce`]); `None` if the
+    /// mirror (or the read) was stale.
     async fn grant_set_at_once(
         self: &Arc<Self>,
         req: &LockRequest,
@@ -172,65 +171,31 @@ impl Cluster {
         } else {
             0
         };
-        let slot = self.take_slot(names.len());
-        let encoded = value.encode();
-        let mut when = Vec::new();
-        let mut ops = Vec::new();
-        for (name, marker_rev) in names.iter().zip(marker_revs) {
-            let key = self.layout.holder(name, &slot);
-            when.extend(guards::grant_at_once(&self.layout, name, *marker_rev));
-            ops.push(TxnOp::put(
-                self.layout.marker(name),
-                self.marker(EventKind::Acquired, 0),
-                None,
-            ));
-            ops.push(TxnOp::put(
-                key,
-                encoded.clone(),
-                (lease != 0).then(|| PutOptions::new().with_lease(lease)),
-            ));
-        }
-        let each = || names.iter().map(String::as_str);
-        let write = Txn::new().when(when).and_then(ops);
-        let txn = guards::in_empty_slot(&self.layout, each(), &slot, write);
+        let grant = SetAtOnce {
+            names: names.to_vec(),
+            slot: self.take_slot(names.len()),
+            uid,
+            value,
+            lease,
+            ttl,
+        };
+        let marker = self.marker(EventKind::Acquired, 0);
+        let txn = grant.txn(&self.layout, marker_revs, &marker);
         // (A write whose answer was lost keeps its slot: it may have been applied.) Its grant,
         // if it was, is taken back unless the same LOCK sent again claims it (as one name's:
         // `Cluster::given_up`; simulator seed 130753, a set's grant that sat out its ttl).
         let resp = match self.txn(txn).await {
             Ok(resp) => resp,
             Err(e) => {
-                self.given_up(&names[0], &uid);
+                self.given_up(&names[0], &grant.uid);
                 return Err(self.unavailable(&e));
             }
         };
-        if !self.slot_written(&slot, each(), &resp) {
+        if !self.slot_written(&grant.slot, grant.each(), &resp) {
             return Ok(None);
         }
-        for name in names {
-            self.wrote(name, &resp);
-        }
         let rev = resp.header().map_or(0, |h| h.revision());
-        let token = {
-            let mut g = self.guard();
-            // Until the watch brings them: an UNLOCK or RENEW right after needs no read.
-            if rev > g.mirror.rev {
-                for name in names {
-                    let holder = HolderRecord {
-                        key: self.layout.holder(name, &slot),
-                        slot: slot.clone(),
-                        uid: uid.clone(),
-                        rev,
-                        mod_rev: rev,
-                        lease,
-                        ends_at: now() + ttl,
-                        keyless: false,
-                        value: value.clone(),
-                    };
-                    g.fresh.insert((name.clone(), rev), holder);
-                }
-            }
-            g.mirror.token(rev)
-        };
+        let token = granted_set_at_once(&mut self.guard(), &self.layout, &grant, rev, now());
         for name in names {
             self.granted_log(name, &req.id, token, None, &req.origin);
         }
