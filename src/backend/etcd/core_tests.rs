@@ -22,11 +22,13 @@ const CORE: &[(&str, &str)] = &[
     ("marks", include_str!("marks.rs")),
     ("mirror", include_str!("mirror.rs")),
     ("phase", include_str!("phase.rs")),
+    ("planning", include_str!("planning.rs")),
     ("set_at_once", include_str!("set_at_once.rs")),
     ("slots", include_str!("slots.rs")),
     ("state", include_str!("state.rs")),
     ("values", include_str!("values.rs")),
     ("view", include_str!("view.rs")),
+    ("waits", include_str!("waits.rs")),
     ("watched", include_str!("watched.rs")),
     ("words", include_str!("words.rs")),
 ];

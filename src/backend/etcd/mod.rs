@@ -101,6 +101,9 @@ mod mirror;
 pub mod model;
 mod notify;
 mod phase;
+mod planning;
+#[cfg(test)]
+mod planning_tests;
 mod queue_head;
 mod queueing;
 mod quorum;
