@@ -23,6 +23,7 @@ const CORE: &[(&str, &str)] = &[
     ("mirror", include_str!("mirror.rs")),
     ("phase", include_str!("phase.rs")),
     ("planning", include_str!("planning.rs")),
+    ("reads", include_str!("reads.rs")),
     ("set_at_once", include_str!("set_at_once.rs")),
     ("slots", include_str!("slots.rs")),
     ("state", include_str!("state.rs")),

@@ -107,6 +107,9 @@ mod planning_tests;
 mod queue_head;
 mod queueing;
 mod quorum;
+mod reads;
+#[cfg(test)]
+mod reads_tests;
 mod refusal;
 mod release;
 mod requests;
