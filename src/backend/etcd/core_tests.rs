@@ -24,6 +24,7 @@ const CORE: &[(&str, &str)] = &[
     ("phase", include_str!("phase.rs")),
     ("planning", include_str!("planning.rs")),
     ("reads", include_str!("reads.rs")),
+    ("resynced", include_str!("resynced.rs")),
     ("set_at_once", include_str!("set_at_once.rs")),
     ("slots", include_str!("slots.rs")),
     ("state", include_str!("state.rs")),

@@ -114,6 +114,9 @@ mod refusal;
 mod release;
 mod requests;
 mod resync;
+mod resynced;
+#[cfg(test)]
+mod resynced_tests;
 mod routing;
 mod run;
 mod secure;
