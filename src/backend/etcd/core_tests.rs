@@ -26,6 +26,7 @@ const CORE: &[(&str, &str)] = &[
     ("reads", include_str!("reads.rs")),
     ("resynced", include_str!("resynced.rs")),
     ("set_at_once", include_str!("set_at_once.rs")),
+    ("slot_answers", include_str!("slot_answers.rs")),
     ("slots", include_str!("slots.rs")),
     ("state", include_str!("state.rs")),
     ("values", include_str!("values.rs")),

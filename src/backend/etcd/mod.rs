@@ -130,6 +130,9 @@ mod sets;
 mod shape_tests;
 #[doc(hidden)]
 pub mod sim;
+mod slot_answers;
+#[cfg(test)]
+mod slot_answers_tests;
 mod slot_writes;
 mod slots;
 mod start;
