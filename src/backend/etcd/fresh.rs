@@ -1,13 +1,14 @@
 //! How current the mirror is for one name: a linearizable read of it, and this front-end's
 //! own writes the watch has not shown yet (a client's LOCK right after its UNLOCK is decided on
-//! the state that UNLOCK left).
+//! the state that UNLOCK left). The driver of `reads.rs`, which decides what a read and the
+//! mirror say; this file sends the read and waits for the watch.
 
-use super::rpc::{GetOptions, Txn, TxnOp, TxnOpResponse};
+use super::rpc::{Txn, TxnOp, TxnOpResponse};
 
 use crate::backend::{now, BackendError};
 
-use super::mirror::{Mirror, NameState};
-use super::Cluster;
+use super::mirror::NameState;
+use super::{reads, Cluster};
 
 impl Cluster {
     /// The name as etcd has it now (a linearizable read of its marker, holders and queue).
@@ -36,15 +37,10 @@ impl Cluster {
         Ok(states)
     }
 
-    /// Adds to names read at `rev` the leases in their lock-delay whose key went with their
-    /// front-end's etcd lease ([`HolderRecord::keyless`]): no read shows them, and a decision
-    /// made without them would grant the name within the delay. Whether a holder the read
-    /// misses went that way (no marker) or was released only the watch tells, so this waits
-    /// (at most a request timeout; the watch is milliseconds behind) for the mirror to reach
-    /// `rev`. A mirror that does not still shows such holders: each is taken to be in its
-    /// delay (the safe side).
-    ///
-    /// [`HolderRecord::keyless`]: super::mirror::HolderRecord::keyless
+    /// Adds to names read at `rev` the leases in their lock-delay that no read shows
+    /// ([`reads::with_delays`]). Whether a holder the read misses went with its front-end's
+    /// etcd lease or was released only the watch tells, so this waits (at most a request
+    /// timeout; the watch is milliseconds behind) for the mirror to reach `rev` first.
     async fn with_delays(&self, names: &[String], states: &mut [NameState], rev: i64) {
         let until = tokio::time::Instant::now() + self.config.request_timeout;
         loop {
@@ -56,44 +52,17 @@ impl Cluster {
                 break;
             }
         }
-        let g = self.guard();
-        let behind = g.mirror.rev < rev;
-        let at = now();
-        for (name, read) in names.iter().zip(states.iter_mut()) {
-            let Some(ns) = g.mirror.name(name) else {
-                continue;
-            };
-            for h in ns.holders.values() {
-                if read.holders.contains_key(&h.rev) {
-                    continue;
-                }
-                let kept = match h.keyless {
-                    true => Some(h.clone()),
-                    // (A mirror that did not reach `rev` still shows it; one past `rev`
-                    // shows holders granted since, which are no concern of this read.)
-                    false if behind && h.rev <= rev => h.delayed(at),
-                    false => None,
-                };
-                if let Some(kept) = kept {
-                    read.holders.insert(kept.rev, kept);
-                }
-            }
-        }
+        reads::with_delays(&self.guard().mirror, names, states, rev, now());
     }
 
-    /// The reads of `name` a transaction carries: its marker, holders and queue (what
-    /// [`Cluster::states_read`] makes a [`NameState`] of).
+    /// The reads of `name` a transaction carries ([`reads::name_reads`]).
     pub(super) fn name_reads(&self, name: &str) -> [TxnOp; 3] {
-        let prefix = || Some(GetOptions::new().with_prefix());
-        [
-            TxnOp::get(self.layout.marker(name), None),
-            TxnOp::get(self.layout.holders(name), prefix()),
-            TxnOp::get(self.layout.waiters(name), prefix()),
-        ]
+        reads::name_reads(&self.layout, name)
     }
 
     /// The state of each of `names` at revision `rev`, from the answers of their
-    /// [`Cluster::name_reads`] among `ops` (other answers are passed over).
+    /// [`Cluster::name_reads`] among `ops` (other answers are passed over):
+    /// [`reads::states_read`].
     pub(super) fn states_read(
         &self,
         ops: &[TxnOpResponse<'_>],
@@ -106,15 +75,9 @@ impl Cluster {
                 changes.extend(got.kvs().iter().map(|kv| super::watch::change(kv, true)));
             }
         }
-        let mut all = Mirror {
-            base: self.base_token(),
-            ..Mirror::default()
-        };
-        all.apply(&self.layout, &changes, rev, now(), super::wall_ms());
-        names
-            .iter()
-            .map(|name| all.names.remove(name).unwrap_or_default())
-            .collect()
+        let base = self.base_token();
+        let seen = (now(), super::wall_ms());
+        reads::states_read(&self.layout, base, &changes, rev, names, seen)
     }
 
     /// Waits (at most a request timeout) until the mirror shows this front-end's own last
@@ -124,12 +87,8 @@ impl Cluster {
         let until = tokio::time::Instant::now() + self.config.request_timeout;
         loop {
             let moved = self.moved.notified();
-            {
-                let g = self.guard();
-                match g.written.get(name) {
-                    Some((rev, _)) if *rev > g.mirror.rev => {}
-                    _ => return,
-                }
+            if !reads::own_write_unseen(&self.guard(), name) {
+                return;
             }
             if tokio::time::timeout_at(until, moved).await.is_err() {
                 return;
@@ -137,23 +96,8 @@ impl Cluster {
         }
     }
 
-    /// Remembers that this front-end wrote `name` at `rev` (see [`Cluster::own_writes_seen`]).
-    pub(super) fn wrote(&self, name: &str, resp: &super::rpc::TxnResponse) {
-        self.wrote_as(name, resp, false);
-    }
-
-    /// [`Cluster::wrote`]; `emptied`: the write left the name with no holder, waiter or
-    /// marker.
-    pub(super) fn wrote_as(&self, name: &str, resp: &super::rpc::TxnResponse, emptied: bool) {
-        let rev = resp.header().map_or(0, |h| h.revision());
-        self.guard().wrote(name, rev, emptied);
-    }
-
     /// Whether this front-end's last write to `name`, not yet in the mirror, emptied it.
     pub(super) fn emptied_by_own_write(&self, name: &str) -> bool {
-        let g = self.guard();
-        g.written
-            .get(name)
-            .is_some_and(|(rev, emptied)| *emptied && *rev > g.mirror.rev)
+        reads::emptied_by_own_write(&self.guard(), name)
     }
 }

@@ -1,19 +1,17 @@
-//! LOCK: a grant at once, the same grant again, or a place in the queue, as the lock rules
-//! decide it from the mirror (a decision that would refuse is made again on a read of the name
-//! in etcd itself; a plain wait's write reads the name too, and that read decides).
+//! LOCK: a grant at once, the same grant again, or a place in the queue, as the core decides
+//! it (`planning.rs`) from the mirror or a read of the name in etcd itself: this file is its
+//! driver (it reads, writes, and decides again when a write found the name changed).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{now, BackendError, HandOver, LockStart};
-use crate::locks::rules::Decision;
-use crate::locks::{EventKind, LockRequest, Mode, TableError};
+use crate::locks::{EventKind, LockRequest};
 
 use super::at_once::{granted_at_once, AtOnce};
 use super::enqueue::{Queued, Seen};
-use super::mirror::{HolderRecord, NameState};
-use super::view::decide;
-use super::waits::Waits;
+use super::mirror::NameState;
+use super::planning::{plan_lock, Asked, LockStep};
 use super::Cluster;
 
 /// How often a LOCK whose write found the name changed decides again before it answers
@@ -21,14 +19,10 @@ use super::Cluster;
 const STALE_TRIES: usize = 8;
 
 impl Cluster {
-    /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`).
-    ///
-    /// The mirror is trusted only where the write it leads to checks it (a grant at once, the
-    /// same id again, a plain wait whose write reads the name too: see
-    /// [`Cluster::enqueue`]). Any other answer it suggests (held, a wait that takes a place
-    /// over, conflict) is made from a read of the name in etcd itself, since a mirror a few
-    /// milliseconds behind would refuse a free name or queue a retry of the holder's own id
-    /// behind itself.
+    /// LOCK: granted at once if it fits and nobody waits, else queued (unless `wait=0`), each
+    /// step as the core decides it ([`plan_lock`]: the mirror is trusted only where the write
+    /// it leads to checks it; a plain wait's write reads the name too, see
+    /// [`Cluster::enqueue`]).
     pub async fn lock(self: &Arc<Self>, mut req: LockRequest) -> Result<LockStart, BackendError> {
         // Resolved once: every record made of this request carries its own lock-delay.
         req.delay = Some(self.limits.delay(req.delay)?);
@@ -48,29 +42,27 @@ impl Cluster {
         self.own_writes_seen(&req.name).await;
         let mut read: Option<NameState> = None;
         for _ in 0..STALE_TRIES {
-            let plan = {
-                let g = self.guard();
-                // With this front-end's own grants the watch has not shown yet.
-                let leases = g.mirror.holders() + g.fresh.len();
-                let free = NameState::default();
-                let ns = read.as_ref().or_else(|| g.mirror.name(&req.name));
-                self.plan(ns.unwrap_or(&free), &req, &user, leases)
+            let step = {
+                let asked = Asked {
+                    fe: &self.fe,
+                    limits: &self.limits,
+                    req: &req,
+                    user: &user,
+                };
+                plan_lock(&self.guard(), &asked, read.as_ref())
             };
-            match plan {
-                Ok(Plan::Fresh { marker_rev }) => {
+            match step {
+                LockStep::AtOnce { marker_rev } => {
                     if let Some(start) = self.grant_at_once(&req, &user, ttl, marker_rev).await? {
                         return Ok(start);
                     }
                 }
-                // The same id again: its write checks the holder is as the mirror saw it.
-                Ok(Plan::Again(holder)) => {
+                LockStep::Again(holder) => {
                     if let Some(start) = self.lock_again(&req, *holder, ttl).await? {
                         return Ok(start);
                     }
                 }
-                // A plain wait, from the mirror: its write reads the name too, and says
-                // whether the mirror was right (see `enqueue`).
-                Ok(Plan::Blocked(waits)) if read.is_none() && waits_unread(&req, &waits) => {
+                LockStep::QueueUnread(waits) => {
                     let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Mirror, *waits);
                     match queued.await? {
                         Queued::Started(start) => return Ok(start),
@@ -81,15 +73,14 @@ impl Cluster {
                         Queued::Again => {}
                     }
                 }
-                // From the mirror: make sure with etcd itself.
-                _ if read.is_none() => {}
-                Ok(Plan::Blocked(waits)) => {
+                LockStep::Read => {}
+                LockStep::QueueRead(waits) => {
                     let queued = self.enqueue(req.clone(), user.clone(), ttl, Seen::Read, *waits);
                     if let Queued::Started(start) = queued.await? {
                         return Ok(start);
                     }
                 }
-                Err(e) => return Err(e),
+                LockStep::Refused(e) => return Err(e),
             }
             read = Some(self.read_name(&req.name).await?);
         }
@@ -97,34 +88,6 @@ impl Cluster {
             "{}: the lock changed {STALE_TRIES} times while this LOCK was decided",
             req.name
         )))
-    }
-
-    /// What a LOCK on `ns` should do, as the lock rules decide it from this front-end.
-    /// `leases`: the holders of every name (the mirror's count).
-    fn plan(
-        &self,
-        ns: &NameState,
-        req: &LockRequest,
-        user: &str,
-        leases: usize,
-    ) -> Result<Plan, BackendError> {
-        match decide(ns, &self.fe, req, user, &self.limits, leases)? {
-            Decision::Grant => Ok(Plan::Fresh {
-                marker_rev: ns.marker_rev,
-            }),
-            Decision::Again(rev) => match ns.holder_by_rev(rev) {
-                Some(h) => Ok(Plan::Again(Box::new(h.clone()))),
-                None => Err(TableError::NotHeld.into()),
-            },
-            Decision::Queue {
-                place,
-                replaced,
-                superseded,
-            } => {
-                let waits = Waits::of(ns, req.supersede, place, &replaced, &superseded);
-                Ok(Plan::Blocked(Box::new(waits)))
-            }
-        }
     }
 
     /// The grant of a free name nobody waits for; `None` if the mirror was stale.
@@ -173,24 +136,4 @@ impl Cluster {
             handover: HandOver(rev),
         }))
     }
-}
-
-/// What a LOCK does, decided from the mirror.
-enum Plan {
-    /// The id already holds it: same token, new lease.
-    Again(Box<HolderRecord>),
-    /// Free and nobody waits: grant at once if the marker is still at this revision.
-    Fresh { marker_rev: i64 },
-    /// Held, or others wait: queue, where the rules said, ending whom they said.
-    Blocked(Box<Waits>),
-}
-
-/// Whether a LOCK the mirror says must wait (`waits`) is queued without a read of the name
-/// first (its write reads it: see [`Cluster::enqueue`]): an exclusive request of one name,
-/// no `supersede`, that ends nobody (a place to take over is decided on a read, as before).
-fn waits_unread(req: &LockRequest, waits: &Waits) -> bool {
-    req.mode == Mode::Exclusive
-        && !req.supersede
-        && waits.place.is_none()
-        && waits.replaced.is_empty()
 }

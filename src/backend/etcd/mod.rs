@@ -113,12 +113,18 @@ mod mirror;
 pub mod model;
 mod notify;
 mod phase;
+mod planning;
+#[cfg(test)]
+mod planning_tests;
 mod queue_head;
 mod queued;
 #[cfg(test)]
 mod queued_tests;
 mod queueing;
 mod quorum;
+mod reads;
+#[cfg(test)]
+mod reads_tests;
 mod refusal;
 mod release;
 mod renewal;
@@ -126,10 +132,16 @@ mod renewal;
 mod renewal_tests;
 mod requests;
 mod resync;
+mod resynced;
+#[cfg(test)]
+mod resynced_tests;
 mod routing;
 mod run;
 mod secure;
 mod sessions;
+mod set_at_once;
+#[cfg(test)]
+mod set_at_once_tests;
 mod set_queue;
 mod set_queued;
 #[cfg(test)]
@@ -139,6 +151,9 @@ mod sets;
 mod shape_tests;
 #[doc(hidden)]
 pub mod sim;
+mod slot_answers;
+#[cfg(test)]
+mod slot_answers_tests;
 mod slot_writes;
 mod slots;
 mod start;

@@ -1,25 +1,16 @@
 //! The head of a queue, when it is this front-end's waiter: the driver of the core's
 //! hand-over (`head.rs` decides which head is granted and what the answer leads to; this file
-//! sends the write, waits, logs and takes a grant back); and keys of ours that no request
-//! waits for, taken out before they reach the head.
+//! sends the write, waits, logs and takes a grant back).
 
 use std::sync::Arc;
 
 use crate::backend::now;
 use crate::locks::EventKind;
 
-use super::head::{grant_txn, head_answered, head_step, orphans, Attempt, HeadAfter, HeadStep};
-use super::{Cluster, ClusterState, RETRY};
+use super::head::{grant_txn, head_answered, head_step, Attempt, HeadAfter, HeadStep};
+use super::{Cluster, RETRY};
 
 impl Cluster {
-    /// Sends the writes that take out keys of ours no request waits for ([`orphans`]).
-    pub(super) fn sweep_orphans(self: &Arc<Self>, g: &mut ClusterState, new: &[(String, i64)]) {
-        let me = self.me();
-        for (keys, mod_rev) in orphans(g, &me, new) {
-            self.forget_waiter_keys(keys, mod_rev);
-        }
-    }
-
     /// Grants the head waiter of `name` if it is ours and fits, as the core decides
     /// ([`head_step`]); this is its driver.
     pub(super) fn evaluate(self: &Arc<Self>, name: &str) {

@@ -18,38 +18,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::rpc::{PutOptions, Txn, TxnOp};
-
 use crate::backend::{now, BackendError, HandOver, LockStart};
+#[cfg(doc)]
 use crate::locks::rules;
-use crate::locks::{EventKind, LockRequest, TableError};
+use crate::locks::{EventKind, LockRequest};
 
-use super::mirror::{HolderRecord, NameState};
+use super::mirror::NameState;
+use super::planning::{plan_set, Asked, SetStep};
+use super::set_at_once::{granted_set_at_once, SetAtOnce};
 use super::set_queue::{Adopt, OldKey};
 use super::values::set_names;
-use super::view;
-use super::{guards, Cluster};
+use super::Cluster;
 
 /// How often a LOCK of a set decides again (its names changed under it) before it answers
 /// `ERR UNAVAILABLE`.
 const STALE_TRIES: usize = 8;
 
-/// What a LOCK of a set does, decided from the mirror or a read.
-enum SetPlan {
-    /// Every name free and nobody waits: granted at once if each marker is still at its
-    /// revision (one per name, in the request's order).
-    Fresh(Vec<i64>),
-    /// The same id holds exactly this set: same token, new lease.
-    Again(Box<HolderRecord>),
-    /// Queued on every name, the same id's older requests out (every key of each); or,
-    /// when the older request is this very set, its place taken over.
-    Blocked(Vec<OldKey>, Option<Adopt>),
-}
-
 impl Cluster {
-    /// LOCK of a set: granted whole at once, the same set again, or queued on every name.
-    /// As for one name, the mirror is trusted only where the write checks it; a refusal or
-    /// a place in the queue is decided again on a read of every name from etcd itself.
+    /// LOCK of a set: granted whole at once, the same set again, or queued on every name,
+    /// each step as the core decides it ([`plan_set`]: as for one name, the mirror is
+    /// trusted only where the write checks it; a refusal or a place in the queue is decided
+    /// again on a read of every name from etcd itself).
     pub(super) async fn lock_set(
         self: &Arc<Self>,
         req: LockRequest,
@@ -63,41 +52,46 @@ impl Cluster {
         }
         let mut read: Option<Vec<NameState>> = None;
         for _ in 0..STALE_TRIES {
-            let plan = {
-                let g = self.guard();
-                let leases = g.mirror.holders() + g.fresh.len();
-                let free = NameState::default();
-                let states: Vec<&NameState> = match &read {
-                    Some(r) => r.iter().collect(),
-                    None => names
-                        .iter()
-                        .map(|n| g.mirror.name(n).unwrap_or(&free))
-                        .collect(),
+            let step = {
+                let asked = Asked {
+                    fe: &self.fe,
+                    limits: &self.limits,
+                    req: &req,
+                    user: &user,
                 };
-                self.plan_set(&states, &names, &req, &user, leases)
+                plan_set(&self.guard(), &asked, &names, read.as_deref())
             };
-            match plan {
-                Ok(SetPlan::Fresh(marker_revs)) => {
+            match step {
+                SetStep::AtOnce(marker_revs) => {
                     let granted = self.grant_set_at_once(&req, &user, ttl, &names, &marker_revs);
                     if let Some(start) = granted.await? {
                         return Ok(start);
                     }
                 }
-                Ok(SetPlan::Again(holder)) => {
+                SetStep::Again(holder) => {
                     if let Some(start) = self.lock_again(&req, *holder, ttl).await? {
                         return Ok(start);
                     }
                 }
-                // From the mirror: make sure with etcd itself.
-                _ if read.is_none() => {}
-                Ok(SetPlan::Blocked(olds, adopt)) => {
+                SetStep::Read => {}
+                SetStep::Queue { replaced, taken } => {
+                    // Every key of each older request, once (a set has one on each name).
+                    let mut olds: Vec<OldKey> = Vec::new();
+                    for (name, same) in &replaced {
+                        for old in self.old_keys(name, same) {
+                            if olds.iter().all(|o| o.key != old.key) {
+                                olds.push(old);
+                            }
+                        }
+                    }
+                    let adopt = taken.as_deref().map(Adopt::of);
                     let (req, user) = (req.clone(), user.clone());
                     let queued = self.enqueue_keys(req, user, ttl, &names, olds, adopt);
                     if let Some(start) = queued.await? {
                         return Ok(start);
                     }
                 }
-                Err(e) => return Err(e),
+                SetStep::Refused(e) => return Err(e),
             }
             read = Some(self.read_names(&names).await?);
         }
@@ -107,56 +101,8 @@ impl Cluster {
         )))
     }
 
-    /// What a LOCK of the set `names` (each name's state in `states`) does, as
-    /// [`view::decide_set`] decides it from this front-end, with what carrying it out needs.
-    fn plan_set(
-        &self,
-        states: &[&NameState],
-        names: &[String],
-        req: &LockRequest,
-        user: &str,
-        leases: usize,
-    ) -> Result<SetPlan, BackendError> {
-        let decision = view::decide_set(states, names, &self.fe, req, user, &self.limits, leases)?;
-        match decision {
-            rules::SetDecision::Grant => Ok(SetPlan::Fresh(
-                states.iter().map(|ns| ns.marker_rev).collect(),
-            )),
-            rules::SetDecision::Again(revs) => {
-                let first = revs.first().copied().unwrap_or_default();
-                match states.first().and_then(|ns| ns.holder_by_rev(first)) {
-                    Some(h) => Ok(SetPlan::Again(Box::new(h.clone()))),
-                    None => Err(TableError::NotHeld.into()),
-                }
-            }
-            rules::SetDecision::Queue { place, replaced } => {
-                // Every older request the rules name goes, with every key of its own set
-                // (found on whichever of the names it waits on); the one whose place the
-                // rules say this request takes has its keys rewritten instead.
-                let mut olds: Vec<OldKey> = Vec::new();
-                let mut adopt = None;
-                for (ns, name) in states.iter().zip(names) {
-                    let same: Vec<_> = replaced
-                        .iter()
-                        .filter_map(|rev| ns.queue.get(rev).cloned())
-                        .collect();
-                    for old in self.old_keys(name, &same) {
-                        if olds.iter().all(|o| o.key != old.key) {
-                            olds.push(old);
-                        }
-                    }
-                    if adopt.is_none() {
-                        let taken = place.and_then(|rev| ns.queue.get(&rev));
-                        adopt = taken.map(Adopt::of);
-                    }
-                }
-                Ok(SetPlan::Blocked(olds, adopt))
-            }
-        }
-    }
-
-    /// The grant of a free set nobody waits for, in one write; `None` if the mirror (or the
-    /// read) was stale.
+    /// The grant of a free set nobody waits for, in one write ([`SetAtOnce`]); `None` if the
+    /// mirror (or the read) was stale.
     async fn grant_set_at_once(
         self: &Arc<Self>,
         req: &LockRequest,
@@ -172,65 +118,31 @@ impl Cluster {
         } else {
             0
         };
-        let slot = self.take_slot(names.len());
-        let encoded = value.encode();
-        let mut when = Vec::new();
-        let mut ops = Vec::new();
-        for (name, marker_rev) in names.iter().zip(marker_revs) {
-            let key = self.layout.holder(name, &slot);
-            when.extend(guards::grant_at_once(&self.layout, name, *marker_rev));
-            ops.push(TxnOp::put(
-                self.layout.marker(name),
-                self.marker(EventKind::Acquired, 0),
-                None,
-            ));
-            ops.push(TxnOp::put(
-                key,
-                encoded.clone(),
-                (lease != 0).then(|| PutOptions::new().with_lease(lease)),
-            ));
-        }
-        let each = || names.iter().map(String::as_str);
-        let write = Txn::new().when(when).and_then(ops);
-        let txn = guards::in_empty_slot(&self.layout, each(), &slot, write);
+        let grant = SetAtOnce {
+            names: names.to_vec(),
+            slot: self.take_slot(names.len()),
+            uid,
+            value,
+            lease,
+            ttl,
+        };
+        let marker = self.marker(EventKind::Acquired, 0);
+        let txn = grant.txn(&self.layout, marker_revs, &marker);
         // (A write whose answer was lost keeps its slot: it may have been applied.) Its grant,
         // if it was, is taken back unless the same LOCK sent again claims it (as one name's:
         // `Cluster::given_up`; simulator seed 130753, a set's grant that sat out its ttl).
         let resp = match self.txn(txn).await {
             Ok(resp) => resp,
             Err(e) => {
-                self.given_up(&names[0], &uid);
+                self.given_up(&names[0], &grant.uid);
                 return Err(self.unavailable(&e));
             }
         };
-        if !self.slot_written(&slot, each(), &resp) {
+        if !self.slot_written(&grant.slot, grant.each(), &resp) {
             return Ok(None);
         }
-        for name in names {
-            self.wrote(name, &resp);
-        }
         let rev = resp.header().map_or(0, |h| h.revision());
-        let token = {
-            let mut g = self.guard();
-            // Until the watch brings them: an UNLOCK or RENEW right after needs no read.
-            if rev > g.mirror.rev {
-                for name in names {
-                    let holder = HolderRecord {
-                        key: self.layout.holder(name, &slot),
-                        slot: slot.clone(),
-                        uid: uid.clone(),
-                        rev,
-                        mod_rev: rev,
-                        lease,
-                        ends_at: now() + ttl,
-                        keyless: false,
-                        value: value.clone(),
-                    };
-                    g.fresh.insert((name.clone(), rev), holder);
-                }
-            }
-            g.mirror.token(rev)
-        };
+        let token = granted_set_at_once(&mut self.guard(), &self.layout, &grant, rev, now());
         for name in names {
             self.granted_log(name, &req.id, token, None, &req.origin);
         }

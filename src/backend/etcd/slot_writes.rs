@@ -1,7 +1,9 @@
 //! A request's slot (`slots.rs`) taken for its keys, and given back as its write's answer
-//! says.
+//! says: the driver of `slot_answers.rs`.
 
-use super::{guards, rpc, Cluster};
+use super::guards::SlotWrite;
+use super::slot_answers::{given_back, slot_answered};
+use super::{rpc, Cluster};
 
 impl Cluster {
     /// A slot for the keys of a new request on `names` names (`slots.rs`).
@@ -9,43 +11,30 @@ impl Cluster {
         self.guard().slots.take(names)
     }
 
-    /// Whether an [`guards::in_empty_slot`] write of keys in `slot` on `names` was made.
-    /// Refused, the slot is given back; a key found in it (a slot thought free by mistake,
-    /// or a key this front-end can't read), it stays taken and the request takes another.
+    /// Whether an [`super::guards::in_empty_slot`] write of keys in `slot` on `names` was
+    /// made; the slot is kept or given back as [`slot_answered`] decides.
     pub(super) fn slot_written<'a>(
         &self,
         slot: &str,
         names: impl IntoIterator<Item = &'a str> + Clone,
         resp: &rpc::TxnResponse,
     ) -> bool {
-        match guards::slot_write(resp) {
-            guards::SlotWrite::Done => true,
-            guards::SlotWrite::Refused => {
-                self.give_back(slot, names);
-                false
-            }
-            guards::SlotWrite::Taken => {
-                let names: Vec<&str> = names.into_iter().collect();
-                tracing::warn!(
-                    fe = self.fe,
-                    slot,
-                    names = names.join(" "),
-                    "a key is in a slot this front-end thought free: it takes another"
-                );
-                self.guard().slots.give_back(slot, names.len());
-                false
-            }
+        let answer = slot_answered(&mut self.guard(), slot, names.clone(), resp);
+        if answer == SlotWrite::Taken {
+            let names: Vec<&str> = names.into_iter().collect();
+            tracing::warn!(
+                fe = self.fe,
+                slot,
+                names = names.join(" "),
+                "a key is in a slot this front-end thought free: it takes another"
+            );
         }
+        answer == SlotWrite::Done
     }
 
     /// The write that would have created keys in `slot` on `names` failed its comparisons:
-    /// the slot is free again, unless the mirror shows a key in it.
+    /// the slot is free again, unless the mirror shows a key in it ([`given_back`]).
     pub(super) fn give_back<'a>(&self, slot: &str, names: impl IntoIterator<Item = &'a str>) {
-        let mut g = self.guard();
-        let present = names
-            .into_iter()
-            .filter(|n| g.mirror.name(n).is_some_and(|ns| ns.uses_slot(slot)))
-            .count();
-        g.slots.give_back(slot, present);
+        given_back(&mut self.guard(), slot, names);
     }
 }
