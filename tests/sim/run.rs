@@ -250,6 +250,9 @@ async fn simulate(seed: u64) -> Outcome {
     violations.extend(verdict.violations);
     violations.extend(world.delays.violations(&net, &events));
     violations.extend(world.violations.lock().unwrap().drain(..));
+    violations.extend(net.malformed().into_iter().map(|(fe, at_ms, txn)| {
+        format!("fe{fe} sent a transaction etcd refuses as malformed at {at_ms}ms: {txn}")
+    }));
     violations.sort();
     violations.dedup();
     let gave_up = world.gave_up.lock().unwrap().clone();
