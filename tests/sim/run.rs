@@ -207,7 +207,7 @@ async fn start_front(world: &Arc<World>, fe: usize) -> Option<JoinHandle<()>> {
 async fn simulate(seed: u64) -> Outcome {
     sim::pin_thread(EPOCH_MS);
     let mut rng = Rng::new(seed);
-    let calm = seed % CALM_EVERY == 0;
+    let calm = seed.is_multiple_of(CALM_EVERY);
     let faults = if calm {
         // Slow answers at most, both ways within the request timeout.
         Faults {
