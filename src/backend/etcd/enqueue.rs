@@ -81,7 +81,8 @@ impl Cluster {
         let (slot, key) = match &adopt {
             Some(old) => (old.slot.clone(), old.key.clone()),
             None => {
-                let slot = self.take_slot(1);
+                let ended = same.iter().chain(superseded.queue.iter().map(|(w, _)| w));
+                let slot = self.take_slot_avoiding(1, ended.map(|w| w.key.as_str()));
                 let key = self.layout.waiter(&req.name, &slot);
                 (slot, key)
             }

@@ -74,7 +74,7 @@ impl Cluster {
         let uid = adopt.as_ref().map_or_else(|| self.uid(), |a| a.uid.clone());
         let slot = match &adopt {
             Some(a) => a.slot.clone(),
-            None => self.take_slot(names.len()),
+            None => self.take_slot_avoiding(names.len(), olds.iter().map(|o| o.key.as_str())),
         };
         let set = if names.len() > 1 {
             names.to_vec()

@@ -9,6 +9,21 @@ impl Cluster {
         self.guard().slots.take(names)
     }
 
+    /// A slot for a new request's keys on `names` names, in which its write deletes none of
+    /// `ended`, the keys of the waiters it ends ([`super::slots::Slots::take_avoiding`]).
+    pub(super) fn take_slot_avoiding<'a>(
+        &self,
+        names: usize,
+        ended: impl Iterator<Item = &'a str> + Clone,
+    ) -> String {
+        let in_slot = |slot: &str| {
+            ended
+                .clone()
+                .any(|key| key.rsplit('/').next() == Some(slot))
+        };
+        self.guard().slots.take_avoiding(names, in_slot)
+    }
+
     /// Whether an [`guards::in_empty_slot`] write of keys in `slot` on `names` was made.
     /// Refused, the slot is given back; a key found in it (a slot thought free by mistake,
     /// or a key this front-end can't read), it stays taken and the request takes another.
