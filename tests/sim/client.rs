@@ -207,6 +207,12 @@ async fn lock(
                     let gave_up = (id.to_owned(), fe, invoke);
                     world.gave_up.lock().unwrap().push(gave_up);
                 }
+                // A BREAK of its grant before its front-end confirmed it is an operator's,
+                // not a fault: the grant is not the client's any more.
+                let names: Vec<String> = std::iter::once(name.clone()).chain(and.clone()).collect();
+                if !world.broken_since(&names, first_sent) {
+                    world.unavailable(format!("c{me}'s LOCK {id} was answered UNAVAILABLE: {why}"));
+                }
                 record(Some(format!("ERR UNAVAILABLE {why}")));
             }
             Answer::Lost => {
@@ -344,6 +350,11 @@ async fn hold(
                 "c{me}: RENEW/CHECK {name} {} via fe{fe} -> {asked:?}",
                 held.token
             ));
+            if let Err(BackendError::Unavailable(why)) = &asked {
+                world.unavailable(format!(
+                    "c{me}'s RENEW/CHECK of {name} was answered UNAVAILABLE: {why}"
+                ));
+            }
             if let Err(BackendError::Table(e)) = asked {
                 let lapsed = lapsed(world, &held);
                 // (A BREAK may reach etcd seconds after it was sent: a slow request.)
@@ -386,6 +397,11 @@ async fn hold(
             "c{me}: UNLOCK {name} {} via fe{fe} -> {answer:?}",
             held.token
         ));
+        if let Ok(Err(BackendError::Unavailable(why))) = &answer {
+            world.unavailable(format!(
+                "c{me}'s UNLOCK of {name} was answered UNAVAILABLE: {why}"
+            ));
+        }
         match answer {
             Ok(Ok(())) => {
                 reply = Some("OK".to_owned());
@@ -446,4 +462,9 @@ async fn break_one(world: &World, rng: &mut Rng, me: usize) {
     let asked = front.backend.break_lock(name, None, &operator, false);
     let answer = front.call(asked).await.unwrap_or_else(crashed);
     world.note(format!("c{me}: BREAK {name} via fe{fe} -> {answer:?}"));
+    if let Err(BackendError::Unavailable(why)) = &answer {
+        world.unavailable(format!(
+            "c{me}'s BREAK of {name} was answered UNAVAILABLE: {why}"
+        ));
+    }
 }

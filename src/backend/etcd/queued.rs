@@ -165,7 +165,9 @@ pub(super) fn queue(
     let (slot, key) = match &adopt {
         Some(old) => (old.slot.clone(), old.key.clone()),
         None => {
-            let slot = g.slots.take(1);
+            // Not one this write deletes a key in (simulator seed 201).
+            let ended = same.iter().chain(superseded.queue.iter().map(|(w, _)| w));
+            let slot = g.slots.take_clear_of(1, ended.map(|w| w.key.as_str()));
             let key = me.layout.waiter(&name, &slot);
             (slot, key)
         }

@@ -109,7 +109,9 @@ pub(super) fn queue_set(
 ) -> SetQueue {
     let slot = match adopt {
         Some(a) => a.slot.clone(),
-        None => g.slots.take(names.len()),
+        None => g
+            .slots
+            .take_clear_of(names.len(), olds.iter().map(|o| o.key.as_str())),
     };
     let set = if names.len() > 1 {
         names.to_vec()

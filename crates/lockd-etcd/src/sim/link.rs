@@ -26,9 +26,15 @@ impl Link {
         let what = format!("txn {}", describe(&req));
         let fe = self.fe;
         self.net
-            .exchange(self.fe, what, move |w| {
+            .exchange(self.fe, what.clone(), move |w| {
                 let before = w.etcd.revision();
-                let resp = w.etcd.txn(&req).map_err(mem_error)?;
+                let resp = w.etcd.txn(&req).map_err(|e| {
+                    if e == MemError::DuplicateKey {
+                        let at = w.now_ms();
+                        w.malformed.push((fe, at, what));
+                    }
+                    mem_error(e)
+                })?;
                 let rev = w.etcd.revision();
                 if rev != before {
                     w.writers.push((rev, fe));

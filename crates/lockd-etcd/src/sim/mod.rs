@@ -107,6 +107,9 @@ struct World {
     /// Keys deleted by a lease's expiry: their create revision, when (ms since the start),
     /// and the revision of the delete.
     expired_keys: Vec<(i64, u64, i64)>,
+    /// Transactions etcd refused as malformed (a key written twice, or put and deleted, in
+    /// one branch): the front-end, when (ms since the start), and the transaction.
+    malformed: Vec<(usize, u64, String)>,
 }
 
 impl World {
@@ -191,6 +194,7 @@ impl Net {
             writers: Vec::new(),
             lapsed: Vec::new(),
             late: Vec::new(),
+            malformed: Vec::new(),
             watches: Vec::new(),
             expired_keys: Vec::new(),
         })))

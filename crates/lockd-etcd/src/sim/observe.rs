@@ -94,6 +94,14 @@ impl Net {
         self.world().late.clone()
     }
 
+    /// The transactions etcd refused as malformed (a key written twice in one branch, or put
+    /// and deleted): the front-end, when (ms since the start), the transaction. A front-end
+    /// never means to send one: etcd refuses the whole write, so what it was for (an UNLOCK,
+    /// a grant) fails for a reason no retry mends.
+    pub fn malformed(&self) -> Vec<(usize, u64, String)> {
+        self.world().malformed.clone()
+    }
+
     /// The value of `key`, if it exists.
     pub fn value(&self, key: &str) -> Option<String> {
         let req = pb::RangeRequest {
