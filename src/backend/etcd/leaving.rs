@@ -117,7 +117,14 @@ pub(super) fn left(g: &mut ClusterState, waiter: WaiterId, resp: &TxnResponse, t
         Left::Gone => {
             if let Some(l) = g.waiting.remove(&waiter) {
                 g.by_uid.remove(&l.uid);
-                let why = key_gone(g, &l);
+                // Superseded or replaced, as far as this front-end knows yet; else its wait
+                // ran out, which is true whyever the key went: the watch may not show yet
+                // that another front-end's `supersede` took it (simulator seed 2944, a set's
+                // LOCK told its front-end's etcd lease ran out in a run with no fault).
+                let why = match key_gone(g, &l) {
+                    WaitResult::Failed(_) => WaitResult::Ended(WaitEnd::TimedOut),
+                    known => known,
+                };
                 let _ = l.tx.send(why);
             }
         }

@@ -97,7 +97,7 @@ fn a_place_taken_over_by_the_same_id_is_left_to_the_new_request() {
 }
 
 #[test]
-fn a_key_gone_without_a_grant_is_told_why_unless_a_first_try_took_it_out() {
+fn a_key_gone_without_a_grant_is_told_its_wait_ran_out() {
     let mut stage = Stage::new();
     let mut a = stage.core("fe-a");
     let (key, waiter, mut rx) = waiting(&mut stage, &mut a);
@@ -106,7 +106,12 @@ fn a_key_gone_without_a_grant_is_told_why_unless_a_first_try_took_it_out() {
     stage.sync(&mut a);
     let resp = stage.write(&leave.txn);
     assert_eq!(left(&mut a.g, waiter, &resp, 1), Left::Gone);
-    assert!(matches!(rx.try_recv(), Ok(WaitResult::Failed(_))));
+    // Why it went (another front-end's `supersede`, a lease lost) may not be known yet; its
+    // wait did run out.
+    assert!(matches!(
+        rx.try_recv(),
+        Ok(WaitResult::Ended(WaitEnd::TimedOut))
+    ));
     assert!(a.g.waiting.is_empty());
 
     // The same, on a try after the first: most likely that first one's delete.
