@@ -34,29 +34,32 @@
 //!   the WATCH events they make); `view`: a mirrored name as the lock rules see it, and the
 //!   LOCK decision ([`crate::locks::rules`] decides; nothing here checks a mode, id or
 //!   limit); `guards`: every comparison a write is guarded by, built once from named parts.
-//! - Requests: `grant` (LOCK at once or again), `enqueue` (a queued LOCK's write, where
-//!   `waits` says the rules put it; `supersede`: a `supersede` LOCK's), `sets` (a LOCK of
-//!   several names: granted, queued by `set_queue` and handed over whole), `queueing` (what
-//!   every queueing write shares), `waiters` (a wait's end), `holders` (RENEW, CHECK, a
-//!   closed connection's session leases), `release` (UNLOCK and every other end: the driver
-//!   of `end`), `status`, `breaks` (BREAK: `release`'s write).
-//! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror: the driver
-//!   of `watched`; `resync` reads it whole again), `queue_head` (the driver of `head`),
-//!   `handover` (carries out `delivery`'s decisions), `confirm` (the driver of
-//!   `confirmation`), `lease` (this front-end's etcd lease), `expiry` (the timer: the driver of `expiring`), `sessions`
-//!   (session leases by connection), `quorum` (when a quorum last answered); `fresh` (how
-//!   current the mirror is for one name), `log` (a change logged and counted, and its
-//!   marker), `cause` (a failed request in one plain sentence) and `stats` serve them all.
+//! - The core, without I/O or clock (ARCHITECTURE.md has its table): `planning` (what a LOCK
+//!   does), `at_once` and `set_at_once` (a grant at once), `queued`, `set_queued`, `supersede`
+//!   and `waits` (a queued LOCK), `leaving` (a wait's end), `head` (a queue head's grant),
+//!   `end` (a lease's end, and the grant in its write), `holding` and `renewal` (a token's
+//!   record; RENEW, CHECK, the same LOCK again), `breaking` (BREAK), `expiring` and `expired`
+//!   (the timer fired; a lock-delay's write), `watched` (a watch batch taken in), `delivery`
+//!   (what a waiter is told), `confirmation`, `reads` and `resynced` (what a read says; a
+//!   re-read after a compaction), `slots` and `slot_answers`; over `state` (with `bound`, the
+//!   mirror and the records). Stepped by hand against the in-memory etcd in their `_tests`
+//!   files on `stepping`'s stage; `core_tests` lists the core's files and checks they do no
+//!   I/O, read no clock and import no driver; `shape_tests` checks that no file or function
+//!   is too long and that neither the files' imports nor `Cluster`'s methods form a cycle.
+//! - Their drivers, the requests: `grant` (LOCK), `again` (the same LOCK again), `enqueue`
+//!   (a queued LOCK's write), `sets` and `set_queue` (a LOCK of several names), `queueing`
+//!   (what every queueing write shares), `waiters` (a wait's end), `holders` (RENEW, CHECK),
+//!   `sessions` (a closed connection's session leases), `release` (UNLOCK and every other
+//!   end), `status`, `breaks` and `broken` (BREAK, and what is known of breaks).
+//! - Background: `run` (starts the rest, and ends them), `watch` (keeps the mirror; `resync`
+//!   reads it whole again), `queue_head`, `handover` and `confirm` (a grant's way to its
+//!   waiter), `lease` (this front-end's etcd lease), `expiry` (the timer), `quorum` (when a
+//!   quorum last answered); `fresh` (how current the mirror is for one name), `slot_writes`,
+//!   `log` (a change logged and counted, and its marker), `notify` (what watchers are told),
+//!   `cause` (a failed request in one plain sentence) and `stats` serve them all.
 //! - `secure`: TLS and authentication toward etcd, and the start's first request; `refusal`:
 //!   why etcd refused them for good, in one plain sentence.
 //! - `model`: the LOCK decision over a name made from plain parts, for the model test.
-//! - The core, without I/O or clock, so far: `at_once` (a LOCK granted at once), `head` (a
-//!   queue head's grant), `end` (a lease's end, and the grant in its write), `confirmation`,
-//!   `watched` (a watch batch taken in), `expiring` (the timer fired) and `delivery` (what a
-//!   waiter is told), over `state` (with `bound`, `slots`, the mirror and the records); stepped
-//!   by hand against the in-memory etcd in their `_tests` files on `stepping`'s stage;
-//!   `core_tests` lists the core's files and checks they do no I/O, read no clock and import no
-//!   driver (`slot_writes`, `sessions`: the drivers of `slots`, `bound`).
 
 mod again;
 mod apply;
