@@ -1,5 +1,5 @@
 //! Flapping links: 16 clients spread over three front-ends take one lock in turn and
-//! increment a fenced counter for a minute, while every front-end's links to etcd are cut and
+//! increment a fenced counter for 20 seconds, while every front-end's links to etcd are cut and
 //! healed every few hundred milliseconds, each on its own rhythm (both ends keep running; what
 //! was sent during a cut arrives after it, late). The bound this checks is the strictest
 //! there is: zero double grants, zero token regressions, no grant to a waiter after it was
@@ -20,7 +20,10 @@ use common::chaos::Run;
 use common::etcd::{EtcdCluster, LinkedFrontEnd, LockdFrontEnd};
 
 const CLIENTS: usize = 16;
-const FLAPPING: Duration = Duration::from_secs(60);
+/// Twenty seconds: the simulator (`tests/sim`) searches cuts and heals of every front-end's
+/// links over thousands of seeded runs, and replays what it finds; this run is the ground
+/// truth on real etcd, real sockets and real time, not the search (it was a minute).
+const FLAPPING: Duration = Duration::from_secs(20);
 
 /// Cuts and heals one front-end's links until `stop`: cut for 300-700 ms, up for 300-1500 ms.
 fn flap(fe: Arc<LinkedFrontEnd>, seed: u64, stop: Arc<AtomicBool>) -> usize {
@@ -93,7 +96,7 @@ fn a_fenced_counter_sees_no_double_grant_while_links_flap() {
     assert_eq!(outcome.verdict.unanswered, 0, "LOCKs never answered");
     // Progress despite the flapping (a number of hand-overs, not a speed).
     assert!(
-        during >= 50,
+        during >= 10,
         "only {during} critical sections in {FLAPPING:?}"
     );
 }
