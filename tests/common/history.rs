@@ -26,7 +26,7 @@
 //! ...`, a token per name) is a holder of every name, from its `OK` to the UNLOCK that ends
 //! the set (of any of its names, with that name's token), and it waits in every name's queue.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -307,7 +307,7 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     let mut violations = Vec::new();
     let end = ops.iter().map(|o| o.complete).max().unwrap_or_default();
     // Each client's operations in order, to find the UNLOCK that ends each grant.
-    let mut by_client: HashMap<usize, Vec<&Op>> = HashMap::new();
+    let mut by_client: BTreeMap<usize, Vec<&Op>> = BTreeMap::new();
     for op in ops {
         by_client.entry(op.client).or_default().push(op);
     }
@@ -360,12 +360,15 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     }
 
     // Two holders at once.
-    let mut by_name: HashMap<&str, Vec<&Grant>> = HashMap::new();
+    let mut by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
     for g in &grants {
         by_name.entry(g.name).or_default().push(g);
     }
     for list in by_name.values_mut() {
-        list.sort_by_key(|g| g.complete);
+        // Grants completed in the same instant (a release's own write granted the next holder
+        // in the millisecond its UNLOCK was answered) come in grant order, their tokens', not in
+        // the hash order of the clients they were gathered from.
+        list.sort_by_key(|g| (g.complete, g.token));
         let mut open: Option<&Grant> = None;
         for g in list.iter() {
             if let Some(o) = open {
@@ -394,9 +397,9 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     // for has a smaller token.
     for list in by_name.values() {
         let mut done: Vec<&Grant> = list.to_vec();
-        done.sort_by_key(|g| g.complete);
+        done.sort_by_key(|g| (g.complete, g.token));
         let mut asked: Vec<&Grant> = list.to_vec();
-        asked.sort_by_key(|g| g.invoke);
+        asked.sort_by_key(|g| (g.invoke, g.token));
         let (mut i, mut max): (usize, Option<&Grant>) = (0, None);
         for g in asked {
             while i < done.len() && done[i].complete < g.invoke {
