@@ -1,5 +1,6 @@
 //! A simulated client: LOCKs (one name or a set; plain or session; `wait=` of all kinds; the
-//! same LOCK sent again after `UNAVAILABLE`, through any front-end), holds, RENEWs, CHECKs
+//! same LOCK sent again after `UNAVAILABLE`, through any front-end, or after `TIMEOUT`,
+//! through the same one), holds, RENEWs, CHECKs
 //! and UNLOCKs; now and then it vanishes (its connections close). Every LOCK and UNLOCK goes
 //! into the history with its invoke and complete times.
 //!
@@ -26,7 +27,8 @@ use crate::run::{Front, World};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
-/// How often a client sends the same LOCK again after `UNAVAILABLE` before giving up.
+/// How often a client sends the same LOCK again (after `UNAVAILABLE` or `TIMEOUT`) before
+/// giving up.
 const RESENDS: u32 = 3;
 
 /// A grant the client holds.
@@ -82,7 +84,7 @@ fn conn_of(conns: &mut BTreeMap<usize, ConnId>, fe: usize, b: &Backend) -> ConnI
     *conns.entry(fe).or_insert_with(|| b.connection_id())
 }
 
-/// A LOCK, sent again with the same id after `UNAVAILABLE`; the grant, if any.
+/// A LOCK, sent again with the same id after `UNAVAILABLE` or `TIMEOUT`; the grant, if any.
 async fn lock(
     world: &World,
     rng: &mut Rng,
@@ -113,8 +115,13 @@ async fn lock(
     // Now and then the client vanishes while it waits: how long into its wait.
     let vanish = (!wait.is_zero() && rng.chance(100)).then(|| rng.upto(wait));
     let first_sent = world.since_start();
+    // After a `TIMEOUT`, the front-end the same LOCK is sent again through.
+    let mut again_via: Option<usize> = None;
     for attempt in 0..=RESENDS {
-        let (fe, front) = world.pick(rng)?;
+        let (fe, front) = match again_via {
+            Some(fe) => world.pick_again(rng, fe)?,
+            None => world.pick(rng)?,
+        };
         let backend = &front.backend;
         let conn = conn_of(conns, fe, backend);
         let req = LockRequest {
@@ -199,8 +206,16 @@ async fn lock(
                 });
             }
             Answer::Ended(why) => {
+                // Now and then a client whose wait ran out sends the same LOCK again at once,
+                // through the same front-end, while its old waiter key may still be there: a
+                // request that takes over its own id's key (1e81fa2).
+                let again = why == "ERR TIMEOUT" && attempt < RESENDS && rng.chance(300);
                 record(Some(why));
-                return None;
+                if !again {
+                    return None;
+                }
+                again_via = Some(fe);
+                sleep(rng.upto(Duration::from_millis(50))).await;
             }
             Answer::Unavailable(why) => {
                 if why.contains("timed out") {

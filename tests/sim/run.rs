@@ -104,6 +104,15 @@ impl World {
         Some((i, b.clone()))
     }
 
+    /// Front-end `fe`, if it is live; else any live one.
+    pub fn pick_again(&self, rng: &mut Rng, fe: usize) -> Option<(usize, Front)> {
+        let live = self.fronts.lock().unwrap().get(fe).cloned().flatten();
+        match live {
+            Some(front) => Some((fe, front)),
+            None => self.pick(rng),
+        }
+    }
+
     /// A live front-end, the first.
     pub fn any_front(&self) -> Option<Front> {
         let fronts = self.fronts.lock().unwrap();
