@@ -22,6 +22,7 @@ use lockd::locks::{
 use lockd_etcd::sim::Rng;
 use tokio::time::{sleep, timeout};
 
+use crate::etcd_order::Mark;
 use crate::history::{Call, Op};
 use crate::run::{Front, World};
 
@@ -143,6 +144,8 @@ async fn lock(
             again: attempt > 0,
         };
         let invoke = world.since_start();
+        let now = world.net.revision();
+        world.etcd_order.mark(id, Mark::Sent(fe), now);
         let answer = front
             .call(ask(&front, req, wait, vanish))
             .await
@@ -210,6 +213,13 @@ async fn lock(
                 // through the same front-end, while its old waiter key may still be there: a
                 // request that takes over its own id's key (1e81fa2).
                 let again = why == "ERR TIMEOUT" && attempt < RESENDS && rng.chance(300);
+                if ["ERR TIMEOUT", "ERR REPLACED", "ERR SUPERSEDED"]
+                    .iter()
+                    .any(|w| why.starts_with(w))
+                {
+                    let now = world.net.revision();
+                    world.etcd_order.mark(id, Mark::Told, now);
+                }
                 record(Some(why));
                 if !again {
                     return None;

@@ -20,6 +20,7 @@
 
 mod client;
 mod delays;
+mod etcd_order;
 #[path = "../common/history.rs"]
 #[allow(dead_code)]
 mod history;

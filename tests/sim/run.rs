@@ -73,6 +73,8 @@ pub struct World {
     pub gave_up: Mutex<Vec<(String, usize, Duration)>>,
     /// Lock-delays and grants, for [`crate::delays`]'s check.
     pub delays: crate::delays::Delays,
+    /// LOCKs' sends and answers, and crashes, in etcd's order, for [`crate::etcd_order`].
+    pub etcd_order: crate::etcd_order::EtcdOrder,
     /// Found by the clients themselves (a holder's RENEW refused within its lease).
     pub violations: Mutex<Vec<String>>,
     /// A calm run: no faults ([`CALM_EVERY`]).
@@ -236,6 +238,7 @@ async fn simulate(seed: u64) -> Outcome {
         ops: Mutex::new(Vec::new()),
         events: Mutex::new(Vec::new()),
         delays: Default::default(),
+        etcd_order: Default::default(),
         violations: Mutex::new(Vec::new()),
         gave_up: Mutex::new(Vec::new()),
         breaks: Mutex::new(Vec::new()),
@@ -288,6 +291,9 @@ async fn simulate(seed: u64) -> Outcome {
     let verdict = history::check(&ops, &[], &events);
     violations.extend(verdict.violations);
     violations.extend(world.delays.violations(&net, &events));
+    if let Some(front) = world.any_front() {
+        violations.extend(world.etcd_order.violations(&front.backend, &events));
+    }
     violations.extend(world.violations.lock().unwrap().drain(..));
     if world.calm {
         let unavailable = world
@@ -371,6 +377,8 @@ async fn direct(world: &Arc<World>, rng: &mut Rng, runs: &mut Vec<Option<JoinHan
                     run.abort();
                 }
                 world.net.kill(fe);
+                let at = world.net.revision();
+                world.etcd_order.crashes.lock().unwrap().push((fe, at));
                 if let Some(front) = world.fronts.lock().unwrap()[fe].take() {
                     front.crashed.cancel();
                 }
