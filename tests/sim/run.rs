@@ -444,12 +444,19 @@ fn known_findings(
         };
         let told_left =
             v.contains("sat out its ttl") || v.contains("after it was told its wait ended");
+        // A grant judged in etcd's order names its revision: the late write is at or before
+        // it (it made the waiter key the grant came from).
+        let granted_at: Option<i64> = v
+            .split_once(", revision ")
+            .and_then(|(_, rest)| rest.split(')').next()?.parse().ok());
         told_left
             && gave_up.iter().any(|(who, fe, sent)| {
                 Some(who.as_str()) == id
-                    && late
-                        .iter()
-                        .any(|(f, at, _)| f == fe && Duration::from_millis(*at) >= *sent)
+                    && late.iter().any(|(f, at, rev)| {
+                        f == fe
+                            && Duration::from_millis(*at) >= *sent
+                            && granted_at.is_none_or(|g| *rev <= g)
+                    })
             })
     })
 }
