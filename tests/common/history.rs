@@ -287,7 +287,7 @@ struct Grant<'a> {
 
 /// Whether a LOCK's answer told the client its wait ended without a grant. Not
 /// `ERR UNAVAILABLE`: that LOCK may have been granted after all (the same LOCK again gets it).
-fn told_it_left(reply: &str) -> bool {
+pub fn told_it_left(reply: &str) -> bool {
     // `LEFT`: the client went while it waited (the simulator's), told nothing.
     reply == "LEFT"
         || reply.starts_with("ERR TIMEOUT")

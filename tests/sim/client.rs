@@ -213,10 +213,7 @@ async fn lock(
                 // through the same front-end, while its old waiter key may still be there: a
                 // request that takes over its own id's key (1e81fa2).
                 let again = why == "ERR TIMEOUT" && attempt < RESENDS && rng.chance(300);
-                if ["ERR TIMEOUT", "ERR REPLACED", "ERR SUPERSEDED"]
-                    .iter()
-                    .any(|w| why.starts_with(w))
-                {
+                if crate::history::told_it_left(&why) {
                     let now = world.net.revision();
                     world.etcd_order.mark(id, Mark::Told, now);
                 }
