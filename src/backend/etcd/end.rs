@@ -243,7 +243,11 @@ pub(super) fn ended(
         } else {
             matches!(resp.op_responses().get(i), Some(TxnOpResponse::Txn(t)) if t.succeeded())
         };
-        g.wrote(name, rev, kind == EventKind::Released && emptied);
+        g.wrote(
+            name,
+            rev,
+            kind == EventKind::Released && emptied && alone_as_known(g, name, holder),
+        );
     }
     let granted = match (depth, &ended.head) {
         (0, Some((id, value))) => {
@@ -256,6 +260,18 @@ pub(super) fn ended(
         _ => None,
     };
     Some(EndAnswer { granted })
+}
+
+/// Whether this front-end knew of no holder of `name` but `holder`. A shared or semaphore
+/// release that found the name empty in etcd while the mirror shows others says their keys
+/// went unseen: with their front-end's etcd lease, maybe, and then a lock-delay may keep the
+/// name held, which only the watch's news of that key's end starts. The name is then not
+/// taken as emptied by this write (no grant at once before the watch caught up; simulator,
+/// a semaphore's session lease with a delay whose front-end died).
+fn alone_as_known(g: &ClusterState, name: &str, holder: &HolderRecord) -> bool {
+    g.mirror
+        .name(name)
+        .is_none_or(|ns| ns.holders.keys().all(|rev| *rev == holder.rev))
 }
 
 /// Which branch of a transaction with nested ones succeeded: 0 the outer one, 1 the one

@@ -10,11 +10,12 @@ use super::head::Me;
 use super::holders::created;
 use super::marks::MarkerValue;
 use super::mirror::HolderRecord;
+use super::reads::emptied_by_own_write;
 use super::rpc::{Compare, PutOptions, Txn, TxnOp};
 use super::stepping::{waiter_value, Core, Stage, BASE};
 use super::values::HolderValue;
 use crate::backend::WaitResult;
-use crate::locks::EventKind;
+use crate::locks::{EventKind, Mode};
 
 /// `x` held by client `c1` through fe-a (a plain lease, key in slot `a1`); the revision.
 fn held(stage: &mut Stage) -> i64 {
@@ -178,6 +179,54 @@ fn a_release_decided_on_a_mirror_behind_makes_the_plain_end() {
     let waits = guards::same_key(&key, holder.rev + 1);
     let check = stage.etcd.apply(&Txn::new().when([gone, waits]));
     assert!(check.is_ok_and(|r| r.succeeded));
+}
+
+/// Two slots of a semaphore of two on `x`: c1's plain lease through fe-a (slot `a1`) and
+/// c2's session lease with a lock-delay through fe-b (slot `b1`, on etcd lease `lease_b`).
+fn two_slots(stage: &mut Stage, lease_b: i64) {
+    for (slot, id, fe, lease) in [("a1", "c1", "fe-a", 0), ("b1", "c2", "fe-b", lease_b)] {
+        let mut value = waiter_value(&format!("{fe}-{slot}"), id, fe, lease).holder(0);
+        value.mode = Mode::Limit(2);
+        value.deadline_ms = 60_000;
+        if lease != 0 {
+            value.session_ms = Some(0);
+            value.delay_ms = 5_000;
+        }
+        let put = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+        let key = stage.layout.holder("x", slot);
+        stage.write(&Txn::new().and_then([TxnOp::put(key, value.encode(), put)]));
+    }
+}
+
+#[test]
+fn a_release_that_finds_others_gone_unseen_does_not_empty_the_name() {
+    let mut stage = Stage::new();
+    let mut a = stage.core("fe-a");
+    let lease_b = stage.etcd.lease_grant(60, 0).id;
+    two_slots(&mut stage, lease_b);
+    stage.sync(&mut a);
+    // fe-b dies: c2's key goes with its etcd lease, and fe-a has not seen it yet.
+    stage.etcd.revoke(lease_b).expect("fe-b's lease");
+    let c1 =
+        a.g.mirror
+            .name("x")
+            .expect("x is mirrored")
+            .holders
+            .values()
+            .next()
+            .cloned();
+    let c1 = c1.expect("c1 holds x");
+    let (_, _, answer) = end_of(&mut stage, &mut a, &c1, EventKind::Released, created(&c1));
+    assert!(answer.is_some(), "c1's lease ended");
+    // etcd had x empty, but c2's lease may be in its lock-delay: no grant at once until the
+    // watch shows how c2's key went.
+    assert!(!emptied_by_own_write(&a.g, "x"));
+    stage.sync(&mut a);
+    let ns = a.g.mirror.name("x").expect("x is mirrored");
+    assert!(
+        ns.holders.values().any(|h| h.keyless),
+        "c2's lease kept for its delay"
+    );
 }
 
 #[test]
