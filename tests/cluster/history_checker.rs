@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::history::{check, Call, Op, Queue, Seen};
+use common::history::{check, Call, Op, Queue, Seen, Sharing};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -63,6 +63,50 @@ fn a_planted_double_grant_is_found() {
     let v = check(&ops, &[], &[]);
     assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
     assert!(v.violations[0].starts_with("two holders of x"), "{v:?}");
+}
+
+/// `op`, a LOCK, holding as `sharing` says.
+fn holding(mut op: Op, sharing: Sharing) -> Op {
+    if let Call::Lock { sharing: h, .. } = &mut op.call {
+        *h = sharing;
+    }
+    op
+}
+
+#[test]
+fn shares_may_overlap_and_a_semaphore_s_holders_up_to_its_slots() {
+    // Three clients hold x at once: as shares, fine; as slots of a semaphore of three, fine;
+    // of two, one too many; as a share beside an exclusive holder, two kinds at once.
+    let three = |sharing: [Sharing; 3]| {
+        vec![
+            holding(lock(0, "a1", 0, 1, "OK 10"), sharing[0]),
+            holding(lock(1, "b1", 2, 3, "OK 11"), sharing[1]),
+            holding(lock(2, "c1", 4, 5, "OK 12"), sharing[2]),
+            unlock(0, 10, 10),
+            unlock(1, 11, 11),
+            unlock(2, 12, 12),
+        ]
+    };
+    for fine in [[Sharing::Shared; 3], [Sharing::Slots(3); 3]] {
+        let v = check(&three(fine), &[], &[]);
+        assert!(v.violations.is_empty(), "{fine:?}: {:#?}", v.violations);
+    }
+    let v = check(&three([Sharing::Slots(2); 3]), &[], &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(
+        v.violations[0].starts_with("3 holders of x, a semaphore of 2"),
+        "{v:?}"
+    );
+    let v = check(
+        &three([Sharing::Shared, Sharing::Alone, Sharing::Shared]),
+        &[],
+        &[],
+    );
+    assert!(!v.violations.is_empty(), "{v:?}");
+    assert!(
+        v.violations[0].starts_with("x held two ways at once"),
+        "{v:?}"
+    );
 }
 
 #[test]
@@ -148,6 +192,7 @@ fn a_planted_fifo_inversion_is_found() {
         and: Vec::new(),
         id: "b1".into(),
         again: true,
+        sharing: Sharing::Alone,
     };
     assert!(check(&resent, &[queue], &[]).violations.is_empty());
 }
@@ -161,6 +206,7 @@ fn lock_set(client: usize, id: &str, names: &[&str], at: (u64, u64), reply: &str
             and: names[1..].iter().map(|n| n.to_string()).collect(),
             id: id.into(),
             again: false,
+            sharing: Sharing::Alone,
         },
         invoke: ms(at.0),
         complete: ms(at.1),

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::history::{Call, History, Verdict};
+use super::history::{Call, History, Sharing, Verdict};
 use super::line::Line;
 
 /// The one lock every client takes ([`Run::start`]).
@@ -266,6 +266,7 @@ fn client(i: usize, addrs: Vec<SocketAddr>, shared: &Shared) {
                 and: names[1..].iter().map(|n| n.to_string()).collect(),
                 id: id.clone(),
                 again,
+                sharing: Sharing::Alone,
             };
             rng = next(rng);
             let wait = 1 + (rng >> 62);

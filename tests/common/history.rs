@@ -5,8 +5,10 @@
 //! front-end showed it (`STATUS <name> detail`) and the events a WATCH delivered. After the
 //! run, [`History::check`] looks for what must never happen, by the recorded times alone:
 //!
-//! - **two holders at once**: the intervals in which clients believed they held an
-//!   exclusive lock (from the `OK` of their LOCK to the moment they sent its UNLOCK) overlap;
+//! - **holders at once that may not be**: the intervals in which clients believed they held
+//!   a lock (from the `OK` of their LOCK to the moment they sent its UNLOCK) overlap for two
+//!   exclusive holders, for holders of two kinds (exclusive, shared, a semaphore's slot), or
+//!   for more of a semaphore's holders than its slots;
 //! - **a token out of order**: a grant completed before another grant of the same name was
 //!   even asked for, yet has the larger token;
 //! - **a grant to a waiter that had left**: the client was told its wait ended
@@ -34,17 +36,28 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub enum Call {
     /// `again`: the same LOCK sent again (same id) after its answer was lost or UNAVAILABLE.
-    /// `and`: a set's further names (`and=`), empty for one name.
+    /// `and`: a set's further names (`and=`), empty for one name. `sharing`: how it holds them.
     Lock {
         name: String,
         and: Vec<String>,
         id: String,
         again: bool,
+        sharing: Sharing,
     },
     Unlock {
         name: String,
         token: u64,
     },
+}
+
+/// How a LOCK holds its names: alone (a plain LOCK), a share beside other shares
+/// (`shared`), or one of a semaphore's slots (`limit=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sharing {
+    #[default]
+    Alone,
+    Shared,
+    Slots(u32),
 }
 
 /// One operation: `reply` is `None` when the connection went before an answer.
@@ -283,6 +296,7 @@ struct Grant<'a> {
     complete: Duration,
     /// When its client sent the UNLOCK (or the history ended): the end of its section.
     until: Duration,
+    sharing: Sharing,
 }
 
 /// Whether a LOCK's answer told the client its wait ended without a grant. Not
@@ -301,8 +315,47 @@ fn tokens_of(reply: &Option<String>) -> Option<Vec<u64>> {
     tokens.split(' ').map(|t| t.parse().ok()).collect()
 }
 
+/// What is wrong with grant `g` beside the grants of its name still `open` when it came, if
+/// anything.
+fn crowded(open: &[&Grant], g: &Grant) -> Option<String> {
+    let o = open.iter().max_by_key(|o| o.until)?;
+    let held = |x: &Grant| {
+        format!(
+            "client {} (token {}, {:?}, held {:?}..{:?})",
+            x.client, x.token, x.sharing, x.complete, x.until
+        )
+    };
+    if let Some(other) = open.iter().find(|o| o.sharing != g.sharing) {
+        return Some(format!(
+            "{} held two ways at once: {} and {}",
+            g.name,
+            held(other),
+            held(g)
+        ));
+    }
+    match g.sharing {
+        Sharing::Alone => Some(format!(
+            "two holders of {}: client {} (token {}, held {:?}..{:?}) and client {} \
+             (token {}, from {:?})",
+            g.name, o.client, o.token, o.complete, o.until, g.client, g.token, g.complete
+        )),
+        Sharing::Shared => None,
+        Sharing::Slots(n) if open.len() < n as usize => None,
+        Sharing::Slots(n) => Some(format!(
+            "{} holders of {}, a semaphore of {n}: {}",
+            open.len() + 1,
+            g.name,
+            open.iter()
+                .chain(std::iter::once(&g))
+                .map(|x| held(x))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 /// The checks described in the module's doc, over recorded operations, queue views and
-/// events (exclusive locks only).
+/// events.
 pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     let mut violations = Vec::new();
     let end = ops.iter().map(|o| o.complete).max().unwrap_or_default();
@@ -315,7 +368,14 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     for list in by_client.values_mut() {
         list.sort_by_key(|o| o.invoke);
         for (i, op) in list.iter().enumerate() {
-            let Call::Lock { name, and, id, .. } = &op.call else {
+            let Call::Lock {
+                name,
+                and,
+                id,
+                sharing,
+                ..
+            } = &op.call
+            else {
                 continue;
             };
             let Some(tokens) = tokens_of(&op.reply) else {
@@ -354,12 +414,14 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
                     invoke: op.invoke,
                     complete: op.complete,
                     until,
+                    sharing: *sharing,
                 });
             }
         }
     }
 
-    // Two holders at once.
+    // Holders at once: an exclusive holder alone, shares beside shares, a semaphore's
+    // holders up to its slots, and never two of these kinds at once.
     let mut by_name: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
     for g in &grants {
         by_name.entry(g.name).or_default().push(g);
@@ -369,40 +431,37 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
         // in the millisecond its UNLOCK was answered) come in grant order, their tokens', not in
         // the hash order of the clients they were gathered from.
         list.sort_by_key(|g| (g.complete, g.token));
-        let mut open: Option<&Grant> = None;
+        let mut open: Vec<&Grant> = Vec::new();
         for g in list.iter() {
-            if let Some(o) = open {
-                if g.complete < o.until {
-                    violations.push(format!(
-                        "two holders of {}: client {} (token {}, held {:?}..{:?}) and client {} \
-                         (token {}, from {:?})",
-                        g.name,
-                        o.client,
-                        o.token,
-                        o.complete,
-                        o.until,
-                        g.client,
-                        g.token,
-                        g.complete
-                    ));
-                }
-            }
-            if open.is_none_or(|o| g.until > o.until) {
-                open = Some(g);
-            }
+            open.retain(|o| o.until > g.complete);
+            violations.extend(crowded(&open, g));
+            open.push(g);
         }
     }
 
+    // When each id's LOCK was first sent: a LOCK sent again (after `UNAVAILABLE`) may claim a
+    // grant made for its first send, before anything asked after that.
+    let mut first_sent: HashMap<&str, Duration> = HashMap::new();
+    for op in ops {
+        if let Call::Lock { id, .. } = &op.call {
+            let at = first_sent.entry(id.as_str()).or_insert(op.invoke);
+            *at = (*at).min(op.invoke);
+        }
+    }
+    let asked_at = |g: &Grant| first_sent.get(g.id).copied().unwrap_or(g.invoke);
+
     // Tokens in real-time order of grants: every grant completed before this one was asked
-    // for has a smaller token.
+    // for (first sent: a LOCK sent again may claim the grant of its first send, made before
+    // a grant that completed in between, which a semaphore's or shared holders can hold at
+    // once) has a smaller token.
     for list in by_name.values() {
         let mut done: Vec<&Grant> = list.to_vec();
         done.sort_by_key(|g| (g.complete, g.token));
         let mut asked: Vec<&Grant> = list.to_vec();
-        asked.sort_by_key(|g| (g.invoke, g.token));
+        asked.sort_by_key(|g| (asked_at(g), g.token));
         let (mut i, mut max): (usize, Option<&Grant>) = (0, None);
         for g in asked {
-            while i < done.len() && done[i].complete < g.invoke {
+            while i < done.len() && done[i].complete < asked_at(g) {
                 if max.is_none_or(|m| done[i].token > m.token) {
                     max = Some(done[i]);
                 }
@@ -413,7 +472,13 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
                     violations.push(format!(
                         "token regressed on {}: {} (client {}, asked at {:?}) after {} \
                          (client {}, granted by {:?})",
-                        g.name, g.token, g.client, g.invoke, m.token, m.client, m.complete
+                        g.name,
+                        g.token,
+                        g.client,
+                        asked_at(g),
+                        m.token,
+                        m.client,
+                        m.complete
                     ));
                 }
             }
@@ -441,21 +506,12 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
         .filter(|(_, op)| op.reply.as_deref().is_some_and(told_it_left))
         .map(|(id, op)| (*id, op.complete))
         .collect();
-    // When each id's LOCK was first sent: a LOCK sent again (after `UNAVAILABLE`) may claim a
-    // grant made for its first send, before anything asked after that.
-    let mut first_sent: HashMap<&str, Duration> = HashMap::new();
-    for op in ops {
-        if let Call::Lock { id, .. } = &op.call {
-            let at = first_sent.entry(id.as_str()).or_insert(op.invoke);
-            *at = (*at).min(op.invoke);
-        }
-    }
     for e in events.iter().filter(|e| e.kind == "acquired") {
         let Some(&told) = told_left.get(e.id.as_str()) else {
             continue;
         };
         let later = grants.iter().find(|g| {
-            let asked = first_sent.get(g.id).copied().unwrap_or(g.invoke);
+            let asked = asked_at(g);
             g.name == e.name && asked > told && g.token < e.token
         });
         if let Some(g) = later {

@@ -1,4 +1,5 @@
-//! A simulated client: LOCKs (one name or a set; plain or session; `wait=` of all kinds; the
+//! A simulated client: LOCKs (one name or a set; alone, shared or a semaphore's slot; plain,
+//! session or detach; now and then with a note; `wait=` of all kinds; the
 //! same LOCK sent again after `UNAVAILABLE`, through any front-end, or after `TIMEOUT`,
 //! through the same one), holds, RENEWs, CHECKs
 //! and UNLOCKs; now and then it vanishes (its connections close). Every LOCK and UNLOCK goes
@@ -17,13 +18,13 @@ use std::time::Duration;
 use lockd::backend::etcd::sim;
 use lockd::backend::{Backend, BackendError, Locked, WaitResult};
 use lockd::locks::{
-    ConnId, LockRequest, Origin, RenewRequest, TableError, Tie, Token, WaitEnd, NO_USER,
+    ConnId, LockRequest, Mode, Note, Origin, RenewRequest, TableError, Tie, Token, WaitEnd, NO_USER,
 };
 use lockd_etcd::sim::Rng;
 use tokio::time::{sleep, timeout};
 
 use crate::etcd_order::Mark;
-use crate::history::{Call, Op};
+use crate::history::{Call, Op, Sharing};
 use crate::run::{Front, World};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
@@ -36,6 +37,8 @@ const RESENDS: u32 = 3;
 struct Held {
     names: Vec<String>,
     token: Token,
+    /// How: alone, a share, a semaphore's slot.
+    sharing: Sharing,
     /// When the hold must end, at the latest (since the start).
     until: Duration,
     /// For a session lease, the front-ends whose etcd lease it may hang on: the one that
@@ -110,6 +113,19 @@ async fn lock(
         _ => rng.upto(Duration::from_secs(10)),
     };
     let session = rng.chance(300).then(|| rng.upto(Duration::from_secs(2)));
+    // `detach`: the wait ends with the connection, the lease is plain.
+    let tie = match session {
+        Some(grace) => Tie::Session(grace),
+        None if rng.chance(150) => Tie::Detach,
+        None => Tie::Plain,
+    };
+    // Alone mostly; now and then a share, or a slot of a semaphore of two.
+    let (mode, sharing) = match rng.below(10) {
+        0 | 1 => (Mode::Shared, Sharing::Shared),
+        2 | 3 => (Mode::Limit(2), Sharing::Slots(2)),
+        _ => (Mode::Exclusive, Sharing::Alone),
+    };
+    let note: Option<Note> = rng.chance(200).then(|| format!("c{me}'s job").into());
     let delay = rng.chance(300).then(|| rng.upto(Duration::from_secs(3)));
     // newest wins: every waiter of the name is answered SUPERSEDED (one name only).
     let supersede = and.is_empty() && rng.chance(80);
@@ -130,8 +146,10 @@ async fn lock(
             id: id.to_owned(),
             ttl: Some(ttl),
             wait: Some(wait),
-            tie: session.map_or(Tie::Plain, Tie::Session),
+            tie,
             conn,
+            mode,
+            note: note.clone(),
             supersede,
             and: and.clone().into_boxed_slice(),
             delay,
@@ -142,6 +160,7 @@ async fn lock(
             and: and.clone(),
             id: id.to_owned(),
             again: attempt > 0,
+            sharing,
         };
         let invoke = world.since_start();
         let now = world.net.revision();
@@ -154,11 +173,20 @@ async fn lock(
         let names: Vec<String> = std::iter::once(name.clone()).chain(and.clone()).collect();
         let record = |reply: Option<String>| {
             world.note(format!(
-                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}{}{}{}) -> {}",
+                "c{me}: LOCK {} {id} via fe{fe} (ttl {ttl:?}, wait {wait:?}{}{}{}{}{}) -> {}",
                 names.join("+"),
+                match mode {
+                    Mode::Exclusive => String::new(),
+                    Mode::Shared => ", shared".into(),
+                    Mode::Limit(n) => format!(", limit={n}"),
+                },
                 delay.map_or(String::new(), |d| format!(", delay {d:?}")),
                 vanish.map_or(String::new(), |v| format!(", vanishes after {v:?} of it")),
-                if session.is_some() { ", session" } else { "" },
+                match tie {
+                    Tie::Session(_) => ", session",
+                    Tie::Detach => ", detach",
+                    Tie::Plain => "",
+                },
                 if supersede { ", supersede" } else { "" },
                 reply.as_deref().unwrap_or("(no answer)")
             ));
@@ -197,10 +225,12 @@ async fn lock(
                         rev: lockd::backend::etcd::sim::revision_of(backend, token),
                         fe,
                         at: complete,
+                        sharing,
                     });
                 return Some(Held {
                     names,
                     token,
+                    sharing,
                     until,
                     session_on: session.map(|_| fe).into_iter().collect(),
                     since: complete,
@@ -245,12 +275,12 @@ async fn lock(
                 conns.remove(&fe);
             }
             Answer::Vanished => {
-                // A session waiter leaves the queue with its connection: lockd knows it left
-                // (`LEFT`, judged as a wait told it ended). A plain one does not: it may still
-                // be granted, and the grant, written to a closed connection, taken back; if
-                // its front-end dies first, the grant sits out its ttl, as any grant whose
-                // answer was lost may (`VANISHED`).
-                let left = if session.is_some() {
+                // A session or detach waiter leaves the queue with its connection: lockd
+                // knows it left (`LEFT`, judged as a wait told it ended). A plain one does
+                // not: it may still be granted, and the grant, written to a closed connection,
+                // taken back; if its front-end dies first, the grant sits out its ttl, as any
+                // grant whose answer was lost may (`VANISHED`).
+                let left = if tie.wait_ends_on_close() {
                     "LEFT"
                 } else {
                     "VANISHED"
@@ -278,13 +308,13 @@ enum Answer {
 
 /// A LOCK through `front`; with `vanish`, the client goes that far into its wait, as a
 /// connection that breaks does in lockd's handler: a waiter tied to its connection
-/// (`session`) leaves the queue at once; a plain one stays in it (lockd can't tell a client
+/// (`session`, `detach`) leaves the queue at once; a plain one stays in it (lockd can't tell a client
 /// that went from one that only half-closed), and when it is granted, the grant can't be
 /// written and is taken back. Either way its connection is closed once its wait is over.
 async fn ask(front: &Front, req: LockRequest, wait: Duration, vanish: Option<Duration>) -> Answer {
     let limit = wait + Duration::from_secs(20);
     let backend = &front.backend;
-    let (conn, tied) = (req.conn, req.session().is_some());
+    let (conn, tied) = (req.conn, req.tie.wait_ends_on_close());
     let asked = async {
         let mut w = match backend.lock(req).await {
             Ok(Locked::Granted { token, .. }) => return Answer::Granted(token),
@@ -450,6 +480,7 @@ async fn hold(
             names: held.names.clone(),
             rev,
             delay: held.delay,
+            sharing: held.sharing,
         };
         world.delays.holds.lock().unwrap().push(hold);
     }

@@ -8,6 +8,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::history::Sharing;
+
 /// A hold of a lease with a lock-delay.
 pub struct Hold {
     pub client: usize,
@@ -15,6 +17,8 @@ pub struct Hold {
     /// Its holder key's create revision.
     pub rev: i64,
     pub delay: Duration,
+    /// How it held: a share's delay keeps the name from exclusive holders only.
+    pub sharing: Sharing,
 }
 
 /// A grant as its client saw it: through which front-end, and when the `OK` came.
@@ -26,6 +30,7 @@ pub struct Grant {
     pub rev: Option<i64>,
     pub fe: usize,
     pub at: Duration,
+    pub sharing: Sharing,
 }
 
 /// What a run records for the check.
@@ -66,9 +71,20 @@ impl Delays {
             // The next holder of each of its names is the one the delay is for (after a
             // grant through a front-end that could not know, the name is handed on as usual).
             for name in &l.names {
-                let next = grants
+                // A grant that may sit beside the lease in its delay (a share beside a
+                // share, a semaphore's slot beside another) is no violation, and no hand-over.
+                let after: Vec<&Grant> = grants
                     .iter()
                     .filter(|g| g.at > went && g.client != l.client && g.names.contains(name))
+                    .collect();
+                let beside = |token: u64| {
+                    after
+                        .iter()
+                        .any(|g| g.token == token && fits_beside(l.sharing, g.sharing))
+                };
+                let next = after
+                    .iter()
+                    .filter(|g| !fits_beside(l.sharing, g.sharing))
                     .min_by_key(|g| g.at);
                 let Some(g) = next else {
                     continue;
@@ -79,6 +95,7 @@ impl Delays {
                 let first = events
                     .iter()
                     .filter(|e| e.kind == "acquired" && e.name == *name && e.at > went)
+                    .filter(|e| !beside(e.token))
                     .min_by_key(|e| e.at);
                 if first.is_some_and(|e| e.token != g.token) {
                     continue;
@@ -106,5 +123,16 @@ impl Delays {
             }
         }
         out
+    }
+}
+
+/// Whether a grant held as `next` may sit beside a lease held as `delayed` in its lock-delay:
+/// the delayed lease still holds the name in its way. (A semaphore's slots are not counted:
+/// a grant of a slot beside a delayed one is taken as fitting.)
+fn fits_beside(delayed: Sharing, next: Sharing) -> bool {
+    match (delayed, next) {
+        (Sharing::Shared, Sharing::Shared) => true,
+        (Sharing::Slots(a), Sharing::Slots(b)) => a == b,
+        _ => false,
     }
 }
