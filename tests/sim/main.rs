@@ -1,8 +1,9 @@
 //! The cluster simulator: K lockd front-ends over an in-memory etcd, and M clients, on a
 //! virtual clock, with one seeded random source choosing every delay and fault. Each seed
 //! is one run, replayed exactly by `SIM_SEED=<seed>`; its history goes through the chaos
-//! tests' checker (no holders at once that may not be, tokens in grant order, no grant to a waiter told it left),
-//! then, with the faults off, every client must finish and every name drain.
+//! tests' checker (no holders at once that may not be, tokens in grant order, no grant to a
+//! waiter told it left), then, with the faults off, every client must finish and every name
+//! drain.
 //!
 //! - `SIM_SEEDS=<n>`: how many seeds (default [`DEFAULT_SEEDS`]), from `SIM_FIRST` (default 1);
 //! - `SIM_SEED=<seed>`: that seed alone, with its whole trace printed;
