@@ -415,7 +415,12 @@ async fn drained(world: &Arc<World>) -> Option<String> {
             Ok(view) => {
                 left = view
                     .iter()
-                    .map(|s| format!("{} ({} holders, {} waiters)", s.name, s.holders, s.waiters))
+                    .map(|s| {
+                        format!(
+                            "{} ({} holders, {} waiters; {} token {} {:?}, {:?} left)",
+                            s.name, s.holders, s.waiters, s.holder, s.token, s.mode, s.left
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(", ");
             }

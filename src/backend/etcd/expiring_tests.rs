@@ -92,3 +92,25 @@ fn a_lease_with_a_lock_delay_keeps_its_place_over_for_its_holder() {
     assert_eq!((value.at_ms, value.deadline_ms), (3_000, 8_000));
     assert!(value.lingering(), "over for its holder");
 }
+
+#[test]
+fn a_lease_is_ended_even_where_no_front_end_s_key_is_shown() {
+    // Every front-end's key went unseen (each put on an etcd lease that then lapsed): each
+    // still counts itself alive, so a lease of its own, or of a front-end that looks dead, is
+    // ended (by a guarded write: two front-ends trying it end it once).
+    let mut stage = Stage::new();
+    let (mut a, mut b) = (stage.core("fe-a"), stage.core("fe-b"));
+    held(&mut stage, "fe-a", 0);
+    stage.sync(&mut a);
+    stage.sync(&mut b);
+    let due = fire(&stage, &mut a, Duration::from_secs(2)).due;
+    assert_eq!(due.len(), 1, "fe-a ends its own lease");
+    let mut gone = stage.core("fe-c");
+    held(&mut stage, "fe-gone", 0);
+    stage.sync(&mut gone);
+    let due = fire(&stage, &mut gone, Duration::from_secs(2)).due;
+    assert!(
+        !due.is_empty(),
+        "fe-c ends a lease of a front-end that looks dead"
+    );
+}
