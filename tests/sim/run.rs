@@ -286,6 +286,7 @@ async fn simulate(seed: u64) -> Outcome {
             "liveness: names still held or queued 60s after the last client finished: {left}"
         ));
     }
+    violations.extend(unregistered(&world).await);
     let ops = world.ops.lock().unwrap().clone();
     let events = world.events.lock().unwrap().clone();
     let verdict = history::check(&ops, &[], &events);
@@ -428,6 +429,28 @@ async fn drained(world: &Arc<World>) -> Option<String> {
         }
     }
     Some(left)
+}
+
+/// Every live front-end's registration key, a while after the faults stopped: a front-end
+/// whose key is gone looks dead to the others, which then end its leases' expiries
+/// themselves (simulator seed 43119: every key gone, no lease ever ended).
+async fn unregistered(world: &Arc<World>) -> Vec<String> {
+    // Long enough for a late write on an etcd lease given up on to lapse with it, and for
+    // the keep-alive after that to see the key gone and put it again.
+    sleep(LEASE_TTL * 3).await;
+    let live: Vec<usize> = world
+        .fronts
+        .lock()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter_map(|(fe, f)| f.as_ref().map(|_| fe))
+        .collect();
+    let prefix = config().prefix;
+    live.into_iter()
+        .filter(|fe| world.net.value(&format!("{prefix}fe/fe{fe}")).is_none())
+        .map(|fe| format!("liveness: fe{fe}'s registration key was gone after the faults stopped"))
+        .collect()
 }
 
 /// Splits off the findings of a known kind: a grant to a request that was told its wait

@@ -30,15 +30,53 @@ impl Cluster {
             }
         };
         self.lease.store(lease.id(), Ordering::Relaxed);
-        let opts = PutOptions::new().with_lease(lease.id());
+        self.announce(lease.id()).await?;
+        self.leased.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Puts this front-end's registration key on etcd lease `lease`: other front-ends take
+    /// a front-end whose key they don't see for dead.
+    async fn announce(&self, lease: i64) -> Result<(), BackendError> {
+        let opts = PutOptions::new().with_lease(lease);
         let announce = Txn::new().and_then([TxnOp::put(
             self.layout.front_end(&self.fe),
             super::mirror::FRONT_END_VALUE,
             Some(opts),
         )]);
-        self.txn(announce).await.map_err(|e| self.unavailable(&e))?;
-        self.leased.store(true, Ordering::Relaxed);
+        let put = self.txn(announce).await.map_err(|e| self.unavailable(&e))?;
+        let rev = put.header().map_or(0, |h| h.revision());
+        self.announced.fetch_max(rev, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Puts the registration key again if the mirror, caught up with its last put, no
+    /// longer shows it. It can go while this front-end's etcd lease lives: a put sent
+    /// before, answered lost, lands late on an etcd lease given up on since, and goes with
+    /// it (simulator seed 43119: every front-end's key gone, so each took the others for
+    /// dead). Called at each keep-alive answered; the put runs apart, so that keep-alives
+    /// never wait on it.
+    fn keep_announced(self: &Arc<Self>) {
+        let announced = self.announced.load(Ordering::Relaxed);
+        let caught_up = announced > 0 && self.watch_rev.load(Ordering::Relaxed) >= announced;
+        if !caught_up || self.guard().mirror.front_ends.contains(&self.fe) {
+            return;
+        }
+        if self.announcing.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            fe = self.fe,
+            "this front-end's registration key went while its etcd lease lives; putting it again"
+        );
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let lease = me.lease_id();
+            if let Err(e) = me.announce(lease).await {
+                me.unhealthy(&e.to_string());
+            }
+            me.announcing.store(false, Ordering::Relaxed);
+        });
     }
 
     /// Keeps this front-end's etcd lease alive. If it lapses (etcd unreachable for longer
@@ -74,6 +112,7 @@ impl Cluster {
                     Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                         self.answered(started, resp.header().map_or(0, |h| h.revision()));
                         self.leased.store(true, Ordering::Relaxed);
+                        self.keep_announced();
                     }
                     Ok(Ok(Some(_))) => {
                         self.lease_lost().await;

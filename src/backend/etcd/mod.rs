@@ -225,6 +225,10 @@ pub struct Cluster {
     /// while keep-alives go unanswered, and from the moment etcd says the lease is gone until
     /// a new one is taken (no session lease or wait can be had meanwhile).
     leased: AtomicBool,
+    /// The revision at which this front-end's registration key was last put (0 before the
+    /// first), and whether a put of it is on its way (`lease.rs::keep_announced`).
+    announced: AtomicI64,
+    announcing: AtomicBool,
     config: EtcdConfig,
     /// The BREAKs this front-end is making: (holder's create revision, its token, who
     /// sent it), for the marker and the log line of each (`breaks.rs`).

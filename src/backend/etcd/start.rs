@@ -74,6 +74,8 @@ impl Cluster {
             seen_rev: AtomicI64::new(0),
             watch_rev: AtomicI64::new(0),
             leased: AtomicBool::new(false),
+            announced: AtomicI64::new(0),
+            announcing: AtomicBool::new(false),
             config,
             breaking: Mutex::new(Vec::new()),
             skew_ms: AtomicI64::new(0),
