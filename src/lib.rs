@@ -75,6 +75,7 @@ pub mod proto;
 pub mod server;
 pub mod store;
 pub(crate) mod stream;
+pub mod task_size;
 pub mod tls;
 
 /// Address lockd listens on unless told otherwise.

@@ -371,7 +371,7 @@ pub async fn serve(
 }
 
 /// One accepted connection: its TLS handshake, if the server speaks TLS, then its session.
-async fn serve_connection(
+pub(crate) async fn serve_connection(
     stream: TcpStream,
     backend: Backend,
     config: &Config,
@@ -579,54 +579,5 @@ impl RefusalLog {
             );
             self.unlogged = 0;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What one connection's task may weigh (the [`serve_connection`] future; tokio adds its
-    /// header). Every connection, idle or waiting for a lock, carries it for its whole life,
-    /// and a future is as large as its largest await point: one big state on a rare path (a
-    /// 4 KiB buffer to drain a close, a TLS handshake inline) grows every connection. Release
-    /// builds (what ships) lay futures out far tighter than debug ones, so the bound is a
-    /// release build's (`cargo test --release --lib server::tests`, as .ci/run does); 2,392
-    /// bytes when it was set, 2,776 once sets of names came, 2,072 since a LOCK's request is
-    /// boxed and no parse temporary waits with it (`Handler::lock`); room left for another
-    /// compiler's layout.
-    const TASK_BOUND: usize = 2304;
-
-    #[tokio::test]
-    #[cfg_attr(
-        debug_assertions,
-        ignore = "a debug build lays futures out differently: cargo test --release --lib server::tests"
-    )]
-    async fn a_connection_s_task_stays_small() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("address");
-        let client = TcpStream::connect(addr).await.expect("connect");
-        let (stream, _) = listener.accept().await.expect("accept");
-        let config = Config::default();
-        let embedded = Embedded::new(
-            config.limits.clone(),
-            backend::first_token(),
-            config.watch_buffer,
-            Arc::new(Metrics::new(Deployment::Memory)),
-        );
-        let task = serve_connection(
-            stream,
-            Backend::Embedded(embedded),
-            &config,
-            BusyPoll::new(crate::DEFAULT_BUSY_POLL, Default::default()),
-            CancellationToken::new(),
-        );
-        let size = std::mem::size_of_val(&task);
-        eprintln!("a connection's task: {size} bytes (bound {TASK_BOUND})");
-        assert!(
-            size <= TASK_BOUND,
-            "a connection's task grew to {size} bytes (bound {TASK_BOUND}): box the new rare path's state"
-        );
-        drop((task, client));
     }
 }
