@@ -56,6 +56,7 @@ pub(super) fn confirm_answered(
         Confirmation::Confirmed(rev) => Some(HandOver(rev)),
         Confirmation::TakenOver | Confirmation::Lost => None,
     };
+    g.left_confirming.remove(&gr.uid);
     // Delivered (or taken back) already, from this write as the watch showed it.
     if g.confirmed_by_watch.remove(&gr.uid) {
         return None;

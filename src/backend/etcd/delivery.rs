@@ -90,12 +90,20 @@ pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted, now: Instant) -> Gran
     // nobody waiting and take back a grant its client was told of (seed 525). Any other
     // rewrite (a RENEW, a claim by a LOCK of its id, a lock-delay) is the confirmation's to
     // judge.
+    // So is one whose waiter left while it was confirmed: the watch takes it back when it
+    // shows that write, as the answer would (the front-end may die before the answer comes,
+    // and the grant would then sit out its ttl; simulator seed 194622).
     let confirming = g.by_uid.get(&gr.uid).and_then(|w| g.waiting.get(w));
-    if let Some(writes) = confirming.and_then(|l| l.phase.confirming()) {
-        let own_write = !gr.session && gr.lease == 0 && shown.as_deref() == Some(writes);
+    let writes = confirming
+        .and_then(|l| l.phase.confirming())
+        .or_else(|| g.left_confirming.get(&gr.uid).map(String::as_str))
+        .map(str::to_owned);
+    if let Some(writes) = writes {
+        let own_write = !gr.session && gr.lease == 0 && shown.as_deref() == Some(&*writes);
         if !own_write {
             return GrantAction::Nothing;
         }
+        g.left_confirming.remove(&gr.uid);
         g.confirmed_by_watch.insert(gr.uid.clone());
         return match deliver(g, &gr.uid, &gr.name, gr.token, gr.ttl_ms, handover, now) {
             Some(back) => GrantAction::TakeBack(back),
@@ -107,6 +115,7 @@ pub(super) fn on_grant(g: &mut ClusterState, gr: &Granted, now: Instant) -> Gran
     // rewrite is its waiter's, and [`Cluster::confirm`] decides about it). Its client was
     // told of it: never taken back, even if the request it was made for left (simulator
     // seed 13041).
+    let confirming = g.by_uid.get(&gr.uid).and_then(|w| g.waiting.get(w));
     if gr.mod_rev != gr.rev && confirming.is_none() {
         g.left.remove(&gr.uid);
         return GrantAction::Nothing;
@@ -168,8 +177,10 @@ pub(super) fn deliver(
 /// (`queue_head.rs`), not only once the watch shows it. The watch may be seconds behind, or
 /// cut off, or compacted past it: the waiter's `wait=` ran out meanwhile and the grant sat
 /// out its ttl, held by nobody, while others waited (simulator seed 650274). A waiter whose
-/// own write is still out, or that left, is the watch's to decide, as before; a client gone
-/// before it could be told leaves the grant to be taken back when the watch shows it.
+/// own write is still out is the watch's to decide, as before. A grant to a waiter that left
+/// (or whose client is gone before it could be told) is returned, to be taken back now: left
+/// to the watch, which may be seconds behind, it sat out its ttl when the front-end died
+/// first (simulator seed 345844). The watch takes it back too, if this has not yet.
 pub(super) fn deliver_own(
     g: &mut ClusterState,
     uid: &str,
@@ -178,13 +189,21 @@ pub(super) fn deliver_own(
     ttl_ms: u64,
     handover: HandOver,
     now: Instant,
-) {
+) -> Option<TakeBack> {
     let waiting = g.by_uid.get(uid).and_then(|w| g.waiting.get(w));
-    if !waiting.is_some_and(|l| l.phase != Phase::Writing) {
-        return;
-    }
-    if deliver(g, uid, name, token, ttl_ms, handover, now).is_some() {
-        g.left.insert(uid.to_owned());
+    match waiting {
+        Some(l) if l.phase == Phase::Writing => None,
+        Some(_) => {
+            let back = deliver(g, uid, name, token, ttl_ms, handover, now)?;
+            g.left.insert(uid.to_owned());
+            Some(back)
+        }
+        None if g.left.contains(uid) => Some(TakeBack {
+            name: name.to_owned(),
+            token,
+            handover,
+        }),
+        None => None,
     }
 }
 

@@ -12,7 +12,7 @@ use super::rpc::{Compare, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use crate::backend::HandOver;
 use crate::locks::{EventKind, Token};
 
-use super::delivery::deliver_own;
+use super::delivery::{deliver_own, TakeBack};
 use super::head::Me;
 use super::keys::{names_of, Layout};
 use super::mirror::{HolderRecord, Mirror, WaiterRecord};
@@ -31,6 +31,8 @@ pub(super) struct Ended {
 pub(super) struct EndAnswer {
     /// The grant the same write made: the head waiter's id, its token and its record.
     pub granted: Option<(String, Token, HolderValue)>,
+    /// That grant, to take back now: its waiter, of this front-end, left (`deliver_own`).
+    pub back: Option<TakeBack>,
 }
 
 /// The write that ends `holder` of `name` (`kind`: why, which `marker` says in the same
@@ -249,17 +251,19 @@ pub(super) fn ended(
             kind == EventKind::Released && emptied && alone_as_known(g, name, holder),
         );
     }
+    let mut back = None;
     let granted = match (depth, &ended.head) {
         (0, Some((id, value))) => {
             let token = g.mirror.token(rev);
             if value.fe == fe {
-                deliver_own(g, &value.uid, name, token, value.ttl_ms, HandOver(rev), now);
+                let handover = HandOver(rev);
+                back = deliver_own(g, &value.uid, name, token, value.ttl_ms, handover, now);
             }
             Some((id.clone(), token, value.clone()))
         }
         _ => None,
     };
-    Some(EndAnswer { granted })
+    Some(EndAnswer { granted, back })
 }
 
 /// Whether this front-end knew of no holder of `name` but `holder`. A shared or semaphore

@@ -16,6 +16,7 @@ use super::stepping::{waiter_value, Core, Stage, BASE};
 use super::values::HolderValue;
 use crate::backend::WaitResult;
 use crate::locks::{EventKind, Mode};
+use tokio::sync::oneshot;
 
 /// `x` held by client `c1` through fe-a (a plain lease, key in slot `a1`); the revision.
 fn held(stage: &mut Stage) -> i64 {
@@ -81,20 +82,29 @@ fn unlock(
     (answer.expect("the UNLOCK ended it").granted, rev)
 }
 
+/// `x` held by c1 through fe-a, c2 waiting through fe-b (its key on fe-b's etcd lease), both
+/// front-ends' mirrors current: the cores, fe-b's etcd lease, c2's key and its wait.
+fn c2_waits_through_fe_b(
+    stage: &mut Stage,
+) -> (Core, Core, i64, String, oneshot::Receiver<WaitResult>) {
+    let (mut a, mut b) = (stage.core("fe-a"), stage.core("fe-b"));
+    let lease_b = stage.etcd.lease_grant(60, 0).id;
+    held(stage);
+    let (key, queued_at) = queued(stage, "fe-b", "c2", "b1", lease_b);
+    let value = waiter_value("fe-b-b1", "c2", "fe-b", lease_b);
+    let rx = b.waits("x", "b1", key.clone(), queued_at, value, stage.now);
+    stage.sync(&mut a);
+    stage.sync(&mut b);
+    (a, b, lease_b, key, rx)
+}
+
 /// ARCHITECTURE.md's contended hand-over, every step a core's: c1 holds `x` through fe-a,
 /// c2 waits through fe-b; fe-a's UNLOCK grants c2 in its own write, on fe-b's etcd lease;
 /// fe-b's watch shows it, fe-b takes it off its lease, and only then is c2 told.
 #[test]
 fn a_contended_hand_over_through_two_front_ends_step_by_step() {
     let mut stage = Stage::new();
-    let (mut a, mut b) = (stage.core("fe-a"), stage.core("fe-b"));
-    let lease_b = stage.etcd.lease_grant(60, 0).id;
-    held(&mut stage);
-    let (key, queued_at) = queued(&mut stage, "fe-b", "c2", "b1", lease_b);
-    let value = waiter_value("fe-b-b1", "c2", "fe-b", lease_b);
-    let mut rx = b.waits("x", "b1", key.clone(), queued_at, value, stage.now);
-    stage.sync(&mut a);
-    stage.sync(&mut b);
+    let (mut a, mut b, lease_b, key, mut rx) = c2_waits_through_fe_b(&mut stage);
     let holder = holder_of_x(&a);
     let (granted, rev) = unlock(&mut stage, &mut a, &holder);
     let (id, token, value) = granted.expect("granted in the write");
@@ -242,4 +252,66 @@ fn a_take_back_of_a_grant_rewritten_since_ends_nothing() {
     let guard = guards::unchanged(&holder.key, holder.rev);
     let (_, _, answer) = end_of(&mut stage, &mut a, &holder, EventKind::Revoked, guard);
     assert!(answer.is_none(), "kept: a client was told of it");
+}
+
+/// A waiter of fe-a leaves (its connection went) as fe-a's UNLOCK grants it in its own
+/// write: the answer takes the grant back at once, not only once the watch shows it (which
+/// may be seconds behind; had the front-end died meanwhile, the grant sat out its ttl:
+/// simulator seed 345844).
+#[test]
+fn a_release_takes_back_at_once_its_grant_to_a_waiter_of_its_own_that_left() {
+    let mut stage = Stage::new();
+    let mut a = stage.core("fe-a");
+    held(&mut stage);
+    let (key, rev) = queued(&mut stage, "fe-a", "c2", "a2", 0);
+    let value = waiter_value("fe-a-a2", "c2", "fe-a", 0);
+    let _rx = a.waits("x", "a2", key, rev, value, stage.now);
+    stage.sync(&mut a);
+    let holder = holder_of_x(&a);
+    let waiter = *a.g.by_uid.get("fe-a-a2").expect("c2 waits");
+    a.g.leave(waiter);
+    let (_, rev, answer) = end_of(
+        &mut stage,
+        &mut a,
+        &holder,
+        EventKind::Released,
+        created(&holder),
+    );
+    let answer = answer.expect("the UNLOCK ended it");
+    let (_, token, _) = answer.granted.expect("granted in the write");
+    let back = answer.back.expect("taken back from the answer");
+    assert_eq!(
+        (back.name.as_str(), back.token, back.handover.0),
+        ("x", token, rev)
+    );
+}
+
+/// c2, waiting through fe-b, leaves while fe-b confirms the grant fe-a's UNLOCK made it; the
+/// confirmation's answer is lost. fe-b's watch shows the confirmation's own write, and fe-b
+/// takes the grant back then: the answer may come only after the request timeout, or never
+/// if fe-b dies first (the grant, off any etcd lease, then sat out its ttl: simulator seed
+/// 194622).
+#[test]
+fn a_grant_confirmed_for_a_waiter_that_left_is_taken_back_when_the_watch_shows_it() {
+    let mut stage = Stage::new();
+    let (mut a, mut b, _, _, _rx) = c2_waits_through_fe_b(&mut stage);
+    let holder = holder_of_x(&a);
+    let (granted, _) = unlock(&mut stage, &mut a, &holder);
+    let (_, token, _) = granted.expect("granted in the write");
+    let watched = stage.watch(&mut b);
+    let [GrantAction::Confirm(gr)] = watched.grants.as_slice() else {
+        panic!("one grant, to confirm");
+    };
+    let (txn, _ours) = confirm_write(&mut b.g, gr).expect("the holder is mirrored");
+    // c2's connection goes; the confirmation is applied, its answer lost.
+    let waiter = *b.g.by_uid.get("fe-b-b1").expect("c2 waits");
+    b.g.leave(waiter);
+    let confirmed_at = stage.write(&txn).header().map_or(0, |h| h.revision());
+    let watched = stage.watch(&mut b);
+    match watched.grants.as_slice() {
+        [GrantAction::TakeBack(back)] => {
+            assert_eq!((back.token, back.handover.0), (token, confirmed_at));
+        }
+        _ => panic!("the grant is taken back as the watch shows the confirmation"),
+    }
 }

@@ -236,6 +236,10 @@ pub struct Cluster {
     /// How far this front-end's wall clock is off the true time, in milliseconds: zero,
     /// except in the cluster simulator, which moves it (`sim::skew`).
     skew_ms: AtomicI64,
+    /// Grants to take back that a write's answer found (`release.rs::take_back_loop`), and
+    /// the queue's end that loop takes once.
+    take_backs: tokio::sync::mpsc::Sender<delivery::TakeBack>,
+    take_backs_queue: Mutex<Option<tokio::sync::mpsc::Receiver<delivery::TakeBack>>>,
 }
 
 /// Wall-clock milliseconds: deadlines in etcd are wall clock, shared by every front-end.

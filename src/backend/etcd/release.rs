@@ -95,7 +95,23 @@ impl Cluster {
             let waited = value.waited_ms.map(Duration::from_millis);
             self.granted_log(name, &id, granted, waited, &value.origin());
         }
+        if let Some(back) = answer.back {
+            // Full: the watch takes it back when it shows the grant.
+            let _ = self.take_backs.try_send(back);
+        }
         true
+    }
+
+    /// Takes back, one after the other, the grants [`Cluster::ended`] found made for waiters
+    /// of this front-end that left.
+    pub(super) async fn take_back_loop(self: std::sync::Arc<Self>) {
+        let queue = self.take_backs_queue.lock().ok().and_then(|mut q| q.take());
+        let Some(mut queue) = queue else {
+            return std::future::pending().await;
+        };
+        while let Some(back) = queue.recv().await {
+            self.take_back(&back.name, back.token, back.handover).await;
+        }
     }
 
     /// Takes back a grant its client never read: ended (event `revoked`, and the next waiter

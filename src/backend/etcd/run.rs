@@ -24,6 +24,7 @@ impl Cluster {
             _ = Arc::clone(&self).expiry_loop() => {}
             _ = Arc::clone(&self).probe_loop() => {}
             _ = Arc::clone(&self).route_loop() => {}
+            _ = Arc::clone(&self).take_back_loop() => {}
             _ = shutdown.cancelled() => {}
         }
         // Each waiter key only if it is still this front-end's write (not taken over); a

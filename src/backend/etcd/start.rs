@@ -55,6 +55,9 @@ impl Cluster {
         let layout = Layout::new(&config.prefix);
         let (events, _) = broadcast::channel(watch_buffer.max(1));
         let fe_id = fe.clone();
+        // A take-back each: rare (a waiter leaving as its grant is written); past this many
+        // at once, the watch takes them back.
+        let (take_backs, take_backs_queue) = tokio::sync::mpsc::channel(256);
         let cluster = Arc::new(Cluster {
             client,
             layout,
@@ -79,6 +82,8 @@ impl Cluster {
             config,
             breaking: Mutex::new(Vec::new()),
             skew_ms: AtomicI64::new(0),
+            take_backs,
+            take_backs_queue: Mutex::new(Some(take_backs_queue)),
         });
         // Each step is tried again while etcd answers "unavailable" (a cluster electing its
         // leader as this front-end starts says "no leader"), until the connect timeout.

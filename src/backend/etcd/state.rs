@@ -71,6 +71,10 @@ pub(super) struct ClusterState {
     /// while its answer was out (`delivery.rs::on_grant`): that answer, when it comes, neither
     /// delivers nor takes the grant back.
     pub(super) confirmed_by_watch: HashSet<String>,
+    /// Waiters (by uid) that left while their grant was being confirmed, and what that
+    /// confirmation writes: the watch tells its write by it and takes the grant back then,
+    /// not only when the confirmation's answer comes (`watched.rs`; simulator seed 194622).
+    pub(super) left_confirming: HashMap<String, String>,
 }
 
 impl ClusterState {
@@ -89,6 +93,7 @@ impl ClusterState {
             slots: slots::Slots::new(fe),
             forgetting: HashSet::default(),
             confirmed_by_watch: HashSet::default(),
+            left_confirming: HashMap::default(),
         }
     }
 
@@ -134,6 +139,10 @@ impl ClusterState {
         self.by_uid.remove(&local.uid);
         self.superseded.remove(&local.uid);
         self.left.insert(local.uid.clone());
+        if let Some(writes) = local.phase.confirming() {
+            self.left_confirming
+                .insert(local.uid.clone(), writes.to_owned());
+        }
         Some(local)
     }
 }

@@ -63,7 +63,8 @@ pub(super) fn watched(
     for gr in &applied.off_lease {
         let confirming = g
             .waiting_mut(&gr.uid)
-            .is_some_and(|l| l.phase.confirming().is_some());
+            .is_some_and(|l| l.phase.confirming().is_some())
+            || g.left_confirming.contains_key(&gr.uid);
         if gr.fe == me.fe && confirming {
             grants.push(on_grant(g, gr, now));
         }
