@@ -98,6 +98,17 @@ fn c2_waits_through_fe_b(
     (a, b, lease_b, key, rx)
 }
 
+/// c1 holds `x` through fe-a (`held`), c2 waits through fe-a too (plain: on no etcd lease).
+fn c2_waits_through_fe_a(stage: &mut Stage) -> (Core, oneshot::Receiver<WaitResult>) {
+    let mut a = stage.core("fe-a");
+    held(stage);
+    let (key, rev) = queued(stage, "fe-a", "c2", "a2", 0);
+    let value = waiter_value("fe-a-a2", "c2", "fe-a", 0);
+    let rx = a.waits("x", "a2", key, rev, value, stage.now);
+    stage.sync(&mut a);
+    (a, rx)
+}
+
 /// ARCHITECTURE.md's contended hand-over, every step a core's: c1 holds `x` through fe-a,
 /// c2 waits through fe-b; fe-a's UNLOCK grants c2 in its own write, on fe-b's etcd lease;
 /// fe-b's watch shows it, fe-b takes it off its lease, and only then is c2 told.
@@ -145,12 +156,7 @@ fn a_contended_hand_over_through_two_front_ends_step_by_step() {
 #[test]
 fn a_release_delivers_its_own_waiters_grant_from_its_answer() {
     let mut stage = Stage::new();
-    let mut a = stage.core("fe-a");
-    held(&mut stage);
-    let (key, rev) = queued(&mut stage, "fe-a", "c2", "a2", 0);
-    let value = waiter_value("fe-a-a2", "c2", "fe-a", 0);
-    let mut rx = a.waits("x", "a2", key, rev, value, stage.now);
-    stage.sync(&mut a);
+    let (mut a, mut rx) = c2_waits_through_fe_a(&mut stage);
     let holder = holder_of_x(&a);
     let (granted, _) = unlock(&mut stage, &mut a, &holder);
     let (_, token, _) = granted.expect("granted in the write");
@@ -261,12 +267,7 @@ fn a_take_back_of_a_grant_rewritten_since_ends_nothing() {
 #[test]
 fn a_release_takes_back_at_once_its_grant_to_a_waiter_of_its_own_that_left() {
     let mut stage = Stage::new();
-    let mut a = stage.core("fe-a");
-    held(&mut stage);
-    let (key, rev) = queued(&mut stage, "fe-a", "c2", "a2", 0);
-    let value = waiter_value("fe-a-a2", "c2", "fe-a", 0);
-    let _rx = a.waits("x", "a2", key, rev, value, stage.now);
-    stage.sync(&mut a);
+    let (mut a, _rx) = c2_waits_through_fe_a(&mut stage);
     let holder = holder_of_x(&a);
     let waiter = *a.g.by_uid.get("fe-a-a2").expect("c2 waits");
     a.g.leave(waiter);

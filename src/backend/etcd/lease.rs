@@ -58,8 +58,7 @@ impl Cluster {
     /// never wait on it.
     fn keep_announced(self: &Arc<Self>) {
         let announced = self.announced.load(Ordering::Relaxed);
-        let caught_up = announced > 0 && self.watch_rev.load(Ordering::Relaxed) >= announced;
-        if !caught_up || self.guard().mirror.front_ends.contains(&self.fe) {
+        if !self.guard().mirror.registration_gone(&self.fe, announced) {
             return;
         }
         if self.announcing.swap(true, Ordering::Relaxed) {

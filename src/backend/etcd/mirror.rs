@@ -220,6 +220,14 @@ impl Mirror {
             .and_then(|r| i64::try_from(r).ok())
     }
 
+    /// Whether front-end `fe`'s own key, last put at revision `put_at` (0: not yet), is gone
+    /// though this mirror has applied every change since: a put sent before, answered lost,
+    /// landed late on an etcd lease given up on since and went with it (simulator seed
+    /// 43119). The front-end then puts it again (`lease.rs::keep_announced`).
+    pub fn registration_gone(&self, fe: &str, put_at: i64) -> bool {
+        put_at > 0 && self.rev >= put_at && !self.front_ends.contains(fe)
+    }
+
     /// Holders of every name, without a walk over the names (a LOCK checks `--max-locks`
     /// against it on every request): each holder has exactly one entry in [`Mirror::ends`].
     pub fn holders(&self) -> usize {
