@@ -13,6 +13,7 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::client;
+use crate::etcd_order::Mark;
 use crate::history::{self, Op, Seen};
 
 /// How long clients send requests and the director makes faults.
@@ -315,7 +316,9 @@ async fn simulate(seed: u64) -> Outcome {
     violations.sort();
     violations.dedup();
     let gave_up = world.gave_up.lock().unwrap().clone();
-    let (known, violations) = known_findings(&net, &gave_up, violations);
+    let (mut known, violations) = known_findings(&net, &gave_up, violations);
+    let (lost, violations) = lost_with_its_front_end(&world, violations);
+    known.extend(lost);
     for run in runs.into_iter().flatten() {
         run.abort();
     }
@@ -451,6 +454,38 @@ async fn unregistered(world: &Arc<World>) -> Vec<String> {
         .filter(|fe| world.net.value(&format!("{prefix}fe/fe{fe}")).is_none())
         .map(|fe| format!("liveness: fe{fe}'s registration key was gone after the faults stopped"))
         .collect()
+}
+
+/// Splits off a grant to a waiter that left which sat out its ttl because the one front-end
+/// that knew it left could not learn of the grant before it crashed: its write that made or
+/// confirmed the grant (at the grant's revision or later) was applied with its answer lost,
+/// and no answer or watch batch brought it that revision before the crash (seed 528010: the
+/// confirmation's answer lost, the front-end cut off, the client gone, the front-end
+/// crashed). A lost answer is proto.md's case: such a grant ends with its ttl.
+fn lost_with_its_front_end(world: &World, violations: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let Some(front) = world.any_front() else {
+        return (Vec::new(), violations);
+    };
+    let locks = world.etcd_order.locks.lock().unwrap();
+    violations.into_iter().partition(|v| {
+        let Some(rest) = v.strip_prefix("the grant of ") else {
+            return false;
+        };
+        if !v.ends_with("which had left, sat out its ttl") {
+            return false;
+        }
+        let mut words = rest.split(' ');
+        let (id, token) = (words.nth(2), words.nth(1));
+        let token = token.and_then(|t| t.trim_end_matches("),").parse::<u64>().ok());
+        let Some(rev) = token.and_then(|t| sim::revision_of(&front.backend, t)) else {
+            return false;
+        };
+        let fe = locks.iter().rev().find_map(|(who, mark, _)| match mark {
+            Mark::Sent(fe) if Some(who.as_str()) == id => Some(*fe),
+            _ => None,
+        });
+        fe.is_some_and(|fe| world.net.never_learned(fe, rev).is_some())
+    })
 }
 
 /// Splits off the findings of a known kind: a grant to a request that was told its wait

@@ -50,12 +50,18 @@ impl Net {
             return Err(timed_out());
         }
         travel(there, instant).await;
+        let before = self.revision();
         let result = self.arrive(fe, &what, apply, lose || there + back >= timeout);
+        let after = self.revision();
         if lose || there + back >= timeout {
+            if result.is_ok() && after != before {
+                self.world().lost.push((fe, after));
+            }
             sleep(timeout - there).await;
             return Err(timed_out());
         }
         travel(back, instant).await;
+        self.world().learned(fe, after);
         result
     }
 

@@ -188,7 +188,9 @@ impl Link {
                         if !std::mem::take(&mut progress) {
                             continue;
                         }
-                        header_only(w.etcd.revision(), false)
+                        let rev = w.etcd.revision();
+                        w.learned(self.fe, rev);
+                        header_only(rev, false)
                     }
                     Ok(events) => {
                         let upto = cut_at(&mut w.rng, &events);
@@ -197,6 +199,7 @@ impl Link {
                             .filter(|e| event_rev(e) <= upto)
                             .collect();
                         next = upto + 1;
+                        w.learned(self.fe, upto);
                         w.note(format_args!(
                             "fe{}: watch delivers {} events up to revision {upto}",
                             self.fe,

@@ -77,6 +77,9 @@ struct Front {
     cut: bool,
     /// Crashed: as cut, for good (a new front-end takes its place under another number).
     dead: bool,
+    /// The latest revision an answer or a watch batch brought it: it may know of every
+    /// write up to it, and of none after.
+    learned: i64,
 }
 
 struct World {
@@ -107,6 +110,9 @@ struct World {
     /// Keys deleted by a lease's expiry: their create revision, when (ms since the start),
     /// and the revision of the delete.
     expired_keys: Vec<(i64, u64, i64)>,
+    /// Writes applied whose answer never reached their front-end (lost, or later than its
+    /// request timeout): the front-end, the revision.
+    lost: Vec<(usize, i64)>,
     /// Transactions etcd refused as malformed (a key written twice, or put and deleted, in
     /// one branch): the front-end, when (ms since the start), and the transaction.
     malformed: Vec<(usize, u64, String)>,
@@ -166,6 +172,14 @@ impl World {
         &mut self.fronts[fe]
     }
 
+    /// Front-end `fe` was brought revision `rev` (unless it crashed meanwhile).
+    fn learned(&mut self, fe: usize, rev: i64) {
+        let f = self.front(fe);
+        if !f.dead {
+            f.learned = f.learned.max(rev);
+        }
+    }
+
     fn reachable(&mut self, fe: usize) -> bool {
         let f = *self.front(fe);
         !f.cut && !f.dead
@@ -195,6 +209,7 @@ impl Net {
             lapsed: Vec::new(),
             late: Vec::new(),
             malformed: Vec::new(),
+            lost: Vec::new(),
             watches: Vec::new(),
             expired_keys: Vec::new(),
         })))

@@ -79,6 +79,21 @@ impl Net {
         })
     }
 
+    /// A write of front-end `fe` at revision `from` or later whose answer was lost, and which
+    /// `fe` never learned of (no answer or watch batch brought it that revision) by the time
+    /// it crashed: its revision. What such a write made, `fe` could not undo.
+    pub fn never_learned(&self, fe: usize, from: i64) -> Option<i64> {
+        let mut w = self.world();
+        let f = *w.front(fe);
+        if !f.dead {
+            return None;
+        }
+        w.lost
+            .iter()
+            .find(|(f2, rev)| *f2 == fe && *rev >= from && *rev > f.learned)
+            .map(|(_, rev)| *rev)
+    }
+
     /// The front-end whose transaction made revision `rev` (a grant's holder key was
     /// made by the front-end that decided the grant, whichever front-end its client was
     /// answered through; a holder's create revision is its token less the cluster's base).
