@@ -457,11 +457,13 @@ async fn unregistered(world: &Arc<World>) -> Vec<String> {
 }
 
 /// Splits off a grant to a waiter that left which sat out its ttl because the one front-end
-/// that knew it left could not learn of the grant before it crashed: its write that made or
+/// that knew it left had not learned of the grant when it crashed: its write that made or
 /// confirmed the grant (at the grant's revision or later) was applied with its answer lost,
-/// and no answer or watch batch brought it that revision before the crash (seed 528010: the
-/// confirmation's answer lost, the front-end cut off, the client gone, the front-end
-/// crashed). A lost answer is proto.md's case: such a grant ends with its ttl.
+/// and its watch had not brought that revision (seed 528010: the confirmation's answer lost,
+/// the front-end cut off, the client gone, the front-end crashed; seed 661463: the release
+/// that granted the front-end's own waiter lost its answer, the client went, the front-end's
+/// deletes of its key found it gone, and it crashed half a second later, its watch behind).
+/// A lost answer is proto.md's case: such a grant ends with its ttl.
 fn lost_with_its_front_end(world: &World, violations: Vec<String>) -> (Vec<String>, Vec<String>) {
     let Some(front) = world.any_front() else {
         return (Vec::new(), violations);

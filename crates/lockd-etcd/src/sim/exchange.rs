@@ -61,7 +61,6 @@ impl Net {
             return Err(timed_out());
         }
         travel(back, instant).await;
-        self.world().learned(fe, after);
         result
     }
 

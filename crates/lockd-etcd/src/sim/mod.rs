@@ -77,8 +77,10 @@ struct Front {
     cut: bool,
     /// Crashed: as cut, for good (a new front-end takes its place under another number).
     dead: bool,
-    /// The latest revision an answer or a watch batch brought it: it may know of every
-    /// write up to it, and of none after.
+    /// The latest revision its watch brought it: it may know what every write up to it did.
+    /// (An answer tells what its own request did, and that the store moved on, not what
+    /// another write did: a front-end whose delete finds its waiter's key gone learns from
+    /// its watch, or a read, that a grant took it.)
     learned: i64,
 }
 
@@ -172,7 +174,7 @@ impl World {
         &mut self.fronts[fe]
     }
 
-    /// Front-end `fe` was brought revision `rev` (unless it crashed meanwhile).
+    /// Front-end `fe`'s watch brought it revision `rev` (unless it crashed meanwhile).
     fn learned(&mut self, fe: usize, rev: i64) {
         let f = self.front(fe);
         if !f.dead {

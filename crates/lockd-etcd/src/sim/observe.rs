@@ -80,8 +80,8 @@ impl Net {
     }
 
     /// A write of front-end `fe` at revision `from` or later whose answer was lost, and which
-    /// `fe` never learned of (no answer or watch batch brought it that revision) by the time
-    /// it crashed: its revision. What such a write made, `fe` could not undo.
+    /// `fe`'s watch had not brought it by the time it crashed: its revision. What such a
+    /// write made, `fe` had not learned.
     pub fn never_learned(&self, fe: usize, from: i64) -> Option<i64> {
         let mut w = self.world();
         let f = *w.front(fe);
