@@ -35,9 +35,11 @@
 //! - `options`: what a read, a put, a delete, a lease grant and a watch ask for; `txn`:
 //!   [`Txn`] and its answer; `responses`: what the other answers say; `streams`: the lease
 //!   keep-alive and watch streams.
+//! - [`batch`]: requests' transactions sent as one (group commit), and the answer split.
 //! - [`mem`]: the in-memory etcd; [`sim`]: the simulated network around it.
 
 mod auth;
+pub mod batch;
 mod client;
 mod connect;
 mod error;

@@ -189,4 +189,4 @@ fn key_value(k: &[u8], r: &Record) -> mvccpb::KeyValue {
 
 #[cfg(test)]
 #[path = "mem_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -199,10 +199,10 @@ fn nested_compares_see_the_store_before_the_transaction() {
 }
 
 /// A small seeded source (xorshift): the differential test's operations, the same each run.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -274,7 +274,7 @@ fn random_op(rng: &mut Rng, leases: &[i64], depth: u32) -> pb::RequestOp {
     }
 }
 
-fn random_txn(rng: &mut Rng, leases: &[i64], depth: u32) -> pb::TxnRequest {
+pub(crate) fn random_txn(rng: &mut Rng, leases: &[i64], depth: u32) -> pb::TxnRequest {
     pb::TxnRequest {
         compare: (0..rng.below(3))
             .map(|_| random_compare(rng, leases))
@@ -290,7 +290,7 @@ fn random_txn(rng: &mut Rng, leases: &[i64], depth: u32) -> pb::TxnRequest {
 
 /// What two answers must agree on: headers (member and raft ids, and the revision of inner
 /// answers, which etcd fills in and the in-memory one leaves out) are not compared.
-fn normalized(mut r: pb::TxnResponse) -> pb::TxnResponse {
+pub(crate) fn normalized(mut r: pb::TxnResponse) -> pb::TxnResponse {
     r.header = None;
     for op in &mut r.responses {
         match &mut op.response {

@@ -1,0 +1,251 @@
+//! Group commit's transaction: several requests' transactions sent to etcd as one, each a
+//! nested transaction with its own comparisons (so one's failed comparison fails only it),
+//! and the one answer split back into each request's.
+//!
+//! etcd decides every nested transaction's branch on the store as it was before the whole
+//! transaction, and refuses one that writes a key twice. So requests share a batch only if
+//! none writes a key that another compares, reads or writes ([`Footprint::conflicts`]): then
+//! each sees the store as if it had gone alone, and their order in the batch does not matter.
+//! What a batch cannot keep apart is failure: a batch is applied whole or not at all (a put
+//! naming a lease that is gone fails it all), and its answer is lost or late for all of its
+//! requests at once.
+
+use prost::Message;
+
+use super::pb::{self, request_op, response_op};
+use super::{Txn, TxnOp, TxnResponse};
+
+/// etcd's default bound on a transaction's operations (`--max-txn-ops`).
+pub const MAX_TXN_OPS: usize = 128;
+
+/// A range of keys, `[start, end)`; `end` `None`: every key from `start` on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Span {
+    start: Vec<u8>,
+    end: Option<Vec<u8>>,
+}
+
+impl Span {
+    /// The keys an etcd request names: `key` alone (no `range_end`), every key from `key` on
+    /// (`range_end` "\0"), or `[key, range_end)`.
+    fn of(key: &[u8], range_end: &[u8]) -> Span {
+        let end = match range_end {
+            [] => {
+                let mut next = key.to_vec();
+                next.push(0);
+                Some(next)
+            }
+            [0] => None,
+            end => Some(end.to_vec()),
+        };
+        Span {
+            start: key.to_vec(),
+            end,
+        }
+    }
+
+    fn overlaps(&self, other: &Span) -> bool {
+        let below = |start: &[u8], end: &Option<Vec<u8>>| end.as_deref().is_none_or(|e| start < e);
+        below(&self.start, &other.end) && below(&other.start, &self.end)
+    }
+}
+
+/// What a transaction touches, whichever of its branches (and its nested transactions')
+/// runs: the keys it reads (compares and reads) and writes (puts and deletes), and the
+/// leases its puts name.
+#[derive(Clone, Debug, Default)]
+pub struct Footprint {
+    reads: Vec<Span>,
+    writes: Vec<Span>,
+    leases: Vec<i64>,
+}
+
+impl Footprint {
+    pub fn of(txn: &Txn) -> Footprint {
+        let mut out = Footprint::default();
+        out.add(&txn.req);
+        out
+    }
+
+    fn add(&mut self, req: &pb::TxnRequest) {
+        for c in &req.compare {
+            self.reads.push(Span::of(&c.key, &c.range_end));
+        }
+        for op in req.success.iter().chain(&req.failure) {
+            match &op.request {
+                Some(request_op::Request::RequestRange(r)) => {
+                    self.reads.push(Span::of(&r.key, &r.range_end));
+                }
+                Some(request_op::Request::RequestPut(p)) => {
+                    self.writes.push(Span::of(&p.key, &[]));
+                    if p.lease != 0 && !self.leases.contains(&p.lease) {
+                        self.leases.push(p.lease);
+                    }
+                }
+                Some(request_op::Request::RequestDeleteRange(d)) => {
+                    self.writes.push(Span::of(&d.key, &d.range_end));
+                }
+                Some(request_op::Request::RequestTxn(t)) => self.add(t),
+                None => {}
+            }
+        }
+    }
+
+    /// Counts `key` as written too: a caller's way to keep two requests apart that touch no
+    /// common key but must not share a revision (two new holders would share a token).
+    pub fn also_writes(mut self, key: impl Into<Vec<u8>>) -> Footprint {
+        self.writes.push(Span::of(&key.into(), &[]));
+        self
+    }
+
+    /// The leases the transaction's puts name (a batch fails whole if one is gone).
+    pub fn leases(&self) -> &[i64] {
+        &self.leases
+    }
+
+    /// Whether the two may not share a batch: one writes what the other reads or writes.
+    pub fn conflicts(&self, other: &Footprint) -> bool {
+        let any = |a: &[Span], b: &[Span]| a.iter().any(|x| b.iter().any(|y| x.overlaps(y)));
+        any(&self.writes, &other.writes)
+            || any(&self.writes, &other.reads)
+            || any(&self.reads, &other.writes)
+    }
+}
+
+/// How large a batch may grow.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLimits {
+    /// Requests in one batch.
+    pub requests: usize,
+    /// The batch's encoded size (etcd refuses a request over `--max-request-bytes`, 1.5 MiB
+    /// by default).
+    pub bytes: usize,
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        BatchLimits {
+            requests: 64,
+            bytes: 1 << 20,
+        }
+    }
+}
+
+/// Requests gathered to go to etcd as one transaction.
+#[derive(Debug, Default)]
+pub struct Batch {
+    txns: Vec<Txn>,
+    footprints: Vec<Footprint>,
+    bytes: usize,
+    widest: usize,
+    ops: usize,
+}
+
+impl Batch {
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.txns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.txns.is_empty()
+    }
+
+    /// Whether `txn` (of footprint `footprint`) can join: it conflicts with no request of
+    /// the batch, and the batch stays within `limits` and etcd's bound on operations, counted
+    /// both ways etcd has counted them (the outer width plus each nested transaction's, and
+    /// every operation of the tree).
+    pub fn fits(&self, txn: &Txn, footprint: &Footprint, limits: &BatchLimits) -> bool {
+        if self.txns.is_empty() {
+            return true;
+        }
+        let n = self.txns.len() + 1;
+        n <= limits.requests
+            && self.bytes + txn.req.encoded_len() + 8 <= limits.bytes
+            && n + self.widest.max(width(&txn.req)) <= MAX_TXN_OPS
+            && self.ops + weight(&txn.req) <= MAX_TXN_OPS
+            && !self.footprints.iter().any(|f| f.conflicts(footprint))
+    }
+
+    /// Adds `txn`; check [`Batch::fits`] first.
+    pub fn push(&mut self, txn: Txn, footprint: Footprint) {
+        self.bytes += txn.req.encoded_len() + 8;
+        self.widest = self.widest.max(width(&txn.req));
+        self.ops += weight(&txn.req);
+        self.txns.push(txn);
+        self.footprints.push(footprint);
+    }
+
+    /// The one transaction: no comparison of its own, each request a nested transaction. A
+    /// batch of one is that request itself, as it would go alone.
+    pub fn txn(&self) -> Txn {
+        match self.txns.as_slice() {
+            [one] => one.clone(),
+            many => Txn::new().and_then(many.iter().cloned().map(TxnOp::txn).collect::<Vec<_>>()),
+        }
+    }
+}
+
+/// Each request's answer out of a batch's answer (of [`Batch::txn`] for `n` requests), with
+/// the batch's header; `None` if the answer is not one of such a batch.
+pub fn split(resp: TxnResponse, n: usize) -> Option<Vec<TxnResponse>> {
+    if n == 1 {
+        return Some(vec![resp]);
+    }
+    if !resp.succeeded || resp.responses.len() != n {
+        return None;
+    }
+    let header = resp.header;
+    resp.responses
+        .into_iter()
+        .map(|r| match r.response {
+            Some(response_op::Response::ResponseTxn(mut inner)) => {
+                inner.header = header;
+                Some(inner)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The operations etcd's check counts along the widest path of the tree: a transaction's
+/// widest part (its comparisons, or either branch) plus its widest nested transaction's.
+fn width(req: &pb::TxnRequest) -> usize {
+    let own = req
+        .compare
+        .len()
+        .max(req.success.len())
+        .max(req.failure.len());
+    let nested = req
+        .success
+        .iter()
+        .chain(&req.failure)
+        .filter_map(|op| match &op.request {
+            Some(request_op::Request::RequestTxn(t)) => Some(width(t)),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    own + nested
+}
+
+/// The operations of the tree as the in-memory etcd counts them (`mem::txn::count_ops`):
+/// the larger branch's, a nested transaction's own counted in its place.
+fn weight(req: &pb::TxnRequest) -> usize {
+    let ops = |ops: &[pb::RequestOp]| -> usize {
+        ops.iter()
+            .map(|op| match &op.request {
+                Some(request_op::Request::RequestTxn(t)) => weight(t).max(1),
+                _ => 1,
+            })
+            .sum()
+    };
+    ops(&req.success).max(ops(&req.failure))
+}
+
+#[cfg(test)]
+#[path = "batch_tests.rs"]
+mod tests;
