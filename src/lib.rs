@@ -97,6 +97,11 @@ pub const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A front-end's etcd lease (`--etcd-lease-ttl`): its session leases and waiters end at
 /// most about this long after it dies.
 pub const DEFAULT_ETCD_LEASE_TTL: Duration = Duration::from_secs(5);
+/// Requests a front-end sends to etcd as one transaction at most (`--etcd-batch`).
+pub const DEFAULT_ETCD_BATCH: usize = 64;
+/// The most `--etcd-batch` may be: etcd takes at most 128 operations in a transaction
+/// (`--max-txn-ops`), each request one at least.
+pub const MAX_ETCD_BATCH: usize = 126;
 /// Longest lease a client may ask for.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Most names held at once.

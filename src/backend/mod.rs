@@ -145,6 +145,8 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// The front-end's etcd lease: how long its session leases and waiters outlive it.
     pub lease_ttl: Duration,
+    /// Requests sent to etcd as one transaction at most (`--etcd-batch`; 1: each alone).
+    pub batch: usize,
     /// TLS and authentication toward etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-user`).
     pub security: EtcdSecurity,
 }
@@ -193,6 +195,7 @@ impl Default for EtcdConfig {
             request_timeout: crate::DEFAULT_ETCD_REQUEST_TIMEOUT,
             connect_timeout: crate::DEFAULT_ETCD_CONNECT_TIMEOUT,
             lease_ttl: crate::DEFAULT_ETCD_LEASE_TTL,
+            batch: crate::DEFAULT_ETCD_BATCH,
             security: EtcdSecurity::default(),
         }
     }

@@ -188,6 +188,12 @@ pub struct Flags {
           default_value_t = HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL))]
     pub etcd_lease_ttl: HumanDuration,
 
+    /// Group commit: requests that come while this front-end's transactions are in flight
+    /// go to etcd together, at most this many in one transaction (1 to 126; 1: each alone).
+    /// A lone request goes at once.
+    #[arg(long, env = "LOCKD_ETCD_BATCH", default_value_t = crate::DEFAULT_ETCD_BATCH)]
+    pub etcd_batch: usize,
+
     /// Talk to etcd over TLS, checking its certificate against this CA (PEM): --etcd URLs
     /// are then https:// (or bare host:port). Needed for https:// URLs: lockd does not trust
     /// the system's CAs for etcd.
@@ -347,6 +353,7 @@ impl Default for Flags {
             etcd_request_timeout: HumanDuration(crate::DEFAULT_ETCD_REQUEST_TIMEOUT),
             etcd_connect_timeout: HumanDuration(crate::DEFAULT_ETCD_CONNECT_TIMEOUT),
             etcd_lease_ttl: HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL),
+            etcd_batch: crate::DEFAULT_ETCD_BATCH,
             etcd_ca: None,
             etcd_cert: None,
             etcd_key: None,
@@ -487,6 +494,12 @@ impl Flags {
             }
             if self.etcd_lease_ttl.0 < MIN_ETCD_LEASE_TTL {
                 return Err("--etcd-lease-ttl must be at least 1s".into());
+            }
+            if !(1..=crate::MAX_ETCD_BATCH).contains(&self.etcd_batch) {
+                return Err(format!(
+                    "--etcd-batch must be 1 to {}",
+                    crate::MAX_ETCD_BATCH
+                ));
             }
             if self.etcd_prefix.is_empty() {
                 return Err("--etcd-prefix must not be empty".into());
@@ -676,6 +689,7 @@ impl Flags {
                 request_timeout: self.etcd_request_timeout.0,
                 connect_timeout: self.etcd_connect_timeout.0,
                 lease_ttl: self.etcd_lease_ttl.0,
+                batch: self.etcd_batch,
                 security: self.etcd_security(),
             }),
             endpoint: None,
@@ -952,6 +966,17 @@ mod tests {
         assert_eq!(
             cluster(|f| f.etcd_lease_ttl = HumanDuration(Duration::from_millis(999))),
             "--etcd-lease-ttl must be at least 1s"
+        );
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn refuses_an_etcd_batch_out_of_range() {
+        let expected = format!("--etcd-batch must be 1 to {}", crate::MAX_ETCD_BATCH);
+        assert_eq!(cluster(|f| f.etcd_batch = 0), expected);
+        assert_eq!(
+            cluster(|f| f.etcd_batch = crate::MAX_ETCD_BATCH + 1),
+            expected
         );
     }
 

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use crate::history::Sharing;
 
+/// Where holder keys are (the simulator's prefix, `run::config`): a holder's token names its
+/// key's create revision, which other keys made in the same write share.
+const HOLDERS: &str = "/lockd-sim/h/";
+
 /// A hold of a lease with a lock-delay.
 pub struct Hold {
     pub client: usize,
@@ -64,7 +68,7 @@ impl Delays {
         for l in holds.iter() {
             // Its key went with an etcd lease's expiry (not by a write): the delay runs
             // from then.
-            let Some(went) = net.expired_key(l.rev) else {
+            let Some(went) = net.expired_key(l.rev, HOLDERS) else {
                 continue;
             };
             let went = Duration::from_millis(went);
@@ -107,7 +111,7 @@ impl Delays {
                 let fe = g.rev.and_then(|rev| net.writer_of(rev)).unwrap_or(g.fe);
                 let within = g.at < went + l.delay;
                 let started_before = started.get(fe).is_some_and(|s| *s <= went);
-                let knew = started_before && !net.never_saw(fe, l.rev);
+                let knew = started_before && !net.never_saw(fe, l.rev, HOLDERS);
                 if within && knew {
                     let through = if fe == g.fe {
                         format!("through fe{fe}")

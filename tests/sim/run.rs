@@ -167,6 +167,7 @@ fn config() -> EtcdConfig {
         request_timeout: REQUEST_TIMEOUT,
         connect_timeout: Duration::from_secs(60),
         lease_ttl: LEASE_TTL,
+        batch: lockd::DEFAULT_ETCD_BATCH,
         security: Default::default(),
     }
 }

@@ -57,6 +57,7 @@ impl Span {
 pub struct Footprint {
     reads: Vec<Span>,
     writes: Vec<Span>,
+    puts: Vec<Vec<u8>>,
     leases: Vec<i64>,
 }
 
@@ -78,6 +79,7 @@ impl Footprint {
                 }
                 Some(request_op::Request::RequestPut(p)) => {
                     self.writes.push(Span::of(&p.key, &[]));
+                    self.puts.push(p.key.clone());
                     if p.lease != 0 && !self.leases.contains(&p.lease) {
                         self.leases.push(p.lease);
                     }
@@ -96,6 +98,19 @@ impl Footprint {
     pub fn also_writes(mut self, key: impl Into<Vec<u8>>) -> Footprint {
         self.writes.push(Span::of(&key.into(), &[]));
         self
+    }
+
+    /// The first key of each key or range the transaction reads or writes.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.reads
+            .iter()
+            .chain(&self.writes)
+            .map(|span| span.start.as_slice())
+    }
+
+    /// The keys the transaction may put.
+    pub fn puts(&self) -> impl Iterator<Item = &[u8]> {
+        self.puts.iter().map(Vec::as_slice)
     }
 
     /// The leases the transaction's puts name (a batch fails whole if one is gone).

@@ -3,17 +3,19 @@
 //! backend's `cause.rs` reads its plain sentences from them).
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Why a call failed. The variants are the ones `cause.rs` reads a plain sentence from (the
-/// names of the client lockd used before, hence the `Error` suffixes).
+/// names of the client lockd used before, hence the `Error` suffixes). Cloned for each
+/// request of a batch that failed (`batch`), so the errors that are not are shared.
 #[allow(clippy::enum_variant_names)]
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Error {
     /// A request lockd could not even form (no endpoint, a malformed URL).
     InvalidArgs(String),
-    IoError(std::io::Error),
+    IoError(Arc<std::io::Error>),
     /// The channel could not be built or used.
-    TransportError(tonic::transport::Error),
+    TransportError(Arc<tonic::transport::Error>),
     /// etcd (or tonic on its behalf: a deadline, a refused connection) answered with a status.
     GRpcStatus(tonic::Status),
     /// A watch stream could not be fed.
@@ -38,8 +40,8 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::IoError(e) => Some(e),
-            Error::TransportError(e) => Some(e),
+            Error::IoError(e) => Some(&**e),
+            Error::TransportError(e) => Some(&**e),
             Error::GRpcStatus(e) => Some(e),
             _ => None,
         }
@@ -54,12 +56,12 @@ impl From<tonic::Status> for Error {
 
 impl From<tonic::transport::Error> for Error {
     fn from(e: tonic::transport::Error) -> Self {
-        Error::TransportError(e)
+        Error::TransportError(Arc::new(e))
     }
 }
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        Error::IoError(e)
+        Error::IoError(Arc::new(e))
     }
 }

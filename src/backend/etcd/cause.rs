@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn constructed_errors() {
         let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "os error 111");
-        let c = of_error(rpc::Error::IoError(refused));
+        let c = of_error(rpc::Error::from(refused));
         assert_eq!(
             c.sentence,
             "cannot reach etcd at 127.0.0.1:2379: connection refused"
@@ -372,7 +372,7 @@ mod tests {
     fn a_tls_failure_after_the_start_is_a_plain_unavailable() {
         let expired = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
         let io = io::Error::new(io::ErrorKind::InvalidData, expired);
-        let c = of_error(rpc::Error::IoError(io));
+        let c = of_error(rpc::Error::from(io));
         assert_eq!(c.kind, Kind::Unavailable);
         assert_eq!(
             c.sentence,

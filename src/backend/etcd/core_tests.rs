@@ -15,6 +15,7 @@ const CORE: &[(&str, &str)] = &[
     ("end", include_str!("end.rs")),
     ("expired", include_str!("expired.rs")),
     ("expiring", include_str!("expiring.rs")),
+    ("footprints", include_str!("footprints.rs")),
     ("gap", include_str!("gap.rs")),
     ("guards", include_str!("guards.rs")),
     ("hashing", include_str!("hashing.rs")),

@@ -86,7 +86,7 @@ impl Front {
 }
 
 fn unreachable() -> Error {
-    Error::IoError(std::io::Error::new(
+    Error::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         "etcdserver: request timed out",
     ))

@@ -140,6 +140,19 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// The lock name a key (or the first key of a range: `h/<name>/`) belongs to, if any.
+    pub fn name_of(&self, key: &[u8]) -> Option<String> {
+        let key = std::str::from_utf8(key).ok()?;
+        let rest = key.strip_prefix(&self.prefix)?;
+        let (kind, rest) = rest.split_once('/')?;
+        match kind {
+            "h" | "q" | "n" | "b" | "s" => decode(rest.split('/').next()?),
+            _ => None,
+        }
+    }
+}
+
 /// The names a record of `name` with the set `set` stands for: its set, or itself alone.
 pub fn names_of<'a>(name: &'a str, set: &'a [String]) -> Vec<&'a str> {
     if set.is_empty() {

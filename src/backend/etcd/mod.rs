@@ -27,7 +27,8 @@
 //! - This file: [`Cluster`]; `start`: its start; `state`: what it keeps under its one lock (each
 //!   waiter of its own a `Local`, whose `phase` says which of its requests is out);
 //!   `requests`: the etcd requests every part sends through (`txn`, `get`, `cleanup`) and
-//!   what each answer or failure tells, over `rpc`, the crate `lockd_etcd`.
+//!   what each answer or failure tells, over `rpc`, the crate `lockd_etcd`; `commit`: group
+//!   commit, the transactions that come while others are in flight sent as one.
 //! - `keys`: the key layout; `values` (holders, waiters) and `marks` (markers, broken-lease
 //!   records, superseded marks): the records stored under it, as `words`; `mirror`: the
 //!   prefix as the watch has shown it (`apply`: how its changes are applied; `holder_events`:
@@ -41,7 +42,8 @@
 //!   record; RENEW, CHECK, the same LOCK again), `breaking` (BREAK), `expiring` and `expired`
 //!   (the timer fired; a lock-delay's write), `watched` (a watch batch taken in), `delivery`
 //!   (what a waiter is told), `confirmation`, `reads` and `resynced` (what a read says; a
-//!   re-read after a compaction), `slots` and `slot_answers`; over `state` (with `bound`, the
+//!   re-read after a compaction), `slots` and `slot_answers`, `footprints` (what group commit
+//!   keeps apart); over `state` (with `bound`, the
 //!   mirror and the records). Stepped by hand against the in-memory etcd in their `_tests`
 //!   files on `stepping`'s stage; `core_tests` lists the core's files and checks they do no
 //!   I/O, read no clock and import no driver; `shape_tests` checks that no file or function
@@ -73,6 +75,7 @@ mod breaking_tests;
 mod breaks;
 mod broken;
 mod cause;
+mod commit;
 mod confirm;
 mod confirmation;
 #[cfg(test)]
@@ -89,6 +92,7 @@ mod expiring;
 #[cfg(test)]
 mod expiring_tests;
 mod expiry;
+mod footprints;
 mod fresh;
 mod gap;
 mod grant;
@@ -240,6 +244,8 @@ pub struct Cluster {
     /// the queue's end that loop takes once.
     take_backs: tokio::sync::mpsc::Sender<delivery::TakeBack>,
     take_backs_queue: Mutex<Option<tokio::sync::mpsc::Receiver<delivery::TakeBack>>>,
+    /// Every transaction goes through it (`commit.rs`).
+    commit: commit::GroupCommit,
 }
 
 /// Wall-clock milliseconds: deadlines in etcd are wall clock, shared by every front-end.

@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::footprints::footprint;
 use super::rpc::{self, Txn};
 
 use super::{cause, BackendError, Cluster};
@@ -77,11 +78,15 @@ impl Cluster {
     /// member is down) is sent again at once: the client spreads requests over every
     /// endpoint and may pick a dead one, and it has no fail-over of its own.
     pub(super) async fn txn(&self, txn: Txn) -> Result<rpc::TxnResponse, rpc::Error> {
-        let mut client = self.client.clone();
+        let footprint = footprint(&self.layout, &txn);
         let mut tries = 0u64;
         loop {
             let started = crate::backend::now();
-            let result = client.txn(txn.clone()).await;
+            let footprint = footprint.clone();
+            let result = self
+                .commit
+                .txn(txn.clone(), footprint, self.lease_id())
+                .await;
             self.record(started, &result, |r| r.header());
             if matches!(&result, Ok(r) if !r.succeeded()) {
                 self.stats.error(cause::Kind::Conflict);

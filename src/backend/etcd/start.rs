@@ -9,7 +9,7 @@ use tokio::sync::{broadcast, Notify};
 
 use super::rpc::{Client, ConnectOptions, Txn, TxnOp};
 use super::{
-    guards, quorum, secure, stats, wall_ms, Cluster, ClusterState, Layout, Settings, RETRY,
+    commit, guards, quorum, secure, stats, wall_ms, Cluster, ClusterState, Layout, Settings, RETRY,
 };
 use crate::backend::BackendError;
 
@@ -58,6 +58,7 @@ impl Cluster {
         // A take-back each: rare (a waiter leaving as its grant is written); past this many
         // at once, the watch takes them back.
         let (take_backs, take_backs_queue) = tokio::sync::mpsc::channel(256);
+        let commit = commit::GroupCommit::start(client.clone(), config.batch);
         let cluster = Arc::new(Cluster {
             client,
             layout,
@@ -84,6 +85,7 @@ impl Cluster {
             skew_ms: AtomicI64::new(0),
             take_backs,
             take_backs_queue: Mutex::new(Some(take_backs_queue)),
+            commit,
         });
         // Each step is tried again while etcd answers "unavailable" (a cluster electing its
         // leader as this front-end starts says "no leader"), until the connect timeout.

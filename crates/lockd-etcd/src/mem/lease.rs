@@ -7,6 +7,9 @@ use std::collections::BTreeSet;
 use super::super::pb;
 use super::{Lease, MemError, MemEtcd};
 
+/// A key a lease's expiry deleted, and its create revision.
+pub type TakenKey = (Vec<u8>, i64);
+
 impl MemEtcd {
     /// `LeaseGrant`: `id` 0 takes the next free one.
     pub fn lease_grant(&mut self, ttl: i64, id: i64) -> pb::LeaseGrantResponse {
@@ -59,8 +62,9 @@ impl MemEtcd {
     }
 
     /// Time passes to `now_ms`: every lease whose time is up is revoked, soonest first.
-    /// Returns the leases that expired, each with the create revisions of the keys it took.
-    pub fn advance(&mut self, now_ms: u64) -> Vec<(i64, Vec<i64>)> {
+    /// Returns the leases that expired, each with the keys it took and their create
+    /// revisions.
+    pub fn advance(&mut self, now_ms: u64) -> Vec<(i64, Vec<TakenKey>)> {
         self.now_ms = self.now_ms.max(now_ms);
         let mut expired = Vec::new();
         loop {
@@ -72,8 +76,8 @@ impl MemEtcd {
                 .map(|(id, _)| *id);
             let Some(id) = due else { break };
             let created = self.leases.get(&id).map_or_else(Vec::new, |l| {
-                let records = l.keys.iter().filter_map(|k| self.kv.get(k));
-                records.map(|r| r.create).collect()
+                let records = l.keys.iter().filter_map(|k| Some((k, self.kv.get(k)?)));
+                records.map(|(k, r)| (k.clone(), r.create)).collect()
             });
             let _ = self.revoke(id);
             expired.push((id, created));

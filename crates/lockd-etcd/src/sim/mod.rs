@@ -110,8 +110,8 @@ struct World {
     /// `None` for one cancelled as compacted (the front-end then reads every lock again).
     watches: Vec<(usize, Option<i64>)>,
     /// Keys deleted by a lease's expiry: their create revision, when (ms since the start),
-    /// and the revision of the delete.
-    expired_keys: Vec<(i64, u64, i64)>,
+    /// the revision of the delete, and the key (one write may make several keys: a batch's).
+    expired_keys: Vec<(i64, u64, i64, Vec<u8>)>,
     /// Writes applied whose answer never reached their front-end (lost, or later than its
     /// request timeout): the front-end, the revision.
     lost: Vec<(usize, i64)>,
@@ -130,8 +130,11 @@ impl World {
         let now = self.now_ms();
         for (id, created) in self.etcd.advance(now) {
             let deleted = self.etcd.revision();
-            self.expired_keys
-                .extend(created.into_iter().map(|rev| (rev, now, deleted)));
+            self.expired_keys.extend(
+                created
+                    .into_iter()
+                    .map(|(key, rev)| (rev, now, deleted, key)),
+            );
             let owner = self
                 .owners
                 .iter()

@@ -34,15 +34,16 @@ impl Net {
             .min()
     }
 
-    /// When the key of create revision `rev` was deleted by its etcd lease's expiry, if it
-    /// was (a holder's create revision is its token less the cluster's base).
-    pub fn expired_key(&self, rev: i64) -> Option<u64> {
+    /// When the key under `under` of create revision `rev` was deleted by its etcd lease's
+    /// expiry, if it was (a holder's create revision is its token less the cluster's base;
+    /// other keys made in the same write share it).
+    pub fn expired_key(&self, rev: i64, under: &str) -> Option<u64> {
         let mut w = self.world();
         w.tick();
         w.expired_keys
             .iter()
-            .find(|(r, _, _)| *r == rev)
-            .map(|(_, at, _)| *at)
+            .find(|(r, _, _, key)| *r == rev && key.starts_with(under.as_bytes()))
+            .map(|(_, at, _, _)| *at)
     }
 
     /// Whether front-end `fe` never saw the key of create revision `rev`, which an etcd
@@ -50,9 +51,13 @@ impl Net {
     /// or a compaction cancelled its watch before the key was made and it watched again
     /// (having read every lock) only after the key went. What happened in between, it never
     /// learns.
-    pub fn never_saw(&self, fe: usize, rev: i64) -> bool {
+    pub fn never_saw(&self, fe: usize, rev: i64, under: &str) -> bool {
         let w = self.world();
-        let Some(&(_, _, deleted)) = w.expired_keys.iter().find(|(r, _, _)| *r == rev) else {
+        let expired = w
+            .expired_keys
+            .iter()
+            .find(|(r, _, _, key)| *r == rev && key.starts_with(under.as_bytes()));
+        let Some(&(_, _, deleted, _)) = expired else {
             return false;
         };
         let mine: Vec<Option<i64>> = w

@@ -1,0 +1,172 @@
+//! Group commit: while a front-end's transactions are in flight, the ones that come meanwhile
+//! (any clients, any names) wait, and then go to etcd together, as few transactions as can
+//! carry them (`lockd_etcd::batch`: each request a nested transaction with its own guards,
+//! kept apart from any request it shares a key with). A lone request goes at once. etcd's
+//! cost is per transaction far more than per operation, so under load a front-end sends
+//! fewer, larger transactions instead of queueing many small ones inside etcd.
+//!
+//! What a batch shares is its fate: it is applied whole or not at all, and its answer is lost
+//! or late for all of its requests at once; each request's caller sees exactly what it would
+//! see had its own transaction met that fault. A request whose puts name an etcd lease other
+//! than this front-end's own (a BREAK rewriting another front-end's keys in place) goes alone:
+//! that lease may be gone, and etcd would fail the whole batch for it.
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use super::rpc::batch::{self, Batch, BatchLimits, Footprint};
+use super::rpc::{self, Client, Txn};
+
+/// Requests waiting for the batcher at most (a caller past it waits for room).
+const QUEUE: usize = 4096;
+
+type Answer = Result<rpc::TxnResponse, rpc::Error>;
+
+/// One request: its transaction, what it touches, and where its answer goes.
+struct Request {
+    txn: Txn,
+    footprint: Footprint,
+    /// Goes in a batch of its own.
+    alone: bool,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// The way in to the batcher of one front-end, or straight to etcd with batches of one.
+pub(super) struct GroupCommit(Way);
+
+enum Way {
+    Batches(mpsc::Sender<Request>),
+    Alone(Client),
+}
+
+impl GroupCommit {
+    /// Starts the batcher over `client`: requests in batches of at most `limit` (1: each
+    /// alone, as without group commit). It ends once this is dropped and its last batch
+    /// is answered.
+    pub(super) fn start(client: Client, limit: usize) -> GroupCommit {
+        if limit <= 1 {
+            return GroupCommit(Way::Alone(client));
+        }
+        let (requests, queue) = mpsc::channel(QUEUE);
+        let limits = BatchLimits {
+            requests: limit.max(1),
+            ..BatchLimits::default()
+        };
+        tokio::spawn(batcher(client, queue, limits));
+        GroupCommit(Way::Batches(requests))
+    }
+
+    /// Sends `txn` (of footprint `footprint`) with the next batch; `lease`: this
+    /// front-end's etcd lease (a request whose puts name another goes alone).
+    pub(super) async fn txn(&self, txn: Txn, footprint: Footprint, lease: i64) -> Answer {
+        let requests = match &self.0 {
+            Way::Batches(requests) => requests,
+            Way::Alone(client) => return client.clone().txn(txn).await,
+        };
+        let alone = footprint.leases().iter().any(|l| *l != lease);
+        let (answer, answered) = oneshot::channel();
+        let request = Request {
+            txn,
+            footprint,
+            alone,
+            answer,
+        };
+        if requests.send(request).await.is_err() {
+            return Err(stopped());
+        }
+        answered.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+/// The batcher: the requests queued while nothing is in flight go at once, as batches; those
+/// that come meanwhile wait until every batch of that round is answered.
+async fn batcher(client: Client, mut queue: mpsc::Receiver<Request>, limits: BatchLimits) {
+    let mut waiting: Vec<Request> = Vec::new();
+    let mut in_flight = JoinSet::new();
+    loop {
+        if in_flight.is_empty() {
+            while let Ok(request) = queue.try_recv() {
+                waiting.push(request);
+            }
+            for (batch, members) in gather(&mut waiting, &limits) {
+                in_flight.spawn(send(client.clone(), batch, members));
+            }
+        }
+        if in_flight.is_empty() {
+            match queue.recv().await {
+                Some(request) => waiting.push(request),
+                None => return,
+            }
+            continue;
+        }
+        tokio::select! {
+            biased;
+            Some(_) = in_flight.join_next() => {}
+            request = queue.recv() => match request {
+                Some(request) => waiting.push(request),
+                // Dropped: finish the round, then stop.
+                None => while in_flight.join_next().await.is_some() {},
+            },
+        }
+    }
+}
+
+/// The batches `waiting` goes in, in its order: each request joins the first batch it fits.
+/// Requests whose caller stopped waiting are dropped unsent.
+fn gather(waiting: &mut Vec<Request>, limits: &BatchLimits) -> Vec<(Batch, Vec<Request>)> {
+    let mut batches: Vec<(Batch, Vec<Request>)> = Vec::new();
+    for request in waiting.drain(..) {
+        if request.answer.is_closed() {
+            continue;
+        }
+        let home = match request.alone {
+            true => None,
+            false => batches.iter_mut().find(|(batch, members)| {
+                !members.first().is_some_and(|m| m.alone)
+                    && batch.fits(&request.txn, &request.footprint, limits)
+            }),
+        };
+        let (txn, footprint) = (request.txn.clone(), request.footprint.clone());
+        match home {
+            Some((batch, members)) => {
+                batch.push(txn, footprint);
+                members.push(request);
+            }
+            None => {
+                let mut batch = Batch::new();
+                batch.push(txn, footprint);
+                batches.push((batch, vec![request]));
+            }
+        }
+    }
+    batches
+}
+
+/// One batch to etcd, and each request's answer back.
+async fn send(mut client: Client, batch: Batch, members: Vec<Request>) {
+    let answer = client.txn(batch.txn()).await;
+    match answer.map(|a| batch::split(a, members.len())) {
+        Ok(Some(answers)) => {
+            for (m, a) in members.into_iter().zip(answers) {
+                let _ = m.answer.send(Ok(a));
+            }
+        }
+        Ok(None) => {
+            for m in members {
+                let _ = m.answer.send(Err(rpc::Error::InvalidArgs(
+                    "etcd's answer to a batch is not one answer per request".into(),
+                )));
+            }
+        }
+        Err(e) => {
+            for m in members {
+                let _ = m.answer.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// The batcher is gone (its front-end is stopping).
+fn stopped() -> rpc::Error {
+    rpc::Error::InvalidArgs("this front-end is stopping".into())
+}
