@@ -56,7 +56,14 @@ pub async fn client(world: Arc<World>, me: usize, mut rng: Rng) {
     let mut conns: BTreeMap<usize, ConnId> = BTreeMap::new();
     let mut n = 0;
     while !world.stop.is_cancelled() {
-        sleep(rng.upto(Duration::from_millis(400))).await;
+        if rng.chance(250) {
+            // A cron tick: jobs on several machines start on the same second, so requests of
+            // one name come to a front-end at once (group commit must keep them apart).
+            let now = world.since_start();
+            sleep(Duration::from_secs(now.as_secs() + 1) - now).await;
+        } else {
+            sleep(rng.upto(Duration::from_millis(400))).await;
+        }
         if rng.chance(40) {
             world.note(format!("c{me}: vanishes (its connections close)"));
             close_all(&world, &mut conns);

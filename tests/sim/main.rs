@@ -25,7 +25,9 @@ mod etcd_order;
 #[path = "../common/history.rs"]
 #[allow(dead_code)]
 mod history;
+mod mirrors;
 mod run;
+mod stall;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -265,6 +265,7 @@ async fn simulate(seed: u64) -> Outcome {
             tokio::spawn(client::client(Arc::clone(&world), c, rng))
         })
         .collect();
+    let mirrors = tokio::spawn(crate::mirrors::watch(Arc::clone(&world)));
     direct(&world, &mut rng, &mut runs).await;
 
     // Faults off: every client must finish, and every name drain.
@@ -293,6 +294,9 @@ async fn simulate(seed: u64) -> Outcome {
     let events = world.events.lock().unwrap().clone();
     let verdict = history::check(&ops, &[], &events);
     violations.extend(verdict.violations);
+    if world.calm {
+        violations.extend(crate::stall::stalls(&ops));
+    }
     violations.extend(world.delays.violations(&net, &events));
     if let Some(front) = world.any_front() {
         violations.extend(world.etcd_order.violations(&front.backend, &events));
@@ -320,6 +324,7 @@ async fn simulate(seed: u64) -> Outcome {
     let (mut known, violations) = known_findings(&net, &gave_up, violations);
     let (lost, violations) = lost_with_its_front_end(&world, violations);
     known.extend(lost);
+    mirrors.abort();
     for run in runs.into_iter().flatten() {
         run.abort();
     }

@@ -77,3 +77,35 @@ pub fn revision_of(front: &Backend, token: crate::locks::Token) -> Option<i64> {
         _ => None,
     }
 }
+
+/// A front-end's mirror of every queue (the simulator checks it against etcd's keys once it
+/// has caught up).
+pub struct QueuedKeys {
+    /// Every change up to this revision is applied.
+    pub rev: i64,
+    /// The prefix every waiter key is under.
+    pub under: String,
+    /// Each waiter key with its create revision, in key order.
+    pub keys: Vec<(String, i64)>,
+}
+
+/// Front-end `front`'s mirror of every queue; `None` for a backend that is no front-end.
+pub fn queued_keys(front: &Backend) -> Option<QueuedKeys> {
+    let Backend::Etcd(cluster) = front else {
+        return None;
+    };
+    let under = format!("{}q/", cluster.layout.prefix());
+    let state = cluster.guard();
+    let mut keys: Vec<(String, i64)> = state
+        .mirror
+        .names
+        .values()
+        .flat_map(|n| n.queue.values().map(|w| (w.key.clone(), w.rev)))
+        .collect();
+    keys.sort();
+    Some(QueuedKeys {
+        rev: state.mirror.rev,
+        under,
+        keys,
+    })
+}

@@ -133,6 +133,29 @@ impl Net {
         Some(String::from_utf8_lossy(&kv.value).into_owned())
     }
 
+    /// Every key under `prefix` with its create revision, in key order, and etcd's revision
+    /// they are as of.
+    pub fn keys(&self, prefix: &str) -> (i64, Vec<(String, i64)>) {
+        let mut w = self.world();
+        w.tick();
+        let req = pb::RangeRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: crate::options::prefix_end(prefix.as_bytes()),
+            ..Default::default()
+        };
+        let kvs = w.etcd.range(&req).kvs;
+        let keys = kvs
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key).into_owned(),
+                    kv.create_revision,
+                )
+            })
+            .collect();
+        (w.etcd.revision(), keys)
+    }
+
     /// etcd's current revision.
     pub fn revision(&self) -> i64 {
         self.world().etcd.revision()
