@@ -99,6 +99,10 @@ pub const DEFAULT_ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_ETCD_LEASE_TTL: Duration = Duration::from_secs(5);
 /// Requests a front-end sends to etcd as one transaction at most (`--etcd-batch`).
 pub const DEFAULT_ETCD_BATCH: usize = 64;
+/// How long a request waits at most for the batches in flight before it goes with the next
+/// one anyway (`--etcd-batch-wait`): a slow or lost answer holds up the others this long at
+/// most, not for the request timeout.
+pub const DEFAULT_ETCD_BATCH_WAIT: Duration = Duration::from_millis(10);
 /// The most `--etcd-batch` may be: etcd takes at most 128 operations in a transaction
 /// (`--max-txn-ops`), each request one at least.
 pub const MAX_ETCD_BATCH: usize = 126;

@@ -147,6 +147,8 @@ pub struct EtcdConfig {
     pub lease_ttl: Duration,
     /// Requests sent to etcd as one transaction at most (`--etcd-batch`; 1: each alone).
     pub batch: usize,
+    /// How long a request waits at most for the batches in flight (`--etcd-batch-wait`).
+    pub batch_wait: Duration,
     /// TLS and authentication toward etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-user`).
     pub security: EtcdSecurity,
 }
@@ -196,6 +198,7 @@ impl Default for EtcdConfig {
             connect_timeout: crate::DEFAULT_ETCD_CONNECT_TIMEOUT,
             lease_ttl: crate::DEFAULT_ETCD_LEASE_TTL,
             batch: crate::DEFAULT_ETCD_BATCH,
+            batch_wait: crate::DEFAULT_ETCD_BATCH_WAIT,
             security: EtcdSecurity::default(),
         }
     }

@@ -194,6 +194,13 @@ pub struct Flags {
     #[arg(long, env = "LOCKD_ETCD_BATCH", default_value_t = crate::DEFAULT_ETCD_BATCH)]
     pub etcd_batch: usize,
 
+    /// Group commit: how long a request waits at most for this front-end's transactions in
+    /// flight before it goes with the next batch anyway, so that one slow or lost answer
+    /// holds up the others this long at most (more than 0, at most --etcd-request-timeout).
+    #[arg(long, env = "LOCKD_ETCD_BATCH_WAIT",
+          default_value_t = HumanDuration(crate::DEFAULT_ETCD_BATCH_WAIT))]
+    pub etcd_batch_wait: HumanDuration,
+
     /// Talk to etcd over TLS, checking its certificate against this CA (PEM): --etcd URLs
     /// are then https:// (or bare host:port). Needed for https:// URLs: lockd does not trust
     /// the system's CAs for etcd.
@@ -354,6 +361,7 @@ impl Default for Flags {
             etcd_connect_timeout: HumanDuration(crate::DEFAULT_ETCD_CONNECT_TIMEOUT),
             etcd_lease_ttl: HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL),
             etcd_batch: crate::DEFAULT_ETCD_BATCH,
+            etcd_batch_wait: HumanDuration(crate::DEFAULT_ETCD_BATCH_WAIT),
             etcd_ca: None,
             etcd_cert: None,
             etcd_key: None,
@@ -500,6 +508,14 @@ impl Flags {
                     "--etcd-batch must be 1 to {}",
                     crate::MAX_ETCD_BATCH
                 ));
+            }
+            if self.etcd_batch_wait.0.is_zero()
+                || self.etcd_batch_wait.0 > self.etcd_request_timeout.0
+            {
+                return Err(
+                    "--etcd-batch-wait must be more than 0 and at most --etcd-request-timeout"
+                        .into(),
+                );
             }
             if self.etcd_prefix.is_empty() {
                 return Err("--etcd-prefix must not be empty".into());
@@ -690,6 +706,7 @@ impl Flags {
                 connect_timeout: self.etcd_connect_timeout.0,
                 lease_ttl: self.etcd_lease_ttl.0,
                 batch: self.etcd_batch,
+                batch_wait: self.etcd_batch_wait.0,
                 security: self.etcd_security(),
             }),
             endpoint: None,
@@ -976,6 +993,20 @@ mod tests {
         assert_eq!(cluster(|f| f.etcd_batch = 0), expected);
         assert_eq!(
             cluster(|f| f.etcd_batch = crate::MAX_ETCD_BATCH + 1),
+            expected
+        );
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn refuses_an_etcd_batch_wait_of_zero_or_past_the_request_timeout() {
+        let expected = "--etcd-batch-wait must be more than 0 and at most --etcd-request-timeout";
+        assert_eq!(cluster(|f| f.etcd_batch_wait = secs(0)), expected);
+        assert_eq!(
+            cluster(|f| {
+                f.etcd_request_timeout = secs(2);
+                f.etcd_batch_wait = secs(3);
+            }),
             expected
         );
     }

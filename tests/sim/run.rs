@@ -168,6 +168,7 @@ fn config() -> EtcdConfig {
         connect_timeout: Duration::from_secs(60),
         lease_ttl: LEASE_TTL,
         batch: lockd::DEFAULT_ETCD_BATCH,
+        batch_wait: lockd::DEFAULT_ETCD_BATCH_WAIT,
         security: Default::default(),
     }
 }

@@ -13,7 +13,7 @@
 use prost::Message;
 
 use super::pb::{self, request_op, response_op};
-use super::{Txn, TxnOp, TxnResponse};
+use super::{Error, Txn, TxnOp, TxnResponse};
 
 /// etcd's default bound on a transaction's operations (`--max-txn-ops`).
 pub const MAX_TXN_OPS: usize = 128;
@@ -132,6 +132,8 @@ impl Footprint {
 pub struct BatchLimits {
     /// Requests in one batch.
     pub requests: usize,
+    /// Operations in one batch, as etcd counts them against its `--max-txn-ops`.
+    pub ops: usize,
     /// The batch's encoded size (etcd refuses a request over `--max-request-bytes`, 1.5 MiB
     /// by default).
     pub bytes: usize,
@@ -141,6 +143,7 @@ impl Default for BatchLimits {
     fn default() -> Self {
         BatchLimits {
             requests: 64,
+            ops: MAX_TXN_OPS,
             bytes: 1 << 20,
         }
     }
@@ -180,8 +183,8 @@ impl Batch {
         let n = self.txns.len() + 1;
         n <= limits.requests
             && self.bytes + txn.req.encoded_len() + 8 <= limits.bytes
-            && n + self.widest.max(width(&txn.req)) <= MAX_TXN_OPS
-            && self.ops + weight(&txn.req) <= MAX_TXN_OPS
+            && n + self.widest.max(width(&txn.req)) <= limits.ops
+            && self.ops + weight(&txn.req) <= limits.ops
             && !self.footprints.iter().any(|f| f.conflicts(footprint))
     }
 
@@ -194,6 +197,12 @@ impl Batch {
         self.footprints.push(footprint);
     }
 
+    /// Its operations as etcd counts them against `--max-txn-ops` (both ways: see
+    /// [`Batch::fits`]).
+    pub fn ops(&self) -> usize {
+        (self.txns.len() + self.widest).max(self.ops)
+    }
+
     /// The one transaction: no comparison of its own, each request a nested transaction. A
     /// batch of one is that request itself, as it would go alone.
     pub fn txn(&self) -> Txn {
@@ -202,6 +211,13 @@ impl Batch {
             many => Txn::new().and_then(many.iter().cloned().map(TxnOp::txn).collect::<Vec<_>>()),
         }
     }
+}
+
+/// Whether etcd refused a transaction for its operations' count (more than its
+/// `--max-txn-ops`): refused whole, nothing applied.
+pub fn too_many_ops(e: &Error) -> bool {
+    matches!(e, Error::GRpcStatus(s) if s.code() == tonic::Code::InvalidArgument
+        && s.message().contains("too many operations in txn request"))
 }
 
 /// Each request's answer out of a batch's answer (of [`Batch::txn`] for `n` requests), with

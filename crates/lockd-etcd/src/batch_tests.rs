@@ -151,6 +151,7 @@ fn a_batch_stays_within_etcd_s_bound_on_operations() {
     let limits = BatchLimits {
         requests: 1000,
         bytes: 1 << 30,
+        ..BatchLimits::default()
     };
     let mut batch = Batch::new();
     let mut i = 0;
@@ -167,6 +168,7 @@ fn a_batch_stays_within_etcd_s_bound_on_operations() {
             &Footprint::of(&wide(0)),
             &BatchLimits {
                 requests: 0,
+                ops: 0,
                 bytes: 0
             }
         ),
@@ -207,6 +209,7 @@ async fn etcd_takes_the_largest_batches() {
         let limits = BatchLimits {
             requests: 1000,
             bytes: 1 << 20,
+            ..BatchLimits::default()
         };
         let mut batch = Batch::new();
         let mut i = 0;

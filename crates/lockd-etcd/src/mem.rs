@@ -69,12 +69,15 @@ pub struct MemEtcd {
     leases: BTreeMap<i64, Lease>,
     next_lease: i64,
     now_ms: u64,
+    /// Operations a transaction may have (etcd's `--max-txn-ops`).
+    max_txn_ops: usize,
 }
 
 impl Default for MemEtcd {
     fn default() -> Self {
         MemEtcd {
             revision: 1,
+            max_txn_ops: MAX_TXN_OPS,
             kv: BTreeMap::new(),
             history: Vec::new(),
             compacted: 0,
@@ -98,6 +101,11 @@ fn in_range(key: &[u8], range_end: &[u8], k: &[u8]) -> bool {
 impl MemEtcd {
     pub fn new() -> MemEtcd {
         MemEtcd::default()
+    }
+
+    /// Sets the operations a transaction may have, as etcd's `--max-txn-ops` does.
+    pub fn set_max_txn_ops(&mut self, n: usize) {
+        self.max_txn_ops = n;
     }
 
     /// The current revision.

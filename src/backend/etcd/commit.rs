@@ -5,14 +5,23 @@
 //! cost is per transaction far more than per operation, so under load a front-end sends
 //! fewer, larger transactions instead of queueing many small ones inside etcd.
 //!
+//! A request waits for the round in flight at most `--etcd-batch-wait`: past it, what waits
+//! goes as the next round beside the one in flight, so one slow or lost answer holds the
+//! others up that long, not for the request timeout. A batch etcd refuses for its count of
+//! operations (an etcd whose `--max-txn-ops` is below its default) is sent again in halves,
+//! and batches stay at most half that size from then on.
+//!
 //! What a batch shares is its fate: it is applied whole or not at all, and its answer is lost
 //! or late for all of its requests at once; each request's caller sees exactly what it would
 //! see had its own transaction met that fault. A request whose puts name an etcd lease other
 //! than this front-end's own (a BREAK rewriting another front-end's keys in place) goes alone:
 //! that lease may be gone, and etcd would fail the whole batch for it.
 
+use std::time::Duration;
+
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use super::rpc::batch::{self, Batch, BatchLimits, Footprint};
 use super::rpc::{self, Client, Txn};
@@ -41,9 +50,9 @@ enum Way {
 
 impl GroupCommit {
     /// Starts the batcher over `client`: requests in batches of at most `limit` (1: each
-    /// alone, as without group commit). It ends once this is dropped and its last batch
-    /// is answered.
-    pub(super) fn start(client: Client, limit: usize) -> GroupCommit {
+    /// alone, as without group commit), each waiting at most `wait` for the batches in
+    /// flight. It ends once this is dropped and its last batch is answered.
+    pub(super) fn start(client: Client, limit: usize, wait: Duration) -> GroupCommit {
         if limit <= 1 {
             return GroupCommit(Way::Alone(client));
         }
@@ -52,7 +61,7 @@ impl GroupCommit {
             requests: limit.max(1),
             ..BatchLimits::default()
         };
-        tokio::spawn(batcher(client, queue, limits));
+        tokio::spawn(batcher(client, queue, limits, wait));
         GroupCommit(Way::Batches(requests))
     }
 
@@ -79,17 +88,26 @@ impl GroupCommit {
 }
 
 /// The batcher: the requests queued while nothing is in flight go at once, as batches; those
-/// that come meanwhile wait until every batch of that round is answered.
-async fn batcher(client: Client, mut queue: mpsc::Receiver<Request>, limits: BatchLimits) {
+/// that come meanwhile wait until every batch in flight is answered, or `wait` since the last
+/// were sent.
+async fn batcher(
+    client: Client,
+    mut queue: mpsc::Receiver<Request>,
+    mut limits: BatchLimits,
+    wait: Duration,
+) {
     let mut waiting: Vec<Request> = Vec::new();
-    let mut in_flight = JoinSet::new();
+    let mut in_flight: JoinSet<Option<Refused>> = JoinSet::new();
+    let mut sent = Instant::now();
     loop {
-        if in_flight.is_empty() {
+        let overdue = !waiting.is_empty() && Instant::now() >= sent + wait;
+        if in_flight.is_empty() || overdue {
             while let Ok(request) = queue.try_recv() {
                 waiting.push(request);
             }
             for (batch, members) in gather(&mut waiting, &limits) {
                 in_flight.spawn(send(client.clone(), batch, members));
+                sent = Instant::now();
             }
         }
         if in_flight.is_empty() {
@@ -101,14 +119,43 @@ async fn batcher(client: Client, mut queue: mpsc::Receiver<Request>, limits: Bat
         }
         tokio::select! {
             biased;
-            Some(_) = in_flight.join_next() => {}
+            Some(done) = in_flight.join_next() => {
+                if let Ok(Some(refused)) = done {
+                    refused_for_its_size(&mut limits, refused, &mut waiting);
+                }
+            }
             request = queue.recv() => match request {
                 Some(request) => waiting.push(request),
-                // Dropped: finish the round, then stop.
+                // Dropped: finish what is in flight, then stop.
                 None => while in_flight.join_next().await.is_some() {},
             },
+            () = tokio::time::sleep_until(sent + wait), if !waiting.is_empty() => {}
         }
     }
+}
+
+/// A batch etcd refused for its count of operations: nothing of it applied.
+struct Refused {
+    ops: usize,
+    members: Vec<Request>,
+}
+
+/// Batches at most half the refused one's operations from now on; its requests go first in
+/// the next round.
+fn refused_for_its_size(limits: &mut BatchLimits, refused: Refused, waiting: &mut Vec<Request>) {
+    let ops = (refused.ops / 2).max(1);
+    if ops < limits.ops {
+        tracing::warn!(
+            refused = refused.ops,
+            now = ops,
+            "etcd refused a batch as too many operations (its --max-txn-ops is below 128): \
+             batches are smaller from now on"
+        );
+        limits.ops = ops;
+    }
+    let later = std::mem::take(waiting);
+    waiting.extend(refused.members);
+    waiting.extend(later);
 }
 
 /// The batches `waiting` goes in, in its order: each request joins the first batch it fits.
@@ -142,9 +189,16 @@ fn gather(waiting: &mut Vec<Request>, limits: &BatchLimits) -> Vec<(Batch, Vec<R
     batches
 }
 
-/// One batch to etcd, and each request's answer back.
-async fn send(mut client: Client, batch: Batch, members: Vec<Request>) {
+/// One batch to etcd, and each request's answer back; or, refused for its size, the batch's
+/// requests to send again.
+async fn send(mut client: Client, batch: Batch, members: Vec<Request>) -> Option<Refused> {
     let answer = client.txn(batch.txn()).await;
+    if members.len() > 1 && answer.as_ref().is_err_and(batch::too_many_ops) {
+        return Some(Refused {
+            ops: batch.ops(),
+            members,
+        });
+    }
     match answer.map(|a| batch::split(a, members.len())) {
         Ok(Some(answers)) => {
             for (m, a) in members.into_iter().zip(answers) {
@@ -164,6 +218,7 @@ async fn send(mut client: Client, batch: Batch, members: Vec<Request>) {
             }
         }
     }
+    None
 }
 
 /// The batcher is gone (its front-end is stopping).

@@ -76,6 +76,8 @@ mod breaks;
 mod broken;
 mod cause;
 mod commit;
+#[cfg(test)]
+mod commit_tests;
 mod confirm;
 mod confirmation;
 #[cfg(test)]

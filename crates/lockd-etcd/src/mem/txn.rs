@@ -1,5 +1,5 @@
 //! A transaction in the in-memory etcd, as etcd applies one: first etcd's checks (at most
-//! [`MAX_TXN_OPS`] operations, no key written twice in a branch), then every branch of the
+//! `--max-txn-ops` ([`super::MAX_TXN_OPS`] by default) operations, no key written twice in a branch), then every branch of the
 //! tree decided on the store as it was, then the writes at one new revision, or none at all
 //! if anything fails.
 
@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use super::super::mvccpb::{self, event::EventType};
 use super::super::pb::{self, compare, request_op, response_op};
-use super::{in_range, key_value, MemError, MemEtcd, Record, MAX_TXN_OPS};
+use super::{in_range, key_value, MemError, MemEtcd, Record};
 
 impl MemEtcd {
     /// [`MemEtcd::txn`] of a transaction as the client builds one: how a test steps a
@@ -19,7 +19,7 @@ impl MemEtcd {
     /// `Txn`: the compares decide the branch, whose operations apply in order, every write at
     /// one new revision (none if nothing is written). A failure changes nothing.
     pub fn txn(&mut self, req: &pb::TxnRequest) -> Result<pb::TxnResponse, MemError> {
-        if count_ops(req) > MAX_TXN_OPS {
+        if count_ops(req) > self.max_txn_ops {
             return Err(MemError::TooManyOps);
         }
         check_intervals(&req.success)?;

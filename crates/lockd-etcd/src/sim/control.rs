@@ -26,6 +26,13 @@ impl Net {
         ));
     }
 
+    /// etcd takes at most `n` operations in a transaction (its `--max-txn-ops`).
+    pub fn max_txn_ops(&self, n: usize) {
+        let mut w = self.world();
+        w.etcd.set_max_txn_ops(n);
+        w.note(format_args!("etcd: --max-txn-ops={n}"));
+    }
+
     /// Front-end `fe` crashed: nothing it sends arrives any more.
     pub fn kill(&self, fe: usize) {
         let mut w = self.world();
