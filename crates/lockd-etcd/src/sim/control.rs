@@ -36,7 +36,10 @@ impl Net {
     /// Front-end `fe` crashed: nothing it sends arrives any more.
     pub fn kill(&self, fe: usize) {
         let mut w = self.world();
-        w.front(fe).dead = true;
+        let at = w.now_ms();
+        let f = w.front(fe);
+        f.dead = true;
+        f.crashed_ms = at;
         w.note(format_args!("fe{fe}: crashed"));
     }
 

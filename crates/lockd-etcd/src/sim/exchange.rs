@@ -61,6 +61,16 @@ impl Net {
             return Err(timed_out());
         }
         travel(back, instant).await;
+        // An answer that comes to a crashed front-end was lost too.
+        if result.is_ok() && after != before {
+            let mut w = self.world();
+            let at = w.now_ms();
+            if w.front(fe).dead {
+                w.lost.push((fe, after));
+            } else {
+                w.answered.push((fe, after, at));
+            }
+        }
         result
     }
 

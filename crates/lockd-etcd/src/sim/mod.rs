@@ -82,6 +82,8 @@ struct Front {
     /// another write did: a front-end whose delete finds its waiter's key gone learns from
     /// its watch, or a read, that a grant took it.)
     learned: i64,
+    /// When it crashed (ms since the start), if it did.
+    crashed_ms: u64,
 }
 
 struct World {
@@ -112,9 +114,12 @@ struct World {
     /// Keys deleted by a lease's expiry: their create revision, when (ms since the start),
     /// the revision of the delete, and the key (one write may make several keys: a batch's).
     expired_keys: Vec<(i64, u64, i64, Vec<u8>)>,
-    /// Writes applied whose answer never reached their front-end (lost, or later than its
-    /// request timeout): the front-end, the revision.
+    /// Writes applied whose answer never reached their front-end (lost, later than its
+    /// request timeout, or come after it crashed): the front-end, the revision.
     lost: Vec<(usize, i64)>,
+    /// Writes whose answer reached their front-end: the front-end, the revision, when (ms
+    /// since the start).
+    answered: Vec<(usize, i64, u64)>,
     /// Transactions etcd refused as malformed (a key written twice, or put and deleted, in
     /// one branch): the front-end, when (ms since the start), and the transaction.
     malformed: Vec<(usize, u64, String)>,
@@ -215,6 +220,7 @@ impl Net {
             late: Vec::new(),
             malformed: Vec::new(),
             lost: Vec::new(),
+            answered: Vec::new(),
             watches: Vec::new(),
             expired_keys: Vec::new(),
         })))

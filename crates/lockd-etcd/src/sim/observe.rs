@@ -5,6 +5,7 @@
 
 use super::super::pb;
 use super::Net;
+use std::time::Duration;
 
 impl Net {
     /// Adds a line to the trace.
@@ -97,6 +98,32 @@ impl Net {
             .iter()
             .find(|(f2, rev)| *f2 == fe && *rev >= from && *rev > f.learned)
             .map(|(_, rev)| *rev)
+    }
+
+    /// A write of front-end `fe` at revision `from` or later whose answer reached it at most
+    /// `within` before it crashed, with no later write of it applied in between: its revision.
+    /// What that answer called for (a take-back), `fe` had no time to do.
+    pub fn crashed_on_answer(&self, fe: usize, from: i64, within: Duration) -> Option<i64> {
+        let mut w = self.world();
+        let f = *w.front(fe);
+        if !f.dead {
+            return None;
+        }
+        let last_write = w
+            .writers
+            .iter()
+            .filter(|(_, by)| *by == fe)
+            .map(|(rev, _)| *rev)
+            .max()?;
+        w.answered
+            .iter()
+            .find(|(by, rev, at)| {
+                *by == fe
+                    && *rev >= from
+                    && *rev == last_write
+                    && f.crashed_ms.saturating_sub(*at) <= within.as_millis() as u64
+            })
+            .map(|(_, rev, _)| *rev)
     }
 
     /// The front-end whose transaction made revision `rev` (a grant's holder key was
