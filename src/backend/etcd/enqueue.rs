@@ -92,6 +92,7 @@ impl Cluster {
         let (result, written) = self.send_writes(writes, adopted, &q.slot, &q.name).await;
         super::queueing::tell_replaced(replaced);
         self.enqueued(Pending { q, rx, id, wait }, result, written)
+            .await
     }
 
     /// Sends a queueing write of one name: the writes ahead first, then the last one, with
@@ -140,7 +141,7 @@ impl Cluster {
     /// its LOCK, as the core reads it ([`queue_answered`]): `ERR UNAVAILABLE` (its write may
     /// have been made all the same), decided again, or waiting at its place, unless the
     /// name's read shows the mirror misled it ([`misread`]).
-    fn enqueued(
+    async fn enqueued(
         self: &Arc<Self>,
         p: Pending,
         result: Result<rpc::TxnResponse, rpc::Error>,
@@ -175,9 +176,15 @@ impl Cluster {
                         id = &*id,
                         "a wait decided on the mirror: etcd's read says otherwise; decided again on it"
                     );
-                    // Left as a waiter whose connection went: its key out, a grant made to
-                    // it meanwhile taken back.
-                    self.abandon_wait(&q.name, q.waiter, rx);
+                    // Left as a waiter whose connection went (a grant made to it meanwhile
+                    // taken back), its key out first.
+                    if !self.leave_misread(&q.name, q.waiter, rx).await {
+                        return Err(BackendError::Unavailable(
+                            "etcd did not answer the withdrawal of this LOCK's first place in \
+                             the queue"
+                                .into(),
+                        ));
+                    }
                     return Ok(Queued::Misread(ns));
                 }
                 self.evaluate(&q.name);
