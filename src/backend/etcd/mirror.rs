@@ -254,5 +254,8 @@ pub(super) fn uid_of(value_uid: &str, slot: &str) -> String {
 }
 
 #[cfg(test)]
+#[path = "mirror_front_ends_tests.rs"]
+mod front_ends_tests;
+#[cfg(test)]
 #[path = "mirror_tests.rs"]
 pub(super) mod tests;

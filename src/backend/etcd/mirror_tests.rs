@@ -285,59 +285,6 @@ fn a_slot_is_gone_only_when_its_last_key_on_the_name_goes() {
     assert_eq!(m.name("y").expect("a holder").holders[&9].uid, "old.3");
 }
 
-/// A front-end whose key does not say its keys are in slots is of an older lockd: the watch
-/// says so in the log.
-#[test]
-fn a_front_end_of_an_older_lockd_is_told_apart() {
-    let l = Layout::new("/p/");
-    let mut m = Mirror::default();
-    let a = m.apply(
-        &l,
-        &[
-            put(l.front_end("new"), FRONT_END_VALUE.into(), 2, 2),
-            put(l.front_end("old"), String::new(), 3, 3),
-        ],
-        3,
-        Instant::now(),
-        0,
-    );
-    assert_eq!(a.older_front_ends, vec!["old".to_owned()]);
-    assert_eq!(m.front_ends.len(), 2);
-}
-
-/// A front-end's own key is gone only once the mirror has applied its last put and shows
-/// no key: a put not seen yet is no key gone.
-#[test]
-fn a_registration_is_gone_once_the_mirror_caught_up_with_its_put_and_shows_no_key() {
-    let l = Layout::new("/p/");
-    let mut m = Mirror::default();
-    assert!(!m.registration_gone("a", 0), "never put");
-    m.apply(
-        &l,
-        &[put(l.front_end("a"), FRONT_END_VALUE.into(), 2, 2)],
-        2,
-        Instant::now(),
-        0,
-    );
-    assert!(!m.registration_gone("a", 2));
-    // Put again at 5, not seen yet; then seen, then deleted (its etcd lease lapsed).
-    assert!(!m.registration_gone("a", 5));
-    m.apply(
-        &l,
-        &[put(l.front_end("a"), FRONT_END_VALUE.into(), 2, 5)],
-        5,
-        Instant::now(),
-        0,
-    );
-    assert!(!m.registration_gone("a", 5));
-    m.apply(&l, &[del(l.front_end("a"), 7)], 7, Instant::now(), 0);
-    assert!(m.registration_gone("a", 5));
-    assert!(
-        !m.registration_gone("a", 9),
-        "a put after the delete, not seen yet"
-    );
-}
-
 /// A session lease with a lock-delay, as its front-end writes it.
 fn session_holder(id: &str, delay_ms: u64) -> String {
     let mut v = HolderValue::decode(holder(id).as_bytes()).expect("a holder");
