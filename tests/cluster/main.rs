@@ -30,4 +30,5 @@ mod sets_wide;
 mod skew;
 mod slots;
 mod supersede;
+mod tokens;
 mod wait_ends;

@@ -30,6 +30,9 @@ const LEASE_TTL: Duration = Duration::from_secs(3);
 const EPOCH_MS: u64 = 1_780_000_000_000;
 /// Front-ends alive at most at once.
 const MAX_FRONTS: usize = 4;
+/// One seed in this many runs on a prefix an older lockd began (plain tokens).
+const PLAIN_EVERY: u64 = 5;
+
 /// One seed in this many is calm: no fault at all (answers are only slow, never past the
 /// request timeout), so no request may be answered `UNAVAILABLE`. Chosen by the seed's number,
 /// not its random source, so that every other seed runs as before.
@@ -253,11 +256,22 @@ async fn simulate(seed: u64) -> Outcome {
         calm,
         unavailable: Mutex::new(Vec::new()),
     });
+    if seed % PLAIN_EVERY == 1 {
+        // A prefix an older lockd began: tokens of the base plus the revision, one grant a
+        // transaction (`tokens.rs`). Chosen by the seed's number, not its random source.
+        let base = format!("{}meta/base", config().prefix);
+        net.put(&base, &lockd::backend::first_token().to_string());
+    }
     let fronts = 2 + rng.below(3) as usize;
     let clients = 3 + rng.below(5) as usize;
     world.note(format!(
-        "seed {seed}: {fronts} front-ends, {clients} clients{}",
-        if calm { ", calm" } else { "" }
+        "seed {seed}: {fronts} front-ends, {clients} clients{}{}",
+        if calm { ", calm" } else { "" },
+        if seed % PLAIN_EVERY == 1 {
+            ", plain tokens"
+        } else {
+            ""
+        }
     ));
     let mut runs: Vec<Option<JoinHandle<()>>> = Vec::new();
     for fe in 0..fronts {

@@ -12,6 +12,7 @@
 
 use prost::Message;
 
+use super::mem::count_ops;
 use super::pb::{self, request_op, response_op};
 use super::{Error, Txn, TxnOp, TxnResponse};
 
@@ -184,7 +185,7 @@ impl Batch {
         n <= limits.requests
             && self.bytes + txn.req.encoded_len() + 8 <= limits.bytes
             && n + self.widest.max(width(&txn.req)) <= limits.ops
-            && self.ops + weight(&txn.req) <= limits.ops
+            && self.ops + count_ops(&txn.req) <= limits.ops
             && !self.footprints.iter().any(|f| f.conflicts(footprint))
     }
 
@@ -192,7 +193,7 @@ impl Batch {
     pub fn push(&mut self, txn: Txn, footprint: Footprint) {
         self.bytes += txn.req.encoded_len() + 8;
         self.widest = self.widest.max(width(&txn.req));
-        self.ops += weight(&txn.req);
+        self.ops += count_ops(&txn.req);
         self.txns.push(txn);
         self.footprints.push(footprint);
     }
@@ -261,20 +262,6 @@ fn width(req: &pb::TxnRequest) -> usize {
         .max()
         .unwrap_or(0);
     own + nested
-}
-
-/// The operations of the tree as the in-memory etcd counts them (`mem::txn::count_ops`):
-/// the larger branch's, a nested transaction's own counted in its place.
-fn weight(req: &pb::TxnRequest) -> usize {
-    let ops = |ops: &[pb::RequestOp]| -> usize {
-        ops.iter()
-            .map(|op| match &op.request {
-                Some(request_op::Request::RequestTxn(t)) => weight(t).max(1),
-                _ => 1,
-            })
-            .sum()
-    };
-    ops(&req.success).max(ops(&req.failure))
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@
 mod lease;
 mod txn;
 
+pub(crate) use txn::count_ops;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::mvccpb;

@@ -13,6 +13,7 @@ use super::marks::MarkerValue;
 use super::mirror::{
     uid_of, Granted, HolderRecord, KeyChange, Mirror, NameState, WaiterRecord, FRONT_END_VALUE,
 };
+use super::tokens::Tokens;
 use super::values::{HolderValue, WaiterValue};
 
 /// What applying changes showed: events for watchers, and which names moved.
@@ -87,11 +88,8 @@ impl Mirror {
             };
             match key {
                 Key::Base => {
-                    if let Some(base) = std::str::from_utf8(&c.value)
-                        .ok()
-                        .and_then(|s| s.parse().ok())
-                    {
-                        self.base = base;
+                    if let Some(tokens) = Tokens::parse(&c.value, c.mod_rev) {
+                        self.tokens = tokens;
                     }
                 }
                 // Read by the watch itself (the waiter's front-end answers its client).
@@ -197,7 +195,7 @@ impl Mirror {
         (now, wall_ms): (Instant, u64),
         out: &mut Applied,
     ) {
-        let base = self.base;
+        let tokens = self.tokens;
         let ns = self.names.entry(name.clone()).or_default();
         ns.last_rev = c.mod_rev;
         out.touched.insert(name.clone());
@@ -220,14 +218,14 @@ impl Mirror {
             if let Some(old) = ns.holders.get(&rev) {
                 self.ends.remove(&(old.ends_at, name.clone(), old.rev));
                 if old.lease != 0 && holder.lease == 0 {
-                    out.off_lease.push(Granted::of(base, &name, &holder));
+                    out.off_lease.push(Granted::of(tokens, &name, &holder));
                 }
-                if let Some(breaking) = breaking(base, &name, old, &holder, wall_ms) {
+                if let Some(breaking) = breaking(tokens, &name, old, &holder, wall_ms) {
                     out.event(c.mod_rev, breaking);
                 }
             } else {
-                out.granted.push(Granted::of(base, &name, &holder));
-                out.event(c.mod_rev, acquired(base, &name, &holder));
+                out.granted.push(Granted::of(tokens, &name, &holder));
+                out.event(c.mod_rev, acquired(tokens, &name, &holder));
             }
             self.ends.insert((holder.ends_at, name.clone(), rev));
             ns.holders.insert(rev, holder);
@@ -254,7 +252,7 @@ impl Mirror {
                 ns.holders.insert(rev, kept);
                 return;
             }
-            out.event(c.mod_rev, ended(base, &name, &old, marker, wall_ms));
+            out.event(c.mod_rev, ended(tokens, &name, &old, marker, wall_ms));
         }
     }
 }

@@ -47,6 +47,7 @@ impl AtOnce {
 /// right after needs no read); its token.
 pub(super) fn granted_at_once(g: &mut ClusterState, a: AtOnce, rev: i64, now: Instant) -> Token {
     g.wrote(&a.name, rev, false);
+    let token = g.mirror.token(rev, &a.slot);
     if rev > g.mirror.rev {
         let holder = HolderRecord {
             key: a.key,
@@ -61,5 +62,5 @@ pub(super) fn granted_at_once(g: &mut ClusterState, a: AtOnce, rev: i64, now: In
         };
         g.fresh.insert((a.name, rev), holder);
     }
-    g.mirror.token(rev)
+    token
 }

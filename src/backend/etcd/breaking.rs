@@ -32,7 +32,18 @@ pub(super) fn to_break(
 ) -> Result<Vec<HolderRecord>, TableError> {
     ns.holders.retain(|_, h| !h.left(now).is_zero());
     let only = match token {
-        Some(token) => Some(g.mirror.rev_of(token).ok_or(TableError::NotHeld)?),
+        Some(token) => {
+            let rev = g.mirror.rev_of(token).ok_or(TableError::NotHeld)?;
+            // (A dense revision's other tokens are other names' holders.)
+            if ns
+                .holders
+                .get(&rev)
+                .is_some_and(|h| !g.mirror.is_token_of(token, h))
+            {
+                return Err(TableError::NotHeld);
+            }
+            Some(rev)
+        }
         None => None,
     };
     let revs = rules::breaks(&ns.view(me.fe), only.as_ref())?;
@@ -84,7 +95,7 @@ pub(super) fn break_one(
     (by, force): (&Origin, bool),
     wall_ms: u64,
 ) -> BreakOne {
-    let token = g.mirror.token(holder.rev);
+    let token = g.mirror.token(holder.rev, &holder.slot);
     if holder.value.broken_by.is_some() && !force {
         return BreakOne::Done;
     }

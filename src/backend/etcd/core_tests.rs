@@ -38,6 +38,7 @@ const CORE: &[(&str, &str)] = &[
     ("slots", include_str!("slots.rs")),
     ("state", include_str!("state.rs")),
     ("supersede", include_str!("supersede.rs")),
+    ("tokens", include_str!("tokens.rs")),
     ("values", include_str!("values.rs")),
     ("view", include_str!("view.rs")),
     ("waits", include_str!("waits.rs")),

@@ -22,7 +22,8 @@ use super::{guards, ClusterState};
 /// The write that ends a holder, and the head waiter it grants if its first branch succeeds.
 pub(super) struct Ended {
     pub txn: Txn,
-    pub head: Option<(String, HolderValue)>,
+    /// The head waiter the same write grants, if it fits: its id, its slot and its record.
+    pub head: Option<(String, String, HolderValue)>,
     /// Why it ends.
     pub kind: EventKind,
 }
@@ -122,7 +123,7 @@ pub(super) fn end_txn(
         .or_else([TxnOp::txn(plain)]);
     Ended {
         txn,
-        head: Some((head.value.id.clone(), value)),
+        head: Some((head.value.id.clone(), head.slot.clone(), value)),
         kind,
     }
 }
@@ -253,8 +254,8 @@ pub(super) fn ended(
     }
     let mut back = None;
     let granted = match (depth, &ended.head) {
-        (0, Some((id, value))) => {
-            let token = g.mirror.token(rev);
+        (0, Some((id, slot, value))) => {
+            let token = g.mirror.token(rev, slot);
             if value.fe == fe {
                 let handover = HandOver(rev);
                 back = deliver_own(g, &value.uid, name, token, value.ttl_ms, handover, now);

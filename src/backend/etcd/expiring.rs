@@ -77,7 +77,7 @@ pub(super) fn expiry(g: &mut ClusterState, fe: &str, now: Instant, wall_ms: u64)
     let due = due
         .into_iter()
         .map(|(name, rev, holder)| {
-            let ending = ending(&holder, g.mirror.token(rev), wall_ms);
+            let ending = ending(&holder, g.mirror.token(rev, &holder.slot), wall_ms);
             (name, rev, holder, ending)
         })
         .collect();
@@ -124,7 +124,7 @@ pub(super) fn delay_over(
     rev: i64,
     wall_ms: u64,
 ) -> Option<Event> {
-    let base = g.mirror.base;
+    let tokens = g.mirror.tokens;
     let ns = g.mirror.names.get_mut(name)?;
     let kept = ns.holders.remove(&rev)?;
     let empty = ns.is_empty();
@@ -132,7 +132,7 @@ pub(super) fn delay_over(
     if empty {
         g.mirror.names.remove(name);
     }
-    let event = super::holder_events::ended(base, name, &kept, None, wall_ms);
+    let event = super::holder_events::ended(tokens, name, &kept, None, wall_ms);
     let event = Event {
         kind: kept.value.delaying.unwrap_or(EventKind::Dropped),
         ..event

@@ -75,9 +75,9 @@ impl Cluster {
                 changes.extend(got.kvs().iter().map(|kv| super::watch::change(kv, true)));
             }
         }
-        let base = self.base_token();
+        let tokens = self.tokens();
         let seen = (now(), super::wall_ms());
-        reads::states_read(&self.layout, base, &changes, rev, names, seen)
+        reads::states_read(&self.layout, tokens, &changes, rev, names, seen)
     }
 
     /// Waits (at most a request timeout) until the mirror shows this front-end's own last

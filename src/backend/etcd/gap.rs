@@ -15,10 +15,11 @@
 
 use std::time::Instant;
 
-use crate::locks::{Event, Token};
+use crate::locks::Event;
 
 use super::holder_events;
 use super::mirror::{HolderRecord, Mirror, NameState};
+use super::tokens::Tokens;
 
 /// Keeps in `new` the leases in their lock-delay that `old` kept without a key
 /// ([`HolderRecord::keyless`]), and makes such of those whose key went in the gap with no
@@ -59,13 +60,13 @@ pub(super) fn events(old: &Mirror, new: &Mirror, wall_ms: u64) -> Vec<Event> {
     for name in names {
         let was = old.names.get(name).unwrap_or(&empty);
         let is = new.names.get(name).unwrap_or(&empty);
-        name_events((new.base, wall_ms), name, was, is, &mut out);
+        name_events((new.tokens, wall_ms), name, was, is, &mut out);
     }
     out
 }
 
 fn name_events(
-    (base, wall_ms): (Token, u64),
+    (tokens, wall_ms): (Tokens, u64),
     name: &str,
     was: &NameState,
     is: &NameState,
@@ -77,18 +78,20 @@ fn name_events(
         .filter(|h| !is.holders.contains_key(&h.rev))
     {
         let marker = is.marker.as_ref().filter(|m| m.rev == gone.rev);
-        out.push(holder_events::ended(base, name, gone, marker, wall_ms));
+        out.push(holder_events::ended(tokens, name, gone, marker, wall_ms));
     }
     let both = is
         .holders
         .values()
         .filter_map(|h| Some((was.holders.get(&h.rev)?, h)));
-    out.extend(both.filter_map(|(was, is)| holder_events::breaking(base, name, was, is, wall_ms)));
+    out.extend(
+        both.filter_map(|(was, is)| holder_events::breaking(tokens, name, was, is, wall_ms)),
+    );
     let new = is
         .holders
         .values()
         .filter(|h| !was.holders.contains_key(&h.rev));
-    out.extend(new.map(|h: &HolderRecord| holder_events::acquired(base, name, h)));
+    out.extend(new.map(|h: &HolderRecord| holder_events::acquired(tokens, name, h)));
 }
 
 #[cfg(test)]
@@ -97,7 +100,7 @@ mod tests {
     use crate::backend::etcd::mirror;
     use crate::locks::EventKind;
 
-    fn kinds(events: &[Event]) -> Vec<(&str, Token)> {
+    fn kinds(events: &[Event]) -> Vec<(&str, crate::locks::Token)> {
         events.iter().map(|e| (e.kind.as_str(), e.token)).collect()
     }
 
@@ -112,11 +115,14 @@ mod tests {
     fn a_hand_over_in_the_gap_is_its_end_then_its_grant() {
         let a = mirror::tests::one_holder("n", 5, None);
         let mut b = mirror::tests::one_holder("n", 9, Some((EventKind::Released, 5)));
-        b.base = a.base;
+        b.tokens = a.tokens;
         let got = events(&a, &b, 0);
         assert_eq!(
             kinds(&got),
-            vec![("released", a.base + 5), ("acquired", a.base + 9)]
+            vec![
+                ("released", a.tokens.base + 5),
+                ("acquired", a.tokens.base + 9)
+            ]
         );
     }
 
@@ -124,7 +130,7 @@ mod tests {
     fn an_end_whose_marker_was_overwritten_is_told_as_dropped() {
         let a = mirror::tests::one_holder("n", 5, None);
         let b = mirror::tests::one_holder("n", 9, Some((EventKind::Expired, 7)));
-        assert_eq!(kinds(&events(&a, &b, 0))[0], ("dropped", a.base + 5));
+        assert_eq!(kinds(&events(&a, &b, 0))[0], ("dropped", a.tokens.base + 5));
     }
 
     #[test]
@@ -135,7 +141,7 @@ mod tests {
             h.value.broken_by = Some(crate::locks::Origin::default());
         }
         let got = events(&a, &b, 0);
-        assert_eq!(kinds(&got), vec![("broken", a.base + 5)]);
+        assert_eq!(kinds(&got), vec![("broken", a.tokens.base + 5)]);
         assert_eq!(got[0].kind, EventKind::Breaking);
     }
 }

@@ -35,12 +35,12 @@ impl Cluster {
         let shown = {
             let mut g = self.guard();
             g.left.insert(uid.to_owned());
-            let base = g.mirror.base;
+            let tokens = g.mirror.tokens;
             let holder = g
                 .mirror
                 .name(name)
                 .and_then(|ns| ns.holders.values().find(|h| h.uid == uid && !h.keyless));
-            holder.map(|h| super::mirror::Granted::of(base, name, h))
+            holder.map(|h| super::mirror::Granted::of(tokens, name, h))
         };
         // Shown by the watch before the answer failed: decided now, as the watch would have.
         if let Some(gr) = shown {

@@ -221,7 +221,7 @@ pub(super) fn head_answered(
         }
         // The waiter hears of it now, or from the watch if that saw it first (the watch also
         // delivers a grant whose answer was lost on the way back).
-        let token = g.mirror.token(rev);
+        let token = g.mirror.token(rev, &a.slot);
         let back = deliver(
             g,
             &a.uid,

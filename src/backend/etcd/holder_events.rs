@@ -6,25 +6,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::locks::{Event, EventKind, Origin, Token};
+use crate::locks::{Event, EventKind, Origin};
+
+use super::tokens::Tokens;
 
 use super::marks::MarkerValue;
 use super::mirror::HolderRecord;
 use super::values::HolderValue;
 
 /// The event of `holder`'s grant.
-pub(super) fn acquired(base: Token, name: &str, holder: &HolderRecord) -> Event {
+pub(super) fn acquired(tokens: Tokens, name: &str, holder: &HolderRecord) -> Event {
     Event {
         waited: holder.value.waited_ms.map(Duration::from_millis),
         note: holder.value.note(),
-        ..holder_event(EventKind::Acquired, base, name, holder)
+        ..holder_event(EventKind::Acquired, tokens, name, holder)
     }
 }
 
 /// The event of a BREAK without `force` that `now` shows and `was` did not (over for its
 /// holder, still in its place), if it is one.
 pub(super) fn breaking(
-    base: Token,
+    tokens: Tokens,
     name: &str,
     was: &HolderRecord,
     now: &HolderRecord,
@@ -36,14 +38,14 @@ pub(super) fn breaking(
     Some(Event {
         held: held(&now.value, wall_ms),
         broken_by: by.clone(),
-        ..holder_event(EventKind::Breaking, base, name, now)
+        ..holder_event(EventKind::Breaking, tokens, name, now)
     })
 }
 
 /// The event of `holder`'s end: `marker` (written by the transaction that ended it) says
 /// why; without one, the lease went with its front-end's etcd lease (`dropped`).
 pub(super) fn ended(
-    base: Token,
+    tokens: Tokens,
     name: &str,
     holder: &HolderRecord,
     marker: Option<&MarkerValue>,
@@ -60,16 +62,16 @@ pub(super) fn ended(
     Event {
         held: held(&holder.value, wall_ms),
         broken_by,
-        ..holder_event(kind, base, name, holder)
+        ..holder_event(kind, tokens, name, holder)
     }
 }
 
-fn holder_event(kind: EventKind, base: Token, name: &str, holder: &HolderRecord) -> Event {
+fn holder_event(kind: EventKind, tokens: Tokens, name: &str, holder: &HolderRecord) -> Event {
     Event {
         kind,
         name: Arc::from(name),
         id: holder.value.id.as_str().into(),
-        token: base + holder.rev as Token,
+        token: tokens.of(holder.rev, &holder.slot),
         held: Duration::ZERO,
         waited: None,
         origin: holder.value.origin(),

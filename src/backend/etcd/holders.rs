@@ -26,7 +26,10 @@ impl Cluster {
         let known = holding::known_holder(&self.guard(), name, token)?;
         match known {
             Known::Here(holder) => Ok(*holder),
-            Known::Read(rev) => self.read_holder(name, rev).await,
+            Known::Read(rev) => {
+                let holder = self.read_holder(name, rev).await?;
+                Ok(holding::with_token(&self.guard(), token, holder)?)
+            }
         }
     }
 
@@ -127,6 +130,7 @@ impl Cluster {
             .ok_or(BackendError::Table(TableError::NotHeld))?;
         let holder = self.read_holder(name, rev).await?;
         let g = self.guard();
+        let holder = holding::with_token(&g, token, holder)?;
         Ok(renewal::time_left(
             &g,
             name,

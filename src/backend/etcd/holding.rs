@@ -40,15 +40,29 @@ pub(super) fn known_holder(
         if h.keyless {
             return Err(TableError::NotHeld);
         }
-        return Ok(Known::Here(Box::new(h.clone())));
+        return Ok(Known::Here(Box::new(with_token(g, token, h.clone())?)));
     }
     if let Some(h) = g.fresh.get(&(name.to_owned(), rev)) {
-        return Ok(Known::Here(Box::new(h.clone())));
+        return Ok(Known::Here(Box::new(with_token(g, token, h.clone())?)));
     }
     if g.mirror.rev >= rev {
         return Err(TableError::NotHeld);
     }
     Ok(Known::Read(rev))
+}
+
+/// `holder`, if `token` is its: a dense revision's other tokens are other holders' (of other
+/// names, granted by the same write; `tokens.rs`).
+pub(super) fn with_token(
+    g: &ClusterState,
+    token: Token,
+    holder: HolderRecord,
+) -> Result<HolderRecord, TableError> {
+    if g.mirror.is_token_of(token, &holder) {
+        Ok(holder)
+    } else {
+        Err(TableError::NotHeld)
+    }
 }
 
 /// The holder of `name` created at `rev` among `kvs`, a linearizable read of the name's

@@ -9,6 +9,7 @@ use super::holding::{known_holder, owned, rewrite, rewrite_in_place, wrote_lease
 use super::mirror::HolderRecord;
 use super::rpc::{GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use super::stepping::{waiter_value, Core, Stage, BASE};
+use super::tokens::Tokens;
 use super::values::HolderValue;
 use crate::locks::TableError;
 
@@ -133,4 +134,42 @@ fn only_its_owner_acts_on_a_live_lease() {
         Err(TableError::NotHeld),
         "its time is up"
     );
+}
+
+#[test]
+fn on_a_dense_prefix_two_grants_of_one_write_have_two_tokens_each_naming_its_own_holder() {
+    let mut stage = Stage::new();
+    let mut b = stage.core("fe-b");
+    let base = Tokens::fresh_value(BASE);
+    let resp = stage.write(&Txn::new().and_then([TxnOp::put(stage.layout.base(), base, None)]));
+    let tokens = Tokens::parse(
+        Tokens::fresh_value(BASE).as_bytes(),
+        resp.header().map_or(0, |h| h.revision()),
+    );
+    b.g.mirror.tokens = tokens.expect("dense");
+    let holder = |client: &str, fe: &str| waiter_value(&format!("{fe}-1"), client, fe, 0).holder(0);
+    let grants = Txn::new().and_then([
+        TxnOp::put(
+            stage.layout.holder("x", "fe-a.1"),
+            holder("c1", "fe-a").encode(),
+            None,
+        ),
+        TxnOp::put(
+            stage.layout.holder("y", "fe-b.2"),
+            holder("c2", "fe-b").encode(),
+            None,
+        ),
+    ]);
+    let rev = stage.write(&grants).header().map_or(0, |h| h.revision());
+    stage.sync(&mut b);
+    let (x, y) = (
+        b.g.mirror.token(rev, "fe-a.1"),
+        b.g.mirror.token(rev, "fe-b.2"),
+    );
+    assert_ne!(x, y);
+    assert!(matches!(known_holder(&b.g, "x", x), Ok(Known::Here(h)) if h.value.id == "c1"));
+    assert!(matches!(known_holder(&b.g, "y", y), Ok(Known::Here(h)) if h.value.id == "c2"));
+    // The other grant's token, on the wrong name: no lease of this one's.
+    assert_eq!(known_holder(&b.g, "x", y).err(), Some(TableError::NotHeld));
+    assert_eq!(known_holder(&b.g, "y", x).err(), Some(TableError::NotHeld));
 }

@@ -3,11 +3,11 @@
 //! records, superseded marks), both as `key=value` words (`words.rs`).
 //!
 //! Under the deployment's prefix `P`:
-//! - `P h/<name>/<slot>`: one holder of `name` (its create revision, plus the token base, is its
-//!   fencing token). The slot is the front-end's (`<fe>.<n>`), used again once its keys are
+//! - `P h/<name>/<slot>`: one holder of `name` (its create revision and its slot make its
+//!   fencing token, `tokens.rs`). The slot is the front-end's (`<fe>.<n>`), used again once its keys are
 //!   gone (`slots.rs`); the request's own uid, unique, is in the value (`uid=`; a record of
 //!   an older lockd has none: its slot is its uid). A set of names (`LOCK ... and=`) is one
-//!   holder key per name, all in the same slot, written by one transaction (so one create revision: one token), their
+//!   holder key per name, all in the same slot, written by one transaction (so one create revision and one slot: one token), their
 //!   values alike and naming every name of the set (`set=`): whichever name a request
 //!   names, the write that renews or ends it reaches every key of the set. A plain lease's
 //!   key has no etcd lease, so it outlives its front-end; a
@@ -31,7 +31,7 @@
 //!   naming the superseding LOCK's id, so that the waiter's front-end answers `ERR
 //!   SUPERSEDED` (or `ERR REPLACED` for the same id) rather than "lost"; deleted right after.
 //! - `P fe/<id>`: a live front-end, on its etcd lease.
-//! - `P meta/base`: the token base, chosen once.
+//! - `P meta/base`: the token base, chosen once, and the tokens' form (`tokens.rs`).
 //!
 //! Names and ids may hold any printable character but whitespace, `/` included: in keys they
 //! are percent-encoded (as are the values of the words).

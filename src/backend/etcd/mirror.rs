@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crate::locks::{rules, EventKind, Mode, Token};
 
 use super::marks::MarkerValue;
+use super::tokens::Tokens;
 use super::values::{HolderValue, WaiterValue};
 
 /// The value of a front-end's key (`P fe/<id>`): its keys are in slots (`slots.rs`). An older
@@ -115,11 +116,11 @@ pub struct Granted {
 }
 
 impl Granted {
-    pub fn of(base: Token, name: &str, h: &HolderRecord) -> Granted {
+    pub fn of(tokens: Tokens, name: &str, h: &HolderRecord) -> Granted {
         Granted {
             uid: h.uid.clone(),
             name: name.to_owned(),
-            token: base + h.rev as Token,
+            token: tokens.of(h.rev, &h.slot),
             rev: h.rev,
             mod_rev: h.mod_rev,
             fe: h.value.fe.clone(),
@@ -200,7 +201,7 @@ pub struct Mirror {
     pub front_ends: HashSet<String>,
     /// Holders by when they end ([`HolderRecord::ends_at`]): the expiry timer's structure.
     pub ends: BTreeSet<(Instant, String, i64)>,
-    pub base: Token,
+    pub tokens: Tokens,
 }
 
 impl Mirror {
@@ -208,16 +209,20 @@ impl Mirror {
         self.names.get(name)
     }
 
-    pub fn token(&self, rev: i64) -> Token {
-        self.base + rev as Token
+    /// The token of a holder created at `rev` in `slot` ([`Tokens::of`]).
+    pub fn token(&self, rev: i64, slot: &str) -> Token {
+        self.tokens.of(rev, slot)
     }
 
-    /// The create revision a token stands for, if it can be one of this cluster's.
+    /// The create revision a token stands for, if it can be one of this cluster's: the
+    /// holder it names is the one created then that [`Mirror::is_token_of`] it.
     pub fn rev_of(&self, token: Token) -> Option<i64> {
-        token
-            .checked_sub(self.base)
-            .filter(|r| *r > 0)
-            .and_then(|r| i64::try_from(r).ok())
+        self.tokens.rev_of(token)
+    }
+
+    /// Whether `token` is `holder`'s (a dense revision has several holders' tokens).
+    pub fn is_token_of(&self, token: Token, holder: &HolderRecord) -> bool {
+        self.tokens.of(holder.rev, &holder.slot) == token
     }
 
     /// Whether front-end `fe`'s own key, last put at revision `put_at` (0: not yet), is gone

@@ -49,7 +49,7 @@ pub(in crate::backend::etcd) fn one_holder(
 ) -> Mirror {
     let l = Layout::new("/p/");
     let mut m = Mirror {
-        base: 1000,
+        tokens: Tokens::plain(1000),
         ..Mirror::default()
     };
     let mut changes = vec![put(l.holder(name, "u1"), holder("me"), rev, rev)];
@@ -64,7 +64,7 @@ pub(in crate::backend::etcd) fn one_holder(
 fn grant_then_expiry_are_events_with_their_kind() {
     let l = Layout::new("/p/");
     let mut m = Mirror {
-        base: 1000,
+        tokens: Tokens::plain(1000),
         ..Mirror::default()
     };
     let a = m.apply(

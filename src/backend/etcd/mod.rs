@@ -172,6 +172,7 @@ mod status;
 #[cfg(test)]
 mod stepping;
 mod supersede;
+mod tokens;
 mod values;
 mod view;
 mod waiters;

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::rpc::{GetOptions, TxnOp};
 
-use crate::locks::Token;
+use super::tokens::Tokens;
 
 use super::keys::Layout;
 use super::mirror::{KeyChange, Mirror, NameState};
@@ -27,17 +27,17 @@ pub(super) fn name_reads(layout: &Layout, name: &str) -> [TxnOp; 3] {
 }
 
 /// The state of each of `names` at revision `rev`, from the keys their [`name_reads`]
-/// found (`changes`: each a put), taken in at `now` and `wall_ms` with tokens from `base`.
+/// found (`changes`: each a put), taken in at `now` and `wall_ms` with `tokens`.
 pub(super) fn states_read(
     layout: &Layout,
-    base: Token,
+    tokens: Tokens,
     changes: &[KeyChange],
     rev: i64,
     names: &[String],
     (now, wall_ms): (Instant, u64),
 ) -> Vec<NameState> {
     let mut all = Mirror {
-        base,
+        tokens,
         ..Mirror::default()
     };
     all.apply(layout, changes, rev, now, wall_ms);

@@ -10,6 +10,7 @@ use super::mirror::NameState;
 use super::reads::{emptied_by_own_write, name_reads, own_write_unseen, states_read, with_delays};
 use super::rpc::{Txn, TxnOp, TxnOpResponse};
 use super::stepping::{waiter_value, Stage, BASE};
+use super::tokens::Tokens;
 use super::values::HolderValue;
 use crate::locks::EventKind;
 
@@ -36,7 +37,14 @@ fn read(stage: &mut Stage, names: &[String]) -> (Vec<NameState>, i64) {
             changes.extend(got.kvs().iter().map(|kv| super::watch::change(kv, true)));
         }
     }
-    let states = states_read(&stage.layout, BASE, &changes, rev, names, (stage.now, 0));
+    let states = states_read(
+        &stage.layout,
+        Tokens::plain(BASE),
+        &changes,
+        rev,
+        names,
+        (stage.now, 0),
+    );
     (states, rev)
 }
 

@@ -192,7 +192,7 @@ pub(super) fn again_answered(
     };
     let rev = revision(resp);
     wrote_lease(g, name, &a.value, rev);
-    let token = g.mirror.token(holder.rev);
+    let token = g.mirror.token(holder.rev, &holder.slot);
     Some(LockStart::Granted {
         token,
         handover: HandOver(rev),

@@ -78,7 +78,7 @@ impl Cluster {
     /// member is down) is sent again at once: the client spreads requests over every
     /// endpoint and may pick a dead one, and it has no fail-over of its own.
     pub(super) async fn txn(&self, txn: Txn) -> Result<rpc::TxnResponse, rpc::Error> {
-        let footprint = footprint(&self.layout, &txn);
+        let footprint = footprint(&self.layout, self.tokens(), &txn);
         let mut tries = 0u64;
         loop {
             let started = crate::backend::now();

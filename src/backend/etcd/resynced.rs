@@ -42,9 +42,9 @@ pub(super) fn reread(
     rev: i64,
     (now, wall_ms): (Instant, u64),
 ) -> Reread {
-    let base = g.mirror.base;
+    let tokens = g.mirror.tokens;
     let fresh = Mirror {
-        base,
+        tokens,
         ..Mirror::default()
     };
     let old = std::mem::replace(&mut g.mirror, fresh);
@@ -95,14 +95,14 @@ pub(super) fn resynced(
 ) -> Resynced {
     let mut touched: Vec<String> = old.names.keys().cloned().collect();
     touched.extend(g.mirror.names.keys().cloned());
-    let base = g.mirror.base;
+    let tokens = g.mirror.tokens;
     let shown: Vec<Granted> = g
         .mirror
         .names
         .iter()
         .flat_map(|(name, ns)| {
             let keyed = ns.holders.values().filter(|h| !h.keyless);
-            keyed.map(move |h| Granted::of(base, name, h))
+            keyed.map(move |h| Granted::of(tokens, name, h))
         })
         .filter(|gr| gr.fe == me.fe)
         .filter(|gr| g.by_uid.contains_key(&gr.uid) || g.left.contains(&gr.uid))

@@ -159,10 +159,10 @@ impl super::ClusterState {
     fn live(&self, token: Token, name: &str) -> bool {
         self.mirror.rev_of(token).is_some_and(|rev| {
             rev > self.mirror.rev
-                || self
-                    .mirror
-                    .name(name)
-                    .is_some_and(|ns| ns.holder_by_rev(rev).is_some())
+                || self.mirror.name(name).is_some_and(|ns| {
+                    ns.holder_by_rev(rev)
+                        .is_some_and(|h| self.mirror.is_token_of(token, h))
+                })
         })
     }
 }

@@ -84,5 +84,5 @@ pub(super) fn granted_set_at_once(
             g.fresh.insert((name.clone(), rev), holder);
         }
     }
-    g.mirror.token(rev)
+    g.mirror.token(rev, &a.slot)
 }

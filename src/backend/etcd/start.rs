@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, Notify};
 
 use super::rpc::{Client, ConnectOptions, Txn, TxnOp};
+use super::tokens::Tokens;
 use super::{
     commit, guards, quorum, secure, stats, wall_ms, Cluster, ClusterState, Layout, Settings, RETRY,
 };
@@ -126,10 +127,11 @@ impl Cluster {
     }
 
     /// The token base: chosen once per prefix (wall-clock microseconds, as the embedded
-    /// backend starts its tokens, so tokens keep growing across a move between backends).
+    /// backend starts its tokens, so tokens keep growing across a move between backends),
+    /// dense on a prefix this front-end starts (`tokens.rs`).
     async fn load_base(&self) -> Result<(), BackendError> {
         let key = self.layout.base();
-        let first = crate::backend::first_token().to_string();
+        let first = Tokens::fresh_value(crate::backend::first_token());
         let txn = Txn::new()
             .when([guards::absent(&key)])
             .and_then([TxnOp::put(key.clone(), first, None)])
@@ -139,12 +141,12 @@ impl Cluster {
             .get(key, None)
             .await
             .map_err(|e| self.unavailable(&e))?;
-        let base = got
+        let tokens = got
             .kvs()
             .first()
-            .and_then(|kv| kv.value_str().ok()?.parse().ok())
+            .and_then(|kv| Tokens::parse(kv.value(), kv.mod_revision()))
             .ok_or_else(|| BackendError::Unavailable("etcd: no token base".into()))?;
-        self.guard().mirror.base = base;
+        self.guard().mirror.tokens = tokens;
         Ok(())
     }
 }

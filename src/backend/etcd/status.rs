@@ -3,28 +3,29 @@
 use std::time::Duration;
 
 use crate::backend::{now, BackendError, Detail, StatusView};
-use crate::locks::{LockStatus, Token, WaiterStatus};
+use crate::locks::{LockStatus, WaiterStatus};
 
 use super::mirror::{HolderRecord, NameState};
+use super::tokens::Tokens;
 use super::Cluster;
 
 impl Cluster {
-    pub(super) fn base_token(&self) -> Token {
-        self.guard().mirror.base
+    pub(super) fn tokens(&self) -> Tokens {
+        self.guard().mirror.tokens
     }
 
     /// STATUS of one name, as this front-end's watch has seen it (milliseconds behind).
     pub async fn status(&self, name: &str) -> Result<Option<LockStatus>, BackendError> {
-        let base = self.base_token();
+        let tokens = self.tokens();
         let g = self.guard();
         Ok(g.mirror
             .name(name)
-            .and_then(|ns| Self::status_with(base, name, ns)))
+            .and_then(|ns| Self::status_with(tokens, name, ns)))
     }
 
-    fn status_with(base: Token, name: &str, ns: &NameState) -> Option<LockStatus> {
+    fn status_with(tokens: Tokens, name: &str, ns: &NameState) -> Option<LockStatus> {
         let first = ns.holders.values().next()?;
-        Some(holder_status(base, name, first, ns))
+        Some(holder_status(tokens, name, first, ns))
     }
 
     /// `STATUS <name> detail` from the mirror, with at most `max` waiters; `None` while free.
@@ -33,12 +34,12 @@ impl Cluster {
         name: &str,
         max: usize,
     ) -> Result<Option<Detail>, BackendError> {
-        let base = self.base_token();
+        let tokens = self.tokens();
         let g = self.guard();
         let Some(ns) = g.mirror.name(name) else {
             return Ok(None);
         };
-        let Some(status) = Self::status_with(base, name, ns) else {
+        let Some(status) = Self::status_with(tokens, name, ns) else {
             return Ok(None);
         };
         let at = self.wall_ms();
@@ -49,7 +50,7 @@ impl Cluster {
                 .values()
                 .map(|h| LockStatus {
                     origin: h.value.origin(),
-                    ..holder_status(base, name, h, ns)
+                    ..holder_status(tokens, name, h, ns)
                 })
                 .collect(),
             queue: ns
@@ -69,25 +70,25 @@ impl Cluster {
 
     /// Every lock, for `STATUS` without a name, from the mirror.
     pub async fn status_snapshot(&self) -> Result<StatusView, BackendError> {
-        let base = self.base_token();
+        let tokens = self.tokens();
         let locks = {
             let g = self.guard();
             g.mirror
                 .names
                 .iter()
-                .filter_map(|(name, ns)| Self::status_with(base, name, ns))
+                .filter_map(|(name, ns)| Self::status_with(tokens, name, ns))
                 .collect()
         };
         Ok(StatusView::of(locks))
     }
 }
 
-fn holder_status(base: Token, name: &str, h: &HolderRecord, ns: &NameState) -> LockStatus {
+fn holder_status(tokens: Tokens, name: &str, h: &HolderRecord, ns: &NameState) -> LockStatus {
     let at = super::wall_ms();
     LockStatus {
         name: name.into(),
         holder: h.value.id.as_str().into(),
-        token: base + h.rev as Token,
+        token: tokens.of(h.rev, &h.slot),
         left: h.left(now()),
         held: Duration::from_millis(at.saturating_sub(h.value.granted_ms)),
         session: h.value.session_ms.is_some(),

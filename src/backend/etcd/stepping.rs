@@ -14,6 +14,7 @@ use super::mirror::KeyChange;
 use super::rpc::mem::MemEtcd;
 use super::rpc::{Txn, TxnResponse};
 use super::state::{ClusterState, Local};
+use super::tokens::Tokens;
 use super::values::WaiterValue;
 use super::watched::{watched, Watched};
 use super::Phase;
@@ -48,7 +49,7 @@ impl Stage {
     /// Front-end `fe`'s core, before it read anything.
     pub(super) fn core(&self, fe: &str) -> Core {
         let mut g = ClusterState::new(fe);
-        g.mirror.base = BASE;
+        g.mirror.tokens = Tokens::plain(BASE);
         Core { fe: fe.into(), g }
     }
 

@@ -211,7 +211,7 @@ impl MemEtcd {
 
 /// Operations of a transaction as etcd counts them against `--max-txn-ops`: each branch's,
 /// nested transactions' included, the larger branch at each level.
-pub(super) fn count_ops(req: &pb::TxnRequest) -> usize {
+pub(crate) fn count_ops(req: &pb::TxnRequest) -> usize {
     let branch = |ops: &[pb::RequestOp]| -> usize {
         ops.iter()
             .map(|op| match &op.request {

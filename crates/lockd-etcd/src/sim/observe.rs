@@ -149,6 +149,14 @@ impl Net {
         self.world().malformed.clone()
     }
 
+    /// Puts `key` as an operator (or an older lockd) did before the run began: no fault, no
+    /// delay.
+    pub fn put(&self, key: &str, value: &str) {
+        let txn = crate::Txn::new().and_then([crate::TxnOp::put(key, value, None)]);
+        let put = self.world().etcd.apply(&txn);
+        assert!(put.is_ok(), "the in-memory etcd refused a lone put");
+    }
+
     /// The value of `key`, if it exists.
     pub fn value(&self, key: &str) -> Option<String> {
         let req = pb::RangeRequest {
