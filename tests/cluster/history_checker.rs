@@ -121,6 +121,41 @@ fn a_planted_token_regression_is_found() {
 }
 
 #[test]
+fn a_planted_token_regression_across_names_is_found() {
+    // A's grant of y was asked for after B's grant of x completed, yet has a smaller token.
+    let mut ops = clean();
+    ops[4] = lock_set(0, "a2", &["y"], (21, 22), "OK 11");
+    ops[5] = unlock_of(0, "y", 11, 30);
+    let v = check(&ops, &[], &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(v.violations[0].starts_with("token regressed on y"), "{v:?}");
+    assert!(v.violations[0].contains("after 12 of x"), "{v:?}");
+}
+
+#[test]
+fn a_planted_token_granted_twice_is_found() {
+    // Two LOCKs of two names granted together, with one token.
+    let ops = vec![
+        lock(0, "a1", 0, 1, "OK 10"),
+        lock_set(1, "b1", &["y"], (0, 1), "OK 10"),
+        unlock(0, 10, 10),
+        unlock_of(1, "y", 10, 10),
+    ];
+    let v = check(&ops, &[], &[]);
+    assert_eq!(v.violations.len(), 1, "{:#?}", v.violations);
+    assert!(
+        v.violations[0].starts_with("token 10 granted twice"),
+        "{v:?}"
+    );
+    // A set's names share its one token.
+    let set = vec![
+        lock_set(0, "a1", &["x", "y"], (0, 1), "OK 10 10"),
+        unlock(0, 10, 10),
+    ];
+    assert!(check(&set, &[], &[]).violations.is_empty());
+}
+
+#[test]
 fn a_planted_grant_to_a_waiter_that_left_is_found() {
     // C's wait ran out at 3; a grant asked for at 21 (token 14) came before C's (token 16).
     let mut ops = clean();

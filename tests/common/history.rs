@@ -9,8 +9,8 @@
 //!   a lock (from the `OK` of their LOCK to the moment they sent its UNLOCK) overlap for two
 //!   exclusive holders, for holders of two kinds (exclusive, shared, a semaphore's slot), or
 //!   for more of a semaphore's holders than its slots;
-//! - **a token out of order**: a grant completed before another grant of the same name was
-//!   even asked for, yet has the larger token;
+//! - **a token out of order**: a grant completed before another grant (of any name) was
+//!   even asked for, yet has the larger token; or one token granted to two LOCKs;
 //! - **a grant to a waiter that had left**: the client was told its wait ended
 //!   (`ERR TIMEOUT`, `ERR REPLACED`, `ERR SUPERSEDED`; or `LEFT`, the simulator's session
 //!   waiter that vanished while it waited), never sent that LOCK again, and the grant to it
@@ -439,6 +439,19 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
         }
     }
 
+    // A token is never reused: two grants with one token are one LOCK's (its names, or its
+    // grant told again to the same LOCK sent again).
+    let mut by_token: HashMap<u64, &Grant> = HashMap::new();
+    for g in &grants {
+        let first = by_token.entry(g.token).or_insert(g);
+        if first.id != g.id {
+            violations.push(format!(
+                "token {} granted twice: {} of {} (client {}) and {} of {} (client {})",
+                g.token, first.id, first.name, first.client, g.id, g.name, g.client
+            ));
+        }
+    }
+
     // When each id's LOCK was first sent: a LOCK sent again (after `UNAVAILABLE`) may claim a
     // grant made for its first send, before anything asked after that.
     let mut first_sent: HashMap<&str, Duration> = HashMap::new();
@@ -453,8 +466,12 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
     // Tokens in real-time order of grants: every grant completed before this one was asked
     // for (first sent: a LOCK sent again may claim the grant of its first send, made before
     // a grant that completed in between, which a semaphore's or shared holders can hold at
-    // once) has a smaller token.
-    for list in by_name.values() {
+    // once) has a smaller token: of its name, and of any name (proto.md: "strictly greater
+    // than every token granted before it ... for any name").
+    // (Across names, only a pair of two names: one name's pairs are found on their own.)
+    let every: Vec<&Grant> = grants.iter().collect();
+    let lists = by_name.values().map(|l| (l, false));
+    for (list, across) in lists.chain([(&every, true)]) {
         let mut done: Vec<&Grant> = list.to_vec();
         done.sort_by_key(|g| (g.complete, g.token));
         let mut asked: Vec<&Grant> = list.to_vec();
@@ -468,15 +485,16 @@ pub fn check(ops: &[Op], queues: &[Queue], events: &[Seen]) -> Verdict {
                 i += 1;
             }
             if let Some(m) = max {
-                if m.token >= g.token {
+                if m.token >= g.token && (!across || m.name != g.name) {
                     violations.push(format!(
-                        "token regressed on {}: {} (client {}, asked at {:?}) after {} \
+                        "token regressed on {}: {} (client {}, asked at {:?}) after {} of {} \
                          (client {}, granted by {:?})",
                         g.name,
                         g.token,
                         g.client,
                         asked_at(g),
                         m.token,
+                        m.name,
                         m.client,
                         m.complete
                     ));
