@@ -19,6 +19,8 @@
 #
 # Needs etcd (3.4 or later) on PATH and protoc for the builds. Environment:
 #   ROUNDS (6; 1 with QUICK)
+#   LOCKBENCH_ONLY: a comma-separated list of scenario names (or their beginnings, such as
+#     cl.con) to run alone, for a quick comparison; the table then has rows for those only
 #   ETCD_PORT (17411): members' client ports are ETCD_PORT, +1, +2; peer ports +10, +11, +12
 #   LOCKD_PORT (17031): the front-ends listen on LOCKD_PORT and LOCKD_PORT+1
 #   ETCD_HEARTBEAT_MS (50), ETCD_ELECTION_MS (500): raft timings (etcd's defaults are 100

@@ -386,11 +386,23 @@ pub async fn run(system: System, probe: &Probe, quick: bool, out: &Out) -> io::R
     let system = Arc::new(system);
     eprintln!("cluster scenarios, {}", out_name(&system));
     let s = || Arc::clone(&system);
-    uncontended(s(), probe, ONE, warm, dur, out, "cl.unc.c1").await?;
-    uncontended(s(), probe, MANY, warm, dur, out, "cl.unc.c16").await?;
-    uncontended(s(), probe, MOST, warm, dur, out, "cl.unc.c64").await?;
-    contended(s(), probe, MANY, warm, dur, out, "cl.con.c16").await?;
-    contended(s(), probe, MOST, warm, dur, out, "cl.con.c64").await?;
+    let only = std::env::var("LOCKBENCH_ONLY").unwrap_or_default();
+    let on = |name: &str| only.is_empty() || only.split(',').any(|o| name.starts_with(o));
+    if on("cl.unc.c1") {
+        uncontended(s(), probe, ONE, warm, dur, out, "cl.unc.c1").await?;
+    }
+    if on("cl.unc.c16") {
+        uncontended(s(), probe, MANY, warm, dur, out, "cl.unc.c16").await?;
+    }
+    if on("cl.unc.c64") {
+        uncontended(s(), probe, MOST, warm, dur, out, "cl.unc.c64").await?;
+    }
+    if on("cl.con.c16") {
+        contended(s(), probe, MANY, warm, dur, out, "cl.con.c16").await?;
+    }
+    if on("cl.con.c64") {
+        contended(s(), probe, MOST, warm, dur, out, "cl.con.c64").await?;
+    }
     Ok(())
 }
 

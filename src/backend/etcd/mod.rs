@@ -221,6 +221,9 @@ pub struct Cluster {
     /// Whether the last contact with etcd worked, so that an outage is logged once (readiness
     /// is [`Cluster::quorum`]'s).
     healthy: AtomicBool,
+    /// etcd answered again after an outage (`healthy` went back to true): a clean-up write
+    /// sent while it was away is sent again at once ([`Cluster::cleanup`]).
+    reachable_again: Notify,
     /// When a quorum last answered.
     quorum: quorum::Quorum,
     stats: stats::EtcdStats,

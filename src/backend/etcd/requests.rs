@@ -45,7 +45,15 @@ impl Cluster {
                 "etcd quorum answers again"
             );
         }
-        self.healthy.store(true, Ordering::Relaxed);
+        self.heard_from_etcd();
+    }
+
+    /// etcd answered (a request, or the watch): if it had been away, what waits for it to
+    /// come back goes now.
+    pub(super) fn heard_from_etcd(&self) {
+        if !self.healthy.swap(true, Ordering::Relaxed) {
+            self.reachable_again.notify_waiters();
+        }
     }
 
     /// An etcd request sent at `started` failed with `e`: counted, remembered as the reason
@@ -134,7 +142,22 @@ impl Cluster {
     /// of a write that did land a no-op), or until [`CLEANUP_TRIES`] failures in a row.
     pub(super) async fn cleanup(&self, txn: Txn) -> Option<rpc::TxnResponse> {
         for _ in 0..CLEANUP_TRIES {
-            match self.txn(txn.clone()).await {
+            // A try sent while etcd is away is most likely lost: it would wait out the
+            // request timeout even if the front-end reached etcd again meanwhile, and a cut
+            // that lets it through for less than that between tries never saw it (simulator
+            // seed 63724: a take-back's tries fell into the cut each time, and the grant
+            // sat out its ttl). So it is sent again the moment etcd answers anything again;
+            // like any try whose answer was not heard, the first may still apply (every
+            // clean-up write is guarded, so applying twice changes nothing).
+            let back = self.reachable_again.notified();
+            tokio::pin!(back);
+            back.as_mut().enable();
+            let away = !self.healthy.load(Ordering::Relaxed);
+            let answer = tokio::select! {
+                answer = self.txn(txn.clone()) => answer,
+                () = back, if away => continue,
+            };
+            match answer {
                 Ok(resp) => return Some(resp),
                 Err(e) => {
                     self.unhealthy(&self.cause_of(&e).sentence);

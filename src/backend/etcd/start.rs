@@ -74,6 +74,7 @@ impl Cluster {
             metrics: Arc::clone(&metrics),
             users,
             healthy: AtomicBool::new(false),
+            reachable_again: Notify::new(),
             quorum: quorum::Quorum::new(config.lease_ttl),
             stats: stats::EtcdStats::register(&metrics),
             seen_rev: AtomicI64::new(0),

@@ -84,7 +84,7 @@ impl Cluster {
                                 after = %humantime::format_duration(after),
                                 "etcd watch healthy again"
                             );
-                            self.healthy.store(true, Ordering::Relaxed);
+                            self.heard_from_etcd();
                         }
                         if let Some(lag) = lag {
                             tokio::time::sleep(lag).await;
