@@ -120,3 +120,33 @@ fn a_prefix_an_older_lockd_began_keeps_its_tokens() {
     }
     assert_eq!(base_value(&prefix), base.to_string());
 }
+
+#[test]
+fn an_older_prefix_moved_to_dense_tokens_keeps_its_holders_tokens() {
+    if !have(Need::Etcd) {
+        return;
+    }
+    // README, "Tokens and upgrades": every front-end stopped, the base rewritten, started again.
+    let prefix = format!("{}{}/", etcd().prefix(), unique());
+    let base = 1_700_000_000_000_000u64;
+    let key = format!("{prefix}meta/base");
+    etcd()
+        .etcdctl(&["put", &key, &base.to_string()], None)
+        .expect("etcdctl put");
+    let mut old = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
+    let kept = Line::connect(old.addr()).lock("kept me ttl=60s");
+    assert_eq!(kept - base, holder_revision(&prefix, "kept"));
+    old.stop();
+    let dense = format!("base={base} per_revision=128");
+    etcd()
+        .etcdctl(&["put", &key, &dense], None)
+        .expect("etcdctl put");
+    let fe = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
+    let mut c = Line::connect(fe.addr());
+    let later = c.lock("later me");
+    assert!(later > kept, "token {later} after {kept}");
+    assert_eq!((later - base) / 128, holder_revision(&prefix, "later"));
+    // The plain lease from before keeps its token.
+    assert_eq!(c.req(&format!("UNLOCK kept {kept}")), "OK");
+    assert_eq!(c.req(&format!("UNLOCK later {later}")), "OK");
+}
