@@ -11,8 +11,15 @@ use std::time::Duration;
 use crate::history::Sharing;
 
 /// Where holder keys are (the simulator's prefix, `run::config`): a holder's token names its
-/// key's create revision, which other keys made in the same write share.
+/// key's create revision, which other keys made in the same write share (a set's keys, and
+/// on a dense prefix other names' grants: `src/backend/etcd/tokens.rs`), so a hold's key is
+/// found by its name and that revision.
 const HOLDERS: &str = "/lockd-sim/h/";
+
+/// Where the holder keys of `name` are (the simulator's names need no percent-encoding).
+fn holders_of(name: &str) -> String {
+    format!("{HOLDERS}{name}/")
+}
 
 /// A hold of a lease with a lock-delay.
 pub struct Hold {
@@ -66,15 +73,15 @@ impl Delays {
         let started = self.started.lock().unwrap();
         let mut out = Vec::new();
         for l in holds.iter() {
-            // Its key went with an etcd lease's expiry (not by a write): the delay runs
-            // from then.
-            let Some(went) = net.expired_key(l.rev, HOLDERS) else {
-                continue;
-            };
-            let went = Duration::from_millis(went);
             // The next holder of each of its names is the one the delay is for (after a
             // grant through a front-end that could not know, the name is handed on as usual).
             for name in &l.names {
+                // Its key went with an etcd lease's expiry (not by a write): the delay runs
+                // from then.
+                let Some(went) = net.expired_key(l.rev, &holders_of(name)) else {
+                    continue;
+                };
+                let went = Duration::from_millis(went);
                 // A grant that may sit beside the lease in its delay (a share beside a
                 // share, a semaphore's slot beside another) is no violation, and no hand-over.
                 let after: Vec<&Grant> = grants
@@ -111,7 +118,7 @@ impl Delays {
                 let fe = g.rev.and_then(|rev| net.writer_of(rev)).unwrap_or(g.fe);
                 let within = g.at < went + l.delay;
                 let started_before = started.get(fe).is_some_and(|s| *s <= went);
-                let knew = started_before && !net.never_saw(fe, l.rev, HOLDERS);
+                let knew = started_before && !net.never_saw(fe, l.rev, &holders_of(name));
                 if within && knew {
                     let through = if fe == g.fe {
                         format!("through fe{fe}")
