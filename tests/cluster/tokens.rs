@@ -22,6 +22,16 @@ fn holder_revision(prefix: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no holder key of {name}: {out}"))
 }
 
+/// The base an older lockd chose for its prefix (a bare number in `meta/base`).
+const OLDER_BASE: u64 = 1_700_000_000_000_000;
+
+/// Writes `prefix`'s token base as an operator (or an older lockd) would.
+fn put_base(prefix: &str, value: &str) {
+    etcd()
+        .etcdctl(&["put", &format!("{prefix}meta/base"), value], None)
+        .expect("etcdctl put");
+}
+
 fn base_value(prefix: &str) -> String {
     etcd()
         .etcdctl(
@@ -101,13 +111,8 @@ fn a_prefix_an_older_lockd_began_keeps_its_tokens() {
         return;
     }
     let prefix = format!("{}{}/", etcd().prefix(), unique());
-    let base = 1_700_000_000_000_000u64;
-    etcd()
-        .etcdctl(
-            &["put", &format!("{prefix}meta/base"), &base.to_string()],
-            None,
-        )
-        .expect("etcdctl put");
+    put_base(&prefix, &OLDER_BASE.to_string());
+    let base = OLDER_BASE;
     let fe = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
     let mut last = 0;
     for i in 0..4 {
@@ -128,19 +133,13 @@ fn an_older_prefix_moved_to_dense_tokens_keeps_its_holders_tokens() {
     }
     // README, "Tokens and upgrades": every front-end stopped, the base rewritten, started again.
     let prefix = format!("{}{}/", etcd().prefix(), unique());
-    let base = 1_700_000_000_000_000u64;
-    let key = format!("{prefix}meta/base");
-    etcd()
-        .etcdctl(&["put", &key, &base.to_string()], None)
-        .expect("etcdctl put");
+    put_base(&prefix, &OLDER_BASE.to_string());
+    let base = OLDER_BASE;
     let mut old = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
     let kept = Line::connect(old.addr()).lock("kept me ttl=60s");
     assert_eq!(kept - base, holder_revision(&prefix, "kept"));
     old.stop();
-    let dense = format!("base={base} per_revision=128");
-    etcd()
-        .etcdctl(&["put", &key, &dense], None)
-        .expect("etcdctl put");
+    put_base(&prefix, &format!("base={base} per_revision=128"));
     let fe = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
     let mut c = Line::connect(fe.addr());
     let later = c.lock("later me");
