@@ -32,6 +32,14 @@ fn put_base(prefix: &str, value: &str) {
         .expect("etcdctl put");
 }
 
+/// A prefix of its own, begun by an older lockd (its base [`OLDER_BASE`]), and a front-end on it.
+fn older_prefix() -> (String, LockdFrontEnd) {
+    let prefix = format!("{}{}/", etcd().prefix(), unique());
+    put_base(&prefix, &OLDER_BASE.to_string());
+    let fe = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
+    (prefix, fe)
+}
+
 fn base_value(prefix: &str) -> String {
     etcd()
         .etcdctl(
@@ -110,10 +118,8 @@ fn a_prefix_an_older_lockd_began_keeps_its_tokens() {
     if !have(Need::Etcd) {
         return;
     }
-    let prefix = format!("{}{}/", etcd().prefix(), unique());
-    put_base(&prefix, &OLDER_BASE.to_string());
+    let (prefix, fe) = older_prefix();
     let base = OLDER_BASE;
-    let fe = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
     let mut last = 0;
     for i in 0..4 {
         let mut c = Line::connect(fe.addr());
@@ -132,10 +138,8 @@ fn an_older_prefix_moved_to_dense_tokens_keeps_its_holders_tokens() {
         return;
     }
     // README, "Tokens and upgrades": every front-end stopped, the base rewritten, started again.
-    let prefix = format!("{}{}/", etcd().prefix(), unique());
-    put_base(&prefix, &OLDER_BASE.to_string());
+    let (prefix, mut old) = older_prefix();
     let base = OLDER_BASE;
-    let mut old = LockdFrontEnd::start(etcd(), &prefix, &["--etcd-lease-ttl", "1s"]);
     let kept = Line::connect(old.addr()).lock("kept me ttl=60s");
     assert_eq!(kept - base, holder_revision(&prefix, "kept"));
     old.stop();
