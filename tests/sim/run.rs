@@ -256,7 +256,8 @@ async fn simulate(seed: u64) -> Outcome {
         calm,
         unavailable: Mutex::new(Vec::new()),
     });
-    if seed % PLAIN_EVERY == 1 {
+    let plain = seed % PLAIN_EVERY == 1;
+    if plain {
         // A prefix an older lockd began: tokens of the base plus the revision, one grant a
         // transaction (`tokens.rs`). Chosen by the seed's number, not its random source.
         let base = format!("{}meta/base", config().prefix);
@@ -267,11 +268,7 @@ async fn simulate(seed: u64) -> Outcome {
     world.note(format!(
         "seed {seed}: {fronts} front-ends, {clients} clients{}{}",
         if calm { ", calm" } else { "" },
-        if seed % PLAIN_EVERY == 1 {
-            ", plain tokens"
-        } else {
-            ""
-        }
+        if plain { ", plain tokens" } else { "" }
     ));
     let mut runs: Vec<Option<JoinHandle<()>>> = Vec::new();
     for fe in 0..fronts {
