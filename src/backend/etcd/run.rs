@@ -2,6 +2,7 @@
 //! the quorum probe, the route to etcd's leader) until shutdown, and what it takes out of
 //! etcd then.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::rpc::{Txn, TxnOp};
@@ -29,18 +30,25 @@ impl Cluster {
         }
         // Each waiter key only if it is still this front-end's write (not taken over); a
         // set's keys one by one, so that the chunks below stay within etcd's bound (they
-        // hang on this front-end's etcd lease anyway).
-        let mut ops: Vec<TxnOp> = {
+        // hang on this front-end's etcd lease anyway). Besides its waiters, the keys the
+        // mirror shows of waiters of this front-end that left (their connection closed as it
+        // stopped) while their own delete may still wait for its turn in group commit, which
+        // would not come once this front-end is gone.
+        let mut keys: BTreeMap<String, i64> = BTreeMap::new();
+        {
             let g = self.guard();
-            g.waiting
-                .values()
-                .flat_map(|l| {
-                    self.local_keys(l)
-                        .into_iter()
-                        .map(|k| TxnOp::txn(super::waiters::forget_txn(&[k], l.mod_rev)))
-                })
-                .collect()
-        };
+            for l in g.waiting.values() {
+                keys.extend(self.local_keys(l).into_iter().map(|k| (k, l.mod_rev)));
+            }
+            let left = g.mirror.names.values().flat_map(|ns| ns.queue.values());
+            for w in left.filter(|w| w.value.fe == self.fe) {
+                keys.entry(w.key.clone()).or_insert(w.mod_rev);
+            }
+        }
+        let mut ops: Vec<TxnOp> = keys
+            .into_iter()
+            .map(|(k, rev)| TxnOp::txn(super::waiters::forget_txn(&[k], rev)))
+            .collect();
         ops.push(TxnOp::delete(self.layout.front_end(&self.fe), None));
         // etcd takes at most 128 operations per transaction by default (nested ones count).
         for chunk in ops.chunks(50) {
