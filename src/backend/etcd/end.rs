@@ -10,7 +10,7 @@ use std::time::Instant;
 use super::rpc::{Compare, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use crate::backend::HandOver;
-use crate::locks::{EventKind, Token};
+use crate::locks::{EventKind, Mode, Token};
 
 use super::delivery::{deliver_own, TakeBack};
 use super::head::Me;
@@ -249,7 +249,7 @@ pub(super) fn ended(
         g.wrote(
             name,
             rev,
-            kind == EventKind::Released && emptied && alone_as_known(g, name, holder),
+            kind == EventKind::Released && emptied && alone_as_known(g, name, holder, rev),
         );
     }
     let mut back = None;
@@ -267,16 +267,21 @@ pub(super) fn ended(
     Some(EndAnswer { granted, back })
 }
 
-/// Whether this front-end knew of no holder of `name` but `holder`. A shared or semaphore
-/// release that found the name empty in etcd while the mirror shows others says their keys
-/// went unseen: with their front-end's etcd lease, maybe, and then a lock-delay may keep the
-/// name held, which only the watch's news of that key's end starts. The name is then not
-/// taken as emptied by this write (no grant at once before the watch caught up; simulator,
-/// a semaphore's session lease with a delay whose front-end died).
-fn alone_as_known(g: &ClusterState, name: &str, holder: &HolderRecord) -> bool {
-    g.mirror
-        .name(name)
-        .is_none_or(|ns| ns.holders.keys().all(|rev| *rev == holder.rev))
+/// Whether this front-end knew of no holder of `name` but `holder`, whose release is the
+/// write at revision `rev`. A shared or semaphore release that found the name empty in etcd
+/// while the mirror shows others says their keys went unseen: with their front-end's etcd
+/// lease, maybe, and then a lock-delay may keep the name held, which only the watch's news
+/// of that key's end starts. The name is then not taken as emptied by this write (no grant at
+/// once before the watch caught up; simulator, a semaphore's session lease with a delay whose
+/// front-end died). The same if the mirror is behind the write: a holder may have come and
+/// gone with its etcd lease without the mirror ever showing it (simulator seed 211709). An
+/// exclusive holder held alone by what it is: nobody came or went while it held.
+fn alone_as_known(g: &ClusterState, name: &str, holder: &HolderRecord, rev: i64) -> bool {
+    let nothing_unseen = holder.value.mode == Mode::Exclusive || g.mirror.rev + 1 >= rev;
+    nothing_unseen
+        && g.mirror
+            .name(name)
+            .is_none_or(|ns| ns.holders.keys().all(|rev| *rev == holder.rev))
 }
 
 /// Which branch of a transaction with nested ones succeeded: 0 the outer one, 1 the one
