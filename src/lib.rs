@@ -103,6 +103,9 @@ pub const DEFAULT_ETCD_BATCH: usize = 64;
 /// one anyway (`--etcd-batch-wait`): a slow or lost answer holds up the others this long at
 /// most, not for the request timeout.
 pub const DEFAULT_ETCD_BATCH_WAIT: Duration = Duration::from_millis(10);
+/// How long a LOCK's new waiter key waits at most for a release of its name through the same
+/// front-end, to go to etcd in one transaction with it (`--etcd-join-wait`).
+pub const DEFAULT_ETCD_JOIN_WAIT: Duration = Duration::from_millis(2);
 /// The most `--etcd-batch` may be: etcd takes at most 128 operations in a transaction
 /// (`--max-txn-ops`), each request one at least.
 pub const MAX_ETCD_BATCH: usize = 126;

@@ -149,6 +149,9 @@ pub struct EtcdConfig {
     pub batch: usize,
     /// How long a request waits at most for the batches in flight (`--etcd-batch-wait`).
     pub batch_wait: Duration,
+    /// How long a queue write behind a holder of this front-end waits at most for company
+    /// (`--etcd-join-wait`).
+    pub join_wait: Duration,
     /// TLS and authentication toward etcd (`--etcd-ca`, `--etcd-cert`, `--etcd-user`).
     pub security: EtcdSecurity,
 }
@@ -199,6 +202,7 @@ impl Default for EtcdConfig {
             lease_ttl: crate::DEFAULT_ETCD_LEASE_TTL,
             batch: crate::DEFAULT_ETCD_BATCH,
             batch_wait: crate::DEFAULT_ETCD_BATCH_WAIT,
+            join_wait: crate::DEFAULT_ETCD_JOIN_WAIT,
             security: EtcdSecurity::default(),
         }
     }

@@ -201,6 +201,15 @@ pub struct Flags {
           default_value_t = HumanDuration(crate::DEFAULT_ETCD_BATCH_WAIT))]
     pub etcd_batch_wait: HumanDuration,
 
+    /// Group commit: how long a LOCK that waits behind a holder of this front-end holds its
+    /// queue write back at most (while nothing else goes), so that it reaches etcd in one
+    /// transaction with that holder's release, a hand-over then costing etcd one transaction,
+    /// not two. Only the waiter's entry into the queue waits, never a reply (0: never; at
+    /// most --etcd-batch-wait).
+    #[arg(long, env = "LOCKD_ETCD_JOIN_WAIT",
+          default_value_t = HumanDuration(crate::DEFAULT_ETCD_JOIN_WAIT))]
+    pub etcd_join_wait: HumanDuration,
+
     /// Talk to etcd over TLS, checking its certificate against this CA (PEM): --etcd URLs
     /// are then https:// (or bare host:port). Needed for https:// URLs: lockd does not trust
     /// the system's CAs for etcd.
@@ -362,6 +371,7 @@ impl Default for Flags {
             etcd_lease_ttl: HumanDuration(crate::DEFAULT_ETCD_LEASE_TTL),
             etcd_batch: crate::DEFAULT_ETCD_BATCH,
             etcd_batch_wait: HumanDuration(crate::DEFAULT_ETCD_BATCH_WAIT),
+            etcd_join_wait: HumanDuration(crate::DEFAULT_ETCD_JOIN_WAIT),
             etcd_ca: None,
             etcd_cert: None,
             etcd_key: None,
@@ -516,6 +526,9 @@ impl Flags {
                     "--etcd-batch-wait must be more than 0 and at most --etcd-request-timeout"
                         .into(),
                 );
+            }
+            if self.etcd_join_wait.0 > self.etcd_batch_wait.0 {
+                return Err("--etcd-join-wait must be at most --etcd-batch-wait".into());
             }
             if self.etcd_prefix.is_empty() {
                 return Err("--etcd-prefix must not be empty".into());
@@ -707,6 +720,7 @@ impl Flags {
                 lease_ttl: self.etcd_lease_ttl.0,
                 batch: self.etcd_batch,
                 batch_wait: self.etcd_batch_wait.0,
+                join_wait: self.etcd_join_wait.0,
                 security: self.etcd_security(),
             }),
             endpoint: None,
@@ -995,6 +1009,21 @@ mod tests {
             cluster(|f| f.etcd_batch = crate::MAX_ETCD_BATCH + 1),
             expected
         );
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn refuses_an_etcd_join_wait_past_the_batch_wait() {
+        let expected = "--etcd-join-wait must be at most --etcd-batch-wait";
+        assert_eq!(cluster(|f| f.etcd_join_wait = secs(1)), expected);
+        for ms in [0, 10] {
+            let mut flags = Flags {
+                etcd: vec!["http://127.0.0.1:2379".into()],
+                ..Flags::default()
+            };
+            flags.etcd_join_wait = HumanDuration(Duration::from_millis(ms));
+            assert!(flags.validate().is_ok(), "{ms} ms");
+        }
     }
 
     #[cfg(feature = "etcd")]

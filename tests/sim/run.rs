@@ -87,6 +87,8 @@ pub struct World {
     pub violations: Mutex<Vec<String>>,
     /// A calm run: no faults ([`CALM_EVERY`]).
     pub calm: bool,
+    /// The front-ends' `--etcd-join-wait` ([`join_wait`]).
+    pub join_wait: Duration,
     /// Requests answered `UNAVAILABLE`: a violation in a calm run, where nothing made etcd
     /// hard to reach (lockd refused for a reason of its own: a malformed write, a grant it
     /// took for lost).
@@ -167,6 +169,16 @@ pub fn run(seed: u64) -> Outcome {
     rt.block_on(simulate(seed))
 }
 
+/// The front-ends' `--etcd-join-wait` in run `seed`: the default, none, or the most (the
+/// batch wait, when a join most often shares a release's transaction), by the seed's number.
+fn join_wait(seed: u64) -> Duration {
+    match seed % 3 {
+        0 => lockd::DEFAULT_ETCD_JOIN_WAIT,
+        1 => Duration::ZERO,
+        _ => lockd::DEFAULT_ETCD_BATCH_WAIT,
+    }
+}
+
 fn config() -> EtcdConfig {
     EtcdConfig {
         endpoints: vec!["sim:2379".into()],
@@ -176,13 +188,18 @@ fn config() -> EtcdConfig {
         lease_ttl: LEASE_TTL,
         batch: lockd::DEFAULT_ETCD_BATCH,
         batch_wait: lockd::DEFAULT_ETCD_BATCH_WAIT,
+        join_wait: lockd::DEFAULT_ETCD_JOIN_WAIT,
         security: Default::default(),
     }
 }
 
 /// Starts front-end `fe`: its background work, and a collector of its events.
 async fn start_front(world: &Arc<World>, fe: usize) -> Option<JoinHandle<()>> {
-    let backend = match sim::front_end(&world.net, fe, config(), Limits::default()).await {
+    let config = EtcdConfig {
+        join_wait: world.join_wait,
+        ..config()
+    };
+    let backend = match sim::front_end(&world.net, fe, config, Limits::default()).await {
         Ok(b) => b,
         Err(e) => {
             world.violation(format!("fe{fe} could not start: {e}"));
@@ -254,6 +271,7 @@ async fn simulate(seed: u64) -> Outcome {
         breaks: Mutex::new(Vec::new()),
         stop: CancellationToken::new(),
         calm,
+        join_wait: join_wait(seed),
         unavailable: Mutex::new(Vec::new()),
     });
     let plain = seed % PLAIN_EVERY == 1;

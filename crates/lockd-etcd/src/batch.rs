@@ -3,12 +3,14 @@
 //! and the one answer split back into each request's.
 //!
 //! etcd decides every nested transaction's branch on the store as it was before the whole
-//! transaction, and refuses one that writes a key twice. So requests share a batch only if
-//! none writes a key that another compares, reads or writes ([`Footprint::conflicts`]): then
-//! each sees the store as if it had gone alone, and their order in the batch does not matter.
-//! What a batch cannot keep apart is failure: a batch is applied whole or not at all (a put
-//! naming a lease that is gone fails it all), and its answer is lost or late for all of its
-//! requests at once.
+//! transaction, then runs their operations in order (a read sees the writes before it), and
+//! refuses one that writes a key twice. So a request may join a batch only if it compares no
+//! key that a request before it writes, and writes no key that one before it writes or reads
+//! ([`Footprint::may_follow`]): then each request's answer is the one it would have had going
+//! after those before it, alone, and every read answer is the store as the whole batch leaves
+//! it. All of a batch's writes share one revision. What a batch cannot keep apart is failure:
+//! a batch is applied whole or not at all (a put naming a lease that is gone fails it all),
+//! and its answer is lost or late for all of its requests at once.
 
 use prost::Message;
 
@@ -52,14 +54,16 @@ impl Span {
 }
 
 /// What a transaction touches, whichever of its branches (and its nested transactions')
-/// runs: the keys it reads (compares and reads) and writes (puts and deletes), and the
-/// leases its puts name.
+/// runs: the keys it compares, reads and writes (puts and deletes), and the leases its puts
+/// name.
 #[derive(Clone, Debug, Default)]
 pub struct Footprint {
+    compares: Vec<Span>,
     reads: Vec<Span>,
     writes: Vec<Span>,
     puts: Vec<Vec<u8>>,
     leases: Vec<i64>,
+    last: bool,
 }
 
 impl Footprint {
@@ -71,7 +75,7 @@ impl Footprint {
 
     fn add(&mut self, req: &pb::TxnRequest) {
         for c in &req.compare {
-            self.reads.push(Span::of(&c.key, &c.range_end));
+            self.compares.push(Span::of(&c.key, &c.range_end));
         }
         for op in req.success.iter().chain(&req.failure) {
             match &op.request {
@@ -101,10 +105,29 @@ impl Footprint {
         self
     }
 
-    /// The first key of each key or range the transaction reads or writes.
+    /// Counts `key` as compared too: a caller's way to keep a request from following one
+    /// that [`Footprint::also_writes`] it.
+    pub fn also_compares(mut self, key: impl Into<Vec<u8>>) -> Footprint {
+        self.compares.push(Span::of(&key.into(), &[]));
+        self
+    }
+
+    /// Marks the request as one to put after the others of a round: those it may follow
+    /// can then share its batch ([`Footprint::may_follow`] is not symmetric).
+    pub fn last(mut self) -> Footprint {
+        self.last = true;
+        self
+    }
+
+    pub fn is_last(&self) -> bool {
+        self.last
+    }
+
+    /// The first key of each key or range the transaction compares, reads or writes.
     pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        self.reads
+        self.compares
             .iter()
+            .chain(&self.reads)
             .chain(&self.writes)
             .map(|span| span.start.as_slice())
     }
@@ -119,13 +142,58 @@ impl Footprint {
         &self.leases
     }
 
-    /// Whether the two may not share a batch: one writes what the other reads or writes.
-    pub fn conflicts(&self, other: &Footprint) -> bool {
+    /// Whether this request may go after `earlier` in one batch, as if it went alone right
+    /// after it: it compares nothing `earlier` writes (its comparisons are made on the store
+    /// before the batch), and writes nothing `earlier` writes (etcd refuses a key written
+    /// twice) or reads (`earlier`'s read answers are the store as the batch leaves it). What
+    /// it reads it sees as `earlier` left it, as it would going after it; what `earlier`
+    /// compared was decided before this request wrote anything, as it would be too.
+    pub fn may_follow(&self, earlier: &Footprint) -> bool {
         let any = |a: &[Span], b: &[Span]| a.iter().any(|x| b.iter().any(|y| x.overlaps(y)));
-        any(&self.writes, &other.writes)
-            || any(&self.writes, &other.reads)
-            || any(&self.reads, &other.writes)
+        !(any(&self.compares, &earlier.writes)
+            || any(&self.writes, &earlier.writes)
+            || any(&self.writes, &earlier.reads))
     }
+
+    /// Whether the two may not share a batch in either order.
+    pub fn conflicts(&self, other: &Footprint) -> bool {
+        !self.may_follow(other) && !other.may_follow(self)
+    }
+}
+
+/// Whether `txn` only creates keys: it deletes nothing, and every key it may put is one it
+/// compares as absent (version 0) first, in itself or a transaction around the put.
+pub fn creates_only(txn: &Txn) -> bool {
+    fn walk(req: &pb::TxnRequest, absent: &mut Vec<Vec<u8>>) -> bool {
+        let ops_ok = |ops: &[pb::RequestOp], absent: &mut Vec<Vec<u8>>| {
+            ops.iter().all(|op| match &op.request {
+                Some(request_op::Request::RequestPut(p)) => absent.contains(&p.key),
+                Some(request_op::Request::RequestDeleteRange(_)) => false,
+                Some(request_op::Request::RequestTxn(t)) => walk(t, absent),
+                Some(request_op::Request::RequestRange(_)) | None => true,
+            })
+        };
+        // Only the success branch runs with this level's comparisons holding.
+        let failure_ok = ops_ok(&req.failure, absent);
+        let before = absent.len();
+        absent.extend(
+            req.compare
+                .iter()
+                .filter(|c| is_absent(c))
+                .map(|c| c.key.clone()),
+        );
+        let success_ok = ops_ok(&req.success, absent);
+        absent.truncate(before);
+        failure_ok && success_ok
+    }
+    fn is_absent(c: &pb::Compare) -> bool {
+        use pb::compare::{CompareResult, CompareTarget, TargetUnion};
+        c.range_end.is_empty()
+            && c.result == CompareResult::Equal as i32
+            && c.target == CompareTarget::Version as i32
+            && c.target_union == Some(TargetUnion::Version(0))
+    }
+    walk(&txn.req, &mut Vec::new())
 }
 
 /// How large a batch may grow.
@@ -173,8 +241,8 @@ impl Batch {
         self.txns.is_empty()
     }
 
-    /// Whether `txn` (of footprint `footprint`) can join: it conflicts with no request of
-    /// the batch, and the batch stays within `limits` and etcd's bound on operations, counted
+    /// Whether `txn` (of footprint `footprint`) can join at the end: it may follow every
+    /// request of the batch ([`Footprint::may_follow`]), and the batch stays within `limits` and etcd's bound on operations, counted
     /// both ways etcd has counted them (the outer width plus each nested transaction's, and
     /// every operation of the tree).
     pub fn fits(&self, txn: &Txn, footprint: &Footprint, limits: &BatchLimits) -> bool {
@@ -186,7 +254,7 @@ impl Batch {
             && self.bytes + txn.req.encoded_len() + 8 <= limits.bytes
             && n + self.widest.max(width(&txn.req)) <= limits.ops
             && self.ops + count_ops(&txn.req) <= limits.ops
-            && !self.footprints.iter().any(|f| f.conflicts(footprint))
+            && self.footprints.iter().all(|f| footprint.may_follow(f))
     }
 
     /// Adds `txn`; check [`Batch::fits`] first.

@@ -19,8 +19,10 @@ fn keys(m: &MemEtcd) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
 }
 
 /// The property group commit rests on: a batch of requests that [`Batch::fits`] took gives
-/// each request the answer it would have had alone, and leaves the store as they would have
-/// one after the other (in any order), on random nested transactions over shared keys.
+/// each request the answer it would have had going alone right after those before it, and
+/// leaves the store as they would have one after the other, on random nested transactions
+/// over shared keys. (Revisions aside: a batch's writes share one, where one after the other
+/// each writing request has its own.)
 #[test]
 fn a_batch_answers_each_request_as_if_it_went_alone() {
     let mut rng = Rng(0x0bad_5eed_0000_0042);
@@ -57,34 +59,49 @@ fn a_batch_answers_each_request_as_if_it_went_alone() {
             .unwrap_or_else(|e| panic!("round {round}: the batch was refused: {e:?}"));
         let answers = split(answer, members.len()).expect("one answer per request");
         let mut forward = store.clone();
-        let mut backward = store.clone();
         let alone: Vec<_> = members
             .iter()
             .map(|t| forward.txn(&t.req).expect("alone"))
             .collect();
-        for t in members.iter().rev() {
-            backward.txn(&t.req).expect("alone, backwards");
-        }
+        let batch_rev = together.revision();
+        let at_batch = |r| one_revision(normalized(r), batch_rev);
         for (i, (got, want)) in answers.into_iter().zip(alone).enumerate() {
             assert!(
                 got.header.is_some(),
                 "round {round}: each answer has the header"
             );
             assert_eq!(
-                normalized(got),
-                normalized(want),
+                at_batch(got),
+                at_batch(want),
                 "round {round}: request {i} of {}",
                 members.len()
             );
         }
         assert_eq!(keys(&together), keys(&forward), "round {round}: the store");
-        assert_eq!(keys(&together), keys(&backward), "round {round}: any order");
         store = together;
     }
     assert!(
         batched > 3000 && biggest > 3 && left_out > 100,
         "{batched} {biggest} {left_out}"
     );
+}
+
+/// `r` with every revision the batch's writes made (at `rev` together, from `rev` on one
+/// after the other) as `rev`.
+fn one_revision(mut r: pb::TxnResponse, rev: i64) -> pb::TxnResponse {
+    for op in &mut r.responses {
+        match &mut op.response {
+            Some(response_op::Response::ResponseRange(g)) => {
+                for kv in &mut g.kvs {
+                    kv.create_revision = kv.create_revision.min(rev);
+                    kv.mod_revision = kv.mod_revision.min(rev);
+                }
+            }
+            Some(response_op::Response::ResponseTxn(t)) => *t = one_revision(t.clone(), rev),
+            _ => {}
+        }
+    }
+    r
 }
 
 #[test]
@@ -107,7 +124,7 @@ fn spans_overlap_as_etcd_ranges_do() {
 }
 
 #[test]
-fn a_write_keeps_apart_what_reads_or_writes_its_key_and_reads_share() {
+fn a_write_goes_after_what_compares_or_reads_its_key_and_reads_share() {
     let put = |k: &str| Txn::new().and_then([TxnOp::put(k, "v", None)]);
     let guarded = |k: &str, w: &str| {
         Txn::new()
@@ -118,16 +135,26 @@ fn a_write_keeps_apart_what_reads_or_writes_its_key_and_reads_share() {
     let fp = Footprint::of;
     assert!(fp(&put("a")).conflicts(&fp(&put("a"))));
     assert!(!fp(&put("a")).conflicts(&fp(&put("b"))));
+    // A compare is made before the batch: never after a write of its key, but a write of it
+    // may come after.
     assert!(
-        fp(&guarded("a", "b")).conflicts(&fp(&put("a"))),
-        "a compare reads"
+        !fp(&guarded("a", "b")).may_follow(&fp(&put("a"))),
+        "a compare"
     );
-    assert!(fp(&put("a")).conflicts(&fp(&guarded("a", "b"))));
-    assert!(fp(&get("a")).conflicts(&fp(&put("a"))));
+    assert!(fp(&put("a")).may_follow(&fp(&guarded("a", "b"))));
+    // A read sees the writes before it: it may follow a write, a write may not follow it.
+    assert!(fp(&get("a")).may_follow(&fp(&put("a"))));
+    assert!(!fp(&put("a")).may_follow(&fp(&get("a"))));
     assert!(!fp(&get("a")).conflicts(&fp(&get("a"))), "reads share");
     assert!(!fp(&guarded("a", "b")).conflicts(&fp(&guarded("a", "c"))));
+    let compared = |k: &str| fp(&put(k)).also_compares("queue");
+    assert!(!compared("a").may_follow(&fp(&put("b")).also_writes("queue")));
+    assert!(fp(&put("b"))
+        .also_writes("queue")
+        .may_follow(&compared("a")));
     let nested = Txn::new().and_then([TxnOp::txn(put("n"))]);
     assert!(fp(&nested).conflicts(&fp(&put("n"))), "nested writes count");
+    assert!(!fp(&put("a")).is_last() && fp(&put("a")).last().is_last());
     let marked = |k: &str| fp(&put(k)).also_writes("token");
     assert!(
         marked("a").conflicts(&marked("b")),
@@ -245,4 +272,38 @@ async fn etcd_takes_the_largest_batches() {
         });
         real.txn(Txn { req: wipe }).await.expect("wipe");
     }
+}
+
+#[test]
+fn a_request_that_only_creates_keys_guarded_as_absent() {
+    let absent = |k: &str| Compare::version(k, CompareOp::Equal, 0);
+    let create = |k: &str| {
+        Txn::new()
+            .when([absent(k)])
+            .and_then([TxnOp::put(k, "v", None), TxnOp::get("other", None)])
+    };
+    assert!(creates_only(&create("a")));
+    // Guarded by a transaction around it.
+    let around = Txn::new().when([absent("a")]).and_then([TxnOp::txn(
+        Txn::new().and_then([TxnOp::put("a", "v", None)]),
+    )]);
+    assert!(creates_only(&around));
+    let plain = Txn::new().and_then([TxnOp::put("a", "v", None)]);
+    assert!(!creates_only(&plain));
+    let other_key = Txn::new()
+        .when([absent("b")])
+        .and_then([TxnOp::put("a", "v", None)]);
+    assert!(!creates_only(&other_key));
+    let else_branch = Txn::new()
+        .when([absent("a")])
+        .or_else([TxnOp::put("a", "v", None)]);
+    assert!(!creates_only(&else_branch), "the compare failed there");
+    let deletes = Txn::new()
+        .when([absent("a")])
+        .and_then([TxnOp::put("a", "v", None), TxnOp::delete("c", None)]);
+    assert!(!creates_only(&deletes));
+    let existing = Txn::new()
+        .when([Compare::version("a", CompareOp::Greater, 0)])
+        .and_then([TxnOp::put("a", "v", None)]);
+    assert!(!creates_only(&existing));
 }

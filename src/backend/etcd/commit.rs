@@ -37,6 +37,11 @@ struct Request {
     footprint: Footprint,
     /// Goes in a batch of its own.
     alone: bool,
+    /// May wait `join_wait` for company while nothing else goes (a join behind a holder of
+    /// this front-end, whose release is likely to come: `requests.rs`).
+    hold: bool,
+    /// When it came to the batcher.
+    came: Instant,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -51,8 +56,9 @@ enum Way {
 impl GroupCommit {
     /// Starts the batcher over `client`: requests in batches of at most `limit` (1: each
     /// alone, as without group commit), each waiting at most `wait` for the batches in
-    /// flight. It ends once this is dropped and its last batch is answered.
-    pub(super) fn start(client: Client, limit: usize, wait: Duration) -> GroupCommit {
+    /// flight, and one that may hold ([`GroupCommit::txn`]) `join_wait` at most for company
+    /// (`waits`: both). It ends once this is dropped and its last batch is answered.
+    pub(super) fn start(client: Client, limit: usize, waits: (Duration, Duration)) -> GroupCommit {
         if limit <= 1 {
             return GroupCommit(Way::Alone(client));
         }
@@ -61,13 +67,20 @@ impl GroupCommit {
             requests: limit.max(1),
             ..BatchLimits::default()
         };
-        tokio::spawn(batcher(client, queue, limits, wait));
+        tokio::spawn(batcher(client, queue, limits, waits));
         GroupCommit(Way::Batches(requests))
     }
 
     /// Sends `txn` (of footprint `footprint`) with the next batch; `lease`: this
-    /// front-end's etcd lease (a request whose puts name another goes alone).
-    pub(super) async fn txn(&self, txn: Txn, footprint: Footprint, lease: i64) -> Answer {
+    /// front-end's etcd lease (a request whose puts name another goes alone); `hold`: it may
+    /// wait for company while nothing else goes.
+    pub(super) async fn txn(
+        &self,
+        txn: Txn,
+        footprint: Footprint,
+        lease: i64,
+        hold: bool,
+    ) -> Answer {
         let requests = match &self.0 {
             Way::Batches(requests) => requests,
             Way::Alone(client) => return client.clone().txn(txn).await,
@@ -78,6 +91,8 @@ impl GroupCommit {
             txn,
             footprint,
             alone,
+            hold,
+            came: Instant::now(),
             answer,
         };
         if requests.send(request).await.is_err() {
@@ -89,21 +104,36 @@ impl GroupCommit {
 
 /// The batcher: the requests queued while nothing is in flight go at once, as batches; those
 /// that come meanwhile wait until every batch in flight is answered, or `wait` since the last
-/// were sent.
+/// were sent. Requests that may hold (joins behind a holder of this front-end), when they are
+/// all that waits, wait up to `join_wait` for a request to go before them in one batch:
+/// that holder's release, typically.
 async fn batcher(
     client: Client,
     mut queue: mpsc::Receiver<Request>,
     mut limits: BatchLimits,
-    wait: Duration,
+    (wait, join_wait): (Duration, Duration),
 ) {
     let mut waiting: Vec<Request> = Vec::new();
     let mut in_flight: JoinSet<Option<Refused>> = JoinSet::new();
     let mut sent = Instant::now();
+    let mut open = true;
     loop {
         let overdue = !waiting.is_empty() && Instant::now() >= sent + wait;
         if in_flight.is_empty() || overdue {
             while let Ok(request) = queue.try_recv() {
                 waiting.push(request);
+            }
+            let held =
+                held_until(&waiting, join_wait).filter(|until| open && Instant::now() < *until);
+            if in_flight.is_empty() && held.is_some() {
+                tokio::select! {
+                    request = queue.recv() => match request {
+                        Some(request) => waiting.push(request),
+                        None => open = false,
+                    },
+                    () = tokio::time::sleep_until(held.unwrap_or(sent)) => {}
+                }
+                continue;
             }
             for (batch, members) in gather(&mut waiting, &limits) {
                 in_flight.spawn(send(client.clone(), batch, members));
@@ -111,6 +141,9 @@ async fn batcher(
             }
         }
         if in_flight.is_empty() {
+            if !open {
+                return;
+            }
             match queue.recv().await {
                 Some(request) => waiting.push(request),
                 None => return,
@@ -124,14 +157,27 @@ async fn batcher(
                     refused_for_its_size(&mut limits, refused, &mut waiting);
                 }
             }
-            request = queue.recv() => match request {
+            request = queue.recv(), if open => match request {
                 Some(request) => waiting.push(request),
-                // Dropped: finish what is in flight, then stop.
-                None => while in_flight.join_next().await.is_some() {},
+                // Dropped: send what waits, finish what is in flight, then stop.
+                None => open = false,
             },
             () = tokio::time::sleep_until(sent + wait), if !waiting.is_empty() => {}
         }
     }
+}
+
+/// Until when `waiting` is held back: while every request of it may hold, `join_wait` from
+/// the first.
+fn held_until(waiting: &[Request], join_wait: Duration) -> Option<Instant> {
+    if join_wait.is_zero() || !waiting.iter().all(|r| r.hold) {
+        return None;
+    }
+    waiting
+        .iter()
+        .map(|r| r.came)
+        .min()
+        .map(|first| first + join_wait)
 }
 
 /// A batch etcd refused for its count of operations: nothing of it applied.
@@ -158,10 +204,12 @@ fn refused_for_its_size(limits: &mut BatchLimits, refused: Refused, waiting: &mu
     waiting.extend(later);
 }
 
-/// The batches `waiting` goes in, in its order: each request joins the first batch it fits.
-/// Requests whose caller stopped waiting are dropped unsent.
+/// The batches `waiting` goes in, in its order but joins last (so they may follow others):
+/// each request joins the first batch it fits. Requests whose caller stopped waiting are
+/// dropped unsent.
 fn gather(waiting: &mut Vec<Request>, limits: &BatchLimits) -> Vec<(Batch, Vec<Request>)> {
     let mut batches: Vec<(Batch, Vec<Request>)> = Vec::new();
+    waiting.sort_by_key(|r| r.footprint.is_last());
     for request in waiting.drain(..) {
         if request.answer.is_closed() {
             continue;

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::footprints::footprint;
+use super::footprints::{footprint, join_of};
 use super::rpc::{self, Txn};
 
 use super::{cause, BackendError, Cluster};
@@ -87,13 +87,17 @@ impl Cluster {
     /// endpoint and may pick a dead one, and it has no fail-over of its own.
     pub(super) async fn txn(&self, txn: Txn) -> Result<rpc::TxnResponse, rpc::Error> {
         let footprint = footprint(&self.layout, self.tokens(), &txn);
+        // A join behind a holder of this front-end waits a moment for that holder's release.
+        let hold = footprint.is_last()
+            && join_of(&self.layout, &txn)
+                .is_some_and(|name| self.guard().holds_here(&name, &self.fe));
         let mut tries = 0u64;
         loop {
             let started = crate::backend::now();
             let footprint = footprint.clone();
             let result = self
                 .commit
-                .txn(txn.clone(), footprint, self.lease_id())
+                .txn(txn.clone(), footprint, self.lease_id(), hold)
                 .await;
             self.record(started, &result, |r| r.header());
             if matches!(&result, Ok(r) if !r.succeeded()) {

@@ -59,7 +59,8 @@ impl Cluster {
         // A take-back each: rare (a waiter leaving as its grant is written); past this many
         // at once, the watch takes them back.
         let (take_backs, take_backs_queue) = tokio::sync::mpsc::channel(256);
-        let commit = commit::GroupCommit::start(client.clone(), config.batch, config.batch_wait);
+        let waits = (config.batch_wait, config.join_wait);
+        let commit = commit::GroupCommit::start(client.clone(), config.batch, waits);
         let cluster = Arc::new(Cluster {
             client,
             layout,

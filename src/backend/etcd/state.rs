@@ -120,6 +120,16 @@ impl ClusterState {
         self.by_uid.retain(|_, w| *w != waiter);
     }
 
+    /// Whether a client of front-end `fe` (this one) holds `name`, as far as it knows (its UNLOCK would
+    /// come through here).
+    pub(super) fn holds_here(&self, name: &str, fe: &str) -> bool {
+        let shown = self
+            .mirror
+            .name(name)
+            .is_some_and(|ns| ns.holders.values().any(|h| !h.keyless && h.value.fe == fe));
+        shown || self.fresh.keys().any(|(n, _)| n == name)
+    }
+
     /// This front-end wrote `name` at revision `rev` (`emptied`: leaving it with no holder,
     /// waiter or marker): remembered until the mirror has seen it
     /// ([`super::Cluster::own_writes_seen`]).
