@@ -167,6 +167,8 @@ mod slot_writes;
 mod slots;
 mod start;
 mod state;
+#[cfg(test)]
+mod state_tests;
 mod stats;
 mod status;
 #[cfg(test)]
