@@ -42,9 +42,15 @@ impl Stream {
     /// Reads what has already arrived, without waiting, into `buf`'s spare capacity (limit
     /// it to bound the read): `Ok(None)` if nothing has. (For TLS, whatever decrypts from the
     /// bytes at hand.)
+    ///
+    /// A plain socket is read with a syscall of its own: tokio's `try_read` answers "would
+    /// block" from its own record of the socket's readiness, without asking the kernel, until
+    /// its reactor has polled the socket's event, which a busy runtime may not have done yet.
+    /// A waiter's close that reached the kernel before its grant would then go unseen, and the
+    /// grant to a client that is gone would sit out its ttl (seen in CI under load).
     pub fn read_arrived<B: BufMut>(&mut self, buf: &mut B) -> io::Result<Option<usize>> {
         if let Stream::Plain(s) = self {
-            return match s.try_read_buf(buf) {
+            return match recv_now(s, buf) {
                 Ok(n) => Ok(Some(n)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
                 Err(e) => Err(e),
@@ -57,6 +63,38 @@ impl Stream {
             Poll::Pending => Ok(None),
         }
     }
+}
+
+/// One non-blocking `recv` on `tcp` into `buf`'s spare capacity (see
+/// [`Stream::read_arrived`]).
+#[cfg(unix)]
+fn recv_now<B: BufMut>(tcp: &TcpStream, buf: &mut B) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let spare = buf.chunk_mut();
+    let len = spare.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: the socket is open for as long as `tcp` is borrowed, and `recv` writes at most
+    // `len` bytes into the spare capacity `spare` points at.
+    let n = unsafe {
+        libc::recv(
+            tcp.as_raw_fd(),
+            spare.as_mut_ptr().cast(),
+            len,
+            libc::MSG_DONTWAIT,
+        )
+    };
+    let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    // SAFETY: `recv` initialised the first `n` bytes of the spare capacity.
+    unsafe { buf.advance_mut(n) };
+    Ok(n)
+}
+
+/// Elsewhere, tokio's own non-blocking read (see [`Stream::read_arrived`] for what it misses).
+#[cfg(not(unix))]
+fn recv_now<B: BufMut>(tcp: &TcpStream, buf: &mut B) -> io::Result<usize> {
+    tcp.try_read_buf(buf)
 }
 
 impl AsyncRead for Stream {
@@ -100,5 +138,46 @@ impl AsyncWrite for Stream {
             Stream::Server(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A close that has reached the kernel is seen at once, before the runtime's reactor has
+    /// polled the socket (tokio's own `try_read` would say nothing has arrived).
+    #[tokio::test]
+    async fn a_close_already_in_the_kernel_is_read_before_the_reactor_sees_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut stream = Stream::Plain(server);
+        let mut buf = Vec::with_capacity(64);
+        assert_eq!(stream.read_arrived(&mut buf).unwrap(), None, "nothing yet");
+        drop(client);
+        // Blocking, so that the reactor does not run: only the kernel has the close.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(
+            stream.read_arrived(&mut buf).unwrap(),
+            Some(0),
+            "end of input"
+        );
+    }
+
+    /// Data, likewise.
+    #[tokio::test]
+    async fn data_already_in_the_kernel_is_read_before_the_reactor_sees_it() {
+        use std::io::Write;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut stream = Stream::Plain(server);
+        let mut buf = Vec::with_capacity(64);
+        assert_eq!(stream.read_arrived(&mut buf).unwrap(), None);
+        client.write_all(b"LOCK x\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(stream.read_arrived(&mut buf).unwrap(), Some(7));
+        assert_eq!(buf, b"LOCK x\n");
     }
 }
