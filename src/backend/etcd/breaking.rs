@@ -160,10 +160,12 @@ pub(super) struct Mark {
 }
 
 /// Marks `holder` broken by `by`, unless it changed since it was read; its keys stay on the
-/// etcd lease they hang on ([`rewrite_in_place`]).
+/// etcd lease they hang on ([`rewrite_in_place`]). The mark says which version it marked
+/// ([`HolderValue::broken_over`]).
 pub(super) fn mark(layout: &Layout, holder: &HolderRecord, by: &Origin) -> Mark {
     let mut value = holder.value.clone();
     value.broken_by = Some(by.clone());
+    value.broken_over = holder.mod_rev;
     let txn = rewrite_in_place(layout, holder, &value);
     Mark { value, txn }
 }

@@ -7,12 +7,16 @@ use std::time::Duration;
 use super::breaking::broken_record;
 use super::breaking::{break_one, broke, mark, mark_again, marked, to_break};
 use super::breaking::{Break, BreakOne};
+use super::delivery::take_back_at;
+use super::guards;
 use super::head::Me;
 use super::holding::holder_read;
+use super::holding::rewrite_in_place;
 use super::holding_tests::{held, holder_of_x, read_x};
 use super::mirror::{HolderRecord, NameState};
 use super::rpc::{KeyValue, Txn, TxnOp, TxnOpResponse};
 use super::stepping::{Core, Stage, BASE};
+use crate::backend::HandOver;
 use crate::locks::{Origin, TableError};
 
 /// `x` as a linearizable read of it finds it now.
@@ -28,6 +32,16 @@ fn read(stage: &mut Stage, key: &str) -> Vec<KeyValue> {
         Some(TxnOpResponse::Get(r)) => r.kvs().to_vec(),
         _ => panic!("a read's answer"),
     }
+}
+
+/// `x` held by `c1` through fe-a (`holding_tests::held`), and fe-a's core, its mirror caught
+/// up: the stage, the core and the holder key's revision.
+fn held_and_seen() -> (Stage, Core, i64) {
+    let mut stage = Stage::new();
+    let mut a = stage.core("fe-a");
+    let rev = held(&mut stage, 0, false);
+    stage.sync(&mut a);
+    (stage, a, rev)
 }
 
 fn alice() -> Origin {
@@ -48,10 +62,7 @@ fn recorded(stage: &mut Stage, core: &Core, holder: &HolderRecord, by: &Origin) 
 
 #[test]
 fn a_break_marks_a_lease_broken_and_its_holder_is_told_by_whom() {
-    let mut stage = Stage::new();
-    let mut a = stage.core("fe-a");
-    let rev = held(&mut stage, 0, false);
-    stage.sync(&mut a);
+    let (mut stage, mut a, rev) = held_and_seen();
     let me = Me {
         fe: &a.fe,
         layout: &stage.layout,
@@ -90,10 +101,7 @@ fn a_break_marks_a_lease_broken_and_its_holder_is_told_by_whom() {
 
 #[test]
 fn a_break_that_lost_a_race_to_an_unlock_leaves_no_record_behind() {
-    let mut stage = Stage::new();
-    let mut a = stage.core("fe-a");
-    let rev = held(&mut stage, 0, false);
-    stage.sync(&mut a);
+    let (mut stage, mut a, rev) = held_and_seen();
     let holder = holder_of_x(&a);
     let (first, written) = recorded(&mut stage, &a, &holder, &alice());
     // c1's UNLOCK comes first: the mark finds the key gone, and nothing is broken.
@@ -124,10 +132,7 @@ fn a_break_that_lost_a_race_to_an_unlock_leaves_no_record_behind() {
 
 #[test]
 fn a_break_of_a_token_not_held_or_of_a_lease_whose_time_is_up_ends_nothing() {
-    let mut stage = Stage::new();
-    let mut a = stage.core("fe-a");
-    let rev = held(&mut stage, 0, false);
-    stage.sync(&mut a);
+    let (stage, a, rev) = held_and_seen();
     let me = Me {
         fe: &a.fe,
         layout: &stage.layout,
@@ -141,4 +146,55 @@ fn a_break_of_a_token_not_held_or_of_a_lease_whose_time_is_up_ends_nothing() {
     let mine = Some(BASE + rev as u64);
     let holders = to_break(&a.g, &me, read_ns(&stage), mine, stage.now).expect("held");
     assert_eq!(holders.len(), 1);
+}
+
+/// Whether a take-back of `x`'s holder handed over at `handover`, guarded as
+/// [`take_back_at`] says on `a`'s mirror now, ends it in etcd.
+fn taken_back(stage: &mut Stage, a: &mut Core, handover: i64) -> bool {
+    stage.sync(a);
+    let holder = holder_of_x(a);
+    let at = take_back_at(&holder, HandOver(handover));
+    let txn = Txn::new()
+        .when([guards::unchanged(&holder.key, at)])
+        .and_then([TxnOp::delete(holder.key.clone(), None)]);
+    stage.write(&txn).succeeded()
+}
+
+#[test]
+fn a_grant_broken_before_its_take_back_is_still_taken_back() {
+    // Simulator seed 140536: a grant to a waiter that had left, marked broken before its
+    // front-end's take-back, was kept as if a client had been told of it since, and sat out
+    // its ttl and lock-delay. Nobody is told of a broken lease.
+    let (mut stage, mut a, handed) = held_and_seen();
+    let m = mark(&stage.layout, &holder_of_x(&a), &alice());
+    assert!(stage.write(&m.txn).succeeded());
+    assert!(taken_back(&mut stage, &mut a, handed));
+}
+
+#[test]
+fn a_grant_renewed_then_broken_is_kept() {
+    // A RENEW after the hand-over: a client was told of it, and its job may run; the BREAK
+    // after that does not make it one to take back (it waits for its release or deadline).
+    let (mut stage, mut a, handed) = held_and_seen();
+    let holder = holder_of_x(&a);
+    let mut renewed = holder.value.clone();
+    renewed.deadline_ms += 10_000;
+    assert!(stage
+        .write(&rewrite_in_place(&stage.layout, &holder, &renewed))
+        .succeeded());
+    stage.sync(&mut a);
+    let m = mark(&stage.layout, &holder_of_x(&a), &alice());
+    assert!(stage.write(&m.txn).succeeded());
+    assert!(!taken_back(&mut stage, &mut a, handed));
+}
+
+#[test]
+fn a_broken_lease_says_which_version_it_marked_through_etcd() {
+    let (mut stage, a, _) = held_and_seen();
+    let holder = holder_of_x(&a);
+    let m = mark(&stage.layout, &holder, &alice());
+    stage.write(&m.txn);
+    let mut b = stage.core("fe-b");
+    stage.sync(&mut b);
+    assert_eq!(holder_of_x(&b).value.broken_over, holder.mod_rev);
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{BackendError, HandOver, WaitResult};
 use crate::locks::{Token, WaitEnd};
 
-use super::mirror::Granted;
+use super::mirror::{Granted, HolderRecord};
 use super::state::Local;
 use super::{ClusterState, Phase};
 
@@ -19,6 +19,21 @@ pub(super) struct TakeBack {
     pub(super) name: String,
     pub(super) token: Token,
     pub(super) handover: HandOver,
+}
+
+/// The version (mod revision) a take-back of `holder`, handed over as `handover`, requires
+/// its key to be at: as it was handed over (a client told of it since, by a RENEW, a LOCK of its id or a confirmation,
+/// rewrote it, and keeps it), or as a BREAK marked that very version since: after the mark
+/// nobody is told of it, so the mark alone does not make it a grant a client knows of
+/// (simulator seed 140536: a grant to a waiter that had left, broken before its take-back,
+/// sat out its ttl and lock-delay).
+pub(super) fn take_back_at(holder: &HolderRecord, handover: HandOver) -> i64 {
+    let marked = holder.value.broken_by.is_some() && holder.value.broken_over == handover.0;
+    if marked {
+        holder.mod_rev
+    } else {
+        handover.0
+    }
 }
 
 /// What to do with a grant to a waiter of this front-end.

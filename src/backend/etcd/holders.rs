@@ -167,6 +167,7 @@ impl Cluster {
             note: req.note.as_deref().unwrap_or_default().to_owned(),
             set: set_names(req),
             broken_by: None,
+            broken_over: 0,
             delay_ms: delay_ms(req),
             delaying: None,
         }

@@ -23,6 +23,7 @@ fn holder(id: &str) -> String {
         note: String::new(),
         set: Vec::new(),
         broken_by: None,
+        broken_over: 0,
         delay_ms: 0,
         delaying: None,
     }

@@ -143,6 +143,7 @@ fn state(holders: &[HolderPart<'_>], queue: &[WaiterPart<'_>]) -> NameState {
             note: String::new(),
             set: h.set.clone(),
             broken_by: h.lingering.then(crate::locks::Origin::default),
+            broken_over: 0,
             delay_ms: 0,
             delaying: None,
         };

@@ -10,6 +10,7 @@ use super::rpc::{Compare, TxnResponse};
 use crate::backend::{now, BackendError, HandOver};
 use crate::locks::{EventKind, TableError, Token, UserId};
 
+use super::delivery::take_back_at;
 use super::end::{self, Ended};
 use super::holders::created;
 use super::mirror::HolderRecord;
@@ -138,19 +139,34 @@ impl Cluster {
                 Err(_) => return false,
             }
         };
-        let guard = guards::unchanged(&holder.key, handover.0);
-        let ended = self.end_txn(name, EventKind::Revoked, &holder, guard);
-        let Some(resp) = self.cleanup(ended.txn.clone()).await else {
-            return false;
-        };
-        let taken = self.ended(name, token, EventKind::Revoked, &holder, &ended, &resp);
-        if !taken {
-            tracing::info!(
-                name,
-                token,
-                "grant kept: a client was told of it since it was handed over"
-            );
+        let mut holder = holder;
+        let mut tried = None;
+        loop {
+            let at = take_back_at(&holder, handover);
+            if tried == Some(at) {
+                tracing::info!(
+                    name,
+                    token,
+                    "grant kept: a client was told of it since it was handed over"
+                );
+                return false;
+            }
+            let guard = guards::unchanged(&holder.key, at);
+            let ended = self.end_txn(name, EventKind::Revoked, &holder, guard);
+            let Some(resp) = self.cleanup(ended.txn.clone()).await else {
+                return false;
+            };
+            if self.ended(name, token, EventKind::Revoked, &holder, &ended, &resp) {
+                return true;
+            }
+            // Refused: the key changed since it was read. Read again: a BREAK may have marked
+            // the very version handed over, which does not keep the grant. A read that asks
+            // for the version already tried ends it.
+            tried = Some(at);
+            holder = match self.read_holder(name, holder.rev).await {
+                Ok(again) => again,
+                Err(_) => return false,
+            };
         }
-        taken
     }
 }

@@ -46,6 +46,11 @@ pub struct HolderValue {
     /// its key keeps its place on the name until the holder lets go or its deadline passes.
     /// An older lockd's record has none.
     pub broken_by: Option<Origin>,
+    /// The mod revision of the record the BREAK marked (0: not broken, or broken by an older
+    /// lockd). Nobody is told of a broken lease any more (no RENEW, no LOCK of its id takes it
+    /// up), so a grant handed over at that revision is one no client was told of since: its
+    /// take-back still ends it ([`super::delivery::take_back_at`]; simulator seed 140536).
+    pub broken_over: i64,
     /// Its lock-delay (`LOCK ... delay=`) in milliseconds; 0 for none.
     pub delay_ms: u64,
     /// In its lock-delay: its time ran out (`Expired`) or its session ended (`Dropped`)
@@ -114,6 +119,9 @@ impl HolderValue {
             if let Some(peer) = by.peer() {
                 word(&mut s, "broken_peer", &peer.to_string());
             }
+            if self.broken_over > 0 {
+                word(&mut s, "broken_over", &self.broken_over.to_string());
+            }
         }
         if self.delay_ms > 0 {
             word(&mut s, "delay", &self.delay_ms.to_string());
@@ -152,6 +160,7 @@ impl HolderValue {
                 let peer = w.get("broken_peer").and_then(|p| p.parse().ok());
                 Origin::new((!user.is_empty()).then_some(user.as_str()), peer)
             }),
+            broken_over: w.num("broken_over").unwrap_or(0),
             delay_ms: w.num("delay").unwrap_or(0),
             delaying: w.get("delaying").map(|k| match k.as_str() {
                 "dropped" => EventKind::Dropped,
@@ -265,6 +274,7 @@ impl WaiterValue {
             note: self.note.clone(),
             set: self.set.clone(),
             broken_by: None,
+            broken_over: 0,
             delay_ms: self.delay_ms,
             delaying: None,
         }

@@ -25,6 +25,7 @@ fn values_round_trip() {
         note: String::new(),
         set: Vec::new(),
         broken_by: None,
+        broken_over: 0,
         delay_ms: 0,
         delaying: None,
     };
