@@ -116,15 +116,16 @@ impl Cluster {
     }
 
     /// Takes back a grant its client never read: ended (event `revoked`, and the next waiter
-    /// granted) only if its key is still as it was when it was handed over. A key rewritten
-    /// since was confirmed to a client (a LOCK of the same id through another connection or
-    /// front-end, a RENEW): taking it back would leave two clients told they hold the lock.
+    /// granted) only if its key is still as it was when it was handed over, or as a BREAK
+    /// marked that version ([`take_back_at`]). A key rewritten otherwise was confirmed to a
+    /// client (a LOCK of the same id through another connection or front-end, a RENEW):
+    /// taking it back would leave two clients told they hold the lock.
     ///
     /// Its holder is read again while etcd is away, as a clean-up write is tried again: a
     /// grant nobody takes back sits out its ttl.
     pub async fn take_back(&self, name: &str, token: Token, handover: HandOver) -> bool {
         let mut tries = 0;
-        let holder = loop {
+        let mut holder = loop {
             match self.find_holder(name, token).await {
                 Ok(holder) => break holder,
                 Err(BackendError::Unavailable(why)) if tries + 1 < CLEANUP_TRIES => {
@@ -139,7 +140,6 @@ impl Cluster {
                 Err(_) => return false,
             }
         };
-        let mut holder = holder;
         let mut tried = None;
         loop {
             let at = take_back_at(&holder, handover);
