@@ -66,9 +66,6 @@ pub struct Connection {
     stall_deadline: Option<Instant>,
     /// Bytes written since `stall_deadline` was set.
     written: usize,
-    /// Lines queued since the connection began: a mark of whether anything was said after a
-    /// given reply ([`Connection::pushed`]).
-    pushed: u64,
 }
 
 impl Connection {
@@ -83,7 +80,6 @@ impl Connection {
             write_timeout: None,
             stall_deadline: None,
             written: 0,
-            pushed: 0,
         }
     }
 
@@ -112,21 +108,6 @@ impl Connection {
     pub fn peer_reset(&self) -> bool {
         let tcp = self.stream.tcp();
         matches!(tcp.take_error(), Ok(Some(_))) || tcp.peer_addr().is_err()
-    }
-
-    /// How many lines have been queued on this connection so far.
-    pub fn pushed(&self) -> u64 {
-        self.pushed
-    }
-
-    /// Whether the peer reset the connection, as the socket's pending error says (a reset
-    /// after its FIN: `EPIPE`); a reset a read has reported already is not pending any more.
-    /// Unlike [`Connection::peer_reset`], never a connection that timed out.
-    pub fn was_reset(&self) -> bool {
-        matches!(
-            self.stream.tcp().take_error(),
-            Ok(Some(e)) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe)
-        )
     }
 
     /// Whether the peer has closed its sending side (it may still read).
@@ -288,7 +269,6 @@ impl Connection {
     pub fn push(&mut self, line: impl fmt::Display) {
         // Writing to a BytesMut can't fail.
         let _ = writeln!(self.output, "{line}");
-        self.pushed += 1;
         if self.stall_deadline.is_none() {
             self.stall_deadline = self.write_timeout.map(|t| Instant::now() + t);
         }

@@ -161,37 +161,6 @@ impl Handler {
         }
     }
 
-    /// The client reset the connection: takes back the last grant to a waiter of it if nothing
-    /// was said after it. A socket closed with data unread answers with a reset (as does one
-    /// that data reaches after it closed), so the grant was never read.
-    /// This covers what the half-close probe cannot: a close that reached the server only
-    /// after the grant was written. A reset after other replies says nothing of the grant,
-    /// and an orderly close (FIN) means the client read what it was sent. Grants made at once
-    /// are not watched, as before: their client was never a waiter that left.
-    pub(super) async fn take_back_unread(&mut self) {
-        let pushed = self.conn.pushed();
-        if self.unread.as_ref().is_none_or(|u| u.after != pushed) {
-            return;
-        }
-        let Some(UnreadGrant {
-            name,
-            token,
-            handover,
-            ..
-        }) = self.unread.take()
-        else {
-            return;
-        };
-        if self.backend.revoke(&name, token, handover).await {
-            tracing::info!(
-                name = &*name,
-                token,
-                conn = self.number,
-                "grant unread: the connection was reset; taken back"
-            );
-        }
-    }
-
     /// Watches a grant just written to a client that had half-closed while it waited.
     ///
     /// TCP can't tell a client that half-closed on purpose and still reads
@@ -258,11 +227,7 @@ impl Handler {
                                 return Ok(Flow::Close);
                             }
                             let probe = self.conn.is_eof();
-                            let names = (token, others.count());
-                            let flow = self.granted(Arc::clone(&name), names, handover, probe).await?;
-                            let after = self.conn.pushed();
-                            self.unread = Some(UnreadGrant { name, token, handover, after });
-                            Ok(flow)
+                            self.granted(name, (token, others.count()), handover, probe).await
                         }
                         WaitResult::Ended(WaitEnd::TimedOut) => {
                             let waited = wait.unwrap_or_default();
@@ -320,15 +285,6 @@ impl Handler {
             }
         }
     }
-}
-
-/// The last grant to a waiter of a connection, and the lines queued on it when the grant was
-/// ([`Handler::take_back_unread`]).
-pub(super) struct UnreadGrant {
-    name: Arc<str>,
-    token: Token,
-    handover: HandOver,
-    after: u64,
 }
 
 /// A queued LOCK, for [`Handler::wait_for_grant`]: by reference, in the caller's frame,

@@ -82,8 +82,6 @@ pub struct Handler {
     origin: Origin,
     /// Told of every request, so that a worker keeps polling for the next (`--busy-poll`).
     busy: Option<Arc<BusyPoll>>,
-    /// The last grant to a waiter of this connection ([`Handler::take_back_unread`]).
-    unread: Option<lock::UnreadGrant>,
 }
 
 /// What [`Handler::step`] made of a frame.
@@ -148,7 +146,6 @@ impl Handler {
             peer,
             origin,
             busy: None,
-            unread: None,
         }
     }
 
@@ -169,19 +166,7 @@ impl Handler {
     /// By `&mut self`, not by value: a future that owns the handler keeps two copies of
     /// it for its whole life (its argument and the moved value), ~400 bytes per connection.
     pub async fn run(&mut self) {
-        let served = self.serve().await;
-        // Before this side closes: a reset is the client's only while the connection is open.
-        let reset = match &served {
-            Err(e) => matches!(
-                e.kind(),
-                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
-            ),
-            Ok(()) => self.conn.was_reset(),
-        };
-        if reset {
-            self.take_back_unread().await;
-        }
-        let closed = match served {
+        let closed = match self.serve().await {
             Ok(()) => self.conn.close_write().await,
             Err(e) => Err(e),
         };
